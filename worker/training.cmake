@@ -1,0 +1,1 @@
+# Owned by the model work: the training model, data loading and tessera-worker.
