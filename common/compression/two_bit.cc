@@ -1,0 +1,271 @@
+#include "common/compression/two_bit.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define TESSERA_TWO_BIT_SSE2 1
+#endif
+
+namespace tessera::compression {
+namespace {
+
+constexpr uint32_t kCodePlus = 0b11;
+constexpr uint32_t kCodeMinus = 0b10;
+
+// Bit position of the lowest bit of element j's code inside the word, read as a
+// little-endian uint32: byte j/4, first element of a byte in its two highest
+// bits.
+constexpr uint32_t Shift(size_t j) {
+  return static_cast<uint32_t>(8 * (j / 4) + 6 - 2 * (j % 4));
+}
+
+// The wire format is defined by bytes; words are built in host order and
+// written in little-endian order.
+inline void StoreWord(uint32_t word, uint8_t* out) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(out, &word, sizeof(word));
+  } else {
+    for (int k = 0; k < 4; ++k) out[k] = static_cast<uint8_t>(word >> (8 * k));
+  }
+}
+
+inline uint32_t LoadWord(const uint8_t* in) {
+  uint32_t word;
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(&word, in, sizeof(word));
+  } else {
+    word = 0;
+    for (int k = 0; k < 4; ++k) word |= static_cast<uint32_t>(in[k]) << (8 * k);
+  }
+  return word;
+}
+
+// Codes `n` <= 16 elements into one word. Branch-free so that the n == 16
+// instance vectorises; the float operations (one add, one subtract of t, -t or
+// 0) are exactly those of the GPU kernel, so both produce the same bits.
+template <size_t kN>
+inline uint32_t QuantizeWord(const float* __restrict grad,
+                             float* __restrict residual, size_t n, float t,
+                             float neg_t) {
+  uint32_t word = 0;
+  const size_t count = kN == kTwoBitElementsPerWord ? kN : n;
+  for (size_t j = 0; j < count; ++j) {
+    const float r = residual[j] + grad[j];
+    const bool pos = r >= t;
+    const bool neg = r <= neg_t;
+    // r - (-t) == r + t exactly, and r - 0 == r for every r (including -0 and
+    // NaN).
+    const float taken = pos ? t : (neg ? neg_t : 0.0f);
+    residual[j] = r - taken;
+    const uint32_t code = (pos ? kCodePlus : 0u) | (neg ? kCodeMinus : 0u);
+    word |= code << Shift(j);
+  }
+  return word;
+}
+
+#if defined(TESSERA_TWO_BIT_SSE2)
+// kSpread[m] places bit i of the 8-bit mask m (element i of 8) at the code's
+// low bit: byte i/4 of the result, bit 6 - 2 * (i % 4).
+constexpr auto kSpread = [] {
+  struct Table {
+    uint16_t v[256];
+  } table{};
+  for (uint32_t m = 0; m < 256; ++m) {
+    uint32_t out = 0;
+    for (uint32_t i = 0; i < 8; ++i) {
+      if ((m >> i) & 1u) out |= 1u << Shift(i);
+    }
+    table.v[m] = static_cast<uint16_t>(out);
+  }
+  return table;
+}();
+
+inline uint32_t Spread16(uint32_t mask16) {
+  return kSpread.v[mask16 & 0xffu] |
+         (static_cast<uint32_t>(kSpread.v[mask16 >> 8]) << 16);
+}
+
+// SSE2 version of QuantizeWord<16>: the same IEEE operations, four lanes at a
+// time.
+inline uint32_t QuantizeWordSse2(const float* grad, float* residual, __m128 t,
+                                 __m128 neg_t) {
+  __m128i pos_masks[4];
+  __m128i any_masks[4];
+  for (int q = 0; q < 4; ++q) {
+    const __m128 r =
+        _mm_add_ps(_mm_loadu_ps(residual + 4 * q), _mm_loadu_ps(grad + 4 * q));
+    const __m128 pos = _mm_cmpge_ps(r, t);  // Ordered: false for NaN.
+    const __m128 neg = _mm_cmple_ps(r, neg_t);
+    // pos and neg exclude each other because t > 0.
+    const __m128 taken = _mm_or_ps(_mm_and_ps(pos, t), _mm_and_ps(neg, neg_t));
+    _mm_storeu_ps(residual + 4 * q, _mm_sub_ps(r, taken));
+    pos_masks[q] = _mm_castps_si128(pos);
+    any_masks[q] = _mm_castps_si128(_mm_or_ps(pos, neg));
+  }
+  const __m128i pos8 =
+      _mm_packs_epi16(_mm_packs_epi32(pos_masks[0], pos_masks[1]),
+                      _mm_packs_epi32(pos_masks[2], pos_masks[3]));
+  const __m128i any8 =
+      _mm_packs_epi16(_mm_packs_epi32(any_masks[0], any_masks[1]),
+                      _mm_packs_epi32(any_masks[2], any_masks[3]));
+  const uint32_t low_bits =
+      Spread16(static_cast<uint32_t>(_mm_movemask_epi8(pos8)));
+  const uint32_t high_bits =
+      Spread16(static_cast<uint32_t>(_mm_movemask_epi8(any8))) << 1;
+  return low_bits | high_bits;
+}
+#endif  // TESSERA_TWO_BIT_SSE2
+
+absl::Status CheckThreshold(float threshold) {
+  if (!(threshold > 0.0f) || !std::isfinite(threshold)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "2-bit compression threshold must be finite and > 0, got ", threshold));
+  }
+  return absl::OkStatus();
+}
+
+// Validates a payload for `len` elements without writing anything.
+absl::Status ValidatePayload(const uint8_t* in, size_t in_bytes, size_t len,
+                             float threshold, const float* out) {
+  if (absl::Status s = CheckThreshold(threshold); !s.ok()) return s;
+  if (len > 0 && (in == nullptr || out == nullptr)) {
+    return absl::InvalidArgumentError(
+        "2-bit dequantize: null input or output pointer with len > 0");
+  }
+  const size_t expected = TwoBitCompressedBytes(len);
+  if (in_bytes != expected) {
+    return absl::DataLossError(absl::StrCat("2-bit payload has ", in_bytes,
+                                            " bytes, expected ", expected,
+                                            " for ", len, " elements"));
+  }
+  const size_t words = expected / 4;
+  const size_t tail = len % kTwoBitElementsPerWord;
+  if (tail != 0) {
+    uint32_t used = 0;
+    for (size_t j = 0; j < tail; ++j) used |= 0b11u << Shift(j);
+    const uint32_t last = LoadWord(in + 4 * (words - 1));
+    if ((last & ~used) != 0) {
+      return absl::DataLossError(
+          absl::StrCat("2-bit payload has codes in the wrong place: padding "
+                       "bits past element ",
+                       len, " are set"));
+    }
+  }
+  // A code 0b01 (padding slots are zero by now) has its low bit set and its
+  // high bit clear.
+  uint32_t bad_codes = 0;
+  for (size_t w = 0; w < words; ++w) {
+    const uint32_t word = LoadWord(in + 4 * w);
+    bad_codes |= (word & 0x55555555u) & ~(word >> 1);
+  }
+  if (bad_codes != 0) {
+    for (size_t w = 0; w < words; ++w) {
+      const uint32_t word = LoadWord(in + 4 * w);
+      const uint32_t bad = (word & 0x55555555u) & ~(word >> 1);
+      if (bad == 0) continue;
+      for (size_t j = 0; j < kTwoBitElementsPerWord; ++j) {
+        if ((bad >> Shift(j)) & 1u) {
+          return absl::DataLossError(
+              absl::StrCat("2-bit payload holds the invalid code 0b01 at slot ",
+                           w * kTwoBitElementsPerWord + j));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <bool kAdd, size_t kN>
+inline void DecodeWord(uint32_t word, size_t n, float t, float neg_t,
+                       float* __restrict out) {
+  const size_t count = kN == kTwoBitElementsPerWord ? kN : n;
+  for (size_t j = 0; j < count; ++j) {
+    const uint32_t code = (word >> Shift(j)) & 0b11u;
+    const float v = code == kCodePlus ? t : (code == kCodeMinus ? neg_t : 0.0f);
+    if constexpr (kAdd) {
+      out[j] += v;
+    } else {
+      out[j] = v;
+    }
+  }
+}
+
+template <bool kAdd>
+absl::Status Decode(const uint8_t* in, size_t in_bytes, size_t len,
+                    float threshold, float* out) {
+  if (absl::Status s = ValidatePayload(in, in_bytes, len, threshold, out);
+      !s.ok()) {
+    return s;
+  }
+  const float neg_t = -threshold;
+  const size_t full = len / kTwoBitElementsPerWord;
+  for (size_t w = 0; w < full; ++w) {
+    DecodeWord<kAdd, kTwoBitElementsPerWord>(
+        LoadWord(in + 4 * w), kTwoBitElementsPerWord, threshold, neg_t,
+        out + w * kTwoBitElementsPerWord);
+  }
+  if (const size_t tail = len % kTwoBitElementsPerWord; tail != 0) {
+    DecodeWord<kAdd, 0>(LoadWord(in + 4 * full), tail, threshold, neg_t,
+                        out + full * kTwoBitElementsPerWord);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t TwoBitCompressedBytes(size_t len) {
+  return 4 * (len / kTwoBitElementsPerWord +
+              (len % kTwoBitElementsPerWord != 0 ? 1 : 0));
+}
+
+absl::Status TwoBitQuantize(const float* grad, float* residual, size_t len,
+                            float threshold, uint8_t* out) {
+  if (absl::Status s = CheckThreshold(threshold); !s.ok()) return s;
+  if (len > 0 && (grad == nullptr || residual == nullptr || out == nullptr)) {
+    return absl::InvalidArgumentError(
+        "2-bit quantize: null grad, residual or output pointer with len > 0");
+  }
+  const float neg_t = -threshold;
+  const size_t full = len / kTwoBitElementsPerWord;
+#if defined(TESSERA_TWO_BIT_SSE2)
+  const __m128 t4 = _mm_set1_ps(threshold);
+  const __m128 neg_t4 = _mm_set1_ps(neg_t);
+  for (size_t w = 0; w < full; ++w) {
+    const size_t base = w * kTwoBitElementsPerWord;
+    StoreWord(QuantizeWordSse2(grad + base, residual + base, t4, neg_t4),
+              out + 4 * w);
+  }
+#else
+  for (size_t w = 0; w < full; ++w) {
+    const size_t base = w * kTwoBitElementsPerWord;
+    StoreWord(QuantizeWord<kTwoBitElementsPerWord>(grad + base, residual + base,
+                                                   kTwoBitElementsPerWord,
+                                                   threshold, neg_t),
+              out + 4 * w);
+  }
+#endif
+  if (const size_t tail = len % kTwoBitElementsPerWord; tail != 0) {
+    const size_t base = full * kTwoBitElementsPerWord;
+    StoreWord(
+        QuantizeWord<0>(grad + base, residual + base, tail, threshold, neg_t),
+        out + 4 * full);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TwoBitDequantize(const uint8_t* in, size_t in_bytes, size_t len,
+                              float threshold, float* out) {
+  return Decode</*kAdd=*/false>(in, in_bytes, len, threshold, out);
+}
+
+absl::Status TwoBitDequantizeAdd(const uint8_t* in, size_t in_bytes, size_t len,
+                                 float threshold, float* out) {
+  return Decode</*kAdd=*/true>(in, in_bytes, len, threshold, out);
+}
+
+}  // namespace tessera::compression
