@@ -1,0 +1,805 @@
+#!/usr/bin/env python3
+"""Tests for tools/launch.py, without the C++ daemons.
+
+Fake daemons and workers (one Python script, FAKE_NODE below) record their
+environment and pid, and misbehave on request; a fake `ssh` runs the remote
+command locally with a scrubbed environment, so the ssh launcher is tested end
+to end, teardown included.
+
+    python3 tests/launcher/launch_test.py -v
+    TESSERA_SOURCE_DIR=/path/to/tessera python3 -m unittest launch_test
+"""
+
+import glob
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+SOURCE_DIR = os.environ.get('TESSERA_SOURCE_DIR') or os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+LAUNCH = os.path.join(SOURCE_DIR, 'tools', 'launch.py')
+
+_spec = importlib.util.spec_from_file_location('tessera_launch', LAUNCH)
+launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(launch)
+
+# Bound on one launcher run in these tests (they take about a second each).
+RUN_TIMEOUT_S = 60
+
+# One script plays scheduler, server and worker (by DMLC_ROLE). It writes a
+# record to $TESSERA_FAKE_DIR/rec, prints a line to stdout and to stderr, and:
+#   daemons: exit 0 once DMLC_NUM_WORKER workers finished (files in done/),
+#            never with --hang, at once with --exit CODE; --spawn-child starts
+#            a `sleep` grandchild; --ignore-term ignores SIGTERM.
+#   workers: --fail-index I [--exit-code C] [--fail-times K] exits C (default 3)
+#            when it is worker I (and started fewer than K times before);
+#            --sigkill-index I kills itself; --hang-index I sleeps; else exit 0.
+FAKE_NODE = r'''
+import json, os, signal, subprocess, sys, time
+
+def opt(name, default=None):
+    args = sys.argv[1:]
+    return args[args.index(name) + 1] if name in args else default
+
+role = os.environ.get('DMLC_ROLE', '?')
+fake_dir = os.environ['TESSERA_FAKE_DIR']
+num_servers = int(os.environ['DMLC_NUM_SERVER'])
+num_workers = int(os.environ['DMLC_NUM_WORKER'])
+task = int(os.environ.get('DMLC_TASK_ID', '0'))
+index = {'server': task, 'worker': task - num_servers}.get(role, 0)
+restart = int(os.environ.get('TESSERA_RESTART_COUNT', '-1'))
+if '--ignore-term' in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+rec = {'role': role, 'index': index, 'restart': restart, 'pid': os.getpid(),
+       'cwd': os.getcwd(), 'argv': sys.argv, 'env': dict(os.environ)}
+if '--spawn-child' in sys.argv:
+    rec['child_pid'] = subprocess.Popen(['sleep', '300']).pid
+path = os.path.join(fake_dir, 'rec', '%s-%d-%d-%d.json' % (role, index, restart, os.getpid()))
+with open(path + '.tmp', 'w') as f:
+    json.dump(rec, f)
+os.rename(path + '.tmp', path)
+name = role if role == 'scheduler' else '%s %d' % (role, index)
+print('hello from %s' % name, flush=True)
+print('stderr from %s' % name, file=sys.stderr, flush=True)
+
+if role in ('scheduler', 'server'):
+    if opt('--exit') is not None:
+        sys.exit(int(opt('--exit')))
+    while True:
+        done = len(os.listdir(os.path.join(fake_dir, 'done')))
+        if '--hang' not in sys.argv and done >= num_workers:
+            sys.exit(0)
+        time.sleep(0.05)
+
+def me(flag):
+    return opt(flag) is not None and int(opt(flag)) == index
+
+if me('--fail-index') and restart < int(opt('--fail-times', '1000000')):
+    sys.exit(int(opt('--exit-code', '3')))
+if me('--sigkill-index'):
+    os.kill(os.getpid(), signal.SIGKILL)
+if me('--hang-index'):
+    time.sleep(300)
+time.sleep(float(opt('--sleep', '0')))
+open(os.path.join(fake_dir, 'done', str(index)), 'w').close()
+'''
+
+# Runs `ssh [opts] host command...` locally: logs the call, then runs the
+# command with bash in an environment as bare as a fresh ssh session's.
+FAKE_SSH = r'''
+import json, os, sys
+with_arg = set('-o -p -i -l -F -E -J -b -c -D -e -L -m -O -Q -R -S -W -w'.split())
+args, opts = sys.argv[1:], []
+while args and args[0].startswith('-'):
+    n = 2 if args[0] in with_arg else 1
+    opts += args[:n]
+    args = args[n:]
+host, command = args[0], ' '.join(args[1:])
+with open(os.environ['FAKE_SSH_LOG'], 'a') as f:
+    f.write(json.dumps({'opts': opts, 'host': host, 'command': command}) + '\n')
+env = {'PATH': os.environ['PATH'], 'HOME': os.environ.get('HOME', '/'),
+       'FAKE_SSH_HOST': host}
+os.chdir(env['HOME'])
+os.execve('/bin/bash', ['bash', '-c', command], env)
+'''
+
+
+def _write_script(path, body):
+    with open(path, 'w') as f:
+        f.write('#!%s\n%s' % (sys.executable, body))
+    os.chmod(path, 0o755)
+
+
+def pid_alive(pid):
+    """True if pid exists and is not a zombie."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            state = f.read().rsplit(')', 1)[1].split()[0]
+        return state not in ('Z', 'X')
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def one_line_error(test, result, *needles):
+    """Asserts a usage error: exit 2 and one stderr line holding every needle."""
+    test.assertEqual(result.returncode, 2, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    test.assertEqual(len(lines), 1, result.stderr)
+    for needle in needles:
+        test.assertIn(needle, lines[0])
+
+
+class FakeJobTest(unittest.TestCase):
+    """Base: a temp dir with fake binaries, and helpers to run the launcher."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix='tessera-launch-test-')
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.bin = os.path.join(self.dir, 'bin')
+        self.fake_dir = os.path.join(self.dir, 'fake')
+        for d in (self.bin, os.path.join(self.fake_dir, 'rec'),
+                  os.path.join(self.fake_dir, 'done')):
+            os.makedirs(d)
+        for name in ('tessera-scheduler', 'tessera-server', 'fake-worker'):
+            _write_script(os.path.join(self.bin, name), FAKE_NODE)
+        _write_script(os.path.join(self.bin, 'ssh'), FAKE_SSH)
+        self.ssh_log = os.path.join(self.dir, 'ssh.log')
+        self.worker = os.path.join(self.bin, 'fake-worker')
+        self.addCleanup(self._kill_leftovers)
+
+    def _kill_leftovers(self):
+        for pid in self.all_pids():
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+    def env(self, **extra):
+        env = dict(os.environ)
+        for name in list(env):
+            if name.startswith(('DMLC_', 'PS_', 'TESSERA_')):
+                del env[name]
+        env['TESSERA_FAKE_DIR'] = self.fake_dir
+        env['FAKE_SSH_LOG'] = self.ssh_log
+        env.update(extra)
+        return env
+
+    def launch(self, args, env=None, cwd=None, daemons=True):
+        argv = [sys.executable, LAUNCH]
+        if daemons:
+            argv += ['--scheduler-binary', os.path.join(self.bin, 'tessera-scheduler'),
+                     '--server-binary', os.path.join(self.bin, 'tessera-server')]
+        start = time.monotonic()
+        result = subprocess.run(argv + args, env=env or self.env(), cwd=cwd or self.dir,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                universal_newlines=True, timeout=RUN_TIMEOUT_S)
+        result.elapsed = time.monotonic() - start
+        return result
+
+    def records(self):
+        out = []
+        for path in sorted(glob.glob(os.path.join(self.fake_dir, 'rec', '*.json'))):
+            with open(path) as f:
+                out.append(json.load(f))
+        return out
+
+    def record(self, role, index=0, restart=0):
+        found = [r for r in self.records()
+                 if (r['role'], r['index'], r['restart']) == (role, index, restart)]
+        self.assertEqual(len(found), 1, 'records of %s %d (restart %d): %s'
+                         % (role, index, restart, found))
+        return found[0]
+
+    def all_pids(self):
+        pids = []
+        for rec in self.records():
+            pids.append(rec['pid'])
+            if 'child_pid' in rec:
+                pids.append(rec['child_pid'])
+        return pids
+
+    def assert_nothing_left(self):
+        pids = self.all_pids()
+        self.assertTrue(pids)
+        deadline = time.monotonic() + 2.0  # init may take a moment to reap orphans
+        while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+            time.sleep(0.05)
+        self.assertEqual([p for p in pids if pid_alive(p)], [], 'processes left behind')
+
+    def ssh_calls(self):
+        if not os.path.exists(self.ssh_log):
+            return []
+        with open(self.ssh_log) as f:
+            return [json.loads(line) for line in f]
+
+    def hostfile(self, text):
+        path = os.path.join(self.dir, 'hosts')
+        with open(path, 'w') as f:
+            f.write(text)
+        return path
+
+
+# ----------------------------------------------------------------------------
+# Units
+
+
+class HostfileTest(unittest.TestCase):
+    def test_all_line_forms(self):
+        text = ('# cluster\n\n'
+                'alpha\n'
+                'beta:2222\n'
+                '  gamma slots=4   # four GPUs\n'
+                'delta:23 slots=2\n'
+                'root@10.0.0.5\n'
+                '[fe80::1%eth0]:2200\n'
+                '[::1]\n'
+                'fd00::7\n')
+        H = launch.Host
+        self.assertEqual(launch.parse_hostfile_text(text), [
+            H('alpha'), H('beta', 2222), H('gamma', None, 4), H('delta', 23, 2),
+            H('root@10.0.0.5'), H('fe80::1%eth0', 2200), H('::1'), H('fd00::7')])
+        self.assertEqual(H('root@10.0.0.5').address, '10.0.0.5')
+
+    def test_bad_lines_name_the_line(self):
+        cases = {
+            'a slots=0': 'slots=0',
+            'a slots=x': 'slots=x',
+            'a slots=1 slots=2': "expected 'host'",
+            'a b': "expected 'host'",
+            'a:99999': 'port',
+            'a:ssh': 'port',
+            'a:': 'port',
+            '-oProxyCommand=x': 'not a host name',
+            'a/b': 'not a host name',
+            '[::1': "expected 'host'",
+        }
+        for line, needle in cases.items():
+            with self.subTest(line=line):
+                with self.assertRaises(launch.UsageError) as cm:
+                    launch.parse_hostfile_text('ok\n# c\n' + line + '\n', 'hostfile h')
+                message = str(cm.exception)
+                self.assertIn('hostfile h line 3', message)
+                self.assertIn(needle, message)
+                self.assertNotIn('\n', message)
+
+    def test_empty_hostfile(self):
+        with self.assertRaisesRegex(launch.UsageError, 'no hosts'):
+            launch.parse_hostfile_text('# nothing\n\n')
+
+
+class PlacementTest(unittest.TestCase):
+    def names(self, hosts):
+        return [h.name for h in hosts]
+
+    def test_round_robin_without_slots(self):
+        hosts = [launch.Host('a'), launch.Host('b')]
+        servers, workers = launch.place(hosts, 2, 3)
+        self.assertEqual(self.names(servers), ['a', 'b'])
+        self.assertEqual(self.names(workers), ['a', 'b', 'a'])
+
+    def test_fills_slots_in_order_then_wraps(self):
+        hosts = [launch.Host('a', slots=2), launch.Host('b'), launch.Host('c', slots=3)]
+        servers, workers = launch.place(hosts, 2, 6)
+        self.assertEqual(self.names(servers), ['a', 'a'])
+        self.assertEqual(self.names(workers), ['b', 'c', 'c', 'c', 'a', 'a'])
+
+    def test_no_servers(self):
+        servers, workers = launch.place([launch.Host('a')], 0, 2)
+        self.assertEqual((servers, self.names(workers)), ([], ['a', 'a']))
+
+    def test_distinct_hosts(self):
+        hosts = [launch.Host('a', slots=2), launch.Host('b'), launch.Host('a'),
+                 launch.Host('a', 2200)]
+        self.assertEqual([h.key for h in launch.distinct_hosts(hosts)],
+                         [('a', None), ('b', None), ('a', 2200)])
+
+
+class EnvTest(unittest.TestCase):
+    ENVIRON = {
+        'PATH': '/bin', 'HOME': '/root', 'LD_LIBRARY_PATH': '/opt/lib',
+        'PS_VERBOSE': '1', 'PS_HEARTBEAT_INTERVAL': '2', 'PS_HEARTBEAT_TIMEOUT': '10',
+        'TESSERA_LOG': 'debug', 'TESSERA_SSH_OPTS': '-i k', 'TESSERA_RESTART_COUNT': '7',
+        'DMLC_INTERFACE': 'eth1', 'DMLC_NODE_HOST': '10.1.1.1', 'OMP_NUM_THREADS': '4',
+    }
+
+    def config(self, remote, interface=None, env_all=None, env_server=None,
+               env_worker=None):
+        return launch.JobConfig('ssh' if remote else 'local', '10.0.0.1', 9100, 2, 3,
+                                launch.forwarded_env(self.ENVIRON, remote, interface),
+                                env_all or {}, env_server or {}, env_worker or {})
+
+    def test_forwarded_variables(self):
+        local = launch.forwarded_env(self.ENVIRON, remote=False)
+        remote = launch.forwarded_env(self.ENVIRON, remote=True)
+        for name in ('LD_LIBRARY_PATH', 'PS_VERBOSE', 'PS_HEARTBEAT_INTERVAL',
+                     'PS_HEARTBEAT_TIMEOUT', 'TESSERA_LOG', 'DMLC_INTERFACE'):
+            self.assertEqual(remote[name], self.ENVIRON[name], name)
+        self.assertEqual(local['DMLC_NODE_HOST'], '10.1.1.1')
+        self.assertNotIn('DMLC_NODE_HOST', remote)
+        for name in ('PATH', 'HOME', 'TESSERA_SSH_OPTS', 'TESSERA_RESTART_COUNT',
+                     'OMP_NUM_THREADS'):
+            self.assertNotIn(name, remote)
+        self.assertEqual(launch.forwarded_env(self.ENVIRON, True, 'ib0')['DMLC_INTERFACE'],
+                         'ib0')
+
+    def test_node_env(self):
+        cfg = self.config(True, env_all={'OMP_NUM_THREADS': '2', 'PS_VERBOSE': '2'},
+                          env_worker={'OMP_NUM_THREADS': '8'}, env_server={'S': '1'})
+        worker = launch.node_env(cfg, 'worker', task_id=3, restart_count=1)
+        self.assertEqual(worker['DMLC_ROLE'], 'worker')
+        self.assertEqual(worker['DMLC_PS_ROOT_URI'], '10.0.0.1')
+        self.assertEqual(worker['DMLC_PS_ROOT_PORT'], '9100')
+        self.assertEqual(worker['DMLC_NUM_SERVER'], '2')
+        self.assertEqual(worker['DMLC_NUM_WORKER'], '3')
+        self.assertEqual(worker['DMLC_TASK_ID'], '3')
+        self.assertEqual(worker['TESSERA_RESTART_COUNT'], '1')
+        self.assertEqual(worker['OMP_NUM_THREADS'], '8')  # --env-worker beats --env
+        self.assertEqual(worker['PS_VERBOSE'], '2')  # --env beats forwarded
+        self.assertNotIn('S', worker)
+        server = launch.node_env(cfg, 'server', task_id=0)
+        self.assertEqual((server['S'], server['OMP_NUM_THREADS']), ('1', '2'))
+        self.assertEqual(server['TESSERA_RESTART_COUNT'], '0')
+        scheduler = launch.node_env(cfg, 'scheduler')
+        self.assertEqual(scheduler['DMLC_ROLE'], 'scheduler')
+        self.assertNotIn('DMLC_TASK_ID', scheduler)
+
+    def test_env_specs(self):
+        parse = launch.parse_env_specs
+        self.assertEqual(parse(['A:1', 'B:x:y', 'C:', 'OMP_NUM_THREADS'], '--env',
+                               self.ENVIRON),
+                         {'A': '1', 'B': 'x:y', 'C': '', 'OMP_NUM_THREADS': '4'})
+        for spec, needle in (('NOPE', 'not set'), ('1A:2', 'NAME[:VALUE]'),
+                             ('DMLC_ROLE:worker', 'set by the launcher'), (':x', 'NAME')):
+            with self.subTest(spec=spec):
+                with self.assertRaisesRegex(launch.UsageError, re.escape(needle)):
+                    parse([spec], '--env-worker', self.ENVIRON)
+
+
+class BinaryDiscoveryTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix='tessera-launch-test-')
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        for sub in ('build/scheduler', 'build/server', 'build/worker', 'path'):
+            os.makedirs(os.path.join(self.dir, sub))
+        self.worker = os.path.join(self.dir, 'build', 'worker', 'trainer')
+        _write_script(self.worker, 'pass\n')
+
+    def put(self, rel):
+        path = os.path.join(self.dir, rel)
+        _write_script(path, 'pass\n')
+        return path
+
+    def find(self, name, explicit=None, command=None, path=''):
+        return launch.find_binary(name, '--server-binary', explicit,
+                                  command or [self.worker], path)
+
+    def test_explicit_wins(self):
+        mine = self.put('path/my-server')
+        self.put('build/server/tessera-server')
+        self.assertEqual(self.find('tessera-server', explicit=mine), mine)
+
+    def test_explicit_must_be_executable(self):
+        with self.assertRaisesRegex(launch.UsageError, '--server-binary .*not an executable'):
+            self.find('tessera-server', explicit=os.path.join(self.dir, 'missing'))
+
+    def test_build_layout_next_to_worker(self):
+        sched = self.put('build/scheduler/tessera-scheduler')
+        server = self.put('build/server/tessera-server')
+        self.assertEqual(self.find('tessera-scheduler'), sched)
+        self.assertEqual(self.find('tessera-server'), server)
+
+    def test_same_dir_and_path(self):
+        same = self.put('build/worker/tessera-server')
+        self.assertEqual(self.find('tessera-server'), same)
+        on_path = self.put('path/tessera-scheduler')
+        self.assertEqual(self.find('tessera-scheduler', command=['python3', 'x.py'],
+                                   path=os.path.join(self.dir, 'path')), on_path)
+
+    def test_not_found_names_where_it_looked(self):
+        with self.assertRaises(launch.UsageError) as cm:
+            self.find('tessera-server', path=os.path.join(self.dir, 'path'))
+        message = str(cm.exception)
+        self.assertIn('cannot find tessera-server', message)
+        self.assertIn(os.path.join(self.dir, 'build', 'server'), message)
+        self.assertIn('PATH', message)
+        self.assertIn('--server-binary', message)
+
+
+class RemoteCommandTest(unittest.TestCase):
+    def test_ssh_argv(self):
+        argv = launch.ssh_argv(launch.Host('h', 2222), '/w d', {'A': "it's", 'B': '2'},
+                               ['./train', '--lr', '0.1 x'],
+                               {'TESSERA_SSH_OPTS': '-i "/k y" -o ConnectTimeout=5'})
+        self.assertEqual(argv[:8], ['ssh', '-o', 'StrictHostKeyChecking=no', '-o',
+                                    'BatchMode=yes', '-p', '2222', '-i'])
+        self.assertEqual(argv[8:12], ['/k y', '-o', 'ConnectTimeout=5', 'h'])
+        command = argv[12]
+        self.assertTrue(command.startswith("cd '/w d' && exec bash -c "), command)
+        self.assertIn("env 'A=it'\"'\"'s' B=2 ./train --lr '0.1 x'", command)
+
+    def test_rsync_argv(self):
+        argv = launch.rsync_argv(launch.Host('u@h', 23), '/src', '/dst dir', {})
+        self.assertEqual(argv[:3], ['rsync', '-az', '-e'])
+        self.assertIn('-p 23', argv[3])
+        self.assertEqual(argv[-2:], ['/src/', 'u@h:/dst dir/'])
+        self.assertIn("mkdir -p '/dst dir'", argv[argv.index('--rsync-path') + 1])
+
+    def test_remote_path(self):
+        self.assertEqual(launch.remote_path('/home/me/job/bin/w', '/home/me/job', '/tmp/j'),
+                         '/tmp/j/bin/w')
+        self.assertEqual(launch.remote_path('/usr/bin/w', '/home/me/job', '/tmp/j'),
+                         '/usr/bin/w')
+        self.assertEqual(launch.remote_path('/home/me/job/w', '/home/me/job', None),
+                         '/home/me/job/w')
+
+    def wrapper(self, *argv):
+        proc = subprocess.Popen(['bash', '-c', launch.REMOTE_WRAPPER, 'x'] + list(argv),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        def cleanup():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                pipe.close()
+        self.addCleanup(cleanup)
+        first = proc.stdout.readline()
+        self.assertTrue(first.startswith(launch.REMOTE_PID_MARKER), first)
+        return proc, int(first[len(launch.REMOTE_PID_MARKER):])
+
+    def test_wrapper_passes_status_and_output(self):
+        proc, _ = self.wrapper('bash', '-c', 'echo out; echo err >&2; exit 3')
+        self.assertEqual(proc.wait(10), 3)
+        self.assertEqual(proc.stdout.read(), b'out\nerr\n')
+
+    def test_wrapper_kills_command_when_channel_closes(self):
+        proc, pid = self.wrapper('bash', '-c', 'sleep 300 & echo $!; wait')
+        child = int(proc.stdout.readline())
+        self.assertTrue(pid_alive(pid) and pid_alive(child))
+        proc.stdin.close()  # what a dropped ssh connection looks like remotely
+        self.assertEqual(proc.wait(10), 128 + signal.SIGTERM)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and (pid_alive(pid) or pid_alive(child)):
+            time.sleep(0.05)
+        self.assertFalse(pid_alive(pid) or pid_alive(child))
+
+
+class AddressTest(unittest.TestCase):
+    def test_interface(self):
+        self.assertEqual(launch.interface_ipv4('lo'), '127.0.0.1')
+        with self.assertRaisesRegex(launch.UsageError, '--interface nosuch0'):
+            launch.interface_ipv4('nosuch0')
+
+    def test_scheduler_address_order(self):
+        first = launch.Host('127.0.0.1')
+        self.assertEqual(launch.scheduler_address('lo', {'DMLC_PS_ROOT_URI': 'x'}, first),
+                         '127.0.0.1')
+        self.assertEqual(launch.scheduler_address(None, {'DMLC_PS_ROOT_URI': 'sched.example'},
+                                                  first), 'sched.example')
+        self.assertEqual(launch.scheduler_address(None, {}, first), '127.0.0.1')
+        with self.assertRaisesRegex(launch.UsageError, '--interface'):
+            launch.scheduler_address(None, {}, launch.Host('no-such-host.invalid'))
+
+    def test_busy_port_is_an_error(self):
+        import socket
+        with socket.socket() as s:
+            s.bind(('', 0))
+            s.listen(1)
+            with self.assertRaisesRegex(launch.UsageError, '--port %d' % s.getsockname()[1]):
+                launch.pick_port(s.getsockname()[1])
+        self.assertGreater(launch.pick_port(None), 0)
+
+
+class CommandLineTest(FakeJobTest):
+    def test_usage_errors_are_one_line(self):
+        w = self.worker
+        cases = [
+            (['-n', '0', w], '-n/--num-workers', 'positive integer', "'0'"),
+            (['-n', 'abc', w], '-n/--num-workers', "'abc'"),
+            (['-n', '2', '-s', '-1', w], '-s/--num-servers'),
+            (['-n', '2'], 'missing COMMAND'),
+            ([w], '-n/--num-workers', 'required'),
+            (['-n', '1', '--launcher', 'yarn', w], '--launcher', "'yarn'"),
+            (['-n', '1', '--launcher', 'ssh', w], '--launcher ssh', '-H'),
+            (['-n', '1', '--launcher', 'ssh', '-H', '/no/such/file', w], '/no/such/file'),
+            (['-n', '1', '--launcher', 'ssh', '-H', self.hostfile('a\nb slots=two\n'), w],
+             'line 2', 'slots=two'),
+            (['-n', '1', '--port', '70000', w], '--port'),
+            (['-n', '1', '--timeout', '-3', w], '--timeout'),
+            (['-n', '1', '--env', 'X', w], '--env X', 'not set'),
+            (['-n', '1', '--interface', 'nosuch0', w], '--interface nosuch0'),
+            (['-n', '1', os.path.join(self.dir, 'missing-worker')], 'missing-worker'),
+            (['-n', '1', '--launcher', 'mpi', '--restarts', '1', w], '--restarts'),
+        ]
+        for args, *needles in cases:
+            with self.subTest(args=args):
+                one_line_error(self, self.launch(args), *needles)
+
+    def test_missing_daemon_binary(self):
+        os.makedirs(os.path.join(self.dir, 'build', 'worker'))
+        worker = os.path.join(self.dir, 'build', 'worker', 'w')
+        shutil.copy(self.worker, worker)
+        result = self.launch(['-n', '1', worker], daemons=False,
+                             env=self.env(PATH='/usr/bin:/bin'))
+        one_line_error(self, result, 'cannot find tessera-scheduler',
+                       os.path.join(self.dir, 'build', 'scheduler'), 'PATH',
+                       '--scheduler-binary')
+        result = self.launch(['-n', '1', '--scheduler-binary',
+                              os.path.join(self.bin, 'tessera-scheduler'), worker],
+                             daemons=False, env=self.env(PATH='/usr/bin:/bin'))
+        one_line_error(self, result, 'cannot find tessera-server', '--server-binary')
+        self.assertEqual(self.records(), [])
+
+
+# ----------------------------------------------------------------------------
+# Local launcher
+
+
+class LocalLaunchTest(FakeJobTest):
+    def test_success(self):
+        result = self.launch(['-n', '2', '-s', '2', '--env', 'CUSTOM:yes',
+                              self.worker, '--sleep', '0.2'],
+                             env=self.env(DMLC_NODE_HOST='127.0.0.1', PS_VERBOSE='1'))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertLess(result.elapsed, 15)
+        self.assertEqual(result.stderr, '')
+        for name in ('scheduler', 'server 0', 'server 1', 'worker 0', 'worker 1'):
+            self.assertIn('[%s] hello from %s\n' % (name, name), result.stdout)
+            self.assertIn('[%s] stderr from %s\n' % (name, name), result.stdout)
+        for line in result.stdout.splitlines():
+            self.assertRegex(line, r'^\[(scheduler|server \d|worker \d)\] ')
+        sched = self.record('scheduler')
+        port = sched['env']['DMLC_PS_ROOT_PORT']
+        for role, index, task in (('scheduler', 0, None), ('server', 0, '0'),
+                                  ('server', 1, '1'), ('worker', 0, '2'), ('worker', 1, '3')):
+            env = self.record(role, index)['env']
+            self.assertEqual(env['DMLC_ROLE'], role)
+            self.assertEqual(env['DMLC_PS_ROOT_URI'], '127.0.0.1')
+            self.assertEqual(env['DMLC_PS_ROOT_PORT'], port)
+            self.assertEqual((env['DMLC_NUM_SERVER'], env['DMLC_NUM_WORKER']), ('2', '2'))
+            self.assertEqual(env['TESSERA_RESTART_COUNT'], '0')
+            self.assertEqual(env.get('DMLC_TASK_ID'), task)
+            self.assertEqual(env['DMLC_NODE_HOST'], '127.0.0.1')
+            self.assertEqual(env['PS_VERBOSE'], '1')
+            self.assertEqual(env['CUSTOM'], 'yes')
+        self.assertEqual(self.record('worker', 1)['argv'][1:], ['--sleep', '0.2'])
+        self.assert_nothing_left()
+
+    def test_default_servers_and_port(self):
+        result = self.launch(['-n', '3', '--port', str(launch.pick_port(None)),
+                              self.worker])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(len([r for r in self.records() if r['role'] == 'server']), 3)
+
+    def test_worker_failure_stops_the_job(self):
+        result = self.launch(['-n', '3', '-s', '2', '--server-args',
+                              '--hang --spawn-child --ignore-term', self.worker,
+                              '--fail-index', '1', '--exit-code', '3', '--hang-index', '0',
+                              '--hang-index', '2'])
+        self.assertEqual(result.returncode, 3, result.stderr)
+        pid = self.record('worker', 1)['pid']
+        self.assertIn('launch.py: worker 1 (pid %d) exited with status 3; stopping the job'
+                      % pid, result.stderr)
+        self.assertIn('[worker 1] hello from worker 1', result.stdout)
+        self.assertLess(result.elapsed, 20)
+        self.assert_nothing_left()
+
+    def test_worker_killed_by_signal(self):
+        result = self.launch(['-n', '2', '--server-args', '--hang', self.worker,
+                              '--sigkill-index', '0', '--hang-index', '1'])
+        self.assertEqual(result.returncode, 1, result.stderr)
+        pid = self.record('worker', 0)['pid']
+        self.assertIn('launch.py: worker 0 (pid %d) killed by signal SIGKILL; stopping the job'
+                      % pid, result.stderr)
+        self.assert_nothing_left()
+
+    def test_server_failure_stops_the_job(self):
+        result = self.launch(['-n', '2', '-s', '1', '--server-args', '--exit 5', self.worker,
+                              '--hang-index', '0', '--hang-index', '1'])
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertRegex(result.stderr,
+                         r'launch.py: server 0 \(pid \d+\) exited with status 5; stopping')
+        self.assert_nothing_left()
+
+    def test_restart_a_failed_worker(self):
+        result = self.launch(['-n', '2', '--restarts', '1', self.worker,
+                              '--fail-index', '1', '--fail-times', '1'])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRegex(result.stderr, r'worker 1 \(pid \d+\) exited with status 3; '
+                                        r'restarting it \(restart 1 of 1\)')
+        first, second = self.record('worker', 1, 0), self.record('worker', 1, 1)
+        self.assertEqual(second['env']['TESSERA_RESTART_COUNT'], '1')
+        self.assertEqual(first['env']['DMLC_PS_ROOT_PORT'], second['env']['DMLC_PS_ROOT_PORT'])
+        self.assertEqual([r['restart'] for r in self.records() if r['role'] == 'worker'
+                          and r['index'] == 0], [0])
+        self.assert_nothing_left()
+
+    def test_restarts_run_out(self):
+        result = self.launch(['-n', '1', '-s', '1', '--restarts', '2', self.worker,
+                              '--fail-index', '0', '--exit-code', '4'])
+        self.assertEqual(result.returncode, 4, result.stderr)
+        self.assertEqual(sorted(r['restart'] for r in self.records() if r['role'] == 'worker'),
+                         [0, 1, 2])
+        self.assertRegex(result.stderr, r'worker 0 \(pid \d+\) exited with status 4; stopping')
+        self.assert_nothing_left()
+
+    def test_daemons_that_do_not_exit_are_killed_and_reported(self):
+        result = self.launch(['-n', '1', '-s', '1', '--timeout', '0.5', '--server-args',
+                              '--hang --spawn-child', self.worker])
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertRegex(result.stderr, r'launch.py: server 0 \(pid \d+\) still running '
+                                        r'0.5 s after all workers finished; stopping the job')
+        self.assertLess(result.elapsed, 15)
+        self.assert_nothing_left()
+
+    def test_sigterm_to_launcher_stops_everything(self):
+        argv = [sys.executable, LAUNCH,
+                '--scheduler-binary', os.path.join(self.bin, 'tessera-scheduler'),
+                '--server-binary', os.path.join(self.bin, 'tessera-server'),
+                '-n', '2', '--server-args', '--spawn-child', self.worker, '--hang-index', '0',
+                '--hang-index', '1']
+        proc = subprocess.Popen(argv, env=self.env(), cwd=self.dir, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, universal_newlines=True)
+        deadline = time.monotonic() + 20
+        while len(self.records()) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(len(self.records()), 5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn('launch.py: received SIGTERM; stopping the job', err)
+        self.assert_nothing_left()
+
+
+# ----------------------------------------------------------------------------
+# ssh launcher (fake ssh on PATH)
+
+
+class SshLaunchTest(FakeJobTest):
+    def ssh_env(self, **extra):
+        return self.env(PATH=self.bin + os.pathsep + os.environ.get('PATH', ''), **extra)
+
+    def test_placement_env_and_options(self):
+        hosts = self.hostfile('# test cluster\nhostA\nhostB slots=2\n\nhostC:2222\n')
+        result = self.launch(
+            ['-n', '3', '-s', '2', '--launcher', 'ssh', '-H', hosts, '--interface', 'lo',
+             '--env', 'CUSTOM_A', '--env', 'CUSTOM_B:b', '--env-worker', 'W_ONLY:w',
+             '--env-server', 'S_ONLY:s', self.worker, '--sleep', '0.1'],
+            env=self.ssh_env(CUSTOM_A='a', PS_HEARTBEAT_TIMEOUT='9', LD_LIBRARY_PATH='/l',
+                             DMLC_NODE_HOST='10.9.9.9', NOT_FORWARDED='x',
+                             TESSERA_SSH_OPTS='-o ConnectTimeout=5'))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        expected = {('server', 0): 'hostA', ('server', 1): 'hostB', ('worker', 0): 'hostB',
+                    ('worker', 1): 'hostC', ('worker', 2): 'hostA'}
+        for (role, index), host in expected.items():
+            env = self.record(role, index)['env']
+            self.assertEqual(env['FAKE_SSH_HOST'], host, (role, index))
+            self.assertEqual(env['DMLC_ROLE'], role)
+            self.assertEqual(env['DMLC_PS_ROOT_URI'], '127.0.0.1')
+            self.assertEqual(env['DMLC_INTERFACE'], 'lo')
+            self.assertEqual((env['DMLC_NUM_SERVER'], env['DMLC_NUM_WORKER']), ('2', '3'))
+            self.assertEqual(env['TESSERA_RESTART_COUNT'], '0')
+            self.assertEqual(env['DMLC_JOB_CLUSTER'], 'ssh')
+            self.assertEqual((env['CUSTOM_A'], env['CUSTOM_B']), ('a', 'b'))
+            self.assertEqual((env['PS_HEARTBEAT_TIMEOUT'], env['LD_LIBRARY_PATH']), ('9', '/l'))
+            self.assertEqual(env['TESSERA_FAKE_DIR'], self.fake_dir)
+            self.assertEqual(env.get('W_ONLY'), 'w' if role == 'worker' else None)
+            self.assertEqual(env.get('S_ONLY'), 's' if role == 'server' else None)
+            for name in ('DMLC_NODE_HOST', 'NOT_FORWARDED', 'TESSERA_SSH_OPTS'):
+                self.assertNotIn(name, env)
+            self.assertEqual(self.record(role, index)['cwd'], self.dir)
+        scheduler = self.record('scheduler')['env']
+        self.assertNotIn('FAKE_SSH_HOST', scheduler)
+        self.assertEqual(scheduler['DMLC_PS_ROOT_URI'], '127.0.0.1')
+        calls = self.ssh_calls()
+        self.assertEqual(sorted(c['host'] for c in calls),
+                         ['hostA', 'hostA', 'hostB', 'hostB', 'hostC'])
+        for call in calls:
+            opts = call['opts']
+            self.assertIn('StrictHostKeyChecking=no', opts)
+            self.assertIn('BatchMode=yes', opts)
+            self.assertIn('ConnectTimeout=5', opts)
+            self.assertEqual('-p' in opts, call['host'] == 'hostC')
+            if call['host'] == 'hostC':
+                self.assertEqual(opts[opts.index('-p') + 1], '2222')
+        self.assertIn('[worker 2] hello from worker 2', result.stdout)
+        self.assertNotIn('__TESSERA_REMOTE_PID__', result.stdout)
+        self.assert_nothing_left()
+
+    def test_remote_failure_stops_every_host(self):
+        hosts = self.hostfile('h1\nh2\n')
+        result = self.launch(['-n', '3', '-s', '2', '--launcher', 'ssh', '-H', hosts,
+                              '--server-args', '--hang --spawn-child', self.worker,
+                              '--fail-index', '1', '--hang-index', '0', '--hang-index', '2'],
+                             env=self.ssh_env(DMLC_PS_ROOT_URI='127.0.0.1'))
+        self.assertEqual(result.returncode, 3, result.stderr)
+        failed = self.record('worker', 1)
+        self.assertIn('launch.py: worker 1 on %s (pid %d) exited with status 3; stopping the '
+                      'job' % (failed['env']['FAKE_SSH_HOST'], failed['pid']), result.stderr)
+        self.assertEqual(failed['env']['FAKE_SSH_HOST'], 'h2')  # s0 h1, s1 h2, w0 h1, w1 h2
+        self.assertLess(result.elapsed, 20)
+        self.assert_nothing_left()
+
+    def test_remote_restart(self):
+        hosts = self.hostfile('h1\n')
+        result = self.launch(['-n', '2', '-s', '1', '--launcher', 'ssh', '-H', hosts,
+                              '--restarts', '1', self.worker, '--fail-index', '0',
+                              '--fail-times', '1'],
+                             env=self.ssh_env(DMLC_PS_ROOT_URI='127.0.0.1'))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(self.record('worker', 0, 1)['env']['TESSERA_RESTART_COUNT'], '1')
+        self.assert_nothing_left()
+
+    @unittest.skipUnless(shutil.which('rsync'), 'rsync is not installed')
+    def test_sync_dst_dir(self):
+        src = os.path.join(self.dir, 'src')
+        dst = os.path.join(self.dir, 'dst')
+        os.makedirs(os.path.join(src, 'data'))
+        with open(os.path.join(src, 'data', 'input.txt'), 'w') as f:
+            f.write('x')
+        shutil.copy(self.worker, os.path.join(src, 'run-worker'))
+        hosts = self.hostfile('hostA slots=2\nhostB\nhostA\n')
+        result = self.launch(['-n', '3', '-s', '1', '--launcher', 'ssh', '-H', hosts,
+                              '--sync-dst-dir', dst, './run-worker'],
+                             env=self.ssh_env(DMLC_PS_ROOT_URI='127.0.0.1'), cwd=src)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertTrue(os.path.exists(os.path.join(dst, 'data', 'input.txt')))
+        syncs = [c['host'] for c in self.ssh_calls() if 'rsync --server' in c['command']]
+        self.assertEqual(sorted(syncs), ['hostA', 'hostB'])
+        for rec in self.records():
+            if rec['role'] != 'scheduler':
+                self.assertEqual(rec['cwd'], dst)
+
+    def test_unreachable_first_host_without_address(self):
+        hosts = self.hostfile('no-such-host.invalid\n')
+        result = self.launch(['-n', '1', '--launcher', 'ssh', '-H', hosts, self.worker],
+                             env=self.ssh_env())
+        one_line_error(self, result, 'no-such-host.invalid', '--interface', 'DMLC_PS_ROOT_URI')
+
+
+# ----------------------------------------------------------------------------
+# mpi launcher (needs Open MPI's mpirun)
+
+
+@unittest.skipUnless(shutil.which('mpirun'), 'mpirun is not installed (apt-get install '
+                     'openmpi-bin)')
+class MpiLaunchTest(FakeJobTest):
+    def test_success(self):
+        result = self.launch(['-n', '2', '-s', '1', '--launcher', 'mpi', '--env-worker',
+                              'W_ONLY:w', self.worker, '--sleep', '0.1'])
+        self.assertEqual(result.returncode, 0, result.stderr + result.stdout)
+        port = self.record('scheduler')['env']['DMLC_PS_ROOT_PORT']
+        for role, index, task in (('server', 0, '0'), ('worker', 0, '1'), ('worker', 1, '2')):
+            env = self.record(role, index)['env']
+            self.assertEqual((env['DMLC_ROLE'], env['DMLC_TASK_ID']), (role, task))
+            self.assertEqual(env['DMLC_PS_ROOT_PORT'], port)
+            self.assertEqual(env['DMLC_PS_ROOT_URI'], '127.0.0.1')
+            self.assertEqual((env['DMLC_NUM_SERVER'], env['DMLC_NUM_WORKER']), ('1', '2'))
+            self.assertEqual(env.get('W_ONLY'), 'w' if role == 'worker' else None)
+            self.assertNotIn(launch.MPI_SPEC_VAR, env)
+            self.assertIn('[%s %d] hello from %s %d' % (role, index, role, index),
+                          result.stdout)
+        self.assert_nothing_left()
+
+    def test_failure(self):
+        result = self.launch(['-n', '2', '-s', '1', '--launcher', 'mpi', '--server-args',
+                              '--hang', self.worker, '--fail-index', '1', '--hang-index', '0'])
+        self.assertNotEqual(result.returncode, 0)
+        self.assertRegex(result.stderr, r'launch.py: mpirun \(pid \d+\) exited with status '
+                                        r'\d+; stopping the job')
+        self.assert_nothing_left()
+
+
+if __name__ == '__main__':
+    unittest.main()
