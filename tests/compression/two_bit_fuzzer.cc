@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/compression/two_bit.h"
+#include "common/compression/two_bit_testing.h"
 
 namespace {
 
@@ -49,6 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::memcpy(&raw_len, data, 4);
   std::memcpy(&threshold, data + 4, 4);
   const size_t len = raw_len % 4096;
+  tessera::compression::ForceBaselineSimdForTesting((raw_len >> 31) != 0);
   // Exactly-sized copies so ASan catches any read or write past the ends.
   const std::vector<uint8_t> payload(data + 8, data + size);
   const uint8_t* in = payload.empty() ? nullptr : payload.data();

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "common/compression/two_bit_testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/compression/two_bit_reference.h"
@@ -20,6 +21,31 @@ using ::testing::HasSubstr;
 
 constexpr float kT = 0.5f;
 
+// Runs the codec on its baseline (non-AVX2) loop while alive.
+class ScopedBaselineSimd {
+ public:
+  explicit ScopedBaselineSimd(bool baseline) {
+    ForceBaselineSimdForTesting(baseline);
+  }
+  ~ScopedBaselineSimd() { ForceBaselineSimdForTesting(false); }
+};
+
+// The SIMD loops the codec can take here: the run-time pick, and the baseline.
+class TwoBitSimdTest : public ::testing::TestWithParam<bool> {
+ protected:
+  ScopedBaselineSimd simd_{GetParam()};
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, TwoBitSimdTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Baseline" : "Dispatched";
+                         });
+
+TEST(TwoBitSimdPathTest, BaselineCanBeForced) {
+  ScopedBaselineSimd baseline(true);
+  EXPECT_FALSE(TwoBitUsesAvx2ForTesting());
+}
+
 TEST(TwoBitCompressedBytesTest, FourBytesPerSixteenElements) {
   EXPECT_EQ(TwoBitCompressedBytes(0), 0u);
   EXPECT_EQ(TwoBitCompressedBytes(1), 4u);
@@ -31,7 +57,7 @@ TEST(TwoBitCompressedBytesTest, FourBytesPerSixteenElements) {
   EXPECT_EQ(TwoBitCompressedBytes(max), 4 * (max / 16 + 1));
 }
 
-TEST(TwoBitQuantizeTest, ReferenceVectorEightElements) {
+TEST_P(TwoBitSimdTest, ReferenceVectorEightElements) {
   const std::vector<float> grad = {0.6f,  -0.7f, 0.2f, 0.5f,
                                    -0.5f, 0.49f, 1.0f, -2.0f};
   std::vector<float> residual(grad.size(), 0.0f);
@@ -54,7 +80,7 @@ TEST(TwoBitQuantizeTest, ReferenceVectorEightElements) {
               ElementsAre(0.5f, -0.5f, 0.0f, 0.5f, -0.5f, 0.0f, 0.5f, -0.5f));
 }
 
-TEST(TwoBitQuantizeTest, ReferenceVectorSeventeenOnes) {
+TEST_P(TwoBitSimdTest, ReferenceVectorSeventeenOnes) {
   const std::vector<float> grad(17, 1.0f);
   std::vector<float> residual(17, 0.0f);
   std::vector<uint8_t> out(TwoBitCompressedBytes(17), 0x55);
@@ -64,7 +90,7 @@ TEST(TwoBitQuantizeTest, ReferenceVectorSeventeenOnes) {
   for (float r : residual) EXPECT_EQ(r, 0.5f);
 }
 
-TEST(TwoBitQuantizeTest, MatchesScalarReferenceOnOddLengths) {
+TEST_P(TwoBitSimdTest, MatchesScalarReferenceOnOddLengths) {
   std::mt19937 rng(20240611);
   std::normal_distribution<float> normal(0.0f, 0.6f);
   for (size_t len : {0u, 1u, 2u, 3u, 4u, 5u, 15u, 16u, 17u, 31u, 32u, 33u, 63u,
@@ -100,7 +126,7 @@ TEST(TwoBitQuantizeTest, MatchesScalarReferenceOnOddLengths) {
   }
 }
 
-TEST(TwoBitQuantizeTest, ResidualPlusDecodedConservesTheGradient) {
+TEST_P(TwoBitSimdTest, ResidualPlusDecodedConservesTheGradient) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
   const size_t len = 4097;
@@ -244,7 +270,7 @@ TEST(TwoBitDequantizeTest, SetPaddingBitsAreDataLoss) {
             absl::StatusCode::kDataLoss);
 }
 
-TEST(TwoBitDequantizeTest, AddAccumulatesIntoOutput) {
+TEST_P(TwoBitSimdTest, AddAccumulatesIntoOutput) {
   const std::vector<float> grad = {0.6f,  -0.7f, 0.2f, 0.5f,
                                    -0.5f, 0.49f, 1.0f, -2.0f};
   std::vector<float> residual(grad.size(), 0.0f);
@@ -261,7 +287,7 @@ TEST(TwoBitDequantizeTest, AddAccumulatesIntoOutput) {
   EXPECT_THAT(sum, ElementsAre(2.0f, 1.0f, 3.0f, 5.0f, 4.0f, 6.0f, 8.0f, 7.0f));
 }
 
-TEST(TwoBitDequantizeTest, AddMatchesDequantizeOnLongArrays) {
+TEST_P(TwoBitSimdTest, AddMatchesDequantizeOnLongArrays) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (size_t len : {1u, 31u, 4097u}) {
