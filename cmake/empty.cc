@@ -1,0 +1,1 @@
+// Anchor source for libtessera.so, which is made of the client archive.

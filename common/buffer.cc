@@ -1,0 +1,36 @@
+#include "common/buffer.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace tessera {
+
+Buffer Buffer::Allocate(size_t size) {
+  const size_t rounded = ((size + 63) / 64) * 64;
+  void* memory = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
+  if (rounded != 0 && memory == nullptr) throw std::bad_alloc();
+  Buffer b;
+  b.data_ = static_cast<const uint8_t*>(memory);
+  b.size_ = size;
+  b.owner_ = std::shared_ptr<const void>(memory, [](const void* p) {
+    std::free(const_cast<void*>(p));
+  });
+  return b;
+}
+
+Buffer Buffer::CopyOf(const void* data, size_t size) {
+  Buffer b = Allocate(size);
+  if (size > 0) std::memcpy(b.mutable_data(), data, size);
+  return b;
+}
+
+Buffer Buffer::Wrap(const void* data, size_t size, std::shared_ptr<const void> owner) {
+  Buffer b;
+  b.data_ = static_cast<const uint8_t*>(data);
+  b.size_ = size;
+  b.owner_ = std::move(owner);
+  return b;
+}
+
+}  // namespace tessera

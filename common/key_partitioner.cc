@@ -1,0 +1,34 @@
+#include "common/key_partitioner.h"
+
+namespace tessera {
+namespace {
+// SplitMix64's finaliser: a fixed, well-mixed hash, the same in every process.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+int KeyPartitioner::ServerOf(uint64_t key) const {
+  return static_cast<int>(Mix(key) % static_cast<uint64_t>(num_servers_));
+}
+
+std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key, uint64_t length) const {
+  std::vector<KeyPart> parts;
+  if (length == 0) return parts;
+  if (length < bound_ || num_servers_ == 1) {
+    parts.push_back({ServerOf(key), 0, length});
+    return parts;
+  }
+  const uint64_t n = static_cast<uint64_t>(num_servers_);
+  for (uint64_t s = 0; s < n; ++s) {
+    const uint64_t begin = length * s / n;
+    const uint64_t end = length * (s + 1) / n;
+    if (end > begin) parts.push_back({static_cast<int>(s), begin, end - begin});
+  }
+  return parts;
+}
+
+}  // namespace tessera

@@ -1,0 +1,170 @@
+#include "common/net_util.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tessera {
+namespace {
+
+std::string AddressString(const sockaddr* addr) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (addr->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, buf, sizeof(buf));
+  } else if (addr->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, buf,
+              sizeof(buf));
+  }
+  return buf;
+}
+
+bool IsLoopback(const std::string& ip) {
+  return ip.rfind("127.", 0) == 0 || ip == "::1";
+}
+
+}  // namespace
+
+bool IsIpv6(const std::string& ip) {
+  in6_addr addr;
+  return inet_pton(AF_INET6, ip.c_str(), &addr) == 1;
+}
+
+absl::StatusOr<std::string> ResolveHost(const std::string& host) {
+  std::string bare = host;
+  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
+  addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  const int rc = getaddrinfo(bare.c_str(), nullptr, &hints, &result);
+  if (rc != 0 || result == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve host '", host, "': ", gai_strerror(rc)));
+  }
+  std::string v4, v6;
+  for (addrinfo* it = result; it != nullptr; it = it->ai_next) {
+    if (it->ai_family == AF_INET && v4.empty()) v4 = AddressString(it->ai_addr);
+    if (it->ai_family == AF_INET6 && v6.empty()) v6 = AddressString(it->ai_addr);
+  }
+  freeaddrinfo(result);
+  if (!v4.empty()) return v4;
+  if (!v6.empty()) return v6;
+  return absl::InvalidArgumentError(absl::StrCat("host '", host, "' has no IP address"));
+}
+
+std::vector<std::string> InterfaceNames() {
+  std::vector<std::string> names;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return names;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr) continue;
+    if (it->ifa_addr->sa_family != AF_INET && it->ifa_addr->sa_family != AF_INET6) continue;
+    if (std::find(names.begin(), names.end(), it->ifa_name) == names.end()) {
+      names.push_back(it->ifa_name);
+    }
+  }
+  freeifaddrs(list);
+  return names;
+}
+
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) {
+    return absl::InternalError(absl::StrCat("getifaddrs: ", std::strerror(errno)));
+  }
+  std::string v4, v6_global, v6_link;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || name != it->ifa_name) continue;
+    if (it->ifa_addr->sa_family == AF_INET && v4.empty()) {
+      v4 = AddressString(it->ifa_addr);
+    } else if (it->ifa_addr->sa_family == AF_INET6) {
+      const auto* a6 = reinterpret_cast<const sockaddr_in6*>(it->ifa_addr);
+      if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) {
+        if (v6_link.empty()) {
+          v6_link = AddressString(it->ifa_addr) + "%" + name;
+        }
+      } else if (v6_global.empty()) {
+        v6_global = AddressString(it->ifa_addr);
+      }
+    }
+  }
+  freeifaddrs(list);
+  if (!v4.empty()) return v4;
+  if (!v6_global.empty()) return v6_global;
+  if (!v6_link.empty()) return v6_link;
+  return absl::InvalidArgumentError(
+      absl::StrCat("DMLC_INTERFACE='", name,
+                   "': no such network interface with an address (interfaces with one: ",
+                   absl::StrJoin(InterfaceNames(), ", "), ")"));
+}
+
+absl::StatusOr<std::string> RouteSourceAddress(const std::string& remote_ip) {
+  const bool v6 = IsIpv6(remote_ip);
+  int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_storage remote;
+  std::memset(&remote, 0, sizeof(remote));
+  socklen_t len = 0;
+  if (v6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&remote);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(9);
+    inet_pton(AF_INET6, remote_ip.c_str(), &a->sin6_addr);
+    len = sizeof(sockaddr_in6);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&remote);
+    a->sin_family = AF_INET;
+    a->sin_port = htons(9);
+    inet_pton(AF_INET, remote_ip.c_str(), &a->sin_addr);
+    len = sizeof(sockaddr_in);
+  }
+  if (connect(fd, reinterpret_cast<sockaddr*>(&remote), len) != 0) {
+    const std::string err = std::strerror(errno);
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("no route to ", remote_ip, ": ", err));
+  }
+  sockaddr_storage local;
+  socklen_t local_len = sizeof(local);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len);
+  close(fd);
+  return AddressString(reinterpret_cast<sockaddr*>(&local));
+}
+
+absl::StatusOr<std::string> AdvertisedAddress(const Options& options,
+                                              const std::string& scheduler_ip) {
+  if (!options.node_host.empty()) {
+    absl::StatusOr<std::string> ip = ResolveHost(options.node_host);
+    if (!ip.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DMLC_NODE_HOST='", options.node_host, "': ", ip.status().message()));
+    }
+    return ip;
+  }
+  if (!options.interface.empty()) return InterfaceAddress(options.interface);
+  if (IsLoopback(scheduler_ip)) return scheduler_ip == "::1" ? "::1" : "127.0.0.1";
+  return RouteSourceAddress(scheduler_ip);
+}
+
+std::string TcpEndpoint(const std::string& ip, int port) {
+  const std::string port_str = port == 0 ? "*" : std::to_string(port);
+  if (IsIpv6(ip) || ip.find(':') != std::string::npos) {
+    return absl::StrCat("tcp://[", ip, "]:", port_str);
+  }
+  return absl::StrCat("tcp://", ip, ":", port_str);
+}
+
+}  // namespace tessera

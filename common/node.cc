@@ -1,0 +1,328 @@
+#include "common/node.h"
+
+#include <unistd.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/net_util.h"
+#include "common/status_macros.h"
+
+namespace tessera {
+namespace {
+
+absl::Status FromWire(const wire::WireStatus& s) {
+  if (s.code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
+}
+
+}  // namespace
+
+Node::Node(const Options& options, Callbacks callbacks, std::unique_ptr<Transport> transport)
+    : options_(options), callbacks_(std::move(callbacks)), transport_(std::move(transport)) {}
+
+absl::StatusOr<std::unique_ptr<Node>> Node::Start(const Options& options, Callbacks callbacks,
+                                                  std::unique_ptr<Transport> transport) {
+  if (options.role == Role::kScheduler) {
+    return absl::InvalidArgumentError("Node is for servers and workers, not the scheduler");
+  }
+  if (transport == nullptr) transport = NewZmqTransport();
+  std::unique_ptr<Node> node(new Node(options, std::move(callbacks), std::move(transport)));
+  absl::Status joined = node->Join();
+  if (!joined.ok()) {
+    node->Stop();
+    return joined;
+  }
+  return node;
+}
+
+Node::~Node() { Stop(); }
+
+absl::Status Node::Join() {
+  absl::StatusOr<std::string> scheduler_ip = ResolveHost(options_.root_uri);
+  if (!scheduler_ip.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DMLC_PS_ROOT_URI='", options_.root_uri, "': ",
+                     scheduler_ip.status().message()));
+  }
+  TESSERA_ASSIGN_OR_RETURN(address_, AdvertisedAddress(options_, *scheduler_ip));
+  absl::StatusOr<int> port = transport_->Bind(address_, options_.port);
+  if (!port.ok()) {
+    if (options_.port != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PORT=", options_.port, ": ", port.status().message()));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("cannot listen on address ", address_,
+                                                   " (DMLC_NODE_HOST / DMLC_INTERFACE): ",
+                                                   port.status().message()));
+  }
+  port_ = *port;
+  scheduler_address_ = absl::StrCat(*scheduler_ip, ":", options_.root_port);
+  TESSERA_RETURN_IF_ERROR(transport_->Connect(kSchedulerId, *scheduler_ip, options_.root_port));
+  TESSERA_VLOG(1) << RoleName(options_.role) << " advertises " << address_ << ":" << port_
+                  << "; scheduler at " << scheduler_address_;
+  {
+    absl::MutexLock lock(&mu_);
+    last_scheduler_contact_ = absl::Now();
+  }
+  receiver_ = std::thread([this] { ReceiveLoop(); });
+
+  Message reg;
+  reg.header.set_command(wire::REGISTER);
+  reg.header.set_generation(options_.restart_count);
+  wire::NodeInfo* info = reg.header.mutable_register_()->mutable_node();
+  info->set_role(options_.role == Role::kServer ? wire::SERVER : wire::WORKER);
+  info->set_rank(-1);
+  info->set_host(address_);
+  info->set_port(port_);
+  info->set_generation(options_.restart_count);
+  char hostname[256] = {0};
+  gethostname(hostname, sizeof(hostname) - 1);
+  reg.header.mutable_register_()->set_hostname(hostname);
+  reg.header.mutable_register_()->set_pid(getpid());
+  TESSERA_RETURN_IF_ERROR(transport_->Send(kSchedulerId, reg));
+
+  // The scheduler gives up at its own start deadline and tells us; wait a little longer.
+  const absl::Duration wait = options_.start_timeout + absl::Seconds(5);
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return have_table_ || !failure_.ok();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+    if (!failure_.ok()) return failure_;
+    if (!have_table_) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no node table from the scheduler at ", scheduler_address_, " within ",
+          absl::FormatDuration(wait), " (this node advertises ", address_, ":", port_,
+          "; is the scheduler running, and can it reach that address?)"));
+    }
+    for (const auto& [peer_id, info] : nodes_) {
+      if (peer_id == id_ || peer_id == kSchedulerId) continue;
+      // Workers talk to servers; servers answer workers. Same-role peers need no link.
+      const bool want = options_.role == Role::kWorker ? IsServerId(peer_id) : IsWorkerId(peer_id);
+      if (!want) continue;
+      TESSERA_RETURN_IF_ERROR(transport_->Connect(peer_id, info.host(), info.port()));
+    }
+  }
+  SetLogTag(absl::StrCat(RoleName(options_.role), " ", rank_));
+  TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at " << address_ << ":"
+                  << port_;
+  if (options_.heartbeat_interval > absl::ZeroDuration()) {
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  }
+  return absl::OkStatus();
+}
+
+std::string Node::Describe(int node_id) const {
+  if (node_id == kSchedulerId) return absl::StrCat("scheduler (id 1 at ", scheduler_address_, ")");
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return absl::StrCat("node ", node_id);
+  const wire::NodeInfo& n = it->second;
+  return absl::StrCat(n.role() == wire::SERVER ? "server " : "worker ", n.rank(), " (id ",
+                      n.id(), " at ", n.host(), ":", n.port(), ")");
+}
+
+absl::Status Node::Send(int peer, Message msg) {
+  msg.header.set_sender(id_);
+  msg.header.set_recipient(peer);
+  msg.header.set_generation(options_.restart_count);
+  return transport_->Send(peer, msg);
+}
+
+absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
+                                 absl::Duration timeout, const std::string& what) {
+  const uint64_t request = next_request_.fetch_add(1);
+  Message msg;
+  msg.header = std::move(extra);
+  msg.header.set_command(command);
+  msg.header.set_request_id(request);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) return failure_;
+    waiters_[request] = Waiter();
+  }
+  absl::Status sent = Send(kSchedulerId, std::move(msg));
+  absl::MutexLock lock(&mu_);
+  if (!sent.ok()) {
+    waiters_.erase(request);
+    return sent;
+  }
+  auto ready = [this, request]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return waiters_[request].done || !failure_.ok() || stopping_;
+  };
+  const bool finished = mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  Waiter waiter = waiters_[request];
+  waiters_.erase(request);
+  if (waiter.done) return waiter.status;
+  if (!failure_.ok()) return failure_;
+  if (stopping_) return absl::CancelledError(absl::StrCat(what, ": node stopped"));
+  (void)finished;
+  return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from the scheduler at ",
+                                                  scheduler_address_, " within ",
+                                                  absl::FormatDuration(timeout)));
+}
+
+absl::Status Node::Barrier(int group) {
+  wire::Header extra;
+  extra.mutable_barrier()->set_group(group);
+  return CallScheduler(wire::BARRIER, std::move(extra), options_.request_timeout,
+                       absl::StrCat("barrier of group ", group));
+}
+
+absl::Status Node::FinishWorker() {
+  return CallScheduler(wire::WORKER_DONE, wire::Header(), options_.request_timeout,
+                       "leaving the job");
+}
+
+absl::Status Node::WaitForTerminate() {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return terminated_ || !failure_.ok() || stopping_;
+  };
+  mu_.Await(absl::Condition(&ready));
+  if (!failure_.ok()) return failure_;
+  if (terminated_) return absl::OkStatus();
+  return absl::CancelledError("node stopped");
+}
+
+absl::Status Node::failure() const {
+  absl::MutexLock lock(&mu_);
+  return failure_;
+}
+
+void Node::Fail(const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok() || terminated_ || stopping_) return;
+    failure_ = status;
+  }
+  TESSERA_LOG(ERROR) << status.message();
+  if (callbacks_.on_failure) callbacks_.on_failure(status);
+}
+
+void Node::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  stop_.store(true);
+  if (heartbeat_.joinable()) heartbeat_.join();
+  transport_->Close();
+  if (receiver_.joinable()) receiver_.join();
+}
+
+void Node::ReceiveLoop() {
+  while (!stop_.load()) {
+    absl::StatusOr<Message> msg = transport_->Receive(absl::Milliseconds(100));
+    if (!msg.ok()) {
+      if (absl::IsCancelled(msg.status())) return;
+      continue;
+    }
+    const wire::Command cmd = msg->header.command();
+    if (msg->header.sender() == kSchedulerId) {
+      absl::MutexLock lock(&mu_);
+      last_scheduler_contact_ = absl::Now();
+    }
+    if (cmd >= wire::KV_INIT) {
+      if (callbacks_.on_data) callbacks_.on_data(*std::move(msg));
+    } else {
+      HandleControl(*std::move(msg));
+    }
+  }
+}
+
+void Node::HandleControl(Message&& msg) {
+  const wire::Header& h = msg.header;
+  if (h.sender() != kSchedulerId) {
+    TESSERA_LOG(WARNING) << "ignored control message from node " << h.sender() << ": "
+                         << DebugString(msg);
+    return;
+  }
+  TESSERA_VLOG(1) << "control: " << DebugString(msg);
+  switch (h.command()) {
+    case wire::NODE_TABLE: {
+      absl::MutexLock lock(&mu_);
+      if (have_table_) return;
+      int my_id = 0, my_rank = -1;
+      for (const wire::NodeInfo& n : h.node_table().nodes()) {
+        nodes_[n.id()] = n;
+        if (n.host() == address_ && n.port() == port_) {
+          my_id = n.id();
+          my_rank = n.rank();
+        }
+      }
+      if (my_id == 0) {
+        TESSERA_LOG(WARNING) << "node table does not list this node (" << address_ << ":"
+                             << port_ << "); ignored";
+        return;
+      }
+      id_ = my_id;
+      rank_ = my_rank;
+      table_ = h.node_table();
+      have_table_ = true;
+      return;
+    }
+    case wire::BARRIER:
+    case wire::WORKER_DONE:
+    case wire::HEARTBEAT: {
+      if (!h.is_response()) return;
+      absl::MutexLock lock(&mu_);
+      auto it = waiters_.find(h.request_id());
+      if (it != waiters_.end()) {
+        it->second.done = true;
+        it->second.status = FromWire(h.status());
+      }
+      return;
+    }
+    case wire::NODE_DEAD: {
+      const wire::NodeInfo& dead = h.node_dead().node();
+      Fail(absl::UnavailableError(absl::StrCat(
+          dead.role() == wire::SERVER ? "server " : "worker ", dead.rank(), " (id ", dead.id(),
+          " at ", dead.host(), ":", dead.port(), ") died: ", h.node_dead().reason())));
+      return;
+    }
+    case wire::ABORT:
+      Fail(absl::AbortedError(absl::StrCat("the scheduler ended the job: ", h.abort().reason())));
+      return;
+    case wire::TERMINATE: {
+      absl::MutexLock lock(&mu_);
+      terminated_ = true;
+      return;
+    }
+    default:
+      TESSERA_LOG(WARNING) << "ignored unexpected control message " << DebugString(msg);
+  }
+}
+
+void Node::HeartbeatLoop() {
+  const absl::Duration interval = options_.heartbeat_interval;
+  const absl::Duration timeout = options_.heartbeat_timeout;
+  absl::Time next = absl::Now();
+  while (!stop_.load()) {
+    absl::SleepFor(std::min(absl::Milliseconds(50), interval));
+    const absl::Time now = absl::Now();
+    absl::Duration silent;
+    {
+      absl::MutexLock lock(&mu_);
+      if (terminated_ || !failure_.ok()) return;
+      silent = now - last_scheduler_contact_;
+    }
+    if (silent > timeout) {
+      Fail(absl::UnavailableError(absl::StrCat(
+          "the scheduler (id 1 at ", scheduler_address_, ") stopped answering heartbeats for ",
+          absl::FormatDuration(silent))));
+      return;
+    }
+    if (now >= next) {
+      next = now + interval;
+      Message hb;
+      hb.header.set_command(wire::HEARTBEAT);
+      hb.header.set_request_id(next_request_.fetch_add(1));
+      (void)Send(kSchedulerId, std::move(hb));
+    }
+  }
+}
+
+}  // namespace tessera

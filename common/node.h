@@ -1,0 +1,121 @@
+// Node: a server's or worker's membership in a job. It registers with the scheduler,
+// receives the node table (ids and ranks), connects to its peers, serves barriers,
+// heart-beats, and reports the job's end or failure. Data-plane messages (KV_*) are
+// handed to the owner's callback.
+//
+//   Node::Callbacks cb;
+//   cb.on_data = [&](Message&& m) { server.Handle(std::move(m)); };
+//   cb.on_failure = [&](const absl::Status& s) { ... };   // a peer died, the job aborted
+//   absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(options, cb);
+//   (*node)->Barrier(kGroupWorkers);
+//
+// Thread-safety: all methods are thread-safe. Callbacks run on the node's receiver
+// thread (on_data) or on whichever internal thread noticed the failure (on_failure,
+// called exactly once); they must not block for long.
+#ifndef TESSERA_COMMON_NODE_H_
+#define TESSERA_COMMON_NODE_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/options.h"
+#include "common/transport.h"
+
+namespace tessera {
+
+class Node {
+ public:
+  struct Callbacks {
+    std::function<void(Message&&)> on_data;
+    std::function<void(const absl::Status&)> on_failure;
+  };
+
+  // Joins the job: resolves and binds the node's address, registers, and waits up to
+  // options.start_timeout for the node table. Errors: InvalidArgument (naming the
+  // variable) for a bad address or port, DeadlineExceeded when the table never came,
+  // Aborted when the scheduler gave up on the job.
+  static absl::StatusOr<std::unique_ptr<Node>> Start(
+      const Options& options, Callbacks callbacks,
+      std::unique_ptr<Transport> transport = nullptr);
+
+  ~Node();
+
+  int id() const { return id_; }
+  int rank() const { return rank_; }
+  Role role() const { return options_.role; }
+  int num_servers() const { return options_.num_servers; }
+  int num_workers() const { return options_.num_workers; }
+  const Options& options() const { return options_; }
+  // "server 1 (id 10 at 127.0.0.1:40123)"
+  std::string Describe(int node_id) const;
+
+  // Sends a data-plane message; fills in sender and generation.
+  absl::Status Send(int peer, Message msg);
+
+  // Waits until every node of `group` has entered the barrier.
+  absl::Status Barrier(int group);
+
+  // Worker: tells the scheduler this worker is done (after its last barrier).
+  absl::Status FinishWorker();
+
+  // Blocks until the scheduler ends the job (OK) or the job fails (the failure).
+  absl::Status WaitForTerminate();
+
+  // OK while the job is healthy, else the first failure.
+  absl::Status failure() const;
+
+  // Stops the threads and closes the transport. Idempotent.
+  void Stop();
+
+  uint64_t malformed_count() const { return transport_->malformed_count(); }
+
+ private:
+  Node(const Options& options, Callbacks callbacks, std::unique_ptr<Transport> transport);
+
+  absl::Status Join();
+  void ReceiveLoop();
+  void HeartbeatLoop();
+  void HandleControl(Message&& msg);
+  void Fail(const absl::Status& status);
+  // Sends a control request to the scheduler and waits for its reply.
+  absl::Status CallScheduler(wire::Command command, wire::Header extra, absl::Duration timeout,
+                             const std::string& what);
+
+  const Options options_;
+  Callbacks callbacks_;
+  std::unique_ptr<Transport> transport_;
+  std::string address_;  // advertised ip
+  int port_ = 0;
+  std::string scheduler_address_;
+  int id_ = 0;
+  int rank_ = -1;
+  std::atomic<uint64_t> next_request_{1};
+
+  mutable absl::Mutex mu_;
+  bool have_table_ ABSL_GUARDED_BY(mu_) = false;
+  wire::NodeTable table_ ABSL_GUARDED_BY(mu_);
+  std::map<int, wire::NodeInfo> nodes_ ABSL_GUARDED_BY(mu_);
+  struct Waiter {
+    bool done = false;
+    absl::Status status;
+  };
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool terminated_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_scheduler_contact_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::atomic<bool> stop_{false};
+  std::thread receiver_;
+  std::thread heartbeat_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_NODE_H_

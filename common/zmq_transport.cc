@@ -1,0 +1,237 @@
+// ZeroMQ transport: one bound PULL socket receives, one PUSH socket per peer sends.
+#include <zmq.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/net_util.h"
+#include "common/transport.h"
+
+namespace tessera {
+namespace {
+
+std::string ZmqError() { return zmq_strerror(zmq_errno()); }
+
+// Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
+struct ReceivedPart {
+  zmq_msg_t msg;
+  ~ReceivedPart() { zmq_msg_close(&msg); }
+};
+
+void ReleaseBuffer(void* /*data*/, void* hint) {
+  delete static_cast<std::shared_ptr<const void>*>(hint);
+}
+
+class ZmqTransport : public Transport {
+ public:
+  explicit ZmqTransport(const ZmqTransportOptions& options) : options_(options) {
+    context_ = zmq_ctx_new();
+    zmq_ctx_set(context_, ZMQ_IO_THREADS, options.io_threads);
+    zmq_ctx_set(context_, ZMQ_IPV6, 1);
+  }
+
+  ~ZmqTransport() override {
+    Close();
+    zmq_ctx_term(context_);
+  }
+
+  absl::StatusOr<int> Bind(const std::string& ip, int port) override {
+    absl::MutexLock lock(&recv_mu_);
+    if (receiver_ == nullptr) {
+      receiver_ = zmq_socket(context_, ZMQ_PULL);
+      ConfigureSocket(receiver_);
+      const int hwm = 0;
+      zmq_setsockopt(receiver_, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+      if (options_.max_message_bytes > 0) {
+        zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &options_.max_message_bytes,
+                       sizeof(options_.max_message_bytes));
+      }
+    }
+    const std::string endpoint = TcpEndpoint(ip, port);
+    if (zmq_bind(receiver_, endpoint.c_str()) != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot bind ", endpoint, ": ", ZmqError()));
+    }
+    char last[256] = {0};
+    size_t size = sizeof(last);
+    zmq_getsockopt(receiver_, ZMQ_LAST_ENDPOINT, last, &size);
+    const std::string bound(last);
+    const size_t colon = bound.rfind(':');
+    const int bound_port = colon == std::string::npos ? port : std::atoi(bound.c_str() + colon + 1);
+    TESSERA_VLOG(1) << "listening on " << bound;
+    return bound_port;
+  }
+
+  absl::Status Connect(int peer, const std::string& ip, int port) override {
+    const std::string endpoint = TcpEndpoint(ip, port);
+    auto sender = std::make_shared<Sender>();
+    sender->socket = zmq_socket(context_, ZMQ_PUSH);
+    ConfigureSocket(sender->socket);
+    const int hwm = 100000;
+    zmq_setsockopt(sender->socket, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.send_timeout));
+    zmq_setsockopt(sender->socket, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
+    if (zmq_connect(sender->socket, endpoint.c_str()) != 0) {
+      const std::string err = ZmqError();
+      zmq_close(sender->socket);
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", endpoint, ": ", err));
+    }
+    sender->endpoint = endpoint;
+    TESSERA_VLOG(1) << "connecting to node " << peer << " at " << endpoint;
+    std::shared_ptr<Sender> old;
+    {
+      absl::MutexLock lock(&senders_mu_);
+      old = std::exchange(senders_[peer], sender);
+    }
+    return absl::OkStatus();
+  }
+
+  void Disconnect(int peer) override {
+    absl::MutexLock lock(&senders_mu_);
+    senders_.erase(peer);
+  }
+
+  absl::Status Send(int peer, const Message& msg) override {
+    std::shared_ptr<Sender> sender;
+    {
+      absl::MutexLock lock(&senders_mu_);
+      auto it = senders_.find(peer);
+      if (it == senders_.end()) {
+        return absl::UnavailableError(absl::StrCat("no connection to node ", peer));
+      }
+      sender = it->second;
+    }
+    absl::StatusOr<std::vector<Buffer>> parts = EncodeMessage(msg);
+    if (!parts.ok()) return parts.status();
+    if (LogVerbosity() >= 2) TESSERA_LOG(INFO) << "send " << DebugString(msg);
+    absl::MutexLock lock(&sender->mu);
+    for (size_t i = 0; i < parts->size(); ++i) {
+      const Buffer& part = (*parts)[i];
+      zmq_msg_t zmsg;
+      if (part.size() < 256) {
+        // Small parts are copied: cheaper than a reference-counted hand-off.
+        zmq_msg_init_size(&zmsg, part.size());
+        if (part.size() > 0) std::memcpy(zmq_msg_data(&zmsg), part.data(), part.size());
+      } else {
+        auto* hint = new std::shared_ptr<const void>(part.owner());
+        zmq_msg_init_data(&zmsg, const_cast<uint8_t*>(part.data()), part.size(), ReleaseBuffer,
+                          hint);
+      }
+      const int flags = i + 1 < parts->size() ? ZMQ_SNDMORE : 0;
+      if (zmq_msg_send(&zmsg, sender->socket, flags) < 0) {
+        const std::string err = ZmqError();
+        zmq_msg_close(&zmsg);
+        // A half-sent multi-part message is discarded by ZeroMQ with the socket's
+        // pending parts; report the failure to the caller.
+        return absl::UnavailableError(
+            absl::StrCat("cannot send to node ", peer, " at ", sender->endpoint, ": ", err));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    absl::MutexLock lock(&recv_mu_);
+    if (receiver_ == nullptr) return absl::FailedPreconditionError("Receive before Bind");
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      if (closed_.load()) return absl::CancelledError("transport closed");
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("no message");
+      zmq_pollitem_t item = {receiver_, 0, ZMQ_POLLIN, 0};
+      const long wait_ms = std::min<long>(100, std::max<long>(1, absl::ToInt64Milliseconds(left)));
+      const int rc = zmq_poll(&item, 1, wait_ms);
+      if (rc < 0) {
+        if (zmq_errno() == EINTR) continue;
+        return absl::InternalError(absl::StrCat("zmq_poll: ", ZmqError()));
+      }
+      if (rc == 0) continue;
+      std::vector<Buffer> parts;
+      bool more = true;
+      bool failed = false;
+      while (more) {
+        auto part = std::make_shared<ReceivedPart>();
+        zmq_msg_init(&part->msg);
+        if (zmq_msg_recv(&part->msg, receiver_, 0) < 0) {
+          failed = true;
+          break;
+        }
+        more = zmq_msg_more(&part->msg);
+        const void* data = zmq_msg_data(&part->msg);
+        const size_t size = zmq_msg_size(&part->msg);
+        if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
+          parts.push_back(Buffer::CopyOf(data, size));
+        } else {
+          parts.push_back(Buffer::Wrap(data, size, std::shared_ptr<const void>(part, part.get())));
+        }
+      }
+      if (failed) continue;
+      absl::StatusOr<Message> msg = DecodeMessage(std::move(parts), options_.limits);
+      if (!msg.ok()) {
+        const uint64_t n = ++malformed_;
+        TESSERA_LOG(WARNING) << "dropped malformed message #" << n << ": "
+                             << msg.status().message();
+        continue;
+      }
+      if (LogVerbosity() >= 2) TESSERA_LOG(INFO) << "recv " << DebugString(*msg);
+      return msg;
+    }
+  }
+
+  uint64_t malformed_count() const override { return malformed_.load(); }
+
+  void Close() override {
+    if (closed_.exchange(true)) return;
+    {
+      absl::MutexLock lock(&senders_mu_);
+      senders_.clear();
+    }
+    absl::MutexLock lock(&recv_mu_);
+    if (receiver_ != nullptr) {
+      zmq_close(receiver_);
+      receiver_ = nullptr;
+    }
+  }
+
+ private:
+  struct Sender {
+    absl::Mutex mu;
+    void* socket = nullptr;
+    std::string endpoint;
+    ~Sender() {
+      if (socket != nullptr) zmq_close(socket);
+    }
+  };
+
+  void ConfigureSocket(void* socket) {
+    const int linger_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.linger));
+    zmq_setsockopt(socket, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
+    const int ipv6 = 1;
+    zmq_setsockopt(socket, ZMQ_IPV6, &ipv6, sizeof(ipv6));
+    const int reconnect_ms = 100, reconnect_max_ms = 1000;
+    zmq_setsockopt(socket, ZMQ_RECONNECT_IVL, &reconnect_ms, sizeof(reconnect_ms));
+    zmq_setsockopt(socket, ZMQ_RECONNECT_IVL_MAX, &reconnect_max_ms, sizeof(reconnect_max_ms));
+  }
+
+  const ZmqTransportOptions options_;
+  void* context_ = nullptr;
+  absl::Mutex recv_mu_;
+  void* receiver_ ABSL_GUARDED_BY(recv_mu_) = nullptr;
+  absl::Mutex senders_mu_;
+  std::map<int, std::shared_ptr<Sender>> senders_ ABSL_GUARDED_BY(senders_mu_);
+  std::atomic<bool> closed_{false};
+  std::atomic<uint64_t> malformed_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> NewZmqTransport(const ZmqTransportOptions& options) {
+  return std::make_unique<ZmqTransport>(options);
+}
+
+}  // namespace tessera

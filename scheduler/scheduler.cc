@@ -1,0 +1,311 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/net_util.h"
+
+namespace tessera {
+namespace {
+
+constexpr int kProvisionalBase = 1000000;
+
+void ToWire(const absl::Status& s, wire::WireStatus* out) {
+  out->set_code(static_cast<int>(s.code()));
+  out->set_message(std::string(s.message()));
+}
+
+}  // namespace
+
+std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
+  std::stable_sort(nodes.begin(), nodes.end(), [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
+    return std::make_tuple(static_cast<int>(a.role()), a.host(), a.port()) <
+           std::make_tuple(static_cast<int>(b.role()), b.host(), b.port());
+  });
+  int server_rank = 0, worker_rank = 0;
+  for (wire::NodeInfo& n : nodes) {
+    if (n.role() == wire::SERVER) {
+      n.set_rank(server_rank);
+      n.set_id(ServerId(server_rank++));
+    } else {
+      n.set_rank(worker_rank);
+      n.set_id(WorkerId(worker_rank++));
+    }
+  }
+  return nodes;
+}
+
+Scheduler::Scheduler(const Options& options, std::unique_ptr<Transport> transport)
+    : options_(options), transport_(std::move(transport)) {
+  if (transport_ == nullptr) transport_ = NewZmqTransport();
+}
+
+Scheduler::~Scheduler() { transport_->Close(); }
+
+absl::StatusOr<int> Scheduler::Bind() {
+  absl::StatusOr<std::string> ip = ResolveHost(options_.root_uri);
+  if (!ip.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DMLC_PS_ROOT_URI='", options_.root_uri, "': ", ip.status().message()));
+  }
+  absl::StatusOr<int> port = transport_->Bind(*ip, options_.root_port);
+  if (!port.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("DMLC_PS_ROOT_PORT=", options_.root_port,
+                                                   " (DMLC_PS_ROOT_URI='", options_.root_uri,
+                                                   "'): ", port.status().message()));
+  }
+  bound_address_ = absl::StrCat(*ip, ":", *port);
+  TESSERA_VLOG(1) << "scheduler listening on " << bound_address_ << ", waiting for "
+                  << options_.num_servers << " server(s) and " << options_.num_workers
+                  << " worker(s)";
+  return port;
+}
+
+std::string Scheduler::Describe(const wire::NodeInfo& n) const {
+  return absl::StrCat(n.role() == wire::SERVER ? "server " : "worker ", n.rank(), " (id ",
+                      n.id(), " at ", n.host(), ":", n.port(), ")");
+}
+
+absl::Status Scheduler::Run() {
+  const absl::Time start = absl::Now();
+  while (!finished_ && failure_.ok()) {
+    absl::StatusOr<Message> msg = transport_->Receive(absl::Milliseconds(50));
+    if (msg.ok()) {
+      Handle(*std::move(msg));
+    } else if (absl::IsCancelled(msg.status())) {
+      return absl::CancelledError("scheduler stopped");
+    }
+    const absl::Time now = absl::Now();
+    if (!formed_ && now - start > options_.start_timeout) {
+      int servers = 0, workers = 0;
+      for (const Registration& r : registered_) {
+        (r.info.role() == wire::SERVER ? servers : workers)++;
+      }
+      std::string missing;
+      if (workers < options_.num_workers) {
+        absl::StrAppend(&missing, options_.num_workers - workers, " of ", options_.num_workers,
+                        " worker(s)");
+      }
+      if (servers < options_.num_servers) {
+        absl::StrAppend(&missing, missing.empty() ? "" : " and ",
+                        options_.num_servers - servers, " of ", options_.num_servers,
+                        " server(s)");
+      }
+      const std::string reason =
+          absl::StrCat("start-up deadline of ", absl::FormatDuration(options_.start_timeout),
+                       " passed: ", missing, " never registered (TESSERA_START_TIMEOUT)");
+      Message abort;
+      abort.header.set_command(wire::ABORT);
+      abort.header.set_sender(kSchedulerId);
+      abort.header.mutable_abort()->set_reason(reason);
+      for (const Registration& r : registered_) {
+        abort.header.set_recipient(r.provisional_id);
+        (void)transport_->Send(r.provisional_id, abort);
+      }
+      return absl::DeadlineExceededError(reason);
+    }
+    if (formed_ && options_.heartbeat_interval > absl::ZeroDuration()) {
+      absl::Status alive = CheckLiveness(now);
+      if (!alive.ok()) return alive;
+    }
+  }
+  return failure_;
+}
+
+void Scheduler::Handle(Message&& msg) {
+  const wire::Header& h = msg.header;
+  if (h.command() == wire::REGISTER) {
+    HandleRegister(msg);
+    return;
+  }
+  const int sender = h.sender();
+  if (!formed_ || nodes_.count(sender) == 0) {
+    TESSERA_LOG(WARNING) << "ignored message from unknown node " << sender << ": "
+                         << DebugString(msg);
+    return;
+  }
+  last_seen_[sender] = absl::Now();
+  switch (h.command()) {
+    case wire::HEARTBEAT:
+      Reply(sender, h, absl::OkStatus());
+      return;
+    case wire::BARRIER: {
+      const int group = h.barrier().group();
+      if (group <= 0 || group > kGroupAll) {
+        Reply(sender, h, absl::InvalidArgumentError(absl::StrCat("bad barrier group ", group)));
+        return;
+      }
+      int expected = 0;
+      int in_group = 0;
+      if (group & kGroupServers) expected += options_.num_servers;
+      if (group & kGroupWorkers) expected += options_.num_workers;
+      const bool member = (IsServerId(sender) && (group & kGroupServers)) ||
+                          (IsWorkerId(sender) && (group & kGroupWorkers));
+      if (!member) {
+        Reply(sender, h, absl::InvalidArgumentError("node is not in the barrier's group"));
+        return;
+      }
+      auto& waiting = barriers_[group];
+      for (const auto& [id, req] : waiting) in_group += id == sender;
+      if (in_group == 0) waiting.emplace_back(sender, h.request_id());
+      TESSERA_VLOG(1) << "barrier " << group << ": " << waiting.size() << "/" << expected;
+      if (static_cast<int>(waiting.size()) == expected) {
+        for (const auto& [id, req] : waiting) {
+          wire::Header request;
+          request.set_command(wire::BARRIER);
+          request.set_request_id(req);
+          Reply(id, request, absl::OkStatus());
+        }
+        waiting.clear();
+      }
+      return;
+    }
+    case wire::WORKER_DONE: {
+      if (!IsWorkerId(sender)) {
+        Reply(sender, h, absl::InvalidArgumentError("only workers finish"));
+        return;
+      }
+      done_workers_.insert(sender);
+      Reply(sender, h, absl::OkStatus());
+      TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
+                      << done_workers_.size() << "/" << options_.num_workers << ")";
+      if (static_cast<int>(done_workers_.size()) == options_.num_workers) {
+        Message term;
+        term.header.set_command(wire::TERMINATE);
+        term.header.set_sender(kSchedulerId);
+        Broadcast(term, /*except=*/0);
+        TESSERA_VLOG(1) << "all workers finished; job done";
+        finished_ = true;
+      }
+      return;
+    }
+    default:
+      TESSERA_LOG(WARNING) << "ignored unexpected message " << DebugString(msg);
+  }
+}
+
+void Scheduler::HandleRegister(const Message& msg) {
+  const wire::Register& reg = msg.header.register_();
+  const wire::NodeInfo& info = reg.node();
+  if ((info.role() != wire::SERVER && info.role() != wire::WORKER) || info.host().empty() ||
+      info.port() <= 0 || info.port() > 65535) {
+    TESSERA_LOG(WARNING) << "ignored malformed registration: " << DebugString(msg);
+    return;
+  }
+  for (const Registration& r : registered_) {
+    if (r.info.host() == info.host() && r.info.port() == info.port()) return;  // duplicate
+  }
+  Registration r;
+  r.info = info;
+  r.provisional_id = kProvisionalBase + static_cast<int>(registered_.size());
+  r.hostname = reg.hostname();
+  r.pid = reg.pid();
+  absl::Status connected = transport_->Connect(r.provisional_id, info.host(), info.port());
+  if (!connected.ok()) {
+    TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host() << ":"
+                         << info.port() << ": " << connected.message();
+    return;
+  }
+  if (formed_) {
+    Message abort;
+    abort.header.set_command(wire::ABORT);
+    abort.header.set_sender(kSchedulerId);
+    abort.header.mutable_abort()->set_reason(
+        "the job is already formed; no node of this role is missing");
+    (void)transport_->Send(r.provisional_id, abort);
+    transport_->Disconnect(r.provisional_id);
+    return;
+  }
+  int count = 0;
+  for (const Registration& other : registered_) count += other.info.role() == info.role();
+  const int wanted = info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
+  if (count >= wanted) {
+    Message abort;
+    abort.header.set_command(wire::ABORT);
+    abort.header.set_sender(kSchedulerId);
+    abort.header.mutable_abort()->set_reason(absl::StrCat(
+        "too many ", info.role() == wire::SERVER ? "servers" : "workers", ": expected ", wanted));
+    (void)transport_->Send(r.provisional_id, abort);
+    transport_->Disconnect(r.provisional_id);
+    return;
+  }
+  TESSERA_VLOG(1) << "registered " << (info.role() == wire::SERVER ? "server" : "worker")
+                  << " at " << info.host() << ":" << info.port() << " (host " << r.hostname
+                  << ", pid " << r.pid << ")";
+  registered_.push_back(r);
+  if (static_cast<int>(registered_.size()) == options_.num_servers + options_.num_workers) {
+    FormJob();
+  }
+}
+
+void Scheduler::FormJob() {
+  std::vector<wire::NodeInfo> infos;
+  for (const Registration& r : registered_) infos.push_back(r.info);
+  infos = AssignIds(std::move(infos));
+  Message table;
+  table.header.set_command(wire::NODE_TABLE);
+  table.header.set_sender(kSchedulerId);
+  table.header.mutable_node_table()->set_num_servers(options_.num_servers);
+  table.header.mutable_node_table()->set_num_workers(options_.num_workers);
+  for (const wire::NodeInfo& n : infos) *table.header.mutable_node_table()->add_nodes() = n;
+  const absl::Time now = absl::Now();
+  for (const wire::NodeInfo& n : infos) {
+    nodes_[n.id()] = n;
+    last_seen_[n.id()] = now;
+    (void)transport_->Connect(n.id(), n.host(), n.port());
+  }
+  for (const Registration& r : registered_) transport_->Disconnect(r.provisional_id);
+  formed_ = true;
+  Broadcast(table, 0);
+  TESSERA_VLOG(1) << "job formed: " << options_.num_servers << " server(s), "
+                  << options_.num_workers << " worker(s)";
+  for (const wire::NodeInfo& n : infos) TESSERA_VLOG(1) << "  " << Describe(n);
+}
+
+void Scheduler::Reply(int peer, const wire::Header& request, const absl::Status& status) {
+  Message reply;
+  reply.header.set_command(request.command());
+  reply.header.set_request_id(request.request_id());
+  reply.header.set_is_response(true);
+  reply.header.set_sender(kSchedulerId);
+  reply.header.set_recipient(peer);
+  if (!status.ok()) ToWire(status, reply.header.mutable_status());
+  absl::Status sent = transport_->Send(peer, reply);
+  if (!sent.ok()) TESSERA_LOG(WARNING) << "reply to node " << peer << ": " << sent.message();
+}
+
+void Scheduler::Broadcast(const Message& msg, int except) {
+  for (const auto& [id, info] : nodes_) {
+    if (id == except) continue;
+    Message copy = msg;
+    copy.header.set_recipient(id);
+    absl::Status sent = transport_->Send(id, copy);
+    if (!sent.ok()) TESSERA_LOG(WARNING) << "send to " << Describe(info) << ": " << sent.message();
+  }
+}
+
+absl::Status Scheduler::CheckLiveness(absl::Time now) {
+  for (const auto& [id, seen] : last_seen_) {
+    if (done_workers_.count(id) != 0) continue;
+    const absl::Duration silent = now - seen;
+    if (silent <= options_.heartbeat_timeout) continue;
+    const wire::NodeInfo& dead = nodes_[id];
+    const std::string reason =
+        absl::StrCat("stopped heart-beating: nothing heard for ", absl::FormatDuration(silent),
+                     " (PS_HEARTBEAT_TIMEOUT=", absl::FormatDuration(options_.heartbeat_timeout),
+                     ")");
+    Message notice;
+    notice.header.set_command(wire::NODE_DEAD);
+    notice.header.set_sender(kSchedulerId);
+    *notice.header.mutable_node_dead()->mutable_node() = dead;
+    notice.header.mutable_node_dead()->set_reason(reason);
+    Broadcast(notice, id);
+    return absl::UnavailableError(absl::StrCat(Describe(dead), " ", reason, "; ending the job"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

@@ -1,0 +1,75 @@
+// Scheduler: forms a job and watches it. It waits for the configured numbers of servers
+// and workers to register, assigns ids and ranks (sorted by advertised address, so they
+// do not depend on start order), sends everyone the node table, serves barriers, watches
+// heartbeats, and ends the job when every worker has finished.
+//
+//   Scheduler scheduler(options);
+//   absl::StatusOr<int> port = scheduler.Bind();   // InvalidArgument: exit 2
+//   absl::Status result = scheduler.Run();          // OK: job done; else why it failed
+//
+// Not thread-safe: one thread calls Bind, then Run.
+#ifndef TESSERA_SCHEDULER_SCHEDULER_H_
+#define TESSERA_SCHEDULER_SCHEDULER_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/options.h"
+#include "common/transport.h"
+
+namespace tessera {
+
+// Gives ids and ranks to registered nodes: servers get ids 8, 10, ... and workers 9,
+// 11, ..., each role ranked 0..n-1 in order of (host, port).
+std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes);
+
+class Scheduler {
+ public:
+  explicit Scheduler(const Options& options, std::unique_ptr<Transport> transport = nullptr);
+  ~Scheduler();
+
+  // Binds DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT. InvalidArgument naming the variable when
+  // the host does not resolve or the port is taken.
+  absl::StatusOr<int> Bind();
+
+  // Runs until the job ends. OK when every worker finished; DeadlineExceeded when nodes
+  // never registered; Unavailable when a node stopped heart-beating.
+  absl::Status Run();
+
+ private:
+  void Handle(Message&& msg);
+  void HandleRegister(const Message& msg);
+  void FormJob();
+  void Reply(int peer, const wire::Header& request, const absl::Status& status);
+  void Broadcast(const Message& msg, int except);
+  absl::Status CheckLiveness(absl::Time now);
+  std::string Describe(const wire::NodeInfo& node) const;
+
+  const Options options_;
+  std::unique_ptr<Transport> transport_;
+  std::string bound_address_;
+
+  struct Registration {
+    wire::NodeInfo info;
+    int provisional_id = 0;
+    std::string hostname;
+    int pid = 0;
+  };
+  std::vector<Registration> registered_;
+  bool formed_ = false;
+  std::map<int, wire::NodeInfo> nodes_;           // by id, once formed
+  std::map<int, absl::Time> last_seen_;           // by id
+  std::map<int, std::vector<std::pair<int, uint64_t>>> barriers_;  // group -> (id, request)
+  std::set<int> done_workers_;
+  bool finished_ = false;
+  absl::Status failure_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SCHEDULER_SCHEDULER_H_

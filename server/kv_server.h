@@ -1,0 +1,93 @@
+// KVServer: one server's shard of the weights and the rules that update it.
+//
+// Keys arrive as slices (a whole small array, or this server's part of a split one).
+// dist_sync: the pushes of one round (one per worker) are summed in rank order, so the
+// result does not depend on arrival order; the updater is applied once to the sum (or,
+// with no updater, the sum replaces the value), then the held pushes and pulls are
+// answered. dist_async: each push is applied on arrival; without an updater it is an
+// error reply. Keys are spread over update threads by hash; each key's state is owned
+// by one thread, so a key's messages are handled in arrival order without locks.
+//
+//   KVServer server(/*num_workers=*/4, /*threads=*/2,
+//                   [&](int peer, Message m) { return node->Send(peer, std::move(m)); });
+//   node callback: server.Handle(std::move(message));
+//   ...
+//   server.Stop();
+//
+// Thread-safety: Handle is called from one thread (the node's receiver); it blocks when
+// the update threads' bounded queues are full. stats() may be called from any thread.
+#ifndef TESSERA_SERVER_KV_SERVER_H_
+#define TESSERA_SERVER_KV_SERVER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/bounded_queue.h"
+#include "common/message.h"
+#include "server/optimizer.h"
+
+namespace tessera {
+
+class KVServer {
+ public:
+  using SendFn = std::function<absl::Status(int peer, Message msg)>;
+
+  // Each key's mode (dist_sync or dist_async) comes with its KV_INIT.
+  KVServer(int num_workers, int num_threads, SendFn send);
+  ~KVServer();
+
+  // Takes a data-plane message (KV_*); replies through the SendFn.
+  void Handle(Message&& msg);
+
+  // Stops the update threads after they drained their queues. Idempotent.
+  void Stop();
+
+  wire::KVStats stats() const;
+
+ private:
+  struct KeyState;
+  struct Shard;
+  struct Settings {
+    std::shared_ptr<const Optimizer> optimizer;  // null: no updater
+    std::string optimizer_spec = "none";
+    std::string compression = "none";
+    float threshold = 0;
+  };
+
+  void Run(Shard* shard);
+  void Process(Shard* shard, Message&& msg);
+  // Returns false when `msg` must wait for the current round to finish.
+  bool TryProcess(Shard* shard, KeyState* key, Message& msg);
+  void CompleteRound(Shard* shard, KeyState* key);
+  void ReplayBacklog(Shard* shard, KeyState* key);
+  void HandleSettings(Message&& msg);
+  void Reply(const Message& request, const absl::Status& status, Buffer values = Buffer());
+  absl::StatusOr<Buffer> DecodeGradient(const Message& msg, const KeyState& key,
+                                        const Settings& settings);
+  Settings settings() const;
+
+  const int num_workers_;
+  const SendFn send_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::vector<std::thread> threads_;
+
+  mutable absl::Mutex settings_mu_;
+  Settings settings_ ABSL_GUARDED_BY(settings_mu_);
+  std::atomic<uint64_t> num_keys_{0};
+
+  std::atomic<uint64_t> pushes_applied_{0};
+  std::atomic<uint64_t> rounds_applied_{0};
+  std::atomic<uint64_t> malformed_{0};
+  std::atomic<uint64_t> errors_{0};
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_KV_SERVER_H_

@@ -1,0 +1,251 @@
+// Real processes on loopback: a tessera-scheduler, tessera-servers and C-API workers
+// (kv_check_worker.c) form jobs, check the store's semantics, and fail cleanly.
+#include <signal.h>
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/process_cluster.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string& Worker() {
+  static const std::string* path = new std::string(BinaryPath("tests/core/kv_check_worker"));
+  return *path;
+}
+
+void ExpectAllExitZero(ProcessCluster& c, absl::Duration bound) {
+  ASSERT_TRUE(c.WaitAll(bound)) << "job did not end within " << bound << "\n" << c.AllLogs();
+  for (const Child& child : c.children()) {
+    EXPECT_EQ(ProcessCluster::ExitCode(child), 0) << child.name << "\n" << c.AllLogs();
+  }
+}
+
+TEST(ClusterTest, JobFormsBarriersAndEnds) {
+  ProcessCluster c;
+  c.Start(2, 3, {Worker(), "barrier", "5"});
+  ExpectAllExitZero(c, absl::Seconds(60));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THAT(ProcessCluster::Log(c.Find("worker " + std::to_string(i))),
+                HasSubstr("barrier ok"));
+  }
+}
+
+TEST(ClusterTest, RanksAreDistinctAndCoverAllWorkers) {
+  ProcessCluster c;
+  c.Start(1, 4, {Worker(), "barrier", "1"});
+  ExpectAllExitZero(c, absl::Seconds(60));
+  std::vector<bool> seen(4, false);
+  for (int i = 0; i < 4; ++i) {
+    const std::string log = ProcessCluster::Log(c.Find("worker " + std::to_string(i)));
+    const size_t at = log.find("barrier ok: rank ");
+    ASSERT_NE(at, std::string::npos) << log;
+    const int rank = std::atoi(log.c_str() + at + 17);
+    ASSERT_GE(rank, 0);
+    ASSERT_LT(rank, 4);
+    EXPECT_FALSE(seen[rank]) << "rank " << rank << " given twice";
+    seen[rank] = true;
+  }
+}
+
+TEST(ClusterTest, MxnetNightlyCheckWithSplitKey) {
+  ProcessCluster c;
+  c.Start(2, 4, {Worker(), "nightly"});
+  ExpectAllExitZero(c, absl::Seconds(120));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("nightly ok"));
+}
+
+TEST(ClusterTest, SyncWithoutOptimizerIsAllReduce) {
+  ProcessCluster c;
+  c.Start(2, 3, {Worker(), "allreduce"});
+  ExpectAllExitZero(c, absl::Seconds(60));
+}
+
+TEST(ClusterTest, AsyncAppliesEveryPush) {
+  ProcessCluster c;
+  c.Start(2, 3, {Worker(), "async"});
+  ExpectAllExitZero(c, absl::Seconds(120));
+}
+
+TEST(ClusterTest, AsyncPushWithoutOptimizerIsAnErrorAndServerKeepsServing) {
+  ProcessCluster c;
+  c.Start(1, 2, {Worker(), "async_noopt"});
+  ExpectAllExitZero(c, absl::Seconds(60));
+}
+
+TEST(ClusterTest, BadCallsFailCleanlyAndChangeNothing) {
+  ProcessCluster c;
+  c.Start(2, 2, {Worker(), "errors"});
+  ExpectAllExitZero(c, absl::Seconds(60));
+}
+
+TEST(ClusterTest, TwoBitCompressionPullsMatchMxnet) {
+  ProcessCluster c;
+  c.Start(2, 3, {Worker(), "compress"});
+  ExpectAllExitZero(c, absl::Seconds(120));
+}
+
+// Adam on the server against a reference computed here, in double precision.
+TEST(ClusterTest, AdamOnServerMatchesReference) {
+  ProcessCluster c;
+  c.Start(1, 2, {Worker(), "optimizer", "adam lr=0.01 wd=0.001", "6"});
+  ExpectAllExitZero(c, absl::Seconds(60));
+  const int n = 2;
+  double w[5] = {0.5, -1.0, 2.0, 0.0, 3.0}, m[5] = {0}, v[5] = {0};
+  for (int t = 0; t < 6; ++t) {
+    const double lr_t = 0.01 * std::sqrt(1 - std::pow(0.999, t + 1)) / (1 - std::pow(0.9, t + 1));
+    for (int j = 0; j < 5; ++j) {
+      double g = 0;
+      for (int r = 0; r < n; ++r) g += 0.1 * (j + 1) * (t % 3 + 1) * (r + 1);
+      g += 0.001 * w[j];
+      m[j] = 0.9 * m[j] + 0.1 * g;
+      v[j] = 0.999 * v[j] + 0.001 * g * g;
+      w[j] -= lr_t * m[j] / (std::sqrt(v[j]) + 1e-8);
+    }
+  }
+  const std::string log = ProcessCluster::Log(c.Find("worker 0"));
+  const size_t at = log.find("weights ");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::vector<std::string> words =
+      absl::StrSplit(log.substr(at + 8, log.find('\n', at) - at - 8), ' ');
+  ASSERT_EQ(words.size(), 5u);
+  for (int j = 0; j < 5; ++j) {
+    double got = 0;
+    ASSERT_TRUE(absl::SimpleAtod(words[j], &got));
+    EXPECT_NEAR(got, w[j], 1e-4) << "element " << j;
+  }
+}
+
+TEST(ClusterTest, MissingNodeEndsAtStartDeadline) {
+  ProcessCluster c;
+  c.Env("TESSERA_START_TIMEOUT", "2");
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "2");
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")}, {{"DMLC_ROLE", "scheduler"}});
+  c.Spawn("server 0", {BinaryPath("server/tessera-server")}, {{"DMLC_ROLE", "server"}});
+  c.Spawn("worker 0", {Worker(), "barrier", "1"}, {{"DMLC_ROLE", "worker"}});
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(c.WaitAll(absl::Seconds(20))) << c.AllLogs();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  const Child& scheduler = c.Find("scheduler");
+  EXPECT_EQ(ProcessCluster::ExitCode(scheduler), 1);
+  EXPECT_THAT(ProcessCluster::Log(scheduler),
+              HasSubstr("start-up deadline of 2s passed: 1 of 2 worker(s) never registered"));
+  EXPECT_NE(ProcessCluster::ExitCode(c.Find("server 0")), 0);
+  EXPECT_NE(ProcessCluster::ExitCode(c.Find("worker 0")), 0);
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("never registered"));
+}
+
+TEST(ClusterTest, KilledWorkerEndsTheJobNamingIt) {
+  ProcessCluster c;
+  c.Env("PS_HEARTBEAT_INTERVAL", "0.2");
+  c.Env("PS_HEARTBEAT_TIMEOUT", "1.5");
+  c.Start(1, 2, {Worker(), "barrier", "100000", "20"});
+  absl::SleepFor(absl::Seconds(1.5));
+  Child& victim = c.Find("worker 1");
+  ASSERT_EQ(ProcessCluster::ExitCode(victim), -1) << c.AllLogs();
+  kill(victim.pid, SIGKILL);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(c.WaitAll(absl::Seconds(20))) << c.AllLogs();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
+  const Child& scheduler = c.Find("scheduler");
+  EXPECT_EQ(ProcessCluster::ExitCode(scheduler), 1);
+  EXPECT_THAT(ProcessCluster::Log(scheduler), HasSubstr("stopped heart-beating"));
+  EXPECT_THAT(ProcessCluster::Log(scheduler), HasSubstr("worker "));
+  EXPECT_EQ(ProcessCluster::ExitCode(c.Find("server 0")), 1);
+  EXPECT_THAT(ProcessCluster::Log(c.Find("server 0")), HasSubstr("died"));
+  EXPECT_EQ(ProcessCluster::ExitCode(c.Find("worker 0")), 1);
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("died"));
+}
+
+TEST(ClusterTest, DeadSchedulerIsNoticed) {
+  ProcessCluster c;
+  c.Env("PS_HEARTBEAT_INTERVAL", "0.2");
+  c.Env("PS_HEARTBEAT_TIMEOUT", "1.5");
+  c.Start(1, 1, {Worker(), "barrier", "100000", "20"});
+  absl::SleepFor(absl::Seconds(1.5));
+  kill(c.Find("scheduler").pid, SIGKILL);
+  ASSERT_TRUE(c.WaitAll(absl::Seconds(20))) << c.AllLogs();
+  EXPECT_EQ(ProcessCluster::ExitCode(c.Find("server 0")), 1);
+  EXPECT_THAT(ProcessCluster::Log(c.Find("server 0")),
+              HasSubstr("stopped answering heartbeats"));
+  EXPECT_EQ(ProcessCluster::ExitCode(c.Find("worker 0")), 1);
+}
+
+struct BadConfig {
+  std::string binary;
+  std::map<std::string, std::string> env;
+  std::string message;
+};
+
+class BadConfigTest : public ::testing::TestWithParam<BadConfig> {};
+
+TEST_P(BadConfigTest, ExitsTwoNamingTheVariable) {
+  ProcessCluster c;
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "1");
+  c.Env("TESSERA_START_TIMEOUT", "3");
+  Child& child = c.Spawn("node", {BinaryPath(GetParam().binary)}, GetParam().env);
+  ASSERT_TRUE(c.Wait(child, absl::Seconds(20))) << c.AllLogs();
+  EXPECT_EQ(ProcessCluster::ExitCode(child), 2) << c.AllLogs();
+  const std::string log = ProcessCluster::Log(child);
+  EXPECT_THAT(log, HasSubstr(GetParam().message));
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << "one line: " << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Daemons, BadConfigTest,
+    ::testing::Values(
+        BadConfig{"server/tessera-server",
+                  {{"DMLC_ROLE", "server"}, {"DMLC_NUM_WORKER", "abc"}},
+                  "DMLC_NUM_WORKER='abc': expected a whole number >= 1"},
+        BadConfig{"server/tessera-server",
+                  {{"DMLC_ROLE", "server"}, {"DMLC_PS_ROOT_URI", "no-such-host.invalid"}},
+                  "DMLC_PS_ROOT_URI='no-such-host.invalid': cannot resolve host"},
+        BadConfig{"server/tessera-server",
+                  {{"DMLC_ROLE", "server"}, {"DMLC_INTERFACE", "nosuchif0"}},
+                  "DMLC_INTERFACE='nosuchif0': no such network interface"},
+        BadConfig{"scheduler/tessera-scheduler",
+                  {{"DMLC_ROLE", "scheduler"}, {"DMLC_PS_ROOT_PORT", "70000"}},
+                  "DMLC_PS_ROOT_PORT='70000': expected a port number in 1..65535"},
+        BadConfig{"scheduler/tessera-scheduler",
+                  {{"DMLC_ROLE", "worker"}},
+                  "DMLC_ROLE='worker': expected scheduler"},
+        BadConfig{"server/tessera-server",
+                  {{"DMLC_ROLE", "server"}, {"PS_HEARTBEAT_INTERVAL", "fast"}},
+                  "PS_HEARTBEAT_INTERVAL='fast': expected a number of seconds >= 0"}));
+
+TEST(ClusterTest, PortInUseIsAOneLineErrorWithExitTwo) {
+  ProcessCluster c;
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "1");
+  c.Env("TESSERA_START_TIMEOUT", "5");
+  Child& first =
+      c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")}, {{"DMLC_ROLE", "scheduler"}});
+  absl::SleepFor(absl::Milliseconds(500));
+  Child& second =
+      c.Spawn("again", {BinaryPath("scheduler/tessera-scheduler")}, {{"DMLC_ROLE", "scheduler"}});
+  ASSERT_TRUE(c.Wait(second, absl::Seconds(10)));
+  EXPECT_EQ(ProcessCluster::ExitCode(second), 2);
+  EXPECT_THAT(ProcessCluster::Log(second),
+              HasSubstr("DMLC_PS_ROOT_PORT=" + std::to_string(c.port())));
+  EXPECT_THAT(ProcessCluster::Log(second), HasSubstr("Address already in use"));
+  // A server whose PORT is taken by that scheduler.
+  Child& server = c.Spawn("server", {BinaryPath("server/tessera-server")},
+                          {{"DMLC_ROLE", "server"}, {"PORT", std::to_string(c.port())}});
+  ASSERT_TRUE(c.Wait(server, absl::Seconds(10)));
+  EXPECT_EQ(ProcessCluster::ExitCode(server), 2);
+  EXPECT_THAT(ProcessCluster::Log(server), HasSubstr("PORT=" + std::to_string(c.port())));
+  EXPECT_THAT(ProcessCluster::Log(server), HasSubstr("Address already in use"));
+  (void)first;
+}
+
+}  // namespace
+}  // namespace tessera::testing

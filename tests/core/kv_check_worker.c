@@ -1,0 +1,263 @@
+/* A worker program written against the C API only (tessera/c_api.h), started by the
+ * cluster tests. It checks the store's semantics from inside a real job and exits 0
+ * when every check passed, 1 with a message otherwise.
+ *
+ *   kv_check_worker barrier N [SLEEP_MS]   N barriers, then close
+ *   kv_check_worker nightly                MXNet's nightly dist_sync check (sgd lr=-2)
+ *   kv_check_worker allreduce              dist_sync without optimizer: pushpull sums
+ *   kv_check_worker async                  dist_async: every push applied once
+ *   kv_check_worker async_noopt            dist_async push without optimizer is an error
+ *   kv_check_worker errors                 bad calls fail cleanly and change nothing
+ *   kv_check_worker compress               2-bit pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n
+ *   kv_check_worker optimizer SPEC ROUNDS  prints the weights after ROUNDS pushes
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tessera/c_api.h"
+
+static int rank_ = -1;
+
+#define CHECK_OK(call)                                                              \
+  do {                                                                              \
+    if ((call) != 0) {                                                              \
+      fprintf(stderr, "rank %d: %s failed: %s\n", rank_, #call, tessera_last_error()); \
+      exit(1);                                                                      \
+    }                                                                               \
+  } while (0)
+
+#define CHECK_FAILS(call, text)                                                      \
+  do {                                                                               \
+    if ((call) == 0) {                                                               \
+      fprintf(stderr, "rank %d: %s succeeded but should fail\n", rank_, #call);      \
+      exit(1);                                                                       \
+    }                                                                                \
+    if (strstr(tessera_last_error(), text) == NULL) {                                \
+      fprintf(stderr, "rank %d: %s: error '%s' lacks '%s'\n", rank_, #call,          \
+              tessera_last_error(), text);                                           \
+      exit(1);                                                                       \
+    }                                                                                \
+  } while (0)
+
+static void Fill(float* v, size_t n, float x) {
+  for (size_t i = 0; i < n; ++i) v[i] = x;
+}
+
+static void ExpectAll(const float* v, size_t n, float want, const char* what, int round) {
+  for (size_t i = 0; i < n; ++i) {
+    if (v[i] != want) {
+      fprintf(stderr, "rank %d: %s round %d: element %zu is %.9g, expected %.9g\n", rank_, what,
+              round, i, v[i], want);
+      exit(1);
+    }
+  }
+}
+
+static TesseraKV* Create(const char* type) {
+  TesseraKV* kv = NULL;
+  CHECK_OK(tessera_kv_create(type, &kv));
+  CHECK_OK(tessera_kv_rank(kv, &rank_));
+  return kv;
+}
+
+enum { kSmall = 3, kBig = 99 };
+static const size_t kSmallLen = 6;
+static const size_t kBigLen = 1200 * 1200;
+
+static int Nightly(void) {
+  TesseraKV* kv = Create("dist_sync");
+  int n = 0;
+  CHECK_OK(tessera_kv_num_workers(kv, &n));
+  CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
+  float* small = malloc(kSmallLen * sizeof(float));
+  float* big = malloc(kBigLen * sizeof(float));
+  float* grad = malloc(kBigLen * sizeof(float));
+  Fill(small, kSmallLen, 1);
+  Fill(big, kBigLen, 1);
+  CHECK_OK(tessera_kv_init(kv, kSmall, small, kSmallLen));
+  CHECK_OK(tessera_kv_init(kv, kBig, big, kBigLen));
+  for (int i = 0; i < 7; ++i) {
+    Fill(grad, kBigLen, (float)(rank_ + 1));
+    CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
+    CHECK_OK(tessera_kv_push(kv, kBig, grad, kBigLen));
+    CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
+    CHECK_OK(tessera_kv_pull(kv, kBig, big, kBigLen));
+    const float want = 1.0f + (float)(n * (n + 1) * (i + 1));
+    ExpectAll(small, kSmallLen, want, "small key", i);
+    ExpectAll(big, kBigLen, want, "1200x1200 key", i);
+  }
+  CHECK_OK(tessera_kv_close(kv));
+  printf("nightly ok: rank %d of %d, 7 rounds\n", rank_, n);
+  free(small);
+  free(big);
+  free(grad);
+  return 0;
+}
+
+static int AllReduce(void) {
+  TesseraKV* kv = Create("dist_sync");
+  int n = 0;
+  CHECK_OK(tessera_kv_num_workers(kv, &n));
+  const size_t len = 1000;
+  float* value = calloc(len, sizeof(float));
+  float* grad = malloc(len * sizeof(float));
+  float* out = malloc(len * sizeof(float));
+  CHECK_OK(tessera_kv_init(kv, 7, value, len));
+  for (int round = 0; round < 3; ++round) {
+    for (size_t j = 0; j < len; ++j) grad[j] = (float)((rank_ + 1) * (j + round));
+    CHECK_OK(tessera_kv_pushpull(kv, 7, grad, out, len));
+    for (size_t j = 0; j < len; ++j) {
+      const float want = (float)((j + round) * (size_t)(n * (n + 1) / 2));
+      if (out[j] != want) {
+        fprintf(stderr, "rank %d: allreduce round %d element %zu is %g, expected %g\n", rank_,
+                round, j, out[j], want);
+        return 1;
+      }
+    }
+  }
+  CHECK_OK(tessera_kv_close(kv));
+  printf("allreduce ok: rank %d of %d\n", rank_, n);
+  return 0;
+}
+
+static int Async(void) {
+  TesseraKV* kv = Create("dist_async");
+  int n = 0;
+  CHECK_OK(tessera_kv_num_workers(kv, &n));
+  CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-1"));
+  const size_t len = 1500000; /* split over the servers */
+  float* value = calloc(len, sizeof(float));
+  float* grad = malloc(len * sizeof(float));
+  CHECK_OK(tessera_kv_init(kv, 5, value, len));
+  Fill(grad, len, (float)(rank_ + 1));
+  for (int i = 0; i < 10; ++i) CHECK_OK(tessera_kv_push(kv, 5, grad, len));
+  CHECK_OK(tessera_kv_barrier(kv));
+  CHECK_OK(tessera_kv_pull(kv, 5, value, len));
+  ExpectAll(value, len, (float)(10 * n * (n + 1) / 2), "async key", 10);
+  CHECK_OK(tessera_kv_close(kv));
+  printf("async ok: rank %d of %d\n", rank_, n);
+  return 0;
+}
+
+static int AsyncNoOptimizer(void) {
+  TesseraKV* kv = Create("dist_async");
+  float value[4] = {1, 2, 3, 4};
+  CHECK_OK(tessera_kv_init(kv, 1, value, 4));
+  CHECK_FAILS(tessera_kv_push(kv, 1, value, 4), "dist_async needs an optimizer");
+  float out[4] = {0};
+  CHECK_OK(tessera_kv_pull(kv, 1, out, 4)); /* the server is still serving */
+  if (out[0] != 1 || out[3] != 4) {
+    fprintf(stderr, "rank %d: value changed by a rejected push\n", rank_);
+    return 1;
+  }
+  CHECK_OK(tessera_kv_close(kv));
+  printf("async_noopt ok: rank %d\n", rank_);
+  return 0;
+}
+
+static int Errors(void) {
+  TesseraKV* kv = Create("dist_sync");
+  int n = 0;
+  CHECK_OK(tessera_kv_num_workers(kv, &n));
+  float v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  float out[8];
+  CHECK_FAILS(tessera_kv_set_optimizer(kv, "bogus lr=1"), "unknown optimizer 'bogus'");
+  CHECK_FAILS(tessera_kv_set_optimizer(kv, "sgd foo=1"), "unknown parameter 'foo'");
+  CHECK_FAILS(tessera_kv_set_optimizer(kv, "sgd lr=abc"), "expected a finite number");
+  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0), "expected a number > 0");
+  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "4bit", 0.5f), "expected 2bit or none");
+  CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
+  CHECK_FAILS(tessera_kv_pull(kv, 42, out, 8), "never initialised");
+  CHECK_FAILS(tessera_kv_push(kv, 42, v, 8), "never initialised");
+  CHECK_OK(tessera_kv_init(kv, 2, v, 8));
+  CHECK_FAILS(tessera_kv_push(kv, 2, v, 7), "the key has 8");
+  CHECK_FAILS(tessera_kv_pull(kv, 2, out, 9), "the key has 8");
+  CHECK_FAILS(tessera_kv_set_optimizer(kv, "adam"), "before the first init");
+  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0.5f), "before the first init");
+  /* None of the rejected calls counted toward a round: one real round gives exactly. */
+  CHECK_OK(tessera_kv_push(kv, 2, v, 8));
+  CHECK_OK(tessera_kv_pull(kv, 2, out, 8));
+  ExpectAll(out, 8, 1.0f + 2.0f * (float)n, "after errors", 0);
+  CHECK_OK(tessera_kv_close(kv));
+  CHECK_FAILS(tessera_kv_barrier(NULL), "kv is NULL");
+  printf("errors ok: rank %d\n", rank_);
+  return 0;
+}
+
+static int Compress(void) {
+  TesseraKV* kv = Create("dist_sync");
+  int n = 0;
+  CHECK_OK(tessera_kv_num_workers(kv, &n));
+  CHECK_OK(tessera_kv_set_gradient_compression(kv, "2bit", 0.5f));
+  CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
+  float* small = calloc(kSmallLen, sizeof(float));
+  float* big = calloc(kBigLen, sizeof(float));
+  float* grad = malloc(kBigLen * sizeof(float));
+  CHECK_OK(tessera_kv_init(kv, kSmall, small, kSmallLen));
+  CHECK_OK(tessera_kv_init(kv, kBig, big, kBigLen));
+  const float pushes[6] = {0, 0.4f, 0.1f, 0.2f, 0.3f, 0.5f};
+  const float pulls[6] = {0, 0, 1, 1, 2, 3}; /* times n */
+  for (int i = 0; i < 6; ++i) {
+    Fill(grad, kBigLen, pushes[i]);
+    CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
+    CHECK_OK(tessera_kv_push(kv, kBig, grad, kBigLen));
+    CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
+    CHECK_OK(tessera_kv_pull(kv, kBig, big, kBigLen));
+    ExpectAll(small, kSmallLen, pulls[i] * (float)n, "2-bit small key", i);
+    ExpectAll(big, kBigLen, pulls[i] * (float)n, "2-bit 1200x1200 key", i);
+  }
+  CHECK_OK(tessera_kv_close(kv));
+  printf("compress ok: rank %d of %d\n", rank_, n);
+  return 0;
+}
+
+static int OptimizerRun(const char* spec, int rounds) {
+  TesseraKV* kv = Create("dist_sync");
+  CHECK_OK(tessera_kv_set_optimizer(kv, spec));
+  float w[5] = {0.5f, -1.0f, 2.0f, 0.0f, 3.0f};
+  float g[5];
+  CHECK_OK(tessera_kv_init(kv, 11, w, 5));
+  for (int t = 0; t < rounds; ++t) {
+    for (int j = 0; j < 5; ++j) g[j] = 0.1f * (float)(j + 1) * (float)(t % 3 + 1) * (float)(rank_ + 1);
+    CHECK_OK(tessera_kv_push(kv, 11, g, 5));
+  }
+  CHECK_OK(tessera_kv_pull(kv, 11, w, 5));
+  printf("weights %.9g %.9g %.9g %.9g %.9g\n", w[0], w[1], w[2], w[3], w[4]);
+  CHECK_OK(tessera_kv_close(kv));
+  return 0;
+}
+
+static int Barriers(int count, int sleep_ms) {
+  TesseraKV* kv = Create("dist_sync");
+  for (int i = 0; i < count; ++i) {
+    CHECK_OK(tessera_kv_barrier(kv));
+    if (sleep_ms > 0) usleep((useconds_t)sleep_ms * 1000);
+  }
+  CHECK_OK(tessera_kv_close(kv));
+  printf("barrier ok: rank %d, %d barriers\n", rank_, count);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc < 2) {
+    fprintf(stderr, "usage: kv_check_worker MODE [ARGS]\n");
+    return 2;
+  }
+  const char* mode = argv[1];
+  if (strcmp(mode, "barrier") == 0) {
+    return Barriers(argc > 2 ? atoi(argv[2]) : 3, argc > 3 ? atoi(argv[3]) : 0);
+  }
+  if (strcmp(mode, "nightly") == 0) return Nightly();
+  if (strcmp(mode, "allreduce") == 0) return AllReduce();
+  if (strcmp(mode, "async") == 0) return Async();
+  if (strcmp(mode, "async_noopt") == 0) return AsyncNoOptimizer();
+  if (strcmp(mode, "errors") == 0) return Errors();
+  if (strcmp(mode, "compress") == 0) return Compress();
+  if (strcmp(mode, "optimizer") == 0 && argc > 3) return OptimizerRun(argv[2], atoi(argv[3]));
+  fprintf(stderr, "kv_check_worker: unknown mode '%s'\n", mode);
+  return 2;
+}

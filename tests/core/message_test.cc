@@ -1,0 +1,188 @@
+#include "common/message.h"
+
+#include <zmq.h>
+
+#include <cstring>
+
+#include "common/transport.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+Message PushMessage(size_t n) {
+  Message m;
+  m.header.set_command(wire::KV_PUSH);
+  m.header.set_sender(9);
+  m.header.set_recipient(8);
+  m.header.set_request_id(12345678901234ULL);
+  m.header.mutable_slice()->set_key(77);
+  m.header.mutable_slice()->set_offset(10);
+  m.header.mutable_slice()->set_length(n);
+  m.header.mutable_slice()->set_total_length(n + 10);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = 0.5f * static_cast<float>(i);
+  AddFloatFrame(&m, Buffer::CopyOf(v.data(), n * 4));
+  return m;
+}
+
+TEST(MessageTest, RoundTripKeepsHeaderAndData) {
+  Message m = PushMessage(1000);
+  AddTwoBitFrame(&m, Buffer::CopyOf("\xE3\x8E\x00\x00", 4), 8);
+  absl::StatusOr<std::vector<Buffer>> parts = EncodeMessage(m);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 3u);
+  absl::StatusOr<Message> back = DecodeMessage(*parts);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->header.request_id(), 12345678901234ULL);
+  EXPECT_EQ(back->header.slice().key(), 77u);
+  EXPECT_EQ(back->header.slice().total_length(), 1010u);
+  ASSERT_EQ(back->data.size(), 2u);
+  EXPECT_EQ(back->data[0].num_floats(), 1000u);
+  EXPECT_EQ(back->data[0].floats()[999], 499.5f);
+  EXPECT_EQ(std::memcmp(back->data[1].data(), "\xE3\x8E\x00\x00", 4), 0);
+  // Zero-copy: the decoded frame is the same memory as the encoded one.
+  EXPECT_EQ(back->data[0].data(), m.data[0].data());
+}
+
+TEST(MessageTest, EncodeRejectsInconsistentDescriptors) {
+  Message m = PushMessage(4);
+  m.header.mutable_frames(0)->set_num_values(5);
+  EXPECT_EQ(EncodeMessage(m).status().code(), absl::StatusCode::kInvalidArgument);
+  m.header.clear_frames();
+  EXPECT_EQ(EncodeMessage(m).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+std::vector<Buffer> Parts(const Message& m) { return *EncodeMessage(m); }
+
+TEST(MessageTest, EmptyMessageIsDataLoss) {
+  absl::StatusOr<Message> r = DecodeMessage({});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("no header frame"));
+}
+
+TEST(MessageTest, GarbageHeaderIsDataLoss) {
+  std::vector<Buffer> parts = {Buffer::CopyOf("\xff\xff\xff\xff\xff", 5)};
+  absl::StatusOr<Message> r = DecodeMessage(parts);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("not a valid header"));
+}
+
+TEST(MessageTest, TruncatedHeaderIsDataLoss) {
+  std::vector<Buffer> parts = Parts(PushMessage(4));
+  parts[0] = Buffer::CopyOf(parts[0].data(), parts[0].size() - 3);
+  EXPECT_EQ(DecodeMessage(parts).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(MessageTest, MissingDataFrameIsDataLoss) {
+  std::vector<Buffer> parts = Parts(PushMessage(4));
+  parts.pop_back();
+  absl::StatusOr<Message> r = DecodeMessage(parts);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("describes 1 data frames but 0 arrived"));
+}
+
+TEST(MessageTest, TruncatedDataFrameIsDataLoss) {
+  std::vector<Buffer> parts = Parts(PushMessage(4));
+  parts[1] = Buffer::CopyOf(parts[1].data(), 15);
+  absl::StatusOr<Message> r = DecodeMessage(parts);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("frame 0 has 15 bytes but its descriptor says 16"));
+}
+
+TEST(MessageTest, DescriptorThatLiesAboutValuesIsDataLoss) {
+  Message m = PushMessage(4);
+  std::vector<Buffer> parts = Parts(m);
+  m.header.mutable_frames(0)->set_num_values(3);  // 16 bytes cannot be 3 floats
+  std::string h = m.header.SerializeAsString();
+  parts[0] = Buffer::CopyOf(h.data(), h.size());
+  EXPECT_THAT(DecodeMessage(parts).status().message(), HasSubstr("cannot hold 3 values"));
+  m.header.mutable_frames(0)->set_encoding(wire::DataFrame::TWO_BIT);
+  m.header.mutable_frames(0)->set_num_values(100);  // needs 28 bytes, not 16
+  h = m.header.SerializeAsString();
+  parts[0] = Buffer::CopyOf(h.data(), h.size());
+  EXPECT_THAT(DecodeMessage(parts).status().message(), HasSubstr("expected 28 bytes"));
+}
+
+TEST(MessageTest, UnknownCommandIsDataLoss) {
+  Message m = PushMessage(1);
+  m.header.set_command(static_cast<wire::Command>(999));
+  std::vector<Buffer> parts = Parts(m);
+  EXPECT_THAT(DecodeMessage(parts).status().message(), HasSubstr("unknown command 999"));
+}
+
+TEST(MessageTest, OversizedMessagesAreDataLoss) {
+  CodecLimits limits;
+  limits.max_message_bytes = 100;
+  EXPECT_THAT(DecodeMessage(Parts(PushMessage(100)), limits).status().message(),
+              HasSubstr("exceeds the limit of 100 bytes"));
+  limits = CodecLimits();
+  limits.max_header_bytes = 8;
+  EXPECT_THAT(DecodeMessage(Parts(PushMessage(1)), limits).status().message(),
+              HasSubstr("exceeds the limit of 8"));
+  limits = CodecLimits();
+  limits.max_frames = 0;
+  EXPECT_THAT(DecodeMessage(Parts(PushMessage(1)), limits).status().message(),
+              HasSubstr("at most 0 are allowed"));
+}
+
+TEST(MessageTest, MemoryTransportCountsAndDropsMalformedMessages) {
+  MemoryNetwork net;
+  std::unique_ptr<Transport> a = net.NewTransport();
+  std::unique_ptr<Transport> b = net.NewTransport();
+  ASSERT_TRUE(a->Bind("10.0.0.1", 5000).ok());
+  ASSERT_TRUE(b->Bind("10.0.0.2", 5000).ok());
+  ASSERT_TRUE(a->Connect(2, "10.0.0.2", 5000).ok());
+  Message bad = PushMessage(2);
+  bad.header.set_command(static_cast<wire::Command>(555));
+  ASSERT_TRUE(a->Send(2, bad).ok());
+  ASSERT_TRUE(a->Send(2, PushMessage(3)).ok());
+  absl::StatusOr<Message> got = b->Receive(absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->header.slice().length(), 3u);
+  EXPECT_EQ(b->malformed_count(), 1u);
+  EXPECT_EQ(b->Receive(absl::Milliseconds(10)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(a->Bind("10.0.0.2", 5000).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(MessageTest, ZmqTransportDeliversAndDropsGarbage) {
+  std::unique_ptr<Transport> a = NewZmqTransport();
+  std::unique_ptr<Transport> b = NewZmqTransport();
+  absl::StatusOr<int> port = b->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  ASSERT_TRUE(a->Connect(2, "127.0.0.1", *port).ok());
+  Message bad = PushMessage(2);
+  bad.header.mutable_frames(0)->set_num_bytes(999);  // rejected before sending
+  EXPECT_FALSE(a->Send(2, bad).ok());
+  ASSERT_TRUE(a->Send(2, PushMessage(100000)).ok());
+  absl::StatusOr<Message> got = b->Receive(absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->data.size(), 1u);
+  EXPECT_EQ(got->data[0].floats()[99999], 49999.5f);
+  EXPECT_EQ(b->malformed_count(), 0u);
+
+  // Raw garbage from a foreign socket is counted and dropped; the next message arrives.
+  void* ctx = zmq_ctx_new();
+  void* raw = zmq_socket(ctx, ZMQ_PUSH);
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(*port);
+  ASSERT_EQ(zmq_connect(raw, endpoint.c_str()), 0);
+  ASSERT_EQ(zmq_send(raw, "garbage!", 8, 0), 8);
+  ASSERT_EQ(zmq_send(raw, "\x08\x01", 2, ZMQ_SNDMORE), 2);
+  ASSERT_EQ(zmq_send(raw, "xyz", 3, 0), 3);
+  ASSERT_TRUE(a->Send(2, PushMessage(7)).ok());
+  got = b->Receive(absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->header.slice().length(), 7u);
+  EXPECT_EQ(b->malformed_count(), 2u);
+  const int linger = 0;
+  zmq_setsockopt(raw, ZMQ_LINGER, &linger, sizeof(linger));
+  zmq_close(raw);
+  zmq_ctx_term(ctx);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,156 @@
+// The control plane in one process over the in-memory transport: ids and ranks,
+// placement of keys, and a scheduler with a server and workers that barrier and end.
+#include <thread>
+
+#include "common/key_partitioner.h"
+#include "common/node.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/scheduler.h"
+
+namespace tessera {
+namespace {
+
+wire::NodeInfo Info(wire::Role role, const std::string& host, int port) {
+  wire::NodeInfo n;
+  n.set_role(role);
+  n.set_host(host);
+  n.set_port(port);
+  return n;
+}
+
+TEST(AssignIdsTest, RanksFollowAddressesNotArrivalOrder) {
+  std::vector<wire::NodeInfo> arrival = {
+      Info(wire::WORKER, "10.0.0.2", 100), Info(wire::SERVER, "10.0.0.9", 1),
+      Info(wire::WORKER, "10.0.0.1", 200), Info(wire::SERVER, "10.0.0.3", 5),
+      Info(wire::WORKER, "10.0.0.1", 150)};
+  std::vector<wire::NodeInfo> a = AssignIds(arrival);
+  std::reverse(arrival.begin(), arrival.end());
+  std::vector<wire::NodeInfo> b = AssignIds(arrival);
+  ASSERT_EQ(a.size(), 5u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].SerializeAsString(), b[i].SerializeAsString());
+  }
+  auto find = [&a](const std::string& host, int port) {
+    for (const auto& n : a) {
+      if (n.host() == host && n.port() == port) return n;
+    }
+    return wire::NodeInfo();
+  };
+  EXPECT_EQ(find("10.0.0.3", 5).id(), 8);
+  EXPECT_EQ(find("10.0.0.3", 5).rank(), 0);
+  EXPECT_EQ(find("10.0.0.9", 1).id(), 10);
+  EXPECT_EQ(find("10.0.0.1", 150).id(), 9);
+  EXPECT_EQ(find("10.0.0.1", 200).id(), 11);
+  EXPECT_EQ(find("10.0.0.2", 100).id(), 13);
+  EXPECT_EQ(find("10.0.0.2", 100).rank(), 2);
+}
+
+TEST(KeyPartitionerTest, SmallArraysLiveWholeOnOneServer) {
+  KeyPartitioner p(3, 1000);
+  std::vector<int> per_server(3, 0);
+  for (uint64_t key = 0; key < 300; ++key) {
+    std::vector<KeyPart> parts = p.Partition(key, 999);
+    ASSERT_EQ(parts.size(), 1u);
+    EXPECT_EQ(parts[0].offset, 0u);
+    EXPECT_EQ(parts[0].length, 999u);
+    EXPECT_EQ(parts[0].server_rank, p.ServerOf(key));
+    ++per_server[parts[0].server_rank];
+  }
+  for (int count : per_server) EXPECT_GT(count, 60) << "hash spreads keys";
+}
+
+TEST(KeyPartitionerTest, BigArraysSplitIntoNearlyEqualContiguousParts) {
+  KeyPartitioner p(2, 1000000);
+  std::vector<KeyPart> parts = p.Partition(99, 1200 * 1200);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].server_rank, 0);
+  EXPECT_EQ(parts[0].offset, 0u);
+  EXPECT_EQ(parts[0].length, 720000u);
+  EXPECT_EQ(parts[1].server_rank, 1);
+  EXPECT_EQ(parts[1].offset, 720000u);
+  EXPECT_EQ(parts[1].length, 720000u);
+  KeyPartitioner q(3, 10);
+  parts = q.Partition(1, 11);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].length + parts[1].length + parts[2].length, 11u);
+  EXPECT_EQ(parts[1].offset, parts[0].length);
+  EXPECT_EQ(parts[2].offset, parts[0].length + parts[1].length);
+  EXPECT_TRUE(q.Partition(1, 0).empty());
+}
+
+Options TestOptions(Role role) {
+  Options o;
+  o.role = role;
+  o.root_uri = "127.0.0.1";
+  o.root_port = 7000;
+  o.num_servers = 1;
+  o.num_workers = 2;
+  o.heartbeat_interval = absl::Milliseconds(50);
+  o.heartbeat_timeout = absl::Seconds(5);
+  o.start_timeout = absl::Seconds(10);
+  o.request_timeout = absl::Seconds(10);
+  return o;
+}
+
+TEST(NodeTest, SchedulerServerAndWorkersBarrierAndEnd) {
+  MemoryNetwork net;
+  Scheduler scheduler(TestOptions(Role::kScheduler), net.NewTransport());
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+
+  absl::Status server_result;
+  std::thread server_thread([&] {
+    absl::StatusOr<std::unique_ptr<Node>> node =
+        Node::Start(TestOptions(Role::kServer), Node::Callbacks(), net.NewTransport());
+    if (!node.ok()) {
+      server_result = node.status();
+      return;
+    }
+    server_result = (*node)->Barrier(kGroupServers | kGroupWorkers);
+    if (server_result.ok()) server_result = (*node)->WaitForTerminate();
+  });
+  std::vector<int> ranks(2, -1);
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.emplace_back([&, i] {
+      absl::StatusOr<std::unique_ptr<Node>> node =
+          Node::Start(TestOptions(Role::kWorker), Node::Callbacks(), net.NewTransport());
+      if (!node.ok()) {
+        results[i] = node.status();
+        return;
+      }
+      ranks[i] = (*node)->rank();
+      for (int b = 0; b < 5 && results[i].ok(); ++b) results[i] = (*node)->Barrier(kGroupWorkers);
+      if (results[i].ok()) results[i] = (*node)->Barrier(kGroupServers | kGroupWorkers);
+      if (results[i].ok()) results[i] = (*node)->FinishWorker();
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  server_thread.join();
+  scheduler_thread.join();
+  EXPECT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(results[1].ok()) << results[1];
+  EXPECT_TRUE(server_result.ok()) << server_result;
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+  EXPECT_EQ(ranks[0] + ranks[1], 1) << "ranks 0 and 1";
+}
+
+TEST(NodeTest, NodeWithoutSchedulerGivesUpNamingItsAddress) {
+  MemoryNetwork net;
+  Options o = TestOptions(Role::kWorker);
+  o.start_timeout = absl::Milliseconds(100);  // the node waits 5 s longer than this
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(o, Node::Callbacks(), net.NewTransport());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+  ASSERT_FALSE(node.ok());
+  EXPECT_EQ(node.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(node.status().message(),
+              ::testing::HasSubstr("no node table from the scheduler at 127.0.0.1:7000"));
+  EXPECT_THAT(node.status().message(), ::testing::HasSubstr("this node advertises 127.0.0.1:"));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,136 @@
+#include "common/options.h"
+
+#include <map>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::map<std::string, std::string> Base() {
+  return {{"DMLC_ROLE", "worker"},        {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+          {"DMLC_PS_ROOT_PORT", "9000"},  {"DMLC_NUM_SERVER", "2"},
+          {"DMLC_NUM_WORKER", "3"}};
+}
+
+absl::StatusOr<Options> Parse(const std::map<std::string, std::string>& env) {
+  return ParseOptions([&env](const std::string& name) -> std::optional<std::string> {
+    auto it = env.find(name);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+TEST(OptionsTest, ReadsEveryVariable) {
+  auto env = Base();
+  env["DMLC_INTERFACE"] = "eth1";
+  env["DMLC_NODE_HOST"] = "node-7";
+  env["PORT"] = "4567";
+  env["PS_VERBOSE"] = "2";
+  env["PS_HEARTBEAT_INTERVAL"] = "0.5";
+  env["PS_HEARTBEAT_TIMEOUT"] = "4";
+  env["TESSERA_START_TIMEOUT"] = "7";
+  env["TESSERA_TIMEOUT"] = "30";
+  env["TESSERA_SERVER_THREADS"] = "3";
+  env["TESSERA_BIGARRAY_BOUND"] = "1000";
+  env["TESSERA_RESTART_COUNT"] = "2";
+  absl::StatusOr<Options> o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->role, Role::kWorker);
+  EXPECT_EQ(o->root_uri, "127.0.0.1");
+  EXPECT_EQ(o->root_port, 9000);
+  EXPECT_EQ(o->num_servers, 2);
+  EXPECT_EQ(o->num_workers, 3);
+  EXPECT_EQ(o->interface, "eth1");
+  EXPECT_EQ(o->node_host, "node-7");
+  EXPECT_EQ(o->port, 4567);
+  EXPECT_EQ(o->verbose, 2);
+  EXPECT_EQ(o->heartbeat_interval, absl::Milliseconds(500));
+  EXPECT_EQ(o->heartbeat_timeout, absl::Seconds(4));
+  EXPECT_EQ(o->start_timeout, absl::Seconds(7));
+  EXPECT_EQ(o->request_timeout, absl::Seconds(30));
+  EXPECT_EQ(o->server_threads, 3);
+  EXPECT_EQ(o->bigarray_bound, 1000u);
+  EXPECT_EQ(o->restart_count, 2u);
+}
+
+TEST(OptionsTest, DefaultsAreHeartbeatsOnAndSixtySecondStart) {
+  absl::StatusOr<Options> o = Parse(Base());
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->port, 0);
+  EXPECT_EQ(o->verbose, 0);
+  EXPECT_GT(o->heartbeat_interval, absl::ZeroDuration());
+  EXPECT_EQ(o->start_timeout, absl::Seconds(60));
+  EXPECT_EQ(o->bigarray_bound, 1000000u);
+}
+
+TEST(OptionsTest, MxnetBigArrayBoundIsHonoured) {
+  auto env = Base();
+  env["MXNET_KVSTORE_BIGARRAY_BOUND"] = "77";
+  EXPECT_EQ(Parse(env)->bigarray_bound, 77u);
+  env["TESSERA_BIGARRAY_BOUND"] = "88";
+  EXPECT_EQ(Parse(env)->bigarray_bound, 88u);
+}
+
+TEST(OptionsTest, HeartbeatsCanBeTurnedOff) {
+  auto env = Base();
+  env["PS_HEARTBEAT_INTERVAL"] = "0";
+  absl::StatusOr<Options> o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->heartbeat_interval, absl::ZeroDuration());
+}
+
+struct BadCase {
+  std::string variable;
+  std::optional<std::string> value;  // nullopt: unset
+  std::string message;
+};
+
+class OptionsBadValueTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(OptionsBadValueTest, NamesVariableValueAndExpectation) {
+  auto env = Base();
+  if (GetParam().value.has_value()) {
+    env[GetParam().variable] = *GetParam().value;
+  } else {
+    env.erase(GetParam().variable);
+  }
+  absl::StatusOr<Options> o = Parse(env);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(o.status().message(), GetParam().message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, OptionsBadValueTest,
+    ::testing::Values(
+        BadCase{"DMLC_ROLE", std::nullopt, "DMLC_ROLE is not set: expected scheduler, server or worker"},
+        BadCase{"DMLC_ROLE", "master", "DMLC_ROLE='master': expected scheduler, server or worker"},
+        BadCase{"DMLC_PS_ROOT_URI", std::nullopt,
+                "DMLC_PS_ROOT_URI is not set: expected the scheduler's IP address or hostname"},
+        BadCase{"DMLC_PS_ROOT_PORT", std::nullopt,
+                "DMLC_PS_ROOT_PORT is not set: expected a port number in 1..65535"},
+        BadCase{"DMLC_PS_ROOT_PORT", "0", "DMLC_PS_ROOT_PORT='0': expected a port number in 1..65535"},
+        BadCase{"DMLC_PS_ROOT_PORT", "http", "DMLC_PS_ROOT_PORT='http': expected a port number in 1..65535"},
+        BadCase{"DMLC_NUM_SERVER", "0", "DMLC_NUM_SERVER='0': expected a whole number >= 1"},
+        BadCase{"DMLC_NUM_SERVER", "two", "DMLC_NUM_SERVER='two': expected a whole number >= 1"},
+        BadCase{"DMLC_NUM_WORKER", std::nullopt, "DMLC_NUM_WORKER is not set: expected a whole number >= 1"},
+        BadCase{"DMLC_NUM_WORKER", "-3", "DMLC_NUM_WORKER='-3': expected a whole number >= 1"},
+        BadCase{"DMLC_NUM_WORKER", "2.5", "DMLC_NUM_WORKER='2.5': expected a whole number >= 1"},
+        BadCase{"PORT", "99999", "PORT='99999': expected a port number in 0..65535"},
+        BadCase{"PS_VERBOSE", "3", "PS_VERBOSE='3': expected 0, 1 or 2"},
+        BadCase{"PS_HEARTBEAT_INTERVAL", "-1", "PS_HEARTBEAT_INTERVAL='-1': expected a number of seconds >= 0"},
+        BadCase{"PS_HEARTBEAT_TIMEOUT", "0", "PS_HEARTBEAT_TIMEOUT='0': expected a number of seconds > 0"},
+        BadCase{"PS_HEARTBEAT_TIMEOUT", "0.5",
+                "PS_HEARTBEAT_TIMEOUT='0.5': expected a number of seconds greater than "
+                "PS_HEARTBEAT_INTERVAL (1s)"},
+        BadCase{"TESSERA_START_TIMEOUT", "soon", "TESSERA_START_TIMEOUT='soon': expected a number of seconds > 0"},
+        BadCase{"TESSERA_TIMEOUT", "nan", "TESSERA_TIMEOUT='nan': expected a number of seconds > 0"},
+        BadCase{"TESSERA_SERVER_THREADS", "999", "TESSERA_SERVER_THREADS='999': expected a whole number in 0..256"},
+        BadCase{"TESSERA_BIGARRAY_BOUND", "0", "TESSERA_BIGARRAY_BOUND='0': expected a whole number >= 1"}));
+
+}  // namespace
+}  // namespace tessera

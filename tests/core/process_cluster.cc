@@ -1,0 +1,167 @@
+#include "tests/core/process_cluster.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace tessera::testing {
+
+std::string BinaryPath(const std::string& relative) {
+  const char* dir = std::getenv("TESSERA_BUILD_DIR");
+  return absl::StrCat(dir ? dir : ".", "/", relative);
+}
+
+std::string SourcePath(const std::string& relative) {
+  const char* dir = std::getenv("TESSERA_SOURCE_DIR");
+  return absl::StrCat(dir ? dir : ".", "/", relative);
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+ProcessCluster::ProcessCluster() {
+  char tmpl[] = "/tmp/tessera-test-XXXXXX";
+  dir_ = mkdtemp(tmpl);
+  port_ = FreePort();
+  env_["DMLC_PS_ROOT_URI"] = "127.0.0.1";
+  env_["DMLC_PS_ROOT_PORT"] = std::to_string(port_);
+}
+
+ProcessCluster::~ProcessCluster() {
+  KillAll();
+  std::string cmd = "rm -rf " + dir_;
+  if (std::system(cmd.c_str()) != 0) {
+  }
+}
+
+void ProcessCluster::Start(int servers, int workers,
+                           const std::vector<std::string>& worker_argv) {
+  env_["DMLC_NUM_SERVER"] = std::to_string(servers);
+  env_["DMLC_NUM_WORKER"] = std::to_string(workers);
+  Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+        {{"DMLC_ROLE", "scheduler"}});
+  for (int i = 0; i < servers; ++i) {
+    Spawn(absl::StrCat("server ", i), {BinaryPath("server/tessera-server")},
+          {{"DMLC_ROLE", "server"}});
+  }
+  for (int i = 0; i < workers; ++i) {
+    Spawn(absl::StrCat("worker ", i), worker_argv, {{"DMLC_ROLE", "worker"}});
+  }
+}
+
+Child& ProcessCluster::Spawn(const std::string& name, const std::vector<std::string>& argv,
+                             const std::map<std::string, std::string>& extra) {
+  Child child;
+  child.name = name;
+  std::string file = name;
+  for (char& c : file) c = c == ' ' ? '_' : c;
+  child.log_path = absl::StrCat(dir_, "/", file, "-", children_.size(), ".log");
+  std::map<std::string, std::string> env = env_;
+  for (const auto& [k, v] : extra) env[k] = v;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int fd = open(child.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  child.pid = pid;
+  children_.push_back(child);
+  return children_.back();
+}
+
+bool ProcessCluster::Wait(Child& child, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!child.exited) {
+    int status = 0;
+    const pid_t r = waitpid(child.pid, &status, WNOHANG);
+    if (r == child.pid) {
+      child.exited = true;
+      child.status = status;
+      break;
+    }
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+bool ProcessCluster::WaitAll(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (Child& c : children_) {
+    if (!Wait(c, std::max(absl::ZeroDuration(), deadline - absl::Now()))) return false;
+  }
+  return true;
+}
+
+Child& ProcessCluster::Find(const std::string& name) {
+  for (Child& c : children_) {
+    if (c.name == name) return c;
+  }
+  std::abort();
+}
+
+int ProcessCluster::ExitCode(const Child& child) {
+  if (!child.exited) return -1;
+  if (WIFEXITED(child.status)) return WEXITSTATUS(child.status);
+  if (WIFSIGNALED(child.status)) return 128 + WTERMSIG(child.status);
+  return -1;
+}
+
+std::string ProcessCluster::Log(const Child& child) {
+  std::ifstream in(child.log_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string ProcessCluster::AllLogs() const {
+  std::string all;
+  for (const Child& c : children_) {
+    absl::StrAppend(&all, "----- ", c.name, " (exit ", ExitCode(c), ")\n", Log(c));
+  }
+  return all;
+}
+
+void ProcessCluster::KillAll() {
+  for (Child& c : children_) {
+    if (!c.exited) kill(-c.pid, SIGKILL);
+  }
+  for (Child& c : children_) {
+    if (!c.exited) {
+      waitpid(c.pid, &c.status, 0);
+      c.exited = true;
+    }
+  }
+}
+
+}  // namespace tessera::testing

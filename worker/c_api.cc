@@ -1,0 +1,124 @@
+// The C API (include/tessera/c_api.h) over tessera::KVWorker and the 2-bit codec.
+#include "tessera/c_api.h"
+
+#include <memory>
+#include <string>
+
+#include "common/compression/two_bit.h"
+#include "tessera/kv_worker.h"
+
+struct TesseraKV {
+  std::unique_ptr<tessera::KVWorker> worker;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Fail(const absl::Status& status) {
+  last_error = std::string(absl::StatusCodeToString(status.code())) + ": " +
+               std::string(status.message());
+  return 1;
+}
+
+int Result(const absl::Status& status) { return status.ok() ? 0 : Fail(status); }
+
+int NullArgument(const char* what) {
+  return Fail(absl::InvalidArgumentError(std::string(what) + " is NULL"));
+}
+
+}  // namespace
+
+extern "C" {
+
+int tessera_kv_create(const char* type, TesseraKV** out) {
+  if (type == nullptr) return NullArgument("type");
+  if (out == nullptr) return NullArgument("out");
+  absl::StatusOr<std::unique_ptr<tessera::KVWorker>> worker = tessera::KVWorker::Create(type);
+  if (!worker.ok()) return Fail(worker.status());
+  *out = new TesseraKV{*std::move(worker)};
+  return 0;
+}
+
+int tessera_kv_rank(const TesseraKV* kv, int* rank) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (rank == nullptr) return NullArgument("rank");
+  *rank = kv->worker->rank();
+  return 0;
+}
+
+int tessera_kv_num_workers(const TesseraKV* kv, int* num_workers) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (num_workers == nullptr) return NullArgument("num_workers");
+  *num_workers = kv->worker->num_workers();
+  return 0;
+}
+
+int tessera_kv_init(TesseraKV* kv, uint64_t key, const float* value, size_t len) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (value == nullptr && len > 0) return NullArgument("value");
+  return Result(kv->worker->Init(key, absl::MakeConstSpan(value, len)));
+}
+
+int tessera_kv_push(TesseraKV* kv, uint64_t key, const float* grad, size_t len) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (grad == nullptr && len > 0) return NullArgument("grad");
+  return Result(kv->worker->Push(key, absl::MakeConstSpan(grad, len)));
+}
+
+int tessera_kv_pull(TesseraKV* kv, uint64_t key, float* out, size_t len) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (out == nullptr && len > 0) return NullArgument("out");
+  return Result(kv->worker->Pull(key, absl::MakeSpan(out, len)));
+}
+
+int tessera_kv_pushpull(TesseraKV* kv, uint64_t key, const float* grad, float* out,
+                        size_t len) {
+  if (kv == nullptr) return NullArgument("kv");
+  if ((grad == nullptr || out == nullptr) && len > 0) return NullArgument("grad or out");
+  return Result(
+      kv->worker->PushPull(key, absl::MakeConstSpan(grad, len), absl::MakeSpan(out, len)));
+}
+
+int tessera_kv_barrier(TesseraKV* kv) {
+  if (kv == nullptr) return NullArgument("kv");
+  return Result(kv->worker->Barrier());
+}
+
+int tessera_kv_set_optimizer(TesseraKV* kv, const char* spec) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (spec == nullptr) return NullArgument("spec");
+  return Result(kv->worker->SetOptimizer(spec));
+}
+
+int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type, float threshold) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (type == nullptr) return NullArgument("type");
+  return Result(kv->worker->SetGradientCompression(type, threshold));
+}
+
+int tessera_kv_close(TesseraKV* kv) {
+  if (kv == nullptr) return NullArgument("kv");
+  const absl::Status status = kv->worker->Close();
+  delete kv;
+  return Result(status);
+}
+
+const char* tessera_last_error(void) { return last_error.c_str(); }
+
+size_t tessera_2bit_compressed_bytes(size_t len) {
+  return tessera::compression::TwoBitCompressedBytes(len);
+}
+
+int tessera_2bit_quantize(const float* grad, float* residual, size_t len, float threshold,
+                          uint8_t* out) {
+  return Result(tessera::compression::TwoBitQuantize(grad, residual, len, threshold, out));
+}
+
+int tessera_2bit_dequantize(const uint8_t* in, size_t len, float threshold, float* out) {
+  if (in == nullptr && len > 0) return NullArgument("in");
+  return Result(tessera::compression::TwoBitDequantize(
+      in, tessera::compression::TwoBitCompressedBytes(len), len, threshold, out));
+}
+
+}  // extern "C"
