@@ -1,0 +1,103 @@
+// The CUDA backend against the CPU backend: same parameters and batch, so the
+// same loss and gradients to float tolerance. Labelled `gpu`; skips without a
+// device.
+#include "worker/mlp_cuda.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/mlp.h"
+
+namespace tessera {
+namespace {
+
+MlpConfig Config() {
+  MlpConfig config;
+  config.sizes = {784, 64, 32, 10};
+  config.seed = 11;
+  return config;
+}
+
+TEST(MlpCudaTest, CreateFailsCleanlyWithoutDevice) {
+  if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  absl::StatusOr<std::unique_ptr<Mlp>> mlp = CreateCudaMlp(Config(), 8);
+  EXPECT_EQ(mlp.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(CudaDescription().empty());
+}
+
+void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu,
+                 const char* what, int layer) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what << " layer " << layer;
+  double max_abs = 0;
+  for (float v : cpu)
+    max_abs = std::max(max_abs, std::abs(static_cast<double>(v)));
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_NEAR(cpu[i], gpu[i], 1e-4 * (1 + max_abs))
+        << what << " layer " << layer << " element " << i;
+  }
+}
+
+TEST(MlpCudaTest, ForwardBackwardMatchesCpu) {
+  if (!CudaAvailable()) GTEST_SKIP() << CudaDescription();
+  const int rows = 37;
+  absl::StatusOr<std::unique_ptr<Mlp>> cpu =
+      CreateMlp(MlpDevice::kCpu, Config(), 64);
+  absl::StatusOr<std::unique_ptr<Mlp>> gpu =
+      CreateMlp(MlpDevice::kCuda, Config(), 64);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_EQ((*gpu)->device(), MlpDevice::kCuda);
+  EXPECT_NE((*gpu)->stream(), nullptr);
+
+  std::vector<float> x(rows * 784);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = 0.5f + 0.5f * std::sin(0.37f * i);
+  std::vector<int32_t> y(rows);
+  for (int r = 0; r < rows; ++r) y[r] = (r * 7) % 10;
+
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int> gpu_order;
+    absl::StatusOr<MlpBatchStats> a =
+        (*cpu)->ForwardBackward(x.data(), y.data(), rows, nullptr);
+    absl::StatusOr<MlpBatchStats> b = (*gpu)->ForwardBackward(
+        x.data(), y.data(), rows, [&](int l) { gpu_order.push_back(l); });
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(gpu_order, (std::vector<int>{2, 1, 0}));
+    EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-4 * a->loss_sum);
+    EXPECT_EQ(a->correct, b->correct);
+    for (int l = 0; l < 3; ++l) {
+      const LayerParams gc = (*cpu)->GetGrads(l);
+      const LayerParams gg = (*gpu)->GetGrads(l);
+      ExpectClose(gc.w, gg.w, "dW", l);
+      ExpectClose(gc.b, gg.b, "db", l);
+    }
+    ASSERT_TRUE((*cpu)->LocalSgdStep(0.1f, 1.0f / rows).ok());
+    ASSERT_TRUE((*gpu)->LocalSgdStep(0.1f, 1.0f / rows).ok());
+  }
+  absl::StatusOr<MlpBatchStats> ea = (*cpu)->Evaluate(x.data(), y.data(), rows);
+  absl::StatusOr<MlpBatchStats> eb = (*gpu)->Evaluate(x.data(), y.data(), rows);
+  ASSERT_TRUE(ea.ok() && eb.ok());
+  EXPECT_NEAR(ea->loss_sum, eb->loss_sum, 1e-4 * ea->loss_sum);
+}
+
+TEST(MlpCudaTest, StagedParamsTakeEffectAtCommit) {
+  if (!CudaAvailable()) GTEST_SKIP() << CudaDescription();
+  absl::StatusOr<std::unique_ptr<Mlp>> gpu =
+      CreateMlp(MlpDevice::kCuda, Config(), 8);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const std::vector<LayerParams> before = (*gpu)->GetParams();
+  absl::Span<float> b = (*gpu)->BiasStaging(2);
+  ASSERT_EQ(b.size(), 10u);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i);
+  EXPECT_EQ((*gpu)->GetParams()[2].b, before[2].b);
+  ASSERT_TRUE((*gpu)->CommitStagedParams().ok());
+  EXPECT_EQ((*gpu)->GetParams()[2].b,
+            (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ((*gpu)->GetParams()[0].w, before[0].w);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,209 @@
+// Tests of tessera-worker's flag parsing: defaults, both flag forms, the data
+// directory's precedence and the one-line message of every bad flag.
+#include "worker/train_flags.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+absl::StatusOr<TrainFlags> Parse(std::vector<std::string> args,
+                                 const char* env = nullptr) {
+  return ParseTrainFlags(args, env);
+}
+
+std::string Error(std::vector<std::string> args) {
+  absl::StatusOr<TrainFlags> f = Parse(std::move(args));
+  EXPECT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(f.status().message());
+}
+
+TEST(TrainFlagsTest, Defaults) {
+  absl::StatusOr<TrainFlags> f = Parse({});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->kv_store, "dist_sync");
+  EXPECT_EQ(f->batch_size, 128);
+  EXPECT_EQ(f->epochs, 10);
+  EXPECT_EQ(f->gc_type, "none");
+  EXPECT_FLOAT_EQ(f->gc_threshold, 0.5f);
+  EXPECT_EQ(f->optimizer, "sgd");
+  EXPECT_FLOAT_EQ(f->lr, 0.1f);
+  EXPECT_FLOAT_EQ(f->momentum, 0.9f);
+  EXPECT_FLOAT_EQ(f->wd, 1e-4f);
+  EXPECT_EQ(f->seed, 42u);
+  EXPECT_EQ(f->hidden, (std::vector<int>{256, 128}));
+  EXPECT_EQ(f->device, "auto");
+  EXPECT_EQ(f->data_dir, "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(f->train_subset, 0);
+  EXPECT_EQ(f->test_subset, 0);
+  EXPECT_EQ(f->log_every, 50);
+  EXPECT_EQ(f->metrics_out, "");
+  EXPECT_FALSE(f->help);
+}
+
+TEST(TrainFlagsTest, ParsesEveryFlagInBothForms) {
+  absl::StatusOr<TrainFlags> f = Parse({"--kv-store=dist_async",
+                                        "--batch-size",
+                                        "64",
+                                        "--epochs=3",
+                                        "--gc-type",
+                                        "2bit",
+                                        "--gc-threshold=0.25",
+                                        "--lr",
+                                        "0.05",
+                                        "--seed=7",
+                                        "--hidden",
+                                        "512,256,64",
+                                        "--optimizer=sgd",
+                                        "--momentum",
+                                        "0",
+                                        "--wd=0",
+                                        "--device",
+                                        "cpu",
+                                        "--data=/d",
+                                        "--train-subset",
+                                        "2000",
+                                        "--test-subset=500",
+                                        "--log-every",
+                                        "10",
+                                        "--metrics-out=/tmp/m-{rank}.json"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->kv_store, "dist_async");
+  EXPECT_EQ(f->batch_size, 64);
+  EXPECT_EQ(f->epochs, 3);
+  EXPECT_EQ(f->gc_type, "2bit");
+  EXPECT_FLOAT_EQ(f->gc_threshold, 0.25f);
+  EXPECT_FLOAT_EQ(f->lr, 0.05f);
+  EXPECT_EQ(f->seed, 7u);
+  EXPECT_EQ(f->hidden, (std::vector<int>{512, 256, 64}));
+  EXPECT_FLOAT_EQ(f->momentum, 0.0f);
+  EXPECT_FLOAT_EQ(f->wd, 0.0f);
+  EXPECT_EQ(f->device, "cpu");
+  EXPECT_EQ(f->data_dir, "/d");
+  EXPECT_EQ(f->train_subset, 2000);
+  EXPECT_EQ(f->test_subset, 500);
+  EXPECT_EQ(f->log_every, 10);
+  EXPECT_EQ(f->metrics_out, "/tmp/m-{rank}.json");
+}
+
+TEST(TrainFlagsTest, DataDirectoryPrecedence) {
+  EXPECT_EQ(Parse({}, "/env")->data_dir, "/env");
+  EXPECT_EQ(Parse({}, "")->data_dir, "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(Parse({"--data", "/flag"}, "/env")->data_dir, "/flag");
+}
+
+TEST(TrainFlagsTest, LearningRateDefaultsFollowTheOptimizer) {
+  EXPECT_FLOAT_EQ(Parse({"--optimizer=adam"})->lr, 0.001f);
+  EXPECT_FLOAT_EQ(Parse({"--optimizer=adamax"})->lr, 0.002f);
+  EXPECT_FLOAT_EQ(Parse({"--optimizer=adagrad"})->lr, 0.01f);
+  EXPECT_FLOAT_EQ(Parse({"--optimizer=adam", "--lr=0.3"})->lr, 0.3f);
+  EXPECT_FLOAT_EQ(Parse({"--lr=0.3", "--optimizer=adam"})->lr, 0.3f);
+}
+
+TEST(TrainFlagsTest, MomentumDefaultsToZeroWhereItDiverges) {
+  EXPECT_FLOAT_EQ(Parse({"--kv-store=dist_sync"})->momentum, 0.9f);
+  EXPECT_FLOAT_EQ(Parse({"--kv-store=dist_async"})->momentum, 0.0f);
+  EXPECT_FLOAT_EQ(Parse({"--gc-type=2bit"})->momentum, 0.0f);
+  EXPECT_FLOAT_EQ(Parse({"--gc-type=2bit", "--momentum=0.5"})->momentum, 0.5f);
+  EXPECT_FLOAT_EQ(Parse({"--momentum=0.5", "--kv-store=dist_async"})->momentum,
+                  0.5f);
+}
+
+TEST(TrainFlagsTest, Help) {
+  EXPECT_TRUE(Parse({"--help"})->help);
+  EXPECT_TRUE(Parse({"-h"})->help);
+  EXPECT_NE(TrainFlagsUsage().find("--gc-threshold"), std::string::npos);
+}
+
+TEST(TrainFlagsTest, BadFlagsSayWhichAndWhatWasExpected) {
+  EXPECT_EQ(Error({"--kv-store=local"}),
+            "--kv-store: expected dist_sync or dist_async, got 'local'");
+  EXPECT_EQ(Error({"--batch-size=0"}),
+            "--batch-size: expected a positive integer, got '0'");
+  EXPECT_EQ(Error({"--batch-size", "12x"}),
+            "--batch-size: expected a positive integer, got '12x'");
+  EXPECT_EQ(Error({"--epochs=-1"}),
+            "--epochs: expected a positive integer, got '-1'");
+  EXPECT_EQ(Error({"--gc-type=1bit"}),
+            "--gc-type: expected none or 2bit, got '1bit'");
+  EXPECT_EQ(Error({"--gc-threshold=0"}),
+            "--gc-threshold: expected a positive number, got '0'");
+  EXPECT_EQ(Error({"--lr", "-0.1"}),
+            "--lr: expected a positive number, got '-0.1'");
+  EXPECT_EQ(Error({"--lr=nan"}), "--lr: expected a positive number, got 'nan'");
+  EXPECT_EQ(Error({"--lr=fast"}),
+            "--lr: expected a positive number, got 'fast'");
+  EXPECT_EQ(Error({"--seed=-3"}),
+            "--seed: expected a non-negative integer, got '-3'");
+  EXPECT_EQ(Error({"--hidden=256,,128"}),
+            "--hidden: expected comma-separated positive layer widths such as "
+            "256,128, "
+            "got '256,,128'");
+  EXPECT_EQ(Error({"--hidden="}),
+            "--hidden: expected comma-separated positive layer widths such as "
+            "256,128, "
+            "got ''");
+  EXPECT_EQ(Error({"--hidden=0"}),
+            "--hidden: expected comma-separated positive layer widths such as "
+            "256,128, "
+            "got '0'");
+  EXPECT_EQ(
+      Error({"--optimizer=rmsprop"}),
+      "--optimizer: expected sgd, adam, adamax or adagrad, got 'rmsprop'");
+  EXPECT_EQ(Error({"--momentum=1"}),
+            "--momentum: expected a number in [0, 1), got '1'");
+  EXPECT_EQ(Error({"--optimizer=adam", "--momentum=0.5"}),
+            "--momentum: only used by --optimizer sgd, not --optimizer adam");
+  EXPECT_EQ(Error({"--wd=-1"}),
+            "--wd: expected a non-negative number, got '-1'");
+  EXPECT_EQ(Error({"--device=tpu"}),
+            "--device: expected auto, cuda or cpu, got 'tpu'");
+  EXPECT_EQ(Error({"--data="}), "--data: expected a directory, got ''");
+  EXPECT_EQ(
+      Error({"--train-subset=-5"}),
+      "--train-subset: expected a non-negative integer (0: all), got '-5'");
+  EXPECT_EQ(Error({"--test-subset=x"}),
+            "--test-subset: expected a non-negative integer (0: all), got 'x'");
+  EXPECT_EQ(Error({"--log-every=0"}),
+            "--log-every: expected a positive integer, got '0'");
+  EXPECT_EQ(Error({"--metrics-out="}),
+            "--metrics-out: expected a file path, got ''");
+}
+
+TEST(TrainFlagsTest, MalformedCommandLines) {
+  EXPECT_EQ(Error({"--learning-rate=0.1"}),
+            "unknown flag '--learning-rate'; run tessera-worker --help for the "
+            "flags");
+  EXPECT_EQ(
+      Error({"--verbose"}),
+      "unknown flag '--verbose'; run tessera-worker --help for the flags");
+  EXPECT_EQ(Error({"--lr"}), "--lr: expected a value");
+  EXPECT_EQ(Error({"--data", "--epochs=2"}), "--data: expected a value");
+  EXPECT_EQ(Error({"train.py"}),
+            "unexpected argument 'train.py'; flags take the form --name=value "
+            "or --name "
+            "value");
+  EXPECT_EQ(Error({"-lr=0.1"}),
+            "unexpected argument '-lr=0.1'; flags take the form --name=value "
+            "or --name "
+            "value");
+}
+
+TEST(TrainFlagsTest, OptimizerSpec) {
+  TrainFlags f;
+  EXPECT_EQ(OptimizerSpec(f, 1.0 / 256),
+            "sgd lr=0.100000001 momentum=0.899999976 wd=9.99999975e-05 "
+            "rescale_grad=0.00390625");
+  f.optimizer = "adam";
+  f.lr = 0.5f;
+  f.wd = 0;
+  EXPECT_EQ(OptimizerSpec(f, 0.125), "adam lr=0.5 wd=0 rescale_grad=0.125");
+}
+
+}  // namespace
+}  // namespace tessera

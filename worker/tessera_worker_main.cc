@@ -1,0 +1,408 @@
+// tessera-worker: trains an MLP classifier on Fashion-MNIST as one worker of a
+// Tessera job. The servers hold the weights and run the optimizer; every step
+// this worker computes the gradient of its local batch, pushes it layer by
+// layer from the last layer down (while backward still runs on the layers
+// below) and pulls the new weights.
+//
+//   tessera-worker --kv-store dist_sync --batch-size 128 --epochs 10 --device
+//   cpu
+//
+// Exit codes: 0 done; 2 a bad flag, missing data or unusable device (one line
+// on stderr naming the flag); 1 a failure of the cluster (the KV client's
+// error).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "tessera/kv_worker.h"
+#include "worker/batch_loader.h"
+#include "worker/idx_reader.h"
+#include "worker/mlp.h"
+#include "worker/mlp_cuda.h"
+#include "worker/train_flags.h"
+
+namespace tessera {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int Fail(int code, const std::string& message) {
+  std::cerr << "tessera-worker: " << message << std::endl;
+  return code;
+}
+
+// The test images as floats in [0, 1], converted once.
+struct FloatImages {
+  std::vector<float> x;
+  std::vector<int32_t> y;
+};
+
+FloatImages ToFloat(const LabeledImages& data) {
+  FloatImages out;
+  out.x.resize(data.pixels.size());
+  for (size_t i = 0; i < data.pixels.size(); ++i)
+    out.x[i] = data.pixels[i] / 255.0f;
+  out.y.assign(data.labels.begin(), data.labels.end());
+  return out;
+}
+
+// Counts what a run did, for the progress lines and --metrics-out.
+struct RunTotals {
+  double time_compute_s =
+      0;  // forward/backward, including issuing the async KV ops
+  double time_comm_s = 0;  // waiting for pushes and pulls after backward
+  double time_data_s = 0;  // waiting for the batch loader
+  double time_eval_s = 0;
+  double wall_seconds = 0;
+  int64_t samples = 0;
+  int64_t steps = 0;
+  double first_loss = -1;  // mean loss of the first batch
+  double final_loss = -1;  // mean training loss of the last epoch
+  double train_accuracy = 0;
+  double test_accuracy = -1;
+};
+
+std::string MetricsJson(const TrainFlags& flags, MlpDevice device,
+                        const KVWorker& kv, const RunTotals& t) {
+  const KVWorkerStats stats = kv.stats();
+  const double train_time = t.wall_seconds - t.time_eval_s;
+  std::string json = "{";
+  absl::StrAppendFormat(&json, "\"test_accuracy\": %.6f", t.test_accuracy);
+  absl::StrAppendFormat(&json, ", \"train_accuracy\": %.6f", t.train_accuracy);
+  absl::StrAppendFormat(&json, ", \"epochs\": %d", flags.epochs);
+  absl::StrAppendFormat(&json, ", \"wall_seconds\": %.3f", t.wall_seconds);
+  absl::StrAppendFormat(&json, ", \"samples_per_second\": %.1f",
+                        train_time > 0 ? t.samples / train_time : 0.0);
+  absl::StrAppendFormat(&json, ", \"bytes_pushed\": %d", stats.bytes_pushed);
+  absl::StrAppendFormat(&json, ", \"bytes_pulled\": %d", stats.bytes_pulled);
+  absl::StrAppendFormat(&json, ", \"device\": \"%s\"", MlpDeviceName(device));
+  absl::StrAppendFormat(&json, ", \"kv_store\": \"%s\"", flags.kv_store);
+  absl::StrAppendFormat(&json, ", \"gc_type\": \"%s\"", flags.gc_type);
+  absl::StrAppendFormat(&json, ", \"optimizer\": \"%s\"", flags.optimizer);
+  absl::StrAppendFormat(&json, ", \"batch_size\": %d", flags.batch_size);
+  absl::StrAppendFormat(&json, ", \"steps\": %d", t.steps);
+  absl::StrAppendFormat(&json, ", \"first_loss\": %.6f", t.first_loss);
+  absl::StrAppendFormat(&json, ", \"final_loss\": %.6f", t.final_loss);
+  absl::StrAppendFormat(&json, ", \"num_workers\": %d", kv.num_workers());
+  absl::StrAppendFormat(&json, ", \"rank\": %d", kv.rank());
+  absl::StrAppendFormat(&json, ", \"time_compute_s\": %.3f", t.time_compute_s);
+  absl::StrAppendFormat(&json, ", \"time_comm_s\": %.3f", t.time_comm_s);
+  absl::StrAppendFormat(&json, ", \"time_data_s\": %.3f", t.time_data_s);
+  absl::StrAppendFormat(&json, ", \"time_eval_s\": %.3f", t.time_eval_s);
+  json += "}\n";
+  return json;
+}
+
+// Writes next to the target and renames, so a reader never sees half a file.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+// Issues the push of layer l's gradients and the pull of its new weights; the
+// first error is kept in `error` and stops further issuing.
+void PushPullLayer(KVWorker& kv, Mlp& mlp, int l, std::vector<OpHandle>* ops,
+                   absl::Status* error) {
+  if (!error->ok()) return;
+  const size_t w_len = static_cast<size_t>(mlp.out_size(l)) * mlp.in_size(l);
+  const size_t b_len = static_cast<size_t>(mlp.out_size(l));
+  const uint64_t keys[2] = {MlpWeightKey(l), MlpBiasKey(l)};
+  const float* grads[2] = {mlp.WeightGrad(l), mlp.BiasGrad(l)};
+  const size_t lens[2] = {w_len, b_len};
+  const absl::Span<float> staging[2] = {mlp.WeightStaging(l),
+                                        mlp.BiasStaging(l)};
+  for (int t = 0; t < 2; ++t) {
+    absl::StatusOr<OpHandle> push =
+        mlp.device() == MlpDevice::kCuda
+            ? kv.PushDeviceAsync(keys[t], grads[t], lens[t], mlp.stream())
+            : kv.PushAsync(keys[t], absl::MakeConstSpan(grads[t], lens[t]));
+    if (!push.ok()) {
+      *error = absl::Status(
+          push.status().code(),
+          absl::StrCat("push of key ", keys[t], ": ", push.status().message()));
+      return;
+    }
+    ops->push_back(*push);
+    absl::StatusOr<OpHandle> pull = kv.PullAsync(keys[t], staging[t]);
+    if (!pull.ok()) {
+      *error = absl::Status(
+          pull.status().code(),
+          absl::StrCat("pull of key ", keys[t], ": ", pull.status().message()));
+      return;
+    }
+    ops->push_back(*pull);
+  }
+}
+
+int Run(const TrainFlags& flags) {
+  // Device.
+  MlpDevice device = MlpDevice::kCpu;
+  if (flags.device == "cuda" || (flags.device == "auto" && CudaAvailable())) {
+    if (!CudaAvailable()) {
+      return Fail(
+          2, absl::StrCat("--device: expected a usable GPU for 'cuda', but ",
+                          CudaDescription()));
+    }
+    device = MlpDevice::kCuda;
+  }
+  // Several workers and servers share the machine's cores; one OpenBLAS thread
+  // per worker unless the user says otherwise with OPENBLAS_NUM_THREADS.
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) SetCpuMathThreads(1);
+
+  // Data, before joining the cluster: a worker without data fails alone and at
+  // once.
+  absl::StatusOr<FashionMnist> data =
+      LoadFashionMnist(flags.data_dir, flags.train_subset, flags.test_subset);
+  if (!data.ok()) {
+    return Fail(
+        2, absl::StrCat("--data: expected the Fashion-MNIST IDX files in '",
+                        flags.data_dir, "' (set --data or FASHION_MNIST_DIR): ",
+                        data.status().message()));
+  }
+
+  if (!flags.metrics_out.empty()) {
+    // Checked now rather than after an hour of training.
+    const std::string probe = absl::StrCat(
+        absl::StrReplaceAll(flags.metrics_out, {{"{rank}", "probe"}}), ".tmp");
+    std::ofstream out(probe, std::ios::app);
+    if (!out) {
+      return Fail(
+          2, absl::StrCat("--metrics-out: expected a writable file path, got '",
+                          flags.metrics_out, "'"));
+    }
+    out.close();
+    std::remove(probe.c_str());
+  }
+
+  absl::StatusOr<std::unique_ptr<KVWorker>> kv_or =
+      KVWorker::Create(flags.kv_store);
+  if (!kv_or.ok()) {
+    return Fail(1, absl::StrCat("cannot join the cluster: ",
+                                kv_or.status().ToString()));
+  }
+  KVWorker& kv = **kv_or;
+  const int rank = kv.rank(), num_workers = kv.num_workers();
+
+  BatchLoader::Options loader_options;
+  loader_options.batch_size = flags.batch_size;
+  loader_options.rank = rank;
+  loader_options.num_workers = num_workers;
+  loader_options.seed = flags.seed;
+  loader_options.epochs = flags.epochs;
+  if (absl::Status s = BatchLoader::Validate(loader_options, data->train.count);
+      !s.ok()) {
+    return Fail(2, absl::StrCat("--train-subset: ", s.message()));
+  }
+
+  MlpConfig config;
+  config.sizes.push_back(data->train.dim());
+  config.sizes.insert(config.sizes.end(), flags.hidden.begin(),
+                      flags.hidden.end());
+  config.sizes.push_back(10);
+  config.seed = flags.seed;
+  absl::StatusOr<std::unique_ptr<Mlp>> mlp_or =
+      CreateMlp(device, config, flags.batch_size);
+  if (!mlp_or.ok()) {
+    return Fail(2, absl::StrCat("--device ", MlpDeviceName(device), ": ",
+                                mlp_or.status().message()));
+  }
+  Mlp& mlp = **mlp_or;
+
+  // The pushed gradient is the SUM over a batch: dist_sync averages over every
+  // worker's samples of a round, dist_async over the one batch of a push.
+  const double rescale_grad =
+      1.0 / (static_cast<double>(flags.batch_size) *
+             (flags.kv_store == "dist_sync" ? num_workers : 1));
+  auto kv_fail = [](const std::string& what, const absl::Status& s) {
+    return Fail(1, absl::StrCat(what, ": ", s.ToString()));
+  };
+  if (flags.gc_type == "2bit") {
+    if (absl::Status s = kv.SetGradientCompression("2bit", flags.gc_threshold);
+        !s.ok()) {
+      return kv_fail("SetGradientCompression", s);
+    }
+  }
+  if (absl::Status s = kv.SetOptimizer(OptimizerSpec(flags, rescale_grad));
+      !s.ok()) {
+    return kv_fail("SetOptimizer", s);
+  }
+  {
+    const std::vector<LayerParams> init = mlp.GetParams();
+    for (int l = 0; l < mlp.num_layers(); ++l) {
+      if (absl::Status s = kv.Init(MlpWeightKey(l), init[l].w); !s.ok()) {
+        return kv_fail(absl::StrCat("Init of key ", MlpWeightKey(l)), s);
+      }
+      if (absl::Status s = kv.Init(MlpBiasKey(l), init[l].b); !s.ok()) {
+        return kv_fail(absl::StrCat("Init of key ", MlpBiasKey(l)), s);
+      }
+    }
+    // Every worker starts from the stored (rank 0's) weights.
+    for (int l = 0; l < mlp.num_layers(); ++l) {
+      if (absl::Status s = kv.Pull(MlpWeightKey(l), mlp.WeightStaging(l));
+          !s.ok()) {
+        return kv_fail(absl::StrCat("Pull of key ", MlpWeightKey(l)), s);
+      }
+      if (absl::Status s = kv.Pull(MlpBiasKey(l), mlp.BiasStaging(l));
+          !s.ok()) {
+        return kv_fail(absl::StrCat("Pull of key ", MlpBiasKey(l)), s);
+      }
+    }
+    if (absl::Status s = mlp.CommitStagedParams(); !s.ok()) {
+      return Fail(1, s.ToString());
+    }
+  }
+
+  std::optional<FloatImages> test;
+  auto evaluate = [&](RunTotals* totals) -> absl::StatusOr<double> {
+    const Clock::time_point t0 = Clock::now();
+    if (!test.has_value()) test = ToFloat(data->test);
+    absl::StatusOr<MlpBatchStats> s =
+        mlp.Evaluate(test->x.data(), test->y.data(), data->test.count);
+    totals->time_eval_s += SecondsSince(t0);
+    if (!s.ok()) return s.status();
+    return s->rows > 0 ? static_cast<double>(s->correct) / s->rows : 0.0;
+  };
+
+  RunTotals totals;
+  BatchLoader loader(&data->train, loader_options);
+  std::vector<OpHandle> ops;
+  const Clock::time_point run_start = Clock::now();
+  for (int epoch = 0; epoch < flags.epochs; ++epoch) {
+    const Clock::time_point epoch_start = Clock::now();
+    const double eval_before = totals.time_eval_s;
+    Clock::time_point window_start = epoch_start;
+    int64_t window_samples = 0, window_correct = 0;
+    int64_t epoch_samples = 0, epoch_correct = 0;
+    double epoch_loss = 0;
+    for (int b = 0;; ++b) {
+      Clock::time_point t = Clock::now();
+      std::optional<Batch> batch = loader.Next();
+      totals.time_data_s += SecondsSince(t);
+      if (!batch.has_value()) break;
+
+      t = Clock::now();
+      ops.clear();
+      absl::Status issue_error;
+      absl::StatusOr<MlpBatchStats> step = mlp.ForwardBackward(
+          batch->images.data(), batch->labels.data(), batch->size,
+          [&](int l) { PushPullLayer(kv, mlp, l, &ops, &issue_error); });
+      totals.time_compute_s += SecondsSince(t);
+      if (!step.ok())
+        return Fail(1,
+                    absl::StrCat("training step: ", step.status().ToString()));
+
+      t = Clock::now();
+      absl::Status wait_error;
+      for (OpHandle op : ops) {
+        if (absl::Status s = kv.Wait(op); !s.ok() && wait_error.ok())
+          wait_error = s;
+      }
+      totals.time_comm_s += SecondsSince(t);
+      if (!issue_error.ok()) return kv_fail("KV request", issue_error);
+      if (!wait_error.ok()) return kv_fail("KV request", wait_error);
+      if (absl::Status s = mlp.CommitStagedParams(); !s.ok()) {
+        return Fail(1, s.ToString());
+      }
+
+      if (totals.steps == 0) totals.first_loss = step->loss_sum / step->rows;
+      ++totals.steps;
+      totals.samples += step->rows;
+      window_samples += step->rows;
+      window_correct += step->correct;
+      epoch_samples += step->rows;
+      epoch_correct += step->correct;
+      epoch_loss += step->loss_sum;
+      if ((b + 1) % flags.log_every == 0) {
+        const double secs = SecondsSince(window_start);
+        std::printf(
+            "Epoch[%d] Batch[%d] Speed: %.2f samples/sec accuracy=%.6f\n",
+            epoch, b + 1, secs > 0 ? window_samples / secs : 0.0,
+            static_cast<double>(window_correct) / window_samples);
+        std::fflush(stdout);
+        window_start = Clock::now();
+        window_samples = window_correct = 0;
+      }
+    }
+    const double epoch_seconds = SecondsSince(epoch_start);
+    totals.train_accuracy =
+        epoch_samples > 0 ? static_cast<double>(epoch_correct) / epoch_samples
+                          : 0.0;
+    totals.final_loss = epoch_samples > 0 ? epoch_loss / epoch_samples : 0.0;
+    std::printf("Epoch[%d] Train-accuracy=%.6f\n", epoch,
+                totals.train_accuracy);
+    if (rank == 0) {
+      absl::StatusOr<double> acc = evaluate(&totals);
+      if (!acc.ok())
+        return Fail(1, absl::StrCat("evaluation: ", acc.status().ToString()));
+      totals.test_accuracy = *acc;
+      std::printf("Epoch[%d] Validation-accuracy=%.6f\n", epoch, *acc);
+    }
+    // Training time of the epoch; the evaluation is not part of it.
+    std::printf("Epoch[%d] Time cost=%.3f\n", epoch,
+                epoch_seconds - (totals.time_eval_s - eval_before));
+    std::fflush(stdout);
+  }
+  if (rank != 0 && !flags.metrics_out.empty()) {
+    // In dist_sync every worker holds the same final weights; in dist_async
+    // this is the model as this worker last pulled it.
+    absl::StatusOr<double> acc = evaluate(&totals);
+    if (!acc.ok())
+      return Fail(1, absl::StrCat("evaluation: ", acc.status().ToString()));
+    totals.test_accuracy = *acc;
+  }
+  totals.wall_seconds = SecondsSince(run_start);
+
+  if (absl::Status s = kv.Close(); !s.ok()) return kv_fail("Close", s);
+  if (!flags.metrics_out.empty()) {
+    const std::string path = absl::StrReplaceAll(
+        flags.metrics_out, {{"{rank}", absl::StrCat(rank)}});
+    if (absl::Status s =
+            WriteFileAtomically(path, MetricsJson(flags, device, kv, totals));
+        !s.ok()) {
+      return Fail(1, absl::StrCat("--metrics-out: ", s.message()));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<tessera::TrainFlags> flags =
+      tessera::ParseTrainFlags(args, std::getenv("FASHION_MNIST_DIR"));
+  if (!flags.ok())
+    return tessera::Fail(2, std::string(flags.status().message()));
+  if (flags->help) {
+    std::cout << tessera::TrainFlagsUsage();
+    return 0;
+  }
+  return tessera::Run(*flags);
+}

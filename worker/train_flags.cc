@@ -1,0 +1,245 @@
+#include "worker/train_flags.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace tessera {
+namespace {
+
+absl::Status Expected(absl::string_view flag, absl::string_view what,
+                      absl::string_view value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, ": expected ", what, ", got '", value, "'"));
+}
+
+absl::Status ParseInt(absl::string_view flag, absl::string_view value, int min,
+                      absl::string_view what, int* out) {
+  int v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < min)
+    return Expected(flag, what, value);
+  *out = v;
+  return absl::OkStatus();
+}
+
+// A finite float in [min, max) (or [min, max] when max is infinite), or > min
+// when `exclusive_min`.
+absl::Status ParseFloat(absl::string_view flag, absl::string_view value,
+                        float min, bool exclusive_min, float max,
+                        absl::string_view what, float* out) {
+  float v = 0;
+  if (!absl::SimpleAtof(value, &v) || !std::isfinite(v) || v < min ||
+      (exclusive_min && v == min) || v >= max) {
+    return Expected(flag, what, value);
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ParseChoice(absl::string_view flag, absl::string_view value,
+                         const std::vector<absl::string_view>& choices,
+                         absl::string_view what, std::string* out) {
+  for (absl::string_view c : choices) {
+    if (value == c) {
+      *out = std::string(value);
+      return absl::OkStatus();
+    }
+  }
+  return Expected(flag, what, value);
+}
+
+absl::Status ParseHidden(absl::string_view value, std::vector<int>* out) {
+  constexpr absl::string_view kWhat =
+      "comma-separated positive layer widths such as 256,128";
+  std::vector<int> widths;
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    int w = 0;
+    if (!absl::SimpleAtoi(part, &w) || w <= 0 || w > (1 << 20)) {
+      return Expected("hidden", kWhat, value);
+    }
+    widths.push_back(w);
+  }
+  *out = std::move(widths);
+  return absl::OkStatus();
+}
+
+bool IsKnownFlag(absl::string_view name) {
+  static constexpr absl::string_view kFlags[] = {
+      "kv-store",  "batch-size", "epochs", "gc-type",      "gc-threshold",
+      "lr",        "seed",       "hidden", "optimizer",    "momentum",
+      "wd",        "device",     "data",   "train-subset", "test-subset",
+      "log-every", "metrics-out"};
+  for (absl::string_view f : kFlags) {
+    if (name == f) return true;
+  }
+  return false;
+}
+
+float DefaultLearningRate(absl::string_view optimizer) {
+  if (optimizer == "adam") return 0.001f;
+  if (optimizer == "adamax") return 0.002f;
+  if (optimizer == "adagrad") return 0.01f;
+  return 0.1f;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
+                                           const char* fashion_mnist_dir_env) {
+  TrainFlags f;
+  bool lr_given = false, momentum_given = false, data_given = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      f.help = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--") || arg.size() == 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg,
+                       "'; flags take the form --name=value or --name value"));
+    }
+    std::string name, value;
+    const size_t eq = arg.find('=');
+    name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (!IsKnownFlag(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag '--", name,
+                       "'; run tessera-worker --help for the flags"));
+    }
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) {
+      value = args[++i];
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": expected a value"));
+    }
+
+    absl::Status s;
+    if (name == "kv-store") {
+      s = ParseChoice(name, value, {"dist_sync", "dist_async"},
+                      "dist_sync or dist_async", &f.kv_store);
+    } else if (name == "batch-size") {
+      s = ParseInt(name, value, 1, "a positive integer", &f.batch_size);
+    } else if (name == "epochs") {
+      s = ParseInt(name, value, 1, "a positive integer", &f.epochs);
+    } else if (name == "gc-type") {
+      s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit",
+                      &f.gc_type);
+    } else if (name == "gc-threshold") {
+      s = ParseFloat(name, value, 0, true,
+                     std::numeric_limits<float>::infinity(),
+                     "a positive number", &f.gc_threshold);
+    } else if (name == "lr") {
+      s = ParseFloat(name, value, 0, true,
+                     std::numeric_limits<float>::infinity(),
+                     "a positive number", &f.lr);
+      lr_given = true;
+    } else if (name == "seed") {
+      if (!absl::SimpleAtoi(value, &f.seed)) {
+        s = Expected(name, "a non-negative integer", value);
+      }
+    } else if (name == "hidden") {
+      s = ParseHidden(value, &f.hidden);
+    } else if (name == "optimizer") {
+      s = ParseChoice(name, value, {"sgd", "adam", "adamax", "adagrad"},
+                      "sgd, adam, adamax or adagrad", &f.optimizer);
+    } else if (name == "momentum") {
+      s = ParseFloat(name, value, 0, false, 1, "a number in [0, 1)",
+                     &f.momentum);
+      momentum_given = true;
+    } else if (name == "wd") {
+      s = ParseFloat(name, value, 0, false,
+                     std::numeric_limits<float>::infinity(),
+                     "a non-negative number", &f.wd);
+    } else if (name == "device") {
+      s = ParseChoice(name, value, {"auto", "cuda", "cpu"}, "auto, cuda or cpu",
+                      &f.device);
+    } else if (name == "data") {
+      if (value.empty()) s = Expected(name, "a directory", value);
+      f.data_dir = value;
+      data_given = true;
+    } else if (name == "train-subset") {
+      s = ParseInt(name, value, 0, "a non-negative integer (0: all)",
+                   &f.train_subset);
+    } else if (name == "test-subset") {
+      s = ParseInt(name, value, 0, "a non-negative integer (0: all)",
+                   &f.test_subset);
+    } else if (name == "log-every") {
+      s = ParseInt(name, value, 1, "a positive integer", &f.log_every);
+    } else if (name == "metrics-out") {
+      if (value.empty()) s = Expected(name, "a file path", value);
+      f.metrics_out = value;
+    }
+    if (!s.ok()) return s;
+  }
+  if (momentum_given && f.optimizer != "sgd") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--momentum: only used by --optimizer sgd, not --optimizer ",
+        f.optimizer));
+  }
+  if (!lr_given) f.lr = DefaultLearningRate(f.optimizer);
+  // Measured with 2 workers: server-side momentum 0.9 diverges under dist_async
+  // (stale pushes already act as momentum) and under 2-bit compression (the
+  // residual already accumulates past gradients), while momentum 0 trains in
+  // both.
+  if (!momentum_given && (f.kv_store == "dist_async" || f.gc_type == "2bit")) {
+    f.momentum = 0.0f;
+  }
+  if (!data_given && fashion_mnist_dir_env != nullptr &&
+      *fashion_mnist_dir_env != 0) {
+    f.data_dir = fashion_mnist_dir_env;
+  }
+  return f;
+}
+
+std::string TrainFlagsUsage() {
+  return absl::StrCat(
+      "Usage: tessera-worker [--name=value ...]\n"
+      "Trains an MLP on Fashion-MNIST as one worker of a Tessera job (the "
+      "launcher\n"
+      "sets the DMLC_* environment).\n"
+      "  --kv-store dist_sync|dist_async   (dist_sync)\n"
+      "  --batch-size N                    per worker (128)\n"
+      "  --epochs N                        (10)\n"
+      "  --hidden W1,W2,...                hidden layer widths (256,128)\n"
+      "  --optimizer sgd|adam|adamax|adagrad  runs on the servers (sgd)\n"
+      "  --lr X                            (sgd 0.1, adam 0.001, adamax 0.002, "
+      "adagrad 0.01)\n"
+      "  --momentum X                      sgd only (0.9; 0 with dist_async or "
+      "2bit)\n"
+      "  --wd X                            weight decay (0.0001)\n"
+      "  --gc-type none|2bit               gradient compression (none)\n"
+      "  --gc-threshold X                  2-bit threshold (0.5)\n"
+      "  --seed N                          weights and shuffling (42)\n"
+      "  --device auto|cuda|cpu            (auto: cuda when a GPU is present)\n"
+      "  --data DIR                        (else $FASHION_MNIST_DIR, else ",
+      kDefaultFashionMnistDir,
+      ")\n"
+      "  --train-subset N                  first N training images only (0: "
+      "all)\n"
+      "  --test-subset N                   first N test images only (0: all)\n"
+      "  --log-every N                     progress line every N batches (50)\n"
+      "  --metrics-out FILE                JSON metrics at the end; {rank} is "
+      "replaced\n");
+}
+
+std::string OptimizerSpec(const TrainFlags& flags, double rescale_grad) {
+  std::string spec = absl::StrFormat("%s lr=%.9g", flags.optimizer, flags.lr);
+  if (flags.optimizer == "sgd") {
+    absl::StrAppendFormat(&spec, " momentum=%.9g", flags.momentum);
+  }
+  absl::StrAppendFormat(&spec, " wd=%.9g rescale_grad=%.9g", flags.wd,
+                        rescale_grad);
+  return spec;
+}
+
+}  // namespace tessera
