@@ -1,10 +1,14 @@
-// KVWorkerImpl: the client side of the key-value protocol (see include/tessera/kv_worker.h).
+// KVWorkerImpl: the client side of the key-value protocol (see
+// include/tessera/kv_worker.h).
 //
-// An operation (push, pull, pushpull) becomes one request per server part of the key.
-// Replies arrive on the node's receiver thread, which copies pulled values into the
-// caller's buffer and counts the operation down. Pushed float values are sent without a
-// copy: the frame borrows the caller's buffer and pins the operation until ZeroMQ has
-// written it, so Wait returns only when the buffer is free again.
+// An operation (push, pull, pushpull) becomes one request per server part of
+// the key. Replies arrive on the node's receiver thread, which checks them,
+// keeps pulled frames (zero-copy ZeroMQ memory) with the operation and counts
+// it down; the thread in Wait copies them into the caller's buffer, outside the
+// lock, so the receiver thread goes back to the socket at once and copies of
+// several operations run in parallel. Pushed float values are sent without a
+// copy: the frame borrows the caller's buffer and pins the operation until
+// ZeroMQ has written it, so Wait returns only when the buffer is free again.
 #include <cstring>
 #include <map>
 #include <set>
@@ -251,11 +255,16 @@ class KVWorkerImpl : public KVWorker {
     void* device_packed = nullptr;
     void* pinned = nullptr;
   };
+  struct PulledFrame {
+    float* out = nullptr;
+    Buffer values;
+  };
   struct Op {
     int pending = 0;   // requests without a reply
     int pinned = 0;    // borrowed frames ZeroMQ still holds
     absl::Status status;
     std::string what;
+    std::vector<PulledFrame> pulled;  // replies not yet copied to the caller
   };
   struct Request {
     uint64_t op = 0;
@@ -405,6 +414,19 @@ class KVWorkerImpl : public KVWorker {
   }
 
   absl::Status WaitOp(uint64_t op, const std::string& what) {
+    std::vector<PulledFrame> pulled;
+    absl::Status status = WaitOpLocked(op, what, &pulled);
+    if (status.ok()) {
+      for (const PulledFrame& f : pulled)
+        std::memcpy(f.out, f.values.data(), f.values.size());
+    }
+    return status;
+  }
+
+  // Waits for `op` and hands its pulled frames to the caller, who copies them
+  // unlocked.
+  absl::Status WaitOpLocked(uint64_t op, const std::string& what,
+                            std::vector<PulledFrame>* pulled) {
     absl::MutexLock lock(&mu_);
     auto it = ops_.find(op);
     if (it == ops_.end()) {
@@ -417,7 +439,7 @@ class KVWorkerImpl : public KVWorker {
       return (o.pending == 0 && o.pinned == 0) || !failure_.ok();
     };
     const bool finished = mu_.AwaitWithTimeout(absl::Condition(&done), options_.request_timeout);
-    Op result = ops_.at(op);
+    Op result = std::move(ops_.at(op));
     if (!finished) {
       std::string silent;
       for (auto r = requests_.begin(); r != requests_.end();) {
@@ -428,7 +450,11 @@ class KVWorkerImpl : public KVWorker {
         absl::StrAppend(&silent, silent.empty() ? "" : ", ", node_->Describe(r->second.server));
         r = requests_.erase(r);
       }
-      if (result.pinned == 0) ops_.erase(op);
+      if (result.pinned == 0) {
+        ops_.erase(op);
+      } else {
+        ops_.at(op).pinned = result.pinned;
+      }
       return absl::DeadlineExceededError(absl::StrCat(
           what, ": no reply from ", silent.empty() ? "the servers" : silent, " within ",
           absl::FormatDuration(options_.request_timeout), " (TESSERA_TIMEOUT)"));
@@ -436,6 +462,7 @@ class KVWorkerImpl : public KVWorker {
     ops_.erase(op);
     if (!result.status.ok()) return result.status;
     if (result.pending != 0) return failure_;
+    *pulled = std::move(result.pulled);
     return absl::OkStatus();
   }
 
@@ -462,8 +489,8 @@ class KVWorkerImpl : public KVWorker {
                                                   " does not carry ", request.length,
                                                   " float values"));
       } else {
-        std::memcpy(request.out, msg.data[0].data(), msg.data[0].size());
         stats_.bytes_pulled += msg.data[0].size();
+        op.pulled.push_back(PulledFrame{request.out, std::move(msg.data[0])});
       }
     }
     if (!status.ok() && op.status.ok()) op.status = status;
