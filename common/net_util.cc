@@ -81,7 +81,13 @@ std::vector<std::string> InterfaceNames() {
   return names;
 }
 
-absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+namespace {
+
+// The address of interface `name`; with `prefer_ipv6` a global IPv6 address goes
+// before the IPv4 one (a node must advertise an address of the scheduler's family:
+// an IPv6 scheduler may have no IPv4 route to the node).
+absl::StatusOr<std::string> InterfaceAddressPreferring(const std::string& name,
+                                                       bool prefer_ipv6) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) {
     return absl::InternalError(absl::StrCat("getifaddrs: ", std::strerror(errno)));
@@ -103,6 +109,7 @@ absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
     }
   }
   freeifaddrs(list);
+  if (prefer_ipv6 && !v6_global.empty()) return v6_global;
   if (!v4.empty()) return v4;
   if (!v6_global.empty()) return v6_global;
   if (!v6_link.empty()) return v6_link;
@@ -110,6 +117,12 @@ absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
       absl::StrCat("DMLC_INTERFACE='", name,
                    "': no such network interface with an address (interfaces with one: ",
                    absl::StrJoin(InterfaceNames(), ", "), ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+  return InterfaceAddressPreferring(name, /*prefer_ipv6=*/false);
 }
 
 absl::StatusOr<std::string> RouteSourceAddress(const std::string& remote_ip) {
@@ -154,7 +167,9 @@ absl::StatusOr<std::string> AdvertisedAddress(const Options& options,
     }
     return ip;
   }
-  if (!options.interface.empty()) return InterfaceAddress(options.interface);
+  if (!options.interface.empty()) {
+    return InterfaceAddressPreferring(options.interface, IsIpv6(scheduler_ip));
+  }
   if (IsLoopback(scheduler_ip)) return scheduler_ip == "::1" ? "::1" : "127.0.0.1";
   return RouteSourceAddress(scheduler_ip);
 }

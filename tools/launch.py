@@ -1066,12 +1066,17 @@ def mpi_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ, tmpdir):
         if len(ports) > 1 or (ports and any(h.port is None for h in hosts)):
             raise UsageError('-H/--hostfile: --launcher mpi needs the same ssh port on every '
                              'host (Open MPI has one ssh command line)')
+        # One line per rank for Open MPI's sequential mapper (rank i runs on line
+        # i): the placement of the ssh launcher. By-slot mapping of an
+        # oversubscribed hostfile would pile the extra ranks (servers first) onto
+        # the first host instead of wrapping around.
+        server_hosts, worker_hosts = place(hosts, cfg.num_servers, cfg.num_workers)
         hostfile = os.path.join(tmpdir, 'openmpi-hostfile')
         with open(hostfile, 'w') as f:
-            for h in hosts:
-                f.write('%s slots=%d\n' % (h.name, h.slots or 1))
+            for h in server_hosts + worker_hosts:
+                f.write('%s\n' % h.name)
         rsh = ssh_base_argv(hosts[0], environ)[1:]
-        argv += ['--hostfile', hostfile, '--map-by', 'slot',
+        argv += ['--hostfile', hostfile, '--mca', 'rmaps', 'seq',
                  '--mca', 'plm_rsh_args', ' '.join(shlex.quote(a) for a in rsh)]
     for name, value in sorted(common.items()):
         argv += ['-x', '%s=%s' % (name, value)]

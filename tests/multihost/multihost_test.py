@@ -1,0 +1,704 @@
+#!/usr/bin/env python3
+"""Multi-machine jobs: tools/launch.py across hosts with separate network stacks.
+
+Builds four "hosts" on this machine, each a network namespace with its own
+`eth0` on one bridge (IPv4 10.77.0.x/24 and IPv6 fd77::x/64) plus a `dummy0`
+whose address (10.99.N.1/24) no other host can reach:
+
+    h0  10.77.0.1   fd77::1    the launching host: launch.py and the scheduler
+    h1  10.77.0.11  fd77::11   } an sshd each (throw-away keys); servers and
+    h2  10.77.0.12  fd77::12   } workers land here round-robin
+    h3  10.77.0.13  fd77::13   }
+
+`dummy0` is created before `eth0` moves in, so it is the first non-loopback
+interface of every host: a node that took "the first interface" would
+advertise an address nobody can reach, and its job would fail. (Kernels
+without the dummy driver get a veth pair with both ends inside the host.)
+
+Tests: the ssh launcher (with --sync-dst-dir) and the mpi launcher, 2 servers
+and 2 workers over h1..h3, exit 0, each node advertising its own host's
+address; DMLC_INTERFACE=eth0 succeeds and DMLC_INTERFACE=dummy0 fails within
+the start-up deadline (+5 s, see node.cc) naming the unreachable address; a
+worker SIGKILLed on h3 stops the job everywhere with a non-zero exit; a
+hostname DMLC_PS_ROOT_URI (/etc/netns/<ns>/hosts) with DMLC_NODE_HOST winning
+over DMLC_INTERFACE; IPv6 hosts and root URI; and, with IPv4 between hosts
+dropped, DMLC_INTERFACE with an IPv6 scheduler advertising IPv6. After every
+test no process but the sshds may remain in any namespace. PS_VERBOSE=1 logs
+("<role> advertises ADDR:PORT") show where each node ran.
+
+The namespaces share the file system, so the build folder has the same path on
+every host; --sync-dst-dir is exercised anyway (a worker wrapper script is
+synced and run from the copy).
+
+Needs root, `ip netns`, a bridge, sshd/ssh (Debian openssh-server and
+openssh-client); rsync for the --sync-dst-dir test and mpirun (openmpi-bin) for
+the mpi test. Without them the tests skip and say why. ctest label: multihost.
+
+    TESSERA_BUILD_DIR=build TESSERA_SOURCE_DIR=. python3 tests/multihost/multihost_test.py -v
+
+Clean-up is certain: whatever the test made (namespaces, bridge, veths, sshds,
+/etc/netns/<ns>, job processes) is removed in tearDownModule, from an atexit
+and signal handler, and, should this process be SIGKILLed (a ctest time-out),
+by a guard process that waits for this one's pipe to close.
+"""
+
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.environ.get('TESSERA_SOURCE_DIR') or os.path.normpath(os.path.join(HERE, '..', '..'))
+BUILD_DIR = os.environ.get('TESSERA_BUILD_DIR') or os.path.join(SOURCE_DIR, 'build')
+LAUNCH_PY = os.path.join(SOURCE_DIR, 'tools', 'launch.py')
+DATA_DIR = os.environ.get('FASHION_MNIST_DIR') or '/usr/share/datasets/fashion-mnist'
+
+TAG = 'tmh%d' % (os.getpid() % 100000)  # prefix of every name this run makes
+NUM_HOSTS = 3  # remote hosts h1..h3; h0 launches
+SUBNET4 = '10.77.0.0/24'
+
+# Time bounds (seconds). Each job here takes a few seconds.
+JOB_TIMEOUT_S = 120
+START_TIMEOUT_S = 3  # TESSERA_START_TIMEOUT in the negative tests
+# A node gives up start-up deadline + 5 s after it registered (common/node.cc).
+NEGATIVE_BOUND_S = START_TIMEOUT_S + 5 + 20
+KILL_BOUND_S = 20
+
+TESSERA_BINARIES = frozenset(['tessera-scheduler', 'tessera-server', 'tessera-worker',
+                              'kv_check_worker'])
+
+
+def ns_name(i):
+    return '%sh%d' % (TAG, i)
+
+
+def v4(i):
+    return '10.77.0.%d' % (1 if i == 0 else 10 + i)
+
+
+def v6(i):
+    return 'fd77::%d' % (1 if i == 0 else 10 + i)
+
+
+def dummy_v4(i):
+    return '10.99.%d.1' % i
+
+
+def run(argv, check=True, timeout=30, ns=None, **kw):
+    """Runs a setup command; in namespace ns when given. Returns CompletedProcess."""
+    if ns is not None:
+        argv = ['ip', 'netns', 'exec', ns] + list(argv)
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, timeout=timeout, **kw)
+    out = proc.stdout.decode('utf-8', 'replace')
+    if check and proc.returncode != 0:
+        raise RuntimeError('%s: exit %d: %s' % (' '.join(argv), proc.returncode, out.strip()))
+    proc.out = out
+    return proc
+
+
+# ----------------------------------------------------------------------------
+# Clean-up, driven by a state file so that a separate guard process can do it
+
+
+def _quiet(argv):
+    try:
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       stdin=subprocess.DEVNULL, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def namespace_pids(ns):
+    try:
+        out = subprocess.run(['ip', 'netns', 'pids', ns], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, timeout=10).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_namespace_processes(ns):
+    """SIGKILLs every process in ns (all of them were started by this test)."""
+    for _ in range(20):
+        pids = [p for p in namespace_pids(ns) if p != os.getpid()]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
+
+
+def cleanup_from_state(path):
+    """Removes what the state file at path lists. Idempotent; never raises."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return
+    for pidfile in state.get('pidfiles', []):
+        try:
+            with open(pidfile) as f:
+                os.kill(int(f.read().split()[0]), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
+    for ns in state.get('namespaces', []):
+        kill_namespace_processes(ns)
+    for ns in state.get('namespaces', []):
+        _quiet(['ip', 'netns', 'del', ns])
+    for link in state.get('links', []):
+        _quiet(['ip', 'link', 'del', link])
+    for d in state.get('dirs', []):
+        shutil.rmtree(d, ignore_errors=True)
+    for d in state.get('empty_dirs', []):
+        try:
+            os.rmdir(d)  # only if nothing else lives there now
+        except OSError:
+            pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def guard_main(state_path):
+    """The guard: waits for the test's pipe (stdin) to close, then cleans up."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    cleanup_from_state(state_path)
+    return 0
+
+
+def start_guard(state_path):
+    """Starts a guard detached from this process (double fork, own session, no
+    inherited output pipes) so that neither a SIGKILL of this process nor a
+    process-tree kill by ctest takes it along. Returns the write end of its pipe."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(r, 0)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            os.closerange(3, 65536)
+            os.execv(sys.executable, [sys.executable, os.path.abspath(__file__),
+                                      '--cleanup-guard', state_path])
+        finally:
+            os._exit(127)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return w
+
+
+class Topology(object):
+    """The bridge, namespaces and sshds. One per run (set up once per module)."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix='tessera-multihost-%s-' % TAG)
+        self.state_path = os.path.join(tempfile.gettempdir(), 'tessera-multihost-%s.json' % TAG)
+        self.state = {'namespaces': [], 'links': [], 'pidfiles': [], 'dirs': [self.tmp],
+                      'empty_dirs': []}
+        self.guard_fd = None
+        self.key = os.path.join(self.tmp, 'id_ed25519')
+        self.bridge = TAG + 'br'
+        self.namespaces = [ns_name(i) for i in range(NUM_HOSTS + 1)]
+        self.root_name = '%s-root' % TAG  # resolves to h0's address on every host
+        self.self_name = '%s-self' % TAG  # resolves to each host's own address
+        self._torn_down = False
+        self._save()
+
+    def _save(self):
+        tmp = self.state_path + '.new'
+        with open(tmp, 'w') as f:
+            json.dump(self.state, f)
+        os.replace(tmp, self.state_path)
+
+    def _remember(self, kind, value):
+        self.state[kind].append(value)
+        self._save()
+
+    def setup(self):
+        self.guard_fd = start_guard(self.state_path)
+        run(['ip', 'link', 'add', self.bridge, 'type', 'bridge'])
+        self._remember('links', self.bridge)
+        run(['ip', 'link', 'set', self.bridge, 'up'])
+        for i, ns in enumerate(self.namespaces):
+            self._add_host(i, ns)
+        self._start_sshds()
+
+    def _add_host(self, i, ns):
+        # /etc/netns/<ns>/hosts is bind-mounted over /etc/hosts by `ip netns exec`.
+        if not os.path.isdir('/etc/netns'):
+            os.makedirs('/etc/netns')
+            self._remember('empty_dirs', '/etc/netns')
+        etc = os.path.join('/etc/netns', ns)
+        os.makedirs(etc, exist_ok=True)
+        self._remember('dirs', etc)
+        try:
+            with open('/etc/hosts') as f:
+                hosts = f.read()
+        except OSError:
+            hosts = '127.0.0.1 localhost\n::1 localhost\n'
+        with open(os.path.join(etc, 'hosts'), 'w') as f:
+            f.write(hosts.rstrip('\n') + '\n%s %s\n%s %s\n' % (v4(0), self.root_name, v4(i),
+                                                              self.self_name))
+        run(['ip', 'netns', 'add', ns])
+        self._remember('namespaces', ns)
+        run(['ip', 'link', 'set', 'lo', 'up'], ns=ns)
+        # dummy0 first: the lowest index after lo, so "the first interface" is wrong.
+        if run(['ip', 'link', 'add', 'dummy0', 'type', 'dummy'], ns=ns, check=False).returncode:
+            # No dummy driver in this kernel: a veth pair with both ends in this
+            # namespace is just as unreachable from the other hosts.
+            run(['ip', 'link', 'add', 'dummy0', 'type', 'veth', 'peer', 'name', 'dummy0p'],
+                ns=ns)
+            run(['ip', 'link', 'set', 'dummy0p', 'up'], ns=ns)
+        run(['ip', 'addr', 'add', dummy_v4(i) + '/24', 'dev', 'dummy0'], ns=ns)
+        run(['ip', 'link', 'set', 'dummy0', 'up'], ns=ns)
+        host_end, peer = '%sv%d' % (TAG, i), '%sp%d' % (TAG, i)
+        run(['ip', 'link', 'add', host_end, 'type', 'veth', 'peer', 'name', peer])
+        self._remember('links', host_end)
+        run(['ip', 'link', 'set', host_end, 'master', self.bridge])
+        run(['ip', 'link', 'set', host_end, 'up'])
+        run(['ip', 'link', 'set', peer, 'netns', ns])
+        run(['ip', 'link', 'set', peer, 'name', 'eth0'], ns=ns)
+        run(['ip', 'addr', 'add', v4(i) + '/24', 'dev', 'eth0'], ns=ns)
+        run(['ip', 'addr', 'add', v6(i) + '/64', 'dev', 'eth0', 'nodad'], ns=ns)
+        run(['ip', 'link', 'set', 'eth0', 'up'], ns=ns)
+
+    def ssh_opts(self):
+        return ['-i', self.key, '-F', '/dev/null', '-o', 'UserKnownHostsFile=/dev/null',
+                '-o', 'LogLevel=ERROR', '-o', 'ConnectTimeout=10', '-o', 'IdentitiesOnly=yes']
+
+    def _start_sshds(self):
+        run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-C', TAG, '-f', self.key])
+        auth = os.path.join(self.tmp, 'authorized_keys')
+        shutil.copy(self.key + '.pub', auth)
+        os.makedirs('/run/sshd', exist_ok=True)
+        sshd = shutil.which('sshd') or '/usr/sbin/sshd'
+        for i in range(1, NUM_HOSTS + 1):
+            ns = self.namespaces[i]
+            hostkey = os.path.join(self.tmp, 'hostkey_%d' % i)
+            run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-f', hostkey])
+            pidfile = os.path.join(self.tmp, 'sshd_%d.pid' % i)
+            config = os.path.join(self.tmp, 'sshd_%d.conf' % i)
+            with open(config, 'w') as f:
+                f.write('\n'.join([
+                    'Port 22', 'ListenAddress %s' % v4(i), 'ListenAddress %s' % v6(i),
+                    'HostKey %s' % hostkey, 'PidFile %s' % pidfile,
+                    'AuthorizedKeysFile %s' % auth, 'UsePAM no', 'StrictModes no',
+                    'PermitRootLogin prohibit-password', 'PasswordAuthentication no',
+                    'KbdInteractiveAuthentication no', 'PrintMotd no', 'MaxStartups 100',
+                    'MaxSessions 100', 'LogLevel ERROR', '']))
+            self._remember('pidfiles', pidfile)
+            run([sshd, '-f', config, '-E', os.path.join(self.tmp, 'sshd_%d.log' % i)], ns=ns)
+        deadline = time.monotonic() + 20
+        for i in range(1, NUM_HOSTS + 1):
+            while True:
+                probe = run(['ssh'] + self.ssh_opts() + ['-o', 'BatchMode=yes', '-o',
+                                                         'StrictHostKeyChecking=no',
+                                                         v4(i), 'true'],
+                            check=False, ns=self.namespaces[0])
+                if probe.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError('sshd in %s does not answer on %s: %s'
+                                       % (self.namespaces[i], v4(i), probe.out.strip()))
+                time.sleep(0.2)
+
+    def processes(self):
+        """(namespace, pid, program) of every process in our namespaces but the
+        listening sshds: what a finished job must not leave behind."""
+        sshds = set()
+        for pidfile in self.state['pidfiles']:
+            try:
+                with open(pidfile) as f:
+                    sshds.add(int(f.read().split()[0]))
+            except (OSError, ValueError, IndexError):
+                pass
+        found = []
+        for ns in self.namespaces:
+            for pid in namespace_pids(ns):
+                if pid in sshds:
+                    continue
+                try:
+                    program = os.path.basename(os.readlink('/proc/%d/exe' % pid))
+                except OSError:
+                    continue  # gone meanwhile
+                found.append((ns, pid, program))
+        return found
+
+    def teardown(self):
+        if self._torn_down:
+            return
+        self._torn_down = True
+        cleanup_from_state(self.state_path)
+        if self.guard_fd is not None:
+            os.close(self.guard_fd)  # the guard finds nothing left and exits
+            self.guard_fd = None
+
+
+TOPOLOGY = None
+SKIP_REASON = None
+
+
+def _signal_teardown(signum, _frame):
+    if TOPOLOGY is not None:
+        TOPOLOGY.teardown()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _missing_prerequisite():
+    if not hasattr(os, 'geteuid') or os.geteuid() != 0:
+        return 'needs root (network namespaces, a bridge and sshd)'
+    for tool in ('ip', 'sshd', 'ssh', 'ssh-keygen'):
+        if not shutil.which(tool, path=os.environ.get('PATH', '') + ':/usr/sbin:/sbin'):
+            return ('%s not found (Debian: apt-get install iproute2 openssh-server '
+                    'openssh-client)' % tool)
+    probe = '%sprobe' % TAG
+    try:
+        made = run(['ip', 'netns', 'add', probe], check=False)
+        if made.returncode != 0:
+            return '`ip netns add` does not work here: %s' % made.out.strip()
+        works = run(['ip', 'link', 'set', 'lo', 'up'], ns=probe, check=False)
+        if works.returncode != 0:
+            return '`ip netns exec` does not work here: %s' % works.out.strip()
+    finally:
+        _quiet(['ip', 'netns', 'del', probe])
+    bridge = '%sprobebr' % TAG
+    made = run(['ip', 'link', 'add', bridge, 'type', 'bridge'], check=False)
+    _quiet(['ip', 'link', 'del', bridge])
+    if made.returncode != 0:
+        return 'cannot create a bridge here: %s' % made.out.strip()
+    return None
+
+
+def setUpModule():
+    global TOPOLOGY, SKIP_REASON
+    os.environ['PATH'] = os.environ.get('PATH', '') + ':/usr/sbin:/sbin'
+    SKIP_REASON = _missing_prerequisite()
+    if SKIP_REASON:
+        sys.stderr.write('multihost_test: SKIPPED: %s\n' % SKIP_REASON)
+        raise unittest.SkipTest(SKIP_REASON)
+    for binary in ('scheduler/tessera-scheduler', 'server/tessera-server'):
+        path = os.path.join(BUILD_DIR, binary)
+        if not os.access(path, os.X_OK):
+            raise RuntimeError('%s not built (TESSERA_BUILD_DIR=%s)' % (path, BUILD_DIR))
+    TOPOLOGY = Topology()
+    atexit.register(TOPOLOGY.teardown)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _signal_teardown)
+    try:
+        TOPOLOGY.setup()
+    except BaseException:
+        TOPOLOGY.teardown()
+        raise
+
+
+def tearDownModule():
+    if TOPOLOGY is not None:
+        TOPOLOGY.teardown()
+
+
+# ----------------------------------------------------------------------------
+# Jobs
+
+
+def worker_program():
+    """(argv, description) of the worker every job runs: tessera-worker training
+    for an epoch on a subset when it is built and the data is there, else the
+    C-API check worker's `nightly` mode."""
+    trainer = os.path.join(BUILD_DIR, 'worker', 'tessera-worker')
+    if os.access(trainer, os.X_OK) and os.path.isdir(DATA_DIR):
+        return ([trainer, '--kv-store', 'dist_sync', '--epochs', '1', '--train-subset', '2000',
+                 '--test-subset', '500', '--batch-size', '100', '--data', DATA_DIR],
+                'tessera-worker, 1 epoch on 2000 Fashion-MNIST images')
+    checker = os.path.join(BUILD_DIR, 'tests', 'core', 'kv_check_worker')
+    return [checker, 'nightly'], 'kv_check_worker nightly (tessera-worker or data missing)'
+
+
+def long_worker_program():
+    """A worker that runs far longer than the kill test waits."""
+    trainer = os.path.join(BUILD_DIR, 'worker', 'tessera-worker')
+    if os.access(trainer, os.X_OK) and os.path.isdir(DATA_DIR):
+        return [trainer, '--kv-store', 'dist_sync', '--epochs', '100000', '--train-subset',
+                '1000', '--test-subset', '100', '--batch-size', '100', '--log-every', '1000',
+                '--data', DATA_DIR]
+    return [os.path.join(BUILD_DIR, 'tests', 'core', 'kv_check_worker'), 'barrier', '100000',
+            '20']
+
+
+class Job(object):
+    """One launch.py run inside h0, its output collected by a thread."""
+
+    def __init__(self, topo, launcher_args, worker_argv, env=None, cwd=None, hosts=None):
+        self.topo = topo
+        self.hostfile = os.path.join(topo.tmp, 'hostfile-%d' % time.monotonic_ns())
+        with open(self.hostfile, 'w') as f:
+            for h in hosts or [v4(i) for i in range(1, NUM_HOSTS + 1)]:
+                f.write('%s\n' % h)
+        environ = {
+            'PATH': os.environ['PATH'], 'HOME': os.environ.get('HOME', '/root'),
+            'LANG': 'C.UTF-8', 'PS_VERBOSE': '1', 'PYTHONUNBUFFERED': '1',
+            'TESSERA_SSH_OPTS': ' '.join(topo.ssh_opts()),
+        }
+        environ.update(env or {})
+        self.argv = (['ip', 'netns', 'exec', topo.namespaces[0], sys.executable, LAUNCH_PY,
+                      '-n', '2', '-s', '2', '-H', self.hostfile,
+                      '--scheduler-binary', os.path.join(BUILD_DIR, 'scheduler',
+                                                         'tessera-scheduler'),
+                      '--server-binary', os.path.join(BUILD_DIR, 'server', 'tessera-server')]
+                     + list(launcher_args) + list(worker_argv))
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(self.argv, env=environ, cwd=cwd or topo.tmp,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.elapsed = None
+
+    def _read(self):
+        for line in iter(self.proc.stdout.readline, b''):
+            self.lines.append(line.decode('utf-8', 'replace'))
+
+    @property
+    def output(self):
+        return ''.join(self.lines)
+
+    def wait(self, timeout=JOB_TIMEOUT_S):
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            rc = None
+        self.elapsed = time.monotonic() - self.started
+        self._reader.join(5)
+        self.proc.stdout.close()
+        return rc
+
+    def advertised(self):
+        """[(launcher's label, address)] from the nodes' PS_VERBOSE 'advertises'
+        lines, e.g. ('server 1', '10.77.0.12')."""
+        return sorted(re.findall(r'^\[((?:server|worker) \d)\] .*\b(?:server|worker) '
+                                 r'advertises (\S+):\d+;', self.output, re.M))
+
+    def tail(self, n=60):
+        return ''.join(self.lines[-n:])
+
+
+class MultiHostTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.worker_argv, what = worker_program()
+        sys.stderr.write('\nmultihost_test: worker program: %s\n' % what)
+
+    def setUp(self):
+        self.topo = TOPOLOGY
+        self.addCleanup(self._no_leftovers)
+
+    def _no_leftovers(self):
+        """Every job must leave no Tessera process on any host; kill any it left."""
+        deadline = time.monotonic() + 15
+        left = self.topo.processes()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = self.topo.processes()
+        for _, pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.assertEqual(left, [], 'processes left behind after the job (namespace, pid, '
+                         'program)')
+
+    def run_job(self, launcher_args, worker_argv=None, env=None, cwd=None, hosts=None,
+                timeout=JOB_TIMEOUT_S):
+        job = Job(self.topo, launcher_args, worker_argv or self.worker_argv, env=env,
+                  cwd=cwd, hosts=hosts)
+        rc = job.wait(timeout)
+        sys.stderr.write('multihost_test: %s: launch.py exit %s after %.1f s\n'
+                         % (self.id().rsplit('.', 1)[-1], rc, job.elapsed))
+        self.assertIsNotNone(rc, 'launch.py still running after %d s:\n%s'
+                             % (timeout, job.tail()))
+        return job, rc
+
+    def assert_ran_on_every_host(self, job, addresses):
+        """Servers on h1, h2 and workers on h3, h1 (round-robin over the hostfile),
+        each advertising its host's address in `addresses` (h1, h2, h3)."""
+        h1, h2, h3 = addresses
+        want = [('server 0', h1), ('server 1', h2), ('worker 0', h3), ('worker 1', h1)]
+        self.assertEqual(job.advertised(), want, 'where the nodes ran (launcher label, '
+                         'advertised address):\n%s' % job.tail())
+
+    # -- (1) ssh launcher, with --sync-dst-dir
+
+    def test_ssh_launcher_two_servers_two_workers_over_three_hosts(self):
+        if not shutil.which('rsync'):
+            self.skipTest('rsync not found (Debian: apt-get install rsync)')
+        src = os.path.join(self.topo.tmp, 'job-src')
+        dst = os.path.join(self.topo.tmp, 'job-synced')
+        os.makedirs(src)
+        wrapper = os.path.join(src, 'run_worker.sh')
+        with open(wrapper, 'w') as f:
+            f.write('#!/bin/sh\n'
+                    'echo "multihost wrapper in $(pwd) with $(ip -o -4 addr show dev eth0 '
+                    '| awk \'{print $4}\')"\n'
+                    'exec "$@"\n')
+        os.chmod(wrapper, 0o755)
+        job, rc = self.run_job(['--launcher', 'ssh', '--sync-dst-dir', dst, './run_worker.sh'],
+                               cwd=src)
+        self.assertEqual(rc, 0, job.tail())
+        self.assertTrue(os.path.isfile(os.path.join(dst, 'run_worker.sh')),
+                        '--sync-dst-dir did not copy the folder to %s' % dst)
+        wrapped = re.findall(r'multihost wrapper in (\S+) with (\S+)/24', job.output)
+        self.assertEqual(sorted(wrapped), sorted([(dst, v4(3)), (dst, v4(1))]),
+                         'the workers should run the synced wrapper on h3 and h1:\n%s'
+                         % job.tail())
+        self.assertIn('scheduler listening on %s:' % v4(0), job.output)
+        self.assert_ran_on_every_host(job, [v4(1), v4(2), v4(3)])
+
+    # -- (2) mpi launcher
+
+    def test_mpi_launcher_two_servers_two_workers_over_three_hosts(self):
+        if not shutil.which('mpirun'):
+            self.skipTest('mpirun not found (Debian: apt-get install openmpi-bin)')
+        env = {
+            # Open MPI's daemons talk over the bridge only, never over dummy0.
+            'OMPI_MCA_oob_tcp_if_include': SUBNET4,
+            'OMPI_MCA_btl_tcp_if_include': SUBNET4,
+            'OMPI_MCA_btl': 'self,tcp',
+            'OMPI_MCA_plm_rsh_agent': 'ssh',
+        }
+        job, rc = self.run_job(['--launcher', 'mpi'], env=env)
+        self.assertEqual(rc, 0, job.tail())
+        self.assertIn('scheduler listening on %s:' % v4(0), job.output)
+        self.assert_ran_on_every_host(job, [v4(1), v4(2), v4(3)])
+
+    # -- (3) DMLC_INTERFACE
+
+    def test_interface_eth0_picks_the_reachable_address(self):
+        job, rc = self.run_job(['--launcher', 'ssh', '--interface', 'eth0'])
+        self.assertEqual(rc, 0, job.tail())
+        self.assertIn('scheduler listening on %s:' % v4(0), job.output)
+        self.assert_ran_on_every_host(job, [v4(1), v4(2), v4(3)])
+        self.assertNotIn('10.99.', job.output)
+
+    def test_interface_unreachable_fails_naming_the_address(self):
+        job, rc = self.run_job(['--launcher', 'ssh', '--env', 'DMLC_INTERFACE:dummy0'],
+                               env={'TESSERA_START_TIMEOUT': str(START_TIMEOUT_S)},
+                               timeout=NEGATIVE_BOUND_S + 30)
+        self.assertNotEqual(rc, 0, job.tail())
+        self.assertLess(job.elapsed, NEGATIVE_BOUND_S, job.tail())
+        advertised = set(address for _, address in job.advertised())
+        self.assertTrue(advertised and advertised <= set(dummy_v4(i) for i in range(1, 4)),
+                        'nodes should advertise their dummy0 address: %s\n%s'
+                        % (sorted(advertised), job.tail()))
+        # e.g. "tessera-server: no node table from the scheduler at 10.77.0.1:P within
+        # 8s (this node advertises 10.99.1.1:P; ... can it reach that address?)"
+        named = [l for l in job.lines if re.search(r'10\.99\.[123]\.1', l) and
+                 re.search(r'reach|no node table|deadline', l)]
+        self.assertTrue(named, 'no error line names the unreachable address:\n%s' % job.tail())
+
+    # -- (4) a worker killed on one host
+
+    def test_worker_killed_stops_the_job_everywhere(self):
+        job = Job(self.topo, ['--launcher', 'ssh'], long_worker_program())
+        victim = None
+        deadline = time.monotonic() + 60
+        try:
+            while victim is None and time.monotonic() < deadline:
+                self.assertIsNone(job.proc.poll(), 'the job ended early:\n%s' % job.tail())
+                if 'joined as' in job.output and job.output.count('joined as') >= 4:
+                    for ns, pid, program in self.topo.processes():
+                        if (ns == self.topo.namespaces[3] and program in TESSERA_BINARIES
+                                and program != 'tessera-server'):
+                            victim = (ns, pid, program)
+                time.sleep(0.2)
+            self.assertIsNotNone(victim, 'no worker showed up on h3:\n%s' % job.tail())
+            time.sleep(1.0)  # let it train a little
+            run(['kill', '-9', str(victim[1])], ns=victim[0])
+            killed_at = time.monotonic()
+            rc = job.wait(KILL_BOUND_S + 10)
+            took = time.monotonic() - killed_at
+        finally:
+            if job.proc.poll() is None:
+                os.killpg(job.proc.pid, signal.SIGKILL)
+        sys.stderr.write('multihost_test: killed worker pid %d in %s; launch.py exit %s %.1f s '
+                         'later\n' % (victim[1], victim[0], rc, took))
+        self.assertIsNotNone(rc, 'launch.py still running %d s after the kill:\n%s'
+                             % (KILL_BOUND_S + 10, job.tail()))
+        self.assertNotEqual(rc, 0, job.tail())
+        self.assertLess(took, KILL_BOUND_S, job.tail())
+        self.assertRegex(job.output, r'worker \d on %s \(pid %d\) (killed by signal SIGKILL|'
+                         r'exited with status 137)' % (re.escape(v4(3)), victim[1]))
+        # _no_leftovers (cleanup) then checks every namespace within 15 s.
+
+    # -- (5) hostname root URI, DMLC_NODE_HOST over DMLC_INTERFACE, IPv6
+
+    def test_hostname_root_uri_and_node_host_over_interface(self):
+        # Every host's /etc/hosts (via /etc/netns/<ns>/hosts) maps TAG-root to h0
+        # and TAG-self to the host itself; dummy0 would be unreachable, so only
+        # DMLC_NODE_HOST winning over DMLC_INTERFACE lets the job succeed.
+        job, rc = self.run_job(['--launcher', 'ssh', '--env', 'DMLC_INTERFACE:dummy0',
+                                '--env', 'DMLC_NODE_HOST:%s' % self.topo.self_name],
+                               env={'DMLC_PS_ROOT_URI': self.topo.root_name})
+        self.assertEqual(rc, 0, job.tail())
+        self.assertIn('scheduler listening on %s:' % v4(0), job.output)
+        self.assertIn('scheduler at %s:' % v4(0), job.output)
+        self.assert_ran_on_every_host(job, [v4(1), v4(2), v4(3)])
+
+    def test_ipv6_hosts_and_root_uri(self):
+        job, rc = self.run_job(['--launcher', 'ssh'], env={'DMLC_PS_ROOT_URI': v6(0)},
+                               hosts=[v6(i) for i in range(1, NUM_HOSTS + 1)])
+        self.assertEqual(rc, 0, job.tail())
+        self.assertIn('scheduler listening on %s:' % v6(0), job.output)
+        self.assert_ran_on_every_host(job, [v6(1), v6(2), v6(3)])
+
+    def test_ipv6_root_uri_with_interface_advertises_ipv6(self):
+        # Regression: with DMLC_INTERFACE set, a node advertised the interface's IPv4
+        # address even when the scheduler is IPv6. Here IPv4 between hosts is
+        # dropped (nftables on every eth0), so only an IPv6 advertisement works.
+        if not shutil.which('nft'):
+            self.skipTest('nft not found (Debian: apt-get install nftables)')
+        table = TAG + 'nov4'
+        for ns in self.topo.namespaces:
+            self.addCleanup(_quiet, ['ip', 'netns', 'exec', ns, 'nft', 'delete', 'table', 'ip',
+                                     table])
+            run(['nft', 'add', 'table', 'ip', table], ns=ns)
+            run(['nft', 'add', 'chain', 'ip', table, 'input',
+                 '{ type filter hook input priority 0 ; policy accept ; }'], ns=ns)
+            run(['nft', 'add', 'rule', 'ip', table, 'input', 'iifname', 'eth0', 'drop'], ns=ns)
+        job, rc = self.run_job(['--launcher', 'ssh', '--env', 'DMLC_INTERFACE:eth0'],
+                               env={'DMLC_PS_ROOT_URI': v6(0),
+                                    'TESSERA_START_TIMEOUT': str(START_TIMEOUT_S)},
+                               hosts=[v6(i) for i in range(1, NUM_HOSTS + 1)],
+                               timeout=NEGATIVE_BOUND_S + 30)
+        self.assertEqual(rc, 0, job.tail())
+        self.assert_ran_on_every_host(job, [v6(1), v6(2), v6(3)])
+
+
+if __name__ == '__main__':
+    if len(sys.argv) == 3 and sys.argv[1] == '--cleanup-guard':
+        sys.exit(guard_main(sys.argv[2]))
+    unittest.main()
