@@ -124,6 +124,11 @@ std::string Node::Describe(int node_id) const {
                       n.id(), " at ", n.host(), ":", n.port(), ")");
 }
 
+void Node::StartDelivery() {
+  absl::MutexLock lock(&mu_);
+  deliver_ = true;
+}
+
 absl::Status Node::Send(int peer, Message msg) {
   msg.header.set_sender(id_);
   msg.header.set_recipient(peer);
@@ -215,7 +220,16 @@ void Node::Stop() {
 
 void Node::ReceiveLoop() {
   while (!stop_.load()) {
-    absl::StatusOr<Message> msg = transport_->Receive(absl::Milliseconds(100));
+    // Messages held before StartDelivery go first, from this thread, to keep order.
+    std::vector<Message> early;
+    {
+      absl::MutexLock lock(&mu_);
+      if (deliver_ && !held_.empty()) early.swap(held_);
+    }
+    for (Message& m : early) {
+      if (callbacks_.on_data) callbacks_.on_data(std::move(m));
+    }
+    absl::StatusOr<Message> msg = transport_->Receive(absl::Milliseconds(20));
     if (!msg.ok()) {
       if (absl::IsCancelled(msg.status())) return;
       continue;
@@ -226,7 +240,15 @@ void Node::ReceiveLoop() {
       last_scheduler_contact_ = absl::Now();
     }
     if (cmd >= wire::KV_INIT) {
-      if (callbacks_.on_data) callbacks_.on_data(*std::move(msg));
+      std::vector<Message> ready;
+      {
+        absl::MutexLock lock(&mu_);
+        held_.push_back(*std::move(msg));
+        if (deliver_) ready.swap(held_);
+      }
+      for (Message& m : ready) {
+        if (callbacks_.on_data) callbacks_.on_data(std::move(m));
+      }
     } else {
       HandleControl(*std::move(msg));
     }

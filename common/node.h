@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -54,6 +55,11 @@ class Node {
   const Options& options() const { return options_; }
   // "server 1 (id 10 at 127.0.0.1:40123)"
   std::string Describe(int node_id) const;
+
+  // Starts handing data-plane messages to on_data. Until then (from the moment the
+  // node is reachable, before Start returns) they are held in arrival order, so the
+  // owner never sees a message before it holds the Node it replies through.
+  void StartDelivery();
 
   // Sends a data-plane message; fills in sender and generation.
   absl::Status Send(int peer, Message msg);
@@ -110,6 +116,8 @@ class Node {
   bool terminated_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_scheduler_contact_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool deliver_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Message> held_ ABSL_GUARDED_BY(mu_);  // data messages before StartDelivery
 
   std::atomic<bool> stop_{false};
   std::thread receiver_;

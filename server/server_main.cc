@@ -42,6 +42,7 @@ int main() {
     return absl::IsInvalidArgument(started.status()) ? 2 : 1;
   }
   node = *std::move(started);
+  node->StartDelivery();
   TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
   absl::Status result = node->WaitForTerminate();
   const tessera::wire::KVStats stats = server.stats();

@@ -53,6 +53,7 @@ class KVWorkerImpl : public KVWorker {
     callbacks.on_data = [this](Message&& msg) { HandleReply(std::move(msg)); };
     callbacks.on_failure = [this](const absl::Status& status) { FailAll(status); };
     TESSERA_ASSIGN_OR_RETURN(node_, Node::Start(options_, std::move(callbacks)));
+    node_->StartDelivery();
     return absl::OkStatus();
   }
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Tessera builds, tests and runs with (only those missing).
+# Runs apt-get as root, or through sudo when not root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config python3
+  libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
+  libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev
+  dataset-fashion-mnist
+  # Multi-host tests and launchers.
+  iproute2 openssh-server openssh-client rsync openmpi-bin nftables
+)
+# The fuzzers are built with clang when it and its runtime are available.
+if command -v clang++ >/dev/null 2>&1 || command -v clang++-14 >/dev/null 2>&1; then
+  packages+=(libclang-rt-14-dev)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: not root and no sudo; install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
