@@ -20,8 +20,8 @@ class Sgd : public Optimizer {
   using Optimizer::Optimizer;
   int state_slots() const override { return params_.at("momentum") != 0 ? 1 : 0; }
   void Update(float* w, const float* g, size_t n, float* const* state,
-              uint64_t) const override {
-    const float lr = params_.at("lr"), wd = params_.at("wd"), mom = params_.at("momentum");
+              uint64_t step) const override {
+    const float lr = ScheduledLr(step), wd = params_.at("wd"), mom = params_.at("momentum");
     const float rescale = params_.at("rescale_grad"), clip = params_.at("clip_gradient");
     if (mom == 0) {
       if (wd == 0 && clip <= 0) {
@@ -45,7 +45,7 @@ class Adam : public Optimizer {
   int state_slots() const override { return 2; }
   void Update(float* w, const float* g, size_t n, float* const* state,
               uint64_t step) const override {
-    const float lr = params_.at("lr"), b1 = params_.at("beta1"), b2 = params_.at("beta2");
+    const float lr = ScheduledLr(step), b1 = params_.at("beta1"), b2 = params_.at("beta2");
     const float eps = params_.at("epsilon"), wd = params_.at("wd");
     const float rescale = params_.at("rescale_grad"), clip = params_.at("clip_gradient");
     const double t = static_cast<double>(step);
@@ -68,7 +68,7 @@ class AdaMax : public Optimizer {
   int state_slots() const override { return 2; }
   void Update(float* w, const float* g, size_t n, float* const* state,
               uint64_t step) const override {
-    const float lr = params_.at("lr"), b1 = params_.at("beta1"), b2 = params_.at("beta2");
+    const float lr = ScheduledLr(step), b1 = params_.at("beta1"), b2 = params_.at("beta2");
     const float wd = params_.at("wd");
     const float rescale = params_.at("rescale_grad"), clip = params_.at("clip_gradient");
     const float lr_t =
@@ -89,8 +89,8 @@ class AdaGrad : public Optimizer {
   using Optimizer::Optimizer;
   int state_slots() const override { return 1; }
   void Update(float* w, const float* g, size_t n, float* const* state,
-              uint64_t) const override {
-    const float lr = params_.at("lr"), eps = params_.at("epsilon"), wd = params_.at("wd");
+              uint64_t step) const override {
+    const float lr = ScheduledLr(step), eps = params_.at("epsilon"), wd = params_.at("wd");
     const float rescale = params_.at("rescale_grad"), clip = params_.at("clip_gradient");
     float* h = state[0];
     for (size_t i = 0; i < n; ++i) {
@@ -107,20 +107,28 @@ struct Kind {
 
 const std::map<std::string, Kind>& Kinds() {
   static const auto* kinds = new std::map<std::string, Kind>{
-      {"sgd", {{{"lr", 0.01f}, {"momentum", 0}, {"wd", 0}, {"rescale_grad", 1}, {"clip_gradient", 0}}}},
+      {"sgd", {{{"lr", 0.01f}, {"momentum", 0}, {"wd", 0}, {"rescale_grad", 1}, {"clip_gradient", 0}, {"lr_factor", 1}, {"lr_step", 0}}}},
       {"adam",
        {{{"lr", 0.001f}, {"beta1", 0.9f}, {"beta2", 0.999f}, {"epsilon", 1e-8f}, {"wd", 0},
-         {"rescale_grad", 1}, {"clip_gradient", 0}}}},
+         {"rescale_grad", 1}, {"clip_gradient", 0}, {"lr_factor", 1}, {"lr_step", 0}}}},
       {"adamax",
        {{{"lr", 0.002f}, {"beta1", 0.9f}, {"beta2", 0.999f}, {"wd", 0}, {"rescale_grad", 1},
-         {"clip_gradient", 0}}}},
+         {"clip_gradient", 0}, {"lr_factor", 1}, {"lr_step", 0}}}},
       {"adagrad",
-       {{{"lr", 0.01f}, {"epsilon", 1e-7f}, {"wd", 0}, {"rescale_grad", 1}, {"clip_gradient", 0}}}},
+       {{{"lr", 0.01f}, {"epsilon", 1e-7f}, {"wd", 0}, {"rescale_grad", 1}, {"clip_gradient", 0}, {"lr_factor", 1}, {"lr_step", 0}}}},
   };
   return *kinds;
 }
 
 }  // namespace
+
+float Optimizer::ScheduledLr(uint64_t step) const {
+  const float lr = params_.at("lr");
+  const float step_size = params_.at("lr_step");
+  if (step_size < 1 || step == 0) return lr;
+  const double drops = std::floor(static_cast<double>(step - 1) / std::floor(step_size));
+  return static_cast<float>(lr * std::pow(static_cast<double>(params_.at("lr_factor")), drops));
+}
 
 std::string Optimizer::spec() const {
   std::vector<std::string> parts = {name_};

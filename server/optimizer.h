@@ -14,7 +14,9 @@
 //   adamax:  g' = clip(rescale_grad*g) + wd*w; m = b1*m + (1-b1)*g'; u = max(b2*u, |g'|);
 //            w -= lr/(1-b1^t) * m/u  (skipped where u == 0).
 //   adagrad: g' = clip(rescale_grad*g); h += g'^2; w -= lr*(g'/sqrt(h+epsilon) + wd*w).
-// t is the key's update count, from 1.
+// t is the key's update count, from 1. Every optimizer takes a step schedule, as
+// MXNet's FactorScheduler: with lr_step=N > 0 the learning rate is multiplied by
+// lr_factor after every N updates of a key (lr_t = lr * lr_factor^floor((t-1)/N)).
 //
 // Thread-safety: Update is const and may run on several threads for different keys.
 #ifndef TESSERA_SERVER_OPTIMIZER_H_
@@ -42,6 +44,8 @@ class Optimizer {
   std::string spec() const;
   const std::string& name() const { return name_; }
   float param(const std::string& key) const { return params_.at(key); }
+  // The learning rate of update `step` (from 1) under the step schedule.
+  float ScheduledLr(uint64_t step) const;
 
   // Number of per-element state arrays (0 for plain sgd, 1 for momentum, 2 for adam).
   virtual int state_slots() const = 0;

@@ -388,9 +388,15 @@ def find_binary(name, flag, explicit, worker_command, path_env):
         return os.path.abspath(explicit)
     looked = []
     if worker_command and '/' in worker_command[0]:
+        # The build puts binaries in <build>/scheduler, <build>/server and the worker
+        # somewhere below <build> (worker/, tests/core/, ...): look up to 3 levels up.
         here = os.path.dirname(os.path.abspath(worker_command[0]))
-        for d in (here, os.path.join(here, '..', 'scheduler'),
-                  os.path.join(here, '..', 'server'), os.path.join(here, '..')):
+        candidates = []
+        anc = here
+        for _ in range(4):
+            candidates += [anc, os.path.join(anc, 'scheduler'), os.path.join(anc, 'server')]
+            anc = os.path.dirname(anc)
+        for d in candidates:
             d = os.path.normpath(d)
             if d in looked:
                 continue

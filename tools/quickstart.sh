@@ -4,7 +4,7 @@
 # with dist_sync and 2-bit gradient compression.
 #
 #   tools/quickstart.sh                # install, build, train
-#   EPOCHS=15 tools/quickstart.sh      # train longer
+#   EPOCHS=3 tools/quickstart.sh       # a shorter run
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -16,5 +16,6 @@ cmake --build "$build" -j "$(nproc)" --target tessera-scheduler tessera-server t
 
 exec python3 tools/launch.py -n 2 -s 1 --launcher local \
   "$build/worker/tessera-worker" \
-  --kv-store dist_sync --gc-type 2bit --gc-threshold "${GC_THRESHOLD:-0.5}" \
-  --epochs "${EPOCHS:-5}" --metrics-out "$build/quickstart-metrics-{rank}.json"
+  --kv-store dist_sync --gc-type 2bit --gc-threshold "${GC_THRESHOLD:-1}" \
+  --lr 0.3 --momentum 0 --lr-step-epochs 12 \
+  --epochs "${EPOCHS:-15}" --metrics-out "$build/quickstart-metrics-{rank}.json"

@@ -248,7 +248,14 @@ int Run(const TrainFlags& flags) {
       return kv_fail("SetGradientCompression", s);
     }
   }
-  if (absl::Status s = kv.SetOptimizer(OptimizerSpec(flags, rescale_grad));
+  // Every worker runs floor(smallest shard / batch) steps an epoch; a key is
+  // updated once a round in dist_sync and once a push in dist_async.
+  const int64_t steps_per_epoch =
+      (static_cast<int64_t>(data->train.count) / num_workers) / flags.batch_size;
+  const int64_t updates_per_epoch =
+      steps_per_epoch * (flags.kv_store == "dist_sync" ? 1 : num_workers);
+  if (absl::Status s = kv.SetOptimizer(
+          OptimizerSpec(flags, rescale_grad, updates_per_epoch));
       !s.ok()) {
     return kv_fail("SetOptimizer", s);
   }

@@ -75,7 +75,7 @@ bool IsKnownFlag(absl::string_view name) {
       "kv-store",  "batch-size", "epochs", "gc-type",      "gc-threshold",
       "lr",        "seed",       "hidden", "optimizer",    "momentum",
       "wd",        "device",     "data",   "train-subset", "test-subset",
-      "log-every", "metrics-out"};
+      "log-every", "metrics-out", "lr-factor", "lr-step-epochs"};
   for (absl::string_view f : kFlags) {
     if (name == f) return true;
   }
@@ -160,6 +160,12 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
       s = ParseFloat(name, value, 0, false,
                      std::numeric_limits<float>::infinity(),
                      "a non-negative number", &f.wd);
+    } else if (name == "lr-factor") {
+      s = ParseFloat(name, value, 0, true, 1, "a number in (0, 1]",
+                     &f.lr_factor);
+    } else if (name == "lr-step-epochs") {
+      s = ParseInt(name, value, 0, "a non-negative integer (0: off)",
+                   &f.lr_step_epochs);
     } else if (name == "device") {
       s = ParseChoice(name, value, {"auto", "cuda", "cpu"}, "auto, cuda or cpu",
                       &f.device);
@@ -227,18 +233,27 @@ std::string TrainFlagsUsage() {
       "  --train-subset N                  first N training images only (0: "
       "all)\n"
       "  --test-subset N                   first N test images only (0: all)\n"
+      "  --lr-factor F                     multiply the learning rate by F "
+      "every\n"
+      "  --lr-step-epochs N                N epochs (0: constant rate; default "
+      "0, F 0.1)\n"
       "  --log-every N                     progress line every N batches (50)\n"
       "  --metrics-out FILE                JSON metrics at the end; {rank} is "
       "replaced\n");
 }
 
-std::string OptimizerSpec(const TrainFlags& flags, double rescale_grad) {
+std::string OptimizerSpec(const TrainFlags& flags, double rescale_grad,
+                          int64_t updates_per_epoch) {
   std::string spec = absl::StrFormat("%s lr=%.9g", flags.optimizer, flags.lr);
   if (flags.optimizer == "sgd") {
     absl::StrAppendFormat(&spec, " momentum=%.9g", flags.momentum);
   }
   absl::StrAppendFormat(&spec, " wd=%.9g rescale_grad=%.9g", flags.wd,
                         rescale_grad);
+  if (flags.lr_step_epochs > 0 && updates_per_epoch > 0) {
+    absl::StrAppendFormat(&spec, " lr_factor=%.9g lr_step=%d", flags.lr_factor,
+                          flags.lr_step_epochs * updates_per_epoch);
+  }
   return spec;
 }
 

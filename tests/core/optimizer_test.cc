@@ -135,3 +135,24 @@ TEST(OptimizerTest, BadSpecsNameTheProblem) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST(OptimizerScheduleTest, FactorScheduleDropsTheRateEveryStepUpdates) {
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      Optimizer::Create("sgd lr=-2 lr_factor=0.5 lr_step=2");
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  EXPECT_EQ((*opt)->ScheduledLr(1), -2.0f);
+  EXPECT_EQ((*opt)->ScheduledLr(2), -2.0f);
+  EXPECT_EQ((*opt)->ScheduledLr(3), -1.0f);
+  EXPECT_EQ((*opt)->ScheduledLr(5), -0.5f);
+  float w = 0;
+  const float g = 1;
+  for (uint64_t t = 1; t <= 4; ++t) (*opt)->Update(&w, &g, 1, nullptr, t);
+  EXPECT_EQ(w, 2 + 2 + 1 + 1);  // w += 2g, 2g, g, g
+  EXPECT_EQ((*Optimizer::Create("adam lr=0.01"))->ScheduledLr(1000), 0.01f);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -196,13 +196,27 @@ TEST(TrainFlagsTest, MalformedCommandLines) {
 
 TEST(TrainFlagsTest, OptimizerSpec) {
   TrainFlags f;
-  EXPECT_EQ(OptimizerSpec(f, 1.0 / 256),
+  EXPECT_EQ(OptimizerSpec(f, 1.0 / 256, 234),
             "sgd lr=0.100000001 momentum=0.899999976 wd=9.99999975e-05 "
             "rescale_grad=0.00390625");
   f.optimizer = "adam";
   f.lr = 0.5f;
   f.wd = 0;
-  EXPECT_EQ(OptimizerSpec(f, 0.125), "adam lr=0.5 wd=0 rescale_grad=0.125");
+  EXPECT_EQ(OptimizerSpec(f, 0.125, 234), "adam lr=0.5 wd=0 rescale_grad=0.125");
+  f.lr_step_epochs = 5;
+  f.lr_factor = 0.5f;
+  EXPECT_EQ(OptimizerSpec(f, 0.125, 234),
+            "adam lr=0.5 wd=0 rescale_grad=0.125 lr_factor=0.5 lr_step=1170");
+}
+
+TEST(TrainFlagsTest, LearningRateSchedule) {
+  absl::StatusOr<TrainFlags> f =
+      ParseTrainFlags({"--lr-factor", "0.2", "--lr-step-epochs=4"}, nullptr);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->lr_factor, 0.2f);
+  EXPECT_EQ(f->lr_step_epochs, 4);
+  EXPECT_FALSE(ParseTrainFlags({"--lr-factor", "1.5"}, nullptr).ok());
+  EXPECT_FALSE(ParseTrainFlags({"--lr-step-epochs", "-1"}, nullptr).ok());
 }
 
 }  // namespace

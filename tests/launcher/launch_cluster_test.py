@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Whole jobs through tools/launch.py with the real daemons (tessera-scheduler,
+tessera-server) and real workers on loopback: a job that forms, barriers and exits; a
+worker killed with SIGKILL; a node that never comes; and a short training run.
+
+Needs TESSERA_BUILD_DIR (the CMake build folder) and TESSERA_SOURCE_DIR.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+SOURCE = os.environ.get('TESSERA_SOURCE_DIR', os.path.join(os.path.dirname(__file__), '..', '..'))
+BUILD = os.environ.get('TESSERA_BUILD_DIR', os.path.join(SOURCE, 'build'))
+LAUNCH = os.path.join(SOURCE, 'tools', 'launch.py')
+CHECK_WORKER = os.path.join(BUILD, 'tests', 'core', 'kv_check_worker')
+TRAIN_WORKER = os.path.join(BUILD, 'worker', 'tessera-worker')
+DATA = os.environ.get('FASHION_MNIST_DIR', '/usr/share/datasets/fashion-mnist')
+
+
+def marked_pids(mark):
+    """Pids of live processes whose environment holds TESSERA_TEST_MARK=mark."""
+    pids = []
+    needle = ('TESSERA_TEST_MARK=' + mark).encode()
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open('/proc/%s/environ' % entry, 'rb') as f:
+                if needle in f.read().split(b'\0'):
+                    with open('/proc/%s/stat' % entry) as s:
+                        if s.read().split(') ')[-1].startswith('Z'):
+                            continue  # a zombie is already dead
+                    pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
+class LaunchClusterTest(unittest.TestCase):
+
+    def setUp(self):
+        self.mark = uuid.uuid4().hex
+        self.tmp = tempfile.TemporaryDirectory(prefix='tessera-launch-')
+        self.env = dict(os.environ, TESSERA_TEST_MARK=self.mark, PS_HEARTBEAT_INTERVAL='0.2',
+                        PS_HEARTBEAT_TIMEOUT='2')
+        self.proc = None
+
+    def tearDown(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in marked_pids(self.mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.tmp.cleanup()
+
+    def launch(self, args, timeout):
+        start = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, LAUNCH] + args, env=self.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            self.fail('launch.py did not end within %ss:\n%s' % (timeout, out))
+        return self.proc.returncode, out, time.monotonic() - start
+
+    def test_job_of_three_workers_and_two_servers_forms_barriers_and_exits(self):
+        code, out, took = self.launch(['-n', '3', '-s', '2', '--launcher', 'local',
+                                       CHECK_WORKER, 'barrier', '5'], timeout=60)
+        self.assertEqual(code, 0, out)
+        self.assertLess(took, 30)
+        for rank in range(3):
+            self.assertIn('barrier ok: rank %d, 5 barriers' % rank, out)
+        self.assertIn('[worker 2]', out)
+        self.assertEqual(marked_pids(self.mark), [])
+
+    def test_worker_killed_with_sigkill_stops_the_job(self):
+        script = os.path.join(self.tmp.name, 'worker.sh')
+        with open(script, 'w') as f:
+            f.write('#!/bin/sh\necho $$ > %s/pid.$DMLC_TASK_ID\nexec %s barrier 100000 20\n'
+                    % (self.tmp.name, CHECK_WORKER))
+        os.chmod(script, 0o755)
+        self.proc = subprocess.Popen([sys.executable, LAUNCH, '-n', '2', '-s', '1',
+                                      '--scheduler-binary', os.path.join(BUILD, 'scheduler', 'tessera-scheduler'),
+                                      '--server-binary', os.path.join(BUILD, 'server', 'tessera-server'),
+                                      script], env=self.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        pid_file = os.path.join(self.tmp.name, 'pid.2')  # task ids: server 0, workers 1..2
+        deadline = time.monotonic() + 30
+        while not os.path.exists(pid_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # let the job form and barrier for a while
+        self.assertIsNone(self.proc.poll(), 'the job ended early')
+        with open(pid_file) as f:
+            victim = int(f.read())
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        out, _ = self.proc.communicate(timeout=30)
+        self.assertLess(time.monotonic() - killed, 15)
+        self.assertNotEqual(self.proc.returncode, 0, out)
+        self.assertIn('killed by signal SIGKILL', out)
+        self.assertRegex(out, r'launch.py: worker \d \(pid %d\)' % victim)
+        time.sleep(0.2)
+        self.assertEqual(marked_pids(self.mark), [], 'processes left behind')
+
+    def test_missing_node_ends_at_the_start_deadline(self):
+        never = os.path.join(self.tmp.name, 'never-server')
+        with open(never, 'w') as f:
+            f.write('#!/bin/sh\nexec sleep 1000\n')
+        os.chmod(never, 0o755)
+        self.env['TESSERA_START_TIMEOUT'] = '2'
+        code, out, took = self.launch(['-n', '2', '-s', '1', '--server-binary', never,
+                                       '--scheduler-binary',
+                                       os.path.join(BUILD, 'scheduler', 'tessera-scheduler'),
+                                       CHECK_WORKER, 'barrier', '1'], timeout=60)
+        self.assertNotEqual(code, 0, out)
+        self.assertLess(took, 20)
+        self.assertIn('start-up deadline of 2s passed: 1 of 1 server(s) never registered', out)
+        self.assertEqual(marked_pids(self.mark), [])
+
+    @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),
+                         'Fashion-MNIST is not installed (dataset-fashion-mnist)')
+    def test_short_training_job_lowers_the_loss_and_writes_metrics(self):
+        metrics = os.path.join(self.tmp.name, 'metrics-{rank}.json')
+        code, out, took = self.launch(['-n', '2', '-s', '1', TRAIN_WORKER, '--kv-store', 'dist_sync',
+                                       '--gc-type', '2bit', '--gc-threshold', '1', '--lr', '0.3',
+                                       '--momentum', '0', '--epochs', '2', '--train-subset', '6000',
+                                       '--test-subset', '2000', '--log-every', '10',
+                                       '--metrics-out', metrics],
+                                      timeout=300)
+        self.assertEqual(code, 0, out)
+        self.assertIn('Epoch[1] Validation-accuracy=', out)
+        self.assertRegex(out, r'Epoch\[0\] Batch\[\d+\] Speed: [\d.]+ samples/sec accuracy=')
+        for rank in range(2):
+            with open(metrics.format(rank=rank)) as f:
+                m = json.load(f)
+            for field in ('test_accuracy', 'epochs', 'wall_seconds', 'samples_per_second',
+                          'bytes_pushed', 'bytes_pulled', 'device', 'kv_store', 'gc_type'):
+                self.assertIn(field, m)
+            self.assertEqual(m['epochs'], 2)
+            self.assertEqual(m['kv_store'], 'dist_sync')
+            self.assertEqual(m['gc_type'], '2bit')
+            self.assertEqual(m['device'], 'cpu')
+            self.assertLess(m['final_loss'], 0.7 * m['first_loss'])
+            self.assertGreater(m['test_accuracy'], 0.6)
+            # 2-bit: pushes are 16x smaller than the pulled float32 weights.
+            self.assertLess(m['bytes_pushed'] * 10, m['bytes_pulled'])
+
+
+if __name__ == '__main__':
+    unittest.main()
