@@ -30,16 +30,8 @@ if(TESSERA_HAVE_CUDA)
       $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter>)
 endif()
 
-# tessera-worker links the KV client, which another part of the tree defines, possibly
-# after this file is included: the definition is deferred to the end of this directory
-# and skipped (with a note) while tessera::client does not exist.
-function(tessera_define_worker_executable)
-  if(NOT TARGET tessera_client)
-    message(STATUS "Tessera: tessera-worker skipped: no tessera::client target yet")
-    return()
-  endif()
-  tessera_executable(NAME tessera-worker
-    SOURCES ${PROJECT_SOURCE_DIR}/worker/tessera_worker_main.cc
-    DEPS tessera::model tessera::client absl::strings)
-endfunction()
-cmake_language(DEFER CALL tessera_define_worker_executable)
+# The training program; worker/CMakeLists.txt defines tessera::client before this file.
+tessera_executable(NAME tessera-worker
+  SOURCES ${PROJECT_SOURCE_DIR}/worker/tessera_worker_main.cc
+  DEPS tessera::model tessera::client absl::strings)
+install(TARGETS tessera-worker RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
