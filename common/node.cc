@@ -82,8 +82,9 @@ absl::Status Node::Join() {
   reg.header.mutable_register_()->set_pid(getpid());
   TESSERA_RETURN_IF_ERROR(transport_->Send(kSchedulerId, reg));
 
-  // The scheduler gives up at its own start deadline and tells us; wait a little longer.
-  const absl::Duration wait = options_.start_timeout + absl::Seconds(5);
+  // The scheduler gives up at its own start deadline and tells us (when it can reach
+  // us); wait a moment longer so its reason arrives first.
+  const absl::Duration wait = options_.start_timeout + absl::Seconds(1);
   {
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -284,6 +285,13 @@ void Node::HandleControl(Message&& msg) {
       rank_ = my_rank;
       table_ = h.node_table();
       have_table_ = true;
+    }
+    {
+      // Confirms that the scheduler's messages reach the address this node advertises.
+      Message ack;
+      ack.header.set_command(wire::NODE_TABLE);
+      ack.header.set_is_response(true);
+      (void)Send(kSchedulerId, std::move(ack));
       return;
     }
     case wire::BARRIER:

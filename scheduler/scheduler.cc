@@ -107,6 +107,27 @@ absl::Status Scheduler::Run() {
       }
       return absl::DeadlineExceededError(reason);
     }
+    if (formed_ && confirmed_.size() < nodes_.size() &&
+        now > std::max(start + options_.start_timeout, formed_at_ + absl::Seconds(2))) {
+      // A node registered, so it reaches us; we never heard it confirm the table, so we
+      // do not reach it: the address it advertises is wrong for this network.
+      std::string unconfirmed;
+      for (const auto& [id, info] : nodes_) {
+        if (confirmed_.count(id) == 0) {
+          absl::StrAppend(&unconfirmed, unconfirmed.empty() ? "" : ", ", Describe(info));
+        }
+      }
+      const std::string reason = absl::StrCat(
+          "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
+          " passed: the scheduler cannot reach the address advertised by ", unconfirmed,
+          " (check DMLC_INTERFACE / DMLC_NODE_HOST on that host)");
+      Message abort;
+      abort.header.set_command(wire::ABORT);
+      abort.header.set_sender(kSchedulerId);
+      abort.header.mutable_abort()->set_reason(reason);
+      Broadcast(abort, 0);
+      return absl::DeadlineExceededError(reason);
+    }
     if (formed_ && options_.heartbeat_interval > absl::ZeroDuration()) {
       absl::Status alive = CheckLiveness(now);
       if (!alive.ok()) return alive;
@@ -129,6 +150,9 @@ void Scheduler::Handle(Message&& msg) {
   }
   last_seen_[sender] = absl::Now();
   switch (h.command()) {
+    case wire::NODE_TABLE:
+      if (h.is_response()) confirmed_.insert(sender);
+      return;
     case wire::HEARTBEAT:
       Reply(sender, h, absl::OkStatus());
       return;
@@ -259,6 +283,7 @@ void Scheduler::FormJob() {
   }
   for (const Registration& r : registered_) transport_->Disconnect(r.provisional_id);
   formed_ = true;
+  formed_at_ = absl::Now();
   Broadcast(table, 0);
   TESSERA_VLOG(1) << "job formed: " << options_.num_servers << " server(s), "
                   << options_.num_workers << " worker(s)";

@@ -66,6 +66,8 @@ class Scheduler {
   std::map<int, absl::Time> last_seen_;           // by id
   std::map<int, std::vector<std::pair<int, uint64_t>>> barriers_;  // group -> (id, request)
   std::set<int> done_workers_;
+  std::set<int> confirmed_;  // nodes that acknowledged the node table
+  absl::Time formed_at_;
   bool finished_ = false;
   absl::Status failure_;
 };

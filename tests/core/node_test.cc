@@ -152,5 +152,69 @@ TEST(NodeTest, NodeWithoutSchedulerGivesUpNamingItsAddress) {
   EXPECT_THAT(node.status().message(), ::testing::HasSubstr("this node advertises 127.0.0.1:"));
 }
 
+// A transport that binds where asked but reports another port: the node then
+// advertises an address nobody can reach, as a node on the wrong interface does.
+class MisadvertisingTransport : public Transport {
+ public:
+  explicit MisadvertisingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  absl::StatusOr<int> Bind(const std::string& ip, int port) override {
+    absl::StatusOr<int> bound = inner_->Bind(ip, port);
+    if (!bound.ok()) return bound;
+    return *bound + 1000;
+  }
+  absl::Status Connect(int peer, const std::string& ip, int port) override {
+    return inner_->Connect(peer, ip, port);
+  }
+  void Disconnect(int peer) override { inner_->Disconnect(peer); }
+  absl::Status Send(int peer, const Message& msg) override { return inner_->Send(peer, msg); }
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    return inner_->Receive(timeout);
+  }
+  uint64_t malformed_count() const override { return inner_->malformed_count(); }
+  void Close() override { inner_->Close(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+};
+
+TEST(NodeTest, UnreachableAdvertisedAddressEndsTheJobAtTheStartDeadlineNamingIt) {
+  MemoryNetwork net;
+  Options sched_options = TestOptions(Role::kScheduler);
+  sched_options.num_workers = 1;
+  sched_options.start_timeout = absl::Seconds(1);
+  Scheduler scheduler(sched_options, net.NewTransport());
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  const absl::Time start = absl::Now();
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  Options node_options = TestOptions(Role::kServer);
+  node_options.num_workers = 1;
+  node_options.start_timeout = absl::Seconds(1);
+  absl::Status server_result, worker_result;
+  std::thread server([&, server_options = node_options] {
+    server_result = Node::Start(server_options, Node::Callbacks(),
+                                std::make_unique<MisadvertisingTransport>(net.NewTransport()))
+                        .status();
+  });
+  Options worker_options = node_options;
+  worker_options.role = Role::kWorker;
+  std::thread worker([&] {
+    absl::StatusOr<std::unique_ptr<Node>> node =
+        Node::Start(worker_options, Node::Callbacks(), net.NewTransport());
+    worker_result = node.ok() ? (*node)->WaitForTerminate() : node.status();
+  });
+  scheduler_thread.join();
+  server.join();
+  worker.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(scheduler_result.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(scheduler_result.message()),
+              ::testing::HasSubstr("cannot reach the address advertised by server 0 (id 8 at "
+                                   "127.0.0.1:"));
+  // The reachable worker hears why; the unreachable server names its own address.
+  EXPECT_THAT(std::string(worker_result.message()), ::testing::HasSubstr("cannot reach the address"));
+  EXPECT_THAT(std::string(server_result.message()), ::testing::HasSubstr("this node advertises 127.0.0.1:"));
+}
+
 }  // namespace
 }  // namespace tessera
