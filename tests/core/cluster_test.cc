@@ -1,6 +1,7 @@
 // Real processes on loopback: a tessera-scheduler, tessera-servers and C-API workers
 // (kv_check_worker.c) form jobs, check the store's semantics, and fail cleanly.
 #include <signal.h>
+#include <zmq.h>
 
 #include <cmath>
 #include <vector>
@@ -177,6 +178,75 @@ TEST(ClusterTest, DeadSchedulerIsNoticed) {
   EXPECT_THAT(ProcessCluster::Log(c.Find("server 0")),
               HasSubstr("stopped answering heartbeats"));
   EXPECT_EQ(ProcessCluster::ExitCode(c.Find("worker 0")), 1);
+}
+
+TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
+  ProcessCluster c;
+  const int server_port = FreePort();
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "2");
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")}, {{"DMLC_ROLE", "scheduler"}});
+  c.Spawn("server 0", {BinaryPath("server/tessera-server")},
+          {{"DMLC_ROLE", "server"}, {"PORT", std::to_string(server_port)}, {"PS_VERBOSE", "1"}});
+  absl::SleepFor(absl::Milliseconds(300));
+  // Garbage of several shapes, straight onto the server's socket.
+  void* ctx = zmq_ctx_new();
+  void* raw = zmq_socket(ctx, ZMQ_PUSH);
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(server_port);
+  ASSERT_EQ(zmq_connect(raw, endpoint.c_str()), 0);
+  const std::string junk[] = {"", "x", std::string(1000, '\xff'), "\x08\x15\x20\x01"};
+  for (const std::string& j : junk) ASSERT_EQ(zmq_send(raw, j.data(), j.size(), 0), (int)j.size());
+  c.Spawn("worker 0", {Worker(), "nightly"}, {{"DMLC_ROLE", "worker"}});
+  c.Spawn("worker 1", {Worker(), "nightly"}, {{"DMLC_ROLE", "worker"}});
+  for (const std::string& j : junk) ASSERT_EQ(zmq_send(raw, j.data(), j.size(), 0), (int)j.size());
+  ExpectAllExitZero(c, absl::Seconds(120));
+  const int linger = 0;
+  zmq_setsockopt(raw, ZMQ_LINGER, &linger, sizeof(linger));
+  zmq_close(raw);
+  zmq_ctx_term(ctx);
+  const std::string log = ProcessCluster::Log(c.Find("server 0"));
+  // Three of the four shapes do not decode; the fourth is a well-formed header claiming
+  // to be a REGISTER from node 21, which a server ignores.
+  EXPECT_THAT(log, HasSubstr("dropped malformed message #6"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("dropped malformed message #7")));
+  EXPECT_THAT(log, HasSubstr("ignored control message from node 21"));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("nightly ok"));
+}
+
+TEST(ClusterTest, PeerStoppedShorterThanTheTimeoutRecoversWithNothingLost) {
+  ProcessCluster c;
+  c.Env("PS_HEARTBEAT_INTERVAL", "0.2");
+  c.Env("PS_HEARTBEAT_TIMEOUT", "4");
+  c.Start(2, 2, {Worker(), "nightly"});
+  absl::SleepFor(absl::Milliseconds(200));
+  Child& server = c.Find("server 1");
+  kill(server.pid, SIGSTOP);
+  absl::SleepFor(absl::Seconds(1.5));
+  kill(server.pid, SIGCONT);
+  ExpectAllExitZero(c, absl::Seconds(120));  // the nightly check's exact sums hold
+}
+
+TEST(ClusterTest, PeerStoppedLongerThanTheTimeoutIsDeclaredDead) {
+  ProcessCluster c;
+  c.Env("PS_HEARTBEAT_INTERVAL", "0.2");
+  c.Env("PS_HEARTBEAT_TIMEOUT", "1.5");
+  c.Start(1, 2, {Worker(), "barrier", "100000", "20"});
+  absl::SleepFor(absl::Seconds(1));
+  Child& server = c.Find("server 0");
+  kill(server.pid, SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  ASSERT_TRUE(c.Wait(c.Find("scheduler"), absl::Seconds(20))) << c.AllLogs();
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(8));
+  EXPECT_EQ(ProcessCluster::ExitCode(c.Find("scheduler")), 1);
+  EXPECT_THAT(ProcessCluster::Log(c.Find("scheduler")),
+              HasSubstr("server 0 (id 8 at 127.0.0.1:"));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("scheduler")), HasSubstr("stopped heart-beating"));
+  for (const char* w : {"worker 0", "worker 1"}) {
+    ASSERT_TRUE(c.Wait(c.Find(w), absl::Seconds(20))) << c.AllLogs();
+    EXPECT_EQ(ProcessCluster::ExitCode(c.Find(w)), 1);
+    EXPECT_THAT(ProcessCluster::Log(c.Find(w)), HasSubstr("server 0 (id 8"));
+  }
+  kill(server.pid, SIGCONT);
 }
 
 struct BadConfig {
