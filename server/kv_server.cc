@@ -24,8 +24,8 @@ struct KVServer::KeyState {
   std::vector<Buffer> round;
   std::vector<wire::Header> round_requests;
   int round_count = 0;
-  // Messages that must wait for the current round (a worker's next push, or its pull
-  // after a push of this round), in arrival order.
+  // Messages that must wait for the current round (a worker's next push, or its
+  // pull after a push of this round), in arrival order.
   std::deque<Message> backlog;
   bool round_completed = false;  // the backlog may have work to replay
 };
@@ -55,7 +55,8 @@ uint64_t Mix(uint64_t x) {
 KVServer::KVServer(int num_workers, int num_threads, SendFn send)
     : num_workers_(num_workers), send_(std::move(send)) {
   if (num_threads < 1) num_threads = 1;
-  for (int i = 0; i < num_threads; ++i) shards_.push_back(std::make_unique<Shard>(4096));
+  for (int i = 0; i < num_threads; ++i)
+    shards_.push_back(std::make_unique<Shard>(4096));
   for (int i = 0; i < num_threads; ++i) {
     threads_.emplace_back([this, shard = shards_[i].get()] { Run(shard); });
   }
@@ -83,19 +84,22 @@ KVServer::Settings KVServer::settings() const {
   return settings_;
 }
 
-void KVServer::Reply(const Message& request, const absl::Status& status, Buffer values) {
+void KVServer::Reply(const Message& request, const absl::Status& status,
+                     Buffer values) {
   Message reply;
   reply.header.set_command(request.header.command());
   reply.header.set_request_id(request.header.request_id());
   reply.header.set_is_response(true);
-  if (request.header.has_slice()) *reply.header.mutable_slice() = request.header.slice();
+  if (request.header.has_slice())
+    *reply.header.mutable_slice() = request.header.slice();
   if (!status.ok()) {
     ToWire(status, reply.header.mutable_status());
     ++errors_;
     TESSERA_VLOG(1) << "error reply to node " << request.header.sender() << ": "
                     << status.message();
   }
-  if (request.header.command() == wire::KV_STATS) *reply.header.mutable_kv_stats() = stats();
+  if (request.header.command() == wire::KV_STATS)
+    *reply.header.mutable_kv_stats() = stats();
   if (!values.empty()) AddFloatFrame(&reply, std::move(values));
   absl::Status sent = send_(request.header.sender(), std::move(reply));
   if (!sent.ok()) {
@@ -113,8 +117,8 @@ void KVServer::Handle(Message&& msg) {
   }
   if (!IsWorkerId(h.sender()) || RankOfId(h.sender()) >= num_workers_) {
     ++malformed_;
-    TESSERA_LOG(WARNING) << "dropped message from non-worker node " << h.sender() << ": "
-                         << DebugString(msg);
+    TESSERA_LOG(WARNING) << "dropped message from non-worker node "
+                         << h.sender() << ": " << DebugString(msg);
     return;
   }
   switch (h.command()) {
@@ -163,10 +167,12 @@ void KVServer::HandleSettings(Message&& msg) {
         if (spec != settings_.optimizer_spec) {
           if (keys_exist) {
             status = absl::FailedPreconditionError(absl::StrCat(
-                "the optimizer must be set before keys are initialised (server has '",
+                "the optimizer must be set before keys are initialised (server "
+                "has '",
                 settings_.optimizer_spec, "', asked for '", spec, "')"));
           } else {
-            settings_.optimizer = std::shared_ptr<const Optimizer>(std::move(*opt));
+            settings_.optimizer =
+                std::shared_ptr<const Optimizer>(std::move(*opt));
             settings_.optimizer_spec = spec;
             TESSERA_VLOG(1) << "optimizer: " << spec;
           }
@@ -177,18 +183,21 @@ void KVServer::HandleSettings(Message&& msg) {
       const float t = h.kv_options().compression_threshold();
       if (type != "2bit" && type != "none") {
         status = absl::InvalidArgumentError(
-            absl::StrCat("unknown gradient compression '", type, "': expected 2bit or none"));
+            absl::StrCat("unknown gradient compression '", type,
+                         "': expected 2bit or none"));
       } else if (type == "2bit" && !(t > 0 && std::isfinite(t))) {
-        status = absl::InvalidArgumentError(
-            absl::StrCat("2-bit compression threshold ", t, ": expected a number > 0"));
-      } else if (type != settings_.compression || (type == "2bit" && t != settings_.threshold)) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "2-bit compression threshold ", t, ": expected a number > 0"));
+      } else if (type != settings_.compression ||
+                 (type == "2bit" && t != settings_.threshold)) {
         if (keys_exist) {
           status = absl::FailedPreconditionError(
               "gradient compression must be set before keys are initialised");
         } else {
           settings_.compression = type;
           settings_.threshold = type == "2bit" ? t : 0;
-          TESSERA_VLOG(1) << "gradient compression: " << type << " threshold " << t;
+          TESSERA_VLOG(1) << "gradient compression: " << type << " threshold "
+                          << t;
         }
       }
     }
@@ -197,21 +206,23 @@ void KVServer::HandleSettings(Message&& msg) {
 }
 
 void KVServer::Run(Shard* shard) {
-  while (std::optional<Message> msg = shard->queue.Pop()) Process(shard, *std::move(msg));
+  while (std::optional<Message> msg = shard->queue.Pop())
+    Process(shard, *std::move(msg));
 }
 
-absl::StatusOr<Buffer> KVServer::DecodeGradient(const Message& msg, const KeyState& key,
+absl::StatusOr<Buffer> KVServer::DecodeGradient(const Message& msg,
+                                                const KeyState& key,
                                                 const Settings& settings) {
   if (msg.data.size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push of key ", key.key, " carries ", msg.data.size(),
-                     " data frames; expected 1"));
+    return absl::InvalidArgumentError(absl::StrCat("push of key ", key.key,
+                                                   " carries ", msg.data.size(),
+                                                   " data frames; expected 1"));
   }
   const wire::DataFrame& desc = msg.header.frames(0);
   if (desc.num_values() != key.length) {
-    return absl::InvalidArgumentError(absl::StrCat("push of key ", key.key, " has ",
-                                                   desc.num_values(), " values; the key has ",
-                                                   key.length, " here"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("push of key ", key.key, " has ", desc.num_values(),
+                     " values; the key has ", key.length, " here"));
   }
   if (desc.encoding() == wire::DataFrame::FLOAT32) return msg.data[0];
   if (desc.encoding() != wire::DataFrame::TWO_BIT) {
@@ -222,9 +233,9 @@ absl::StatusOr<Buffer> KVServer::DecodeGradient(const Message& msg, const KeySta
         "2-bit payload but gradient compression is not set on this server");
   }
   Buffer decoded = Buffer::Allocate(key.length * sizeof(float));
-  absl::Status s = compression::TwoBitDequantize(msg.data[0].data(), msg.data[0].size(),
-                                                 key.length, settings.threshold,
-                                                 decoded.mutable_floats());
+  absl::Status s = compression::TwoBitDequantize(
+      msg.data[0].data(), msg.data[0].size(), key.length, settings.threshold,
+      decoded.mutable_floats());
   if (!s.ok()) {
     ++malformed_;
     return s;
@@ -236,16 +247,19 @@ void KVServer::Process(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
   if (msg.header.command() == wire::KV_INIT) {
     if (shard->keys.count(slice.key()) != 0) {
-      Reply(msg, absl::AlreadyExistsError(
-                     absl::StrCat("key ", slice.key(), " is already initialised")));
+      Reply(msg, absl::AlreadyExistsError(absl::StrCat(
+                     "key ", slice.key(), " is already initialised")));
       return;
     }
-    if (msg.data.size() != 1 || msg.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
-        slice.length() == 0 || msg.header.frames(0).num_values() != slice.length() ||
+    if (msg.data.size() != 1 ||
+        msg.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+        slice.length() == 0 ||
+        msg.header.frames(0).num_values() != slice.length() ||
         slice.offset() + slice.length() > slice.total_length() ||
         slice.offset() + slice.length() < slice.offset()) {
-      Reply(msg, absl::InvalidArgumentError(absl::StrCat(
-                     "init of key ", slice.key(), ": malformed slice or value")));
+      Reply(msg,
+            absl::InvalidArgumentError(absl::StrCat(
+                "init of key ", slice.key(), ": malformed slice or value")));
       return;
     }
     KeyState& key = shard->keys[slice.key()];
@@ -261,23 +275,26 @@ void KVServer::Process(Shard* shard, Message&& msg) {
   }
   auto it = shard->keys.find(slice.key());
   if (it == shard->keys.end()) {
-    Reply(msg, absl::NotFoundError(
-                   absl::StrCat("key ", slice.key(), " was never initialised")));
+    Reply(msg, absl::NotFoundError(absl::StrCat("key ", slice.key(),
+                                                " was never initialised")));
     return;
   }
   KeyState& key = it->second;
   if (slice.offset() != key.offset || slice.length() != key.length ||
       slice.total_length() != key.total_length) {
     Reply(msg, absl::InvalidArgumentError(absl::StrCat(
-                   "key ", slice.key(), ": request for elements [", slice.offset(), ", +",
-                   slice.length(), ") of ", slice.total_length(), " but this server holds [",
-                   key.offset, ", +", key.length, ") of ", key.total_length)));
+                   "key ", slice.key(), ": request for elements [",
+                   slice.offset(), ", +", slice.length(), ") of ",
+                   slice.total_length(), " but this server holds [", key.offset,
+                   ", +", key.length, ") of ", key.total_length)));
     return;
   }
   // Keep each worker's messages in order behind its waiting ones.
   bool sender_waiting = false;
-  for (const Message& m : key.backlog) sender_waiting |= m.header.sender() == msg.header.sender();
-  if (sender_waiting || !TryProcess(shard, &key, msg)) key.backlog.push_back(std::move(msg));
+  for (const Message& m : key.backlog)
+    sender_waiting |= m.header.sender() == msg.header.sender();
+  if (sender_waiting || !TryProcess(shard, &key, msg))
+    key.backlog.push_back(std::move(msg));
   ReplayBacklog(shard, &key);
 }
 
@@ -285,12 +302,14 @@ bool KVServer::TryProcess(Shard* shard, KeyState* key, Message& msg) {
   const int rank = RankOfId(msg.header.sender());
   const wire::Command cmd = msg.header.command();
   if (cmd == wire::KV_PULL) {
-    if (key->sync && !key->round[rank].empty()) return false;  // sees this round's result
+    if (key->sync && !key->round[rank].empty())
+      return false;  // sees this round's result
     Reply(msg, absl::OkStatus(), key->weights);
     return true;
   }
   const Settings s = settings();
-  if (key->sync && !key->round[rank].empty()) return false;  // belongs to the next round
+  if (key->sync && !key->round[rank].empty())
+    return false;  // belongs to the next round
   absl::StatusOr<Buffer> grad = DecodeGradient(msg, *key, s);
   if (!grad.ok()) {
     Reply(msg, grad.status());
@@ -298,22 +317,25 @@ bool KVServer::TryProcess(Shard* shard, KeyState* key, Message& msg) {
   }
   if (!key->sync) {
     if (s.optimizer == nullptr) {
-      Reply(msg, absl::FailedPreconditionError(
-                     "dist_async needs an optimizer on the servers: call set_optimizer "
-                     "before pushing"));
+      Reply(msg,
+            absl::FailedPreconditionError("dist_async needs an optimizer on "
+                                          "the servers: call set_optimizer "
+                                          "before pushing"));
       return true;
     }
-    if (!key->weights.unique()) key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
+    if (!key->weights.unique())
+      key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
     const int slots = s.optimizer->state_slots();
     if (static_cast<int>(key->optimizer_state.size()) != slots) {
       key->optimizer_state.assign(slots, std::vector<float>(key->length, 0.0f));
     }
     std::vector<float*> state;
     for (auto& v : key->optimizer_state) state.push_back(v.data());
-    s.optimizer->Update(key->weights.mutable_floats(), grad->floats(), key->length, state.data(),
-                        ++key->steps);
+    s.optimizer->Update(key->weights.mutable_floats(), grad->floats(),
+                        key->length, state.data(), ++key->steps);
     ++pushes_applied_;
-    Reply(msg, absl::OkStatus(), cmd == wire::KV_PUSHPULL ? key->weights : Buffer());
+    Reply(msg, absl::OkStatus(),
+          cmd == wire::KV_PUSHPULL ? key->weights : Buffer());
     return true;
   }
   key->round[rank] = *std::move(grad);
@@ -340,16 +362,19 @@ void KVServer::CompleteRound(Shard* shard, KeyState* key) {
     }
   }
   if (s.optimizer == nullptr) {
-    key->weights = std::move(sum);  // the store becomes the round's sum (all-reduce)
+    key->weights =
+        std::move(sum);  // the store becomes the round's sum (all-reduce)
   } else {
-    if (!key->weights.unique()) key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
+    if (!key->weights.unique())
+      key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
     const int slots = s.optimizer->state_slots();
     if (static_cast<int>(key->optimizer_state.size()) != slots) {
       key->optimizer_state.assign(slots, std::vector<float>(n, 0.0f));
     }
     std::vector<float*> state;
     for (auto& v : key->optimizer_state) state.push_back(v.data());
-    s.optimizer->Update(key->weights.mutable_floats(), sum.floats(), n, state.data(), ++key->steps);
+    s.optimizer->Update(key->weights.mutable_floats(), sum.floats(), n,
+                        state.data(), ++key->steps);
   }
   ++rounds_applied_;
   for (Buffer& b : key->round) b = Buffer();
@@ -359,15 +384,16 @@ void KVServer::CompleteRound(Shard* shard, KeyState* key) {
   for (const wire::Header& h : requests) {
     Message request;
     request.header = h;
-    Reply(request, absl::OkStatus(), h.command() == wire::KV_PUSHPULL ? key->weights : Buffer());
+    Reply(request, absl::OkStatus(),
+          h.command() == wire::KV_PUSHPULL ? key->weights : Buffer());
   }
   key->round_completed = true;
 }
 
 void KVServer::ReplayBacklog(Shard* shard, KeyState* key) {
-  // Replay what waited for a finished round, in order; a worker's later messages stay
-  // behind the first of its messages that must wait again. Replaying can finish another
-  // round, which calls for another pass.
+  // Replay what waited for a finished round, in order; a worker's later
+  // messages stay behind the first of its messages that must wait again.
+  // Replaying can finish another round, which calls for another pass.
   while (key->round_completed) {
     key->round_completed = false;
     std::deque<Message> waiting;

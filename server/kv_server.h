@@ -1,21 +1,24 @@
 // KVServer: one server's shard of the weights and the rules that update it.
 //
-// Keys arrive as slices (a whole small array, or this server's part of a split one).
-// dist_sync: the pushes of one round (one per worker) are summed in rank order, so the
-// result does not depend on arrival order; the updater is applied once to the sum (or,
-// with no updater, the sum replaces the value), then the held pushes and pulls are
-// answered. dist_async: each push is applied on arrival; without an updater it is an
-// error reply. Keys are spread over update threads by hash; each key's state is owned
-// by one thread, so a key's messages are handled in arrival order without locks.
+// Keys arrive as slices (a whole small array, or this server's part of a split
+// one). dist_sync: the pushes of one round (one per worker) are summed in rank
+// order, so the result does not depend on arrival order; the updater is applied
+// once to the sum (or, with no updater, the sum replaces the value), then the
+// held pushes and pulls are answered. dist_async: each push is applied on
+// arrival; without an updater it is an error reply. Keys are spread over update
+// threads by hash; each key's state is owned by one thread, so a key's messages
+// are handled in arrival order without locks.
 //
 //   KVServer server(/*num_workers=*/4, /*threads=*/2,
-//                   [&](int peer, Message m) { return node->Send(peer, std::move(m)); });
+//                   [&](int peer, Message m) { return node->Send(peer,
+//                   std::move(m)); });
 //   node callback: server.Handle(std::move(message));
 //   ...
 //   server.Stop();
 //
-// Thread-safety: Handle is called from one thread (the node's receiver); it blocks when
-// the update threads' bounded queues are full. stats() may be called from any thread.
+// Thread-safety: Handle is called from one thread (the node's receiver); it
+// blocks when the update threads' bounded queues are full. stats() may be
+// called from any thread.
 #ifndef TESSERA_SERVER_KV_SERVER_H_
 #define TESSERA_SERVER_KV_SERVER_H_
 
@@ -67,7 +70,8 @@ class KVServer {
   void CompleteRound(Shard* shard, KeyState* key);
   void ReplayBacklog(Shard* shard, KeyState* key);
   void HandleSettings(Message&& msg);
-  void Reply(const Message& request, const absl::Status& status, Buffer values = Buffer());
+  void Reply(const Message& request, const absl::Status& status,
+             Buffer values = Buffer());
   absl::StatusOr<Buffer> DecodeGradient(const Message& msg, const KeyState& key,
                                         const Settings& settings);
   Settings settings() const;
