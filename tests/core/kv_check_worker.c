@@ -120,6 +120,9 @@ static int AllReduce(void) {
   }
   CHECK_OK(tessera_kv_close(kv));
   printf("allreduce ok: rank %d of %d\n", rank_, n);
+  free(value);
+  free(grad);
+  free(out);
   return 0;
 }
 
@@ -139,6 +142,8 @@ static int Async(void) {
   ExpectAll(value, len, (float)(10 * n * (n + 1) / 2), "async key", 10);
   CHECK_OK(tessera_kv_close(kv));
   printf("async ok: rank %d of %d\n", rank_, n);
+  free(value);
+  free(grad);
   return 0;
 }
 
@@ -211,6 +216,9 @@ static int Compress(void) {
   }
   CHECK_OK(tessera_kv_close(kv));
   printf("compress ok: rank %d of %d\n", rank_, n);
+  free(small);
+  free(big);
+  free(grad);
   return 0;
 }
 
