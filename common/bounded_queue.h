@@ -1,6 +1,6 @@
-// BoundedQueue: a blocking FIFO with a capacity, for hand-offs between threads. Push
-// blocks while the queue is full (back-pressure); Pop blocks while it is empty; Close
-// wakes everyone and makes Pop return std::nullopt once drained.
+// BoundedQueue: a blocking FIFO with a capacity, for hand-offs between threads.
+// Push blocks while the queue is full (back-pressure); Pop blocks while it is
+// empty; Close wakes everyone and makes Pop return std::nullopt once drained.
 //
 //   BoundedQueue<Message> q(1024);
 //   q.Push(std::move(m));                        // producer
@@ -20,7 +20,8 @@ class BoundedQueue {
  public:
   explicit BoundedQueue(size_t capacity) : capacity_(capacity) {}
 
-  // Returns false (dropping nothing: `item` is not taken) when the queue is closed.
+  // Returns false (dropping nothing: `item` is not taken) when the queue is
+  // closed.
   bool Push(T&& item) {
     absl::MutexLock lock(&mu_);
     auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -34,7 +35,9 @@ class BoundedQueue {
 
   std::optional<T> Pop() {
     absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return closed_ || !items_.empty(); };
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return closed_ || !items_.empty();
+    };
     mu_.Await(absl::Condition(&ready));
     if (items_.empty()) return std::nullopt;
     T item = std::move(items_.front());

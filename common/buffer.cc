@@ -13,9 +13,8 @@ Buffer Buffer::Allocate(size_t size) {
   Buffer b;
   b.data_ = static_cast<const uint8_t*>(memory);
   b.size_ = size;
-  b.owner_ = std::shared_ptr<const void>(memory, [](const void* p) {
-    std::free(const_cast<void*>(p));
-  });
+  b.owner_ = std::shared_ptr<const void>(
+      memory, [](const void* p) { std::free(const_cast<void*>(p)); });
   return b;
 }
 
@@ -25,7 +24,8 @@ Buffer Buffer::CopyOf(const void* data, size_t size) {
   return b;
 }
 
-Buffer Buffer::Wrap(const void* data, size_t size, std::shared_ptr<const void> owner) {
+Buffer Buffer::Wrap(const void* data, size_t size,
+                    std::shared_ptr<const void> owner) {
   Buffer b;
   b.data_ = static_cast<const uint8_t*>(data);
   b.size_ = size;

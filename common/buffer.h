@@ -1,11 +1,13 @@
-// Buffer: a read-only view of bytes with shared ownership, so tensor data can travel
-// between the network, the server's store and user memory without copies.
+// Buffer: a read-only view of bytes with shared ownership, so tensor data can
+// travel between the network, the server's store and user memory without
+// copies.
 //
-//   Buffer b = Buffer::Allocate(n * sizeof(float));     // owned, writable until shared
-//   std::memcpy(b.mutable_data(), src, b.size());
-//   Buffer view = Buffer::Wrap(ptr, len, keep_alive);   // keep_alive owns ptr's memory
+//   Buffer b = Buffer::Allocate(n * sizeof(float));     // owned, writable
+//   until shared std::memcpy(b.mutable_data(), src, b.size()); Buffer view =
+//   Buffer::Wrap(ptr, len, keep_alive);   // keep_alive owns ptr's memory
 //
-// Copying a Buffer copies the reference, not the bytes. Thread-safe like shared_ptr.
+// Copying a Buffer copies the reference, not the bytes. Thread-safe like
+// shared_ptr.
 #ifndef TESSERA_COMMON_BUFFER_H_
 #define TESSERA_COMMON_BUFFER_H_
 
@@ -24,7 +26,8 @@ class Buffer {
   // A copy of `size` bytes at `data`.
   static Buffer CopyOf(const void* data, size_t size);
   // `data` stays valid for as long as `owner` (or a copy of it) is alive.
-  static Buffer Wrap(const void* data, size_t size, std::shared_ptr<const void> owner);
+  static Buffer Wrap(const void* data, size_t size,
+                     std::shared_ptr<const void> owner);
 
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
@@ -32,8 +35,8 @@ class Buffer {
   const float* floats() const { return reinterpret_cast<const float*>(data_); }
   size_t num_floats() const { return size_ / sizeof(float); }
 
-  // Writable access. REQUIRES: this buffer came from Allocate/CopyOf and is not shared
-  // with a reader that expects it unchanged (unique()).
+  // Writable access. REQUIRES: this buffer came from Allocate/CopyOf and is not
+  // shared with a reader that expects it unchanged (unique()).
   uint8_t* mutable_data() { return const_cast<uint8_t*>(data_); }
   float* mutable_floats() { return reinterpret_cast<float*>(mutable_data()); }
 

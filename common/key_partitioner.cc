@@ -15,7 +15,8 @@ int KeyPartitioner::ServerOf(uint64_t key) const {
   return static_cast<int>(Mix(key) % static_cast<uint64_t>(num_servers_));
 }
 
-std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key, uint64_t length) const {
+std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key,
+                                               uint64_t length) const {
   std::vector<KeyPart> parts;
   if (length == 0) return parts;
   if (length < bound_ || num_servers_ == 1) {

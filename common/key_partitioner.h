@@ -1,10 +1,12 @@
-// KeyPartitioner: which server holds which part of a key's array. Every worker computes
-// the same placement from (number of servers, bound): arrays shorter than the bound live
-// whole on one server chosen by hashing the key; longer ones are split into contiguous,
-// nearly equal parts, one per server (as MXNet's MXNET_KVSTORE_BIGARRAY_BOUND).
+// KeyPartitioner: which server holds which part of a key's array. Every worker
+// computes the same placement from (number of servers, bound): arrays shorter
+// than the bound live whole on one server chosen by hashing the key; longer
+// ones are split into contiguous, nearly equal parts, one per server (as
+// MXNet's MXNET_KVSTORE_BIGARRAY_BOUND).
 //
 //   KeyPartitioner p(/*num_servers=*/2, /*bigarray_bound=*/1000000);
-//   for (const KeyPart& part : p.Partition(key, length)) { ... part.server_rank ... }
+//   for (const KeyPart& part : p.Partition(key, length)) { ... part.server_rank
+//   ... }
 #ifndef TESSERA_COMMON_KEY_PARTITIONER_H_
 #define TESSERA_COMMON_KEY_PARTITIONER_H_
 

@@ -29,14 +29,16 @@ namespace internal {
 LogLine::~LogLine() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t secs = std::chrono::system_clock::to_time_t(now);
-  const int millis = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
-      1000);
+  const int millis =
+      static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                           now.time_since_epoch())
+                           .count() %
+                       1000);
   std::tm tm;
   localtime_r(&secs, &tm);
   char stamp[32];
-  std::snprintf(stamp, sizeof(stamp), "%02d:%02d:%02d.%03d", tm.tm_hour, tm.tm_min, tm.tm_sec,
-                millis);
+  std::snprintf(stamp, sizeof(stamp), "%02d:%02d:%02d.%03d", tm.tm_hour,
+                tm.tm_min, tm.tm_sec, millis);
   const char* level = level_ == LogLevel::kError     ? " ERROR"
                       : level_ == LogLevel::kWarning ? " WARNING"
                                                      : "";
@@ -45,7 +47,8 @@ LogLine::~LogLine() {
     std::lock_guard<std::mutex> lock(tag_mu);
     tag = Tag();
   }
-  std::string line = std::string(stamp) + " [" + tag + "]" + level + " " + stream_.str() + "\n";
+  std::string line = std::string(stamp) + " [" + tag + "]" + level + " " +
+                     stream_.str() + "\n";
   ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
   (void)ignored;
 }

@@ -1,7 +1,8 @@
 // Minimal process-wide logging to stderr.
 //
-// Every line is prefixed with the time and the node's tag (e.g. "server 1"). PS_VERBOSE
-// raises the verbosity: 1 logs connections and control messages, 2 every message.
+// Every line is prefixed with the time and the node's tag (e.g. "server 1").
+// PS_VERBOSE raises the verbosity: 1 logs connections and control messages, 2
+// every message.
 //
 //   tessera::SetLogTag("worker 0");
 //   tessera::SetLogVerbosity(options.verbose);
@@ -41,10 +42,11 @@ class LogLine {
 #define TESSERA_LOG_INFO ::tessera::LogLevel::kInfo
 #define TESSERA_LOG_WARNING ::tessera::LogLevel::kWarning
 #define TESSERA_LOG_ERROR ::tessera::LogLevel::kError
-#define TESSERA_LOG(level) ::tessera::internal::LogLine(TESSERA_LOG_##level).stream()
-#define TESSERA_VLOG(v)                       \
-  if (::tessera::LogVerbosity() < (v)) {      \
-  } else                                      \
+#define TESSERA_LOG(level) \
+  ::tessera::internal::LogLine(TESSERA_LOG_##level).stream()
+#define TESSERA_VLOG(v)                  \
+  if (::tessera::LogVerbosity() < (v)) { \
+  } else                                 \
     ::tessera::internal::LogLine(::tessera::LogLevel::kInfo).stream()
 
 #endif  // TESSERA_COMMON_LOGGING_H_

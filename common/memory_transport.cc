@@ -1,5 +1,5 @@
-// In-process transport for tests: messages are encoded and decoded exactly as on the
-// wire, but travel through queues instead of sockets.
+// In-process transport for tests: messages are encoded and decoded exactly as
+// on the wire, but travel through queues instead of sockets.
 #include <atomic>
 #include <deque>
 #include <map>
@@ -26,7 +26,8 @@ namespace {
 
 class MemoryTransport : public Transport {
  public:
-  explicit MemoryTransport(std::shared_ptr<MemoryNetwork::State> net) : net_(std::move(net)) {}
+  explicit MemoryTransport(std::shared_ptr<MemoryNetwork::State> net)
+      : net_(std::move(net)) {}
   ~MemoryTransport() override { Close(); }
 
   absl::StatusOr<int> Bind(const std::string& ip, int port) override {
@@ -34,7 +35,8 @@ class MemoryTransport : public Transport {
     if (port == 0) port = net_->next_port++;
     const std::string address = absl::StrCat(ip, ":", port);
     if (net_->inboxes.count(address) != 0) {
-      return absl::UnavailableError(absl::StrCat("cannot bind ", address, ": Address already in use"));
+      return absl::UnavailableError(
+          absl::StrCat("cannot bind ", address, ": Address already in use"));
     }
     inbox_ = std::make_shared<MemoryNetwork::State::Inbox>();
     net_->inboxes[address] = inbox_;
@@ -58,7 +60,9 @@ class MemoryTransport : public Transport {
     {
       absl::MutexLock lock(&mu_);
       auto it = peers_.find(peer);
-      if (it == peers_.end()) return absl::UnavailableError(absl::StrCat("no connection to node ", peer));
+      if (it == peers_.end())
+        return absl::UnavailableError(
+            absl::StrCat("no connection to node ", peer));
       address = it->second;
     }
     absl::StatusOr<std::vector<Buffer>> parts = EncodeMessage(msg);
@@ -67,7 +71,8 @@ class MemoryTransport : public Transport {
     {
       absl::MutexLock lock(&net_->mu);
       auto it = net_->inboxes.find(address);
-      if (it == net_->inboxes.end()) return absl::OkStatus();  // like TCP before connect: dropped
+      if (it == net_->inboxes.end())
+        return absl::OkStatus();  // like TCP before connect: dropped
       inbox = it->second;
     }
     absl::MutexLock lock(&inbox->mu);
@@ -76,7 +81,8 @@ class MemoryTransport : public Transport {
   }
 
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
-    if (inbox_ == nullptr) return absl::FailedPreconditionError("Receive before Bind");
+    if (inbox_ == nullptr)
+      return absl::FailedPreconditionError("Receive before Bind");
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       std::vector<Buffer> parts;
@@ -87,14 +93,16 @@ class MemoryTransport : public Transport {
         };
         inbox_->mu.AwaitWithDeadline(absl::Condition(&ready), deadline);
         if (closed_.load()) return absl::CancelledError("transport closed");
-        if (inbox_->queue.empty()) return absl::DeadlineExceededError("no message");
+        if (inbox_->queue.empty())
+          return absl::DeadlineExceededError("no message");
         parts = std::move(inbox_->queue.front());
         inbox_->queue.pop_front();
       }
       absl::StatusOr<Message> msg = DecodeMessage(std::move(parts));
       if (msg.ok()) return msg;
       ++malformed_;
-      TESSERA_LOG(WARNING) << "dropped malformed message: " << msg.status().message();
+      TESSERA_LOG(WARNING) << "dropped malformed message: "
+                           << msg.status().message();
     }
   }
 

@@ -8,7 +8,8 @@ namespace {
 
 uint64_t TwoBitBytes(uint64_t values) { return 4 * ((values + 15) / 16); }
 
-absl::Status CheckFrame(const wire::DataFrame& desc, size_t actual, size_t index) {
+absl::Status CheckFrame(const wire::DataFrame& desc, size_t actual,
+                        size_t index) {
   if (desc.num_bytes() != actual) {
     return absl::DataLossError(absl::StrCat("frame ", index, " has ", actual,
                                             " bytes but its descriptor says ",
@@ -16,26 +17,27 @@ absl::Status CheckFrame(const wire::DataFrame& desc, size_t actual, size_t index
   }
   switch (desc.encoding()) {
     case wire::DataFrame::FLOAT32:
-      if (desc.num_values() > (uint64_t{1} << 61) || desc.num_bytes() != 4 * desc.num_values()) {
-        return absl::DataLossError(absl::StrCat("float32 frame ", index, " of ", actual,
-                                                " bytes cannot hold ", desc.num_values(),
-                                                " values"));
+      if (desc.num_values() > (uint64_t{1} << 61) ||
+          desc.num_bytes() != 4 * desc.num_values()) {
+        return absl::DataLossError(absl::StrCat("float32 frame ", index, " of ",
+                                                actual, " bytes cannot hold ",
+                                                desc.num_values(), " values"));
       }
       break;
     case wire::DataFrame::TWO_BIT:
       if (desc.num_values() > (uint64_t{1} << 61) ||
           desc.num_bytes() != TwoBitBytes(desc.num_values())) {
-        return absl::DataLossError(absl::StrCat("2-bit frame ", index, " of ", actual,
-                                                " bytes cannot hold ", desc.num_values(),
-                                                " values (expected ",
-                                                TwoBitBytes(desc.num_values()), " bytes)"));
+        return absl::DataLossError(absl::StrCat(
+            "2-bit frame ", index, " of ", actual, " bytes cannot hold ",
+            desc.num_values(), " values (expected ",
+            TwoBitBytes(desc.num_values()), " bytes)"));
       }
       break;
     case wire::DataFrame::RAW:
       break;
     default:
-      return absl::DataLossError(
-          absl::StrCat("frame ", index, " has unknown encoding ", desc.encoding()));
+      return absl::DataLossError(absl::StrCat(
+          "frame ", index, " has unknown encoding ", desc.encoding()));
   }
   return absl::OkStatus();
 }
@@ -60,17 +62,19 @@ void AddTwoBitFrame(Message* msg, Buffer packed, uint64_t num_values) {
 
 absl::StatusOr<std::vector<Buffer>> EncodeMessage(const Message& msg) {
   if (static_cast<size_t>(msg.header.frames_size()) != msg.data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("message has ", msg.data.size(),
-                                                   " data frames but ",
-                                                   msg.header.frames_size(), " descriptors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("message has ", msg.data.size(), " data frames but ",
+                     msg.header.frames_size(), " descriptors"));
   }
   for (size_t i = 0; i < msg.data.size(); ++i) {
-    absl::Status s = CheckFrame(msg.header.frames(static_cast<int>(i)), msg.data[i].size(), i);
+    absl::Status s = CheckFrame(msg.header.frames(static_cast<int>(i)),
+                                msg.data[i].size(), i);
     if (!s.ok()) return absl::InvalidArgumentError(s.message());
   }
   const size_t header_size = msg.header.ByteSizeLong();
   Buffer header = Buffer::Allocate(header_size);
-  if (!msg.header.SerializeToArray(header.mutable_data(), static_cast<int>(header_size))) {
+  if (!msg.header.SerializeToArray(header.mutable_data(),
+                                   static_cast<int>(header_size))) {
     return absl::InternalError("cannot serialize message header");
   }
   std::vector<Buffer> parts;
@@ -80,12 +84,14 @@ absl::StatusOr<std::vector<Buffer>> EncodeMessage(const Message& msg) {
   return parts;
 }
 
-absl::StatusOr<Message> DecodeMessage(std::vector<Buffer> parts, const CodecLimits& limits) {
-  if (parts.empty()) return absl::DataLossError("empty message: no header frame");
+absl::StatusOr<Message> DecodeMessage(std::vector<Buffer> parts,
+                                      const CodecLimits& limits) {
+  if (parts.empty())
+    return absl::DataLossError("empty message: no header frame");
   if (parts.size() - 1 > limits.max_frames) {
     return absl::DataLossError(absl::StrCat("message has ", parts.size() - 1,
-                                            " data frames; at most ", limits.max_frames,
-                                            " are allowed"));
+                                            " data frames; at most ",
+                                            limits.max_frames, " are allowed"));
   }
   const Buffer& head = parts[0];
   if (head.size() > limits.max_header_bytes) {
@@ -95,27 +101,29 @@ absl::StatusOr<Message> DecodeMessage(std::vector<Buffer> parts, const CodecLimi
   }
   Message msg;
   if (!msg.header.ParseFromArray(head.data(), static_cast<int>(head.size()))) {
-    return absl::DataLossError(
-        absl::StrCat("header frame of ", head.size(), " bytes is not a valid header"));
+    return absl::DataLossError(absl::StrCat("header frame of ", head.size(),
+                                            " bytes is not a valid header"));
   }
   if (!wire::Command_IsValid(msg.header.command()) ||
       msg.header.command() == wire::CMD_UNKNOWN) {
-    return absl::DataLossError(
-        absl::StrCat("unknown command ", static_cast<int>(msg.header.command())));
+    return absl::DataLossError(absl::StrCat(
+        "unknown command ", static_cast<int>(msg.header.command())));
   }
   if (static_cast<size_t>(msg.header.frames_size()) != parts.size() - 1) {
-    return absl::DataLossError(absl::StrCat("header describes ", msg.header.frames_size(),
-                                            " data frames but ", parts.size() - 1,
-                                            " arrived"));
+    return absl::DataLossError(
+        absl::StrCat("header describes ", msg.header.frames_size(),
+                     " data frames but ", parts.size() - 1, " arrived"));
   }
   uint64_t total = 0;
   for (size_t i = 1; i < parts.size(); ++i) {
-    absl::Status s = CheckFrame(msg.header.frames(static_cast<int>(i - 1)), parts[i].size(), i - 1);
+    absl::Status s = CheckFrame(msg.header.frames(static_cast<int>(i - 1)),
+                                parts[i].size(), i - 1);
     if (!s.ok()) return s;
     total += parts[i].size();
     if (total > limits.max_message_bytes) {
-      return absl::DataLossError(absl::StrCat("message data exceeds the limit of ",
-                                              limits.max_message_bytes, " bytes"));
+      return absl::DataLossError(
+          absl::StrCat("message data exceeds the limit of ",
+                       limits.max_message_bytes, " bytes"));
     }
   }
   msg.data.assign(std::make_move_iterator(parts.begin() + 1),
@@ -125,11 +133,12 @@ absl::StatusOr<Message> DecodeMessage(std::vector<Buffer> parts, const CodecLimi
 
 std::string DebugString(const Message& msg) {
   const wire::Header& h = msg.header;
-  std::string s = absl::StrCat(wire::Command_Name(h.command()), h.is_response() ? " reply" : "",
-                               " #", h.request_id(), " ", h.sender(), "->", h.recipient());
+  std::string s = absl::StrCat(
+      wire::Command_Name(h.command()), h.is_response() ? " reply" : "", " #",
+      h.request_id(), " ", h.sender(), "->", h.recipient());
   if (h.has_slice()) {
-    absl::StrAppend(&s, " key=", h.slice().key(), " [", h.slice().offset(), ",+",
-                    h.slice().length(), ")");
+    absl::StrAppend(&s, " key=", h.slice().key(), " [", h.slice().offset(),
+                    ",+", h.slice().length(), ")");
   }
   if (h.has_status() && h.status().code() != 0) {
     absl::StrAppend(&s, " error=", h.status().message());

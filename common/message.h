@@ -1,7 +1,8 @@
 // Message: one protobuf header plus zero-copy data frames, and its codec.
 //
-// On the wire a message is a multi-part ZeroMQ message: part 0 is the serialized
-// wire::Header, parts 1..n are the data frames that header.frames() describes.
+// On the wire a message is a multi-part ZeroMQ message: part 0 is the
+// serialized wire::Header, parts 1..n are the data frames that header.frames()
+// describes.
 //
 //   Message m;
 //   m.header.set_command(wire::KV_PUSH);
@@ -9,8 +10,8 @@
 //   std::vector<Buffer> parts = EncodeMessage(m).value();
 //   absl::StatusOr<Message> back = DecodeMessage(std::move(parts));
 //
-// DecodeMessage never aborts: any malformed input (bad protobuf, frame count or size
-// mismatch, unknown command, oversized message) is a DataLoss status.
+// DecodeMessage never aborts: any malformed input (bad protobuf, frame count or
+// size mismatch, unknown command, oversized message) is a DataLoss status.
 #ifndef TESSERA_COMMON_MESSAGE_H_
 #define TESSERA_COMMON_MESSAGE_H_
 
@@ -23,7 +24,8 @@
 
 namespace tessera {
 
-// Node ids, as in ps-lite: the scheduler is 1, servers 8, 10, 12, ..., workers 9, 11, ...
+// Node ids, as in ps-lite: the scheduler is 1, servers 8, 10, 12, ..., workers
+// 9, 11, ...
 inline constexpr int kSchedulerId = 1;
 inline int ServerId(int rank) { return 8 + 2 * rank; }
 inline int WorkerId(int rank) { return 9 + 2 * rank; }
@@ -48,18 +50,19 @@ void AddFloatFrame(Message* msg, Buffer values);
 void AddTwoBitFrame(Message* msg, Buffer packed, uint64_t num_values);
 
 struct CodecLimits {
-  size_t max_header_bytes = 1 << 20;          // 1 MiB of protobuf
+  size_t max_header_bytes = 1 << 20;  // 1 MiB of protobuf
   size_t max_frames = 64;
   uint64_t max_message_bytes = uint64_t{8} << 30;  // 8 GiB of data frames
 };
 
 // Serializes the header and lists [header, data...]. InvalidArgument when the
-// descriptors do not match the data (a programming error, reported not aborted).
+// descriptors do not match the data (a programming error, reported not
+// aborted).
 absl::StatusOr<std::vector<Buffer>> EncodeMessage(const Message& msg);
 
 // Parses and validates the parts of one message. DataLoss on malformed input.
-absl::StatusOr<Message> DecodeMessage(std::vector<Buffer> parts,
-                                      const CodecLimits& limits = CodecLimits());
+absl::StatusOr<Message> DecodeMessage(
+    std::vector<Buffer> parts, const CodecLimits& limits = CodecLimits());
 
 // A one-line description for logs ("KV_PUSH #12 9->8 key=3 [0,+100) 1 frame").
 std::string DebugString(const Message& msg);

@@ -21,10 +21,11 @@ namespace {
 std::string AddressString(const sockaddr* addr) {
   char buf[INET6_ADDRSTRLEN] = {0};
   if (addr->sa_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, buf, sizeof(buf));
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr,
+              buf, sizeof(buf));
   } else if (addr->sa_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, buf,
-              sizeof(buf));
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr,
+              buf, sizeof(buf));
   }
   return buf;
 }
@@ -58,12 +59,14 @@ absl::StatusOr<std::string> ResolveHost(const std::string& host) {
   std::string v4, v6;
   for (addrinfo* it = result; it != nullptr; it = it->ai_next) {
     if (it->ai_family == AF_INET && v4.empty()) v4 = AddressString(it->ai_addr);
-    if (it->ai_family == AF_INET6 && v6.empty()) v6 = AddressString(it->ai_addr);
+    if (it->ai_family == AF_INET6 && v6.empty())
+      v6 = AddressString(it->ai_addr);
   }
   freeaddrinfo(result);
   if (!v4.empty()) return v4;
   if (!v6.empty()) return v6;
-  return absl::InvalidArgumentError(absl::StrCat("host '", host, "' has no IP address"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("host '", host, "' has no IP address"));
 }
 
 std::vector<std::string> InterfaceNames() {
@@ -72,7 +75,9 @@ std::vector<std::string> InterfaceNames() {
   if (getifaddrs(&list) != 0) return names;
   for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
     if (it->ifa_addr == nullptr) continue;
-    if (it->ifa_addr->sa_family != AF_INET && it->ifa_addr->sa_family != AF_INET6) continue;
+    if (it->ifa_addr->sa_family != AF_INET &&
+        it->ifa_addr->sa_family != AF_INET6)
+      continue;
     if (std::find(names.begin(), names.end(), it->ifa_name) == names.end()) {
       names.push_back(it->ifa_name);
     }
@@ -83,14 +88,15 @@ std::vector<std::string> InterfaceNames() {
 
 namespace {
 
-// The address of interface `name`; with `prefer_ipv6` a global IPv6 address goes
-// before the IPv4 one (a node must advertise an address of the scheduler's family:
-// an IPv6 scheduler may have no IPv4 route to the node).
+// The address of interface `name`; with `prefer_ipv6` a global IPv6 address
+// goes before the IPv4 one (a node must advertise an address of the scheduler's
+// family: an IPv6 scheduler may have no IPv4 route to the node).
 absl::StatusOr<std::string> InterfaceAddressPreferring(const std::string& name,
                                                        bool prefer_ipv6) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) {
-    return absl::InternalError(absl::StrCat("getifaddrs: ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("getifaddrs: ", std::strerror(errno)));
   }
   std::string v4, v6_global, v6_link;
   for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
@@ -113,10 +119,10 @@ absl::StatusOr<std::string> InterfaceAddressPreferring(const std::string& name,
   if (!v4.empty()) return v4;
   if (!v6_global.empty()) return v6_global;
   if (!v6_link.empty()) return v6_link;
-  return absl::InvalidArgumentError(
-      absl::StrCat("DMLC_INTERFACE='", name,
-                   "': no such network interface with an address (interfaces with one: ",
-                   absl::StrJoin(InterfaceNames(), ", "), ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "DMLC_INTERFACE='", name,
+      "': no such network interface with an address (interfaces with one: ",
+      absl::StrJoin(InterfaceNames(), ", "), ")"));
 }
 
 }  // namespace
@@ -128,7 +134,8 @@ absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
 absl::StatusOr<std::string> RouteSourceAddress(const std::string& remote_ip) {
   const bool v6 = IsIpv6(remote_ip);
   int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_DGRAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   sockaddr_storage remote;
   std::memset(&remote, 0, sizeof(remote));
   socklen_t len = 0;
@@ -148,7 +155,8 @@ absl::StatusOr<std::string> RouteSourceAddress(const std::string& remote_ip) {
   if (connect(fd, reinterpret_cast<sockaddr*>(&remote), len) != 0) {
     const std::string err = std::strerror(errno);
     close(fd);
-    return absl::UnavailableError(absl::StrCat("no route to ", remote_ip, ": ", err));
+    return absl::UnavailableError(
+        absl::StrCat("no route to ", remote_ip, ": ", err));
   }
   sockaddr_storage local;
   socklen_t local_len = sizeof(local);
@@ -162,15 +170,16 @@ absl::StatusOr<std::string> AdvertisedAddress(const Options& options,
   if (!options.node_host.empty()) {
     absl::StatusOr<std::string> ip = ResolveHost(options.node_host);
     if (!ip.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DMLC_NODE_HOST='", options.node_host, "': ", ip.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DMLC_NODE_HOST='", options.node_host, "': ", ip.status().message()));
     }
     return ip;
   }
   if (!options.interface.empty()) {
     return InterfaceAddressPreferring(options.interface, IsIpv6(scheduler_ip));
   }
-  if (IsLoopback(scheduler_ip)) return scheduler_ip == "::1" ? "::1" : "127.0.0.1";
+  if (IsLoopback(scheduler_ip))
+    return scheduler_ip == "::1" ? "::1" : "127.0.0.1";
   return RouteSourceAddress(scheduler_ip);
 }
 

@@ -18,16 +18,22 @@ absl::Status FromWire(const wire::WireStatus& s) {
 
 }  // namespace
 
-Node::Node(const Options& options, Callbacks callbacks, std::unique_ptr<Transport> transport)
-    : options_(options), callbacks_(std::move(callbacks)), transport_(std::move(transport)) {}
+Node::Node(const Options& options, Callbacks callbacks,
+           std::unique_ptr<Transport> transport)
+    : options_(options),
+      callbacks_(std::move(callbacks)),
+      transport_(std::move(transport)) {}
 
-absl::StatusOr<std::unique_ptr<Node>> Node::Start(const Options& options, Callbacks callbacks,
-                                                  std::unique_ptr<Transport> transport) {
+absl::StatusOr<std::unique_ptr<Node>> Node::Start(
+    const Options& options, Callbacks callbacks,
+    std::unique_ptr<Transport> transport) {
   if (options.role == Role::kScheduler) {
-    return absl::InvalidArgumentError("Node is for servers and workers, not the scheduler");
+    return absl::InvalidArgumentError(
+        "Node is for servers and workers, not the scheduler");
   }
   if (transport == nullptr) transport = NewZmqTransport();
-  std::unique_ptr<Node> node(new Node(options, std::move(callbacks), std::move(transport)));
+  std::unique_ptr<Node> node(
+      new Node(options, std::move(callbacks), std::move(transport)));
   absl::Status joined = node->Join();
   if (!joined.ok()) {
     node->Stop();
@@ -42,25 +48,27 @@ absl::Status Node::Join() {
   absl::StatusOr<std::string> scheduler_ip = ResolveHost(options_.root_uri);
   if (!scheduler_ip.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("DMLC_PS_ROOT_URI='", options_.root_uri, "': ",
-                     scheduler_ip.status().message()));
+        absl::StrCat("DMLC_PS_ROOT_URI='", options_.root_uri,
+                     "': ", scheduler_ip.status().message()));
   }
-  TESSERA_ASSIGN_OR_RETURN(address_, AdvertisedAddress(options_, *scheduler_ip));
+  TESSERA_ASSIGN_OR_RETURN(address_,
+                           AdvertisedAddress(options_, *scheduler_ip));
   absl::StatusOr<int> port = transport_->Bind(address_, options_.port);
   if (!port.ok()) {
     if (options_.port != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("PORT=", options_.port, ": ", port.status().message()));
     }
-    return absl::InvalidArgumentError(absl::StrCat("cannot listen on address ", address_,
-                                                   " (DMLC_NODE_HOST / DMLC_INTERFACE): ",
-                                                   port.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot listen on address ", address_,
+        " (DMLC_NODE_HOST / DMLC_INTERFACE): ", port.status().message()));
   }
   port_ = *port;
   scheduler_address_ = absl::StrCat(*scheduler_ip, ":", options_.root_port);
-  TESSERA_RETURN_IF_ERROR(transport_->Connect(kSchedulerId, *scheduler_ip, options_.root_port));
-  TESSERA_VLOG(1) << RoleName(options_.role) << " advertises " << address_ << ":" << port_
-                  << "; scheduler at " << scheduler_address_;
+  TESSERA_RETURN_IF_ERROR(
+      transport_->Connect(kSchedulerId, *scheduler_ip, options_.root_port));
+  TESSERA_VLOG(1) << RoleName(options_.role) << " advertises " << address_
+                  << ":" << port_ << "; scheduler at " << scheduler_address_;
   {
     absl::MutexLock lock(&mu_);
     last_scheduler_contact_ = absl::Now();
@@ -82,8 +90,8 @@ absl::Status Node::Join() {
   reg.header.mutable_register_()->set_pid(getpid());
   TESSERA_RETURN_IF_ERROR(transport_->Send(kSchedulerId, reg));
 
-  // The scheduler gives up at its own start deadline and tells us (when it can reach
-  // us); wait a moment longer so its reason arrives first.
+  // The scheduler gives up at its own start deadline and tells us (when it can
+  // reach us); wait a moment longer so its reason arrives first.
   const absl::Duration wait = options_.start_timeout + absl::Seconds(1);
   {
     absl::MutexLock lock(&mu_);
@@ -94,21 +102,25 @@ absl::Status Node::Join() {
     if (!failure_.ok()) return failure_;
     if (!have_table_) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "no node table from the scheduler at ", scheduler_address_, " within ",
-          absl::FormatDuration(wait), " (this node advertises ", address_, ":", port_,
+          "no node table from the scheduler at ", scheduler_address_,
+          " within ", absl::FormatDuration(wait), " (this node advertises ",
+          address_, ":", port_,
           "; is the scheduler running, and can it reach that address?)"));
     }
     for (const auto& [peer_id, info] : nodes_) {
       if (peer_id == id_ || peer_id == kSchedulerId) continue;
-      // Workers talk to servers; servers answer workers. Same-role peers need no link.
-      const bool want = options_.role == Role::kWorker ? IsServerId(peer_id) : IsWorkerId(peer_id);
+      // Workers talk to servers; servers answer workers. Same-role peers need
+      // no link.
+      const bool want = options_.role == Role::kWorker ? IsServerId(peer_id)
+                                                       : IsWorkerId(peer_id);
       if (!want) continue;
-      TESSERA_RETURN_IF_ERROR(transport_->Connect(peer_id, info.host(), info.port()));
+      TESSERA_RETURN_IF_ERROR(
+          transport_->Connect(peer_id, info.host(), info.port()));
     }
   }
   SetLogTag(absl::StrCat(RoleName(options_.role), " ", rank_));
-  TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at " << address_ << ":"
-                  << port_;
+  TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at "
+                  << address_ << ":" << port_;
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   }
@@ -116,13 +128,15 @@ absl::Status Node::Join() {
 }
 
 std::string Node::Describe(int node_id) const {
-  if (node_id == kSchedulerId) return absl::StrCat("scheduler (id 1 at ", scheduler_address_, ")");
+  if (node_id == kSchedulerId)
+    return absl::StrCat("scheduler (id 1 at ", scheduler_address_, ")");
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return absl::StrCat("node ", node_id);
   const wire::NodeInfo& n = it->second;
-  return absl::StrCat(n.role() == wire::SERVER ? "server " : "worker ", n.rank(), " (id ",
-                      n.id(), " at ", n.host(), ":", n.port(), ")");
+  return absl::StrCat(n.role() == wire::SERVER ? "server " : "worker ",
+                      n.rank(), " (id ", n.id(), " at ", n.host(), ":",
+                      n.port(), ")");
 }
 
 void Node::StartDelivery() {
@@ -138,7 +152,8 @@ absl::Status Node::Send(int peer, Message msg) {
 }
 
 absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
-                                 absl::Duration timeout, const std::string& what) {
+                                 absl::Duration timeout,
+                                 const std::string& what) {
   const uint64_t request = next_request_.fetch_add(1);
   Message msg;
   msg.header = std::move(extra);
@@ -163,23 +178,25 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
   waiters_.erase(request);
   if (waiter.done) return waiter.status;
   if (!failure_.ok()) return failure_;
-  if (stopping_) return absl::CancelledError(absl::StrCat(what, ": node stopped"));
+  if (stopping_)
+    return absl::CancelledError(absl::StrCat(what, ": node stopped"));
   (void)finished;
-  return absl::DeadlineExceededError(absl::StrCat(what, ": no answer from the scheduler at ",
-                                                  scheduler_address_, " within ",
-                                                  absl::FormatDuration(timeout)));
+  return absl::DeadlineExceededError(absl::StrCat(
+      what, ": no answer from the scheduler at ", scheduler_address_,
+      " within ", absl::FormatDuration(timeout)));
 }
 
 absl::Status Node::Barrier(int group) {
   wire::Header extra;
   extra.mutable_barrier()->set_group(group);
-  return CallScheduler(wire::BARRIER, std::move(extra), options_.request_timeout,
+  return CallScheduler(wire::BARRIER, std::move(extra),
+                       options_.request_timeout,
                        absl::StrCat("barrier of group ", group));
 }
 
 absl::Status Node::FinishWorker() {
-  return CallScheduler(wire::WORKER_DONE, wire::Header(), options_.request_timeout,
-                       "leaving the job");
+  return CallScheduler(wire::WORKER_DONE, wire::Header(),
+                       options_.request_timeout, "leaving the job");
 }
 
 absl::Status Node::WaitForTerminate() {
@@ -221,7 +238,8 @@ void Node::Stop() {
 
 void Node::ReceiveLoop() {
   while (!stop_.load()) {
-    // Messages held before StartDelivery go first, from this thread, to keep order.
+    // Messages held before StartDelivery go first, from this thread, to keep
+    // order.
     std::vector<Message> early;
     {
       absl::MutexLock lock(&mu_);
@@ -259,8 +277,8 @@ void Node::ReceiveLoop() {
 void Node::HandleControl(Message&& msg) {
   const wire::Header& h = msg.header;
   if (h.sender() != kSchedulerId) {
-    TESSERA_LOG(WARNING) << "ignored control message from node " << h.sender() << ": "
-                         << DebugString(msg);
+    TESSERA_LOG(WARNING) << "ignored control message from node " << h.sender()
+                         << ": " << DebugString(msg);
     return;
   }
   TESSERA_VLOG(1) << "control: " << DebugString(msg);
@@ -277,8 +295,8 @@ void Node::HandleControl(Message&& msg) {
         }
       }
       if (my_id == 0) {
-        TESSERA_LOG(WARNING) << "node table does not list this node (" << address_ << ":"
-                             << port_ << "); ignored";
+        TESSERA_LOG(WARNING) << "node table does not list this node ("
+                             << address_ << ":" << port_ << "); ignored";
         return;
       }
       id_ = my_id;
@@ -286,14 +304,15 @@ void Node::HandleControl(Message&& msg) {
       table_ = h.node_table();
       have_table_ = true;
     }
-    {
-      // Confirms that the scheduler's messages reach the address this node advertises.
-      Message ack;
-      ack.header.set_command(wire::NODE_TABLE);
-      ack.header.set_is_response(true);
-      (void)Send(kSchedulerId, std::move(ack));
-      return;
-    }
+      {
+        // Confirms that the scheduler's messages reach the address this node
+        // advertises.
+        Message ack;
+        ack.header.set_command(wire::NODE_TABLE);
+        ack.header.set_is_response(true);
+        (void)Send(kSchedulerId, std::move(ack));
+        return;
+      }
     case wire::BARRIER:
     case wire::WORKER_DONE:
     case wire::HEARTBEAT: {
@@ -308,13 +327,15 @@ void Node::HandleControl(Message&& msg) {
     }
     case wire::NODE_DEAD: {
       const wire::NodeInfo& dead = h.node_dead().node();
-      Fail(absl::UnavailableError(absl::StrCat(
-          dead.role() == wire::SERVER ? "server " : "worker ", dead.rank(), " (id ", dead.id(),
-          " at ", dead.host(), ":", dead.port(), ") died: ", h.node_dead().reason())));
+      Fail(absl::UnavailableError(
+          absl::StrCat(dead.role() == wire::SERVER ? "server " : "worker ",
+                       dead.rank(), " (id ", dead.id(), " at ", dead.host(),
+                       ":", dead.port(), ") died: ", h.node_dead().reason())));
       return;
     }
     case wire::ABORT:
-      Fail(absl::AbortedError(absl::StrCat("the scheduler ended the job: ", h.abort().reason())));
+      Fail(absl::AbortedError(
+          absl::StrCat("the scheduler ended the job: ", h.abort().reason())));
       return;
     case wire::TERMINATE: {
       absl::MutexLock lock(&mu_);
@@ -322,7 +343,8 @@ void Node::HandleControl(Message&& msg) {
       return;
     }
     default:
-      TESSERA_LOG(WARNING) << "ignored unexpected control message " << DebugString(msg);
+      TESSERA_LOG(WARNING) << "ignored unexpected control message "
+                           << DebugString(msg);
   }
 }
 
@@ -340,9 +362,10 @@ void Node::HeartbeatLoop() {
       silent = now - last_scheduler_contact_;
     }
     if (silent > timeout) {
-      Fail(absl::UnavailableError(absl::StrCat(
-          "the scheduler (id 1 at ", scheduler_address_, ") stopped answering heartbeats for ",
-          absl::FormatDuration(silent))));
+      Fail(absl::UnavailableError(
+          absl::StrCat("the scheduler (id 1 at ", scheduler_address_,
+                       ") stopped answering heartbeats for ",
+                       absl::FormatDuration(silent))));
       return;
     }
     if (now >= next) {

@@ -1,17 +1,18 @@
-// Node: a server's or worker's membership in a job. It registers with the scheduler,
-// receives the node table (ids and ranks), connects to its peers, serves barriers,
-// heart-beats, and reports the job's end or failure. Data-plane messages (KV_*) are
-// handed to the owner's callback.
+// Node: a server's or worker's membership in a job. It registers with the
+// scheduler, receives the node table (ids and ranks), connects to its peers,
+// serves barriers, heart-beats, and reports the job's end or failure.
+// Data-plane messages (KV_*) are handed to the owner's callback.
 //
 //   Node::Callbacks cb;
 //   cb.on_data = [&](Message&& m) { server.Handle(std::move(m)); };
-//   cb.on_failure = [&](const absl::Status& s) { ... };   // a peer died, the job aborted
-//   absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(options, cb);
+//   cb.on_failure = [&](const absl::Status& s) { ... };   // a peer died, the
+//   job aborted absl::StatusOr<std::unique_ptr<Node>> node =
+//   Node::Start(options, cb);
 //   (*node)->Barrier(kGroupWorkers);
 //
-// Thread-safety: all methods are thread-safe. Callbacks run on the node's receiver
-// thread (on_data) or on whichever internal thread noticed the failure (on_failure,
-// called exactly once); they must not block for long.
+// Thread-safety: all methods are thread-safe. Callbacks run on the node's
+// receiver thread (on_data) or on whichever internal thread noticed the failure
+// (on_failure, called exactly once); they must not block for long.
 #ifndef TESSERA_COMMON_NODE_H_
 #define TESSERA_COMMON_NODE_H_
 
@@ -37,10 +38,10 @@ class Node {
     std::function<void(const absl::Status&)> on_failure;
   };
 
-  // Joins the job: resolves and binds the node's address, registers, and waits up to
-  // options.start_timeout for the node table. Errors: InvalidArgument (naming the
-  // variable) for a bad address or port, DeadlineExceeded when the table never came,
-  // Aborted when the scheduler gave up on the job.
+  // Joins the job: resolves and binds the node's address, registers, and waits
+  // up to options.start_timeout for the node table. Errors: InvalidArgument
+  // (naming the variable) for a bad address or port, DeadlineExceeded when the
+  // table never came, Aborted when the scheduler gave up on the job.
   static absl::StatusOr<std::unique_ptr<Node>> Start(
       const Options& options, Callbacks callbacks,
       std::unique_ptr<Transport> transport = nullptr);
@@ -56,9 +57,10 @@ class Node {
   // "server 1 (id 10 at 127.0.0.1:40123)"
   std::string Describe(int node_id) const;
 
-  // Starts handing data-plane messages to on_data. Until then (from the moment the
-  // node is reachable, before Start returns) they are held in arrival order, so the
-  // owner never sees a message before it holds the Node it replies through.
+  // Starts handing data-plane messages to on_data. Until then (from the moment
+  // the node is reachable, before Start returns) they are held in arrival
+  // order, so the owner never sees a message before it holds the Node it
+  // replies through.
   void StartDelivery();
 
   // Sends a data-plane message; fills in sender and generation.
@@ -70,7 +72,8 @@ class Node {
   // Worker: tells the scheduler this worker is done (after its last barrier).
   absl::Status FinishWorker();
 
-  // Blocks until the scheduler ends the job (OK) or the job fails (the failure).
+  // Blocks until the scheduler ends the job (OK) or the job fails (the
+  // failure).
   absl::Status WaitForTerminate();
 
   // OK while the job is healthy, else the first failure.
@@ -82,7 +85,8 @@ class Node {
   uint64_t malformed_count() const { return transport_->malformed_count(); }
 
  private:
-  Node(const Options& options, Callbacks callbacks, std::unique_ptr<Transport> transport);
+  Node(const Options& options, Callbacks callbacks,
+       std::unique_ptr<Transport> transport);
 
   absl::Status Join();
   void ReceiveLoop();
@@ -90,8 +94,8 @@ class Node {
   void HandleControl(Message&& msg);
   void Fail(const absl::Status& status);
   // Sends a control request to the scheduler and waits for its reply.
-  absl::Status CallScheduler(wire::Command command, wire::Header extra, absl::Duration timeout,
-                             const std::string& what);
+  absl::Status CallScheduler(wire::Command command, wire::Header extra,
+                             absl::Duration timeout, const std::string& what);
 
   const Options options_;
   Callbacks callbacks_;
@@ -117,7 +121,8 @@ class Node {
   absl::Time last_scheduler_contact_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool deliver_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<Message> held_ ABSL_GUARDED_BY(mu_);  // data messages before StartDelivery
+  std::vector<Message> held_
+      ABSL_GUARDED_BY(mu_);  // data messages before StartDelivery
 
   std::atomic<bool> stop_{false};
   std::thread receiver_;

@@ -19,12 +19,14 @@ absl::Status BadValue(const std::string& name, const std::string& value,
 }
 
 absl::Status Missing(const std::string& name, const std::string& expected) {
-  return absl::InvalidArgumentError(absl::StrCat(name, " is not set: expected ", expected));
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " is not set: expected ", expected));
 }
 
 // Reads an integer in [lo, hi]. Unset -> `fallback`, or an error when required.
-absl::StatusOr<int64_t> ReadInt(const EnvLookup& env, const std::string& name, int64_t lo,
-                                int64_t hi, std::optional<int64_t> fallback,
+absl::StatusOr<int64_t> ReadInt(const EnvLookup& env, const std::string& name,
+                                int64_t lo, int64_t hi,
+                                std::optional<int64_t> fallback,
                                 const std::string& expected) {
   std::optional<std::string> raw = env(name);
   if (!raw.has_value() || absl::StripAsciiWhitespace(*raw).empty()) {
@@ -32,20 +34,26 @@ absl::StatusOr<int64_t> ReadInt(const EnvLookup& env, const std::string& name, i
     return Missing(name, expected);
   }
   int64_t value = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*raw), &value) || value < lo || value > hi) {
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*raw), &value) ||
+      value < lo || value > hi) {
     return BadValue(name, *raw, expected);
   }
   return value;
 }
 
-absl::StatusOr<absl::Duration> ReadSeconds(const EnvLookup& env, const std::string& name,
-                                           absl::Duration fallback, bool allow_zero) {
+absl::StatusOr<absl::Duration> ReadSeconds(const EnvLookup& env,
+                                           const std::string& name,
+                                           absl::Duration fallback,
+                                           bool allow_zero) {
   std::optional<std::string> raw = env(name);
-  if (!raw.has_value() || absl::StripAsciiWhitespace(*raw).empty()) return fallback;
+  if (!raw.has_value() || absl::StripAsciiWhitespace(*raw).empty())
+    return fallback;
   double seconds = 0;
-  const char* expected = allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0";
-  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(*raw), &seconds) || !std::isfinite(seconds) ||
-      seconds < 0 || (!allow_zero && seconds == 0) || seconds > 1e7) {
+  const char* expected =
+      allow_zero ? "a number of seconds >= 0" : "a number of seconds > 0";
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(*raw), &seconds) ||
+      !std::isfinite(seconds) || seconds < 0 || (!allow_zero && seconds == 0) ||
+      seconds > 1e7) {
     return BadValue(name, *raw, expected);
   }
   return absl::Seconds(seconds);
@@ -53,7 +61,8 @@ absl::StatusOr<absl::Duration> ReadSeconds(const EnvLookup& env, const std::stri
 
 std::string ReadString(const EnvLookup& env, const std::string& name) {
   std::optional<std::string> raw = env(name);
-  return raw.has_value() ? std::string(absl::StripAsciiWhitespace(*raw)) : std::string();
+  return raw.has_value() ? std::string(absl::StripAsciiWhitespace(*raw))
+                         : std::string();
 }
 
 }  // namespace
@@ -86,56 +95,71 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
 
   o.root_uri = ReadString(env, "DMLC_PS_ROOT_URI");
   if (o.root_uri.empty()) {
-    return Missing("DMLC_PS_ROOT_URI", "the scheduler's IP address or hostname");
+    return Missing("DMLC_PS_ROOT_URI",
+                   "the scheduler's IP address or hostname");
   }
-  TESSERA_ASSIGN_OR_RETURN(o.root_port, ReadInt(env, "DMLC_PS_ROOT_PORT", 1, 65535, std::nullopt,
-                                                "a port number in 1..65535"));
-  TESSERA_ASSIGN_OR_RETURN(o.num_servers, ReadInt(env, "DMLC_NUM_SERVER", 1, 100000,
-                                                  std::nullopt, "a whole number >= 1"));
-  TESSERA_ASSIGN_OR_RETURN(o.num_workers, ReadInt(env, "DMLC_NUM_WORKER", 1, 100000,
-                                                  std::nullopt, "a whole number >= 1"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.root_port, ReadInt(env, "DMLC_PS_ROOT_PORT", 1, 65535, std::nullopt,
+                           "a port number in 1..65535"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.num_servers, ReadInt(env, "DMLC_NUM_SERVER", 1, 100000, std::nullopt,
+                             "a whole number >= 1"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.num_workers, ReadInt(env, "DMLC_NUM_WORKER", 1, 100000, std::nullopt,
+                             "a whole number >= 1"));
   o.interface = ReadString(env, "DMLC_INTERFACE");
   o.node_host = ReadString(env, "DMLC_NODE_HOST");
-  TESSERA_ASSIGN_OR_RETURN(o.port,
-                           ReadInt(env, "PORT", 0, 65535, 0, "a port number in 0..65535"));
-  TESSERA_ASSIGN_OR_RETURN(o.verbose, ReadInt(env, "PS_VERBOSE", 0, 2, 0, "0, 1 or 2"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.port, ReadInt(env, "PORT", 0, 65535, 0, "a port number in 0..65535"));
+  TESSERA_ASSIGN_OR_RETURN(o.verbose,
+                           ReadInt(env, "PS_VERBOSE", 0, 2, 0, "0, 1 or 2"));
   TESSERA_ASSIGN_OR_RETURN(
       o.heartbeat_interval,
-      ReadSeconds(env, "PS_HEARTBEAT_INTERVAL", o.heartbeat_interval, /*allow_zero=*/true));
+      ReadSeconds(env, "PS_HEARTBEAT_INTERVAL", o.heartbeat_interval,
+                  /*allow_zero=*/true));
   TESSERA_ASSIGN_OR_RETURN(
       o.heartbeat_timeout,
-      ReadSeconds(env, "PS_HEARTBEAT_TIMEOUT", o.heartbeat_timeout, /*allow_zero=*/false));
+      ReadSeconds(env, "PS_HEARTBEAT_TIMEOUT", o.heartbeat_timeout,
+                  /*allow_zero=*/false));
   if (o.heartbeat_interval > absl::ZeroDuration() &&
       o.heartbeat_timeout <= o.heartbeat_interval) {
-    return BadValue("PS_HEARTBEAT_TIMEOUT", ReadString(env, "PS_HEARTBEAT_TIMEOUT"),
-                    absl::StrCat("a number of seconds greater than PS_HEARTBEAT_INTERVAL (",
-                                 absl::FormatDuration(o.heartbeat_interval), ")"));
+    return BadValue(
+        "PS_HEARTBEAT_TIMEOUT", ReadString(env, "PS_HEARTBEAT_TIMEOUT"),
+        absl::StrCat("a number of seconds greater than PS_HEARTBEAT_INTERVAL (",
+                     absl::FormatDuration(o.heartbeat_interval), ")"));
   }
   TESSERA_ASSIGN_OR_RETURN(
-      o.start_timeout, ReadSeconds(env, "TESSERA_START_TIMEOUT", o.start_timeout, false));
-  TESSERA_ASSIGN_OR_RETURN(o.request_timeout,
-                           ReadSeconds(env, "TESSERA_TIMEOUT", o.request_timeout, false));
-  TESSERA_ASSIGN_OR_RETURN(o.server_threads, ReadInt(env, "TESSERA_SERVER_THREADS", 0, 256, 0,
-                                                     "a whole number in 0..256"));
+      o.start_timeout,
+      ReadSeconds(env, "TESSERA_START_TIMEOUT", o.start_timeout, false));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.request_timeout,
+      ReadSeconds(env, "TESSERA_TIMEOUT", o.request_timeout, false));
+  TESSERA_ASSIGN_OR_RETURN(o.server_threads,
+                           ReadInt(env, "TESSERA_SERVER_THREADS", 0, 256, 0,
+                                   "a whole number in 0..256"));
   int64_t bound = 0;
-  TESSERA_ASSIGN_OR_RETURN(bound, ReadInt(env, "MXNET_KVSTORE_BIGARRAY_BOUND", 1,
-                                          int64_t{1} << 40, 1000000, "a whole number >= 1"));
-  TESSERA_ASSIGN_OR_RETURN(bound, ReadInt(env, "TESSERA_BIGARRAY_BOUND", 1, int64_t{1} << 40,
-                                          bound, "a whole number >= 1"));
+  TESSERA_ASSIGN_OR_RETURN(
+      bound, ReadInt(env, "MXNET_KVSTORE_BIGARRAY_BOUND", 1, int64_t{1} << 40,
+                     1000000, "a whole number >= 1"));
+  TESSERA_ASSIGN_OR_RETURN(
+      bound, ReadInt(env, "TESSERA_BIGARRAY_BOUND", 1, int64_t{1} << 40, bound,
+                     "a whole number >= 1"));
   o.bigarray_bound = static_cast<uint64_t>(bound);
   int64_t restarts = 0;
-  TESSERA_ASSIGN_OR_RETURN(restarts, ReadInt(env, "TESSERA_RESTART_COUNT", 0, 1000000, 0,
-                                             "a whole number >= 0"));
+  TESSERA_ASSIGN_OR_RETURN(restarts,
+                           ReadInt(env, "TESSERA_RESTART_COUNT", 0, 1000000, 0,
+                                   "a whole number >= 0"));
   o.restart_count = static_cast<uint64_t>(restarts);
   return o;
 }
 
 absl::StatusOr<Options> Options::FromEnvironment() {
-  return ParseOptions([](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  });
+  return ParseOptions(
+      [](const std::string& name) -> std::optional<std::string> {
+        const char* value = std::getenv(name.c_str());
+        if (value == nullptr) return std::nullopt;
+        return std::string(value);
+      });
 }
 
 }  // namespace tessera

@@ -1,13 +1,15 @@
-// Options: the cluster configuration of one node, read once from the DMLC_* / PS_* /
-// TESSERA_* environment (the conventions of MXNet's launcher and ps-lite).
+// Options: the cluster configuration of one node, read once from the DMLC_* /
+// PS_* / TESSERA_* environment (the conventions of MXNet's launcher and
+// ps-lite).
 //
 //   absl::StatusOr<Options> options = Options::FromEnvironment();
-//   if (!options.ok()) { std::cerr << options.status().message() << "\n"; return 2; }
+//   if (!options.ok()) { std::cerr << options.status().message() << "\n";
+//   return 2; }
 //
-// Parsing is pure: ParseOptions takes a lookup function, so tests pass a map. Parsing only
-// checks syntax and ranges; resolving hosts and interfaces happens when a node starts
-// (see net_util.h). Every error message names the variable, its value and what was
-// expected.
+// Parsing is pure: ParseOptions takes a lookup function, so tests pass a map.
+// Parsing only checks syntax and ranges; resolving hosts and interfaces happens
+// when a node starts (see net_util.h). Every error message names the variable,
+// its value and what was expected.
 #ifndef TESSERA_COMMON_OPTIONS_H_
 #define TESSERA_COMMON_OPTIONS_H_
 
@@ -26,27 +28,30 @@ const char* RoleName(Role role);
 
 struct Options {
   Role role = Role::kWorker;
-  std::string root_uri;        // DMLC_PS_ROOT_URI: IP (v4 or v6) or hostname
-  int root_port = 0;           // DMLC_PS_ROOT_PORT: 1..65535
-  int num_servers = 0;         // DMLC_NUM_SERVER: >= 1
-  int num_workers = 0;         // DMLC_NUM_WORKER: >= 1
-  std::string interface;       // DMLC_INTERFACE: network interface to take the address of
-  std::string node_host;       // DMLC_NODE_HOST: advertised address; wins over interface
-  int port = 0;                // PORT: port to bind (0: any free one)
-  int verbose = 0;             // PS_VERBOSE: 0, 1 or 2
-  // PS_HEARTBEAT_INTERVAL / PS_HEARTBEAT_TIMEOUT, seconds (fractions allowed); an
-  // interval of 0 turns heartbeats off. On by default, unlike ps-lite.
+  std::string root_uri;  // DMLC_PS_ROOT_URI: IP (v4 or v6) or hostname
+  int root_port = 0;     // DMLC_PS_ROOT_PORT: 1..65535
+  int num_servers = 0;   // DMLC_NUM_SERVER: >= 1
+  int num_workers = 0;   // DMLC_NUM_WORKER: >= 1
+  std::string
+      interface;  // DMLC_INTERFACE: network interface to take the address of
+  std::string
+      node_host;    // DMLC_NODE_HOST: advertised address; wins over interface
+  int port = 0;     // PORT: port to bind (0: any free one)
+  int verbose = 0;  // PS_VERBOSE: 0, 1 or 2
+  // PS_HEARTBEAT_INTERVAL / PS_HEARTBEAT_TIMEOUT, seconds (fractions allowed);
+  // an interval of 0 turns heartbeats off. On by default, unlike ps-lite.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(10);
-  // TESSERA_START_TIMEOUT: how long the scheduler waits for every node to register and a
-  // node waits for the node table.
+  // TESSERA_START_TIMEOUT: how long the scheduler waits for every node to
+  // register and a node waits for the node table.
   absl::Duration start_timeout = absl::Seconds(60);
   // TESSERA_TIMEOUT: deadline of any single request (push, pull, barrier).
   absl::Duration request_timeout = absl::Seconds(600);
-  // TESSERA_SERVER_THREADS: update threads of a server (0: one per core, at most 8).
+  // TESSERA_SERVER_THREADS: update threads of a server (0: one per core, at
+  // most 8).
   int server_threads = 0;
-  // TESSERA_BIGARRAY_BOUND: arrays with at least this many elements are split over all
-  // servers (MXNET_KVSTORE_BIGARRAY_BOUND is honoured too).
+  // TESSERA_BIGARRAY_BOUND: arrays with at least this many elements are split
+  // over all servers (MXNET_KVSTORE_BIGARRAY_BOUND is honoured too).
   uint64_t bigarray_bound = 1000000;
   // TESSERA_RESTART_COUNT: set by the launcher when it restarts a node.
   uint64_t restart_count = 0;
@@ -56,7 +61,8 @@ struct Options {
 };
 
 // Looks up a variable; std::nullopt when unset.
-using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+using EnvLookup =
+    std::function<std::optional<std::string>(const std::string& name)>;
 
 absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup);
 

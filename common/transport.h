@@ -1,6 +1,6 @@
-// Transport: moves Messages between nodes. The ZeroMQ implementation binds one PULL
-// socket per node and connects one PUSH socket per peer; an in-memory implementation
-// lets tests run nodes inside one process.
+// Transport: moves Messages between nodes. The ZeroMQ implementation binds one
+// PULL socket per node and connects one PUSH socket per peer; an in-memory
+// implementation lets tests run nodes inside one process.
 //
 //   std::unique_ptr<Transport> t = NewZmqTransport();
 //   absl::StatusOr<int> port = t->Bind("127.0.0.1", 0);   // any free port
@@ -8,9 +8,9 @@
 //   t->Send(kSchedulerId, msg);
 //   absl::StatusOr<Message> in = t->Receive(absl::Milliseconds(100));
 //
-// Thread-safety: Send/Connect/Disconnect may be called from any thread; Receive from one
-// thread at a time. Data frames are sent without copying: a Buffer stays referenced until
-// the transport has written it out.
+// Thread-safety: Send/Connect/Disconnect may be called from any thread; Receive
+// from one thread at a time. Data frames are sent without copying: a Buffer
+// stays referenced until the transport has written it out.
 #ifndef TESSERA_COMMON_TRANSPORT_H_
 #define TESSERA_COMMON_TRANSPORT_H_
 
@@ -28,21 +28,23 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
-  // Binds the receiving endpoint at ip:port (port 0: any free port) and returns the
-  // port. Unavailable (with the OS error) when the address cannot be bound.
+  // Binds the receiving endpoint at ip:port (port 0: any free port) and returns
+  // the port. Unavailable (with the OS error) when the address cannot be bound.
   virtual absl::StatusOr<int> Bind(const std::string& ip, int port) = 0;
 
-  // Makes `peer` reachable at ip:port. Connecting is asynchronous: messages queue until
-  // the connection is up. Reconnecting a known peer replaces its address.
+  // Makes `peer` reachable at ip:port. Connecting is asynchronous: messages
+  // queue until the connection is up. Reconnecting a known peer replaces its
+  // address.
   virtual absl::Status Connect(int peer, const std::string& ip, int port) = 0;
   virtual void Disconnect(int peer) = 0;
 
-  // Queues `msg` for `peer`. Unavailable when the peer is unknown or its queue stayed full
-  // for the send time-out.
+  // Queues `msg` for `peer`. Unavailable when the peer is unknown or its queue
+  // stayed full for the send time-out.
   virtual absl::Status Send(int peer, const Message& msg) = 0;
 
-  // Returns the next well-formed message, waiting at most `timeout`. Malformed messages
-  // are counted, logged and dropped. DeadlineExceeded on time-out, Cancelled after Close.
+  // Returns the next well-formed message, waiting at most `timeout`. Malformed
+  // messages are counted, logged and dropped. DeadlineExceeded on time-out,
+  // Cancelled after Close.
   virtual absl::StatusOr<Message> Receive(absl::Duration timeout) = 0;
 
   // Number of malformed messages dropped so far.
@@ -60,10 +62,11 @@ struct ZmqTransportOptions {
   CodecLimits limits;
 };
 
-std::unique_ptr<Transport> NewZmqTransport(const ZmqTransportOptions& options = {});
+std::unique_ptr<Transport> NewZmqTransport(
+    const ZmqTransportOptions& options = {});
 
-// A process-local network for tests: transports created from the same MemoryNetwork
-// reach each other by "ip:port".
+// A process-local network for tests: transports created from the same
+// MemoryNetwork reach each other by "ip:port".
 class MemoryNetwork {
  public:
   MemoryNetwork();

@@ -21,10 +21,12 @@ void ToWire(const absl::Status& s, wire::WireStatus* out) {
 }  // namespace
 
 std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
-  std::stable_sort(nodes.begin(), nodes.end(), [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
-    return std::make_tuple(static_cast<int>(a.role()), a.host(), a.port()) <
-           std::make_tuple(static_cast<int>(b.role()), b.host(), b.port());
-  });
+  std::stable_sort(
+      nodes.begin(), nodes.end(),
+      [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
+        return std::make_tuple(static_cast<int>(a.role()), a.host(), a.port()) <
+               std::make_tuple(static_cast<int>(b.role()), b.host(), b.port());
+      });
   int server_rank = 0, worker_rank = 0;
   for (wire::NodeInfo& n : nodes) {
     if (n.role() == wire::SERVER) {
@@ -38,7 +40,8 @@ std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
   return nodes;
 }
 
-Scheduler::Scheduler(const Options& options, std::unique_ptr<Transport> transport)
+Scheduler::Scheduler(const Options& options,
+                     std::unique_ptr<Transport> transport)
     : options_(options), transport_(std::move(transport)) {
   if (transport_ == nullptr) transport_ = NewZmqTransport();
 }
@@ -48,25 +51,26 @@ Scheduler::~Scheduler() { transport_->Close(); }
 absl::StatusOr<int> Scheduler::Bind() {
   absl::StatusOr<std::string> ip = ResolveHost(options_.root_uri);
   if (!ip.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DMLC_PS_ROOT_URI='", options_.root_uri, "': ", ip.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DMLC_PS_ROOT_URI='", options_.root_uri, "': ", ip.status().message()));
   }
   absl::StatusOr<int> port = transport_->Bind(*ip, options_.root_port);
   if (!port.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("DMLC_PS_ROOT_PORT=", options_.root_port,
-                                                   " (DMLC_PS_ROOT_URI='", options_.root_uri,
-                                                   "'): ", port.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DMLC_PS_ROOT_PORT=", options_.root_port, " (DMLC_PS_ROOT_URI='",
+        options_.root_uri, "'): ", port.status().message()));
   }
   bound_address_ = absl::StrCat(*ip, ":", *port);
-  TESSERA_VLOG(1) << "scheduler listening on " << bound_address_ << ", waiting for "
-                  << options_.num_servers << " server(s) and " << options_.num_workers
-                  << " worker(s)";
+  TESSERA_VLOG(1) << "scheduler listening on " << bound_address_
+                  << ", waiting for " << options_.num_servers
+                  << " server(s) and " << options_.num_workers << " worker(s)";
   return port;
 }
 
 std::string Scheduler::Describe(const wire::NodeInfo& n) const {
-  return absl::StrCat(n.role() == wire::SERVER ? "server " : "worker ", n.rank(), " (id ",
-                      n.id(), " at ", n.host(), ":", n.port(), ")");
+  return absl::StrCat(n.role() == wire::SERVER ? "server " : "worker ",
+                      n.rank(), " (id ", n.id(), " at ", n.host(), ":",
+                      n.port(), ")");
 }
 
 absl::Status Scheduler::Run() {
@@ -86,17 +90,17 @@ absl::Status Scheduler::Run() {
       }
       std::string missing;
       if (workers < options_.num_workers) {
-        absl::StrAppend(&missing, options_.num_workers - workers, " of ", options_.num_workers,
-                        " worker(s)");
+        absl::StrAppend(&missing, options_.num_workers - workers, " of ",
+                        options_.num_workers, " worker(s)");
       }
       if (servers < options_.num_servers) {
         absl::StrAppend(&missing, missing.empty() ? "" : " and ",
-                        options_.num_servers - servers, " of ", options_.num_servers,
-                        " server(s)");
+                        options_.num_servers - servers, " of ",
+                        options_.num_servers, " server(s)");
       }
-      const std::string reason =
-          absl::StrCat("start-up deadline of ", absl::FormatDuration(options_.start_timeout),
-                       " passed: ", missing, " never registered (TESSERA_START_TIMEOUT)");
+      const std::string reason = absl::StrCat(
+          "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
+          " passed: ", missing, " never registered (TESSERA_START_TIMEOUT)");
       Message abort;
       abort.header.set_command(wire::ABORT);
       abort.header.set_sender(kSchedulerId);
@@ -108,19 +112,22 @@ absl::Status Scheduler::Run() {
       return absl::DeadlineExceededError(reason);
     }
     if (formed_ && confirmed_.size() < nodes_.size() &&
-        now > std::max(start + options_.start_timeout, formed_at_ + absl::Seconds(2))) {
-      // A node registered, so it reaches us; we never heard it confirm the table, so we
-      // do not reach it: the address it advertises is wrong for this network.
+        now > std::max(start + options_.start_timeout,
+                       formed_at_ + absl::Seconds(2))) {
+      // A node registered, so it reaches us; we never heard it confirm the
+      // table, so we do not reach it: the address it advertises is wrong for
+      // this network.
       std::string unconfirmed;
       for (const auto& [id, info] : nodes_) {
         if (confirmed_.count(id) == 0) {
-          absl::StrAppend(&unconfirmed, unconfirmed.empty() ? "" : ", ", Describe(info));
+          absl::StrAppend(&unconfirmed, unconfirmed.empty() ? "" : ", ",
+                          Describe(info));
         }
       }
       const std::string reason = absl::StrCat(
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
-          " passed: the scheduler cannot reach the address advertised by ", unconfirmed,
-          " (check DMLC_INTERFACE / DMLC_NODE_HOST on that host)");
+          " passed: the scheduler cannot reach the address advertised by ",
+          unconfirmed, " (check DMLC_INTERFACE / DMLC_NODE_HOST on that host)");
       Message abort;
       abort.header.set_command(wire::ABORT);
       abort.header.set_sender(kSchedulerId);
@@ -144,8 +151,8 @@ void Scheduler::Handle(Message&& msg) {
   }
   const int sender = h.sender();
   if (!formed_ || nodes_.count(sender) == 0) {
-    TESSERA_LOG(WARNING) << "ignored message from unknown node " << sender << ": "
-                         << DebugString(msg);
+    TESSERA_LOG(WARNING) << "ignored message from unknown node " << sender
+                         << ": " << DebugString(msg);
     return;
   }
   last_seen_[sender] = absl::Now();
@@ -159,7 +166,9 @@ void Scheduler::Handle(Message&& msg) {
     case wire::BARRIER: {
       const int group = h.barrier().group();
       if (group <= 0 || group > kGroupAll) {
-        Reply(sender, h, absl::InvalidArgumentError(absl::StrCat("bad barrier group ", group)));
+        Reply(sender, h,
+              absl::InvalidArgumentError(
+                  absl::StrCat("bad barrier group ", group)));
         return;
       }
       int expected = 0;
@@ -169,13 +178,15 @@ void Scheduler::Handle(Message&& msg) {
       const bool member = (IsServerId(sender) && (group & kGroupServers)) ||
                           (IsWorkerId(sender) && (group & kGroupWorkers));
       if (!member) {
-        Reply(sender, h, absl::InvalidArgumentError("node is not in the barrier's group"));
+        Reply(sender, h,
+              absl::InvalidArgumentError("node is not in the barrier's group"));
         return;
       }
       auto& waiting = barriers_[group];
       for (const auto& [id, req] : waiting) in_group += id == sender;
       if (in_group == 0) waiting.emplace_back(sender, h.request_id());
-      TESSERA_VLOG(1) << "barrier " << group << ": " << waiting.size() << "/" << expected;
+      TESSERA_VLOG(1) << "barrier " << group << ": " << waiting.size() << "/"
+                      << expected;
       if (static_cast<int>(waiting.size()) == expected) {
         for (const auto& [id, req] : waiting) {
           wire::Header request;
@@ -195,7 +206,8 @@ void Scheduler::Handle(Message&& msg) {
       done_workers_.insert(sender);
       Reply(sender, h, absl::OkStatus());
       TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
-                      << done_workers_.size() << "/" << options_.num_workers << ")";
+                      << done_workers_.size() << "/" << options_.num_workers
+                      << ")";
       if (static_cast<int>(done_workers_.size()) == options_.num_workers) {
         Message term;
         term.header.set_command(wire::TERMINATE);
@@ -214,23 +226,26 @@ void Scheduler::Handle(Message&& msg) {
 void Scheduler::HandleRegister(const Message& msg) {
   const wire::Register& reg = msg.header.register_();
   const wire::NodeInfo& info = reg.node();
-  if ((info.role() != wire::SERVER && info.role() != wire::WORKER) || info.host().empty() ||
-      info.port() <= 0 || info.port() > 65535) {
-    TESSERA_LOG(WARNING) << "ignored malformed registration: " << DebugString(msg);
+  if ((info.role() != wire::SERVER && info.role() != wire::WORKER) ||
+      info.host().empty() || info.port() <= 0 || info.port() > 65535) {
+    TESSERA_LOG(WARNING) << "ignored malformed registration: "
+                         << DebugString(msg);
     return;
   }
   for (const Registration& r : registered_) {
-    if (r.info.host() == info.host() && r.info.port() == info.port()) return;  // duplicate
+    if (r.info.host() == info.host() && r.info.port() == info.port())
+      return;  // duplicate
   }
   Registration r;
   r.info = info;
   r.provisional_id = kProvisionalBase + static_cast<int>(registered_.size());
   r.hostname = reg.hostname();
   r.pid = reg.pid();
-  absl::Status connected = transport_->Connect(r.provisional_id, info.host(), info.port());
+  absl::Status connected =
+      transport_->Connect(r.provisional_id, info.host(), info.port());
   if (!connected.ok()) {
-    TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host() << ":"
-                         << info.port() << ": " << connected.message();
+    TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host()
+                         << ":" << info.port() << ": " << connected.message();
     return;
   }
   if (formed_) {
@@ -244,23 +259,28 @@ void Scheduler::HandleRegister(const Message& msg) {
     return;
   }
   int count = 0;
-  for (const Registration& other : registered_) count += other.info.role() == info.role();
-  const int wanted = info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
+  for (const Registration& other : registered_)
+    count += other.info.role() == info.role();
+  const int wanted =
+      info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
   if (count >= wanted) {
     Message abort;
     abort.header.set_command(wire::ABORT);
     abort.header.set_sender(kSchedulerId);
     abort.header.mutable_abort()->set_reason(absl::StrCat(
-        "too many ", info.role() == wire::SERVER ? "servers" : "workers", ": expected ", wanted));
+        "too many ", info.role() == wire::SERVER ? "servers" : "workers",
+        ": expected ", wanted));
     (void)transport_->Send(r.provisional_id, abort);
     transport_->Disconnect(r.provisional_id);
     return;
   }
-  TESSERA_VLOG(1) << "registered " << (info.role() == wire::SERVER ? "server" : "worker")
-                  << " at " << info.host() << ":" << info.port() << " (host " << r.hostname
-                  << ", pid " << r.pid << ")";
+  TESSERA_VLOG(1) << "registered "
+                  << (info.role() == wire::SERVER ? "server" : "worker")
+                  << " at " << info.host() << ":" << info.port() << " (host "
+                  << r.hostname << ", pid " << r.pid << ")";
   registered_.push_back(r);
-  if (static_cast<int>(registered_.size()) == options_.num_servers + options_.num_workers) {
+  if (static_cast<int>(registered_.size()) ==
+      options_.num_servers + options_.num_workers) {
     FormJob();
   }
 }
@@ -274,14 +294,16 @@ void Scheduler::FormJob() {
   table.header.set_sender(kSchedulerId);
   table.header.mutable_node_table()->set_num_servers(options_.num_servers);
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
-  for (const wire::NodeInfo& n : infos) *table.header.mutable_node_table()->add_nodes() = n;
+  for (const wire::NodeInfo& n : infos)
+    *table.header.mutable_node_table()->add_nodes() = n;
   const absl::Time now = absl::Now();
   for (const wire::NodeInfo& n : infos) {
     nodes_[n.id()] = n;
     last_seen_[n.id()] = now;
     (void)transport_->Connect(n.id(), n.host(), n.port());
   }
-  for (const Registration& r : registered_) transport_->Disconnect(r.provisional_id);
+  for (const Registration& r : registered_)
+    transport_->Disconnect(r.provisional_id);
   formed_ = true;
   formed_at_ = absl::Now();
   Broadcast(table, 0);
@@ -290,7 +312,8 @@ void Scheduler::FormJob() {
   for (const wire::NodeInfo& n : infos) TESSERA_VLOG(1) << "  " << Describe(n);
 }
 
-void Scheduler::Reply(int peer, const wire::Header& request, const absl::Status& status) {
+void Scheduler::Reply(int peer, const wire::Header& request,
+                      const absl::Status& status) {
   Message reply;
   reply.header.set_command(request.command());
   reply.header.set_request_id(request.request_id());
@@ -299,7 +322,8 @@ void Scheduler::Reply(int peer, const wire::Header& request, const absl::Status&
   reply.header.set_recipient(peer);
   if (!status.ok()) ToWire(status, reply.header.mutable_status());
   absl::Status sent = transport_->Send(peer, reply);
-  if (!sent.ok()) TESSERA_LOG(WARNING) << "reply to node " << peer << ": " << sent.message();
+  if (!sent.ok())
+    TESSERA_LOG(WARNING) << "reply to node " << peer << ": " << sent.message();
 }
 
 void Scheduler::Broadcast(const Message& msg, int except) {
@@ -308,7 +332,9 @@ void Scheduler::Broadcast(const Message& msg, int except) {
     Message copy = msg;
     copy.header.set_recipient(id);
     absl::Status sent = transport_->Send(id, copy);
-    if (!sent.ok()) TESSERA_LOG(WARNING) << "send to " << Describe(info) << ": " << sent.message();
+    if (!sent.ok())
+      TESSERA_LOG(WARNING) << "send to " << Describe(info) << ": "
+                           << sent.message();
   }
 }
 
@@ -319,16 +345,17 @@ absl::Status Scheduler::CheckLiveness(absl::Time now) {
     if (silent <= options_.heartbeat_timeout) continue;
     const wire::NodeInfo& dead = nodes_[id];
     const std::string reason =
-        absl::StrCat("stopped heart-beating: nothing heard for ", absl::FormatDuration(silent),
-                     " (PS_HEARTBEAT_TIMEOUT=", absl::FormatDuration(options_.heartbeat_timeout),
-                     ")");
+        absl::StrCat("stopped heart-beating: nothing heard for ",
+                     absl::FormatDuration(silent), " (PS_HEARTBEAT_TIMEOUT=",
+                     absl::FormatDuration(options_.heartbeat_timeout), ")");
     Message notice;
     notice.header.set_command(wire::NODE_DEAD);
     notice.header.set_sender(kSchedulerId);
     *notice.header.mutable_node_dead()->mutable_node() = dead;
     notice.header.mutable_node_dead()->set_reason(reason);
     Broadcast(notice, id);
-    return absl::UnavailableError(absl::StrCat(Describe(dead), " ", reason, "; ending the job"));
+    return absl::UnavailableError(
+        absl::StrCat(Describe(dead), " ", reason, "; ending the job"));
   }
   return absl::OkStatus();
 }

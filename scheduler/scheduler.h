@@ -1,11 +1,13 @@
-// Scheduler: forms a job and watches it. It waits for the configured numbers of servers
-// and workers to register, assigns ids and ranks (sorted by advertised address, so they
-// do not depend on start order), sends everyone the node table, serves barriers, watches
-// heartbeats, and ends the job when every worker has finished.
+// Scheduler: forms a job and watches it. It waits for the configured numbers of
+// servers and workers to register, assigns ids and ranks (sorted by advertised
+// address, so they do not depend on start order), sends everyone the node
+// table, serves barriers, watches heartbeats, and ends the job when every
+// worker has finished.
 //
 //   Scheduler scheduler(options);
 //   absl::StatusOr<int> port = scheduler.Bind();   // InvalidArgument: exit 2
-//   absl::Status result = scheduler.Run();          // OK: job done; else why it failed
+//   absl::Status result = scheduler.Run();          // OK: job done; else why
+//   it failed
 //
 // Not thread-safe: one thread calls Bind, then Run.
 #ifndef TESSERA_SCHEDULER_SCHEDULER_H_
@@ -24,21 +26,22 @@
 
 namespace tessera {
 
-// Gives ids and ranks to registered nodes: servers get ids 8, 10, ... and workers 9,
-// 11, ..., each role ranked 0..n-1 in order of (host, port).
+// Gives ids and ranks to registered nodes: servers get ids 8, 10, ... and
+// workers 9, 11, ..., each role ranked 0..n-1 in order of (host, port).
 std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes);
 
 class Scheduler {
  public:
-  explicit Scheduler(const Options& options, std::unique_ptr<Transport> transport = nullptr);
+  explicit Scheduler(const Options& options,
+                     std::unique_ptr<Transport> transport = nullptr);
   ~Scheduler();
 
-  // Binds DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT. InvalidArgument naming the variable when
-  // the host does not resolve or the port is taken.
+  // Binds DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT. InvalidArgument naming the
+  // variable when the host does not resolve or the port is taken.
   absl::StatusOr<int> Bind();
 
-  // Runs until the job ends. OK when every worker finished; DeadlineExceeded when nodes
-  // never registered; Unavailable when a node stopped heart-beating.
+  // Runs until the job ends. OK when every worker finished; DeadlineExceeded
+  // when nodes never registered; Unavailable when a node stopped heart-beating.
   absl::Status Run();
 
  private:
@@ -62,9 +65,10 @@ class Scheduler {
   };
   std::vector<Registration> registered_;
   bool formed_ = false;
-  std::map<int, wire::NodeInfo> nodes_;           // by id, once formed
-  std::map<int, absl::Time> last_seen_;           // by id
-  std::map<int, std::vector<std::pair<int, uint64_t>>> barriers_;  // group -> (id, request)
+  std::map<int, wire::NodeInfo> nodes_;  // by id, once formed
+  std::map<int, absl::Time> last_seen_;  // by id
+  std::map<int, std::vector<std::pair<int, uint64_t>>>
+      barriers_;  // group -> (id, request)
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;

@@ -1,5 +1,6 @@
-// tessera-scheduler: forms a Tessera job from the DMLC_* environment and watches it.
-// Exit codes: 0 job done, 1 job failed (missing or dead node), 2 bad configuration.
+// tessera-scheduler: forms a Tessera job from the DMLC_* environment and
+// watches it. Exit codes: 0 job done, 1 job failed (missing or dead node), 2
+// bad configuration.
 #include <iostream>
 
 #include "common/logging.h"
@@ -7,14 +8,15 @@
 #include "scheduler/scheduler.h"
 
 int main() {
-  absl::StatusOr<tessera::Options> options = tessera::Options::FromEnvironment();
+  absl::StatusOr<tessera::Options> options =
+      tessera::Options::FromEnvironment();
   if (!options.ok()) {
     std::cerr << "tessera-scheduler: " << options.status().message() << "\n";
     return 2;
   }
   if (options->role != tessera::Role::kScheduler) {
-    std::cerr << "tessera-scheduler: DMLC_ROLE='" << tessera::RoleName(options->role)
-              << "': expected scheduler\n";
+    std::cerr << "tessera-scheduler: DMLC_ROLE='"
+              << tessera::RoleName(options->role) << "': expected scheduler\n";
     return 2;
   }
   tessera::SetLogTag("scheduler");

@@ -1,6 +1,6 @@
-// tessera-server: holds a shard of the weights of a Tessera job and updates them.
-// Configured by the DMLC_* environment. Exit codes: 0 job done, 1 job failed (a peer
-// died, the scheduler gave up or vanished), 2 bad configuration.
+// tessera-server: holds a shard of the weights of a Tessera job and updates
+// them. Configured by the DMLC_* environment. Exit codes: 0 job done, 1 job
+// failed (a peer died, the scheduler gave up or vanished), 2 bad configuration.
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -11,21 +11,23 @@
 #include "server/kv_server.h"
 
 int main() {
-  absl::StatusOr<tessera::Options> options = tessera::Options::FromEnvironment();
+  absl::StatusOr<tessera::Options> options =
+      tessera::Options::FromEnvironment();
   if (!options.ok()) {
     std::cerr << "tessera-server: " << options.status().message() << "\n";
     return 2;
   }
   if (options->role != tessera::Role::kServer) {
-    std::cerr << "tessera-server: DMLC_ROLE='" << tessera::RoleName(options->role)
-              << "': expected server\n";
+    std::cerr << "tessera-server: DMLC_ROLE='"
+              << tessera::RoleName(options->role) << "': expected server\n";
     return 2;
   }
   tessera::SetLogTag("server");
   tessera::SetLogVerbosity(options->verbose);
   int threads = options->server_threads;
   if (threads == 0) {
-    threads = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+    threads = static_cast<int>(
+        std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   }
 
   std::unique_ptr<tessera::Node> node;
@@ -34,7 +36,9 @@ int main() {
                              return node->Send(peer, std::move(msg));
                            });
   tessera::Node::Callbacks callbacks;
-  callbacks.on_data = [&server](tessera::Message&& msg) { server.Handle(std::move(msg)); };
+  callbacks.on_data = [&server](tessera::Message&& msg) {
+    server.Handle(std::move(msg));
+  };
   absl::StatusOr<std::unique_ptr<tessera::Node>> started =
       tessera::Node::Start(*options, std::move(callbacks));
   if (!started.ok()) {

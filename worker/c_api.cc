@@ -1,4 +1,5 @@
-// The C API (include/tessera/c_api.h) over tessera::KVWorker and the 2-bit codec.
+// The C API (include/tessera/c_api.h) over tessera::KVWorker and the 2-bit
+// codec.
 #include "tessera/c_api.h"
 
 #include <memory>
@@ -21,7 +22,9 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-int Result(const absl::Status& status) { return status.ok() ? 0 : Fail(status); }
+int Result(const absl::Status& status) {
+  return status.ok() ? 0 : Fail(status);
+}
 
 int NullArgument(const char* what) {
   return Fail(absl::InvalidArgumentError(std::string(what) + " is NULL"));
@@ -34,7 +37,8 @@ extern "C" {
 int tessera_kv_create(const char* type, TesseraKV** out) {
   if (type == nullptr) return NullArgument("type");
   if (out == nullptr) return NullArgument("out");
-  absl::StatusOr<std::unique_ptr<tessera::KVWorker>> worker = tessera::KVWorker::Create(type);
+  absl::StatusOr<std::unique_ptr<tessera::KVWorker>> worker =
+      tessera::KVWorker::Create(type);
   if (!worker.ok()) return Fail(worker.status());
   *out = new TesseraKV{*std::move(worker)};
   return 0;
@@ -54,13 +58,15 @@ int tessera_kv_num_workers(const TesseraKV* kv, int* num_workers) {
   return 0;
 }
 
-int tessera_kv_init(TesseraKV* kv, uint64_t key, const float* value, size_t len) {
+int tessera_kv_init(TesseraKV* kv, uint64_t key, const float* value,
+                    size_t len) {
   if (kv == nullptr) return NullArgument("kv");
   if (value == nullptr && len > 0) return NullArgument("value");
   return Result(kv->worker->Init(key, absl::MakeConstSpan(value, len)));
 }
 
-int tessera_kv_push(TesseraKV* kv, uint64_t key, const float* grad, size_t len) {
+int tessera_kv_push(TesseraKV* kv, uint64_t key, const float* grad,
+                    size_t len) {
   if (kv == nullptr) return NullArgument("kv");
   if (grad == nullptr && len > 0) return NullArgument("grad");
   return Result(kv->worker->Push(key, absl::MakeConstSpan(grad, len)));
@@ -72,12 +78,13 @@ int tessera_kv_pull(TesseraKV* kv, uint64_t key, float* out, size_t len) {
   return Result(kv->worker->Pull(key, absl::MakeSpan(out, len)));
 }
 
-int tessera_kv_pushpull(TesseraKV* kv, uint64_t key, const float* grad, float* out,
-                        size_t len) {
+int tessera_kv_pushpull(TesseraKV* kv, uint64_t key, const float* grad,
+                        float* out, size_t len) {
   if (kv == nullptr) return NullArgument("kv");
-  if ((grad == nullptr || out == nullptr) && len > 0) return NullArgument("grad or out");
-  return Result(
-      kv->worker->PushPull(key, absl::MakeConstSpan(grad, len), absl::MakeSpan(out, len)));
+  if ((grad == nullptr || out == nullptr) && len > 0)
+    return NullArgument("grad or out");
+  return Result(kv->worker->PushPull(key, absl::MakeConstSpan(grad, len),
+                                     absl::MakeSpan(out, len)));
 }
 
 int tessera_kv_barrier(TesseraKV* kv) {
@@ -91,7 +98,8 @@ int tessera_kv_set_optimizer(TesseraKV* kv, const char* spec) {
   return Result(kv->worker->SetOptimizer(spec));
 }
 
-int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type, float threshold) {
+int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type,
+                                        float threshold) {
   if (kv == nullptr) return NullArgument("kv");
   if (type == nullptr) return NullArgument("type");
   return Result(kv->worker->SetGradientCompression(type, threshold));
@@ -110,15 +118,18 @@ size_t tessera_2bit_compressed_bytes(size_t len) {
   return tessera::compression::TwoBitCompressedBytes(len);
 }
 
-int tessera_2bit_quantize(const float* grad, float* residual, size_t len, float threshold,
-                          uint8_t* out) {
-  return Result(tessera::compression::TwoBitQuantize(grad, residual, len, threshold, out));
+int tessera_2bit_quantize(const float* grad, float* residual, size_t len,
+                          float threshold, uint8_t* out) {
+  return Result(tessera::compression::TwoBitQuantize(grad, residual, len,
+                                                     threshold, out));
 }
 
-int tessera_2bit_dequantize(const uint8_t* in, size_t len, float threshold, float* out) {
+int tessera_2bit_dequantize(const uint8_t* in, size_t len, float threshold,
+                            float* out) {
   if (in == nullptr && len > 0) return NullArgument("in");
   return Result(tessera::compression::TwoBitDequantize(
-      in, tessera::compression::TwoBitCompressedBytes(len), len, threshold, out));
+      in, tessera::compression::TwoBitCompressedBytes(len), len, threshold,
+      out));
 }
 
 }  // extern "C"

@@ -1,6 +1,6 @@
-// DeviceCopy: the few CUDA runtime calls the KV client needs for gradients that live in
-// GPU memory, behind a header that names no CUDA type (so the client builds without
-// CUDA; the stub reports that no device is present).
+// DeviceCopy: the few CUDA runtime calls the KV client needs for gradients that
+// live in GPU memory, behind a header that names no CUDA type (so the client
+// builds without CUDA; the stub reports that no device is present).
 //
 //   if (gpu::DeviceAvailable()) {
 //     absl::StatusOr<void*> d = gpu::DeviceAlloc(bytes);
@@ -23,8 +23,10 @@ void DeviceFree(void* ptr);
 // Page-locked host memory, for fast asynchronous copies.
 absl::StatusOr<void*> PinnedAlloc(size_t bytes);
 void PinnedFree(void* ptr);
-// Copies on `stream` (a cudaStream_t or nullptr) and waits for the stream to finish.
-absl::Status CopyDeviceToHost(void* host, const void* device, size_t bytes, void* stream);
+// Copies on `stream` (a cudaStream_t or nullptr) and waits for the stream to
+// finish.
+absl::Status CopyDeviceToHost(void* host, const void* device, size_t bytes,
+                              void* stream);
 
 }  // namespace tessera::gpu
 

@@ -3,7 +3,9 @@
 
 namespace tessera::gpu {
 namespace {
-absl::Status NoCuda() { return absl::FailedPreconditionError("this build has no CUDA support"); }
+absl::Status NoCuda() {
+  return absl::FailedPreconditionError("this build has no CUDA support");
+}
 }  // namespace
 
 bool DeviceAvailable() { return false; }
@@ -11,6 +13,8 @@ absl::StatusOr<void*> DeviceAlloc(size_t) { return NoCuda(); }
 void DeviceFree(void*) {}
 absl::StatusOr<void*> PinnedAlloc(size_t) { return NoCuda(); }
 void PinnedFree(void*) {}
-absl::Status CopyDeviceToHost(void*, const void*, size_t, void*) { return NoCuda(); }
+absl::Status CopyDeviceToHost(void*, const void*, size_t, void*) {
+  return NoCuda();
+}
 
 }  // namespace tessera::gpu

@@ -66,9 +66,9 @@ struct RunTotals {
   double time_compute_s =
       0;  // forward/backward, including issuing the async KV ops
   double time_comm_s = 0;  // waiting for pushes and pulls after backward
-  // Issuing pushes and pulls during backward: 2-bit compression (on the GPU, also
-  // the device-to-host copy) and handing the requests to the transport. Not part
-  // of time_compute_s.
+  // Issuing pushes and pulls during backward: 2-bit compression (on the GPU,
+  // also the device-to-host copy) and handing the requests to the transport.
+  // Not part of time_compute_s.
   double time_issue_s = 0;
   double time_data_s = 0;  // waiting for the batch loader
   double time_eval_s = 0;
@@ -256,7 +256,8 @@ int Run(const TrainFlags& flags) {
   // Every worker runs floor(smallest shard / batch) steps an epoch; a key is
   // updated once a round in dist_sync and once a push in dist_async.
   const int64_t steps_per_epoch =
-      (static_cast<int64_t>(data->train.count) / num_workers) / flags.batch_size;
+      (static_cast<int64_t>(data->train.count) / num_workers) /
+      flags.batch_size;
   const int64_t updates_per_epoch =
       steps_per_epoch * (flags.kv_store == "dist_sync" ? 1 : num_workers);
   if (absl::Status s = kv.SetOptimizer(
@@ -323,8 +324,7 @@ int Run(const TrainFlags& flags) {
       absl::Status issue_error;
       double step_issue_s = 0;
       absl::StatusOr<MlpBatchStats> step = mlp.ForwardBackward(
-          batch->images.data(), batch->labels.data(), batch->size,
-          [&](int l) {
+          batch->images.data(), batch->labels.data(), batch->size, [&](int l) {
             const Clock::time_point issue = Clock::now();
             PushPullLayer(kv, mlp, l, &ops, &issue_error);
             step_issue_s += SecondsSince(issue);

@@ -72,9 +72,9 @@ absl::Status ParseHidden(absl::string_view value, std::vector<int>* out) {
 
 bool IsKnownFlag(absl::string_view name) {
   static constexpr absl::string_view kFlags[] = {
-      "kv-store",  "batch-size", "epochs", "gc-type",      "gc-threshold",
-      "lr",        "seed",       "hidden", "optimizer",    "momentum",
-      "wd",        "device",     "data",   "train-subset", "test-subset",
+      "kv-store",  "batch-size",  "epochs",    "gc-type",       "gc-threshold",
+      "lr",        "seed",        "hidden",    "optimizer",     "momentum",
+      "wd",        "device",      "data",      "train-subset",  "test-subset",
       "log-every", "metrics-out", "lr-factor", "lr-step-epochs"};
   for (absl::string_view f : kFlags) {
     if (name == f) return true;

@@ -38,8 +38,8 @@ struct TrainFlags {
   // where server-side momentum was measured to diverge.
   float momentum = 0.9f;
   float wd = 1e-4f;
-  // Step schedule (MXNet's --lr-factor / --lr-step-epochs): the learning rate is
-  // multiplied by lr_factor every lr_step_epochs epochs; 0 turns it off.
+  // Step schedule (MXNet's --lr-factor / --lr-step-epochs): the learning rate
+  // is multiplied by lr_factor every lr_step_epochs epochs; 0 turns it off.
   float lr_factor = 0.1f;
   int lr_step_epochs = 0;
   uint64_t seed = 42;
@@ -67,7 +67,8 @@ std::string TrainFlagsUsage();
 
 // The server optimizer spec for KVWorker::SetOptimizer, e.g.
 // "sgd lr=0.1 momentum=0.9 wd=0.0001 rescale_grad=0.00390625".
-// `updates_per_epoch` is how many updates a key sees in an epoch (the schedule's unit).
+// `updates_per_epoch` is how many updates a key sees in an epoch (the
+// schedule's unit).
 std::string OptimizerSpec(const TrainFlags& flags, double rescale_grad,
                           int64_t updates_per_epoch);
 

@@ -1,16 +1,16 @@
-/* Tessera's C API: a worker's view of a Tessera key-value store, for any language.
+/* Tessera's C API: a worker's view of a Tessera key-value store, for any
+ * language.
  *
- * Every function returns 0 on success and non-zero on failure; tessera_last_error()
- * then describes the last failure on the calling thread. The cluster is given by the
- * DMLC_* environment (see README.md); tools/launch.py sets it.
+ * Every function returns 0 on success and non-zero on failure;
+ * tessera_last_error() then describes the last failure on the calling thread.
+ * The cluster is given by the DMLC_* environment (see README.md);
+ * tools/launch.py sets it.
  *
  *   TesseraKV* kv;
- *   if (tessera_kv_create("dist_sync", &kv) != 0) { puts(tessera_last_error()); return 1; }
- *   tessera_kv_set_optimizer(kv, "sgd lr=0.1");
- *   tessera_kv_init(kv, 0, weights, n);
- *   tessera_kv_push(kv, 0, grad, n);
- *   tessera_kv_pull(kv, 0, weights, n);
- *   tessera_kv_close(kv);
+ *   if (tessera_kv_create("dist_sync", &kv) != 0) { puts(tessera_last_error());
+ * return 1; } tessera_kv_set_optimizer(kv, "sgd lr=0.1"); tessera_kv_init(kv,
+ * 0, weights, n); tessera_kv_push(kv, 0, grad, n); tessera_kv_pull(kv, 0,
+ * weights, n); tessera_kv_close(kv);
  *
  * Build: cc prog.c $(pkg-config --cflags --libs tessera)
  */
@@ -30,30 +30,37 @@ typedef struct TesseraKV TesseraKV;
 int tessera_kv_create(const char* type, TesseraKV** out);
 int tessera_kv_rank(const TesseraKV* kv, int* rank);
 int tessera_kv_num_workers(const TesseraKV* kv, int* num_workers);
-/* Called by every worker, in the same order; rank 0's value is stored. Returns when
- * stored (includes a barrier of the workers). */
-int tessera_kv_init(TesseraKV* kv, uint64_t key, const float* value, size_t len);
-/* dist_sync: returns once the round it belongs to is applied; dist_async: once the
- * servers applied this push. */
+/* Called by every worker, in the same order; rank 0's value is stored. Returns
+ * when stored (includes a barrier of the workers). */
+int tessera_kv_init(TesseraKV* kv, uint64_t key, const float* value,
+                    size_t len);
+/* dist_sync: returns once the round it belongs to is applied; dist_async: once
+ * the servers applied this push. */
 int tessera_kv_push(TesseraKV* kv, uint64_t key, const float* grad, size_t len);
 int tessera_kv_pull(TesseraKV* kv, uint64_t key, float* out, size_t len);
-int tessera_kv_pushpull(TesseraKV* kv, uint64_t key, const float* grad, float* out, size_t len);
+int tessera_kv_pushpull(TesseraKV* kv, uint64_t key, const float* grad,
+                        float* out, size_t len);
 int tessera_kv_barrier(TesseraKV* kv);
-/* e.g. "sgd lr=0.1 momentum=0.9 wd=0.0001", "adam lr=0.001", "none". Before any init. */
+/* e.g. "sgd lr=0.1 momentum=0.9 wd=0.0001", "adam lr=0.001", "none". Before any
+ * init. */
 int tessera_kv_set_optimizer(TesseraKV* kv, const char* spec);
 /* "2bit" (threshold > 0) or "none". Before any init. */
-int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type, float threshold);
-/* Barrier of the workers, then leaves the job and frees kv (also on failure). */
+int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type,
+                                        float threshold);
+/* Barrier of the workers, then leaves the job and frees kv (also on failure).
+ */
 int tessera_kv_close(TesseraKV* kv);
 const char* tessera_last_error(void);
 
 /* MXNet's 2-bit gradient format, for checking it from other code. */
 size_t tessera_2bit_compressed_bytes(size_t len);
-/* residual (len floats) is updated in place; out receives tessera_2bit_compressed_bytes(len). */
-int tessera_2bit_quantize(const float* grad, float* residual, size_t len, float threshold,
-                          uint8_t* out);
+/* residual (len floats) is updated in place; out receives
+ * tessera_2bit_compressed_bytes(len). */
+int tessera_2bit_quantize(const float* grad, float* residual, size_t len,
+                          float threshold, uint8_t* out);
 /* in holds tessera_2bit_compressed_bytes(len) bytes. */
-int tessera_2bit_dequantize(const uint8_t* in, size_t len, float threshold, float* out);
+int tessera_2bit_dequantize(const uint8_t* in, size_t len, float threshold,
+                            float* out);
 
 #ifdef __cplusplus
 }

@@ -1,27 +1,30 @@
 // tessera::KVWorker: the C++ client of a Tessera cluster.
 //
-// A worker process creates one KVWorker, which joins the cluster described by the
-// DMLC_* environment (see README.md), then initialises keys, pushes gradients and pulls
-// weights. Keys name dense float32 arrays whose length is fixed at Init.
+// A worker process creates one KVWorker, which joins the cluster described by
+// the DMLC_* environment (see README.md), then initialises keys, pushes
+// gradients and pulls weights. Keys name dense float32 arrays whose length is
+// fixed at Init.
 //
 //   auto kv = tessera::KVWorker::Create("dist_sync");
 //   if (!kv.ok()) { std::cerr << kv.status() << "\n"; return 1; }
 //   (*kv)->SetOptimizer("sgd lr=0.1");
 //   (*kv)->Init(/*key=*/0, weights);
-//   auto push = (*kv)->PushAsync(0, grad);     // overlaps with the caller's work
+//   auto push = (*kv)->PushAsync(0, grad);     // overlaps with the caller's
+//   work
 //   ...
 //   (*kv)->Wait(push);
 //   (*kv)->Pull(0, absl::MakeSpan(weights));
 //   (*kv)->Close();
 //
-// Thread-safety: all methods may be called from several threads at once. Buffers given
-// to the *Async methods are owned by the caller and must stay alive (and, for pulls,
-// untouched) until Wait on the returned handle has returned.
+// Thread-safety: all methods may be called from several threads at once.
+// Buffers given to the *Async methods are owned by the caller and must stay
+// alive (and, for pulls, untouched) until Wait on the returned handle has
+// returned.
 //
-// Errors: every method returns absl::Status; InvalidArgument for caller mistakes (wrong
-// length, unknown key, bad optimizer spec), FailedPrecondition for calls in the wrong
-// order, Unavailable when a node of the job died, DeadlineExceeded when a reply did not
-// come within TESSERA_TIMEOUT seconds.
+// Errors: every method returns absl::Status; InvalidArgument for caller
+// mistakes (wrong length, unknown key, bad optimizer spec), FailedPrecondition
+// for calls in the wrong order, Unavailable when a node of the job died,
+// DeadlineExceeded when a reply did not come within TESSERA_TIMEOUT seconds.
 #ifndef TESSERA_KV_WORKER_H_
 #define TESSERA_KV_WORKER_H_
 
@@ -40,7 +43,8 @@ using OpHandle = uint64_t;
 
 // Byte counters of one worker, for metrics.
 struct KVWorkerStats {
-  uint64_t bytes_pushed = 0;  // payload bytes sent in pushes (after compression)
+  uint64_t bytes_pushed =
+      0;  // payload bytes sent in pushes (after compression)
   uint64_t bytes_pulled = 0;  // payload bytes received in pulls
   uint64_t pushes = 0;
   uint64_t pulls = 0;
@@ -50,7 +54,8 @@ class KVWorker {
  public:
   // Joins the cluster given by the DMLC_* environment as a worker. `type` is
   // "dist_sync" or "dist_async". Blocks until the node table has arrived.
-  static absl::StatusOr<std::unique_ptr<KVWorker>> Create(const std::string& type);
+  static absl::StatusOr<std::unique_ptr<KVWorker>> Create(
+      const std::string& type);
 
   virtual ~KVWorker() = default;
 
@@ -60,36 +65,45 @@ class KVWorker {
   virtual bool is_sync() const = 0;
 
   // Sets the server-side optimizer, e.g. "sgd lr=0.1 momentum=0.9 wd=1e-4",
-  // "adam lr=0.001", "none". Every worker may call it with the same spec; servers apply
-  // it once. REQUIRES: before the first Init.
+  // "adam lr=0.001", "none". Every worker may call it with the same spec;
+  // servers apply it once. REQUIRES: before the first Init.
   virtual absl::Status SetOptimizer(const std::string& spec) = 0;
 
   // Sets gradient compression: type "2bit" (threshold > 0) or "none".
   // REQUIRES: before the first Init.
-  virtual absl::Status SetGradientCompression(const std::string& type, float threshold) = 0;
+  virtual absl::Status SetGradientCompression(const std::string& type,
+                                              float threshold) = 0;
 
-  // Declares `key` with the length of `value`. Every worker calls Init for the same keys
-  // in the same order; rank 0's value is stored. Returns after a barrier of the workers.
+  // Declares `key` with the length of `value`. Every worker calls Init for the
+  // same keys in the same order; rank 0's value is stored. Returns after a
+  // barrier of the workers.
   virtual absl::Status Init(uint64_t key, absl::Span<const float> value) = 0;
 
-  // Pushes a gradient for `key` (compressed when compression is set). In dist_sync the
-  // operation completes once the round it belongs to is applied on the servers; in
-  // dist_async once the servers have applied this push.
-  virtual absl::StatusOr<OpHandle> PushAsync(uint64_t key, absl::Span<const float> grad) = 0;
+  // Pushes a gradient for `key` (compressed when compression is set). In
+  // dist_sync the operation completes once the round it belongs to is applied
+  // on the servers; in dist_async once the servers have applied this push.
+  virtual absl::StatusOr<OpHandle> PushAsync(uint64_t key,
+                                             absl::Span<const float> grad) = 0;
 
-  // Pushes a gradient that lives in GPU memory (a CUDA device pointer). With 2-bit
-  // compression the gradient is compressed on the GPU (residual kept there) and only the
-  // packed bytes cross PCIe. `cuda_stream` is a cudaStream_t or nullptr. Fails with
-  // FailedPrecondition when this build or machine has no CUDA.
-  virtual absl::StatusOr<OpHandle> PushDeviceAsync(uint64_t key, const float* device_grad,
-                                                   size_t len, void* cuda_stream) = 0;
+  // Pushes a gradient that lives in GPU memory (a CUDA device pointer). With
+  // 2-bit compression the gradient is compressed on the GPU (residual kept
+  // there) and only the packed bytes cross PCIe. `cuda_stream` is a
+  // cudaStream_t or nullptr. Fails with FailedPrecondition when this build or
+  // machine has no CUDA.
+  virtual absl::StatusOr<OpHandle> PushDeviceAsync(uint64_t key,
+                                                   const float* device_grad,
+                                                   size_t len,
+                                                   void* cuda_stream) = 0;
 
-  // Pulls the current value of `key` into `out` (whose length must be the key's).
-  // A pull issued after this worker's push of a round sees that round's result.
-  virtual absl::StatusOr<OpHandle> PullAsync(uint64_t key, absl::Span<float> out) = 0;
+  // Pulls the current value of `key` into `out` (whose length must be the
+  // key's). A pull issued after this worker's push of a round sees that round's
+  // result.
+  virtual absl::StatusOr<OpHandle> PullAsync(uint64_t key,
+                                             absl::Span<float> out) = 0;
 
   // Push then pull in one request per server part.
-  virtual absl::StatusOr<OpHandle> PushPullAsync(uint64_t key, absl::Span<const float> grad,
+  virtual absl::StatusOr<OpHandle> PushPullAsync(uint64_t key,
+                                                 absl::Span<const float> grad,
                                                  absl::Span<float> out) = 0;
 
   // Waits for an operation and returns its result.
@@ -98,13 +112,14 @@ class KVWorker {
   // Blocking forms.
   absl::Status Push(uint64_t key, absl::Span<const float> grad);
   absl::Status Pull(uint64_t key, absl::Span<float> out);
-  absl::Status PushPull(uint64_t key, absl::Span<const float> grad, absl::Span<float> out);
+  absl::Status PushPull(uint64_t key, absl::Span<const float> grad,
+                        absl::Span<float> out);
 
   // Barrier of all workers.
   virtual absl::Status Barrier() = 0;
 
-  // Barrier of the workers, then tells the scheduler this worker is done and leaves.
-  // Further calls fail with FailedPrecondition.
+  // Barrier of the workers, then tells the scheduler this worker is done and
+  // leaves. Further calls fail with FailedPrecondition.
   virtual absl::Status Close() = 0;
 
   virtual KVWorkerStats stats() const = 0;

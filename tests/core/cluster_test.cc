@@ -1,5 +1,6 @@
-// Real processes on loopback: a tessera-scheduler, tessera-servers and C-API workers
-// (kv_check_worker.c) form jobs, check the store's semantics, and fail cleanly.
+// Real processes on loopback: a tessera-scheduler, tessera-servers and C-API
+// workers (kv_check_worker.c) form jobs, check the store's semantics, and fail
+// cleanly.
 #include <signal.h>
 #include <zmq.h>
 
@@ -18,14 +19,17 @@ namespace {
 using ::testing::HasSubstr;
 
 const std::string& Worker() {
-  static const std::string* path = new std::string(BinaryPath("tests/core/kv_check_worker"));
+  static const std::string* path =
+      new std::string(BinaryPath("tests/core/kv_check_worker"));
   return *path;
 }
 
 void ExpectAllExitZero(ProcessCluster& c, absl::Duration bound) {
-  ASSERT_TRUE(c.WaitAll(bound)) << "job did not end within " << bound << "\n" << c.AllLogs();
+  ASSERT_TRUE(c.WaitAll(bound)) << "job did not end within " << bound << "\n"
+                                << c.AllLogs();
   for (const Child& child : c.children()) {
-    EXPECT_EQ(ProcessCluster::ExitCode(child), 0) << child.name << "\n" << c.AllLogs();
+    EXPECT_EQ(ProcessCluster::ExitCode(child), 0) << child.name << "\n"
+                                                  << c.AllLogs();
   }
 }
 
@@ -45,7 +49,8 @@ TEST(ClusterTest, RanksAreDistinctAndCoverAllWorkers) {
   ExpectAllExitZero(c, absl::Seconds(60));
   std::vector<bool> seen(4, false);
   for (int i = 0; i < 4; ++i) {
-    const std::string log = ProcessCluster::Log(c.Find("worker " + std::to_string(i)));
+    const std::string log =
+        ProcessCluster::Log(c.Find("worker " + std::to_string(i)));
     const size_t at = log.find("barrier ok: rank ");
     ASSERT_NE(at, std::string::npos) << log;
     const int rank = std::atoi(log.c_str() + at + 17);
@@ -101,7 +106,8 @@ TEST(ClusterTest, AdamOnServerMatchesReference) {
   const int n = 2;
   double w[5] = {0.5, -1.0, 2.0, 0.0, 3.0}, m[5] = {0}, v[5] = {0};
   for (int t = 0; t < 6; ++t) {
-    const double lr_t = 0.01 * std::sqrt(1 - std::pow(0.999, t + 1)) / (1 - std::pow(0.9, t + 1));
+    const double lr_t = 0.01 * std::sqrt(1 - std::pow(0.999, t + 1)) /
+                        (1 - std::pow(0.9, t + 1));
     for (int j = 0; j < 5; ++j) {
       double g = 0;
       for (int r = 0; r < n; ++r) g += 0.1 * (j + 1) * (t % 3 + 1) * (r + 1);
@@ -129,19 +135,24 @@ TEST(ClusterTest, MissingNodeEndsAtStartDeadline) {
   c.Env("TESSERA_START_TIMEOUT", "2");
   c.Env("DMLC_NUM_SERVER", "1");
   c.Env("DMLC_NUM_WORKER", "2");
-  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")}, {{"DMLC_ROLE", "scheduler"}});
-  c.Spawn("server 0", {BinaryPath("server/tessera-server")}, {{"DMLC_ROLE", "server"}});
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"}});
+  c.Spawn("server 0", {BinaryPath("server/tessera-server")},
+          {{"DMLC_ROLE", "server"}});
   c.Spawn("worker 0", {Worker(), "barrier", "1"}, {{"DMLC_ROLE", "worker"}});
   const absl::Time start = absl::Now();
   ASSERT_TRUE(c.WaitAll(absl::Seconds(20))) << c.AllLogs();
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
   const Child& scheduler = c.Find("scheduler");
   EXPECT_EQ(ProcessCluster::ExitCode(scheduler), 1);
-  EXPECT_THAT(ProcessCluster::Log(scheduler),
-              HasSubstr("start-up deadline of 2s passed: 1 of 2 worker(s) never registered"));
+  EXPECT_THAT(
+      ProcessCluster::Log(scheduler),
+      HasSubstr(
+          "start-up deadline of 2s passed: 1 of 2 worker(s) never registered"));
   EXPECT_NE(ProcessCluster::ExitCode(c.Find("server 0")), 0);
   EXPECT_NE(ProcessCluster::ExitCode(c.Find("worker 0")), 0);
-  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("never registered"));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")),
+              HasSubstr("never registered"));
 }
 
 TEST(ClusterTest, KilledWorkerEndsTheJobNamingIt) {
@@ -158,7 +169,8 @@ TEST(ClusterTest, KilledWorkerEndsTheJobNamingIt) {
   EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
   const Child& scheduler = c.Find("scheduler");
   EXPECT_EQ(ProcessCluster::ExitCode(scheduler), 1);
-  EXPECT_THAT(ProcessCluster::Log(scheduler), HasSubstr("stopped heart-beating"));
+  EXPECT_THAT(ProcessCluster::Log(scheduler),
+              HasSubstr("stopped heart-beating"));
   EXPECT_THAT(ProcessCluster::Log(scheduler), HasSubstr("worker "));
   EXPECT_EQ(ProcessCluster::ExitCode(c.Find("server 0")), 1);
   EXPECT_THAT(ProcessCluster::Log(c.Find("server 0")), HasSubstr("died"));
@@ -185,28 +197,34 @@ TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
   const int server_port = FreePort();
   c.Env("DMLC_NUM_SERVER", "1");
   c.Env("DMLC_NUM_WORKER", "2");
-  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")}, {{"DMLC_ROLE", "scheduler"}});
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"}});
   c.Spawn("server 0", {BinaryPath("server/tessera-server")},
-          {{"DMLC_ROLE", "server"}, {"PORT", std::to_string(server_port)}, {"PS_VERBOSE", "1"}});
+          {{"DMLC_ROLE", "server"},
+           {"PORT", std::to_string(server_port)},
+           {"PS_VERBOSE", "1"}});
   absl::SleepFor(absl::Milliseconds(300));
   // Garbage of several shapes, straight onto the server's socket.
   void* ctx = zmq_ctx_new();
   void* raw = zmq_socket(ctx, ZMQ_PUSH);
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(server_port);
   ASSERT_EQ(zmq_connect(raw, endpoint.c_str()), 0);
-  const std::string junk[] = {"", "x", std::string(1000, '\xff'), "\x08\x15\x20\x01"};
-  for (const std::string& j : junk) ASSERT_EQ(zmq_send(raw, j.data(), j.size(), 0), (int)j.size());
+  const std::string junk[] = {"", "x", std::string(1000, '\xff'),
+                              "\x08\x15\x20\x01"};
+  for (const std::string& j : junk)
+    ASSERT_EQ(zmq_send(raw, j.data(), j.size(), 0), (int)j.size());
   c.Spawn("worker 0", {Worker(), "nightly"}, {{"DMLC_ROLE", "worker"}});
   c.Spawn("worker 1", {Worker(), "nightly"}, {{"DMLC_ROLE", "worker"}});
-  for (const std::string& j : junk) ASSERT_EQ(zmq_send(raw, j.data(), j.size(), 0), (int)j.size());
+  for (const std::string& j : junk)
+    ASSERT_EQ(zmq_send(raw, j.data(), j.size(), 0), (int)j.size());
   ExpectAllExitZero(c, absl::Seconds(120));
   const int linger = 0;
   zmq_setsockopt(raw, ZMQ_LINGER, &linger, sizeof(linger));
   zmq_close(raw);
   zmq_ctx_term(ctx);
   const std::string log = ProcessCluster::Log(c.Find("server 0"));
-  // Three of the four shapes do not decode; the fourth is a well-formed header claiming
-  // to be a REGISTER from node 21, which a server ignores.
+  // Three of the four shapes do not decode; the fourth is a well-formed header
+  // claiming to be a REGISTER from node 21, which a server ignores.
   EXPECT_THAT(log, HasSubstr("dropped malformed message #6"));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("dropped malformed message #7")));
   EXPECT_THAT(log, HasSubstr("ignored control message from node 21"));
@@ -223,7 +241,8 @@ TEST(ClusterTest, PeerStoppedShorterThanTheTimeoutRecoversWithNothingLost) {
   kill(server.pid, SIGSTOP);
   absl::SleepFor(absl::Seconds(1.5));
   kill(server.pid, SIGCONT);
-  ExpectAllExitZero(c, absl::Seconds(120));  // the nightly check's exact sums hold
+  ExpectAllExitZero(c,
+                    absl::Seconds(120));  // the nightly check's exact sums hold
 }
 
 TEST(ClusterTest, PeerStoppedLongerThanTheTimeoutIsDeclaredDead) {
@@ -240,7 +259,8 @@ TEST(ClusterTest, PeerStoppedLongerThanTheTimeoutIsDeclaredDead) {
   EXPECT_EQ(ProcessCluster::ExitCode(c.Find("scheduler")), 1);
   EXPECT_THAT(ProcessCluster::Log(c.Find("scheduler")),
               HasSubstr("server 0 (id 8 at 127.0.0.1:"));
-  EXPECT_THAT(ProcessCluster::Log(c.Find("scheduler")), HasSubstr("stopped heart-beating"));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("scheduler")),
+              HasSubstr("stopped heart-beating"));
   for (const char* w : {"worker 0", "worker 1"}) {
     ASSERT_TRUE(c.Wait(c.Find(w), absl::Seconds(20))) << c.AllLogs();
     EXPECT_EQ(ProcessCluster::ExitCode(c.Find(w)), 1);
@@ -262,7 +282,8 @@ TEST_P(BadConfigTest, ExitsTwoNamingTheVariable) {
   c.Env("DMLC_NUM_SERVER", "1");
   c.Env("DMLC_NUM_WORKER", "1");
   c.Env("TESSERA_START_TIMEOUT", "3");
-  Child& child = c.Spawn("node", {BinaryPath(GetParam().binary)}, GetParam().env);
+  Child& child =
+      c.Spawn("node", {BinaryPath(GetParam().binary)}, GetParam().env);
   ASSERT_TRUE(c.Wait(child, absl::Seconds(20))) << c.AllLogs();
   EXPECT_EQ(ProcessCluster::ExitCode(child), 2) << c.AllLogs();
   const std::string log = ProcessCluster::Log(child);
@@ -276,21 +297,25 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"server/tessera-server",
                   {{"DMLC_ROLE", "server"}, {"DMLC_NUM_WORKER", "abc"}},
                   "DMLC_NUM_WORKER='abc': expected a whole number >= 1"},
-        BadConfig{"server/tessera-server",
-                  {{"DMLC_ROLE", "server"}, {"DMLC_PS_ROOT_URI", "no-such-host.invalid"}},
-                  "DMLC_PS_ROOT_URI='no-such-host.invalid': cannot resolve host"},
+        BadConfig{
+            "server/tessera-server",
+            {{"DMLC_ROLE", "server"},
+             {"DMLC_PS_ROOT_URI", "no-such-host.invalid"}},
+            "DMLC_PS_ROOT_URI='no-such-host.invalid': cannot resolve host"},
         BadConfig{"server/tessera-server",
                   {{"DMLC_ROLE", "server"}, {"DMLC_INTERFACE", "nosuchif0"}},
                   "DMLC_INTERFACE='nosuchif0': no such network interface"},
-        BadConfig{"scheduler/tessera-scheduler",
-                  {{"DMLC_ROLE", "scheduler"}, {"DMLC_PS_ROOT_PORT", "70000"}},
-                  "DMLC_PS_ROOT_PORT='70000': expected a port number in 1..65535"},
+        BadConfig{
+            "scheduler/tessera-scheduler",
+            {{"DMLC_ROLE", "scheduler"}, {"DMLC_PS_ROOT_PORT", "70000"}},
+            "DMLC_PS_ROOT_PORT='70000': expected a port number in 1..65535"},
         BadConfig{"scheduler/tessera-scheduler",
                   {{"DMLC_ROLE", "worker"}},
                   "DMLC_ROLE='worker': expected scheduler"},
         BadConfig{"server/tessera-server",
                   {{"DMLC_ROLE", "server"}, {"PS_HEARTBEAT_INTERVAL", "fast"}},
-                  "PS_HEARTBEAT_INTERVAL='fast': expected a number of seconds >= 0"}));
+                  "PS_HEARTBEAT_INTERVAL='fast': expected a number of seconds "
+                  ">= 0"}));
 
 TEST(ClusterTest, PortInUseIsAOneLineErrorWithExitTwo) {
   ProcessCluster c;
@@ -298,21 +323,24 @@ TEST(ClusterTest, PortInUseIsAOneLineErrorWithExitTwo) {
   c.Env("DMLC_NUM_WORKER", "1");
   c.Env("TESSERA_START_TIMEOUT", "5");
   Child& first =
-      c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")}, {{"DMLC_ROLE", "scheduler"}});
+      c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+              {{"DMLC_ROLE", "scheduler"}});
   absl::SleepFor(absl::Milliseconds(500));
-  Child& second =
-      c.Spawn("again", {BinaryPath("scheduler/tessera-scheduler")}, {{"DMLC_ROLE", "scheduler"}});
+  Child& second = c.Spawn("again", {BinaryPath("scheduler/tessera-scheduler")},
+                          {{"DMLC_ROLE", "scheduler"}});
   ASSERT_TRUE(c.Wait(second, absl::Seconds(10)));
   EXPECT_EQ(ProcessCluster::ExitCode(second), 2);
   EXPECT_THAT(ProcessCluster::Log(second),
               HasSubstr("DMLC_PS_ROOT_PORT=" + std::to_string(c.port())));
   EXPECT_THAT(ProcessCluster::Log(second), HasSubstr("Address already in use"));
   // A server whose PORT is taken by that scheduler.
-  Child& server = c.Spawn("server", {BinaryPath("server/tessera-server")},
-                          {{"DMLC_ROLE", "server"}, {"PORT", std::to_string(c.port())}});
+  Child& server =
+      c.Spawn("server", {BinaryPath("server/tessera-server")},
+              {{"DMLC_ROLE", "server"}, {"PORT", std::to_string(c.port())}});
   ASSERT_TRUE(c.Wait(server, absl::Seconds(10)));
   EXPECT_EQ(ProcessCluster::ExitCode(server), 2);
-  EXPECT_THAT(ProcessCluster::Log(server), HasSubstr("PORT=" + std::to_string(c.port())));
+  EXPECT_THAT(ProcessCluster::Log(server),
+              HasSubstr("PORT=" + std::to_string(c.port())));
   EXPECT_THAT(ProcessCluster::Log(server), HasSubstr("Address already in use"));
   (void)first;
 }

@@ -1,15 +1,16 @@
-/* A worker program written against the C API only (tessera/c_api.h), started by the
- * cluster tests. It checks the store's semantics from inside a real job and exits 0
- * when every check passed, 1 with a message otherwise.
+/* A worker program written against the C API only (tessera/c_api.h), started by
+ * the cluster tests. It checks the store's semantics from inside a real job and
+ * exits 0 when every check passed, 1 with a message otherwise.
  *
  *   kv_check_worker barrier N [SLEEP_MS]   N barriers, then close
- *   kv_check_worker nightly                MXNet's nightly dist_sync check (sgd lr=-2)
- *   kv_check_worker allreduce              dist_sync without optimizer: pushpull sums
- *   kv_check_worker async                  dist_async: every push applied once
- *   kv_check_worker async_noopt            dist_async push without optimizer is an error
- *   kv_check_worker errors                 bad calls fail cleanly and change nothing
- *   kv_check_worker compress               2-bit pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n
- *   kv_check_worker optimizer SPEC ROUNDS  prints the weights after ROUNDS pushes
+ *   kv_check_worker nightly                MXNet's nightly dist_sync check (sgd
+ * lr=-2) kv_check_worker allreduce              dist_sync without optimizer:
+ * pushpull sums kv_check_worker async                  dist_async: every push
+ * applied once kv_check_worker async_noopt            dist_async push without
+ * optimizer is an error kv_check_worker errors                 bad calls fail
+ * cleanly and change nothing kv_check_worker compress               2-bit
+ * pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n kv_check_worker optimizer SPEC
+ * ROUNDS  prints the weights after ROUNDS pushes
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,36 +22,40 @@
 
 static int rank_ = -1;
 
-#define CHECK_OK(call)                                                              \
-  do {                                                                              \
-    if ((call) != 0) {                                                              \
-      fprintf(stderr, "rank %d: %s failed: %s\n", rank_, #call, tessera_last_error()); \
-      exit(1);                                                                      \
-    }                                                                               \
+#define CHECK_OK(call)                                          \
+  do {                                                          \
+    if ((call) != 0) {                                          \
+      fprintf(stderr, "rank %d: %s failed: %s\n", rank_, #call, \
+              tessera_last_error());                            \
+      exit(1);                                                  \
+    }                                                           \
   } while (0)
 
-#define CHECK_FAILS(call, text)                                                      \
-  do {                                                                               \
-    if ((call) == 0) {                                                               \
-      fprintf(stderr, "rank %d: %s succeeded but should fail\n", rank_, #call);      \
-      exit(1);                                                                       \
-    }                                                                                \
-    if (strstr(tessera_last_error(), text) == NULL) {                                \
-      fprintf(stderr, "rank %d: %s: error '%s' lacks '%s'\n", rank_, #call,          \
-              tessera_last_error(), text);                                           \
-      exit(1);                                                                       \
-    }                                                                                \
+#define CHECK_FAILS(call, text)                                             \
+  do {                                                                      \
+    if ((call) == 0) {                                                      \
+      fprintf(stderr, "rank %d: %s succeeded but should fail\n", rank_,     \
+              #call);                                                       \
+      exit(1);                                                              \
+    }                                                                       \
+    if (strstr(tessera_last_error(), text) == NULL) {                       \
+      fprintf(stderr, "rank %d: %s: error '%s' lacks '%s'\n", rank_, #call, \
+              tessera_last_error(), text);                                  \
+      exit(1);                                                              \
+    }                                                                       \
   } while (0)
 
 static void Fill(float* v, size_t n, float x) {
   for (size_t i = 0; i < n; ++i) v[i] = x;
 }
 
-static void ExpectAll(const float* v, size_t n, float want, const char* what, int round) {
+static void ExpectAll(const float* v, size_t n, float want, const char* what,
+                      int round) {
   for (size_t i = 0; i < n; ++i) {
     if (v[i] != want) {
-      fprintf(stderr, "rank %d: %s round %d: element %zu is %.9g, expected %.9g\n", rank_, what,
-              round, i, v[i], want);
+      fprintf(stderr,
+              "rank %d: %s round %d: element %zu is %.9g, expected %.9g\n",
+              rank_, what, round, i, v[i], want);
       exit(1);
     }
   }
@@ -107,13 +112,15 @@ static int AllReduce(void) {
   float* out = malloc(len * sizeof(float));
   CHECK_OK(tessera_kv_init(kv, 7, value, len));
   for (int round = 0; round < 3; ++round) {
-    for (size_t j = 0; j < len; ++j) grad[j] = (float)((rank_ + 1) * (j + round));
+    for (size_t j = 0; j < len; ++j)
+      grad[j] = (float)((rank_ + 1) * (j + round));
     CHECK_OK(tessera_kv_pushpull(kv, 7, grad, out, len));
     for (size_t j = 0; j < len; ++j) {
       const float want = (float)((j + round) * (size_t)(n * (n + 1) / 2));
       if (out[j] != want) {
-        fprintf(stderr, "rank %d: allreduce round %d element %zu is %g, expected %g\n", rank_,
-                round, j, out[j], want);
+        fprintf(stderr,
+                "rank %d: allreduce round %d element %zu is %g, expected %g\n",
+                rank_, round, j, out[j], want);
         return 1;
       }
     }
@@ -151,7 +158,8 @@ static int AsyncNoOptimizer(void) {
   TesseraKV* kv = Create("dist_async");
   float value[4] = {1, 2, 3, 4};
   CHECK_OK(tessera_kv_init(kv, 1, value, 4));
-  CHECK_FAILS(tessera_kv_push(kv, 1, value, 4), "dist_async needs an optimizer");
+  CHECK_FAILS(tessera_kv_push(kv, 1, value, 4),
+              "dist_async needs an optimizer");
   float out[4] = {0};
   CHECK_OK(tessera_kv_pull(kv, 1, out, 4)); /* the server is still serving */
   if (out[0] != 1 || out[3] != 4) {
@@ -169,11 +177,16 @@ static int Errors(void) {
   CHECK_OK(tessera_kv_num_workers(kv, &n));
   float v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
   float out[8];
-  CHECK_FAILS(tessera_kv_set_optimizer(kv, "bogus lr=1"), "unknown optimizer 'bogus'");
-  CHECK_FAILS(tessera_kv_set_optimizer(kv, "sgd foo=1"), "unknown parameter 'foo'");
-  CHECK_FAILS(tessera_kv_set_optimizer(kv, "sgd lr=abc"), "expected a finite number");
-  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0), "expected a number > 0");
-  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "4bit", 0.5f), "expected 2bit or none");
+  CHECK_FAILS(tessera_kv_set_optimizer(kv, "bogus lr=1"),
+              "unknown optimizer 'bogus'");
+  CHECK_FAILS(tessera_kv_set_optimizer(kv, "sgd foo=1"),
+              "unknown parameter 'foo'");
+  CHECK_FAILS(tessera_kv_set_optimizer(kv, "sgd lr=abc"),
+              "expected a finite number");
+  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0),
+              "expected a number > 0");
+  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "4bit", 0.5f),
+              "expected 2bit or none");
   CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
   CHECK_FAILS(tessera_kv_pull(kv, 42, out, 8), "never initialised");
   CHECK_FAILS(tessera_kv_push(kv, 42, v, 8), "never initialised");
@@ -181,8 +194,10 @@ static int Errors(void) {
   CHECK_FAILS(tessera_kv_push(kv, 2, v, 7), "the key has 8");
   CHECK_FAILS(tessera_kv_pull(kv, 2, out, 9), "the key has 8");
   CHECK_FAILS(tessera_kv_set_optimizer(kv, "adam"), "before the first init");
-  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0.5f), "before the first init");
-  /* None of the rejected calls counted toward a round: one real round gives exactly. */
+  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0.5f),
+              "before the first init");
+  /* None of the rejected calls counted toward a round: one real round gives
+   * exactly. */
   CHECK_OK(tessera_kv_push(kv, 2, v, 8));
   CHECK_OK(tessera_kv_pull(kv, 2, out, 8));
   ExpectAll(out, 8, 1.0f + 2.0f * (float)n, "after errors", 0);
@@ -229,7 +244,8 @@ static int OptimizerRun(const char* spec, int rounds) {
   float g[5];
   CHECK_OK(tessera_kv_init(kv, 11, w, 5));
   for (int t = 0; t < rounds; ++t) {
-    for (int j = 0; j < 5; ++j) g[j] = 0.1f * (float)(j + 1) * (float)(t % 3 + 1) * (float)(rank_ + 1);
+    for (int j = 0; j < 5; ++j)
+      g[j] = 0.1f * (float)(j + 1) * (float)(t % 3 + 1) * (float)(rank_ + 1);
     CHECK_OK(tessera_kv_push(kv, 11, g, 5));
   }
   CHECK_OK(tessera_kv_pull(kv, 11, w, 5));
@@ -265,7 +281,8 @@ int main(int argc, char** argv) {
   if (strcmp(mode, "async_noopt") == 0) return AsyncNoOptimizer();
   if (strcmp(mode, "errors") == 0) return Errors();
   if (strcmp(mode, "compress") == 0) return Compress();
-  if (strcmp(mode, "optimizer") == 0 && argc > 3) return OptimizerRun(argv[2], atoi(argv[3]));
+  if (strcmp(mode, "optimizer") == 0 && argc > 3)
+    return OptimizerRun(argv[2], atoi(argv[3]));
   fprintf(stderr, "kv_check_worker: unknown mode '%s'\n", mode);
   return 2;
 }

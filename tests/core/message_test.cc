@@ -51,9 +51,11 @@ TEST(MessageTest, RoundTripKeepsHeaderAndData) {
 TEST(MessageTest, EncodeRejectsInconsistentDescriptors) {
   Message m = PushMessage(4);
   m.header.mutable_frames(0)->set_num_values(5);
-  EXPECT_EQ(EncodeMessage(m).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeMessage(m).status().code(),
+            absl::StatusCode::kInvalidArgument);
   m.header.clear_frames();
-  EXPECT_EQ(EncodeMessage(m).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeMessage(m).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 std::vector<Buffer> Parts(const Message& m) { return *EncodeMessage(m); }
@@ -82,7 +84,8 @@ TEST(MessageTest, MissingDataFrameIsDataLoss) {
   parts.pop_back();
   absl::StatusOr<Message> r = DecodeMessage(parts);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(r.status().message(), HasSubstr("describes 1 data frames but 0 arrived"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("describes 1 data frames but 0 arrived"));
 }
 
 TEST(MessageTest, TruncatedDataFrameIsDataLoss) {
@@ -90,7 +93,8 @@ TEST(MessageTest, TruncatedDataFrameIsDataLoss) {
   parts[1] = Buffer::CopyOf(parts[1].data(), 15);
   absl::StatusOr<Message> r = DecodeMessage(parts);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(r.status().message(), HasSubstr("frame 0 has 15 bytes but its descriptor says 16"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("frame 0 has 15 bytes but its descriptor says 16"));
 }
 
 TEST(MessageTest, DescriptorThatLiesAboutValuesIsDataLoss) {
@@ -99,19 +103,22 @@ TEST(MessageTest, DescriptorThatLiesAboutValuesIsDataLoss) {
   m.header.mutable_frames(0)->set_num_values(3);  // 16 bytes cannot be 3 floats
   std::string h = m.header.SerializeAsString();
   parts[0] = Buffer::CopyOf(h.data(), h.size());
-  EXPECT_THAT(DecodeMessage(parts).status().message(), HasSubstr("cannot hold 3 values"));
+  EXPECT_THAT(DecodeMessage(parts).status().message(),
+              HasSubstr("cannot hold 3 values"));
   m.header.mutable_frames(0)->set_encoding(wire::DataFrame::TWO_BIT);
   m.header.mutable_frames(0)->set_num_values(100);  // needs 28 bytes, not 16
   h = m.header.SerializeAsString();
   parts[0] = Buffer::CopyOf(h.data(), h.size());
-  EXPECT_THAT(DecodeMessage(parts).status().message(), HasSubstr("expected 28 bytes"));
+  EXPECT_THAT(DecodeMessage(parts).status().message(),
+              HasSubstr("expected 28 bytes"));
 }
 
 TEST(MessageTest, UnknownCommandIsDataLoss) {
   Message m = PushMessage(1);
   m.header.set_command(static_cast<wire::Command>(999));
   std::vector<Buffer> parts = Parts(m);
-  EXPECT_THAT(DecodeMessage(parts).status().message(), HasSubstr("unknown command 999"));
+  EXPECT_THAT(DecodeMessage(parts).status().message(),
+              HasSubstr("unknown command 999"));
 }
 
 TEST(MessageTest, OversizedMessagesAreDataLoss) {
@@ -146,7 +153,8 @@ TEST(MessageTest, MemoryTransportCountsAndDropsMalformedMessages) {
   EXPECT_EQ(b->malformed_count(), 1u);
   EXPECT_EQ(b->Receive(absl::Milliseconds(10)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(a->Bind("10.0.0.2", 5000).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(a->Bind("10.0.0.2", 5000).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 TEST(MessageTest, ZmqTransportDeliversAndDropsGarbage) {
@@ -165,7 +173,8 @@ TEST(MessageTest, ZmqTransportDeliversAndDropsGarbage) {
   EXPECT_EQ(got->data[0].floats()[99999], 49999.5f);
   EXPECT_EQ(b->malformed_count(), 0u);
 
-  // Raw garbage from a foreign socket is counted and dropped; the next message arrives.
+  // Raw garbage from a foreign socket is counted and dropped; the next message
+  // arrives.
   void* ctx = zmq_ctx_new();
   void* raw = zmq_socket(ctx, ZMQ_PUSH);
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(*port);

@@ -1,9 +1,11 @@
 // The control plane in one process over the in-memory transport: ids and ranks,
-// placement of keys, and a scheduler with a server and workers that barrier and end.
+// placement of keys, and a scheduler with a server and workers that barrier and
+// end.
+#include "common/node.h"
+
 #include <thread>
 
 #include "common/key_partitioner.h"
-#include "common/node.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
@@ -102,8 +104,8 @@ TEST(NodeTest, SchedulerServerAndWorkersBarrierAndEnd) {
 
   absl::Status server_result;
   std::thread server_thread([&] {
-    absl::StatusOr<std::unique_ptr<Node>> node =
-        Node::Start(TestOptions(Role::kServer), Node::Callbacks(), net.NewTransport());
+    absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(
+        TestOptions(Role::kServer), Node::Callbacks(), net.NewTransport());
     if (!node.ok()) {
       server_result = node.status();
       return;
@@ -116,15 +118,17 @@ TEST(NodeTest, SchedulerServerAndWorkersBarrierAndEnd) {
   std::vector<std::thread> workers;
   for (int i = 0; i < 2; ++i) {
     workers.emplace_back([&, i] {
-      absl::StatusOr<std::unique_ptr<Node>> node =
-          Node::Start(TestOptions(Role::kWorker), Node::Callbacks(), net.NewTransport());
+      absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(
+          TestOptions(Role::kWorker), Node::Callbacks(), net.NewTransport());
       if (!node.ok()) {
         results[i] = node.status();
         return;
       }
       ranks[i] = (*node)->rank();
-      for (int b = 0; b < 5 && results[i].ok(); ++b) results[i] = (*node)->Barrier(kGroupWorkers);
-      if (results[i].ok()) results[i] = (*node)->Barrier(kGroupServers | kGroupWorkers);
+      for (int b = 0; b < 5 && results[i].ok(); ++b)
+        results[i] = (*node)->Barrier(kGroupWorkers);
+      if (results[i].ok())
+        results[i] = (*node)->Barrier(kGroupServers | kGroupWorkers);
       if (results[i].ok()) results[i] = (*node)->FinishWorker();
     });
   }
@@ -141,22 +145,28 @@ TEST(NodeTest, SchedulerServerAndWorkersBarrierAndEnd) {
 TEST(NodeTest, NodeWithoutSchedulerGivesUpNamingItsAddress) {
   MemoryNetwork net;
   Options o = TestOptions(Role::kWorker);
-  o.start_timeout = absl::Milliseconds(100);  // the node waits 5 s longer than this
+  o.start_timeout =
+      absl::Milliseconds(100);  // the node waits 5 s longer than this
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(o, Node::Callbacks(), net.NewTransport());
+  absl::StatusOr<std::unique_ptr<Node>> node =
+      Node::Start(o, Node::Callbacks(), net.NewTransport());
   EXPECT_LT(absl::Now() - start, absl::Seconds(8));
   ASSERT_FALSE(node.ok());
   EXPECT_EQ(node.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(node.status().message(),
-              ::testing::HasSubstr("no node table from the scheduler at 127.0.0.1:7000"));
-  EXPECT_THAT(node.status().message(), ::testing::HasSubstr("this node advertises 127.0.0.1:"));
+              ::testing::HasSubstr(
+                  "no node table from the scheduler at 127.0.0.1:7000"));
+  EXPECT_THAT(node.status().message(),
+              ::testing::HasSubstr("this node advertises 127.0.0.1:"));
 }
 
 // A transport that binds where asked but reports another port: the node then
-// advertises an address nobody can reach, as a node on the wrong interface does.
+// advertises an address nobody can reach, as a node on the wrong interface
+// does.
 class MisadvertisingTransport : public Transport {
  public:
-  explicit MisadvertisingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  explicit MisadvertisingTransport(std::unique_ptr<Transport> inner)
+      : inner_(std::move(inner)) {}
   absl::StatusOr<int> Bind(const std::string& ip, int port) override {
     absl::StatusOr<int> bound = inner_->Bind(ip, port);
     if (!bound.ok()) return bound;
@@ -166,18 +176,23 @@ class MisadvertisingTransport : public Transport {
     return inner_->Connect(peer, ip, port);
   }
   void Disconnect(int peer) override { inner_->Disconnect(peer); }
-  absl::Status Send(int peer, const Message& msg) override { return inner_->Send(peer, msg); }
+  absl::Status Send(int peer, const Message& msg) override {
+    return inner_->Send(peer, msg);
+  }
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
     return inner_->Receive(timeout);
   }
-  uint64_t malformed_count() const override { return inner_->malformed_count(); }
+  uint64_t malformed_count() const override {
+    return inner_->malformed_count();
+  }
   void Close() override { inner_->Close(); }
 
  private:
   std::unique_ptr<Transport> inner_;
 };
 
-TEST(NodeTest, UnreachableAdvertisedAddressEndsTheJobAtTheStartDeadlineNamingIt) {
+TEST(NodeTest,
+     UnreachableAdvertisedAddressEndsTheJobAtTheStartDeadlineNamingIt) {
   MemoryNetwork net;
   Options sched_options = TestOptions(Role::kScheduler);
   sched_options.num_workers = 1;
@@ -192,9 +207,11 @@ TEST(NodeTest, UnreachableAdvertisedAddressEndsTheJobAtTheStartDeadlineNamingIt)
   node_options.start_timeout = absl::Seconds(1);
   absl::Status server_result, worker_result;
   std::thread server([&, server_options = node_options] {
-    server_result = Node::Start(server_options, Node::Callbacks(),
-                                std::make_unique<MisadvertisingTransport>(net.NewTransport()))
-                        .status();
+    server_result =
+        Node::Start(
+            server_options, Node::Callbacks(),
+            std::make_unique<MisadvertisingTransport>(net.NewTransport()))
+            .status();
   });
   Options worker_options = node_options;
   worker_options.role = Role::kWorker;
@@ -209,11 +226,15 @@ TEST(NodeTest, UnreachableAdvertisedAddressEndsTheJobAtTheStartDeadlineNamingIt)
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(scheduler_result.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(scheduler_result.message()),
-              ::testing::HasSubstr("cannot reach the address advertised by server 0 (id 8 at "
-                                   "127.0.0.1:"));
-  // The reachable worker hears why; the unreachable server names its own address.
-  EXPECT_THAT(std::string(worker_result.message()), ::testing::HasSubstr("cannot reach the address"));
-  EXPECT_THAT(std::string(server_result.message()), ::testing::HasSubstr("this node advertises 127.0.0.1:"));
+              ::testing::HasSubstr(
+                  "cannot reach the address advertised by server 0 (id 8 at "
+                  "127.0.0.1:"));
+  // The reachable worker hears why; the unreachable server names its own
+  // address.
+  EXPECT_THAT(std::string(worker_result.message()),
+              ::testing::HasSubstr("cannot reach the address"));
+  EXPECT_THAT(std::string(server_result.message()),
+              ::testing::HasSubstr("this node advertises 127.0.0.1:"));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Each server-side optimizer against a reference written out here in double precision.
+// Each server-side optimizer against a reference written out here in double
+// precision.
 #include "server/optimizer.h"
 
 #include <cmath>
@@ -15,14 +16,17 @@ using ::testing::HasSubstr;
 constexpr int kN = 7;
 constexpr int kSteps = 5;
 
-double Grad(int i, int t) { return 0.3 * std::sin(1.7 * i + 0.9 * t) * (t + 1); }
+double Grad(int i, int t) {
+  return 0.3 * std::sin(1.7 * i + 0.9 * t) * (t + 1);
+}
 
 std::vector<float> RunSteps(const std::string& spec) {
   absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(spec);
   EXPECT_TRUE(opt.ok()) << opt.status();
   std::vector<float> w(kN);
   for (int i = 0; i < kN; ++i) w[i] = 0.25f * static_cast<float>(i) - 0.5f;
-  std::vector<std::vector<float>> state((*opt)->state_slots(), std::vector<float>(kN, 0));
+  std::vector<std::vector<float>> state((*opt)->state_slots(),
+                                        std::vector<float>(kN, 0));
   std::vector<float*> slots;
   for (auto& s : state) slots.push_back(s.data());
   for (int t = 0; t < kSteps; ++t) {
@@ -33,10 +37,13 @@ std::vector<float> RunSteps(const std::string& spec) {
   return w;
 }
 
-double Clip(double x, double c) { return c > 0 ? std::fmin(std::fmax(x, -c), c) : x; }
+double Clip(double x, double c) {
+  return c > 0 ? std::fmin(std::fmax(x, -c), c) : x;
+}
 
 TEST(OptimizerTest, SgdLrMinusTwoAddsTwiceTheGradientExactly) {
-  absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create("sgd lr=-2");
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      Optimizer::Create("sgd lr=-2");
   ASSERT_TRUE(opt.ok());
   float w[3] = {1, 1, 1};
   const float g[3] = {1, 2, 3};
@@ -48,8 +55,8 @@ TEST(OptimizerTest, SgdLrMinusTwoAddsTwiceTheGradientExactly) {
 
 TEST(OptimizerTest, SgdWithMomentumWeightDecayRescaleAndClip) {
   const double lr = 0.1, mom = 0.9, wd = 0.01, rescale = 0.5, clip = 0.2;
-  std::vector<float> got =
-      RunSteps("sgd lr=0.1 momentum=0.9 wd=0.01 rescale_grad=0.5 clip_gradient=0.2");
+  std::vector<float> got = RunSteps(
+      "sgd lr=0.1 momentum=0.9 wd=0.01 rescale_grad=0.5 clip_gradient=0.2");
   for (int i = 0; i < kN; ++i) {
     double w = 0.25 * i - 0.5, m = 0;
     for (int t = 0; t < kSteps; ++t) {
@@ -70,14 +77,16 @@ TEST(OptimizerTest, PlainSgd) {
 }
 
 TEST(OptimizerTest, Adam) {
-  std::vector<float> got = RunSteps("adam lr=0.01 beta1=0.8 beta2=0.99 epsilon=1e-6 wd=0.001");
+  std::vector<float> got =
+      RunSteps("adam lr=0.01 beta1=0.8 beta2=0.99 epsilon=1e-6 wd=0.001");
   for (int i = 0; i < kN; ++i) {
     double w = 0.25 * i - 0.5, m = 0, v = 0;
     for (int t = 0; t < kSteps; ++t) {
       const double g = Grad(i, t) + 0.001 * w;
       m = 0.8 * m + 0.2 * g;
       v = 0.99 * v + 0.01 * g * g;
-      const double lr_t = 0.01 * std::sqrt(1 - std::pow(0.99, t + 1)) / (1 - std::pow(0.8, t + 1));
+      const double lr_t = 0.01 * std::sqrt(1 - std::pow(0.99, t + 1)) /
+                          (1 - std::pow(0.8, t + 1));
       w -= lr_t * m / (std::sqrt(v) + 1e-6);
     }
     EXPECT_NEAR(got[i], w, 1e-5) << i;
@@ -125,12 +134,16 @@ TEST(OptimizerTest, SpecIsCanonical) {
 
 TEST(OptimizerTest, BadSpecsNameTheProblem) {
   EXPECT_THAT(Optimizer::Create("rmsprop").status().message(),
-              HasSubstr("unknown optimizer 'rmsprop': expected sgd, adam, adamax, adagrad or none"));
+              HasSubstr("unknown optimizer 'rmsprop': expected sgd, adam, "
+                        "adamax, adagrad or none"));
   EXPECT_THAT(Optimizer::Create("adam momentum=0.9").status().message(),
               HasSubstr("unknown parameter 'momentum' for optimizer adam"));
-  EXPECT_THAT(Optimizer::Create("sgd lr").status().message(), HasSubstr("expected name=value"));
-  EXPECT_THAT(Optimizer::Create("sgd lr=inf").status().message(),
-              HasSubstr("parameter lr='inf' of optimizer sgd: expected a finite number"));
+  EXPECT_THAT(Optimizer::Create("sgd lr").status().message(),
+              HasSubstr("expected name=value"));
+  EXPECT_THAT(
+      Optimizer::Create("sgd lr=inf").status().message(),
+      HasSubstr(
+          "parameter lr='inf' of optimizer sgd: expected a finite number"));
 }
 
 }  // namespace

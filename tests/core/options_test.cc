@@ -11,17 +11,20 @@ namespace {
 using ::testing::HasSubstr;
 
 std::map<std::string, std::string> Base() {
-  return {{"DMLC_ROLE", "worker"},        {"DMLC_PS_ROOT_URI", "127.0.0.1"},
-          {"DMLC_PS_ROOT_PORT", "9000"},  {"DMLC_NUM_SERVER", "2"},
+  return {{"DMLC_ROLE", "worker"},
+          {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+          {"DMLC_PS_ROOT_PORT", "9000"},
+          {"DMLC_NUM_SERVER", "2"},
           {"DMLC_NUM_WORKER", "3"}};
 }
 
 absl::StatusOr<Options> Parse(const std::map<std::string, std::string>& env) {
-  return ParseOptions([&env](const std::string& name) -> std::optional<std::string> {
-    auto it = env.find(name);
-    if (it == env.end()) return std::nullopt;
-    return it->second;
-  });
+  return ParseOptions(
+      [&env](const std::string& name) -> std::optional<std::string> {
+        auto it = env.find(name);
+        if (it == env.end()) return std::nullopt;
+        return it->second;
+      });
 }
 
 TEST(OptionsTest, ReadsEveryVariable) {
@@ -107,30 +110,52 @@ TEST_P(OptionsBadValueTest, NamesVariableValueAndExpectation) {
 INSTANTIATE_TEST_SUITE_P(
     All, OptionsBadValueTest,
     ::testing::Values(
-        BadCase{"DMLC_ROLE", std::nullopt, "DMLC_ROLE is not set: expected scheduler, server or worker"},
-        BadCase{"DMLC_ROLE", "master", "DMLC_ROLE='master': expected scheduler, server or worker"},
+        BadCase{"DMLC_ROLE", std::nullopt,
+                "DMLC_ROLE is not set: expected scheduler, server or worker"},
+        BadCase{"DMLC_ROLE", "master",
+                "DMLC_ROLE='master': expected scheduler, server or worker"},
         BadCase{"DMLC_PS_ROOT_URI", std::nullopt,
-                "DMLC_PS_ROOT_URI is not set: expected the scheduler's IP address or hostname"},
-        BadCase{"DMLC_PS_ROOT_PORT", std::nullopt,
-                "DMLC_PS_ROOT_PORT is not set: expected a port number in 1..65535"},
-        BadCase{"DMLC_PS_ROOT_PORT", "0", "DMLC_PS_ROOT_PORT='0': expected a port number in 1..65535"},
-        BadCase{"DMLC_PS_ROOT_PORT", "http", "DMLC_PS_ROOT_PORT='http': expected a port number in 1..65535"},
-        BadCase{"DMLC_NUM_SERVER", "0", "DMLC_NUM_SERVER='0': expected a whole number >= 1"},
-        BadCase{"DMLC_NUM_SERVER", "two", "DMLC_NUM_SERVER='two': expected a whole number >= 1"},
-        BadCase{"DMLC_NUM_WORKER", std::nullopt, "DMLC_NUM_WORKER is not set: expected a whole number >= 1"},
-        BadCase{"DMLC_NUM_WORKER", "-3", "DMLC_NUM_WORKER='-3': expected a whole number >= 1"},
-        BadCase{"DMLC_NUM_WORKER", "2.5", "DMLC_NUM_WORKER='2.5': expected a whole number >= 1"},
-        BadCase{"PORT", "99999", "PORT='99999': expected a port number in 0..65535"},
+                "DMLC_PS_ROOT_URI is not set: expected the scheduler's IP "
+                "address or hostname"},
+        BadCase{
+            "DMLC_PS_ROOT_PORT", std::nullopt,
+            "DMLC_PS_ROOT_PORT is not set: expected a port number in 1..65535"},
+        BadCase{"DMLC_PS_ROOT_PORT", "0",
+                "DMLC_PS_ROOT_PORT='0': expected a port number in 1..65535"},
+        BadCase{"DMLC_PS_ROOT_PORT", "http",
+                "DMLC_PS_ROOT_PORT='http': expected a port number in 1..65535"},
+        BadCase{"DMLC_NUM_SERVER", "0",
+                "DMLC_NUM_SERVER='0': expected a whole number >= 1"},
+        BadCase{"DMLC_NUM_SERVER", "two",
+                "DMLC_NUM_SERVER='two': expected a whole number >= 1"},
+        BadCase{"DMLC_NUM_WORKER", std::nullopt,
+                "DMLC_NUM_WORKER is not set: expected a whole number >= 1"},
+        BadCase{"DMLC_NUM_WORKER", "-3",
+                "DMLC_NUM_WORKER='-3': expected a whole number >= 1"},
+        BadCase{"DMLC_NUM_WORKER", "2.5",
+                "DMLC_NUM_WORKER='2.5': expected a whole number >= 1"},
+        BadCase{"PORT", "99999",
+                "PORT='99999': expected a port number in 0..65535"},
         BadCase{"PS_VERBOSE", "3", "PS_VERBOSE='3': expected 0, 1 or 2"},
-        BadCase{"PS_HEARTBEAT_INTERVAL", "-1", "PS_HEARTBEAT_INTERVAL='-1': expected a number of seconds >= 0"},
-        BadCase{"PS_HEARTBEAT_TIMEOUT", "0", "PS_HEARTBEAT_TIMEOUT='0': expected a number of seconds > 0"},
+        BadCase{
+            "PS_HEARTBEAT_INTERVAL", "-1",
+            "PS_HEARTBEAT_INTERVAL='-1': expected a number of seconds >= 0"},
+        BadCase{"PS_HEARTBEAT_TIMEOUT", "0",
+                "PS_HEARTBEAT_TIMEOUT='0': expected a number of seconds > 0"},
         BadCase{"PS_HEARTBEAT_TIMEOUT", "0.5",
-                "PS_HEARTBEAT_TIMEOUT='0.5': expected a number of seconds greater than "
+                "PS_HEARTBEAT_TIMEOUT='0.5': expected a number of seconds "
+                "greater than "
                 "PS_HEARTBEAT_INTERVAL (1s)"},
-        BadCase{"TESSERA_START_TIMEOUT", "soon", "TESSERA_START_TIMEOUT='soon': expected a number of seconds > 0"},
-        BadCase{"TESSERA_TIMEOUT", "nan", "TESSERA_TIMEOUT='nan': expected a number of seconds > 0"},
-        BadCase{"TESSERA_SERVER_THREADS", "999", "TESSERA_SERVER_THREADS='999': expected a whole number in 0..256"},
-        BadCase{"TESSERA_BIGARRAY_BOUND", "0", "TESSERA_BIGARRAY_BOUND='0': expected a whole number >= 1"}));
+        BadCase{
+            "TESSERA_START_TIMEOUT", "soon",
+            "TESSERA_START_TIMEOUT='soon': expected a number of seconds > 0"},
+        BadCase{"TESSERA_TIMEOUT", "nan",
+                "TESSERA_TIMEOUT='nan': expected a number of seconds > 0"},
+        BadCase{
+            "TESSERA_SERVER_THREADS", "999",
+            "TESSERA_SERVER_THREADS='999': expected a whole number in 0..256"},
+        BadCase{"TESSERA_BIGARRAY_BOUND", "0",
+                "TESSERA_BIGARRAY_BOUND='0': expected a whole number >= 1"}));
 
 }  // namespace
 }  // namespace tessera

@@ -71,7 +71,8 @@ void ProcessCluster::Start(int servers, int workers,
   }
 }
 
-Child& ProcessCluster::Spawn(const std::string& name, const std::vector<std::string>& argv,
+Child& ProcessCluster::Spawn(const std::string& name,
+                             const std::vector<std::string>& argv,
                              const std::map<std::string, std::string>& extra) {
   Child child;
   child.name = name;
@@ -83,12 +84,14 @@ Child& ProcessCluster::Spawn(const std::string& name, const std::vector<std::str
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
-    const int fd = open(child.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fd =
+        open(child.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
     for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execv(args[0], args.data());
     std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
@@ -118,7 +121,8 @@ bool ProcessCluster::Wait(Child& child, absl::Duration timeout) {
 bool ProcessCluster::WaitAll(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (Child& c : children_) {
-    if (!Wait(c, std::max(absl::ZeroDuration(), deadline - absl::Now()))) return false;
+    if (!Wait(c, std::max(absl::ZeroDuration(), deadline - absl::Now())))
+      return false;
   }
   return true;
 }
@@ -147,7 +151,8 @@ std::string ProcessCluster::Log(const Child& child) {
 std::string ProcessCluster::AllLogs() const {
   std::string all;
   for (const Child& c : children_) {
-    absl::StrAppend(&all, "----- ", c.name, " (exit ", ExitCode(c), ")\n", Log(c));
+    absl::StrAppend(&all, "----- ", c.name, " (exit ", ExitCode(c), ")\n",
+                    Log(c));
   }
   return all;
 }

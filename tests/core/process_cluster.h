@@ -1,11 +1,12 @@
-// ProcessCluster: starts a real Tessera job on loopback for tests: a tessera-scheduler,
-// servers and worker programs as child processes, each with its DMLC_* environment and
-// its output captured to a file. Every process is killed when the cluster is destroyed,
-// also when the test fails.
+// ProcessCluster: starts a real Tessera job on loopback for tests: a
+// tessera-scheduler, servers and worker programs as child processes, each with
+// its DMLC_* environment and its output captured to a file. Every process is
+// killed when the cluster is destroyed, also when the test fails.
 //
 //   ProcessCluster c;
 //   c.Env("PS_HEARTBEAT_TIMEOUT", "3");
-//   c.Start(/*servers=*/2, /*workers=*/3, {BinaryPath("tests/core/barrier_worker"), "5"});
+//   c.Start(/*servers=*/2, /*workers=*/3,
+//   {BinaryPath("tests/core/barrier_worker"), "5"});
 //   std::vector<ProcessCluster::Exit> exits = c.WaitAll(absl::Seconds(60));
 #ifndef TESSERA_TESTS_CORE_PROCESS_CLUSTER_H_
 #define TESSERA_TESTS_CORE_PROCESS_CLUSTER_H_
@@ -33,7 +34,7 @@ struct Child {
   pid_t pid = -1;
   std::string log_path;
   bool exited = false;
-  int status = 0;    // waitpid status
+  int status = 0;  // waitpid status
 };
 
 class ProcessCluster {
@@ -42,17 +43,21 @@ class ProcessCluster {
   ~ProcessCluster();
 
   // Environment for every process started after this call.
-  void Env(const std::string& name, const std::string& value) { env_[name] = value; }
+  void Env(const std::string& name, const std::string& value) {
+    env_[name] = value;
+  }
   int port() const { return port_; }
 
-  // Starts the scheduler, `servers` servers and `workers` copies of worker_argv.
-  void Start(int servers, int workers, const std::vector<std::string>& worker_argv);
+  // Starts the scheduler, `servers` servers and `workers` copies of
+  // worker_argv.
+  void Start(int servers, int workers,
+             const std::vector<std::string>& worker_argv);
   // Starts one process with the cluster's environment plus `extra`.
   Child& Spawn(const std::string& name, const std::vector<std::string>& argv,
                const std::map<std::string, std::string>& extra);
 
-  // Waits until every process has exited or the deadline passes; returns false on
-  // time-out (the processes are left running for the destructor to kill).
+  // Waits until every process has exited or the deadline passes; returns false
+  // on time-out (the processes are left running for the destructor to kill).
   bool WaitAll(absl::Duration timeout);
   // Waits for one process.
   bool Wait(Child& child, absl::Duration timeout);

@@ -1,9 +1,11 @@
-// Fuzzes everything that reads bytes from the network: the message codec (header and
-// frame descriptors), then a live KVServer fed the decoded messages (key slices,
-// float32 and 2-bit payloads, settings). Nothing may crash, hang or leak.
+// Fuzzes everything that reads bytes from the network: the message codec
+// (header and frame descriptors), then a live KVServer fed the decoded messages
+// (key slices, float32 and 2-bit payloads, settings). Nothing may crash, hang
+// or leak.
 //
-// Input layout: byte 0 = number of parts (1..4); then per part but the last, a 2-byte
-// little-endian length and that many bytes; the last part takes the rest.
+// Input layout: byte 0 = number of parts (1..4); then per part but the last, a
+// 2-byte little-endian length and that many bytes; the last part takes the
+// rest.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -31,7 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)quiet;
   static std::unique_ptr<tessera::KVServer> server = NewServer();
   static int inputs = 0;
-  if (++inputs % 2000 == 0) server = NewServer();  // bounds the keys a run creates
+  if (++inputs % 2000 == 0)
+    server = NewServer();  // bounds the keys a run creates
 
   if (size == 0) return 0;
   const size_t num_parts = 1 + data[0] % 4;
@@ -49,7 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   tessera::CodecLimits limits;
   limits.max_message_bytes = 1 << 20;
-  absl::StatusOr<tessera::Message> msg = tessera::DecodeMessage(std::move(parts), limits);
+  absl::StatusOr<tessera::Message> msg =
+      tessera::DecodeMessage(std::move(parts), limits);
   if (!msg.ok()) return 0;
   (void)tessera::DebugString(*msg);
   // Keep arrays small so a run stays fast whatever the slice claims.

@@ -202,7 +202,8 @@ TEST(TrainFlagsTest, OptimizerSpec) {
   f.optimizer = "adam";
   f.lr = 0.5f;
   f.wd = 0;
-  EXPECT_EQ(OptimizerSpec(f, 0.125, 234), "adam lr=0.5 wd=0 rescale_grad=0.125");
+  EXPECT_EQ(OptimizerSpec(f, 0.125, 234),
+            "adam lr=0.5 wd=0 rescale_grad=0.125");
   f.lr_step_epochs = 5;
   f.lr_factor = 0.5f;
   EXPECT_EQ(OptimizerSpec(f, 0.125, 234),

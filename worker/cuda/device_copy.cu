@@ -7,7 +7,8 @@
 namespace tessera::gpu {
 namespace {
 absl::Status CudaError(const char* what, cudaError_t err) {
-  return absl::InternalError(std::string(what) + ": " + cudaGetErrorString(err));
+  return absl::InternalError(std::string(what) + ": " +
+                             cudaGetErrorString(err));
 }
 }  // namespace
 
@@ -48,9 +49,11 @@ void PinnedFree(void* ptr) {
   if (ptr != nullptr) cudaFreeHost(ptr);
 }
 
-absl::Status CopyDeviceToHost(void* host, const void* device, size_t bytes, void* stream) {
+absl::Status CopyDeviceToHost(void* host, const void* device, size_t bytes,
+                              void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t err = cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s);
+  cudaError_t err =
+      cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s);
   if (err != cudaSuccess) return CudaError("cudaMemcpyAsync", err);
   err = cudaStreamSynchronize(s);
   if (err != cudaSuccess) return CudaError("cudaStreamSynchronize", err);
