@@ -33,10 +33,20 @@ struct KVServer::KeyState {
 struct KVServer::Shard {
   explicit Shard(size_t capacity) : queue(capacity) {}
   BoundedQueue<Message> queue;
-  std::map<uint64_t, KeyState> keys;  // owned by the shard's thread
+  // Messages queued for the shard's thread and not yet processed. Only Handle's
+  // thread adds to it, so when it reads 0 the update thread is idle in Pop and
+  // the keys may be handled on Handle's thread (release/acquire hands them
+  // over).
+  std::atomic<int64_t> pending{0};
+  std::map<uint64_t, KeyState> keys;  // owned by the shard's thread, or by
+                                      // Handle's thread while pending == 0
 };
 
 namespace {
+
+// Messages up to this many data bytes are processed on Handle's thread when
+// their shard is idle.
+constexpr size_t kInlineBytes = 64 << 10;
 
 void ToWire(const absl::Status& s, wire::WireStatus* out) {
   out->set_code(static_cast<int>(s.code()));
@@ -144,7 +154,37 @@ void KVServer::Handle(Message&& msg) {
   }
   if (h.command() == wire::KV_INIT) num_keys_.fetch_add(1);
   Shard* shard = shards_[Mix(h.slice().key()) % shards_.size()].get();
-  shard->queue.Push(std::move(msg));
+  // An idle shard's cheap message is processed here: the hand-off to the update
+  // thread (a wake-up, tens of microseconds on a loaded machine) would cost
+  // more than the work. The key's messages stay in arrival order: nothing of
+  // this shard is queued or being processed.
+  if (shard->pending.load(std::memory_order_acquire) == 0 && !stopped_.load() &&
+      ProcessInline(msg)) {
+    Process(shard, std::move(msg));
+    return;
+  }
+  shard->pending.fetch_add(1, std::memory_order_relaxed);
+  if (!shard->queue.Push(std::move(msg)))
+    shard->pending.fetch_sub(1, std::memory_order_relaxed);
+}
+
+bool KVServer::ProcessInline(const Message& msg) const {
+  // Cheap: a pull (its reply shares the weights), a small message, or a float32
+  // push that needs no arithmetic (one worker, no optimizer: the pushed frame
+  // becomes the weights). Anything else runs on the update threads, in
+  // parallel.
+  const wire::Command cmd = msg.header.command();
+  if (cmd == wire::KV_PULL) return true;
+  size_t bytes = 0;
+  for (const Buffer& b : msg.data) bytes += b.size();
+  if (bytes <= kInlineBytes) return true;
+  if (cmd != wire::KV_PUSH && cmd != wire::KV_PUSHPULL) return false;
+  if (num_workers_ != 1 || msg.header.frames_size() != 1 ||
+      msg.header.frames(0).encoding() != wire::DataFrame::FLOAT32) {
+    return false;
+  }
+  absl::MutexLock lock(&settings_mu_);
+  return settings_.optimizer == nullptr;
 }
 
 void KVServer::HandleSettings(Message&& msg) {
@@ -206,8 +246,10 @@ void KVServer::HandleSettings(Message&& msg) {
 }
 
 void KVServer::Run(Shard* shard) {
-  while (std::optional<Message> msg = shard->queue.Pop())
+  while (std::optional<Message> msg = shard->queue.Pop()) {
     Process(shard, *std::move(msg));
+    shard->pending.fetch_sub(1, std::memory_order_release);
+  }
 }
 
 absl::StatusOr<Buffer> KVServer::DecodeGradient(const Message& msg,

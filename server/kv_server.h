@@ -6,8 +6,11 @@
 // once to the sum (or, with no updater, the sum replaces the value), then the
 // held pushes and pulls are answered. dist_async: each push is applied on
 // arrival; without an updater it is an error reply. Keys are spread over update
-// threads by hash; each key's state is owned by one thread, so a key's messages
-// are handled in arrival order without locks.
+// threads by hash; each key's state is owned by one thread at a time, so a
+// key's messages are handled in arrival order without locks. When a key's
+// update thread has nothing queued, a cheap message (a pull, a message of up to
+// 64 KB, a push that needs no arithmetic) is handled on Handle's thread
+// instead, saving the hand-off; its reply is then sent from that thread.
 //
 //   KVServer server(/*num_workers=*/4, /*threads=*/2,
 //                   [&](int peer, Message m) { return node->Send(peer,
@@ -64,6 +67,9 @@ class KVServer {
   };
 
   void Run(Shard* shard);
+  // Whether `msg` is cheap enough to process on Handle's thread when its shard
+  // is idle.
+  bool ProcessInline(const Message& msg) const;
   void Process(Shard* shard, Message&& msg);
   // Returns false when `msg` must wait for the current round to finish.
   bool TryProcess(Shard* shard, KeyState* key, Message& msg);
