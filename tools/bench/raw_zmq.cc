@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -19,7 +20,8 @@ enum Command : uint32_t {
   kPing = 2,
   kAcked = 3,
   kAck = 4,
-  kQuit = 5
+  kQuit = 5,
+  kTwoWay = 6
 };
 
 struct ControlHeader {
@@ -136,6 +138,25 @@ int RunRawZmqPeer(int data_port, int control_port) {
       case kPing:
         ok = SendParts(data, &seq, sizeof(seq), payload, c.size);
         break;
+      case kTwoWay: {
+        // Streams `count` messages to the parent while receiving as many from
+        // it on the control socket.
+        bool sent = true;
+        std::thread sender([&] {
+          uint64_t n = 0;
+          for (uint64_t i = 0; i < c.count && sent; ++i) {
+            sent = SendParts(data, &n, sizeof(n), payload, c.size);
+            ++n;
+          }
+        });
+        for (uint64_t i = 0; i < c.count && ok; ++i) {
+          ok =
+              ReceiveParts(control, nullptr, 0) == static_cast<int64_t>(c.size);
+        }
+        sender.join();
+        ok = ok && sent;
+        break;
+      }
       case kAcked:
         for (uint64_t i = 0; i < c.count && ok; ++i) {
           ok = SendParts(data, &seq, sizeof(seq), payload, c.size) &&
@@ -204,6 +225,31 @@ class RawZmqSession {
       if (ReceiveParts(data_, nullptr, 0) != static_cast<int64_t>(size))
         return Error("stream");
     }
+    return NowSeconds() - t0;
+  }
+
+  // Seconds to stream `count` messages of `size` bytes each way at once: the
+  // peer streams to here while this process streams to the peer.
+  absl::StatusOr<double> TwoWay(size_t size, uint64_t count) {
+    ControlHeader c{kTwoWay, 0, size, count};
+    const uint8_t* payload = Payload(size);
+    const double t0 = NowSeconds();
+    if (!SendParts(control_, &c, sizeof(c), nullptr, 0))
+      return Error("two-way");
+    bool sent = true;
+    std::thread sender([&] {
+      uint64_t n = 0;
+      for (uint64_t i = 0; i < count && sent; ++i) {
+        sent = SendParts(control_, &n, sizeof(n), payload, size);
+        ++n;
+      }
+    });
+    bool ok = true;
+    for (uint64_t i = 0; i < count && ok; ++i) {
+      ok = ReceiveParts(data_, nullptr, 0) == static_cast<int64_t>(size);
+    }
+    sender.join();
+    if (!ok || !sent) return Error("two-way");
     return NowSeconds() - t0;
   }
 
@@ -287,6 +333,12 @@ absl::StatusOr<std::vector<RawZmqFigures>> MeasureRawZmq(
     if (!t.ok()) return t.status();
     f.gbps = static_cast<double>(size) * count / *t / 1e9;
 
+    if (plan.two_way) {
+      t = session.TwoWay(size, count);
+      if (!t.ok()) return t.status();
+      f.two_way_gbps = static_cast<double>(size) * count / *t / 1e9;
+    }
+
     std::vector<double> rtt;
     double spent = 0;
     for (int i = 0; i < 5 || (spent < plan.seconds / 2 && i < 20000); ++i) {
@@ -322,6 +374,7 @@ std::vector<RawZmqFigures> CombineRuns(
     f.gbps_before = f.gbps;
     f.gbps_after = a.gbps;
     f.gbps = (f.gbps + a.gbps) / 2;
+    f.two_way_gbps = (f.two_way_gbps + a.two_way_gbps) / 2;
     f.rtt.p50_us = (f.rtt.p50_us + a.rtt.p50_us) / 2;
     f.rtt.p99_us = (f.rtt.p99_us + a.rtt.p99_us) / 2;
     f.acked_gbps = (f.acked_gbps + a.acked_gbps) / 2;

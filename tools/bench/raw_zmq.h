@@ -27,6 +27,7 @@ struct RawZmqPlan {
   std::vector<size_t> sizes;
   double seconds = 0.5;   // per size, for the stream and the round trips each
   bool ack_cost = false;  // also time transfers that wait for a small ack each
+  bool two_way = true;    // also stream both ways at once
   std::string log_path;   // peer's stderr
 };
 
@@ -36,6 +37,9 @@ struct RawZmqFigures {
   double gbps_before = 0,
          gbps_after = 0;  // the two runs a CombineRuns mean came from
   LatencyStats rtt;       // `size` bytes there, `size` bytes back
+  // Both directions at once (each process sends and receives), GB/s per
+  // direction: the context for pushpull, which moves each value both ways.
+  double two_way_gbps = 0;
   // --ack-cost: one message in flight, each answered by a 16-byte ack.
   double acked_gbps = 0;
   LatencyStats acked;

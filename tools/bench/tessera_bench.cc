@@ -446,6 +446,12 @@ std::vector<Target> Targets(const std::vector<JobResult>& jobs,
     t[i].value = r->gbps / z->gbps;
     t[i].detail = absl::StrFormat("%.2f vs %.2f GB/s (in-flight %d)", r->gbps,
                                   z->gbps, r->inflight);
+    if (i == 2 && z->two_way_gbps > 0) {
+      absl::StrAppend(
+          &t[i].detail,
+          absl::StrFormat("; two-way raw %.2f GB/s: %.2fx of it",
+                          z->two_way_gbps, r->gbps / z->two_way_gbps));
+    }
   }
   const Row* r = FindRow(*job, "pushpull", 4096, 1);
   const RawZmqFigures* z = RawFor(raw, 4096);
@@ -471,20 +477,21 @@ void PrintTable(const Flags& flags, const std::vector<RawZmqFigures>& raw,
       "Same-run baselines: raw ZeroMQ PUSH/PULL between two processes (header "
       "frame + "
       "zero-copy data frame), mean of a run before and one after the jobs; "
-      "memcpy "
+      "two-way: both directions at once, GB/s per direction; memcpy "
       "(one thread)\n");
-  std::printf("%-8s %12s %15s %14s %14s %12s", "size", "zmq GB/s",
-              "(before/after)", "zmq rtt p50us", "zmq rtt p99us",
-              "memcpy GB/s");
+  std::printf("%-8s %12s %15s %14s %14s %14s %12s", "size", "zmq GB/s",
+              "(before/after)", "2-way GB/s/dir", "zmq rtt p50us",
+              "zmq rtt p99us", "memcpy GB/s");
   if (flags.ack_cost) std::printf(" %14s %14s", "acked GB/s", "acked p50us");
   std::printf("\n");
   for (size_t i = 0; i < raw.size(); ++i) {
     std::printf(
-        "%-8s %12.2f %15s %14.0f %14.0f %12.2f", SizeName(raw[i].size).c_str(),
-        raw[i].gbps,
+        "%-8s %12.2f %15s %14.2f %14.0f %14.0f %12.2f",
+        SizeName(raw[i].size).c_str(), raw[i].gbps,
         absl::StrFormat("(%.2f/%.2f)", raw[i].gbps_before, raw[i].gbps_after)
             .c_str(),
-        raw[i].rtt.p50_us, raw[i].rtt.p99_us, memcpy_gbps[i]);
+        raw[i].two_way_gbps, raw[i].rtt.p50_us, raw[i].rtt.p99_us,
+        memcpy_gbps[i]);
     if (flags.ack_cost)
       std::printf(" %14.2f %14.0f", raw[i].acked_gbps, raw[i].acked.p50_us);
     std::printf("\n");
@@ -532,10 +539,12 @@ void PrintJson(const Flags& flags, const std::vector<RawZmqFigures>& raw,
         &j, i ? "," : "",
         absl::StrFormat(
             "{\"size\":%d,\"zmq_gbps\":%.4f,\"zmq_gbps_before\":%.4f,"
-            "\"zmq_gbps_after\":%.4f,\"zmq_rtt_p50_us\":%.1f,"
+            "\"zmq_gbps_after\":%.4f,\"zmq_two_way_gbps\":%.4f,"
+            "\"zmq_rtt_p50_us\":%.1f,"
             "\"zmq_rtt_p99_us\":%.1f,\"memcpy_gbps\":%.4f",
             raw[i].size, raw[i].gbps, raw[i].gbps_before, raw[i].gbps_after,
-            raw[i].rtt.p50_us, raw[i].rtt.p99_us, memcpy_gbps[i]));
+            raw[i].two_way_gbps, raw[i].rtt.p50_us, raw[i].rtt.p99_us,
+            memcpy_gbps[i]));
     if (flags.ack_cost) {
       absl::StrAppend(
           &j,
