@@ -18,6 +18,14 @@ void ToWire(const absl::Status& s, wire::WireStatus* out) {
   out->set_message(std::string(s.message()));
 }
 
+Message AbortMessage(const std::string& reason) {
+  Message abort;
+  abort.header.set_command(wire::ABORT);
+  abort.header.set_sender(kSchedulerId);
+  abort.header.mutable_abort()->set_reason(reason);
+  return abort;
+}
+
 }  // namespace
 
 std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
@@ -101,10 +109,7 @@ absl::Status Scheduler::Run() {
       const std::string reason = absl::StrCat(
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
           " passed: ", missing, " never registered (TESSERA_START_TIMEOUT)");
-      Message abort;
-      abort.header.set_command(wire::ABORT);
-      abort.header.set_sender(kSchedulerId);
-      abort.header.mutable_abort()->set_reason(reason);
+      Message abort = AbortMessage(reason);
       for (const Registration& r : registered_) {
         abort.header.set_recipient(r.provisional_id);
         (void)transport_->Send(r.provisional_id, abort);
@@ -128,11 +133,7 @@ absl::Status Scheduler::Run() {
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
           " passed: the scheduler cannot reach the address advertised by ",
           unconfirmed, " (check DMLC_INTERFACE / DMLC_NODE_HOST on that host)");
-      Message abort;
-      abort.header.set_command(wire::ABORT);
-      abort.header.set_sender(kSchedulerId);
-      abort.header.mutable_abort()->set_reason(reason);
-      Broadcast(abort, 0);
+      Broadcast(AbortMessage(reason), 0);
       return absl::DeadlineExceededError(reason);
     }
     if (formed_ && options_.heartbeat_interval > absl::ZeroDuration()) {
@@ -249,12 +250,10 @@ void Scheduler::HandleRegister(const Message& msg) {
     return;
   }
   if (formed_) {
-    Message abort;
-    abort.header.set_command(wire::ABORT);
-    abort.header.set_sender(kSchedulerId);
-    abort.header.mutable_abort()->set_reason(
-        "the job is already formed; no node of this role is missing");
-    (void)transport_->Send(r.provisional_id, abort);
+    (void)transport_->Send(
+        r.provisional_id,
+        AbortMessage(
+            "the job is already formed; no node of this role is missing"));
     transport_->Disconnect(r.provisional_id);
     return;
   }
@@ -264,13 +263,11 @@ void Scheduler::HandleRegister(const Message& msg) {
   const int wanted =
       info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
   if (count >= wanted) {
-    Message abort;
-    abort.header.set_command(wire::ABORT);
-    abort.header.set_sender(kSchedulerId);
-    abort.header.mutable_abort()->set_reason(absl::StrCat(
-        "too many ", info.role() == wire::SERVER ? "servers" : "workers",
-        ": expected ", wanted));
-    (void)transport_->Send(r.provisional_id, abort);
+    (void)transport_->Send(
+        r.provisional_id,
+        AbortMessage(absl::StrCat(
+            "too many ", info.role() == wire::SERVER ? "servers" : "workers",
+            ": expected ", wanted)));
     transport_->Disconnect(r.provisional_id);
     return;
   }
