@@ -1,0 +1,211 @@
+#include "server/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kMagic[4] = {'T', 'S', 'C', 'K'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 4 + 4 + 8;
+
+absl::Status OsError(const std::string& what, const std::string& path) {
+  return absl::UnavailableError(
+      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+void PutLe(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i)
+    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t GetLe(const std::string& in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) {
+    v |= static_cast<uint64_t>(static_cast<uint8_t>(in[at + i])) << (8 * i);
+  }
+  return v;
+}
+
+absl::Status WriteAll(int fd, const std::string& data,
+                      const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return OsError("cannot write", path);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncPath(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return OsError("cannot open", path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return OsError("cannot fsync", path);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(std::string dir, int server_rank, int keep)
+    : dir_(std::move(dir)),
+      server_rank_(server_rank),
+      keep_(std::max(1, keep)) {}
+
+std::string CheckpointStore::FileName(uint64_t sequence) const {
+  return absl::StrFormat("%s/server-%d-%020d.ckpt", dir_, server_rank_,
+                         sequence);
+}
+
+std::vector<std::string> CheckpointStore::List() const {
+  std::vector<std::string> files;
+  DIR* d = ::opendir(dir_.c_str());
+  if (d == nullptr) return files;
+  const std::string prefix = absl::StrCat("server-", server_rank_, "-");
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0 || name.size() != prefix.size() + 20 + 5 ||
+        name.substr(name.size() - 5) != ".ckpt") {
+      continue;
+    }
+    uint64_t seq = 0;
+    if (!absl::SimpleAtoi(name.substr(prefix.size(), 20), &seq)) continue;
+    files.push_back(absl::StrCat(dir_, "/", name));
+  }
+  ::closedir(d);
+  std::sort(files.begin(),
+            files.end());  // zero-padded: lexical order is numeric order
+  return files;
+}
+
+absl::Status CheckpointStore::Write(wire::ServerCheckpoint& shard) {
+  if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+    return OsError("cannot create checkpoint folder", dir_);
+  }
+  uint64_t next = 1;
+  const std::vector<std::string> existing = List();
+  if (!existing.empty()) {
+    const std::string& last = existing.back();
+    uint64_t seq = 0;
+    if (absl::SimpleAtoi(last.substr(last.size() - 25, 20), &seq))
+      next = seq + 1;
+  }
+  shard.set_server_rank(server_rank_);
+  shard.set_sequence(next);
+  std::string payload;
+  if (!shard.SerializeToString(&payload)) {
+    return absl::InternalError("cannot serialize the checkpoint (over 2 GiB?)");
+  }
+  std::string file(kMagic, 4);
+  PutLe(&file, kVersion, 4);
+  PutLe(&file, payload.size(), 8);
+  file += payload;
+  const uint32_t crc = static_cast<uint32_t>(::crc32(
+      0, reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
+  PutLe(&file, crc, 4);
+
+  const std::string final_path = FileName(next);
+  const std::string tmp_path = final_path + ".tmp";
+  const int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return OsError("cannot create", tmp_path);
+  absl::Status written = WriteAll(fd, file, tmp_path);
+  if (written.ok() && ::fsync(fd) != 0)
+    written = OsError("cannot fsync", tmp_path);
+  ::close(fd);
+  if (!written.ok()) {
+    ::unlink(tmp_path.c_str());
+    return written;
+  }
+  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    const absl::Status s = OsError("cannot rename to", final_path);
+    ::unlink(tmp_path.c_str());
+    return s;
+  }
+  absl::Status synced = FsyncPath(dir_, O_RDONLY | O_DIRECTORY);
+  if (!synced.ok()) return synced;
+  std::vector<std::string> all = List();
+  for (size_t i = 0; i + keep_ < all.size(); ++i) ::unlink(all[i].c_str());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<wire::ServerCheckpoint> CheckpointStore::ReadFile(
+    const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return OsError("cannot open", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string data = ss.str();
+  auto bad = [&path](const std::string& why) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", why));
+  };
+  if (data.size() < kHeaderBytes + 4) return bad("shorter than its header");
+  if (std::memcmp(data.data(), kMagic, 4) != 0)
+    return bad("not a checkpoint (bad magic)");
+  if (GetLe(data, 4, 4) != kVersion) {
+    return bad(
+        absl::StrCat("version ", GetLe(data, 4, 4), ", expected ", kVersion));
+  }
+  const uint64_t length = GetLe(data, 8, 8);
+  if (length != data.size() - kHeaderBytes - 4) {
+    return bad(absl::StrCat("payload of ", length, " bytes but the file holds ",
+                            data.size() - kHeaderBytes - 4));
+  }
+  const uint32_t crc = static_cast<uint32_t>(::crc32(
+      0, reinterpret_cast<const Bytef*>(data.data() + kHeaderBytes), length));
+  if (crc != GetLe(data, kHeaderBytes + length, 4)) return bad("CRC mismatch");
+  wire::ServerCheckpoint shard;
+  if (!shard.ParseFromArray(data.data() + kHeaderBytes,
+                            static_cast<int>(length))) {
+    return bad("payload does not parse");
+  }
+  for (const wire::CheckpointKey& k : shard.keys()) {
+    if (k.weights().size() != k.length() * sizeof(float)) {
+      return bad(absl::StrCat("key ", k.key(), " has ", k.weights().size(),
+                              " bytes of weights for ", k.length(), " values"));
+    }
+    for (const std::string& slot : k.optimizer_state()) {
+      if (slot.size() != k.length() * sizeof(float)) {
+        return bad(
+            absl::StrCat("key ", k.key(), " has a malformed optimizer state"));
+      }
+    }
+  }
+  return shard;
+}
+
+absl::StatusOr<std::optional<wire::ServerCheckpoint>>
+CheckpointStore::LoadLatest() const {
+  std::vector<std::string> files = List();
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    absl::StatusOr<wire::ServerCheckpoint> shard = ReadFile(*it);
+    if (shard.ok())
+      return std::optional<wire::ServerCheckpoint>(*std::move(shard));
+    TESSERA_LOG(WARNING) << "skipping unreadable checkpoint: "
+                         << shard.status().message();
+  }
+  return std::optional<wire::ServerCheckpoint>();
+}
+
+}  // namespace tessera
