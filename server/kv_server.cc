@@ -365,16 +365,7 @@ bool KVServer::TryProcess(Shard* shard, KeyState* key, Message& msg) {
                                           "before pushing"));
       return true;
     }
-    if (!key->weights.unique())
-      key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
-    const int slots = s.optimizer->state_slots();
-    if (static_cast<int>(key->optimizer_state.size()) != slots) {
-      key->optimizer_state.assign(slots, std::vector<float>(key->length, 0.0f));
-    }
-    std::vector<float*> state;
-    for (auto& v : key->optimizer_state) state.push_back(v.data());
-    s.optimizer->Update(key->weights.mutable_floats(), grad->floats(),
-                        key->length, state.data(), ++key->steps);
+    ApplyUpdate(*s.optimizer, key, grad->floats());
     ++pushes_applied_;
     Reply(msg, absl::OkStatus(),
           cmd == wire::KV_PUSHPULL ? key->weights : Buffer());
@@ -386,6 +377,21 @@ bool KVServer::TryProcess(Shard* shard, KeyState* key, Message& msg) {
   ++pushes_applied_;
   if (key->round_count == num_workers_) CompleteRound(shard, key);
   return true;
+}
+
+void KVServer::ApplyUpdate(const Optimizer& optimizer, KeyState* key,
+                           const float* grad) {
+  // Copy on write: a pull reply may still be sending the current weights.
+  if (!key->weights.unique())
+    key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
+  const int slots = optimizer.state_slots();
+  if (static_cast<int>(key->optimizer_state.size()) != slots) {
+    key->optimizer_state.assign(slots, std::vector<float>(key->length, 0.0f));
+  }
+  std::vector<float*> state;
+  for (auto& v : key->optimizer_state) state.push_back(v.data());
+  optimizer.Update(key->weights.mutable_floats(), grad, key->length,
+                   state.data(), ++key->steps);
 }
 
 void KVServer::CompleteRound(Shard* shard, KeyState* key) {
@@ -407,16 +413,7 @@ void KVServer::CompleteRound(Shard* shard, KeyState* key) {
     key->weights =
         std::move(sum);  // the store becomes the round's sum (all-reduce)
   } else {
-    if (!key->weights.unique())
-      key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
-    const int slots = s.optimizer->state_slots();
-    if (static_cast<int>(key->optimizer_state.size()) != slots) {
-      key->optimizer_state.assign(slots, std::vector<float>(n, 0.0f));
-    }
-    std::vector<float*> state;
-    for (auto& v : key->optimizer_state) state.push_back(v.data());
-    s.optimizer->Update(key->weights.mutable_floats(), sum.floats(), n,
-                        state.data(), ++key->steps);
+    ApplyUpdate(*s.optimizer, key, sum.floats());
   }
   ++rounds_applied_;
   for (Buffer& b : key->round) b = Buffer();

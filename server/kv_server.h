@@ -74,6 +74,9 @@ class KVServer {
   // Returns false when `msg` must wait for the current round to finish.
   bool TryProcess(Shard* shard, KeyState* key, Message& msg);
   void CompleteRound(Shard* shard, KeyState* key);
+  // Applies the optimizer to one key with `grad` (key->length floats).
+  void ApplyUpdate(const Optimizer& optimizer, KeyState* key,
+                   const float* grad);
   void ReplayBacklog(Shard* shard, KeyState* key);
   void HandleSettings(Message&& msg);
   void Reply(const Message& request, const absl::Status& status,
