@@ -1,4 +1,5 @@
-// ZeroMQ transport: one bound PULL socket receives, one PUSH socket per peer sends.
+// ZeroMQ transport: one bound PULL socket receives, one PUSH socket per peer
+// sends.
 #include <malloc.h>
 #include <zmq.h>
 
@@ -54,7 +55,8 @@ void ReleaseBuffer(void* /*data*/, void* hint) {
 
 class ZmqTransport : public Transport {
  public:
-  explicit ZmqTransport(const ZmqTransportOptions& options) : options_(options) {
+  explicit ZmqTransport(const ZmqTransportOptions& options)
+      : options_(options) {
     context_ = zmq_ctx_new();
     zmq_ctx_set(context_, ZMQ_IO_THREADS, options.io_threads);
     zmq_ctx_set(context_, ZMQ_IPV6, 1);
@@ -79,14 +81,17 @@ class ZmqTransport : public Transport {
     }
     const std::string endpoint = TcpEndpoint(ip, port);
     if (zmq_bind(receiver_, endpoint.c_str()) != 0) {
-      return absl::UnavailableError(absl::StrCat("cannot bind ", endpoint, ": ", ZmqError()));
+      return absl::UnavailableError(
+          absl::StrCat("cannot bind ", endpoint, ": ", ZmqError()));
     }
     char last[256] = {0};
     size_t size = sizeof(last);
     zmq_getsockopt(receiver_, ZMQ_LAST_ENDPOINT, last, &size);
     const std::string bound(last);
     const size_t colon = bound.rfind(':');
-    const int bound_port = colon == std::string::npos ? port : std::atoi(bound.c_str() + colon + 1);
+    const int bound_port = colon == std::string::npos
+                               ? port
+                               : std::atoi(bound.c_str() + colon + 1);
     TESSERA_VLOG(1) << "listening on " << bound;
     return bound_port;
   }
@@ -98,12 +103,15 @@ class ZmqTransport : public Transport {
     ConfigureSocket(sender->socket);
     const int hwm = 100000;
     zmq_setsockopt(sender->socket, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-    const int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.send_timeout));
-    zmq_setsockopt(sender->socket, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
+    const int timeout_ms =
+        static_cast<int>(absl::ToInt64Milliseconds(options_.send_timeout));
+    zmq_setsockopt(sender->socket, ZMQ_SNDTIMEO, &timeout_ms,
+                   sizeof(timeout_ms));
     if (zmq_connect(sender->socket, endpoint.c_str()) != 0) {
       const std::string err = ZmqError();
       zmq_close(sender->socket);
-      return absl::UnavailableError(absl::StrCat("cannot connect to ", endpoint, ": ", err));
+      return absl::UnavailableError(
+          absl::StrCat("cannot connect to ", endpoint, ": ", err));
     }
     sender->endpoint = endpoint;
     TESSERA_VLOG(1) << "connecting to node " << peer << " at " << endpoint;
@@ -126,7 +134,8 @@ class ZmqTransport : public Transport {
       absl::MutexLock lock(&senders_mu_);
       auto it = senders_.find(peer);
       if (it == senders_.end()) {
-        return absl::UnavailableError(absl::StrCat("no connection to node ", peer));
+        return absl::UnavailableError(
+            absl::StrCat("no connection to node ", peer));
       }
       sender = it->second;
     }
@@ -140,20 +149,21 @@ class ZmqTransport : public Transport {
       if (part.size() < 256) {
         // Small parts are copied: cheaper than a reference-counted hand-off.
         zmq_msg_init_size(&zmsg, part.size());
-        if (part.size() > 0) std::memcpy(zmq_msg_data(&zmsg), part.data(), part.size());
+        if (part.size() > 0)
+          std::memcpy(zmq_msg_data(&zmsg), part.data(), part.size());
       } else {
         auto* hint = new std::shared_ptr<const void>(part.owner());
-        zmq_msg_init_data(&zmsg, const_cast<uint8_t*>(part.data()), part.size(), ReleaseBuffer,
-                          hint);
+        zmq_msg_init_data(&zmsg, const_cast<uint8_t*>(part.data()), part.size(),
+                          ReleaseBuffer, hint);
       }
       const int flags = i + 1 < parts->size() ? ZMQ_SNDMORE : 0;
       if (zmq_msg_send(&zmsg, sender->socket, flags) < 0) {
         const std::string err = ZmqError();
         zmq_msg_close(&zmsg);
-        // A half-sent multi-part message is discarded by ZeroMQ with the socket's
-        // pending parts; report the failure to the caller.
-        return absl::UnavailableError(
-            absl::StrCat("cannot send to node ", peer, " at ", sender->endpoint, ": ", err));
+        // A half-sent multi-part message is discarded by ZeroMQ with the
+        // socket's pending parts; report the failure to the caller.
+        return absl::UnavailableError(absl::StrCat(
+            "cannot send to node ", peer, " at ", sender->endpoint, ": ", err));
       }
     }
     return absl::OkStatus();
@@ -161,12 +171,14 @@ class ZmqTransport : public Transport {
 
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
     absl::MutexLock lock(&recv_mu_);
-    if (receiver_ == nullptr) return absl::FailedPreconditionError("Receive before Bind");
+    if (receiver_ == nullptr)
+      return absl::FailedPreconditionError("Receive before Bind");
     const absl::Time deadline = absl::Now() + timeout;
     while (true) {
       if (closed_.load()) return absl::CancelledError("transport closed");
       const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("no message");
+      if (left <= absl::ZeroDuration())
+        return absl::DeadlineExceededError("no message");
       // A blocking receive with a time-out, rather than zmq_poll and then a
       // receive, saves a system call and a pass over the socket's commands per
       // message.
@@ -197,18 +209,21 @@ class ZmqTransport : public Transport {
         if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
           parts.push_back(Buffer::CopyOf(data, size));
         } else {
-          parts.push_back(Buffer::Wrap(data, size, std::shared_ptr<const void>(part, part.get())));
+          parts.push_back(Buffer::Wrap(
+              data, size, std::shared_ptr<const void>(part, part.get())));
         }
       }
       if (failed) continue;
-      absl::StatusOr<Message> msg = DecodeMessage(std::move(parts), options_.limits);
+      absl::StatusOr<Message> msg =
+          DecodeMessage(std::move(parts), options_.limits);
       if (!msg.ok()) {
         const uint64_t n = ++malformed_;
         TESSERA_LOG(WARNING) << "dropped malformed message #" << n << ": "
                              << msg.status().message();
         continue;
       }
-      if (LogVerbosity() >= 2) TESSERA_LOG(INFO) << "recv " << DebugString(*msg);
+      if (LogVerbosity() >= 2)
+        TESSERA_LOG(INFO) << "recv " << DebugString(*msg);
       return msg;
     }
   }
@@ -239,13 +254,16 @@ class ZmqTransport : public Transport {
   };
 
   void ConfigureSocket(void* socket) {
-    const int linger_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.linger));
+    const int linger_ms =
+        static_cast<int>(absl::ToInt64Milliseconds(options_.linger));
     zmq_setsockopt(socket, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
     const int ipv6 = 1;
     zmq_setsockopt(socket, ZMQ_IPV6, &ipv6, sizeof(ipv6));
     const int reconnect_ms = 100, reconnect_max_ms = 1000;
-    zmq_setsockopt(socket, ZMQ_RECONNECT_IVL, &reconnect_ms, sizeof(reconnect_ms));
-    zmq_setsockopt(socket, ZMQ_RECONNECT_IVL_MAX, &reconnect_max_ms, sizeof(reconnect_max_ms));
+    zmq_setsockopt(socket, ZMQ_RECONNECT_IVL, &reconnect_ms,
+                   sizeof(reconnect_ms));
+    zmq_setsockopt(socket, ZMQ_RECONNECT_IVL_MAX, &reconnect_max_ms,
+                   sizeof(reconnect_max_ms));
   }
 
   const ZmqTransportOptions options_;

@@ -9,6 +9,8 @@
 // several operations run in parallel. Pushed float values are sent without a
 // copy: the frame borrows the caller's buffer and pins the operation until
 // ZeroMQ has written it, so Wait returns only when the buffer is free again.
+#include "tessera/kv_worker.h"
+
 #include <cstring>
 #include <map>
 #include <set>
@@ -23,7 +25,6 @@
 #include "common/logging.h"
 #include "common/node.h"
 #include "common/status_macros.h"
-#include "tessera/kv_worker.h"
 #include "worker/device_copy.h"
 
 namespace tessera {
@@ -36,7 +37,9 @@ absl::Status FromWire(const wire::WireStatus& s) {
 
 class KVWorkerImpl : public KVWorker {
  public:
-  KVWorkerImpl(const Options& options, bool sync) : options_(options), sync_(sync),
+  KVWorkerImpl(const Options& options, bool sync)
+      : options_(options),
+        sync_(sync),
         partitioner_(options.num_servers, options.bigarray_bound) {}
 
   ~KVWorkerImpl() override {
@@ -51,8 +54,11 @@ class KVWorkerImpl : public KVWorker {
   absl::Status Start() {
     Node::Callbacks callbacks;
     callbacks.on_data = [this](Message&& msg) { HandleReply(std::move(msg)); };
-    callbacks.on_failure = [this](const absl::Status& status) { FailAll(status); };
-    TESSERA_ASSIGN_OR_RETURN(node_, Node::Start(options_, std::move(callbacks)));
+    callbacks.on_failure = [this](const absl::Status& status) {
+      FailAll(status);
+    };
+    TESSERA_ASSIGN_OR_RETURN(node_,
+                             Node::Start(options_, std::move(callbacks)));
     node_->StartDelivery();
     return absl::OkStatus();
   }
@@ -74,15 +80,17 @@ class KVWorkerImpl : public KVWorker {
     return Broadcast(std::move(msg), "set_optimizer");
   }
 
-  absl::Status SetGradientCompression(const std::string& type, float threshold) override {
+  absl::Status SetGradientCompression(const std::string& type,
+                                      float threshold) override {
     TESSERA_RETURN_IF_ERROR(CheckOpen());
     if (type != "2bit" && type != "none") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient compression type '", type, "': expected 2bit or none"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient compression type '", type, "': expected 2bit or none"));
     }
     if (type == "2bit" && !(threshold > 0 && std::isfinite(threshold))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "2-bit compression threshold ", threshold, ": expected a number > 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("2-bit compression threshold ", threshold,
+                       ": expected a number > 0"));
     }
     if (HaveKeys()) {
       return absl::FailedPreconditionError(
@@ -92,7 +100,8 @@ class KVWorkerImpl : public KVWorker {
     msg.header.set_command(wire::KV_SET_COMPRESSION);
     msg.header.mutable_kv_options()->set_compression_type(type);
     msg.header.mutable_kv_options()->set_compression_threshold(threshold);
-    TESSERA_RETURN_IF_ERROR(Broadcast(std::move(msg), "set_gradient_compression"));
+    TESSERA_RETURN_IF_ERROR(
+        Broadcast(std::move(msg), "set_gradient_compression"));
     absl::MutexLock lock(&mu_);
     two_bit_ = type == "2bit";
     threshold_ = threshold;
@@ -102,12 +111,14 @@ class KVWorkerImpl : public KVWorker {
   absl::Status Init(uint64_t key, absl::Span<const float> value) override {
     TESSERA_RETURN_IF_ERROR(CheckOpen());
     if (value.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("init of key ", key, ": empty value"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("init of key ", key, ": empty value"));
     }
     {
       absl::MutexLock lock(&mu_);
       if (keys_.count(key) != 0) {
-        return absl::AlreadyExistsError(absl::StrCat("key ", key, " is already initialised"));
+        return absl::AlreadyExistsError(
+            absl::StrCat("key ", key, " is already initialised"));
       }
       KeyInfo& info = keys_[key];
       info.length = value.size();
@@ -120,7 +131,8 @@ class KVWorkerImpl : public KVWorker {
       for (const KeyPart& part : Parts(key)) {
         Message msg = SliceMessage(wire::KV_INIT, key, part, value.size());
         msg.header.mutable_kv_options()->set_sync_mode(sync_);
-        AddFloatFrame(&msg, Buffer::CopyOf(value.data() + part.offset, part.length * 4));
+        AddFloatFrame(
+            &msg, Buffer::CopyOf(value.data() + part.offset, part.length * 4));
         SendPart(op, part, std::move(msg), nullptr);
       }
       stored = WaitOp(op, absl::StrCat("init of key ", key));
@@ -134,25 +146,29 @@ class KVWorkerImpl : public KVWorker {
     return barrier;
   }
 
-  absl::StatusOr<OpHandle> PushAsync(uint64_t key, absl::Span<const float> grad) override {
+  absl::StatusOr<OpHandle> PushAsync(uint64_t key,
+                                     absl::Span<const float> grad) override {
     return StartPush(wire::KV_PUSH, key, grad, absl::Span<float>());
   }
 
-  absl::StatusOr<OpHandle> PushPullAsync(uint64_t key, absl::Span<const float> grad,
+  absl::StatusOr<OpHandle> PushPullAsync(uint64_t key,
+                                         absl::Span<const float> grad,
                                          absl::Span<float> out) override {
     if (out.size() != grad.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("pushpull of key ", key, ": gradient has ",
-                                                     grad.size(), " values but output has ",
-                                                     out.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pushpull of key ", key, ": gradient has ", grad.size(),
+                       " values but output has ", out.size()));
     }
     return StartPush(wire::KV_PUSHPULL, key, grad, out);
   }
 
-  absl::StatusOr<OpHandle> PushDeviceAsync(uint64_t key, const float* device_grad, size_t len,
+  absl::StatusOr<OpHandle> PushDeviceAsync(uint64_t key,
+                                           const float* device_grad, size_t len,
                                            void* cuda_stream) override {
     TESSERA_RETURN_IF_ERROR(CheckOpen());
     if (!gpu::DeviceAvailable()) {
-      return absl::FailedPreconditionError("push from GPU memory: no CUDA device available");
+      return absl::FailedPreconditionError(
+          "push from GPU memory: no CUDA device available");
     }
     TESSERA_RETURN_IF_ERROR(CheckKey(key, len, "push"));
     KeyInfo* info;
@@ -166,38 +182,48 @@ class KVWorkerImpl : public KVWorker {
     }
     absl::MutexLock device_lock(&device_mu_);
     const size_t packed_bytes =
-        two_bit ? compression::TwoBitCompressedBytes(len) + 4 * info->parts.size()
-                : len * sizeof(float);
+        two_bit
+            ? compression::TwoBitCompressedBytes(len) + 4 * info->parts.size()
+            : len * sizeof(float);
     if (info->pinned == nullptr) {
       TESSERA_ASSIGN_OR_RETURN(info->pinned, gpu::PinnedAlloc(packed_bytes));
       if (two_bit) {
-        TESSERA_ASSIGN_OR_RETURN(info->device_residual, gpu::DeviceAlloc(len * sizeof(float)));
-        TESSERA_ASSIGN_OR_RETURN(info->device_packed, gpu::DeviceAlloc(packed_bytes));
+        TESSERA_ASSIGN_OR_RETURN(info->device_residual,
+                                 gpu::DeviceAlloc(len * sizeof(float)));
+        TESSERA_ASSIGN_OR_RETURN(info->device_packed,
+                                 gpu::DeviceAlloc(packed_bytes));
       }
     }
-    // Compress each server part on the GPU (residual stays there), then one small copy.
-    std::vector<std::pair<size_t, size_t>> spans;  // (byte offset in pinned, bytes)
+    // Compress each server part on the GPU (residual stays there), then one
+    // small copy.
+    std::vector<std::pair<size_t, size_t>>
+        spans;  // (byte offset in pinned, bytes)
     size_t offset = 0;
     for (const KeyPart& part : info->parts) {
-      const size_t bytes =
-          two_bit ? compression::TwoBitCompressedBytes(part.length) : part.length * sizeof(float);
+      const size_t bytes = two_bit
+                               ? compression::TwoBitCompressedBytes(part.length)
+                               : part.length * sizeof(float);
       if (two_bit) {
         TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantizeDevice(
-            device_grad + part.offset, static_cast<float*>(info->device_residual) + part.offset,
-            part.length, threshold, static_cast<uint8_t*>(info->device_packed) + offset,
-            cuda_stream));
+            device_grad + part.offset,
+            static_cast<float*>(info->device_residual) + part.offset,
+            part.length, threshold,
+            static_cast<uint8_t*>(info->device_packed) + offset, cuda_stream));
       }
       spans.emplace_back(offset, bytes);
       offset += bytes;
     }
-    const void* source = two_bit ? info->device_packed : static_cast<const void*>(device_grad);
-    TESSERA_RETURN_IF_ERROR(gpu::CopyDeviceToHost(info->pinned, source, offset, cuda_stream));
+    const void* source =
+        two_bit ? info->device_packed : static_cast<const void*>(device_grad);
+    TESSERA_RETURN_IF_ERROR(
+        gpu::CopyDeviceToHost(info->pinned, source, offset, cuda_stream));
     const uint64_t op = NewOp(nullptr);
     for (size_t i = 0; i < info->parts.size(); ++i) {
       const KeyPart& part = info->parts[i];
       Message msg = SliceMessage(wire::KV_PUSH, key, part, len);
-      Buffer payload = Buffer::CopyOf(static_cast<uint8_t*>(info->pinned) + spans[i].first,
-                                      spans[i].second);
+      Buffer payload =
+          Buffer::CopyOf(static_cast<uint8_t*>(info->pinned) + spans[i].first,
+                         spans[i].second);
       if (two_bit) {
         AddTwoBitFrame(&msg, std::move(payload), part.length);
       } else {
@@ -209,7 +235,8 @@ class KVWorkerImpl : public KVWorker {
     return op;
   }
 
-  absl::StatusOr<OpHandle> PullAsync(uint64_t key, absl::Span<float> out) override {
+  absl::StatusOr<OpHandle> PullAsync(uint64_t key,
+                                     absl::Span<float> out) override {
     TESSERA_RETURN_IF_ERROR(CheckOpen());
     TESSERA_RETURN_IF_ERROR(CheckKey(key, out.size(), "pull"));
     const uint64_t op = NewOp(nullptr);
@@ -261,8 +288,8 @@ class KVWorkerImpl : public KVWorker {
     Buffer values;
   };
   struct Op {
-    int pending = 0;   // requests without a reply
-    int pinned = 0;    // borrowed frames ZeroMQ still holds
+    int pending = 0;  // requests without a reply
+    int pinned = 0;   // borrowed frames ZeroMQ still holds
     absl::Status status;
     std::string what;
     std::vector<PulledFrame> pulled;  // replies not yet copied to the caller
@@ -293,18 +320,20 @@ class KVWorkerImpl : public KVWorker {
     absl::MutexLock lock(&mu_);
     auto it = keys_.find(key);
     if (it == keys_.end()) {
-      return absl::NotFoundError(absl::StrCat(what, " of key ", key,
-                                              ": the key was never initialised (call init first)"));
+      return absl::NotFoundError(
+          absl::StrCat(what, " of key ", key,
+                       ": the key was never initialised (call init first)"));
     }
     if (it->second.length != len) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " of key ", key, " with ", len,
-                                                     " values; the key has ",
-                                                     it->second.length));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " of key ", key, " with ", len,
+                       " values; the key has ", it->second.length));
     }
     return absl::OkStatus();
   }
 
-  Message SliceMessage(wire::Command cmd, uint64_t key, const KeyPart& part, uint64_t total) {
+  Message SliceMessage(wire::Command cmd, uint64_t key, const KeyPart& part,
+                       uint64_t total) {
     Message msg;
     msg.header.set_command(cmd);
     wire::KeySlice* slice = msg.header.mutable_slice();
@@ -321,7 +350,8 @@ class KVWorkerImpl : public KVWorker {
   }
 
   absl::StatusOr<OpHandle> StartPush(wire::Command cmd, uint64_t key,
-                                     absl::Span<const float> grad, absl::Span<float> out) {
+                                     absl::Span<const float> grad,
+                                     absl::Span<float> out) {
     TESSERA_RETURN_IF_ERROR(CheckOpen());
     TESSERA_RETURN_IF_ERROR(CheckKey(key, grad.size(), "push"));
     bool two_bit;
@@ -340,10 +370,11 @@ class KVWorkerImpl : public KVWorker {
     for (const KeyPart& part : parts) {
       Message msg = SliceMessage(cmd, key, part, grad.size());
       if (two_bit) {
-        Buffer packed = Buffer::Allocate(compression::TwoBitCompressedBytes(part.length));
-        absl::Status s = compression::TwoBitQuantize(grad.data() + part.offset,
-                                                     residual + part.offset, part.length,
-                                                     threshold, packed.mutable_data());
+        Buffer packed =
+            Buffer::Allocate(compression::TwoBitCompressedBytes(part.length));
+        absl::Status s = compression::TwoBitQuantize(
+            grad.data() + part.offset, residual + part.offset, part.length,
+            threshold, packed.mutable_data());
         if (!s.ok()) {
           FailRequestless(op, s);
           break;
@@ -351,14 +382,17 @@ class KVWorkerImpl : public KVWorker {
         CountPushed(packed.size());
         AddTwoBitFrame(&msg, std::move(packed), part.length);
       } else {
-        // Zero-copy: the frame borrows the caller's memory and pins the operation.
+        // Zero-copy: the frame borrows the caller's memory and pins the
+        // operation.
         {
           absl::MutexLock lock(&mu_);
           ++ops_[op].pinned;
         }
-        std::shared_ptr<const void> pin(nullptr, [this, op](const void*) { Unpin(op); });
-        AddFloatFrame(&msg, Buffer::Wrap(grad.data() + part.offset, part.length * sizeof(float),
-                                         std::move(pin)));
+        std::shared_ptr<const void> pin(nullptr,
+                                        [this, op](const void*) { Unpin(op); });
+        AddFloatFrame(
+            &msg, Buffer::Wrap(grad.data() + part.offset,
+                               part.length * sizeof(float), std::move(pin)));
         CountPushed(part.length * sizeof(float));
       }
       SendPart(op, part, std::move(msg),
@@ -431,15 +465,17 @@ class KVWorkerImpl : public KVWorker {
     absl::MutexLock lock(&mu_);
     auto it = ops_.find(op);
     if (it == ops_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown operation handle ", op));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown operation handle ", op));
     }
     auto done = [this, op]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       const Op& o = ops_.at(op);
-      // After a failure, return at once: the borrowed memory is never read again,
-      // because the job is over.
+      // After a failure, return at once: the borrowed memory is never read
+      // again, because the job is over.
       return (o.pending == 0 && o.pinned == 0) || !failure_.ok();
     };
-    const bool finished = mu_.AwaitWithTimeout(absl::Condition(&done), options_.request_timeout);
+    const bool finished =
+        mu_.AwaitWithTimeout(absl::Condition(&done), options_.request_timeout);
     Op result = std::move(ops_.at(op));
     if (!finished) {
       std::string silent;
@@ -448,7 +484,8 @@ class KVWorkerImpl : public KVWorker {
           ++r;
           continue;
         }
-        absl::StrAppend(&silent, silent.empty() ? "" : ", ", node_->Describe(r->second.server));
+        absl::StrAppend(&silent, silent.empty() ? "" : ", ",
+                        node_->Describe(r->second.server));
         r = requests_.erase(r);
       }
       if (result.pinned == 0) {
@@ -457,8 +494,9 @@ class KVWorkerImpl : public KVWorker {
         ops_.at(op).pinned = result.pinned;
       }
       return absl::DeadlineExceededError(absl::StrCat(
-          what, ": no reply from ", silent.empty() ? "the servers" : silent, " within ",
-          absl::FormatDuration(options_.request_timeout), " (TESSERA_TIMEOUT)"));
+          what, ": no reply from ", silent.empty() ? "the servers" : silent,
+          " within ", absl::FormatDuration(options_.request_timeout),
+          " (TESSERA_TIMEOUT)"));
     }
     ops_.erase(op);
     if (!result.status.ok()) return result.status;
@@ -478,17 +516,19 @@ class KVWorkerImpl : public KVWorker {
     const Request request = it->second;
     requests_.erase(it);
     if (h.sender() != request.server) {
-      TESSERA_LOG(WARNING) << "reply to request " << h.request_id() << " came from node "
-                           << h.sender() << ", not " << request.server;
+      TESSERA_LOG(WARNING) << "reply to request " << h.request_id()
+                           << " came from node " << h.sender() << ", not "
+                           << request.server;
     }
     Op& op = ops_[request.op];
     absl::Status status = FromWire(h.status());
     if (status.ok() && request.out != nullptr) {
-      if (msg.data.size() != 1 || h.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+      if (msg.data.size() != 1 ||
+          h.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
           h.frames(0).num_values() != request.length) {
-        status = absl::DataLossError(absl::StrCat("reply from node ", h.sender(),
-                                                  " does not carry ", request.length,
-                                                  " float values"));
+        status = absl::DataLossError(
+            absl::StrCat("reply from node ", h.sender(), " does not carry ",
+                         request.length, " float values"));
       } else {
         stats_.bytes_pulled += msg.data[0].size();
         op.pulled.push_back(PulledFrame{request.out, std::move(msg.data[0])});
@@ -522,20 +562,23 @@ class KVWorkerImpl : public KVWorker {
   float threshold_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex device_mu_;  // one device push at a time per worker (shared staging buffers)
+  absl::Mutex device_mu_;  // one device push at a time per worker (shared
+                           // staging buffers)
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KVWorker>> KVWorker::Create(const std::string& type) {
+absl::StatusOr<std::unique_ptr<KVWorker>> KVWorker::Create(
+    const std::string& type) {
   if (type != "dist_sync" && type != "dist_async") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV store type '", type, "': expected dist_sync or dist_async"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV store type '", type, "': expected dist_sync or dist_async"));
   }
   TESSERA_ASSIGN_OR_RETURN(Options options, Options::FromEnvironment());
   if (options.role != Role::kWorker) {
-    return absl::InvalidArgumentError(absl::StrCat("DMLC_ROLE='", RoleName(options.role),
-                                                   "': a KV store client must be a worker"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DMLC_ROLE='", RoleName(options.role),
+                     "': a KV store client must be a worker"));
   }
   SetLogVerbosity(options.verbose);
   auto worker = std::make_unique<KVWorkerImpl>(options, type == "dist_sync");
