@@ -173,14 +173,13 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
   auto ready = [this, request]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return waiters_[request].done || !failure_.ok() || stopping_;
   };
-  const bool finished = mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   Waiter waiter = waiters_[request];
   waiters_.erase(request);
   if (waiter.done) return waiter.status;
   if (!failure_.ok()) return failure_;
   if (stopping_)
     return absl::CancelledError(absl::StrCat(what, ": node stopped"));
-  (void)finished;
   return absl::DeadlineExceededError(absl::StrCat(
       what, ": no answer from the scheduler at ", scheduler_address_,
       " within ", absl::FormatDuration(timeout)));

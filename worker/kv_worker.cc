@@ -127,7 +127,7 @@ class KVWorkerImpl : public KVWorker {
     }
     absl::Status stored = absl::OkStatus();
     if (rank() == 0) {
-      const uint64_t op = NewOp(nullptr);
+      const uint64_t op = NewOp();
       for (const KeyPart& part : Parts(key)) {
         Message msg = SliceMessage(wire::KV_INIT, key, part, value.size());
         msg.header.mutable_kv_options()->set_sync_mode(sync_);
@@ -217,7 +217,7 @@ class KVWorkerImpl : public KVWorker {
         two_bit ? info->device_packed : static_cast<const void*>(device_grad);
     TESSERA_RETURN_IF_ERROR(
         gpu::CopyDeviceToHost(info->pinned, source, offset, cuda_stream));
-    const uint64_t op = NewOp(nullptr);
+    const uint64_t op = NewOp();
     for (size_t i = 0; i < info->parts.size(); ++i) {
       const KeyPart& part = info->parts[i];
       Message msg = SliceMessage(wire::KV_PUSH, key, part, len);
@@ -239,7 +239,7 @@ class KVWorkerImpl : public KVWorker {
                                      absl::Span<float> out) override {
     TESSERA_RETURN_IF_ERROR(CheckOpen());
     TESSERA_RETURN_IF_ERROR(CheckKey(key, out.size(), "pull"));
-    const uint64_t op = NewOp(nullptr);
+    const uint64_t op = NewOp();
     for (const KeyPart& part : Parts(key)) {
       SendPart(op, part, SliceMessage(wire::KV_PULL, key, part, out.size()),
                out.data() + part.offset);
@@ -366,7 +366,7 @@ class KVWorkerImpl : public KVWorker {
       residual = keys_[key].residual.data();
       ++stats_.pushes;
     }
-    const uint64_t op = NewOp(nullptr);
+    const uint64_t op = NewOp();
     for (const KeyPart& part : parts) {
       Message msg = SliceMessage(cmd, key, part, grad.size());
       if (two_bit) {
@@ -401,7 +401,7 @@ class KVWorkerImpl : public KVWorker {
     return op;
   }
 
-  uint64_t NewOp(const char*) {
+  uint64_t NewOp() {
     absl::MutexLock lock(&mu_);
     const uint64_t op = next_op_++;
     ops_[op] = Op();
@@ -440,7 +440,7 @@ class KVWorkerImpl : public KVWorker {
   }
 
   absl::Status Broadcast(Message msg, const std::string& what) {
-    const uint64_t op = NewOp(nullptr);
+    const uint64_t op = NewOp();
     for (int s = 0; s < options_.num_servers; ++s) {
       KeyPart part{s, 0, 0};
       SendPart(op, part, msg, nullptr);
