@@ -108,12 +108,7 @@ absl::Status Node::Join() {
           "; is the scheduler running, and can it reach that address?)"));
     }
     for (const auto& [peer_id, info] : nodes_) {
-      if (peer_id == id_ || peer_id == kSchedulerId) continue;
-      // Workers talk to servers; servers answer workers. Same-role peers need
-      // no link.
-      const bool want = options_.role == Role::kWorker ? IsServerId(peer_id)
-                                                       : IsWorkerId(peer_id);
-      if (!want) continue;
+      if (!WantsLink(peer_id)) continue;
       TESSERA_RETURN_IF_ERROR(
           transport_->Connect(peer_id, info.host(), info.port()));
     }
@@ -125,6 +120,45 @@ absl::Status Node::Join() {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   }
   return absl::OkStatus();
+}
+
+bool Node::WantsLink(int peer_id) const {
+  if (peer_id == id_ || peer_id == kSchedulerId) return false;
+  // Workers talk to servers; servers answer workers. Same-role peers need no
+  // link.
+  return options_.role == Role::kWorker ? IsServerId(peer_id)
+                                        : IsWorkerId(peer_id);
+}
+
+void Node::UpdateTable(const wire::NodeTable& table) {
+  std::vector<int> restarted;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const wire::NodeInfo& n : table.nodes()) {
+      auto it = nodes_.find(n.id());
+      if (it == nodes_.end() || n.generation() <= it->second.generation())
+        continue;
+      it->second = n;
+      if (!WantsLink(n.id())) continue;
+      // A fresh socket: what was queued for the old process is dropped (the
+      // requests are resent or replayed).
+      absl::Status linked = transport_->Connect(n.id(), n.host(), n.port());
+      if (!linked.ok()) {
+        TESSERA_LOG(WARNING) << "cannot reconnect to restarted node " << n.id()
+                             << ": " << linked.message();
+      }
+      restarted.push_back(n.id());
+    }
+  }
+  for (int peer : restarted) {
+    TESSERA_LOG(INFO) << Describe(peer) << " restarted (generation "
+                      << [&] {
+                           absl::MutexLock lock(&mu_);
+                           return nodes_[peer].generation();
+                         }()
+                      << ")";
+    if (callbacks_.on_peer_restart) callbacks_.on_peer_restart(peer);
+  }
 }
 
 std::string Node::Describe(int node_id) const {
@@ -258,6 +292,18 @@ void Node::ReceiveLoop() {
       last_scheduler_contact_ = absl::Now();
     }
     if (cmd >= wire::KV_INIT) {
+      if (options_.drop_percent > 0) {
+        // PS_DROP_MSG: lose some data-plane messages on purpose (tests of
+        // the resend path). xorshift32, seeded per process.
+        if (drop_state_ == 0) drop_state_ = static_cast<uint32_t>(getpid()) | 1;
+        drop_state_ ^= drop_state_ << 13;
+        drop_state_ ^= drop_state_ >> 17;
+        drop_state_ ^= drop_state_ << 5;
+        if (static_cast<int>(drop_state_ % 100) < options_.drop_percent) {
+          TESSERA_VLOG(2) << "PS_DROP_MSG dropped " << DebugString(*msg);
+          continue;
+        }
+      }
       std::vector<Message> ready;
       {
         absl::MutexLock lock(&mu_);
@@ -283,6 +329,16 @@ void Node::HandleControl(Message&& msg) {
   TESSERA_VLOG(1) << "control: " << DebugString(msg);
   switch (h.command()) {
     case wire::NODE_TABLE: {
+      // A table after the first says which peers restarted.
+      bool update = false;
+      {
+        absl::MutexLock lock(&mu_);
+        update = have_table_;
+      }
+      if (update) {
+        UpdateTable(h.node_table());
+        return;
+      }
       absl::MutexLock lock(&mu_);
       if (have_table_) return;
       int my_id = 0, my_rank = -1;

@@ -36,6 +36,9 @@ class Node {
   struct Callbacks {
     std::function<void(Message&&)> on_data;
     std::function<void(const absl::Status&)> on_failure;
+    // A peer this node talks to restarted (same identity, new generation);
+    // called on the receiver thread after the link to it is renewed.
+    std::function<void(int peer)> on_peer_restart;
   };
 
   // Joins the job: resolves and binds the node's address, registers, and waits
@@ -92,6 +95,9 @@ class Node {
   void ReceiveLoop();
   void HeartbeatLoop();
   void HandleControl(Message&& msg);
+  // A node table after the first: renews links to restarted peers.
+  void UpdateTable(const wire::NodeTable& table);
+  bool WantsLink(int peer_id) const;
   void Fail(const absl::Status& status);
   // Sends a control request to the scheduler and waits for its reply.
   absl::Status CallScheduler(wire::Command command, wire::Header extra,
@@ -125,6 +131,7 @@ class Node {
       ABSL_GUARDED_BY(mu_);  // data messages before StartDelivery
 
   std::atomic<bool> stop_{false};
+  uint32_t drop_state_ = 0;  // PS_DROP_MSG's random numbers (receiver thread)
   std::thread receiver_;
   std::thread heartbeat_;
 };

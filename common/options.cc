@@ -150,6 +150,25 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
                            ReadInt(env, "TESSERA_RESTART_COUNT", 0, 1000000, 0,
                                    "a whole number >= 0"));
   o.restart_count = static_cast<uint64_t>(restarts);
+  int64_t flag = 0;
+  TESSERA_ASSIGN_OR_RETURN(flag,
+                           ReadInt(env, "PS_RESEND", 0, 1, 1, "0 or 1"));
+  o.resend = flag == 1;
+  int64_t ms = 0;
+  TESSERA_ASSIGN_OR_RETURN(
+      ms, ReadInt(env, "PS_RESEND_TIMEOUT", 1, 3600000, 1000,
+                  "a number of milliseconds in 1..3600000"));
+  o.resend_timeout = absl::Milliseconds(ms);
+  TESSERA_ASSIGN_OR_RETURN(o.resend_retries,
+                           ReadInt(env, "TESSERA_RESEND_RETRIES", 1, 1000, 8,
+                                   "a whole number in 1..1000"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.drop_percent,
+      ReadInt(env, "PS_DROP_MSG", 0, 99, 0, "a percentage in 0..99"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.max_frame_bytes,
+      ReadInt(env, "TESSERA_MAX_MESSAGE_BYTES", 1 << 20, int64_t{1} << 40,
+              int64_t{1} << 32, "a number of bytes in 1048576..2^40"));
   return o;
 }
 

@@ -56,6 +56,21 @@ struct Options {
   // TESSERA_RESTART_COUNT: set by the launcher when it restarts a node.
   uint64_t restart_count = 0;
 
+  // Acknowledged delivery (worker requests). PS_RESEND: 1 (default) keeps each
+  // request until its reply and sends it again when no reply came within
+  // PS_RESEND_TIMEOUT milliseconds (default 1000), doubling the wait each time
+  // up to 8x; TESSERA_RESEND_RETRIES unanswered sends in a row (default 8)
+  // fail the request with an error naming the server. 0 turns it off.
+  bool resend = true;
+  absl::Duration resend_timeout = absl::Milliseconds(1000);
+  int resend_retries = 8;
+  // PS_DROP_MSG: percent of received data-plane messages dropped on purpose
+  // (testing the resend path, as in ps-lite). 0 by default.
+  int drop_percent = 0;
+  // TESSERA_MAX_MESSAGE_BYTES: the largest single frame a node accepts
+  // (ZMQ_MAXMSGSIZE); a peer sending a bigger one is disconnected.
+  int64_t max_frame_bytes = int64_t{1} << 32;
+
   // Reads the process environment.
   static absl::StatusOr<Options> FromEnvironment();
 };

@@ -233,6 +233,17 @@ void Scheduler::HandleRegister(const Message& msg) {
                          << DebugString(msg);
     return;
   }
+  if (formed_) {
+    for (auto& [id, node] : nodes_) {
+      if (node.role() != info.role() || node.host() != info.host() ||
+          node.port() != info.port()) {
+        continue;
+      }
+      if (info.generation() <= node.generation()) return;  // duplicate
+      Rejoin(id, info);
+      return;
+    }
+  }
   for (const Registration& r : registered_) {
     if (r.info.host() == info.host() && r.info.port() == info.port())
       return;  // duplicate
@@ -280,6 +291,37 @@ void Scheduler::HandleRegister(const Message& msg) {
       options_.num_servers + options_.num_workers) {
     FormJob();
   }
+}
+
+void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
+  wire::NodeInfo& node = nodes_[id];
+  if (node.role() != wire::SERVER) {
+    // A restarted worker would start its program over (init, barriers) while
+    // the others are mid-training.
+    Message abort = AbortMessage(absl::StrCat(
+        Describe(node), " restarted, but a restarted worker cannot rejoin a "
+                        "running job; only servers can"));
+    const int provisional = kProvisionalBase + 999999;
+    if (transport_->Connect(provisional, info.host(), info.port()).ok()) {
+      (void)transport_->Send(provisional, abort);
+      transport_->Disconnect(provisional);
+    }
+    return;
+  }
+  node.set_generation(info.generation());
+  last_seen_[id] = absl::Now();
+  // A fresh link: nothing queued for the old process goes to the new one.
+  (void)transport_->Connect(id, node.host(), node.port());
+  TESSERA_LOG(INFO) << Describe(node) << " restarted (generation "
+                    << info.generation() << "); it rejoins the job";
+  Message table;
+  table.header.set_command(wire::NODE_TABLE);
+  table.header.set_sender(kSchedulerId);
+  table.header.mutable_node_table()->set_num_servers(options_.num_servers);
+  table.header.mutable_node_table()->set_num_workers(options_.num_workers);
+  for (const auto& [peer, n] : nodes_)
+    *table.header.mutable_node_table()->add_nodes() = n;
+  Broadcast(table, 0);
 }
 
 void Scheduler::FormJob() {

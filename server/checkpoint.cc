@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "server/kv_server.h"
 
 namespace tessera {
 namespace {
@@ -206,6 +207,71 @@ CheckpointStore::LoadLatest() const {
                          << shard.status().message();
   }
   return std::optional<wire::ServerCheckpoint>();
+}
+
+}  // namespace tessera
+
+namespace tessera {
+
+absl::StatusOr<CheckpointPolicy> CheckpointPolicy::Parse(
+    const std::string& text) {
+  CheckpointPolicy policy;
+  const auto bad = [&text] {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint-every='", text,
+                     "': expected a number of updates (e.g. 100) or of "
+                     "seconds (e.g. 30s), greater than 0"));
+  };
+  if (!text.empty() && text.back() == 's') {
+    double seconds = 0;
+    if (!absl::SimpleAtod(text.substr(0, text.size() - 1), &seconds) ||
+        !(seconds > 0) || seconds > 1e7) {
+      return bad();
+    }
+    policy.every = absl::Seconds(seconds);
+    return policy;
+  }
+  if (!absl::SimpleAtoi(text, &policy.every_updates) ||
+      policy.every_updates == 0) {
+    return bad();
+  }
+  return policy;
+}
+
+Checkpointer::Checkpointer(CheckpointStore* store, CheckpointPolicy policy,
+                           KVServer* server)
+    : store_(store),
+      policy_(policy),
+      server_(server),
+      last_updates_(server->updates_applied()),
+      last_time_(absl::Now()) {}
+
+void Checkpointer::MaybeWrite() {
+  const uint64_t updates = server_->updates_applied();
+  if (updates == last_updates_) return;  // nothing new to save
+  const bool due =
+      (policy_.every_updates > 0 &&
+       updates - last_updates_ >= policy_.every_updates) ||
+      (policy_.every > absl::ZeroDuration() &&
+       absl::Now() - last_time_ >= policy_.every);
+  if (!due) return;
+  absl::Status written = Write();
+  if (!written.ok()) {
+    TESSERA_LOG(ERROR) << "checkpoint not written: " << written.message();
+  }
+}
+
+absl::Status Checkpointer::Write() {
+  last_time_ = absl::Now();
+  wire::ServerCheckpoint shard = server_->Snapshot();
+  last_updates_ = shard.rounds_applied();
+  absl::Status written = store_->Write(shard);
+  if (!written.ok()) return written;
+  server_->MarkDurable(shard);
+  TESSERA_VLOG(1) << "checkpoint " << shard.sequence() << ": "
+                  << shard.keys_size() << " key(s), " << last_updates_
+                  << " update(s)";
+  return absl::OkStatus();
 }
 
 }  // namespace tessera

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/tessera.pb.h"
 
 namespace tessera {
@@ -57,6 +58,39 @@ class CheckpointStore {
   const std::string dir_;
   const int server_rank_;
   const int keep_;
+};
+
+// When a server writes checkpoints: every N updates it applied (a dist_sync
+// round of one key, or one dist_async push, counts as one update), or every so
+// many seconds.
+struct CheckpointPolicy {
+  uint64_t every_updates = 0;  // 0: not by updates
+  absl::Duration every = absl::ZeroDuration();  // zero: not by time
+
+  // "100" (updates) or "30s" (seconds). InvalidArgument naming the flag and
+  // what was expected.
+  static absl::StatusOr<CheckpointPolicy> Parse(const std::string& text);
+};
+
+class KVServer;
+
+// Writes a KVServer's checkpoints by its policy. MaybeWrite is called on the
+// server's Handle thread before each message; a failed write is logged and the
+// server keeps serving (workers then keep their pushes for longer).
+class Checkpointer {
+ public:
+  Checkpointer(CheckpointStore* store, CheckpointPolicy policy,
+               KVServer* server);
+  void MaybeWrite();
+  // Writes one checkpoint now.
+  absl::Status Write();
+
+ private:
+  CheckpointStore* const store_;
+  const CheckpointPolicy policy_;
+  KVServer* const server_;
+  uint64_t last_updates_ = 0;
+  absl::Time last_time_;
 };
 
 }  // namespace tessera

@@ -24,10 +24,15 @@ struct KVServer::KeyState {
   std::vector<Buffer> round;
   std::vector<wire::Header> round_requests;
   int round_count = 0;
-  // Messages that must wait for the current round (a worker's next push, or its
-  // pull after a push of this round), in arrival order.
+  // Per worker rank: pushes accepted (the next expected push_seq), and how
+  // many of them the last written checkpoint holds.
+  std::vector<uint64_t> received;
+  std::vector<uint64_t> durable;
+  // Messages that must wait: a worker's next push or its pull after a push of
+  // the current round, or a push that came before an earlier one of the same
+  // worker (resent after a loss). In arrival order.
   std::deque<Message> backlog;
-  bool round_completed = false;  // the backlog may have work to replay
+  bool progress = false;  // the backlog may have work to replay
 };
 
 struct KVServer::Shard {
@@ -40,6 +45,9 @@ struct KVServer::Shard {
   std::atomic<int64_t> pending{0};
   std::map<uint64_t, KeyState> keys;  // owned by the shard's thread, or by
                                       // Handle's thread while pending == 0
+  // A recovering server's messages for keys not created yet (by the replayed
+  // init), by key, in arrival order.
+  std::map<uint64_t, std::deque<Message>> orphans;
 };
 
 namespace {
@@ -86,6 +94,11 @@ wire::KVStats KVServer::stats() const {
   s.set_rounds_applied(rounds_applied_.load());
   s.set_malformed_messages(malformed_.load());
   s.set_errors_returned(errors_.load());
+  s.set_duplicates(duplicates_.load());
+  s.set_checkpoints_written(checkpoints_.load());
+  absl::MutexLock lock(&key_counts_mu_);
+  for (const auto& [key, n] : key_pushes_)
+    (*s.mutable_key_pushes_applied())[key] = n;
   return s;
 }
 
@@ -94,14 +107,29 @@ KVServer::Settings KVServer::settings() const {
   return settings_;
 }
 
+void KVServer::Acknowledge(const Message& request) {
+  Message ack;
+  ack.header.set_command(request.header.command());
+  ack.header.set_request_id(request.header.request_id());
+  ack.header.set_is_response(true);
+  ack.header.set_ack_only(true);
+  (void)send_(request.header.sender(), std::move(ack));
+}
+
 void KVServer::Reply(const Message& request, const absl::Status& status,
-                     Buffer values) {
+                     Buffer values, const KeyState* key) {
   Message reply;
   reply.header.set_command(request.header.command());
   reply.header.set_request_id(request.header.request_id());
   reply.header.set_is_response(true);
+  reply.header.set_push_seq(request.header.push_seq());
   if (request.header.has_slice())
     *reply.header.mutable_slice() = request.header.slice();
+  if (key != nullptr && checkpointing_.load()) {
+    reply.header.set_checkpointing(true);
+    reply.header.set_durable_seq(
+        key->durable[RankOfId(request.header.sender())]);
+  }
   if (!status.ok()) {
     ToWire(status, reply.header.mutable_status());
     ++errors_;
@@ -288,9 +316,21 @@ absl::StatusOr<Buffer> KVServer::DecodeGradient(const Message& msg,
 void KVServer::Process(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
   if (msg.header.command() == wire::KV_INIT) {
-    if (shard->keys.count(slice.key()) != 0) {
-      Reply(msg, absl::AlreadyExistsError(absl::StrCat(
-                     "key ", slice.key(), " is already initialised")));
+    auto existing = shard->keys.find(slice.key());
+    if (existing != shard->keys.end()) {
+      const KeyState& key = existing->second;
+      if (key.offset == slice.offset() && key.length == slice.length() &&
+          key.total_length == slice.total_length()) {
+        // A resent init, or one replayed to a server restored from a
+        // checkpoint: the key is there; its value is not touched.
+        ++duplicates_;
+        Reply(msg, absl::OkStatus());
+      } else {
+        Reply(msg, absl::AlreadyExistsError(absl::StrCat(
+                       "key ", slice.key(), " is already initialised with [",
+                       key.offset, ", +", key.length, ") of ",
+                       key.total_length)));
+      }
       return;
     }
     if (msg.data.size() != 1 ||
@@ -304,19 +344,34 @@ void KVServer::Process(Shard* shard, Message&& msg) {
                 "init of key ", slice.key(), ": malformed slice or value")));
       return;
     }
-    KeyState& key = shard->keys[slice.key()];
-    key.key = slice.key();
-    key.offset = slice.offset();
-    key.length = slice.length();
-    key.total_length = slice.total_length();
-    key.sync = msg.header.kv_options().sync_mode();
-    key.weights = Buffer::CopyOf(msg.data[0].data(), msg.data[0].size());
-    key.round.resize(num_workers_);
+    KeyState* key = CreateKey(shard, slice, msg.header.kv_options().sync_mode());
+    key->weights = Buffer::CopyOf(msg.data[0].data(), msg.data[0].size());
     Reply(msg, absl::OkStatus());
+    // Messages a recovering server held for this key go next, in order.
+    auto orphans = shard->orphans.find(slice.key());
+    if (orphans != shard->orphans.end()) {
+      for (Message& m : orphans->second) key->backlog.push_back(std::move(m));
+      shard->orphans.erase(orphans);
+      key->progress = true;
+      ReplayBacklog(shard, key);
+    }
     return;
   }
   auto it = shard->keys.find(slice.key());
   if (it == shard->keys.end()) {
+    if (recovering_.load()) {
+      // Restarted: the worker replaying this may be ahead of the init that
+      // recreates the key. Hold it (once per request) and say so.
+      std::deque<Message>& held = shard->orphans[slice.key()];
+      bool duplicate = false;
+      for (const Message& m : held) {
+        duplicate |= m.header.sender() == msg.header.sender() &&
+                     m.header.request_id() == msg.header.request_id();
+      }
+      Acknowledge(msg);
+      if (!duplicate) held.push_back(std::move(msg));
+      return;
+    }
     Reply(msg, absl::NotFoundError(absl::StrCat("key ", slice.key(),
                                                 " was never initialised")));
     return;
@@ -331,10 +386,19 @@ void KVServer::Process(Shard* shard, Message&& msg) {
                    ", +", key.length, ") of ", key.total_length)));
     return;
   }
-  // Keep each worker's messages in order behind its waiting ones.
+  // Keep each worker's messages in order behind its waiting ones; a resent
+  // copy of a waiting message is acknowledged, not queued twice.
   bool sender_waiting = false;
-  for (const Message& m : key.backlog)
-    sender_waiting |= m.header.sender() == msg.header.sender();
+  for (const Message& m : key.backlog) {
+    if (m.header.sender() != msg.header.sender()) continue;
+    sender_waiting = true;
+    if (m.header.request_id() == msg.header.request_id() &&
+        m.header.generation() == msg.header.generation()) {
+      ++duplicates_;
+      Acknowledge(msg);
+      return;
+    }
+  }
   if (sender_waiting || !TryProcess(shard, &key, msg))
     key.backlog.push_back(std::move(msg));
   ReplayBacklog(shard, &key);
@@ -349,9 +413,27 @@ bool KVServer::TryProcess(Shard* shard, KeyState* key, Message& msg) {
     Reply(msg, absl::OkStatus(), key->weights);
     return true;
   }
-  const Settings s = settings();
+  // Exactly once: the worker numbers its pushes to this key.
+  const uint64_t seq = msg.header.push_seq();
+  const uint64_t next = key->received[rank];
+  if (seq < next) {
+    ++duplicates_;
+    if (key->sync && seq + 1 == next && !key->round[rank].empty()) {
+      Acknowledge(msg);  // in the current round; answered when it completes
+    } else {
+      Reply(msg, absl::OkStatus(),
+            cmd == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
+    }
+    return true;
+  }
+  if (seq > next) return false;  // an earlier push of this worker is missing
   if (key->sync && !key->round[rank].empty())
     return false;  // belongs to the next round
+  // From here the push is taken: even a rejected one uses up its number, so
+  // the worker's next push is not held waiting for it.
+  key->received[rank] = next + 1;
+  key->progress = true;
+  const Settings s = settings();
   absl::StatusOr<Buffer> grad = DecodeGradient(msg, *key, s);
   if (!grad.ok()) {
     Reply(msg, grad.status());
@@ -367,14 +449,17 @@ bool KVServer::TryProcess(Shard* shard, KeyState* key, Message& msg) {
     }
     ApplyUpdate(*s.optimizer, key, grad->floats());
     ++pushes_applied_;
+    ++async_applied_;
+    CountKeyPush(key->key);
     Reply(msg, absl::OkStatus(),
-          cmd == wire::KV_PUSHPULL ? key->weights : Buffer());
+          cmd == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
     return true;
   }
   key->round[rank] = *std::move(grad);
   key->round_requests.push_back(msg.header);
   ++key->round_count;
   ++pushes_applied_;
+  CountKeyPush(key->key);
   if (key->round_count == num_workers_) CompleteRound(shard, key);
   return true;
 }
@@ -424,17 +509,37 @@ void KVServer::CompleteRound(Shard* shard, KeyState* key) {
     Message request;
     request.header = h;
     Reply(request, absl::OkStatus(),
-          h.command() == wire::KV_PUSHPULL ? key->weights : Buffer());
+          h.command() == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
   }
-  key->round_completed = true;
+  key->progress = true;
+}
+
+void KVServer::CountKeyPush(uint64_t key) {
+  absl::MutexLock lock(&key_counts_mu_);
+  ++key_pushes_[key];
+}
+
+KVServer::KeyState* KVServer::CreateKey(Shard* shard,
+                                        const wire::KeySlice& slice,
+                                        bool sync) {
+  KeyState& key = shard->keys[slice.key()];
+  key.key = slice.key();
+  key.offset = slice.offset();
+  key.length = slice.length();
+  key.total_length = slice.total_length();
+  key.sync = sync;
+  key.round.resize(num_workers_);
+  key.received.assign(num_workers_, 0);
+  key.durable.assign(num_workers_, 0);
+  return &key;
 }
 
 void KVServer::ReplayBacklog(Shard* shard, KeyState* key) {
   // Replay what waited for a finished round, in order; a worker's later
   // messages stay behind the first of its messages that must wait again.
   // Replaying can finish another round, which calls for another pass.
-  while (key->round_completed) {
-    key->round_completed = false;
+  while (key->progress) {
+    key->progress = false;
     std::deque<Message> waiting;
     waiting.swap(key->backlog);
     std::set<int> blocked;
@@ -449,5 +554,118 @@ void KVServer::ReplayBacklog(Shard* shard, KeyState* key) {
     }
   }
 }
+
+}  // namespace tessera
+
+namespace tessera {
+
+void KVServer::WaitIdle() {
+  for (auto& shard : shards_) {
+    while (shard->pending.load(std::memory_order_acquire) != 0)
+      absl::SleepFor(absl::Microseconds(50));
+  }
+}
+
+wire::ServerCheckpoint KVServer::Snapshot() {
+  WaitIdle();
+  wire::ServerCheckpoint saved;
+  const Settings s = settings();
+  saved.set_optimizer_spec(s.optimizer_spec);
+  saved.set_compression_type(s.compression);
+  saved.set_compression_threshold(s.threshold);
+  saved.set_rounds_applied(updates_applied());
+  for (auto& shard : shards_) {
+    for (const auto& [id, key] : shard->keys) {
+      wire::CheckpointKey* out = saved.add_keys();
+      out->set_key(key.key);
+      out->set_offset(key.offset);
+      out->set_length(key.length);
+      out->set_total_length(key.total_length);
+      out->set_sync_mode(key.sync);
+      out->set_weights(key.weights.data(), key.weights.size());
+      for (const std::vector<float>& slot : key.optimizer_state)
+        out->add_optimizer_state(slot.data(), slot.size() * sizeof(float));
+      out->set_steps(key.steps);
+      // A push in the unfinished round is not in the weights: the worker
+      // sends it again after a restore.
+      for (int r = 0; r < num_workers_; ++r) {
+        out->add_received(key.received[r] -
+                          (key.sync && !key.round[r].empty() ? 1 : 0));
+      }
+    }
+  }
+  return saved;
+}
+
+void KVServer::MarkDurable(const wire::ServerCheckpoint& saved) {
+  WaitIdle();
+  for (const wire::CheckpointKey& k : saved.keys()) {
+    Shard* shard = shards_[Mix(k.key()) % shards_.size()].get();
+    auto it = shard->keys.find(k.key());
+    if (it == shard->keys.end()) continue;
+    for (int r = 0; r < num_workers_ && r < k.received_size(); ++r)
+      it->second.durable[r] = k.received(r);
+  }
+  ++checkpoints_;
+}
+
+absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+      Optimizer::Create(saved.optimizer_spec());
+  if (!opt.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint names optimizer '", saved.optimizer_spec(),
+                     "': ", opt.status().message()));
+  }
+  {
+    absl::MutexLock lock(&settings_mu_);
+    settings_.optimizer = std::shared_ptr<const Optimizer>(std::move(*opt));
+    settings_.optimizer_spec =
+        settings_.optimizer ? settings_.optimizer->spec() : "none";
+    settings_.compression =
+        saved.compression_type().empty() ? "none" : saved.compression_type();
+    settings_.threshold = saved.compression_threshold();
+  }
+  for (const wire::CheckpointKey& k : saved.keys()) {
+    if (k.weights().size() != k.length() * sizeof(float) ||
+        k.received_size() != num_workers_) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint of key ", k.key(), " does not match: ",
+          k.weights().size(), " weight bytes for ", k.length(), " values, ",
+          k.received_size(), " worker counts for ", num_workers_,
+          " workers (was the job's DMLC_NUM_WORKER changed?)"));
+    }
+    wire::KeySlice slice;
+    slice.set_key(k.key());
+    slice.set_offset(k.offset());
+    slice.set_length(k.length());
+    slice.set_total_length(k.total_length());
+    Shard* shard = shards_[Mix(k.key()) % shards_.size()].get();
+    KeyState* key = CreateKey(shard, slice, k.sync_mode());
+    key->weights = Buffer::CopyOf(k.weights().data(), k.weights().size());
+    for (const std::string& slot : k.optimizer_state()) {
+      std::vector<float> v(k.length());
+      if (slot.size() != v.size() * sizeof(float)) {
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint of key ", k.key(), ": optimizer state of ",
+            slot.size(), " bytes for ", k.length(), " values"));
+      }
+      std::memcpy(v.data(), slot.data(), slot.size());
+      key->optimizer_state.push_back(std::move(v));
+    }
+    key->steps = k.steps();
+    for (int r = 0; r < num_workers_; ++r)
+      key->received[r] = key->durable[r] = k.received(r);
+    num_keys_.fetch_add(1);
+    absl::MutexLock lock(&key_counts_mu_);
+    uint64_t total = 0;
+    for (uint64_t n : k.received()) total += n;
+    key_pushes_[k.key()] = total;
+  }
+  recovering_.store(true);
+  return absl::OkStatus();
+}
+
+void KVServer::set_recovering() { recovering_.store(true); }
 
 }  // namespace tessera

@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -36,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/bounded_queue.h"
 #include "common/message.h"
+#include "proto/tessera.pb.h"
 #include "server/optimizer.h"
 
 namespace tessera {
@@ -50,6 +52,28 @@ class KVServer {
 
   // Takes a data-plane message (KV_*); replies through the SendFn.
   void Handle(Message&& msg);
+
+  // Checkpoints. Snapshot waits until the update threads are idle and copies
+  // every key (weights, optimizer state, steps, and per worker the pushes the
+  // weights include) and the settings; MarkDurable then tells later push
+  // replies that those pushes are safe on disk. Both must be called from
+  // Handle's thread (or while no Handle runs).
+  wire::ServerCheckpoint Snapshot();
+  void MarkDurable(const wire::ServerCheckpoint& saved);
+  // Loads a checkpoint into an empty server, before the first Handle. The
+  // server then holds pushes and pulls of keys it does not know yet (a worker
+  // replaying them may come before the init that creates the key).
+  absl::Status Restore(const wire::ServerCheckpoint& saved);
+  // Push replies say that this server checkpoints, so workers keep their
+  // pushes until they are durable.
+  void set_checkpointing(bool on) { checkpointing_ = on; }
+  // A restarted server with nothing to restore: it holds requests for keys
+  // that the workers' replay has not initialised yet.
+  void set_recovering();
+  // Updates applied so far (dist_sync key rounds plus dist_async pushes).
+  uint64_t updates_applied() const {
+    return rounds_applied_.load() + async_applied_.load();
+  }
 
   // Stops the update threads after they drained their queues. Idempotent.
   void Stop();
@@ -78,9 +102,15 @@ class KVServer {
   void ApplyUpdate(const Optimizer& optimizer, KeyState* key,
                    const float* grad);
   void ReplayBacklog(Shard* shard, KeyState* key);
+  void CountKeyPush(uint64_t key);
+  // Blocks until every update thread is idle (only Handle's thread queues).
+  void WaitIdle();
   void HandleSettings(Message&& msg);
   void Reply(const Message& request, const absl::Status& status,
-             Buffer values = Buffer());
+             Buffer values = Buffer(), const KeyState* key = nullptr);
+  // Tells the sender its request arrived and is waiting; the reply follows.
+  void Acknowledge(const Message& request);
+  KeyState* CreateKey(Shard* shard, const wire::KeySlice& slice, bool sync);
   absl::StatusOr<Buffer> DecodeGradient(const Message& msg, const KeyState& key,
                                         const Settings& settings);
   Settings settings() const;
@@ -96,6 +126,13 @@ class KVServer {
 
   std::atomic<uint64_t> pushes_applied_{0};
   std::atomic<uint64_t> rounds_applied_{0};
+  std::atomic<uint64_t> async_applied_{0};
+  std::atomic<uint64_t> duplicates_{0};
+  std::atomic<uint64_t> checkpoints_{0};
+  std::atomic<bool> checkpointing_{false};
+  std::atomic<bool> recovering_{false};
+  mutable absl::Mutex key_counts_mu_;
+  std::map<uint64_t, uint64_t> key_pushes_ ABSL_GUARDED_BY(key_counts_mu_);
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<bool> stopped_{false};

@@ -1,16 +1,94 @@
 // tessera-server: holds a shard of the weights of a Tessera job and updates
-// them. Configured by the DMLC_* environment. Exit codes: 0 job done, 1 job
-// failed (a peer died, the scheduler gave up or vanished), 2 bad configuration.
+// them. Configured by the DMLC_* environment, plus flags:
+//
+//   --checkpoint-dir DIR     write this server's shard to DIR (atomically) and,
+//                            when restarted (TESSERA_RESTART_COUNT > 0), resume
+//                            from the newest readable one
+//   --checkpoint-every N     every N updates (a dist_sync round of one key or a
+//                            dist_async push each count 1), or Ns for every N
+//                            seconds; default 30s
+//   --checkpoint-keep K      keep the newest K files (default 3)
+//
+// Exit codes: 0 job done, 1 job failed (a peer died, the scheduler gave up or
+// vanished, a restart found no checkpoint to resume from), 2 bad configuration.
 #include <iostream>
 #include <memory>
+#include <string>
 #include <thread>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/node.h"
 #include "common/options.h"
+#include "server/checkpoint.h"
 #include "server/kv_server.h"
 
-int main() {
+namespace {
+
+struct Flags {
+  std::string checkpoint_dir;
+  tessera::CheckpointPolicy policy;
+  int keep = 3;
+};
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags flags;
+  std::string every = "30s";
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    const size_t eq = arg.find('=');
+    const bool has_inline = arg.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (has_inline) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    const bool known = arg == "--checkpoint-dir" ||
+                       arg == "--checkpoint-every" ||
+                       arg == "--checkpoint-keep";
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag '", argv[i],
+          "': expected --checkpoint-dir, --checkpoint-every or "
+          "--checkpoint-keep"));
+    }
+    if (!has_inline) {
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg, " needs a value"));
+      }
+      value = argv[++i];
+    }
+    if (arg == "--checkpoint-dir") {
+      if (value.empty()) {
+        return absl::InvalidArgumentError(
+            "--checkpoint-dir='': expected a folder");
+      }
+      flags.checkpoint_dir = value;
+    } else if (arg == "--checkpoint-every") {
+      every = value;
+    } else if (!absl::SimpleAtoi(value, &flags.keep) || flags.keep < 1 ||
+               flags.keep > 1000) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint-keep='", value, "': expected a whole number in 1..1000"));
+    }
+  }
+  absl::StatusOr<tessera::CheckpointPolicy> policy =
+      tessera::CheckpointPolicy::Parse(every);
+  if (!policy.ok()) return policy.status();
+  flags.policy = *policy;
+  return flags;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::cerr << "tessera-server: " << flags.status().message() << "\n";
+    return 2;
+  }
   absl::StatusOr<tessera::Options> options =
       tessera::Options::FromEnvironment();
   if (!options.ok()) {
@@ -31,12 +109,14 @@ int main() {
   }
 
   std::unique_ptr<tessera::Node> node;
+  std::unique_ptr<tessera::Checkpointer> checkpointer;
   tessera::KVServer server(options->num_workers, threads,
                            [&node](int peer, tessera::Message msg) {
                              return node->Send(peer, std::move(msg));
                            });
   tessera::Node::Callbacks callbacks;
-  callbacks.on_data = [&server](tessera::Message&& msg) {
+  callbacks.on_data = [&server, &checkpointer](tessera::Message&& msg) {
+    if (checkpointer != nullptr) checkpointer->MaybeWrite();
     server.Handle(std::move(msg));
   };
   absl::StatusOr<std::unique_ptr<tessera::Node>> started =
@@ -46,12 +126,56 @@ int main() {
     return absl::IsInvalidArgument(started.status()) ? 2 : 1;
   }
   node = *std::move(started);
+
+  // Data messages are held until StartDelivery, so the shard is restored
+  // before any request sees it.
+  std::unique_ptr<tessera::CheckpointStore> store;
+  const std::string restarted =
+      absl::StrCat("restarted (TESSERA_RESTART_COUNT=", options->restart_count,
+                   ")");
+  if (!flags->checkpoint_dir.empty()) {
+    store = std::make_unique<tessera::CheckpointStore>(
+        flags->checkpoint_dir, node->rank(), flags->keep);
+    if (options->restart_count > 0) {
+      auto latest = store->LoadLatest();
+      absl::Status restored = latest.status();
+      if (restored.ok() && latest->has_value()) {
+        restored = server.Restore(**latest);
+        if (restored.ok()) {
+          TESSERA_LOG(INFO) << restarted << ": resumed from checkpoint "
+                            << (*latest)->sequence() << " ("
+                            << (*latest)->keys_size() << " key(s), "
+                            << (*latest)->rounds_applied() << " update(s))";
+        }
+      } else if (restored.ok()) {
+        TESSERA_LOG(INFO) << restarted << ": no checkpoint in "
+                          << flags->checkpoint_dir
+                          << " yet; the workers replay everything";
+        server.set_recovering();
+      }
+      if (!restored.ok()) {
+        std::cerr << "tessera-server: " << restarted << ": cannot resume: "
+                  << restored.message() << "\n";
+        return 1;
+      }
+    }
+    server.set_checkpointing(true);
+    checkpointer = std::make_unique<tessera::Checkpointer>(
+        store.get(), flags->policy, &server);
+  } else if (options->restart_count > 0) {
+    std::cerr << "tessera-server: " << restarted
+              << " without --checkpoint-dir: this server's weights are lost "
+                 "and the job cannot continue\n";
+    return 1;
+  }
   node->StartDelivery();
   TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
   absl::Status result = node->WaitForTerminate();
   const tessera::wire::KVStats stats = server.stats();
   TESSERA_VLOG(1) << "pushes applied " << stats.pushes_applied() << ", rounds "
-                  << stats.rounds_applied() << ", malformed "
+                  << stats.rounds_applied() << ", duplicates "
+                  << stats.duplicates() << ", checkpoints "
+                  << stats.checkpoints_written() << ", malformed "
                   << stats.malformed_messages() + node->malformed_count();
   node->Stop();
   server.Stop();

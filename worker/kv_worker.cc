@@ -9,11 +9,25 @@
 // several operations run in parallel. Pushed float values are sent without a
 // copy: the frame borrows the caller's buffer and pins the operation until
 // ZeroMQ has written it, so Wait returns only when the buffer is free again.
+//
+// Delivery (PS_RESEND=1, the default): every request is kept until its reply
+// arrives and sent again when none came within PS_RESEND_TIMEOUT, the wait
+// doubling up to 8x; TESSERA_RESEND_RETRIES unanswered sends in a row fail it
+// with an error naming the server. A server that holds a request (a push
+// waiting for its round) answers a resent copy with an acknowledgement, which
+// restarts the count. Pushes carry their number per key (push_seq), so a
+// server applies each exactly once. When servers checkpoint, a push's copy is
+// kept after its reply until the server says a checkpoint holds it; when a
+// server restarts, the worker replays its settings, its inits (rank 0) and the
+// pushes the server's checkpoint lacks.
 #include "tessera/kv_worker.h"
 
 #include <cstring>
 #include <map>
+#include <deque>
 #include <set>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,6 +57,8 @@ class KVWorkerImpl : public KVWorker {
         partitioner_(options.num_servers, options.bigarray_bound) {}
 
   ~KVWorkerImpl() override {
+    stop_resender_.store(true);
+    if (resender_.joinable()) resender_.join();
     if (node_ != nullptr) node_->Stop();
     for (auto& [key, info] : keys_) {
       gpu::DeviceFree(info.device_residual);
@@ -57,9 +73,11 @@ class KVWorkerImpl : public KVWorker {
     callbacks.on_failure = [this](const absl::Status& status) {
       FailAll(status);
     };
+    callbacks.on_peer_restart = [this](int peer) { ReplayTo(peer); };
     TESSERA_ASSIGN_OR_RETURN(node_,
                              Node::Start(options_, std::move(callbacks)));
     node_->StartDelivery();
+    if (options_.resend) resender_ = std::thread([this] { ResendLoop(); });
     return absl::OkStatus();
   }
 
@@ -77,7 +95,10 @@ class KVWorkerImpl : public KVWorker {
     Message msg;
     msg.header.set_command(wire::KV_SET_OPTIMIZER);
     msg.header.mutable_kv_options()->set_optimizer_spec(spec);
-    return Broadcast(std::move(msg), "set_optimizer");
+    TESSERA_RETURN_IF_ERROR(Broadcast(msg, "set_optimizer"));
+    absl::MutexLock lock(&mu_);
+    settings_msgs_[wire::KV_SET_OPTIMIZER] = std::move(msg);
+    return absl::OkStatus();
   }
 
   absl::Status SetGradientCompression(const std::string& type,
@@ -100,9 +121,9 @@ class KVWorkerImpl : public KVWorker {
     msg.header.set_command(wire::KV_SET_COMPRESSION);
     msg.header.mutable_kv_options()->set_compression_type(type);
     msg.header.mutable_kv_options()->set_compression_threshold(threshold);
-    TESSERA_RETURN_IF_ERROR(
-        Broadcast(std::move(msg), "set_gradient_compression"));
+    TESSERA_RETURN_IF_ERROR(Broadcast(msg, "set_gradient_compression"));
     absl::MutexLock lock(&mu_);
+    settings_msgs_[wire::KV_SET_COMPRESSION] = std::move(msg);
     two_bit_ = type == "2bit";
     threshold_ = threshold;
     return absl::OkStatus();
@@ -123,17 +144,21 @@ class KVWorkerImpl : public KVWorker {
       KeyInfo& info = keys_[key];
       info.length = value.size();
       info.parts = partitioner_.Partition(key, value.size());
+      info.log.resize(info.parts.size());
+      info.init.resize(info.parts.size());
       if (two_bit_) info.residual.assign(value.size(), 0.0f);
     }
     absl::Status stored = absl::OkStatus();
     if (rank() == 0) {
       const uint64_t op = NewOp();
-      for (const KeyPart& part : Parts(key)) {
+      const std::vector<KeyPart> parts = Parts(key);
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const KeyPart& part = parts[i];
         Message msg = SliceMessage(wire::KV_INIT, key, part, value.size());
         msg.header.mutable_kv_options()->set_sync_mode(sync_);
         AddFloatFrame(
             &msg, Buffer::CopyOf(value.data() + part.offset, part.length * 4));
-        SendPart(op, part, std::move(msg), nullptr);
+        SendPart(op, part, std::move(msg), nullptr, PartRef{key, i});
       }
       stored = WaitOp(op, absl::StrCat("init of key ", key));
     }
@@ -218,9 +243,11 @@ class KVWorkerImpl : public KVWorker {
     TESSERA_RETURN_IF_ERROR(
         gpu::CopyDeviceToHost(info->pinned, source, offset, cuda_stream));
     const uint64_t op = NewOp();
+    const uint64_t seq = NextPushSeq(key);
     for (size_t i = 0; i < info->parts.size(); ++i) {
       const KeyPart& part = info->parts[i];
       Message msg = SliceMessage(wire::KV_PUSH, key, part, len);
+      msg.header.set_push_seq(seq);
       Buffer payload =
           Buffer::CopyOf(static_cast<uint8_t*>(info->pinned) + spans[i].first,
                          spans[i].second);
@@ -230,7 +257,7 @@ class KVWorkerImpl : public KVWorker {
         AddFloatFrame(&msg, std::move(payload));
       }
       CountPushed(spans[i].second);
-      SendPart(op, part, std::move(msg), nullptr);
+      SendPart(op, part, std::move(msg), nullptr, PartRef{key, i});
     }
     return op;
   }
@@ -240,9 +267,11 @@ class KVWorkerImpl : public KVWorker {
     TESSERA_RETURN_IF_ERROR(CheckOpen());
     TESSERA_RETURN_IF_ERROR(CheckKey(key, out.size(), "pull"));
     const uint64_t op = NewOp();
-    for (const KeyPart& part : Parts(key)) {
+    const std::vector<KeyPart> parts = Parts(key);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const KeyPart& part = parts[i];
       SendPart(op, part, SliceMessage(wire::KV_PULL, key, part, out.size()),
-               out.data() + part.offset);
+               out.data() + part.offset, PartRef{key, i});
     }
     {
       absl::MutexLock lock(&mu_);
@@ -275,9 +304,19 @@ class KVWorkerImpl : public KVWorker {
   }
 
  private:
+  // A push kept after its reply until the server's checkpoint holds it.
+  struct LoggedPush {
+    uint64_t seq = 0;
+    Message msg;  // owns its bytes
+  };
   struct KeyInfo {
     uint64_t length = 0;
     std::vector<KeyPart> parts;
+    uint64_t next_seq = 0;  // push_seq of the next push
+    // Per part, for replay to a restarted server that checkpoints: the init
+    // (rank 0) and the pushes its checkpoint may lack, oldest first.
+    std::vector<Message> init;
+    std::vector<std::deque<LoggedPush>> log;
     std::vector<float> residual;  // 2-bit error feedback, host pushes
     void* device_residual = nullptr;
     void* device_packed = nullptr;
@@ -294,11 +333,25 @@ class KVWorkerImpl : public KVWorker {
     std::string what;
     std::vector<PulledFrame> pulled;  // replies not yet copied to the caller
   };
+  // Identifies the key part a request is about.
+  struct PartRef {
+    uint64_t key = 0;
+    size_t index = 0;
+    bool valid = true;
+  };
   struct Request {
-    uint64_t op = 0;
+    uint64_t op = 0;       // 0: a replayed request nobody waits for
     float* out = nullptr;  // where pulled values go
     uint64_t length = 0;
     int server = 0;
+    PartRef part{0, 0, false};
+    bool replayed = false;
+    // For resending (PS_RESEND=1).
+    Message msg;
+    absl::Time first_sent;
+    absl::Time next_send;
+    absl::Duration wait;
+    int unanswered = 0;  // sends in a row without any answer
   };
 
   absl::Status CheckOpen() const {
@@ -349,6 +402,11 @@ class KVWorkerImpl : public KVWorker {
     stats_.bytes_pushed += bytes;
   }
 
+  uint64_t NextPushSeq(uint64_t key) {
+    absl::MutexLock lock(&mu_);
+    return keys_[key].next_seq++;
+  }
+
   absl::StatusOr<OpHandle> StartPush(wire::Command cmd, uint64_t key,
                                      absl::Span<const float> grad,
                                      absl::Span<float> out) {
@@ -358,17 +416,21 @@ class KVWorkerImpl : public KVWorker {
     float threshold;
     std::vector<KeyPart> parts;
     float* residual = nullptr;
+    uint64_t seq = 0;
     {
       absl::MutexLock lock(&mu_);
       two_bit = two_bit_;
       threshold = threshold_;
       parts = keys_[key].parts;
       residual = keys_[key].residual.data();
+      seq = keys_[key].next_seq++;
       ++stats_.pushes;
     }
     const uint64_t op = NewOp();
-    for (const KeyPart& part : parts) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const KeyPart& part = parts[i];
       Message msg = SliceMessage(cmd, key, part, grad.size());
+      msg.header.set_push_seq(seq);
       if (two_bit) {
         Buffer packed =
             Buffer::Allocate(compression::TwoBitCompressedBytes(part.length));
@@ -396,7 +458,8 @@ class KVWorkerImpl : public KVWorker {
         CountPushed(part.length * sizeof(float));
       }
       SendPart(op, part, std::move(msg),
-               cmd == wire::KV_PUSHPULL ? out.data() + part.offset : nullptr);
+               cmd == wire::KV_PUSHPULL ? out.data() + part.offset : nullptr,
+               PartRef{key, i});
     }
     return op;
   }
@@ -419,27 +482,43 @@ class KVWorkerImpl : public KVWorker {
     if (ops_[op].status.ok()) ops_[op].status = status;
   }
 
-  // Sends one request of operation `op`; a failed send fails the operation.
-  void SendPart(uint64_t op, const KeyPart& part, Message msg, float* out) {
+  // Sends one request of operation `op` (0: a replayed request); a failed send
+  // fails the operation, unless the request is kept for resending.
+  void SendPart(uint64_t op, const KeyPart& part, Message msg, float* out,
+                PartRef ref = PartRef{0, 0, false}, bool replayed = false) {
     const uint64_t request = next_request_.fetch_add(1);
     msg.header.set_request_id(request);
     const int server = ServerId(part.server_rank);
     {
       absl::MutexLock lock(&mu_);
-      requests_[request] = Request{op, out, part.length, server};
-      ++ops_[op].pending;
+      Request& r = requests_[request];
+      r.op = op;
+      r.out = out;
+      r.length = part.length;
+      r.server = server;
+      r.part = ref;
+      r.replayed = replayed;
+      if (options_.resend) {
+        r.msg = msg;  // the header and references to the same frames
+        r.first_sent = absl::Now();
+        r.wait = options_.resend_timeout;
+        r.next_send = r.first_sent + r.wait;
+        r.unanswered = 1;
+      }
+      if (op != 0) ++ops_[op].pending;
     }
     absl::Status sent = node_->Send(server, std::move(msg));
-    if (!sent.ok()) {
+    if (!sent.ok() && !options_.resend) {
       absl::MutexLock lock(&mu_);
       requests_.erase(request);
+      if (op == 0) return;
       Op& o = ops_[op];
       --o.pending;
       if (o.status.ok()) o.status = sent;
     }
   }
 
-  absl::Status Broadcast(Message msg, const std::string& what) {
+  absl::Status Broadcast(const Message& msg, const std::string& what) {
     const uint64_t op = NewOp();
     for (int s = 0; s < options_.num_servers; ++s) {
       KeyPart part{s, 0, 0};
@@ -448,9 +527,120 @@ class KVWorkerImpl : public KVWorker {
     return WaitOp(op, what);
   }
 
+  // Describes a request for errors: "push of key 3".
+  static std::string What(const Message& msg) {
+    const char* verb = "request";
+    switch (msg.header.command()) {
+      case wire::KV_INIT: verb = "init"; break;
+      case wire::KV_PUSH: verb = "push"; break;
+      case wire::KV_PULL: verb = "pull"; break;
+      case wire::KV_PUSHPULL: verb = "pushpull"; break;
+      case wire::KV_SET_OPTIMIZER: return "set_optimizer";
+      case wire::KV_SET_COMPRESSION: return "set_gradient_compression";
+      default: break;
+    }
+    return absl::StrCat(verb, " of key ", msg.header.slice().key());
+  }
+
+  // Sends again what got no answer in time; fails what exhausted its retries.
+  void ResendLoop() {
+    const absl::Duration tick =
+        std::min(absl::Milliseconds(20), options_.resend_timeout / 4);
+    const absl::Duration max_wait = options_.resend_timeout * 8;
+    while (!stop_resender_.load()) {
+      absl::SleepFor(tick);
+      std::vector<std::pair<int, Message>> resend;
+      std::vector<Message> dead;  // destroyed unlocked: may unpin an op
+      {
+        absl::MutexLock lock(&mu_);
+        if (!failure_.ok()) continue;
+        const absl::Time now = absl::Now();
+        for (auto it = requests_.begin(); it != requests_.end();) {
+          Request& r = it->second;
+          if (now < r.next_send) {
+            ++it;
+            continue;
+          }
+          if (r.unanswered >= options_.resend_retries) {
+            const absl::Status failed = absl::UnavailableError(absl::StrCat(
+                What(r.msg), ": no answer from ", node_->Describe(r.server),
+                " after ", r.unanswered, " sends over ",
+                absl::FormatDuration(absl::Trunc(now - r.first_sent,
+                                                 absl::Milliseconds(1))),
+                " (PS_RESEND_TIMEOUT=",
+                absl::ToInt64Milliseconds(options_.resend_timeout),
+                "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"));
+            TESSERA_LOG(ERROR) << failed.message();
+            if (r.op != 0) {
+              Op& o = ops_[r.op];
+              --o.pending;
+              if (o.status.ok()) o.status = failed;
+            }
+            dead.push_back(std::move(r.msg));
+            it = requests_.erase(it);
+            continue;
+          }
+          ++r.unanswered;
+          r.wait = std::min(r.wait * 2, max_wait);
+          r.next_send = now + r.wait;
+          ++stats_.resends;
+          TESSERA_VLOG(1) << "resending " << What(r.msg) << " (request "
+                          << it->first << ") to "
+                          << node_->Describe(r.server) << ", send "
+                          << r.unanswered;
+          resend.emplace_back(r.server, r.msg);
+          ++it;
+        }
+      }
+      for (auto& [server, msg] : resend) (void)node_->Send(server, msg);
+    }
+  }
+
+  // A server restarted (from its checkpoint, or empty): send it again what it
+  // may have lost, in order: settings, inits (rank 0), pushes its checkpoint
+  // lacks, then the requests still waiting for it, at once.
+  void ReplayTo(int server) {
+    if (!IsServerId(server)) return;
+    const int server_rank = RankOfId(server);
+    std::vector<std::tuple<KeyPart, Message, PartRef>> replay;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [cmd, msg] : settings_msgs_)
+        replay.emplace_back(KeyPart{server_rank, 0, 0}, msg,
+                            PartRef{0, 0, false});
+      for (const auto& [key, info] : keys_) {
+        for (size_t i = 0; i < info.parts.size(); ++i) {
+          if (info.parts[i].server_rank != server_rank) continue;
+          if (i < info.init.size() && !info.init[i].data.empty())
+            replay.emplace_back(info.parts[i], info.init[i], PartRef{key, i});
+        }
+      }
+      for (const auto& [key, info] : keys_) {
+        for (size_t i = 0; i < info.parts.size(); ++i) {
+          if (info.parts[i].server_rank != server_rank) continue;
+          for (const LoggedPush& p : info.log[i])
+            replay.emplace_back(info.parts[i], p.msg, PartRef{key, i});
+        }
+      }
+      const absl::Time now = absl::Now();
+      for (auto& [id, r] : requests_) {
+        if (r.server != server) continue;
+        r.next_send = now;
+        r.unanswered = 0;
+        r.wait = options_.resend_timeout / 2;
+      }
+    }
+    TESSERA_LOG(INFO) << node_->Describe(server) << " restarted; replaying "
+                      << replay.size() << " message(s) to it";
+    for (auto& [part, msg, ref] : replay) {
+      SendPart(0, part, std::move(msg), nullptr, ref, /*replayed=*/true);
+    }
+  }
+
   absl::Status WaitOp(uint64_t op, const std::string& what) {
     std::vector<PulledFrame> pulled;
-    absl::Status status = WaitOpLocked(op, what, &pulled);
+    std::vector<Message> dead;  // destroyed unlocked: may unpin an op
+    absl::Status status = WaitOpLocked(op, what, &pulled, &dead);
     if (status.ok()) {
       for (const PulledFrame& f : pulled)
         std::memcpy(f.out, f.values.data(), f.values.size());
@@ -461,7 +651,8 @@ class KVWorkerImpl : public KVWorker {
   // Waits for `op` and hands its pulled frames to the caller, who copies them
   // unlocked.
   absl::Status WaitOpLocked(uint64_t op, const std::string& what,
-                            std::vector<PulledFrame>* pulled) {
+                            std::vector<PulledFrame>* pulled,
+                            std::vector<Message>* dead) {
     absl::MutexLock lock(&mu_);
     auto it = ops_.find(op);
     if (it == ops_.end()) {
@@ -486,6 +677,7 @@ class KVWorkerImpl : public KVWorker {
         }
         absl::StrAppend(&silent, silent.empty() ? "" : ", ",
                         node_->Describe(r->second.server));
+        dead->push_back(std::move(r->second.msg));
         r = requests_.erase(r);
       }
       if (result.pinned == 0) {
@@ -507,14 +699,31 @@ class KVWorkerImpl : public KVWorker {
 
   void HandleReply(Message&& msg) {
     const wire::Header& h = msg.header;
+    Message done;  // the request's copy; destroyed unlocked: may unpin an op
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(h.request_id());
-    if (!h.is_response() || it == requests_.end()) {
+    if (!h.is_response()) {
       TESSERA_LOG(WARNING) << "dropped unexpected message " << DebugString(msg);
       return;
     }
-    const Request request = it->second;
+    if (it == requests_.end()) {
+      // A second answer to a resent request.
+      TESSERA_VLOG(1) << "dropped answer to a finished request "
+                      << DebugString(msg);
+      return;
+    }
+    if (h.ack_only()) {
+      // The server has it and is holding it: keep asking, but slowly.
+      it->second.unanswered = 0;
+      it->second.wait = options_.resend_timeout * 8;
+      it->second.next_send = absl::Now() + it->second.wait;
+      return;
+    }
+    Request request = std::move(it->second);
     requests_.erase(it);
+    KeepForReplay(request, h);
+    done = std::move(request.msg);
+    if (request.op == 0) return;  // a replayed request: nobody waits
     if (h.sender() != request.server) {
       TESSERA_LOG(WARNING) << "reply to request " << h.request_id()
                            << " came from node " << h.sender() << ", not "
@@ -538,6 +747,39 @@ class KVWorkerImpl : public KVWorker {
     --op.pending;
   }
 
+  // After a reply from a server that checkpoints: keep the init (rank 0) and
+  // the push until a checkpoint of that server holds them.
+  void KeepForReplay(const Request& request, const wire::Header& reply)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!reply.checkpointing() || !request.part.valid) return;
+    auto k = keys_.find(request.part.key);
+    if (k == keys_.end() || request.part.index >= k->second.log.size()) return;
+    KeyInfo& info = k->second;
+    const wire::Command cmd = request.msg.header.command();
+    if (cmd == wire::KV_INIT) {
+      if (reply.status().code() == 0)
+        info.init[request.part.index] = request.msg;  // owns its bytes
+      return;
+    }
+    if (cmd != wire::KV_PUSH && cmd != wire::KV_PUSHPULL) return;
+    std::deque<LoggedPush>& log = info.log[request.part.index];
+    while (!log.empty() && log.front().seq < reply.durable_seq())
+      log.pop_front();
+    const uint64_t seq = request.msg.header.push_seq();
+    if (request.replayed || seq < reply.durable_seq() ||
+        (!log.empty() && log.back().seq >= seq)) {
+      return;
+    }
+    LoggedPush kept;
+    kept.seq = seq;
+    kept.msg.header = request.msg.header;
+    // The frames may borrow the caller's memory, which is theirs again once
+    // this operation completes: copy.
+    for (const Buffer& b : request.msg.data)
+      kept.msg.data.push_back(Buffer::CopyOf(b.data(), b.size()));
+    log.push_back(std::move(kept));
+  }
+
   void FailAll(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     failure_ = status;
@@ -557,11 +799,14 @@ class KVWorkerImpl : public KVWorker {
   std::map<uint64_t, KeyInfo> keys_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mu_);
+  std::map<int, Message> settings_msgs_ ABSL_GUARDED_BY(mu_);  // by command
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   bool two_bit_ ABSL_GUARDED_BY(mu_) = false;
   float threshold_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stop_resender_{false};
+  std::thread resender_;
   absl::Mutex device_mu_;  // one device push at a time per worker (shared
                            // staging buffers)
 };

@@ -48,6 +48,7 @@ struct KVWorkerStats {
   uint64_t bytes_pulled = 0;  // payload bytes received in pulls
   uint64_t pushes = 0;
   uint64_t pulls = 0;
+  uint64_t resends = 0;  // requests sent again after no answer in time
 };
 
 class KVWorker {

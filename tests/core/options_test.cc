@@ -40,6 +40,11 @@ TEST(OptionsTest, ReadsEveryVariable) {
   env["TESSERA_SERVER_THREADS"] = "3";
   env["TESSERA_BIGARRAY_BOUND"] = "1000";
   env["TESSERA_RESTART_COUNT"] = "2";
+  env["PS_RESEND"] = "0";
+  env["PS_RESEND_TIMEOUT"] = "250";
+  env["TESSERA_RESEND_RETRIES"] = "3";
+  env["PS_DROP_MSG"] = "20";
+  env["TESSERA_MAX_MESSAGE_BYTES"] = "2097152";
   absl::StatusOr<Options> o = Parse(env);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->role, Role::kWorker);
@@ -58,6 +63,11 @@ TEST(OptionsTest, ReadsEveryVariable) {
   EXPECT_EQ(o->server_threads, 3);
   EXPECT_EQ(o->bigarray_bound, 1000u);
   EXPECT_EQ(o->restart_count, 2u);
+  EXPECT_FALSE(o->resend);
+  EXPECT_EQ(o->resend_timeout, absl::Milliseconds(250));
+  EXPECT_EQ(o->resend_retries, 3);
+  EXPECT_EQ(o->drop_percent, 20);
+  EXPECT_EQ(o->max_frame_bytes, 2097152);
 }
 
 TEST(OptionsTest, DefaultsAreHeartbeatsOnAndSixtySecondStart) {
@@ -68,6 +78,10 @@ TEST(OptionsTest, DefaultsAreHeartbeatsOnAndSixtySecondStart) {
   EXPECT_GT(o->heartbeat_interval, absl::ZeroDuration());
   EXPECT_EQ(o->start_timeout, absl::Seconds(60));
   EXPECT_EQ(o->bigarray_bound, 1000000u);
+  EXPECT_TRUE(o->resend);
+  EXPECT_EQ(o->resend_timeout, absl::Seconds(1));
+  EXPECT_EQ(o->resend_retries, 8);
+  EXPECT_EQ(o->drop_percent, 0);
 }
 
 TEST(OptionsTest, MxnetBigArrayBoundIsHonoured) {
@@ -155,7 +169,19 @@ INSTANTIATE_TEST_SUITE_P(
             "TESSERA_SERVER_THREADS", "999",
             "TESSERA_SERVER_THREADS='999': expected a whole number in 0..256"},
         BadCase{"TESSERA_BIGARRAY_BOUND", "0",
-                "TESSERA_BIGARRAY_BOUND='0': expected a whole number >= 1"}));
+                "TESSERA_BIGARRAY_BOUND='0': expected a whole number >= 1"},
+        BadCase{"PS_RESEND", "yes", "PS_RESEND='yes': expected 0 or 1"},
+        BadCase{"PS_RESEND_TIMEOUT", "0",
+                "PS_RESEND_TIMEOUT='0': expected a number of milliseconds in "
+                "1..3600000"},
+        BadCase{"TESSERA_RESEND_RETRIES", "0",
+                "TESSERA_RESEND_RETRIES='0': expected a whole number in "
+                "1..1000"},
+        BadCase{"PS_DROP_MSG", "100",
+                "PS_DROP_MSG='100': expected a percentage in 0..99"},
+        BadCase{"TESSERA_MAX_MESSAGE_BYTES", "10",
+                "TESSERA_MAX_MESSAGE_BYTES='10': expected a number of bytes "
+                "in 1048576..2^40"}));
 
 }  // namespace
 }  // namespace tessera
