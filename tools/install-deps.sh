@@ -10,6 +10,8 @@ packages=(
   dataset-fashion-mnist
   # Multi-host tests and launchers.
   iproute2 openssh-server openssh-client rsync openmpi-bin nftables
+  # Network-fault tests (tests/faults): NFQUEUE rules (iptables) and tools/netfault/nfq_delay.
+  iptables libnetfilter-queue-dev
 )
 # The fuzzers are built with clang when it and its runtime are available.
 if command -v clang++ >/dev/null 2>&1 || command -v clang++-14 >/dev/null 2>&1; then

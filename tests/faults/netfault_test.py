@@ -1,0 +1,917 @@
+#!/usr/bin/env python3
+"""A real job under network faults: loss, delay and killed TCP connections.
+
+Builds five "hosts" on this machine, each a network namespace with its own
+`eth0` on one bridge, subnet 10.78.0.0/24 (the multihost test uses 10.77):
+
+    <tag>h0  10.78.0.1   tessera-scheduler (DMLC_PS_ROOT_PORT 9178)
+    <tag>h1  10.78.0.11  tessera-server
+    <tag>h2  10.78.0.12  tessera-server
+    <tag>h3  10.78.0.21  kv_check_worker
+    <tag>h4  10.78.0.22  kv_check_worker
+
+Every daemon is started directly with `ip netns exec NS BINARY` and the DMLC_*
+environment (no launcher, no sshd). The worker runs `kv_check_worker soak
+ROUNDS` (MXNet's nightly dist_sync check: after round i every element equals
+1 + n(n+1)(i+1); it prints `soak ok: rank R ... checksum=HEX`), or `nightly`
+on a build without the soak mode.
+
+Tests:
+  test_0_fault_tools: the tools below do what they claim, on this kernel: a TCP
+      connect between two hosts takes >= 2 x delay with nfq_delay on both;
+      nfq_delay --drop-percent and the nftables numgen rule drop UDP datagrams
+      at about their rate; `ss -K` aborts a live connection.
+  test_1_baseline: the fault-free job; every process exits 0; the workers'
+      output is recorded.
+  test_2_loss_delay_and_killed_connections: in every host namespace
+      - nftables drops NETFAULT_DROP_PERCENT (5) % of incoming TCP packets from
+        the subnet (`numgen random mod 100 < 5`),
+      - iptables NFQUEUE hands every incoming TCP packet from the subnet to that
+        namespace's own nfq_delay --delay-ms NETFAULT_DELAY_MS (50), so every
+        direction of every connection is 50 ms longer (RTT + 100 ms),
+      - a thread every 2-3 s picks a host and kills its TCP connections to the
+        subnet with `ss -K`.
+      The job must exit 0 (every process) within NETFAULT_JOB_TIMEOUT_S (240 s)
+      and the workers' checksums must equal the fault-free run's. A job still
+      running at the bound is killed and the test fails with each process's
+      last lines.
+
+Why the delay is on input, not output: a packet held on the sender's output
+hook still belongs to its socket, and TCP Small Queues then lets only about two
+packets per socket be "in the host" at a time, i.e. two packets per delay
+period: a bulk transfer measured 7 MB in 120 s (60 KB/s) that way against
+18.5 MB/s with the same 50 ms delay on the receiver's input hook. ICMP has no
+such limit, so ping shows +50 ms per delayed direction either way (with the
+delay on input use `ping -U`: ping's default kernel receive time stamp is taken
+before the input hook, so the delay of the reply on the pinging host does not
+show). And nft's
+own `queue` statement is not in this kernel (CONFIG_NFT_QUEUE unset), while the
+xtables NFQUEUE target is, hence iptables for that one rule.
+
+Knobs (environment): NETFAULT_ROUNDS (soak rounds, 50), NETFAULT_JOB_TIMEOUT_S
+(240), NETFAULT_DELAY_MS (50), NETFAULT_DROP_PERCENT (5), NETFAULT_KILL_EVERY_S
+("2-3"), NETFAULT_HEARTBEAT_TIMEOUT_S (30), NETFAULT_KEEP_LOGS=1 (keep the log
+folder), NETFAULT_DAEMON_ENV="K=V,K=V" (more environment for every daemon and
+worker, e.g. PS_RESEND=0). The daemons also get TESSERA_BIGARRAY_BOUND=4096 so that the soak's
+5000-value key is split over both servers.
+
+Needs root, iproute2 (`ip netns`, `ss` with -K), nftables, iptables and the
+nfq_delay tool (libnetfilter-queue-dev at build time); without them the module
+prints "netfault_test: SKIPPED: <why>" and exits 0. ctest labels: faults,
+multihost.
+
+    TESSERA_BUILD_DIR=build TESSERA_SOURCE_DIR=. python3 tests/faults/netfault_test.py -v
+
+Clean-up is certain: every process the test starts is ended by pid in the
+test's clean-up, also on failure; the namespaces (and with them the nftables,
+iptables rules and queues), the bridge and the log folder go in
+tearDownModule, from an atexit and signal handler, and, should this process be
+SIGKILLed (a ctest time-out), by a guard process that waits for this one's pipe
+to close.
+"""
+
+import atexit
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = (os.environ.get('TESSERA_SOURCE_DIR') or
+              os.path.normpath(os.path.join(HERE, '..', '..')))
+BUILD_DIR = os.path.abspath(os.environ.get('TESSERA_BUILD_DIR') or
+                            os.path.join(SOURCE_DIR, 'build'))
+NFQ_DELAY = os.path.abspath(os.environ.get('TESSERA_NFQ_DELAY') or
+                            os.path.join(BUILD_DIR, 'tools', 'netfault', 'nfq_delay'))
+SCHEDULER = os.path.join(BUILD_DIR, 'scheduler', 'tessera-scheduler')
+SERVER = os.path.join(BUILD_DIR, 'server', 'tessera-server')
+WORKER = os.path.join(BUILD_DIR, 'tests', 'core', 'kv_check_worker')
+
+TAG = 'tf%d' % (os.getpid() % 100000)  # prefix of every name this run makes
+SUBNET = '10.78.0.0/24'
+ROOT_PORT = 9178
+QUEUE_NUM = 78
+# (role, last octet) of each host; host i is namespace TAG + 'h' + i.
+HOSTS = [('scheduler', 1), ('server', 11), ('server', 12), ('worker', 21), ('worker', 22)]
+NUM_SERVERS = sum(1 for role, _ in HOSTS if role == 'server')
+NUM_WORKERS = sum(1 for role, _ in HOSTS if role == 'worker')
+
+
+def _env_int(name, default):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        sys.stderr.write('netfault_test: %s=%r is not a whole number; using %d\n'
+                         % (name, os.environ.get(name), default))
+        return default
+
+
+def _env_range(name, default):
+    text = os.environ.get(name, default)
+    try:
+        lo, _, hi = text.partition('-')
+        lo, hi = float(lo), float(hi or lo)
+        if 0 < lo <= hi:
+            return lo, hi
+    except ValueError:
+        pass
+    sys.stderr.write('netfault_test: %s=%r is not "S" or "LO-HI" seconds; using %s\n'
+                     % (name, text, default))
+    lo, _, hi = default.partition('-')
+    return float(lo), float(hi)
+
+
+ROUNDS = _env_int('NETFAULT_ROUNDS', 50)
+JOB_TIMEOUT_S = _env_int('NETFAULT_JOB_TIMEOUT_S', 240)
+BASELINE_TIMEOUT_S = 120
+DELAY_MS = _env_int('NETFAULT_DELAY_MS', 50)
+DROP_PERCENT = _env_int('NETFAULT_DROP_PERCENT', 5)
+KILL_EVERY_S = _env_range('NETFAULT_KILL_EVERY_S', '2-3')
+HEARTBEAT_TIMEOUT_S = _env_int('NETFAULT_HEARTBEAT_TIMEOUT_S', 30)
+KEEP_LOGS = os.environ.get('NETFAULT_KEEP_LOGS') == '1'
+DAEMON_ENV = dict(kv.split('=', 1) for kv in os.environ.get('NETFAULT_DAEMON_ENV', '').split(',')
+                  if '=' in kv)
+# After one process fails, how long the others get to notice and exit.
+FAILURE_GRACE_S = 15
+
+
+def ns_name(i):
+    return '%sh%d' % (TAG, i)
+
+
+def addr(i):
+    return '10.78.0.%d' % HOSTS[i][1]
+
+
+def run(argv, check=True, timeout=30, ns=None, **kw):
+    """Runs a short command; in namespace ns when given. Returns CompletedProcess
+    with .out (stdout and stderr together)."""
+    if ns is not None:
+        argv = ['ip', 'netns', 'exec', ns] + list(argv)
+    if 'input' not in kw:
+        kw['stdin'] = subprocess.DEVNULL
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=timeout, **kw)
+    out = proc.stdout.decode('utf-8', 'replace')
+    if check and proc.returncode != 0:
+        raise RuntimeError('%s: exit %d: %s' % (' '.join(argv), proc.returncode, out.strip()))
+    proc.out = out
+    return proc
+
+
+def _quiet(argv):
+    try:
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       stdin=subprocess.DEVNULL, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def tail_of(path, n=25):
+    try:
+        with open(path, 'rb') as f:
+            lines = f.read().decode('utf-8', 'replace').splitlines()
+    except OSError as e:
+        return '(no output: %s)' % e
+    return '\n'.join(lines[-n:]) if lines else '(no output)'
+
+
+# ----------------------------------------------------------------------------
+# Clean-up, driven by a state file so that a separate guard process can do it
+
+
+def namespace_pids(ns):
+    try:
+        out = subprocess.run(['ip', 'netns', 'pids', ns], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, timeout=10).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_namespace_processes(ns):
+    """SIGKILLs every process in ns (all of them were started by this test)."""
+    for _ in range(50):
+        pids = [p for p in namespace_pids(ns) if p != os.getpid()]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
+
+
+def cleanup_from_state(path):
+    """Removes what the state file at path lists. Idempotent; never raises."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return
+    for ns in state.get('namespaces', []):
+        kill_namespace_processes(ns)
+    for ns in state.get('namespaces', []):
+        _quiet(['ip', 'netns', 'del', ns])
+    for link in state.get('links', []):
+        _quiet(['ip', 'link', 'del', link])
+    for d in state.get('dirs', []):
+        shutil.rmtree(d, ignore_errors=True)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def guard_main(state_path):
+    """The guard: waits for the test's pipe (stdin) to close, then cleans up."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    cleanup_from_state(state_path)
+    return 0
+
+
+def start_guard(state_path):
+    """Starts a guard detached from this process (double fork, own session, no
+    inherited output pipes) so that neither a SIGKILL of this process nor a
+    process-tree kill by ctest takes it along. Returns the write end of its pipe."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(r, 0)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            os.closerange(3, 65536)
+            os.execv(sys.executable, [sys.executable, os.path.abspath(__file__),
+                                      '--cleanup-guard', state_path])
+        finally:
+            os._exit(127)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return w
+
+
+class Topology(object):
+    """The bridge and the host namespaces. One per run (set up once per module)."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix='tessera-netfault-%s-' % TAG)
+        self.state_path = os.path.join(tempfile.gettempdir(), 'tessera-netfault-%s.json' % TAG)
+        self.state = {'namespaces': [], 'links': [], 'dirs': [] if KEEP_LOGS else [self.tmp]}
+        self.guard_fd = None
+        self.bridge = TAG + 'br'
+        self.namespaces = [ns_name(i) for i in range(len(HOSTS))]
+        self._torn_down = False
+        self._save()
+
+    def _save(self):
+        tmp = self.state_path + '.new'
+        with open(tmp, 'w') as f:
+            json.dump(self.state, f)
+        os.replace(tmp, self.state_path)
+
+    def _remember(self, kind, value):
+        self.state[kind].append(value)
+        self._save()
+
+    def setup(self):
+        self.guard_fd = start_guard(self.state_path)
+        run(['ip', 'link', 'add', self.bridge, 'type', 'bridge'])
+        self._remember('links', self.bridge)
+        run(['ip', 'link', 'set', self.bridge, 'up'])
+        for i, ns in enumerate(self.namespaces):
+            run(['ip', 'netns', 'add', ns])
+            self._remember('namespaces', ns)
+            run(['ip', 'link', 'set', 'lo', 'up'], ns=ns)
+            host_end, peer = '%sv%d' % (TAG, i), '%sp%d' % (TAG, i)
+            run(['ip', 'link', 'add', host_end, 'type', 'veth', 'peer', 'name', peer])
+            self._remember('links', host_end)
+            run(['ip', 'link', 'set', host_end, 'master', self.bridge])
+            run(['ip', 'link', 'set', host_end, 'up'])
+            run(['ip', 'link', 'set', peer, 'netns', ns])
+            run(['ip', 'link', 'set', peer, 'name', 'eth0'], ns=ns)
+            run(['ip', 'addr', 'add', addr(i) + '/24', 'dev', 'eth0'], ns=ns)
+            run(['ip', 'link', 'set', 'eth0', 'up'], ns=ns)
+
+    def processes(self):
+        """(namespace, pid, program) of every process in our namespaces."""
+        found = []
+        for ns in self.namespaces:
+            for pid in namespace_pids(ns):
+                try:
+                    program = os.path.basename(os.readlink('/proc/%d/exe' % pid))
+                except OSError:
+                    continue  # gone meanwhile
+                found.append((ns, pid, program))
+        return found
+
+    def teardown(self):
+        if self._torn_down:
+            return
+        self._torn_down = True
+        cleanup_from_state(self.state_path)
+        if self.guard_fd is not None:
+            os.close(self.guard_fd)  # the guard finds nothing left and exits
+            self.guard_fd = None
+        if KEEP_LOGS:
+            sys.stderr.write('netfault_test: logs kept in %s\n' % self.tmp)
+
+
+TOPOLOGY = None
+SKIP_REASON = None
+
+
+def _signal_teardown(signum, _frame):
+    if TOPOLOGY is not None:
+        TOPOLOGY.teardown()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def iptables():
+    """The iptables to add the NFQUEUE rule with (the nft flavour first)."""
+    for name in ('iptables-nft', 'iptables', 'iptables-legacy'):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _missing_prerequisite():
+    if not hasattr(os, 'geteuid') or os.geteuid() != 0:
+        return 'needs root (network namespaces, a bridge, nftables, NFQUEUE)'
+    for tool, package in (('ip', 'iproute2'), ('ss', 'iproute2'), ('nft', 'nftables')):
+        if not shutil.which(tool):
+            return '%s not found (Debian: apt-get install %s)' % (tool, package)
+    if not iptables():
+        return 'iptables not found (Debian: apt-get install iptables)'
+    if not os.access(NFQ_DELAY, os.X_OK):
+        return ('%s not built (it needs libnetfilter_queue at configure time; Debian: '
+                'apt-get install libnetfilter-queue-dev, then re-run cmake)' % NFQ_DELAY)
+    probe = '%sprobe' % TAG
+    try:
+        made = run(['ip', 'netns', 'add', probe], check=False)
+        if made.returncode != 0:
+            return '`ip netns add` does not work here: %s' % made.out.strip()
+        works = run(['ip', 'link', 'set', 'lo', 'up'], ns=probe, check=False)
+        if works.returncode != 0:
+            return '`ip netns exec` does not work here: %s' % works.out.strip()
+        table = run(['nft', 'add', 'table', 'inet', 'probe'], ns=probe, check=False)
+        if table.returncode != 0:
+            return 'nftables does not work here: %s' % table.out.strip()
+        rule = run([iptables(), '-A', 'INPUT', '-p', 'tcp', '-j', 'NFQUEUE',
+                    '--queue-num', str(QUEUE_NUM)], ns=probe, check=False)
+        if rule.returncode != 0:
+            return 'no iptables NFQUEUE target here: %s' % rule.out.strip()
+    finally:
+        _quiet(['ip', 'netns', 'del', probe])
+    bridge = '%sprobebr' % TAG
+    made = run(['ip', 'link', 'add', bridge, 'type', 'bridge'], check=False)
+    _quiet(['ip', 'link', 'del', bridge])
+    if made.returncode != 0:
+        return 'cannot create a bridge here: %s' % made.out.strip()
+    return None
+
+
+def setUpModule():
+    global TOPOLOGY, SKIP_REASON
+    os.environ['PATH'] = os.environ.get('PATH', '') + ':/usr/sbin:/sbin'
+    SKIP_REASON = _missing_prerequisite()
+    if SKIP_REASON:
+        sys.stderr.write('netfault_test: SKIPPED: %s\n' % SKIP_REASON)
+        raise unittest.SkipTest(SKIP_REASON)
+    for path in (SCHEDULER, SERVER, WORKER):
+        if not os.access(path, os.X_OK):
+            raise RuntimeError('%s not built (TESSERA_BUILD_DIR=%s)' % (path, BUILD_DIR))
+    TOPOLOGY = Topology()
+    atexit.register(TOPOLOGY.teardown)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _signal_teardown)
+    try:
+        TOPOLOGY.setup()
+    except BaseException:
+        TOPOLOGY.teardown()
+        raise
+
+
+def tearDownModule():
+    if TOPOLOGY is not None:
+        TOPOLOGY.teardown()
+
+
+# ----------------------------------------------------------------------------
+# Processes, jobs and faults
+
+
+class Proc(object):
+    """One process started in a namespace, output to a log file."""
+
+    def __init__(self, topo, host, label, argv, env):
+        self.ns = topo.namespaces[host]
+        self.label = label
+        self.log = os.path.join(topo.tmp, '%s-%d.log' % (label.replace(' ', '-'),
+                                                           time.monotonic_ns()))
+        with open(self.log, 'wb') as out:
+            # `ip netns exec` execs the program: self.proc.pid is its pid.
+            self.proc = subprocess.Popen(['ip', 'netns', 'exec', self.ns] + list(argv),
+                                         env=env, cwd=topo.tmp, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.pid = self.proc.pid
+
+    def poll(self):
+        return self.proc.poll()
+
+    def output(self):
+        try:
+            with open(self.log, 'rb') as f:
+                return f.read().decode('utf-8', 'replace')
+        except OSError:
+            return ''
+
+    def tail(self, n=25):
+        return tail_of(self.log, n)
+
+    def end(self, sig=signal.SIGTERM, wait_s=5):
+        """Ends the process by pid (if still running): sig, then SIGKILL."""
+        if self.proc.poll() is not None:
+            return self.proc.returncode
+        try:
+            os.kill(self.pid, sig)  # still our unreaped child: the pid is ours
+            return self.proc.wait(wait_s)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        return self.proc.wait()
+
+
+def worker_argv():
+    """(argv, mode): `soak ROUNDS` when the build has it, else `nightly`."""
+    try:
+        with open(WORKER, 'rb') as f:
+            has_soak = b'soak ok: rank' in f.read()
+    except OSError:
+        has_soak = False
+    if has_soak:
+        return [WORKER, 'soak', str(ROUNDS)], 'soak'
+    return [WORKER, 'nightly'], 'nightly'
+
+
+class Job(object):
+    """Scheduler, servers and workers, each in its host namespace."""
+
+    def __init__(self, topo, extra_env=None):
+        self.topo = topo
+        self.procs = []
+        self.worker_argv, self.mode = worker_argv()
+        base = {
+            'PATH': os.environ['PATH'], 'HOME': os.environ.get('HOME', '/root'),
+            'LANG': 'C.UTF-8',
+            'DMLC_PS_ROOT_URI': addr(0), 'DMLC_PS_ROOT_PORT': str(ROOT_PORT),
+            'DMLC_NUM_SERVER': str(NUM_SERVERS), 'DMLC_NUM_WORKER': str(NUM_WORKERS),
+            'PS_VERBOSE': '1',
+            'PS_HEARTBEAT_TIMEOUT': str(HEARTBEAT_TIMEOUT_S),
+            # A single push or pull that never completes fails the worker before
+            # the test's own bound, with the worker saying which call it was.
+            'TESSERA_TIMEOUT': str(max(10, JOB_TIMEOUT_S - 30)),
+            'TESSERA_BIGARRAY_BOUND': '4096',
+        }
+        base.update(DAEMON_ENV)
+        base.update(extra_env or {})
+        counts = {}
+        self.started = time.monotonic()
+        for i, (role, _) in enumerate(HOSTS):
+            env = dict(base, DMLC_ROLE=role, DMLC_NODE_HOST=addr(i))
+            binary = {'scheduler': [SCHEDULER], 'server': [SERVER],
+                      'worker': self.worker_argv}[role]
+            label = '%s %d' % (role, counts.get(role, 0))
+            counts[role] = counts.get(role, 0) + 1
+            self.procs.append(Proc(topo, i, label, binary, env))
+        self.elapsed = None
+
+    def workers(self):
+        return [p for p in self.procs if p.label.startswith('worker')]
+
+    def wait(self, timeout, watch=None):
+        """Waits for every process to exit. Returns (return codes by label, why)
+        where why is None when all exited by themselves. After the first
+        non-zero exit the others get FAILURE_GRACE_S; at `timeout` (or when
+        watch() returns a reason) whatever runs is killed by pid."""
+        deadline = self.started + timeout
+        why = None
+        first_failure = None
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if all(c is not None for c in codes):
+                break
+            now = time.monotonic()
+            if first_failure is None and any(c not in (None, 0) for c in codes):
+                first_failure = now
+            if watch is not None:
+                why = watch()
+                if why:
+                    break
+            if now > deadline:
+                why = ('the job was still running %d s after it started (the bound; '
+                       'NETFAULT_JOB_TIMEOUT_S for the faults test)' % timeout)
+                break
+            if first_failure is not None and now > first_failure + FAILURE_GRACE_S:
+                why = ('a process failed and the others were still running %d s later'
+                       % FAILURE_GRACE_S)
+                break
+            time.sleep(0.2)
+        self.elapsed = time.monotonic() - self.started
+        running = [p.label for p in self.procs if p.poll() is None]
+        for p in self.procs:
+            p.end(signal.SIGKILL)
+        if running:
+            why = '%s; killed: %s' % (why, ', '.join(running))
+        return dict((p.label, p.proc.returncode) for p in self.procs), why
+
+    def end(self):
+        for p in self.procs:
+            p.end()
+
+    def report(self, n=25):
+        parts = []
+        for p in self.procs:
+            parts.append('--- %s in %s (pid %d, exit %s), last lines of %s:\n%s'
+                         % (p.label, p.ns, p.pid, p.proc.returncode, p.log, p.tail(n)))
+        return '\n'.join(parts)
+
+
+def worker_results(job):
+    """{rank: result} from the workers' ok lines: the soak checksum, or the
+    whole `nightly ok` line."""
+    results = {}
+    for p in job.workers():
+        out = p.output()
+        m = re.search(r'^soak ok: rank (\d+) .*checksum=(\S+)', out, re.M)
+        if m:
+            results[int(m.group(1))] = m.group(2)
+            continue
+        m = re.search(r'^nightly ok: rank (\d+) .*$', out, re.M)
+        if m:
+            results[int(m.group(1))] = m.group(0)
+    return results
+
+
+class Faults(object):
+    """Loss and delay on every host (input side), and a connection killer."""
+
+    def __init__(self, topo, test):
+        self.topo = topo
+        self.delayers = []
+        self.table = TAG + 'loss'
+        self.kills = []  # (seconds since start, namespace, connections killed)
+        self.kill_errors = []
+        self._stop = threading.Event()
+        self._killer = None
+        self._started = time.monotonic()
+        test.addCleanup(self.remove)
+
+    def add_delay(self, hosts, delay_ms, drop_percent=0, proto='tcp'):
+        """nfq_delay in each host namespace; every incoming `proto` packet from
+        the subnet goes through it."""
+        for i in hosts:
+            ns = self.topo.namespaces[i]
+            proc = Proc(self.topo, i, 'nfq_delay %s' % ns,
+                        [NFQ_DELAY, '--queue', str(QUEUE_NUM), '--delay-ms', str(delay_ms),
+                         '--drop-percent', str(drop_percent), '--seed', str(1000 + i)],
+                        {'PATH': os.environ['PATH']})
+            self.delayers.append(proc)
+            deadline = time.monotonic() + 10
+            while 'ready' not in proc.output():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError('nfq_delay in %s did not start: %s'
+                                       % (ns, proc.tail()))
+                time.sleep(0.05)
+            run([iptables(), '-A', 'INPUT', '-i', 'eth0', '-s', SUBNET, '-p', proto,
+                 '-j', 'NFQUEUE', '--queue-num', str(QUEUE_NUM)], ns=ns)
+
+    def add_loss(self, hosts, percent, proto='tcp'):
+        """nftables drops `percent` % of the incoming `proto` packets from the
+        subnet at random (before they reach the delay)."""
+        for i in hosts:
+            ns = self.topo.namespaces[i]
+            run(['nft', '-f', '-'], ns=ns, input=(
+                'table inet %s {\n'
+                '  chain input {\n'
+                '    type filter hook input priority -10; policy accept;\n'
+                '    iifname "eth0" ip saddr %s meta l4proto %s '
+                'numgen random mod 100 < %d counter drop\n'
+                '  }\n'
+                '}\n' % (self.table, SUBNET, proto, percent)).encode())
+
+    def loss_counters(self):
+        """{namespace: packets dropped by the nftables rule}."""
+        counts = {}
+        for ns in self.topo.namespaces:
+            out = run(['nft', 'list', 'table', 'inet', self.table], ns=ns, check=False).out
+            m = re.search(r'counter packets (\d+)', out)
+            if m:
+                counts[ns] = int(m.group(1))
+        return counts
+
+    def dead_delayer(self):
+        """A reason when an nfq_delay has died (its queue then drops everything)."""
+        for p in self.delayers:
+            if p.poll() is not None:
+                return 'nfq_delay in %s exited with %s: %s' % (p.ns, p.poll(), p.tail(5))
+        return None
+
+    def start_killer(self, hosts, every_s):
+        def loop():
+            rng = random.Random(os.getpid())
+            while not self._stop.wait(rng.uniform(*every_s)):
+                ns = self.topo.namespaces[rng.choice(hosts)]
+                try:
+                    res = run(['ss', '-K', '-t', '-n', 'dst', SUBNET], ns=ns, check=False,
+                              timeout=10)
+                except (OSError, subprocess.SubprocessError) as e:
+                    self.kill_errors.append('%s: %s' % (ns, e))
+                    continue
+                if res.returncode != 0:
+                    self.kill_errors.append('%s: exit %d: %s' % (ns, res.returncode,
+                                                                 res.out.strip()))
+                    continue
+                killed = [l for l in res.out.splitlines()[1:] if l.strip()]
+                self.kills.append((time.monotonic() - self._started, ns, len(killed)))
+        self._killer = threading.Thread(target=loop, daemon=True)
+        self._killer.start()
+
+    def stop_killer(self):
+        self._stop.set()
+        if self._killer is not None:
+            self._killer.join(15)
+            self._killer = None
+
+    def remove(self):
+        """Stops the killer, deletes the rules, ends every nfq_delay by pid.
+        Returns the nfq_delay counter lines."""
+        self.stop_killer()
+        for ns in self.topo.namespaces:
+            _quiet(['ip', 'netns', 'exec', ns, 'nft', 'delete', 'table', 'inet', self.table])
+            _quiet(['ip', 'netns', 'exec', ns, iptables() or 'iptables', '-F', 'INPUT'])
+        counters = []
+        for p in self.delayers:
+            p.end(signal.SIGTERM)
+            line = re.findall(r'^nfq_delay: queue .*seen.*$', p.output(), re.M)
+            counters.append('%s: %s' % (p.ns, line[-1] if line else '(no counters) ' + p.tail(3)))
+        self.delayers = []
+        return counters
+
+
+# ----------------------------------------------------------------------------
+# Small programs run inside a namespace for the tool self-check
+
+CONNECT_RTT = r'''
+import socket, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+times = []
+for _ in range(n):
+    t0 = time.monotonic()
+    s = socket.create_connection((host, port), timeout=10)
+    times.append((time.monotonic() - t0) * 1000)
+    s.close()
+print('connect_ms', ' '.join('%.1f' % t for t in times))
+'''
+
+LISTEN = r'''
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(64)
+print('listening', flush=True)
+conns = []
+while True:
+    c, _ = s.accept()
+    conns.append(c)  # kept open: the ss -K check kills one
+'''
+
+UDP_SINK = r'''
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # no losses of its own
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.settimeout(2.0)
+print('ready', flush=True)
+got = 0
+try:
+    while True:
+        s.recv(2048)
+        got += 1
+except socket.timeout:
+    pass
+print('received', got, flush=True)
+'''
+
+UDP_SOURCE = r'''
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(int(sys.argv[3])):
+    s.sendto(b'x' * 100, (sys.argv[1], int(sys.argv[2])))
+    if i % 50 == 49:
+        time.sleep(0.005)  # stay well inside the receiver's socket buffer
+print('sent', sys.argv[3], flush=True)
+'''
+
+HOLD_CONNECTION = r'''
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+print('connected', flush=True)
+s.settimeout(20)
+try:
+    s.recv(1)
+    print('recv returned', flush=True)
+except OSError as e:
+    print('recv error: errno %s %s' % (e.errno, e.strerror), flush=True)
+'''
+
+
+class NetFaultTest(unittest.TestCase):
+
+    BASELINE = None  # (results, job seconds), from the first fault-free run
+
+    def setUp(self):
+        self.topo = TOPOLOGY
+        self.addCleanup(self._no_leftovers)
+
+    def _no_leftovers(self):
+        """Nothing the test started may remain in any namespace; kill what did."""
+        deadline = time.monotonic() + 10
+        left = self.topo.processes()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = self.topo.processes()
+        for _, pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.assertEqual(left, [], 'processes left behind (namespace, pid, program)')
+
+    def start(self, host, label, code, *args):
+        """A Python snippet in host's namespace, ended by pid at clean-up."""
+        proc = Proc(self.topo, host, label, [sys.executable, '-c', code] + list(args),
+                    {'PATH': os.environ['PATH'], 'PYTHONUNBUFFERED': '1'})
+        self.addCleanup(proc.end)
+        return proc
+
+    def wait_for(self, proc, text, timeout=10):
+        deadline = time.monotonic() + timeout
+        while text not in proc.output():
+            self.assertIsNone(proc.poll(), '%s exited: %s' % (proc.label, proc.tail()))
+            self.assertLess(time.monotonic(), deadline, '%s never said %r: %s'
+                            % (proc.label, text, proc.tail()))
+            time.sleep(0.05)
+
+    def run_job(self, timeout, faults=None):
+        job = Job(self.topo)
+        self.addCleanup(job.end)
+        codes, why = job.wait(timeout, watch=faults.dead_delayer if faults else None)
+        name = self.id().rsplit('.', 1)[-1]
+        sys.stderr.write('\nnetfault_test: %s: worker mode %s; exits %s after %.1f s\n'
+                         % (name, ' '.join(job.worker_argv[1:]), codes, job.elapsed))
+        return job, codes, why
+
+    def baseline(self):
+        """The fault-free run's worker results (run once per module)."""
+        if NetFaultTest.BASELINE is None:
+            job, codes, why = self.run_job(BASELINE_TIMEOUT_S)
+            self.assertIsNone(why, 'fault-free job: %s\n%s' % (why, job.report()))
+            self.assertEqual(codes, dict((p.label, 0) for p in job.procs),
+                             'fault-free job: not every process exited 0\n%s' % job.report())
+            results = worker_results(job)
+            self.assertEqual(sorted(results), list(range(NUM_WORKERS)),
+                             'fault-free job: no ok line from every worker\n%s'
+                             % job.report())
+            for p in job.workers():
+                sys.stderr.write('netfault_test: fault-free %s output:\n%s\n'
+                                 % (p.label, p.output().rstrip()))
+            NetFaultTest.BASELINE = (results, job.elapsed)
+        return NetFaultTest.BASELINE[0]
+
+    # -- the tools themselves
+
+    def test_0_fault_tools(self):
+        faults = Faults(self.topo, self)
+        # Delay: connect() from h0 to h1 costs one round trip: + 2 x delay.
+        listener = self.start(1, 'listener', LISTEN, addr(1), '7001')
+        self.wait_for(listener, 'listening')
+        probe = run([sys.executable, '-c', CONNECT_RTT, addr(1), '7001', '5'],
+                    ns=self.topo.namespaces[0])
+        plain = [float(t) for t in probe.out.split()[1:]]
+        faults.add_delay([0, 1], DELAY_MS)
+        probe = run([sys.executable, '-c', CONNECT_RTT, addr(1), '7001', '5'],
+                    ns=self.topo.namespaces[0])
+        delayed = [float(t) for t in probe.out.split()[1:]]
+        counters = faults.remove()
+        sys.stderr.write('\nnetfault_test: connect ms without delay %s; with nfq_delay '
+                         '--delay-ms %d on both hosts %s\n  %s\n'
+                         % (plain, DELAY_MS, delayed, '\n  '.join(counters)))
+        self.assertGreaterEqual(min(delayed), 2 * DELAY_MS - 1, counters)
+        self.assertLess(max(delayed), 2 * DELAY_MS + 500, counters)  # a loaded CI box
+
+        # Drops: 2000 UDP datagrams h0 -> h2 through nfq_delay --drop-percent 10,
+        # then through the nftables numgen rule at DROP_PERCENT.
+        for what, rate in (('nfq_delay --drop-percent 10', 10),
+                           ('nft numgen random mod 100 < %d' % DROP_PERCENT, DROP_PERCENT)):
+            faults = Faults(self.topo, self)
+            if what.startswith('nfq_delay'):
+                faults.add_delay([2], 0, drop_percent=rate, proto='udp')
+            else:
+                faults.add_loss([2], rate, proto='udp')
+            sink = self.start(2, 'udp sink', UDP_SINK, addr(2), '7002')
+            self.wait_for(sink, 'ready')
+            run([sys.executable, '-c', UDP_SOURCE, addr(2), '7002', '2000'],
+                ns=self.topo.namespaces[0])
+            sink.proc.wait(30)
+            got = int(re.search(r'received (\d+)', sink.output()).group(1))
+            nft = faults.loss_counters()
+            counters = faults.remove()
+            lost = 100.0 * (2000 - got) / 2000
+            sys.stderr.write('netfault_test: %s: %d of 2000 datagrams arrived, %.1f %% lost'
+                             '%s\n' % (what, got, lost,
+                                       ''.join('; ' + c for c in counters) +
+                                       ('; nft counter %s' % nft if nft else '')))
+            # 2000 draws at 10 %: sd 0.67 %; at 5 %: 0.49 %. Allow about 4.5 sd.
+            self.assertLess(abs(lost - rate), 3.0, '%s: %.1f %% lost' % (what, lost))
+
+        # ss -K: a connection h3 -> h1 held open; killing it in h3 aborts it.
+        holder = self.start(3, 'holder', HOLD_CONNECTION, addr(1), '7001')
+        self.wait_for(holder, 'connected')
+        killed = run(['ss', '-K', '-t', '-n', 'dst', SUBNET], ns=self.topo.namespaces[3])
+        holder.proc.wait(10)
+        sys.stderr.write('netfault_test: ss -K in %s printed:\n%s\nthe connection\'s owner: '
+                         '%s\n' % (self.topo.namespaces[3], killed.out.rstrip(),
+                                   holder.output().strip().splitlines()[-1]))
+        self.assertIn('recv error: errno 103', holder.output(),
+                      '`ss -K` did not abort the connection (kernel without '
+                      'CONFIG_INET_DIAG_DESTROY?): %s' % killed.out)
+
+    # -- the fault-free run
+
+    def test_1_baseline(self):
+        self.baseline()
+        sys.stderr.write('netfault_test: fault-free job took %.1f s\n'
+                         % NetFaultTest.BASELINE[1])
+
+    # -- loss, delay, killed connections
+
+    def test_2_loss_delay_and_killed_connections(self):
+        want = self.baseline()
+        self._no_leftovers()
+        hosts = list(range(len(HOSTS)))
+        faults = Faults(self.topo, self)
+        faults.add_loss(hosts, DROP_PERCENT)
+        faults.add_delay(hosts, DELAY_MS)
+        faults.start_killer(hosts, KILL_EVERY_S)
+        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults)
+        faults.stop_killer()
+        dropped = faults.loss_counters()
+        counters = faults.remove()
+        total_killed = sum(n for _, _, n in faults.kills)
+        summary = ('faults: %d %% loss (nft drops per host %s), %d ms delay per direction, '
+                   '%d ss -K rounds killing %d connections%s\n  %s'
+                   % (DROP_PERCENT, dropped, DELAY_MS, len(faults.kills), total_killed,
+                      (' (errors: %s)' % faults.kill_errors) if faults.kill_errors else '',
+                      '\n  '.join(counters)))
+        sys.stderr.write('netfault_test: %s\n' % summary)
+        self.assertIsNone(why, 'job under faults: %s\n%s\n%s' % (why, summary, job.report()))
+        self.assertEqual(codes, dict((p.label, 0) for p in job.procs),
+                         'job under faults: not every process exited 0\n%s\n%s'
+                         % (summary, job.report()))
+        got = worker_results(job)
+        self.assertEqual(got, want, 'workers\' results under faults differ from the fault-free '
+                         'run\'s\n%s\n%s' % (summary, job.report()))
+        self.assertGreater(total_killed, 0, 'the killer never killed a connection:\n%s'
+                           % summary)
+        self.assertFalse(faults.kill_errors, summary)
+
+
+if __name__ == '__main__':
+    if len(sys.argv) == 3 and sys.argv[1] == '--cleanup-guard':
+        sys.exit(guard_main(sys.argv[2]))
+    unittest.main()
