@@ -157,9 +157,12 @@ void Scheduler::Handle(Message&& msg) {
     return;
   }
   last_seen_[sender] = absl::Now();
+  // A node learns its id from the table, so any message sent under that id
+  // confirms the table arrived, even when the NODE_TABLE reply itself was
+  // lost with a connection that `ss -K` or a partition broke.
+  confirmed_.insert(sender);
   switch (h.command()) {
     case wire::NODE_TABLE:
-      if (h.is_response()) confirmed_.insert(sender);
       return;
     case wire::HEARTBEAT:
       Reply(sender, h, absl::OkStatus());

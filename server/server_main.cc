@@ -12,6 +12,7 @@
 // Exit codes: 0 job done, 1 job failed (a peer died, the scheduler gave up or
 // vanished, a restart found no checkpoint to resume from), 2 bad configuration.
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -171,12 +172,19 @@ int main(int argc, char** argv) {
   node->StartDelivery();
   TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
   absl::Status result = node->WaitForTerminate();
+  // One summary line: tests read the exactly-once counts from it.
   const tessera::wire::KVStats stats = server.stats();
-  TESSERA_VLOG(1) << "pushes applied " << stats.pushes_applied() << ", rounds "
-                  << stats.rounds_applied() << ", duplicates "
-                  << stats.duplicates() << ", checkpoints "
-                  << stats.checkpoints_written() << ", malformed "
-                  << stats.malformed_messages() + node->malformed_count();
+  std::string per_key;
+  std::map<uint64_t, uint64_t> ordered(stats.key_pushes_applied().begin(),
+                                       stats.key_pushes_applied().end());
+  for (const auto& [key, n] : ordered)
+    absl::StrAppend(&per_key, per_key.empty() ? "" : ", ", "key ", key, ": ", n);
+  TESSERA_LOG(INFO) << "pushes applied " << stats.pushes_applied() << " ("
+                    << per_key << "), rounds " << stats.rounds_applied()
+                    << ", duplicates " << stats.duplicates()
+                    << ", checkpoints " << stats.checkpoints_written()
+                    << ", malformed "
+                    << stats.malformed_messages() + node->malformed_count();
   node->Stop();
   server.Stop();
   if (!result.ok()) {

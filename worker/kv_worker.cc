@@ -713,9 +713,9 @@ class KVWorkerImpl : public KVWorker {
       return;
     }
     if (h.ack_only()) {
-      // The server has it and is holding it: keep asking, but slowly.
+      // The server has it and is holding it: keep asking, at the current
+      // (doubled) interval, in case the final reply is lost.
       it->second.unanswered = 0;
-      it->second.wait = options_.resend_timeout * 8;
       it->second.next_send = absl::Now() + it->second.wait;
       return;
     }

@@ -11,8 +11,13 @@
  * cleanly and change nothing kv_check_worker compress               2-bit
  * pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n kv_check_worker optimizer SPEC
  * ROUNDS  prints the weights after ROUNDS pushes
+ *   kv_check_worker soak ROUNDS [SLEEP_MS]  the nightly check over ROUNDS
+ *       rounds, a small key and one of 5000 values (split when
+ *       TESSERA_BIGARRAY_BOUND <= 5000); prints an FNV-1a checksum of the final
+ *       weights
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +102,50 @@ static int Nightly(void) {
   CHECK_OK(tessera_kv_close(kv));
   printf("nightly ok: rank %d of %d, 7 rounds\n", rank_, n);
   free(small);
+  free(big);
+  free(grad);
+  return 0;
+}
+
+static uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
+  const unsigned char* p = (const unsigned char*)data;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+static int Soak(int rounds, int sleep_ms) {
+  TesseraKV* kv = Create("dist_sync");
+  int n = 0;
+  CHECK_OK(tessera_kv_num_workers(kv, &n));
+  CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
+  const size_t big_len = 5000;
+  float small[6];
+  float* big = malloc(big_len * sizeof(float));
+  float* grad = malloc(big_len * sizeof(float));
+  Fill(small, kSmallLen, 1);
+  Fill(big, big_len, 1);
+  CHECK_OK(tessera_kv_init(kv, kSmall, small, kSmallLen));
+  CHECK_OK(tessera_kv_init(kv, kBig, big, big_len));
+  for (int i = 0; i < rounds; ++i) {
+    Fill(grad, big_len, (float)(rank_ + 1));
+    CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
+    CHECK_OK(tessera_kv_push(kv, kBig, grad, big_len));
+    CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
+    CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
+    const float want = 1.0f + (float)(n * (n + 1) * (i + 1));
+    ExpectAll(small, kSmallLen, want, "small key", i);
+    ExpectAll(big, big_len, want, "5000-value key", i);
+    if (sleep_ms > 0) usleep((useconds_t)sleep_ms * 1000);
+  }
+  uint64_t h = 14695981039346656037ULL;
+  h = Fnv1a(h, small, sizeof(small));
+  h = Fnv1a(h, big, big_len * sizeof(float));
+  CHECK_OK(tessera_kv_close(kv));
+  printf("soak ok: rank %d of %d, %d rounds checksum=%016llx\n", rank_, n,
+         rounds, (unsigned long long)h);
   free(big);
   free(grad);
   return 0;
@@ -276,6 +325,8 @@ int main(int argc, char** argv) {
     return Barriers(argc > 2 ? atoi(argv[2]) : 3, argc > 3 ? atoi(argv[3]) : 0);
   }
   if (strcmp(mode, "nightly") == 0) return Nightly();
+  if (strcmp(mode, "soak") == 0 && argc > 2)
+    return Soak(atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
   if (strcmp(mode, "allreduce") == 0) return AllReduce();
   if (strcmp(mode, "async") == 0) return Async();
   if (strcmp(mode, "async_noopt") == 0) return AsyncNoOptimizer();
