@@ -324,12 +324,12 @@ void KVServer::Process(Shard* shard, Message&& msg) {
         // A resent init, or one replayed to a server restored from a
         // checkpoint: the key is there; its value is not touched.
         ++duplicates_;
-        Reply(msg, absl::OkStatus());
+        Reply(msg, absl::OkStatus(), Buffer(), &key);
       } else {
-        Reply(msg, absl::AlreadyExistsError(absl::StrCat(
-                       "key ", slice.key(), " is already initialised with [",
-                       key.offset, ", +", key.length, ") of ",
-                       key.total_length)));
+        Reply(msg,
+              absl::AlreadyExistsError(absl::StrCat(
+                  "key ", slice.key(), " is already initialised with [",
+                  key.offset, ", +", key.length, ") of ", key.total_length)));
       }
       return;
     }
@@ -344,9 +344,12 @@ void KVServer::Process(Shard* shard, Message&& msg) {
                 "init of key ", slice.key(), ": malformed slice or value")));
       return;
     }
-    KeyState* key = CreateKey(shard, slice, msg.header.kv_options().sync_mode());
+    KeyState* key =
+        CreateKey(shard, slice, msg.header.kv_options().sync_mode());
     key->weights = Buffer::CopyOf(msg.data[0].data(), msg.data[0].size());
-    Reply(msg, absl::OkStatus());
+    // With the key: a checkpointing server's reply tells the worker to keep
+    // the init for a replay.
+    Reply(msg, absl::OkStatus(), Buffer(), key);
     // Messages a recovering server held for this key go next, in order.
     auto orphans = shard->orphans.find(slice.key());
     if (orphans != shard->orphans.end()) {
@@ -613,9 +616,9 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
   absl::StatusOr<std::unique_ptr<Optimizer>> opt =
       Optimizer::Create(saved.optimizer_spec());
   if (!opt.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint names optimizer '", saved.optimizer_spec(),
-                     "': ", opt.status().message()));
+    return absl::DataLossError(absl::StrCat("checkpoint names optimizer '",
+                                            saved.optimizer_spec(),
+                                            "': ", opt.status().message()));
   }
   {
     absl::MutexLock lock(&settings_mu_);
@@ -630,10 +633,10 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
     if (k.weights().size() != k.length() * sizeof(float) ||
         k.received_size() != num_workers_) {
       return absl::DataLossError(absl::StrCat(
-          "checkpoint of key ", k.key(), " does not match: ",
-          k.weights().size(), " weight bytes for ", k.length(), " values, ",
-          k.received_size(), " worker counts for ", num_workers_,
-          " workers (was the job's DMLC_NUM_WORKER changed?)"));
+          "checkpoint of key ", k.key(),
+          " does not match: ", k.weights().size(), " weight bytes for ",
+          k.length(), " values, ", k.received_size(), " worker counts for ",
+          num_workers_, " workers (was the job's DMLC_NUM_WORKER changed?)"));
     }
     wire::KeySlice slice;
     slice.set_key(k.key());
@@ -646,9 +649,9 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
     for (const std::string& slot : k.optimizer_state()) {
       std::vector<float> v(k.length());
       if (slot.size() != v.size() * sizeof(float)) {
-        return absl::DataLossError(absl::StrCat(
-            "checkpoint of key ", k.key(), ": optimizer state of ",
-            slot.size(), " bytes for ", k.length(), " values"));
+        return absl::DataLossError(
+            absl::StrCat("checkpoint of key ", k.key(), ": optimizer state of ",
+                         slot.size(), " bytes for ", k.length(), " values"));
       }
       std::memcpy(v.data(), slot.data(), slot.size());
       key->optimizer_state.push_back(std::move(v));
