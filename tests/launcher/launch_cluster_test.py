@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Whole jobs through tools/launch.py with the real daemons (tessera-scheduler,
 tessera-server) and real workers on loopback: a job that forms, barriers and exits; a
-worker killed with SIGKILL; a node that never comes; and a short training run.
+worker killed with SIGKILL; a node that never comes; a server SIGKILLed at a random
+round and restarted by --restarts from its checkpoint; and a short training run.
 
 Needs TESSERA_BUILD_DIR (the CMake build folder) and TESSERA_SOURCE_DIR.
 """
 import json
 import os
+import random
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +43,23 @@ def marked_pids(mark):
         except OSError:
             pass
     return pids
+
+
+def node_pid(mark, role, task_id):
+    """The pid of the live process marked `mark` with DMLC_ROLE=role, DMLC_TASK_ID=task_id."""
+    want = {b'DMLC_ROLE=' + role.encode(), b'DMLC_TASK_ID=' + str(task_id).encode()}
+    for pid in marked_pids(mark):
+        try:
+            with open('/proc/%d/environ' % pid, 'rb') as f:
+                if want <= set(f.read().split(b'\0')):
+                    return pid
+        except OSError:
+            pass
+    return None
+
+
+def soak_checksums(out):
+    return re.findall(r'soak ok: rank \d of \d+, \d+ rounds checksum=([0-9a-f]{16})', out)
 
 
 class LaunchClusterTest(unittest.TestCase):
@@ -126,6 +146,53 @@ class LaunchClusterTest(unittest.TestCase):
         self.assertNotEqual(code, 0, out)
         self.assertLess(took, 20)
         self.assertIn('start-up deadline of 2s passed: 1 of 1 server(s) never registered', out)
+        self.assertEqual(marked_pids(self.mark), [])
+
+    def test_server_killed_at_a_random_round_is_restarted_and_resumes(self):
+        # Key 99 is split over both servers, key 3 lives on one; 60 rounds of 20 ms.
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000', PS_RESEND_TIMEOUT='50')
+        job = ['-n', '2', '-s', '2', CHECK_WORKER, 'soak', '60', '20']
+        code, out, _ = self.launch(job, timeout=120)
+        self.assertEqual(code, 0, out)
+        want = soak_checksums(out)
+        self.assertEqual(len(want), 2, out)
+        self.assertEqual(want[0], want[1], out)
+
+        ckpt = os.path.join(self.tmp.name, 'ckpt')
+        self.proc = subprocess.Popen(
+            [sys.executable, LAUNCH, '--restarts', '1', '--server-args',
+             '--checkpoint-dir %s --checkpoint-every 5 --checkpoint-keep 2' % ckpt] + job,
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # Once the victim has written its first checkpoint, a random delay of up to
+        # about 40 of the 60 rounds.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                os.path.isdir(ckpt) and any(n.endswith('.ckpt') for n in os.listdir(ckpt))):
+            time.sleep(0.01)
+        delay = random.uniform(0.0, 0.8)
+        sys.stderr.write('killing server 1 %.3f s after the first checkpoint\n' % delay)
+        time.sleep(delay)
+        victim = node_pid(self.mark, 'server', 1)
+        self.assertIsNotNone(victim, 'server 1 is not running')
+        self.assertIsNone(self.proc.poll(), 'the job ended before the kill')
+        os.kill(victim, signal.SIGKILL)
+        try:
+            out, _ = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            self.fail('the job did not end within 120 s of the kill:\n' + out)
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertIn('launch.py: server 1 (pid %d) killed by signal SIGKILL; restarting it '
+                      '(restart 1 of 1)' % victim, out)
+        self.assertRegex(out, r'\[server 1\] .*restarted \(TESSERA_RESTART_COUNT=1\): '
+                              r'(resumed from checkpoint \d+|no checkpoint in)')
+        self.assertEqual(soak_checksums(out), want, out)
+        # Every server, the restarted one included, applied each key's pushes once per
+        # worker and round.
+        for line in re.findall(r'pushes applied \d+ \(([^)]*)\)', out):
+            for key, n in re.findall(r'key (\d+): (\d+)', line):
+                self.assertEqual(int(n), 2 * 60, 'key %s: %s' % (key, line))
         self.assertEqual(marked_pids(self.mark), [])
 
     @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),

@@ -350,9 +350,25 @@ class EnvTest(unittest.TestCase):
         server = launch.node_env(cfg, 'server', task_id=0)
         self.assertEqual((server['S'], server['OMP_NUM_THREADS']), ('1', '2'))
         self.assertEqual(server['TESSERA_RESTART_COUNT'], '0')
+        self.assertNotIn('PORT', server)  # no --restarts: any port
         scheduler = launch.node_env(cfg, 'scheduler')
         self.assertEqual(scheduler['DMLC_ROLE'], 'scheduler')
         self.assertNotIn('DMLC_TASK_ID', scheduler)
+
+    def test_restarts_give_each_server_a_fixed_port(self):
+        args = launch.parse_args(['-n', '2', '-s', '3', '--restarts', '1', '/bin/true'])
+        cfg = launch.build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(len(cfg.server_ports), 3)
+        self.assertEqual(len(set(cfg.server_ports + [cfg.port])), 4)
+        for i in range(3):
+            first = launch.node_env(cfg, 'server', task_id=i, restart_count=0)
+            again = launch.node_env(cfg, 'server', task_id=i, restart_count=1)
+            self.assertEqual(first['PORT'], str(cfg.server_ports[i]))
+            self.assertEqual(again['PORT'], first['PORT'])
+        self.assertNotIn('PORT', launch.node_env(cfg, 'worker', task_id=3))
+        plain = launch.build_config(launch.parse_args(['-n', '2', '-s', '3', '/bin/true']),
+                                    self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertIsNone(plain.server_ports)
 
     def test_env_specs(self):
         parse = launch.parse_env_specs
