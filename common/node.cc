@@ -31,7 +31,8 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Start(
     return absl::InvalidArgumentError(
         "Node is for servers and workers, not the scheduler");
   }
-  if (transport == nullptr) transport = NewZmqTransport();
+  if (transport == nullptr)
+    transport = NewZmqTransportForFrames(options.max_frame_bytes);
   std::unique_ptr<Node> node(
       new Node(options, std::move(callbacks), std::move(transport)));
   absl::Status joined = node->Join();
@@ -151,12 +152,10 @@ void Node::UpdateTable(const wire::NodeTable& table) {
     }
   }
   for (int peer : restarted) {
-    TESSERA_LOG(INFO) << Describe(peer) << " restarted (generation "
-                      << [&] {
-                           absl::MutexLock lock(&mu_);
-                           return nodes_[peer].generation();
-                         }()
-                      << ")";
+    TESSERA_LOG(INFO) << Describe(peer) << " restarted (generation " << [&] {
+      absl::MutexLock lock(&mu_);
+      return nodes_[peer].generation();
+    }() << ")";
     if (callbacks_.on_peer_restart) callbacks_.on_peer_restart(peer);
   }
 }

@@ -65,6 +65,11 @@ struct ZmqTransportOptions {
 std::unique_ptr<Transport> NewZmqTransport(
     const ZmqTransportOptions& options = {});
 
+// A ZeroMQ transport whose receiving socket refuses frames over
+// `max_frame_bytes` (TESSERA_MAX_MESSAGE_BYTES): ZeroMQ drops the connection
+// of a peer that sends one, so a bogus length never reaches an allocation.
+std::unique_ptr<Transport> NewZmqTransportForFrames(int64_t max_frame_bytes);
+
 // A process-local network for tests: transports created from the same
 // MemoryNetwork reach each other by "ip:port".
 class MemoryNetwork {

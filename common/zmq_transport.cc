@@ -284,4 +284,10 @@ std::unique_ptr<Transport> NewZmqTransport(const ZmqTransportOptions& options) {
   return std::make_unique<ZmqTransport>(options);
 }
 
+std::unique_ptr<Transport> NewZmqTransportForFrames(int64_t max_frame_bytes) {
+  ZmqTransportOptions options;
+  options.max_message_bytes = max_frame_bytes;
+  return NewZmqTransport(options);
+}
+
 }  // namespace tessera

@@ -51,7 +51,8 @@ std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
 Scheduler::Scheduler(const Options& options,
                      std::unique_ptr<Transport> transport)
     : options_(options), transport_(std::move(transport)) {
-  if (transport_ == nullptr) transport_ = NewZmqTransport();
+  if (transport_ == nullptr)
+    transport_ = NewZmqTransportForFrames(options_.max_frame_bytes);
 }
 
 Scheduler::~Scheduler() { transport_->Close(); }
@@ -187,7 +188,13 @@ void Scheduler::Handle(Message&& msg) {
         return;
       }
       auto& waiting = barriers_[group];
-      for (const auto& [id, req] : waiting) in_group += id == sender;
+      // A node waits in a barrier once. Its newest request is the one to
+      // answer: a restarted node asks again under a new request id.
+      for (auto& [id, req] : waiting) {
+        if (id != sender) continue;
+        ++in_group;
+        req = h.request_id();
+      }
       if (in_group == 0) waiting.emplace_back(sender, h.request_id());
       TESSERA_VLOG(1) << "barrier " << group << ": " << waiting.size() << "/"
                       << expected;
@@ -298,12 +305,10 @@ void Scheduler::HandleRegister(const Message& msg) {
 
 void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   wire::NodeInfo& node = nodes_[id];
-  if (node.role() != wire::SERVER) {
-    // A restarted worker would start its program over (init, barriers) while
-    // the others are mid-training.
+  if (done_workers_.count(id) != 0) {
+    // It had finished; a new life would wait in barriers nobody else joins.
     Message abort = AbortMessage(absl::StrCat(
-        Describe(node), " restarted, but a restarted worker cannot rejoin a "
-                        "running job; only servers can"));
+        Describe(node), " restarted after it had finished; nothing to rejoin"));
     const int provisional = kProvisionalBase + 999999;
     if (transport_->Connect(provisional, info.host(), info.port()).ok()) {
       (void)transport_->Send(provisional, abort);

@@ -48,8 +48,9 @@ class Scheduler {
   void Handle(Message&& msg);
   void HandleRegister(const Message& msg);
   void FormJob();
-  // A server restarted with the same address: new generation, same id and
-  // rank; everyone gets the new table.
+  // A server or worker restarted with the same address: new generation, same
+  // id and rank; everyone gets the new table. (A worker that had already
+  // finished is told to abort.)
   void Rejoin(int id, const wire::NodeInfo& info);
   void Reply(int peer, const wire::Header& request, const absl::Status& status);
   void Broadcast(const Message& msg, int except);

@@ -180,7 +180,7 @@ void KVServer::Handle(Message&& msg) {
     Reply(msg, absl::DataLossError("key-value message without a key slice"));
     return;
   }
-  if (h.command() == wire::KV_INIT) num_keys_.fetch_add(1);
+  if (h.command() == wire::KV_INIT && !h.rejoin()) num_keys_.fetch_add(1);
   Shard* shard = shards_[Mix(h.slice().key()) % shards_.size()].get();
   // An idle shard's cheap message is processed here: the hand-off to the update
   // thread (a wake-up, tens of microseconds on a loaded machine) would cost
@@ -315,6 +315,29 @@ absl::StatusOr<Buffer> KVServer::DecodeGradient(const Message& msg,
 
 void KVServer::Process(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
+  if (msg.header.command() == wire::KV_INIT && msg.header.rejoin()) {
+    // A restarted worker asks where its pushes to this key resume.
+    auto existing = shard->keys.find(slice.key());
+    if (existing == shard->keys.end()) {
+      Reply(msg, absl::NotFoundError(absl::StrCat(
+                     "key ", slice.key(), " is not on this server")));
+      return;
+    }
+    const KeyState& key = existing->second;
+    if (key.offset != slice.offset() || key.length != slice.length() ||
+        key.total_length != slice.total_length()) {
+      Reply(msg, absl::InvalidArgumentError(absl::StrCat(
+                     "key ", slice.key(), ": a restarted worker declares [",
+                     slice.offset(), ", +", slice.length(), ") of ",
+                     slice.total_length(), " but this server holds [",
+                     key.offset, ", +", key.length, ") of ",
+                     key.total_length)));
+      return;
+    }
+    msg.header.set_push_seq(key.received[RankOfId(msg.header.sender())]);
+    Reply(msg, absl::OkStatus());
+    return;
+  }
   if (msg.header.command() == wire::KV_INIT) {
     auto existing = shard->keys.find(slice.key());
     if (existing != shard->keys.end()) {

@@ -19,8 +19,8 @@ What every process gets in its environment:
   DMLC_TASK_ID           servers 0..S-1, workers S..S+W-1 (as in dmlc-core)
   DMLC_JOB_CLUSTER       local | ssh | mpi
   TESSERA_RESTART_COUNT  0 on the first start, k on the k-th restart (--restarts)
-  PORT                   servers only, with --restarts: a fixed port per server, so
-                         a restarted server rejoins under the same identity
+  PORT                   with --restarts: a fixed port per server and worker, so a
+                         restarted node rejoins under the same identity
   forwarded              DMLC_INTERFACE, DMLC_NODE_HOST (local processes only),
                          LD_LIBRARY_PATH, PS_*, TESSERA_*, and --env/--env-server/
                          --env-worker values. Local processes inherit the whole
@@ -492,11 +492,12 @@ class JobConfig(object):
     """What every process of one job shares."""
 
     def __init__(self, cluster, root_uri, port, num_servers, num_workers, forwarded,
-                 env_all, env_server, env_worker, server_ports=None):
+                 env_all, env_server, env_worker, node_ports=None):
         self.cluster = cluster
-        # With --restarts: the port each server listens on, the same on every start
-        # (the scheduler knows a restarted server by its address). None: any port.
-        self.server_ports = server_ports
+        # With --restarts: by DMLC_TASK_ID, the port each server and worker listens
+        # on, the same on every start (the scheduler knows a restarted node by its
+        # address). None: any port.
+        self.node_ports = node_ports
         self.root_uri = root_uri
         self.port = port
         self.num_servers = num_servers
@@ -545,8 +546,8 @@ def node_env(cfg, role, task_id=None, restart_count=0):
     })
     if task_id is not None:
         env['DMLC_TASK_ID'] = str(task_id)
-        if role == 'server' and cfg.server_ports:
-            env['PORT'] = str(cfg.server_ports[task_id])
+        if cfg.node_ports:
+            env['PORT'] = str(cfg.node_ports[task_id])
     return env
 
 
@@ -979,11 +980,11 @@ def sync_hosts(hosts, dst_dir, environ, verbose, say):
         _run_step(argv, '--sync-dst-dir: rsync to %s' % host.name)
 
 
-def pick_server_ports(count, taken):
+def pick_node_ports(count, taken):
     """`count` distinct free ports on this host, none in `taken`.
 
-    Free here when picked; for ssh jobs they are assumed free on the server hosts too
-    (a busy one makes that server exit naming the port).
+    Free here when picked; for ssh jobs they are assumed free on the other hosts too
+    (a busy one makes that node exit naming the port).
     """
     ports = []
     while len(ports) < count:
@@ -995,11 +996,11 @@ def pick_server_ports(count, taken):
 
 def build_config(args, environ, cluster, root_uri, remote):
     port = pick_port(args.port)
-    server_ports = None
-    if args.restarts and args.num_servers and args.launcher != 'mpi':
-        server_ports = pick_server_ports(args.num_servers, {port})
+    node_ports = None
+    if args.restarts and args.launcher != 'mpi':
+        node_ports = pick_node_ports(args.num_servers + args.num_workers, {port})
     return JobConfig(
-        cluster=cluster, root_uri=root_uri, port=port, server_ports=server_ports,
+        cluster=cluster, root_uri=root_uri, port=port, node_ports=node_ports,
         num_servers=args.num_servers, num_workers=args.num_workers,
         forwarded=forwarded_env(environ, remote, args.interface),
         env_all=parse_env_specs(args.env, '--env', environ),

@@ -58,6 +58,13 @@ int tessera_kv_num_workers(const TesseraKV* kv, int* num_workers) {
   return 0;
 }
 
+int tessera_kv_resume_round(TesseraKV* kv, uint64_t* round) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (round == nullptr) return NullArgument("round");
+  *round = kv->worker->ResumeRound();
+  return 0;
+}
+
 int tessera_kv_init(TesseraKV* kv, uint64_t key, const float* value,
                     size_t len) {
   if (kv == nullptr) return NullArgument("kv");

@@ -20,8 +20,17 @@
 // kept after its reply until the server says a checkpoint holds it; when a
 // server restarts, the worker replays its settings, its inits (rank 0) and the
 // pushes the server's checkpoint lacks.
+//
+// A worker restarted into a running job (TESSERA_RESTART_COUNT > 0) keeps its
+// rank (the scheduler knows it by its address). Its Init asks each server part
+// how many of this rank's pushes to the key it took (KV_INIT with rejoin) and
+// joins no barrier; its pushes are numbered on from the smallest such count
+// over its keys (ResumeRound), so the first step it repeats is answered, not
+// applied twice.
 #include "tessera/kv_worker.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <deque>
@@ -148,6 +157,25 @@ class KVWorkerImpl : public KVWorker {
       info.init.resize(info.parts.size());
       if (two_bit_) info.residual.assign(value.size(), 0.0f);
     }
+    if (options_.restart_count > 0) {
+      uint64_t resume = 0;
+      absl::Status found = RejoinKey(key, value.size(), &resume);
+      if (found.ok()) {
+        absl::MutexLock lock(&mu_);
+        keys_[key].next_seq = resume;
+        resume_pending_ = true;
+        TESSERA_VLOG(1) << "key " << key << ": the servers took " << resume
+                        << " push(es) of this rank before the restart";
+        return absl::OkStatus();
+      }
+      if (!absl::IsNotFound(found)) {
+        absl::MutexLock lock(&mu_);
+        keys_.erase(key);
+        return found;
+      }
+      // Not (wholly) on the servers: this worker died while the job was still
+      // initialising; do what a first life does.
+    }
     absl::Status stored = absl::OkStatus();
     if (rank() == 0) {
       const uint64_t op = NewOp();
@@ -169,6 +197,12 @@ class KVWorkerImpl : public KVWorker {
       return stored;
     }
     return barrier;
+  }
+
+  uint64_t ResumeRound() override {
+    absl::MutexLock lock(&mu_);
+    SettleResumeLocked();
+    return resume_round_;
   }
 
   absl::StatusOr<OpHandle> PushAsync(uint64_t key,
@@ -332,6 +366,7 @@ class KVWorkerImpl : public KVWorker {
     absl::Status status;
     std::string what;
     std::vector<PulledFrame> pulled;  // replies not yet copied to the caller
+    uint64_t resume_seq = UINT64_MAX;  // rejoin: smallest push count replied
   };
   // Identifies the key part a request is about.
   struct PartRef {
@@ -346,6 +381,7 @@ class KVWorkerImpl : public KVWorker {
     int server = 0;
     PartRef part{0, 0, false};
     bool replayed = false;
+    bool rejoin = false;  // a restarted worker's KV_INIT
     // For resending (PS_RESEND=1).
     Message msg;
     absl::Time first_sent;
@@ -404,7 +440,38 @@ class KVWorkerImpl : public KVWorker {
 
   uint64_t NextPushSeq(uint64_t key) {
     absl::MutexLock lock(&mu_);
+    SettleResumeLocked();
     return keys_[key].next_seq++;
+  }
+
+  // After a restart: every key's pushes resume at the smallest count the
+  // servers reported, so a step is repeated whole (its pushes the servers
+  // already took are answered as duplicates).
+  void SettleResumeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!resume_pending_) return;
+    resume_pending_ = false;
+    uint64_t resume = UINT64_MAX;
+    for (const auto& [key, info] : keys_)
+      resume = std::min(resume, info.next_seq);
+    if (keys_.empty()) resume = 0;
+    for (auto& [key, info] : keys_) info.next_seq = resume;
+    resume_round_ = resume;
+    TESSERA_LOG(INFO) << "restarted (TESSERA_RESTART_COUNT="
+                      << options_.restart_count << "): resuming at round "
+                      << resume;
+  }
+
+  // A restarted worker's Init: where this rank's pushes to `key` resume, the
+  // smallest count over the key's server parts. NotFound when a server does
+  // not hold the key.
+  absl::Status RejoinKey(uint64_t key, uint64_t total, uint64_t* resume) {
+    const uint64_t op = NewOp();
+    for (const KeyPart& part : Parts(key)) {
+      Message msg = SliceMessage(wire::KV_INIT, key, part, total);
+      msg.header.set_rejoin(true);
+      SendPart(op, part, std::move(msg), nullptr);
+    }
+    return WaitOp(op, absl::StrCat("rejoin of key ", key), resume);
   }
 
   absl::StatusOr<OpHandle> StartPush(wire::Command cmd, uint64_t key,
@@ -423,6 +490,7 @@ class KVWorkerImpl : public KVWorker {
       threshold = threshold_;
       parts = keys_[key].parts;
       residual = keys_[key].residual.data();
+      SettleResumeLocked();
       seq = keys_[key].next_seq++;
       ++stats_.pushes;
     }
@@ -498,6 +566,7 @@ class KVWorkerImpl : public KVWorker {
       r.server = server;
       r.part = ref;
       r.replayed = replayed;
+      r.rejoin = msg.header.rejoin();
       if (options_.resend) {
         r.msg = msg;  // the header and references to the same frames
         r.first_sent = absl::Now();
@@ -637,10 +706,13 @@ class KVWorkerImpl : public KVWorker {
     }
   }
 
-  absl::Status WaitOp(uint64_t op, const std::string& what) {
+  // `resume_seq`, when given, receives the smallest push count that rejoin
+  // replies carried.
+  absl::Status WaitOp(uint64_t op, const std::string& what,
+                      uint64_t* resume_seq = nullptr) {
     std::vector<PulledFrame> pulled;
     std::vector<Message> dead;  // destroyed unlocked: may unpin an op
-    absl::Status status = WaitOpLocked(op, what, &pulled, &dead);
+    absl::Status status = WaitOpLocked(op, what, &pulled, &dead, resume_seq);
     if (status.ok()) {
       for (const PulledFrame& f : pulled)
         std::memcpy(f.out, f.values.data(), f.values.size());
@@ -652,7 +724,7 @@ class KVWorkerImpl : public KVWorker {
   // unlocked.
   absl::Status WaitOpLocked(uint64_t op, const std::string& what,
                             std::vector<PulledFrame>* pulled,
-                            std::vector<Message>* dead) {
+                            std::vector<Message>* dead, uint64_t* resume_seq) {
     absl::MutexLock lock(&mu_);
     auto it = ops_.find(op);
     if (it == ops_.end()) {
@@ -694,6 +766,7 @@ class KVWorkerImpl : public KVWorker {
     if (!result.status.ok()) return result.status;
     if (result.pending != 0) return failure_;
     *pulled = std::move(result.pulled);
+    if (resume_seq != nullptr) *resume_seq = result.resume_seq;
     return absl::OkStatus();
   }
 
@@ -731,6 +804,8 @@ class KVWorkerImpl : public KVWorker {
     }
     Op& op = ops_[request.op];
     absl::Status status = FromWire(h.status());
+    if (status.ok() && request.rejoin)
+      op.resume_seq = std::min(op.resume_seq, h.push_seq());
     if (status.ok() && request.out != nullptr) {
       if (msg.data.size() != 1 ||
           h.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
@@ -803,6 +878,8 @@ class KVWorkerImpl : public KVWorker {
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   bool two_bit_ ABSL_GUARDED_BY(mu_) = false;
   float threshold_ ABSL_GUARDED_BY(mu_) = 0;
+  bool resume_pending_ ABSL_GUARDED_BY(mu_) = false;  // see SettleResumeLocked
+  uint64_t resume_round_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_resender_{false};

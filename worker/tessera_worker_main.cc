@@ -10,6 +10,7 @@
 // Exit codes: 0 done; 2 a bad flag, missing data or unusable device (one line
 // on stderr naming the flag); 1 a failure of the cluster (the KV client's
 // error).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -302,6 +303,19 @@ int Run(const TrainFlags& flags) {
     return s->rows > 0 ? static_cast<double>(s->correct) / s->rows : 0.0;
   };
 
+  // A worker restarted into a running job (launch.py --restarts) has pulled
+  // the servers' current weights above; it skips the steps its earlier life
+  // completed, reading past their batches so its data order stays the same.
+  int64_t skip = static_cast<int64_t>(kv.ResumeRound());
+  const bool resumed = skip > 0;
+  if (resumed) {
+    std::printf("restarted: resuming at step %lld (epoch %lld, batch %lld)\n",
+                static_cast<long long>(skip),
+                static_cast<long long>(skip / std::max<int64_t>(1, steps_per_epoch)),
+                static_cast<long long>(skip % std::max<int64_t>(1, steps_per_epoch)));
+    std::fflush(stdout);
+  }
+
   RunTotals totals;
   BatchLoader loader(&data->train, loader_options);
   std::vector<OpHandle> ops;
@@ -318,6 +332,10 @@ int Run(const TrainFlags& flags) {
       std::optional<Batch> batch = loader.Next();
       totals.time_data_s += SecondsSince(t);
       if (!batch.has_value()) break;
+      if (skip > 0) {
+        --skip;
+        continue;
+      }
 
       t = Clock::now();
       ops.clear();
@@ -367,6 +385,7 @@ int Run(const TrainFlags& flags) {
         window_samples = window_correct = 0;
       }
     }
+    if (resumed && totals.steps == 0) continue;  // an epoch skipped whole
     const double epoch_seconds = SecondsSince(epoch_start);
     totals.train_accuracy =
         epoch_samples > 0 ? static_cast<double>(epoch_correct) / epoch_samples

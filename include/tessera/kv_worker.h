@@ -78,7 +78,20 @@ class KVWorker {
   // Declares `key` with the length of `value`. Every worker calls Init for the
   // same keys in the same order; rank 0's value is stored. Returns after a
   // barrier of the workers.
+  //
+  // In a worker restarted into a running job (TESSERA_RESTART_COUNT > 0, as
+  // tools/launch.py --restarts sets it) whose keys the servers hold, Init
+  // stores nothing and joins no barrier: it learns from the servers how many of
+  // this worker's pushes to the key they took (see ResumeRound).
   virtual absl::Status Init(uint64_t key, absl::Span<const float> value) = 0;
+
+  // The step a restarted worker resumes at: after its Inits, the number of
+  // pushes of every key its earlier life completed (the smallest over the
+  // keys). The next push of each key is numbered from there, so a program that
+  // pushes each key once per step skips ResumeRound() steps and pushes on; a
+  // push the servers already took is answered and not applied twice. 0 in a
+  // worker's first life.
+  virtual uint64_t ResumeRound() = 0;
 
   // Pushes a gradient for `key` (compressed when compression is set). In
   // dist_sync the operation completes once the round it belongs to is applied

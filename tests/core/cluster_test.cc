@@ -202,6 +202,8 @@ TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
   c.Spawn("server 0", {BinaryPath("server/tessera-server")},
           {{"DMLC_ROLE", "server"},
            {"PORT", std::to_string(server_port)},
+           // Above the nightly check's 5.76 MB key, which is not split here.
+           {"TESSERA_MAX_MESSAGE_BYTES", std::to_string(8 << 20)},
            {"PS_VERBOSE", "1"}});
   absl::SleepFor(absl::Milliseconds(300));
   // Garbage of several shapes, straight onto the server's socket.
@@ -217,6 +219,10 @@ TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
   c.Spawn("worker 1", {Worker(), "nightly"}, {{"DMLC_ROLE", "worker"}});
   for (const std::string& j : junk)
     ASSERT_EQ(zmq_send(raw, j.data(), j.size(), 0), (int)j.size());
+  // Over TESSERA_MAX_MESSAGE_BYTES: ZeroMQ refuses the frame and drops this
+  // connection; the frame is never decoded (it would be malformed #7).
+  const std::string huge((8 << 20) + 1, '\xff');
+  ASSERT_EQ(zmq_send(raw, huge.data(), huge.size(), 0), (int)huge.size());
   ExpectAllExitZero(c, absl::Seconds(120));
   const int linger = 0;
   zmq_setsockopt(raw, ZMQ_LINGER, &linger, sizeof(linger));

@@ -129,7 +129,17 @@ static int Soak(int rounds, int sleep_ms) {
   Fill(big, big_len, 1);
   CHECK_OK(tessera_kv_init(kv, kSmall, small, kSmallLen));
   CHECK_OK(tessera_kv_init(kv, kBig, big, big_len));
-  for (int i = 0; i < rounds; ++i) {
+  /* A restarted worker (launch.py --restarts) goes on where its pushes stop. */
+  uint64_t resume = 0;
+  CHECK_OK(tessera_kv_resume_round(kv, &resume));
+  if (resume > 0) {
+    printf("rank %d: restarted; resuming at round %llu\n", rank_,
+           (unsigned long long)resume);
+    fflush(stdout);
+    CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
+    CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
+  }
+  for (int i = (int)resume; i < rounds; ++i) {
     Fill(grad, big_len, (float)(rank_ + 1));
     CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
     CHECK_OK(tessera_kv_push(kv, kBig, grad, big_len));

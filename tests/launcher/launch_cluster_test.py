@@ -195,6 +195,52 @@ class LaunchClusterTest(unittest.TestCase):
                 self.assertEqual(int(n), 2 * 60, 'key %s: %s' % (key, line))
         self.assertEqual(marked_pids(self.mark), [])
 
+    def test_worker_killed_at_a_random_round_is_restarted_and_rejoins(self):
+        # Key 99 is split over both servers, key 3 lives on one; 60 rounds of 40 ms.
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000', PS_RESEND_TIMEOUT='50')
+        job = ['-n', '2', '-s', '2', CHECK_WORKER, 'soak', '60', '40']
+        code, out, _ = self.launch(job, timeout=120)
+        self.assertEqual(code, 0, out)
+        want = soak_checksums(out)
+        self.assertEqual(len(want), 2, out)
+
+        self.proc = subprocess.Popen(
+            [sys.executable, LAUNCH, '--restarts', '1'] + job,
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        victim = None
+        while time.monotonic() < deadline and victim is None:
+            victim = node_pid(self.mark, 'worker', 3)  # DMLC_TASK_ID of worker 1
+            time.sleep(0.01)
+        self.assertIsNotNone(victim, 'worker 1 never started')
+        # Past the inits (about 0.3 s in) and well before round 60 (about 2.7 s).
+        delay = random.uniform(0.8, 1.6)
+        sys.stderr.write('killing worker 1 %.3f s after it started\n' % delay)
+        time.sleep(delay)
+        self.assertIsNone(self.proc.poll(), 'the job ended before the kill')
+        os.kill(victim, signal.SIGKILL)
+        try:
+            out, _ = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            self.fail('the job did not end within 120 s of the kill:\n' + out)
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertIn('launch.py: worker 1 (pid %d) killed by signal SIGKILL; restarting it '
+                      '(restart 1 of 1)' % victim, out)
+        resumed = re.findall(r'rank (\d+): restarted; resuming at round (\d+)', out)
+        self.assertEqual(len(resumed), 1, out)
+        self.assertGreater(int(resumed[0][1]), 0, out)
+        self.assertLess(int(resumed[0][1]), 60, out)
+        # Same weights as the fault-free run, bit for bit: no push lost or doubled.
+        self.assertEqual(soak_checksums(out), want, out)
+        applied = re.findall(r'pushes applied \d+ \(([^)]*)\)', out)
+        self.assertEqual(len(applied), 2, out)
+        for line in applied:
+            for key, n in re.findall(r'key (\d+): (\d+)', line):
+                self.assertEqual(int(n), 2 * 60, 'key %s: %s' % (key, line))
+        self.assertEqual(marked_pids(self.mark), [])
+
     @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),
                          'Fashion-MNIST is not installed (dataset-fashion-mnist)')
     def test_short_training_job_lowers_the_loss_and_writes_metrics(self):

@@ -355,20 +355,21 @@ class EnvTest(unittest.TestCase):
         self.assertEqual(scheduler['DMLC_ROLE'], 'scheduler')
         self.assertNotIn('DMLC_TASK_ID', scheduler)
 
-    def test_restarts_give_each_server_a_fixed_port(self):
+    def test_restarts_give_each_server_and_worker_a_fixed_port(self):
         args = launch.parse_args(['-n', '2', '-s', '3', '--restarts', '1', '/bin/true'])
         cfg = launch.build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
-        self.assertEqual(len(cfg.server_ports), 3)
-        self.assertEqual(len(set(cfg.server_ports + [cfg.port])), 4)
-        for i in range(3):
-            first = launch.node_env(cfg, 'server', task_id=i, restart_count=0)
-            again = launch.node_env(cfg, 'server', task_id=i, restart_count=1)
-            self.assertEqual(first['PORT'], str(cfg.server_ports[i]))
+        self.assertEqual(len(cfg.node_ports), 5)
+        self.assertEqual(len(set(cfg.node_ports + [cfg.port])), 6)
+        for task_id in range(5):
+            role = 'server' if task_id < 3 else 'worker'
+            first = launch.node_env(cfg, role, task_id=task_id, restart_count=0)
+            again = launch.node_env(cfg, role, task_id=task_id, restart_count=1)
+            self.assertEqual(first['PORT'], str(cfg.node_ports[task_id]))
             self.assertEqual(again['PORT'], first['PORT'])
-        self.assertNotIn('PORT', launch.node_env(cfg, 'worker', task_id=3))
+        self.assertNotIn('PORT', launch.node_env(cfg, 'scheduler'))
         plain = launch.build_config(launch.parse_args(['-n', '2', '-s', '3', '/bin/true']),
                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
-        self.assertIsNone(plain.server_ports)
+        self.assertIsNone(plain.node_ports)
 
     def test_env_specs(self):
         parse = launch.parse_env_specs
