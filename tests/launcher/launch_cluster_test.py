@@ -58,6 +58,11 @@ def node_pid(mark, role, task_id):
     return None
 
 
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
 def soak_checksums(out):
     return re.findall(r'soak ok: rank \d of \d+, \d+ rounds checksum=([0-9a-f]{16})', out)
 
@@ -239,6 +244,52 @@ class LaunchClusterTest(unittest.TestCase):
         for line in applied:
             for key, n in re.findall(r'key (\d+): (\d+)', line):
                 self.assertEqual(int(n), 2 * 60, 'key %s: %s' % (key, line))
+        self.assertEqual(marked_pids(self.mark), [])
+
+    @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),
+                         'Fashion-MNIST is not installed (dataset-fashion-mnist)')
+    def test_training_worker_killed_mid_epoch_resumes_at_its_step(self):
+        # 2 workers x 3000 images / batch 50 = 60 steps an epoch, 3 epochs.
+        log = os.path.join(self.tmp.name, 'job.log')
+        with open(log, 'w') as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, LAUNCH, '-n', '2', '-s', '1', '--restarts', '1', TRAIN_WORKER,
+                 '--kv-store', 'dist_sync', '--lr', '0.3', '--momentum', '0', '--epochs', '3',
+                 '--batch-size', '50', '--train-subset', '6000', '--test-subset', '1000',
+                 '--log-every', '20'],
+                env=self.env, stdout=f, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and 'Epoch[1] Batch[20]' not in read(log):
+            self.assertIsNone(self.proc.poll(), read(log))
+            time.sleep(0.01)
+        victim = node_pid(self.mark, 'worker', 2)  # DMLC_TASK_ID of worker 1
+        self.assertIsNotNone(victim, read(log))
+        os.kill(victim, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.fail('the job did not end within 180 s of the kill:\n' + read(log))
+        out = read(log)
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertIn('launch.py: worker 1 (pid %d) killed by signal SIGKILL; restarting it '
+                      '(restart 1 of 1)' % victim, out)
+        resumed = re.findall(r'restarted: resuming at step (\d+) \(epoch (\d+), batch (\d+)\)',
+                             out)
+        self.assertEqual(len(resumed), 1, out)
+        step, epoch, batch = (int(x) for x in resumed[0])
+        self.assertEqual(step, epoch * 60 + batch, out)
+        self.assertGreaterEqual(step, 75, out)  # killed after a worker logged Epoch[1] Batch[20]
+        self.assertLess(step, 180, out)
+        self.assertIn('Epoch[2] Validation-accuracy=', out)
+        # Every key was updated by exactly 2 workers x 3 epochs x 60 steps pushes.
+        applied = re.findall(r'pushes applied \d+ \(([^)]*)\)', out)
+        self.assertEqual(len(applied), 1, out)
+        counts = re.findall(r'key (\d+): (\d+)', applied[0])
+        self.assertEqual(len(counts), 6, out)  # W and b of 3 layers
+        for key, n in counts:
+            self.assertEqual(int(n), 2 * 3 * 60, 'key %s: %s' % (key, applied[0]))
         self.assertEqual(marked_pids(self.mark), [])
 
     @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Judges tessera-bench's targets over several runs, by the median.
+
+One tessera-bench run measures its raw ZeroMQ baseline before and after the jobs,
+but on a shared 2-core machine the load drifts by 2x within a run, so one run's
+ratio can land either side of a target. This runs the focused benchmark (1 server,
+1 worker, no optimizer; 4 KB and 1 MB) RUNS times, each with its own same-run
+baseline, and prints per target every run's ratio, their median and the verdict by
+the median.
+
+    tools/bench/targets.py [--runs 7] [--bench build/tools/bench/tessera-bench]
+                           [--json FILE] [-- extra tessera-bench flags]
+
+Exit status: 0 when it measured (whatever the verdicts), 1 when a run failed,
+2 on a usage error.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def default_bench():
+    root = os.path.normpath(os.path.join(HERE, '..', '..'))
+    for build in ('build', 'build-bench', 'build-ci'):
+        path = os.path.join(root, build, 'tools', 'bench', 'tessera-bench')
+        if os.access(path, os.X_OK):
+            return path
+    return 'tessera-bench'
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--runs', type=int, default=7, help='runs of tessera-bench (default 7)')
+    p.add_argument('--bench', default=default_bench(), help='the tessera-bench binary')
+    p.add_argument('--seconds', default='0.4', help='tessera-bench --seconds (default 0.4)')
+    p.add_argument('--json', dest='json_out', help='also write every run and the medians here')
+    p.add_argument('extra', nargs='*', help='more tessera-bench flags (after --)')
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error('--runs=%d: expected a number >= 1' % args.runs)
+    command = [args.bench, '--sizes=4K,1M', '--jobs=1x1:none', '--inflight=1,4',
+               '--seconds=' + args.seconds, '--json'] + args.extra
+    runs = []
+    for i in range(args.runs):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.stderr.write('targets.py: run %d: %s exited %d\n%s' %
+                             (i + 1, ' '.join(command), done.returncode, done.stderr))
+            return 1
+        run = json.loads(done.stdout)
+        runs.append(run)
+        base = {b['size']: b for b in run['baseline']}
+        sys.stderr.write('run %d/%d: raw 1 MB %.2f GB/s, raw 4 KB rtt p50 %.0f us\n' %
+                         (i + 1, args.runs, base[1 << 20]['zmq_gbps'],
+                          base[4096]['zmq_rtt_p50_us']))
+    print('command: %s (x%d)' % (' '.join(command), args.runs))
+    print('%-34s %-13s %-8s %s' % ('target', 'rule', 'median', 'per run (ratio to that '
+                                   'run\'s raw ZeroMQ)'))
+    summary = []
+    for k, first in enumerate(runs[0]['targets']):
+        ratios = [r['targets'][k]['ratio'] for r in runs if r['targets'][k]['measured']]
+        if not ratios:
+            continue
+        median = statistics.median(ratios)
+        bound = float(first['rule'].split()[1].rstrip('x'))
+        met = median >= bound if first['rule'].startswith('>=') else median <= bound
+        met_runs = sum(1 for r in runs if r['targets'][k]['met'])
+        print('%-34s %-13s %5.2fx   %s  -> %s (met in %d of %d runs)' %
+              (first['what'], first['rule'], median,
+               ' '.join('%.2f' % x for x in ratios), 'met' if met else 'NOT MET',
+               met_runs, len(runs)))
+        summary.append({'what': first['what'], 'rule': first['rule'], 'median': median,
+                        'ratios': ratios, 'met': met, 'met_runs': met_runs})
+    two_way = [statistics.median([b['zmq_two_way_gbps'] / b['zmq_gbps']
+                                  for b in r['baseline'] if b['size'] == 1 << 20])
+               for r in runs]
+    print('raw ZeroMQ itself, 1 MB both ways at once: %.2fx of one-way per direction '
+          '(median; per run %s)' % (statistics.median(two_way),
+                                    ' '.join('%.2f' % x for x in two_way)))
+    if args.json_out:
+        with open(args.json_out, 'w') as f:
+            json.dump({'command': command, 'runs': runs, 'targets': summary,
+                       'two_way_over_one_way': two_way}, f, indent=1)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
