@@ -218,9 +218,11 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
       " within ", absl::FormatDuration(timeout)));
 }
 
-absl::Status Node::Barrier(int group) {
+absl::Status Node::Barrier(int group, BarrierKind kind) {
   wire::Header extra;
   extra.mutable_barrier()->set_group(group);
+  extra.mutable_barrier()->set_init(kind == BarrierKind::kInit);
+  extra.mutable_barrier()->set_rejoin(kind == BarrierKind::kRejoinInit);
   return CallScheduler(wire::BARRIER, std::move(extra),
                        options_.request_timeout,
                        absl::StrCat("barrier of group ", group));

@@ -69,8 +69,13 @@ class Node {
   // Sends a data-plane message; fills in sender and generation.
   absl::Status Send(int peer, Message msg);
 
+  enum class BarrierKind {
+    kPlain,
+    kInit,        // the barrier that ends a KV init
+    kRejoinInit,  // a restarted worker's init: join an open init barrier only
+  };
   // Waits until every node of `group` has entered the barrier.
-  absl::Status Barrier(int group);
+  absl::Status Barrier(int group, BarrierKind kind = BarrierKind::kPlain);
 
   // Worker: tells the scheduler this worker is done (after its last barrier).
   absl::Status FinishWorker();

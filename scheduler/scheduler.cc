@@ -188,6 +188,14 @@ void Scheduler::Handle(Message&& msg) {
         return;
       }
       auto& waiting = barriers_[group];
+      if (h.barrier().rejoin() &&
+          (waiting.empty() || !barrier_is_init_[group])) {
+        // A restarted worker's init: no one waits for it in an init barrier.
+        Reply(sender, h, absl::OkStatus());
+        return;
+      }
+      if (waiting.empty())
+        barrier_is_init_[group] = h.barrier().init() || h.barrier().rejoin();
       // A node waits in a barrier once. Its newest request is the one to
       // answer: a restarted node asks again under a new request id.
       for (auto& [id, req] : waiting) {

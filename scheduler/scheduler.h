@@ -73,6 +73,8 @@ class Scheduler {
   std::map<int, absl::Time> last_seen_;  // by id
   std::map<int, std::vector<std::pair<int, uint64_t>>>
       barriers_;  // group -> (id, request)
+  std::map<int, bool> barrier_is_init_;  // group -> its waiting barrier ends
+                                         // a KV init
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;

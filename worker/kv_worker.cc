@@ -24,7 +24,8 @@
 // A worker restarted into a running job (TESSERA_RESTART_COUNT > 0) keeps its
 // rank (the scheduler knows it by its address). Its Init asks each server part
 // how many of this rank's pushes to the key it took (KV_INIT with rejoin) and
-// joins no barrier; its pushes are numbered on from the smallest such count
+// joins the workers' barrier only if they wait in an init barrier (the
+// scheduler decides); its pushes are numbered on from the smallest such count
 // over its keys (ResumeRound), so the first step it repeats is answered, not
 // applied twice.
 #include "tessera/kv_worker.h"
@@ -161,12 +162,16 @@ class KVWorkerImpl : public KVWorker {
       uint64_t resume = 0;
       absl::Status found = RejoinKey(key, value.size(), &resume);
       if (found.ok()) {
-        absl::MutexLock lock(&mu_);
-        keys_[key].next_seq = resume;
-        resume_pending_ = true;
+        {
+          absl::MutexLock lock(&mu_);
+          keys_[key].next_seq = resume;
+          resume_pending_ = true;
+        }
         TESSERA_VLOG(1) << "key " << key << ": the servers took " << resume
                         << " push(es) of this rank before the restart";
-        return absl::OkStatus();
+        // The others may wait for this rank in this init's barrier (it died
+        // before reaching it); the scheduler joins it only then.
+        return node_->Barrier(kGroupWorkers, Node::BarrierKind::kRejoinInit);
       }
       if (!absl::IsNotFound(found)) {
         absl::MutexLock lock(&mu_);
@@ -190,7 +195,8 @@ class KVWorkerImpl : public KVWorker {
       }
       stored = WaitOp(op, absl::StrCat("init of key ", key));
     }
-    absl::Status barrier = node_->Barrier(kGroupWorkers);
+    absl::Status barrier =
+        node_->Barrier(kGroupWorkers, Node::BarrierKind::kInit);
     if (!stored.ok()) {
       absl::MutexLock lock(&mu_);
       keys_.erase(key);

@@ -81,8 +81,9 @@ class KVWorker {
   //
   // In a worker restarted into a running job (TESSERA_RESTART_COUNT > 0, as
   // tools/launch.py --restarts sets it) whose keys the servers hold, Init
-  // stores nothing and joins no barrier: it learns from the servers how many of
-  // this worker's pushes to the key they took (see ResumeRound).
+  // stores nothing: it learns from the servers how many of this worker's pushes
+  // to the key they took (see ResumeRound), and joins the init barrier only if
+  // the other workers are waiting in one (its earlier life died before it).
   virtual absl::Status Init(uint64_t key, absl::Span<const float> value) = 0;
 
   // The step a restarted worker resumes at: after its Inits, the number of

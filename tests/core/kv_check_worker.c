@@ -11,12 +11,15 @@
  * cleanly and change nothing kv_check_worker compress               2-bit
  * pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n kv_check_worker optimizer SPEC
  * ROUNDS  prints the weights after ROUNDS pushes
- *   kv_check_worker soak ROUNDS [SLEEP_MS]  the nightly check over ROUNDS
- *       rounds, a small key and one of 5000 values (split when
+ *   kv_check_worker soak ROUNDS [SLEEP_MS [DIE_IN_INIT]]  the nightly check
+ *       over ROUNDS rounds, a small key and one of 5000 values (split when
  *       TESSERA_BIGARRAY_BOUND <= 5000); prints an FNV-1a checksum of the final
- *       weights
+ *       weights. DIE_IN_INIT=1: rank 1's first life (TESSERA_RESTART_COUNT
+ *       unset or 0) SIGKILLs itself between its two inits, while the others
+ *       wait in the second init's barrier.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,7 +119,7 @@ static uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-static int Soak(int rounds, int sleep_ms) {
+static int Soak(int rounds, int sleep_ms, int die_in_init) {
   TesseraKV* kv = Create("dist_sync");
   int n = 0;
   CHECK_OK(tessera_kv_num_workers(kv, &n));
@@ -128,6 +131,11 @@ static int Soak(int rounds, int sleep_ms) {
   Fill(small, kSmallLen, 1);
   Fill(big, big_len, 1);
   CHECK_OK(tessera_kv_init(kv, kSmall, small, kSmallLen));
+  const char* restarts = getenv("TESSERA_RESTART_COUNT");
+  if (die_in_init && rank_ == 1 && (restarts == NULL || atoi(restarts) == 0)) {
+    usleep(200 * 1000); /* the others reach the second init's barrier */
+    raise(SIGKILL);
+  }
   CHECK_OK(tessera_kv_init(kv, kBig, big, big_len));
   /* A restarted worker (launch.py --restarts) goes on where its pushes stop. */
   uint64_t resume = 0;
@@ -336,7 +344,8 @@ int main(int argc, char** argv) {
   }
   if (strcmp(mode, "nightly") == 0) return Nightly();
   if (strcmp(mode, "soak") == 0 && argc > 2)
-    return Soak(atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 0);
+    return Soak(atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 0,
+                argc > 4 ? atoi(argv[4]) : 0);
   if (strcmp(mode, "allreduce") == 0) return AllReduce();
   if (strcmp(mode, "async") == 0) return Async();
   if (strcmp(mode, "async_noopt") == 0) return AsyncNoOptimizer();

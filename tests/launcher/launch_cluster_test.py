@@ -246,6 +246,28 @@ class LaunchClusterTest(unittest.TestCase):
                 self.assertEqual(int(n), 2 * 60, 'key %s: %s' % (key, line))
         self.assertEqual(marked_pids(self.mark), [])
 
+    def test_worker_killed_inside_init_is_restarted_and_joins_the_waiting_barrier(self):
+        # Rank 1 dies between its two inits (kv_check_worker soak ... 1) while the
+        # others wait for it in the second init's barrier; its new life finds both
+        # keys on the servers, joins that barrier and runs every round.
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000', PS_RESEND_TIMEOUT='50')
+        code, out, _ = self.launch(['-n', '2', '-s', '2', CHECK_WORKER, 'soak', '20'],
+                                   timeout=120)
+        self.assertEqual(code, 0, out)
+        want = soak_checksums(out)
+        self.assertEqual(len(want), 2, out)
+        code, out, took = self.launch(['-n', '2', '-s', '2', '--restarts', '1', CHECK_WORKER,
+                                       'soak', '20', '0', '1'], timeout=120)
+        self.assertEqual(code, 0, out)
+        self.assertRegex(out, r'launch.py: worker \d \(pid \d+\) killed by signal SIGKILL; '
+                              r'restarting it \(restart 1 of 1\)')
+        # It had pushed nothing: its pushes start at round 0.
+        self.assertIn('restarted (TESSERA_RESTART_COUNT=1): resuming at round 0', out)
+        self.assertNotIn('restarted; resuming at round', out)
+        self.assertEqual(soak_checksums(out), want, out)
+        self.assertLess(took, 60)  # not a barrier that waited for TESSERA_TIMEOUT
+        self.assertEqual(marked_pids(self.mark), [])
+
     @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),
                          'Fashion-MNIST is not installed (dataset-fashion-mnist)')
     def test_training_worker_killed_mid_epoch_resumes_at_its_step(self):
