@@ -43,7 +43,7 @@ def main(argv):
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error('--runs=%d: expected a number >= 1' % args.runs)
-    command = [args.bench, '--sizes=4K,1M', '--jobs=1x1:none', '--inflight=1,4',
+    command = [args.bench, '--sizes=4K,1M', '--jobs=1x1:none', '--inflight=1,4,8',
                '--seconds=' + args.seconds, '--json'] + args.extra
     runs = []
     for i in range(args.runs):

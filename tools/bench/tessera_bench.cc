@@ -46,7 +46,7 @@ constexpr char kUsage[] = R"(usage: tessera-bench [flags]
                               jobs as SERVERSxWORKERS:OPTIMIZER; optimizer none or sgd
                               (sgd means "sgd lr=0.1")
   --ops=push,pull,pushpull    operations to time
-  --inflight=1,4              outstanding requests per worker (latency from 1)
+  --inflight=1,4,8            outstanding requests per worker (latency from 1)
   --seconds=0.5               target time per measurement
   --quick                     --sizes=4K,1M --jobs=1x1:none --seconds=0.2
   --json                      print JSON on stdout instead of the table
@@ -60,7 +60,7 @@ struct Flags {
   std::vector<size_t> sizes;
   std::vector<std::string> jobs = {"1x1:none", "2x2:none", "1x1:sgd"};
   std::vector<std::string> ops = {"push", "pull", "pushpull"};
-  std::vector<int> inflight = {1, 4};
+  std::vector<int> inflight = {1, 4, 8};
   double seconds = 0.5;
   bool json = false;
   bool ack_cost = false;
