@@ -99,6 +99,34 @@ class LaunchClusterTest(unittest.TestCase):
             self.fail('launch.py did not end within %ss:\n%s' % (timeout, out))
         return self.proc.returncode, out, time.monotonic() - start
 
+    def start(self, args):
+        self.proc = subprocess.Popen([sys.executable, LAUNCH] + args, env=self.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def kill_and_finish(self, victim, name):
+        """SIGKILLs `victim`, launch.py's `name` ('worker 1'), and returns the job's output
+        once it has ended, after checking that it restarted the victim and exited 0."""
+        self.assertIsNone(self.proc.poll(), 'the job ended before the kill')
+        os.kill(victim, signal.SIGKILL)
+        try:
+            out, _ = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            self.fail('the job did not end within 120 s of the kill:\n' + out)
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertIn('launch.py: %s (pid %d) killed by signal SIGKILL; restarting it '
+                      '(restart 1 of 1)' % (name, victim), out)
+        return out
+
+    def assert_each_key_applied(self, out, times):
+        """Every server's exit summary counts `times` applied pushes for each key."""
+        lines = re.findall(r'pushes applied \d+ \(([^)]*)\)', out)
+        self.assertTrue(lines, out)
+        for line in lines:
+            for key, n in re.findall(r'key (\d+): (\d+)', line):
+                self.assertEqual(int(n), times, 'key %s: %s' % (key, line))
+
     def test_job_of_three_workers_and_two_servers_forms_barriers_and_exits(self):
         code, out, took = self.launch(['-n', '3', '-s', '2', '--launcher', 'local',
                                        CHECK_WORKER, 'barrier', '5'], timeout=60)
@@ -164,10 +192,8 @@ class LaunchClusterTest(unittest.TestCase):
         self.assertEqual(want[0], want[1], out)
 
         ckpt = os.path.join(self.tmp.name, 'ckpt')
-        self.proc = subprocess.Popen(
-            [sys.executable, LAUNCH, '--restarts', '1', '--server-args',
-             '--checkpoint-dir %s --checkpoint-every 5 --checkpoint-keep 2' % ckpt] + job,
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.start(['--restarts', '1', '--server-args',
+                    '--checkpoint-dir %s --checkpoint-every 5 --checkpoint-keep 2' % ckpt] + job)
         # Once the victim has written its first checkpoint, a random delay of up to
         # about 40 of the 60 rounds.
         deadline = time.monotonic() + 60
@@ -179,25 +205,13 @@ class LaunchClusterTest(unittest.TestCase):
         time.sleep(delay)
         victim = node_pid(self.mark, 'server', 1)
         self.assertIsNotNone(victim, 'server 1 is not running')
-        self.assertIsNone(self.proc.poll(), 'the job ended before the kill')
-        os.kill(victim, signal.SIGKILL)
-        try:
-            out, _ = self.proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-            self.fail('the job did not end within 120 s of the kill:\n' + out)
-        self.assertEqual(self.proc.returncode, 0, out)
-        self.assertIn('launch.py: server 1 (pid %d) killed by signal SIGKILL; restarting it '
-                      '(restart 1 of 1)' % victim, out)
+        out = self.kill_and_finish(victim, 'server 1')
         self.assertRegex(out, r'\[server 1\] .*restarted \(TESSERA_RESTART_COUNT=1\): '
                               r'(resumed from checkpoint \d+|no checkpoint in)')
         self.assertEqual(soak_checksums(out), want, out)
         # Every server, the restarted one included, applied each key's pushes once per
         # worker and round.
-        for line in re.findall(r'pushes applied \d+ \(([^)]*)\)', out):
-            for key, n in re.findall(r'key (\d+): (\d+)', line):
-                self.assertEqual(int(n), 2 * 60, 'key %s: %s' % (key, line))
+        self.assert_each_key_applied(out, 2 * 60)
         self.assertEqual(marked_pids(self.mark), [])
 
     def test_worker_killed_at_a_random_round_is_restarted_and_rejoins(self):
@@ -209,9 +223,7 @@ class LaunchClusterTest(unittest.TestCase):
         want = soak_checksums(out)
         self.assertEqual(len(want), 2, out)
 
-        self.proc = subprocess.Popen(
-            [sys.executable, LAUNCH, '--restarts', '1'] + job,
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.start(['--restarts', '1'] + job)
         deadline = time.monotonic() + 60
         victim = None
         while time.monotonic() < deadline and victim is None:
@@ -222,28 +234,15 @@ class LaunchClusterTest(unittest.TestCase):
         delay = random.uniform(0.8, 1.6)
         sys.stderr.write('killing worker 1 %.3f s after it started\n' % delay)
         time.sleep(delay)
-        self.assertIsNone(self.proc.poll(), 'the job ended before the kill')
-        os.kill(victim, signal.SIGKILL)
-        try:
-            out, _ = self.proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-            self.fail('the job did not end within 120 s of the kill:\n' + out)
-        self.assertEqual(self.proc.returncode, 0, out)
-        self.assertIn('launch.py: worker 1 (pid %d) killed by signal SIGKILL; restarting it '
-                      '(restart 1 of 1)' % victim, out)
+        out = self.kill_and_finish(victim, 'worker 1')
         resumed = re.findall(r'rank (\d+): restarted; resuming at round (\d+)', out)
         self.assertEqual(len(resumed), 1, out)
         self.assertGreater(int(resumed[0][1]), 0, out)
         self.assertLess(int(resumed[0][1]), 60, out)
         # Same weights as the fault-free run, bit for bit: no push lost or doubled.
         self.assertEqual(soak_checksums(out), want, out)
-        applied = re.findall(r'pushes applied \d+ \(([^)]*)\)', out)
-        self.assertEqual(len(applied), 2, out)
-        for line in applied:
-            for key, n in re.findall(r'key (\d+): (\d+)', line):
-                self.assertEqual(int(n), 2 * 60, 'key %s: %s' % (key, line))
+        self.assertEqual(len(re.findall(r'pushes applied ', out)), 2, out)
+        self.assert_each_key_applied(out, 2 * 60)
         self.assertEqual(marked_pids(self.mark), [])
 
     def test_worker_killed_inside_init_is_restarted_and_joins_the_waiting_barrier(self):
@@ -308,10 +307,8 @@ class LaunchClusterTest(unittest.TestCase):
         # Every key was updated by exactly 2 workers x 3 epochs x 60 steps pushes.
         applied = re.findall(r'pushes applied \d+ \(([^)]*)\)', out)
         self.assertEqual(len(applied), 1, out)
-        counts = re.findall(r'key (\d+): (\d+)', applied[0])
-        self.assertEqual(len(counts), 6, out)  # W and b of 3 layers
-        for key, n in counts:
-            self.assertEqual(int(n), 2 * 3 * 60, 'key %s: %s' % (key, applied[0]))
+        self.assertEqual(len(re.findall(r'key \d+: ', applied[0])), 6, out)  # W, b of 3 layers
+        self.assert_each_key_applied(out, 2 * 3 * 60)
         self.assertEqual(marked_pids(self.mark), [])
 
     @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),
