@@ -22,7 +22,8 @@ Node::Node(const Options& options, Callbacks callbacks,
            std::unique_ptr<Transport> transport)
     : options_(options),
       callbacks_(std::move(callbacks)),
-      transport_(std::move(transport)) {}
+      transport_(std::move(transport)),
+      next_request_(FirstRequestId(options.restart_count)) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Start(
     const Options& options, Callbacks callbacks,
@@ -218,11 +219,12 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
       " within ", absl::FormatDuration(timeout)));
 }
 
-absl::Status Node::Barrier(int group, BarrierKind kind) {
+absl::Status Node::Barrier(int group, BarrierKind kind, uint64_t init_key) {
   wire::Header extra;
   extra.mutable_barrier()->set_group(group);
   extra.mutable_barrier()->set_init(kind == BarrierKind::kInit);
   extra.mutable_barrier()->set_rejoin(kind == BarrierKind::kRejoinInit);
+  if (kind != BarrierKind::kPlain) extra.mutable_barrier()->set_init_key(init_key);
   return CallScheduler(wire::BARRIER, std::move(extra),
                        options_.request_timeout,
                        absl::StrCat("barrier of group ", group));

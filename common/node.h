@@ -31,6 +31,13 @@
 
 namespace tessera {
 
+// The first request id of a process in its `restart_count`-th life: each life
+// numbers from its own range, so a reply meant for an earlier life never
+// matches a request of this one.
+inline uint64_t FirstRequestId(uint64_t restart_count) {
+  return (restart_count << 48) + 1;
+}
+
 class Node {
  public:
   struct Callbacks {
@@ -74,8 +81,10 @@ class Node {
     kInit,        // the barrier that ends a KV init
     kRejoinInit,  // a restarted worker's init: join an open init barrier only
   };
-  // Waits until every node of `group` has entered the barrier.
-  absl::Status Barrier(int group, BarrierKind kind = BarrierKind::kPlain);
+  // Waits until every node of `group` has entered the barrier. `init_key`
+  // names the key of a kInit / kRejoinInit barrier.
+  absl::Status Barrier(int group, BarrierKind kind = BarrierKind::kPlain,
+                       uint64_t init_key = 0);
 
   // Worker: tells the scheduler this worker is done (after its last barrier).
   absl::Status FinishWorker();
@@ -116,7 +125,7 @@ class Node {
   std::string scheduler_address_;
   int id_ = 0;
   int rank_ = -1;
-  std::atomic<uint64_t> next_request_{1};
+  std::atomic<uint64_t> next_request_;
 
   mutable absl::Mutex mu_;
   bool have_table_ ABSL_GUARDED_BY(mu_) = false;

@@ -189,13 +189,18 @@ void Scheduler::Handle(Message&& msg) {
       }
       auto& waiting = barriers_[group];
       if (h.barrier().rejoin() &&
-          (waiting.empty() || !barrier_is_init_[group])) {
-        // A restarted worker's init: no one waits for it in an init barrier.
+          (waiting.empty() ||
+           barrier_init_key_[group] != h.barrier().init_key())) {
+        // A restarted worker's init: no one waits for it in this key's init
+        // barrier.
         Reply(sender, h, absl::OkStatus());
         return;
       }
-      if (waiting.empty())
-        barrier_is_init_[group] = h.barrier().init() || h.barrier().rejoin();
+      if (waiting.empty()) {
+        barrier_init_key_[group] =
+            h.barrier().init() ? std::optional<uint64_t>(h.barrier().init_key())
+                               : std::nullopt;
+      }
       // A node waits in a barrier once. Its newest request is the one to
       // answer: a restarted node asks again under a new request id.
       for (auto& [id, req] : waiting) {
@@ -204,9 +209,15 @@ void Scheduler::Handle(Message&& msg) {
         req = h.request_id();
       }
       if (in_group == 0) waiting.emplace_back(sender, h.request_id());
-      TESSERA_VLOG(1) << "barrier " << group << ": " << waiting.size() << "/"
+      // A worker that has finished passed every later barrier: a restarted
+      // worker's last barrier (its earlier life died in the one the others
+      // passed before they finished) must not wait for it.
+      int present = static_cast<int>(waiting.size());
+      if (group & kGroupWorkers)
+        present += static_cast<int>(done_workers_.size());
+      TESSERA_VLOG(1) << "barrier " << group << ": " << present << "/"
                       << expected;
-      if (static_cast<int>(waiting.size()) == expected) {
+      if (present >= expected) {
         for (const auto& [id, req] : waiting) {
           wire::Header request;
           request.set_command(wire::BARRIER);

@@ -15,6 +15,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -73,8 +74,8 @@ class Scheduler {
   std::map<int, absl::Time> last_seen_;  // by id
   std::map<int, std::vector<std::pair<int, uint64_t>>>
       barriers_;  // group -> (id, request)
-  std::map<int, bool> barrier_is_init_;  // group -> its waiting barrier ends
-                                         // a KV init
+  // group -> the key whose KV init its waiting barrier ends, if it does
+  std::map<int, std::optional<uint64_t>> barrier_init_key_;
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;

@@ -323,7 +323,7 @@ void KVServer::Process(Shard* shard, Message&& msg) {
                      "key ", slice.key(), " is not on this server")));
       return;
     }
-    const KeyState& key = existing->second;
+    KeyState& key = existing->second;
     if (key.offset != slice.offset() || key.length != slice.length() ||
         key.total_length != slice.total_length()) {
       Reply(msg, absl::InvalidArgumentError(absl::StrCat(
@@ -334,8 +334,24 @@ void KVServer::Process(Shard* shard, Message&& msg) {
                      key.total_length)));
       return;
     }
+    // What the earlier life left waiting here (a pull, a push behind a
+    // missing one) is dropped: nobody waits for its reply, and the new life
+    // pushes again from the count reported now.
+    const size_t before = key.backlog.size();
+    std::erase_if(key.backlog, [&](const Message& m) {
+      return m.header.sender() == msg.header.sender() &&
+             m.header.generation() < msg.header.generation();
+    });
     msg.header.set_push_seq(key.received[RankOfId(msg.header.sender())]);
     Reply(msg, absl::OkStatus());
+    if (key.backlog.size() != before) {
+      TESSERA_VLOG(1) << "key " << slice.key() << ": dropped "
+                      << before - key.backlog.size()
+                      << " waiting message(s) of node " << msg.header.sender()
+                      << "'s earlier life";
+      key.progress = true;  // what waited behind them may go now
+      ReplayBacklog(shard, &key);
+    }
     return;
   }
   if (msg.header.command() == wire::KV_INIT) {
@@ -445,7 +461,13 @@ bool KVServer::TryProcess(Shard* shard, KeyState* key, Message& msg) {
   if (seq < next) {
     ++duplicates_;
     if (key->sync && seq + 1 == next && !key->round[rank].empty()) {
-      Acknowledge(msg);  // in the current round; answered when it completes
+      // In the current round; answered when it completes. The newest copy is
+      // the one answered: a restarted worker's repeat of its earlier life's
+      // push carries a request id the old one did not.
+      for (wire::Header& h : key->round_requests) {
+        if (h.sender() == msg.header.sender()) h = msg.header;
+      }
+      Acknowledge(msg);
     } else {
       Reply(msg, absl::OkStatus(),
             cmd == wire::KV_PUSHPULL ? key->weights : Buffer(), key);

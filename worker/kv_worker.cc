@@ -64,7 +64,8 @@ class KVWorkerImpl : public KVWorker {
   KVWorkerImpl(const Options& options, bool sync)
       : options_(options),
         sync_(sync),
-        partitioner_(options.num_servers, options.bigarray_bound) {}
+        partitioner_(options.num_servers, options.bigarray_bound),
+        next_request_(FirstRequestId(options.restart_count)) {}
 
   ~KVWorkerImpl() override {
     stop_resender_.store(true);
@@ -165,13 +166,16 @@ class KVWorkerImpl : public KVWorker {
         {
           absl::MutexLock lock(&mu_);
           keys_[key].next_seq = resume;
-          resume_pending_ = true;
+          // Before the first push all keys resume together (SettleResumeLocked);
+          // a key declared after that keeps its own count.
+          if (!resume_settled_) resume_pending_ = true;
         }
         TESSERA_VLOG(1) << "key " << key << ": the servers took " << resume
                         << " push(es) of this rank before the restart";
-        // The others may wait for this rank in this init's barrier (it died
-        // before reaching it); the scheduler joins it only then.
-        return node_->Barrier(kGroupWorkers, Node::BarrierKind::kRejoinInit);
+        // The others may wait for this rank in this key's init barrier (it
+        // died before reaching it); the scheduler joins it only then.
+        return node_->Barrier(kGroupWorkers, Node::BarrierKind::kRejoinInit,
+                              key);
       }
       if (!absl::IsNotFound(found)) {
         absl::MutexLock lock(&mu_);
@@ -196,7 +200,7 @@ class KVWorkerImpl : public KVWorker {
       stored = WaitOp(op, absl::StrCat("init of key ", key));
     }
     absl::Status barrier =
-        node_->Barrier(kGroupWorkers, Node::BarrierKind::kInit);
+        node_->Barrier(kGroupWorkers, Node::BarrierKind::kInit, key);
     if (!stored.ok()) {
       absl::MutexLock lock(&mu_);
       keys_.erase(key);
@@ -456,6 +460,7 @@ class KVWorkerImpl : public KVWorker {
   void SettleResumeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!resume_pending_) return;
     resume_pending_ = false;
+    resume_settled_ = true;
     uint64_t resume = UINT64_MAX;
     for (const auto& [key, info] : keys_)
       resume = std::min(resume, info.next_seq);
@@ -874,7 +879,7 @@ class KVWorkerImpl : public KVWorker {
   const KeyPartitioner partitioner_;
   std::unique_ptr<Node> node_;
   std::atomic<bool> closed_{false};
-  std::atomic<uint64_t> next_request_{1};
+  std::atomic<uint64_t> next_request_;
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, KeyInfo> keys_ ABSL_GUARDED_BY(mu_);
@@ -885,6 +890,7 @@ class KVWorkerImpl : public KVWorker {
   bool two_bit_ ABSL_GUARDED_BY(mu_) = false;
   float threshold_ ABSL_GUARDED_BY(mu_) = 0;
   bool resume_pending_ ABSL_GUARDED_BY(mu_) = false;  // see SettleResumeLocked
+  bool resume_settled_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t resume_round_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);

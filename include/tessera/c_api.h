@@ -54,10 +54,10 @@ const char* tessera_last_error(void);
 
 /* Tessera's addition for restarted workers (tools/launch.py --restarts). In a
  * worker restarted into a running job, after its inits: the round its pushes
- * resume at, i.e. the number of pushes of every key its earlier life completed
- * (the smallest over the keys). A program that pushes each key once per step
- * skips that many steps; a push the servers already took is answered and not
- * applied again. 0 in a worker's first life. */
+ * resume at, i.e. the number of pushes of every key the servers took from its
+ * earlier life (the smallest over the keys). A program that pushes each key
+ * once per step skips that many steps; a push the servers already took is
+ * answered and not applied again. 0 in a worker's first life. */
 int tessera_kv_resume_round(TesseraKV* kv, uint64_t* round);
 
 /* MXNet's 2-bit gradient format, for checking it from other code. */

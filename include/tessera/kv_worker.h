@@ -87,11 +87,12 @@ class KVWorker {
   virtual absl::Status Init(uint64_t key, absl::Span<const float> value) = 0;
 
   // The step a restarted worker resumes at: after its Inits, the number of
-  // pushes of every key its earlier life completed (the smallest over the
-  // keys). The next push of each key is numbered from there, so a program that
-  // pushes each key once per step skips ResumeRound() steps and pushes on; a
-  // push the servers already took is answered and not applied twice. 0 in a
-  // worker's first life.
+  // pushes of every key the servers took from its earlier life (the smallest
+  // over the keys; a push whose dist_sync round was still open counts). The
+  // next push of each key is numbered from there, so a program that pushes
+  // each key once per step skips ResumeRound() steps and pushes on; a push the
+  // servers already took is answered (once its round is applied) and not
+  // applied twice. 0 in a worker's first life.
   virtual uint64_t ResumeRound() = 0;
 
   // Pushes a gradient for `key` (compressed when compression is set). In

@@ -11,14 +11,18 @@
  * cleanly and change nothing kv_check_worker compress               2-bit
  * pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n kv_check_worker optimizer SPEC
  * ROUNDS  prints the weights after ROUNDS pushes
- *   kv_check_worker soak ROUNDS [SLEEP_MS [DIE_IN_INIT]]  the nightly check
+ *   kv_check_worker soak ROUNDS [SLEEP_MS [DIE_AT RANK]]  the nightly check
  *       over ROUNDS rounds, a small key and one of 5000 values (split when
  *       TESSERA_BIGARRAY_BOUND <= 5000); prints an FNV-1a checksum of the final
- *       weights. DIE_IN_INIT=1: rank 1's first life (TESSERA_RESTART_COUNT
- *       unset or 0) SIGKILLs itself between its two inits, while the others
- *       wait in the second init's barrier.
+ *       weights. For restart tests, rank RANK's first life (TESSERA_RESTART_COUNT
+ *       unset or 0) SIGKILLs itself: DIE_AT=init between its two inits (the
+ *       others wait in the second init's barrier, or rank 0 has not stored the
+ *       second key yet); DIE_AT=close while it waits in close's barrier (the
+ *       others come 1 s later, and its next life 1.5 s later still, after they
+ *       have finished).
  */
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -119,7 +123,16 @@ static uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
   return h;
 }
 
-static int Soak(int rounds, int sleep_ms, int die_in_init) {
+static void* KillSelfSoon(void* unused) {
+  (void)unused;
+  usleep(300 * 1000);
+  raise(SIGKILL);
+  return NULL;
+}
+
+static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
+  const char* restarts = getenv("TESSERA_RESTART_COUNT");
+  const int first_life = restarts == NULL || atoi(restarts) == 0;
   TesseraKV* kv = Create("dist_sync");
   int n = 0;
   CHECK_OK(tessera_kv_num_workers(kv, &n));
@@ -131,8 +144,7 @@ static int Soak(int rounds, int sleep_ms, int die_in_init) {
   Fill(small, kSmallLen, 1);
   Fill(big, big_len, 1);
   CHECK_OK(tessera_kv_init(kv, kSmall, small, kSmallLen));
-  const char* restarts = getenv("TESSERA_RESTART_COUNT");
-  if (die_in_init && rank_ == 1 && (restarts == NULL || atoi(restarts) == 0)) {
+  if (strcmp(die_at, "init") == 0 && rank_ == die_rank && first_life) {
     usleep(200 * 1000); /* the others reach the second init's barrier */
     raise(SIGKILL);
   }
@@ -161,6 +173,14 @@ static int Soak(int rounds, int sleep_ms, int die_in_init) {
   uint64_t h = 14695981039346656037ULL;
   h = Fnv1a(h, small, sizeof(small));
   h = Fnv1a(h, big, big_len * sizeof(float));
+  if (strcmp(die_at, "close") == 0) {
+    if (rank_ == die_rank && first_life) {
+      pthread_t killer;
+      pthread_create(&killer, NULL, KillSelfSoon, NULL);
+    } else {
+      usleep(rank_ == die_rank ? 1500 * 1000 : 1000 * 1000);
+    }
+  }
   CHECK_OK(tessera_kv_close(kv));
   printf("soak ok: rank %d of %d, %d rounds checksum=%016llx\n", rank_, n,
          rounds, (unsigned long long)h);
@@ -345,7 +365,7 @@ int main(int argc, char** argv) {
   if (strcmp(mode, "nightly") == 0) return Nightly();
   if (strcmp(mode, "soak") == 0 && argc > 2)
     return Soak(atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 0,
-                argc > 4 ? atoi(argv[4]) : 0);
+                argc > 5 ? argv[4] : "", argc > 5 ? atoi(argv[5]) : -1);
   if (strcmp(mode, "allreduce") == 0) return AllReduce();
   if (strcmp(mode, "async") == 0) return Async();
   if (strcmp(mode, "async_noopt") == 0) return AsyncNoOptimizer();

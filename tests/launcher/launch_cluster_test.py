@@ -245,10 +245,10 @@ class LaunchClusterTest(unittest.TestCase):
         self.assert_each_key_applied(out, 2 * 60)
         self.assertEqual(marked_pids(self.mark), [])
 
-    def test_worker_killed_inside_init_is_restarted_and_joins_the_waiting_barrier(self):
-        # Rank 1 dies between its two inits (kv_check_worker soak ... 1) while the
-        # others wait for it in the second init's barrier; its new life finds both
-        # keys on the servers, joins that barrier and runs every round.
+    def soak_with_a_death(self, die_at, rank):
+        """The soak job with `rank` killing itself at `die_at` (kv_check_worker soak ...
+        DIE_AT RANK) and restarted; returns the job's output after checking that it
+        ended 0, quickly, with the fault-free checksums."""
         self.env.update(TESSERA_BIGARRAY_BOUND='1000', PS_RESEND_TIMEOUT='50')
         code, out, _ = self.launch(['-n', '2', '-s', '2', CHECK_WORKER, 'soak', '20'],
                                    timeout=120)
@@ -256,16 +256,33 @@ class LaunchClusterTest(unittest.TestCase):
         want = soak_checksums(out)
         self.assertEqual(len(want), 2, out)
         code, out, took = self.launch(['-n', '2', '-s', '2', '--restarts', '1', CHECK_WORKER,
-                                       'soak', '20', '0', '1'], timeout=120)
+                                       'soak', '20', '0', die_at, str(rank)], timeout=120)
         self.assertEqual(code, 0, out)
         self.assertRegex(out, r'launch.py: worker \d \(pid \d+\) killed by signal SIGKILL; '
                               r'restarting it \(restart 1 of 1\)')
-        # It had pushed nothing: its pushes start at round 0.
-        self.assertIn('restarted (TESSERA_RESTART_COUNT=1): resuming at round 0', out)
-        self.assertNotIn('restarted; resuming at round', out)
         self.assertEqual(soak_checksums(out), want, out)
-        self.assertLess(took, 60)  # not a barrier that waited for TESSERA_TIMEOUT
+        self.assertLess(took, 60)  # no barrier or round waited for TESSERA_TIMEOUT
         self.assertEqual(marked_pids(self.mark), [])
+        return out
+
+    def test_worker_killed_inside_init_is_restarted_and_the_inits_complete(self):
+        # Rank 1 dies between its inits while the others wait for it in the second
+        # init's barrier: its new life finds both keys and joins that barrier. Rank 0
+        # dies before storing the second key while rank 1 waits in that key's
+        # barrier: its new life must not join that barrier with its first key, but
+        # store the second key and then join it.
+        for rank in (1, 0):
+            out = self.soak_with_a_death('init', rank)
+            # It had pushed nothing: its pushes start at round 0.
+            self.assertIn('restarted (TESSERA_RESTART_COUNT=1): resuming at round 0', out)
+            self.assertNotIn('restarted; resuming at round', out)
+
+    def test_worker_killed_inside_the_last_barrier_is_restarted_and_the_job_ends(self):
+        # Rank 1 dies waiting in close's barrier; the others complete that barrier
+        # with its dead entry and finish; its new life, 1.5 s later, has nothing to
+        # push, and its close must not wait for the finished workers.
+        out = self.soak_with_a_death('close', 1)
+        self.assertIn('rank 1: restarted; resuming at round 20', out)
 
     @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),
                          'Fashion-MNIST is not installed (dataset-fashion-mnist)')
