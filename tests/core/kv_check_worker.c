@@ -19,7 +19,9 @@
  *       others wait in the second init's barrier, or rank 0 has not stored the
  *       second key yet); DIE_AT=close while it waits in close's barrier (the
  *       others come 1 s later, and its next life 1.5 s later still, after they
- *       have finished).
+ *       have finished); DIE_AT=push inside its push of the small key in round
+ *       5, whose round stays open (the others come 1 s later); its next life
+ *       does not pull before it pushes again.
  */
 #include <math.h>
 #include <pthread.h>
@@ -156,11 +158,22 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     printf("rank %d: restarted; resuming at round %llu\n", rank_,
            (unsigned long long)resume);
     fflush(stdout);
-    CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
-    CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
+    /* (Not with DIE_AT=push: its repeated push must be answered by itself.) */
+    if (strcmp(die_at, "push") != 0) {
+      CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
+      CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
+    }
   }
   for (int i = (int)resume; i < rounds; ++i) {
     Fill(grad, big_len, (float)(rank_ + 1));
+    if (strcmp(die_at, "push") == 0 && i == 5) {
+      if (rank_ == die_rank && first_life) {
+        pthread_t killer;
+        pthread_create(&killer, NULL, KillSelfSoon, NULL);
+      } else if (rank_ != die_rank) {
+        usleep(1000 * 1000);
+      }
+    }
     CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
     CHECK_OK(tessera_kv_push(kv, kBig, grad, big_len));
     CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));

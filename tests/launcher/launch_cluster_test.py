@@ -277,6 +277,16 @@ class LaunchClusterTest(unittest.TestCase):
             self.assertIn('restarted (TESSERA_RESTART_COUNT=1): resuming at round 0', out)
             self.assertNotIn('restarted; resuming at round', out)
 
+    def test_worker_killed_inside_a_push_whose_round_is_open_repeats_it_and_is_answered(self):
+        # Rank 1 dies blocked in its round-5 push of the small key (taken; the round
+        # waits for rank 0, which comes 1 s later). Its new life resumes at round 5
+        # and pushes that key again at once: the server must answer this repeat when
+        # the round completes, not the dead life's request. (Without resends, so that
+        # a resend after the round cannot make up for a lost answer.)
+        self.env['PS_RESEND'] = '0'
+        out = self.soak_with_a_death('push', 1)
+        self.assertIn('rank 1: restarted; resuming at round 5', out)
+
     def test_worker_killed_inside_the_last_barrier_is_restarted_and_the_job_ends(self):
         # Rank 1 dies waiting in close's barrier; the others complete that barrier
         # with its dead entry and finish; its new life, 1.5 s later, has nothing to
