@@ -1,5 +1,6 @@
 #include "common/node.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include "absl/status/status.h"
@@ -198,20 +199,41 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
     if (!failure_.ok()) return failure_;
     waiters_[request] = Waiter();
   }
-  absl::Status sent = Send(kSchedulerId, std::move(msg));
+  absl::Status sent = Send(kSchedulerId, msg);
   absl::MutexLock lock(&mu_);
   if (!sent.ok()) {
     waiters_.erase(request);
     return sent;
   }
   auto ready = [this, request]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return waiters_[request].done || !failure_.ok() || stopping_;
+    return waiters_[request].done || !failure_.ok() || stopping_ ||
+           terminated_;
   };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  // The reply can be lost with a connection that broke (`ss -K`, a peer's
+  // restart): with PS_RESEND the same request goes again, the wait doubling up
+  // to 8x, and the scheduler answers a repeat without counting it twice.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration wait = options_.resend ? options_.resend_timeout : timeout;
+  while (!mu_.AwaitWithDeadline(absl::Condition(&ready),
+                                std::min(deadline, absl::Now() + wait))) {
+    if (absl::Now() >= deadline) break;
+    mu_.Unlock();
+    TESSERA_VLOG(1) << what << ": no answer from the scheduler in "
+                    << absl::FormatDuration(wait) << "; asking again";
+    (void)Send(kSchedulerId, msg);
+    mu_.Lock();
+    wait = std::min(wait * 2, options_.resend_timeout * 8);
+  }
   Waiter waiter = waiters_[request];
   waiters_.erase(request);
   if (waiter.done) return waiter.status;
   if (!failure_.ok()) return failure_;
+  if (terminated_) {
+    // The job ended: every worker finished, this one included (the answer to
+    // its WORKER_DONE was lost, or the scheduler left before sending it).
+    if (command == wire::WORKER_DONE) return absl::OkStatus();
+    return absl::CancelledError(absl::StrCat(what, ": the job has ended"));
+  }
   if (stopping_)
     return absl::CancelledError(absl::StrCat(what, ": node stopped"));
   return absl::DeadlineExceededError(absl::StrCat(

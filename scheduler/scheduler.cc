@@ -187,6 +187,11 @@ void Scheduler::Handle(Message&& msg) {
               absl::InvalidArgumentError("node is not in the barrier's group"));
         return;
       }
+      if (released_barrier_[sender] == h.request_id()) {
+        // A repeat of a request already released: its answer was lost.
+        Reply(sender, h, absl::OkStatus());
+        return;
+      }
       auto& waiting = barriers_[group];
       if (h.barrier().rejoin() &&
           (waiting.empty() ||
@@ -219,6 +224,7 @@ void Scheduler::Handle(Message&& msg) {
                       << expected;
       if (present >= expected) {
         for (const auto& [id, req] : waiting) {
+          released_barrier_[id] = req;
           wire::Header request;
           request.set_command(wire::BARRIER);
           request.set_request_id(req);

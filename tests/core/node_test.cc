@@ -3,6 +3,7 @@
 // end.
 #include "common/node.h"
 
+#include <atomic>
 #include <thread>
 
 #include "common/key_partitioner.h"
@@ -163,14 +164,13 @@ TEST(NodeTest, NodeWithoutSchedulerGivesUpNamingItsAddress) {
 // A transport that binds where asked but reports another port: the node then
 // advertises an address nobody can reach, as a node on the wrong interface
 // does.
-class MisadvertisingTransport : public Transport {
+// Passes everything to another transport; tests override what they fault.
+class ForwardingTransport : public Transport {
  public:
-  explicit MisadvertisingTransport(std::unique_ptr<Transport> inner)
+  explicit ForwardingTransport(std::unique_ptr<Transport> inner)
       : inner_(std::move(inner)) {}
   absl::StatusOr<int> Bind(const std::string& ip, int port) override {
-    absl::StatusOr<int> bound = inner_->Bind(ip, port);
-    if (!bound.ok()) return bound;
-    return *bound + 1000;
+    return inner_->Bind(ip, port);
   }
   absl::Status Connect(int peer, const std::string& ip, int port) override {
     return inner_->Connect(peer, ip, port);
@@ -187,9 +187,95 @@ class MisadvertisingTransport : public Transport {
   }
   void Close() override { inner_->Close(); }
 
- private:
+ protected:
   std::unique_ptr<Transport> inner_;
 };
+
+// Advertises a port nobody listens on.
+class MisadvertisingTransport : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  absl::StatusOr<int> Bind(const std::string& ip, int port) override {
+    absl::StatusOr<int> bound = inner_->Bind(ip, port);
+    if (!bound.ok()) return bound;
+    return *bound + 1000;
+  }
+};
+
+// Loses the first `drops` barrier releases it receives, as a connection killed
+// under them would.
+class BarrierReplyDroppingTransport : public ForwardingTransport {
+ public:
+  BarrierReplyDroppingTransport(std::unique_ptr<Transport> inner, int drops)
+      : ForwardingTransport(std::move(inner)), drops_(drops) {}
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    while (true) {
+      absl::StatusOr<Message> msg = inner_->Receive(timeout);
+      if (!msg.ok() || msg->header.command() != wire::BARRIER ||
+          !msg->header.is_response() || drops_ == 0) {
+        return msg;
+      }
+      --drops_;
+    }
+  }
+
+ private:
+  int drops_;
+};
+
+TEST(NodeTest, LostBarrierRepliesAreAskedForAgainAndCountedOnce) {
+  MemoryNetwork net;
+  Options options = TestOptions(Role::kScheduler);
+  options.num_servers = 1;
+  options.resend_timeout = absl::Milliseconds(50);
+  Scheduler scheduler(options, net.NewTransport());
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> results(3);
+  // entered[w]: barriers worker w has entered. A barrier released to one
+  // worker before the other entered it would show a repeat counted twice.
+  std::atomic<int> entered[2] = {0, 0};
+  std::atomic<int> early_releases{0};
+  std::vector<std::thread> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.emplace_back([&, i, options] {
+      Options mine = options;
+      mine.role = i == 0 ? Role::kServer : Role::kWorker;
+      // Only one worker loses releases (two of its five): each makes it ask
+      // again for a barrier that was already released.
+      absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(
+          mine, Node::Callbacks(),
+          std::make_unique<BarrierReplyDroppingTransport>(net.NewTransport(),
+                                                          i == 1 ? 2 : 0));
+      if (!node.ok()) {
+        results[i] = node.status();
+        return;
+      }
+      if (i == 0) {
+        results[i] = (*node)->WaitForTerminate();
+        return;
+      }
+      const int me = i - 1;
+      for (int b = 1; b <= 5 && results[i].ok(); ++b) {
+        entered[me] = b;
+        results[i] = (*node)->Barrier(kGroupWorkers);
+        if (entered[1 - me].load() < b) ++early_releases;
+      }
+      if (results[i].ok()) results[i] = (*node)->FinishWorker();
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  scheduler_thread.join();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(results[i].ok()) << i << ": " << results[i];
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+  EXPECT_EQ(early_releases.load(), 0);
+  // Two lost releases each, re-asked after 50 ms then 100 ms: well under the
+  // 10 s request_timeout.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
 
 TEST(NodeTest,
      UnreachableAdvertisedAddressEndsTheJobAtTheStartDeadlineNamingIt) {
