@@ -1,7 +1,8 @@
 #include "common/node.h"
 
-#include <algorithm>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -206,8 +207,7 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
     return sent;
   }
   auto ready = [this, request]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return waiters_[request].done || !failure_.ok() || stopping_ ||
-           terminated_;
+    return waiters_[request].done || !failure_.ok() || stopping_ || terminated_;
   };
   // The reply can be lost with a connection that broke (`ss -K`, a peer's
   // restart): with PS_RESEND the same request goes again, the wait doubling up
@@ -246,7 +246,8 @@ absl::Status Node::Barrier(int group, BarrierKind kind, uint64_t init_key) {
   extra.mutable_barrier()->set_group(group);
   extra.mutable_barrier()->set_init(kind == BarrierKind::kInit);
   extra.mutable_barrier()->set_rejoin(kind == BarrierKind::kRejoinInit);
-  if (kind != BarrierKind::kPlain) extra.mutable_barrier()->set_init_key(init_key);
+  if (kind != BarrierKind::kPlain)
+    extra.mutable_barrier()->set_init_key(init_key);
   return CallScheduler(wire::BARRIER, std::move(extra),
                        options_.request_timeout,
                        absl::StrCat("barrier of group ", group));

@@ -73,7 +73,7 @@ class Scheduler {
   std::map<int, wire::NodeInfo> nodes_;  // by id, once formed
   std::map<int, absl::Time> last_seen_;  // by id
   std::map<int, std::vector<std::pair<int, uint64_t>>>
-      barriers_;  // group -> (id, request)
+      barriers_;                              // group -> (id, request)
   std::map<int, uint64_t> released_barrier_;  // id -> its last released request
   // group -> the key whose KV init its waiting barrier ends, if it does
   std::map<int, std::optional<uint64_t>> barrier_init_key_;

@@ -52,6 +52,20 @@ struct KVServer::Shard {
 
 namespace {
 
+// OK when `slice` names exactly the part of its key this server holds
+// ([offset, +length) of total); otherwise the error to answer with.
+absl::Status CheckSlice(const wire::KeySlice& slice, uint64_t offset,
+                        uint64_t length, uint64_t total) {
+  if (slice.offset() == offset && slice.length() == length &&
+      slice.total_length() == total) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "key ", slice.key(), ": request for elements [", slice.offset(), ", +",
+      slice.length(), ") of ", slice.total_length(), " but this server holds [",
+      offset, ", +", length, ") of ", total));
+}
+
 // Messages up to this many data bytes are processed on Handle's thread when
 // their shard is idle.
 constexpr size_t kInlineBytes = 64 << 10;
@@ -319,19 +333,15 @@ void KVServer::Process(Shard* shard, Message&& msg) {
     // A restarted worker asks where its pushes to this key resume.
     auto existing = shard->keys.find(slice.key());
     if (existing == shard->keys.end()) {
-      Reply(msg, absl::NotFoundError(absl::StrCat(
-                     "key ", slice.key(), " is not on this server")));
+      Reply(msg, absl::NotFoundError(absl::StrCat("key ", slice.key(),
+                                                  " is not on this server")));
       return;
     }
     KeyState& key = existing->second;
-    if (key.offset != slice.offset() || key.length != slice.length() ||
-        key.total_length != slice.total_length()) {
-      Reply(msg, absl::InvalidArgumentError(absl::StrCat(
-                     "key ", slice.key(), ": a restarted worker declares [",
-                     slice.offset(), ", +", slice.length(), ") of ",
-                     slice.total_length(), " but this server holds [",
-                     key.offset, ", +", key.length, ") of ",
-                     key.total_length)));
+    if (absl::Status same =
+            CheckSlice(slice, key.offset, key.length, key.total_length);
+        !same.ok()) {
+      Reply(msg, same);
       return;
     }
     // What the earlier life left waiting here (a pull, a push behind a
@@ -358,8 +368,7 @@ void KVServer::Process(Shard* shard, Message&& msg) {
     auto existing = shard->keys.find(slice.key());
     if (existing != shard->keys.end()) {
       const KeyState& key = existing->second;
-      if (key.offset == slice.offset() && key.length == slice.length() &&
-          key.total_length == slice.total_length()) {
+      if (CheckSlice(slice, key.offset, key.length, key.total_length).ok()) {
         // A resent init, or one replayed to a server restored from a
         // checkpoint: the key is there; its value is not touched.
         ++duplicates_;
@@ -419,13 +428,10 @@ void KVServer::Process(Shard* shard, Message&& msg) {
     return;
   }
   KeyState& key = it->second;
-  if (slice.offset() != key.offset || slice.length() != key.length ||
-      slice.total_length() != key.total_length) {
-    Reply(msg, absl::InvalidArgumentError(absl::StrCat(
-                   "key ", slice.key(), ": request for elements [",
-                   slice.offset(), ", +", slice.length(), ") of ",
-                   slice.total_length(), " but this server holds [", key.offset,
-                   ", +", key.length, ") of ", key.total_length)));
+  if (absl::Status same =
+          CheckSlice(slice, key.offset, key.length, key.total_length);
+      !same.ok()) {
+    Reply(msg, same);
     return;
   }
   // Keep each worker's messages in order behind its waiting ones; a resent

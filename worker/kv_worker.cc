@@ -33,8 +33,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <deque>
+#include <map>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -166,9 +166,10 @@ class KVWorkerImpl : public KVWorker {
         {
           absl::MutexLock lock(&mu_);
           keys_[key].next_seq = resume;
-          // Before the first push all keys resume together (SettleResumeLocked);
-          // a key declared after that keeps its own count.
-          if (!resume_settled_) resume_pending_ = true;
+          // Before the first push all keys resume together
+          // (SettleResumeLocked); a key declared after that keeps its own
+          // count.
+          if (resume_ != Resume::kSettled) resume_ = Resume::kPending;
         }
         TESSERA_VLOG(1) << "key " << key << ": the servers took " << resume
                         << " push(es) of this rank before the restart";
@@ -375,7 +376,7 @@ class KVWorkerImpl : public KVWorker {
     int pinned = 0;   // borrowed frames ZeroMQ still holds
     absl::Status status;
     std::string what;
-    std::vector<PulledFrame> pulled;  // replies not yet copied to the caller
+    std::vector<PulledFrame> pulled;   // replies not yet copied to the caller
     uint64_t resume_seq = UINT64_MAX;  // rejoin: smallest push count replied
   };
   // Identifies the key part a request is about.
@@ -458,9 +459,8 @@ class KVWorkerImpl : public KVWorker {
   // servers reported, so a step is repeated whole (its pushes the servers
   // already took are answered as duplicates).
   void SettleResumeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!resume_pending_) return;
-    resume_pending_ = false;
-    resume_settled_ = true;
+    if (resume_ != Resume::kPending) return;
+    resume_ = Resume::kSettled;
     uint64_t resume = UINT64_MAX;
     for (const auto& [key, info] : keys_)
       resume = std::min(resume, info.next_seq);
@@ -611,13 +611,24 @@ class KVWorkerImpl : public KVWorker {
   static std::string What(const Message& msg) {
     const char* verb = "request";
     switch (msg.header.command()) {
-      case wire::KV_INIT: verb = "init"; break;
-      case wire::KV_PUSH: verb = "push"; break;
-      case wire::KV_PULL: verb = "pull"; break;
-      case wire::KV_PUSHPULL: verb = "pushpull"; break;
-      case wire::KV_SET_OPTIMIZER: return "set_optimizer";
-      case wire::KV_SET_COMPRESSION: return "set_gradient_compression";
-      default: break;
+      case wire::KV_INIT:
+        verb = "init";
+        break;
+      case wire::KV_PUSH:
+        verb = "push";
+        break;
+      case wire::KV_PULL:
+        verb = "pull";
+        break;
+      case wire::KV_PUSHPULL:
+        verb = "pushpull";
+        break;
+      case wire::KV_SET_OPTIMIZER:
+        return "set_optimizer";
+      case wire::KV_SET_COMPRESSION:
+        return "set_gradient_compression";
+      default:
+        break;
     }
     return absl::StrCat(verb, " of key ", msg.header.slice().key());
   }
@@ -645,8 +656,8 @@ class KVWorkerImpl : public KVWorker {
             const absl::Status failed = absl::UnavailableError(absl::StrCat(
                 What(r.msg), ": no answer from ", node_->Describe(r.server),
                 " after ", r.unanswered, " sends over ",
-                absl::FormatDuration(absl::Trunc(now - r.first_sent,
-                                                 absl::Milliseconds(1))),
+                absl::FormatDuration(
+                    absl::Trunc(now - r.first_sent, absl::Milliseconds(1))),
                 " (PS_RESEND_TIMEOUT=",
                 absl::ToInt64Milliseconds(options_.resend_timeout),
                 "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"));
@@ -665,9 +676,8 @@ class KVWorkerImpl : public KVWorker {
           r.next_send = now + r.wait;
           ++stats_.resends;
           TESSERA_VLOG(1) << "resending " << What(r.msg) << " (request "
-                          << it->first << ") to "
-                          << node_->Describe(r.server) << ", send "
-                          << r.unanswered;
+                          << it->first << ") to " << node_->Describe(r.server)
+                          << ", send " << r.unanswered;
           resend.emplace_back(r.server, r.msg);
           ++it;
         }
@@ -889,8 +899,10 @@ class KVWorkerImpl : public KVWorker {
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   bool two_bit_ ABSL_GUARDED_BY(mu_) = false;
   float threshold_ ABSL_GUARDED_BY(mu_) = 0;
-  bool resume_pending_ ABSL_GUARDED_BY(mu_) = false;  // see SettleResumeLocked
-  bool resume_settled_ ABSL_GUARDED_BY(mu_) = false;
+  // A restarted worker's push numbering: kPending once an Init learned a
+  // count from the servers, kSettled after SettleResumeLocked.
+  enum class Resume { kNone, kPending, kSettled };
+  Resume resume_ ABSL_GUARDED_BY(mu_) = Resume::kNone;
   uint64_t resume_round_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);

@@ -309,10 +309,11 @@ int Run(const TrainFlags& flags) {
   int64_t skip = static_cast<int64_t>(kv.ResumeRound());
   const bool resumed = skip > 0;
   if (resumed) {
-    std::printf("restarted: resuming at step %lld (epoch %lld, batch %lld)\n",
-                static_cast<long long>(skip),
-                static_cast<long long>(skip / std::max<int64_t>(1, steps_per_epoch)),
-                static_cast<long long>(skip % std::max<int64_t>(1, steps_per_epoch)));
+    std::printf(
+        "restarted: resuming at step %lld (epoch %lld, batch %lld)\n",
+        static_cast<long long>(skip),
+        static_cast<long long>(skip / std::max<int64_t>(1, steps_per_epoch)),
+        static_cast<long long>(skip % std::max<int64_t>(1, steps_per_epoch)));
     std::fflush(stdout);
   }
 

@@ -11,27 +11,13 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/core/cluster_expect.h"
 #include "tests/core/process_cluster.h"
 
 namespace tessera::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-const std::string& Worker() {
-  static const std::string* path =
-      new std::string(BinaryPath("tests/core/kv_check_worker"));
-  return *path;
-}
-
-void ExpectAllExitZero(ProcessCluster& c, absl::Duration bound) {
-  ASSERT_TRUE(c.WaitAll(bound)) << "job did not end within " << bound << "\n"
-                                << c.AllLogs();
-  for (const Child& child : c.children()) {
-    EXPECT_EQ(ProcessCluster::ExitCode(child), 0) << child.name << "\n"
-                                                  << c.AllLogs();
-  }
-}
 
 TEST(ClusterTest, JobFormsBarriersAndEnds) {
   ProcessCluster c;

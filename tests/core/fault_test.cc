@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/core/cluster_expect.h"
 #include "tests/core/process_cluster.h"
 
 namespace tessera::testing {
@@ -26,21 +27,6 @@ using ::testing::HasSubstr;
 
 constexpr int kWorkers = 2;
 constexpr int kServers = 2;
-
-const std::string& Worker() {
-  static const std::string* path =
-      new std::string(BinaryPath("tests/core/kv_check_worker"));
-  return *path;
-}
-
-void ExpectAllExitZero(ProcessCluster& c, absl::Duration bound) {
-  ASSERT_TRUE(c.WaitAll(bound)) << "job did not end within " << bound << "\n"
-                                << c.AllLogs();
-  for (const Child& child : c.children()) {
-    EXPECT_EQ(ProcessCluster::ExitCode(child), 0) << child.name << "\n"
-                                                  << c.AllLogs();
-  }
-}
 
 // The checksum a soak worker printed ("soak ok: ... checksum=HEX").
 std::string Checksum(const std::string& log) {

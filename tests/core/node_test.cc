@@ -226,7 +226,6 @@ class BarrierReplyDroppingTransport : public ForwardingTransport {
 TEST(NodeTest, LostBarrierRepliesAreAskedForAgainAndCountedOnce) {
   MemoryNetwork net;
   Options options = TestOptions(Role::kScheduler);
-  options.num_servers = 1;
   options.resend_timeout = absl::Milliseconds(50);
   Scheduler scheduler(options, net.NewTransport());
   ASSERT_TRUE(scheduler.Bind().ok());
@@ -245,10 +244,10 @@ TEST(NodeTest, LostBarrierRepliesAreAskedForAgainAndCountedOnce) {
       mine.role = i == 0 ? Role::kServer : Role::kWorker;
       // Only one worker loses releases (two of its five): each makes it ask
       // again for a barrier that was already released.
-      absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(
-          mine, Node::Callbacks(),
-          std::make_unique<BarrierReplyDroppingTransport>(net.NewTransport(),
-                                                          i == 1 ? 2 : 0));
+      absl::StatusOr<std::unique_ptr<Node>> node =
+          Node::Start(mine, Node::Callbacks(),
+                      std::make_unique<BarrierReplyDroppingTransport>(
+                          net.NewTransport(), i == 1 ? 2 : 0));
       if (!node.ok()) {
         results[i] = node.status();
         return;
