@@ -102,7 +102,12 @@ absl::Status Node::Join() {
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return have_table_ || !failure_.ok();
     };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+    // The table can be lost with a connection that broke; the scheduler sends
+    // it again to a node that registers again.
+    AwaitAskingAgain(absl::Condition(&ready), absl::Now() + wait, [&] {
+      TESSERA_VLOG(1) << "no node table yet; registering again";
+      (void)transport_->Send(kSchedulerId, reg);
+    });
     if (!failure_.ok()) return failure_;
     if (!have_table_) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -210,20 +215,13 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
     return waiters_[request].done || !failure_.ok() || stopping_ || terminated_;
   };
   // The reply can be lost with a connection that broke (`ss -K`, a peer's
-  // restart): with PS_RESEND the same request goes again, the wait doubling up
-  // to 8x, and the scheduler answers a repeat without counting it twice.
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration wait = options_.resend ? options_.resend_timeout : timeout;
-  while (!mu_.AwaitWithDeadline(absl::Condition(&ready),
-                                std::min(deadline, absl::Now() + wait))) {
-    if (absl::Now() >= deadline) break;
-    mu_.Unlock();
-    TESSERA_VLOG(1) << what << ": no answer from the scheduler in "
-                    << absl::FormatDuration(wait) << "; asking again";
+  // restart): the same request goes again, and the scheduler answers a repeat
+  // without counting it twice.
+  AwaitAskingAgain(absl::Condition(&ready), absl::Now() + timeout, [&] {
+    TESSERA_VLOG(1) << what
+                    << ": no answer from the scheduler yet; asking again";
     (void)Send(kSchedulerId, msg);
-    mu_.Lock();
-    wait = std::min(wait * 2, options_.resend_timeout * 8);
-  }
+  });
   Waiter waiter = waiters_[request];
   waiters_.erase(request);
   if (waiter.done) return waiter.status;
@@ -239,6 +237,20 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
   return absl::DeadlineExceededError(absl::StrCat(
       what, ": no answer from the scheduler at ", scheduler_address_,
       " within ", absl::FormatDuration(timeout)));
+}
+
+void Node::AwaitAskingAgain(const absl::Condition& ready, absl::Time deadline,
+                            const std::function<void()>& ask_again) {
+  absl::Duration wait =
+      options_.resend ? options_.resend_timeout : absl::InfiniteDuration();
+  while (
+      !mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + wait))) {
+    if (absl::Now() >= deadline) return;
+    mu_.Unlock();
+    ask_again();
+    mu_.Lock();
+    wait = std::min(wait * 2, options_.resend_timeout * 8);
+  }
 }
 
 absl::Status Node::Barrier(int group, BarrierKind kind, uint64_t init_key) {

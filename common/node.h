@@ -114,6 +114,12 @@ class Node {
   bool WantsLink(int peer_id) const;
   void Fail(const absl::Status& status);
   // Sends a control request to the scheduler and waits for its reply.
+  // Waits until `ready` holds or `deadline` passes. With PS_RESEND, calls
+  // `ask_again` (with mu_ released) after PS_RESEND_TIMEOUT without `ready`,
+  // then after twice that, up to 8x.
+  void AwaitAskingAgain(const absl::Condition& ready, absl::Time deadline,
+                        const std::function<void()>& ask_again)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CallScheduler(wire::Command command, wire::Header extra,
                              absl::Duration timeout, const std::string& what);
 

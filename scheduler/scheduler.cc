@@ -274,7 +274,14 @@ void Scheduler::HandleRegister(const Message& msg) {
           node.port() != info.port()) {
         continue;
       }
-      if (info.generation() <= node.generation()) return;  // duplicate
+      if (info.generation() < node.generation()) return;  // an old life's
+      if (info.generation() == node.generation()) {
+        // It asks again: the table we sent it was lost with a connection.
+        Message table = TableMessage();
+        table.header.set_recipient(id);
+        (void)transport_->Send(id, table);
+        return;
+      }
       Rejoin(id, info);
       return;
     }
@@ -347,6 +354,10 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   (void)transport_->Connect(id, node.host(), node.port());
   TESSERA_LOG(INFO) << Describe(node) << " restarted (generation "
                     << info.generation() << "); it rejoins the job";
+  Broadcast(TableMessage(), 0);
+}
+
+Message Scheduler::TableMessage() const {
   Message table;
   table.header.set_command(wire::NODE_TABLE);
   table.header.set_sender(kSchedulerId);
@@ -354,20 +365,13 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
   for (const auto& [peer, n] : nodes_)
     *table.header.mutable_node_table()->add_nodes() = n;
-  Broadcast(table, 0);
+  return table;
 }
 
 void Scheduler::FormJob() {
   std::vector<wire::NodeInfo> infos;
   for (const Registration& r : registered_) infos.push_back(r.info);
   infos = AssignIds(std::move(infos));
-  Message table;
-  table.header.set_command(wire::NODE_TABLE);
-  table.header.set_sender(kSchedulerId);
-  table.header.mutable_node_table()->set_num_servers(options_.num_servers);
-  table.header.mutable_node_table()->set_num_workers(options_.num_workers);
-  for (const wire::NodeInfo& n : infos)
-    *table.header.mutable_node_table()->add_nodes() = n;
   const absl::Time now = absl::Now();
   for (const wire::NodeInfo& n : infos) {
     nodes_[n.id()] = n;
@@ -378,7 +382,7 @@ void Scheduler::FormJob() {
     transport_->Disconnect(r.provisional_id);
   formed_ = true;
   formed_at_ = absl::Now();
-  Broadcast(table, 0);
+  Broadcast(TableMessage(), 0);
   TESSERA_VLOG(1) << "job formed: " << options_.num_servers << " server(s), "
                   << options_.num_workers << " worker(s)";
   for (const wire::NodeInfo& n : infos) TESSERA_VLOG(1) << "  " << Describe(n);

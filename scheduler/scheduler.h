@@ -53,6 +53,8 @@ class Scheduler {
   // id and rank; everyone gets the new table. (A worker that had already
   // finished is told to abort.)
   void Rejoin(int id, const wire::NodeInfo& info);
+  // The node table as it stands (NODE_TABLE to every node).
+  Message TableMessage() const;
   void Reply(int peer, const wire::Header& request, const absl::Status& status);
   void Broadcast(const Message& msg, int except);
   absl::Status CheckLiveness(absl::Time now);

@@ -202,26 +202,66 @@ class MisadvertisingTransport : public ForwardingTransport {
   }
 };
 
-// Loses the first `drops` barrier releases it receives, as a connection killed
-// under them would.
-class BarrierReplyDroppingTransport : public ForwardingTransport {
+// Loses the first `drops` messages of `command` it receives, as a connection
+// killed under them would.
+class DroppingTransport : public ForwardingTransport {
  public:
-  BarrierReplyDroppingTransport(std::unique_ptr<Transport> inner, int drops)
-      : ForwardingTransport(std::move(inner)), drops_(drops) {}
+  DroppingTransport(std::unique_ptr<Transport> inner, wire::Command command,
+                    int drops)
+      : ForwardingTransport(std::move(inner)),
+        command_(command),
+        drops_(drops) {}
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
     while (true) {
       absl::StatusOr<Message> msg = inner_->Receive(timeout);
-      if (!msg.ok() || msg->header.command() != wire::BARRIER ||
-          !msg->header.is_response() || drops_ == 0) {
+      if (!msg.ok() || msg->header.command() != command_ || drops_ == 0)
         return msg;
-      }
       --drops_;
     }
   }
 
  private:
+  const wire::Command command_;
   int drops_;
 };
+
+TEST(NodeTest, LostNodeTableIsAskedForAgain) {
+  MemoryNetwork net;
+  Options options = TestOptions(Role::kScheduler);
+  options.resend_timeout = absl::Milliseconds(50);
+  Scheduler scheduler(options, net.NewTransport());
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> results(3);
+  std::vector<std::thread> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.emplace_back([&, i, options] {
+      Options mine = options;
+      mine.role = i == 0 ? Role::kServer : Role::kWorker;
+      // Worker 1 loses the table the scheduler sends when the job forms.
+      absl::StatusOr<std::unique_ptr<Node>> node =
+          Node::Start(mine, Node::Callbacks(),
+                      std::make_unique<DroppingTransport>(
+                          net.NewTransport(), wire::NODE_TABLE, i == 1));
+      if (!node.ok()) {
+        results[i] = node.status();
+        return;
+      }
+      results[i] = i == 0 ? (*node)->WaitForTerminate()
+                          : (*node)->Barrier(kGroupWorkers);
+      if (i != 0 && results[i].ok()) results[i] = (*node)->FinishWorker();
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  scheduler_thread.join();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(results[i].ok()) << i << ": " << results[i];
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+  // Asked again after 50 ms, not at the 10 s start deadline.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
 
 TEST(NodeTest, LostBarrierRepliesAreAskedForAgainAndCountedOnce) {
   MemoryNetwork net;
@@ -246,8 +286,8 @@ TEST(NodeTest, LostBarrierRepliesAreAskedForAgainAndCountedOnce) {
       // again for a barrier that was already released.
       absl::StatusOr<std::unique_ptr<Node>> node =
           Node::Start(mine, Node::Callbacks(),
-                      std::make_unique<BarrierReplyDroppingTransport>(
-                          net.NewTransport(), i == 1 ? 2 : 0));
+                      std::make_unique<DroppingTransport>(
+                          net.NewTransport(), wire::BARRIER, i == 1 ? 2 : 0));
       if (!node.ok()) {
         results[i] = node.status();
         return;
