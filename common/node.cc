@@ -266,8 +266,31 @@ absl::Status Node::Barrier(int group, BarrierKind kind, uint64_t init_key) {
 }
 
 absl::Status Node::FinishWorker() {
-  return CallScheduler(wire::WORKER_DONE, wire::Header(),
-                       options_.request_timeout, "leaving the job");
+  TESSERA_RETURN_IF_ERROR(CallScheduler(wire::WORKER_DONE, wire::Header(),
+                                        options_.request_timeout,
+                                        "leaving the job"));
+  MarkPartDone();
+  // Stay until the end is announced, so the scheduler hears this worker
+  // acknowledge it and need not wait out its deadline.
+  absl::MutexLock lock(&mu_);
+  auto ended = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return terminated_ || !failure_.ok() || stopping_;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ended),
+                            options_.request_timeout)) {
+    TESSERA_LOG(WARNING) << "this worker finished but the job's end was not "
+                            "announced within "
+                         << absl::FormatDuration(options_.request_timeout)
+                         << " (TESSERA_TIMEOUT); leaving";
+    return absl::OkStatus();
+  }
+  if (!failure_.ok()) return failure_;
+  return absl::OkStatus();
+}
+
+void Node::MarkPartDone() {
+  absl::MutexLock lock(&mu_);
+  part_done_ = true;
 }
 
 absl::Status Node::WaitForTerminate() {
@@ -365,6 +388,16 @@ void Node::HandleControl(Message&& msg) {
     return;
   }
   TESSERA_VLOG(1) << "control: " << DebugString(msg);
+  // What ends the job, and node tables, are kept by the scheduler until
+  // acknowledged; every copy is acknowledged (an acknowledgement can be lost
+  // too).
+  auto acknowledge = [this, &h] {
+    Message ack;
+    ack.header.set_command(h.command());
+    ack.header.set_request_id(h.request_id());
+    ack.header.set_is_response(true);
+    (void)Send(kSchedulerId, std::move(ack));
+  };
   switch (h.command()) {
     case wire::NODE_TABLE: {
       // A table after the first says which peers restarted.
@@ -375,6 +408,7 @@ void Node::HandleControl(Message&& msg) {
       }
       if (update) {
         UpdateTable(h.node_table());
+        acknowledge();
         return;
       }
       absl::MutexLock lock(&mu_);
@@ -397,15 +431,10 @@ void Node::HandleControl(Message&& msg) {
       table_ = h.node_table();
       have_table_ = true;
     }
-      {
-        // Confirms that the scheduler's messages reach the address this node
-        // advertises.
-        Message ack;
-        ack.header.set_command(wire::NODE_TABLE);
-        ack.header.set_is_response(true);
-        (void)Send(kSchedulerId, std::move(ack));
-        return;
-      }
+      // Confirms that the scheduler's messages reach the address this node
+      // advertises.
+      acknowledge();
+      return;
     case wire::BARRIER:
     case wire::WORKER_DONE:
     case wire::HEARTBEAT: {
@@ -424,15 +453,20 @@ void Node::HandleControl(Message&& msg) {
           absl::StrCat(dead.role() == wire::SERVER ? "server " : "worker ",
                        dead.rank(), " (id ", dead.id(), " at ", dead.host(),
                        ":", dead.port(), ") died: ", h.node_dead().reason())));
+      acknowledge();
       return;
     }
     case wire::ABORT:
       Fail(absl::AbortedError(
           absl::StrCat("the scheduler ended the job: ", h.abort().reason())));
+      acknowledge();
       return;
     case wire::TERMINATE: {
-      absl::MutexLock lock(&mu_);
-      terminated_ = true;
+      {
+        absl::MutexLock lock(&mu_);
+        terminated_ = true;
+      }
+      acknowledge();
       return;
     }
     default:
@@ -453,6 +487,20 @@ void Node::HeartbeatLoop() {
       absl::MutexLock lock(&mu_);
       if (terminated_ || !failure_.ok()) return;
       silent = now - last_scheduler_contact_;
+    }
+    if (silent > timeout) {
+      absl::MutexLock lock(&mu_);
+      if (part_done_) {
+        // This node's work is complete (a worker the scheduler counted as
+        // done, a server every worker said goodbye to): a scheduler lost
+        // after that does not make a finished job a failure.
+        TESSERA_LOG(WARNING)
+            << "the scheduler (id 1 at " << scheduler_address_
+            << ") went silent for " << absl::FormatDuration(silent)
+            << " after this node finished its part; leaving without failure";
+        terminated_ = true;
+        return;
+      }
     }
     if (silent > timeout) {
       Fail(absl::UnavailableError(

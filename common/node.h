@@ -86,8 +86,17 @@ class Node {
   absl::Status Barrier(int group, BarrierKind kind = BarrierKind::kPlain,
                        uint64_t init_key = 0);
 
-  // Worker: tells the scheduler this worker is done (after its last barrier).
+  // Worker: tells the scheduler this worker is done (after its last barrier),
+  // then waits (at most TESSERA_TIMEOUT) until the scheduler announces the
+  // job's end, which it acknowledges. OK once the scheduler counted this worker
+  // done, unless the job failed meanwhile (a node died).
   absl::Status FinishWorker();
+
+  // This node's part of the job is complete (FinishWorker does it for a
+  // worker; a server calls it once every worker has said goodbye). From then
+  // on, a scheduler that goes silent ends the node without failure: the job's
+  // end was decided, or this node is no longer needed for it.
+  void MarkPartDone();
 
   // Blocks until the scheduler ends the job (OK) or the job fails (the
   // failure).
@@ -144,6 +153,7 @@ class Node {
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool terminated_ ABSL_GUARDED_BY(mu_) = false;
+  bool part_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_scheduler_contact_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool deliver_ ABSL_GUARDED_BY(mu_) = false;

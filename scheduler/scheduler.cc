@@ -84,7 +84,7 @@ std::string Scheduler::Describe(const wire::NodeInfo& n) const {
 
 absl::Status Scheduler::Run() {
   const absl::Time start = absl::Now();
-  while (!finished_ && failure_.ok()) {
+  while (true) {
     absl::StatusOr<Message> msg = transport_->Receive(absl::Milliseconds(50));
     if (msg.ok()) {
       Handle(*std::move(msg));
@@ -92,6 +92,11 @@ absl::Status Scheduler::Run() {
       return absl::CancelledError("scheduler stopped");
     }
     const absl::Time now = absl::Now();
+    ResendNotices(now);
+    if (ended_) {
+      if (!Ending(now)) return result_;
+      continue;
+    }
     if (!formed_ && now - start > options_.start_timeout) {
       int servers = 0, workers = 0;
       for (const Registration& r : registered_) {
@@ -110,12 +115,11 @@ absl::Status Scheduler::Run() {
       const std::string reason = absl::StrCat(
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
           " passed: ", missing, " never registered (TESSERA_START_TIMEOUT)");
-      Message abort = AbortMessage(reason);
-      for (const Registration& r : registered_) {
-        abort.header.set_recipient(r.provisional_id);
-        (void)transport_->Send(r.provisional_id, abort);
-      }
-      return absl::DeadlineExceededError(reason);
+      std::vector<int> peers;
+      for (const Registration& r : registered_)
+        peers.push_back(r.provisional_id);
+      EndJob(absl::DeadlineExceededError(reason), AbortMessage(reason), peers);
+      continue;
     }
     if (formed_ && confirmed_.size() < nodes_.size() &&
         now > std::max(start + options_.start_timeout,
@@ -134,15 +138,105 @@ absl::Status Scheduler::Run() {
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
           " passed: the scheduler cannot reach the address advertised by ",
           unconfirmed, " (check DMLC_INTERFACE / DMLC_NODE_HOST on that host)");
-      Broadcast(AbortMessage(reason), 0);
-      return absl::DeadlineExceededError(reason);
+      // Only the nodes that confirmed can hear (and acknowledge) the abort.
+      EndJob(absl::DeadlineExceededError(reason), AbortMessage(reason),
+             std::vector<int>(confirmed_.begin(), confirmed_.end()));
+      continue;
     }
-    if (formed_ && options_.heartbeat_interval > absl::ZeroDuration()) {
-      absl::Status alive = CheckLiveness(now);
-      if (!alive.ok()) return alive;
+    if (formed_ && options_.heartbeat_interval > absl::ZeroDuration())
+      CheckLiveness(now);
+  }
+}
+
+void Scheduler::SendNotice(int peer, Message msg) {
+  if (msg.header.command() == wire::NODE_TABLE) {
+    // A newer table replaces one the node has not acknowledged yet.
+    std::erase_if(notices_, [peer](const auto& entry) {
+      return entry.second.peer == peer &&
+             entry.second.msg.header.command() == wire::NODE_TABLE;
+    });
+  }
+  const uint64_t id = next_notice_++;
+  msg.header.set_request_id(id);
+  msg.header.set_sender(kSchedulerId);
+  msg.header.set_recipient(peer);
+  absl::Status sent = transport_->Send(peer, msg);
+  if (!sent.ok()) {
+    TESSERA_LOG(WARNING) << "send to " << DescribePeer(peer) << ": "
+                         << sent.message();
+  }
+  Notice& notice = notices_[id];
+  notice.peer = peer;
+  notice.ends_job = msg.header.command() != wire::NODE_TABLE;
+  notice.msg = std::move(msg);
+  notice.wait = options_.resend_timeout;
+  notice.next_send = absl::Now() + notice.wait;
+}
+
+void Scheduler::ResendNotices(absl::Time now) {
+  // PS_RESEND=0: every message goes once, as the nodes' requests do.
+  if (!options_.resend) return;
+  for (auto& [id, notice] : notices_) {
+    if (now < notice.next_send) continue;
+    notice.wait = std::min(notice.wait * 2, options_.resend_timeout * 8);
+    notice.next_send = now + notice.wait;
+    TESSERA_VLOG(1) << "no acknowledgement from " << DescribePeer(notice.peer)
+                    << " yet; sending again " << DebugString(notice.msg);
+    (void)transport_->Send(notice.peer, notice.msg);
+  }
+}
+
+bool Scheduler::Acknowledged(const wire::Header& h) {
+  auto it = notices_.find(h.request_id());
+  if (it == notices_.end() ||
+      it->second.msg.header.command() != h.command()) {
+    return false;
+  }
+  // A node that has no node table yet (a start-up abort) acknowledges
+  // without an id.
+  if (it->second.peer != h.sender() && it->second.peer < kProvisionalBase)
+    return false;
+  notices_.erase(it);
+  return true;
+}
+
+void Scheduler::EndJob(const absl::Status& result, const Message& end,
+                       const std::vector<int>& peers) {
+  ended_ = true;
+  result_ = result;
+  end_reason_ = end.header.command() == wire::TERMINATE
+                    ? "the job has already ended"
+                    : std::string(result.message());
+  end_deadline_ = absl::Now() + options_.heartbeat_timeout;
+  notices_.clear();  // tables no longer matter
+  for (int peer : peers) SendNotice(peer, end);
+}
+
+bool Scheduler::Ending(absl::Time now) {
+  if (notices_.empty()) return false;
+  if (now < end_deadline_) return true;
+  std::string silent;
+  for (const auto& [id, notice] : notices_) {
+    absl::StrAppend(&silent, silent.empty() ? "" : ", ",
+                    DescribePeer(notice.peer));
+  }
+  TESSERA_LOG(WARNING) << "leaving without an acknowledgement of the job's "
+                          "end from "
+                       << silent << " within "
+                       << absl::FormatDuration(options_.heartbeat_timeout)
+                       << " (PS_HEARTBEAT_TIMEOUT)";
+  return false;
+}
+
+std::string Scheduler::DescribePeer(int id) const {
+  auto it = nodes_.find(id);
+  if (it != nodes_.end()) return Describe(it->second);
+  for (const Registration& r : registered_) {
+    if (r.provisional_id == id) {
+      return absl::StrCat("the node at ", r.info.host(), ":", r.info.port());
     }
   }
-  return failure_;
+  return absl::StrCat("node ", id);
 }
 
 void Scheduler::Handle(Message&& msg) {
@@ -151,10 +245,13 @@ void Scheduler::Handle(Message&& msg) {
     HandleRegister(msg);
     return;
   }
+  const bool acknowledgement = h.is_response() && Acknowledged(h);
   const int sender = h.sender();
   if (!formed_ || nodes_.count(sender) == 0) {
-    TESSERA_LOG(WARNING) << "ignored message from unknown node " << sender
-                         << ": " << DebugString(msg);
+    if (!acknowledgement) {
+      TESSERA_LOG(WARNING) << "ignored message from unknown node " << sender
+                           << ": " << DebugString(msg);
+    }
     return;
   }
   last_seen_[sender] = absl::Now();
@@ -164,6 +261,12 @@ void Scheduler::Handle(Message&& msg) {
   confirmed_.insert(sender);
   switch (h.command()) {
     case wire::NODE_TABLE:
+    case wire::TERMINATE:
+    case wire::ABORT:
+    case wire::NODE_DEAD:
+      if (!acknowledgement && h.request_id() != 0) {
+        TESSERA_VLOG(1) << "a repeated acknowledgement: " << DebugString(msg);
+      }
       return;
     case wire::HEARTBEAT:
       Reply(sender, h, absl::OkStatus());
@@ -244,13 +347,14 @@ void Scheduler::Handle(Message&& msg) {
       TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
                       << done_workers_.size() << "/" << options_.num_workers
                       << ")";
-      if (static_cast<int>(done_workers_.size()) == options_.num_workers) {
+      if (!ended_ &&
+          static_cast<int>(done_workers_.size()) == options_.num_workers) {
         Message term;
         term.header.set_command(wire::TERMINATE);
-        term.header.set_sender(kSchedulerId);
-        Broadcast(term, /*except=*/0);
         TESSERA_VLOG(1) << "all workers finished; job done";
-        finished_ = true;
+        std::vector<int> peers;
+        for (const auto& [id, info] : nodes_) peers.push_back(id);
+        EndJob(absl::OkStatus(), term, peers);
       }
       return;
     }
@@ -266,6 +370,25 @@ void Scheduler::HandleRegister(const Message& msg) {
       info.host().empty() || info.port() <= 0 || info.port() > 65535) {
     TESSERA_LOG(WARNING) << "ignored malformed registration: "
                          << DebugString(msg);
+    return;
+  }
+  if (ended_ && !formed_) {
+    // Registered before the start-up deadline and asks again for its table:
+    // the abort notice it was sent reaches it (or is resent).
+    for (const Registration& r : registered_) {
+      if (r.info.host() == info.host() && r.info.port() == info.port())
+        return;
+    }
+  }
+  if (ended_) {
+    // Too late for this job (a node started or restarted after its end was
+    // decided): told once per registration; it registers again if the abort
+    // is lost.
+    const int provisional = kProvisionalBase + 999998;
+    if (transport_->Connect(provisional, info.host(), info.port()).ok()) {
+      (void)transport_->Send(provisional, AbortMessage(end_reason_));
+      transport_->Disconnect(provisional);
+    }
     return;
   }
   if (formed_) {
@@ -354,7 +477,9 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   (void)transport_->Connect(id, node.host(), node.port());
   TESSERA_LOG(INFO) << Describe(node) << " restarted (generation "
                     << info.generation() << "); it rejoins the job";
-  Broadcast(TableMessage(), 0);
+  // Every node must learn of the new generation (workers replay to a
+  // restarted server): the tables are notices.
+  for (const auto& [peer, n] : nodes_) SendNotice(peer, TableMessage());
 }
 
 Message Scheduler::TableMessage() const {
@@ -414,26 +539,29 @@ void Scheduler::Broadcast(const Message& msg, int except) {
   }
 }
 
-absl::Status Scheduler::CheckLiveness(absl::Time now) {
+void Scheduler::CheckLiveness(absl::Time now) {
   for (const auto& [id, seen] : last_seen_) {
     if (done_workers_.count(id) != 0) continue;
     const absl::Duration silent = now - seen;
     if (silent <= options_.heartbeat_timeout) continue;
-    const wire::NodeInfo& dead = nodes_[id];
+    const wire::NodeInfo dead = nodes_[id];
     const std::string reason =
         absl::StrCat("stopped heart-beating: nothing heard for ",
                      absl::FormatDuration(silent), " (PS_HEARTBEAT_TIMEOUT=",
                      absl::FormatDuration(options_.heartbeat_timeout), ")");
     Message notice;
     notice.header.set_command(wire::NODE_DEAD);
-    notice.header.set_sender(kSchedulerId);
     *notice.header.mutable_node_dead()->mutable_node() = dead;
     notice.header.mutable_node_dead()->set_reason(reason);
-    Broadcast(notice, id);
-    return absl::UnavailableError(
-        absl::StrCat(Describe(dead), " ", reason, "; ending the job"));
+    std::vector<int> peers;
+    for (const auto& [peer, info] : nodes_) {
+      if (peer != id) peers.push_back(peer);
+    }
+    EndJob(absl::UnavailableError(
+               absl::StrCat(Describe(dead), " ", reason, "; ending the job")),
+           notice, peers);
+    return;
   }
-  return absl::OkStatus();
 }
 
 }  // namespace tessera

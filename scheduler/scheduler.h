@@ -4,6 +4,14 @@
 // table, serves barriers, watches heartbeats, and ends the job when every
 // worker has finished.
 //
+// The messages that end a job (TERMINATE, ABORT, NODE_DEAD) and the node
+// tables sent after a restart are notices: each is kept until its node
+// acknowledges it and sent again meanwhile (PS_RESEND_TIMEOUT, doubling up to
+// 8x). Once the end is decided the scheduler keeps serving (heartbeats,
+// repeated requests) until every node has acknowledged it, or for at most
+// PS_HEARTBEAT_TIMEOUT: the time after which a node that hears nothing gives up
+// on the scheduler by itself.
+//
 //   Scheduler scheduler(options);
 //   absl::StatusOr<int> port = scheduler.Bind();   // InvalidArgument: exit 2
 //   absl::Status result = scheduler.Run();          // OK: job done; else why
@@ -46,7 +54,29 @@ class Scheduler {
   absl::Status Run();
 
  private:
+  // A message kept until its node acknowledges it (a response with the same
+  // command and request id).
+  struct Notice {
+    int peer = 0;
+    Message msg;
+    absl::Time next_send;
+    absl::Duration wait;
+    bool ends_job = false;  // TERMINATE, ABORT, NODE_DEAD
+  };
+
   void Handle(Message&& msg);
+  // Sends `msg` to `peer` as a notice.
+  void SendNotice(int peer, Message msg);
+  void ResendNotices(absl::Time now);
+  // An acknowledgement of a notice; false when `h` acknowledges none.
+  bool Acknowledged(const wire::Header& h);
+  // Decides the end of the job: `result` is what Run returns. Tells every
+  // reachable node (`end` is the TERMINATE, ABORT or NODE_DEAD to send) and
+  // keeps serving until all acknowledged it or PS_HEARTBEAT_TIMEOUT passed.
+  void EndJob(const absl::Status& result, const Message& end,
+              const std::vector<int>& peers);
+  // True while ending and some node has not acknowledged the end.
+  bool Ending(absl::Time now);
   void HandleRegister(const Message& msg);
   void FormJob();
   // A server or worker restarted with the same address: new generation, same
@@ -57,8 +87,11 @@ class Scheduler {
   Message TableMessage() const;
   void Reply(int peer, const wire::Header& request, const absl::Status& status);
   void Broadcast(const Message& msg, int except);
-  absl::Status CheckLiveness(absl::Time now);
+  // Ends the job (NODE_DEAD to the others) when a node stopped heart-beating.
+  void CheckLiveness(absl::Time now);
   std::string Describe(const wire::NodeInfo& node) const;
+  // Describe for a node of the table or a registered one (provisional id).
+  std::string DescribePeer(int id) const;
 
   const Options options_;
   std::unique_ptr<Transport> transport_;
@@ -82,8 +115,12 @@ class Scheduler {
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;
-  bool finished_ = false;
-  absl::Status failure_;
+  std::map<uint64_t, Notice> notices_;  // by request id
+  uint64_t next_notice_ = 1;
+  bool ended_ = false;       // the end is decided
+  absl::Status result_;      // what Run returns once ended
+  std::string end_reason_;   // told to nodes that register after the end
+  absl::Time end_deadline_;  // stop waiting for acknowledgements
 };
 
 }  // namespace tessera

@@ -179,6 +179,16 @@ void KVServer::Handle(Message&& msg) {
     case wire::KV_STATS:
       HandleSettings(std::move(msg));
       return;
+    case wire::KV_FINISH: {
+      const bool first = finished_workers_.insert(RankOfId(h.sender())).second;
+      Reply(msg, absl::OkStatus());
+      if (first &&
+          static_cast<int>(finished_workers_.size()) == num_workers_) {
+        TESSERA_VLOG(1) << "every worker finished with this server";
+        if (on_workers_finished_) on_workers_finished_();
+      }
+      return;
+    }
     case wire::KV_INIT:
     case wire::KV_PUSH:
     case wire::KV_PULL:

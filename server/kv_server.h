@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +71,11 @@ class KVServer {
   // A restarted server with nothing to restore: it holds requests for keys
   // that the workers' replay has not initialised yet.
   void set_recovering();
+  // Called once, on Handle's thread, when every worker has said it finished
+  // with this server (KV_FINISH, after its last barrier).
+  void set_on_workers_finished(std::function<void()> callback) {
+    on_workers_finished_ = std::move(callback);
+  }
   // Updates applied so far (dist_sync key rounds plus dist_async pushes).
   uint64_t updates_applied() const {
     return rounds_applied_.load() + async_applied_.load();
@@ -136,6 +142,8 @@ class KVServer {
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<bool> stopped_{false};
+  std::function<void()> on_workers_finished_;
+  std::set<int> finished_workers_;  // ranks; Handle's thread only
 };
 
 }  // namespace tessera

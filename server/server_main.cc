@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
     return absl::IsInvalidArgument(started.status()) ? 2 : 1;
   }
   node = *std::move(started);
+  server.set_on_workers_finished([&node] { node->MarkPartDone(); });
 
   // Data messages are held until StartDelivery, so the shard is restored
   // before any request sees it.

@@ -338,6 +338,14 @@ class KVWorkerImpl : public KVWorker {
     TESSERA_RETURN_IF_ERROR(CheckOpen());
     closed_ = true;
     absl::Status barrier = node_->Barrier(kGroupWorkers);
+    if (barrier.ok()) {
+      // Tells each server this worker is done with it; one that heard it from
+      // every worker ends without failure should the scheduler then vanish.
+      Message bye;
+      bye.header.set_command(wire::KV_FINISH);
+      absl::Status said = Broadcast(bye, "goodbye to the servers");
+      if (!said.ok()) TESSERA_LOG(WARNING) << said.message();
+    }
     absl::Status done = barrier.ok() ? node_->FinishWorker() : barrier;
     node_->Stop();
     return done;

@@ -4,6 +4,7 @@
 #include "common/node.h"
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include "common/key_partitioner.h"
@@ -214,15 +215,22 @@ class DroppingTransport : public ForwardingTransport {
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
     while (true) {
       absl::StatusOr<Message> msg = inner_->Receive(timeout);
-      if (!msg.ok() || msg->header.command() != command_ || drops_ == 0)
+      if (!msg.ok() || msg->header.command() != command_ ||
+          msg->header.is_response() || drops_.load() == 0) {
         return msg;
+      }
       --drops_;
+      ++dropped_;
     }
   }
+  // Drops the next `n` messages of the command (on top of those left).
+  void DropNext(int n) { drops_ += n; }
+  int dropped() const { return dropped_.load(); }
 
  private:
   const wire::Command command_;
-  int drops_;
+  std::atomic<int> drops_;
+  std::atomic<int> dropped_{0};
 };
 
 TEST(NodeTest, LostNodeTableIsAskedForAgain) {
@@ -314,6 +322,254 @@ TEST(NodeTest, LostBarrierRepliesAreAskedForAgainAndCountedOnce) {
   // Two lost releases each, re-asked after 50 ms then 100 ms: well under the
   // 10 s request_timeout.
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// A scheduler running on a thread of its own.
+class SchedulerThread {
+ public:
+  SchedulerThread(MemoryNetwork& net, const Options& options)
+      : scheduler_(options, net.NewTransport()) {
+    bound_ = scheduler_.Bind().ok();
+    thread_ = std::thread([this] { result_ = scheduler_.Run(); });
+  }
+  ~SchedulerThread() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool bound() const { return bound_; }
+  absl::Status Join() {
+    thread_.join();
+    return result_;
+  }
+
+ private:
+  Scheduler scheduler_;
+  bool bound_ = false;
+  absl::Status result_;
+  std::thread thread_;
+};
+
+// Options for the end-of-job tests: resends after 50 ms, so a lost message is
+// repeated well inside the heartbeat time-out.
+Options EndOptions(Role role) {
+  Options o = TestOptions(role);
+  o.resend_timeout = absl::Milliseconds(50);
+  return o;
+}
+
+// One server and two workers over `net`; node i (0: the server) receives
+// through `transport(i)`. The server waits for the end (after `server_hook`
+// ran on its Node); the workers barrier and finish.
+std::vector<absl::Status> RunJob(
+    MemoryNetwork& net, const Options& options,
+    const std::function<std::unique_ptr<Transport>(int)>& transport,
+    const std::function<void(Node&)>& server_hook = nullptr) {
+  std::vector<absl::Status> results(3);
+  std::vector<std::thread> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.emplace_back([&, i] {
+      Options mine = options;
+      mine.role = i == 0 ? Role::kServer : Role::kWorker;
+      absl::StatusOr<std::unique_ptr<Node>> node =
+          Node::Start(mine, Node::Callbacks(), transport(i));
+      if (!node.ok()) {
+        results[i] = node.status();
+        return;
+      }
+      if (i == 0) {
+        if (server_hook) server_hook(**node);
+        results[i] = (*node)->WaitForTerminate();
+        return;
+      }
+      results[i] = (*node)->Barrier(kGroupWorkers);
+      if (results[i].ok()) results[i] = (*node)->FinishWorker();
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  return results;
+}
+
+TEST(NodeTest, LostTerminateIsSentAgainAndTheJobEndsOkEverywhere) {
+  MemoryNetwork net;
+  const Options options = EndOptions(Role::kScheduler);
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  const absl::Time start = absl::Now();
+  // The server and worker 1 each lose the first TERMINATE, as a connection
+  // killed under it loses it.
+  std::vector<absl::Status> results =
+      RunJob(net, options, [&](int i) -> std::unique_ptr<Transport> {
+        return std::make_unique<DroppingTransport>(net.NewTransport(),
+                                                   wire::TERMINATE, i != 2);
+      });
+  EXPECT_TRUE(scheduler.Join().ok());
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(results[i].ok()) << i << ": " << results[i];
+  // Sent again after 50 ms; without that the server would wait out its 5 s
+  // heartbeat time-out and fail.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+}
+
+TEST(NodeTest, FinishedWorkerThatNeverHearsTheEndLeavesWithoutFailure) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.heartbeat_timeout = absl::Seconds(1);
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  const absl::Time start = absl::Now();
+  // Worker 2 loses every TERMINATE: the scheduler leaves after its deadline
+  // (PS_HEARTBEAT_TIMEOUT, 1 s), and the worker, counted done, then hears
+  // nothing for its own time-out.
+  std::vector<absl::Status> results =
+      RunJob(net, options, [&](int i) -> std::unique_ptr<Transport> {
+        return std::make_unique<DroppingTransport>(
+            net.NewTransport(), wire::TERMINATE, i == 2 ? 1000 : 0);
+      });
+  EXPECT_TRUE(scheduler.Join().ok());
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(results[i].ok()) << i << ": " << results[i];
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(NodeTest, ServerCutOffFromTheEndFailsUnlessItsPartIsDone) {
+  for (const bool part_done : {false, true}) {
+    SCOPED_TRACE(part_done ? "part done" : "part not done");
+    MemoryNetwork net;
+    Options options = EndOptions(Role::kScheduler);
+    options.heartbeat_timeout = absl::Seconds(1);
+    SchedulerThread scheduler(net, options);
+    ASSERT_TRUE(scheduler.bound());
+    std::vector<absl::Status> results = RunJob(
+        net, options,
+        [&](int i) -> std::unique_ptr<Transport> {
+          return std::make_unique<DroppingTransport>(
+              net.NewTransport(), wire::TERMINATE, i == 0 ? 1000 : 0);
+        },
+        [&](Node& server) {
+          if (part_done) server.MarkPartDone();
+        });
+    EXPECT_TRUE(scheduler.Join().ok());
+    EXPECT_TRUE(results[1].ok()) << results[1];
+    EXPECT_TRUE(results[2].ok()) << results[2];
+    if (part_done) {
+      EXPECT_TRUE(results[0].ok()) << results[0];
+    } else {
+      // It cannot tell a finished job from a dead scheduler.
+      EXPECT_EQ(results[0].code(), absl::StatusCode::kUnavailable);
+      EXPECT_THAT(std::string(results[0].message()),
+                  ::testing::HasSubstr("stopped answering heartbeats"));
+    }
+  }
+}
+
+TEST(NodeTest, LostAbortIsSentAgainSoTheNodeHearsWhy) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.start_timeout = absl::Seconds(1);
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  // Only one of the two workers comes; it loses the first ABORT.
+  Options mine = options;
+  mine.role = Role::kWorker;
+  absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(
+      mine, Node::Callbacks(),
+      std::make_unique<DroppingTransport>(net.NewTransport(), wire::ABORT, 1));
+  ASSERT_FALSE(node.ok());
+  EXPECT_EQ(node.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(node.status().message()),
+              ::testing::HasSubstr("1 of 2 worker(s) and 1 of 1 server(s) "
+                                   "never registered"));
+  EXPECT_EQ(scheduler.Join().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(NodeTest, LostNodeDeadIsSentAgainSoTheNodeHearsWhoDied) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.num_workers = 1;
+  options.heartbeat_timeout = absl::Milliseconds(500);
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  Options server_options = options;
+  server_options.role = Role::kServer;
+  // The server goes silent (it stops sending heartbeats) soon after joining.
+  std::thread server([&] {
+    absl::StatusOr<std::unique_ptr<Node>> node =
+        Node::Start(server_options, Node::Callbacks(), net.NewTransport());
+    ASSERT_TRUE(node.ok()) << node.status();
+    (*node)->Stop();
+  });
+  Options worker_options = options;
+  worker_options.role = Role::kWorker;
+  worker_options.heartbeat_timeout = absl::Seconds(5);  // not its own finding
+  absl::StatusOr<std::unique_ptr<Node>> worker = Node::Start(
+      worker_options, Node::Callbacks(),
+      std::make_unique<DroppingTransport>(net.NewTransport(), wire::NODE_DEAD,
+                                          1));
+  server.join();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  absl::Status result = (*worker)->WaitForTerminate();
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(result.message()),
+              ::testing::HasSubstr("server 0 (id 8 at 127.0.0.1:"));
+  EXPECT_THAT(std::string(result.message()),
+              ::testing::HasSubstr("stopped heart-beating"));
+  EXPECT_EQ(scheduler.Join().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(NodeTest, LostTableAfterARestartIsSentAgain) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.num_workers = 1;
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  Options server_options = options;
+  server_options.role = Role::kServer;
+  server_options.port = 30000;  // a restarted server comes back here
+  absl::StatusOr<std::unique_ptr<Node>> server;
+  std::thread first([&] {
+    server = Node::Start(server_options, Node::Callbacks(), net.NewTransport());
+  });
+  // The worker loses the first table after formation: the one announcing
+  // the server's restart.
+  absl::Mutex mu;
+  std::vector<int> restarted;
+  Node::Callbacks callbacks;
+  callbacks.on_peer_restart = [&](int peer) {
+    absl::MutexLock lock(&mu);
+    restarted.push_back(peer);
+  };
+  Options worker_options = options;
+  worker_options.role = Role::kWorker;
+  auto transport = std::make_unique<DroppingTransport>(net.NewTransport(),
+                                                       wire::NODE_TABLE, 0);
+  DroppingTransport* dropping = transport.get();
+  absl::StatusOr<std::unique_ptr<Node>> worker =
+      Node::Start(worker_options, callbacks, std::move(transport));
+  first.join();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE(server.ok()) << server.status();
+  dropping->DropNext(1);
+  (*server)->Stop();
+  server->reset();
+  server_options.restart_count = 1;
+  absl::StatusOr<std::unique_ptr<Node>> second =
+      Node::Start(server_options, Node::Callbacks(), net.NewTransport());
+  ASSERT_TRUE(second.ok()) << second.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  bool seen = false;
+  while (!seen && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+    absl::MutexLock lock(&mu);
+    seen = !restarted.empty();
+  }
+  ASSERT_TRUE(seen) << "the worker never learned of the server's restart";
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(restarted, std::vector<int>{ServerId(0)});
+  }
+  EXPECT_EQ(dropping->dropped(), 1);
+  EXPECT_TRUE((*worker)->FinishWorker().ok());
+  EXPECT_TRUE((*second)->WaitForTerminate().ok());
+  EXPECT_TRUE(scheduler.Join().ok());
 }
 
 TEST(NodeTest,

@@ -51,7 +51,7 @@ xtables NFQUEUE target is, hence iptables for that one rule.
 Knobs (environment): NETFAULT_ROUNDS (soak rounds, 50), NETFAULT_JOB_TIMEOUT_S
 (240), NETFAULT_DELAY_MS (50), NETFAULT_DROP_PERCENT (5), NETFAULT_KILL_EVERY_S
 ("2-3"), NETFAULT_HEARTBEAT_TIMEOUT_S (30), NETFAULT_KEEP_LOGS=1 (keep the log
-folder), NETFAULT_DAEMON_ENV="K=V,K=V" (more environment for every daemon and
+folder even when every test passes; it is always kept, and named, after a failure), NETFAULT_DAEMON_ENV="K=V,K=V" (more environment for every daemon and
 worker, e.g. PS_RESEND=0). The daemons also get TESSERA_BIGARRAY_BOUND=4096 so that the soak's
 5000-value key is split over both servers.
 
@@ -276,6 +276,7 @@ class Topology(object):
         self.state_path = os.path.join(tempfile.gettempdir(), 'tessera-netfault-%s.json' % TAG)
         self.state = {'namespaces': [], 'links': [], 'dirs': [] if KEEP_LOGS else [self.tmp]}
         self.guard_fd = None
+        self.logs_kept = KEEP_LOGS
         self.bridge = TAG + 'br'
         self.namespaces = [ns_name(i) for i in range(len(HOSTS))]
         self._torn_down = False
@@ -290,6 +291,13 @@ class Topology(object):
     def _remember(self, kind, value):
         self.state[kind].append(value)
         self._save()
+
+    def keep_logs(self):
+        """Keeps the log folder (every process's whole output) after the run."""
+        if self.tmp in self.state['dirs']:
+            self.state['dirs'].remove(self.tmp)
+            self._save()
+        self.logs_kept = True
 
     def setup(self):
         self.guard_fd = start_guard(self.state_path)
@@ -330,8 +338,9 @@ class Topology(object):
         if self.guard_fd is not None:
             os.close(self.guard_fd)  # the guard finds nothing left and exits
             self.guard_fd = None
-        if KEEP_LOGS:
-            sys.stderr.write('netfault_test: logs kept in %s\n' % self.tmp)
+        if self.logs_kept:
+            sys.stderr.write('netfault_test: the full logs of every process are kept in %s\n'
+                             % self.tmp)
 
 
 TOPOLOGY = None
@@ -757,6 +766,16 @@ class NetFaultTest(unittest.TestCase):
     def setUp(self):
         self.topo = TOPOLOGY
         self.addCleanup(self._no_leftovers)
+
+    def run(self, result=None):
+        """On a failure the log folder is kept (its path is printed at the end);
+        the failure message itself carries the tail of every log."""
+        failed_before = len(result.failures) + len(result.errors) if result else 0
+        outcome = super(NetFaultTest, self).run(result)
+        if result is not None and TOPOLOGY is not None and \
+                len(result.failures) + len(result.errors) > failed_before:
+            TOPOLOGY.keep_logs()
+        return outcome
 
     def _no_leftovers(self):
         """Nothing the test started may remain in any namespace; kill what did."""
