@@ -2,9 +2,9 @@
 // travel between the network, the server's store and user memory without
 // copies.
 //
-//   Buffer b = Buffer::Allocate(n * sizeof(float));     // owned, writable
-//   until shared std::memcpy(b.mutable_data(), src, b.size()); Buffer view =
-//   Buffer::Wrap(ptr, len, keep_alive);   // keep_alive owns ptr's memory
+//   Buffer b = Buffer::Allocate(n * sizeof(float));     // owned, writable until shared
+//   std::memcpy(b.mutable_data(), src, b.size());
+//   Buffer view = Buffer::Wrap(ptr, len, keep_alive);   // keep_alive owns ptr's memory
 //
 // Copying a Buffer copies the reference, not the bytes. Thread-safe like
 // shared_ptr.

@@ -5,9 +5,8 @@
 //
 //   Node::Callbacks cb;
 //   cb.on_data = [&](Message&& m) { server.Handle(std::move(m)); };
-//   cb.on_failure = [&](const absl::Status& s) { ... };   // a peer died, the
-//   job aborted absl::StatusOr<std::unique_ptr<Node>> node =
-//   Node::Start(options, cb);
+//   cb.on_failure = [&](const absl::Status& s) { ... };   // a peer died, the job aborted
+//   absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(options, cb);
 //   (*node)->Barrier(kGroupWorkers);
 //
 // Thread-safety: all methods are thread-safe. Callbacks run on the node's

@@ -3,8 +3,7 @@
 // ps-lite).
 //
 //   absl::StatusOr<Options> options = Options::FromEnvironment();
-//   if (!options.ok()) { std::cerr << options.status().message() << "\n";
-//   return 2; }
+//   if (!options.ok()) { std::cerr << options.status().message() << "\n"; return 2; }
 //
 // Parsing is pure: ParseOptions takes a lookup function, so tests pass a map.
 // Parsing only checks syntax and ranges; resolving hosts and interfaces happens

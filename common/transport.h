@@ -1,6 +1,6 @@
 // Transport: moves Messages between nodes. The ZeroMQ implementation binds one
-// PULL socket per node and connects one PUSH socket per peer; an in-memory
-// implementation lets tests run nodes inside one process.
+// PULL socket per node and connects one PUSH socket per peer; tests run nodes
+// inside one process over an in-memory one (tests/support/memory_network.h).
 //
 //   std::unique_ptr<Transport> t = NewZmqTransport();
 //   absl::StatusOr<int> port = t->Bind("127.0.0.1", 0);   // any free port
@@ -69,19 +69,6 @@ std::unique_ptr<Transport> NewZmqTransport(
 // `max_frame_bytes` (TESSERA_MAX_MESSAGE_BYTES): ZeroMQ drops the connection
 // of a peer that sends one, so a bogus length never reaches an allocation.
 std::unique_ptr<Transport> NewZmqTransportForFrames(int64_t max_frame_bytes);
-
-// A process-local network for tests: transports created from the same
-// MemoryNetwork reach each other by "ip:port".
-class MemoryNetwork {
- public:
-  MemoryNetwork();
-  ~MemoryNetwork();
-  std::unique_ptr<Transport> NewTransport();
-  struct State;
-
- private:
-  std::shared_ptr<State> state_;
-};
 
 }  // namespace tessera
 

@@ -14,8 +14,7 @@
 //
 //   Scheduler scheduler(options);
 //   absl::StatusOr<int> port = scheduler.Bind();   // InvalidArgument: exit 2
-//   absl::Status result = scheduler.Run();          // OK: job done; else why
-//   it failed
+//   absl::Status result = scheduler.Run();          // OK: job done; else why it failed
 //
 // Not thread-safe: one thread calls Bind, then Run.
 #ifndef TESSERA_SCHEDULER_SCHEDULER_H_

@@ -2,27 +2,26 @@
 // workers with a spec string such as "sgd lr=0.1 momentum=0.9 wd=1e-4" (MXNet's
 // names and defaults).
 //
-//   absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create("adam
-//   lr=0.001"); std::vector<std::vector<float>> state(opt->state_slots(),
-//   std::vector<float>(n)); opt->Update(w, g, n, slots, /*step=*/1);
+//   absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create("adam lr=0.001");
+//   std::vector<std::vector<float>> state(opt->state_slots(), std::vector<float>(n));
+//   opt->Update(w, g, n, slots, /*step=*/1);
 //
 // Rules (g is the pushed gradient, or the round's sum in dist_sync; clip(x)
-// clamps to
-// +-clip_gradient when clip_gradient > 0):
+// clamps to +-clip_gradient when clip_gradient > 0):
 //   sgd:     g' = clip(rescale_grad*g); without momentum w -= lr*(g' + wd*w);
 //            with it m = momentum*m - lr*(g' + wd*w); w += m.
-//   adam:    g' = clip(rescale_grad*g) + wd*w; m = b1*m + (1-b1)*g'; v = b2*v +
-//   (1-b2)*g'^2;
+//   adam:    g' = clip(rescale_grad*g) + wd*w; m = b1*m + (1-b1)*g';
+//            v = b2*v + (1-b2)*g'^2;
 //            w -= lr*sqrt(1-b2^t)/(1-b1^t) * m/(sqrt(v)+epsilon).
-//   adamax:  g' = clip(rescale_grad*g) + wd*w; m = b1*m + (1-b1)*g'; u =
-//   max(b2*u, |g'|);
+//   adamax:  g' = clip(rescale_grad*g) + wd*w; m = b1*m + (1-b1)*g';
+//            u = max(b2*u, |g'|);
 //            w -= lr/(1-b1^t) * m/u  (skipped where u == 0).
-//   adagrad: g' = clip(rescale_grad*g); h += g'^2; w -= lr*(g'/sqrt(h+epsilon)
-//   + wd*w).
+//   adagrad: g' = clip(rescale_grad*g); h += g'^2;
+//            w -= lr*(g'/sqrt(h+epsilon) + wd*w).
 // t is the key's update count, from 1. Every optimizer takes a step schedule,
 // as MXNet's FactorScheduler: with lr_step=N > 0 the learning rate is
-// multiplied by lr_factor after every N updates of a key (lr_t = lr *
-// lr_factor^floor((t-1)/N)).
+// multiplied by lr_factor after every N updates of a key
+// (lr_t = lr * lr_factor^floor((t-1)/N)).
 //
 // Thread-safety: Update is const and may run on several threads for different
 // keys.

@@ -10,9 +10,8 @@
 // Example (worker, residual kept on the GPU next to the gradient):
 //
 //   if (CudaDeviceAvailable()) {
-//     // d_grad, d_residual: len floats; d_packed: TwoBitCompressedBytes(len)
-//     bytes. absl::Status s = TwoBitQuantizeDevice(d_grad, d_residual, len,
-//     0.5f, d_packed,
+//     // d_grad, d_residual: len floats; d_packed: TwoBitCompressedBytes(len) bytes.
+//     absl::Status s = TwoBitQuantizeDevice(d_grad, d_residual, len, 0.5f, d_packed,
 //                                           /*stream=*/nullptr);
 //     // ...then copy d_packed to the host and push it.
 //   }

@@ -7,10 +7,12 @@
  * tools/launch.py sets it.
  *
  *   TesseraKV* kv;
- *   if (tessera_kv_create("dist_sync", &kv) != 0) { puts(tessera_last_error());
- * return 1; } tessera_kv_set_optimizer(kv, "sgd lr=0.1"); tessera_kv_init(kv,
- * 0, weights, n); tessera_kv_push(kv, 0, grad, n); tessera_kv_pull(kv, 0,
- * weights, n); tessera_kv_close(kv);
+ *   if (tessera_kv_create("dist_sync", &kv) != 0) { puts(tessera_last_error()); return 1; }
+ *   tessera_kv_set_optimizer(kv, "sgd lr=0.1");
+ *   tessera_kv_init(kv, 0, weights, n);
+ *   tessera_kv_push(kv, 0, grad, n);
+ *   tessera_kv_pull(kv, 0, weights, n);
+ *   tessera_kv_close(kv);
  *
  * Build: cc prog.c $(pkg-config --cflags --libs tessera)
  */

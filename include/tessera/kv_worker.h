@@ -9,8 +9,7 @@
 //   if (!kv.ok()) { std::cerr << kv.status() << "\n"; return 1; }
 //   (*kv)->SetOptimizer("sgd lr=0.1");
 //   (*kv)->Init(/*key=*/0, weights);
-//   auto push = (*kv)->PushAsync(0, grad);     // overlaps with the caller's
-//   work
+//   auto push = (*kv)->PushAsync(0, grad);     // overlaps with the caller's work
 //   ...
 //   (*kv)->Wait(push);
 //   (*kv)->Pull(0, absl::MakeSpan(weights));

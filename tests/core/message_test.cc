@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/transport.h"
+#include "tests/support/memory_network.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
+#include "tests/support/memory_network.h"
 
 namespace tessera {
 namespace {

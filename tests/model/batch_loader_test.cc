@@ -1,6 +1,6 @@
 // Tests of BatchLoader: sharding, deterministic shuffling, batch contents, the
 // bound on the prefetch queue and shutdown.
-#include "worker/batch_loader.h"
+#include "worker/trainer/batch_loader.h"
 
 #include <algorithm>
 #include <chrono>

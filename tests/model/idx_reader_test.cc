@@ -1,6 +1,6 @@
 // Tests of the IDX reader on the real Fashion-MNIST files (skipped when absent)
 // and on broken files written here.
-#include "worker/idx_reader.h"
+#include "worker/trainer/idx_reader.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

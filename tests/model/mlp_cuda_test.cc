@@ -1,14 +1,14 @@
 // The CUDA backend against the CPU backend: same parameters and batch, so the
 // same loss and gradients to float tolerance. Labelled `gpu`; skips without a
 // device.
-#include "worker/mlp_cuda.h"
+#include "worker/trainer/mlp_cuda.h"
 
 #include <cmath>
 #include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/mlp.h"
+#include "worker/trainer/mlp.h"
 
 namespace tessera {
 namespace {

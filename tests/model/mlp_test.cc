@@ -1,7 +1,7 @@
 // Tests of the CPU Mlp: the loss on a hand-computed case, gradients against
 // central finite differences of an independent double-precision reference, and
 // the API's contracts.
-#include "worker/mlp.h"
+#include "worker/trainer/mlp.h"
 
 #include <cmath>
 #include <random>

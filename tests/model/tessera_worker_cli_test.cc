@@ -8,7 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/mlp_cuda.h"
+#include "worker/trainer/mlp_cuda.h"
 
 namespace tessera {
 namespace {

@@ -1,6 +1,6 @@
 // Tests of tessera-worker's flag parsing: defaults, both flag forms, the data
 // directory's precedence and the one-line message of every bad flag.
-#include "worker/train_flags.h"
+#include "worker/trainer/train_flags.h"
 
 #include <string>
 #include <utility>

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "worker/batch_loader.h"
-#include "worker/idx_reader.h"
-#include "worker/mlp.h"
+#include "worker/trainer/batch_loader.h"
+#include "worker/trainer/idx_reader.h"
+#include "worker/trainer/mlp.h"
 
 namespace tessera {
 namespace {

@@ -27,11 +27,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "tessera/kv_worker.h"
-#include "worker/batch_loader.h"
-#include "worker/idx_reader.h"
-#include "worker/mlp.h"
-#include "worker/mlp_cuda.h"
-#include "worker/train_flags.h"
+#include "worker/trainer/batch_loader.h"
+#include "worker/trainer/idx_reader.h"
+#include "worker/trainer/mlp.h"
+#include "worker/trainer/mlp_cuda.h"
+#include "worker/trainer/train_flags.h"
 
 namespace tessera {
 namespace {

@@ -1,6 +1,6 @@
 // Stands in for worker/cuda/mlp_cuda.cu in builds without CUDA.
 #include "absl/status/status.h"
-#include "worker/mlp_cuda.h"
+#include "worker/trainer/mlp_cuda.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "worker/batch_loader.h"
+#include "worker/trainer/batch_loader.h"
 
 #include <random>
 #include <utility>

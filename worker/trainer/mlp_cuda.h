@@ -5,14 +5,14 @@
 //   if (tessera::CudaAvailable()) {
 //     auto mlp = tessera::CreateCudaMlp(config, /*max_batch=*/128);
 //   }
-#ifndef TESSERA_WORKER_MLP_CUDA_H_
-#define TESSERA_WORKER_MLP_CUDA_H_
+#ifndef TESSERA_WORKER_TRAINER_MLP_CUDA_H_
+#define TESSERA_WORKER_TRAINER_MLP_CUDA_H_
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/mlp.h"
+#include "worker/trainer/mlp.h"
 
 namespace tessera {
 
@@ -30,4 +30,4 @@ absl::StatusOr<std::unique_ptr<Mlp>> CreateCudaMlp(const MlpConfig& config,
 
 }  // namespace tessera
 
-#endif  // TESSERA_WORKER_MLP_CUDA_H_
+#endif  // TESSERA_WORKER_TRAINER_MLP_CUDA_H_

@@ -1,5 +1,5 @@
-// In-process transport for tests: messages are encoded and decoded exactly as
-// on the wire, but travel through queues instead of sockets.
+#include "tests/support/memory_network.h"
+
 #include <atomic>
 #include <deque>
 #include <map>
@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
-#include "common/transport.h"
 
 namespace tessera {
 

@@ -6,8 +6,8 @@
 //     absl::StatusOr<void*> d = gpu::DeviceAlloc(bytes);
 //     gpu::CopyDeviceToHost(host, *d, bytes, stream);   // waits for the stream
 //   }
-#ifndef TESSERA_WORKER_DEVICE_COPY_H_
-#define TESSERA_WORKER_DEVICE_COPY_H_
+#ifndef TESSERA_WORKER_CLIENT_DEVICE_COPY_H_
+#define TESSERA_WORKER_CLIENT_DEVICE_COPY_H_
 
 #include <cstddef>
 
@@ -30,4 +30,4 @@ absl::Status CopyDeviceToHost(void* host, const void* device, size_t bytes,
 
 }  // namespace tessera::gpu
 
-#endif  // TESSERA_WORKER_DEVICE_COPY_H_
+#endif  // TESSERA_WORKER_CLIENT_DEVICE_COPY_H_

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "worker/device_copy.h"
+#include "worker/client/device_copy.h"
 
 namespace tessera::gpu {
 namespace {

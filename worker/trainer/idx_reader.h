@@ -18,8 +18,8 @@
 //                    stream, a label outside 0..num_classes-1;
 //   InvalidArgument  the images and labels files disagree on the number of
 //   items.
-#ifndef TESSERA_WORKER_IDX_READER_H_
-#define TESSERA_WORKER_IDX_READER_H_
+#ifndef TESSERA_WORKER_TRAINER_IDX_READER_H_
+#define TESSERA_WORKER_TRAINER_IDX_READER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -74,4 +74,4 @@ absl::StatusOr<FashionMnist> LoadFashionMnist(const std::string& dir,
 
 }  // namespace tessera
 
-#endif  // TESSERA_WORKER_IDX_READER_H_
+#endif  // TESSERA_WORKER_TRAINER_IDX_READER_H_

@@ -49,7 +49,7 @@
 #include "common/logging.h"
 #include "common/node.h"
 #include "common/status_macros.h"
-#include "worker/device_copy.h"
+#include "worker/client/device_copy.h"
 
 namespace tessera {
 namespace {

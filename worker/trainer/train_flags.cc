@@ -1,4 +1,4 @@
-#include "worker/train_flags.h"
+#include "worker/trainer/train_flags.h"
 
 #include <cmath>
 #include <limits>

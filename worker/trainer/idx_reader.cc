@@ -1,4 +1,4 @@
-#include "worker/idx_reader.h"
+#include "worker/trainer/idx_reader.h"
 
 #include <zlib.h>
 

@@ -1,5 +1,5 @@
 // Built when CUDA is off: there is never a device.
-#include "worker/device_copy.h"
+#include "worker/client/device_copy.h"
 
 namespace tessera::gpu {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "worker/mlp_cuda.h"
+#include "worker/trainer/mlp_cuda.h"
 
 #define TESSERA_CUDA_RETURN_IF_ERROR(expr)                                  \
   do {                                                                      \

@@ -14,8 +14,8 @@
 //   for (int e = 0; e < 10; ++e) {
 //     while (std::optional<tessera::Batch> b = loader.Next()) Train(*b);
 //   }
-#ifndef TESSERA_WORKER_BATCH_LOADER_H_
-#define TESSERA_WORKER_BATCH_LOADER_H_
+#ifndef TESSERA_WORKER_TRAINER_BATCH_LOADER_H_
+#define TESSERA_WORKER_TRAINER_BATCH_LOADER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/idx_reader.h"
+#include "worker/trainer/idx_reader.h"
 
 namespace tessera {
 
@@ -118,4 +118,4 @@ class BatchLoader {
 
 }  // namespace tessera
 
-#endif  // TESSERA_WORKER_BATCH_LOADER_H_
+#endif  // TESSERA_WORKER_TRAINER_BATCH_LOADER_H_

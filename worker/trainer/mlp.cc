@@ -1,4 +1,4 @@
-#include "worker/mlp.h"
+#include "worker/trainer/mlp.h"
 
 #include <cblas.h>
 
@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/mlp_cuda.h"
+#include "worker/trainer/mlp_cuda.h"
 
 namespace tessera {
 namespace {

@@ -10,8 +10,8 @@
 //   }
 //
 // Flags take the form --name=value or --name value.
-#ifndef TESSERA_WORKER_TRAIN_FLAGS_H_
-#define TESSERA_WORKER_TRAIN_FLAGS_H_
+#ifndef TESSERA_WORKER_TRAINER_TRAIN_FLAGS_H_
+#define TESSERA_WORKER_TRAINER_TRAIN_FLAGS_H_
 
 #include <cstdint>
 #include <string>
@@ -74,4 +74,4 @@ std::string OptimizerSpec(const TrainFlags& flags, double rescale_grad,
 
 }  // namespace tessera
 
-#endif  // TESSERA_WORKER_TRAIN_FLAGS_H_
+#endif  // TESSERA_WORKER_TRAINER_TRAIN_FLAGS_H_

@@ -26,8 +26,8 @@
 // staging buffers and gradient buffers handed to the KV client may be read or
 // written by it between the layer callback and the following
 // CommitStagedParams.
-#ifndef TESSERA_WORKER_MLP_H_
-#define TESSERA_WORKER_MLP_H_
+#ifndef TESSERA_WORKER_TRAINER_MLP_H_
+#define TESSERA_WORKER_TRAINER_MLP_H_
 
 #include <cstdint>
 #include <functional>
@@ -162,4 +162,4 @@ int CpuMathThreads();
 
 }  // namespace tessera
 
-#endif  // TESSERA_WORKER_MLP_H_
+#endif  // TESSERA_WORKER_TRAINER_MLP_H_
