@@ -1,13 +1,21 @@
 // BoundedQueue: a blocking FIFO with a capacity, for hand-offs between threads.
-// Push blocks while the queue is full (back-pressure); Pop blocks while it is
-// empty; Close wakes everyone and makes Pop return std::nullopt once drained.
+// The capacity counts items and, optionally, their cost (e.g. bytes): Push
+// blocks while either is full (back-pressure; an item costlier than the whole
+// budget is let in alone); Pop blocks while the queue is empty; Close wakes
+// everyone and makes Pop return std::nullopt once drained.
 //
-//   BoundedQueue<Message> q(1024);
-//   q.Push(std::move(m));                        // producer
+//   BoundedQueue<Message> q(/*capacity=*/1024, /*max_cost=*/64 << 20);
+//   q.Push(std::move(m), m_bytes);                       // producer
 //   while (std::optional<Message> m = q.Pop()) { ... }   // consumer
+//
+// The waits have no deadline: the consumer of every queue in Tessera waits on
+// nothing but its queue, so a full queue empties as fast as the consumer
+// works, and an idle consumer waits for work for its whole life (Close ends
+// it).
 #ifndef TESSERA_COMMON_BOUNDED_QUEUE_H_
 #define TESSERA_COMMON_BOUNDED_QUEUE_H_
 
+#include <cstdint>
 #include <deque>
 #include <optional>
 
@@ -18,18 +26,21 @@ namespace tessera {
 template <typename T>
 class BoundedQueue {
  public:
-  explicit BoundedQueue(size_t capacity) : capacity_(capacity) {}
+  explicit BoundedQueue(size_t capacity, uint64_t max_cost = UINT64_MAX)
+      : capacity_(capacity), max_cost_(max_cost) {}
 
   // Returns false (dropping nothing: `item` is not taken) when the queue is
   // closed.
-  bool Push(T&& item) {
+  bool Push(T&& item, uint64_t cost = 0) {
     absl::MutexLock lock(&mu_);
-    auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return closed_ || items_.size() < capacity_;
+    auto room = [this, cost]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return closed_ || items_.empty() ||
+             (items_.size() < capacity_ && cost_ + cost <= max_cost_);
     };
     mu_.Await(absl::Condition(&room));
     if (closed_) return false;
-    items_.push_back(std::move(item));
+    items_.push_back(Entry{std::move(item), cost});
+    cost_ += cost;
     return true;
   }
 
@@ -40,9 +51,10 @@ class BoundedQueue {
     };
     mu_.Await(absl::Condition(&ready));
     if (items_.empty()) return std::nullopt;
-    T item = std::move(items_.front());
+    Entry entry = std::move(items_.front());
     items_.pop_front();
-    return item;
+    cost_ -= entry.cost;
+    return std::move(entry.item);
   }
 
   void Close() {
@@ -56,9 +68,15 @@ class BoundedQueue {
   }
 
  private:
+  struct Entry {
+    T item;
+    uint64_t cost;
+  };
   const size_t capacity_;
+  const uint64_t max_cost_;
   mutable absl::Mutex mu_;
-  std::deque<T> items_ ABSL_GUARDED_BY(mu_);
+  std::deque<Entry> items_ ABSL_GUARDED_BY(mu_);
+  uint64_t cost_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -9,16 +9,9 @@
 #include "common/logging.h"
 #include "common/net_util.h"
 #include "common/status_macros.h"
+#include "common/wire_status.h"
 
 namespace tessera {
-namespace {
-
-absl::Status FromWire(const wire::WireStatus& s) {
-  if (s.code() == 0) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
-}
-
-}  // namespace
 
 Node::Node(const Options& options, Callbacks callbacks,
            std::unique_ptr<Transport> transport)
@@ -92,6 +85,7 @@ absl::Status Node::Join() {
   gethostname(hostname, sizeof(hostname) - 1);
   reg.header.mutable_register_()->set_hostname(hostname);
   reg.header.mutable_register_()->set_pid(getpid());
+  reg.header.set_plane(wire::CONTROL);
   TESSERA_RETURN_IF_ERROR(transport_->Send(kSchedulerId, reg));
 
   // The scheduler gives up at its own start deadline and tells us (when it can
@@ -127,6 +121,10 @@ absl::Status Node::Join() {
                   << address_ << ":" << port_;
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  } else {
+    TESSERA_LOG(WARNING) << "PS_HEARTBEAT_INTERVAL=0: heartbeats are off, so "
+                            "a dead scheduler or peer is never detected and "
+                            "this node may wait for it forever";
   }
   return absl::OkStatus();
 }
@@ -189,7 +187,16 @@ absl::Status Node::Send(int peer, Message msg) {
   msg.header.set_sender(id_);
   msg.header.set_recipient(peer);
   msg.header.set_generation(options_.restart_count);
+  msg.header.set_plane(wire::DATA);
   return transport_->Send(peer, msg);
+}
+
+absl::Status Node::SendControl(Message msg) {
+  msg.header.set_sender(id_);
+  msg.header.set_recipient(kSchedulerId);
+  msg.header.set_generation(options_.restart_count);
+  msg.header.set_plane(wire::CONTROL);
+  return transport_->Send(kSchedulerId, msg);
 }
 
 absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
@@ -205,7 +212,7 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
     if (!failure_.ok()) return failure_;
     waiters_[request] = Waiter();
   }
-  absl::Status sent = Send(kSchedulerId, msg);
+  absl::Status sent = SendControl(msg);
   absl::MutexLock lock(&mu_);
   if (!sent.ok()) {
     waiters_.erase(request);
@@ -220,7 +227,7 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
   AwaitAskingAgain(absl::Condition(&ready), absl::Now() + timeout, [&] {
     TESSERA_VLOG(1) << what
                     << ": no answer from the scheduler yet; asking again";
-    (void)Send(kSchedulerId, msg);
+    (void)SendControl(msg);
   });
   Waiter waiter = waiters_[request];
   waiters_.erase(request);
@@ -253,19 +260,29 @@ void Node::AwaitAskingAgain(const absl::Condition& ready, absl::Time deadline,
   }
 }
 
-absl::Status Node::Barrier(int group, BarrierKind kind, uint64_t init_key) {
+absl::Status Node::Barrier(int group, const std::string& tag) {
   wire::Header extra;
   extra.mutable_barrier()->set_group(group);
-  extra.mutable_barrier()->set_init(kind == BarrierKind::kInit);
-  extra.mutable_barrier()->set_rejoin(kind == BarrierKind::kRejoinInit);
-  if (kind != BarrierKind::kPlain)
-    extra.mutable_barrier()->set_init_key(init_key);
+  extra.mutable_barrier()->set_tag(tag);
   return CallScheduler(wire::BARRIER, std::move(extra),
                        options_.request_timeout,
-                       absl::StrCat("barrier of group ", group));
+                       absl::StrCat("barrier of group ", group,
+                                    tag.empty() ? "" : " (", tag,
+                                    tag.empty() ? "" : ")"));
 }
 
-absl::Status Node::FinishWorker() {
+absl::Status Node::JoinBarrierIfOpen(int group, const std::string& tag) {
+  wire::Header extra;
+  extra.mutable_barrier()->set_group(group);
+  extra.mutable_barrier()->set_tag(tag);
+  extra.mutable_barrier()->set_join_if_open(true);
+  return CallScheduler(wire::BARRIER, std::move(extra),
+                       options_.request_timeout,
+                       absl::StrCat("rejoining barrier ", tag, " of group ",
+                                    group));
+}
+
+absl::Status Node::Finish() {
   TESSERA_RETURN_IF_ERROR(CallScheduler(wire::WORKER_DONE, wire::Header(),
                                         options_.request_timeout,
                                         "leaving the job"));
@@ -347,12 +364,11 @@ void Node::ReceiveLoop() {
       if (absl::IsCancelled(msg.status())) return;
       continue;
     }
-    const wire::Command cmd = msg->header.command();
     if (msg->header.sender() == kSchedulerId) {
       absl::MutexLock lock(&mu_);
       last_scheduler_contact_ = absl::Now();
     }
-    if (cmd >= wire::KV_INIT) {
+    if (msg->header.plane() == wire::DATA) {
       if (options_.drop_percent > 0) {
         // PS_DROP_MSG: lose some data-plane messages on purpose (tests of
         // the resend path). xorshift32, seeded per process.
@@ -396,7 +412,7 @@ void Node::HandleControl(Message&& msg) {
     ack.header.set_command(h.command());
     ack.header.set_request_id(h.request_id());
     ack.header.set_is_response(true);
-    (void)Send(kSchedulerId, std::move(ack));
+    (void)SendControl(std::move(ack));
   };
   switch (h.command()) {
     case wire::NODE_TABLE: {
@@ -514,7 +530,7 @@ void Node::HeartbeatLoop() {
       Message hb;
       hb.header.set_command(wire::HEARTBEAT);
       hb.header.set_request_id(next_request_.fetch_add(1));
-      (void)Send(kSchedulerId, std::move(hb));
+      (void)SendControl(std::move(hb));
     }
   }
 }

@@ -1,7 +1,8 @@
 // Node: a server's or worker's membership in a job. It registers with the
 // scheduler, receives the node table (ids and ranks), connects to its peers,
 // serves barriers, heart-beats, and reports the job's end or failure.
-// Data-plane messages (KV_*) are handed to the owner's callback.
+// Messages of the data plane (header.plane DATA) are handed to the owner's
+// callback; Node knows nothing of what they mean.
 //
 //   Node::Callbacks cb;
 //   cb.on_data = [&](Message&& m) { server.Handle(std::move(m)); };
@@ -72,33 +73,35 @@ class Node {
   // replies through.
   void StartDelivery();
 
-  // Sends a data-plane message; fills in sender and generation.
+  // Sends a data-plane message; fills in sender, generation and plane.
   absl::Status Send(int peer, Message msg);
 
-  enum class BarrierKind {
-    kPlain,
-    kInit,        // the barrier that ends a KV init
-    kRejoinInit,  // a restarted worker's init: join an open init barrier only
-  };
-  // Waits until every node of `group` has entered the barrier. `init_key`
-  // names the key of a kInit / kRejoinInit barrier.
-  absl::Status Barrier(int group, BarrierKind kind = BarrierKind::kPlain,
-                       uint64_t init_key = 0);
+  // Waits (at most TESSERA_TIMEOUT) until every node of `group` has entered
+  // the barrier. `tag` says what the barrier is for (the owner's words, e.g.
+  // "init 3"); the scheduler only compares tags.
+  absl::Status Barrier(int group, const std::string& tag = "");
+  // For a node restarted into a running job: joins the group's waiting
+  // barrier if it has the same tag (the others wait there for this node's
+  // earlier life), and returns at once otherwise.
+  absl::Status JoinBarrierIfOpen(int group, const std::string& tag);
 
-  // Worker: tells the scheduler this worker is done (after its last barrier),
-  // then waits (at most TESSERA_TIMEOUT) until the scheduler announces the
-  // job's end, which it acknowledges. OK once the scheduler counted this worker
-  // done, unless the job failed meanwhile (a node died).
-  absl::Status FinishWorker();
+  // Tells the scheduler this node has finished its work (a worker, after its
+  // last barrier), then waits (at most TESSERA_TIMEOUT) until the scheduler
+  // announces the job's end, which it acknowledges. OK once the scheduler
+  // counted this node done, unless the job failed meanwhile (a node died).
+  absl::Status Finish();
 
-  // This node's part of the job is complete (FinishWorker does it for a
-  // worker; a server calls it once every worker has said goodbye). From then
+  // This node's part of the job is complete (Finish does it; a server calls it
+  // once every worker has said goodbye). From then
   // on, a scheduler that goes silent ends the node without failure: the job's
   // end was decided, or this node is no longer needed for it.
   void MarkPartDone();
 
   // Blocks until the scheduler ends the job (OK) or the job fails (the
-  // failure).
+  // failure). No deadline of its own: it lasts as long as the job, whose length
+  // nobody knows in advance; a dead scheduler ends it through the heartbeat
+  // time-out. With heartbeats off (PS_HEARTBEAT_INTERVAL=0, the user's choice,
+  // warned about at start) nothing can tell a long job from a dead scheduler.
   absl::Status WaitForTerminate();
 
   // OK while the job is healthy, else the first failure.
@@ -130,6 +133,8 @@ class Node {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CallScheduler(wire::Command command, wire::Header extra,
                              absl::Duration timeout, const std::string& what);
+  // Sends a control message to the scheduler.
+  absl::Status SendControl(Message msg);
 
   const Options options_;
   Callbacks callbacks_;

@@ -7,21 +7,18 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/net_util.h"
+#include "common/wire_status.h"
 
 namespace tessera {
 namespace {
 
 constexpr int kProvisionalBase = 1000000;
 
-void ToWire(const absl::Status& s, wire::WireStatus* out) {
-  out->set_code(static_cast<int>(s.code()));
-  out->set_message(std::string(s.message()));
-}
-
 Message AbortMessage(const std::string& reason) {
   Message abort;
   abort.header.set_command(wire::ABORT);
   abort.header.set_sender(kSchedulerId);
+  abort.header.set_plane(wire::CONTROL);
   abort.header.mutable_abort()->set_reason(reason);
   return abort;
 }
@@ -160,6 +157,7 @@ void Scheduler::SendNotice(int peer, Message msg) {
   msg.header.set_request_id(id);
   msg.header.set_sender(kSchedulerId);
   msg.header.set_recipient(peer);
+  msg.header.set_plane(wire::CONTROL);
   absl::Status sent = transport_->Send(peer, msg);
   if (!sent.ok()) {
     TESSERA_LOG(WARNING) << "send to " << DescribePeer(peer) << ": "
@@ -241,6 +239,12 @@ std::string Scheduler::DescribePeer(int id) const {
 
 void Scheduler::Handle(Message&& msg) {
   const wire::Header& h = msg.header;
+  if (h.plane() != wire::CONTROL) {
+    ++malformed_;
+    TESSERA_LOG(WARNING) << "ignored a data-plane message: "
+                         << DebugString(msg);
+    return;
+  }
   if (h.command() == wire::REGISTER) {
     HandleRegister(msg);
     return;
@@ -296,19 +300,13 @@ void Scheduler::Handle(Message&& msg) {
         return;
       }
       auto& waiting = barriers_[group];
-      if (h.barrier().rejoin() &&
-          (waiting.empty() ||
-           barrier_init_key_[group] != h.barrier().init_key())) {
-        // A restarted worker's init: no one waits for it in this key's init
-        // barrier.
+      if (h.barrier().join_if_open() &&
+          (waiting.empty() || barrier_tag_[group] != h.barrier().tag())) {
+        // A restarted node: no one waits for it in a barrier of this tag.
         Reply(sender, h, absl::OkStatus());
         return;
       }
-      if (waiting.empty()) {
-        barrier_init_key_[group] =
-            h.barrier().init() ? std::optional<uint64_t>(h.barrier().init_key())
-                               : std::nullopt;
-      }
+      if (waiting.empty()) barrier_tag_[group] = h.barrier().tag();
       // A node waits in a barrier once. Its newest request is the one to
       // answer: a restarted node asks again under a new request id.
       for (auto& [id, req] : waiting) {
@@ -486,6 +484,7 @@ Message Scheduler::TableMessage() const {
   Message table;
   table.header.set_command(wire::NODE_TABLE);
   table.header.set_sender(kSchedulerId);
+  table.header.set_plane(wire::CONTROL);
   table.header.mutable_node_table()->set_num_servers(options_.num_servers);
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
   for (const auto& [peer, n] : nodes_)
@@ -521,6 +520,7 @@ void Scheduler::Reply(int peer, const wire::Header& request,
   reply.header.set_is_response(true);
   reply.header.set_sender(kSchedulerId);
   reply.header.set_recipient(peer);
+  reply.header.set_plane(wire::CONTROL);
   if (!status.ok()) ToWire(status, reply.header.mutable_status());
   absl::Status sent = transport_->Send(peer, reply);
   if (!sent.ok())

@@ -109,8 +109,7 @@ class Scheduler {
   std::map<int, std::vector<std::pair<int, uint64_t>>>
       barriers_;                              // group -> (id, request)
   std::map<int, uint64_t> released_barrier_;  // id -> its last released request
-  // group -> the key whose KV init its waiting barrier ends, if it does
-  std::map<int, std::optional<uint64_t>> barrier_init_key_;
+  std::map<int, std::string> barrier_tag_;  // group -> its waiting barrier's tag
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;
@@ -120,6 +119,7 @@ class Scheduler {
   absl::Status result_;      // what Run returns once ended
   std::string end_reason_;   // told to nodes that register after the end
   absl::Time end_deadline_;  // stop waiting for acknowledgements
+  uint64_t malformed_ = 0;   // messages dropped as not for the control plane
 };
 
 }  // namespace tessera

@@ -239,14 +239,31 @@ absl::StatusOr<CheckpointPolicy> CheckpointPolicy::Parse(
 }
 
 Checkpointer::Checkpointer(CheckpointStore* store, CheckpointPolicy policy,
-                           KVServer* server)
+                           KVServer* server, absl::Duration write_delay)
     : store_(store),
       policy_(policy),
       server_(server),
+      write_delay_(write_delay),
       last_updates_(server->updates_applied()),
-      last_time_(absl::Now()) {}
+      last_time_(absl::Now()) {
+  writer_ = std::thread([this] { WriterLoop(); });
+}
+
+Checkpointer::~Checkpointer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  writer_.join();
+}
+
+bool Checkpointer::busy() const {
+  absl::MutexLock lock(&mu_);
+  return in_progress_;
+}
 
 void Checkpointer::MaybeWrite() {
+  Collect();
   const uint64_t updates = server_->updates_applied();
   if (updates == last_updates_) return;  // nothing new to save
   const bool due =
@@ -255,23 +272,98 @@ void Checkpointer::MaybeWrite() {
       (policy_.every > absl::ZeroDuration() &&
        absl::Now() - last_time_ >= policy_.every);
   if (!due) return;
-  absl::Status written = Write();
-  if (!written.ok()) {
-    TESSERA_LOG(ERROR) << "checkpoint not written: " << written.message();
+  {
+    absl::MutexLock lock(&mu_);
+    if (in_progress_) return;  // the next one starts after this one
+    in_progress_ = true;
+  }
+  last_time_ = absl::Now();
+  last_updates_ = updates;
+  Start();
+}
+
+void Checkpointer::Start() {
+  server_->Snapshot([this](wire::ServerCheckpoint shard) {
+    absl::MutexLock lock(&mu_);
+    to_write_ = std::move(shard);
+  });
+}
+
+void Checkpointer::Collect() {
+  std::optional<absl::StatusOr<std::shared_ptr<const wire::ServerCheckpoint>>>
+      written;
+  {
+    absl::MutexLock lock(&mu_);
+    written.swap(written_);
+    if (written.has_value()) in_progress_ = false;
+  }
+  if (!written.has_value()) return;
+  if (!written->ok()) {
+    TESSERA_LOG(ERROR) << "checkpoint not written: "
+                       << written->status().message();
+    return;
+  }
+  const wire::ServerCheckpoint& shard = ***written;
+  server_->MarkDurable(**written);
+  TESSERA_VLOG(1) << "checkpoint " << shard.sequence() << ": "
+                  << shard.keys_size() << " key(s), " << shard.rounds_applied()
+                  << " update(s)";
+}
+
+void Checkpointer::WriterLoop() {
+  while (true) {
+    wire::ServerCheckpoint shard;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || to_write_.has_value();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (!to_write_.has_value()) return;  // stopped, nothing to write
+      shard = *std::move(to_write_);
+      to_write_.reset();
+    }
+    if (write_delay_ > absl::ZeroDuration()) absl::SleepFor(write_delay_);
+    const absl::Time start = absl::Now();
+    absl::Status status = store_->Write(shard);
+    TESSERA_VLOG(1) << "checkpoint write took "
+                    << absl::FormatDuration(absl::Now() - start);
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      written_ = std::make_shared<const wire::ServerCheckpoint>(std::move(shard));
+    } else {
+      written_ = status;
+    }
   }
 }
 
-absl::Status Checkpointer::Write() {
+absl::Status Checkpointer::WriteNow() {
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !in_progress_ || written_.has_value();
+    };
+    mu_.Await(absl::Condition(&idle));
+  }
+  Collect();
+  {
+    absl::MutexLock lock(&mu_);
+    in_progress_ = true;
+  }
   last_time_ = absl::Now();
-  wire::ServerCheckpoint shard = server_->Snapshot();
-  last_updates_ = shard.rounds_applied();
-  absl::Status written = store_->Write(shard);
-  if (!written.ok()) return written;
-  server_->MarkDurable(shard);
-  TESSERA_VLOG(1) << "checkpoint " << shard.sequence() << ": "
-                  << shard.keys_size() << " key(s), " << last_updates_
-                  << " update(s)";
-  return absl::OkStatus();
+  last_updates_ = server_->updates_applied();
+  Start();
+  absl::Status result;
+  {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return written_.has_value();
+    };
+    mu_.Await(absl::Condition(&done));
+    result = written_->status();
+  }
+  Collect();
+  return result;
 }
 
 }  // namespace tessera

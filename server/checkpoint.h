@@ -6,8 +6,7 @@
 //   CheckpointStore store("/var/tessera/ckpt", /*server_rank=*/1, /*keep=*/3);
 //   wire::ServerCheckpoint shard = ...;
 //   absl::Status s = store.Write(shard);            // sets shard.sequence
-//   absl::StatusOr<std::optional<wire::ServerCheckpoint>> last =
-//   store.LoadLatest();
+//   absl::StatusOr<std::optional<wire::ServerCheckpoint>> last = store.LoadLatest();
 //
 // File format: "TSCK" magic, a 4-byte version, the 8-byte payload length, the
 // payload (a serialized wire::ServerCheckpoint) and its CRC-32, all
@@ -20,11 +19,14 @@
 #define TESSERA_SERVER_CHECKPOINT_H_
 
 #include <cstdint>
+#include <memory>
+#include <thread>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/tessera.pb.h"
 
@@ -74,23 +76,52 @@ struct CheckpointPolicy {
 
 class KVServer;
 
-// Writes a KVServer's checkpoints by its policy. MaybeWrite is called on the
-// server's Handle thread before each message; a failed write is logged and the
-// server keeps serving (workers then keep their pushes for longer).
+// Writes a KVServer's checkpoints by its policy, on a thread of its own so that
+// a slow disk never stalls the server's traffic or heartbeats. MaybeWrite is
+// called on the server's Handle thread before each message: when a checkpoint
+// is due (and none is being written) it asks the server for a snapshot, which
+// the update threads take between messages, so each key's weights and
+// exactly-once counts agree; the writer thread then writes it. When a write
+// has finished, the next MaybeWrite tells the server which pushes are durable.
+// A failed write is logged and the server keeps serving (workers then keep
+// their pushes for longer).
 class Checkpointer {
  public:
+  // `write_delay` (testing only, TESSERA_TEST_CHECKPOINT_DELAY) holds every
+  // write for that long, as a slow disk would.
   Checkpointer(CheckpointStore* store, CheckpointPolicy policy,
-               KVServer* server);
+               KVServer* server,
+               absl::Duration write_delay = absl::ZeroDuration());
+  // Stops the writer thread after the write in progress.
+  ~Checkpointer();
+
   void MaybeWrite();
-  // Writes one checkpoint now.
-  absl::Status Write();
+  // Writes one checkpoint now and waits for it (tests). REQUIRES: called on
+  // the Handle thread, while no Handle runs.
+  absl::Status WriteNow();
+  // True while a checkpoint is being taken or written.
+  bool busy() const;
 
  private:
+  void Start();
+  void WriterLoop();
+  // Hands a finished write's durable counts to the server.
+  void Collect();
+
   CheckpointStore* const store_;
   const CheckpointPolicy policy_;
   KVServer* const server_;
-  uint64_t last_updates_ = 0;
-  absl::Time last_time_;
+  const absl::Duration write_delay_;
+  uint64_t last_updates_ = 0;  // Handle's thread
+  absl::Time last_time_;       // Handle's thread
+
+  mutable absl::Mutex mu_;
+  bool in_progress_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<wire::ServerCheckpoint> to_write_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::StatusOr<std::shared_ptr<const wire::ServerCheckpoint>>>
+      written_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
 };
 
 }  // namespace tessera

@@ -11,6 +11,7 @@
 //
 // Exit codes: 0 job done, 1 job failed (a peer died, the scheduler gave up or
 // vanished, a restart found no checkpoint to resume from), 2 bad configuration.
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -31,6 +32,9 @@ struct Flags {
   std::string checkpoint_dir;
   tessera::CheckpointPolicy policy;
   int keep = 3;
+  // TESSERA_TEST_CHECKPOINT_DELAY (seconds; testing only): every checkpoint
+  // write is held this long, as on a slow disk.
+  absl::Duration test_write_delay = absl::ZeroDuration();
 };
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -79,6 +83,16 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       tessera::CheckpointPolicy::Parse(every);
   if (!policy.ok()) return policy.status();
   flags.policy = *policy;
+  if (const char* delay = std::getenv("TESSERA_TEST_CHECKPOINT_DELAY")) {
+    double seconds = 0;
+    if (!absl::SimpleAtod(delay, &seconds) || !(seconds >= 0) ||
+        seconds > 3600) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TESSERA_TEST_CHECKPOINT_DELAY='", delay,
+                       "': expected seconds in 0..3600"));
+    }
+    flags.test_write_delay = absl::Seconds(seconds);
+  }
   return flags;
 }
 
@@ -163,7 +177,7 @@ int main(int argc, char** argv) {
     }
     server.set_checkpointing(true);
     checkpointer = std::make_unique<tessera::Checkpointer>(
-        store.get(), flags->policy, &server);
+        store.get(), flags->policy, &server, flags->test_write_delay);
   } else if (options->restart_count > 0) {
     std::cerr << "tessera-server: " << restarted
               << " without --checkpoint-dir: this server's weights are lost "

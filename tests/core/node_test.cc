@@ -1,13 +1,11 @@
 // The control plane in one process over the in-memory transport: ids and ranks,
-// placement of keys, and a scheduler with a server and workers that barrier and
-// end.
+// and a scheduler with a server and workers that barrier and end.
 #include "common/node.h"
 
 #include <atomic>
 #include <functional>
 #include <thread>
 
-#include "common/key_partitioner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
@@ -49,39 +47,6 @@ TEST(AssignIdsTest, RanksFollowAddressesNotArrivalOrder) {
   EXPECT_EQ(find("10.0.0.1", 200).id(), 11);
   EXPECT_EQ(find("10.0.0.2", 100).id(), 13);
   EXPECT_EQ(find("10.0.0.2", 100).rank(), 2);
-}
-
-TEST(KeyPartitionerTest, SmallArraysLiveWholeOnOneServer) {
-  KeyPartitioner p(3, 1000);
-  std::vector<int> per_server(3, 0);
-  for (uint64_t key = 0; key < 300; ++key) {
-    std::vector<KeyPart> parts = p.Partition(key, 999);
-    ASSERT_EQ(parts.size(), 1u);
-    EXPECT_EQ(parts[0].offset, 0u);
-    EXPECT_EQ(parts[0].length, 999u);
-    EXPECT_EQ(parts[0].server_rank, p.ServerOf(key));
-    ++per_server[parts[0].server_rank];
-  }
-  for (int count : per_server) EXPECT_GT(count, 60) << "hash spreads keys";
-}
-
-TEST(KeyPartitionerTest, BigArraysSplitIntoNearlyEqualContiguousParts) {
-  KeyPartitioner p(2, 1000000);
-  std::vector<KeyPart> parts = p.Partition(99, 1200 * 1200);
-  ASSERT_EQ(parts.size(), 2u);
-  EXPECT_EQ(parts[0].server_rank, 0);
-  EXPECT_EQ(parts[0].offset, 0u);
-  EXPECT_EQ(parts[0].length, 720000u);
-  EXPECT_EQ(parts[1].server_rank, 1);
-  EXPECT_EQ(parts[1].offset, 720000u);
-  EXPECT_EQ(parts[1].length, 720000u);
-  KeyPartitioner q(3, 10);
-  parts = q.Partition(1, 11);
-  ASSERT_EQ(parts.size(), 3u);
-  EXPECT_EQ(parts[0].length + parts[1].length + parts[2].length, 11u);
-  EXPECT_EQ(parts[1].offset, parts[0].length);
-  EXPECT_EQ(parts[2].offset, parts[0].length + parts[1].length);
-  EXPECT_TRUE(q.Partition(1, 0).empty());
 }
 
 Options TestOptions(Role role) {
@@ -132,7 +97,7 @@ TEST(NodeTest, SchedulerServerAndWorkersBarrierAndEnd) {
         results[i] = (*node)->Barrier(kGroupWorkers);
       if (results[i].ok())
         results[i] = (*node)->Barrier(kGroupServers | kGroupWorkers);
-      if (results[i].ok()) results[i] = (*node)->FinishWorker();
+      if (results[i].ok()) results[i] = (*node)->Finish();
     });
   }
   for (std::thread& t : workers) t.join();
@@ -260,7 +225,7 @@ TEST(NodeTest, LostNodeTableIsAskedForAgain) {
       }
       results[i] = i == 0 ? (*node)->WaitForTerminate()
                           : (*node)->Barrier(kGroupWorkers);
-      if (i != 0 && results[i].ok()) results[i] = (*node)->FinishWorker();
+      if (i != 0 && results[i].ok()) results[i] = (*node)->Finish();
     });
   }
   for (std::thread& t : nodes) t.join();
@@ -311,7 +276,7 @@ TEST(NodeTest, LostBarrierRepliesAreAskedForAgainAndCountedOnce) {
         results[i] = (*node)->Barrier(kGroupWorkers);
         if (entered[1 - me].load() < b) ++early_releases;
       }
-      if (results[i].ok()) results[i] = (*node)->FinishWorker();
+      if (results[i].ok()) results[i] = (*node)->Finish();
     });
   }
   for (std::thread& t : nodes) t.join();
@@ -382,7 +347,7 @@ std::vector<absl::Status> RunJob(
         return;
       }
       results[i] = (*node)->Barrier(kGroupWorkers);
-      if (results[i].ok()) results[i] = (*node)->FinishWorker();
+      if (results[i].ok()) results[i] = (*node)->Finish();
     });
   }
   for (std::thread& t : nodes) t.join();
@@ -568,7 +533,7 @@ TEST(NodeTest, LostTableAfterARestartIsSentAgain) {
     EXPECT_EQ(restarted, std::vector<int>{ServerId(0)});
   }
   EXPECT_EQ(dropping->dropped(), 1);
-  EXPECT_TRUE((*worker)->FinishWorker().ok());
+  EXPECT_TRUE((*worker)->Finish().ok());
   EXPECT_TRUE((*second)->WaitForTerminate().ok());
   EXPECT_TRUE(scheduler.Join().ok());
 }

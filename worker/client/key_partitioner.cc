@@ -1,4 +1,4 @@
-#include "common/key_partitioner.h"
+#include "worker/client/key_partitioner.h"
 
 namespace tessera {
 namespace {

@@ -5,10 +5,9 @@
 // MXNet's MXNET_KVSTORE_BIGARRAY_BOUND).
 //
 //   KeyPartitioner p(/*num_servers=*/2, /*bigarray_bound=*/1000000);
-//   for (const KeyPart& part : p.Partition(key, length)) { ... part.server_rank
-//   ... }
-#ifndef TESSERA_COMMON_KEY_PARTITIONER_H_
-#define TESSERA_COMMON_KEY_PARTITIONER_H_
+//   for (const KeyPart& part : p.Partition(key, length)) { ... part.server_rank ... }
+#ifndef TESSERA_WORKER_CLIENT_KEY_PARTITIONER_H_
+#define TESSERA_WORKER_CLIENT_KEY_PARTITIONER_H_
 
 #include <cstdint>
 #include <vector>
@@ -40,4 +39,4 @@ class KeyPartitioner {
 
 }  // namespace tessera
 
-#endif  // TESSERA_COMMON_KEY_PARTITIONER_H_
+#endif  // TESSERA_WORKER_CLIENT_KEY_PARTITIONER_H_

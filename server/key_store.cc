@@ -1,0 +1,119 @@
+#include "server/key_store.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+StoredKey::StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
+                     WaitingLimits limits)
+    : key(slice.key()),
+      offset(slice.offset()),
+      length(slice.length()),
+      total_length(slice.total_length()),
+      sync(sync),
+      ledger(num_workers),
+      round(num_workers, slice.length()),
+      waiting(limits) {}
+
+absl::Status StoredKey::CheckSlice(const wire::KeySlice& slice) const {
+  if (slice.offset() == offset && slice.length() == length &&
+      slice.total_length() == total_length) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "key ", slice.key(), ": request for elements [", slice.offset(), ", +",
+      slice.length(), ") of ", slice.total_length(), " but this server holds [",
+      offset, ", +", length, ") of ", total_length));
+}
+
+void StoredKey::ApplyUpdate(const Optimizer& optimizer, const float* grad) {
+  if (!weights.unique()) weights = Buffer::CopyOf(weights.data(), weights.size());
+  const int slots = optimizer.state_slots();
+  if (static_cast<int>(optimizer_state.size()) != slots)
+    optimizer_state.assign(slots, std::vector<float>(length, 0.0f));
+  std::vector<float*> state;
+  for (auto& v : optimizer_state) state.push_back(v.data());
+  optimizer.Update(weights.mutable_floats(), grad, length, state.data(),
+                   ++steps);
+}
+
+void StoredKey::Snapshot(wire::CheckpointKey* out) const {
+  out->set_key(key);
+  out->set_offset(offset);
+  out->set_length(length);
+  out->set_total_length(total_length);
+  out->set_sync_mode(sync);
+  out->set_weights(weights.data(), weights.size());
+  for (const std::vector<float>& slot : optimizer_state)
+    out->add_optimizer_state(slot.data(), slot.size() * sizeof(float));
+  out->set_steps(steps);
+  for (int r = 0; r < ledger.num_workers(); ++r) {
+    out->add_received(ledger.received(r) -
+                      (sync && round.Contributed(r) ? 1 : 0));
+  }
+}
+
+StoredKey* KeyStore::Find(uint64_t key) {
+  auto it = keys_.find(key);
+  return it == keys_.end() ? nullptr : it->second.get();
+}
+
+StoredKey* KeyStore::Create(const wire::KeySlice& slice, bool sync) {
+  auto& slot = keys_[slice.key()];
+  slot = std::make_unique<StoredKey>(slice, sync, num_workers_, limits_);
+  return slot.get();
+}
+
+absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
+  if (k.weights().size() != k.length() * sizeof(float) ||
+      k.received_size() != num_workers_) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint of key ", k.key(), " does not match: ", k.weights().size(),
+        " weight bytes for ", k.length(), " values, ", k.received_size(),
+        " worker counts for ", num_workers_,
+        " workers (was the job's DMLC_NUM_WORKER changed?)"));
+  }
+  std::vector<std::vector<float>> state;
+  for (const std::string& slot : k.optimizer_state()) {
+    if (slot.size() != k.length() * sizeof(float)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint of key ", k.key(), ": optimizer state of ",
+                       slot.size(), " bytes for ", k.length(), " values"));
+    }
+    std::vector<float> v(k.length());
+    std::memcpy(v.data(), slot.data(), slot.size());
+    state.push_back(std::move(v));
+  }
+  wire::KeySlice slice;
+  slice.set_key(k.key());
+  slice.set_offset(k.offset());
+  slice.set_length(k.length());
+  slice.set_total_length(k.total_length());
+  StoredKey* key = Create(slice, k.sync_mode());
+  key->weights = Buffer::CopyOf(k.weights().data(), k.weights().size());
+  key->optimizer_state = std::move(state);
+  key->steps = k.steps();
+  for (int r = 0; r < num_workers_; ++r) key->ledger.Restore(r, k.received(r));
+  return absl::OkStatus();
+}
+
+absl::Status KeyStore::HoldOrphan(uint64_t key, Message& msg,
+                                  bool* duplicate) {
+  WaitingMessages& held = orphans_.try_emplace(key, limits_).first->second;
+  *duplicate = held.Holds(msg.header.sender(), msg.header.request_id(),
+                          msg.header.generation());
+  if (*duplicate) return absl::OkStatus();
+  return held.Hold(key, msg);
+}
+
+void KeyStore::AdoptOrphans(StoredKey* key) {
+  auto it = orphans_.find(key->key);
+  if (it == orphans_.end()) return;
+  key->waiting = std::move(it->second);
+  orphans_.erase(it);
+  key->progress = true;
+}
+
+}  // namespace tessera

@@ -1,0 +1,92 @@
+// The store of a server: its slices of the keys, each with its weights,
+// optimizer state, delivery bookkeeping, open dist_sync round and waiting
+// messages, and (while a restarted server recovers) the messages for keys not
+// created yet.
+//
+//   KeyStore store(/*num_workers=*/2, WaitingLimits());
+//   StoredKey* key = store.Create(slice, /*sync=*/true);
+//   key->ApplyUpdate(*optimizer, grad);
+//   StoredKey* same = store.Find(slice.key());
+//
+// Thread-safety: none; a server gives each of its update threads a KeyStore
+// of its own (see KVServer).
+#ifndef TESSERA_SERVER_KEY_STORE_H_
+#define TESSERA_SERVER_KEY_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/buffer.h"
+#include "proto/tessera.pb.h"
+#include "server/delivery.h"
+#include "server/optimizer.h"
+#include "server/round_engine.h"
+
+namespace tessera {
+
+struct StoredKey {
+  StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
+            WaitingLimits limits);
+
+  // OK when `slice` names exactly the part of the key this server holds;
+  // otherwise the InvalidArgument to answer with.
+  absl::Status CheckSlice(const wire::KeySlice& slice) const;
+  // Applies `optimizer` with `grad` (length floats): weights, state, steps.
+  // Copy on write: a pull reply may still be sending the current weights.
+  void ApplyUpdate(const Optimizer& optimizer, const float* grad);
+  // The key as a checkpoint holds it. A push of the open dist_sync round is
+  // not in the weights, so it is not counted: the worker sends it again after
+  // a restore.
+  void Snapshot(wire::CheckpointKey* out) const;
+
+  const uint64_t key;
+  const uint64_t offset;
+  const uint64_t length;
+  const uint64_t total_length;
+  const bool sync;
+  Buffer weights;
+  std::vector<std::vector<float>> optimizer_state;
+  uint64_t steps = 0;  // updates applied (the optimizer's t)
+  PushLedger ledger;
+  SyncRound round;
+  WaitingMessages waiting;
+  bool progress = false;  // the waiting messages may have work to replay
+};
+
+class KeyStore {
+ public:
+  KeyStore(int num_workers, WaitingLimits limits)
+      : num_workers_(num_workers), limits_(limits) {}
+
+  // nullptr when this store does not hold `key`.
+  StoredKey* Find(uint64_t key);
+  // REQUIRES: Find(slice.key()) == nullptr.
+  StoredKey* Create(const wire::KeySlice& slice, bool sync);
+  // A key of a checkpoint. DataLoss when it does not fit this job.
+  absl::Status Restore(const wire::CheckpointKey& saved);
+
+  const std::map<uint64_t, std::unique_ptr<StoredKey>>& keys() const {
+    return keys_;
+  }
+
+  // A restarted server's message for a key that the workers' replay has not
+  // created yet: held, once per request (a resent copy is recognised), within
+  // the limits of a key's waiting messages.
+  absl::Status HoldOrphan(uint64_t key, Message& msg, bool* duplicate);
+  // Moves the orphans of `key` (in arrival order) into its waiting messages.
+  void AdoptOrphans(StoredKey* key);
+
+ private:
+  const int num_workers_;
+  const WaitingLimits limits_;
+  std::map<uint64_t, std::unique_ptr<StoredKey>> keys_;
+  std::map<uint64_t, WaitingMessages> orphans_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_KEY_STORE_H_

@@ -1,0 +1,162 @@
+// KVClient: the implementation of tessera::KVWorker (include/tessera/
+// kv_worker.h), the client side of the key-value protocol. Internal: programs
+// use KVWorker::Create; tests build a KVClient over an in-memory transport.
+//
+//   MemoryNetwork net;                                  // tests/support
+//   absl::StatusOr<std::unique_ptr<KVClient>> kv =
+//       KVClient::Create(options, /*sync=*/true, net.NewTransport());
+//   (*kv)->Init(0, weights);
+//
+// An operation (push, pull, pushpull) becomes one request per server part of
+// the key (KeyPartitioner). The pieces:
+//   - RequestTracker: request ids, replies, resends, deadlines, waiting;
+//   - ReplayLog: settings, inits and pushes kept for a restarted server;
+//   - DevicePushStager: gradients in GPU memory made ready to push.
+// Every push, from host or device memory, compressed or not, goes through one
+// path (SendPush), which numbers it per key (push_seq: the servers apply each
+// exactly once) and counts it.
+//
+// Pushed float values are sent without a copy: the frame borrows the caller's
+// buffer and pins the operation until it is no longer needed, so Wait returns
+// only when the buffer is free again. Pulled frames (zero-copy ZeroMQ memory)
+// wait with the operation and are copied into the caller's buffer by the
+// thread in Wait, so the receiver thread goes back to the socket at once.
+//
+// A worker restarted into a running job (TESSERA_RESTART_COUNT > 0) keeps its
+// rank. Its Init asks each server part how many of this rank's pushes to the
+// key it took (KV_INIT with rejoin) and joins the workers' barrier only if
+// they wait in that key's init barrier; its pushes are numbered on from the
+// smallest such count over its keys (ResumeRound).
+//
+// Thread-safety: as KVWorker (all methods may be called concurrently).
+#ifndef TESSERA_WORKER_CLIENT_KV_CLIENT_H_
+#define TESSERA_WORKER_CLIENT_KV_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/node.h"
+#include "common/options.h"
+#include "common/transport.h"
+#include "tessera/kv_worker.h"
+#include "worker/client/device_push.h"
+#include "worker/client/key_partitioner.h"
+#include "worker/client/replay_log.h"
+#include "worker/client/request_tracker.h"
+
+namespace tessera {
+
+class KVClient : public KVWorker {
+ public:
+  // Joins the job given by `options` (role worker) over `transport` (nullptr:
+  // ZeroMQ). Blocks until the node table has arrived.
+  static absl::StatusOr<std::unique_ptr<KVClient>> Create(
+      const Options& options, bool sync,
+      std::unique_ptr<Transport> transport = nullptr);
+
+  ~KVClient() override;
+
+  int rank() const override { return node_->rank(); }
+  int num_workers() const override { return options_.num_workers; }
+  int num_servers() const override { return options_.num_servers; }
+  bool is_sync() const override { return sync_; }
+
+  absl::Status SetOptimizer(const std::string& spec) override;
+  absl::Status SetGradientCompression(const std::string& type,
+                                      float threshold) override;
+  absl::Status Init(uint64_t key, absl::Span<const float> value) override;
+  uint64_t ResumeRound() override;
+  absl::StatusOr<OpHandle> PushAsync(uint64_t key,
+                                     absl::Span<const float> grad) override;
+  absl::StatusOr<OpHandle> PushPullAsync(uint64_t key,
+                                         absl::Span<const float> grad,
+                                         absl::Span<float> out) override;
+  absl::StatusOr<OpHandle> PushDeviceAsync(uint64_t key,
+                                           const float* device_grad, size_t len,
+                                           void* cuda_stream) override;
+  absl::StatusOr<OpHandle> PullAsync(uint64_t key,
+                                     absl::Span<float> out) override;
+  absl::Status Wait(OpHandle handle) override;
+  absl::Status Barrier() override;
+  absl::Status Close() override;
+  KVWorkerStats stats() const override;
+
+ private:
+  struct KeyInfo {
+    uint64_t length = 0;
+    std::vector<KeyPart> parts;
+    uint64_t next_seq = 0;        // push_seq of the next push
+    std::vector<float> residual;  // 2-bit error feedback, host pushes
+  };
+  // Makes the payload of one part of a push; `op` owns borrowed frames.
+  using PayloadFn =
+      std::function<absl::StatusOr<Buffer>(uint64_t op, size_t part_index,
+                                           const KeyPart& part)>;
+
+  KVClient(const Options& options, bool sync);
+  absl::Status Start(std::unique_ptr<Transport> transport);
+
+  absl::Status CheckOpen() const;
+  bool HaveKeys() const;
+  std::vector<KeyPart> Parts(uint64_t key) const;
+  absl::Status CheckKey(uint64_t key, size_t len, const char* what) const;
+  static Message SliceMessage(wire::Command cmd, uint64_t key,
+                              const KeyPart& part, uint64_t total);
+  void SendPart(uint64_t op, const KeyPart& part, Message msg, float* out,
+                RequestTracker::PartRef ref = {}, bool replayed = false);
+  // Sends `msg` to every server and waits for all the answers.
+  absl::Status Broadcast(const Message& msg, const std::string& what);
+
+  // The one push path: numbers the push, makes each part's payload with
+  // `payload` (all before anything is sent, so a failure uses up no number),
+  // sends the parts and counts the push.
+  absl::StatusOr<OpHandle> SendPush(wire::Command cmd, uint64_t key,
+                                    size_t len, float* out,
+                                    const PayloadFn& payload);
+  // The payload of host memory: 2-bit packed (error feedback in the key's
+  // residual) or the caller's floats, borrowed.
+  PayloadFn HostPayload(uint64_t key, absl::Span<const float> grad);
+
+  // After a restart: every key's pushes resume at the smallest count the
+  // servers reported, so a step is repeated whole (its pushes the servers
+  // already took are answered as duplicates).
+  void SettleResumeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A restarted worker's Init: where this rank's pushes to `key` resume, the
+  // smallest count over the key's server parts. NotFound when a server does
+  // not hold the key.
+  absl::Status RejoinKey(uint64_t key, uint64_t total, uint64_t* resume);
+  // A server restarted (from its checkpoint, or empty): send it again what it
+  // may have lost, then the requests still waiting for it, at once.
+  void ReplayTo(int server);
+
+  const Options options_;
+  const bool sync_;
+  const KeyPartitioner partitioner_;
+  std::unique_ptr<Node> node_;
+  ReplayLog replay_log_;
+  std::unique_ptr<RequestTracker> tracker_;
+  DevicePushStager device_;
+  std::atomic<bool> closed_{false};
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, KeyInfo> keys_ ABSL_GUARDED_BY(mu_);
+  bool two_bit_ ABSL_GUARDED_BY(mu_) = false;
+  float threshold_ ABSL_GUARDED_BY(mu_) = 0;
+  // A restarted worker's push numbering: kPending once an Init learned a
+  // count from the servers, kSettled after SettleResumeLocked.
+  enum class Resume { kNone, kPending, kSettled };
+  Resume resume_ ABSL_GUARDED_BY(mu_) = Resume::kNone;
+  uint64_t resume_round_ ABSL_GUARDED_BY(mu_) = 0;
+  KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_KV_CLIENT_H_

@@ -1,0 +1,317 @@
+#include "worker/client/request_tracker.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/wire_status.h"
+
+namespace tessera {
+
+RequestTracker::RequestTracker(Options options, SendFn send,
+                               DescribeFn describe, OnAnswered on_answered)
+    : options_(options),
+      send_(std::move(send)),
+      describe_(std::move(describe)),
+      on_answered_(std::move(on_answered)),
+      next_request_(options.first_request_id) {
+  if (options_.resend) resender_ = std::thread([this] { ResendLoop(); });
+}
+
+RequestTracker::~RequestTracker() {
+  stop_.store(true);
+  if (resender_.joinable()) resender_.join();
+  // Kept messages may borrow frames whose owners unpin ops: release them
+  // before the maps go.
+  std::map<uint64_t, Tracked> requests;
+  {
+    absl::MutexLock lock(&mu_);
+    requests.swap(requests_);
+  }
+}
+
+uint64_t RequestTracker::NewOp() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t op = next_op_++;
+  ops_[op] = Op();
+  return op;
+}
+
+std::shared_ptr<const void> RequestTracker::Pin(uint64_t op) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++ops_[op].pinned;
+  }
+  return std::shared_ptr<const void>(nullptr,
+                                     [this, op](const void*) { Unpin(op); });
+}
+
+void RequestTracker::Unpin(uint64_t op) {
+  absl::MutexLock lock(&mu_);
+  auto it = ops_.find(op);
+  if (it != ops_.end()) --it->second.pinned;
+}
+
+void RequestTracker::FailOp(uint64_t op, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  Op& o = ops_[op];
+  if (o.status.ok()) o.status = status;
+}
+
+void RequestTracker::Send(Request request, Message msg) {
+  const uint64_t id = next_request_.fetch_add(1);
+  msg.header.set_request_id(id);
+  const int server = request.server;
+  const uint64_t op = request.op;
+  {
+    absl::MutexLock lock(&mu_);
+    Tracked& t = requests_[id];
+    t.request = request;
+    t.msg = msg;  // the header and references to the same frames
+    t.first_sent = absl::Now();
+    t.wait = options_.resend_timeout;
+    t.next_send = options_.resend ? t.first_sent + t.wait
+                                  : absl::InfiniteFuture();
+    t.unanswered = 1;
+    if (op != 0) ++ops_[op].pending;
+  }
+  absl::Status sent = send_(server, std::move(msg));
+  if (sent.ok() || options_.resend) return;
+  Message dropped;  // released unlocked: may unpin an op
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  dropped = std::move(it->second.msg);
+  requests_.erase(it);
+  if (op == 0) return;
+  Op& o = ops_[op];
+  --o.pending;
+  if (o.status.ok()) o.status = sent;
+}
+
+std::string RequestTracker::What(const Message& msg) {
+  const char* verb = "request";
+  switch (msg.header.command()) {
+    case wire::KV_INIT:
+      verb = "init";
+      break;
+    case wire::KV_PUSH:
+      verb = "push";
+      break;
+    case wire::KV_PULL:
+      verb = "pull";
+      break;
+    case wire::KV_PUSHPULL:
+      verb = "pushpull";
+      break;
+    case wire::KV_SET_OPTIMIZER:
+      return "set_optimizer";
+    case wire::KV_SET_COMPRESSION:
+      return "set_gradient_compression";
+    case wire::KV_FINISH:
+      return "goodbye";
+    case wire::KV_STATS:
+      return "stats";
+    default:
+      break;
+  }
+  return absl::StrCat(verb, " of key ", msg.header.slice().key());
+}
+
+void RequestTracker::ResendLoop() {
+  const absl::Duration tick =
+      std::min(absl::Milliseconds(20), options_.resend_timeout / 4);
+  const absl::Duration max_wait = options_.resend_timeout * 8;
+  while (!stop_.load()) {
+    absl::SleepFor(tick);
+    std::vector<std::pair<int, Message>> resend;
+    std::vector<Message> dead;  // released unlocked: may unpin an op
+    {
+      absl::MutexLock lock(&mu_);
+      if (!failure_.ok()) continue;
+      const absl::Time now = absl::Now();
+      for (auto it = requests_.begin(); it != requests_.end();) {
+        Tracked& t = it->second;
+        if (now < t.next_send) {
+          ++it;
+          continue;
+        }
+        if (t.unanswered >= options_.resend_retries) {
+          const absl::Status failed = absl::UnavailableError(absl::StrCat(
+              What(t.msg), ": no answer from ", describe_(t.request.server),
+              " after ", t.unanswered, " sends over ",
+              absl::FormatDuration(
+                  absl::Trunc(now - t.first_sent, absl::Milliseconds(1))),
+              " (PS_RESEND_TIMEOUT=",
+              absl::ToInt64Milliseconds(options_.resend_timeout),
+              "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"));
+          TESSERA_LOG(ERROR) << failed.message();
+          if (t.request.op != 0) {
+            Op& o = ops_[t.request.op];
+            --o.pending;
+            if (o.status.ok()) o.status = failed;
+          }
+          dead.push_back(std::move(t.msg));
+          it = requests_.erase(it);
+          continue;
+        }
+        ++t.unanswered;
+        t.wait = std::min(t.wait * 2, max_wait);
+        t.next_send = now + t.wait;
+        ++resends_;
+        TESSERA_VLOG(1) << "resending " << What(t.msg) << " (request "
+                        << it->first << ") to " << describe_(t.request.server)
+                        << ", send " << t.unanswered;
+        resend.emplace_back(t.request.server, t.msg);
+        ++it;
+      }
+    }
+    for (auto& [server, msg] : resend) (void)send_(server, std::move(msg));
+  }
+}
+
+void RequestTracker::ResendNowTo(int server) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (auto& [id, t] : requests_) {
+    if (t.request.server != server) continue;
+    t.next_send = now;
+    t.unanswered = 0;
+    t.wait = options_.resend_timeout / 2;
+  }
+}
+
+void RequestTracker::HandleReply(Message&& msg) {
+  const wire::Header& h = msg.header;
+  if (!h.is_response()) {
+    TESSERA_LOG(WARNING) << "dropped unexpected message " << DebugString(msg);
+    return;
+  }
+  Answered answered;
+  uint64_t op_id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(h.request_id());
+    if (it == requests_.end()) {
+      // A second answer to a resent request.
+      TESSERA_VLOG(1) << "dropped answer to a finished request "
+                      << DebugString(msg);
+      return;
+    }
+    if (h.ack_only()) {
+      // The server has it and is holding it: keep asking, at the current
+      // (doubled) interval, in case the final reply is lost.
+      it->second.unanswered = 0;
+      if (options_.resend) it->second.next_send = absl::Now() + it->second.wait;
+      return;
+    }
+    answered.request = it->second.request;
+    answered.msg = std::move(it->second.msg);
+    requests_.erase(it);
+    op_id = answered.request.op;
+    if (h.sender() != answered.request.server) {
+      TESSERA_LOG(WARNING) << "reply to request " << h.request_id()
+                           << " came from node " << h.sender() << ", not "
+                           << answered.request.server;
+    }
+  }
+  // Keeps a copy for a replay while the request's borrowed frames still pin
+  // the operation (its caller cannot have reused the memory yet).
+  if (on_answered_) on_answered_(answered, h);
+  {
+    absl::MutexLock lock(&mu_);
+    auto found = op_id == 0 ? ops_.end() : ops_.find(op_id);
+    if (found != ops_.end()) {  // gone: its Wait gave up at the deadline
+      Op& op = found->second;
+      absl::Status status = FromWire(h.status());
+      if (status.ok() && answered.request.rejoin)
+        op.resume_seq = std::min(op.resume_seq, h.push_seq());
+      if (status.ok() && answered.request.out != nullptr) {
+        if (msg.data.size() != 1 ||
+            h.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+            h.frames(0).num_values() != answered.request.length) {
+          status = absl::DataLossError(
+              absl::StrCat("reply from node ", h.sender(), " does not carry ",
+                           answered.request.length, " float values"));
+        } else {
+          bytes_pulled_ += msg.data[0].size();
+          op.pulled.push_back(
+              PulledFrame{answered.request.out, std::move(msg.data[0])});
+        }
+      }
+      if (!status.ok() && op.status.ok()) op.status = status;
+      --op.pending;
+    }
+  }
+  // `answered` goes here, unlocked: it may unpin the operation.
+}
+
+absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
+                                  uint64_t* resume_seq) {
+  std::vector<PulledFrame> pulled;
+  std::vector<Message> dead;  // released unlocked: may unpin an op
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ops_.find(op_id);
+    if (it == ops_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown operation handle ", op_id));
+    }
+    auto done = [this, op_id]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      const Op& o = ops_.at(op_id);
+      // After a failure, return at once: the borrowed memory is never read
+      // again, because the job is over.
+      return (o.pending == 0 && o.pinned == 0) || !failure_.ok();
+    };
+    const bool finished =
+        mu_.AwaitWithTimeout(absl::Condition(&done), options_.request_timeout);
+    Op result = std::move(ops_.at(op_id));
+    if (!finished) {
+      std::string silent;
+      for (auto r = requests_.begin(); r != requests_.end();) {
+        if (r->second.request.op != op_id) {
+          ++r;
+          continue;
+        }
+        absl::StrAppend(&silent, silent.empty() ? "" : ", ",
+                        describe_(r->second.request.server));
+        dead.push_back(std::move(r->second.msg));
+        r = requests_.erase(r);
+      }
+      if (result.pinned == 0) {
+        ops_.erase(op_id);
+      } else {
+        ops_.at(op_id).pinned = result.pinned;
+      }
+      status = absl::DeadlineExceededError(absl::StrCat(
+          what, ": no reply from ", silent.empty() ? "the servers" : silent,
+          " within ", absl::FormatDuration(options_.request_timeout),
+          " (TESSERA_TIMEOUT)"));
+    } else {
+      ops_.erase(op_id);
+      if (!result.status.ok()) {
+        status = result.status;
+      } else if (result.pending != 0) {
+        status = failure_;
+      } else {
+        pulled = std::move(result.pulled);
+        if (resume_seq != nullptr) *resume_seq = result.resume_seq;
+      }
+    }
+  }
+  for (const PulledFrame& f : pulled)
+    std::memcpy(f.out, f.values.data(), f.values.size());
+  return status;
+}
+
+void RequestTracker::FailAll(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  failure_ = status;
+  for (auto& [id, op] : ops_) {
+    if (op.status.ok()) op.status = status;
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,163 @@
+// RequestTracker: the requests a worker has sent to servers, and the
+// operations (a push, a pull, an init...) they belong to. It numbers requests,
+// matches replies to them, keeps pulled frames until the waiting caller copies
+// them, sends again what got no answer in time, and fails what exhausted its
+// retries or its deadline.
+//
+//   RequestTracker tracker(options, send, describe);
+//   uint64_t op = tracker.NewOp();
+//   tracker.Send(RequestTracker::Request{.op = op, .server = 8, .out = out,
+//                                        .length = n}, std::move(msg));
+//   node callback: tracker.HandleReply(std::move(reply));
+//   absl::Status done = tracker.Wait(op, "pull of key 3");
+//
+// Delivery (PS_RESEND=1, the default): every request is kept until its reply
+// arrives and sent again when none came within PS_RESEND_TIMEOUT, the wait
+// doubling up to 8x; TESSERA_RESEND_RETRIES unanswered sends in a row fail it
+// with an error naming the server. A server that holds a request (a push
+// waiting for its round) answers a resent copy with an acknowledgement, which
+// restarts the count. With PS_RESEND=0 a request goes once.
+//
+// Borrowed memory: a frame that borrows the caller's buffer (Buffer::Wrap with
+// the owner from Pin(op)) pins its operation until every copy of the frame is
+// gone (ZeroMQ's, the kept request's); Wait returns only then, so the caller's
+// buffer is free again when Wait returns.
+//
+// Thread-safety: all methods are thread-safe. The OnAnswered callback runs on
+// the thread that called HandleReply, without the tracker's lock, before the
+// answered request (and any borrowed frame it holds) is released.
+#ifndef TESSERA_WORKER_CLIENT_REQUEST_TRACKER_H_
+#define TESSERA_WORKER_CLIENT_REQUEST_TRACKER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/message.h"
+
+namespace tessera {
+
+class RequestTracker {
+ public:
+  struct Options {
+    bool resend = true;
+    absl::Duration resend_timeout = absl::Seconds(1);
+    int resend_retries = 8;
+    absl::Duration request_timeout = absl::Seconds(600);  // Wait's deadline
+    uint64_t first_request_id = 1;
+  };
+  // Identifies the key part a request is about (for the replay log).
+  struct PartRef {
+    uint64_t key = 0;
+    size_t index = 0;
+    bool valid = false;
+  };
+  // What the tracker knows of one request besides its message.
+  struct Request {
+    uint64_t op = 0;       // 0: a replayed request nobody waits for
+    int server = 0;        // node id
+    float* out = nullptr;  // where pulled values go
+    uint64_t length = 0;   // values expected in a pull's reply
+    PartRef part;
+    bool replayed = false;
+    bool rejoin = false;  // a restarted worker's KV_INIT: its reply says where
+                          // pushes resume
+  };
+  struct Answered {
+    Request request;
+    Message msg;  // the request as sent (holds borrowed frames)
+  };
+  using SendFn = std::function<absl::Status(int server, Message msg)>;
+  using DescribeFn = std::function<std::string(int node)>;
+  using OnAnswered = std::function<void(const Answered& answered,
+                                        const wire::Header& reply)>;
+
+  RequestTracker(Options options, SendFn send, DescribeFn describe,
+                 OnAnswered on_answered = nullptr);
+  // Stops the resend thread.
+  ~RequestTracker();
+
+  uint64_t NewOp();
+  // The owner for frames that borrow the caller's memory for `op`.
+  std::shared_ptr<const void> Pin(uint64_t op);
+  // Fails `op` before (or instead of) sending its remaining requests.
+  void FailOp(uint64_t op, const absl::Status& status);
+
+  // Numbers `msg`, keeps it and sends it to request.server. A failed send
+  // fails the operation, unless the request is kept for resending.
+  void Send(Request request, Message msg);
+
+  // A reply from a server (the node's receiver thread).
+  void HandleReply(Message&& msg);
+
+  // Waits (at most Options::request_timeout) for `op`, then copies its pulled
+  // frames to the callers' buffers. `resume_seq`, when given, receives the
+  // smallest push count that rejoin replies carried. Errors: the first error
+  // of its requests; DeadlineExceeded naming the silent servers and `what`;
+  // the job's failure after FailAll.
+  absl::Status Wait(uint64_t op, const std::string& what,
+                    uint64_t* resume_seq = nullptr);
+
+  // The job failed: every operation fails with `status`, now and later.
+  void FailAll(const absl::Status& status);
+  // A server restarted: what waits for it goes again at once.
+  void ResendNowTo(int server);
+
+  uint64_t resends() const { return resends_.load(); }
+  uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
+
+ private:
+  struct PulledFrame {
+    float* out = nullptr;
+    Buffer values;
+  };
+  struct Op {
+    int pending = 0;  // requests without a reply
+    int pinned = 0;   // borrowed frames still held
+    absl::Status status;
+    std::vector<PulledFrame> pulled;   // replies not yet copied to the caller
+    uint64_t resume_seq = UINT64_MAX;  // rejoin: smallest push count replied
+  };
+  struct Tracked {
+    Request request;
+    Message msg;  // the header and references to the same frames
+    absl::Time first_sent;
+    absl::Time next_send;
+    absl::Duration wait;
+    int unanswered = 0;  // sends in a row without any answer
+  };
+
+  void Unpin(uint64_t op);
+  void ResendLoop();
+  // Describes a request for errors: "push of key 3".
+  static std::string What(const Message& msg);
+
+  const Options options_;
+  const SendFn send_;
+  const DescribeFn describe_;
+  const OnAnswered on_answered_;
+  std::atomic<uint64_t> next_request_;
+  std::atomic<uint64_t> resends_{0};
+  std::atomic<uint64_t> bytes_pulled_{0};
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Tracked> requests_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<bool> stop_{false};
+  std::thread resender_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_WORKER_CLIENT_REQUEST_TRACKER_H_
