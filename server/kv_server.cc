@@ -357,7 +357,10 @@ void KVServer::Process(Shard* shard, Message&& msg) {
     return;
   }
   // Keep each worker's messages in order behind its waiting ones; a resent
-  // copy of a waiting message is acknowledged, not queued twice.
+  // copy of a waiting message is acknowledged, not queued twice. A push
+  // numbered at or below what the server expects from its worker goes first:
+  // whatever of that worker waits came after it (a push that overtook it, and
+  // what followed that).
   const int sender = msg.header.sender();
   if (key->waiting.Holds(sender, msg.header.request_id(),
                          msg.header.generation())) {
@@ -365,7 +368,12 @@ void KVServer::Process(Shard* shard, Message&& msg) {
     Acknowledge(msg);
     return;
   }
-  if (key->waiting.HasWaiting(sender) || !TryProcess(key, msg)) {
+  const bool is_push = msg.header.command() == wire::KV_PUSH ||
+                       msg.header.command() == wire::KV_PUSHPULL;
+  const bool in_order =
+      is_push && key->ledger.Classify(RankOfId(sender),
+                                      msg.header.push_seq()) != PushLedger::kAhead;
+  if ((key->waiting.HasWaiting(sender) && !in_order) || !TryProcess(key, msg)) {
     Hold(key, std::move(msg));
   }
   Replay(key);

@@ -1,0 +1,392 @@
+// KVServer in one process, no sockets: messages go straight into Handle and
+// replies are collected from its SendFn. Rounds, duplicates, errors, resume,
+// waiting limits and checkpoints.
+#include "server/kv_server.h"
+
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/compression/two_bit.h"
+#include "common/wire_status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/checkpoint.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A server and the replies it sent, by recipient.
+class ServerHarness {
+ public:
+  explicit ServerHarness(int num_workers, int threads = 2,
+                         WaitingLimits limits = WaitingLimits())
+      : server_(
+            num_workers, threads,
+            [this](int peer, Message msg) {
+              absl::MutexLock lock(&mu_);
+              msg.header.set_sender(8);
+              msg.header.set_recipient(peer);
+              replies_.push_back(std::move(msg));
+              return absl::OkStatus();
+            },
+            limits) {}
+
+  KVServer& server() { return server_; }
+
+  // The next reply that is not an acknowledgement, waiting up to 5 s.
+  std::optional<Message> NextReply(bool skip_acks = true) {
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (true) {
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return !replies_.empty();
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline))
+        return std::nullopt;
+      Message m = std::move(replies_.front());
+      replies_.pop_front();
+      if (skip_acks && m.header.ack_only()) continue;
+      return m;
+    }
+  }
+  // Replies (acknowledgements included) sent so far, after `settle`.
+  size_t Pending(absl::Duration settle = absl::Milliseconds(50)) {
+    absl::SleepFor(settle);
+    absl::MutexLock lock(&mu_);
+    return replies_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<Message> replies_ ABSL_GUARDED_BY(mu_);
+  KVServer server_;
+};
+
+uint64_t next_request = 1;
+
+Message KeyMessage(wire::Command cmd, int worker_rank, uint64_t key,
+                   uint64_t length) {
+  Message m;
+  m.header.set_command(cmd);
+  m.header.set_sender(WorkerId(worker_rank));
+  m.header.set_request_id(next_request++);
+  m.header.set_plane(wire::DATA);
+  wire::KeySlice* s = m.header.mutable_slice();
+  s->set_key(key);
+  s->set_offset(0);
+  s->set_length(length);
+  s->set_total_length(length);
+  return m;
+}
+
+Buffer Floats(const std::vector<float>& v) {
+  return Buffer::CopyOf(v.data(), v.size() * sizeof(float));
+}
+
+std::vector<float> ValuesOf(const Message& m) {
+  EXPECT_EQ(m.data.size(), 1u);
+  if (m.data.empty()) return {};
+  const Buffer& b = m.data[0];
+  return std::vector<float>(b.floats(), b.floats() + b.num_floats());
+}
+
+Message Init(uint64_t key, const std::vector<float>& value, bool sync = true) {
+  Message m = KeyMessage(wire::KV_INIT, 0, key, value.size());
+  m.header.mutable_kv_options()->set_sync_mode(sync);
+  AddFloatFrame(&m, Floats(value));
+  return m;
+}
+
+Message Push(int rank, uint64_t key, uint64_t seq,
+             const std::vector<float>& grad) {
+  Message m = KeyMessage(wire::KV_PUSH, rank, key, grad.size());
+  m.header.set_push_seq(seq);
+  AddFloatFrame(&m, Floats(grad));
+  return m;
+}
+
+Message Pull(int rank, uint64_t key, uint64_t length) {
+  return KeyMessage(wire::KV_PULL, rank, key, length);
+}
+
+Message SetOptimizer(const std::string& spec) {
+  Message m;
+  m.header.set_command(wire::KV_SET_OPTIMIZER);
+  m.header.set_sender(WorkerId(0));
+  m.header.set_request_id(next_request++);
+  m.header.mutable_kv_options()->set_optimizer_spec(spec);
+  return m;
+}
+
+absl::Status StatusOf(const Message& reply) {
+  return FromWire(reply.header.status());
+}
+
+void ExpectOk(ServerHarness& h) {
+  std::optional<Message> r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+}
+
+std::vector<float> PullNow(ServerHarness& h, int rank, uint64_t key,
+                           uint64_t length) {
+  h.server().Handle(Pull(rank, key, length));
+  std::optional<Message> r = h.NextReply();
+  if (!r.has_value()) return {};
+  EXPECT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+  return ValuesOf(*r);
+}
+
+TEST(KVServerTest, SyncRoundIsAnsweredOnlyWhenEveryWorkerPushed) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().Handle(Init(7, {1, 1}));
+  ExpectOk(h);
+  h.server().Handle(Push(2, 7, 0, {3, 30}));
+  h.server().Handle(Push(0, 7, 0, {1, 10}));
+  EXPECT_EQ(h.Pending(), 0u) << "two of three pushed: nobody is answered";
+  h.server().Handle(Push(1, 7, 0, {2, 20}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  // No optimizer: the value becomes the round's sum.
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{6, 60}));
+  EXPECT_EQ(h.server().stats().rounds_applied(), 1u);
+  EXPECT_EQ(h.server().stats().pushes_applied(), 3u);
+}
+
+TEST(KVServerTest, PullAfterOwnPushWaitsForTheRound) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().Handle(Init(1, {0}));
+  ExpectOk(h);
+  h.server().Handle(SetOptimizer("sgd lr=-2"));
+  std::optional<Message> refused = h.NextReply();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(StatusOf(*refused).code(), absl::StatusCode::kFailedPrecondition)
+      << "the optimizer comes before keys";
+  h.server().Handle(Push(0, 1, 0, {5}));
+  h.server().Handle(Pull(0, 1, 1));  // sees this round's result
+  EXPECT_EQ(h.Pending(), 0u);
+  EXPECT_EQ(PullNow(h, 1, 1, 1), (std::vector<float>{0}))
+      << "worker 1 has not pushed: it sees the old value";
+  h.server().Handle(Push(1, 1, 0, {7}));
+  std::vector<float> pulled;
+  for (int i = 0; i < 3; ++i) {
+    std::optional<Message> r = h.NextReply();
+    ASSERT_TRUE(r.has_value());
+    if (r->header.command() == wire::KV_PULL) pulled = ValuesOf(*r);
+  }
+  EXPECT_EQ(pulled, (std::vector<float>{12}));
+}
+
+TEST(KVServerTest, ResentPushIsAnsweredAndNotAppliedTwice) {
+  ServerHarness h(/*num_workers=*/1);
+  h.server().Handle(SetOptimizer("sgd lr=-1"));
+  ExpectOk(h);
+  h.server().Handle(Init(3, {10}, /*sync=*/false));
+  ExpectOk(h);
+  Message push = Push(0, 3, 0, {1});
+  Message resent = push;
+  h.server().Handle(std::move(push));
+  ExpectOk(h);
+  h.server().Handle(std::move(resent));
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 3, 1), (std::vector<float>{11}));
+  EXPECT_EQ(h.server().stats().duplicates(), 1u);
+  EXPECT_EQ(h.server().stats().pushes_applied(), 1u);
+}
+
+TEST(KVServerTest, PushThatOvertookAnEarlierOneWaitsForItWithoutDeadlock) {
+  ServerHarness h(/*num_workers=*/1);
+  h.server().Handle(Init(4, {0}));
+  ExpectOk(h);
+  h.server().Handle(Push(0, 4, 1, {2}));  // push 0 was lost
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Push(0, 4, 0, {1}));  // its resend
+  ExpectOk(h);
+  ExpectOk(h);
+  // Rounds in push order: the value is push 1's (the last round's sum).
+  EXPECT_EQ(PullNow(h, 0, 4, 1), (std::vector<float>{2}));
+  EXPECT_EQ(h.server().stats().rounds_applied(), 2u);
+}
+
+TEST(KVServerTest, ErrorsAreRepliesAndChangeNothing) {
+  ServerHarness h(/*num_workers=*/1);
+  h.server().Handle(Pull(0, 99, 3));
+  std::optional<Message> r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(StatusOf(*r).message()),
+              HasSubstr("key 99 was never initialised"));
+  h.server().Handle(Init(5, {1, 2, 3}, /*sync=*/false));
+  ExpectOk(h);
+  h.server().Handle(Push(0, 5, 0, {1, 2}));  // wrong length
+  r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kInvalidArgument);
+  // Refused before it was numbered: the next push is still number 0.
+  h.server().Handle(Push(0, 5, 0, {1, 1, 1}));  // async, no optimizer
+  r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(StatusOf(*r).message()),
+              HasSubstr("dist_async needs an optimizer"));
+  EXPECT_EQ(PullNow(h, 0, 5, 3), (std::vector<float>{1, 2, 3}));
+  // A bad 2-bit payload (a 0b01 code) is DataLoss and nothing is applied.
+  Message bad = KeyMessage(wire::KV_PUSH, 0, 5, 3);
+  bad.header.set_push_seq(1);
+  AddTwoBitFrame(&bad, Buffer::CopyOf("\x40\0\0\0", 4), 3);
+  h.server().Handle(std::move(bad));
+  r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kInvalidArgument)
+      << "2-bit without compression set: " << StatusOf(*r);
+  EXPECT_EQ(PullNow(h, 0, 5, 3), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(h.server().stats().pushes_applied(), 0u);
+}
+
+TEST(KVServerTest, RejoinSaysWherePushesResumeAndDropsTheEarlierLife) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().Handle(Init(6, {0}));
+  ExpectOk(h);
+  for (uint64_t seq = 0; seq < 3; ++seq) {
+    h.server().Handle(Push(0, 6, seq, {1}));
+    h.server().Handle(Push(1, 6, seq, {1}));
+    ExpectOk(h);
+    ExpectOk(h);
+  }
+  // Worker 1's earlier life left a push waiting (its seq 4: 3 is missing).
+  h.server().Handle(Push(1, 6, 4, {100}));
+  EXPECT_EQ(h.Pending(), 0u);
+  Message rejoin = KeyMessage(wire::KV_INIT, 1, 6, 1);
+  rejoin.header.set_rejoin(true);
+  rejoin.header.set_generation(1);
+  h.server().Handle(std::move(rejoin));
+  std::optional<Message> r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(StatusOf(*r).ok());
+  EXPECT_EQ(r->header.push_seq(), 3u) << "three pushes of rank 1 were taken";
+  // The new life pushes round 3; the dropped push 4 never counts.
+  Message again = Push(1, 6, 3, {2});
+  again.header.set_generation(1);
+  h.server().Handle(std::move(again));
+  h.server().Handle(Push(0, 6, 3, {2}));
+  ExpectOk(h);
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 6, 1), (std::vector<float>{4}));
+  EXPECT_EQ(h.Pending(), 0u);
+}
+
+TEST(KVServerTest, TooManyWaitingRequestsAreRefusedNamingTheKey) {
+  WaitingLimits limits;
+  limits.max_messages_per_sender = 4;
+  ServerHarness h(/*num_workers=*/2, /*threads=*/1, limits);
+  h.server().Handle(Init(8, {0, 0}));
+  ExpectOk(h);
+  // Rank 1 runs far ahead: pushes numbered 100.. wait for the missing ones.
+  for (uint64_t seq = 100; seq < 110; ++seq)
+    h.server().Handle(Push(1, 8, seq, {1, 1}));
+  int refused = 0;
+  for (int i = 0; i < 6; ++i) {
+    std::optional<Message> r = h.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(std::string(StatusOf(*r).message()), HasSubstr("key 8"));
+    ++refused;
+  }
+  EXPECT_EQ(refused, 6);
+  EXPECT_EQ(h.server().stats().refused(), 6u);
+  // Rank 0 is still served.
+  EXPECT_EQ(PullNow(h, 0, 8, 2), (std::vector<float>{0, 0}));
+}
+
+TEST(KVServerTest, SnapshotExcludesTheOpenRoundAndRestoresExactly) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().Handle(SetOptimizer("sgd lr=0.5 momentum=0.9"));
+  ExpectOk(h);
+  h.server().Handle(Init(9, {1, 2, 3}));
+  ExpectOk(h);
+  h.server().Handle(Push(0, 9, 0, {1, 1, 1}));
+  h.server().Handle(Push(1, 9, 0, {1, 2, 3}));
+  ExpectOk(h);
+  ExpectOk(h);
+  h.server().Handle(Push(0, 9, 1, {4, 4, 4}));  // round 1 open
+  absl::Mutex mu;
+  std::optional<wire::ServerCheckpoint> saved;
+  h.server().Snapshot([&](wire::ServerCheckpoint shard) {
+    absl::MutexLock lock(&mu);
+    saved = std::move(shard);
+  });
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](std::optional<wire::ServerCheckpoint>* s) { return s->has_value(); },
+        &saved));
+  }
+  ASSERT_EQ(saved->keys_size(), 1);
+  const wire::CheckpointKey& k = saved->keys(0);
+  EXPECT_EQ(k.steps(), 1u);
+  EXPECT_EQ(k.received(0), 1u) << "its push of the open round is not in it";
+  EXPECT_EQ(k.received(1), 1u);
+  EXPECT_THAT(saved->optimizer_spec(), HasSubstr("lr=0.5"));
+  EXPECT_THAT(saved->optimizer_spec(), HasSubstr("momentum=0.9"));
+
+  ServerHarness restored(/*num_workers=*/2);
+  ASSERT_TRUE(restored.server().Restore(*saved).ok());
+  // Both servers finish round 1 the same way; same bits.
+  Message replay = Push(0, 9, 1, {4, 4, 4});
+  restored.server().Handle(std::move(replay));
+  restored.server().Handle(Push(1, 9, 1, {0, 1, 0}));
+  h.server().Handle(Push(1, 9, 1, {0, 1, 0}));
+  for (int i = 0; i < 2; ++i) {
+    ExpectOk(h);
+    ExpectOk(restored);
+  }
+  EXPECT_EQ(PullNow(h, 0, 9, 3), PullNow(restored, 0, 9, 3));
+}
+
+// Checkpoint writes held 3 s, as on a slow disk: pushes keep being answered.
+TEST(KVServerTest, SlowCheckpointDoesNotStallTraffic) {
+  ServerHarness h(/*num_workers=*/1);
+  h.server().Handle(Init(2, std::vector<float>(1000, 1.0f), /*sync=*/true));
+  ExpectOk(h);
+  char dir[] = "/tmp/tessera-ckpt-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  CheckpointStore store(dir, 0, 2);
+  CheckpointPolicy every_update;
+  every_update.every_updates = 1;
+  Checkpointer checkpointer(&store, every_update, &h.server(),
+                            /*write_delay=*/absl::Seconds(3));
+  h.server().Handle(Push(0, 2, 0, std::vector<float>(1000, 1.0f)));
+  ExpectOk(h);
+  checkpointer.MaybeWrite();  // starts a write that takes 3 s
+  const absl::Time start = absl::Now();
+  for (uint64_t seq = 1; seq <= 50; ++seq) {
+    checkpointer.MaybeWrite();
+    h.server().Handle(Push(0, 2, seq, std::vector<float>(1000, 1.0f)));
+    ExpectOk(h);
+  }
+  // 50 pushes answered while the checkpoint was still being written.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_TRUE(checkpointer.busy());
+  EXPECT_EQ(store.List().size(), 0u);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (store.List().empty() && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_EQ(store.List().size(), 1u);
+  absl::StatusOr<wire::ServerCheckpoint> on_disk =
+      CheckpointStore::ReadFile(store.List()[0]);
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  EXPECT_EQ(on_disk->keys(0).received(0), 1u)
+      << "the snapshot was taken when it was asked for";
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera
