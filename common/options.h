@@ -67,8 +67,11 @@ struct Options {
   // (testing the resend path, as in ps-lite). 0 by default.
   int drop_percent = 0;
   // TESSERA_MAX_MESSAGE_BYTES: the largest single frame a node accepts
-  // (ZMQ_MAXMSGSIZE); a peer sending a bigger one is disconnected.
-  int64_t max_frame_bytes = int64_t{1} << 32;
+  // (ZMQ_MAXMSGSIZE); a peer sending a bigger one is disconnected, and a
+  // worker refuses to init a key whose part on one server would be bigger.
+  // 1 GiB by default: a 250k x 1024 float32 embedding whole on one server
+  // fits; bigger arrays are split over the servers (TESSERA_BIGARRAY_BOUND).
+  int64_t max_frame_bytes = int64_t{1} << 30;
 
   // Reads the process environment.
   static absl::StatusOr<Options> FromEnvironment();

@@ -22,6 +22,11 @@ namespace {
 
 std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 
+// Messages a receiving socket queues per peer before it stops reading that
+// peer's connection. Bounds inbound memory at this many of the largest frame a
+// peer sends (TESSERA_MAX_MESSAGE_BYTES at most) per connection.
+constexpr int kReceiveHighWaterMark = 64;
+
 // Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
 struct ReceivedPart {
   zmq_msg_t msg;
@@ -72,8 +77,10 @@ class ZmqTransport : public Transport {
     if (receiver_ == nullptr) {
       receiver_ = zmq_socket(context_, ZMQ_PULL);
       ConfigureSocket(receiver_);
-      const int hwm = 0;
-      zmq_setsockopt(receiver_, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+      // Back-pressure: past this many messages queued from one peer, ZeroMQ
+      // stops reading its connection and TCP's window closes on the sender.
+      zmq_setsockopt(receiver_, ZMQ_RCVHWM, &kReceiveHighWaterMark,
+                     sizeof(kReceiveHighWaterMark));
       if (options_.max_message_bytes > 0) {
         zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &options_.max_message_bytes,
                        sizeof(options_.max_message_bytes));
@@ -191,6 +198,7 @@ class ZmqTransport : public Transport {
       std::vector<Buffer> parts;
       bool more = true;
       bool failed = false;
+      size_t received = 0;
       while (more) {
         auto part = std::make_shared<ReceivedPart>();
         zmq_msg_init(&part->msg);
@@ -204,6 +212,12 @@ class ZmqTransport : public Transport {
           break;
         }
         more = zmq_msg_more(&part->msg);
+        if (++received > options_.limits.max_frames + 1) {
+          // More parts than any message may have: the rest is read and freed
+          // at once, not collected, and the message is dropped below.
+          if (received == options_.limits.max_frames + 2) parts.clear();
+          continue;
+        }
         const void* data = zmq_msg_data(&part->msg);
         const size_t size = zmq_msg_size(&part->msg);
         if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
@@ -214,6 +228,14 @@ class ZmqTransport : public Transport {
         }
       }
       if (failed) continue;
+      if (received > options_.limits.max_frames + 1) {
+        const uint64_t n = ++malformed_;
+        TESSERA_LOG(WARNING) << "dropped malformed message #" << n << ": "
+                             << received << " parts; at most "
+                             << options_.limits.max_frames + 1
+                             << " are allowed";
+        continue;
+      }
       absl::StatusOr<Message> msg =
           DecodeMessage(std::move(parts), options_.limits);
       if (!msg.ok()) {

@@ -319,11 +319,18 @@ void Checkpointer::WriterLoop() {
         return stop_ || to_write_.has_value();
       };
       mu_.Await(absl::Condition(&ready));
-      if (!to_write_.has_value()) return;  // stopped, nothing to write
+      // Stopped: the job is over, a snapshot not yet written is dropped.
+      if (stop_) return;
       shard = *std::move(to_write_);
       to_write_.reset();
+      if (write_delay_ > absl::ZeroDuration()) {
+        auto stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return stop_;
+        };
+        if (mu_.AwaitWithTimeout(absl::Condition(&stopped), write_delay_))
+          return;
+      }
     }
-    if (write_delay_ > absl::ZeroDuration()) absl::SleepFor(write_delay_);
     const absl::Time start = absl::Now();
     absl::Status status = store_->Write(shard);
     TESSERA_VLOG(1) << "checkpoint write took "

@@ -92,7 +92,9 @@ class Checkpointer {
   Checkpointer(CheckpointStore* store, CheckpointPolicy policy,
                KVServer* server,
                absl::Duration write_delay = absl::ZeroDuration());
-  // Stops the writer thread after the write in progress.
+  // Stops the writer thread after the write in progress (a snapshot waiting
+  // to be written is dropped). REQUIRES: the server's update threads have
+  // stopped (KVServer::Stop), so no snapshot arrives afterwards.
   ~Checkpointer();
 
   void MaybeWrite();

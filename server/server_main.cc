@@ -23,6 +23,7 @@
 #include "common/logging.h"
 #include "common/node.h"
 #include "common/options.h"
+#include "common/process_info.h"
 #include "server/checkpoint.h"
 #include "server/kv_server.h"
 
@@ -198,10 +199,13 @@ int main(int argc, char** argv) {
                     << per_key << "), rounds " << stats.rounds_applied()
                     << ", duplicates " << stats.duplicates()
                     << ", checkpoints " << stats.checkpoints_written()
-                    << ", malformed "
-                    << stats.malformed_messages() + node->malformed_count();
+                    << ", refused " << stats.refused() << ", malformed "
+                    << stats.malformed_messages() + node->malformed_count()
+                    << ", peak RSS " << tessera::PeakResidentBytes() / 1000000
+                    << " MB";
   node->Stop();
   server.Stop();
+  checkpointer.reset();  // before the store it writes to
   if (!result.ok()) {
     std::cerr << "tessera-server: " << result.message() << "\n";
     return 1;

@@ -5,10 +5,14 @@
 #include <zmq.h>
 
 #include <cmath>
+#include <iostream>
+#include <regex>
+#include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/message.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/cluster_expect.h"
@@ -221,6 +225,87 @@ TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
   EXPECT_THAT(log, ::testing::Not(HasSubstr("dropped malformed message #7")));
   EXPECT_THAT(log, HasSubstr("ignored control message from node 21"));
   EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("nightly ok"));
+}
+
+// A peer posing as worker 0 initialises a key of its own and floods it with
+// 1,500 pushes of 1 MB numbered far ahead (1.5 GB). The server holds at most
+// 64 of them on the key and refuses the rest (RESOURCE_EXHAUSTED); ZeroMQ's
+// receive high-water mark (64 messages) and the update threads' 128 MiB
+// queues bound the rest. Its peak RSS stays under 400 MB (without the limits
+// it would hold the whole flood), and the real workers' soak job ends with
+// every round applied.
+TEST(ClusterTest, FloodOfPushesNumberedFarAheadKeepsServerMemoryBounded) {
+  ProcessCluster c;
+  const int server_port = FreePort();
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "2");
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"}});
+  c.Spawn("server 0", {BinaryPath("server/tessera-server")},
+          {{"DMLC_ROLE", "server"}, {"PORT", std::to_string(server_port)}});
+  // Long enough (at least 400 x 25 ms) for the whole flood to arrive.
+  c.Spawn("worker 0", {Worker(), "soak", "400", "25"},
+          {{"DMLC_ROLE", "worker"}});
+  c.Spawn("worker 1", {Worker(), "soak", "400", "25"},
+          {{"DMLC_ROLE", "worker"}});
+  absl::SleepFor(absl::Milliseconds(500));  // the job forms
+
+  void* ctx = zmq_ctx_new();
+  void* raw = zmq_socket(ctx, ZMQ_PUSH);
+  const int hwm = 8, timeout_ms = 20000;
+  zmq_setsockopt(raw, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  zmq_setsockopt(raw, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(server_port);
+  ASSERT_EQ(zmq_connect(raw, endpoint.c_str()), 0);
+  constexpr uint64_t kFloodKey = 777, kValues = 1 << 18;  // 1 MB
+  std::vector<float> values(kValues, 1.0f);
+  auto send = [&](wire::Command cmd, uint64_t seq) {
+    Message m;
+    m.header.set_command(cmd);
+    m.header.set_sender(WorkerId(0));
+    m.header.set_recipient(ServerId(0));
+    m.header.set_plane(wire::DATA);
+    m.header.set_request_id((uint64_t{1} << 40) + seq);
+    m.header.set_push_seq(seq);
+    m.header.mutable_kv_options()->set_sync_mode(false);
+    wire::KeySlice* slice = m.header.mutable_slice();
+    slice->set_key(kFloodKey);
+    slice->set_length(kValues);
+    slice->set_total_length(kValues);
+    AddFloatFrame(&m, Buffer::Wrap(values.data(), values.size() * 4, nullptr));
+    absl::StatusOr<std::vector<Buffer>> parts = EncodeMessage(m);
+    ASSERT_TRUE(parts.ok());
+    for (size_t i = 0; i < parts->size(); ++i) {
+      const Buffer& b = (*parts)[i];
+      ASSERT_EQ(zmq_send(raw, b.data(), b.size(),
+                         i + 1 < parts->size() ? ZMQ_SNDMORE : 0),
+                static_cast<int>(b.size()));
+    }
+  };
+  send(wire::KV_INIT, 0);
+  const absl::Time start = absl::Now();
+  for (uint64_t seq = 0; seq < 1500 && !HasFailure(); ++seq)
+    send(wire::KV_PUSH, 1000000 + seq);
+  // A send that blocks 20 s (the server gone) fails the ASSERT in send.
+  std::cerr << "flood of 1500 MB sent in " << absl::Now() - start << "\n";
+  ExpectAllExitZero(c, absl::Seconds(180));
+  const int linger = 0;
+  zmq_setsockopt(raw, ZMQ_LINGER, &linger, sizeof(linger));
+  zmq_close(raw);
+  zmq_ctx_term(ctx);
+
+  const std::string log = ProcessCluster::Log(c.Find("server 0"));
+  std::smatch m;
+  if (std::regex_search(log, m, std::regex("pushes applied .*")))
+    std::cerr << "server 0: " << m[0] << "\n";
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("refused (\\d+)")))
+      << log;
+  EXPECT_GE(std::stoi(m[1]), 1000) << "most of the flood was refused";
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("peak RSS (\\d+) MB")))
+      << log;
+  EXPECT_LT(std::stoi(m[1]), 400) << log;
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("soak ok"));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 1")), HasSubstr("soak ok"));
 }
 
 TEST(ClusterTest, PeerStoppedShorterThanTheTimeoutRecoversWithNothingLost) {

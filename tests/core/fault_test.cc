@@ -274,6 +274,41 @@ TEST(FaultTest, KilledServerWithoutACheckpointYetGetsEverythingReplayed) {
                        /*wait_for_checkpoints=*/false, "no checkpoint in");
 }
 
+// Every checkpoint write takes 4 s (TESSERA_TEST_CHECKPOINT_DELAY), twice the
+// heartbeat time-out. Written on the network thread, one write would stall
+// heartbeats and pushes and the server would be declared dead; on the
+// checkpoint thread the job goes on, every push applied once, and checkpoints
+// land on disk.
+TEST(FaultTest, SlowCheckpointStallsNeitherPushesNorHeartbeats) {
+  const int rounds = 60;
+  const std::string want = FaultFreeChecksum(rounds);
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  ProcessCluster c;
+  CommonEnv(c);
+  c.Env("PS_HEARTBEAT_INTERVAL", "0.2");
+  c.Env("PS_HEARTBEAT_TIMEOUT", "2");
+  c.Env("DMLC_NUM_SERVER", std::to_string(kServers));
+  c.Env("DMLC_NUM_WORKER", std::to_string(kWorkers));
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"}});
+  for (int i = 0; i < kServers; ++i) {
+    c.Spawn(absl::StrCat("server ", i),
+            {BinaryPath("server/tessera-server"), "--checkpoint-dir", dir,
+             "--checkpoint-every", "1"},
+            {{"DMLC_ROLE", "server"}, {"TESSERA_TEST_CHECKPOINT_DELAY", "4"}});
+  }
+  for (int i = 0; i < kWorkers; ++i) {
+    c.Spawn(absl::StrCat("worker ", i),
+            {Worker(), "soak", std::to_string(rounds), "100"},
+            {{"DMLC_ROLE", "worker"}});
+  }
+  ExpectAllExitZero(c, absl::Seconds(180));
+  ExpectExactlyOnce(c, want, rounds, {"server 0", "server 1"});
+  EXPECT_TRUE(EveryServerCheckpointed(dir, kServers)) << c.AllLogs();
+  (void)system(absl::StrCat("rm -rf '", dir, "'").c_str());
+}
+
 TEST(FaultTest, RestartWithoutCheckpointDirExitsOneSayingWhy) {
   ProcessCluster c;
   c.Env("DMLC_NUM_SERVER", "1");
