@@ -32,11 +32,12 @@ namespace tessera::compression {
 
 // GPU version of TwoBitQuantize: residual (device, len floats, in/out) += grad,
 // codes it and writes TwoBitCompressedBytes(len) bytes to d_out (device).
-// Bit-identical to the CPU codec, residual included. Asynchronous: the work is
-// queued on `stream`; read d_out or d_residual only after synchronising with
-// it. REQUIRES: device pointers of the current device; d_out does not overlap
-// the others. Errors: InvalidArgument for a threshold <= 0 or not finite, or a
-// null pointer with len > 0; Internal if the kernel launch fails;
+// Bit-identical to the CPU codec, residual included (a NaN residual is NaN on
+// both, its payload may differ; see two_bit_kernels.h). Asynchronous: the work
+// is queued on `stream`; read d_out or d_residual only after synchronising
+// with it. REQUIRES: device pointers of the current device; d_out does not
+// overlap the others. Errors: InvalidArgument for a threshold <= 0 or not
+// finite, or a null pointer with len > 0; Internal if the kernel launch fails;
 // FailedPrecondition without CUDA.
 absl::Status TwoBitQuantizeDevice(const float* d_grad, float* d_residual,
                                   size_t len, float threshold, uint8_t* d_out,

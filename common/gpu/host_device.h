@@ -4,7 +4,7 @@
 // code the kernel runs on machines without a GPU (and the CPU path may share
 // it).
 //
-//   TESSERA_HOST_DEVICE inline float Relu(float v) { return v < 0.0f ? 0.0f : v; }
+//   TESSERA_HOST_DEVICE inline float Relu(float v) { return v < 0 ? 0 : v; }
 //
 //   // In a .cu file:    v[i] = Relu(v[i]);          inside a __global__ kernel
 //   // In a host test:   EXPECT_EQ(Relu(-1.0f), 0.0f);

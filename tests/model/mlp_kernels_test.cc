@@ -271,7 +271,8 @@ HostRun RunKernelBodiesOnHost(const std::vector<int>& sizes,
     run.stats.correct += row_correct[r];
   }
   run.stats.rows = rows;
-  // Backward: dW = delta^T input, ColumnSumsKernel, delta W, ReluBackwardKernel.
+  // Backward: dW = delta^T input, ColumnSumsKernel, delta W, then
+  // ReluBackwardKernel.
   run.grads.resize(layers);
   for (int l = last; l >= 0; --l) {
     const int in = sizes[l], out = sizes[l + 1];
