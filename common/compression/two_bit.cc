@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/compression/two_bit_kernels.h"
 #include "common/compression/two_bit_testing.h"
 
 #if defined(__SSE2__)
@@ -22,15 +23,14 @@
 namespace tessera::compression {
 namespace {
 
-constexpr uint32_t kCodePlus = 0b11;
-constexpr uint32_t kCodeMinus = 0b10;
+// The per-element arithmetic and the bit layout are shared with the GPU
+// kernels (two_bit_kernels.h); the SIMD loops below repeat the arithmetic lane
+// by lane and are tested against it.
+using kernels::DecodeElement;
+using kernels::QuantizeElement;
 
-// Bit position of the lowest bit of element j's code inside the word, read as a
-// little-endian uint32: byte j/4, first element of a byte in its two highest
-// bits.
-constexpr uint32_t Shift(size_t j) {
-  return static_cast<uint32_t>(8 * (j / 4) + 6 - 2 * (j % 4));
-}
+// Bit position of the lowest bit of element j's code inside a word.
+constexpr uint32_t Shift(size_t j) { return kernels::WordShift(j); }
 
 // The wire format is defined by bytes; words are built in host order and
 // written in little-endian order.
@@ -53,9 +53,9 @@ inline uint32_t LoadWord(const uint8_t* in) {
   return word;
 }
 
-// Codes `n` <= 16 elements into one word. Branch-free so that the n == 16
-// instance vectorises; the float operations (one add, one subtract of t, -t or
-// 0) are exactly those of the GPU kernel, so both produce the same bits.
+// Codes `n` <= 16 elements into one word with the GPU kernel's per-element
+// function, so both produce the same bits. QuantizeElement is branch-free so
+// that the n == 16 instance vectorises.
 template <size_t kN>
 inline uint32_t QuantizeWord(const float* __restrict grad,
                              float* __restrict residual, size_t n, float t,
@@ -63,15 +63,7 @@ inline uint32_t QuantizeWord(const float* __restrict grad,
   uint32_t word = 0;
   const size_t count = kN == kTwoBitElementsPerWord ? kN : n;
   for (size_t j = 0; j < count; ++j) {
-    const float r = residual[j] + grad[j];
-    const bool pos = r >= t;
-    const bool neg = r <= neg_t;
-    // r - (-t) == r + t exactly, and r - 0 == r for every r (including -0 and
-    // NaN).
-    const float taken = pos ? t : (neg ? neg_t : 0.0f);
-    residual[j] = r - taken;
-    const uint32_t code = (pos ? kCodePlus : 0u) | (neg ? kCodeMinus : 0u);
-    word |= code << Shift(j);
+    word |= QuantizeElement(grad[j], &residual[j], t, neg_t) << Shift(j);
   }
   return word;
 }
@@ -267,8 +259,7 @@ inline void DecodeWord(uint32_t word, size_t n, float t, float neg_t,
                        float* __restrict out) {
   const size_t count = kN == kTwoBitElementsPerWord ? kN : n;
   for (size_t j = 0; j < count; ++j) {
-    const uint32_t code = (word >> Shift(j)) & 0b11u;
-    const float v = code == kCodePlus ? t : (code == kCodeMinus ? neg_t : 0.0f);
+    const float v = DecodeElement((word >> Shift(j)) & 0b11u, t, neg_t);
     if constexpr (kAdd) {
       out[j] += v;
     } else {

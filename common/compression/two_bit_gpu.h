@@ -4,12 +4,13 @@
 //
 // This header names no CUDA type, so callers build without the CUDA toolkit.
 // Without CUDA (TESSERA_ENABLE_CUDA=OFF) the functions exist and return
-// FailedPrecondition "built without CUDA", and CudaDeviceAvailable() returns
-// false.
+// FailedPrecondition "built without CUDA", and gpu::DeviceAvailable()
+// (common/gpu/device.h) returns false. The kernels' arithmetic is in
+// two_bit_kernels.h.
 //
 // Example (worker, residual kept on the GPU next to the gradient):
 //
-//   if (CudaDeviceAvailable()) {
+//   if (gpu::DeviceAvailable()) {
 //     // d_grad, d_residual: len floats; d_packed: TwoBitCompressedBytes(len) bytes.
 //     absl::Status s = TwoBitQuantizeDevice(d_grad, d_residual, len, 0.5f, d_packed,
 //                                           /*stream=*/nullptr);
@@ -24,25 +25,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 
 namespace tessera::compression {
 
-// True when the CUDA runtime reports at least one device and no error. Always
-// false when built without CUDA. Cheap after the first call (the answer is
-// cached).
-bool CudaDeviceAvailable();
-
 // GPU version of TwoBitQuantize: residual (device, len floats, in/out) += grad,
 // codes it and writes TwoBitCompressedBytes(len) bytes to d_out (device).
-// Bit-identical to the CPU codec, residual included. Asynchronous: the work is
-// queued on `stream`; read d_out or d_residual only after synchronising with
-// it. REQUIRES: device pointers of the current device; d_out does not overlap
-// the others. Errors: InvalidArgument for a threshold <= 0 or not finite, or a
-// null pointer with len > 0; Internal if the kernel launch fails;
+// Bit-identical to the CPU codec, residual included (a NaN residual is NaN on
+// both, its payload may differ; see two_bit_kernels.h). Asynchronous: the work
+// is queued on `stream`; read d_out or d_residual only after synchronising
+// with it. REQUIRES: device pointers of the current device; d_out does not
+// overlap the others. Errors: InvalidArgument for a threshold <= 0 or not
+// finite, or a null pointer with len > 0; Internal if the kernel launch fails;
 // FailedPrecondition without CUDA.
 absl::Status TwoBitQuantizeDevice(const float* d_grad, float* d_residual,
                                   size_t len, float threshold, uint8_t* d_out,
@@ -58,27 +53,6 @@ absl::Status TwoBitQuantizeDevice(const float* d_grad, float* d_residual,
 absl::Status TwoBitDequantizeDevice(const uint8_t* d_in, size_t len,
                                     float threshold, float* d_out,
                                     void* stream);
-
-// Figures from RunGpuCodecBench, all measured in the same run on the current
-// device.
-struct GpuCodecBenchResult {
-  size_t bytes = 0;            // Float input size of the codec runs.
-  double quantize_gbps = 0;    // Float input bytes per second / 1e9.
-  double dequantize_gbps = 0;  // Float output bytes per second / 1e9.
-  double d2d_memcpy_gbps = 0;  // cudaMemcpy device-to-device of `bytes`.
-  // Moving `bytes` of gradient from the GPU to pinned host memory.
-  double d2h_float_ms = 0;  // Plain D2H copy of the floats.
-  double d2h_compressed_ms =
-      0;  // Quantize on the GPU, then D2H of the packed bytes.
-  std::string device_name;  // As the CUDA runtime names it.
-};
-
-// Times the kernels on `bytes` of float input (rounded down to whole floats)
-// against device-to-device memcpy, and the D2H transfer of the same gradient
-// with and without compression. Allocates and frees its own buffers. Errors:
-// FailedPrecondition without CUDA or without a device; Internal for CUDA
-// errors.
-absl::StatusOr<GpuCodecBenchResult> RunGpuCodecBench(size_t bytes);
 
 }  // namespace tessera::compression
 

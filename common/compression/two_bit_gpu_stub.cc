@@ -10,8 +10,6 @@ absl::Status NoCuda() {
 
 }  // namespace
 
-bool CudaDeviceAvailable() { return false; }
-
 absl::Status TwoBitQuantizeDevice(const float*, float*, size_t, float, uint8_t*,
                                   void*) {
   return NoCuda();
@@ -19,10 +17,6 @@ absl::Status TwoBitQuantizeDevice(const float*, float*, size_t, float, uint8_t*,
 
 absl::Status TwoBitDequantizeDevice(const uint8_t*, size_t, float, float*,
                                     void*) {
-  return NoCuda();
-}
-
-absl::StatusOr<GpuCodecBenchResult> RunGpuCodecBench(size_t) {
   return NoCuda();
 }
 

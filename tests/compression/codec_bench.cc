@@ -19,7 +19,8 @@
 #include <vector>
 
 #include "common/compression/two_bit.h"
-#include "common/compression/two_bit_gpu.h"
+#include "common/gpu/device.h"
+#include "tests/compression/gpu_codec_bench.h"
 
 namespace tessera::compression {
 namespace {
@@ -132,7 +133,7 @@ int Main(int argc, char** argv) {
   std::vector<GpuCodecBenchResult> gpu;
   GpuCodecBenchResult transfer;
   std::string gpu_note = "no CUDA device";
-  if (CudaDeviceAvailable()) {
+  if (gpu::DeviceAvailable()) {
     gpu_note.clear();
     for (size_t mb : {1, 4, 16, 64, 256}) {
       if (mb > max_mb) break;

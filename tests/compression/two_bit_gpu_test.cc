@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/compression/two_bit.h"
+#include "common/gpu/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -67,7 +68,7 @@ bool SameBits(float a, float b) {
 class TwoBitGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+    if (!gpu::DeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   }
 };
 

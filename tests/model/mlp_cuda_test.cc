@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/gpu/device.h"
 #include "gtest/gtest.h"
 #include "worker/trainer/mlp.h"
 
@@ -21,10 +22,10 @@ MlpConfig Config() {
 }
 
 TEST(MlpCudaTest, CreateFailsCleanlyWithoutDevice) {
-  if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  if (gpu::DeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   absl::StatusOr<std::unique_ptr<Mlp>> mlp = CreateCudaMlp(Config(), 8);
   EXPECT_EQ(mlp.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(CudaDescription().empty());
+  EXPECT_FALSE(gpu::DeviceDescription().empty());
 }
 
 void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu,
@@ -40,7 +41,7 @@ void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& gpu,
 }
 
 TEST(MlpCudaTest, ForwardBackwardMatchesCpu) {
-  if (!CudaAvailable()) GTEST_SKIP() << CudaDescription();
+  if (!gpu::DeviceAvailable()) GTEST_SKIP() << gpu::DeviceDescription();
   const int rows = 37;
   absl::StatusOr<std::unique_ptr<Mlp>> cpu =
       CreateMlp(MlpDevice::kCpu, Config(), 64);
@@ -84,7 +85,7 @@ TEST(MlpCudaTest, ForwardBackwardMatchesCpu) {
 }
 
 TEST(MlpCudaTest, StagedParamsTakeEffectAtCommit) {
-  if (!CudaAvailable()) GTEST_SKIP() << CudaDescription();
+  if (!gpu::DeviceAvailable()) GTEST_SKIP() << gpu::DeviceDescription();
   absl::StatusOr<std::unique_ptr<Mlp>> gpu =
       CreateMlp(MlpDevice::kCuda, Config(), 8);
   ASSERT_TRUE(gpu.ok()) << gpu.status();

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <string>
 
+#include "common/gpu/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/trainer/mlp_cuda.h"
 
 namespace tessera {
 namespace {
@@ -75,7 +75,7 @@ TEST(TesseraWorkerCliTest, DataDirectoryComesFromTheEnvironment) {
 }
 
 TEST(TesseraWorkerCliTest, CudaWithoutDeviceIsExit2) {
-  if (CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
+  if (gpu::DeviceAvailable()) GTEST_SKIP() << "a CUDA device is present";
   const Result r = RunWorker(kWorker + " --device cuda");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output,

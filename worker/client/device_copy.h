@@ -1,6 +1,8 @@
 // DeviceCopy: the few CUDA runtime calls the KV client needs for gradients that
 // live in GPU memory, behind a header that names no CUDA type (so the client
 // builds without CUDA; the stub reports that no device is present).
+// DeviceAvailable() is the project's one availability check, from
+// common/gpu/device.h.
 //
 //   if (gpu::DeviceAvailable()) {
 //     absl::StatusOr<void*> d = gpu::DeviceAlloc(bytes);
@@ -13,10 +15,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/gpu/device.h"
 
 namespace tessera::gpu {
 
-bool DeviceAvailable();
 // Zeroed device memory.
 absl::StatusOr<void*> DeviceAlloc(size_t bytes);
 void DeviceFree(void* ptr);

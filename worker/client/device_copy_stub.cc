@@ -8,7 +8,6 @@ absl::Status NoCuda() {
 }
 }  // namespace
 
-bool DeviceAvailable() { return false; }
 absl::StatusOr<void*> DeviceAlloc(size_t) { return NoCuda(); }
 void DeviceFree(void*) {}
 absl::StatusOr<void*> PinnedAlloc(size_t) { return NoCuda(); }

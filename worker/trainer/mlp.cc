@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/trainer/mlp_cuda.h"
+#include "worker/trainer/mlp_kernels.h"
 
 namespace tessera {
 namespace {
@@ -17,28 +18,15 @@ constexpr int kMaxLayerWidth = 1 << 20;
 
 // Softmax cross-entropy on `rows` x `classes` logits: adds each row's loss and
 // correctness to `stats` and, when `delta` is not null, writes
-// d(loss)/d(logits) = softmax - onehot there (it may alias `logits`).
+// d(loss)/d(logits) = softmax - onehot there (it may alias `logits`). Row by
+// row with the CUDA kernel's function.
 void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,
                          int classes, float* delta, MlpBatchStats* stats) {
   for (int r = 0; r < rows; ++r) {
-    const float* z = logits + static_cast<size_t>(r) * classes;
-    int argmax = 0;
-    for (int c = 1; c < classes; ++c) {
-      if (z[c] > z[argmax]) argmax = c;
-    }
-    const float m = z[argmax];
-    double sum = 0;
-    for (int c = 0; c < classes; ++c)
-      sum += std::exp(static_cast<double>(z[c] - m));
-    const int y = labels[r];
-    stats->loss_sum += std::log(sum) - static_cast<double>(z[y] - m);
-    stats->correct += argmax == y ? 1 : 0;
-    if (delta != nullptr) {
-      float* d = delta + static_cast<size_t>(r) * classes;
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int c = 0; c < classes; ++c) d[c] = std::exp(z[c] - m) * inv;
-      d[y] -= 1.0f;
-    }
+    int correct = 0;
+    stats->loss_sum += mlp_kernels::SoftmaxCrossEntropyRow(
+        logits, labels, r, classes, delta, &correct);
+    stats->correct += correct;
   }
   stats->rows += rows;
 }
@@ -117,6 +105,8 @@ class CpuMlp final : public Mlp {
       // dW = delta^T input: (out x rows) (rows x in).
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, rows, 1.0f,
                   delta, out, input, in, 0.0f, grads_[l].w.data(), in);
+      // Column sums of delta; the CUDA kernel's mlp_kernels::ColumnSum adds in
+      // the same order, row-major here for the cache.
       float* db = grads_[l].b.data();
       std::fill(db, db + out, 0.0f);
       for (int r = 0; r < rows; ++r) {
@@ -131,7 +121,9 @@ class CpuMlp final : public Mlp {
                     1.0f, delta, out, params_[l].w.data(), in, 0.0f, prev, in);
         const float* a = acts_[l - 1].data();
         const size_t n = static_cast<size_t>(rows) * in;
-        for (size_t i = 0; i < n; ++i) prev[i] = a[i] > 0.0f ? prev[i] : 0.0f;
+        for (size_t i = 0; i < n; ++i) {
+          prev[i] = mlp_kernels::ReluBackward(prev[i], a[i]);
+        }
       }
       if (on_layer_ready) on_layer_ready(l);
     }
@@ -192,10 +184,15 @@ class CpuMlp final : public Mlp {
       const bool relu = l + 1 < num_layers();
       for (int r = 0; r < rows; ++r) {
         float* zr = z + static_cast<size_t>(r) * out;
+        // Constant `relu` per loop, so each loop stays as simple as before.
         if (relu) {
-          for (int c = 0; c < out; ++c) zr[c] = std::max(zr[c] + b[c], 0.0f);
+          for (int c = 0; c < out; ++c) {
+            zr[c] = mlp_kernels::BiasActivation(zr[c], b[c], true);
+          }
         } else {
-          for (int c = 0; c < out; ++c) zr[c] += b[c];
+          for (int c = 0; c < out; ++c) {
+            zr[c] = mlp_kernels::BiasActivation(zr[c], b[c], false);
+          }
         }
       }
     }

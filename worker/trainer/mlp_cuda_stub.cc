@@ -1,12 +1,8 @@
-// Stands in for worker/cuda/mlp_cuda.cu in builds without CUDA.
+// Stands in for cuda/mlp_cuda.cu in builds without CUDA.
 #include "absl/status/status.h"
 #include "worker/trainer/mlp_cuda.h"
 
 namespace tessera {
-
-bool CudaAvailable() { return false; }
-
-std::string CudaDescription() { return "this build has no CUDA support"; }
 
 absl::StatusOr<std::unique_ptr<Mlp>> CreateCudaMlp(const MlpConfig& config,
                                                    int max_batch) {

@@ -26,11 +26,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "common/gpu/device.h"
 #include "tessera/kv_worker.h"
 #include "worker/trainer/batch_loader.h"
 #include "worker/trainer/idx_reader.h"
 #include "worker/trainer/mlp.h"
-#include "worker/trainer/mlp_cuda.h"
 #include "worker/trainer/train_flags.h"
 
 namespace tessera {
@@ -169,11 +169,12 @@ void PushPullLayer(KVWorker& kv, Mlp& mlp, int l, std::vector<OpHandle>* ops,
 int Run(const TrainFlags& flags) {
   // Device.
   MlpDevice device = MlpDevice::kCpu;
-  if (flags.device == "cuda" || (flags.device == "auto" && CudaAvailable())) {
-    if (!CudaAvailable()) {
+  if (flags.device == "cuda" ||
+      (flags.device == "auto" && gpu::DeviceAvailable())) {
+    if (!gpu::DeviceAvailable()) {
       return Fail(
           2, absl::StrCat("--device: expected a usable GPU for 'cuda', but ",
-                          CudaDescription()));
+                          gpu::DeviceDescription()));
     }
     device = MlpDevice::kCuda;
   }

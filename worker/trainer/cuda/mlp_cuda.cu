@@ -1,6 +1,7 @@
 // The CUDA backend of Mlp: cuBLAS SGEMMs for the matrix products, the kernels
 // below for the rest, all on one stream. Row-major matrices are handed to
-// column-major cuBLAS as their transposes, so no data is ever transposed.
+// column-major cuBLAS as their transposes, so no data is ever transposed. The
+// kernels' arithmetic is in mlp_kernels.h, shared with the CPU backend.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -11,17 +12,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/gpu/cuda/cuda_check.h"
+#include "common/gpu/device.h"
+#include "common/status_macros.h"
 #include "worker/trainer/mlp_cuda.h"
+#include "worker/trainer/mlp_kernels.h"
 
-#define TESSERA_CUDA_RETURN_IF_ERROR(expr)                                  \
-  do {                                                                      \
-    const cudaError_t tessera_cuda_err = (expr);                            \
-    if (tessera_cuda_err != cudaSuccess) {                                  \
-      return absl::InternalError(                                           \
-          absl::StrCat(#expr, ": ", cudaGetErrorString(tessera_cuda_err))); \
-    }                                                                       \
-  } while (0)
-
+// cuBLAS reports its own status type; CUDA runtime errors go through
+// TESSERA_CUDA_RETURN_IF_ERROR.
 #define TESSERA_CUBLAS_RETURN_IF_ERROR(expr)                       \
   do {                                                             \
     const cublasStatus_t tessera_cublas_st = (expr);               \
@@ -29,12 +27,6 @@
       return absl::InternalError(absl::StrCat(                     \
           #expr, ": ", cublasGetStatusString(tessera_cublas_st))); \
     }                                                              \
-  } while (0)
-
-#define TESSERA_RETURN_IF_ERROR(expr)                \
-  do {                                               \
-    absl::Status tessera_status = (expr);            \
-    if (!tessera_status.ok()) return tessera_status; \
   } while (0)
 
 namespace tessera {
@@ -47,61 +39,45 @@ int Blocks(size_t n) {
       std::min<size_t>((n + kThreads - 1) / kThreads, 4096));
 }
 
-// z[r][c] += b[c], then ReLU when `relu`.
+// z[r][c] += b[c], then ReLU when `relu` (mlp_kernels::BiasActivationAt).
 __global__ void BiasActivationKernel(float* z, const float* b, int rows,
                                      int cols, bool relu) {
   const size_t n = static_cast<size_t>(rows) * cols;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
        i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float v = z[i] + b[i % cols];
-    z[i] = relu ? fmaxf(v, 0.0f) : v;
+    mlp_kernels::BiasActivationAt(z, b, i, cols, relu);
   }
 }
 
-// One thread per row: loss and correctness of the row, and when `delta` is not
-// null d(loss)/d(logits) = softmax - onehot.
+// One thread per row (mlp_kernels::SoftmaxCrossEntropyRow): loss and
+// correctness of the row, and when `delta` is not null d(loss)/d(logits) =
+// softmax - onehot.
 __global__ void SoftmaxCrossEntropyKernel(const float* logits,
                                           const int32_t* labels, int rows,
                                           int classes, float* delta,
-                                          float* row_loss, int* row_correct) {
+                                          double* row_loss, int* row_correct) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
-  const float* z = logits + static_cast<size_t>(r) * classes;
-  int argmax = 0;
-  for (int c = 1; c < classes; ++c) {
-    if (z[c] > z[argmax]) argmax = c;
-  }
-  const float m = z[argmax];
-  float sum = 0.0f;
-  for (int c = 0; c < classes; ++c) sum += expf(z[c] - m);
-  const int y = labels[r];
-  row_loss[r] = logf(sum) - (z[y] - m);
-  row_correct[r] = argmax == y ? 1 : 0;
-  if (delta != nullptr) {
-    float* d = delta + static_cast<size_t>(r) * classes;
-    const float inv = 1.0f / sum;
-    for (int c = 0; c < classes; ++c) d[c] = expf(z[c] - m) * inv;
-    d[y] -= 1.0f;
-  }
+  row_loss[r] = mlp_kernels::SoftmaxCrossEntropyRow(logits, labels, r, classes,
+                                                    delta, &row_correct[r]);
 }
 
-// delta[i] = 0 where the ReLU output act[i] was 0.
+// delta[i] = 0 where the ReLU output act[i] was not positive
+// (mlp_kernels::ReluBackward).
 __global__ void ReluBackwardKernel(float* delta, const float* act, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
        i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    if (act[i] <= 0.0f) delta[i] = 0.0f;
+    delta[i] = mlp_kernels::ReluBackward(delta[i], act[i]);
   }
 }
 
-// out[c] = sum over rows of m[r][c]; neighbouring threads read neighbouring
-// columns.
+// out[c] = sum over rows of m[r][c] (mlp_kernels::ColumnSum); neighbouring
+// threads read neighbouring columns.
 __global__ void ColumnSumsKernel(const float* m, int rows, int cols,
                                  float* out) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  float sum = 0.0f;
-  for (int r = 0; r < rows; ++r) sum += m[static_cast<size_t>(r) * cols + c];
-  out[c] = sum;
+  out[c] = mlp_kernels::ColumnSum(m, rows, cols, c);
 }
 
 template <typename T>
@@ -414,9 +390,9 @@ class CudaMlp final : public Mlp {
   }
 
   absl::Status DownloadRowStats(int rows) {
-    TESSERA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(host_row_loss_.get(), row_loss_.get(),
-                        rows * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        host_row_loss_.get(), row_loss_.get(), rows * sizeof(double),
+        cudaMemcpyDeviceToHost, stream_));
     TESSERA_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(host_row_correct_.get(), row_correct_.get(),
                         rows * sizeof(int), cudaMemcpyDeviceToHost, stream_));
@@ -454,31 +430,13 @@ class CudaMlp final : public Mlp {
   DeviceBuffer<int32_t> labels_;
   PinnedBuffer<float> host_x_;
   PinnedBuffer<int32_t> host_labels_;
-  DeviceBuffer<float> row_loss_;
+  DeviceBuffer<double> row_loss_;  // Double, as the CPU backend sums it.
   DeviceBuffer<int> row_correct_;
-  PinnedBuffer<float> host_row_loss_;
+  PinnedBuffer<double> host_row_loss_;
   PinnedBuffer<int> host_row_correct_;
 };
 
 }  // namespace
-
-bool CudaAvailable() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-std::string CudaDescription() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    return absl::StrCat("no CUDA device: cudaGetDeviceCount: ",
-                        cudaGetErrorString(err));
-  }
-  if (count == 0) return "no CUDA device: cudaGetDeviceCount reports 0 devices";
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "CUDA device 0";
-  return absl::StrCat("CUDA device 0: ", prop.name, " (", count, " device(s))");
-}
 
 absl::StatusOr<std::unique_ptr<Mlp>> CreateCudaMlp(const MlpConfig& config,
                                                    int max_batch) {
@@ -487,9 +445,9 @@ absl::StatusOr<std::unique_ptr<Mlp>> CreateCudaMlp(const MlpConfig& config,
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch must be positive, got ", max_batch));
   }
-  if (!CudaAvailable()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the CUDA backend needs a GPU: ", CudaDescription()));
+  if (!gpu::DeviceAvailable()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the CUDA backend needs a GPU: ", gpu::DeviceDescription()));
   }
   auto mlp = std::make_unique<CudaMlp>(config, max_batch);
   TESSERA_RETURN_IF_ERROR(mlp->Init());
