@@ -1,9 +1,8 @@
 // Addresses: which address a node binds and advertises, and how hosts are
 // resolved.
 //
-//   absl::StatusOr<std::string> ip = ResolveHost("node-3");   // "10.0.0.3" or
-//   "fd00::3" std::string endpoint = TcpEndpoint(*ip, 9000);            //
-//   "tcp://[fd00::3]:9000"
+//   absl::StatusOr<std::string> ip = ResolveHost("node-3");   // "10.0.0.3" or "fd00::3"
+//   std::string endpoint = TcpEndpoint(*ip, 9000);            // "tcp://[fd00::3]:9000"
 #ifndef TESSERA_COMMON_NET_UTIL_H_
 #define TESSERA_COMMON_NET_UTIL_H_
 

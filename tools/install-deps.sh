@@ -12,11 +12,9 @@ packages=(
   iproute2 openssh-server openssh-client rsync openmpi-bin nftables
   # Network-fault tests (tests/faults): NFQUEUE rules (iptables) and tools/netfault/nfq_delay.
   iptables libnetfilter-queue-dev
+  # tools/test.sh's thread-safety build and the fuzzers.
+  clang libclang-rt-14-dev
 )
-# The fuzzers are built with clang when it and its runtime are available.
-if command -v clang++ >/dev/null 2>&1 || command -v clang++-14 >/dev/null 2>&1; then
-  packages+=(libclang-rt-14-dev)
-fi
 
 missing=()
 for p in "${packages[@]}"; do

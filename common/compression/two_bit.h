@@ -16,14 +16,13 @@
 //
 // Example (worker pushes, server aggregates):
 //
-//   std::vector<float> residual(n, 0.0f);           // one per key, lives with
-//   the key std::vector<uint8_t> wire(TwoBitCompressedBytes(n)); absl::Status s
-//   = TwoBitQuantize(grad, residual.data(), n, 0.5f, wire.data());
+//   std::vector<float> residual(n, 0.0f);           // one per key, lives with the key
+//   std::vector<uint8_t> wire(TwoBitCompressedBytes(n));
+//   absl::Status s = TwoBitQuantize(grad, residual.data(), n, 0.5f, wire.data());
 //   ...send wire...
 //   // Server, for every push of the round:
-//   absl::Status s = TwoBitDequantizeAdd(bytes, num_bytes, n, 0.5f,
-//   sum.data()); if (!s.ok()) { /* DataLoss: count, log, reject the push; sum
-//   is untouched */ }
+//   absl::Status s = TwoBitDequantizeAdd(bytes, num_bytes, n, 0.5f, sum.data());
+//   if (!s.ok()) { /* DataLoss: count, log, reject the push; sum is untouched */ }
 //
 // Thread-safety: the functions keep no state; concurrent calls are safe as long
 // as they do not write the same arrays. The GPU versions live in two_bit_gpu.h.

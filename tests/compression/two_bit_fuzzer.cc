@@ -5,13 +5,11 @@
 // of threshold (raw float bits), then the payload. Properties checked:
 //   - the decoder never crashes, reads only in_bytes, writes only len floats;
 //   - it fails with exactly InvalidArgument (bad threshold) or DataLoss (bad
-//   bytes),
-//     and then leaves the output untouched;
+//     bytes), and then leaves the output untouched;
 //   - it accepts exactly the payloads a simple independent check accepts;
-//   - an accepted payload re-encodes to itself (decoded values quantized with a
-//   zero
-//     residual give the same bytes and a zero residual), and DequantizeAdd onto
-//     zeros equals Dequantize.
+//   - an accepted payload re-encodes to itself (decoded values quantized with
+//     a zero residual give the same bytes and a zero residual), and
+//     DequantizeAdd onto zeros equals Dequantize.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

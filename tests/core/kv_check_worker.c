@@ -1,16 +1,15 @@
-/* A worker program written against the C API only (tessera/c_api.h), started by
- * the cluster tests. It checks the store's semantics from inside a real job and
- * exits 0 when every check passed, 1 with a message otherwise.
+/* A worker program written against the C API only (tessera/c_api.h), started
+ * by the cluster tests. It checks the store's semantics from inside a real job
+ * and exits 0 when every check passed, 1 with a message otherwise.
  *
  *   kv_check_worker barrier N [SLEEP_MS]   N barriers, then close
- *   kv_check_worker nightly                MXNet's nightly dist_sync check (sgd
- * lr=-2) kv_check_worker allreduce              dist_sync without optimizer:
- * pushpull sums kv_check_worker async                  dist_async: every push
- * applied once kv_check_worker async_noopt            dist_async push without
- * optimizer is an error kv_check_worker errors                 bad calls fail
- * cleanly and change nothing kv_check_worker compress               2-bit
- * pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n kv_check_worker optimizer SPEC
- * ROUNDS  prints the weights after ROUNDS pushes
+ *   kv_check_worker nightly                MXNet's nightly dist_sync check (sgd lr=-2)
+ *   kv_check_worker allreduce              dist_sync without optimizer: pushpull sums
+ *   kv_check_worker async                  dist_async: every push applied once
+ *   kv_check_worker async_noopt            dist_async push without optimizer is an error
+ *   kv_check_worker errors                 bad calls fail cleanly and change nothing
+ *   kv_check_worker compress               2-bit pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n
+ *   kv_check_worker optimizer SPEC ROUNDS  prints the weights after ROUNDS pushes
  *   kv_check_worker soak ROUNDS [SLEEP_MS [DIE_AT RANK]]  the nightly check
  *       over ROUNDS rounds, a small key and one of 5000 values (split when
  *       TESSERA_BIGARRAY_BOUND <= 5000); prints an FNV-1a checksum of the final
