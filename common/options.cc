@@ -168,7 +168,16 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
   TESSERA_ASSIGN_OR_RETURN(
       o.max_frame_bytes,
       ReadInt(env, "TESSERA_MAX_MESSAGE_BYTES", 1 << 20, int64_t{1} << 40,
-              int64_t{1} << 32, "a number of bytes in 1048576..2^40"));
+              o.max_frame_bytes, "a number of bytes in 1048576..2^40"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.chunk_bytes,
+      ReadInt(env, "TESSERA_CHUNK_BYTES", 4096, int64_t{1} << 30,
+              o.chunk_bytes, "a number of bytes in 4096..2^30"));
+  if (o.chunk_bytes > o.max_frame_bytes) {
+    return BadValue("TESSERA_CHUNK_BYTES", ReadString(env, "TESSERA_CHUNK_BYTES"),
+                    absl::StrCat("at most TESSERA_MAX_MESSAGE_BYTES (",
+                                 o.max_frame_bytes, ")"));
+  }
   return o;
 }
 

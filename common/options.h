@@ -72,6 +72,12 @@ struct Options {
   // 1 GiB by default: a 250k x 1024 float32 embedding whole on one server
   // fits; bigger arrays are split over the servers (TESSERA_BIGARRAY_BOUND).
   int64_t max_frame_bytes = int64_t{1} << 30;
+  // TESSERA_CHUNK_BYTES: a key's part on one server travels in slices of at
+  // most this many bytes (1 MiB by default), each stored, summed and updated
+  // on its own; a worker keeps at most kPushWindow slices of one push in
+  // flight per server, so a server's memory for pushes in flight does not
+  // grow with the size of its keys.
+  int64_t chunk_bytes = int64_t{1} << 20;
 
   // Reads the process environment.
   static absl::StatusOr<Options> FromEnvironment();

@@ -55,15 +55,24 @@ void StoredKey::Snapshot(wire::CheckpointKey* out) const {
   }
 }
 
-StoredKey* KeyStore::Find(uint64_t key) {
-  auto it = keys_.find(key);
+StoredKey* KeyStore::Find(uint64_t key, uint64_t offset) {
+  auto it = keys_.find({key, offset});
   return it == keys_.end() ? nullptr : it->second.get();
 }
 
+StoredKey* KeyStore::Find(const wire::KeySlice& slice) {
+  return Find(slice.key(), slice.offset());
+}
+
 StoredKey* KeyStore::Create(const wire::KeySlice& slice, bool sync) {
-  auto& slot = keys_[slice.key()];
+  auto& slot = keys_[{slice.key(), slice.offset()}];
   slot = std::make_unique<StoredKey>(slice, sync, num_workers_, limits_);
   return slot.get();
+}
+
+bool KeyStore::IsFirstSlice(const StoredKey& key) const {
+  auto it = keys_.lower_bound({key.key, 0});
+  return it != keys_.end() && it->second.get() == &key;
 }
 
 absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
@@ -99,17 +108,19 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
   return absl::OkStatus();
 }
 
-absl::Status KeyStore::HoldOrphan(uint64_t key, Message& msg,
+absl::Status KeyStore::HoldOrphan(const wire::KeySlice& slice, Message& msg,
                                   bool* duplicate) {
-  WaitingMessages& held = orphans_.try_emplace(key, limits_).first->second;
+  WaitingMessages& held =
+      orphans_.try_emplace({slice.key(), slice.offset()}, limits_)
+          .first->second;
   *duplicate = held.Holds(msg.header.sender(), msg.header.request_id(),
                           msg.header.generation());
   if (*duplicate) return absl::OkStatus();
-  return held.Hold(key, msg);
+  return held.Hold(slice.key(), msg);
 }
 
 void KeyStore::AdoptOrphans(StoredKey* key) {
-  auto it = orphans_.find(key->key);
+  auto it = orphans_.find({key->key, key->offset});
   if (it == orphans_.end()) return;
   key->waiting = std::move(it->second);
   orphans_.erase(it);

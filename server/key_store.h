@@ -1,12 +1,13 @@
-// The store of a server: its slices of the keys, each with its weights,
+// The store of a server: its slices of the keys (a key's part on a server may
+// come as several slices, TESSERA_CHUNK_BYTES each), each with its weights,
 // optimizer state, delivery bookkeeping, open dist_sync round and waiting
-// messages, and (while a restarted server recovers) the messages for keys not
-// created yet.
+// messages, and (while a restarted server recovers) the messages for slices
+// not created yet. A slice is named by its key and offset.
 //
 //   KeyStore store(/*num_workers=*/2, WaitingLimits());
 //   StoredKey* key = store.Create(slice, /*sync=*/true);
 //   key->ApplyUpdate(*optimizer, grad);
-//   StoredKey* same = store.Find(slice.key());
+//   StoredKey* same = store.Find(slice);
 //
 // Thread-safety: none; a server gives each of its update threads a KeyStore
 // of its own (see KVServer).
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,29 +64,37 @@ class KeyStore {
   KeyStore(int num_workers, WaitingLimits limits)
       : num_workers_(num_workers), limits_(limits) {}
 
-  // nullptr when this store does not hold `key`.
-  StoredKey* Find(uint64_t key);
-  // REQUIRES: Find(slice.key()) == nullptr.
+  // nullptr when this store does not hold the slice of `slice.key()` that
+  // starts at `slice.offset()`.
+  StoredKey* Find(const wire::KeySlice& slice);
+  StoredKey* Find(uint64_t key, uint64_t offset);
+  // REQUIRES: Find(slice) == nullptr.
   StoredKey* Create(const wire::KeySlice& slice, bool sync);
+  // True for the slice of its key with the lowest offset in this store: a
+  // push counts once per key, on that slice.
+  bool IsFirstSlice(const StoredKey& key) const;
   // A key of a checkpoint. DataLoss when it does not fit this job.
   absl::Status Restore(const wire::CheckpointKey& saved);
 
-  const std::map<uint64_t, std::unique_ptr<StoredKey>>& keys() const {
+  using SliceId = std::pair<uint64_t, uint64_t>;  // key, offset
+  const std::map<SliceId, std::unique_ptr<StoredKey>>& keys() const {
     return keys_;
   }
 
-  // A restarted server's message for a key that the workers' replay has not
-  // created yet: held, once per request (a resent copy is recognised), within
-  // the limits of a key's waiting messages.
-  absl::Status HoldOrphan(uint64_t key, Message& msg, bool* duplicate);
-  // Moves the orphans of `key` (in arrival order) into its waiting messages.
+  // A restarted server's message for a slice that the workers' replay has
+  // not created yet: held, once per request (a resent copy is recognised),
+  // within the limits of a key's waiting messages.
+  absl::Status HoldOrphan(const wire::KeySlice& slice, Message& msg,
+                          bool* duplicate);
+  // Moves the orphans of `key`'s slice (in arrival order) into its waiting
+  // messages.
   void AdoptOrphans(StoredKey* key);
 
  private:
   const int num_workers_;
   const WaitingLimits limits_;
-  std::map<uint64_t, std::unique_ptr<StoredKey>> keys_;
-  std::map<uint64_t, WaitingMessages> orphans_;
+  std::map<SliceId, std::unique_ptr<StoredKey>> keys_;
+  std::map<SliceId, WaitingMessages> orphans_;
 };
 
 }  // namespace tessera

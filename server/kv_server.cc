@@ -1,12 +1,14 @@
 #include "server/kv_server.h"
 
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/bounded_queue.h"
 #include "common/compression/two_bit.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/wire_status.h"
 #include "server/key_store.h"
 
@@ -294,25 +296,9 @@ void KVServer::Run(Shard* shard) {
 absl::StatusOr<Buffer> KVServer::DecodeGradient(const Message& msg,
                                                 const StoredKey& key,
                                                 const Settings& settings) {
-  if (msg.data.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("push of key ", key.key,
-                                                   " carries ", msg.data.size(),
-                                                   " data frames; expected 1"));
-  }
-  const wire::DataFrame& desc = msg.header.frames(0);
-  if (desc.num_values() != key.length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push of key ", key.key, " has ", desc.num_values(),
-                     " values; the key has ", key.length, " here"));
-  }
-  if (desc.encoding() == wire::DataFrame::FLOAT32) return msg.data[0];
-  if (desc.encoding() != wire::DataFrame::TWO_BIT) {
-    return absl::InvalidArgumentError("push payload must be float32 or 2-bit");
-  }
-  if (settings.compression != "2bit") {
-    return absl::InvalidArgumentError(
-        "2-bit payload but gradient compression is not set on this server");
-  }
+  TESSERA_RETURN_IF_ERROR(CheckPayload(msg, key, settings));
+  if (msg.header.frames(0).encoding() == wire::DataFrame::FLOAT32)
+    return msg.data[0];
   Buffer decoded = Buffer::Allocate(key.length * sizeof(float));
   absl::Status s = compression::TwoBitDequantize(
       msg.data[0].data(), msg.data[0].size(), key.length, settings.threshold,
@@ -334,13 +320,13 @@ void KVServer::Process(Shard* shard, Message&& msg) {
     }
     return;
   }
-  StoredKey* key = shard->store.Find(slice.key());
+  StoredKey* key = shard->store.Find(slice);
   if (key == nullptr) {
     if (recovering_.load()) {
       // Restarted: the worker replaying this may be ahead of the init that
       // recreates the key. Hold it (once per request) and say so.
       bool duplicate = false;
-      absl::Status held = shard->store.HoldOrphan(slice.key(), msg, &duplicate);
+      absl::Status held = shard->store.HoldOrphan(slice, msg, &duplicate);
       if (held.ok()) {
         Acknowledge(msg);
       } else {
@@ -381,7 +367,7 @@ void KVServer::Process(Shard* shard, Message&& msg) {
 
 void KVServer::Init(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
-  if (StoredKey* key = shard->store.Find(slice.key()); key != nullptr) {
+  if (StoredKey* key = shard->store.Find(slice); key != nullptr) {
     if (key->CheckSlice(slice).ok()) {
       // A resent init, or one replayed to a server restored from a
       // checkpoint: the key is there; its value is not touched.
@@ -419,7 +405,7 @@ void KVServer::Init(Shard* shard, Message&& msg) {
 void KVServer::Rejoin(Shard* shard, Message&& msg) {
   // A restarted worker asks where its pushes to this key resume.
   const wire::KeySlice& slice = msg.header.slice();
-  StoredKey* key = shard->store.Find(slice.key());
+  StoredKey* key = shard->store.Find(slice);
   if (key == nullptr) {
     Reply(msg, absl::NotFoundError(
                    absl::StrCat("key ", slice.key(), " is not on this server")));
@@ -491,12 +477,12 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   key->ledger.Take(rank);
   key->progress = true;
   const Settings s = settings();
-  absl::StatusOr<Buffer> grad = DecodeGradient(msg, *key, s);
-  if (!grad.ok()) {
-    Reply(msg, grad.status());
-    return true;
-  }
   if (!key->sync) {
+    absl::StatusOr<Buffer> grad = DecodeGradient(msg, *key, s);
+    if (!grad.ok()) {
+      Reply(msg, grad.status());
+      return true;
+    }
     if (s.optimizer == nullptr) {
       Reply(msg,
             absl::FailedPreconditionError("dist_async needs an optimizer on "
@@ -505,29 +491,78 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
       return true;
     }
     key->ApplyUpdate(*s.optimizer, grad->floats());
-    ++pushes_applied_;
-    ++async_applied_;
-    CountKeyPush(key->key);
+    if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
+    CountPush(*key);
     Reply(msg, absl::OkStatus(),
           cmd == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
     return true;
   }
-  key->round.Add(rank, *std::move(grad), msg.header);
-  ++pushes_applied_;
-  CountKeyPush(key->key);
-  if (key->round.complete()) CompleteRound(key);
+  if (absl::Status added = AddToRound(msg, key, s); !added.ok()) {
+    Reply(msg, added);
+    return true;
+  }
+  CountPush(*key);
+  if (key->round.complete()) {
+    CompleteRound(key);
+  } else if (msg.header.ack_on_receipt()) {
+    Acknowledge(msg);  // taken: the worker's window lets its next slice go
+  }
   return true;
+}
+
+absl::Status KVServer::CheckPayload(const Message& msg, const StoredKey& key,
+                                    const Settings& settings) {
+  if (msg.data.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("push of key ", key.key,
+                                                   " carries ", msg.data.size(),
+                                                   " data frames; expected 1"));
+  }
+  const wire::DataFrame& desc = msg.header.frames(0);
+  if (desc.num_values() != key.length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push of key ", key.key, " has ", desc.num_values(),
+                     " values; the key has ", key.length, " here"));
+  }
+  if (desc.encoding() == wire::DataFrame::FLOAT32) return absl::OkStatus();
+  if (desc.encoding() != wire::DataFrame::TWO_BIT) {
+    return absl::InvalidArgumentError("push payload must be float32 or 2-bit");
+  }
+  if (settings.compression != "2bit") {
+    return absl::InvalidArgumentError(
+        "2-bit payload but gradient compression is not set on this server");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KVServer::AddToRound(const Message& msg, StoredKey* key,
+                                  const Settings& settings) {
+  TESSERA_RETURN_IF_ERROR(CheckPayload(msg, *key, settings));
+  const int rank = RankOfId(msg.header.sender());
+  if (msg.header.frames(0).encoding() == wire::DataFrame::FLOAT32)
+    return key->round.AddFloats(rank, msg.data[0], msg.header);
+  absl::Status added = key->round.AddTwoBit(rank, msg.data[0],
+                                            settings.threshold, msg.header);
+  if (absl::IsDataLoss(added)) ++malformed_;
+  return added;
 }
 
 void KVServer::CompleteRound(StoredKey* key) {
   const Settings s = settings();
-  Buffer sum = key->round.TakeSum();
-  if (s.optimizer == nullptr) {
-    key->weights = std::move(sum);  // the store becomes the round's sum
+  SyncRound::Sum sum = key->round.Finish();
+  if (s.optimizer != nullptr) {
+    key->ApplyUpdate(*s.optimizer, sum.values);
+  } else if (!sum.push.empty()) {
+    key->weights = std::move(sum.push);  // one worker: its push is the value
+  } else if (key->weights.unique()) {
+    // The store becomes the round's sum (all-reduce).
+    std::memcpy(key->weights.mutable_floats(), sum.values,
+                key->length * sizeof(float));
   } else {
-    key->ApplyUpdate(*s.optimizer, sum.floats());
+    // A pull reply still sends the old value: copy on write.
+    key->weights = Buffer::CopyOf(sum.values, key->length * sizeof(float));
   }
-  ++rounds_applied_;
+  // Like pushes, a round of a key counts once, on its first slice here.
+  if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++rounds_applied_;
   for (const wire::Header& h : key->round.TakeRequests()) {
     Message request;
     request.header = h;
@@ -547,9 +582,12 @@ void KVServer::Replay(StoredKey* key) {
   }
 }
 
-void KVServer::CountKeyPush(uint64_t key) {
+void KVServer::CountPush(const StoredKey& key) {
+  // A push comes in one slice per TESSERA_CHUNK_BYTES: it counts once.
+  if (!ShardOf(key.key)->store.IsFirstSlice(key)) return;
+  ++pushes_applied_;
   absl::MutexLock lock(&key_counts_mu_);
-  ++key_pushes_[key];
+  ++key_pushes_[key.key];
 }
 
 void KVServer::Snapshot(std::function<void(wire::ServerCheckpoint)> done) {
@@ -585,7 +623,7 @@ void KVServer::MarkDurable(std::shared_ptr<const wire::ServerCheckpoint> saved) 
   for (auto& shard : shards_) {
     Post(shard.get(), [saved](Shard* shard) {
       for (const wire::CheckpointKey& k : saved->keys()) {
-        StoredKey* key = shard->store.Find(k.key());
+        StoredKey* key = shard->store.Find(k.key(), k.offset());
         if (key == nullptr) continue;
         for (int r = 0; r < key->ledger.num_workers() && r < k.received_size();
              ++r) {
@@ -613,13 +651,18 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
         saved.compression_type().empty() ? "none" : saved.compression_type();
     settings_.threshold = saved.compression_threshold();
   }
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> first;  // key: offset, pushes
   for (const wire::CheckpointKey& k : saved.keys()) {
     if (absl::Status s = ShardOf(k.key())->store.Restore(k); !s.ok()) return s;
     num_keys_.fetch_add(1);
     uint64_t total = 0;
     for (uint64_t n : k.received()) total += n;
+    auto [it, added] = first.try_emplace(k.key(), k.offset(), total);
+    if (!added && k.offset() < it->second.first) it->second = {k.offset(), total};
+  }
+  {
     absl::MutexLock lock(&key_counts_mu_);
-    key_pushes_[k.key()] = total;
+    for (const auto& [key, at] : first) key_pushes_[key] = at.second;
   }
   recovering_.store(true);
   return absl::OkStatus();

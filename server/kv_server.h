@@ -123,15 +123,24 @@ class KVServer {
   void Hold(StoredKey* key, Message&& msg);
   // Offers the waiting messages again while that makes progress.
   void Replay(StoredKey* key);
-  void CountKeyPush(uint64_t key);
+  // Counts a push taken (once per key: on its first slice here).
+  void CountPush(const StoredKey& key);
   void HandleSettings(Message&& msg);
   void Reply(const Message& request, const absl::Status& status,
              Buffer values = Buffer(), const StoredKey* key = nullptr);
   // Tells the sender its request arrived and is waiting; the reply follows.
   void Acknowledge(const Message& request);
+  // Checks a push's payload against its key and the settings.
+  static absl::Status CheckPayload(const Message& msg, const StoredKey& key,
+                                   const Settings& settings);
+  // A dist_async push's gradient as float32 (a 2-bit one decoded).
   absl::StatusOr<Buffer> DecodeGradient(const Message& msg,
                                         const StoredKey& key,
                                         const Settings& settings);
+  // Adds a dist_sync push to its key's open round (2-bit decoded straight
+  // into the round's sum).
+  absl::Status AddToRound(const Message& msg, StoredKey* key,
+                          const Settings& settings);
   Settings settings() const;
 
   const int num_workers_;

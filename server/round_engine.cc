@@ -1,13 +1,50 @@
 #include "server/round_engine.h"
 
-#include <cstring>
+#include "absl/strings/str_cat.h"
+#include "common/compression/two_bit.h"
 
 namespace tessera {
 
-void SyncRound::Add(int rank, Buffer values, const wire::Header& request) {
-  pushes_[rank] = std::move(values);
+void SyncRound::Contribute(int rank, const wire::Header& request) {
+  contributed_[rank] = true;
   requests_.push_back(request);
   ++count_;
+}
+
+absl::Status SyncRound::AddFloats(int rank, const Buffer& values,
+                                  const wire::Header& request) {
+  if (values.size() != length_ * sizeof(float)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push of ", values.size(), " bytes for ", length_,
+                     " float32 values"));
+  }
+  if (contributed_.size() == 1) {
+    single_ = values;
+  } else {
+    if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(length_);
+    sum_->AddFloats(values.floats());
+  }
+  Contribute(rank, request);
+  return absl::OkStatus();
+}
+
+absl::Status SyncRound::AddTwoBit(int rank, const Buffer& packed,
+                                  float threshold,
+                                  const wire::Header& request) {
+  if (contributed_.size() == 1) {
+    Buffer decoded = Buffer::Allocate(length_ * sizeof(float));
+    absl::Status s = compression::TwoBitDequantize(
+        packed.data(), packed.size(), length_, threshold,
+        decoded.mutable_floats());
+    if (!s.ok()) return s;
+    single_ = std::move(decoded);
+  } else {
+    if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(length_);
+    absl::Status s = sum_->AddTwoBit(packed.data(), packed.size(), threshold);
+    if (!s.ok()) return s;
+  }
+  Contribute(rank, request);
+  return absl::OkStatus();
 }
 
 void SyncRound::ReplaceRequest(int sender, const wire::Header& request) {
@@ -16,20 +53,16 @@ void SyncRound::ReplaceRequest(int sender, const wire::Header& request) {
   }
 }
 
-Buffer SyncRound::TakeSum() {
-  Buffer sum;
-  if (pushes_.size() == 1) {
-    sum = std::move(pushes_[0]);
+SyncRound::Sum SyncRound::Finish() {
+  Sum sum;
+  if (contributed_.size() == 1) {
+    sum.push = std::move(single_);
+    single_ = Buffer();
+    sum.values = sum.push.floats();
   } else {
-    sum = Buffer::Allocate(length_ * sizeof(float));
-    float* out = sum.mutable_floats();
-    std::memcpy(out, pushes_[0].data(), length_ * sizeof(float));
-    for (size_t r = 1; r < pushes_.size(); ++r) {
-      const float* g = pushes_[r].floats();
-      for (uint64_t i = 0; i < length_; ++i) out[i] += g[i];
-    }
+    sum.values = sum_->Finish();
   }
-  for (Buffer& b : pushes_) b = Buffer();
+  contributed_.assign(contributed_.size(), false);
   count_ = 0;
   return sum;
 }

@@ -1,14 +1,21 @@
 // SyncRound: one key's open dist_sync round on a server. Every worker
-// contributes one push per round; when all have, the round's sum is handed to
-// the update (the optimizer, or the store itself with no optimizer) and the
-// held replies go out. The sum is computed in rank order, so it does not
-// depend on the order in which the pushes arrived.
+// contributes one push per round; when all have, the round's sum goes to the
+// update (the optimizer, or the store itself with no optimizer) and the held
+// replies go out.
+//
+// Each push is added on arrival (a 2-bit push decoded straight in) and its
+// frame released, so a round holds one accumulator, not one push per worker:
+// memory does not grow with the number of workers. The sum is exact and
+// rounded once (ExactSum), so it is the same bits whatever order the pushes
+// arrive in. With one worker its push is the sum, without an accumulator.
 //
 //   SyncRound round(/*num_workers=*/3, /*length=*/n);
-//   if (!round.Contributed(rank)) round.Add(rank, std::move(decoded), header);
+//   if (!round.Contributed(rank))
+//     TESSERA_RETURN_IF_ERROR(round.AddFloats(rank, frame, header));
 //   if (round.complete()) {
-//     Buffer sum = round.TakeSum();                 // opens the next round
-//     std::vector<wire::Header> replies = round.TakeRequests();
+//     SyncRound::Sum sum = round.Finish();     // opens the next round
+//     ...update with sum.values...
+//     for (const wire::Header& h : round.TakeRequests()) ...reply...
 //   }
 //
 // Thread-safety: none; owned with its key (see KVServer).
@@ -16,24 +23,31 @@
 #define TESSERA_SERVER_ROUND_ENGINE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/buffer.h"
 #include "proto/tessera.pb.h"
+#include "server/exact_sum.h"
 
 namespace tessera {
 
 class SyncRound {
  public:
   SyncRound(int num_workers, uint64_t length)
-      : length_(length), pushes_(num_workers) {}
+      : length_(length), contributed_(num_workers, false) {}
 
   // True when `rank` has contributed to the open round.
-  bool Contributed(int rank) const { return !pushes_[rank].empty(); }
-  // Contributes `rank`'s decoded push (length float32 values) to the open
-  // round; `request` is answered when the round completes.
-  // REQUIRES: !Contributed(rank), values.size() == length * 4.
-  void Add(int rank, Buffer values, const wire::Header& request);
+  bool Contributed(int rank) const { return contributed_[rank]; }
+  // Adds `rank`'s push to the open round; `request` is answered when the
+  // round completes. `values`: length float32 values; `packed`: a 2-bit
+  // payload of length values (DataLoss, nothing added, when malformed).
+  // REQUIRES: !Contributed(rank).
+  absl::Status AddFloats(int rank, const Buffer& values,
+                         const wire::Header& request);
+  absl::Status AddTwoBit(int rank, const Buffer& packed, float threshold,
+                         const wire::Header& request);
   // A repeat of `sender`'s push in the open round (a restarted worker's new
   // life, or a resent copy under a new request id): the newest header is the
   // one answered.
@@ -41,19 +55,33 @@ class SyncRound {
 
   int count() const { return count_; }
   bool complete() const {
-    return count_ == static_cast<int>(pushes_.size());
+    return count_ == static_cast<int>(contributed_.size());
   }
-  // The round's sum (length floats), summed in rank order; the round is open
-  // again, empty. REQUIRES: complete().
-  Buffer TakeSum();
+
+  struct Sum {
+    const float* values = nullptr;  // length floats
+    // With one worker, the push itself (values points into it): the store may
+    // keep it instead of copying. Empty otherwise (values is the
+    // accumulator's, valid until the next Add).
+    Buffer push;
+  };
+  // The round's sum; the round is open again, empty. REQUIRES: complete().
+  Sum Finish();
   // The requests to answer, in the order they arrived.
   std::vector<wire::Header> TakeRequests();
 
+  // Bytes the round holds between rounds (the accumulator).
+  uint64_t bytes() const { return sum_ == nullptr ? 0 : sum_->bytes(); }
+
  private:
+  void Contribute(int rank, const wire::Header& request);
+
   const uint64_t length_;
-  std::vector<Buffer> pushes_;  // by rank
+  std::vector<bool> contributed_;
   std::vector<wire::Header> requests_;
   int count_ = 0;
+  std::unique_ptr<ExactSum> sum_;  // two or more workers; kept between rounds
+  Buffer single_;                  // one worker: its push
 };
 
 }  // namespace tessera

@@ -7,6 +7,8 @@ packages=(
   build-essential cmake pkg-config python3
   libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev
+  # Tests: GNU MPFR is the reference for the server's exact round sums.
+  libmpfr-dev
   dataset-fashion-mnist
   # Multi-host tests and launchers.
   iproute2 openssh-server openssh-client rsync openmpi-bin nftables

@@ -41,5 +41,22 @@ TEST(KeyPartitionerTest, BigArraysSplitIntoNearlyEqualContiguousParts) {
   EXPECT_TRUE(q.Partition(1, 0).empty());
 }
 
+TEST(KeyPartitionerTest, ChunksCutPartsIntoSlicesOnTheSameServer) {
+  KeyPartitioner p(2, 1000);
+  const std::vector<KeyPart> chunks =
+      KeyPartitioner::Chunk(p.Partition(7, 2500), 600);
+  // Parts [0, 1250) on server 0 and [1250, 2500) on server 1, in 600s.
+  ASSERT_EQ(chunks.size(), 6u);
+  const uint64_t offsets[] = {0, 600, 1200, 1250, 1850, 2450};
+  const uint64_t lengths[] = {600, 600, 50, 600, 600, 50};
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i].server_rank, i < 3 ? 0 : 1) << i;
+    EXPECT_EQ(chunks[i].offset, offsets[i]) << i;
+    EXPECT_EQ(chunks[i].length, lengths[i]) << i;
+  }
+  // Parts no longer than the chunk stay whole.
+  EXPECT_EQ(KeyPartitioner::Chunk(p.Partition(7, 999), 999).size(), 1u);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1,5 +1,7 @@
 #include "worker/client/key_partitioner.h"
 
+#include <algorithm>
+
 namespace tessera {
 namespace {
 // SplitMix64's finaliser: a fixed, well-mixed hash, the same in every process.
@@ -30,6 +32,18 @@ std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key,
     if (end > begin) parts.push_back({static_cast<int>(s), begin, end - begin});
   }
   return parts;
+}
+
+std::vector<KeyPart> KeyPartitioner::Chunk(const std::vector<KeyPart>& parts,
+                                           uint64_t max_elements) {
+  std::vector<KeyPart> chunks;
+  for (const KeyPart& part : parts) {
+    for (uint64_t at = 0; at < part.length; at += max_elements) {
+      chunks.push_back({part.server_rank, part.offset + at,
+                        std::min(max_elements, part.length - at)});
+    }
+  }
+  return chunks;
 }
 
 }  // namespace tessera

@@ -32,6 +32,12 @@ class KeyPartitioner {
   // The server of an array that is not split.
   int ServerOf(uint64_t key) const;
 
+  // `parts` with each one longer than `max_elements` cut into consecutive
+  // slices of at most that many elements (the last one shorter), on the same
+  // server. REQUIRES: max_elements >= 1.
+  static std::vector<KeyPart> Chunk(const std::vector<KeyPart>& parts,
+                                    uint64_t max_elements);
+
  private:
   int num_servers_;
   uint64_t bound_;

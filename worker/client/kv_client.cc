@@ -13,6 +13,10 @@
 namespace tessera {
 namespace {
 
+// Slices of one push a worker keeps in flight per server (when a key has more
+// on one server): what a server may hold for a worker's push in flight.
+constexpr int kPushWindow = 4;
+
 // The tag of the workers' barrier that ends the init of `key`.
 std::string InitBarrier(uint64_t key) { return absl::StrCat("init ", key); }
 
@@ -49,6 +53,7 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   tracking.resend_retries = options_.resend_retries;
   tracking.request_timeout = options_.request_timeout;
   tracking.first_request_id = FirstRequestId(options_.restart_count);
+  tracking.window = kPushWindow;
   tracker_ = std::make_unique<RequestTracker>(
       tracking,
       [this](int server, Message msg) {
@@ -119,8 +124,8 @@ Message KVClient::SliceMessage(wire::Command cmd, uint64_t key,
 }
 
 void KVClient::SendPart(uint64_t op, const KeyPart& part, Message msg,
-                        float* out, RequestTracker::PartRef ref,
-                        bool replayed) {
+                        float* out, RequestTracker::PartRef ref, bool replayed,
+                        bool windowed) {
   RequestTracker::Request request;
   request.op = op;
   request.server = ServerId(part.server_rank);
@@ -129,6 +134,7 @@ void KVClient::SendPart(uint64_t op, const KeyPart& part, Message msg,
   request.part = ref;
   request.replayed = replayed;
   request.rejoin = msg.header.rejoin();
+  request.windowed = windowed;
   tracker_->Send(request, std::move(msg));
 }
 
@@ -186,20 +192,13 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
     return absl::InvalidArgumentError(
         absl::StrCat("init of key ", key, ": empty value"));
   }
-  const std::vector<KeyPart> parts = partitioner_.Partition(key, value.size());
-  for (const KeyPart& part : parts) {
-    if (options_.max_frame_bytes > 0 &&
-        part.length * sizeof(float) >
-            static_cast<uint64_t>(options_.max_frame_bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init of key ", key, ": its part on server ", part.server_rank,
-          " is ", part.length * sizeof(float),
-          " bytes, more than TESSERA_MAX_MESSAGE_BYTES=",
-          options_.max_frame_bytes,
-          " (raise it, or use more servers: arrays of at least "
-          "TESSERA_BIGARRAY_BOUND elements are split over all of them)"));
-    }
-  }
+  const std::vector<KeyPart> parts = KeyPartitioner::Chunk(
+      partitioner_.Partition(key, value.size()),
+      std::max<uint64_t>(1, options_.chunk_bytes / sizeof(float)));
+  std::map<int, int> slices_per_server;
+  bool windowed = false;
+  for (const KeyPart& part : parts)
+    windowed |= ++slices_per_server[part.server_rank] > kPushWindow;
   {
     absl::MutexLock lock(&mu_);
     if (keys_.count(key) != 0) {
@@ -209,6 +208,7 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
     KeyInfo& info = keys_[key];
     info.length = value.size();
     info.parts = parts;
+    info.windowed = windowed;
     if (two_bit_) info.residual.assign(value.size(), 0.0f);
   }
   replay_log_.DeclareKey(key, parts);
@@ -311,10 +311,12 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
     payloads.push_back(*std::move(made));
   }
   bool two_bit;
+  bool windowed;
   uint64_t seq;
   {
     absl::MutexLock lock(&mu_);
     two_bit = two_bit_;
+    windowed = keys_[key].windowed;
     SettleResumeLocked();
     seq = keys_[key].next_seq++;
     ++stats_.pushes;
@@ -324,13 +326,15 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
     const KeyPart& part = parts[i];
     Message msg = SliceMessage(cmd, key, part, len);
     msg.header.set_push_seq(seq);
+    msg.header.set_ack_on_receipt(windowed);
     if (two_bit) {
       AddTwoBitFrame(&msg, std::move(payloads[i]), part.length);
     } else {
       AddFloatFrame(&msg, std::move(payloads[i]));
     }
-    SendPart(op, part, std::move(msg), out == nullptr ? nullptr : out + part.offset,
-             {key, i, true});
+    SendPart(op, part, std::move(msg),
+             out == nullptr ? nullptr : out + part.offset, {key, i, true},
+             /*replayed=*/false, windowed);
   }
   return op;
 }

@@ -91,7 +91,10 @@ class KVClient : public KVWorker {
  private:
   struct KeyInfo {
     uint64_t length = 0;
-    std::vector<KeyPart> parts;
+    std::vector<KeyPart> parts;  // slices of at most TESSERA_CHUNK_BYTES
+    // More slices on one server than the tracker's window: pushes go a
+    // window at a time, each slice acknowledged once taken.
+    bool windowed = false;
     uint64_t next_seq = 0;        // push_seq of the next push
     std::vector<float> residual;  // 2-bit error feedback, host pushes
   };
@@ -110,7 +113,8 @@ class KVClient : public KVWorker {
   static Message SliceMessage(wire::Command cmd, uint64_t key,
                               const KeyPart& part, uint64_t total);
   void SendPart(uint64_t op, const KeyPart& part, Message msg, float* out,
-                RequestTracker::PartRef ref = {}, bool replayed = false);
+                RequestTracker::PartRef ref = {}, bool replayed = false,
+                bool windowed = false);
   // Sends `msg` to every server and waits for all the answers.
   absl::Status Broadcast(const Message& msg, const std::string& what);
 

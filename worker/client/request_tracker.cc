@@ -75,6 +75,16 @@ void RequestTracker::Send(Request request, Message msg) {
                                   : absl::InfiniteFuture();
     t.unanswered = 1;
     if (op != 0) ++ops_[op].pending;
+    if (request.windowed) {
+      Window& w = windows_[{op, server}];
+      if (w.out >= options_.window) {
+        t.sent = false;  // goes when an earlier one is taken
+        t.next_send = absl::InfiniteFuture();
+        w.held.push_back(id);
+        return;
+      }
+      ++w.out;
+    }
   }
   absl::Status sent = send_(server, std::move(msg));
   if (sent.ok() || options_.resend) return;
@@ -88,6 +98,30 @@ void RequestTracker::Send(Request request, Message msg) {
   Op& o = ops_[op];
   --o.pending;
   if (o.status.ok()) o.status = sent;
+}
+
+std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(
+    Tracked& t) {
+  if (!t.request.windowed || t.taken || !t.sent) return std::nullopt;
+  t.taken = true;
+  const std::pair<uint64_t, int> id{t.request.op, t.request.server};
+  auto w = windows_.find(id);
+  if (w == windows_.end()) return std::nullopt;
+  --w->second.out;
+  while (!w->second.held.empty()) {
+    auto next = requests_.find(w->second.held.front());
+    w->second.held.pop_front();
+    if (next == requests_.end()) continue;  // gone (its Wait gave up)
+    Tracked& n = next->second;
+    n.sent = true;
+    n.first_sent = absl::Now();
+    n.next_send = options_.resend ? n.first_sent + n.wait
+                                  : absl::InfiniteFuture();
+    ++w->second.out;
+    return std::make_pair(n.request.server, n.msg);
+  }
+  if (w->second.out == 0) windows_.erase(w);
+  return std::nullopt;
 }
 
 std::string RequestTracker::What(const Message& msg) {
@@ -152,6 +186,20 @@ void RequestTracker::ResendLoop() {
             --o.pending;
             if (o.status.ok()) o.status = failed;
           }
+          if (t.request.windowed) {
+            // What its window still holds back will never go: it fails too.
+            auto w = windows_.find({t.request.op, t.request.server});
+            if (w != windows_.end()) {
+              for (uint64_t held : w->second.held) {
+                auto h = requests_.find(held);
+                if (h == requests_.end()) continue;
+                if (t.request.op != 0) --ops_[t.request.op].pending;
+                dead.push_back(std::move(h->second.msg));
+                requests_.erase(h);
+              }
+              windows_.erase(w);
+            }
+          }
           dead.push_back(std::move(t.msg));
           it = requests_.erase(it);
           continue;
@@ -175,7 +223,7 @@ void RequestTracker::ResendNowTo(int server) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   for (auto& [id, t] : requests_) {
-    if (t.request.server != server) continue;
+    if (t.request.server != server || !t.sent) continue;
     t.next_send = now;
     t.unanswered = 0;
     t.wait = options_.resend_timeout / 2;
@@ -190,6 +238,7 @@ void RequestTracker::HandleReply(Message&& msg) {
   }
   Answered answered;
   uint64_t op_id = 0;
+  std::optional<std::pair<int, Message>> next;  // a windowed one let out
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(h.request_id());
@@ -199,23 +248,26 @@ void RequestTracker::HandleReply(Message&& msg) {
                       << DebugString(msg);
       return;
     }
+    next = TakenLocked(it->second);
     if (h.ack_only()) {
       // The server has it and is holding it: keep asking, at the current
       // (doubled) interval, in case the final reply is lost.
       it->second.unanswered = 0;
       if (options_.resend) it->second.next_send = absl::Now() + it->second.wait;
-      return;
-    }
-    answered.request = it->second.request;
-    answered.msg = std::move(it->second.msg);
-    requests_.erase(it);
-    op_id = answered.request.op;
-    if (h.sender() != answered.request.server) {
-      TESSERA_LOG(WARNING) << "reply to request " << h.request_id()
-                           << " came from node " << h.sender() << ", not "
-                           << answered.request.server;
+    } else {
+      answered.request = it->second.request;
+      answered.msg = std::move(it->second.msg);
+      requests_.erase(it);
+      op_id = answered.request.op;
+      if (h.sender() != answered.request.server) {
+        TESSERA_LOG(WARNING) << "reply to request " << h.request_id()
+                             << " came from node " << h.sender() << ", not "
+                             << answered.request.server;
+      }
     }
   }
+  if (next.has_value()) (void)send_(next->first, std::move(next->second));
+  if (h.ack_only()) return;
   // Keeps a copy for a replay while the request's borrowed frames still pin
   // the operation (its caller cannot have reused the memory yet).
   if (on_answered_) on_answered_(answered, h);
@@ -280,6 +332,9 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
         dead.push_back(std::move(r->second.msg));
         r = requests_.erase(r);
       }
+      std::erase_if(windows_, [op_id](const auto& w) {
+        return w.first.first == op_id;
+      });
       if (result.pinned == 0) {
         ops_.erase(op_id);
       } else {

@@ -31,11 +31,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +56,9 @@ class RequestTracker {
     int resend_retries = 8;
     absl::Duration request_timeout = absl::Seconds(600);  // Wait's deadline
     uint64_t first_request_id = 1;
+    // Windowed requests of one operation to one server: at most this many are
+    // out before the server has taken them (acknowledged or answered).
+    int window = 4;
   };
   // Identifies the key part a request is about (for the replay log).
   struct PartRef {
@@ -70,6 +76,9 @@ class RequestTracker {
     bool replayed = false;
     bool rejoin = false;  // a restarted worker's KV_INIT: its reply says where
                           // pushes resume
+    // Held back while Options::window requests of the same operation to the
+    // same server are out and not yet taken (the slices of one big push).
+    bool windowed = false;
   };
   struct Answered {
     Request request;
@@ -133,9 +142,20 @@ class RequestTracker {
     absl::Time next_send;
     absl::Duration wait;
     int unanswered = 0;  // sends in a row without any answer
+    bool sent = true;     // false: held back by its window
+    bool taken = false;   // windowed: the server has taken it
+  };
+  // One operation's windowed requests to one server.
+  struct Window {
+    int out = 0;                  // sent and not yet taken
+    std::deque<uint64_t> held;    // request ids, in order
   };
 
   void Unpin(uint64_t op);
+  // A windowed request was taken: the next one held back goes out. Returns it
+  // (server, message) to send unlocked, if any.
+  std::optional<std::pair<int, Message>> TakenLocked(Tracked& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResendLoop();
   // Describes a request for errors: "push of key 3".
   static std::string What(const Message& msg);
@@ -151,6 +171,7 @@ class RequestTracker {
   mutable absl::Mutex mu_;
   std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Tracked> requests_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<uint64_t, int>, Window> windows_ ABSL_GUARDED_BY(mu_);
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
 

@@ -1,0 +1,99 @@
+// ExactSum: adds float32 vectors element by element and gives each element's
+// exact sum rounded once to float32 (round to nearest, ties to even). The
+// result is therefore the same bits whatever order the vectors are added in,
+// with memory that does not grow with their number.
+//
+//   ExactSum sum(n);
+//   sum.AddFloats(push_of_rank_2);                 // in any order
+//   TESSERA_RETURN_IF_ERROR(sum.AddTwoBit(bytes, size, 0.5f));  // decoded straight in
+//   const float* result = sum.Finish();            // n floats; a new sum starts
+//
+// How: each element accumulates in a double (8 bytes: twice the float32 data).
+// A double holds a sum of float32 values exactly as long as the sum needs at
+// most 53 significant bits, i.e. while the values added to one element stay
+// within about 2^29 of each other in magnitude; every addition is checked
+// (Knuth's TwoSum) and an element whose next addition would round moves, from
+// then on, to an exact 320-bit fixed-point accumulator (LSB 2^-149, the
+// smallest float32) kept aside for it. Both hold the exact sum, so the final
+// rounding gives the correctly rounded result either way, and which of the two
+// an element used (which can depend on order) cannot show in it. Elements fed
+// only 2-bit pushes (multiples of one threshold) never leave the double.
+// Special values: a NaN among the inputs, or both infinities, make the element
+// NaN (one quiet NaN); one infinity wins over finite values. An element whose
+// exact sum is zero is +0 unless every input was -0.
+//
+// Memory: 8 bytes per element, plus about 64 bytes per element that left the
+// double (none for gradients whose workers agree within a factor of 5e8).
+//
+// Thread-safety: none; one thread at a time.
+#ifndef TESSERA_SERVER_EXACT_SUM_H_
+#define TESSERA_SERVER_EXACT_SUM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+
+namespace tessera {
+
+class ExactSum {
+ public:
+  explicit ExactSum(uint64_t length);
+  ExactSum(const ExactSum&) = delete;
+  ExactSum& operator=(const ExactSum&) = delete;
+
+  uint64_t length() const { return length_; }
+
+  // Adds `values` (length floats).
+  void AddFloats(const float* values);
+  // Adds a 2-bit payload (MXNet's format, `threshold`) of length values,
+  // decoded straight into the sum. Validated first: DataLoss (wrong size, a
+  // code 0b01, a padding bit set) or InvalidArgument (threshold) and nothing
+  // added.
+  absl::Status AddTwoBit(const uint8_t* in, size_t in_bytes, float threshold);
+
+  // The sums, correctly rounded to float32, written over the accumulator's
+  // own memory: valid until the next Add. A new, empty sum starts.
+  const float* Finish();
+
+  // Elements that left the double in the current sum (for tests and logs).
+  size_t wide_elements() const { return wide_.size(); }
+  // Bytes held (the doubles; the exact accumulators aside).
+  uint64_t bytes() const { return length_ * sizeof(double); }
+
+  // An exact accumulator for one element: two's complement fixed point with
+  // its least significant bit worth 2^-149, wide enough for 2^40 float32
+  // values of any magnitude; NaN and infinities are flags.
+  struct Wide {
+    uint64_t limb[5] = {0, 0, 0, 0, 0};  // little-endian
+    bool nan = false;
+    bool pos_inf = false;
+    bool neg_inf = false;
+    void AddFloat(float v);
+    // REQUIRES: `d` is a sum of float32 values (a multiple of 2^-149).
+    void AddDouble(double d);
+    float Round() const;
+  };
+
+ private:
+  // Element i's next addition does not fit the double: it moves to wide_.
+  void AddSlow(uint64_t i, float v);
+  // Adds v[0..end-begin) to elements [begin, end) of one block.
+  void AddRange(uint64_t begin, uint64_t end, const float* v);
+  bool IsWide(uint64_t i) const {
+    return (wide_bits_[i / 64] >> (i % 64)) & 1;
+  }
+
+  const uint64_t length_;
+  std::unique_ptr<double[]> acc_;   // doubles, or (after Finish) floats
+  bool empty_ = true;               // the next add assigns
+  std::vector<uint64_t> wide_bits_;  // element i has left the double
+  absl::flat_hash_map<uint64_t, Wide> wide_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_EXACT_SUM_H_

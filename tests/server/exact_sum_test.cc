@@ -1,0 +1,224 @@
+// ExactSum: the same bits whatever order the vectors come in, and those bits
+// are the exact sum correctly rounded to float32 (checked against GNU MPFR's
+// exact sum and rounding, an implementation independent of ours).
+#include "server/exact_sum.h"
+
+#include <gmp.h>
+#include <mpfr.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/compression/two_bit.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+
+// Sums `vectors` in the given order with ExactSum.
+std::vector<float> Sum(const std::vector<std::vector<float>>& vectors,
+                       const std::vector<size_t>& order) {
+  ExactSum sum(vectors[0].size());
+  for (size_t k : order) sum.AddFloats(vectors[k].data());
+  const float* out = sum.Finish();
+  return std::vector<float>(out, out + vectors[0].size());
+}
+
+std::vector<float> Sum(const std::vector<std::vector<float>>& vectors) {
+  std::vector<size_t> order(vectors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  return Sum(vectors, order);
+}
+
+// The exact sum of finite values, rounded to nearest float32 by MPFR.
+float Reference(const std::vector<float>& values) {
+  mpfr_t acc;
+  mpfr_init2(acc, 1200);  // exact for any sum of floats here
+  mpfr_set_zero(acc, 1);
+  for (float v : values) mpfr_add_d(acc, acc, v, MPFR_RNDN);  // exact
+  const float r = mpfr_get_flt(acc, MPFR_RNDN);
+  mpfr_clear(acc);
+  return r;
+}
+
+float Column(const std::vector<std::vector<float>>& vectors, size_t i,
+             std::vector<float>* column) {
+  column->clear();
+  for (const auto& v : vectors) column->push_back(v[i]);
+  return Reference(*column);
+}
+
+TEST(ExactSumTest, CancellationsAndTiesAreExactAndCorrectlyRounded) {
+  const float big = std::ldexp(1.0f, 100);
+  const float max = std::numeric_limits<float>::max();
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  struct Case {
+    std::vector<float> values;
+    float want;
+  } cases[] = {
+      {{big, 1.0f, -big}, 1.0f},               // float32 in order gives 0
+      {{1e30f, 1.0f, -1e30f, 0.5f}, 1.5f},
+      {{max, max, -max}, max},                 // no overflow on the way
+      {{max, max}, std::numeric_limits<float>::infinity()},
+      {{tiny, tiny, tiny}, 3 * tiny},          // subnormals
+      {{1.0f, std::ldexp(1.0f, -24)}, 1.0f},   // a tie: to even
+      {{1.0f, std::ldexp(1.0f, -24), std::ldexp(1.0f, -100)},
+       1.0f + std::ldexp(1.0f, -23)},          // just above the tie
+      {{std::ldexp(1.0f, 60), 1.0f, -std::ldexp(1.0f, 60), std::ldexp(1.0f, -30)},
+       1.0f},
+      {{0.1f, 0.2f, -0.3f}, Reference({0.1f, 0.2f, -0.3f})},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::vector<float>> vectors;
+    for (float v : c.values) vectors.push_back({v});
+    std::vector<size_t> order(vectors.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    do {
+      EXPECT_EQ(Bits(Sum(vectors, order)[0]), Bits(c.want))
+          << "first value " << c.values[0] << ", " << c.values.size()
+          << " values";
+    } while (std::next_permutation(order.begin(), order.end()));
+    EXPECT_EQ(Bits(Reference(c.values)), Bits(c.want));
+  }
+}
+
+TEST(ExactSumTest, AnyArrivalOrderGivesTheSameBitsAsTheExactSum) {
+  std::mt19937_64 rng(20261123);
+  std::uniform_int_distribution<int> exponent(-149, 127);
+  std::uniform_int_distribution<int> coin(0, 9);
+  std::uniform_real_distribution<float> unit(1.0f, 2.0f);
+  constexpr size_t kLength = 300;
+  constexpr int kWorkers = 9;
+  std::vector<std::vector<float>> pushes(kWorkers, std::vector<float>(kLength));
+  for (size_t i = 0; i < kLength; ++i) {
+    // Element i's pushes: magnitudes over the whole float32 range, one
+    // narrow (gradient-like), some that cancel exactly, zeros.
+    const bool narrow = i % 3 == 0;
+    const int base = exponent(rng);
+    for (int w = 0; w < kWorkers; ++w) {
+      const int e = narrow ? std::clamp(base + coin(rng) - 5, -149, 127)
+                           : exponent(rng);
+      float v = std::ldexp(unit(rng), e);
+      if (coin(rng) < 5) v = -v;
+      if (!std::isfinite(v)) v = std::numeric_limits<float>::max();
+      if (coin(rng) == 0) v = 0.0f;
+      pushes[w][i] = v;
+    }
+    if (i % 7 == 0) pushes[kWorkers - 1][i] = -pushes[0][i];  // cancels
+  }
+  const std::vector<float> first = Sum(pushes);
+  size_t wide_seen = 0;
+  {
+    ExactSum probe(kLength);
+    for (const auto& p : pushes) probe.AddFloats(p.data());
+    wide_seen = probe.wide_elements();
+    probe.Finish();
+  }
+  EXPECT_GT(wide_seen, kLength / 3) << "the exact accumulator was exercised";
+  std::vector<size_t> order(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) order[w] = w;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<float> again = Sum(pushes, order);
+    for (size_t i = 0; i < kLength; ++i)
+      ASSERT_EQ(Bits(again[i]), Bits(first[i])) << "element " << i;
+  }
+  std::vector<float> column;
+  for (size_t i = 0; i < kLength; ++i) {
+    const float want = Column(pushes, i, &column);
+    ASSERT_EQ(Bits(first[i]), Bits(want)) << "element " << i;
+  }
+}
+
+TEST(ExactSumTest, GradientLikeValuesStayInTheDouble) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> gauss(0.0f, 1e-3f);
+  constexpr size_t kLength = 4096;
+  std::vector<std::vector<float>> pushes(64, std::vector<float>(kLength));
+  for (auto& p : pushes)
+    for (float& v : p) v = gauss(rng);
+  ExactSum sum(kLength);
+  for (const auto& p : pushes) sum.AddFloats(p.data());
+  EXPECT_EQ(sum.wide_elements(), 0u);
+  const float* out = sum.Finish();
+  std::vector<float> column;
+  for (size_t i = 0; i < kLength; i += 97)
+    EXPECT_EQ(Bits(out[i]), Bits(Column(pushes, i, &column))) << i;
+}
+
+TEST(ExactSumTest, SpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::vector<float>> pushes = {
+      {1.0f, inf, inf, -0.0f, -0.0f, nan},
+      {inf, 2.0f, -inf, -0.0f, 0.0f, 1.0f},
+      {-5.0f, 3.0f, 1.0f, -0.0f, -0.0f, 2.0f},
+  };
+  std::vector<size_t> order = {0, 1, 2};
+  do {
+    const std::vector<float> s = Sum(pushes, order);
+    EXPECT_EQ(s[0], inf);
+    EXPECT_EQ(s[1], inf);
+    EXPECT_TRUE(std::isnan(s[2]));
+    EXPECT_EQ(Bits(s[3]), Bits(-0.0f)) << "every input -0";
+    EXPECT_EQ(Bits(s[4]), Bits(0.0f));
+    EXPECT_TRUE(std::isnan(s[5]));
+  } while (std::next_permutation(order.begin(), order.end()));
+}
+
+TEST(ExactSumTest, TwoBitPushesDecodeStraightInAndBadOnesAddNothing) {
+  constexpr size_t kLength = 37;  // not a multiple of 16
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> grad(-2.0f, 2.0f);
+  ExactSum packed_sum(kLength), float_sum(kLength);
+  for (int w = 0; w < 5; ++w) {
+    std::vector<float> g(kLength), residual(kLength, 0.0f), decoded(kLength);
+    for (float& v : g) v = grad(rng);
+    std::vector<uint8_t> wire(compression::TwoBitCompressedBytes(kLength));
+    ASSERT_TRUE(compression::TwoBitQuantize(g.data(), residual.data(), kLength,
+                                            0.5f, wire.data())
+                    .ok());
+    ASSERT_TRUE(compression::TwoBitDequantize(wire.data(), wire.size(),
+                                              kLength, 0.5f, decoded.data())
+                    .ok());
+    ASSERT_TRUE(packed_sum.AddTwoBit(wire.data(), wire.size(), 0.5f).ok());
+    float_sum.AddFloats(decoded.data());
+    // A 0b01 code and a wrong size: refused, nothing added.
+    std::vector<uint8_t> bad = wire;
+    bad[0] = 0x40;
+    EXPECT_EQ(packed_sum.AddTwoBit(bad.data(), bad.size(), 0.5f).code(),
+              absl::StatusCode::kDataLoss);
+    EXPECT_EQ(packed_sum.AddTwoBit(wire.data(), wire.size() - 4, 0.5f).code(),
+              absl::StatusCode::kDataLoss);
+  }
+  EXPECT_EQ(packed_sum.wide_elements(), 0u);
+  const float* a = packed_sum.Finish();
+  const float* b = float_sum.Finish();
+  for (size_t i = 0; i < kLength; ++i) EXPECT_EQ(Bits(a[i]), Bits(b[i])) << i;
+}
+
+TEST(ExactSumTest, ASumStartsAfterFinish) {
+  ExactSum sum(3);
+  const float a[] = {1, 2, 3}, b[] = {10, 20, 30};
+  sum.AddFloats(a);
+  sum.AddFloats(b);
+  const float* first = sum.Finish();
+  EXPECT_EQ(std::vector<float>(first, first + 3), (std::vector<float>{11, 22, 33}));
+  sum.AddFloats(b);
+  const float* second = sum.Finish();
+  EXPECT_EQ(std::vector<float>(second, second + 3),
+            (std::vector<float>{10, 20, 30}));
+}
+
+}  // namespace
+}  // namespace tessera
