@@ -8,6 +8,8 @@ packages=(
   libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev
   dataset-fashion-mnist
+  # The Python package (python/tessera), its examples and tests.
+  python3-numpy python3-torch python3-pytest
   # Multi-host tests and launchers.
   iproute2 openssh-server openssh-client rsync openmpi-bin nftables
   # Network-fault tests (tests/faults): NFQUEUE rules (iptables) and tools/netfault/nfq_delay.
