@@ -58,7 +58,10 @@ def load(data_dir, split, limit):
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
-def make_model():
+def make_model(kind):
+    if kind == 'mlp':  # tessera-worker's model (--hidden 256,128), for comparing the two
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
+                             nn.ReLU(), nn.Linear(128, 10))
     return nn.Sequential(
         nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -77,8 +80,10 @@ def accuracy(model, x, y, batch=1000):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--model', default='cnn', choices=['cnn', 'mlp'],
+                   help='mlp: the 784-256-128-10 MLP of tessera-worker')
     p.add_argument('--kv-store', default='dist_sync', choices=['dist_sync', 'dist_async'])
-    p.add_argument('--epochs', type=int, default=5)
+    p.add_argument('--epochs', type=int, default=6)
     p.add_argument('--batch-size', type=int, default=64, help='per worker')
     p.add_argument('--lr', type=float, default=0.3)
     p.add_argument('--momentum', type=float, default=0.0)
@@ -100,7 +105,7 @@ def main():
     torch.manual_seed(args.seed)  # initial weights; the Trainer gives every worker rank 0's
     train_x, train_y = load(args.data, 'train', args.train_subset)
     test_x, test_y = load(args.data, 'test', args.test_subset)
-    model = make_model()
+    model = make_model(args.model)
 
     with tessera.KVStore(args.kv_store) as kv:
         rank, n = kv.rank, kv.num_workers
@@ -158,6 +163,8 @@ def main():
                 print('Epoch[%d] Validation-accuracy=%.6f'
                       % (epoch, accuracy(model, test_x, test_y)))
             print('Epoch[%d] Time cost=%.3f' % (epoch, took), flush=True)
+        print('rank %d: %d steps, %.1f s of them waiting for the servers in trainer.step()'
+              % (rank, trainer.steps, trainer.wait_seconds), flush=True)
 
 
 if __name__ == '__main__':

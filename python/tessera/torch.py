@@ -37,6 +37,8 @@ statistics stay per worker.
 Errors: TypeError / ValueError for parameters that are not contiguous float32
 CPU tensors; tessera.TesseraError from the store.
 """
+import time
+
 import torch
 
 from .kvstore import KVStore, TesseraError
@@ -86,6 +88,7 @@ class Trainer:
             self.kv.pull(self._keys, out=[p.detach() for p in self._params])
         self.resume_step = self.kv.resume_round()
         self.steps = 0
+        self.wait_seconds = 0.0  # in step(), waiting for pushes and pulls to complete
         self._ops = []
         self._pushed = [False] * len(self._params)
         self._zeros = {}
@@ -137,11 +140,13 @@ class Trainer:
                 self._start(i, grad)
         ops, self._ops = self._ops, []
         first_error = None
+        start = time.monotonic()
         for op in ops:
             try:
                 op.wait()
             except TesseraError as e:
                 first_error = first_error or e
+        self.wait_seconds += time.monotonic() - start
         self._pushed = [False] * len(self._params)
         for p in self._params:
             p.grad = None

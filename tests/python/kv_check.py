@@ -13,7 +13,6 @@ exception (non-zero exit) otherwise.
     kv_check.py fail        rank 1 raises inside `with` (the job must end at once)
     kv_check.py noclose     ends without close() (closed at exit)
 """
-import os
 import sys
 import threading
 import time
@@ -299,8 +298,8 @@ def noclose():
     print('noclose ok: rank %d of %d' % (kv.rank, kv.num_workers))
 
 
-MODES = {'fail': fail, 'noclose': noclose, 'nightly': nightly, 'compress': compress, 'forms': forms, 'errors': errors,
-         'gil': gil, 'async': async_}
+MODES = {'nightly': nightly, 'compress': compress, 'forms': forms, 'errors': errors,
+         'gil': gil, 'async': async_, 'fail': fail, 'noclose': noclose}
 
 if __name__ == '__main__':
     MODES[sys.argv[1]]()

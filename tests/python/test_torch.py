@@ -101,7 +101,7 @@ def checksums(out, steps):
     return re.findall(r'torch ok: rank \d of 2, %d steps, checksum=([0-9a-f]{16})' % steps, out)
 
 
-def test_restarted_worker_resumes_from_the_servers_weights_and_ends_as_without_the_fault(job):
+def test_rank_0s_weights_are_stored_and_a_restarted_worker_resumes_from_the_servers(job):
     # A restarted worker imports torch before it rejoins: more than the 2 s time-out
     # the other tests use on a busy machine.
     job.env['PS_HEARTBEAT_TIMEOUT'] = '20'
@@ -110,11 +110,19 @@ def test_restarted_worker_resumes_from_the_servers_weights_and_ends_as_without_t
     assert code == 0, clean
     want = checksums(clean, steps)
     assert len(want) == 2 and want[0] == want[1], clean
+    # Every worker starts from rank 0's initial weights, not its own.
+    starts = dict((int(r), (own, start)) for r, own, start in re.findall(
+        r'rank (\d) life 0: own initial weights (\w+), starts from (\w+)', clean))
+    assert len(starts) == 2 and starts[0][0] != starts[1][0], clean
+    assert starts[0][1] == starts[1][1] == starts[0][0], clean
     code, out, _ = job.python(2, 1, CHECK, steps, 9, timeout=120, restarts=1)
     assert code == 0, out
     assert re.search(r'launch.py: worker \d \(pid \d+\) killed by signal SIGKILL; restarting it',
                      out), out
     assert 'rank 1: life 1 resumes at step 10' in out, out
+    # Its new life's own initial weights are replaced by the servers' current ones.
+    life1 = re.findall(r'rank 1 life 1: own initial weights (\w+), starts from (\w+)', out)
+    assert len(life1) == 1 and life1[0][0] != life1[0][1], out
     assert checksums(out, steps) == want, out
     applied = re.findall(r'pushes applied \d+ \(([^)]*)\)', out)
     assert applied and all(int(n) == 2 * steps

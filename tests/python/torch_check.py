@@ -4,11 +4,11 @@ rank), so any run of it ends with the same weights.
 
     torch_check.py STEPS [KILL_AT]
 
-Prints "torch ok: rank R of N, S steps, checksum=HEX" (SHA-256 of the final
-parameters). With KILL_AT, rank 1 SIGKILLs itself in its first life
+Prints the checksums of its own initial weights and of those it starts from,
+then "torch ok: rank R of N, S steps, checksum=HEX" (SHA-256 of the final
+parameters). Initial weights differ per rank and life. With KILL_AT, rank 1 SIGKILLs itself in its first life
 (TESSERA_RESTART_COUNT unset or 0) right after the step KILL_AT (from 0); its
-next life (launch.py --restarts) starts from other initial weights, which the
-servers' must replace, and resumes at the step the servers give it.
+next life (launch.py --restarts) resumes at the step the servers give it.
 """
 import hashlib
 import os
@@ -26,10 +26,26 @@ steps = int(sys.argv[1])
 kill_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
 life = int(os.environ.get('TESSERA_RESTART_COUNT') or 0)
 torch.set_num_threads(1)
-torch.manual_seed(100 + life)  # the same for every rank: runs are comparable
+
+
+def checksum(params):
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 model = nn.Sequential(nn.Linear(20, 16), nn.Tanh(), nn.Linear(16, 1))
 with tessera.KVStore('dist_sync') as kv:
+    # Initial weights of this rank and life: the Trainer must replace them with
+    # rank 0's (first lives) or the servers' (a later life).
+    torch.manual_seed(100 + 10 * kv.rank + life)
+    for layer in (model[0], model[2]):
+        layer.reset_parameters()
+    own = checksum(model.parameters())
     trainer = tessera.torch.Trainer(model, kv, 'sgd', lr=0.05, momentum=0.9)
+    print('rank %d life %d: own initial weights %s, starts from %s'
+          % (kv.rank, life, own, checksum(trainer.params)), flush=True)
     if life:
         print('rank %d: life %d resumes at step %d' % (kv.rank, life, trainer.resume_step),
               flush=True)
@@ -40,8 +56,5 @@ with tessera.KVStore('dist_sync') as kv:
         trainer.step()
         if kv.rank == 1 and life == 0 and step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-    digest = hashlib.sha256()
-    for p in trainer.params:
-        digest.update(p.detach().numpy().tobytes())
     print('torch ok: rank %d of %d, %d steps, checksum=%s'
-          % (kv.rank, kv.num_workers, steps, digest.hexdigest()[:16]), flush=True)
+          % (kv.rank, kv.num_workers, steps, checksum(trainer.params)), flush=True)
