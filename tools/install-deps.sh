@@ -10,6 +10,8 @@ packages=(
   # Tests: GNU MPFR is the reference for the server's exact round sums.
   libmpfr-dev
   dataset-fashion-mnist
+  # The Python package (python/tessera), its examples and tests.
+  python3-numpy python3-torch python3-pytest
   # Multi-host tests and launchers.
   iproute2 openssh-server openssh-client rsync openmpi-bin nftables
   # Network-fault tests (tests/faults): NFQUEUE rules (iptables) and tools/netfault/nfq_delay.

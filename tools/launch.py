@@ -379,8 +379,25 @@ def _is_executable(path):
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def find_binary(name, flag, explicit, worker_command, path_env):
-    """Finds a daemon binary: the flag, next to the worker command, then PATH.
+def own_build_dirs(environ):
+    """Where daemons are looked for last, for worker commands such as `python3
+    train.py` that say nothing about a build: $TESSERA_BUILD_DIR, this script's
+    own folder (installed as bin/tessera-launch beside bin/tessera-scheduler), and
+    the build folder of the checkout it is in (tools/../build)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    dirs = []
+    if environ.get('TESSERA_BUILD_DIR'):
+        dirs.append(environ['TESSERA_BUILD_DIR'])
+    dirs += [here, os.path.join(os.path.dirname(here), 'build')]
+    out = []
+    for d in dirs:
+        out += [d, os.path.join(d, 'scheduler'), os.path.join(d, 'server')]
+    return out
+
+
+def find_binary(name, flag, explicit, worker_command, path_env, fallback_dirs=()):
+    """Finds a daemon binary: the flag, next to the worker command, PATH, then
+    `fallback_dirs` (own_build_dirs in a real run).
 
     Returns an absolute path. Raises UsageError naming where it looked.
     """
@@ -408,9 +425,13 @@ def find_binary(name, flag, explicit, worker_command, path_env):
     found = shutil.which(name, path=path_env)
     if found:
         return os.path.abspath(found)
+    for d in fallback_dirs:
+        if _is_executable(os.path.join(d, name)):
+            return os.path.abspath(os.path.join(d, name))
     where = 'next to the worker command (%s) or ' % ', '.join(looked) if looked else ''
-    raise UsageError('cannot find %s: looked %son PATH; build it or pass %s PATH'
-                     % (name, where, flag))
+    last = ' and in %s' % ', '.join(fallback_dirs) if fallback_dirs else ''
+    raise UsageError('cannot find %s: looked %son PATH%s; build it or pass %s PATH'
+                     % (name, where, last, flag))
 
 
 def check_command(command, path_env):
@@ -1176,12 +1197,13 @@ def main(argv=None, environ=None):
         if args.launcher == 'mpi' and not shutil.which('mpirun', path=path_env):
             raise UsageError('--launcher mpi: mpirun not found on PATH (Debian: apt-get '
                              'install openmpi-bin)')
+        fallback = own_build_dirs(environ)
         scheduler_bin = find_binary(SCHEDULER_BINARY, '--scheduler-binary',
-                                    args.scheduler_binary, args.command, path_env)
+                                    args.scheduler_binary, args.command, path_env, fallback)
         server_bin = None
         if args.num_servers > 0:
             server_bin = find_binary(SERVER_BINARY, '--server-binary', args.server_binary,
-                                     args.command, path_env)
+                                     args.command, path_env, fallback)
         if args.launcher == 'local':
             cfg = build_config(args, environ, 'local', '127.0.0.1', remote=False)
         else:

@@ -32,6 +32,7 @@ typedef struct TesseraKV TesseraKV;
 int tessera_kv_create(const char* type, TesseraKV** out);
 int tessera_kv_rank(const TesseraKV* kv, int* rank);
 int tessera_kv_num_workers(const TesseraKV* kv, int* num_workers);
+int tessera_kv_num_servers(const TesseraKV* kv, int* num_servers);
 /* Called by every worker, in the same order; rank 0's value is stored. Returns
  * when stored (includes a barrier of the workers). */
 int tessera_kv_init(TesseraKV* kv, uint64_t key, const float* value,
@@ -42,6 +43,23 @@ int tessera_kv_push(TesseraKV* kv, uint64_t key, const float* grad, size_t len);
 int tessera_kv_pull(TesseraKV* kv, uint64_t key, float* out, size_t len);
 int tessera_kv_pushpull(TesseraKV* kv, uint64_t key, const float* grad,
                         float* out, size_t len);
+
+/* Asynchronous forms: each issues the operation and returns at once with a
+ * handle in *handle; tessera_kv_wait(kv, handle) waits for it and returns its
+ * result (pulled values are written into `out` inside tessera_kv_wait). Several
+ * operations may be in flight at once, e.g. a push per layer while backward
+ * still runs. The caller's buffers are borrowed, not copied: `grad` must stay
+ * valid and unchanged, and `out` valid and unread, until tessera_kv_wait on the
+ * handle has returned. REQUIRES: every handle is waited for exactly once, and
+ * before tessera_kv_close. An unknown handle fails (InvalidArgument). */
+int tessera_kv_push_async(TesseraKV* kv, uint64_t key, const float* grad,
+                          size_t len, uint64_t* handle);
+int tessera_kv_pull_async(TesseraKV* kv, uint64_t key, float* out, size_t len,
+                          uint64_t* handle);
+int tessera_kv_pushpull_async(TesseraKV* kv, uint64_t key, const float* grad,
+                              float* out, size_t len, uint64_t* handle);
+int tessera_kv_wait(TesseraKV* kv, uint64_t handle);
+
 int tessera_kv_barrier(TesseraKV* kv);
 /* e.g. "sgd lr=0.1 momentum=0.9 wd=0.0001", "adam lr=0.001", "none". Before any
  * init. */

@@ -58,6 +58,14 @@ TEST(ClusterTest, MxnetNightlyCheckWithSplitKey) {
   EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("nightly ok"));
 }
 
+TEST(ClusterTest, AsyncCApiKeepsEveryOperationOfARoundInFlight) {
+  ProcessCluster c;
+  c.Start(2, 3, {Worker(), "async_api"});
+  ExpectAllExitZero(c, absl::Seconds(120));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")),
+              HasSubstr("async_api ok"));
+}
+
 TEST(ClusterTest, SyncWithoutOptimizerIsAllReduce) {
   ProcessCluster c;
   c.Start(2, 3, {Worker(), "allreduce"});

@@ -9,6 +9,9 @@
  *   kv_check_worker async_noopt            dist_async push without optimizer is an error
  *   kv_check_worker errors                 bad calls fail cleanly and change nothing
  *   kv_check_worker compress               2-bit pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n
+ *   kv_check_worker async_api              the nightly check through the *_async calls
+ *                                          and tessera_kv_wait, every operation of a
+ *                                          round in flight at once
  *   kv_check_worker optimizer SPEC ROUNDS  prints the weights after ROUNDS pushes
  *   kv_check_worker soak ROUNDS [SLEEP_MS [DIE_AT RANK]]  the nightly check
  *       over ROUNDS rounds, a small key and one of 5000 values (split when
@@ -112,6 +115,61 @@ static int Nightly(void) {
   free(small);
   free(big);
   free(grad);
+  return 0;
+}
+
+static int AsyncApi(void) {
+  TesseraKV* kv = Create("dist_sync");
+  int n = 0, servers = 0;
+  CHECK_OK(tessera_kv_num_workers(kv, &n));
+  CHECK_OK(tessera_kv_num_servers(kv, &servers));
+  const char* want_servers = getenv("DMLC_NUM_SERVER");
+  if (want_servers == NULL || servers != atoi(want_servers)) {
+    fprintf(stderr, "rank %d: num_servers %d, DMLC_NUM_SERVER %s\n", rank_,
+            servers, want_servers == NULL ? "unset" : want_servers);
+    return 1;
+  }
+  CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
+  float* small = malloc(kSmallLen * sizeof(float));
+  float* big = malloc(kBigLen * sizeof(float));
+  float* grad = malloc(kBigLen * sizeof(float));
+  float* big_out = malloc(kBigLen * sizeof(float));
+  Fill(small, kSmallLen, 1);
+  Fill(big, kBigLen, 1);
+  CHECK_OK(tessera_kv_init(kv, kSmall, small, kSmallLen));
+  CHECK_OK(tessera_kv_init(kv, kBig, big, kBigLen));
+  for (int i = 0; i < 3; ++i) {
+    Fill(grad, kBigLen, (float)(rank_ + 1));
+    uint64_t ops[4];
+    CHECK_OK(tessera_kv_push_async(kv, kSmall, grad, kSmallLen, &ops[0]));
+    CHECK_OK(tessera_kv_push_async(kv, kBig, grad, kBigLen, &ops[1]));
+    CHECK_OK(tessera_kv_pull_async(kv, kSmall, small, kSmallLen, &ops[2]));
+    /* Both pushes borrow grad: wait for them before it changes. Then a
+     * pushpull of zeros (a round that adds nothing) reads the key's value. */
+    CHECK_OK(tessera_kv_wait(kv, ops[0]));
+    CHECK_OK(tessera_kv_wait(kv, ops[1]));
+    Fill(grad, kBigLen, 0);
+    CHECK_OK(
+        tessera_kv_pushpull_async(kv, kBig, grad, big_out, kBigLen, &ops[3]));
+    CHECK_OK(tessera_kv_wait(kv, ops[2]));
+    CHECK_OK(tessera_kv_wait(kv, ops[3]));
+    /* The zeros round added nothing to kBig. */
+    const float want = 1.0f + (float)(n * (n + 1) * (i + 1));
+    ExpectAll(small, kSmallLen, want, "small key", i);
+    ExpectAll(big_out, kBigLen, want, "1200x1200 key", i);
+  }
+  CHECK_FAILS(tessera_kv_wait(kv, 123456789), "unknown operation handle");
+  uint64_t op = 0;
+  CHECK_FAILS(tessera_kv_pull_async(kv, 42, small, kSmallLen, &op),
+              "never initialised");
+  CHECK_FAILS(tessera_kv_push_async(kv, kSmall, grad, kSmallLen, NULL),
+              "handle is NULL");
+  CHECK_OK(tessera_kv_close(kv));
+  printf("async_api ok: rank %d of %d\n", rank_, n);
+  free(small);
+  free(big);
+  free(grad);
+  free(big_out);
   return 0;
 }
 
@@ -383,6 +441,7 @@ int main(int argc, char** argv) {
   if (strcmp(mode, "async_noopt") == 0) return AsyncNoOptimizer();
   if (strcmp(mode, "errors") == 0) return Errors();
   if (strcmp(mode, "compress") == 0) return Compress();
+  if (strcmp(mode, "async_api") == 0) return AsyncApi();
   if (strcmp(mode, "optimizer") == 0 && argc > 3)
     return OptimizerRun(argv[2], atoi(argv[3]));
   fprintf(stderr, "kv_check_worker: unknown mode '%s'\n", mode);

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs the build into a temporary prefix, then builds a C program against it the
-# way the README says (cc prog.c $(pkg-config --cflags --libs tessera)) and runs it.
-# Usage: install_test.sh BUILD_DIR
+# way the README says (cc prog.c $(pkg-config --cflags --libs tessera)) and runs it; and,
+# given a Python with NumPy, imports the installed tessera package, which must load the
+# installed libtessera.
+# Usage: install_test.sh BUILD_DIR [PYTHON]
 set -euo pipefail
 build=$1
+python=${2:-}
 prefix=$(mktemp -d /tmp/tessera-install-XXXXXX)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
@@ -34,4 +37,25 @@ out=$(env -u DMLC_ROLE LD_LIBRARY_PATH="$(pkg-config --variable=libdir tessera)"
 echo "$out"
 expected=$'8 E3 8E 00 00\nINVALID_ARGUMENT: DMLC_ROLE is not set: expected scheduler, server or worker'
 [ "$out" = "$expected" ] || { echo "install_test: unexpected output; expected:"; echo "$expected"; exit 1; }
+
+if [ -n "$python" ] && "$python" -c 'import numpy' 2>/dev/null; then
+  init=$(find "$prefix" -path '*/tessera/__init__.py' | head -1)
+  [ -n "$init" ] || { echo "install_test: the tessera Python package was not installed"; exit 1; }
+  site=$(dirname "$(dirname "$init")")
+  out=$(cd / && env -u DMLC_ROLE -u TESSERA_LIBRARY -u TESSERA_BUILD_DIR PYTHONPATH="$site" \
+        "$python" -c 'import tessera
+try:
+    tessera.KVStore("dist_sync")
+except tessera.TesseraError as e:
+    print(e)
+print(tessera.__file__)
+import os; print(os.path.realpath(tessera.library_path()))')
+  echo "$out"
+  expected="INVALID_ARGUMENT: DMLC_ROLE is not set: expected scheduler, server or worker
+$site/tessera/__init__.py
+$(readlink -f "$(pkg-config --variable=libdir tessera)/libtessera.so.0")"
+  [ "$out" = "$expected" ] || { echo "install_test: unexpected Python output; expected:"; echo "$expected"; exit 1; }
+else
+  echo "install_test: no Python with NumPy given; the Python package was not checked"
+fi
 echo "install_test: ok"

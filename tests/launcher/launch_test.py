@@ -175,8 +175,8 @@ class FakeJobTest(unittest.TestCase):
         env.update(extra)
         return env
 
-    def launch(self, args, env=None, cwd=None, daemons=True):
-        argv = [sys.executable, LAUNCH]
+    def launch(self, args, env=None, cwd=None, daemons=True, script=LAUNCH):
+        argv = [sys.executable, script]
         if daemons:
             argv += ['--scheduler-binary', os.path.join(self.bin, 'tessera-scheduler'),
                      '--server-binary', os.path.join(self.bin, 'tessera-server')]
@@ -423,6 +423,30 @@ class BinaryDiscoveryTest(unittest.TestCase):
         self.assertEqual(self.find('tessera-scheduler', command=['python3', 'x.py'],
                                    path=os.path.join(self.dir, 'path')), on_path)
 
+    def test_a_command_that_names_no_build_finds_the_daemons_in_the_fallback_dirs(self):
+        # `launch.py ... python3 train.py`: PATH first, then launch.py's own build dirs.
+        self.put('build/scheduler/tessera-scheduler')
+        fallback = launch.own_build_dirs({'TESSERA_BUILD_DIR': os.path.join(self.dir, 'build')})
+        self.assertEqual(fallback[:3], [os.path.join(self.dir, 'build'),
+                                        os.path.join(self.dir, 'build', 'scheduler'),
+                                        os.path.join(self.dir, 'build', 'server')])
+        found = launch.find_binary('tessera-scheduler', '--scheduler-binary', None,
+                                   ['python3', 'x.py'], os.path.join(self.dir, 'path'), fallback)
+        self.assertEqual(found, os.path.join(self.dir, 'build', 'scheduler', 'tessera-scheduler'))
+        on_path = self.put('path/tessera-scheduler')
+        found = launch.find_binary('tessera-scheduler', '--scheduler-binary', None,
+                                   ['python3', 'x.py'], os.path.join(self.dir, 'path'), fallback)
+        self.assertEqual(found, on_path)
+        # Without TESSERA_BUILD_DIR: beside launch.py (an install's bin/), then the
+        # build folder of launch.py's checkout.
+        tools = os.path.dirname(os.path.abspath(launch.__file__))
+        self.assertEqual(launch.own_build_dirs({})[0], tools)
+        self.assertEqual(launch.own_build_dirs({})[3],
+                         os.path.join(os.path.dirname(tools), 'build'))
+        with self.assertRaisesRegex(launch.UsageError, 'and in .*%s' % re.escape(tools)):
+            launch.find_binary('tessera-nothing', '--server-binary', None, ['python3'],
+                               os.path.join(self.dir, 'path'), launch.own_build_dirs({}))
+
     def test_not_found_names_where_it_looked(self):
         with self.assertRaises(launch.UsageError) as cm:
             self.find('tessera-server', path=os.path.join(self.dir, 'path'))
@@ -547,14 +571,20 @@ class CommandLineTest(FakeJobTest):
         os.makedirs(os.path.join(self.dir, 'build', 'worker'))
         worker = os.path.join(self.dir, 'build', 'worker', 'w')
         shutil.copy(self.worker, worker)
-        result = self.launch(['-n', '1', worker], daemons=False,
-                             env=self.env(PATH='/usr/bin:/bin'))
+        # A copy of launch.py away from any build (it also looks beside itself and in
+        # its checkout's build folder).
+        os.makedirs(os.path.join(self.dir, 'lone', 'tools'))
+        script = os.path.join(self.dir, 'lone', 'tools', 'launch.py')
+        shutil.copy(LAUNCH, script)
+        env = self.env(PATH='/usr/bin:/bin')
+        env.pop('TESSERA_BUILD_DIR', None)
+        result = self.launch(['-n', '1', worker], daemons=False, env=env, script=script)
         one_line_error(self, result, 'cannot find tessera-scheduler',
                        os.path.join(self.dir, 'build', 'scheduler'), 'PATH',
-                       '--scheduler-binary')
+                       os.path.join(self.dir, 'lone', 'build'), '--scheduler-binary')
         result = self.launch(['-n', '1', '--scheduler-binary',
                               os.path.join(self.bin, 'tessera-scheduler'), worker],
-                             daemons=False, env=self.env(PATH='/usr/bin:/bin'))
+                             daemons=False, env=env, script=script)
         one_line_error(self, result, 'cannot find tessera-server', '--server-binary')
         self.assertEqual(self.records(), [])
 

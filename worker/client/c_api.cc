@@ -26,6 +26,12 @@ int Result(const absl::Status& status) {
   return status.ok() ? 0 : Fail(status);
 }
 
+int Started(const absl::StatusOr<tessera::OpHandle>& op, uint64_t* handle) {
+  if (!op.ok()) return Fail(op.status());
+  *handle = *op;
+  return 0;
+}
+
 int NullArgument(const char* what) {
   return Fail(absl::InvalidArgumentError(std::string(what) + " is NULL"));
 }
@@ -55,6 +61,13 @@ int tessera_kv_num_workers(const TesseraKV* kv, int* num_workers) {
   if (kv == nullptr) return NullArgument("kv");
   if (num_workers == nullptr) return NullArgument("num_workers");
   *num_workers = kv->worker->num_workers();
+  return 0;
+}
+
+int tessera_kv_num_servers(const TesseraKV* kv, int* num_servers) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (num_servers == nullptr) return NullArgument("num_servers");
+  *num_servers = kv->worker->num_servers();
   return 0;
 }
 
@@ -92,6 +105,39 @@ int tessera_kv_pushpull(TesseraKV* kv, uint64_t key, const float* grad,
     return NullArgument("grad or out");
   return Result(kv->worker->PushPull(key, absl::MakeConstSpan(grad, len),
                                      absl::MakeSpan(out, len)));
+}
+
+int tessera_kv_push_async(TesseraKV* kv, uint64_t key, const float* grad,
+                          size_t len, uint64_t* handle) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (grad == nullptr && len > 0) return NullArgument("grad");
+  if (handle == nullptr) return NullArgument("handle");
+  return Started(kv->worker->PushAsync(key, absl::MakeConstSpan(grad, len)),
+                 handle);
+}
+
+int tessera_kv_pull_async(TesseraKV* kv, uint64_t key, float* out, size_t len,
+                          uint64_t* handle) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (out == nullptr && len > 0) return NullArgument("out");
+  if (handle == nullptr) return NullArgument("handle");
+  return Started(kv->worker->PullAsync(key, absl::MakeSpan(out, len)), handle);
+}
+
+int tessera_kv_pushpull_async(TesseraKV* kv, uint64_t key, const float* grad,
+                              float* out, size_t len, uint64_t* handle) {
+  if (kv == nullptr) return NullArgument("kv");
+  if ((grad == nullptr || out == nullptr) && len > 0)
+    return NullArgument("grad or out");
+  if (handle == nullptr) return NullArgument("handle");
+  return Started(kv->worker->PushPullAsync(key, absl::MakeConstSpan(grad, len),
+                                           absl::MakeSpan(out, len)),
+                 handle);
+}
+
+int tessera_kv_wait(TesseraKV* kv, uint64_t handle) {
+  if (kv == nullptr) return NullArgument("kv");
+  return Result(kv->worker->Wait(handle));
 }
 
 int tessera_kv_barrier(TesseraKV* kv) {

@@ -1,0 +1,618 @@
+"""tessera.KVStore: a worker's view of a Tessera key-value store, with MXNet's
+Python KVStore names.
+
+    import numpy as np, tessera
+    with tessera.KVStore("dist_sync") as kv:         # joins the job in DMLC_*
+        kv.set_optimizer("sgd", lr=0.1)
+        w = np.zeros(10, np.float32)
+        kv.init(0, w)                                  # rank 0's value is stored
+        kv.push(0, np.ones(10, np.float32))
+        kv.pull(0, out=w)                              # fills w in place
+
+Arrays are float32 NumPy arrays or CPU torch tensors, C-contiguous; their
+buffers are handed to the C API as they are (no copy), so an array that is not
+float32 or not contiguous is refused (TypeError / ValueError) rather than
+converted. Keys are non-negative ints below 2**64.
+
+Thread-safety: every method may be called from several threads at once. While a
+call waits for the servers the GIL is released (ctypes.CDLL), so other Python
+threads run. close() waits for calls in flight on other threads and for every
+operation started with *_async that was not waited for. A store still open when
+the interpreter exits normally is closed then (MXNet scripts never close
+theirs); after an unhandled exception it is not, so the process ends at once and
+tools/launch.py stops the job.
+
+Errors: tessera.TesseraError for everything the C API reports (its text is
+tessera_last_error()'s, e.g. "INVALID_ARGUMENT: ..."; .code holds the first
+word), and for any call after close(); TypeError / ValueError for arguments
+that are wrong before they reach the C API.
+"""
+import atexit
+import ctypes
+import numbers
+import sys
+import threading
+
+import numpy as np
+
+from . import _capi
+
+_U64_MAX = (1 << 64) - 1
+
+
+class TesseraError(RuntimeError):
+    """An error of the Tessera C API (or a call on a closed KVStore).
+
+    str(e) is the C API's message, "CODE: text"; e.code is CODE (e.g.
+    "INVALID_ARGUMENT", "UNAVAILABLE", "DEADLINE_EXCEEDED", "FAILED_PRECONDITION").
+    """
+
+    def __init__(self, message):
+        super().__init__(message)
+        head = message.split(':', 1)[0]
+        self.code = head if head.isupper() and ' ' not in head else 'UNKNOWN'
+
+
+def _type_name(x):
+    return type(x).__name__
+
+
+def _raise_last(what):
+    raise TesseraError(_capi.last_error() or ('%s failed' % what))
+
+
+# --------------------------------------------------------------------------------------
+# Arguments
+
+
+def _key(key):
+    if isinstance(key, bool) or not isinstance(key, numbers.Integral):
+        raise TypeError('key: expected an int (Tessera keys are uint64), got %s %r'
+                        % (_type_name(key), key))
+    key = int(key)
+    if key < 0 or key > _U64_MAX:
+        raise ValueError('key: expected 0 <= key < 2**64, got %d' % key)
+    return key
+
+
+def _torch_tensor_type():
+    torch = sys.modules.get('torch')  # a tensor can only exist once torch is imported
+    return getattr(torch, 'Tensor', None) if torch is not None else None
+
+
+def _is_array(x):
+    if isinstance(x, np.ndarray):
+        return True
+    tensor = _torch_tensor_type()
+    return tensor is not None and isinstance(x, tensor)
+
+
+def _buffer(x, what, writable):
+    """(address, number of floats) of an array's own memory; refuses anything
+    that would need a copy."""
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.float32:
+            raise TypeError('%s: expected a float32 array, got dtype %s (convert with '
+                            '.astype(numpy.float32))' % (what, x.dtype))
+        if not x.flags.c_contiguous:
+            raise ValueError('%s: expected a C-contiguous array, got strides %s for shape %s '
+                             '(numpy.ascontiguousarray makes a copy)'
+                             % (what, x.strides, x.shape))
+        if writable and not x.flags.writeable:
+            raise ValueError('%s: the array is read-only; pulled values need a writable '
+                             'array' % what)
+        return x.__array_interface__['data'][0], x.size
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(x, tensor):
+        import torch
+        if x.layout != torch.strided:
+            raise TypeError('%s: expected a dense tensor, got layout %s' % (what, x.layout))
+        if x.device.type != 'cpu':
+            raise TypeError('%s: expected a CPU tensor, got one on %s (.cpu() makes a copy)'
+                            % (what, x.device))
+        if x.dtype != torch.float32:
+            raise TypeError('%s: expected a float32 tensor, got %s (.float() makes a copy)'
+                            % (what, x.dtype))
+        if not x.is_contiguous():
+            raise ValueError('%s: expected a contiguous tensor, got strides %s for shape %s '
+                             '(.contiguous() makes a copy)'
+                             % (what, tuple(x.stride()), tuple(x.shape)))
+        return x.data_ptr(), x.numel()
+    raise TypeError('%s: expected a float32 NumPy array or a CPU torch.Tensor, got %s'
+                    % (what, _type_name(x)))
+
+
+def _numpy_view(x):
+    """A NumPy array sharing x's memory (x already checked by _buffer)."""
+    if isinstance(x, np.ndarray):
+        return x
+    return x.detach().numpy()
+
+
+def _pairs(keys, values, what, name):
+    """MXNet's key/value forms as a list of (key, [arrays]):
+    key + array, key + [arrays], [keys] + [arrays], [keys] + [[arrays], ...]."""
+    if isinstance(keys, (list, tuple)):
+        if not isinstance(values, (list, tuple)):
+            raise TypeError('%s: a list of %d keys needs a list of %s, got %s'
+                            % (what, len(keys), name, _type_name(values)))
+        if len(keys) != len(values):
+            raise ValueError('%s: %d keys but %d %s' % (what, len(keys), len(values), name))
+        out = []
+        for i, (k, v) in enumerate(zip(keys, values)):
+            arrays = list(v) if isinstance(v, (list, tuple)) else [v]
+            if not arrays:
+                raise ValueError('%s: key %r has an empty list of %s' % (what, k, name))
+            out.append((_key(k), arrays, '%s: %s %d' % (what, name, i)))
+        return out
+    if isinstance(values, (list, tuple)):
+        if not values:
+            raise ValueError('%s: an empty list of %s' % (what, name))
+        odd = [v for v in values if not _is_array(v)]
+        if odd:
+            raise TypeError('%s: %s: expected a float32 NumPy array or a CPU torch.Tensor, or '
+                            'a list of them for one key, got a list holding %s'
+                            % (what, name, _type_name(odd[0])))
+        return [(_key(keys), list(values), '%s: %s' % (what, name))]
+    return [(_key(keys), [values], '%s: %s' % (what, name))]
+
+
+def _float(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError('set_optimizer: %s: expected a number, got %s %r'
+                        % (name, _type_name(value), value))
+    return repr(float(value))
+
+
+# --------------------------------------------------------------------------------------
+# Asynchronous operations
+
+
+class Op:
+    """An operation started by KVStore.push_async / pull_async / pushpull_async.
+
+    wait() waits for it (the GIL released), raises TesseraError on failure and
+    returns the pulled array (None for a push). The arrays it was given are
+    kept alive, and must stay unchanged (pushed) or unread (pulled), until
+    wait() has returned. An Op never waited for is waited for by close().
+    """
+
+    __slots__ = ('_kv', '_handle', '_keep', '_result', '_lock', '_done', '__weakref__')
+
+    def __init__(self, kv, handle, keep, result):
+        self._kv = kv
+        self._handle = handle
+        self._keep = keep
+        self._result = result
+        self._lock = threading.Lock()
+        self._done = False
+
+    @property
+    def done(self):
+        """True once wait() has returned (or raised)."""
+        return self._done
+
+    def wait(self):
+        with self._lock:
+            if self._done:
+                raise TesseraError('FAILED_PRECONDITION: this operation was already waited for')
+            return self._finish_locked()
+
+    def _finish(self):
+        """wait(), or nothing when another thread already waited."""
+        with self._lock:
+            if not self._done:
+                self._finish_locked()
+
+    def _finish_locked(self):
+        try:
+            self._kv._wait_handle(self._handle)
+        finally:
+            self._done = True
+            self._kv._forget(self._handle)
+            self._keep = None
+        return self._result
+
+
+# --------------------------------------------------------------------------------------
+# The store
+
+
+_open_stores = set()  # open stores stay alive until closed, at the latest at exit
+
+
+@atexit.register
+def _close_at_exit():
+    """A script that ends without closing its store (as MXNet scripts do) leaves
+    the job cleanly; after an unhandled exception (the interpreter has set
+    sys.last_value) the store is left open, so the process exits at once and the
+    launcher stops the job instead of this worker waiting in the closing barrier."""
+    for kv in list(_open_stores):
+        if kv.closed:
+            continue
+        if hasattr(sys, 'last_value'):
+            sys.stderr.write('tessera: rank %d failed; leaving the job without closing its '
+                             'KVStore\n' % kv.rank)
+            continue
+        try:
+            kv.close()
+        except TesseraError as e:
+            sys.stderr.write('tessera: closing the KVStore of rank %d at exit: %s\n'
+                             % (kv.rank, e))
+
+
+class KVStore:
+    """Joins the Tessera job given by the DMLC_* environment as a worker.
+
+    type: "dist_sync" (every round's pushes summed, then the optimizer applied
+    once) or "dist_async" (every push applied as it arrives). Raises
+    TesseraError when the environment does not describe a job or the scheduler
+    cannot be reached.
+    """
+
+    def __init__(self, type='dist_sync'):
+        if not isinstance(type, str):
+            raise TypeError('KVStore type: expected a str such as "dist_sync", got %s'
+                            % _type_name(type))
+        try:
+            lib = _capi.load()
+        except _capi.LibraryNotFound as e:
+            raise TesseraError('UNAVAILABLE: %s' % e) from None
+        self._lib = lib
+        self._type = type
+        self._lock = threading.Condition()
+        self._active = 0       # C calls in flight on any thread
+        self._closing = False
+        self._ops = {}         # handle -> Op not yet waited for
+        handle = ctypes.c_void_p()
+        if lib.tessera_kv_create(type.encode(), ctypes.byref(handle)) != 0:
+            _raise_last('tessera_kv_create')
+        self._handle = handle
+        self._rank = self._get_int(lib.tessera_kv_rank)
+        self._num_workers = self._get_int(lib.tessera_kv_num_workers)
+        self._num_servers = self._get_int(lib.tessera_kv_num_servers)
+        _open_stores.add(self)
+
+    def _get_int(self, fn):
+        out = ctypes.c_int()
+        if fn(self._handle, ctypes.byref(out)) != 0:
+            _raise_last(fn.__name__)
+        return out.value
+
+    # -- calls into the C API, refused once close() has begun ------------------
+
+    def _enter(self, closing_ok=False):
+        """Counts a call in flight and returns the C handle; close() waits for
+        the count to fall to zero before it frees the handle."""
+        with self._lock:
+            if self._handle is None or (self._closing and not closing_ok):
+                raise TesseraError('FAILED_PRECONDITION: the KVStore is closed')
+            self._active += 1
+            return self._handle
+
+    def _exit(self):
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                self._lock.notify_all()
+
+    def _call(self, name, *args, closing_ok=False):
+        handle = self._enter(closing_ok)
+        try:
+            if getattr(self._lib, name)(handle, *args) != 0:
+                _raise_last(name)
+        finally:
+            self._exit()
+
+    def _start(self, name, keep, result, args):
+        """Starts an asynchronous operation; it is registered before the call
+        counts as finished, so close() always finds it."""
+        h = ctypes.c_uint64()
+        handle = self._enter()
+        try:
+            if getattr(self._lib, name)(handle, *args, ctypes.byref(h)) != 0:
+                _raise_last(name)
+            op = Op(self, h.value, keep, result)
+            with self._lock:
+                self._ops[h.value] = op
+            return op
+        finally:
+            self._exit()
+
+    def _wait_handle(self, handle):
+        self._call('tessera_kv_wait', ctypes.c_uint64(handle), closing_ok=True)
+
+    def _forget(self, handle):
+        with self._lock:
+            self._ops.pop(handle, None)
+
+    # -- properties -------------------------------------------------------------
+
+    @property
+    def type(self):
+        return self._type
+
+    @property
+    def rank(self):
+        """This worker's rank, 0..num_workers-1."""
+        return self._rank
+
+    @property
+    def num_workers(self):
+        return self._num_workers
+
+    @property
+    def num_servers(self):
+        return self._num_servers
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    # -- settings (before the first init) ----------------------------------------
+
+    def set_optimizer(self, optimizer, **params):
+        """Sets the optimizer the servers run, as a spec or a name and keywords:
+
+            kv.set_optimizer("sgd lr=0.1 momentum=0.9")
+            kv.set_optimizer("sgd", lr=0.1, momentum=0.9, wd=1e-4)
+
+        Optimizers: sgd, adam, adamax, adagrad, none (server/optimizer.h). REQUIRES:
+        before the first init. TesseraError for an unknown optimizer or parameter."""
+        if not isinstance(optimizer, str):
+            raise TypeError('set_optimizer: expected a str such as "sgd", got %s'
+                            % _type_name(optimizer))
+        parts = [optimizer.strip()]
+        for name, value in params.items():
+            parts.append('%s=%s' % (name, _float(name, value)))
+        self._call('tessera_kv_set_optimizer', ' '.join(parts).encode())
+
+    def set_gradient_compression(self, compression_params):
+        """MXNet's spelling: {"type": "2bit", "threshold": 0.5} (threshold
+        defaults to 0.5) or {"type": "none"}. REQUIRES: before the first init."""
+        if not isinstance(compression_params, dict):
+            raise TypeError('set_gradient_compression: expected a dict such as '
+                            '{"type": "2bit", "threshold": 0.5}, got %s'
+                            % _type_name(compression_params))
+        unknown = sorted(set(compression_params) - {'type', 'threshold'})
+        if unknown:
+            raise ValueError('set_gradient_compression: unknown field(s) %s; expected type '
+                             'and threshold' % ', '.join(map(repr, unknown)))
+        if 'type' not in compression_params:
+            raise ValueError('set_gradient_compression: the dict needs a "type" ("2bit" or '
+                             '"none")')
+        kind = compression_params['type']
+        if not isinstance(kind, str):
+            raise TypeError('set_gradient_compression: type: expected a str, got %s'
+                            % _type_name(kind))
+        threshold = compression_params.get('threshold', 0.5)
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+            raise TypeError('set_gradient_compression: threshold: expected a number, got %s %r'
+                            % (_type_name(threshold), threshold))
+        self._call('tessera_kv_set_gradient_compression', kind.encode(),
+                   ctypes.c_float(float(threshold)))
+
+    # -- dense keys ---------------------------------------------------------------
+
+    def init(self, key, value):
+        """Declares key(s) with their arrays' lengths; every worker calls it for
+        the same keys in the same order and rank 0's values are stored. Returns
+        after a barrier of the workers."""
+        pairs = _pairs(key, value, 'init', 'value')
+        checked = []
+        for k, arrays, label in pairs:
+            if len(arrays) != 1:
+                raise ValueError('init: key %d takes one array, got a list of %d'
+                                 % (k, len(arrays)))
+            checked.append((k, _buffer(arrays[0], label, writable=False)))
+        for k, (addr, n) in checked:
+            self._call('tessera_kv_init', k, addr, n)
+
+    def push(self, key, value, priority=0):
+        """Pushes gradient(s). A list of arrays for one key is summed first (MXNet's
+        one-per-device form). The pushes of several keys are in flight at once;
+        returns when all are done (dist_sync: their rounds applied). `priority`
+        is accepted for MXNet compatibility and ignored."""
+        pairs = _pairs(key, value, 'push', 'value')
+        grads = [(k, self._summed(arrays, label)) for k, arrays, label in pairs]
+        if len(grads) == 1:
+            k, (addr, n, _) = grads[0]
+            self._call('tessera_kv_push', k, addr, n)
+            return
+        self._run([('tessera_kv_push_async', keep, None, (k, addr, n))
+                   for k, (addr, n, keep) in grads])
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        """Pulls key(s) into `out` in place and returns `out`. A list of arrays
+        for one key receives the value in each. The pulls of several keys are in
+        flight at once."""
+        if out is None:
+            raise TypeError('pull: out= is required (the array(s) the values go into)')
+        pairs = _pairs(key, out, 'pull', 'out')
+        outs = [(k, self._outputs(arrays, label)) for k, arrays, label in pairs]
+        if len(outs) == 1:
+            k, (addr, n, _) = outs[0]
+            self._call('tessera_kv_pull', k, addr, n)
+        else:
+            self._run([('tessera_kv_pull_async', keep, None, (k, addr, n))
+                       for k, (addr, n, keep) in outs])
+        self._broadcast(pairs)
+        return out
+
+    def pushpull(self, key, value, out=None, priority=0):
+        """Pushes value(s) and pulls the result into `out` (into `value` when out
+        is None, as MXNet does); returns what was filled."""
+        if out is None:
+            out = value
+        pushes = _pairs(key, value, 'pushpull', 'value')
+        pulls = _pairs(key, out, 'pushpull', 'out')
+        if [k for k, _, _ in pushes] != [k for k, _, _ in pulls]:
+            raise ValueError('pushpull: value and out must name the same keys')
+        calls = []
+        for (k, arrays, label), (_, outs, out_label) in zip(pushes, pulls):
+            g_addr, g_n, g_keep = self._summed(arrays, label)
+            o_addr, o_n, o_keep = self._outputs(outs, out_label)
+            if g_n != o_n:
+                raise ValueError('pushpull: key %d: value has %d elements but out has %d'
+                                 % (k, g_n, o_n))
+            calls.append((k, g_addr, o_addr, g_n, (g_keep, o_keep)))
+        if len(calls) == 1:
+            self._call('tessera_kv_pushpull', *calls[0][:4])
+        else:
+            self._run([('tessera_kv_pushpull_async', keep, None, (k, g, o, n))
+                       for k, g, o, n, keep in calls])
+        self._broadcast(pulls)
+        return out
+
+    def push_async(self, key, value):
+        """Starts a push of one array and returns its Op at once; the array must
+        stay unchanged until op.wait() has returned."""
+        k = _key(key)
+        addr, n = _buffer(value, 'push_async: value', writable=False)
+        return self._start('tessera_kv_push_async', value, None, (k, addr, n))
+
+    def pull_async(self, key, out):
+        """Starts a pull into `out` and returns its Op at once; op.wait() writes
+        the values into out and returns it. Leave out unread until then."""
+        k = _key(key)
+        addr, n = _buffer(out, 'pull_async: out', writable=True)
+        return self._start('tessera_kv_pull_async', out, out, (k, addr, n))
+
+    def pushpull_async(self, key, value, out):
+        """Starts a push of value and a pull of the result into out."""
+        k = _key(key)
+        g_addr, g_n = _buffer(value, 'pushpull_async: value', writable=False)
+        o_addr, o_n = _buffer(out, 'pushpull_async: out', writable=True)
+        if g_n != o_n:
+            raise ValueError('pushpull_async: value has %d elements but out has %d' % (g_n, o_n))
+        return self._start('tessera_kv_pushpull_async', (value, out), out,
+                           (k, g_addr, o_addr, g_n))
+
+    # -- row-sparse keys -----------------------------------------------------------
+    # init_rows(key, array), push_rows(key, row_ids, rows), pull_rows(key, row_ids, out)
+    # and MXNet's row_sparse_pull(key, out=..., row_ids=...) go here, over the C API's
+    # row-sparse calls, once the row-sparse issue has landed. Until then they raise.
+
+    def _no_rows(self, *args, **kwargs):
+        raise NotImplementedError('row-sparse keys are not in this version of Tessera yet')
+
+    init_rows = push_rows = pull_rows = row_sparse_pull = _no_rows
+
+    # -- job ------------------------------------------------------------------------
+
+    def barrier(self):
+        """Waits until every worker has called barrier()."""
+        self._call('tessera_kv_barrier')
+
+    _barrier = barrier  # MXNet's name
+
+    def resume_round(self):
+        """After the inits: in a worker restarted into a running job
+        (tools/launch.py --restarts), the number of pushes of every key the
+        servers took from its earlier life, i.e. the step to resume at; 0 in a
+        first life."""
+        out = ctypes.c_uint64()
+        self._call('tessera_kv_resume_round', ctypes.byref(out))
+        return out.value
+
+    def close(self):
+        """Waits for operations not yet waited for and for calls in flight, then
+        a barrier of the workers, then leaves the job. A second close() does
+        nothing; any other call after close() raises TesseraError."""
+        with self._lock:
+            if self._handle is None or self._closing:
+                return
+            self._closing = True  # from here on only waits for started operations
+            while self._active > 0:
+                self._lock.wait()
+            pending = list(self._ops.values())
+        first_error = None
+        for op in pending:
+            try:
+                op._finish()
+            except TesseraError as e:
+                first_error = first_error or e
+        with self._lock:
+            while self._active > 0:  # another thread's wait of one of them
+                self._lock.wait()
+            handle, self._handle = self._handle, None
+        _open_stores.discard(self)
+        if self._lib.tessera_kv_close(handle) != 0:
+            _raise_last('tessera_kv_close')
+        if first_error is not None:
+            raise first_error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        # On an exception the job is failing: leaving without the closing barrier
+        # lets the process exit at once and the launcher stop the job.
+        return False
+
+    def __repr__(self):
+        if self.closed:
+            return '<tessera.KVStore %s closed>' % self._type
+        return '<tessera.KVStore %s rank %d of %d workers, %d servers>' % (
+            self._type, self._rank, self._num_workers, self._num_servers)
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _run(self, starts):
+        """Starts every (C function, keep, result, args) operation, then waits for
+        all of them; raises the first error once every started one is done."""
+        ops, first_error = [], None
+        try:
+            for name, keep, result, args in starts:
+                ops.append(self._start(name, keep, result, args))
+        except TesseraError as e:
+            first_error = e
+        for op in ops:
+            try:
+                op.wait()
+            except TesseraError as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+
+    @staticmethod
+    def _summed(arrays, label):
+        """(address, n, array to keep) of one key's gradient: the array itself, or
+        the sum of a list of them (MXNet's one-per-device form)."""
+        checked = [_buffer(a, label if len(arrays) == 1 else '%s[%d]' % (label, i),
+                           writable=False) for i, a in enumerate(arrays)]
+        if len(arrays) == 1:
+            return checked[0] + (arrays[0],)
+        if any(n != checked[0][1] for _, n in checked):
+            raise ValueError('%s: the arrays of one key differ in size: %s'
+                             % (label, [n for _, n in checked]))
+        total = _numpy_view(arrays[0]).reshape(-1).copy()
+        for a in arrays[1:]:
+            total += _numpy_view(a).reshape(-1)
+        return total.__array_interface__['data'][0], total.size, total
+
+    @staticmethod
+    def _outputs(arrays, label):
+        """(address, n, array) of the first output of one key; every other output
+        checked now (writable, same size), filled by _broadcast."""
+        checked = [_buffer(a, label if len(arrays) == 1 else '%s[%d]' % (label, i),
+                           writable=True) for i, a in enumerate(arrays)]
+        if any(n != checked[0][1] for _, n in checked):
+            raise ValueError('%s: the arrays of one key differ in size: %s'
+                             % (label, [n for _, n in checked]))
+        return checked[0] + (arrays[0],)
+
+    @staticmethod
+    def _broadcast(pairs):
+        for _, arrays, _ in pairs:
+            if len(arrays) > 1:
+                first = _numpy_view(arrays[0]).reshape(-1)
+                for a in arrays[1:]:
+                    np.copyto(_numpy_view(a).reshape(-1), first)
+
+
+def create(name='dist_sync'):
+    """MXNet's spelling: tessera.create("dist_sync") is tessera.KVStore("dist_sync")."""
+    return KVStore(name)

@@ -1,0 +1,305 @@
+"""A Python worker that checks the store's semantics through the tessera package
+from inside a real job (started by tools/launch.py from the tests beside it).
+Exits 0 and prints "<mode> ok: rank R of N" when every check passed; an
+exception (non-zero exit) otherwise.
+
+    kv_check.py nightly     MXNet's nightly dist_sync check (sgd lr=-2), 7 rounds
+    kv_check.py compress    2-bit pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n
+    kv_check.py forms       MXNet's list forms, pushpull without out, async ops,
+                            all-reduce without an optimizer, torch tensors
+    kv_check.py errors      every bad argument fails clearly and changes nothing
+    kv_check.py gil         another thread runs while a pull and a barrier block
+    kv_check.py async       dist_async: every push applied once
+    kv_check.py fail        rank 1 raises inside `with` (the job must end at once)
+    kv_check.py noclose     ends without close() (closed at exit)
+"""
+import sys
+import threading
+import time
+
+import numpy as np
+
+import tessera
+
+SMALL, BIG = 3, 99
+BIG_SHAPE = (1200, 1200)
+
+
+def expect_all(a, want, what):
+    a = np.asarray(a)
+    bad = np.flatnonzero(a.reshape(-1) != np.float32(want))
+    if bad.size:
+        raise AssertionError('%s: element %d is %r, expected %r'
+                             % (what, bad[0], a.reshape(-1)[bad[0]], want))
+
+
+def nightly():
+    with tessera.KVStore('dist_sync') as kv:
+        n = kv.num_workers
+        kv.set_optimizer('sgd lr=-2')
+        small = np.ones((2, 3), np.float32)
+        big = np.ones(BIG_SHAPE, np.float32)
+        kv.init([SMALL, BIG], [small, big])
+        for i in range(7):
+            kv.push(SMALL, np.full((2, 3), kv.rank + 1, np.float32))
+            kv.push(BIG, np.full(BIG_SHAPE, kv.rank + 1, np.float32))
+            kv.pull(SMALL, out=small)
+            assert kv.pull(BIG, out=big) is big
+            want = 1 + 2 * n * (n + 1) / 2 * (i + 1)
+            expect_all(small, want, 'small key, round %d' % i)
+            expect_all(big, want, '1200x1200 key, round %d' % i)
+        print('nightly ok: rank %d of %d, %d servers, 7 rounds' % (kv.rank, n, kv.num_servers))
+
+
+def compress():
+    with tessera.KVStore('dist_sync') as kv:
+        n = kv.num_workers
+        kv.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
+        kv.set_optimizer('sgd', lr=-2)
+        small = np.zeros(6, np.float32)
+        big = np.zeros(BIG_SHAPE, np.float32)
+        kv.init([SMALL, BIG], [small, big])
+        for i, (g, want) in enumerate(zip([0, 0.4, 0.1, 0.2, 0.3, 0.5], [0, 0, 1, 1, 2, 3])):
+            kv.push([SMALL, BIG], [np.full(6, g, np.float32), np.full(BIG_SHAPE, g, np.float32)])
+            kv.pull([SMALL, BIG], out=[small, big])
+            expect_all(small, want * n, '2-bit small key, round %d' % i)
+            expect_all(big, want * n, '2-bit 1200x1200 key, round %d' % i)
+        print('compress ok: rank %d of %d' % (kv.rank, n))
+
+
+def forms():
+    import torch
+    with tessera.KVStore('dist_sync') as kv:
+        n, r = kv.num_workers, kv.rank
+        s = n * (n + 1) / 2  # sum over ranks of (rank + 1)
+        # No optimizer: a round's sum replaces the value (an all-reduce).
+        a, b = np.zeros(4, np.float32), torch.zeros(2, 5)
+        kv.init([1, 2], [a, b])
+        # A list of arrays for one key is summed before the push (one per device).
+        kv.push(1, [np.full(4, r + 1, np.float32), torch.full((4,), float(r + 1))])
+        outs = [np.zeros(4, np.float32), torch.zeros(4)]
+        assert kv.pull(1, out=outs) is outs
+        expect_all(outs[0], 2 * s, 'list push, out 0')
+        expect_all(outs[1].numpy(), 2 * s, 'list pull, out 1 (torch)')
+        # Lists of keys with nested lists of values.
+        kv.push([1, 2], [[np.ones(4, np.float32)], [torch.ones(2, 5), torch.ones(2, 5)]])
+        kv.pull([1, 2], out=[a, [b]])
+        expect_all(a, n, 'nested push, key 1')
+        expect_all(b.numpy(), 2 * n, 'nested push, key 2')
+        # pushpull without out fills the pushed array in place, as MXNet's does.
+        g = np.full(4, r + 1, np.float32)
+        assert kv.pushpull(1, g) is g
+        expect_all(g, s, 'pushpull in place')
+        got = torch.zeros(2, 5)
+        kv.pushpull(2, torch.full((2, 5), float(r + 1)), out=got)
+        expect_all(got.numpy(), s, 'pushpull torch')
+        # Asynchronous operations, all in flight at once.
+        push1 = kv.push_async(1, np.full(4, 2 * (r + 1), np.float32))
+        push2 = kv.push_async(np.uint64(2), torch.full((10,), float(r + 1)).view(2, 5))
+        pull1, pull2 = kv.pull_async(1, np.zeros(4, np.float32)), kv.pull_async(2, torch.zeros(10))
+        assert push1.wait() is None and push2.wait() is None
+        expect_all(pull1.wait(), 2 * s, 'async pull, key 1')
+        expect_all(pull2.wait().numpy(), s, 'async pull, key 2')
+        try:
+            pull2.wait()
+            raise AssertionError('a second wait succeeded')
+        except tessera.TesseraError as e:
+            assert 'already waited' in str(e), e
+        # An Op never waited for is waited for by close().
+        left = kv.pushpull_async(1, np.ones(4, np.float32), np.zeros(4, np.float32))
+        print('forms ok: rank %d of %d' % (r, n))
+    assert left.done
+
+
+def expect_error(exc_type, text, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc_type as e:
+        if text not in str(e):
+            raise AssertionError('%s raised %r, which lacks %r' % (fn.__name__, e, text))
+        return e
+    raise AssertionError('%s(%r, %r) did not raise %s' % (fn.__name__, args, kwargs,
+                                                          exc_type.__name__))
+
+
+def errors():
+    import torch
+    E, T, V = tessera.TesseraError, TypeError, ValueError
+    expect_error(T, 'expected a str', tessera.KVStore, 5)
+    expect_error(E, "KV store type 'local': expected dist_sync or dist_async",
+                 tessera.KVStore, 'local')
+    kv = tessera.KVStore('dist_sync')
+    n = kv.num_workers
+    v = np.ones(8, np.float32)
+    out = np.zeros(8, np.float32)
+    # Settings: the C API's messages, and the package's own checks.
+    e = expect_error(E, "unknown optimizer 'bogus'", kv.set_optimizer, 'bogus lr=1')
+    assert e.code == 'INVALID_ARGUMENT', e.code
+    expect_error(E, "unknown parameter 'foo'", kv.set_optimizer, 'sgd', foo=1)
+    expect_error(E, 'expected a finite number', kv.set_optimizer, 'sgd lr=abc')
+    expect_error(T, 'lr: expected a number', kv.set_optimizer, 'sgd', lr='0.1')
+    expect_error(T, 'momentum: expected a number', kv.set_optimizer, 'sgd', momentum=True)
+    expect_error(T, 'expected a str', kv.set_optimizer, None)
+    expect_error(T, 'expected a dict', kv.set_gradient_compression, '2bit')
+    expect_error(V, 'needs a "type"', kv.set_gradient_compression, {'threshold': 0.5})
+    expect_error(V, "unknown field(s) 'thresh'", kv.set_gradient_compression,
+                 {'type': '2bit', 'thresh': 0.5})
+    expect_error(T, 'threshold: expected a number', kv.set_gradient_compression,
+                 {'type': '2bit', 'threshold': '0.5'})
+    expect_error(E, 'expected a number > 0', kv.set_gradient_compression,
+                 {'type': '2bit', 'threshold': 0})
+    expect_error(E, 'expected 2bit or none', kv.set_gradient_compression, {'type': '4bit'})
+    kv.set_optimizer('sgd', lr=-2)
+    # Keys.
+    expect_error(T, "expected an int (Tessera keys are uint64), got str 'w'", kv.push, 'w', v)
+    expect_error(T, 'got float', kv.pull, 1.0, out=out)
+    expect_error(T, 'got bool', kv.pull, True, out=out)
+    expect_error(V, 'expected 0 <= key < 2**64, got -1', kv.init, -1, v)
+    expect_error(V, 'got 18446744073709551616', kv.push, 1 << 64, v)
+    # Arrays: the wrong kind is refused, never copied.
+    expect_error(T, 'init: value: expected a float32 array, got dtype float64', kv.init, 2,
+                 np.ones(8))
+    expect_error(T, 'expected a float32 NumPy array or a CPU torch.Tensor, got dict', kv.init,
+                 2, {})
+    expect_error(T, 'or a list of them for one key, got a list holding float', kv.init, 2,
+                 [1.0] * 8)
+    expect_error(V, 'expected a C-contiguous array', kv.init, 2, np.ones(16, np.float32)[::2])
+    expect_error(V, 'expected a C-contiguous array', kv.init, 2, np.ones((4, 2), np.float32).T)
+    expect_error(T, 'expected a float32 tensor, got torch.float64', kv.init, 2,
+                 torch.ones(8, dtype=torch.float64))
+    expect_error(V, 'expected a contiguous tensor', kv.init, 2, torch.ones(4, 2).t())
+    expect_error(T, 'expected a CPU tensor, got one on meta', kv.init, 2,
+                 torch.empty(8, device='meta'))
+    expect_error(T, 'expected a dense tensor', kv.init, 2, torch.ones(8).to_sparse())
+    # Forms.
+    expect_error(V, 'init: 2 keys but 1 value', kv.init, [2, 4], [v])
+    expect_error(T, 'a list of 2 keys needs a list of value', kv.init, [2, 4], v)
+    expect_error(V, 'init: key 2 takes one array, got a list of 2', kv.init, 2, [v, v])
+    expect_error(T, 'pull: out= is required', kv.pull, 2)
+    # Unknown keys fail in the C API and hang nothing.
+    expect_error(E, 'never initialised', kv.pull, 42, out=out)
+    expect_error(E, 'never initialised', kv.push, 42, v)
+    kv.init(2, v)
+    # Lengths are the key's.
+    expect_error(E, 'the key has 8', kv.push, 2, np.ones(7, np.float32))
+    expect_error(E, 'the key has 8', kv.pull, 2, out=np.zeros(9, np.float32))
+    expect_error(V, 'value has 8 elements but out has 9', kv.pushpull, 2, v,
+                 out=np.zeros(9, np.float32))
+    expect_error(V, 'the arrays of one key differ in size', kv.push, 2,
+                 [v, np.ones(4, np.float32)])
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    expect_error(V, 'pull: out: the array is read-only', kv.pull, 2, out=ro)
+    expect_error(V, 'pull: out[1]: the array is read-only', kv.pull, 2, out=[out, ro])
+    expect_error(T, 'expected a float32 array', kv.pull, 2, out=[out, np.zeros(8)])
+    # Settings after the first init.
+    expect_error(E, 'before the first init', kv.set_optimizer, 'adam')
+    expect_error(E, 'before the first init', kv.set_gradient_compression, {'type': '2bit'})
+    expect_error(NotImplementedError, 'row-sparse', kv.pull_rows, 2, [0], out)
+    # None of the rejected calls counted toward a round: one real round gives exactly.
+    kv.push(2, v)
+    kv.pull(2, out=out)
+    expect_all(out, 1 + 2 * n, 'after errors')
+    rank = kv.rank
+    kv.close()
+    kv.close()  # a second close does nothing
+    assert kv.closed
+    for call, args in [(kv.push, (2, v)), (kv.pull, (2, out)), (kv.barrier, ()),
+                       (kv.init, (5, v)), (kv.set_optimizer, ('sgd',)),
+                       (kv.push_async, (2, v)), (kv.resume_round, ())]:
+        e = expect_error(E, 'the KVStore is closed', call, *args)
+        assert e.code == 'FAILED_PRECONDITION', e.code
+    print('errors ok: rank %d of %d' % (rank, n))
+
+
+def gil():
+    """Rank 1 comes 1 s late; rank 0's pull of the round and its barrier block
+    meanwhile, and a Python thread must make progress in most tenths of a
+    second of that wait (with the GIL held through the call, it makes none)."""
+    with tessera.KVStore('dist_sync') as kv:
+        kv.set_optimizer('sgd lr=-1')
+        w = np.zeros(1000, np.float32)
+        kv.init(0, w)
+        if kv.rank != 0:
+            time.sleep(1.0)
+            kv.push(0, np.ones(1000, np.float32))
+            time.sleep(1.0)
+            kv.barrier()
+            print('gil ok: rank %d of %d' % (kv.rank, kv.num_workers))
+            return
+        for what in ('pull', 'barrier'):
+            if what == 'pull':
+                push = kv.push_async(0, np.ones(1000, np.float32))
+            ticks = {}  # tenth of a second since t0 -> iterations of the other thread
+            stop = threading.Event()
+            t0 = time.monotonic()
+
+            def spin():
+                while not stop.is_set():
+                    tenth = int((time.monotonic() - t0) * 10)
+                    ticks[tenth] = ticks.get(tenth, 0) + 1
+
+            t = threading.Thread(target=spin)
+            t.start()
+            time.sleep(0.05)
+            start = time.monotonic() - t0
+            if what == 'pull':
+                kv.pull(0, out=w)  # answered once rank 1 has pushed too
+                push.wait()
+            else:
+                kv.barrier()
+            end = time.monotonic() - t0
+            stop.set()
+            t.join()
+            inside = range(int(start * 10) + 1, int(end * 10))  # whole tenths inside the call
+            idle = [i for i in inside if not ticks.get(i)]
+            print('rank 0: blocking %s took %.2f s; the other thread ran %d times in it, '
+                  'and not at all in %d of its %d tenths of a second'
+                  % (what, end - start, sum(ticks.get(i, 0) for i in inside), len(idle),
+                     len(inside)))
+            assert end - start > 0.5, 'the %s did not block (%.2f s)' % (what, end - start)
+            # Held by the call, the GIL stops the thread in every tenth; released, the
+            # thread runs in nearly all (a loaded machine may deschedule it in a few).
+            assert len(idle) <= len(inside) // 2, \
+                'the other thread was stopped while the %s blocked' % what
+        expect_all(w, kv.num_workers, 'pulled sum')
+        print('gil ok: rank %d of %d' % (kv.rank, kv.num_workers))
+
+
+def async_():
+    with tessera.KVStore('dist_async') as kv:
+        n = kv.num_workers
+        kv.set_optimizer('sgd', lr=-1)
+        w = np.zeros(1500000, np.float32)  # split over the servers
+        kv.init(5, w)
+        g = np.full(w.shape, kv.rank + 1, np.float32)
+        for _ in range(5):
+            kv.push(5, g)
+        kv.barrier()
+        kv.pull(5, out=w)
+        expect_all(w, 5 * n * (n + 1) / 2, 'async key')
+        print('async ok: rank %d of %d' % (kv.rank, n))
+
+
+def fail():
+    """Rank 1 raises inside its `with` while rank 0 waits in a round for it."""
+    with tessera.KVStore('dist_sync') as kv:
+        kv.init(0, np.zeros(10, np.float32))
+        if kv.rank == 1:
+            raise RuntimeError('rank 1 gives up')
+        kv.push(0, np.ones(10, np.float32))
+
+
+def noclose():
+    """Ends without close(), as MXNet scripts do."""
+    kv = tessera.KVStore('dist_sync')
+    kv.init(0, np.zeros(10, np.float32))
+    kv.push(0, np.ones(10, np.float32))
+    print('noclose ok: rank %d of %d' % (kv.rank, kv.num_workers))
+
+
+MODES = {'nightly': nightly, 'compress': compress, 'forms': forms, 'errors': errors,
+         'gil': gil, 'async': async_, 'fail': fail, 'noclose': noclose}
+
+if __name__ == '__main__':
+    MODES[sys.argv[1]]()

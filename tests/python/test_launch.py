@@ -1,0 +1,42 @@
+"""Python workers through tools/launch.py as users start them: the NumPy example
+run unchanged (launch.py finds the daemons, the example finds the package); a
+script that never closes its store ends the job cleanly; a worker that raises
+ends the job at once, naming it."""
+import os
+import re
+import sys
+
+from conftest import EXAMPLES, HERE
+
+
+def test_numpy_example_runs_unchanged_through_launch_py(job):
+    # No --scheduler-binary/--server-binary and no PYTHONPATH: launch.py looks in
+    # $TESSERA_BUILD_DIR, the example in ../python.
+    del job.env['PYTHONPATH']
+    code, out, took = job.run(
+        2, 1, [sys.executable, os.path.join(EXAMPLES, 'numpy_linear_regression.py')], timeout=120)
+    assert code == 0, out
+    assert re.search(r'\[worker \d\] rank 0 step 0: loss [\d.]+', out), out
+    errors = [float(e) for e in re.findall(r'rank \d of 2: \|w - true_w\| = ([\d.]+)', out)]
+    assert len(errors) == 2 and errors[0] == errors[1], out  # one model, pulled by both
+    assert errors[0] < 0.01, out
+    first = [float(v) for v in re.findall(r'rank \d step 0: loss ([\d.]+)', out)]
+    last = [float(v) for v in re.findall(r'rank \d step 199: loss ([\d.]+)', out)]
+    assert len(first) == len(last) == 2 and max(last) < 0.01 * min(first), out
+
+
+def test_a_python_worker_that_raises_ends_the_job_at_once_naming_it(job):
+    code, out, took = job.python(2, 1, os.path.join(HERE, 'kv_check.py'), 'fail', timeout=60)
+    assert code != 0, out
+    assert 'RuntimeError: rank 1 gives up' in out, out
+    assert re.search(r'launch.py: worker \d \(pid \d+\) exited with status 1; stopping the job',
+                     out), out
+    assert "rank 1 failed; leaving the job without closing" in out, out
+    assert took < 20, out  # not the 60 s TESSERA_TIMEOUT of rank 0's push
+
+
+def test_a_script_that_never_closes_its_store_ends_the_job_cleanly(job):
+    code, out, took = job.python(2, 1, os.path.join(HERE, 'kv_check.py'), 'noclose', timeout=60)
+    assert code == 0, out
+    assert 'noclose ok: rank 0 of 2' in out and 'noclose ok: rank 1 of 2' in out, out
+    assert took < 20, out  # not the heartbeat time-out of a worker that vanished
