@@ -316,6 +316,28 @@ TEST(ClusterTest, FloodOfPushesNumberedFarAheadKeepsServerMemoryBounded) {
   EXPECT_THAT(ProcessCluster::Log(c.Find("worker 1")), HasSubstr("soak ok"));
 }
 
+// 16 workers push a 32 MB key that one server holds whole, for 3 dist_sync
+// rounds. The server adds each push on arrival into one accumulator (8 bytes
+// per value) instead of keeping every worker's push until the round is
+// complete, and pushes travel in 1 MiB slices, at most 4 in flight per worker.
+// Bound: 3 x 32 MB (weights and accumulator) + 16 x 4 x 1 MiB in flight + 48
+// MB for the process itself = 211 MB; keeping the pushes would take 16 x 32 MB
+// = 512 MB on top of the weights.
+TEST(ClusterTest, SixteenWorkersDoNotMultiplyTheServersMemory) {
+  ProcessCluster c;
+  c.Env("TESSERA_BIGARRAY_BOUND", std::to_string(int64_t{1} << 40));
+  c.Env("MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(int64_t{1} << 40));
+  c.Start(1, 16, {BinaryPath("tools/bench/round_worker"), "8000000", "3"});
+  ExpectAllExitZero(c, absl::Seconds(300));
+  const std::string log = ProcessCluster::Log(c.Find("server 0"));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("peak RSS (\\d+) MB")))
+      << log;
+  std::cerr << "server 0: " << m[0] << " for a 32 MB key and 16 workers\n";
+  EXPECT_LT(std::stoi(m[1]), 211) << log;
+  EXPECT_THAT(log, HasSubstr("pushes applied 48 (key 1: 48), rounds 3"));
+}
+
 TEST(ClusterTest, PeerStoppedShorterThanTheTimeoutRecoversWithNothingLost) {
   ProcessCluster c;
   c.Env("PS_HEARTBEAT_INTERVAL", "0.2");

@@ -10,6 +10,9 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <random>
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -159,6 +162,43 @@ TEST(KVServerTest, SyncRoundIsAnsweredOnlyWhenEveryWorkerPushed) {
   EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{6, 60}));
   EXPECT_EQ(h.server().stats().rounds_applied(), 1u);
   EXPECT_EQ(h.server().stats().pushes_applied(), 3u);
+}
+
+// The pushes of a round arrive in any order (resends, reconnections,
+// restarts); the value after the round is the same bits every time. Values
+// span the float32 range and cancel, so a sum in arrival order would differ.
+TEST(KVServerTest, RoundSumIsTheSameBitsInAnyArrivalOrder) {
+  constexpr int kWorkers = 6;
+  constexpr size_t kLength = 64;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> exponent(-140, 120);
+  std::vector<std::vector<float>> pushes(kWorkers, std::vector<float>(kLength));
+  for (size_t i = 0; i < kLength; ++i) {
+    for (int w = 0; w < kWorkers; ++w) {
+      pushes[w][i] = std::ldexp((w + i) % 2 ? 1.5f : -1.25f, exponent(rng));
+    }
+    pushes[kWorkers - 1][i] = -pushes[0][i];  // cancels exactly
+  }
+  std::vector<int> order(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) order[w] = w;
+  std::vector<float> first;
+  for (int trial = 0; trial < 30; ++trial) {
+    std::shuffle(order.begin(), order.end(), rng);
+    ServerHarness h(kWorkers);
+    h.server().Handle(Init(1, std::vector<float>(kLength, 0.0f)));
+    ExpectOk(h);
+    for (int w : order) h.server().Handle(Push(w, 1, 0, pushes[w]));
+    for (int w = 0; w < kWorkers; ++w) ExpectOk(h);
+    const std::vector<float> got = PullNow(h, 0, 1, kLength);
+    ASSERT_EQ(got.size(), kLength);
+    if (trial == 0) {
+      first = got;
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(got.data(), first.data(), kLength * sizeof(float)),
+              0)
+        << "trial " << trial;
+  }
 }
 
 TEST(KVServerTest, PullAfterOwnPushWaitsForTheRound) {
