@@ -173,6 +173,10 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
       o.chunk_bytes,
       ReadInt(env, "TESSERA_CHUNK_BYTES", 4096, int64_t{1} << 30,
               o.chunk_bytes, "a number of bytes in 4096..2^30"));
+  const std::string sum = ReadString(env, "TESSERA_SYNC_SUM");
+  if (!sum.empty() && sum != "exact" && sum != "arrival")
+    return BadValue("TESSERA_SYNC_SUM", sum, "exact or arrival");
+  o.exact_sync_sum = sum != "arrival";
   if (o.chunk_bytes > o.max_frame_bytes) {
     return BadValue("TESSERA_CHUNK_BYTES", ReadString(env, "TESSERA_CHUNK_BYTES"),
                     absl::StrCat("at most TESSERA_MAX_MESSAGE_BYTES (",

@@ -74,10 +74,16 @@ struct Options {
   int64_t max_frame_bytes = int64_t{1} << 30;
   // TESSERA_CHUNK_BYTES: a key's part on one server travels in slices of at
   // most this many bytes (1 MiB by default), each stored, summed and updated
-  // on its own; a worker keeps at most kPushWindow slices of one push in
-  // flight per server, so a server's memory for pushes in flight does not
-  // grow with the size of its keys.
+  // on its own; of one push, a worker keeps at most 64 MiB / (workers x this)
+  // slices (at least one) in flight per server, so what a server holds for
+  // pushes in flight grows neither with its keys nor with the workers.
   int64_t chunk_bytes = int64_t{1} << 20;
+  // TESSERA_SYNC_SUM: how a server adds up a dist_sync round. "exact" (the
+  // default): each value's exact sum, rounded once, so the same bits in any
+  // arrival order (8 bytes per value while the round is open). "arrival":
+  // float32 additions in arrival order (4 bytes per value, about 2x faster
+  // to add, but the last bits of a sum depend on which push came first).
+  bool exact_sync_sum = true;
 
   // Reads the process environment.
   static absl::StatusOr<Options> FromEnvironment();

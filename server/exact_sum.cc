@@ -41,6 +41,26 @@ void AddShifted(uint64_t* limb, uint64_t m, int shift, bool negative) {
   }
 }
 
+// sum[i] = a[i] + v[i] for i < n, the additions checked with Knuth's TwoSum:
+// false when any of them rounded or was not finite (its error term is then
+// non-zero or NaN). Written for the vectoriser.
+bool SumBlockExactly(const double* __restrict a, const float* __restrict v,
+                     double* __restrict sum, uint64_t n) {
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const double x = a[i];
+    const double y = v[i];
+    const double s = x + y;
+    const double bb = s - x;
+    const double err = (x - (s - bb)) + (y - bb);
+    sum[i] = s;
+    uint64_t bits;
+    std::memcpy(&bits, &err, sizeof(bits));
+    bad |= bits << 1;  // -0 is exact too
+  }
+  return bad == 0;
+}
+
 }  // namespace
 
 void ExactSum::Wide::AddFloat(float v) {
@@ -165,20 +185,8 @@ void ExactSum::AddFloats(const float* v) {
 void ExactSum::AddRange(uint64_t begin, uint64_t end, const float* v) {
   double* a = acc_.get();
   if (wide_bits_[begin / kBlock] == 0) {
-    // Knuth's TwoSum: err is the rounding error of x + y (NaN when either or
-    // the sum is not finite); zero means the double sum is exact.
     double sum[kBlock];
-    bool inexact = false;
-    for (uint64_t i = begin; i < end; ++i) {
-      const double x = a[i];
-      const double y = v[i - begin];
-      const double s = x + y;
-      const double bb = s - x;
-      const double err = (x - (s - bb)) + (y - bb);
-      sum[i - begin] = s;
-      inexact |= !(err == 0.0);
-    }
-    if (!inexact) {
+    if (SumBlockExactly(a + begin, v, sum, end - begin)) {
       std::memcpy(a + begin, sum, (end - begin) * sizeof(double));
       return;
     }
@@ -222,15 +230,17 @@ absl::Status ExactSum::AddTwoBit(const uint8_t* in, size_t in_bytes,
                                   : " sets a bit past the last value"));
     }
   }
-  // Decoded a block at a time into floats, then added as any push.
+  // Decoded a block at a time into floats (four per payload byte, from a
+  // table), then added as any push.
+  float table[256][4];
+  for (uint32_t byte = 0; byte < 256; ++byte)
+    k::DequantizeByte(byte, 4, threshold, -threshold, table[byte]);
   float decoded[kBlock];
-  const float neg = -threshold;
   for (uint64_t begin = 0; begin < length_; begin += kBlock) {
     const uint64_t end = std::min(begin + kBlock, length_);
-    for (uint64_t b = begin / 4; 4 * b < end; ++b)
-      k::DequantizeByte(in[b], k::ElementsInByte(b, length_), threshold, neg,
-                        decoded + (4 * b - begin));
-    // A block view of the sum, so the one addition path serves both.
+    const uint64_t bytes = (end - begin + 3) / 4;
+    for (uint64_t b = 0; b < bytes; ++b)
+      std::memcpy(decoded + 4 * b, table[in[begin / 4 + b]], 4 * sizeof(float));
     if (empty_) {
       double* a = acc_.get();
       for (uint64_t i = begin; i < end; ++i) a[i] = decoded[i - begin];

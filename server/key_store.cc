@@ -7,14 +7,14 @@
 namespace tessera {
 
 StoredKey::StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
-                     WaitingLimits limits)
+                     WaitingLimits limits, SyncRound::Mode sum_mode)
     : key(slice.key()),
       offset(slice.offset()),
       length(slice.length()),
       total_length(slice.total_length()),
       sync(sync),
       ledger(num_workers),
-      round(num_workers, slice.length()),
+      round(num_workers, slice.length(), sum_mode),
       waiting(limits) {}
 
 absl::Status StoredKey::CheckSlice(const wire::KeySlice& slice) const {
@@ -66,7 +66,8 @@ StoredKey* KeyStore::Find(const wire::KeySlice& slice) {
 
 StoredKey* KeyStore::Create(const wire::KeySlice& slice, bool sync) {
   auto& slot = keys_[{slice.key(), slice.offset()}];
-  slot = std::make_unique<StoredKey>(slice, sync, num_workers_, limits_);
+  slot = std::make_unique<StoredKey>(slice, sync, num_workers_, limits_,
+                                     sum_mode_);
   return slot.get();
 }
 

@@ -32,7 +32,8 @@ namespace tessera {
 
 struct StoredKey {
   StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
-            WaitingLimits limits);
+            WaitingLimits limits,
+            SyncRound::Mode sum_mode = SyncRound::Mode::kExact);
 
   // OK when `slice` names exactly the part of the key this server holds;
   // otherwise the InvalidArgument to answer with.
@@ -61,8 +62,9 @@ struct StoredKey {
 
 class KeyStore {
  public:
-  KeyStore(int num_workers, WaitingLimits limits)
-      : num_workers_(num_workers), limits_(limits) {}
+  KeyStore(int num_workers, WaitingLimits limits,
+           SyncRound::Mode sum_mode = SyncRound::Mode::kExact)
+      : num_workers_(num_workers), limits_(limits), sum_mode_(sum_mode) {}
 
   // nullptr when this store does not hold the slice of `slice.key()` that
   // starts at `slice.offset()`.
@@ -93,6 +95,7 @@ class KeyStore {
  private:
   const int num_workers_;
   const WaitingLimits limits_;
+  const SyncRound::Mode sum_mode_;
   std::map<SliceId, std::unique_ptr<StoredKey>> keys_;
   std::map<SliceId, WaitingMessages> orphans_;
 };

@@ -41,9 +41,9 @@ uint64_t DataBytes(const Message& msg) {
 // One update thread's work: messages of its keys, and tasks (checkpoint
 // snapshots, durable marks) that must run between them.
 struct KVServer::Shard {
-  Shard(int num_workers, WaitingLimits limits)
+  Shard(int num_workers, WaitingLimits limits, SyncRound::Mode sum_mode)
       : queue(kShardQueueMessages, kShardQueueBytes),
-        store(num_workers, limits) {}
+        store(num_workers, limits, sum_mode) {}
   struct Work {
     Message msg;
     std::function<void(Shard*)> task;  // set: run it instead
@@ -58,11 +58,11 @@ struct KVServer::Shard {
 };
 
 KVServer::KVServer(int num_workers, int num_threads, SendFn send,
-                   WaitingLimits limits)
+                   WaitingLimits limits, SyncRound::Mode sum_mode)
     : num_workers_(num_workers), send_(std::move(send)), limits_(limits) {
   if (num_threads < 1) num_threads = 1;
   for (int i = 0; i < num_threads; ++i)
-    shards_.push_back(std::make_unique<Shard>(num_workers, limits));
+    shards_.push_back(std::make_unique<Shard>(num_workers, limits, sum_mode));
   for (int i = 0; i < num_threads; ++i) {
     threads_.emplace_back([this, shard = shards_[i].get()] { Run(shard); });
   }

@@ -44,6 +44,7 @@
 #include "proto/tessera.pb.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
+#include "server/round_engine.h"
 
 namespace tessera {
 
@@ -55,7 +56,8 @@ class KVServer {
 
   // Each key's mode (dist_sync or dist_async) comes with its KV_INIT.
   KVServer(int num_workers, int num_threads, SendFn send,
-           WaitingLimits limits = WaitingLimits());
+           WaitingLimits limits = WaitingLimits(),
+           SyncRound::Mode sum_mode = SyncRound::Mode::kExact);
   ~KVServer();
 
   // Takes a data-plane message (KV_*); replies through the SendFn.

@@ -1,5 +1,7 @@
 #include "server/round_engine.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "common/compression/two_bit.h"
 
@@ -20,6 +22,15 @@ absl::Status SyncRound::AddFloats(int rank, const Buffer& values,
   }
   if (contributed_.size() == 1) {
     single_ = values;
+  } else if (mode_ == Mode::kArrival) {
+    if (arrival_.empty()) arrival_ = Buffer::Allocate(length_ * sizeof(float));
+    float* out = arrival_.mutable_floats();
+    const float* in = values.floats();
+    if (count_ == 0) {
+      std::memcpy(out, in, length_ * sizeof(float));
+    } else {
+      for (uint64_t i = 0; i < length_; ++i) out[i] += in[i];
+    }
   } else {
     if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(length_);
     sum_->AddFloats(values.floats());
@@ -38,6 +49,13 @@ absl::Status SyncRound::AddTwoBit(int rank, const Buffer& packed,
         decoded.mutable_floats());
     if (!s.ok()) return s;
     single_ = std::move(decoded);
+  } else if (mode_ == Mode::kArrival) {
+    if (arrival_.empty()) arrival_ = Buffer::Allocate(length_ * sizeof(float));
+    float* out = arrival_.mutable_floats();
+    if (count_ == 0) std::memset(out, 0, length_ * sizeof(float));
+    absl::Status s = compression::TwoBitDequantizeAdd(
+        packed.data(), packed.size(), length_, threshold, out);
+    if (!s.ok()) return s;
   } else {
     if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(length_);
     absl::Status s = sum_->AddTwoBit(packed.data(), packed.size(), threshold);
@@ -59,6 +77,8 @@ SyncRound::Sum SyncRound::Finish() {
     sum.push = std::move(single_);
     single_ = Buffer();
     sum.values = sum.push.floats();
+  } else if (mode_ == Mode::kArrival) {
+    sum.values = arrival_.floats();
   } else {
     sum.values = sum_->Finish();
   }

@@ -5,9 +5,11 @@
 //
 // Each push is added on arrival (a 2-bit push decoded straight in) and its
 // frame released, so a round holds one accumulator, not one push per worker:
-// memory does not grow with the number of workers. The sum is exact and
-// rounded once (ExactSum), so it is the same bits whatever order the pushes
-// arrive in. With one worker its push is the sum, without an accumulator.
+// memory does not grow with the number of workers. By default the sum is
+// exact and rounded once (ExactSum), so it is the same bits whatever order the
+// pushes arrive in; the "arrival" mode adds in float32 in arrival order
+// instead (half the memory, faster, not reproducible). With one worker its
+// push is the sum, without an accumulator.
 //
 //   SyncRound round(/*num_workers=*/3, /*length=*/n);
 //   if (!round.Contributed(rank))
@@ -35,8 +37,9 @@ namespace tessera {
 
 class SyncRound {
  public:
-  SyncRound(int num_workers, uint64_t length)
-      : length_(length), contributed_(num_workers, false) {}
+  enum class Mode { kExact, kArrival };
+  SyncRound(int num_workers, uint64_t length, Mode mode = Mode::kExact)
+      : length_(length), mode_(mode), contributed_(num_workers, false) {}
 
   // True when `rank` has contributed to the open round.
   bool Contributed(int rank) const { return contributed_[rank]; }
@@ -71,16 +74,20 @@ class SyncRound {
   std::vector<wire::Header> TakeRequests();
 
   // Bytes the round holds between rounds (the accumulator).
-  uint64_t bytes() const { return sum_ == nullptr ? 0 : sum_->bytes(); }
+  uint64_t bytes() const {
+    return sum_ != nullptr ? sum_->bytes() : arrival_.size();
+  }
 
  private:
   void Contribute(int rank, const wire::Header& request);
 
   const uint64_t length_;
+  const Mode mode_;
   std::vector<bool> contributed_;
   std::vector<wire::Header> requests_;
   int count_ = 0;
   std::unique_ptr<ExactSum> sum_;  // two or more workers; kept between rounds
+  Buffer arrival_;                 // Mode::kArrival: the float32 sum so far
   Buffer single_;                  // one worker: its push
 };
 

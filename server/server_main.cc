@@ -129,7 +129,11 @@ int main(int argc, char** argv) {
   tessera::KVServer server(options->num_workers, threads,
                            [&node](int peer, tessera::Message msg) {
                              return node->Send(peer, std::move(msg));
-                           });
+                           },
+                           tessera::WaitingLimits(),
+                           options->exact_sync_sum
+                               ? tessera::SyncRound::Mode::kExact
+                               : tessera::SyncRound::Mode::kArrival);
   tessera::Node::Callbacks callbacks;
   callbacks.on_data = [&server, &checkpointer](tessera::Message&& msg) {
     if (checkpointer != nullptr) checkpointer->MaybeWrite();

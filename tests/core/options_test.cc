@@ -181,7 +181,30 @@ INSTANTIATE_TEST_SUITE_P(
                 "PS_DROP_MSG='100': expected a percentage in 0..99"},
         BadCase{"TESSERA_MAX_MESSAGE_BYTES", "10",
                 "TESSERA_MAX_MESSAGE_BYTES='10': expected a number of bytes "
-                "in 1048576..2^40"}));
+                "in 1048576..2^40"},
+        BadCase{"TESSERA_CHUNK_BYTES", "100",
+                "TESSERA_CHUNK_BYTES='100': expected a number of bytes in "
+                "4096..2^30"},
+        BadCase{"TESSERA_SYNC_SUM", "fast",
+                "TESSERA_SYNC_SUM='fast': expected exact or arrival"}));
+
+TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
+  std::map<std::string, std::string> env = {
+      {"DMLC_ROLE", "server"},       {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+      {"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_SERVER", "1"},
+      {"DMLC_NUM_WORKER", "1"}};
+  absl::StatusOr<Options> o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->chunk_bytes, 1 << 20);
+  EXPECT_EQ(o->max_frame_bytes, int64_t{1} << 30);
+  EXPECT_TRUE(o->exact_sync_sum);
+  env["TESSERA_CHUNK_BYTES"] = "65536";
+  env["TESSERA_SYNC_SUM"] = "arrival";
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->chunk_bytes, 65536);
+  EXPECT_FALSE(o->exact_sync_sum);
+}
 
 }  // namespace
 }  // namespace tessera

@@ -30,8 +30,9 @@ using ::testing::HasSubstr;
 // A server and the replies it sent, by recipient.
 class ServerHarness {
  public:
-  explicit ServerHarness(int num_workers, int threads = 2,
-                         WaitingLimits limits = WaitingLimits())
+  explicit ServerHarness(
+      int num_workers, int threads = 2, WaitingLimits limits = WaitingLimits(),
+      SyncRound::Mode sum_mode = SyncRound::Mode::kExact)
       : server_(
             num_workers, threads,
             [this](int peer, Message msg) {
@@ -41,7 +42,7 @@ class ServerHarness {
               replies_.push_back(std::move(msg));
               return absl::OkStatus();
             },
-            limits) {}
+            limits, sum_mode) {}
 
   KVServer& server() { return server_; }
 
@@ -199,6 +200,30 @@ TEST(KVServerTest, RoundSumIsTheSameBitsInAnyArrivalOrder) {
               0)
         << "trial " << trial;
   }
+}
+
+TEST(KVServerTest, ArrivalModeSumsInFloat32) {
+  ServerHarness h(/*num_workers=*/3, /*threads=*/1, WaitingLimits(),
+                  SyncRound::Mode::kArrival);
+  h.server().Handle(Init(2, {0, 0}));
+  ExpectOk(h);
+  h.server().Handle(Push(1, 2, 0, {2, 20}));
+  h.server().Handle(Push(0, 2, 0, {1, 10}));
+  h.server().Handle(Push(2, 2, 0, {3, 30}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 2, 2), (std::vector<float>{6, 60}));
+  // Arrival order shows in the last bits: 1e8 + 1 - 1e8 is 0 in float32 when
+  // the big values come first.
+  h.server().Handle(Push(0, 2, 1, {1e8f, 1}));
+  h.server().Handle(Push(2, 2, 1, {-1e8f, 1}));
+  h.server().Handle(Push(1, 2, 1, {1, 1}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 2, 2), (std::vector<float>{1, 3}));
+  h.server().Handle(Push(0, 2, 2, {1e8f, 1}));
+  h.server().Handle(Push(1, 2, 2, {1, 1}));
+  h.server().Handle(Push(2, 2, 2, {-1e8f, 1}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 2, 2), (std::vector<float>{0, 3}));
 }
 
 TEST(KVServerTest, PullAfterOwnPushWaitsForTheRound) {

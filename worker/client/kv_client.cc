@@ -13,9 +13,18 @@
 namespace tessera {
 namespace {
 
-// Slices of one push a worker keeps in flight per server (when a key has more
-// on one server): what a server may hold for a worker's push in flight.
-constexpr int kPushWindow = 4;
+// What the workers of a job together keep in flight to one server of one
+// big push, in bytes: each worker's share, in slices, is its window (at least
+// one). A server therefore holds about this much of a push in flight however
+// many workers push at once.
+constexpr int64_t kServerInflightBytes = int64_t{64} << 20;
+
+int PushWindow(const Options& options) {
+  const int64_t share =
+      kServerInflightBytes /
+      (int64_t{std::max(1, options.num_workers)} * options.chunk_bytes);
+  return static_cast<int>(std::clamp<int64_t>(share, 1, 64));
+}
 
 // The tag of the workers' barrier that ends the init of `key`.
 std::string InitBarrier(uint64_t key) { return absl::StrCat("init ", key); }
@@ -53,7 +62,7 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   tracking.resend_retries = options_.resend_retries;
   tracking.request_timeout = options_.request_timeout;
   tracking.first_request_id = FirstRequestId(options_.restart_count);
-  tracking.window = kPushWindow;
+  tracking.window = PushWindow(options_);
   tracker_ = std::make_unique<RequestTracker>(
       tracking,
       [this](int server, Message msg) {
@@ -198,7 +207,7 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
   std::map<int, int> slices_per_server;
   bool windowed = false;
   for (const KeyPart& part : parts)
-    windowed |= ++slices_per_server[part.server_rank] > kPushWindow;
+    windowed |= ++slices_per_server[part.server_rank] > PushWindow(options_);
   {
     absl::MutexLock lock(&mu_);
     if (keys_.count(key) != 0) {
