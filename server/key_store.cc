@@ -37,6 +37,7 @@ void StoredKey::ApplyUpdate(const Optimizer& optimizer, const float* grad) {
   for (auto& v : optimizer_state) state.push_back(v.data());
   optimizer.Update(weights.mutable_floats(), grad, length, state.data(),
                    ++steps);
+  WeightsChanged();
 }
 
 void StoredKey::Snapshot(wire::CheckpointKey* out) const {

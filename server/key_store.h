@@ -26,6 +26,7 @@
 #include "proto/tessera.pb.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
+#include "server/pull_shadow.h"
 #include "server/round_engine.h"
 
 namespace tessera {
@@ -41,6 +42,10 @@ struct StoredKey {
   // Applies `optimizer` with `grad` (length floats): weights, state, steps.
   // Copy on write: a pull reply may still be sending the current weights.
   void ApplyUpdate(const Optimizer& optimizer, const float* grad);
+  // The weights were replaced or updated: compressed pulls make a new version.
+  void WeightsChanged() {
+    if (pull_shadow != nullptr) pull_shadow->MarkChanged();
+  }
   // The key as a checkpoint holds it. A push of the open dist_sync round is
   // not in the weights, so it is not counted: the worker sends it again after
   // a restore.
@@ -58,6 +63,8 @@ struct StoredKey {
   SyncRound round;
   WaitingMessages waiting;
   bool progress = false;  // the waiting messages may have work to replay
+  // What workers pulling compressed hold (made on the first such pull).
+  std::unique_ptr<PullShadow> pull_shadow;
 };
 
 class KeyStore {

@@ -3,8 +3,10 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/bounded_queue.h"
 #include "common/compression/two_bit.h"
 #include "common/logging.h"
@@ -59,7 +61,11 @@ struct KVServer::Shard {
 
 KVServer::KVServer(int num_workers, int num_threads, SendFn send,
                    WaitingLimits limits, SyncRound::Mode sum_mode)
-    : num_workers_(num_workers), send_(std::move(send)), limits_(limits) {
+    : num_workers_(num_workers),
+      send_(std::move(send)),
+      limits_(limits),
+      chain_rng_(std::random_device()() ^
+                 static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) {
   if (num_threads < 1) num_threads = 1;
   for (int i = 0; i < num_threads; ++i)
     shards_.push_back(std::make_unique<Shard>(num_workers, limits, sum_mode));
@@ -109,8 +115,8 @@ void KVServer::Acknowledge(const Message& request) {
   (void)send_(request.header.sender(), std::move(ack));
 }
 
-void KVServer::Reply(const Message& request, const absl::Status& status,
-                     Buffer values, const StoredKey* key) {
+Message KVServer::NewReply(const Message& request, const absl::Status& status,
+                           const StoredKey* key) {
   Message reply;
   reply.header.set_command(request.header.command());
   reply.header.set_request_id(request.header.request_id());
@@ -132,12 +138,31 @@ void KVServer::Reply(const Message& request, const absl::Status& status,
   }
   if (request.header.command() == wire::KV_STATS)
     *reply.header.mutable_kv_stats() = stats();
-  if (!values.empty()) AddFloatFrame(&reply, std::move(values));
+  return reply;
+}
+
+void KVServer::SendReply(const Message& request, Message reply) {
   absl::Status sent = send_(request.header.sender(), std::move(reply));
   if (!sent.ok()) {
     TESSERA_LOG(WARNING) << "reply to node " << request.header.sender() << ": "
                          << sent.message();
   }
+}
+
+void KVServer::Reply(const Message& request, const absl::Status& status,
+                     Buffer values, const StoredKey* key) {
+  Message reply = NewReply(request, status, key);
+  if (!values.empty()) AddFloatFrame(&reply, std::move(values));
+  SendReply(request, std::move(reply));
+}
+
+uint64_t KVServer::NewChain() {
+  absl::MutexLock lock(&chain_mu_);
+  uint64_t chain;
+  do {
+    chain = chain_rng_();
+  } while (chain == 0);
+  return chain;
 }
 
 void KVServer::Handle(Message&& msg) {
@@ -441,6 +466,14 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
     const int rank = RankOfId(msg.header.sender());
     if (key->sync && key->round.Contributed(rank))
       return false;  // sees this round's result
+    if (msg.header.pull_compressed()) {
+      if (key->pull_shadow == nullptr)
+        key->pull_shadow = std::make_unique<PullShadow>(key->weights, NewChain());
+      Message reply = NewReply(msg, absl::OkStatus(), key);
+      key->pull_shadow->Answer(key->weights, msg.header, &reply);
+      SendReply(msg, std::move(reply));
+      return true;
+    }
     Reply(msg, absl::OkStatus(), key->weights);
     return true;
   }
@@ -551,15 +584,18 @@ void KVServer::CompleteRound(StoredKey* key) {
   SyncRound::Sum sum = key->round.Finish();
   if (s.optimizer != nullptr) {
     key->ApplyUpdate(*s.optimizer, sum.values);
-  } else if (!sum.push.empty()) {
-    key->weights = std::move(sum.push);  // one worker: its push is the value
-  } else if (key->weights.unique()) {
-    // The store becomes the round's sum (all-reduce).
-    std::memcpy(key->weights.mutable_floats(), sum.values,
-                key->length * sizeof(float));
   } else {
-    // A pull reply still sends the old value: copy on write.
-    key->weights = Buffer::CopyOf(sum.values, key->length * sizeof(float));
+    if (!sum.push.empty()) {
+      key->weights = std::move(sum.push);  // one worker: its push is the value
+    } else if (key->weights.unique()) {
+      // The store becomes the round's sum (all-reduce).
+      std::memcpy(key->weights.mutable_floats(), sum.values,
+                  key->length * sizeof(float));
+    } else {
+      // A pull reply still sends the old value: copy on write.
+      key->weights = Buffer::CopyOf(sum.values, key->length * sizeof(float));
+    }
+    key->WeightsChanged();
   }
   // Like pushes, a round of a key counts once, on its first slice here.
   if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++rounds_applied_;
@@ -569,6 +605,9 @@ void KVServer::CompleteRound(StoredKey* key) {
     Reply(request, absl::OkStatus(),
           h.command() == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
   }
+  // Every worker pulls after a round: its compressed version is made now,
+  // while the replies travel, not when the first pull comes.
+  if (key->pull_shadow != nullptr) key->pull_shadow->CatchUp(key->weights);
   key->progress = true;
 }
 
@@ -632,6 +671,23 @@ void KVServer::MarkDurable(std::shared_ptr<const wire::ServerCheckpoint> saved) 
       }
     });
   }
+}
+
+std::pair<std::vector<float>, uint64_t> KVServer::ShadowForTesting(
+    uint64_t key, uint64_t offset) {
+  absl::Notification done;
+  std::pair<std::vector<float>, uint64_t> out;
+  Post(ShardOf(key), [&](Shard* shard) {
+    StoredKey* k = shard->store.Find(key, offset);
+    if (k != nullptr && k->pull_shadow != nullptr) {
+      const Buffer& s = k->pull_shadow->shadow();
+      out.first.assign(s.floats(), s.floats() + s.num_floats());
+      out.second = k->pull_shadow->version();
+    }
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return out;
 }
 
 absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {

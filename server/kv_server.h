@@ -32,10 +32,12 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <random>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -96,6 +98,12 @@ class KVServer {
 
   wire::KVStats stats() const;
 
+  // For tests: the compressed-pull shadow of a key slice and its version
+  // (empty when none was made), read between messages on its update thread.
+  // REQUIRES: the server is not stopped.
+  std::pair<std::vector<float>, uint64_t> ShadowForTesting(uint64_t key,
+                                                           uint64_t offset);
+
  private:
   struct Shard;
   struct Settings {
@@ -130,6 +138,13 @@ class KVServer {
   void HandleSettings(Message&& msg);
   void Reply(const Message& request, const absl::Status& status,
              Buffer values = Buffer(), const StoredKey* key = nullptr);
+  // A reply to `request` without data frames, and its sending.
+  Message NewReply(const Message& request, const absl::Status& status,
+                   const StoredKey* key);
+  void SendReply(const Message& request, Message reply);
+  // A chain id for a key slice's compressed pulls: random, so a restarted
+  // server's chains never match what workers hold from its earlier life.
+  uint64_t NewChain();
   // Tells the sender its request arrived and is waiting; the reply follows.
   void Acknowledge(const Message& request);
   // Checks a push's payload against its key and the settings.
@@ -168,6 +183,8 @@ class KVServer {
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<bool> stopped_{false};
+  absl::Mutex chain_mu_;
+  std::mt19937_64 chain_rng_ ABSL_GUARDED_BY(chain_mu_);
   std::function<void()> on_workers_finished_;
   std::set<int> finished_workers_;  // ranks; Handle's thread only
 };

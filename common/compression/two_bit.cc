@@ -371,4 +371,10 @@ absl::Status TwoBitDequantizeAdd(const uint8_t* in, size_t in_bytes, size_t len,
   return Decode</*kAdd=*/true>(in, in_bytes, len, threshold, out);
 }
 
+absl::Status TwoBitValidate(const uint8_t* in, size_t in_bytes, size_t len,
+                            float threshold) {
+  const float unused = 0;
+  return ValidatePayload(in, in_bytes, len, threshold, &unused);
+}
+
 }  // namespace tessera::compression

@@ -69,6 +69,10 @@ absl::Status TwoBitDequantize(const uint8_t* in, size_t in_bytes, size_t len,
 absl::Status TwoBitDequantizeAdd(const uint8_t* in, size_t in_bytes, size_t len,
                                  float threshold, float* out);
 
+// The checks of TwoBitDequantize alone: OK exactly when it would decode.
+absl::Status TwoBitValidate(const uint8_t* in, size_t in_bytes, size_t len,
+                            float threshold);
+
 }  // namespace tessera::compression
 
 #endif  // TESSERA_COMMON_COMPRESSION_TWO_BIT_H_

@@ -67,6 +67,10 @@ int tessera_kv_set_optimizer(TesseraKV* kv, const char* spec);
 /* "2bit" (threshold > 0) or "none". Before any init. */
 int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type,
                                         float threshold);
+/* "2bit" or "none" (the default): pulls bring the change of the weights since
+ * this worker's last pull, 2-bit coded, into a copy this worker keeps (see
+ * KVWorker::SetPullCompression). Before any init. */
+int tessera_kv_set_pull_compression(TesseraKV* kv, const char* type);
 /* Barrier of the workers, then leaves the job and frees kv (also on failure).
  */
 int tessera_kv_close(TesseraKV* kv);

@@ -44,7 +44,9 @@ using OpHandle = uint64_t;
 struct KVWorkerStats {
   uint64_t bytes_pushed =
       0;  // payload bytes sent in pushes (after compression)
-  uint64_t bytes_pulled = 0;  // payload bytes received in pulls
+  uint64_t bytes_pulled = 0;  // payload bytes received in pulls (on the wire)
+  // What the pulls stand for as float32 (bytes_pulled without compression).
+  uint64_t bytes_pulled_float32 = 0;
   uint64_t pushes = 0;
   uint64_t pulls = 0;
   uint64_t resends = 0;  // requests sent again after no answer in time
@@ -73,6 +75,18 @@ class KVWorker {
   // REQUIRES: before the first Init.
   virtual absl::Status SetGradientCompression(const std::string& type,
                                               float threshold) = 0;
+
+  // Sets pull compression: "2bit" or "none" (the default). With "2bit" a pull
+  // brings only the change of the weights since this worker's last pull,
+  // 2-bit coded against a threshold the server chooses per change; the server
+  // keeps what it has not sent yet for later pulls (error feedback), and this
+  // worker keeps its own copy of each key (its memory: one copy of the
+  // weights), which is exactly what the server believes it holds. The first
+  // pull of a key, and any pull after a server or this worker restarted,
+  // brings the server's copy whole. A pull therefore returns the weights as
+  // the compression has brought them so far, not the server's exact weights.
+  // Pushpull replies stay float32. REQUIRES: before the first Init.
+  virtual absl::Status SetPullCompression(const std::string& type) = 0;
 
   // Declares `key` with the length of `value`. Every worker calls Init for the
   // same keys in the same order; rank 0's value is stored. Returns after a

@@ -5,8 +5,11 @@
 #include "worker/client/kv_client.h"
 
 #include <atomic>
+#include <cstring>
+#include <map>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -24,11 +27,13 @@ namespace {
 using ::testing::HasSubstr;
 
 // Loses every `every`-th data reply it receives (the first one included), as
-// connections killed under them would.
+// connections killed under them would; with `repeat_every`, also delivers
+// every repeat_every-th one twice, as a resend answered twice would.
 class LossyTransport : public Transport {
  public:
-  LossyTransport(std::unique_ptr<Transport> inner, int every)
-      : inner_(std::move(inner)), every_(every) {}
+  LossyTransport(std::unique_ptr<Transport> inner, int every,
+                 int repeat_every = 0)
+      : inner_(std::move(inner)), every_(every), repeat_every_(repeat_every) {}
   absl::StatusOr<int> Bind(const std::string& ip, int port) override {
     return inner_->Bind(ip, port);
   }
@@ -40,15 +45,29 @@ class LossyTransport : public Transport {
     return inner_->Send(peer, msg);
   }
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    if (again_.has_value()) {
+      Message m = *std::move(again_);
+      again_.reset();
+      return m;
+    }
     while (true) {
       absl::StatusOr<Message> msg = inner_->Receive(timeout);
       if (!msg.ok() || msg->header.plane() != wire::DATA ||
-          msg->header.ack_only() || seen_++ % every_ != 0) {
+          msg->header.ack_only()) {
+        return msg;
+      }
+      const int n = seen_++;
+      if (n % every_ != 0) {
+        if (repeat_every_ > 0 && n % repeat_every_ == 1) {
+          again_ = *msg;
+          ++repeated_;
+        }
         return msg;
       }
       ++lost_;
     }
   }
+  int repeated() const { return repeated_.load(); }
   uint64_t malformed_count() const override {
     return inner_->malformed_count();
   }
@@ -58,8 +77,11 @@ class LossyTransport : public Transport {
  private:
   std::unique_ptr<Transport> inner_;
   const int every_;
+  const int repeat_every_;
   int seen_ = 0;  // Receive runs on one thread
+  std::optional<Message> again_;
   std::atomic<int> lost_{0};
+  std::atomic<int> repeated_{0};
 };
 
 Options JobOptions(int servers, int workers) {
@@ -102,6 +124,11 @@ class InProcessCluster {
   // Sums of every server's counters.
   uint64_t duplicates() const { return duplicates_.load(); }
   uint64_t pushes_applied() const { return pushes_.load(); }
+  // Runs on each server's thread after the job ended, before it stops.
+  void BeforeStop(std::function<void(KVServer&)> hook) {
+    absl::MutexLock lock(&hook_mu_);
+    before_stop_ = std::move(hook);
+  }
 
  private:
   void RunServer() {
@@ -121,6 +148,10 @@ class InProcessCluster {
     node->StartDelivery();
     EXPECT_TRUE(node->WaitForTerminate().ok());
     node->Stop();
+    {
+      absl::MutexLock lock(&hook_mu_);
+      if (before_stop_) before_stop_(server);
+    }
     server.Stop();
     duplicates_ += server.stats().duplicates();
     pushes_ += server.stats().pushes_applied();
@@ -134,6 +165,8 @@ class InProcessCluster {
   std::vector<std::thread> server_threads_;
   std::atomic<uint64_t> duplicates_{0};
   std::atomic<uint64_t> pushes_{0};
+  absl::Mutex hook_mu_;
+  std::function<void(KVServer&)> before_stop_ ABSL_GUARDED_BY(hook_mu_);
 };
 
 // Runs `body` as each of `workers` clients, concurrently; returns their
@@ -257,7 +290,7 @@ TEST(KVClientTest, ErrorsReachTheCallerAndTheClusterKeepsServing) {
   EXPECT_TRUE(cluster.JoinScheduler().ok());
 }
 
-TEST(KVClientTest, RestartedWorkerResumesAtItsRound) {
+void RestartedWorkerResumes(bool compressed_pulls) {
   MemoryNetwork net;
   Options options = JobOptions(/*servers=*/2, /*workers=*/2);
   options.heartbeat_timeout = absl::Seconds(10);  // the restart comes sooner
@@ -277,6 +310,10 @@ TEST(KVClientTest, RestartedWorkerResumesAtItsRound) {
         KVClient::Create(mine, /*sync=*/true, net.NewTransport());
     if (!kv.ok()) return kv.status();
     std::vector<float> w(1500, 0.0f);  // split over both servers
+    if (compressed_pulls) {
+      if (absl::Status s = (*kv)->SetPullCompression("2bit"); !s.ok())
+        return s;
+    }
     if (life == 0) {
       if (absl::Status s = (*kv)->SetOptimizer("sgd lr=-1"); !s.ok()) return s;
     }
@@ -287,6 +324,12 @@ TEST(KVClientTest, RestartedWorkerResumesAtItsRound) {
       if (absl::Status s = (*kv)->Push(kKey, g); !s.ok()) return s;
       if (absl::Status s = (*kv)->Pull(kKey, absl::MakeSpan(w)); !s.ok())
         return s;
+      if (compressed_pulls && life == 1 && static_cast<uint64_t>(r) == resumed[index]) {
+        // A new life has no copy: its first pull brings the servers' whole.
+        const KVWorkerStats st = (*kv)->stats();
+        EXPECT_EQ(st.bytes_pulled, st.bytes_pulled_float32);
+        EXPECT_EQ(st.bytes_pulled_float32, w.size() * sizeof(float));
+      }
     }
     *out = w;
     if (to < kRounds) return absl::OkStatus();  // dies without closing
@@ -304,14 +347,140 @@ TEST(KVClientTest, RestartedWorkerResumesAtItsRound) {
   EXPECT_TRUE(results[0].ok()) << results[0];
   EXPECT_TRUE(results[1].ok()) << results[1];
   EXPECT_EQ(resumed[1], static_cast<uint64_t>(kDieAfter));
-  // Each round adds 2 x (r + 1); nothing applied twice.
+  // Each round adds 2 x (r + 1); nothing applied twice. (With compressed
+  // pulls the workers hold the servers' shadow, which follows the weights
+  // with 2-bit steps; both lives' copies agree with it and each other.)
   float want = 0;
   for (int r = 0; r < kRounds; ++r) want += 2.0f * (r + 1);
   ASSERT_EQ(final0.size(), 1500u);
-  for (float v : final0) ASSERT_EQ(v, want);
+  if (!compressed_pulls) {
+    for (float v : final0) ASSERT_EQ(v, want);
+  }
   EXPECT_EQ(final1, final0);
   EXPECT_EQ(cluster.pushes_applied(), 2u * kRounds * 2);
   EXPECT_TRUE(cluster.JoinScheduler().ok());
+}
+
+TEST(KVClientTest, RestartedWorkerResumesAtItsRound) {
+  RestartedWorkerResumes(/*compressed_pulls=*/false);
+}
+
+TEST(KVClientTest, RestartedWorkerResynchronisesWithAWholePull) {
+  RestartedWorkerResumes(/*compressed_pulls=*/true);
+}
+
+// Deterministic gradients: the same for a (rank, round, i) in every run.
+float Gradient(int rank, int round, size_t i) {
+  uint32_t x = static_cast<uint32_t>(rank * 7919 + round * 104729 + i * 31);
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  return (static_cast<float>(x % 2001) - 1000.0f) * 1e-3f;
+}
+
+// Compressed pulls in a job with lossy, repeating links: every worker's copy
+// ends equal to the servers' shadows, bit for bit, for a key split over both
+// servers and a small one.
+void CompressedPullsMatchTheShadows(bool sync) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/2, /*workers=*/3);
+  InProcessCluster cluster(net, options);
+  constexpr uint64_t kBig = 7, kSmall = 8;
+  constexpr size_t kBigLen = 2500, kSmallLen = 30;  // kBig: 1250 per server
+  constexpr int kRounds = 25;
+  std::vector<std::vector<float>> big(3), small(3);
+  std::vector<LossyTransport*> lossy(3);
+  std::vector<uint64_t> pulled(3), pulled_float32(3);
+  absl::Mutex mu;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<float>> shadows;
+  cluster.BeforeStop([&](KVServer& server) {
+    for (auto [key, offset] : {std::pair<uint64_t, uint64_t>{kBig, 0},
+                               {kBig, 1250},
+                               {kSmall, 0}}) {
+      auto [values, version] = server.ShadowForTesting(key, offset);
+      if (values.empty()) continue;
+      EXPECT_GT(version, 1u);
+      absl::MutexLock lock(&mu);
+      shadows[{key, offset}] = values;
+    }
+  });
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, sync,
+      [&](KVClient& kv) -> absl::Status {
+        const int r = kv.rank();
+        if (absl::Status s = kv.SetPullCompression("2bit"); !s.ok()) return s;
+        if (absl::Status s =
+                kv.SetOptimizer(sync ? "sgd lr=0.1 momentum=0.9" : "sgd lr=0.05");
+            !s.ok()) {
+          return s;
+        }
+        std::vector<float> b(kBigLen), m(kSmallLen);
+        for (size_t i = 0; i < kBigLen; ++i) b[i] = Gradient(r, -1, i);
+        for (size_t i = 0; i < kSmallLen; ++i) m[i] = Gradient(r, -2, i);
+        if (absl::Status s = kv.Init(kBig, b); !s.ok()) return s;
+        if (absl::Status s = kv.Init(kSmall, m); !s.ok()) return s;
+        for (int round = 0; round < kRounds; ++round) {
+          std::vector<float> gb(kBigLen), gm(kSmallLen);
+          for (size_t i = 0; i < kBigLen; ++i) gb[i] = Gradient(r, round, i);
+          for (size_t i = 0; i < kSmallLen; ++i) gm[i] = Gradient(r, round, i);
+          if (absl::Status s = kv.Push(kBig, gb); !s.ok()) return s;
+          if (absl::Status s = kv.Push(kSmall, gm); !s.ok()) return s;
+          if (absl::Status s = kv.Pull(kBig, absl::MakeSpan(b)); !s.ok())
+            return s;
+          if (absl::Status s = kv.Pull(kSmall, absl::MakeSpan(m)); !s.ok())
+            return s;
+        }
+        // Every push is in: two more pulls bring every copy to the last
+        // version (the first may only catch up to the newest version there
+        // was; the second is at the newest, or makes the last one).
+        if (absl::Status s = kv.Barrier(); !s.ok()) return s;
+        for (int again = 0; again < 2; ++again) {
+          if (absl::Status s = kv.Pull(kBig, absl::MakeSpan(b)); !s.ok())
+            return s;
+          if (absl::Status s = kv.Pull(kSmall, absl::MakeSpan(m)); !s.ok())
+            return s;
+        }
+        big[r] = b;
+        small[r] = m;
+        pulled[r] = kv.stats().bytes_pulled;
+        pulled_float32[r] = kv.stats().bytes_pulled_float32;
+        return absl::OkStatus();
+      },
+      [&](int i) -> std::unique_ptr<Transport> {
+        auto t = std::make_unique<LossyTransport>(net.NewTransport(), 7, 5);
+        lossy[i] = t.get();
+        return t;
+      });
+  for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  // The servers' threads end after the scheduler's; the hook ran in them.
+  absl::SleepFor(absl::Milliseconds(200));
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(shadows.size(), 3u);
+  std::vector<float> want_big = shadows[{kBig, 0}];
+  const std::vector<float>& upper = shadows[{kBig, 1250}];
+  want_big.insert(want_big.end(), upper.begin(), upper.end());
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(big[r].size(), kBigLen);
+    EXPECT_EQ(std::memcmp(big[r].data(), want_big.data(), kBigLen * 4), 0)
+        << "rank " << r;
+    EXPECT_EQ(std::memcmp(small[r].data(), shadows[{kSmall, 0}].data(),
+                          kSmallLen * 4),
+              0)
+        << "rank " << r;
+    // Every pull but the first of each slice was 2-bit: about 1/16.
+    EXPECT_LT(pulled[r] * 8, pulled_float32[r]) << "rank " << r;
+    EXPECT_GT(lossy[r]->lost(), 0) << "rank " << r;
+    EXPECT_GT(lossy[r]->repeated(), 0) << "rank " << r;
+  }
+}
+
+TEST(KVClientTest, CompressedPullCopiesEqualTheShadowsInDistSync) {
+  CompressedPullsMatchTheShadows(/*sync=*/true);
+}
+
+TEST(KVClientTest, CompressedPullCopiesEqualTheShadowsInDistAsync) {
+  CompressedPullsMatchTheShadows(/*sync=*/false);
 }
 
 }  // namespace

@@ -158,6 +158,12 @@ int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type,
   return Result(kv->worker->SetGradientCompression(type, threshold));
 }
 
+int tessera_kv_set_pull_compression(TesseraKV* kv, const char* type) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (type == nullptr) return NullArgument("type");
+  return Result(kv->worker->SetPullCompression(type));
+}
+
 int tessera_kv_close(TesseraKV* kv) {
   if (kv == nullptr) return NullArgument("kv");
   const absl::Status status = kv->worker->Close();

@@ -195,6 +195,21 @@ absl::Status KVClient::SetGradientCompression(const std::string& type,
   return absl::OkStatus();
 }
 
+absl::Status KVClient::SetPullCompression(const std::string& type) {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  if (type != "2bit" && type != "none") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pull compression type '", type, "': expected 2bit or none"));
+  }
+  if (HaveKeys()) {
+    return absl::FailedPreconditionError(
+        "pull compression must be set before the first init");
+  }
+  absl::MutexLock lock(&mu_);
+  pull_two_bit_ = type == "2bit";
+  return absl::OkStatus();
+}
+
 absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
   if (value.empty()) {
@@ -219,6 +234,10 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
     info.parts = parts;
     info.windowed = windowed;
     if (two_bit_) info.residual.assign(value.size(), 0.0f);
+    if (pull_two_bit_) {
+      for (const KeyPart& part : parts)
+        info.pulled.push_back(std::make_shared<PulledCopy>(part.length));
+    }
   }
   replay_log_.DeclareKey(key, parts);
   auto forget = [&] {
@@ -421,14 +440,40 @@ absl::StatusOr<OpHandle> KVClient::PullAsync(uint64_t key,
   TESSERA_RETURN_IF_ERROR(CheckOpen());
   TESSERA_RETURN_IF_ERROR(CheckKey(key, out.size(), "pull"));
   const uint64_t op = tracker_->NewOp();
-  const std::vector<KeyPart> parts = Parts(key);
+  std::vector<KeyPart> parts;
+  std::vector<std::shared_ptr<PulledCopy>> copies;
+  {
+    absl::MutexLock lock(&mu_);
+    parts = keys_.at(key).parts;
+    copies = keys_.at(key).pulled;
+    ++stats_.pulls;
+  }
   for (size_t i = 0; i < parts.size(); ++i) {
     const KeyPart& part = parts[i];
-    SendPart(op, part, SliceMessage(wire::KV_PULL, key, part, out.size()),
-             out.data() + part.offset, {key, i, true});
+    Message msg = SliceMessage(wire::KV_PULL, key, part, out.size());
+    float* at = out.data() + part.offset;
+    if (copies.empty()) {
+      SendPart(op, part, std::move(msg), at, {key, i, true});
+      continue;
+    }
+    // Compressed: the reply brings this worker's copy forward, which then
+    // goes to the caller's buffer.
+    std::shared_ptr<PulledCopy> copy = copies[i];
+    msg.header.set_pull_compressed(true);
+    msg.header.set_pull_chain(copy->chain());
+    msg.header.set_pull_version(copy->version());
+    RequestTracker::Request request;
+    request.op = op;
+    request.server = ServerId(part.server_rank);
+    request.length = part.length;
+    request.part = {key, i, true};
+    request.on_reply = [copy, at](const Message& reply) {
+      absl::Status applied = copy->Apply(reply);
+      if (applied.ok()) copy->CopyTo(at);
+      return applied;
+    };
+    tracker_->Send(request, std::move(msg));
   }
-  absl::MutexLock lock(&mu_);
-  ++stats_.pulls;
   return op;
 }
 
@@ -465,6 +510,7 @@ KVWorkerStats KVClient::stats() const {
     s = stats_;
   }
   s.bytes_pulled = tracker_->bytes_pulled();
+  s.bytes_pulled_float32 = tracker_->bytes_pulled_float32();
   s.resends = tracker_->resends();
   return s;
 }

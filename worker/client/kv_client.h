@@ -48,6 +48,7 @@
 #include "tessera/kv_worker.h"
 #include "worker/client/device_push.h"
 #include "worker/client/key_partitioner.h"
+#include "worker/client/pulled_copy.h"
 #include "worker/client/replay_log.h"
 #include "worker/client/request_tracker.h"
 
@@ -71,6 +72,7 @@ class KVClient : public KVWorker {
   absl::Status SetOptimizer(const std::string& spec) override;
   absl::Status SetGradientCompression(const std::string& type,
                                       float threshold) override;
+  absl::Status SetPullCompression(const std::string& type) override;
   absl::Status Init(uint64_t key, absl::Span<const float> value) override;
   uint64_t ResumeRound() override;
   absl::StatusOr<OpHandle> PushAsync(uint64_t key,
@@ -97,6 +99,8 @@ class KVClient : public KVWorker {
     bool windowed = false;
     uint64_t next_seq = 0;        // push_seq of the next push
     std::vector<float> residual;  // 2-bit error feedback, host pushes
+    // Per slice, this worker's copy for compressed pulls.
+    std::vector<std::shared_ptr<PulledCopy>> pulled;
   };
   // Makes the payload of one part of a push; `op` owns borrowed frames.
   using PayloadFn =
@@ -152,6 +156,7 @@ class KVClient : public KVWorker {
   mutable absl::Mutex mu_;
   std::map<uint64_t, KeyInfo> keys_ ABSL_GUARDED_BY(mu_);
   bool two_bit_ ABSL_GUARDED_BY(mu_) = false;
+  bool pull_two_bit_ ABSL_GUARDED_BY(mu_) = false;
   float threshold_ ABSL_GUARDED_BY(mu_) = 0;
   // A restarted worker's push numbering: kPending once an Init learned a
   // count from the servers, kSettled after SettleResumeLocked.

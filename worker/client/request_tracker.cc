@@ -271,12 +271,20 @@ void RequestTracker::HandleReply(Message&& msg) {
   // Keeps a copy for a replay while the request's borrowed frames still pin
   // the operation (its caller cannot have reused the memory yet).
   if (on_answered_) on_answered_(answered, h);
+  absl::Status reply_status = FromWire(h.status());
+  if (reply_status.ok() && answered.request.on_reply) {
+    reply_status = answered.request.on_reply(msg);
+    if (reply_status.ok()) {
+      for (const Buffer& b : msg.data) bytes_pulled_ += b.size();
+      bytes_pulled_float32_ += answered.request.length * sizeof(float);
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     auto found = op_id == 0 ? ops_.end() : ops_.find(op_id);
     if (found != ops_.end()) {  // gone: its Wait gave up at the deadline
       Op& op = found->second;
-      absl::Status status = FromWire(h.status());
+      absl::Status status = reply_status;
       if (status.ok() && answered.request.rejoin)
         op.resume_seq = std::min(op.resume_seq, h.push_seq());
       if (status.ok() && answered.request.out != nullptr) {
@@ -288,6 +296,7 @@ void RequestTracker::HandleReply(Message&& msg) {
                            answered.request.length, " float values"));
         } else {
           bytes_pulled_ += msg.data[0].size();
+          bytes_pulled_float32_ += msg.data[0].size();
           op.pulled.push_back(
               PulledFrame{answered.request.out, std::move(msg.data[0])});
         }

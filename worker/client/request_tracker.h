@@ -79,6 +79,10 @@ class RequestTracker {
     // Held back while Options::window requests of the same operation to the
     // same server are out and not yet taken (the slices of one big push).
     bool windowed = false;
+    // Takes a successful reply in place of `out` (a compressed pull): called
+    // on the thread of HandleReply, before the operation completes; its error
+    // is the request's.
+    std::function<absl::Status(const Message& reply)> on_reply;
   };
   struct Answered {
     Request request;
@@ -121,7 +125,11 @@ class RequestTracker {
   void ResendNowTo(int server);
 
   uint64_t resends() const { return resends_.load(); }
+  // Pulled bytes on the wire, and what they stand for as float32.
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
+  uint64_t bytes_pulled_float32() const {
+    return bytes_pulled_float32_.load();
+  }
 
  private:
   struct PulledFrame {
@@ -167,6 +175,7 @@ class RequestTracker {
   std::atomic<uint64_t> next_request_;
   std::atomic<uint64_t> resends_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
+  std::atomic<uint64_t> bytes_pulled_float32_{0};
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);

@@ -95,9 +95,12 @@ std::string MetricsJson(const TrainFlags& flags, MlpDevice device,
                         train_time > 0 ? t.samples / train_time : 0.0);
   absl::StrAppendFormat(&json, ", \"bytes_pushed\": %d", stats.bytes_pushed);
   absl::StrAppendFormat(&json, ", \"bytes_pulled\": %d", stats.bytes_pulled);
+  absl::StrAppendFormat(&json, ", \"bytes_pulled_float32\": %d",
+                        stats.bytes_pulled_float32);
   absl::StrAppendFormat(&json, ", \"device\": \"%s\"", MlpDeviceName(device));
   absl::StrAppendFormat(&json, ", \"kv_store\": \"%s\"", flags.kv_store);
   absl::StrAppendFormat(&json, ", \"gc_type\": \"%s\"", flags.gc_type);
+  absl::StrAppendFormat(&json, ", \"gc_pull\": \"%s\"", flags.gc_pull);
   absl::StrAppendFormat(&json, ", \"optimizer\": \"%s\"", flags.optimizer);
   absl::StrAppendFormat(&json, ", \"batch_size\": %d", flags.batch_size);
   absl::StrAppendFormat(&json, ", \"steps\": %d", t.steps);
@@ -249,6 +252,10 @@ int Run(const TrainFlags& flags) {
   auto kv_fail = [](const std::string& what, const absl::Status& s) {
     return Fail(1, absl::StrCat(what, ": ", s.ToString()));
   };
+  if (flags.gc_pull == "2bit") {
+    if (absl::Status s = kv.SetPullCompression("2bit"); !s.ok())
+      return kv_fail("SetPullCompression", s);
+  }
   if (flags.gc_type == "2bit") {
     if (absl::Status s = kv.SetGradientCompression("2bit", flags.gc_threshold);
         !s.ok()) {

@@ -75,7 +75,7 @@ bool IsKnownFlag(absl::string_view name) {
       "kv-store",  "batch-size",  "epochs",    "gc-type",       "gc-threshold",
       "lr",        "seed",        "hidden",    "optimizer",     "momentum",
       "wd",        "device",      "data",      "train-subset",  "test-subset",
-      "log-every", "metrics-out", "lr-factor", "lr-step-epochs"};
+      "log-every", "metrics-out", "lr-factor", "lr-step-epochs", "gc-pull"};
   for (absl::string_view f : kFlags) {
     if (name == f) return true;
   }
@@ -134,6 +134,9 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
     } else if (name == "gc-type") {
       s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit",
                       &f.gc_type);
+    } else if (name == "gc-pull") {
+      s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit",
+                      &f.gc_pull);
     } else if (name == "gc-threshold") {
       s = ParseFloat(name, value, 0, true,
                      std::numeric_limits<float>::infinity(),
@@ -225,6 +228,8 @@ std::string TrainFlagsUsage() {
       "  --wd X                            weight decay (0.0001)\n"
       "  --gc-type none|2bit               gradient compression (none)\n"
       "  --gc-threshold X                  2-bit threshold (0.5)\n"
+      "  --gc-pull none|2bit               pull compression: the change of the\n"
+      "                                    weights, 2-bit coded (none)\n"
       "  --seed N                          weights and shuffling (42)\n"
       "  --device auto|cuda|cpu            (auto: cuda when a GPU is present)\n"
       "  --data DIR                        (else $FASHION_MNIST_DIR, else ",

@@ -29,6 +29,7 @@ struct TrainFlags {
   int batch_size = 128;                // per worker
   int epochs = 10;
   std::string gc_type = "none";  // none | 2bit
+  std::string gc_pull = "none";  // none | 2bit: pull compression
   float gc_threshold = 0.5f;
   std::string optimizer = "sgd";  // sgd | adam | adamax | adagrad
   // Unless given, the optimizer's usual rate: sgd 0.1, adam 0.001, adamax
