@@ -114,16 +114,28 @@ class InProcessCluster {
     }
   }
   ~InProcessCluster() {
-    for (std::thread& t : server_threads_) t.join();
+    JoinServers();
     if (scheduler_thread_.joinable()) scheduler_thread_.join();
+  }
+  // Waits for the servers to end (after the job's end).
+  void JoinServers() {
+    for (std::thread& t : server_threads_) {
+      if (t.joinable()) t.join();
+    }
   }
   absl::Status JoinScheduler() {
     if (scheduler_thread_.joinable()) scheduler_thread_.join();
     return result_;
   }
-  // Sums of every server's counters.
-  uint64_t duplicates() const { return duplicates_.load(); }
-  uint64_t pushes_applied() const { return pushes_.load(); }
+  // Sums of every server's counters, once the servers have ended.
+  uint64_t duplicates() {
+    JoinServers();
+    return duplicates_.load();
+  }
+  uint64_t pushes_applied() {
+    JoinServers();
+    return pushes_.load();
+  }
   // Runs on each server's thread after the job ended, before it stops.
   void BeforeStop(std::function<void(KVServer&)> hook) {
     absl::MutexLock lock(&hook_mu_);
@@ -453,8 +465,7 @@ void CompressedPullsMatchTheShadows(bool sync) {
       });
   for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(cluster.JoinScheduler().ok());
-  // The servers' threads end after the scheduler's; the hook ran in them.
-  absl::SleepFor(absl::Milliseconds(200));
+  cluster.JoinServers();  // the hook ran in their threads
   absl::MutexLock lock(&mu);
   ASSERT_EQ(shadows.size(), 3u);
   std::vector<float> want_big = shadows[{kBig, 0}];
