@@ -182,12 +182,14 @@ absl::StatusOr<wire::ServerCheckpoint> CheckpointStore::ReadFile(
     return bad("payload does not parse");
   }
   for (const wire::CheckpointKey& k : shard.keys()) {
-    if (k.weights().size() != k.length() * sizeof(float)) {
+    const uint64_t values =
+        k.length() * (k.row_length() == 0 ? 1 : k.row_length());
+    if (k.weights().size() != values * sizeof(float)) {
       return bad(absl::StrCat("key ", k.key(), " has ", k.weights().size(),
-                              " bytes of weights for ", k.length(), " values"));
+                              " bytes of weights for ", values, " values"));
     }
     for (const std::string& slot : k.optimizer_state()) {
-      if (slot.size() != k.length() * sizeof(float)) {
+      if (slot.size() != values * sizeof(float)) {
         return bad(
             absl::StrCat("key ", k.key(), " has a malformed optimizer state"));
       }

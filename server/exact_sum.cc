@@ -152,8 +152,28 @@ float ExactSum::Wide::Round() const {
 
 ExactSum::ExactSum(uint64_t length)
     : length_(length),
-      acc_(new double[length]),
+      acc_(length),
       wide_bits_((length + kBlock - 1) / kBlock, 0) {}
+
+void ExactSum::Grow(uint64_t length) {
+  if (empty_) {
+    acc_.assign(length, 0.0);
+    empty_ = false;
+  } else {
+    acc_.resize(length, 0.0);
+  }
+  length_ = length;
+  wide_bits_.resize((length + kBlock - 1) / kBlock, 0);
+}
+
+void ExactSum::AddAt(uint64_t begin, const float* values, uint64_t count) {
+  const uint64_t end = begin + count;
+  for (uint64_t at = begin; at < end;) {
+    const uint64_t block_end = std::min(end, (at / kBlock + 1) * kBlock);
+    AddRange(at, block_end, values + (at - begin));
+    at = block_end;
+  }
+}
 
 void ExactSum::AddSlow(uint64_t i, float v) {
   Wide& w = wide_[i];
@@ -165,7 +185,7 @@ void ExactSum::AddSlow(uint64_t i, float v) {
 }
 
 void ExactSum::AddFloats(const float* v) {
-  double* a = acc_.get();
+  double* a = acc_.data();
   if (empty_) {
     empty_ = false;
     for (uint64_t i = 0; i < length_; ++i) {
@@ -183,7 +203,7 @@ void ExactSum::AddFloats(const float* v) {
 }
 
 void ExactSum::AddRange(uint64_t begin, uint64_t end, const float* v) {
-  double* a = acc_.get();
+  double* a = acc_.data();
   if (wide_bits_[begin / kBlock] == 0) {
     double sum[kBlock];
     if (SumBlockExactly(a + begin, v, sum, end - begin)) {
@@ -242,7 +262,7 @@ absl::Status ExactSum::AddTwoBit(const uint8_t* in, size_t in_bytes,
     for (uint64_t b = 0; b < bytes; ++b)
       std::memcpy(decoded + 4 * b, table[in[begin / 4 + b]], 4 * sizeof(float));
     if (empty_) {
-      double* a = acc_.get();
+      double* a = acc_.data();
       for (uint64_t i = begin; i < end; ++i) a[i] = decoded[i - begin];
       if (end == length_) empty_ = false;
       continue;
@@ -253,7 +273,7 @@ absl::Status ExactSum::AddTwoBit(const uint8_t* in, size_t in_bytes,
 }
 
 const float* ExactSum::Finish() {
-  unsigned char* bytes = reinterpret_cast<unsigned char*>(acc_.get());
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(acc_.data());
   for (uint64_t i = 0; i < length_; ++i) {
     float r = 0.0f;
     if (!empty_) {

@@ -47,6 +47,14 @@ class ExactSum {
 
   uint64_t length() const { return length_; }
 
+  // Sparse use (the rows of a row-sparse key): grows the sum to `length`
+  // values, the new ones zero, and makes an empty sum start from zeros.
+  // REQUIRES: length >= length().
+  void Grow(uint64_t length);
+  // Adds count values to elements [begin, begin + count). REQUIRES: a Grow
+  // since the last Finish covered them.
+  void AddAt(uint64_t begin, const float* values, uint64_t count);
+
   // Adds `values` (length floats).
   void AddFloats(const float* values);
   // Adds a 2-bit payload (MXNet's format, `threshold`) of length values,
@@ -62,7 +70,7 @@ class ExactSum {
   // Elements that left the double in the current sum (for tests and logs).
   size_t wide_elements() const { return wide_.size(); }
   // Bytes held (the doubles; the exact accumulators aside).
-  uint64_t bytes() const { return length_ * sizeof(double); }
+  uint64_t bytes() const { return acc_.capacity() * sizeof(double); }
 
   // An exact accumulator for one element: two's complement fixed point with
   // its least significant bit worth 2^-149, wide enough for 2^40 float32
@@ -87,8 +95,8 @@ class ExactSum {
     return (wide_bits_[i / 64] >> (i % 64)) & 1;
   }
 
-  const uint64_t length_;
-  std::unique_ptr<double[]> acc_;   // doubles, or (after Finish) floats
+  uint64_t length_;
+  std::vector<double> acc_;  // doubles, or (after Finish) floats
   bool empty_ = true;               // the next add assigns
   std::vector<uint64_t> wide_bits_;  // element i has left the double
   absl::flat_hash_map<uint64_t, Wide> wide_;

@@ -10,22 +10,35 @@ StoredKey::StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
                      WaitingLimits limits, SyncRound::Mode sum_mode)
     : key(slice.key()),
       offset(slice.offset()),
-      length(slice.length()),
+      length(slice.length() * (slice.row_length() == 0 ? 1 : slice.row_length())),
       total_length(slice.total_length()),
+      row_length(slice.row_length()),
       sync(sync),
       ledger(num_workers),
-      round(num_workers, slice.length(), sum_mode),
-      waiting(limits) {}
+      round(num_workers, row_length == 0 ? length : 0, sum_mode),
+      waiting(limits) {
+  if (row_length != 0)
+    row_round = std::make_unique<RowRound>(num_workers, row_length, sum_mode);
+}
 
 absl::Status StoredKey::CheckSlice(const wire::KeySlice& slice) const {
-  if (slice.offset() == offset && slice.length() == length &&
+  if (slice.row_length() != row_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key ", slice.key(), " is ",
+        row_length == 0 ? "dense" : "row-sparse",
+        row_length == 0 ? "" : absl::StrCat(" (rows of ", row_length, ")"),
+        ": a ", slice.row_length() == 0 ? "dense" : "row", " call cannot use it"));
+  }
+  const uint64_t held = row_length == 0 ? length : rows();
+  if (slice.offset() == offset && slice.length() == held &&
       slice.total_length() == total_length) {
     return absl::OkStatus();
   }
+  const char* unit = row_length == 0 ? "elements" : "rows";
   return absl::InvalidArgumentError(absl::StrCat(
-      "key ", slice.key(), ": request for elements [", slice.offset(), ", +",
+      "key ", slice.key(), ": request for ", unit, " [", slice.offset(), ", +",
       slice.length(), ") of ", slice.total_length(), " but this server holds [",
-      offset, ", +", length, ") of ", total_length));
+      offset, ", +", held, ") of ", total_length));
 }
 
 void StoredKey::ApplyUpdate(const Optimizer& optimizer, const float* grad) {
@@ -40,19 +53,41 @@ void StoredKey::ApplyUpdate(const Optimizer& optimizer, const float* grad) {
   WeightsChanged();
 }
 
+void StoredKey::ApplyRowUpdates(const Optimizer& optimizer,
+                                const std::vector<uint64_t>& rows,
+                                const float* grad) {
+  if (rows.empty()) return;
+  if (!weights.unique()) weights = Buffer::CopyOf(weights.data(), weights.size());
+  const int slots = optimizer.state_slots();
+  if (static_cast<int>(optimizer_state.size()) != slots)
+    optimizer_state.assign(slots, std::vector<float>(length, 0.0f));
+  const uint64_t step = ++steps;
+  std::vector<float*> state(slots);
+  float* w = weights.mutable_floats();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const uint64_t at = rows[i] * row_length;
+    for (int k = 0; k < slots; ++k) state[k] = optimizer_state[k].data() + at;
+    optimizer.Update(w + at, grad + i * row_length, row_length, state.data(),
+                     step);
+  }
+  WeightsChanged();
+}
+
 void StoredKey::Snapshot(wire::CheckpointKey* out) const {
   out->set_key(key);
   out->set_offset(offset);
-  out->set_length(length);
+  out->set_length(row_length == 0 ? length : rows());
   out->set_total_length(total_length);
   out->set_sync_mode(sync);
   out->set_weights(weights.data(), weights.size());
   for (const std::vector<float>& slot : optimizer_state)
     out->add_optimizer_state(slot.data(), slot.size() * sizeof(float));
   out->set_steps(steps);
+  out->set_row_length(row_length);
   for (int r = 0; r < ledger.num_workers(); ++r) {
-    out->add_received(ledger.received(r) -
-                      (sync && round.Contributed(r) ? 1 : 0));
+    const bool open = row_round != nullptr ? row_round->Contributed(r)
+                                           : round.Contributed(r);
+    out->add_received(ledger.received(r) - (sync && open ? 1 : 0));
   }
 }
 
@@ -78,7 +113,9 @@ bool KeyStore::IsFirstSlice(const StoredKey& key) const {
 }
 
 absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
-  if (k.weights().size() != k.length() * sizeof(float) ||
+  const uint64_t values =
+      k.length() * (k.row_length() == 0 ? 1 : k.row_length());
+  if (k.weights().size() != values * sizeof(float) ||
       k.received_size() != num_workers_) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint of key ", k.key(), " does not match: ", k.weights().size(),
@@ -88,12 +125,12 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
   }
   std::vector<std::vector<float>> state;
   for (const std::string& slot : k.optimizer_state()) {
-    if (slot.size() != k.length() * sizeof(float)) {
+    if (slot.size() != values * sizeof(float)) {
       return absl::DataLossError(
           absl::StrCat("checkpoint of key ", k.key(), ": optimizer state of ",
-                       slot.size(), " bytes for ", k.length(), " values"));
+                       slot.size(), " bytes for ", values, " values"));
     }
-    std::vector<float> v(k.length());
+    std::vector<float> v(values);
     std::memcpy(v.data(), slot.data(), slot.size());
     state.push_back(std::move(v));
   }
@@ -102,6 +139,7 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
   slice.set_offset(k.offset());
   slice.set_length(k.length());
   slice.set_total_length(k.total_length());
+  slice.set_row_length(k.row_length());
   StoredKey* key = Create(slice, k.sync_mode());
   key->weights = Buffer::CopyOf(k.weights().data(), k.weights().size());
   key->optimizer_state = std::move(state);

@@ -42,6 +42,24 @@ struct StoredKey {
   // Applies `optimizer` with `grad` (length floats): weights, state, steps.
   // Copy on write: a pull reply may still be sending the current weights.
   void ApplyUpdate(const Optimizer& optimizer, const float* grad);
+  // Applies `optimizer` to the given rows only (MXNet's lazy update: the
+  // others, weights and optimizer state alike, are untouched); `grad` holds
+  // their gradients one after another. One step of the key.
+  void ApplyRowUpdates(const Optimizer& optimizer,
+                       const std::vector<uint64_t>& rows, const float* grad);
+  // dist_sync: whether `rank` has pushed to the open round, and a repeat of
+  // its push taking over the round's reply.
+  bool Contributed(int rank) const {
+    return row_round != nullptr ? row_round->Contributed(rank)
+                                : round.Contributed(rank);
+  }
+  void ReplaceRequest(int sender, const wire::Header& request) {
+    if (row_round != nullptr) {
+      row_round->ReplaceRequest(sender, request);
+    } else {
+      round.ReplaceRequest(sender, request);
+    }
+  }
   // The weights were replaced or updated: compressed pulls make a new version.
   void WeightsChanged() {
     if (pull_shadow != nullptr) pull_shadow->MarkChanged();
@@ -52,15 +70,18 @@ struct StoredKey {
   void Snapshot(wire::CheckpointKey* out) const;
 
   const uint64_t key;
-  const uint64_t offset;
-  const uint64_t length;
-  const uint64_t total_length;
+  const uint64_t offset;        // rows, for a row-sparse key
+  const uint64_t length;        // values held (rows x row_length)
+  const uint64_t total_length;  // rows, for a row-sparse key
+  const uint64_t row_length;    // 0: a dense key
   const bool sync;
   Buffer weights;
   std::vector<std::vector<float>> optimizer_state;
   uint64_t steps = 0;  // updates applied (the optimizer's t)
+  uint64_t rows() const { return row_length == 0 ? 0 : length / row_length; }
   PushLedger ledger;
-  SyncRound round;
+  SyncRound round;                      // dense keys
+  std::unique_ptr<RowRound> row_round;  // row-sparse keys
   WaitingMessages waiting;
   bool progress = false;  // the waiting messages may have work to replay
   // What workers pulling compressed hold (made on the first such pull).

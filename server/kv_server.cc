@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <random>
 
@@ -406,19 +407,43 @@ void KVServer::Init(Shard* shard, Message&& msg) {
     }
     return;
   }
-  if (msg.data.size() != 1 ||
-      msg.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+  // A row-sparse key's init without a value means zeros.
+  const uint64_t values =
+      slice.length() * (slice.row_length() == 0 ? 1 : slice.row_length());
+  const bool zeros = slice.row_length() != 0 && msg.data.empty();
+  if ((!zeros && (msg.data.size() != 1 ||
+                  msg.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+                  msg.header.frames(0).num_values() != values)) ||
       slice.length() == 0 ||
-      msg.header.frames(0).num_values() != slice.length() ||
+      (slice.row_length() != 0 &&
+       (values / slice.row_length() != slice.length() ||
+        values > (uint64_t{1} << 40) / sizeof(float))) ||
       slice.offset() + slice.length() > slice.total_length() ||
       slice.offset() + slice.length() < slice.offset()) {
     Reply(msg, absl::InvalidArgumentError(absl::StrCat(
                    "init of key ", slice.key(), ": malformed slice or value")));
     return;
   }
+  Buffer zeroed;
+  if (zeros) {
+    // Nothing crossed the wire for it: the size is only the header's word.
+    try {
+      zeroed = Buffer::Allocate(values * sizeof(float));
+    } catch (const std::bad_alloc&) {
+      Reply(msg, absl::ResourceExhaustedError(absl::StrCat(
+                     "init of key ", slice.key(), ": cannot allocate ",
+                     values * sizeof(float), " bytes for its rows")));
+      return;
+    }
+    std::memset(zeroed.mutable_data(), 0, zeroed.size());
+  }
   StoredKey* key =
       shard->store.Create(slice, msg.header.kv_options().sync_mode());
-  key->weights = Buffer::CopyOf(msg.data[0].data(), msg.data[0].size());
+  if (zeros) {
+    key->weights = std::move(zeroed);
+  } else {
+    key->weights = Buffer::CopyOf(msg.data[0].data(), msg.data[0].size());
+  }
   // With the key: a checkpointing server's reply tells the worker to keep the
   // init for a replay.
   Reply(msg, absl::OkStatus(), Buffer(), key);
@@ -464,8 +489,12 @@ void KVServer::Hold(StoredKey* key, Message&& msg) {
 bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   if (msg.header.command() == wire::KV_PULL) {
     const int rank = RankOfId(msg.header.sender());
-    if (key->sync && key->round.Contributed(rank))
+    if (key->sync && key->Contributed(rank))
       return false;  // sees this round's result
+    if (key->row_length != 0) {
+      PullRows(key, msg);
+      return true;
+    }
     if (msg.header.pull_compressed()) {
       if (key->pull_shadow == nullptr)
         key->pull_shadow = std::make_unique<PullShadow>(key->weights, NewChain());
@@ -489,11 +518,11 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
     case PushLedger::kDuplicate:
       ++duplicates_;
       if (key->sync && seq + 1 == key->ledger.received(rank) &&
-          key->round.Contributed(rank)) {
+          key->Contributed(rank)) {
         // In the open round; answered when it completes. The newest copy is
         // the one answered: a restarted worker's repeat of its earlier life's
         // push carries a request id the old one did not.
-        key->round.ReplaceRequest(msg.header.sender(), msg.header);
+        key->ReplaceRequest(msg.header.sender(), msg.header);
         Acknowledge(msg);
       } else {
         Reply(msg, absl::OkStatus(),
@@ -505,11 +534,15 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
     case PushLedger::kNext:
       break;
   }
-  if (key->sync && key->round.Contributed(rank))
+  if (key->sync && key->Contributed(rank))
     return false;  // belongs to the next round
   key->ledger.Take(rank);
   key->progress = true;
   const Settings s = settings();
+  if (key->row_length != 0) {
+    PushRows(key, msg, s);
+    return true;
+  }
   if (!key->sync) {
     absl::StatusOr<Buffer> grad = DecodeGradient(msg, *key, s);
     if (!grad.ok()) {
@@ -608,6 +641,149 @@ void KVServer::CompleteRound(StoredKey* key) {
   // Every worker pulls after a round: its compressed version is made now,
   // while the replies travel, not when the first pull comes.
   if (key->pull_shadow != nullptr) key->pull_shadow->CatchUp(key->weights);
+  key->progress = true;
+}
+
+absl::StatusOr<std::vector<uint64_t>> KVServer::LocalRows(
+    const Message& msg, const StoredKey& key) {
+  if (msg.data.empty() ||
+      msg.header.frames(0).encoding() != wire::DataFrame::RAW ||
+      msg.data[0].size() % sizeof(uint64_t) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row call of key ", key.key,
+        ": its first frame must hold the row ids (uint64)"));
+  }
+  const size_t count = msg.data[0].size() / sizeof(uint64_t);
+  std::vector<uint64_t> rows(count);
+  std::memcpy(rows.data(), msg.data[0].data(), count * sizeof(uint64_t));
+  for (uint64_t& row : rows) {
+    if (row >= key.total_length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key ", key.key, ": row id ", row, " is past its ",
+                       key.total_length, " rows"));
+    }
+    if (row < key.offset || row >= key.offset + key.rows()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key ", key.key, ": row id ", row, " is not on this server (it holds"
+          " rows [", key.offset, ", +", key.rows(), "))"));
+    }
+    row -= key.offset;
+  }
+  return rows;
+}
+
+void KVServer::PullRows(StoredKey* key, const Message& msg) {
+  absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(msg, *key);
+  if (!rows.ok()) {
+    Reply(msg, rows.status());
+    return;
+  }
+  const uint64_t l = key->row_length;
+  Buffer out = Buffer::Allocate(rows->size() * l * sizeof(float));
+  for (size_t i = 0; i < rows->size(); ++i) {
+    std::memcpy(out.mutable_floats() + i * l,
+                key->weights.floats() + (*rows)[i] * l, l * sizeof(float));
+  }
+  Message reply = NewReply(msg, absl::OkStatus(), key);
+  AddFloatFrame(&reply, std::move(out));  // zero rows: an empty frame
+  SendReply(msg, std::move(reply));
+}
+
+void KVServer::PushRows(StoredKey* key, const Message& msg, const Settings& s) {
+  absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(msg, *key);
+  if (!rows.ok()) {
+    Reply(msg, rows.status());
+    return;
+  }
+  const uint64_t l = key->row_length;
+  const uint64_t values = rows->size() * l;
+  Buffer decoded;
+  const float* grad = nullptr;
+  const wire::DataFrame* desc =
+      msg.header.frames_size() == 2 ? &msg.header.frames(1) : nullptr;
+  if (desc == nullptr || desc->num_values() != values) {
+    Reply(msg, absl::InvalidArgumentError(absl::StrCat(
+                   "row push of key ", key->key, ": ", rows->size(),
+                   " row ids need ", values, " values of ", l, " per row")));
+    return;
+  }
+  if (desc->encoding() == wire::DataFrame::FLOAT32) {
+    grad = msg.data[1].floats();
+  } else if (desc->encoding() == wire::DataFrame::TWO_BIT &&
+             s.compression == "2bit") {
+    decoded = Buffer::Allocate(values * sizeof(float));
+    absl::Status ok = compression::TwoBitDequantize(
+        msg.data[1].data(), msg.data[1].size(), values, s.threshold,
+        decoded.mutable_floats());
+    if (!ok.ok()) {
+      ++malformed_;
+      Reply(msg, ok);
+      return;
+    }
+    grad = decoded.floats();
+  } else {
+    Reply(msg, absl::InvalidArgumentError(
+                   "row push payload must be float32, or 2-bit with gradient "
+                   "compression set"));
+    return;
+  }
+  if (key->sync) {
+    key->row_round->Add(RankOfId(msg.header.sender()), rows->data(),
+                        rows->size(), grad, msg.header);
+    CountPush(*key);
+    if (key->row_round->complete()) {
+      CompleteRowRound(key, s);
+    } else if (msg.header.ack_on_receipt()) {
+      Acknowledge(msg);
+    }
+    return;
+  }
+  if (s.optimizer == nullptr) {
+    Reply(msg, absl::FailedPreconditionError(
+                   "dist_async needs an optimizer on the servers: call "
+                   "set_optimizer before pushing"));
+    return;
+  }
+  // Duplicate ids of one push are summed first (in push order), then each
+  // row is updated once.
+  std::vector<uint64_t> unique;
+  std::vector<float> sum;
+  absl::flat_hash_map<uint64_t, size_t> slot;
+  for (size_t i = 0; i < rows->size(); ++i) {
+    auto [it, added] = slot.try_emplace((*rows)[i], unique.size());
+    if (added) {
+      unique.push_back((*rows)[i]);
+      sum.insert(sum.end(), grad + i * l, grad + (i + 1) * l);
+    } else {
+      float* at = sum.data() + it->second * l;
+      for (uint64_t j = 0; j < l; ++j) at[j] += grad[i * l + j];
+    }
+  }
+  key->ApplyRowUpdates(*s.optimizer, unique, sum.data());
+  if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
+  CountPush(*key);
+  Reply(msg, absl::OkStatus(), Buffer(), key);
+}
+
+void KVServer::CompleteRowRound(StoredKey* key, const Settings& s) {
+  RowRound::Sum sum = key->row_round->Finish();
+  const uint64_t l = key->row_length;
+  if (s.optimizer != nullptr) {
+    key->ApplyRowUpdates(*s.optimizer, sum.rows, sum.values);
+  } else if (!sum.rows.empty()) {
+    // The rows present become the round's sum; the others keep their values.
+    if (!key->weights.unique())
+      key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
+    float* w = key->weights.mutable_floats();
+    for (size_t i = 0; i < sum.rows.size(); ++i)
+      std::memcpy(w + sum.rows[i] * l, sum.values + i * l, l * sizeof(float));
+  }
+  if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++rounds_applied_;
+  for (const wire::Header& h : key->row_round->TakeRequests()) {
+    Message request;
+    request.header = h;
+    Reply(request, absl::OkStatus(), Buffer(), key);
+  }
   key->progress = true;
 }
 

@@ -128,6 +128,15 @@ class KVServer {
   bool TryProcess(StoredKey* key, Message& msg);
   bool TryPush(StoredKey* key, Message& msg);
   void CompleteRound(StoredKey* key);
+  // Row-sparse keys: the row ids of a push or pull as rows of `key`'s slice
+  // (InvalidArgument naming the key and the id when one is outside it), a
+  // pull's reply, a push (added to the round, or applied at once in
+  // dist_async), and the end of a round (the rows present are updated).
+  static absl::StatusOr<std::vector<uint64_t>> LocalRows(const Message& msg,
+                                                         const StoredKey& key);
+  void PullRows(StoredKey* key, const Message& msg);
+  void PushRows(StoredKey* key, const Message& msg, const Settings& s);
+  void CompleteRowRound(StoredKey* key, const Settings& s);
   // Holds `msg` among `key`'s waiting messages, or answers it with the error
   // when the limits are reached.
   void Hold(StoredKey* key, Message&& msg);

@@ -93,4 +93,59 @@ std::vector<wire::Header> SyncRound::TakeRequests() {
   return out;
 }
 
+void RowRound::Add(int rank, const uint64_t* rows, size_t count,
+                   const float* values, const wire::Header& request) {
+  const uint64_t l = row_length_;
+  for (size_t k = 0; k < count; ++k) {
+    auto [it, added] = slot_.try_emplace(rows[k], rows_.size());
+    if (added) {
+      rows_.push_back(rows[k]);
+      if (mode_ == SyncRound::Mode::kExact) {
+        exact_.Grow(rows_.size() * l);
+      } else {
+        arrival_.resize(rows_.size() * l, 0.0f);
+      }
+    }
+    const float* v = values + k * l;
+    if (mode_ == SyncRound::Mode::kExact) {
+      exact_.AddAt(it->second * l, v, l);
+    } else {
+      float* out = arrival_.data() + it->second * l;
+      for (uint64_t j = 0; j < l; ++j) out[j] += v[j];
+    }
+  }
+  contributed_[rank] = true;
+  requests_.push_back(request);
+  ++count_;
+}
+
+void RowRound::ReplaceRequest(int sender, const wire::Header& request) {
+  for (wire::Header& h : requests_) {
+    if (h.sender() == sender) h = request;
+  }
+}
+
+RowRound::Sum RowRound::Finish() {
+  Sum sum;
+  sum.rows.swap(rows_);
+  slot_.clear();
+  if (mode_ == SyncRound::Mode::kExact) {
+    sum.values = sum.rows.empty() ? nullptr : exact_.Finish();
+  } else {
+    sum.values = arrival_.data();
+    scratch_.swap(arrival_);  // valid until the next Add
+    arrival_.clear();
+    sum.values = scratch_.data();
+  }
+  contributed_.assign(contributed_.size(), false);
+  count_ = 0;
+  return sum;
+}
+
+std::vector<wire::Header> RowRound::TakeRequests() {
+  std::vector<wire::Header> out;
+  out.swap(requests_);
+  return out;
+}
+
 }  // namespace tessera

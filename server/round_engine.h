@@ -28,6 +28,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/buffer.h"
 #include "proto/tessera.pb.h"
@@ -89,6 +90,57 @@ class SyncRound {
   std::unique_ptr<ExactSum> sum_;  // two or more workers; kept between rounds
   Buffer arrival_;                 // Mode::kArrival: the float32 sum so far
   Buffer single_;                  // one worker: its push
+};
+
+// RowRound: the open dist_sync round of a row-sparse key slice. Each worker
+// contributes one push of some rows (any number, ids repeating or not); the
+// round's sum holds only the rows some push touched, each summed as
+// SyncRound sums (exact, rounded once, unless Mode::kArrival).
+//
+//   RowRound round(/*num_workers=*/3, /*row_length=*/1024);
+//   round.Add(rank, local_rows, num_rows, values, header);  // rows relative
+//   if (round.complete()) {
+//     RowRound::Sum sum = round.Finish();   // sum.rows[i] -> sum.values + i*L
+//   }
+class RowRound {
+ public:
+  RowRound(int num_workers, uint64_t row_length,
+           SyncRound::Mode mode = SyncRound::Mode::kExact)
+      : row_length_(row_length),
+        mode_(mode),
+        contributed_(num_workers, false),
+        exact_(0) {}
+
+  bool Contributed(int rank) const { return contributed_[rank]; }
+  // Adds `rank`'s push: `count` rows (ids relative to the slice) whose
+  // values follow one another in `values`. REQUIRES: !Contributed(rank).
+  void Add(int rank, const uint64_t* rows, size_t count, const float* values,
+           const wire::Header& request);
+  void ReplaceRequest(int sender, const wire::Header& request);
+  int count() const { return count_; }
+  bool complete() const {
+    return count_ == static_cast<int>(contributed_.size());
+  }
+  struct Sum {
+    std::vector<uint64_t> rows;     // the rows some push touched
+    const float* values = nullptr;  // rows.size() x row_length; valid until
+                                    // the next Add
+  };
+  // The round's sum; the round is open again, empty. REQUIRES: complete().
+  Sum Finish();
+  std::vector<wire::Header> TakeRequests();
+
+ private:
+  const uint64_t row_length_;
+  const SyncRound::Mode mode_;
+  std::vector<bool> contributed_;
+  std::vector<wire::Header> requests_;
+  int count_ = 0;
+  absl::flat_hash_map<uint64_t, uint64_t> slot_;  // row -> slot
+  std::vector<uint64_t> rows_;                    // slot -> row
+  ExactSum exact_;                                // Mode::kExact
+  std::vector<float> arrival_;                    // Mode::kArrival
+  std::vector<float> scratch_;                    // the last Finish's values
 };
 
 }  // namespace tessera

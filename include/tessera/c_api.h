@@ -71,6 +71,17 @@ int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type,
  * this worker's last pull, 2-bit coded, into a copy this worker keeps (see
  * KVWorker::SetPullCompression). Before any init. */
 int tessera_kv_set_pull_compression(TesseraKV* kv, const char* type);
+
+/* Row-sparse keys (see KVWorker::InitRows): a num_rows x row_length float32
+ * matrix whose pushes and pulls name some rows. value may be NULL (zeros).
+ * A push carries num_ids * row_length values; a pull fills as many. In
+ * dist_sync every worker pushes once per round, an empty set of rows too. */
+int tessera_kv_init_rows(TesseraKV* kv, uint64_t key, const float* value,
+                         size_t num_rows, size_t row_length);
+int tessera_kv_push_rows(TesseraKV* kv, uint64_t key, const uint64_t* row_ids,
+                         size_t num_ids, const float* rows);
+int tessera_kv_pull_rows(TesseraKV* kv, uint64_t key, const uint64_t* row_ids,
+                         size_t num_ids, float* out);
 /* Barrier of the workers, then leaves the job and frees kv (also on failure).
  */
 int tessera_kv_close(TesseraKV* kv);

@@ -135,6 +135,38 @@ class KVWorker {
                                                  absl::Span<const float> grad,
                                                  absl::Span<float> out) = 0;
 
+  // Row-sparse keys: a num_rows x row_length float32 matrix of which pushes
+  // and pulls name only some rows (MXNet's row_sparse arrays, for embeddings
+  // and sparse inputs). Init as Init does (every worker, same order, rank 0's
+  // value stored); `value` (num_rows * row_length floats) may be nullptr for
+  // zeros, so a big embedding need not cross the wire. A key at least
+  // TESSERA_BIGARRAY_BOUND values big is split over every server by rows.
+  virtual absl::Status InitRows(uint64_t key, const float* value,
+                                uint64_t num_rows, uint64_t row_length) = 0;
+  // Pushes the gradients of some rows: `rows` holds row_ids.size() rows of
+  // row_length values, one after another; ids may repeat (summed). In
+  // dist_sync every worker pushes once per round (an empty set of rows
+  // too); the optimizer then updates only the rows present in the round (a
+  // lazy update: the others keep their weights and optimizer state); with no
+  // optimizer the rows present become the round's sum. With 2-bit
+  // compression the rows are compressed with error feedback kept per row.
+  // InvalidArgument naming the key and id for an id >= num_rows, the wrong
+  // number of values, or a dense key.
+  virtual absl::StatusOr<OpHandle> PushRowsAsync(
+      uint64_t key, absl::Span<const uint64_t> row_ids,
+      absl::Span<const float> rows) = 0;
+  // Pulls the named rows, in that order (ids may repeat; none is allowed),
+  // into `out` (row_ids.size() * row_length floats). Rows travel float32.
+  virtual absl::StatusOr<OpHandle> PullRowsAsync(
+      uint64_t key, absl::Span<const uint64_t> row_ids,
+      absl::Span<float> out) = 0;
+  // The row length of a row-sparse key; NotFound / InvalidArgument (dense).
+  virtual absl::StatusOr<uint64_t> RowLength(uint64_t key) const = 0;
+  absl::Status PushRows(uint64_t key, absl::Span<const uint64_t> row_ids,
+                        absl::Span<const float> rows);
+  absl::Status PullRows(uint64_t key, absl::Span<const uint64_t> row_ids,
+                        absl::Span<float> out);
+
   // Waits for an operation and returns its result.
   virtual absl::Status Wait(OpHandle handle) = 0;
 

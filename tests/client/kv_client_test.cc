@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/compression/two_bit.h"
 #include "common/node.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
@@ -492,6 +494,251 @@ TEST(KVClientTest, CompressedPullCopiesEqualTheShadowsInDistSync) {
 
 TEST(KVClientTest, CompressedPullCopiesEqualTheShadowsInDistAsync) {
   CompressedPullsMatchTheShadows(/*sync=*/false);
+}
+
+// --- Row-sparse keys -------------------------------------------------------
+
+// 300 rows of 4 (1200 values, at the bound of 1000): split by rows over both
+// servers, rows [0, 150) and [150, 300).
+constexpr uint64_t kRowKey = 40, kRows = 300, kRowLen = 4;
+
+std::vector<float> RowValues(const std::vector<float>& per_row) {
+  std::vector<float> out;
+  for (float v : per_row) out.insert(out.end(), kRowLen, v);
+  return out;
+}
+
+// Every row's first value (all four are equal in these tests).
+std::vector<float> FirstOfRows(const std::vector<float>& rows) {
+  std::vector<float> out;
+  for (size_t i = 0; i < rows.size(); i += kRowLen) out.push_back(rows[i]);
+  return out;
+}
+
+TEST(KVClientTest, RowSparseSyncRoundsSumRowsByIdAndKeepTheOthers) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/2, /*workers=*/3);
+  InProcessCluster cluster(net, options);
+  const std::vector<uint64_t> ask = {0, 1, 2, 3, 150, 151, 152, 200, 299, 0};
+  std::vector<std::vector<float>> got(3), unchanged(3), empty_pull(3);
+  std::vector<absl::Status> results =
+      RunWorkers(net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+        const int r = kv.rank();
+        TESSERA_RETURN_IF_ERROR(kv.SetOptimizer("sgd lr=-1"));  // w += sum
+        std::vector<float> ones(kRows * kRowLen, 1.0f);
+        TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, ones.data(), kRows, kRowLen));
+        // Rank r writes r + 1 into rows r, r+1, 150+r and 200; rank 0 names
+        // row 0 twice (summed).
+        std::vector<uint64_t> ids = {static_cast<uint64_t>(r),
+                                     static_cast<uint64_t>(r + 1),
+                                     static_cast<uint64_t>(150 + r), 200};
+        if (r == 0) ids.push_back(0);
+        TESSERA_RETURN_IF_ERROR(kv.PushRows(
+            kRowKey, ids, RowValues(std::vector<float>(ids.size(), r + 1.0f))));
+        std::vector<float> out(ask.size() * kRowLen);
+        TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, ask, absl::MakeSpan(out)));
+        got[r] = FirstOfRows(out);
+        // A round in which nobody pushes a row changes nothing.
+        TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {}, {}));
+        TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, ask, absl::MakeSpan(out)));
+        unchanged[r] = FirstOfRows(out);
+        std::vector<float> none;
+        TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {}, absl::MakeSpan(none)));
+        empty_pull[r] = none;
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  // 1 + the sum over the rows' writers.
+  const std::vector<float> want = {1 + 1 + 1, 1 + 1 + 2, 1 + 2 + 3, 1 + 3,
+                                   1 + 1,     1 + 2,     1 + 3,     1 + 1 + 2 + 3,
+                                   1,         1 + 1 + 1};
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(got[r], want) << "rank " << r;
+    EXPECT_EQ(unchanged[r], want) << "rank " << r;
+    EXPECT_TRUE(empty_pull[r].empty());
+  }
+}
+
+TEST(KVClientTest, RowSparseLazyUpdatesLeaveAbsentRowsAndTheirStateAlone) {
+  for (const char* spec : {"sgd lr=0.1 momentum=0.9", "adam lr=0.01"}) {
+    SCOPED_TRACE(spec);
+    MemoryNetwork net;
+    const Options options = JobOptions(/*servers=*/1, /*workers=*/2);
+    InProcessCluster cluster(net, options);
+    std::vector<float> row0_after_1, row0_after_2, row0_after_3;
+    std::vector<absl::Status> results = RunWorkers(
+        net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+          TESSERA_RETURN_IF_ERROR(kv.SetOptimizer(spec));
+          TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, nullptr, 10, kRowLen));
+          const std::vector<float> g = RowValues({0.5f});
+          std::vector<float> row(kRowLen);
+          // Round 1: row 0 has a gradient; rounds 2 and 3 only row 1 has.
+          TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {0}, g));
+          TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
+          if (kv.rank() == 0) row0_after_1 = row;
+          TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {1}, g));
+          TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
+          if (kv.rank() == 0) row0_after_2 = row;
+          TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {1}, g));
+          TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
+          if (kv.rank() == 0) row0_after_3 = row;
+          return absl::OkStatus();
+        });
+    for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(cluster.JoinScheduler().ok());
+    ASSERT_EQ(row0_after_1.size(), kRowLen);
+    EXPECT_NE(row0_after_1[0], 0.0f) << "row 0 was updated in round 1";
+    // A dense update would keep moving row 0 (momentum, Adam's moments); a
+    // lazy one leaves it, weights and state, until it has a gradient again.
+    EXPECT_EQ(row0_after_2, row0_after_1);
+    EXPECT_EQ(row0_after_3, row0_after_1);
+  }
+}
+
+TEST(KVClientTest, RowSparseAsyncAppliesEveryPushOnce) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/2, /*workers=*/3);
+  InProcessCluster cluster(net, options);
+  std::vector<std::vector<float>> got(3);
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/false, [&](KVClient& kv) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(kv.SetOptimizer("sgd lr=-1"));
+        TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, nullptr, kRows, kRowLen));
+        for (int i = 0; i < 20; ++i) {  // rows 7 and 250, 1 each, twice row 7
+          TESSERA_RETURN_IF_ERROR(
+              kv.PushRows(kRowKey, {7, 250, 7}, RowValues({1, 1, 1})));
+        }
+        TESSERA_RETURN_IF_ERROR(kv.Barrier());
+        std::vector<float> out(3 * kRowLen);
+        TESSERA_RETURN_IF_ERROR(
+            kv.PullRows(kRowKey, {7, 250, 8}, absl::MakeSpan(out)));
+        got[kv.rank()] = FirstOfRows(out);
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(got[r], (std::vector<float>{3 * 20 * 2, 3 * 20, 0})) << r;
+}
+
+TEST(KVClientTest, RowSparseErrorsNameTheKeyAndIdAndApplyNothing) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/2, /*workers=*/1);
+  InProcessCluster cluster(net, options);
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, nullptr, kRows, kRowLen));
+        std::vector<float> dense(8, 0.0f);
+        TESSERA_RETURN_IF_ERROR(kv.Init(41, dense));
+        absl::Status s = kv.PushRows(kRowKey, {3, 300}, RowValues({1, 1}));
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(s.message()),
+                    HasSubstr("key 40: row id 300 is past its 300 rows"));
+        s = kv.PushRows(kRowKey, {3}, std::vector<float>(3, 1.0f));
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(s.message()), HasSubstr("need 4 values"));
+        std::vector<float> out(kRowLen);
+        s = kv.PullRows(41, {0}, absl::MakeSpan(out));
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(s.message()), HasSubstr("key 41: the key is dense"));
+        std::vector<float> whole(kRows * kRowLen);
+        s = kv.Pull(kRowKey, absl::MakeSpan(whole));
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(s.message()), HasSubstr("key 40: the key is row-sparse"));
+        // Nothing was applied; the key still serves.
+        TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {3}, RowValues({2})));
+        TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {3}, absl::MakeSpan(out)));
+        EXPECT_EQ(out, RowValues({2}));
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+}
+
+TEST(KVClientTest, RowSparseTwoBitPushesKeepErrorFeedbackPerRow) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/1, /*workers=*/1);
+  InProcessCluster cluster(net, options);
+  // The reference: each row's residual, as MXNet's 2-bit rule keeps it.
+  std::map<uint64_t, std::vector<float>> residual;
+  std::vector<float> reference(10 * kRowLen, 0.0f);
+  const std::vector<std::vector<uint64_t>> rounds = {{1, 2}, {2}, {1, 5, 1}, {}};
+  std::vector<std::vector<float>> got;
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(kv.SetGradientCompression("2bit", 0.5f));
+        TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, nullptr, 10, kRowLen));
+        for (size_t k = 0; k < rounds.size(); ++k) {
+          std::vector<float> grad;
+          for (size_t i = 0; i < rounds[k].size(); ++i) {
+            for (uint64_t j = 0; j < kRowLen; ++j)
+              grad.push_back(0.3f * (j + 1) - 0.2f * i + 0.1f * k);
+          }
+          TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, rounds[k], grad));
+          // No optimizer: the rows present become the round's sum, i.e. the
+          // decoded push (duplicates summed before coding).
+          std::map<uint64_t, std::vector<float>> summed;
+          std::vector<uint64_t> order;
+          for (size_t i = 0; i < rounds[k].size(); ++i) {
+            auto& row = summed[rounds[k][i]];
+            if (row.empty()) {
+              row.assign(kRowLen, 0.0f);
+              order.push_back(rounds[k][i]);
+            }
+            for (uint64_t j = 0; j < kRowLen; ++j) row[j] += grad[i * kRowLen + j];
+          }
+          for (uint64_t id : order) {
+            auto& r = residual[id];
+            if (r.empty()) r.assign(kRowLen, 0.0f);
+            std::vector<uint8_t> packed(compression::TwoBitCompressedBytes(kRowLen));
+            EXPECT_TRUE(compression::TwoBitQuantize(summed[id].data(), r.data(),
+                                                    kRowLen, 0.5f, packed.data())
+                            .ok());
+            EXPECT_TRUE(compression::TwoBitDequantize(
+                            packed.data(), packed.size(), kRowLen, 0.5f,
+                            reference.data() + id * kRowLen)
+                            .ok());
+          }
+          std::vector<float> out(10 * kRowLen);
+          std::vector<uint64_t> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+          TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, all, absl::MakeSpan(out)));
+          got.push_back(out);
+          EXPECT_EQ(out, reference) << "round " << k;
+        }
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  EXPECT_EQ(got.size(), rounds.size());
+}
+
+TEST(KVClientTest, RowSparsePushesOverLossyLinksAreAppliedOnce) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/2, /*workers=*/2);
+  InProcessCluster cluster(net, options);
+  std::vector<std::vector<float>> got(2);
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true,
+      [&](KVClient& kv) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(kv.SetOptimizer("sgd lr=-1"));
+        TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, nullptr, kRows, kRowLen));
+        for (int i = 0; i < 30; ++i) {
+          TESSERA_RETURN_IF_ERROR(
+              kv.PushRows(kRowKey, {5, 160}, RowValues({1, 2})));
+        }
+        std::vector<float> out(2 * kRowLen);
+        TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {5, 160}, absl::MakeSpan(out)));
+        got[kv.rank()] = FirstOfRows(out);
+        return absl::OkStatus();
+      },
+      [&](int) -> std::unique_ptr<Transport> {
+        return std::make_unique<LossyTransport>(net.NewTransport(), 5, 7);
+      });
+  for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  EXPECT_GT(cluster.duplicates(), 0u);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(got[r], (std::vector<float>{60, 120}));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Fuzzes everything that reads bytes from the network: the message codec
 // (header and frame descriptors), then a live KVServer fed the decoded messages
-// (key slices, float32 and 2-bit payloads, settings). Nothing may crash, hang
-// or leak.
+// (key slices, float32 and 2-bit payloads, row-sparse ids and rows, compressed
+// pulls, settings). Nothing may crash, hang or leak.
 //
 // Input layout: byte 0 = number of parts (1..4); then per part but the last, a
 // 2-byte little-endian length and that many bytes; the last part takes the
@@ -57,7 +57,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!msg.ok()) return 0;
   (void)tessera::DebugString(*msg);
   // Keep arrays small so a run stays fast whatever the slice claims.
-  if (msg->header.slice().total_length() > (1u << 16)) return 0;
+  if (msg->header.slice().total_length() > (1u << 16) ||
+      msg->header.slice().row_length() > (1u << 8)) {
+    return 0;
+  }
   server->Handle(*std::move(msg));
   return 0;
 }

@@ -416,6 +416,73 @@ TEST(KVServerTest, SnapshotExcludesTheOpenRoundAndRestoresExactly) {
   EXPECT_EQ(PullNow(h, 0, 9, 3), PullNow(restored, 0, 9, 3));
 }
 
+// A row-sparse key: 6 rows of 2 on this server.
+Message RowMessage(wire::Command cmd, int rank, uint64_t seq,
+                   const std::vector<uint64_t>& ids,
+                   const std::vector<float>& values) {
+  Message m = KeyMessage(cmd, rank, 12, 6);
+  m.header.mutable_slice()->set_row_length(2);
+  m.header.set_push_seq(seq);
+  wire::DataFrame* d = m.header.add_frames();
+  d->set_encoding(wire::DataFrame::RAW);
+  d->set_num_bytes(ids.size() * 8);
+  m.data.push_back(Buffer::CopyOf(ids.data(), ids.size() * 8));
+  if (cmd == wire::KV_PUSH) AddFloatFrame(&m, Floats(values));
+  return m;
+}
+
+TEST(KVServerTest, RowKeySnapshotWithAnOpenRoundRestoresBitForBit) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().Handle(SetOptimizer("adam lr=0.1"));
+  ExpectOk(h);
+  Message init = KeyMessage(wire::KV_INIT, 0, 12, 6);
+  init.header.mutable_slice()->set_row_length(2);
+  init.header.mutable_kv_options()->set_sync_mode(true);
+  h.server().Handle(std::move(init));  // no value: zeros
+  ExpectOk(h);
+  h.server().Handle(RowMessage(wire::KV_PUSH, 0, 0, {1, 4}, {1, 2, 3, 4}));
+  h.server().Handle(RowMessage(wire::KV_PUSH, 1, 0, {4}, {5, 6}));
+  ExpectOk(h);
+  ExpectOk(h);
+  h.server().Handle(RowMessage(wire::KV_PUSH, 0, 1, {2}, {7, 8}));  // open
+  absl::Mutex mu;
+  std::optional<wire::ServerCheckpoint> saved;
+  h.server().Snapshot([&](wire::ServerCheckpoint shard) {
+    absl::MutexLock lock(&mu);
+    saved = std::move(shard);
+  });
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](std::optional<wire::ServerCheckpoint>* s) { return s->has_value(); },
+        &saved));
+  }
+  ASSERT_EQ(saved->keys_size(), 1);
+  EXPECT_EQ(saved->keys(0).row_length(), 2u);
+  EXPECT_EQ(saved->keys(0).received(0), 1u) << "the open round's push is not in it";
+  ServerHarness restored(/*num_workers=*/2);
+  ASSERT_TRUE(restored.server().Restore(*saved).ok());
+  restored.server().Handle(RowMessage(wire::KV_PUSH, 0, 1, {2}, {7, 8}));
+  for (ServerHarness* s : {&h, &restored}) {
+    s->server().Handle(RowMessage(wire::KV_PUSH, 1, 1, {4, 2}, {1, 1, 1, 1}));
+    ExpectOk(*s);
+    ExpectOk(*s);
+  }
+  std::vector<std::vector<float>> pulled;
+  for (ServerHarness* s : {&h, &restored}) {
+    s->server().Handle(RowMessage(wire::KV_PULL, 0, 0, {0, 1, 2, 3, 4, 5}, {}));
+    std::optional<Message> r = s->NextReply();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+    pulled.push_back(ValuesOf(*r));
+  }
+  ASSERT_EQ(pulled[0].size(), 12u);
+  EXPECT_EQ(std::memcmp(pulled[0].data(), pulled[1].data(), 48), 0);
+  EXPECT_EQ(pulled[0][0], 0.0f) << "row 0 never had a gradient";
+  EXPECT_EQ(pulled[0][6], 0.0f);
+  EXPECT_NE(pulled[0][8], 0.0f);
+}
+
 // Checkpoint writes held 3 s, as on a slow disk: pushes keep being answered.
 TEST(KVServerTest, SlowCheckpointDoesNotStallTraffic) {
   ServerHarness h(/*num_workers=*/1);

@@ -36,6 +36,14 @@ int NullArgument(const char* what) {
   return Fail(absl::InvalidArgumentError(std::string(what) + " is NULL"));
 }
 
+// The values num_ids rows of a row-sparse key hold (the C calls take no
+// length: the key's row length sets it).
+absl::StatusOr<size_t> RowValues(TesseraKV* kv, uint64_t key, size_t num_ids) {
+  absl::StatusOr<uint64_t> row_length = kv->worker->RowLength(key);
+  if (!row_length.ok()) return row_length.status();
+  return num_ids * *row_length;
+}
+
 }  // namespace
 
 extern "C" {
@@ -162,6 +170,36 @@ int tessera_kv_set_pull_compression(TesseraKV* kv, const char* type) {
   if (kv == nullptr) return NullArgument("kv");
   if (type == nullptr) return NullArgument("type");
   return Result(kv->worker->SetPullCompression(type));
+}
+
+int tessera_kv_init_rows(TesseraKV* kv, uint64_t key, const float* value,
+                         size_t num_rows, size_t row_length) {
+  if (kv == nullptr) return NullArgument("kv");
+  return Result(kv->worker->InitRows(key, value, num_rows, row_length));
+}
+
+int tessera_kv_push_rows(TesseraKV* kv, uint64_t key, const uint64_t* row_ids,
+                         size_t num_ids, const float* rows) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (num_ids > 0 && (row_ids == nullptr || rows == nullptr))
+    return NullArgument(row_ids == nullptr ? "row_ids" : "rows");
+  // The row length is the key's: the span below is checked against it.
+  absl::StatusOr<size_t> values = RowValues(kv, key, num_ids);
+  if (!values.ok()) return Fail(values.status());
+  return Result(kv->worker->PushRows(
+      key, absl::MakeConstSpan(row_ids, num_ids),
+      absl::MakeConstSpan(rows, *values)));
+}
+
+int tessera_kv_pull_rows(TesseraKV* kv, uint64_t key, const uint64_t* row_ids,
+                         size_t num_ids, float* out) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (num_ids > 0 && (row_ids == nullptr || out == nullptr))
+    return NullArgument(row_ids == nullptr ? "row_ids" : "out");
+  absl::StatusOr<size_t> values = RowValues(kv, key, num_ids);
+  if (!values.ok()) return Fail(values.status());
+  return Result(kv->worker->PullRows(key, absl::MakeConstSpan(row_ids, num_ids),
+                                     absl::MakeSpan(out, *values)));
 }
 
 int tessera_kv_close(TesseraKV* kv) {

@@ -34,6 +34,24 @@ std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key,
   return parts;
 }
 
+std::vector<KeyPart> KeyPartitioner::PartitionRows(uint64_t key,
+                                                  uint64_t num_rows,
+                                                  uint64_t row_length) const {
+  std::vector<KeyPart> parts;
+  if (num_rows == 0) return parts;
+  if (num_rows * row_length < bound_ || num_servers_ == 1) {
+    parts.push_back({ServerOf(key), 0, num_rows});
+    return parts;
+  }
+  const uint64_t n = static_cast<uint64_t>(num_servers_);
+  for (uint64_t s = 0; s < n; ++s) {
+    const uint64_t begin = num_rows * s / n;
+    const uint64_t end = num_rows * (s + 1) / n;
+    if (end > begin) parts.push_back({static_cast<int>(s), begin, end - begin});
+  }
+  return parts;
+}
+
 std::vector<KeyPart> KeyPartitioner::Chunk(const std::vector<KeyPart>& parts,
                                            uint64_t max_elements) {
   std::vector<KeyPart> chunks;

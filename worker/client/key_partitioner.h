@@ -32,6 +32,11 @@ class KeyPartitioner {
   // The server of an array that is not split.
   int ServerOf(uint64_t key) const;
 
+  // A row-sparse key of num_rows x row_length: as Partition, but in whole rows
+  // (offset and length count rows).
+  std::vector<KeyPart> PartitionRows(uint64_t key, uint64_t num_rows,
+                                     uint64_t row_length) const;
+
   // `parts` with each one longer than `max_elements` cut into consecutive
   // slices of at most that many elements (the last one shorter), on the same
   // server. REQUIRES: max_elements >= 1.

@@ -112,6 +112,11 @@ absl::Status KVClient::CheckKey(uint64_t key, size_t len,
         absl::StrCat(what, " of key ", key,
                      ": the key was never initialised (call init first)"));
   }
+  if (it->second.row_length != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " of key ", key,
+        ": the key is row-sparse (init_rows): use push_rows / pull_rows"));
+  }
   if (it->second.length != len) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " of key ", key, " with ", len,
@@ -121,7 +126,8 @@ absl::Status KVClient::CheckKey(uint64_t key, size_t len,
 }
 
 Message KVClient::SliceMessage(wire::Command cmd, uint64_t key,
-                               const KeyPart& part, uint64_t total) {
+                               const KeyPart& part, uint64_t total,
+                               uint64_t row_length) {
   Message msg;
   msg.header.set_command(cmd);
   wire::KeySlice* slice = msg.header.mutable_slice();
@@ -129,6 +135,7 @@ Message KVClient::SliceMessage(wire::Command cmd, uint64_t key,
   slice->set_offset(part.offset);
   slice->set_length(part.length);
   slice->set_total_length(total);
+  slice->set_row_length(row_length);
   return msg;
 }
 
@@ -216,13 +223,35 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
     return absl::InvalidArgumentError(
         absl::StrCat("init of key ", key, ": empty value"));
   }
-  const std::vector<KeyPart> parts = KeyPartitioner::Chunk(
-      partitioner_.Partition(key, value.size()),
-      std::max<uint64_t>(1, options_.chunk_bytes / sizeof(float)));
+  return InitKey(key, value.data(), value.size(), /*row_length=*/0,
+                 KeyPartitioner::Chunk(
+                     partitioner_.Partition(key, value.size()),
+                     std::max<uint64_t>(1, options_.chunk_bytes / sizeof(float))));
+}
+
+absl::Status KVClient::InitRows(uint64_t key, const float* value,
+                                uint64_t num_rows, uint64_t row_length) {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  if (num_rows == 0 || row_length == 0 ||
+      num_rows > (uint64_t{1} << 40) / row_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init of row-sparse key ", key, ": ", num_rows, " rows of ",
+        row_length, " values; expected at least one row and one value"));
+  }
+  // Split by rows, so every server holds whole rows; no slices: a push or
+  // pull carries only the rows it names.
+  return InitKey(key, value, num_rows * row_length, row_length,
+                 partitioner_.PartitionRows(key, num_rows, row_length));
+}
+
+absl::Status KVClient::InitKey(uint64_t key, const float* value,
+                               uint64_t length, uint64_t row_length,
+                               std::vector<KeyPart> parts) {
   std::map<int, int> slices_per_server;
   bool windowed = false;
   for (const KeyPart& part : parts)
     windowed |= ++slices_per_server[part.server_rank] > PushWindow(options_);
+  const uint64_t total = row_length == 0 ? length : length / row_length;
   {
     absl::MutexLock lock(&mu_);
     if (keys_.count(key) != 0) {
@@ -230,11 +259,12 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
           absl::StrCat("key ", key, " is already initialised"));
     }
     KeyInfo& info = keys_[key];
-    info.length = value.size();
+    info.length = length;
+    info.row_length = row_length;
     info.parts = parts;
     info.windowed = windowed;
-    if (two_bit_) info.residual.assign(value.size(), 0.0f);
-    if (pull_two_bit_) {
+    if (two_bit_ && row_length == 0) info.residual.assign(length, 0.0f);
+    if (pull_two_bit_ && row_length == 0) {
       for (const KeyPart& part : parts)
         info.pulled.push_back(std::make_shared<PulledCopy>(part.length));
     }
@@ -247,7 +277,7 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
   };
   if (options_.restart_count > 0) {
     uint64_t resume = 0;
-    absl::Status found = RejoinKey(key, value.size(), &resume);
+    absl::Status found = RejoinKey(key, total, &resume);
     if (found.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -272,12 +302,15 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
   absl::Status stored = absl::OkStatus();
   if (rank() == 0) {
     const uint64_t op = tracker_->NewOp();
+    const uint64_t unit = row_length == 0 ? 1 : row_length;
     for (size_t i = 0; i < parts.size(); ++i) {
       const KeyPart& part = parts[i];
-      Message msg = SliceMessage(wire::KV_INIT, key, part, value.size());
+      Message msg = SliceMessage(wire::KV_INIT, key, part, total, row_length);
       msg.header.mutable_kv_options()->set_sync_mode(sync_);
-      AddFloatFrame(&msg, Buffer::CopyOf(value.data() + part.offset,
-                                         part.length * sizeof(float)));
+      if (value != nullptr) {
+        AddFloatFrame(&msg, Buffer::CopyOf(value + part.offset * unit,
+                                           part.length * unit * sizeof(float)));
+      }
       SendPart(op, part, std::move(msg), nullptr, {key, i, true});
     }
     stored = tracker_->Wait(op, absl::StrCat("init of key ", key));
@@ -288,6 +321,172 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
     return stored;
   }
   return barrier;
+}
+
+absl::StatusOr<uint64_t> KVClient::CheckRows(
+    uint64_t key, absl::Span<const uint64_t> row_ids, const char* what) const {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(key);
+  if (it == keys_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(what, " of key ", key,
+                     ": the key was never initialised (call init first)"));
+  }
+  const KeyInfo& info = it->second;
+  if (info.row_length == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " of key ", key, ": the key is dense (init, not init_rows)"));
+  }
+  const uint64_t num_rows = info.length / info.row_length;
+  for (uint64_t id : row_ids) {
+    if (id >= num_rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " of key ", key, ": row id ", id, " is past its ",
+                       num_rows, " rows"));
+    }
+  }
+  return info.row_length;
+}
+
+absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
+    uint64_t key, absl::Span<const uint64_t> row_ids,
+    absl::Span<const float> rows) {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t l, CheckRows(key, row_ids, "row push"));
+  if (rows.size() != row_ids.size() * l) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row push of key ", key, ": ", row_ids.size(), " row ids need ",
+        row_ids.size() * l, " values, not ", rows.size()));
+  }
+  bool two_bit;
+  float threshold;
+  {
+    absl::MutexLock lock(&mu_);
+    two_bit = two_bit_;
+    threshold = threshold_;
+  }
+  return SendPush(
+      wire::KV_PUSH, key, nullptr,
+      [&, l](uint64_t, size_t, const KeyPart& part) -> absl::StatusOr<Message> {
+        // This part's rows, in push order; 2-bit: duplicates summed first,
+        // so each row's error feedback sees its whole gradient once.
+        std::vector<uint64_t> ids;
+        std::vector<float> values;
+        absl::flat_hash_map<uint64_t, size_t> seen;
+        for (size_t k = 0; k < row_ids.size(); ++k) {
+          const uint64_t id = row_ids[k];
+          if (id < part.offset || id >= part.offset + part.length) continue;
+          const float* v = rows.data() + k * l;
+          if (two_bit) {
+            auto [it, added] = seen.try_emplace(id, ids.size());
+            if (!added) {
+              float* at = values.data() + it->second * l;
+              for (uint64_t j = 0; j < l; ++j) at[j] += v[j];
+              continue;
+            }
+          }
+          ids.push_back(id);
+          values.insert(values.end(), v, v + l);
+        }
+        Message body;
+        wire::DataFrame* d = body.header.add_frames();
+        d->set_encoding(wire::DataFrame::RAW);
+        d->set_num_bytes(ids.size() * sizeof(uint64_t));
+        body.data.push_back(
+            Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
+        if (!two_bit) {
+          AddFloatFrame(&body,
+                        Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+          return body;
+        }
+        // Each row's residual: what earlier pushes of it have not sent yet.
+        std::vector<float> residual(values.size());
+        {
+          absl::MutexLock lock(&mu_);
+          KeyInfo& info = keys_[key];
+          for (size_t k = 0; k < ids.size(); ++k) {
+            auto [it, added] =
+                info.row_slot.try_emplace(ids[k], info.row_slot.size());
+            if (added) info.row_residual.resize(info.row_slot.size() * l, 0.0f);
+            std::memcpy(residual.data() + k * l,
+                        info.row_residual.data() + it->second * l,
+                        l * sizeof(float));
+          }
+        }
+        Buffer packed =
+            Buffer::Allocate(compression::TwoBitCompressedBytes(values.size()));
+        TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(
+            values.data(), residual.data(), values.size(), threshold,
+            packed.mutable_data()));
+        {
+          absl::MutexLock lock(&mu_);
+          KeyInfo& info = keys_[key];
+          for (size_t k = 0; k < ids.size(); ++k) {
+            std::memcpy(info.row_residual.data() + info.row_slot[ids[k]] * l,
+                        residual.data() + k * l, l * sizeof(float));
+          }
+        }
+        AddTwoBitFrame(&body, std::move(packed), values.size());
+        return body;
+      });
+}
+
+absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
+    uint64_t key, absl::Span<const uint64_t> row_ids, absl::Span<float> out) {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t l, CheckRows(key, row_ids, "row pull"));
+  if (out.size() != row_ids.size() * l) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row pull of key ", key, ": ", row_ids.size(), " row ids need ",
+        row_ids.size() * l, " values of output, not ", out.size()));
+  }
+  std::vector<KeyPart> parts;
+  uint64_t total = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    parts = keys_.at(key).parts;
+    total = keys_.at(key).length / l;
+    ++stats_.pulls;
+  }
+  const uint64_t op = tracker_->NewOp();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const KeyPart& part = parts[i];
+    // The rows this server holds, and where each goes in `out`.
+    std::vector<uint64_t> ids, at;
+    for (size_t k = 0; k < row_ids.size(); ++k) {
+      if (row_ids[k] < part.offset || row_ids[k] >= part.offset + part.length)
+        continue;
+      ids.push_back(row_ids[k]);
+      at.push_back(k);
+    }
+    if (ids.empty()) continue;  // a pull need not visit every server
+    Message msg = SliceMessage(wire::KV_PULL, key, part, total, l);
+    wire::DataFrame* d = msg.header.add_frames();
+    d->set_encoding(wire::DataFrame::RAW);
+    d->set_num_bytes(ids.size() * sizeof(uint64_t));
+    msg.data.push_back(Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
+    RequestTracker::Request request;
+    request.op = op;
+    request.server = ServerId(part.server_rank);
+    request.length = ids.size() * l;
+    request.part = {key, i, true};
+    float* base = out.data();
+    request.on_reply = [base, at = std::move(at), l](const Message& reply) {
+      if (reply.data.size() != 1 ||
+          reply.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+          reply.header.frames(0).num_values() != at.size() * l) {
+        return absl::DataLossError(
+            absl::StrCat("row pull reply from node ", reply.header.sender(),
+                         " does not carry ", at.size(), " rows of ", l));
+      }
+      const float* rows = reply.data[0].floats();
+      for (size_t k = 0; k < at.size(); ++k)
+        std::memcpy(base + at[k] * l, rows + k * l, l * sizeof(float));
+      return absl::OkStatus();
+    };
+    tracker_->Send(request, std::move(msg));
+  }
+  return op;
 }
 
 uint64_t KVClient::ResumeRound() {
@@ -321,45 +520,49 @@ absl::Status KVClient::RejoinKey(uint64_t key, uint64_t total,
 }
 
 absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
-                                            size_t len, float* out,
+                                            float* out,
                                             const PayloadFn& payload) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
-  TESSERA_RETURN_IF_ERROR(CheckKey(key, len, "push"));
-  const std::vector<KeyPart> parts = Parts(key);
+  std::vector<KeyPart> parts;
+  uint64_t total = 0, row_length = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const KeyInfo& info = keys_.at(key);
+    parts = info.parts;
+    row_length = info.row_length;
+    total = row_length == 0 ? info.length : info.length / row_length;
+  }
   const uint64_t op = tracker_->NewOp();
-  std::vector<Buffer> payloads;
+  std::vector<Message> bodies;
   for (size_t i = 0; i < parts.size(); ++i) {
-    absl::StatusOr<Buffer> made = payload(op, i, parts[i]);
+    absl::StatusOr<Message> made = payload(op, i, parts[i]);
     if (!made.ok()) {
-      payloads.clear();  // unpins what was borrowed
+      bodies.clear();  // unpins what was borrowed
       tracker_->FailOp(op, made.status());
       (void)tracker_->Wait(op, "push");
       return made.status();
     }
-    payloads.push_back(*std::move(made));
+    bodies.push_back(*std::move(made));
   }
-  bool two_bit;
   bool windowed;
   uint64_t seq;
   {
     absl::MutexLock lock(&mu_);
-    two_bit = two_bit_;
     windowed = keys_[key].windowed;
     SettleResumeLocked();
     seq = keys_[key].next_seq++;
     ++stats_.pushes;
-    for (const Buffer& b : payloads) stats_.bytes_pushed += b.size();
+    for (const Message& b : bodies)
+      for (const Buffer& d : b.data) stats_.bytes_pushed += d.size();
   }
   for (size_t i = 0; i < parts.size(); ++i) {
     const KeyPart& part = parts[i];
-    Message msg = SliceMessage(cmd, key, part, len);
+    Message msg = std::move(bodies[i]);
+    *msg.header.mutable_slice() =
+        SliceMessage(cmd, key, part, total, row_length).header.slice();
+    msg.header.set_command(cmd);
     msg.header.set_push_seq(seq);
     msg.header.set_ack_on_receipt(windowed);
-    if (two_bit) {
-      AddTwoBitFrame(&msg, std::move(payloads[i]), part.length);
-    } else {
-      AddFloatFrame(&msg, std::move(payloads[i]));
-    }
     SendPart(op, part, std::move(msg),
              out == nullptr ? nullptr : out + part.offset, {key, i, true},
              /*replayed=*/false, windowed);
@@ -370,7 +573,7 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
 KVClient::PayloadFn KVClient::HostPayload(uint64_t key,
                                           absl::Span<const float> grad) {
   return [this, key, grad](uint64_t op, size_t,
-                           const KeyPart& part) -> absl::StatusOr<Buffer> {
+                           const KeyPart& part) -> absl::StatusOr<Message> {
     bool two_bit;
     float threshold;
     float* residual;
@@ -380,24 +583,28 @@ KVClient::PayloadFn KVClient::HostPayload(uint64_t key,
       threshold = threshold_;
       residual = keys_[key].residual.data();
     }
+    Message body;
     if (!two_bit) {
       // Zero-copy: the frame borrows the caller's memory and pins the op.
-      return Buffer::Wrap(grad.data() + part.offset,
-                          part.length * sizeof(float), tracker_->Pin(op));
+      AddFloatFrame(&body, Buffer::Wrap(grad.data() + part.offset,
+                                        part.length * sizeof(float),
+                                        tracker_->Pin(op)));
+      return body;
     }
     Buffer packed =
         Buffer::Allocate(compression::TwoBitCompressedBytes(part.length));
     TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(
         grad.data() + part.offset, residual + part.offset, part.length,
         threshold, packed.mutable_data()));
-    return packed;
+    AddTwoBitFrame(&body, std::move(packed), part.length);
+    return body;
   };
 }
 
 absl::StatusOr<OpHandle> KVClient::PushAsync(uint64_t key,
                                              absl::Span<const float> grad) {
-  return SendPush(wire::KV_PUSH, key, grad.size(), nullptr,
-                  HostPayload(key, grad));
+  TESSERA_RETURN_IF_ERROR(CheckKey(key, grad.size(), "push"));
+  return SendPush(wire::KV_PUSH, key, nullptr, HostPayload(key, grad));
 }
 
 absl::StatusOr<OpHandle> KVClient::PushPullAsync(uint64_t key,
@@ -408,8 +615,8 @@ absl::StatusOr<OpHandle> KVClient::PushPullAsync(uint64_t key,
         absl::StrCat("pushpull of key ", key, ": gradient has ", grad.size(),
                      " values but output has ", out.size()));
   }
-  return SendPush(wire::KV_PUSHPULL, key, grad.size(), out.data(),
-                  HostPayload(key, grad));
+  TESSERA_RETURN_IF_ERROR(CheckKey(key, grad.size(), "pushpull"));
+  return SendPush(wire::KV_PUSHPULL, key, out.data(), HostPayload(key, grad));
 }
 
 absl::StatusOr<OpHandle> KVClient::PushDeviceAsync(uint64_t key,
@@ -429,9 +636,15 @@ absl::StatusOr<OpHandle> KVClient::PushDeviceAsync(uint64_t key,
       std::vector<Buffer> staged,
       device_.Stage(key, device_grad, len, Parts(key), two_bit, threshold,
                     cuda_stream));
-  return SendPush(wire::KV_PUSH, key, len, nullptr,
-                  [&staged](uint64_t, size_t i, const KeyPart&) {
-                    return absl::StatusOr<Buffer>(std::move(staged[i]));
+  return SendPush(wire::KV_PUSH, key, nullptr,
+                  [&staged, two_bit](uint64_t, size_t i, const KeyPart& part) {
+                    Message body;
+                    if (two_bit) {
+                      AddTwoBitFrame(&body, std::move(staged[i]), part.length);
+                    } else {
+                      AddFloatFrame(&body, std::move(staged[i]));
+                    }
+                    return absl::StatusOr<Message>(std::move(body));
                   });
 }
 

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/node.h"
@@ -85,6 +86,17 @@ class KVClient : public KVWorker {
                                            void* cuda_stream) override;
   absl::StatusOr<OpHandle> PullAsync(uint64_t key,
                                      absl::Span<float> out) override;
+  absl::Status InitRows(uint64_t key, const float* value, uint64_t num_rows,
+                        uint64_t row_length) override;
+  absl::StatusOr<OpHandle> PushRowsAsync(uint64_t key,
+                                         absl::Span<const uint64_t> row_ids,
+                                         absl::Span<const float> rows) override;
+  absl::StatusOr<OpHandle> PullRowsAsync(uint64_t key,
+                                         absl::Span<const uint64_t> row_ids,
+                                         absl::Span<float> out) override;
+  absl::StatusOr<uint64_t> RowLength(uint64_t key) const override {
+    return CheckRows(key, {}, "row call");
+  }
   absl::Status Wait(OpHandle handle) override;
   absl::Status Barrier() override;
   absl::Status Close() override;
@@ -92,7 +104,8 @@ class KVClient : public KVWorker {
 
  private:
   struct KeyInfo {
-    uint64_t length = 0;
+    uint64_t length = 0;      // values (rows x row_length for row keys)
+    uint64_t row_length = 0;  // 0: a dense key
     std::vector<KeyPart> parts;  // slices of at most TESSERA_CHUNK_BYTES
     // More slices on one server than the tracker's window: pushes go a
     // window at a time, each slice acknowledged once taken.
@@ -101,11 +114,25 @@ class KVClient : public KVWorker {
     std::vector<float> residual;  // 2-bit error feedback, host pushes
     // Per slice, this worker's copy for compressed pulls.
     std::vector<std::shared_ptr<PulledCopy>> pulled;
+    // Row keys with 2-bit pushes: error feedback of the rows pushed so far
+    // (row -> its residual in row_residual).
+    absl::flat_hash_map<uint64_t, uint64_t> row_slot;
+    std::vector<float> row_residual;
   };
-  // Makes the payload of one part of a push; `op` owns borrowed frames.
+  // What InitRows and Init share: declares the key, rejoins or stores it,
+  // and waits in its init barrier. `value` may be null (row keys: zeros).
+  absl::Status InitKey(uint64_t key, const float* value, uint64_t length,
+                       uint64_t row_length, std::vector<KeyPart> parts);
+  // The row keys' checks: the key exists, is row-sparse, and every id is
+  // below its rows. Returns the row length.
+  absl::StatusOr<uint64_t> CheckRows(uint64_t key,
+                                     absl::Span<const uint64_t> row_ids,
+                                     const char* what) const;
+  // Makes the data frames of one part of a push (a message with frames and
+  // their descriptors only); `op` owns borrowed frames.
   using PayloadFn =
-      std::function<absl::StatusOr<Buffer>(uint64_t op, size_t part_index,
-                                           const KeyPart& part)>;
+      std::function<absl::StatusOr<Message>(uint64_t op, size_t part_index,
+                                            const KeyPart& part)>;
 
   KVClient(const Options& options, bool sync);
   absl::Status Start(std::unique_ptr<Transport> transport);
@@ -114,8 +141,10 @@ class KVClient : public KVWorker {
   bool HaveKeys() const;
   std::vector<KeyPart> Parts(uint64_t key) const;
   absl::Status CheckKey(uint64_t key, size_t len, const char* what) const;
+  // `total`: values of a dense key, rows of a row-sparse one.
   static Message SliceMessage(wire::Command cmd, uint64_t key,
-                              const KeyPart& part, uint64_t total);
+                              const KeyPart& part, uint64_t total,
+                              uint64_t row_length = 0);
   void SendPart(uint64_t op, const KeyPart& part, Message msg, float* out,
                 RequestTracker::PartRef ref = {}, bool replayed = false,
                 bool windowed = false);
@@ -126,8 +155,7 @@ class KVClient : public KVWorker {
   // `payload` (all before anything is sent, so a failure uses up no number),
   // sends the parts and counts the push.
   absl::StatusOr<OpHandle> SendPush(wire::Command cmd, uint64_t key,
-                                    size_t len, float* out,
-                                    const PayloadFn& payload);
+                                    float* out, const PayloadFn& payload);
   // The payload of host memory: 2-bit packed (error feedback in the key's
   // residual) or the caller's floats, borrowed.
   PayloadFn HostPayload(uint64_t key, absl::Span<const float> grad);

@@ -38,4 +38,18 @@ absl::Status KVWorker::PushPull(uint64_t key, absl::Span<const float> grad,
   return Wait(h);
 }
 
+absl::Status KVWorker::PushRows(uint64_t key,
+                                absl::Span<const uint64_t> row_ids,
+                                absl::Span<const float> rows) {
+  TESSERA_ASSIGN_OR_RETURN(OpHandle h, PushRowsAsync(key, row_ids, rows));
+  return Wait(h);
+}
+
+absl::Status KVWorker::PullRows(uint64_t key,
+                                absl::Span<const uint64_t> row_ids,
+                                absl::Span<float> out) {
+  TESSERA_ASSIGN_OR_RETURN(OpHandle h, PullRowsAsync(key, row_ids, out));
+  return Wait(h);
+}
+
 }  // namespace tessera
