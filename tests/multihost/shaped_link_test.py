@@ -185,9 +185,13 @@ class ShapedLinkTest(unittest.TestCase):
                               % (tool.returncode, err))
                 time.sleep(3)  # the job's processes are up and training
                 self.assertIsNone(tool.poll(), 'the tool ended early:\n%s' % err)
-                running = [l for l in leftovers(tag) if l.startswith('process')]
+                before = leftovers(tag)
+                running = [l for l in before if l.startswith('process')]
                 self.assertTrue(any('tessera-worker' in l for l in running),
-                                'no worker running 3 s into the job: %s' % running)
+                                'no worker running 3 s into the job: %s' % before)
+                self.assertTrue(any(l.startswith('namespace') for l in before) and
+                                any(l.startswith('link') for l in before),
+                                'no namespace or link seen 3 s into the job: %s' % before)
                 os.kill(tool.pid, signal.SIGKILL)
                 tool.wait()
             finally:
