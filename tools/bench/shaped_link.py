@@ -16,22 +16,29 @@ receives, so each node has a full-duplex link of that rate, as a machine with it
 own NIC on a switch has, rather than one loopback shared by every process and
 direction. The shaping of a rate is
 
-    tc qdisc replace dev IF root tbf rate RATE burst B latency 50ms
+    tc qdisc replace dev IF root tbf rate RATE burst 131072 latency 50ms
 
-  - burst B = 2 ms of the rate (250 kB at 1 Gbit/s, the 256 KiB of the issue's
-    measurement; 2.5 MB at 10 Gbit/s), at least 128 KiB. veth hands tbf whole
-    GSO packets of up to 64 KiB, and tbf splits (in software, on these 2
-    cores) any packet bigger than its bucket, so the bucket holds two of them;
-    2 ms of the rate keeps the timer wake-ups at a few hundred a second at any
-    rate, while a link never runs ahead of its rate by more than 2 ms of it.
-  - latency 50ms: the queue tbf keeps before it drops (6.25 MB at 1 Gbit/s,
-    62.5 MB at 10 Gbit/s, as memory only when filled). A sender's own queue
-    stays short anyway (TCP small queues hold a socket's bytes in the
-    qdisc to about 1 ms of them); the one queue that grows is a receiver's bridge
-    end, where the pushes of every worker meet at one server, as at a switch
-    port. One step of the quick-start job sends about 1 MB per worker, so the
-    queue absorbs a whole step of every worker: the shaper delays, it does not
-    drop, and the runs measure bandwidth, not TCP's loss recovery.
+  - burst 128 KiB (--burst), at every rate: the smallest bucket that passes two
+    whole GSO packets of veth (64 KiB of payload plus the segments' headers;
+    tbf splits any packet bigger than its bucket in software, which on these 2
+    cores costs more than the shaping). The bucket is what a link may send
+    at once after it was idle, faster than its rate; a real NIC has none. So it
+    must stay small beside a step's messages: one step of the quick-start job
+    sends each worker's 0.8 MB gradient of the first layer into the server and
+    the new weights back, and the 5 ms of compute between steps refill any
+    bucket up to 625 kB at 1 Gbit/s. Measured (the job without compression, 1
+    Gbit/s): burst 96 or 128 KiB 13.7 to 16 s, 250 kB (2 ms) 12.0 to 15.2 s,
+    1 MB 7.8 to 7.9 s, while a real 1 Gbit/s network needs about 14 s (per
+    step 12.8 ms for two workers' 0.8 MB into the server, 12.8 ms back, 4 ms
+    of compute); at 10 Gbit/s a 2 ms bucket (2.5 MB) is never empty and the
+    link is not shaped at all. 64 KiB (every packet split) took 17 to 21 s.
+  - latency 50ms (--latency): the queue tbf keeps before it drops (6.25 MB at 1
+    Gbit/s). A sender's own queue stays short anyway (TCP small queues); the
+    queue that grows is a receiver's bridge end, where the pushes of every
+    worker meet at one server, as at a switch port. 50 ms holds a whole step of
+    every worker: no drops in the runs above, while 5 ms dropped packets at the
+    server (and took 12.7 to 14.9 s): the runs measure bandwidth, not TCP's loss
+    recovery.
 
 The job is tools/quickstart.sh's (build/worker/tessera-worker --kv-store
 dist_sync --gc-threshold 1 --lr 0.3 --momentum 0 --lr-step-epochs 12) for
@@ -63,7 +70,8 @@ worker 0 to server 0 for a second at each shaped rate and prints what arrived
 
     sudo tools/bench/shaped_link.py [--rates 1gbit,10gbit] [--modes none,push2bit]
         [--runs 3] [--epochs 2] [--workers 2] [--servers 1] [--build build]
-        [--json FILE] [--loopback] [--tag NAME] [--timeout 900] [-- worker flags]
+        [--json FILE] [--loopback] [--burst 128k] [--latency 50ms] [--tag NAME]
+        [--timeout 900] [--no-link-check] [-- worker flags]
 
 Exit status: 0 every job finished; 1 a job failed (its processes' last lines are
 printed and the log folder is kept); 2 a usage error; 3 shaped links cannot be
@@ -105,6 +113,7 @@ EXIT_UNSUPPORTED_FLAG = 4
 
 SUBNET_PREFIX = '10.79.0.'
 ROOT_PORT = 9179
+BURST_BYTES = 128 * 1024
 LATENCY = '50ms'
 # After one process fails, how long the others get to notice and exit.
 FAILURE_GRACE_S = 15
@@ -144,11 +153,9 @@ def parse_rate(text):
     return float(m.group(1)) * {'': 1, 'k': 1e3, 'm': 1e6, 'g': 1e9, 't': 1e12}[m.group(2)]
 
 
-def tbf_args(rate):
+def tbf_args(rate, burst=BURST_BYTES, latency=LATENCY):
     """The tbf arguments for a rate (see the module's docstring for why)."""
-    bps = parse_rate(rate)
-    burst = max(128 * 1024, int(bps / 8 * 0.002))
-    return ['tbf', 'rate', rate, 'burst', str(burst), 'latency', LATENCY]
+    return ['tbf', 'rate', rate, 'burst', str(burst), 'latency', latency]
 
 
 def run(argv, check=True, timeout=30, ns=None, **kw):
@@ -334,8 +341,9 @@ class Resources(object):
 class Topology(object):
     """The bridge and one namespace per node, each node's veth shaped on both ends."""
 
-    def __init__(self, res, servers, workers):
+    def __init__(self, res, servers, workers, burst, latency):
         self.res = res
+        self.burst, self.latency = burst, latency
         self.bridge = res.tag + 'br'
         # (role, address) per node; node i lives in namespace tag + 'n' + i.
         self.nodes = ([('scheduler', SUBNET_PREFIX + '1')] +
@@ -368,7 +376,7 @@ class Topology(object):
         """Every node's link to `rate`, both ways (replaces the previous shaping)."""
         if rate == self.rate:
             return
-        args = tbf_args(rate)
+        args = tbf_args(rate, self.burst, self.latency)
         for ns, host_end in zip(self.namespaces, self.bridge_ends):
             run(['tc', 'qdisc', 'replace', 'dev', 'eth0', 'root'] + args, ns=ns)
             run(['tc', 'qdisc', 'replace', 'dev', host_end, 'root'] + args)
@@ -671,12 +679,12 @@ def summary_table(rows, modes):
     return summary
 
 
-def print_rate(rate, summary, rows, modes, link):
+def print_rate(rate, tbf, summary, rows, modes, link):
     if rate == LOOPBACK:
         print('\n### plain loopback (no namespaces, no shaping)\n')
     else:
         print('\n### %s per node, full duplex (tc %s on both ends of every veth)\n'
-              % (rate, ' '.join(tbf_args(rate))))
+              % (rate, ' '.join(tbf)))
         if link is not None:
             print('link check: bulk TCP worker 0 -> server 0: %s\n' % link)
     print('medians of %d run(s); speed-up = none\'s wall s / this wall s\n'
@@ -734,6 +742,10 @@ def parse_args(argv):
     p.add_argument('--tag', default='sl%d' % (os.getpid() % 100000),
                    help='prefix of every namespace and link name (up to 8 letters and '
                    'digits; default sl<pid>)')
+    p.add_argument('--burst', default=str(BURST_BYTES),
+                   help='tbf bucket in bytes, or with k or m (KiB, MiB) (128k)')
+    p.add_argument('--latency', default=LATENCY,
+                   help='tbf queue as time at the rate, e.g. 50ms (50ms)')
     p.add_argument('--no-link-check', action='store_true',
                    help='skip the bulk TCP check of each shaped rate')
     args = p.parse_args(argv)
@@ -751,6 +763,12 @@ def parse_args(argv):
         if r not in rates:
             rates.append(r)
     args.rates = rates
+    m = re.fullmatch(r'(\d+)([km]?)', args.burst.strip().lower())
+    if not m or int(m.group(1)) == 0:
+        p.error('--burst: expected bytes such as 131072, 128k or 1m, got %r' % args.burst)
+    args.burst = int(m.group(1)) * {'': 1, 'k': 1024, 'm': 1024 * 1024}[m.group(2)]
+    if not re.fullmatch(r'\d+(\.\d+)?(us|ms|s)', args.latency.strip()):
+        p.error('--latency: expected a time such as 50ms, got %r' % args.latency)
     modes = [m.strip() for m in args.modes.split(',') if m.strip()]
     for m in modes:
         if m not in MODES:
@@ -833,14 +851,14 @@ def main(argv):
         'rates': args.rates, 'modes': args.modes, 'runs_per_mode': args.runs,
         'epochs': args.epochs, 'workers': args.workers, 'servers': args.servers,
         'worker_flags': dict((m, common + MODES[m] + args.extra) for m in args.modes),
-        'tbf': dict((r, tbf_args(r)) for r in shaped),
+        'tbf': dict((r, tbf_args(r, args.burst, args.latency)) for r in shaped),
         'link_check_mbit_s': {}, 'runs': [], 'summary': {},
     }
     say('uptime: %s' % record['uptime_before'])
     try:
         topo = None
         if shaped:
-            topo = Topology(res, args.servers, args.workers)
+            topo = Topology(res, args.servers, args.workers, args.burst, args.latency)
             topo.setup()
             for rate in shaped:
                 if args.no_link_check:
@@ -902,7 +920,7 @@ def main(argv):
             summary = summary_table(rows[rate], args.modes)
             record['summary'][rate] = summary
             mbit = record['link_check_mbit_s'].get(rate)
-            print_rate(rate, summary, rows[rate], args.modes,
+            print_rate(rate, record['tbf'].get(rate), summary, rows[rate], args.modes,
                        '%.0f Mbit/s' % mbit if mbit else None)
         if args.json:
             with open(args.json, 'w') as f:
