@@ -21,23 +21,24 @@ direction. The shaping of a rate is
   - burst 128 KiB (--burst), at every rate: the smallest bucket that passes two
     whole GSO packets of veth (64 KiB of payload plus the segments' headers;
     tbf splits any packet bigger than its bucket in software, which on these 2
-    cores costs more than the shaping). The bucket is what a link may send
-    at once after it was idle, faster than its rate; a real NIC has none. So it
-    must stay small beside a step's messages: one step of the quick-start job
-    sends each worker's 0.8 MB gradient of the first layer into the server and
-    the new weights back, and the 5 ms of compute between steps refill any
-    bucket up to 625 kB at 1 Gbit/s. Measured (the job without compression, 1
-    Gbit/s): burst 96 or 128 KiB 13.7 to 16 s, 250 kB (2 ms) 12.0 to 15.2 s,
-    1 MB 7.8 to 7.9 s, while a real 1 Gbit/s network needs about 14 s (per
-    step 12.8 ms for two workers' 0.8 MB into the server, 12.8 ms back, 4 ms
-    of compute); at 10 Gbit/s a 2 ms bucket (2.5 MB) is never empty and the
-    link is not shaped at all. 64 KiB (every packet split) took 17 to 21 s.
+    cores costs more than the shaping: a 64 KiB bucket made the job slower
+    than 96 or 128 KiB). The bucket is what a link may send at once after it
+    was idle, faster than its rate, and a real NIC has none, so it must stay
+    small beside a step's messages: a step of the quick-start job sends each
+    worker's 0.8 MB gradient of the first layer into the server and the new
+    weights back, and the few ms of compute between steps refill a bucket of
+    up to 625 kB at 1 Gbit/s. A real 1 Gbit/s network needs about 14 s for the
+    job without compression (per step 12.8 ms for two workers' 0.8 MB into
+    the server, 12.8 ms back, about 4 ms of compute); with a 1 MB bucket it
+    took 8.6 s here and 2-bit pushes bought nothing; with a 2 ms bucket at 10
+    Gbit/s (2.5 MB) no step ever waits for tokens, and the link is not shaped
+    at all. docs/benchmarks.md has the figures.
   - latency 50ms (--latency): the queue tbf keeps before it drops (6.25 MB at 1
     Gbit/s). A sender's own queue stays short anyway (TCP small queues); the
     queue that grows is a receiver's bridge end, where the pushes of every
     worker meet at one server, as at a switch port. 50 ms holds a whole step of
-    every worker: no drops in the runs above, while 5 ms dropped packets at the
-    server (and took 12.7 to 14.9 s): the runs measure bandwidth, not TCP's loss
+    every worker: tbf dropped nothing in 50 ms runs, while with 5 ms it
+    dropped packets at the server: the runs measure bandwidth, not TCP's loss
     recovery.
 
 The job is tools/quickstart.sh's (build/worker/tessera-worker --kv-store
