@@ -1,0 +1,938 @@
+#!/usr/bin/env python3
+"""The quick-start job over shaped links: what compression buys on a real network.
+
+Each node of a job (the scheduler, S servers, W workers) runs in its own network
+namespace with its own `eth0`, one end of a veth pair whose other end is a port of
+one bridge, subnet 10.79.0.0/24 (the multihost and netfault tests use 10.77 and
+10.78):
+
+    <tag>n0        10.79.0.1        tessera-scheduler
+    <tag>n1..nS    10.79.0.11...    tessera-server
+    <tag>n(S+1)..  10.79.0.101...   tessera-worker
+
+Every node's link is shaped with `tbf` to --rates on BOTH ends of its veth: the
+namespace end (`eth0`) limits what the node sends, the bridge end what it
+receives, so each node has a full-duplex link of that rate, as a machine with its
+own NIC on a switch has, rather than one loopback shared by every process and
+direction. The shaping of a rate is
+
+    tc qdisc replace dev IF root tbf rate RATE burst 131072 latency 50ms
+
+  - burst 128 KiB (--burst), at every rate: the smallest bucket that passes two
+    whole GSO packets of veth (64 KiB of payload plus the segments' headers;
+    tbf splits any packet bigger than its bucket in software, which on these 2
+    cores costs more than the shaping: a 64 KiB bucket made the job slower
+    than 96 or 128 KiB). The bucket is what a link may send at once after it
+    was idle, faster than its rate, and a real NIC has none, so it must stay
+    small beside a step's messages: a step of the quick-start job sends each
+    worker's 0.8 MB gradient of the first layer into the server and the new
+    weights back, and the few ms of compute between steps refill a bucket of
+    up to 625 kB at 1 Gbit/s. A real 1 Gbit/s network needs about 14 s for the
+    job without compression (per step 12.8 ms for two workers' 0.8 MB into
+    the server, 12.8 ms back, about 4 ms of compute); with a 1 MB bucket it
+    took 8.6 s here and 2-bit pushes bought nothing; with a 2 ms bucket at 10
+    Gbit/s (2.5 MB) no step ever waits for tokens, and the link is not shaped
+    at all. docs/benchmarks.md has the figures.
+  - latency 50ms (--latency): the queue tbf keeps before it drops (6.25 MB at 1
+    Gbit/s). A sender's own queue stays short anyway (TCP small queues); the
+    queue that grows is a receiver's bridge end, where the pushes of every
+    worker meet at one server, as at a switch port. 50 ms holds a whole step of
+    every worker: tbf dropped nothing in 50 ms runs, while with 5 ms it
+    dropped packets at the server: the runs measure bandwidth, not TCP's loss
+    recovery.
+
+The job is tools/quickstart.sh's (build/worker/tessera-worker --kv-store
+dist_sync --gc-threshold 1 --lr 0.3 --momentum 0 --lr-step-epochs 12) for
+--epochs, with each mode's flags:
+
+    none      --gc-type none
+    push2bit  --gc-type 2bit
+    both2bit  --gc-type 2bit --gc-pull 2bit
+
+then the worker flags after `--` (a later flag wins). For every run (--runs),
+every rate in turn and within it every mode in turn, one job; so the machine's
+drifting load falls on all alike. The rate `loopback` (or `none`, or the flag
+--loopback) runs the same job on this machine's plain loopback: no namespaces,
+no shaping, no root needed.
+
+Printed per rate: a Markdown table with one row per mode, the medians over the
+runs of
+  wall s      the slowest worker's `wall_seconds` (its --metrics-out): the
+              training loop with the per-epoch evaluation, from the first step to
+              the last; start-up (loading the data, joining) is not in it
+  speed-up    the `none` row's median wall s over this row's
+  job s       from starting the scheduler to the last process's exit
+  samples/s   the workers' `samples_per_second`, summed
+  MB pushed, MB pulled   per worker (payload bytes, 10^6), the workers' mean
+  test acc    rank 0's test accuracy after the last epoch
+then every run's figures. Before the first job, a link check sends bulk TCP from
+worker 0 to server 0 for a second at each shaped rate and prints what arrived
+(--no-link-check to skip it). `uptime` is recorded before and after.
+
+    sudo tools/bench/shaped_link.py [--rates 1gbit,10gbit] [--modes none,push2bit]
+        [--runs 3] [--epochs 2] [--workers 2] [--servers 1] [--build build]
+        [--json FILE] [--loopback] [--burst 128k] [--latency 50ms] [--tag NAME]
+        [--timeout 900] [--no-link-check] [-- worker flags]
+
+Exit status: 0 every job finished; 1 a job failed (its processes' last lines are
+printed and the log folder is kept); 2 a usage error; 3 shaped links cannot be
+built here (not root, no `ip netns`, `tc` or `tbf`; one line says why: a test
+using this tool skips on it); 4 tessera-worker does not take a mode's flags (e.g.
+`--gc-pull` on a build without compressed pulls; the line names the flag).
+
+Clean-up is certain: every process is started by this tool and ended by pid; the
+namespaces, the bridge and veths, the processes and the temporary folder are
+listed in a state file as they are made and removed on exit, on failure, on
+SIGINT/SIGTERM/SIGHUP, and, should this process be SIGKILLed, by a guard process
+(detached, its own session) that waits for this one's pipe to close. Every
+process of a job carries TESSERA_SHAPED_LINK_TAG=<tag> in its environment, so a
+test can tell that none is left.
+"""
+
+import argparse
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.path.normpath(os.path.join(HERE, '..', '..'))
+PROG = 'shaped_link'
+
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NO_SHAPING = 3
+EXIT_UNSUPPORTED_FLAG = 4
+
+SUBNET_PREFIX = '10.79.0.'
+ROOT_PORT = 9179
+BURST_BYTES = 128 * 1024
+LATENCY = '50ms'
+# After one process fails, how long the others get to notice and exit.
+FAILURE_GRACE_S = 15
+
+QUICKSTART_FLAGS = ['--kv-store', 'dist_sync', '--gc-threshold', '1', '--lr', '0.3',
+                    '--momentum', '0', '--lr-step-epochs', '12']
+MODES = {
+    'none': ['--gc-type', 'none'],
+    'push2bit': ['--gc-type', '2bit'],
+    'both2bit': ['--gc-type', '2bit', '--gc-pull', '2bit'],
+}
+LOOPBACK = 'loopback'
+
+
+def say(text):
+    sys.stderr.write('%s: %s\n' % (PROG, text))
+    sys.stderr.flush()
+
+
+def uptime():
+    try:
+        return subprocess.run(['uptime'], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              timeout=10).stdout.decode().strip()
+    except (OSError, subprocess.SubprocessError):
+        try:
+            with open('/proc/loadavg') as f:
+                return 'load average: ' + ' '.join(f.read().split()[:3])
+        except OSError:
+            return '(unknown)'
+
+
+def parse_rate(text):
+    """Bits per second of a tc rate such as 1gbit, 2.5gbit, 100mbit; None if not one."""
+    m = re.fullmatch(r'(\d+(?:\.\d+)?)([kmgt]?)bit', text.strip().lower())
+    if not m:
+        return None
+    return float(m.group(1)) * {'': 1, 'k': 1e3, 'm': 1e6, 'g': 1e9, 't': 1e12}[m.group(2)]
+
+
+def tbf_args(rate, burst=BURST_BYTES, latency=LATENCY):
+    """The tbf arguments for a rate (see the module's docstring for why)."""
+    return ['tbf', 'rate', rate, 'burst', str(burst), 'latency', latency]
+
+
+def run(argv, check=True, timeout=30, ns=None, **kw):
+    """Runs a short command; in namespace ns when given. Returns CompletedProcess
+    with .out (stdout and stderr together)."""
+    if ns is not None:
+        argv = ['ip', 'netns', 'exec', ns] + list(argv)
+    if 'input' not in kw:
+        kw['stdin'] = subprocess.DEVNULL
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=timeout, **kw)
+    proc.out = proc.stdout.decode('utf-8', 'replace')
+    if check and proc.returncode != 0:
+        raise RuntimeError('%s: exit %d: %s' % (' '.join(argv), proc.returncode,
+                                                proc.out.strip()))
+    return proc
+
+
+def _quiet(argv):
+    try:
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       stdin=subprocess.DEVNULL, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def tail_of(path, n=20):
+    try:
+        with open(path, 'rb') as f:
+            lines = f.read().decode('utf-8', 'replace').splitlines()
+    except OSError as e:
+        return '(no output: %s)' % e
+    return '\n'.join(lines[-n:]) if lines else '(no output)'
+
+
+# ----------------------------------------------------------------------------
+# Clean-up, driven by a state file so that a separate guard process can do it
+
+
+def start_time(pid):
+    """The process's start time in clock ticks since boot (field 22 of
+    /proc/PID/stat), to tell it from a later process given the same pid."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return int(f.read().rsplit(')', 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def namespace_pids(ns):
+    try:
+        out = subprocess.run(['ip', 'netns', 'pids', ns], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, timeout=10).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_namespace_processes(ns):
+    """SIGKILLs every process in ns (every one of them was started by this tool)."""
+    for _ in range(50):
+        pids = [p for p in namespace_pids(ns) if p != os.getpid()]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
+
+
+def cleanup_from_state(path):
+    """Removes what the state file at path lists. Idempotent; never raises."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return
+    for pid, started in state.get('pids', []):
+        if start_time(pid) == started:  # still the process this tool started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    for ns in state.get('namespaces', []):
+        kill_namespace_processes(ns)
+    for ns in state.get('namespaces', []):
+        _quiet(['ip', 'netns', 'del', ns])
+    for link in state.get('links', []):
+        _quiet(['ip', 'link', 'del', link])
+    for d in state.get('dirs', []):
+        shutil.rmtree(d, ignore_errors=True)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def guard_main(state_path):
+    """The guard: waits for the tool's pipe (stdin) to close, then cleans up."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    cleanup_from_state(state_path)
+    return 0
+
+
+def start_guard(state_path):
+    """Starts a guard detached from this process (double fork, own session, no
+    inherited output pipes) so that neither a SIGKILL of this process nor a
+    process-group kill takes it along. Returns the write end of its pipe."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(r, 0)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            os.closerange(3, 65536)
+            os.execv(sys.executable, [sys.executable, os.path.abspath(__file__),
+                                      '--cleanup-guard', state_path])
+        finally:
+            os._exit(127)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return w
+
+
+class Resources(object):
+    """What this run made: the state file, its guard, the temporary folder, and
+    (with a shaped rate) the bridge and one namespace per node."""
+
+    def __init__(self, tag):
+        self.tag = tag
+        self.tmp = tempfile.mkdtemp(prefix='tessera-shaped-%s-' % tag)
+        self.state_path = os.path.join(tempfile.gettempdir(), 'tessera-shaped-%s.json' % tag)
+        self.state = {'pids': [], 'namespaces': [], 'links': [], 'dirs': [self.tmp]}
+        self.keep = False
+        self._torn_down = False
+        self._save()
+        self.guard_fd = start_guard(self.state_path)
+
+    def _save(self):
+        tmp = self.state_path + '.new'
+        with open(tmp, 'w') as f:
+            json.dump(self.state, f)
+        os.replace(tmp, self.state_path)
+
+    def remember(self, kind, value):
+        self.state[kind].append(value)
+        self._save()
+
+    def forget(self, kind, value):
+        if value in self.state[kind]:
+            self.state[kind].remove(value)
+            self._save()
+
+    def keep_logs(self):
+        if self.tmp in self.state['dirs']:
+            self.state['dirs'].remove(self.tmp)
+            self._save()
+        self.keep = True
+
+    def teardown(self):
+        if self._torn_down:
+            return
+        self._torn_down = True
+        cleanup_from_state(self.state_path)
+        if self.guard_fd is not None:
+            os.close(self.guard_fd)  # the guard finds nothing left and exits
+            self.guard_fd = None
+        if self.keep:
+            say('the logs of every process are kept in %s' % self.tmp)
+
+
+class Topology(object):
+    """The bridge and one namespace per node, each node's veth shaped on both ends."""
+
+    def __init__(self, res, servers, workers, burst, latency):
+        self.res = res
+        self.burst, self.latency = burst, latency
+        self.bridge = res.tag + 'br'
+        # (role, address) per node; node i lives in namespace tag + 'n' + i.
+        self.nodes = ([('scheduler', SUBNET_PREFIX + '1')] +
+                      [('server', SUBNET_PREFIX + str(11 + i)) for i in range(servers)] +
+                      [('worker', SUBNET_PREFIX + str(101 + i)) for i in range(workers)])
+        self.namespaces = ['%sn%d' % (res.tag, i) for i in range(len(self.nodes))]
+        self.bridge_ends = ['%sv%d' % (res.tag, i) for i in range(len(self.nodes))]
+        self.rate = None
+
+    def setup(self):
+        res = self.res
+        run(['ip', 'link', 'add', self.bridge, 'type', 'bridge'])
+        res.remember('links', self.bridge)
+        run(['ip', 'link', 'set', self.bridge, 'up'])
+        for i, ns in enumerate(self.namespaces):
+            run(['ip', 'netns', 'add', ns])
+            res.remember('namespaces', ns)
+            run(['ip', 'link', 'set', 'lo', 'up'], ns=ns)
+            host_end, peer = self.bridge_ends[i], '%sp%d' % (res.tag, i)
+            run(['ip', 'link', 'add', host_end, 'type', 'veth', 'peer', 'name', peer])
+            res.remember('links', host_end)
+            run(['ip', 'link', 'set', host_end, 'master', self.bridge])
+            run(['ip', 'link', 'set', host_end, 'up'])
+            run(['ip', 'link', 'set', peer, 'netns', ns])
+            run(['ip', 'link', 'set', peer, 'name', 'eth0'], ns=ns)
+            run(['ip', 'addr', 'add', self.nodes[i][1] + '/24', 'dev', 'eth0'], ns=ns)
+            run(['ip', 'link', 'set', 'eth0', 'up'], ns=ns)
+
+    def shape(self, rate):
+        """Every node's link to `rate`, both ways (replaces the previous shaping)."""
+        if rate == self.rate:
+            return
+        args = tbf_args(rate, self.burst, self.latency)
+        for ns, host_end in zip(self.namespaces, self.bridge_ends):
+            run(['tc', 'qdisc', 'replace', 'dev', 'eth0', 'root'] + args, ns=ns)
+            run(['tc', 'qdisc', 'replace', 'dev', host_end, 'root'] + args)
+        self.rate = rate
+
+    def first(self, role):
+        return next(i for i, (r, _) in enumerate(self.nodes) if r == role)
+
+    def processes(self):
+        """(namespace, pid, program) of every process in the namespaces."""
+        found = []
+        for ns in self.namespaces:
+            for pid in namespace_pids(ns):
+                try:
+                    program = os.path.basename(os.readlink('/proc/%d/exe' % pid))
+                except OSError:
+                    continue
+                found.append((ns, pid, program))
+        return found
+
+
+def missing_prerequisite(tag):
+    """Why shaped links cannot be built here, or None."""
+    if not hasattr(os, 'geteuid') or os.geteuid() != 0:
+        return 'needs root (network namespaces, a bridge, tc qdiscs)'
+    for tool in ('ip', 'tc'):
+        if not shutil.which(tool):
+            return '`%s` not found (Debian: apt-get install iproute2)' % tool
+    probe, bridge = tag + 'probe', tag + 'probebr'
+    try:
+        made = run(['ip', 'netns', 'add', probe], check=False)
+        if made.returncode != 0:
+            return '`ip netns add` does not work here: %s' % made.out.strip()
+        up = run(['ip', 'link', 'set', 'lo', 'up'], ns=probe, check=False)
+        if up.returncode != 0:
+            return '`ip netns exec` does not work here: %s' % up.out.strip()
+        veth = run(['ip', 'link', 'add', 'pa', 'type', 'veth', 'peer', 'name', 'pb'], ns=probe,
+                   check=False)
+        if veth.returncode != 0:
+            return 'cannot create a veth pair here: %s' % veth.out.strip()
+        tbf = run(['tc', 'qdisc', 'add', 'dev', 'pa', 'root'] + tbf_args('1gbit'), ns=probe,
+                  check=False)
+        if tbf.returncode != 0:
+            return 'no tbf qdisc here (`tc qdisc add ... tbf`): %s' % tbf.out.strip()
+        made = run(['ip', 'link', 'add', bridge, 'type', 'bridge'], check=False)
+        if made.returncode != 0:
+            return 'cannot create a bridge here: %s' % made.out.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return 'probing network namespaces failed: %s' % e
+    finally:
+        _quiet(['ip', 'link', 'del', bridge])
+        _quiet(['ip', 'netns', 'del', probe])
+    return None
+
+
+# ----------------------------------------------------------------------------
+# Processes and jobs
+
+
+class Proc(object):
+    """One process (in a namespace when ns is given), output to a log file."""
+
+    def __init__(self, res, ns, label, argv, env, log):
+        self.res = res
+        self.label = label
+        self.ns = ns
+        self.log = log
+        if ns is not None:
+            argv = ['ip', 'netns', 'exec', ns] + list(argv)  # execs: same pid
+        with open(log, 'wb') as out:
+            self.proc = subprocess.Popen(argv, env=env, cwd=res.tmp, stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.pid = self.proc.pid
+        self.entry = [self.pid, start_time(self.pid)]
+        res.remember('pids', self.entry)
+
+    def poll(self):
+        code = self.proc.poll()
+        if code is not None:
+            self.res.forget('pids', self.entry)
+        return code
+
+    def end(self, sig=signal.SIGTERM, wait_s=5):
+        """Ends the process by pid (if still running): sig, then SIGKILL."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)  # still our unreaped child: the pid is ours
+                self.proc.wait(wait_s)
+            except (OSError, subprocess.TimeoutExpired):
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                self.proc.wait()
+        self.poll()
+        return self.proc.returncode
+
+    def output(self):
+        try:
+            with open(self.log, 'rb') as f:
+                return f.read().decode('utf-8', 'replace')
+        except OSError:
+            return ''
+
+
+def job_env(tag, role, root_uri, root_port, node_host, servers, workers):
+    env = dict((k, v) for k, v in os.environ.items() if not k.startswith('DMLC_'))
+    env.update({'DMLC_ROLE': role, 'DMLC_PS_ROOT_URI': root_uri,
+                'DMLC_PS_ROOT_PORT': str(root_port), 'DMLC_NODE_HOST': node_host,
+                'DMLC_NUM_SERVER': str(servers), 'DMLC_NUM_WORKER': str(workers),
+                'TESSERA_SHAPED_LINK_TAG': tag, 'LANG': 'C.UTF-8'})
+    return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+class Job(object):
+    """One job: scheduler, servers and workers, in their namespaces (topo) or on
+    this machine's loopback (topo None)."""
+
+    def __init__(self, res, topo, binaries, worker_argv, servers, workers, name, port):
+        self.procs = []
+        self.metrics = os.path.join(res.tmp, '%s-metrics-{rank}.json' % name)
+        worker_argv = list(worker_argv) + ['--metrics-out', self.metrics]
+        roles = (['scheduler'] + ['server'] * servers + ['worker'] * workers)
+        if topo is not None:
+            root_uri = topo.nodes[0][1]
+            hosts = [(ns, address) for ns, (_, address) in zip(topo.namespaces, topo.nodes)]
+        else:
+            root_uri = '127.0.0.1'
+            hosts = [(None, '127.0.0.1')] * len(roles)
+        self.started = time.monotonic()
+        counts = {}
+        for role, (ns, address) in zip(roles, hosts):
+            argv = {'scheduler': [binaries['scheduler']], 'server': [binaries['server']],
+                    'worker': worker_argv}[role]
+            label = '%s %d' % (role, counts.get(role, 0))
+            counts[role] = counts.get(role, 0) + 1
+            log = os.path.join(res.tmp, '%s-%s.log' % (name, label.replace(' ', '')))
+            self.procs.append(Proc(res, ns, label, argv,
+                                   job_env(res.tag, role, root_uri, port, address, servers,
+                                           workers), log))
+        self.elapsed = None
+        self.why = None
+
+    def wait(self, timeout):
+        """Waits for every process to exit; returns True when all exited 0. After
+        the first failure the others get FAILURE_GRACE_S; at `timeout` whatever
+        runs is killed by pid."""
+        deadline = self.started + timeout
+        first_failure = None
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if all(c is not None for c in codes):
+                break
+            now = time.monotonic()
+            if first_failure is None and any(c not in (None, 0) for c in codes):
+                first_failure = now
+            if now > deadline:
+                self.why = 'still running %d s after it started (--timeout)' % timeout
+                break
+            if first_failure is not None and now > first_failure + FAILURE_GRACE_S:
+                self.why = ('a process failed and the others were still running %d s later'
+                            % FAILURE_GRACE_S)
+                break
+            time.sleep(0.1)
+        self.elapsed = time.monotonic() - self.started
+        running = [p.label for p in self.procs if p.poll() is None]
+        for p in self.procs:
+            p.end(signal.SIGKILL)
+        if running:
+            self.why = '%s; killed: %s' % (self.why, ', '.join(running))
+        codes = [p.proc.returncode for p in self.procs]
+        if self.why is None and any(codes):
+            self.why = 'not every process exited 0: %s' % ', '.join(
+                '%s %s' % (p.label, p.proc.returncode) for p in self.procs)
+        return self.why is None
+
+    def end(self):
+        for p in self.procs:
+            p.end()
+
+    def report(self):
+        return '\n'.join('--- %s%s (pid %d, exit %s), last lines of %s:\n%s'
+                         % (p.label, ' in ' + p.ns if p.ns else '', p.pid,
+                            p.proc.returncode, p.log, tail_of(p.log)) for p in self.procs)
+
+    def worker_metrics(self, workers):
+        out = []
+        for rank in range(workers):
+            with open(self.metrics.replace('{rank}', str(rank))) as f:
+                out.append(json.load(f))
+        return out
+
+
+def summarize_run(metrics, job_seconds):
+    """One job's figures from its workers' --metrics-out JSON."""
+    rank0 = next(m for m in metrics if m.get('rank') == 0)
+    n = len(metrics)
+    return {
+        'wall_s': max(m['wall_seconds'] for m in metrics),
+        'job_s': job_seconds,
+        'samples_per_second': sum(m['samples_per_second'] for m in metrics),
+        'bytes_pushed_per_worker': sum(m['bytes_pushed'] for m in metrics) / n,
+        'bytes_pulled_per_worker': sum(m['bytes_pulled'] for m in metrics) / n,
+        'test_accuracy': rank0['test_accuracy'],
+    }
+
+
+# ----------------------------------------------------------------------------
+# The link check: bulk TCP from one namespace to another
+
+SINK = r'''
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(1)
+print('ready', flush=True)
+s.settimeout(20)
+c, _ = s.accept()
+c.settimeout(20)
+got, t0, buf = 0, None, bytearray(1 << 20)
+while True:
+    n = c.recv_into(buf)
+    if not n:
+        break
+    if t0 is None:
+        t0 = time.monotonic()
+    got += n
+dt = time.monotonic() - t0
+print('received %d bytes in %.3f s' % (got, dt), flush=True)
+'''
+
+SOURCE = r'''
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
+data = b'x' * (1 << 20)
+end = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    c.sendall(data)
+c.close()
+'''
+
+
+def link_check(res, topo, seconds=1.0):
+    """Mbit/s of bulk TCP from worker 0 to server 0 (None and a reason on failure)."""
+    w, s = topo.first('worker'), topo.first('server')
+    log = os.path.join(res.tmp, 'link-check-sink.log')
+    sink = Proc(res, topo.namespaces[s], 'link sink', [sys.executable, '-c', SINK,
+                                                       topo.nodes[s][1], '7079'],
+                {'PATH': os.environ.get('PATH', ''), 'TESSERA_SHAPED_LINK_TAG': res.tag}, log)
+    try:
+        deadline = time.monotonic() + 10
+        while 'ready' not in sink.output():
+            if sink.poll() is not None or time.monotonic() > deadline:
+                return None, 'the sink did not start: %s' % tail_of(log, 5)
+            time.sleep(0.05)
+        run([sys.executable, '-c', SOURCE, topo.nodes[s][1], '7079', str(seconds)],
+            ns=topo.namespaces[w], timeout=30)
+        sink.proc.wait(20)
+        m = re.search(r'received (\d+) bytes in ([\d.]+) s', sink.output())
+        if not m or float(m.group(2)) <= 0:
+            return None, 'the sink said: %s' % tail_of(log, 5)
+        return int(m.group(1)) * 8 / float(m.group(2)) / 1e6, None
+    except (OSError, subprocess.SubprocessError, RuntimeError) as e:
+        return None, str(e)
+    finally:
+        sink.end(signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------
+# Reporting
+
+
+def fmt_mb(b):
+    return '%.1f' % (b / 1e6)
+
+
+def summary_table(rows, modes):
+    """Per mode: medians over the runs, and the speed-up against `none`."""
+    summary = {}
+    for mode in modes:
+        runs = rows.get(mode, [])
+        if not runs:
+            continue
+        med = dict((k, statistics.median(r[k] for r in runs)) for k in runs[0])
+        med['runs'] = len(runs)
+        summary[mode] = med
+    base = summary.get('none')
+    for mode, med in summary.items():
+        med['speedup'] = base['wall_s'] / med['wall_s'] if base and med['wall_s'] > 0 else None
+        med['job_speedup'] = (base['job_s'] / med['job_s']
+                              if base and med['job_s'] > 0 else None)
+    return summary
+
+
+def print_rate(rate, tbf, summary, rows, modes, link):
+    if rate == LOOPBACK:
+        print('\n### plain loopback (no namespaces, no shaping)\n')
+    else:
+        print('\n### %s per node, full duplex (tc %s on both ends of every veth)\n'
+              % (rate, ' '.join(tbf)))
+        if link is not None:
+            print('link check: bulk TCP worker 0 -> server 0: %s\n' % link)
+    print('medians of %d run(s); speed-up = none\'s wall s / this wall s\n'
+          % max([s['runs'] for s in summary.values()] or [0]))
+    print('| mode | wall s | speed-up | job s | samples/s | MB pushed/worker '
+          '| MB pulled/worker | test acc |')
+    print('| --- | --- | --- | --- | --- | --- | --- | --- |')
+    for mode in modes:
+        s = summary.get(mode)
+        if s is None:
+            continue
+        print('| %s | %.2f | %s | %.2f | %.0f | %s | %s | %.4f |' % (
+            mode, s['wall_s'], '%.2fx' % s['speedup'] if s['speedup'] else '-', s['job_s'],
+            s['samples_per_second'], fmt_mb(s['bytes_pushed_per_worker']),
+            fmt_mb(s['bytes_pulled_per_worker']), s['test_accuracy']))
+    print('\nevery run (wall s / job s, samples/s, MB pushed / pulled per worker, test acc):\n')
+    for mode in modes:
+        for i, r in enumerate(rows.get(mode, [])):
+            print('- %s run %d: %.2f / %.2f s, %.0f samples/s, %s / %s MB, %.4f' % (
+                mode, i + 1, r['wall_s'], r['job_s'], r['samples_per_second'],
+                fmt_mb(r['bytes_pushed_per_worker']), fmt_mb(r['bytes_pulled_per_worker']),
+                r['test_accuracy']))
+    sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    if '--' in argv:
+        cut = argv.index('--')
+        argv, extra = argv[:cut], argv[cut + 1:]
+    else:
+        extra = []
+    p = argparse.ArgumentParser(
+        prog='shaped_link.py', description=__doc__.split('\n')[0],
+        epilog='Worker flags after `--` are appended to every job\'s tessera-worker '
+        'command line. See the source\'s docstring for the topology and the figures.')
+    p.add_argument('--rates', default='1gbit,10gbit',
+                   help='comma-separated tc rates per node (e.g. 1gbit,10gbit), or '
+                   '`loopback` (also `none`) for plain loopback (default 1gbit,10gbit)')
+    p.add_argument('--rate', dest='rates', help='the same as --rates')
+    p.add_argument('--loopback', action='store_true',
+                   help='plain loopback only (the same as --rates loopback)')
+    p.add_argument('--modes', default='none,push2bit',
+                   help='comma-separated, of %s (default none,push2bit)' % ','.join(MODES))
+    p.add_argument('--runs', type=int, default=3, help='runs of every mode at every rate (3)')
+    p.add_argument('--epochs', type=int, default=2, help='epochs per job (2)')
+    p.add_argument('--workers', type=int, default=2, help='workers (2)')
+    p.add_argument('--servers', type=int, default=1, help='servers (1)')
+    p.add_argument('--build', default=os.path.join(SOURCE_DIR, 'build'),
+                   help='build folder with the daemons and tessera-worker (<checkout>/build)')
+    p.add_argument('--json', help='write every figure to this file')
+    p.add_argument('--timeout', type=int, default=900, help='seconds a job may take (900)')
+    p.add_argument('--tag', default='sl%d' % (os.getpid() % 100000),
+                   help='prefix of every namespace and link name (up to 8 letters and '
+                   'digits; default sl<pid>)')
+    p.add_argument('--burst', default=str(BURST_BYTES),
+                   help='tbf bucket in bytes, or with k or m (KiB, MiB) (128k)')
+    p.add_argument('--latency', default=LATENCY,
+                   help='tbf queue as time at the rate, e.g. 50ms (50ms)')
+    p.add_argument('--no-link-check', action='store_true',
+                   help='skip the bulk TCP check of each shaped rate')
+    args = p.parse_args(argv)
+    args.extra = extra
+    if args.loopback:
+        args.rates = LOOPBACK
+    rates = []
+    for r in args.rates.split(','):
+        r = r.strip().lower()
+        if r in ('none', LOOPBACK):
+            r = LOOPBACK
+        elif parse_rate(r) is None or parse_rate(r) <= 0:
+            p.error('--rates: expected tc rates such as 1gbit or 100mbit, or loopback; '
+                    'got %r' % r)
+        if r not in rates:
+            rates.append(r)
+    args.rates = rates
+    m = re.fullmatch(r'(\d+)([km]?)', args.burst.strip().lower())
+    if not m or int(m.group(1)) == 0:
+        p.error('--burst: expected bytes such as 131072, 128k or 1m, got %r' % args.burst)
+    args.burst = int(m.group(1)) * {'': 1, 'k': 1024, 'm': 1024 * 1024}[m.group(2)]
+    if not re.fullmatch(r'\d+(\.\d+)?(us|ms|s)', args.latency.strip()):
+        p.error('--latency: expected a time such as 50ms, got %r' % args.latency)
+    modes = [m.strip() for m in args.modes.split(',') if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            p.error('--modes: expected some of %s, got %r' % (','.join(MODES), m))
+    if not modes:
+        p.error('--modes: expected at least one mode')
+    args.modes = list(dict.fromkeys(modes))
+    if not re.fullmatch(r'[a-z][a-z0-9]{0,7}', args.tag):
+        p.error('--tag: expected up to 8 lower-case letters and digits, starting with a '
+                'letter, got %r' % args.tag)
+    if args.runs < 1 or args.epochs < 1 or args.timeout < 1:
+        p.error('--runs, --epochs and --timeout must be positive')
+    if not 1 <= args.servers <= 89 or not 1 <= args.workers <= 150:
+        p.error('--servers: 1 to 89, --workers: 1 to 150 (the subnet\'s addresses)')
+    return args
+
+
+def check_mode_flags(worker, modes, common, extra):
+    """None, or (mode, why) for the first mode whose flags tessera-worker refuses.
+    `--help` after the flags: the worker parses them all, then prints its usage."""
+    env = dict((k, v) for k, v in os.environ.items() if not k.startswith('DMLC_'))
+    for mode in modes:
+        argv = [worker] + common + MODES[mode] + extra + ['--help']
+        try:
+            done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  stdin=subprocess.DEVNULL, env=env, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            return mode, 'cannot run %s: %s' % (worker, e)
+        if done.returncode != 0:
+            line = (done.stderr.decode('utf-8', 'replace').strip().splitlines() or
+                    ['(no message)'])[-1]
+            return mode, '`%s` exits %d: %s' % (' '.join(argv[1:-1]), done.returncode, line)
+    return None
+
+
+RESOURCES = None
+
+
+def _signal_teardown(signum, _frame):
+    if RESOURCES is not None:
+        RESOURCES.teardown()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def main(argv):
+    global RESOURCES
+    args = parse_args(argv)
+    binaries = {'scheduler': os.path.join(args.build, 'scheduler', 'tessera-scheduler'),
+                'server': os.path.join(args.build, 'server', 'tessera-server'),
+                'worker': os.path.join(args.build, 'worker', 'tessera-worker')}
+    for path in binaries.values():
+        if not os.access(path, os.X_OK):
+            say('%s not built (--build %s)' % (path, args.build))
+            return EXIT_USAGE
+    common = QUICKSTART_FLAGS + ['--epochs', str(args.epochs)]
+    refused = check_mode_flags(binaries['worker'], args.modes, common, args.extra)
+    if refused:
+        mode, why = refused
+        hint = (' (--gc-pull: compressed pulls are not in this build)'
+                if '--gc-pull' in why else '')
+        say('mode %s is not supported by %s%s: %s' % (mode, binaries['worker'], hint, why))
+        return EXIT_UNSUPPORTED_FLAG
+    shaped = [r for r in args.rates if r != LOOPBACK]
+    os.environ['PATH'] = os.environ.get('PATH', '') + ':/usr/sbin:/sbin'
+    if shaped:
+        why = missing_prerequisite(args.tag)
+        if why:
+            say('cannot build shaped links: %s' % why)
+            return EXIT_NO_SHAPING
+
+    RESOURCES = res = Resources(args.tag)
+    atexit.register(res.teardown)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _signal_teardown)
+    record = {
+        'command': ' '.join(['tools/bench/shaped_link.py'] + argv),
+        'started': time.strftime('%Y-%m-%d %H:%M:%S %z'),
+        'uptime_before': uptime(),
+        'rates': args.rates, 'modes': args.modes, 'runs_per_mode': args.runs,
+        'epochs': args.epochs, 'workers': args.workers, 'servers': args.servers,
+        'worker_flags': dict((m, common + MODES[m] + args.extra) for m in args.modes),
+        'tbf': dict((r, tbf_args(r, args.burst, args.latency)) for r in shaped),
+        'link_check_mbit_s': {}, 'runs': [], 'summary': {},
+    }
+    say('uptime: %s' % record['uptime_before'])
+    try:
+        topo = None
+        if shaped:
+            topo = Topology(res, args.servers, args.workers, args.burst, args.latency)
+            topo.setup()
+            for rate in shaped:
+                if args.no_link_check:
+                    continue
+                topo.shape(rate)
+                mbit, why = link_check(res, topo)
+                record['link_check_mbit_s'][rate] = mbit
+                say('link check at %s: %s' % (rate, '%.0f Mbit/s' % mbit if mbit else why))
+        rows = dict((r, {}) for r in args.rates)
+        total = args.runs * len(args.rates) * len(args.modes)
+        n = 0
+        for run_index in range(args.runs):
+            for rate in args.rates:
+                for mode in args.modes:
+                    n += 1
+                    name = 'r%d-%s-%s' % (run_index + 1, rate, mode)
+                    if rate == LOOPBACK:
+                        job_topo, port = None, free_port()
+                    else:
+                        topo.shape(rate)
+                        job_topo, port = topo, ROOT_PORT + n % 500
+                    argv_w = [binaries['worker']] + common + MODES[mode] + args.extra
+                    say('job %d/%d: run %d, %s, %s: started' % (n, total, run_index + 1,
+                                                               rate, mode))
+                    load = uptime()
+                    job = Job(res, job_topo, binaries, argv_w, args.servers, args.workers,
+                              name, port)
+                    ok = job.wait(args.timeout)
+                    if ok:
+                        try:
+                            metrics = job.worker_metrics(args.workers)
+                        except (OSError, ValueError) as e:
+                            ok, job.why = False, 'no --metrics-out JSON: %s' % e
+                    if job_topo is not None:
+                        left = job_topo.processes()
+                        if left:
+                            ok = False
+                            job.why = (job.why or '') + '; left behind: %s' % left
+                    if not ok:
+                        res.keep_logs()
+                        say('job %s failed: %s\n%s' % (name, job.why, job.report()))
+                        return EXIT_JOB_FAILED
+                    fig = summarize_run(metrics, job.elapsed)
+                    rows[rate].setdefault(mode, []).append(fig)
+                    record['runs'].append(dict(fig, run=run_index + 1, rate=rate, mode=mode,
+                                               uptime_before=load, worker_metrics=metrics))
+                    say('job %d/%d: run %d, %s, %s: wall %.2f s, job %.2f s, %s MB pushed, '
+                        '%s MB pulled per worker, test acc %.4f'
+                        % (n, total, run_index + 1, rate, mode, fig['wall_s'], fig['job_s'],
+                           fmt_mb(fig['bytes_pushed_per_worker']),
+                           fmt_mb(fig['bytes_pulled_per_worker']), fig['test_accuracy']))
+        record['uptime_after'] = uptime()
+        print('## shaped_link: %d epoch(s), %d worker(s), %d server(s), %d run(s) per mode, '
+              'alternating\n' % (args.epochs, args.workers, args.servers, args.runs))
+        print('command: %s  ' % record['command'])
+        print('uptime before: %s  ' % record['uptime_before'])
+        print('uptime after: %s' % record['uptime_after'])
+        for rate in args.rates:
+            summary = summary_table(rows[rate], args.modes)
+            record['summary'][rate] = summary
+            mbit = record['link_check_mbit_s'].get(rate)
+            print_rate(rate, record['tbf'].get(rate), summary, rows[rate], args.modes,
+                       '%.0f Mbit/s' % mbit if mbit else None)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(record, f, indent=1)
+                f.write('\n')
+        return 0
+    finally:
+        res.teardown()
+
+
+if __name__ == '__main__':
+    if len(sys.argv) == 3 and sys.argv[1] == '--cleanup-guard':
+        sys.exit(guard_main(sys.argv[2]))
+    sys.exit(main(sys.argv[1:]))
