@@ -22,7 +22,8 @@ uint64_t PulledCopy::version() const {
 absl::Status PulledCopy::Apply(const Message& reply) {
   const wire::Header& h = reply.header;
   absl::MutexLock lock(&mu_);
-  auto bad = [&](const std::string& why) {
+  // The analysis does not see that a lambda runs under the caller's lock.
+  auto bad = [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     chain_ = 0;  // the next pull asks for the shadow whole
     version_ = 0;
     return absl::DataLossError(
