@@ -14,7 +14,8 @@
 #   BUILD_DIR=build-tsan TSAN_DEPS_DIR=/var/cache/tessera-tsan tools/tsan.sh
 #
 # Environment: BUILD_DIR (build-tsan), TSAN_DEPS_DIR (BUILD_DIR/tsan-deps), JOBS (nproc),
-# CTEST_ARGS (added to ctest's arguments), TSAN_EXTRA_OPTIONS (added to TSAN_OPTIONS).
+# CTEST_ARGS (added to ctest's arguments), TSAN_EXTRA_OPTIONS (added to TSAN_OPTIONS),
+# TSAN_GTEST_FILTER (GTEST_FILTER for the tests; see below), TSAN_CC/TSAN_CXX (gcc/g++).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -228,7 +229,7 @@ say "self-check: a planted race is reported (exit 66, report in the log folder)"
 # netfault_test (labels faults, multihost) runs: it starts its daemons itself.
 #
 # Known failures that are not TSan reports, skipped until they are fixed (docs/testing.md):
-# FaultTest.KilledServerWithoutACheckpointYetGetsEverythingReplayed stalled in 3 of 17
+# FaultTest.KilledServerWithoutACheckpointYetGetsEverythingReplayed stalled in 3 of 18
 # TSan runs (0 of 15 without TSan): a worker's resent push reaches the restarted server
 # before the replay of its earlier pushes, and the server holds the earlier ones behind
 # the later one for good (KVServer's per-worker backlog order). TSAN_GTEST_FILTER= (empty)
