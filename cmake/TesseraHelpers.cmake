@@ -89,6 +89,12 @@ function(tessera_fuzzer)
     message(STATUS "Tessera: no clang++ found; fuzzer ${F_NAME} and test fuzz_${F_NAME} skipped")
     return()
   endif()
+  # A fuzzer brings its own sanitizers (ASan + UBSan) and links the project's libraries,
+  # which under TSan carry TSan calls that an ASan binary cannot resolve.
+  if(TESSERA_SANITIZE STREQUAL "thread")
+    message(STATUS "Tessera: TESSERA_SANITIZE=thread; fuzzer ${F_NAME} and test fuzz_${F_NAME} skipped")
+    return()
+  endif()
   tessera_collect_link_files(libs ${F_LIBS})
   set(absl_includes "$<TARGET_PROPERTY:absl::status,INTERFACE_INCLUDE_DIRECTORIES>")
   set(binary ${CMAKE_CURRENT_BINARY_DIR}/${F_NAME}_fuzzer)

@@ -33,4 +33,15 @@ Buffer Buffer::Wrap(const void* data, size_t size,
   return b;
 }
 
+bool Buffer::unique() const {
+  // use_count() is a relaxed load: seeing 1 does not order the last reader's
+  // accesses before ours. Taking and dropping a reference does: both are
+  // read-modify-writes of the count after the reader's releasing decrement,
+  // and dropping one is an acquire-release decrement (libstdc++ and libc++).
+  // ThreadSanitizer sees this; it does not model a standalone acquire fence.
+  if (owner_.use_count() != 1) return false;
+  const std::shared_ptr<const void> acquire = owner_;
+  return true;
+}
+
 }  // namespace tessera

@@ -40,8 +40,11 @@ class Buffer {
   uint8_t* mutable_data() { return const_cast<uint8_t*>(data_); }
   float* mutable_floats() { return reinterpret_cast<float*>(mutable_data()); }
 
-  // True when no other Buffer shares this memory.
-  bool unique() const { return owner_.use_count() == 1; }
+  // True when no other Buffer shares this memory. Then what other threads did
+  // through the Buffers they have since dropped (ZeroMQ's I/O thread sending
+  // the bytes) happens before the caller's next access: writing in place after
+  // unique() does not race with them.
+  bool unique() const;
   const std::shared_ptr<const void>& owner() const { return owner_; }
 
  private:
