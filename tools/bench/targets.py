@@ -59,7 +59,7 @@ def main(argv):
                          (i + 1, args.runs, base[1 << 20]['zmq_gbps'],
                           base[4096]['zmq_rtt_p50_us']))
     print('command: %s (x%d)' % (' '.join(command), args.runs))
-    print('%-34s %-13s %-8s %s' % ('target', 'rule', 'median', 'per run (ratio to that '
+    print('%-34s %-21s %-8s %s' % ('target', 'rule', 'median', 'per run (ratio to that '
                                    'run\'s raw ZeroMQ)'))
     summary = []
     for k, first in enumerate(runs[0]['targets']):
@@ -70,7 +70,7 @@ def main(argv):
         bound = float(first['rule'].split()[1].rstrip('x'))
         met = median >= bound if first['rule'].startswith('>=') else median <= bound
         met_runs = sum(1 for r in runs if r['targets'][k]['met'])
-        print('%-34s %-13s %5.2fx   %s  -> %s (met in %d of %d runs)' %
+        print('%-34s %-21s %5.2fx   %s  -> %s (met in %d of %d runs)' %
               (first['what'], first['rule'], median,
                ' '.join('%.2f' % x for x in ratios), 'met' if met else 'NOT MET',
                met_runs, len(runs)))
@@ -82,6 +82,14 @@ def main(argv):
     print('raw ZeroMQ itself, 1 MB both ways at once: %.2fx of one-way per direction '
           '(median; per run %s)' % (statistics.median(two_way),
                                     ' '.join('%.2f' % x for x in two_way)))
+    # The raw baselines the ratios were taken against, per run.
+    for label, size, field, fmt in (
+            ('raw 1 MB one-way GB/s', 1 << 20, 'zmq_gbps', '%.2f'),
+            ('raw 1 MB two-way GB/s/dir', 1 << 20, 'zmq_two_way_gbps', '%.2f'),
+            ('raw 4 KB rtt p50 us', 4096, 'zmq_rtt_p50_us', '%.0f')):
+        values = [b[field] for r in runs for b in r['baseline'] if b['size'] == size]
+        print('%-34s median %s; per run %s' % (label, fmt % statistics.median(values),
+                                              ' '.join(fmt % v for v in values)))
     if args.json_out:
         with open(args.json_out, 'w') as f:
             json.dump({'command': command, 'runs': runs, 'targets': summary,
