@@ -348,6 +348,7 @@ void Node::Stop() {
   {
     absl::MutexLock lock(&receive_mu_);
     receive_stopped_ = true;
+    receiver_cv_.SignalAll();
   }
   stop_.store(true);
   if (heartbeat_.joinable()) heartbeat_.join();
@@ -369,12 +370,8 @@ void Node::ReceiveLoop() {
 
 bool Node::AwaitReceiverTurn() {
   absl::MutexLock lock(&receive_mu_);
-  auto wanted = [this]() ABSL_SHARED_LOCKS_REQUIRED(receive_mu_) {
-    return receive_stopped_ || receiver_wanted_;
-  };
-  auto handed_back = [this]() ABSL_SHARED_LOCKS_REQUIRED(receive_mu_) {
-    return receive_stopped_ || receiving_ == Receiver::kNone;
-  };
+  // A condition variable, not Mutex::Await: a parked thread would make every
+  // caller's unlock of receive_mu_ evaluate its condition.
   while (true) {
     if (receive_stopped_) return false;
     const absl::Time now = absl::Now();
@@ -388,15 +385,15 @@ bool Node::AwaitReceiverTurn() {
     if (receiving_ == Receiver::kNone) {
       // A caller received a moment ago and will likely again: leave it the
       // transport for the rest of the grace.
-      receive_mu_.AwaitWithDeadline(absl::Condition(&wanted), turn);
+      receiver_cv_.WaitWithDeadline(&receive_mu_, turn);
     } else if (receiver_wanted_) {
-      // A caller receives; its receive has a time-out.
-      receive_mu_.Await(absl::Condition(&handed_back));
+      // A caller receives (its receive has a time-out); it signals when it
+      // hands the transport back.
+      receiver_cv_.Wait(&receive_mu_);
     } else {
       // A caller receives: look again after the grace, not at every hand-back
       // (that would wake this thread once per round trip).
-      receive_mu_.AwaitWithDeadline(absl::Condition(&wanted),
-                                    now + kCallerGrace);
+      receiver_cv_.WaitWithDeadline(&receive_mu_, now + kCallerGrace);
     }
   }
 }
@@ -415,7 +412,9 @@ void Node::EndReceiverTurn() {
 
 void Node::WakeReceiver() {
   absl::MutexLock lock(&receive_mu_);
-  if (receiving_ != Receiver::kThread) receiver_wanted_ = true;
+  if (receiving_ == Receiver::kThread) return;
+  receiver_wanted_ = true;
+  receiver_cv_.Signal();
 }
 
 Node::ReceiveResult Node::ReceiveOnCaller(absl::Duration timeout) {
@@ -434,6 +433,7 @@ Node::ReceiveResult Node::ReceiveOnCaller(absl::Duration timeout) {
     absl::MutexLock lock(&receive_mu_);
     receiving_ = Receiver::kNone;
     caller_received_ = absl::Now();
+    if (receiver_wanted_) receiver_cv_.Signal();
   }
   return r;
 }
