@@ -7,7 +7,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -25,11 +24,13 @@ namespace {
 using ::testing::HasSubstr;
 
 // Loses every `every`-th data reply it receives (the first one included), as
-// connections killed under them would.
+// connections killed under them would, and counts them in `lost` (which the
+// test keeps: the transport goes with its client).
 class LossyTransport : public Transport {
  public:
-  LossyTransport(std::unique_ptr<Transport> inner, int every)
-      : inner_(std::move(inner)), every_(every) {}
+  LossyTransport(std::unique_ptr<Transport> inner, int every,
+                 std::shared_ptr<std::atomic<int>> lost)
+      : inner_(std::move(inner)), every_(every), lost_(std::move(lost)) {}
   absl::StatusOr<int> Bind(const std::string& ip, int port) override {
     return inner_->Bind(ip, port);
   }
@@ -47,32 +48,49 @@ class LossyTransport : public Transport {
           msg->header.ack_only() || seen_++ % every_ != 0) {
         return msg;
       }
-      ++lost_;
+      ++*lost_;
     }
   }
   uint64_t malformed_count() const override {
     return inner_->malformed_count();
   }
   void Close() override { inner_->Close(); }
-  int lost() const { return lost_.load(); }
 
  private:
   std::unique_ptr<Transport> inner_;
   const int every_;
   int seen_ = 0;  // Receive runs on one thread at a time
-  std::atomic<int> lost_{0};
+  std::shared_ptr<std::atomic<int>> lost_;
 };
 
-// Records which thread received each data-plane reply, and for which key.
+// Which thread received each data-plane reply, and for which key.
+class ReceivedLog {
+ public:
+  void Add(std::thread::id thread, uint64_t key) {
+    absl::MutexLock lock(&mu_);
+    received_.push_back({thread, key});
+  }
+  // Replies received on `thread` for `key`.
+  int CountOn(std::thread::id thread, uint64_t key) const {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const auto& [t, k] : received_) n += t == thread && k == key;
+    return n;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::pair<std::thread::id, uint64_t>> received_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Records in `log` (which the test keeps: the transport goes with its client)
+// the thread and key of every data-plane message received.
 class RecordingTransport : public Transport {
  public:
-  struct Received {
-    std::thread::id thread;
-    uint64_t key = 0;
-    bool ack_only = false;
-  };
-  explicit RecordingTransport(std::unique_ptr<Transport> inner)
-      : inner_(std::move(inner)) {}
+  RecordingTransport(std::unique_ptr<Transport> inner,
+                     std::shared_ptr<ReceivedLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
   absl::StatusOr<int> Bind(const std::string& ip, int port) override {
     return inner_->Bind(ip, port);
   }
@@ -85,35 +103,18 @@ class RecordingTransport : public Transport {
   }
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
     absl::StatusOr<Message> msg = inner_->Receive(timeout);
-    if (msg.ok() && msg->header.plane() == wire::DATA) {
-      absl::MutexLock lock(&mu_);
-      received_.push_back(Received{std::this_thread::get_id(),
-                                   msg->header.slice().key(),
-                                   msg->header.ack_only()});
-    }
+    if (msg.ok() && msg->header.plane() == wire::DATA)
+      log_->Add(std::this_thread::get_id(), msg->header.slice().key());
     return msg;
   }
   uint64_t malformed_count() const override {
     return inner_->malformed_count();
   }
   void Close() override { inner_->Close(); }
-  std::vector<Received> received() const {
-    absl::MutexLock lock(&mu_);
-    return received_;
-  }
-  // Data-plane messages received on `thread`, for `key` (any key: nullopt).
-  int CountOn(std::thread::id thread, std::optional<uint64_t> key) const {
-    int n = 0;
-    for (const Received& r : received()) {
-      if (r.thread == thread && (!key || r.key == *key)) ++n;
-    }
-    return n;
-  }
 
  private:
   std::unique_ptr<Transport> inner_;
-  mutable absl::Mutex mu_;
-  std::vector<Received> received_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ReceivedLog> log_;
 };
 
 Options JobOptions(int servers, int workers) {
@@ -277,19 +278,17 @@ TEST(KVClientTest, LostRepliesAreResentAndAppliedOnce) {
   MemoryNetwork net;
   const Options options = JobOptions(/*servers=*/2, /*workers=*/2);
   InProcessCluster cluster(net, options);
-  std::vector<LossyTransport*> lossy(2);
+  auto lost = std::make_shared<std::atomic<int>>(0);
   std::vector<std::vector<float>> last(2);
   std::vector<absl::Status> results = RunWorkers(
       net, options, /*sync=*/true,
       [&](KVClient& kv) { return Nightly(kv, 6, &last[kv.rank()]); },
       [&](int i) -> std::unique_ptr<Transport> {
-        auto t = std::make_unique<LossyTransport>(net.NewTransport(), 4);
-        lossy[i] = t.get();
-        return t;
+        return std::make_unique<LossyTransport>(net.NewTransport(), 4, lost);
       });
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
   EXPECT_TRUE(cluster.JoinScheduler().ok());
-  EXPECT_GT(lossy[0]->lost() + lossy[1]->lost(), 10);
+  EXPECT_GT(lost->load(), 10);
   EXPECT_GT(cluster.duplicates(), 0u);
   // Every push applied exactly once despite the resends.
   EXPECT_EQ(cluster.pushes_applied(), 2u * 6 * (1 + 2));
@@ -329,7 +328,7 @@ TEST(KVClientTest, WaitingThreadReceivesItsRepliesAndThoseOfOtherOperations) {
   MemoryNetwork net;
   const Options options = JobOptions(/*servers=*/1, /*workers=*/1);
   InProcessCluster cluster(net, options);
-  RecordingTransport* recording = nullptr;
+  auto received = std::make_shared<ReceivedLog>();
   std::thread::id caller;
   constexpr int kRounds = 40;
   const uint64_t kMine = 1, kOther = 2;
@@ -365,9 +364,8 @@ TEST(KVClientTest, WaitingThreadReceivesItsRepliesAndThoseOfOtherOperations) {
         return absl::OkStatus();
       },
       [&](int) -> std::unique_ptr<Transport> {
-        auto t = std::make_unique<RecordingTransport>(net.NewTransport());
-        recording = t.get();
-        return t;
+        return std::make_unique<RecordingTransport>(net.NewTransport(),
+                                                    received);
       });
   EXPECT_TRUE(results[0].ok()) << results[0];
   EXPECT_TRUE(cluster.JoinScheduler().ok());
@@ -375,8 +373,8 @@ TEST(KVClientTest, WaitingThreadReceivesItsRepliesAndThoseOfOtherOperations) {
   // Timing decides a few (the node's receiver thread takes the transport back
   // when no caller received for Node::kCallerGrace); most replies of this
   // tight loop are received by the calling thread, the other key's included.
-  const int mine_here = recording->CountOn(caller, kMine);
-  const int other_here = recording->CountOn(caller, kOther);
+  const int mine_here = received->CountOn(caller, kMine);
+  const int other_here = received->CountOn(caller, kOther);
   EXPECT_GE(mine_here, kRounds / 4) << "pushpull replies on the caller";
   EXPECT_GE(other_here, kRounds / 4) << "pull replies on the caller";
 }
@@ -389,7 +387,7 @@ TEST(KVClientTest, ConcurrentWaitersGetTheirRepliesAndResendsWhileOneReceives) {
   const Options options = JobOptions(/*servers=*/2, /*workers=*/1);
   InProcessCluster cluster(net, options);
   constexpr int kThreads = 3, kRounds = 30;
-  LossyTransport* lossy = nullptr;
+  auto lost = std::make_shared<std::atomic<int>>(0);
   std::vector<absl::Status> thread_results(kThreads);
   std::vector<absl::Status> results = RunWorkers(
       net, options, /*sync=*/true,
@@ -426,14 +424,12 @@ TEST(KVClientTest, ConcurrentWaitersGetTheirRepliesAndResendsWhileOneReceives) {
         return absl::OkStatus();
       },
       [&](int) -> std::unique_ptr<Transport> {
-        auto t = std::make_unique<LossyTransport>(net.NewTransport(), 4);
-        lossy = t.get();
-        return t;
+        return std::make_unique<LossyTransport>(net.NewTransport(), 4, lost);
       });
   EXPECT_TRUE(results[0].ok()) << results[0];
   for (const absl::Status& s : thread_results) EXPECT_TRUE(s.ok()) << s;
   EXPECT_TRUE(cluster.JoinScheduler().ok());
-  EXPECT_GT(lossy->lost(), 10);
+  EXPECT_GT(lost->load(), 10);
   EXPECT_GT(cluster.duplicates(), 0u);
   EXPECT_EQ(cluster.pushes_applied(),
             static_cast<uint64_t>(kThreads) * kRounds * 2)
