@@ -72,6 +72,11 @@ def report(bench, command, runs):
         values = [b[field] for r in runs for b in r['baseline'] if b['size'] == size]
         print('%-34s median %s; per run %s' % (label, fmt % statistics.median(values),
                                               ' '.join(fmt % v for v in values)))
+    pairs = ['%.0f/%.0f' % (b['zmq_rtt_p50_before_us'], b['zmq_rtt_p50_after_us'])
+             for r in runs for b in r['baseline']
+             if b['size'] == 4096 and 'zmq_rtt_p50_before_us' in b]
+    if pairs:
+        print('%-34s per run %s' % ('  (before/after the job)', ' '.join(pairs)))
 
     def job_values(op, size, pick):
         values = []

@@ -548,11 +548,12 @@ void PrintJson(const Flags& flags, const std::vector<RawZmqFigures>& raw,
         absl::StrFormat(
             "{\"size\":%d,\"zmq_gbps\":%.4f,\"zmq_gbps_before\":%.4f,"
             "\"zmq_gbps_after\":%.4f,\"zmq_two_way_gbps\":%.4f,"
-            "\"zmq_rtt_p50_us\":%.1f,"
+            "\"zmq_rtt_p50_us\":%.1f,\"zmq_rtt_p50_before_us\":%.1f,"
+            "\"zmq_rtt_p50_after_us\":%.1f,"
             "\"zmq_rtt_p99_us\":%.1f,\"memcpy_gbps\":%.4f",
             raw[i].size, raw[i].gbps, raw[i].gbps_before, raw[i].gbps_after,
-            raw[i].two_way_gbps, raw[i].rtt.p50_us, raw[i].rtt.p99_us,
-            memcpy_gbps[i]));
+            raw[i].two_way_gbps, raw[i].rtt.p50_us, raw[i].rtt_p50_before_us,
+            raw[i].rtt_p50_after_us, raw[i].rtt.p99_us, memcpy_gbps[i]));
     if (flags.ack_cost) {
       absl::StrAppend(
           &j,
