@@ -7,14 +7,23 @@
 namespace tessera {
 
 Buffer Buffer::Allocate(size_t size) {
-  const size_t rounded = ((size + 63) / 64) * 64;
-  void* memory = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
-  if (rounded != 0 && memory == nullptr) throw std::bad_alloc();
   Buffer b;
-  b.data_ = static_cast<const uint8_t*>(memory);
   b.size_ = size;
+  if (size == 0) {
+    b.owner_ = std::shared_ptr<const void>(nullptr, [](const void*) {});
+    return b;
+  }
+  // malloc and align by hand: glibc's aligned_alloc carves the block out of
+  // a larger one and frees the rest, several times the cost of a malloc for
+  // the small buffers every message needs (a received frame that ZeroMQ left
+  // unaligned is copied into one).
+  void* raw = std::malloc(size + 63);
+  if (raw == nullptr) throw std::bad_alloc();
+  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(raw) + 63) &
+                            ~static_cast<uintptr_t>(63);
+  b.data_ = reinterpret_cast<const uint8_t*>(aligned);
   b.owner_ = std::shared_ptr<const void>(
-      memory, [](const void* p) { std::free(const_cast<void*>(p)); });
+      b.data_, [raw](const void*) { std::free(raw); });
   return b;
 }
 

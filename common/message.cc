@@ -60,7 +60,7 @@ void AddTwoBitFrame(Message* msg, Buffer packed, uint64_t num_values) {
   msg->data.push_back(std::move(packed));
 }
 
-absl::StatusOr<std::vector<Buffer>> EncodeMessage(const Message& msg) {
+absl::StatusOr<size_t> CheckForEncoding(const Message& msg) {
   if (static_cast<size_t>(msg.header.frames_size()) != msg.data.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("message has ", msg.data.size(), " data frames but ",
@@ -71,10 +71,20 @@ absl::StatusOr<std::vector<Buffer>> EncodeMessage(const Message& msg) {
                                 msg.data[i].size(), i);
     if (!s.ok()) return absl::InvalidArgumentError(s.message());
   }
-  const size_t header_size = msg.header.ByteSizeLong();
-  Buffer header = Buffer::Allocate(header_size);
-  if (!msg.header.SerializeToArray(header.mutable_data(),
-                                   static_cast<int>(header_size))) {
+  return msg.header.ByteSizeLong();
+}
+
+bool SerializeHeader(const Message& msg, void* out, size_t size) {
+  // ByteSizeLong was computed by CheckForEncoding and is cached in the header.
+  return msg.header.SerializeWithCachedSizesToArray(static_cast<uint8_t*>(out)) ==
+         static_cast<uint8_t*>(out) + size;
+}
+
+absl::StatusOr<std::vector<Buffer>> EncodeMessage(const Message& msg) {
+  absl::StatusOr<size_t> header_size = CheckForEncoding(msg);
+  if (!header_size.ok()) return header_size.status();
+  Buffer header = Buffer::Allocate(*header_size);
+  if (!SerializeHeader(msg, header.mutable_data(), *header_size)) {
     return absl::InternalError("cannot serialize message header");
   }
   std::vector<Buffer> parts;
@@ -88,20 +98,27 @@ absl::StatusOr<Message> DecodeMessage(std::vector<Buffer> parts,
                                       const CodecLimits& limits) {
   if (parts.empty())
     return absl::DataLossError("empty message: no header frame");
-  if (parts.size() - 1 > limits.max_frames) {
-    return absl::DataLossError(absl::StrCat("message has ", parts.size() - 1,
+  const Buffer head = std::move(parts[0]);
+  parts.erase(parts.begin());
+  return DecodeMessage(head.data(), head.size(), std::move(parts), limits);
+}
+
+absl::StatusOr<Message> DecodeMessage(const void* header, size_t header_size,
+                                      std::vector<Buffer> data,
+                                      const CodecLimits& limits) {
+  if (data.size() > limits.max_frames) {
+    return absl::DataLossError(absl::StrCat("message has ", data.size(),
                                             " data frames; at most ",
                                             limits.max_frames, " are allowed"));
   }
-  const Buffer& head = parts[0];
-  if (head.size() > limits.max_header_bytes) {
-    return absl::DataLossError(absl::StrCat("header frame of ", head.size(),
+  if (header_size > limits.max_header_bytes) {
+    return absl::DataLossError(absl::StrCat("header frame of ", header_size,
                                             " bytes exceeds the limit of ",
                                             limits.max_header_bytes));
   }
   Message msg;
-  if (!msg.header.ParseFromArray(head.data(), static_cast<int>(head.size()))) {
-    return absl::DataLossError(absl::StrCat("header frame of ", head.size(),
+  if (!msg.header.ParseFromArray(header, static_cast<int>(header_size))) {
+    return absl::DataLossError(absl::StrCat("header frame of ", header_size,
                                             " bytes is not a valid header"));
   }
   if (!wire::Command_IsValid(msg.header.command()) ||
@@ -109,25 +126,24 @@ absl::StatusOr<Message> DecodeMessage(std::vector<Buffer> parts,
     return absl::DataLossError(absl::StrCat(
         "unknown command ", static_cast<int>(msg.header.command())));
   }
-  if (static_cast<size_t>(msg.header.frames_size()) != parts.size() - 1) {
+  if (static_cast<size_t>(msg.header.frames_size()) != data.size()) {
     return absl::DataLossError(
         absl::StrCat("header describes ", msg.header.frames_size(),
-                     " data frames but ", parts.size() - 1, " arrived"));
+                     " data frames but ", data.size(), " arrived"));
   }
   uint64_t total = 0;
-  for (size_t i = 1; i < parts.size(); ++i) {
-    absl::Status s = CheckFrame(msg.header.frames(static_cast<int>(i - 1)),
-                                parts[i].size(), i - 1);
+  for (size_t i = 0; i < data.size(); ++i) {
+    absl::Status s =
+        CheckFrame(msg.header.frames(static_cast<int>(i)), data[i].size(), i);
     if (!s.ok()) return s;
-    total += parts[i].size();
+    total += data[i].size();
     if (total > limits.max_message_bytes) {
       return absl::DataLossError(
           absl::StrCat("message data exceeds the limit of ",
                        limits.max_message_bytes, " bytes"));
     }
   }
-  msg.data.assign(std::make_move_iterator(parts.begin() + 1),
-                  std::make_move_iterator(parts.end()));
+  msg.data = std::move(data);
   return msg;
 }
 

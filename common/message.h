@@ -60,9 +60,22 @@ struct CodecLimits {
 // aborted).
 absl::StatusOr<std::vector<Buffer>> EncodeMessage(const Message& msg);
 
+// EncodeMessage in two steps, for a transport that serializes the header
+// straight into its own frame: CheckForEncoding validates as EncodeMessage
+// does and returns the header's serialized size; SerializeHeader writes it
+// (REQUIRES: `size` from CheckForEncoding, header unchanged since; false only
+// if protobuf fails).
+absl::StatusOr<size_t> CheckForEncoding(const Message& msg);
+bool SerializeHeader(const Message& msg, void* out, size_t size);
+
 // Parses and validates the parts of one message. DataLoss on malformed input.
 absl::StatusOr<Message> DecodeMessage(
     std::vector<Buffer> parts, const CodecLimits& limits = CodecLimits());
+// The same, with the header frame's bytes given apart (they are only read
+// during the call) and `data` the data frames.
+absl::StatusOr<Message> DecodeMessage(const void* header, size_t header_size,
+                                      std::vector<Buffer> data,
+                                      const CodecLimits& limits = CodecLimits());
 
 // A one-line description for logs ("KV_PUSH #12 9->8 key=3 [0,+100) 1 frame").
 std::string DebugString(const Message& msg);

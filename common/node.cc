@@ -213,6 +213,8 @@ absl::Status Node::CallScheduler(wire::Command command, wire::Header extra,
     waiters_[request] = Waiter();
   }
   absl::Status sent = SendControl(msg);
+  // No caller will receive the answer for this thread.
+  WakeReceiver();
   absl::MutexLock lock(&mu_);
   if (!sent.ok()) {
     waiters_.erase(request);
@@ -289,6 +291,7 @@ absl::Status Node::Finish() {
   MarkPartDone();
   // Stay until the end is announced, so the scheduler hears this worker
   // acknowledge it and need not wait out its deadline.
+  WakeReceiver();
   absl::MutexLock lock(&mu_);
   auto ended = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return terminated_ || !failure_.ok() || stopping_;
@@ -311,6 +314,7 @@ void Node::MarkPartDone() {
 }
 
 absl::Status Node::WaitForTerminate() {
+  WakeReceiver();
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return terminated_ || !failure_.ok() || stopping_;
@@ -341,6 +345,11 @@ void Node::Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  {
+    absl::MutexLock lock(&receive_mu_);
+    receive_stopped_ = true;
+    receiver_cv_.SignalAll();
+  }
   stop_.store(true);
   if (heartbeat_.joinable()) heartbeat_.join();
   transport_->Close();
@@ -348,52 +357,139 @@ void Node::Stop() {
 }
 
 void Node::ReceiveLoop() {
-  while (!stop_.load()) {
-    // Messages held before StartDelivery go first, from this thread, to keep
-    // order.
-    std::vector<Message> early;
-    {
-      absl::MutexLock lock(&mu_);
-      if (deliver_ && !held_.empty()) early.swap(held_);
+  while (AwaitReceiverTurn()) {
+    ReceiveResult r;
+    do {
+      r = ReceiveAndDispatch(absl::Milliseconds(20));
+      if (r == ReceiveResult::kClosed && stop_.load()) break;
+    } while (!caller_waiting_.load(std::memory_order_acquire) &&
+             !stop_.load());
+    EndReceiverTurn();
+  }
+}
+
+bool Node::AwaitReceiverTurn() {
+  absl::MutexLock lock(&receive_mu_);
+  // A condition variable, not Mutex::Await: a parked thread would make every
+  // caller's unlock of receive_mu_ evaluate its condition.
+  while (true) {
+    if (receive_stopped_) return false;
+    const absl::Time now = absl::Now();
+    const absl::Time turn = caller_received_ + kCallerGrace;
+    if (receiving_ == Receiver::kNone && (receiver_wanted_ || now >= turn)) {
+      receiving_ = Receiver::kThread;
+      receiver_wanted_ = false;
+      caller_waiting_.store(false, std::memory_order_relaxed);
+      return true;
     }
-    for (Message& m : early) {
-      if (callbacks_.on_data) callbacks_.on_data(std::move(m));
-    }
-    absl::StatusOr<Message> msg = transport_->Receive(absl::Milliseconds(20));
-    if (!msg.ok()) {
-      if (absl::IsCancelled(msg.status())) return;
-      continue;
-    }
-    if (msg->header.sender() == kSchedulerId) {
-      absl::MutexLock lock(&mu_);
-      last_scheduler_contact_ = absl::Now();
-    }
-    if (msg->header.plane() == wire::DATA) {
-      if (options_.drop_percent > 0) {
-        // PS_DROP_MSG: lose some data-plane messages on purpose (tests of
-        // the resend path). xorshift32, seeded per process.
-        if (drop_state_ == 0) drop_state_ = static_cast<uint32_t>(getpid()) | 1;
-        drop_state_ ^= drop_state_ << 13;
-        drop_state_ ^= drop_state_ >> 17;
-        drop_state_ ^= drop_state_ << 5;
-        if (static_cast<int>(drop_state_ % 100) < options_.drop_percent) {
-          TESSERA_VLOG(2) << "PS_DROP_MSG dropped " << DebugString(*msg);
-          continue;
-        }
-      }
-      std::vector<Message> ready;
-      {
-        absl::MutexLock lock(&mu_);
-        held_.push_back(*std::move(msg));
-        if (deliver_) ready.swap(held_);
-      }
-      for (Message& m : ready) {
-        if (callbacks_.on_data) callbacks_.on_data(std::move(m));
-      }
+    if (receiving_ == Receiver::kNone) {
+      // A caller received a moment ago and will likely again: leave it the
+      // transport for the rest of the grace.
+      receiver_cv_.WaitWithDeadline(&receive_mu_, turn);
+    } else if (receiver_wanted_) {
+      // A caller receives (its receive has a time-out); it signals when it
+      // hands the transport back.
+      receiver_cv_.Wait(&receive_mu_);
     } else {
-      HandleControl(*std::move(msg));
+      // A caller receives: look again after the grace, not at every hand-back
+      // (that would wake this thread once per round trip).
+      receiver_cv_.WaitWithDeadline(&receive_mu_, now + kCallerGrace);
     }
   }
+}
+
+void Node::EndReceiverTurn() {
+  bool wanted;
+  {
+    absl::MutexLock lock(&receive_mu_);
+    receiving_ = Receiver::kNone;
+    wanted = caller_waiting_.exchange(false, std::memory_order_relaxed);
+    // The caller that asked receives next; this thread waits out the grace.
+    if (wanted) caller_received_ = absl::Now();
+  }
+  if (wanted && callbacks_.on_receiver_free) callbacks_.on_receiver_free();
+}
+
+void Node::WakeReceiver() {
+  absl::MutexLock lock(&receive_mu_);
+  if (receiving_ == Receiver::kThread) return;
+  receiver_wanted_ = true;
+  receiver_cv_.Signal();
+}
+
+Node::ReceiveResult Node::ReceiveOnCaller(absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&receive_mu_);
+    if (receive_stopped_) return ReceiveResult::kClosed;
+    if (receiving_ != Receiver::kNone) {
+      if (receiving_ == Receiver::kThread)
+        caller_waiting_.store(true, std::memory_order_release);
+      return ReceiveResult::kBusy;
+    }
+    receiving_ = Receiver::kCaller;
+  }
+  const ReceiveResult r = ReceiveAndDispatch(timeout);
+  {
+    absl::MutexLock lock(&receive_mu_);
+    receiving_ = Receiver::kNone;
+    caller_received_ = absl::Now();
+    if (receiver_wanted_) receiver_cv_.Signal();
+  }
+  return r;
+}
+
+Node::ReceiveResult Node::ReceiveAndDispatch(absl::Duration timeout) {
+  // Messages held before StartDelivery go first, to keep order.
+  std::vector<Message> early;
+  {
+    absl::MutexLock lock(&mu_);
+    if (deliver_ && !held_.empty()) early.swap(held_);
+  }
+  for (Message& m : early) {
+    if (callbacks_.on_data) callbacks_.on_data(std::move(m));
+  }
+  absl::StatusOr<Message> msg = transport_->Receive(timeout);
+  if (!msg.ok()) {
+    if (absl::IsDeadlineExceeded(msg.status())) return ReceiveResult::kTimedOut;
+    // Cancelled after Close; any other error is the transport's failure.
+    return ReceiveResult::kClosed;
+  }
+  if (msg->header.sender() == kSchedulerId) {
+    absl::MutexLock lock(&mu_);
+    last_scheduler_contact_ = absl::Now();
+  }
+  if (msg->header.plane() != wire::DATA) {
+    HandleControl(*std::move(msg));
+    return ReceiveResult::kReceived;
+  }
+  if (options_.drop_percent > 0) {
+    // PS_DROP_MSG: lose some data-plane messages on purpose (tests of
+    // the resend path). xorshift32, seeded per process.
+    if (drop_state_ == 0) drop_state_ = static_cast<uint32_t>(getpid()) | 1;
+    drop_state_ ^= drop_state_ << 13;
+    drop_state_ ^= drop_state_ >> 17;
+    drop_state_ ^= drop_state_ << 5;
+    if (static_cast<int>(drop_state_ % 100) < options_.drop_percent) {
+      TESSERA_VLOG(2) << "PS_DROP_MSG dropped " << DebugString(*msg);
+      return ReceiveResult::kReceived;
+    }
+  }
+  bool direct = false;
+  std::vector<Message> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    // Once delivery started and what was held went, messages go straight to
+    // the owner (only the receiving thread adds to held_).
+    direct = deliver_ && held_.empty();
+    if (!direct) {
+      held_.push_back(*std::move(msg));
+      if (deliver_) ready.swap(held_);
+    }
+  }
+  if (!callbacks_.on_data) return ReceiveResult::kReceived;
+  if (direct) callbacks_.on_data(*std::move(msg));
+  for (Message& m : ready) callbacks_.on_data(std::move(m));
+  return ReceiveResult::kReceived;
 }
 
 void Node::HandleControl(Message&& msg) {

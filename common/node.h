@@ -10,9 +10,26 @@
 //   absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(options, cb);
 //   (*node)->Barrier(kGroupWorkers);
 //
-// Thread-safety: all methods are thread-safe. Callbacks run on the node's
-// receiver thread (on_data) or on whichever internal thread noticed the failure
-// (on_failure, called exactly once); they must not block for long.
+// Receiving: the node's receiver thread takes messages off the transport and
+// dispatches them. A thread that waits for a reply can instead receive itself
+// (ReceiveOnCaller), so the reply wakes the thread that wants it and not the
+// receiver thread, which would then have to wake the waiter: one thread
+// hand-off less per round trip. One thread receives at a time; the receiver
+// thread steps aside after its current receive when a caller asks, and takes
+// over again when no caller has received for kCallerGrace (or at once when
+// the node itself waits for the scheduler).
+//
+//   while (!reply_arrived) {
+//     if (node->ReceiveOnCaller(absl::Milliseconds(20)) ==
+//         Node::ReceiveResult::kBusy) { /* wait for on_receiver_free */ }
+//   }
+//
+// Thread-safety: all methods are thread-safe. Callbacks run on the thread that
+// received the message (the receiver thread, or a caller in ReceiveOnCaller:
+// on_data, on_peer_restart, on_failure after a control message), or on
+// whichever internal thread noticed a failure (on_failure, called exactly
+// once); they must not block for long. Messages are dispatched one at a time,
+// in arrival order, whichever thread receives them.
 #ifndef TESSERA_COMMON_NODE_H_
 #define TESSERA_COMMON_NODE_H_
 
@@ -26,6 +43,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/options.h"
 #include "common/transport.h"
 
@@ -44,8 +62,26 @@ class Node {
     std::function<void(Message&&)> on_data;
     std::function<void(const absl::Status&)> on_failure;
     // A peer this node talks to restarted (same identity, new generation);
-    // called on the receiver thread after the link to it is renewed.
+    // called on the receiving thread after the link to it is renewed.
     std::function<void(int peer)> on_peer_restart;
+    // The receiver thread stepped aside after a ReceiveOnCaller answered
+    // kBusy: a caller may receive now. Called on the receiver thread, with no
+    // lock of the node held.
+    std::function<void()> on_receiver_free;
+  };
+
+  // How long the receiver thread leaves the transport to callers after a
+  // caller last received: long enough that a caller issuing one request after
+  // another finds it free, short enough that messages nobody waits for
+  // (replies to operations not being waited for, control messages) are read
+  // soon after they arrive.
+  static constexpr absl::Duration kCallerGrace = absl::Milliseconds(5);
+
+  enum class ReceiveResult {
+    kReceived,  // one message received and dispatched on the calling thread
+    kTimedOut,  // nothing arrived within the time-out
+    kBusy,      // another thread is receiving; it dispatches what arrives
+    kClosed,    // the node stopped (or its transport failed): do not retry
   };
 
   // Joins the job: resolves and binds the node's address, registers, and waits
@@ -75,6 +111,14 @@ class Node {
 
   // Sends a data-plane message; fills in sender, generation and plane.
   absl::Status Send(int peer, Message msg);
+
+  // Receives at most one message, waiting at most `timeout`, and dispatches
+  // it on the calling thread as the receiver thread would (callbacks
+  // included). kBusy at once when another thread is receiving: when that is
+  // the receiver thread, it steps aside after its current receive and calls
+  // on_receiver_free. REQUIRES: the caller holds no lock that a callback
+  // takes.
+  ReceiveResult ReceiveOnCaller(absl::Duration timeout);
 
   // Waits (at most TESSERA_TIMEOUT) until every node of `group` has entered
   // the barrier. `tag` says what the barrier is for (the owner's words, e.g.
@@ -118,6 +162,19 @@ class Node {
 
   absl::Status Join();
   void ReceiveLoop();
+  // Waits until the receiver thread may take the transport (it is free and no
+  // caller received within kCallerGrace, or the node waits for the scheduler)
+  // and takes it. False when the node stops.
+  bool AwaitReceiverTurn();
+  // Hands the transport back after a receive turn; calls on_receiver_free
+  // when a caller asked for it meanwhile.
+  void EndReceiverTurn();
+  // Asks the receiver thread to take the transport now, without the grace
+  // (the node waits for a control message that no caller will receive).
+  void WakeReceiver();
+  // Receives at most one message and dispatches it. REQUIRES: the calling
+  // thread holds the transport (receiving_ names it).
+  ReceiveResult ReceiveAndDispatch(absl::Duration timeout);
   void HeartbeatLoop();
   void HandleControl(Message&& msg);
   // A node table after the first: renews links to restarted peers.
@@ -164,8 +221,24 @@ class Node {
   std::vector<Message> held_
       ABSL_GUARDED_BY(mu_);  // data messages before StartDelivery
 
+  // Who takes messages off the transport: at most one thread at a time.
+  enum class Receiver { kNone, kThread, kCaller };
+  absl::Mutex receive_mu_;
+  absl::CondVar receiver_cv_;  // the receiver thread waits for its turn
+  Receiver receiving_ ABSL_GUARDED_BY(receive_mu_) = Receiver::kNone;
+  // When a caller last handed the transport back.
+  absl::Time caller_received_ ABSL_GUARDED_BY(receive_mu_) =
+      absl::InfinitePast();
+  bool receiver_wanted_ ABSL_GUARDED_BY(receive_mu_) = false;  // WakeReceiver
+  bool receive_stopped_ ABSL_GUARDED_BY(receive_mu_) = false;
+  // A caller found the receiver thread receiving (it steps aside after its
+  // current receive).
+  std::atomic<bool> caller_waiting_{false};
+
   std::atomic<bool> stop_{false};
-  uint32_t drop_state_ = 0;  // PS_DROP_MSG's random numbers (receiver thread)
+  // PS_DROP_MSG's random numbers; used by the thread that holds the
+  // transport (one at a time, ordered by receive_mu_).
+  uint32_t drop_state_ = 0;
   std::thread receiver_;
   std::thread heartbeat_;
 };

@@ -27,6 +27,10 @@ std::string ZmqError() { return zmq_strerror(zmq_errno()); }
 // peer sends (TESSERA_MAX_MESSAGE_BYTES at most) per connection.
 constexpr int kReceiveHighWaterMark = 64;
 
+// Data frames below this size are copied into ZeroMQ's message rather than
+// lent to it.
+constexpr size_t kCopyBelowBytes = 16 << 10;
+
 // Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
 struct ReceivedPart {
   zmq_msg_t msg;
@@ -146,14 +150,28 @@ class ZmqTransport : public Transport {
       }
       sender = it->second;
     }
-    absl::StatusOr<std::vector<Buffer>> parts = EncodeMessage(msg);
-    if (!parts.ok()) return parts.status();
+    absl::StatusOr<size_t> header_size = CheckForEncoding(msg);
+    if (!header_size.ok()) return header_size.status();
     if (LogVerbosity() >= 2) TESSERA_LOG(INFO) << "send " << DebugString(msg);
+    // The header is serialized straight into its frame.
+    zmq_msg_t header;
+    zmq_msg_init_size(&header, *header_size);
+    if (!SerializeHeader(msg, zmq_msg_data(&header), *header_size)) {
+      zmq_msg_close(&header);
+      return absl::InternalError("cannot serialize message header");
+    }
     absl::MutexLock lock(&sender->mu);
-    for (size_t i = 0; i < parts->size(); ++i) {
-      const Buffer& part = (*parts)[i];
+    if (zmq_msg_send(&header, sender->socket,
+                     msg.data.empty() ? 0 : ZMQ_SNDMORE) < 0) {
+      const std::string err = ZmqError();
+      zmq_msg_close(&header);
+      return absl::UnavailableError(absl::StrCat(
+          "cannot send to node ", peer, " at ", sender->endpoint, ": ", err));
+    }
+    for (size_t i = 0; i < msg.data.size(); ++i) {
+      const Buffer& part = msg.data[i];
       zmq_msg_t zmsg;
-      if (part.size() < 256) {
+      if (part.size() < kCopyBelowBytes) {
         // Small parts are copied: cheaper than a reference-counted hand-off.
         zmq_msg_init_size(&zmsg, part.size());
         if (part.size() > 0)
@@ -163,7 +181,7 @@ class ZmqTransport : public Transport {
         zmq_msg_init_data(&zmsg, const_cast<uint8_t*>(part.data()), part.size(),
                           ReleaseBuffer, hint);
       }
-      const int flags = i + 1 < parts->size() ? ZMQ_SNDMORE : 0;
+      const int flags = i + 1 < msg.data.size() ? ZMQ_SNDMORE : 0;
       if (zmq_msg_send(&zmsg, sender->socket, flags) < 0) {
         const std::string err = ZmqError();
         zmq_msg_close(&zmsg);
@@ -195,19 +213,26 @@ class ZmqTransport : public Transport {
         zmq_setsockopt(receiver_, ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms));
         receive_timeout_ms_ = wait_ms;
       }
+      // The header frame is parsed where ZeroMQ put it (and freed after);
+      // data frames stay in ZeroMQ's memory for as long as Buffers use them.
+      ReceivedPart header;
+      zmq_msg_init(&header.msg);
+      if (zmq_msg_recv(&header.msg, receiver_, 0) < 0) {
+        const int err = zmq_errno();
+        if (err != EAGAIN && err != EINTR) {
+          return absl::InternalError(
+              absl::StrCat("zmq_msg_recv: ", ZmqError()));
+        }
+        continue;
+      }
       std::vector<Buffer> parts;
-      bool more = true;
+      bool more = zmq_msg_more(&header.msg);
       bool failed = false;
-      size_t received = 0;
+      size_t received = 1;
       while (more) {
         auto part = std::make_shared<ReceivedPart>();
         zmq_msg_init(&part->msg);
         if (zmq_msg_recv(&part->msg, receiver_, 0) < 0) {
-          const int err = zmq_errno();
-          if (parts.empty() && err != EAGAIN && err != EINTR) {
-            return absl::InternalError(
-                absl::StrCat("zmq_msg_recv: ", ZmqError()));
-          }
           failed = true;
           break;
         }
@@ -237,7 +262,8 @@ class ZmqTransport : public Transport {
         continue;
       }
       absl::StatusOr<Message> msg =
-          DecodeMessage(std::move(parts), options_.limits);
+          DecodeMessage(zmq_msg_data(&header.msg), zmq_msg_size(&header.msg),
+                        std::move(parts), options_.limits);
       if (!msg.ok()) {
         const uint64_t n = ++malformed_;
         TESSERA_LOG(WARNING) << "dropped malformed message #" << n << ": "

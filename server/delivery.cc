@@ -64,6 +64,8 @@ size_t WaitingMessages::DropEarlierLives(int sender, uint64_t generation) {
 }
 
 void WaitingMessages::Replay(const std::function<bool(Message&)>& try_process) {
+  // Most calls find nothing waiting; an empty std::deque still allocates.
+  if (messages_.empty()) return;
   std::deque<Message> offered;
   offered.swap(messages_);
   bytes_ = 0;

@@ -20,6 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/node.h"
 #include "common/options.h"
@@ -118,6 +119,10 @@ int main(int argc, char** argv) {
   }
   tessera::SetLogTag("server");
   tessera::SetLogVerbosity(options->verbose);
+  // Debian's Abseil is built without NDEBUG, which leaves the mutex deadlock
+  // detector (a debugging aid: a lock-order graph updated on every lock) on;
+  // in-process tests keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   int threads = options->server_threads;
   if (threads == 0) {
     threads = static_cast<int>(

@@ -56,6 +56,9 @@ class KVWorker {
  public:
   // Joins the cluster given by the DMLC_* environment as a worker. `type` is
   // "dist_sync" or "dist_async". Blocks until the node table has arrived.
+  // Turns off Abseil's mutex deadlock detection for the process (a debugging
+  // aid, on by default in Debian's Abseil, that costs more than the rest of
+  // a lock).
   static absl::StatusOr<std::unique_ptr<KVWorker>> Create(
       const std::string& type);
 

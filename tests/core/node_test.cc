@@ -427,6 +427,79 @@ TEST(NodeTest, ServerCutOffFromTheEndFailsUnlessItsPartIsDone) {
   }
 }
 
+// Issue #12: a thread waiting for a reply receives it itself. The node's
+// receiver thread steps aside when a caller asks (on_receiver_free), the
+// caller then receives, the node's own waits (barrier, end) are served, and a
+// stopped node answers kClosed.
+TEST(NodeTest, CallerReceivesInTurnWithTheReceiverThread) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.num_workers = 1;
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  absl::Status server_result;
+  std::thread server([&] {
+    Options mine = options;
+    mine.role = Role::kServer;
+    absl::StatusOr<std::unique_ptr<Node>> node =
+        Node::Start(mine, Node::Callbacks(), net.NewTransport());
+    server_result = node.ok() ? (*node)->WaitForTerminate() : node.status();
+  });
+
+  absl::Mutex mu;
+  int freed = 0;  // on_receiver_free calls
+  Node::Callbacks callbacks;
+  callbacks.on_receiver_free = [&] {
+    absl::MutexLock lock(&mu);
+    ++freed;
+  };
+  Options mine = options;
+  mine.role = Role::kWorker;
+  absl::StatusOr<std::unique_ptr<Node>> started =
+      Node::Start(mine, std::move(callbacks), net.NewTransport());
+  ASSERT_TRUE(started.ok()) << started.status();
+  Node& node = **started;
+  using R = Node::ReceiveResult;
+  // While the receiver thread holds the transport a caller is told it is
+  // busy; the thread steps aside after its current receive and says so, and
+  // the caller then receives. A caller that got the transport first lets the
+  // thread take it back (after the grace) and tries again.
+  bool busy = false, received_here = false;
+  for (int attempt = 0; attempt < 50 && !received_here; ++attempt) {
+    int seen;
+    {
+      absl::MutexLock lock(&mu);
+      seen = freed;
+    }
+    const R r = node.ReceiveOnCaller(absl::Milliseconds(1));
+    ASSERT_NE(r, R::kClosed);
+    if (r != R::kBusy) {
+      received_here = busy;
+      if (!busy) absl::SleepFor(Node::kCallerGrace * 4);
+      continue;
+    }
+    busy = true;
+    absl::MutexLock lock(&mu);
+    auto stepped_aside = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) {
+      return freed > seen;
+    };
+    EXPECT_TRUE(
+        mu.AwaitWithTimeout(absl::Condition(&stepped_aside), absl::Seconds(2)));
+  }
+  EXPECT_TRUE(busy);
+  EXPECT_TRUE(received_here);
+  // The node's own waits are served although a caller received last.
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(node.Barrier(kGroupWorkers).ok());
+  EXPECT_TRUE(node.Finish().ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  node.Stop();
+  EXPECT_EQ(node.ReceiveOnCaller(absl::Milliseconds(1)), R::kClosed);
+  server.join();
+  EXPECT_TRUE(server_result.ok()) << server_result;
+  EXPECT_TRUE(scheduler.Join().ok());
+}
+
 TEST(NodeTest, LostAbortIsSentAgainSoTheNodeHearsWhy) {
   MemoryNetwork net;
   Options options = EndOptions(Role::kScheduler);

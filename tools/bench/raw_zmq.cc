@@ -375,6 +375,8 @@ std::vector<RawZmqFigures> CombineRuns(
     f.gbps_after = a.gbps;
     f.gbps = (f.gbps + a.gbps) / 2;
     f.two_way_gbps = (f.two_way_gbps + a.two_way_gbps) / 2;
+    f.rtt_p50_before_us = f.rtt.p50_us;
+    f.rtt_p50_after_us = a.rtt.p50_us;
     f.rtt.p50_us = (f.rtt.p50_us + a.rtt.p50_us) / 2;
     f.rtt.p99_us = (f.rtt.p99_us + a.rtt.p99_us) / 2;
     f.acked_gbps = (f.acked_gbps + a.acked_gbps) / 2;

@@ -37,6 +37,8 @@ struct RawZmqFigures {
   double gbps_before = 0,
          gbps_after = 0;  // the two runs a CombineRuns mean came from
   LatencyStats rtt;       // `size` bytes there, `size` bytes back
+  double rtt_p50_before_us = 0,
+         rtt_p50_after_us = 0;  // the two runs a CombineRuns mean came from
   // Both directions at once (each process sends and receives), GB/s per
   // direction: the context for pushpull, which moves each value both ways.
   double two_way_gbps = 0;

@@ -375,7 +375,7 @@ absl::StatusOr<JobResult> RunJob(const Flags& flags, const Binaries& bin,
 
 struct Target {
   std::string what;
-  std::string rule;  // ">= 0.90x raw" or "<= 1.30x raw"
+  std::string rule;  // ">= 0.95x raw", "<= 1.20x raw rtt": "OP GOALx ..."
   double goal = 0;
   bool at_most = false;
   double value = 0;  // the ratio achieved
@@ -421,11 +421,16 @@ std::vector<Target> Targets(const std::vector<JobResult>& jobs,
     t.at_most = at_most;
     return t;
   };
+  // Issue #12: push and pull against the one-way raw stream; pushpull, which
+  // moves every value both ways, against raw ZeroMQ streaming both ways at once
+  // (on 2 cores the one-way figure is out of reach for it); the round trip of
+  // a blocking 4 KB pushpull against the raw 4 KB round trip.
   std::vector<Target> t = {
-      target("1 MB push", ">= 0.90x raw", 0.90, false),
-      target("1 MB pull", ">= 0.90x raw", 0.90, false),
-      target("1 MB pushpull, per direction", ">= 0.80x raw", 0.80, false),
-      target("4 KB round trip p50 (pushpull)", "<= 1.30x raw", 1.30, true),
+      target("1 MB push", ">= 0.95x raw", 0.95, false),
+      target("1 MB pull", ">= 0.95x raw", 0.95, false),
+      target("1 MB pushpull, per direction", ">= 0.90x raw two-way", 0.90,
+             false),
+      target("4 KB round trip p50 (pushpull)", "<= 1.20x raw rtt", 1.20, true),
   };
   const JobResult* job = nullptr;
   for (const JobResult& j : jobs) {
@@ -442,15 +447,18 @@ std::vector<Target> Targets(const std::vector<JobResult>& jobs,
     const Row* r = BestRow(*job, ops[i], mb);
     const RawZmqFigures* z = RawFor(raw, mb);
     if (r == nullptr || z == nullptr) continue;
-    t[i].have = true;
-    t[i].value = r->gbps / z->gbps;
-    t[i].detail = absl::StrFormat("%.2f vs %.2f GB/s (in-flight %d)", r->gbps,
-                                  z->gbps, r->inflight);
-    if (i == 2 && z->two_way_gbps > 0) {
-      absl::StrAppend(
-          &t[i].detail,
-          absl::StrFormat("; two-way raw %.2f GB/s: %.2fx of it",
-                          z->two_way_gbps, r->gbps / z->two_way_gbps));
+    if (i < 2) {
+      t[i].have = true;
+      t[i].value = r->gbps / z->gbps;
+      t[i].detail = absl::StrFormat("%.2f vs %.2f GB/s (in-flight %d)",
+                                    r->gbps, z->gbps, r->inflight);
+    } else if (z->two_way_gbps > 0) {
+      t[i].have = true;
+      t[i].value = r->gbps / z->two_way_gbps;
+      t[i].detail = absl::StrFormat(
+          "%.2f vs %.2f GB/s two-way (in-flight %d); one-way raw %.2f GB/s: "
+          "%.2fx of it",
+          r->gbps, z->two_way_gbps, r->inflight, z->gbps, r->gbps / z->gbps);
     }
   }
   const Row* r = FindRow(*job, "pushpull", 4096, 1);
@@ -514,15 +522,15 @@ void PrintTable(const Flags& flags, const std::vector<RawZmqFigures>& raw,
   }
   std::printf(
       "\nTargets (1 server / 1 worker, optimizer none; throughput: best "
-      "in-flight "
-      "setting)\n");
+      "in-flight setting, against the one-way raw stream, pushpull against "
+      "the two-way one; round trip: 1 in flight)\n");
   for (const Target& t : targets) {
     if (!t.have) {
-      std::printf("  %-32s %-14s not measured in this run\n", t.what.c_str(),
+      std::printf("  %-32s %-21s not measured in this run\n", t.what.c_str(),
                   t.rule.c_str());
       continue;
     }
-    std::printf("  %-32s %-14s %5.2fx  %-8s %s\n", t.what.c_str(),
+    std::printf("  %-32s %-21s %5.2fx  %-8s %s\n", t.what.c_str(),
                 t.rule.c_str(), t.value, t.met() ? "met" : "NOT MET",
                 t.detail.c_str());
   }
@@ -540,11 +548,12 @@ void PrintJson(const Flags& flags, const std::vector<RawZmqFigures>& raw,
         absl::StrFormat(
             "{\"size\":%d,\"zmq_gbps\":%.4f,\"zmq_gbps_before\":%.4f,"
             "\"zmq_gbps_after\":%.4f,\"zmq_two_way_gbps\":%.4f,"
-            "\"zmq_rtt_p50_us\":%.1f,"
+            "\"zmq_rtt_p50_us\":%.1f,\"zmq_rtt_p50_before_us\":%.1f,"
+            "\"zmq_rtt_p50_after_us\":%.1f,"
             "\"zmq_rtt_p99_us\":%.1f,\"memcpy_gbps\":%.4f",
             raw[i].size, raw[i].gbps, raw[i].gbps_before, raw[i].gbps_after,
-            raw[i].two_way_gbps, raw[i].rtt.p50_us, raw[i].rtt.p99_us,
-            memcpy_gbps[i]));
+            raw[i].two_way_gbps, raw[i].rtt.p50_us, raw[i].rtt_p50_before_us,
+            raw[i].rtt_p50_after_us, raw[i].rtt.p99_us, memcpy_gbps[i]));
     if (flags.ack_cost) {
       absl::StrAppend(
           &j,

@@ -73,6 +73,11 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
              const wire::Header& reply) {
         replay_log_.Keep(answered.request.part, answered.msg,
                          answered.request.replayed, reply);
+      },
+      // A thread in Wait takes replies off the transport itself (no hand-off
+      // from the node's receiver thread).
+      [this](absl::Duration timeout) {
+        return node_->ReceiveOnCaller(timeout);
       });
   Node::Callbacks callbacks;
   callbacks.on_data = [this](Message&& msg) {
@@ -82,6 +87,7 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
     tracker_->FailAll(status);
   };
   callbacks.on_peer_restart = [this](int peer) { ReplayTo(peer); };
+  callbacks.on_receiver_free = [this] { tracker_->ReceiverFree(); };
   TESSERA_ASSIGN_OR_RETURN(
       node_, Node::Start(options_, std::move(callbacks), std::move(transport)));
   node_->StartDelivery();

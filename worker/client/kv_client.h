@@ -20,7 +20,10 @@
 // buffer and pins the operation until it is no longer needed, so Wait returns
 // only when the buffer is free again. Pulled frames (zero-copy ZeroMQ memory)
 // wait with the operation and are copied into the caller's buffer by the
-// thread in Wait, so the receiver thread goes back to the socket at once.
+// thread in Wait, so the receiving thread goes back to the socket at once.
+// The thread in Wait usually receives its replies itself
+// (Node::ReceiveOnCaller through the RequestTracker): the reply wakes it
+// directly rather than through the node's receiver thread.
 //
 // A worker restarted into a running job (TESSERA_RESTART_COUNT > 0) keeps its
 // rank. Its Init asks each server part how many of this rank's pushes to the

@@ -9,12 +9,23 @@
 
 namespace tessera {
 
+namespace {
+
+// The longest a waiter stays in one receive: what completes an operation
+// without a message (the job's failure noticed by the heart-beat thread, a
+// request failed after its last resend) is seen within it.
+constexpr absl::Duration kReceiveSlice = absl::Milliseconds(20);
+
+}  // namespace
+
 RequestTracker::RequestTracker(Options options, SendFn send,
-                               DescribeFn describe, OnAnswered on_answered)
+                               DescribeFn describe, OnAnswered on_answered,
+                               ReceiveFn receive)
     : options_(options),
       send_(std::move(send)),
       describe_(std::move(describe)),
       on_answered_(std::move(on_answered)),
+      receive_(std::move(receive)),
       next_request_(options.first_request_id) {
   if (options_.resend) resender_ = std::thread([this] { ResendLoop(); });
 }
@@ -320,14 +331,8 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
       return absl::InvalidArgumentError(
           absl::StrCat("unknown operation handle ", op_id));
     }
-    auto done = [this, op_id]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      const Op& o = ops_.at(op_id);
-      // After a failure, return at once: the borrowed memory is never read
-      // again, because the job is over.
-      return (o.pending == 0 && o.pinned == 0) || !failure_.ok();
-    };
     const bool finished =
-        mu_.AwaitWithTimeout(absl::Condition(&done), options_.request_timeout);
+        AwaitOp(op_id, absl::Now() + options_.request_timeout);
     Op result = std::move(ops_.at(op_id));
     if (!finished) {
       std::string silent;
@@ -368,6 +373,58 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
   for (const PulledFrame& f : pulled)
     std::memcpy(f.out, f.values.data(), f.values.size());
   return status;
+}
+
+bool RequestTracker::AwaitOp(uint64_t op_id, absl::Time deadline) {
+  auto done = [this, op_id]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    const Op& o = ops_.at(op_id);
+    // After a failure, return at once: the borrowed memory is never read
+    // again, because the job is over.
+    return (o.pending == 0 && o.pinned == 0) || !failure_.ok();
+  };
+  bool may_receive = receive_ != nullptr;
+  // Whether this waiter should receive: its replies are due and no other
+  // waiter is receiving.
+  auto my_turn = [this, op_id, &may_receive]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return may_receive && !receiving_ && ops_.at(op_id).pending > 0;
+  };
+  while (!done()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return false;
+    if (!my_turn()) {
+      // Another waiter receives and dispatches this operation's replies, or
+      // they all came and the transport still holds a borrowed frame; take
+      // over when that waiter leaves.
+      auto woken = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return done() || my_turn();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&woken), deadline);
+      continue;
+    }
+    receiving_ = true;
+    const uint64_t freed = receiver_freed_;
+    mu_.Unlock();
+    const Node::ReceiveResult r = receive_(std::min(deadline - now,
+                                                    kReceiveSlice));
+    mu_.Lock();
+    receiving_ = false;
+    if (r == Node::ReceiveResult::kClosed) {
+      may_receive = false;  // the node stopped: wait for FailAll or the deadline
+    } else if (r == Node::ReceiveResult::kBusy) {
+      // The node's receiver thread is receiving: it dispatches this
+      // operation's replies, or steps aside after its current receive.
+      auto woken = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return done() || receiver_freed_ != freed;
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&woken), deadline);
+    }
+  }
+  return true;
+}
+
+void RequestTracker::ReceiverFree() {
+  absl::MutexLock lock(&mu_);
+  ++receiver_freed_;
 }
 
 void RequestTracker::FailAll(const absl::Status& status) {

@@ -23,6 +23,16 @@
 // gone (ZeroMQ's, the kept request's); Wait returns only then, so the caller's
 // buffer is free again when Wait returns.
 //
+// Receiving in Wait: given a ReceiveFn (Node::ReceiveOnCaller), one waiting
+// thread at a time takes messages off the transport itself while its
+// operation awaits replies, and dispatches them (HandleReply, for every
+// operation): its own reply then wakes it directly instead of waking the
+// node's receiver thread, which would have to wake it in turn. The other
+// waiters wait for their replies as before and one of them takes over when it
+// leaves. When the node's receiver thread is receiving (ReceiveFn answers
+// kBusy), the waiter waits; the thread dispatches the reply or steps aside
+// (ReceiverFree) after its current receive.
+//
 // Thread-safety: all methods are thread-safe. The OnAnswered callback runs on
 // the thread that called HandleReply, without the tracker's lock, before the
 // answered request (and any borrowed frame it holds) is released.
@@ -45,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/message.h"
+#include "common/node.h"
 
 namespace tessera {
 
@@ -92,9 +103,14 @@ class RequestTracker {
   using DescribeFn = std::function<std::string(int node)>;
   using OnAnswered = std::function<void(const Answered& answered,
                                         const wire::Header& reply)>;
+  // Receives at most one message within the time-out and dispatches it on the
+  // calling thread (replies come back through HandleReply).
+  using ReceiveFn = std::function<Node::ReceiveResult(absl::Duration timeout)>;
 
+  // `receive` null: replies come only from another thread's HandleReply.
   RequestTracker(Options options, SendFn send, DescribeFn describe,
-                 OnAnswered on_answered = nullptr);
+                 OnAnswered on_answered = nullptr,
+                 ReceiveFn receive = nullptr);
   // Stops the resend thread.
   ~RequestTracker();
 
@@ -108,8 +124,13 @@ class RequestTracker {
   // fails the operation, unless the request is kept for resending.
   void Send(Request request, Message msg);
 
-  // A reply from a server (the node's receiver thread).
+  // A reply from a server (on the thread that received it). REQUIRES: not
+  // called with the tracker's lock held (it never is: callbacks run unlocked).
   void HandleReply(Message&& msg);
+
+  // The node's receiver thread stepped aside for a waiter that found it
+  // receiving (Node's on_receiver_free): such a waiter may receive now.
+  void ReceiverFree();
 
   // Waits (at most Options::request_timeout) for `op`, then copies its pulled
   // frames to the callers' buffers. `resume_seq`, when given, receives the
@@ -164,6 +185,11 @@ class RequestTracker {
   // (server, message) to send unlocked, if any.
   std::optional<std::pair<int, Message>> TakenLocked(Tracked& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `op` has all its replies and no borrowed frame is held, or the
+  // job failed (true), or until `deadline` (false); receives on this thread
+  // when it can (see the class comment).
+  bool AwaitOp(uint64_t op, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResendLoop();
   // Describes a request for errors: "push of key 3".
   static std::string What(const Message& msg);
@@ -172,6 +198,7 @@ class RequestTracker {
   const SendFn send_;
   const DescribeFn describe_;
   const OnAnswered on_answered_;
+  const ReceiveFn receive_;
   std::atomic<uint64_t> next_request_;
   std::atomic<uint64_t> resends_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
@@ -183,6 +210,8 @@ class RequestTracker {
   std::map<std::pair<uint64_t, int>, Window> windows_ ABSL_GUARDED_BY(mu_);
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool receiving_ ABSL_GUARDED_BY(mu_) = false;  // a waiter is in receive_
+  uint64_t receiver_freed_ ABSL_GUARDED_BY(mu_) = 0;  // ReceiverFree calls
 
   std::atomic<bool> stop_{false};
   std::thread resender_;
