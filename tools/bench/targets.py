@@ -38,13 +38,16 @@ def main(argv):
     p.add_argument('--runs', type=int, default=7, help='runs of tessera-bench (default 7)')
     p.add_argument('--bench', default=default_bench(), help='the tessera-bench binary')
     p.add_argument('--seconds', default='0.4', help='tessera-bench --seconds (default 0.4)')
+    p.add_argument('--security', default='none',
+                   help='tessera-bench --security (default none: the targets compare with '
+                        'raw ZeroMQ, which has no security; curve judges a secured job)')
     p.add_argument('--json', dest='json_out', help='also write every run and the medians here')
     p.add_argument('extra', nargs='*', help='more tessera-bench flags (after --)')
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error('--runs=%d: expected a number >= 1' % args.runs)
     command = [args.bench, '--sizes=4K,1M', '--jobs=1x1:none', '--inflight=1,4,8',
-               '--seconds=' + args.seconds, '--json'] + args.extra
+               '--seconds=' + args.seconds, '--security=' + args.security, '--json'] + args.extra
     runs = []
     for i in range(args.runs):
         done = subprocess.run(command, capture_output=True, text=True)
