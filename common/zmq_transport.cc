@@ -90,6 +90,7 @@ class ZmqTransport : public Transport {
       if (options_.security != nullptr && zap_ == nullptr) {
         TESSERA_ASSIGN_OR_RETURN(
             zap_, ZapHandler::Start(context_, options_.security));
+        zap_counts_.store(zap_.get());
       }
       receiver_ = zmq_socket(context_, ZMQ_PULL);
       ConfigureSocket(receiver_);
@@ -286,8 +287,8 @@ class ZmqTransport : public Transport {
     return wrong_sender_.load();
   }
   uint64_t refused_connection_count() const override {
-    absl::MutexLock lock(&recv_mu_);
-    return zap_ == nullptr ? 0 : zap_->refused_count();
+    const ZapHandler* zap = zap_counts_.load();
+    return zap == nullptr ? 0 : zap->refused_count();
   }
 
   void Close() override {
@@ -396,8 +397,11 @@ class ZmqTransport : public Transport {
 
   const ZmqTransportOptions options_;
   void* context_ = nullptr;
-  mutable absl::Mutex recv_mu_;
+  absl::Mutex recv_mu_;
   std::unique_ptr<ZapHandler> zap_ ABSL_GUARDED_BY(recv_mu_);
+  // zap_ for counting without recv_mu_ (Receive holds it while it waits);
+  // zap_ lives as long as the transport.
+  std::atomic<const ZapHandler*> zap_counts_{nullptr};
   void* receiver_ ABSL_GUARDED_BY(recv_mu_) = nullptr;
   int receive_timeout_ms_ ABSL_GUARDED_BY(recv_mu_) = -1;
   absl::Mutex senders_mu_;

@@ -436,9 +436,11 @@ TEST_P(KeyProblemTest, ExitsTwoNamingTheVariable) {
   c.Env("TESSERA_START_TIMEOUT", "3");
   std::map<std::string, std::string> env = {{"DMLC_ROLE", p.role}};
   const std::string copy = c.dir() + "/copy.key";
+  const Role role = p.role == "server"   ? Role::kServer
+                    : p.role == "worker" ? Role::kWorker
+                                         : Role::kScheduler;
   if (p.name == "world_readable" || p.name == "group_readable") {
-    std::ifstream in(c.KeyFile(p.role == "server" ? Role::kServer
-                                                  : Role::kScheduler));
+    std::ifstream in(c.KeyFile(role));
     std::ofstream(copy) << in.rdbuf();
     ASSERT_EQ(chmod(copy.c_str(), p.name == "world_readable" ? 0644 : 0640),
               0);
@@ -468,6 +470,8 @@ INSTANTIATE_TEST_SUITE_P(
                    "expected 0600 or 0400"},
         KeyProblem{"group_readable", "scheduler/tessera-scheduler",
                    "scheduler", "mode 0640 lets its group or others"},
+        KeyProblem{"world_readable", "worker/tessera-worker", "worker",
+                   "mode 0644 lets its group or others at the secret key"},
         KeyProblem{"other_role", "server/tessera-server", "server",
                    "keys of role worker; this process is a server "
                    "(DMLC_ROLE)"},
@@ -480,9 +484,7 @@ INSTANTIATE_TEST_SUITE_P(
                    "line 2: secret-key: expected a key of 40 Z85 "
                    "characters"}),
     [](const ::testing::TestParamInfo<KeyProblem>& info) {
-      return absl::StrCat(info.param.name, "_",
-                          info.param.role == "server" ? "server"
-                                                      : "scheduler");
+      return absl::StrCat(info.param.name, "_", info.param.role);
     });
 
 // TESSERA_INSECURE=1 and no keys: the job runs as before, and each daemon

@@ -57,6 +57,8 @@ constexpr char kUsage[] = R"(usage: tessera-bench [flags]
                               setting listed: curve (authenticated and encrypted, the
                               default), auth (TESSERA_AUTH_ONLY=1: authenticated, not
                               encrypted), none (TESSERA_INSECURE=1)
+  --raw-curve                 the raw ZeroMQ baseline with CURVE encryption on its
+                              sockets (what ZeroMQ's encryption costs by itself)
   --json                      print JSON on stdout instead of the table
   --ack-cost                  also time raw ZeroMQ transfers answered by a 16-byte ack
                               each (what a push's acknowledgement costs at the transport)
@@ -74,6 +76,7 @@ struct Flags {
   double seconds = 0.5;
   bool json = false;
   bool ack_cost = false;
+  bool raw_curve = false;
   std::string scheduler_binary;
   std::string server_binary;
   std::string log_dir;
@@ -491,9 +494,10 @@ void PrintTable(const Flags& flags, const std::vector<RawZmqFigures>& raw,
   std::printf(
       "Same-run baselines: raw ZeroMQ PUSH/PULL between two processes (header "
       "frame + "
-      "zero-copy data frame), mean of a run before and one after the jobs; "
+      "zero-copy data frame%s), mean of a run before and one after the jobs; "
       "two-way: both directions at once, GB/s per direction; memcpy "
-      "(one thread)\n");
+      "(one thread)\n",
+      flags.raw_curve ? ", CURVE-encrypted" : "");
   std::printf("%-8s %12s %15s %14s %14s %14s %12s", "size", "zmq GB/s",
               "(before/after)", "2-way GB/s/dir", "zmq rtt p50us",
               "zmq rtt p99us", "memcpy GB/s");
@@ -548,7 +552,9 @@ void PrintJson(const Flags& flags, const std::vector<RawZmqFigures>& raw,
                const std::vector<JobResult>& jobs,
                const std::vector<Target>& targets, const std::string& command) {
   std::string j = absl::StrCat("{\"cores\":", sysconf(_SC_NPROCESSORS_ONLN),
-                               ",\"command\":\"", command, "\",\"baseline\":[");
+                               ",\"command\":\"", command, "\",\"raw_curve\":",
+                               flags.raw_curve ? "true" : "false",
+                               ",\"baseline\":[");
   for (size_t i = 0; i < raw.size(); ++i) {
     absl::StrAppend(
         &j, i ? "," : "",
@@ -624,6 +630,8 @@ int ParentMain(const std::vector<std::string>& args,
       quick = true;
     } else if (a == "--json") {
       flags.json = true;
+    } else if (a == "--raw-curve") {
+      flags.raw_curve = true;
     } else if (a == "--ack-cost") {
       flags.ack_cost = true;
     } else if (TakeFlag(a, "sizes", &v)) {
@@ -754,6 +762,7 @@ int ParentMain(const std::vector<std::string>& args,
   plan.sizes = flags.sizes;
   plan.seconds = flags.seconds;
   plan.ack_cost = flags.ack_cost;
+  plan.curve = flags.raw_curve;
   plan.log_path = flags.log_dir + "/raw-peer.log";
   std::vector<double> memcpy_gbps;
   for (size_t size : flags.sizes)
