@@ -27,8 +27,9 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Start(
     return absl::InvalidArgumentError(
         "Node is for servers and workers, not the scheduler");
   }
-  if (transport == nullptr)
-    transport = NewZmqTransportForFrames(options.max_frame_bytes);
+  if (transport == nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(transport, NewZmqTransportForNode(options));
+  }
   std::unique_ptr<Node> node(
       new Node(options, std::move(callbacks), std::move(transport)));
   absl::Status joined = node->Join();
@@ -108,7 +109,9 @@ absl::Status Node::Join() {
           "no node table from the scheduler at ", scheduler_address_,
           " within ", absl::FormatDuration(wait), " (this node advertises ",
           address_, ":", port_,
-          "; is the scheduler running, and can it reach that address?)"));
+          "; is the scheduler running, can it reach that address, and do "
+          "all nodes use this job's keys: TESSERA_KEY_FILE / TESSERA_KEY_DIR, "
+          "TESSERA_AUTH_ONLY, TESSERA_INSECURE?)"));
     }
     for (const auto& [peer_id, info] : nodes_) {
       if (!WantsLink(peer_id)) continue;

@@ -155,6 +155,14 @@ class Node {
   void Stop();
 
   uint64_t malformed_count() const { return transport_->malformed_count(); }
+  // Messages whose claimed sender did not match their connection's key, and
+  // connections refused for want of the job's keys (secured transports).
+  uint64_t wrong_sender_count() const {
+    return transport_->wrong_sender_count();
+  }
+  uint64_t refused_connection_count() const {
+    return transport_->refused_connection_count();
+  }
 
  private:
   Node(const Options& options, Callbacks callbacks,

@@ -177,6 +177,19 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
   if (!sum.empty() && sum != "exact" && sum != "arrival")
     return BadValue("TESSERA_SYNC_SUM", sum, "exact or arrival");
   o.exact_sync_sum = sum != "arrival";
+  o.key_file = ReadString(env, "TESSERA_KEY_FILE");
+  o.key_dir = ReadString(env, "TESSERA_KEY_DIR");
+  TESSERA_ASSIGN_OR_RETURN(flag,
+                           ReadInt(env, "TESSERA_INSECURE", 0, 1, 0, "0 or 1"));
+  o.insecure = flag == 1;
+  TESSERA_ASSIGN_OR_RETURN(
+      flag, ReadInt(env, "TESSERA_AUTH_ONLY", 0, 1, 0, "0 or 1"));
+  o.auth_only = flag == 1;
+  if (o.insecure && o.auth_only) {
+    return BadValue("TESSERA_AUTH_ONLY", "1",
+                    "0 when TESSERA_INSECURE=1 (no authentication at all); "
+                    "set one of them");
+  }
   if (o.chunk_bytes > o.max_frame_bytes) {
     return BadValue("TESSERA_CHUNK_BYTES", ReadString(env, "TESSERA_CHUNK_BYTES"),
                     absl::StrCat("at most TESSERA_MAX_MESSAGE_BYTES (",

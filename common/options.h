@@ -85,6 +85,17 @@ struct Options {
   // to add, but the last bits of a sum depend on which push came first).
   bool exact_sync_sum = true;
 
+  // Security of the node's connections (common/curve_keys.h). TESSERA_KEY_FILE:
+  // this role's key file; TESSERA_KEY_DIR: a folder holding <role>.key (used
+  // when TESSERA_KEY_FILE is unset). TESSERA_INSECURE=1: neither
+  // authentication nor encryption (a warning says so; without it a node with
+  // no keys refuses to start). TESSERA_AUTH_ONLY=1: authenticated with the
+  // keys, bytes not encrypted (trusted links).
+  std::string key_file;
+  std::string key_dir;
+  bool insecure = false;
+  bool auth_only = false;
+
   // Reads the process environment.
   static absl::StatusOr<Options> FromEnvironment();
 };

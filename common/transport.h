@@ -20,7 +20,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/curve_keys.h"
 #include "common/message.h"
+#include "common/options.h"
 
 namespace tessera {
 
@@ -50,6 +52,12 @@ class Transport {
   // Number of malformed messages dropped so far.
   virtual uint64_t malformed_count() const = 0;
 
+  // Secured transports: messages dropped because their claimed sender did not
+  // match the key of their connection (see sender_check.h), and connections
+  // refused because the peer had no key of the job. 0 for the others.
+  virtual uint64_t wrong_sender_count() const { return 0; }
+  virtual uint64_t refused_connection_count() const { return 0; }
+
   // Stops the transport; pending Receive calls return Cancelled.
   virtual void Close() = 0;
 };
@@ -60,6 +68,10 @@ struct ZmqTransportOptions {
   absl::Duration linger = absl::Seconds(2);
   int64_t max_message_bytes = -1;  // ZMQ_MAXMSGSIZE per part; -1: unlimited
   CodecLimits limits;
+  // Every socket authenticated with these keys (CURVE, or PLAIN when
+  // !encrypt) and every received message's sender checked against its
+  // connection's key; nullptr: none of it (TESSERA_INSECURE=1).
+  std::shared_ptr<const ConnectionSecurity> security;
 };
 
 std::unique_ptr<Transport> NewZmqTransport(
@@ -69,6 +81,13 @@ std::unique_ptr<Transport> NewZmqTransport(
 // `max_frame_bytes` (TESSERA_MAX_MESSAGE_BYTES): ZeroMQ drops the connection
 // of a peer that sends one, so a bogus length never reaches an allocation.
 std::unique_ptr<Transport> NewZmqTransportForFrames(int64_t max_frame_bytes);
+
+// The transport of a scheduler, server or worker: NewZmqTransportForFrames
+// with the security LoadConnectionSecurity(options) gives (keys from
+// TESSERA_KEY_FILE / TESSERA_KEY_DIR, or none with TESSERA_INSECURE=1).
+// InvalidArgument naming the variable when the keys are missing or unusable.
+absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
+    const Options& options);
 
 }  // namespace tessera
 

@@ -1,5 +1,8 @@
 // ZeroMQ transport: one bound PULL socket receives, one PUSH socket per peer
-// sends.
+// sends. Secured (options.security): the PULL socket is a CURVE server (PLAIN
+// with TESSERA_AUTH_ONLY) whose ZAP handler admits only the job's role keys,
+// each PUSH socket a CURVE client of the peer role's key, and every received
+// message's claimed sender is checked against its connection's key.
 #include <malloc.h>
 #include <zmq.h>
 
@@ -15,7 +18,10 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/net_util.h"
+#include "common/sender_check.h"
+#include "common/status_macros.h"
 #include "common/transport.h"
+#include "common/zap_handler.h"
 
 namespace tessera {
 namespace {
@@ -30,6 +36,10 @@ constexpr int kReceiveHighWaterMark = 64;
 // Data frames below this size are copied into ZeroMQ's message rather than
 // lent to it.
 constexpr size_t kCopyBelowBytes = 16 << 10;
+
+// What CURVE adds to each frame on the wire (the MESSAGE command's name and
+// nonce, the box's MAC, a flags byte): ZMQ_MAXMSGSIZE counts these bytes too.
+constexpr int64_t kCurveFrameOverhead = 33;
 
 // Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
 struct ReceivedPart {
@@ -79,15 +89,26 @@ class ZmqTransport : public Transport {
   absl::StatusOr<int> Bind(const std::string& ip, int port) override {
     absl::MutexLock lock(&recv_mu_);
     if (receiver_ == nullptr) {
+      // The handler is up before the socket exists: a CURVE server without
+      // one would take any client key.
+      if (options_.security != nullptr && zap_ == nullptr) {
+        TESSERA_ASSIGN_OR_RETURN(
+            zap_, ZapHandler::Start(context_, options_.security));
+        zap_counts_.store(zap_.get());
+      }
       receiver_ = zmq_socket(context_, ZMQ_PULL);
       ConfigureSocket(receiver_);
+      SecureReceiver(receiver_);
       // Back-pressure: past this many messages queued from one peer, ZeroMQ
       // stops reading its connection and TCP's window closes on the sender.
       zmq_setsockopt(receiver_, ZMQ_RCVHWM, &kReceiveHighWaterMark,
                      sizeof(kReceiveHighWaterMark));
       if (options_.max_message_bytes > 0) {
-        zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &options_.max_message_bytes,
-                       sizeof(options_.max_message_bytes));
+        const int64_t max_bytes =
+            options_.max_message_bytes +
+            (Encrypted() ? kCurveFrameOverhead : 0);
+        zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &max_bytes,
+                       sizeof(max_bytes));
       }
     }
     const std::string endpoint = TcpEndpoint(ip, port);
@@ -112,6 +133,10 @@ class ZmqTransport : public Transport {
     auto sender = std::make_shared<Sender>();
     sender->socket = zmq_socket(context_, ZMQ_PUSH);
     ConfigureSocket(sender->socket);
+    if (absl::Status secured = SecureSender(sender->socket, peer);
+        !secured.ok()) {
+      return secured;
+    }
     const int hwm = 100000;
     zmq_setsockopt(sender->socket, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     const int timeout_ms =
@@ -229,6 +254,11 @@ class ZmqTransport : public Transport {
       bool more = zmq_msg_more(&header.msg);
       bool failed = false;
       size_t received = 1;
+      std::string user_id;  // the key its connection was authenticated with
+      if (options_.security != nullptr) {
+        const char* id = zmq_msg_gets(&header.msg, "User-Id");
+        if (id != nullptr) user_id = id;
+      }
       while (more) {
         auto part = std::make_shared<ReceivedPart>();
         zmq_msg_init(&part->msg);
@@ -270,6 +300,8 @@ class ZmqTransport : public Transport {
                              << msg.status().message();
         continue;
       }
+      if (options_.security != nullptr && !SenderMatchesKey(*msg, user_id))
+        continue;
       if (LogVerbosity() >= 2)
         TESSERA_LOG(INFO) << "recv " << DebugString(*msg);
       return msg;
@@ -277,6 +309,13 @@ class ZmqTransport : public Transport {
   }
 
   uint64_t malformed_count() const override { return malformed_.load(); }
+  uint64_t wrong_sender_count() const override {
+    return wrong_sender_.load();
+  }
+  uint64_t refused_connection_count() const override {
+    const ZapHandler* zap = zap_counts_.load();
+    return zap == nullptr ? 0 : zap->refused_count();
+  }
 
   void Close() override {
     if (closed_.exchange(true)) return;
@@ -289,6 +328,7 @@ class ZmqTransport : public Transport {
       zmq_close(receiver_);
       receiver_ = nullptr;
     }
+    if (zap_ != nullptr) zap_->Stop();
   }
 
  private:
@@ -314,15 +354,87 @@ class ZmqTransport : public Transport {
                    sizeof(reconnect_max_ms));
   }
 
+  bool Encrypted() const {
+    return options_.security != nullptr && options_.security->encrypt;
+  }
+
+  void SecureReceiver(void* socket) {
+    if (options_.security == nullptr) return;
+    const JobKeys& keys = options_.security->keys;
+    const int on = 1;
+    if (options_.security->encrypt) {
+      zmq_setsockopt(socket, ZMQ_CURVE_SERVER, &on, sizeof(on));
+      zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, keys.secret_key.data(),
+                     keys.secret_key.size());
+    } else {
+      zmq_setsockopt(socket, ZMQ_PLAIN_SERVER, &on, sizeof(on));
+    }
+    static constexpr char kDomain[] = "tessera";
+    zmq_setsockopt(socket, ZMQ_ZAP_DOMAIN, kDomain, sizeof(kDomain) - 1);
+  }
+
+  // A PUSH socket to `peer` authenticates with this node's role key and, with
+  // CURVE, authenticates the peer by its role's public key.
+  absl::Status SecureSender(void* socket, int peer) {
+    if (options_.security == nullptr) return absl::OkStatus();
+    std::optional<Role> role = RoleOfNodeId(peer);
+    if (!role.has_value()) {
+      zmq_close(socket);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "node id ", peer, " belongs to no role; its key is unknown"));
+    }
+    const JobKeys& keys = options_.security->keys;
+    if (options_.security->encrypt) {
+      const std::string& server_key = keys.public_key(*role);
+      const std::string& own_key = keys.public_key(keys.role);
+      zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, server_key.data(),
+                     server_key.size());
+      zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, own_key.data(),
+                     own_key.size());
+      zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, keys.secret_key.data(),
+                     keys.secret_key.size());
+    } else {
+      const std::string user = RoleName(keys.role);
+      const std::string password = PlainPassword(keys, *role);
+      zmq_setsockopt(socket, ZMQ_PLAIN_USERNAME, user.data(), user.size());
+      zmq_setsockopt(socket, ZMQ_PLAIN_PASSWORD, password.data(),
+                     password.size());
+    }
+    return absl::OkStatus();
+  }
+
+  // False (counted, warned about) when `msg` claims a sender its connection's
+  // key may not speak for.
+  bool SenderMatchesKey(const Message& msg, const std::string& user_id) {
+    std::optional<Role> role =
+        options_.security->keys.RoleOfKey(user_id);
+    absl::Status allowed =
+        role.has_value()
+            ? CheckClaimedSender(msg.header, *role)
+            : absl::PermissionDeniedError("its connection has no key");
+    if (allowed.ok()) return true;
+    const uint64_t n = ++wrong_sender_;
+    TESSERA_LOG(WARNING) << "dropped message #" << n << " from key "
+                         << (user_id.empty() ? "(none)" : KeyPrefix(user_id))
+                         << ": " << allowed.message() << ": "
+                         << DebugString(msg);
+    return false;
+  }
+
   const ZmqTransportOptions options_;
   void* context_ = nullptr;
   absl::Mutex recv_mu_;
+  std::unique_ptr<ZapHandler> zap_ ABSL_GUARDED_BY(recv_mu_);
+  // zap_ for counting without recv_mu_ (Receive holds it while it waits);
+  // zap_ lives as long as the transport.
+  std::atomic<const ZapHandler*> zap_counts_{nullptr};
   void* receiver_ ABSL_GUARDED_BY(recv_mu_) = nullptr;
   int receive_timeout_ms_ ABSL_GUARDED_BY(recv_mu_) = -1;
   absl::Mutex senders_mu_;
   std::map<int, std::shared_ptr<Sender>> senders_ ABSL_GUARDED_BY(senders_mu_);
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> malformed_{0};
+  std::atomic<uint64_t> wrong_sender_{0};
 };
 
 }  // namespace
@@ -335,6 +447,15 @@ std::unique_ptr<Transport> NewZmqTransport(const ZmqTransportOptions& options) {
 std::unique_ptr<Transport> NewZmqTransportForFrames(int64_t max_frame_bytes) {
   ZmqTransportOptions options;
   options.max_message_bytes = max_frame_bytes;
+  return NewZmqTransport(options);
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
+    const Options& node_options) {
+  ZmqTransportOptions options;
+  options.max_message_bytes = node_options.max_frame_bytes;
+  TESSERA_ASSIGN_OR_RETURN(options.security,
+                           LoadConnectionSecurity(node_options));
   return NewZmqTransport(options);
 }
 

@@ -14,6 +14,17 @@ namespace {
 
 constexpr int kProvisionalBase = 1000000;
 
+// The id under which the scheduler talks to a node that has registered but has
+// no id yet. Like a real id, its parity says the node's role (even: a server,
+// odd: a worker), which a secured transport needs to pick the key the node's
+// socket must prove it holds.
+int ProvisionalId(int index, wire::Role role) {
+  return kProvisionalBase + 2 * index + (role == wire::WORKER ? 1 : 0);
+}
+// Indexes of the provisional ids used for a moment to turn a node away.
+constexpr int kLateIndex = 499998;
+constexpr int kFinishedIndex = 499999;
+
 Message AbortMessage(const std::string& reason) {
   Message abort;
   abort.header.set_command(wire::ABORT);
@@ -47,14 +58,19 @@ std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
 
 Scheduler::Scheduler(const Options& options,
                      std::unique_ptr<Transport> transport)
-    : options_(options), transport_(std::move(transport)) {
-  if (transport_ == nullptr)
-    transport_ = NewZmqTransportForFrames(options_.max_frame_bytes);
+    : options_(options), transport_(std::move(transport)) {}
+
+Scheduler::~Scheduler() {
+  if (transport_ != nullptr) transport_->Close();
 }
 
-Scheduler::~Scheduler() { transport_->Close(); }
-
 absl::StatusOr<int> Scheduler::Bind() {
+  if (transport_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<Transport>> made =
+        NewZmqTransportForNode(options_);
+    if (!made.ok()) return made.status();
+    transport_ = *std::move(made);
+  }
   absl::StatusOr<std::string> ip = ResolveHost(options_.root_uri);
   if (!ip.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -382,7 +398,7 @@ void Scheduler::HandleRegister(const Message& msg) {
     // Too late for this job (a node started or restarted after its end was
     // decided): told once per registration; it registers again if the abort
     // is lost.
-    const int provisional = kProvisionalBase + 999998;
+    const int provisional = ProvisionalId(kLateIndex, info.role());
     if (transport_->Connect(provisional, info.host(), info.port()).ok()) {
       (void)transport_->Send(provisional, AbortMessage(end_reason_));
       transport_->Disconnect(provisional);
@@ -413,7 +429,8 @@ void Scheduler::HandleRegister(const Message& msg) {
   }
   Registration r;
   r.info = info;
-  r.provisional_id = kProvisionalBase + static_cast<int>(registered_.size());
+  r.provisional_id =
+      ProvisionalId(static_cast<int>(registered_.size()), info.role());
   r.hostname = reg.hostname();
   r.pid = reg.pid();
   absl::Status connected =
@@ -462,7 +479,7 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
     // It had finished; a new life would wait in barriers nobody else joins.
     Message abort = AbortMessage(absl::StrCat(
         Describe(node), " restarted after it had finished; nothing to rejoin"));
-    const int provisional = kProvisionalBase + 999999;
+    const int provisional = ProvisionalId(kFinishedIndex, info.role());
     if (transport_->Connect(provisional, info.host(), info.port()).ok()) {
       (void)transport_->Send(provisional, abort);
       transport_->Disconnect(provisional);

@@ -44,8 +44,10 @@ class Scheduler {
                      std::unique_ptr<Transport> transport = nullptr);
   ~Scheduler();
 
-  // Binds DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT. InvalidArgument naming the
-  // variable when the host does not resolve or the port is taken.
+  // Binds DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT (with the job's keys unless a
+  // transport was given). InvalidArgument naming the variable when the host
+  // does not resolve, the port is taken, or the keys are missing or unusable
+  // (TESSERA_KEY_FILE / TESSERA_KEY_DIR). REQUIRES: before Run.
   absl::StatusOr<int> Bind();
 
   // Runs until the job ends. OK when every worker finished; DeadlineExceeded

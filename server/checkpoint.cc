@@ -102,7 +102,9 @@ std::vector<std::string> CheckpointStore::List() const {
 }
 
 absl::Status CheckpointStore::Write(wire::ServerCheckpoint& shard) {
-  if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+  // A server's weights are its user's: a folder it creates is 0700 and every
+  // file 0600 (a folder the user made keeps its own mode).
+  if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
     return OsError("cannot create checkpoint folder", dir_);
   }
   uint64_t next = 1;
@@ -129,9 +131,14 @@ absl::Status CheckpointStore::Write(wire::ServerCheckpoint& shard) {
 
   const std::string final_path = FileName(next);
   const std::string tmp_path = final_path + ".tmp";
-  const int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int fd = ::open(tmp_path.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
   if (fd < 0) return OsError("cannot create", tmp_path);
-  absl::Status written = WriteAll(fd, file, tmp_path);
+  // An earlier life's leftover keeps its mode through O_TRUNC.
+  absl::Status written = ::fchmod(fd, 0600) == 0
+                             ? absl::OkStatus()
+                             : OsError("cannot chmod", tmp_path);
+  if (written.ok()) written = WriteAll(fd, file, tmp_path);
   if (written.ok() && ::fsync(fd) != 0)
     written = OsError("cannot fsync", tmp_path);
   ::close(fd);

@@ -210,6 +210,9 @@ int main(int argc, char** argv) {
                     << ", checkpoints " << stats.checkpoints_written()
                     << ", refused " << stats.refused() << ", malformed "
                     << stats.malformed_messages() + node->malformed_count()
+                    << ", wrong sender " << node->wrong_sender_count()
+                    << ", refused connections "
+                    << node->refused_connection_count()
                     << ", peak RSS " << tessera::PeakResidentBytes() / 1000000
                     << " MB";
   node->Stop();

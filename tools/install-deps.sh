@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config python3
-  libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
+  libzmq3-dev cppzmq-dev libsodium-dev libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev
   # Tests: GNU MPFR is the reference for the server's exact round sums.
   libmpfr-dev

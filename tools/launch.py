@@ -19,6 +19,8 @@ What every process gets in its environment:
   DMLC_TASK_ID           servers 0..S-1, workers S..S+W-1 (as in dmlc-core)
   DMLC_JOB_CLUSTER       local | ssh | mpi
   TESSERA_RESTART_COUNT  0 on the first start, k on the k-th restart (--restarts)
+  TESSERA_KEY_FILE       this process's role key file (see Security below), or
+  TESSERA_KEY_DIR        (mpi) a folder with the keys of the roles on that host
   PORT                   with --restarts: a fixed port per server and worker, so a
                          restarted node rejoins under the same identity
   forwarded              DMLC_INTERFACE, DMLC_NODE_HOST (local processes only),
@@ -37,6 +39,17 @@ process is stopped (SIGTERM, SIGKILL 3 s later), one line names it:
 and the launcher exits with that worker's status (1 for anything else). Every
 process runs in its own session, so stopping it stops what it started. Usage
 errors are one line and exit 2.
+
+Security (docs/security.md): every job gets fresh CURVE keys, one key pair per
+role; each process is given its own role's secret key and the public keys,
+never on a command line or in the environment: local processes (and, with mpi,
+every rank) read a 0600 file in this launcher's 0700 temporary folder
+(TESSERA_KEY_FILE / TESSERA_KEY_DIR name its path); over ssh the key travels on
+the ssh channel's stdin into a 0600 file in a fresh 0700 folder on the remote
+host, removed when the process ends; mpi ranks on other hosts read a 0700 folder
+of random name that the launcher creates there over ssh first and removes at the
+end. TESSERA_KEY_DIR set by the user: those keys are used as they are (the
+folder must hold <role>.key on every host). TESSERA_INSECURE=1: no keys at all.
 """
 
 import argparse
@@ -45,10 +58,12 @@ import base64
 import ctypes
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import posixpath
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -82,14 +97,36 @@ RESERVED_VARS = frozenset([
 # TESSERA_* variables that configure the launcher, not the job.
 NOT_FORWARDED = frozenset(['TESSERA_SSH_OPTS', 'TESSERA_RESTART_COUNT', MPI_SPEC_VAR])
 
+# The remote wrapper's first argument when the node's key follows on stdin, and
+# the line that ends the key there.
+KEY_FROM_STDIN = '--tessera-key-from-stdin'
+KEY_END_MARKER = '__TESSERA_KEY_END__'
+
 # Runs on the remote host under bash, with the job's command in "$@". The
 # command gets its own process group, and the first output line is its pid. A
 # watchdog reads the ssh channel's stdin: when it closes (the launcher tears the
 # job down, the launcher dies, or the connection drops) the group gets SIGTERM,
 # then SIGKILL. Exits with the command's status (128+N when killed by signal N),
 # after killing whatever the command left in its group.
+#
+# With KEY_FROM_STDIN first, the lines before KEY_END_MARKER on stdin are the
+# node's key file: they go into a 0600 file in a fresh 0700 folder, exported as
+# TESSERA_KEY_FILE and removed when the wrapper ends. They are read before the
+# watchdog starts reading, and never appear on a command line.
 REMOTE_WRAPPER = r'''exec 3<&0 0</dev/null 4>&2 2>/dev/null
 set -m
+if [ "$1" = --tessera-key-from-stdin ]; then
+  shift
+  keydir=$(umask 077 && mktemp -d "${TMPDIR:-/tmp}/tessera-key.XXXXXXXXXX") || exit 125
+  trap 'rm -rf "$keydir"' EXIT
+  ( umask 077
+    while IFS= read -r -u 3 line; do
+      [ "$line" = __TESSERA_KEY_END__ ] && exit 0
+      printf '%s\n' "$line"
+    done > "$keydir/node.key"
+    exit 1 ) || exit 125
+  export TESSERA_KEY_FILE="$keydir/node.key"
+fi
 ( echo "__TESSERA_REMOTE_PID__ $BASHPID"; exec "$@" ) 3<&- 2>&4 4>&- &
 pid=$!
 { read -r -u 3 _; kill -TERM -- -$pid; sleep 3; kill -KILL -- -$pid; } 4>&- &
@@ -506,6 +543,109 @@ def pick_port(requested):
 
 
 # ----------------------------------------------------------------------------
+# Job keys (common/curve_keys.h has the format; the daemons check every file)
+
+ROLES = ('scheduler', 'server', 'worker')
+_Z85_CHARS = ('0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ'
+              '.-:+=^!/*?&<>()[]{}@%$#')
+_P25519 = 2 ** 255 - 19
+
+
+def z85_encode(data):
+    """ZeroMQ's Z85 (RFC 32) of bytes whose length is a multiple of 4."""
+    out = []
+    for i in range(0, len(data), 4):
+        value = int.from_bytes(data[i:i + 4], 'big')
+        chunk = []
+        for _ in range(5):
+            value, digit = divmod(value, 85)
+            chunk.append(_Z85_CHARS[digit])
+        out.extend(reversed(chunk))
+    return ''.join(out)
+
+
+def x25519(scalar, u):
+    """X25519 (RFC 7748, the Montgomery ladder) of 32-byte strings: what
+    libsodium's crypto_scalarmult does. Runs once per role per job, on the
+    launching host, so Python's non-constant-time integers do not matter."""
+    k = bytearray(scalar)
+    k[0] &= 248
+    k[31] &= 127
+    k[31] |= 64
+    k = int.from_bytes(bytes(k), 'little')
+    x1 = int.from_bytes(u, 'little') & ((1 << 255) - 1)
+    x2, z2, x3, z3, swap = 1, 0, x1, 1, 0
+    p = _P25519
+    for t in reversed(range(255)):
+        bit = (k >> t) & 1
+        if swap ^ bit:
+            x2, x3, z2, z3 = x3, x2, z3, z2
+        swap = bit
+        a, b = (x2 + z2) % p, (x2 - z2) % p
+        aa, bb = a * a % p, b * b % p
+        e = (aa - bb) % p
+        c, d = (x3 + z3) % p, (x3 - z3) % p
+        da, cb = d * a % p, c * b % p
+        x3 = (da + cb) ** 2 % p
+        z3 = x1 * (da - cb) ** 2 % p
+        x2 = aa * bb % p
+        z2 = e * (aa + 121665 * e) % p
+    if swap:
+        x2, z2 = x3, z3
+    return (x2 * pow(z2, p - 2, p) % p).to_bytes(32, 'little')
+
+
+def make_job_keys():
+    """Fresh key pairs for the three roles; returns {role: key file text}."""
+    pairs = {}
+    for role in ROLES:
+        secret = secrets.token_bytes(32)
+        public = x25519(secret, (9).to_bytes(32, 'little'))
+        pairs[role] = (z85_encode(public), z85_encode(secret))
+    files = {}
+    for role in ROLES:
+        lines = ['# Tessera job keys, role %s. Private: keep this file mode 0600.' % role,
+                 'role %s' % role, 'secret-key %s' % pairs[role][1]]
+        lines += ['%s-public-key %s' % (r, pairs[r][0]) for r in ROLES]
+        files[role] = '\n'.join(lines) + '\n'
+    return files
+
+
+def write_private(path, text):
+    """Creates `path` mode 0600 (never replacing a file) and writes `text`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0),
+                 0o600)
+    with os.fdopen(fd, 'w') as f:
+        f.write(text)
+
+
+def job_security(environ):
+    """'generate' (fresh keys), 'user' (the user's TESSERA_KEY_DIR) or 'insecure'.
+
+    Raises UsageError for TESSERA_KEY_FILE, which names one role's file."""
+    if environ.get('TESSERA_INSECURE', '').strip() == '1':
+        return 'insecure'
+    if environ.get('TESSERA_KEY_FILE'):
+        raise UsageError('TESSERA_KEY_FILE names one role\'s keys, and a job has three; '
+                         'unset it (launch.py makes fresh keys for every job) or set '
+                         'TESSERA_KEY_DIR to a folder holding scheduler.key, server.key and '
+                         'worker.key on every host')
+    if environ.get('TESSERA_KEY_DIR'):
+        return 'user'
+    return 'generate'
+
+
+def mpi_key_dir_command(key_dir, role):
+    """The remote shell command that stores one role's key (read from stdin) in
+    key_dir, a 0700 folder of random name that only this user may own."""
+    d = shlex.quote(key_dir)
+    tmp = shlex.quote('%s/%s.key.tmp' % (key_dir, role))
+    final = shlex.quote('%s/%s.key' % (key_dir, role))
+    return ('umask 077 && mkdir -p %s && test -O %s && test ! -L %s && chmod 700 %s && '
+            'cat > %s && mv -f %s %s' % (d, d, d, d, tmp, tmp, final))
+
+
+# ----------------------------------------------------------------------------
 # Environment
 
 
@@ -515,6 +655,12 @@ class JobConfig(object):
     def __init__(self, cluster, root_uri, port, num_servers, num_workers, forwarded,
                  env_all, env_server, env_worker, node_ports=None):
         self.cluster = cluster
+        # By role: the variables that tell its processes where their keys are
+        # (set once the keys are written); none for remote ssh processes, whose
+        # key travels on stdin (key_text).
+        self.key_env = {}
+        # By role: the key file text (fresh keys), for ssh and mpi hosts.
+        self.key_text = {}
         # With --restarts: by DMLC_TASK_ID, the port each server and worker listens
         # on, the same on every start (the scheduler knows a restarted node by its
         # address). None: any port.
@@ -565,6 +711,7 @@ def node_env(cfg, role, task_id=None, restart_count=0):
         'DMLC_JOB_CLUSTER': cfg.cluster,
         'TESSERA_RESTART_COUNT': str(restart_count),
     })
+    env.update(cfg.key_env.get(role, {}))
     if task_id is not None:
         env['DMLC_TASK_ID'] = str(task_id)
         if cfg.node_ports:
@@ -587,16 +734,19 @@ def ssh_base_argv(host, environ):
     return argv
 
 
-def remote_command(workdir, env, argv):
-    """The shell command ssh runs remotely: cd, then REMOTE_WRAPPER around env+argv."""
+def remote_command(workdir, env, argv, key_from_stdin=False):
+    """The shell command ssh runs remotely: cd, then REMOTE_WRAPPER around env+argv
+    (reading the node's key from stdin first when key_from_stdin)."""
     assigns = ' '.join(shlex.quote('%s=%s' % kv) for kv in sorted(env.items()))
-    return 'cd %s && exec bash -c %s tessera-launch env %s %s' % (
-        shlex.quote(workdir), shlex.quote(REMOTE_WRAPPER), assigns,
+    return 'cd %s && exec bash -c %s tessera-launch %senv %s %s' % (
+        shlex.quote(workdir), shlex.quote(REMOTE_WRAPPER),
+        KEY_FROM_STDIN + ' ' if key_from_stdin else '', assigns,
         ' '.join(shlex.quote(a) for a in argv))
 
 
-def ssh_argv(host, workdir, env, argv, environ):
-    return ssh_base_argv(host, environ) + [host.name, remote_command(workdir, env, argv)]
+def ssh_argv(host, workdir, env, argv, environ, key_from_stdin=False):
+    return ssh_base_argv(host, environ) + [host.name, remote_command(workdir, env, argv,
+                                                                     key_from_stdin)]
 
 
 def rsync_argv(host, src_dir, dst_dir, environ):
@@ -673,6 +823,9 @@ class Node(object):
         self.pgids = []  # every process group this node ever had
         self.tag_map = None  # mpirun: rank -> prefix bytes
         self.split_stderr = False  # relay stderr on its own pipe (mpirun)
+        # Remote: what goes down the ssh channel's stdin first (the node's key,
+        # see REMOTE_WRAPPER); never on a command line.
+        self.stdin_data = None
 
     @property
     def name(self):
@@ -816,6 +969,12 @@ class Job(object):
             return 'cannot start %s: %s' % (node.name, e)
         node.proc, node.returncode, node.remote_pid = proc, None, None
         node.pgids.append(proc.pid)
+        if node.stdin_data is not None and proc.stdin is not None:
+            try:  # a few hundred bytes: the pipe takes them without blocking
+                proc.stdin.write(node.stdin_data)
+                proc.stdin.flush()
+            except OSError:
+                pass  # ssh exited at once; its status says why
         node.readers = []
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
@@ -1066,18 +1225,24 @@ def ssh_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ):
 
         def spawn(restart_count):
             return (ssh_argv(host, workdir, node_env(cfg, role, task_id, restart_count), argv,
-                             environ), dict(environ), None)
+                             environ, key_from_stdin=role in cfg.key_text),
+                    dict(environ), None)
         return spawn
+
+    def keyed(node):
+        if node.role in cfg.key_text:
+            node.stdin_data = (cfg.key_text[node.role] + KEY_END_MARKER + '\n').encode()
+        return node
 
     nodes = [scheduler_node(cfg, scheduler_bin, environ)]
     for i, host in enumerate(server_hosts):
-        nodes.append(Node('server', i, remote_spawn('server', i, host,
-                                                    [server_bin] + args.server_argv_extra),
-                          host=host, remote=True, restartable=True))
+        nodes.append(keyed(Node('server', i, remote_spawn('server', i, host,
+                                                          [server_bin] + args.server_argv_extra),
+                                host=host, remote=True, restartable=True)))
     for i, host in enumerate(worker_hosts):
-        nodes.append(Node('worker', i, remote_spawn('worker', cfg.num_servers + i, host,
-                                                    args.command),
-                          host=host, remote=True, primary=True, restartable=True))
+        nodes.append(keyed(Node('worker', i, remote_spawn('worker', cfg.num_servers + i, host,
+                                                          args.command),
+                                host=host, remote=True, primary=True, restartable=True)))
     return nodes
 
 
@@ -1150,6 +1315,63 @@ def mpi_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ, tmpdir):
     return [scheduler_node(cfg, scheduler_bin, environ), mpirun]
 
 
+def prepare_keys(cfg, args, hosts, tmpdir):
+    """Writes fresh job keys into tmpdir (0700) and says where every process finds
+    its own (cfg.key_env, cfg.key_text). Returns the folder mpi ranks on other hosts
+    read (created there by install_mpi_keys), or None."""
+    texts = make_job_keys()
+    for role in ROLES:
+        write_private(os.path.join(tmpdir, '%s.key' % role), texts[role])
+    local = dict((r, {'TESSERA_KEY_FILE': os.path.join(tmpdir, '%s.key' % r)}) for r in ROLES)
+    if args.launcher == 'local':
+        cfg.key_env = local
+        return None
+    cfg.key_env = {'scheduler': local['scheduler']}
+    cfg.key_text = {'server': texts['server'], 'worker': texts['worker']}
+    if args.launcher == 'ssh':
+        return None
+    # mpi: every rank of a host reads one folder, named on mpirun's command line.
+    remote_dir = '/tmp/tessera-keys-%s' % secrets.token_hex(16) if hosts else None
+    for role in ('server', 'worker'):
+        cfg.key_env[role] = {'TESSERA_KEY_DIR': remote_dir or tmpdir}
+    return remote_dir
+
+
+def install_mpi_keys(cfg, hosts, remote_dir, environ, verbose, say):
+    """Puts each host's roles' keys into remote_dir there, over ssh (stdin).
+    Raises SetupError."""
+    server_hosts, worker_hosts = place(hosts, cfg.num_servers, cfg.num_workers)
+    for host in distinct_hosts(hosts):
+        roles = [r for r, on in (('server', server_hosts), ('worker', worker_hosts))
+                 if any(h.key == host.key for h in on)]
+        for role in roles:
+            if verbose:
+                say('storing the %s key in %s:%s' % (role, host.name, remote_dir))
+            argv = ssh_base_argv(host, environ) + [host.name,
+                                                   mpi_key_dir_command(remote_dir, role)]
+            try:
+                proc = subprocess.run(argv, input=cfg.key_text[role].encode(),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      timeout=60)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise SetupError('cannot store the job keys on %s: %s' % (host.name, e))
+            if proc.returncode != 0:
+                tail = proc.stdout.decode('utf-8', 'replace').strip().splitlines()[-1:] or ['']
+                raise SetupError('cannot store the job keys on %s (%s): %s'
+                                 % (host.name, describe_status(proc.returncode, True), tail[0]))
+
+
+def remove_mpi_keys(hosts, remote_dir, environ):
+    """Removes remote_dir from every host (best effort)."""
+    for host in distinct_hosts(hosts):
+        argv = ssh_base_argv(host, environ) + [host.name, 'rm -rf %s' % shlex.quote(remote_dir)]
+        try:
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
 def mpi_child(environ):
     """One mpirun rank: becomes a server or a worker (by rank) via exec."""
     label = '%s --mpi-child' % PROG
@@ -1210,6 +1432,7 @@ def main(argv=None, environ=None):
             root = (scheduler_address(args.interface, environ, hosts[0]) if hosts
                     else '127.0.0.1')
             cfg = build_config(args, environ, args.launcher, root, remote=bool(hosts))
+        security = job_security(environ)
     except UsageError as e:
         sys.stderr.write('%s: error: %s\n' % (PROG, e))
         return 2
@@ -1219,6 +1442,9 @@ def main(argv=None, environ=None):
         sys.stderr.flush()
 
     with tempfile.TemporaryDirectory(prefix='tessera-launch-') as tmpdir:
+        remote_key_dir = None
+        if security == 'generate':
+            remote_key_dir = prepare_keys(cfg, args, hosts, tmpdir)
         try:
             if args.launcher == 'local':
                 nodes = local_nodes(cfg, args, scheduler_bin, server_bin, environ)
@@ -1242,7 +1468,17 @@ def main(argv=None, environ=None):
                 return 1
             if job.stop_signal:
                 return 128 + job.stop_signal
-        return job.run()
+        try:
+            if remote_key_dir:
+                try:
+                    install_mpi_keys(cfg, hosts, remote_key_dir, environ, args.verbose, say)
+                except SetupError as e:
+                    say(str(e))
+                    return 1
+            return job.run()
+        finally:
+            if remote_key_dir:
+                remove_mpi_keys(hosts, remote_key_dir, environ)
 
 
 if __name__ == '__main__':

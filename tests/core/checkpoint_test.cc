@@ -141,6 +141,34 @@ TEST_F(CheckpointTest, MalformedFilesAreDataLossNamingTheProblem) {
             absl::StatusCode::kUnavailable);
 }
 
+// A server's weights are readable by its user only, whatever the umask: the
+// folder it creates is 0700 and each file 0600, also when an earlier life
+// left a world-readable temporary file behind.
+TEST_F(CheckpointTest, FilesAndTheFolderTheServerMakesAreItsUsersOnly) {
+  const mode_t old_umask = umask(0);
+  CheckpointStore store(dir_, 0, 3);
+  wire::ServerCheckpoint first = Shard(1, 1);
+  ASSERT_TRUE(store.Write(first).ok());
+  const std::string leftover = dir_ + "/server-0-00000000000000000002.ckpt.tmp";
+  {
+    std::ofstream out(leftover);
+    out << "an earlier life's";
+  }
+  ASSERT_EQ(chmod(leftover.c_str(), 0644), 0);
+  wire::ServerCheckpoint second = Shard(2, 2);
+  ASSERT_TRUE(store.Write(second).ok());
+  umask(old_umask);
+  struct stat st;
+  ASSERT_EQ(stat(dir_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  std::vector<std::string> files = store.List();
+  ASSERT_EQ(files.size(), 2u);
+  for (const std::string& f : files) {
+    ASSERT_EQ(stat(f.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0600u) << f;
+  }
+}
+
 TEST_F(CheckpointTest, UnwritableFolderIsAnErrorNotACrash) {
   CheckpointStore store("/proc/tessera-cannot-be-here", 0, 1);
   wire::ServerCheckpoint s = Shard(1, 1);

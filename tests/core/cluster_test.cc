@@ -204,9 +204,12 @@ TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
            {"TESSERA_MAX_MESSAGE_BYTES", std::to_string(8 << 20)},
            {"PS_VERBOSE", "1"}});
   absl::SleepFor(absl::Milliseconds(300));
-  // Garbage of several shapes, straight onto the server's socket.
+  // Garbage of several shapes, straight onto the server's socket, from a peer
+  // holding the workers' key (a buggy worker: without the job's keys nothing
+  // gets past the handshake at all, see security_test).
   void* ctx = zmq_ctx_new();
   void* raw = zmq_socket(ctx, ZMQ_PUSH);
+  UseJobKey(raw, c.keys(), Role::kWorker, Role::kServer);
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(server_port);
   ASSERT_EQ(zmq_connect(raw, endpoint.c_str()), 0);
   const std::string junk[] = {"", "x", std::string(1000, '\xff'),
@@ -228,14 +231,18 @@ TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
   zmq_ctx_term(ctx);
   const std::string log = ProcessCluster::Log(c.Find("server 0"));
   // Three of the four shapes do not decode; the fourth is a well-formed header
-  // claiming to be a REGISTER from node 21, which a server ignores.
+  // claiming to be a REGISTER from node 21 (a worker id), of no role: the
+  // transport drops it, as a worker's key may only register as a worker.
   EXPECT_THAT(log, HasSubstr("dropped malformed message #6"));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("dropped malformed message #7")));
-  EXPECT_THAT(log, HasSubstr("ignored control message from node 21"));
+  EXPECT_THAT(log, HasSubstr("dropped message #2 from key " +
+                             KeyPrefix(c.keys().of(Role::kWorker).public_key) +
+                             ": it registers as ROLE_UNKNOWN"));
   EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("nightly ok"));
 }
 
-// A peer posing as worker 0 initialises a key of its own and floods it with
+// A peer posing as worker 0 (it holds the workers' key: a faulty worker)
+// initialises a key of its own and floods it with
 // 1,500 pushes of 1 MB numbered far ahead (1.5 GB). The server holds at most
 // 64 of them on the key and refuses the rest (RESOURCE_EXHAUSTED); ZeroMQ's
 // receive high-water mark (64 messages) and the update threads' 128 MiB
@@ -263,6 +270,7 @@ TEST(ClusterTest, FloodOfPushesNumberedFarAheadKeepsServerMemoryBounded) {
   const int hwm = 8, timeout_ms = 20000;
   zmq_setsockopt(raw, ZMQ_SNDHWM, &hwm, sizeof(hwm));
   zmq_setsockopt(raw, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
+  UseJobKey(raw, c.keys(), Role::kWorker, Role::kServer);
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(server_port);
   ASSERT_EQ(zmq_connect(raw, endpoint.c_str()), 0);
   constexpr uint64_t kFloodKey = 777, kValues = 1 << 18;  // 1 MB

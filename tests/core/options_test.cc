@@ -206,5 +206,36 @@ TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
   EXPECT_FALSE(o->exact_sync_sum);
 }
 
+TEST(OptionsTest, SecurityIsOnUnlessTurnedOffAndKeysAreNamed) {
+  absl::StatusOr<Options> o = Parse(Base());
+  ASSERT_TRUE(o.ok());
+  EXPECT_FALSE(o->insecure);
+  EXPECT_FALSE(o->auth_only);
+  EXPECT_EQ(o->key_file, "");
+  EXPECT_EQ(o->key_dir, "");
+  auto env = Base();
+  env["TESSERA_KEY_FILE"] = " /run/job/worker.key ";
+  env["TESSERA_KEY_DIR"] = "/run/job";
+  env["TESSERA_AUTH_ONLY"] = "1";
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->key_file, "/run/job/worker.key");
+  EXPECT_EQ(o->key_dir, "/run/job");
+  EXPECT_TRUE(o->auth_only);
+  env = Base();
+  env["TESSERA_INSECURE"] = "1";
+  o = Parse(env);
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->insecure);
+  env["TESSERA_INSECURE"] = "yes";
+  EXPECT_THAT(Parse(env).status().message(),
+              HasSubstr("TESSERA_INSECURE='yes': expected 0 or 1"));
+  env["TESSERA_INSECURE"] = "1";
+  env["TESSERA_AUTH_ONLY"] = "1";
+  EXPECT_THAT(Parse(env).status().message(),
+              HasSubstr("TESSERA_AUTH_ONLY='1': expected 0 when "
+                        "TESSERA_INSECURE=1"));
+}
+
 }  // namespace
 }  // namespace tessera

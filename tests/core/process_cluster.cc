@@ -4,9 +4,12 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -41,9 +44,38 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
+void UseJobKey(void* socket, const JobKeySet& keys, Role client,
+               Role server) {
+  const std::string& server_key = keys.of(server).public_key;
+  const std::string& public_key = keys.of(client).public_key;
+  const std::string& secret_key = keys.of(client).secret_key;
+  zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, server_key.data(),
+                 server_key.size());
+  zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, public_key.data(),
+                 public_key.size());
+  zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, secret_key.data(),
+                 secret_key.size());
+}
+
 ProcessCluster::ProcessCluster() {
   char tmpl[] = "/tmp/tessera-test-XXXXXX";
   dir_ = mkdtemp(tmpl);
+  absl::StatusOr<JobKeySet> keys = GenerateJobKeys();
+  if (!keys.ok()) {
+    std::fprintf(stderr, "ProcessCluster: %s\n",
+                 std::string(keys.status().message()).c_str());
+    std::abort();
+  }
+  keys_ = *keys;
+  const std::string key_dir = dir_ + "/keys";
+  absl::Status written = mkdir(key_dir.c_str(), 0700) == 0
+                             ? WriteKeyFiles(keys_, key_dir)
+                             : absl::InternalError("mkdir " + key_dir);
+  if (!written.ok()) {
+    std::fprintf(stderr, "ProcessCluster: %s\n",
+                 std::string(written.message()).c_str());
+    std::abort();
+  }
   port_ = FreePort();
   env_["DMLC_PS_ROOT_URI"] = "127.0.0.1";
   env_["DMLC_PS_ROOT_PORT"] = std::to_string(port_);
@@ -54,6 +86,10 @@ ProcessCluster::~ProcessCluster() {
   std::string cmd = "rm -rf " + dir_;
   if (std::system(cmd.c_str()) != 0) {
   }
+}
+
+std::string ProcessCluster::KeyFile(Role role) const {
+  return absl::StrCat(dir_, "/keys/", RoleName(role), ".key");
 }
 
 void ProcessCluster::Start(int servers, int workers,
@@ -81,6 +117,8 @@ Child& ProcessCluster::Spawn(const std::string& name,
   child.log_path = absl::StrCat(dir_, "/", file, "-", children_.size(), ".log");
   std::map<std::string, std::string> env = env_;
   for (const auto& [k, v] : extra) env[k] = v;
+  if (env.count("TESSERA_KEY_FILE") == 0 && env.count("TESSERA_KEY_DIR") == 0)
+    env["TESSERA_KEY_DIR"] = dir_ + "/keys";
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);

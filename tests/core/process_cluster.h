@@ -1,7 +1,10 @@
 // ProcessCluster: starts a real Tessera job on loopback for tests: a
 // tessera-scheduler, servers and worker programs as child processes, each with
 // its DMLC_* environment and its output captured to a file. Every process is
-// killed when the cluster is destroyed, also when the test fails.
+// killed when the cluster is destroyed, also when the test fails. Each cluster
+// has fresh job keys (mode 0600 in a 0700 folder of its own): a process gets
+// TESSERA_KEY_FILE of the role its DMLC_ROLE names, so jobs run secured as
+// launch.py's do (Env("TESSERA_INSECURE", "1") turns that off).
 //
 //   ProcessCluster c;
 //   c.Env("PS_HEARTBEAT_TIMEOUT", "3");
@@ -19,6 +22,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/curve_keys.h"
 
 namespace tessera::testing {
 
@@ -28,6 +32,12 @@ std::string BinaryPath(const std::string& relative);
 std::string SourcePath(const std::string& relative);
 // A TCP port that was free a moment ago.
 int FreePort();
+
+// Makes a raw ZeroMQ socket (before its zmq_connect) a CURVE client holding
+// `client`'s key of `keys`, for a receiving socket of role `server`: a peer
+// with a role's credentials, for tests that send raw frames into a secured
+// job.
+void UseJobKey(void* socket, const JobKeySet& keys, Role client, Role server);
 
 struct Child {
   std::string name;  // "scheduler", "server 0", "worker 1"
@@ -47,6 +57,11 @@ class ProcessCluster {
     env_[name] = value;
   }
   int port() const { return port_; }
+  // The job's keys, and the key file of one role (for peers a test makes).
+  const JobKeySet& keys() const { return keys_; }
+  std::string KeyFile(Role role) const;
+  // A folder of this cluster's own that is removed with it.
+  const std::string& dir() const { return dir_; }
 
   // Starts the scheduler, `servers` servers and `workers` copies of
   // worker_argv.
@@ -73,6 +88,7 @@ class ProcessCluster {
 
  private:
   std::string dir_;
+  JobKeySet keys_;
   int port_ = 0;
   std::map<std::string, std::string> env_;
   std::vector<Child> children_;

@@ -53,7 +53,8 @@ Knobs (environment): NETFAULT_ROUNDS (soak rounds, 50), NETFAULT_JOB_TIMEOUT_S
 ("2-3"), NETFAULT_HEARTBEAT_TIMEOUT_S (30), NETFAULT_KEEP_LOGS=1 (keep the log
 folder even when every test passes; it is always kept, and named, after a failure), NETFAULT_DAEMON_ENV="K=V,K=V" (more environment for every daemon and
 worker, e.g. PS_RESEND=0). The daemons also get TESSERA_BIGARRAY_BOUND=4096 so that the soak's
-5000-value key is split over both servers.
+5000-value key is split over both servers, and fresh job keys (TESSERA_KEY_DIR, as
+launch.py makes them), so every reconnection after `ss -K` is a CURVE handshake.
 
 Needs root, iproute2 (`ip netns`, `ss` with -K), nftables, iptables and the
 nfq_delay tool (libnetfilter-queue-dev at build time); without them the module
@@ -486,6 +487,17 @@ def worker_argv():
     return [WORKER, 'nightly'], 'nightly'
 
 
+def make_key_dir(parent):
+    """A 0700 folder in `parent` holding a fresh job's scheduler.key, server.key and
+    worker.key (tools/launch.py's generator and format)."""
+    sys.path.insert(0, os.path.join(SOURCE_DIR, 'tools'))
+    import launch  # noqa: E402 (a script of the source tree, not a package)
+    key_dir = tempfile.mkdtemp(prefix='keys-', dir=parent)
+    for role, text in launch.make_job_keys().items():
+        launch.write_private(os.path.join(key_dir, role + '.key'), text)
+    return key_dir
+
+
 class Job(object):
     """Scheduler, servers and workers, each in its host namespace."""
 
@@ -504,6 +516,8 @@ class Job(object):
             # the test's own bound, with the worker saying which call it was.
             'TESSERA_TIMEOUT': str(max(10, JOB_TIMEOUT_S - 30)),
             'TESSERA_BIGARRAY_BOUND': '4096',
+            # Secured as launched jobs are: fresh keys, a 0600 file per role.
+            'TESSERA_KEY_DIR': make_key_dir(topo.tmp),
         }
         base.update(DAEMON_ENV)
         base.update(extra_env or {})

@@ -10,7 +10,8 @@ python=${2:-}
 prefix=$(mktemp -d /tmp/tessera-install-XXXXXX)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for f in bin/tessera-scheduler bin/tessera-server bin/tessera-worker bin/tessera-launch include/tessera/c_api.h \
+for f in bin/tessera-scheduler bin/tessera-server bin/tessera-worker bin/tessera-launch bin/tessera-keygen \
+         include/tessera/c_api.h \
          include/tessera/kv_worker.h; do
   [ -e "$prefix/$f" ] || { echo "install_test: $f was not installed"; exit 1; }
 done

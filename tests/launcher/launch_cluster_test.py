@@ -3,6 +3,8 @@
 tessera-server) and real workers on loopback: a job that forms, barriers and exits; a
 worker killed with SIGKILL; a node that never comes; a server SIGKILLed at a random
 round and restarted by --restarts from its checkpoint; and a short training run.
+Every job runs with the fresh keys launch.py makes (one test checks they are
+used, differ between jobs and are removed).
 
 Needs TESSERA_BUILD_DIR (the CMake build folder) and TESSERA_SOURCE_DIR.
 """
@@ -136,6 +138,23 @@ class LaunchClusterTest(unittest.TestCase):
             self.assertIn('barrier ok: rank %d, 5 barriers' % rank, out)
         self.assertIn('[worker 2]', out)
         self.assertEqual(marked_pids(self.mark), [])
+
+    def test_every_job_runs_with_fresh_keys_that_are_gone_afterwards(self):
+        self.env['PS_VERBOSE'] = '1'
+        self.env['TMPDIR'] = self.tmp.name  # where launch.py keeps the keys
+        seen = []
+        for _ in range(2):
+            code, out, _ = self.launch(['-n', '1', '-s', '1', '--launcher', 'local',
+                                        CHECK_WORKER, 'barrier', '1'], timeout=60)
+            self.assertEqual(code, 0, out)
+            keys = dict(re.findall(r'(?m)^\[(scheduler|server 0|worker 0)\] .*connections '
+                                   r'authenticated and encrypted \(CURVE\) with the \w+ '
+                                   r'key (\S+)$', out))
+            self.assertEqual(sorted(keys), ['scheduler', 'server 0', 'worker 0'], out)
+            self.assertEqual(len(set(keys.values())), 3, keys)
+            seen.append(keys['worker 0'])
+            self.assertEqual(os.listdir(self.tmp.name), [], 'keys left behind')
+        self.assertNotEqual(seen[0], seen[1], 'two jobs had the same worker key')
 
     def test_worker_killed_with_sigkill_stops_the_job(self):
         script = os.path.join(self.tmp.name, 'worker.sh')

@@ -61,6 +61,14 @@ if '--ignore-term' in sys.argv:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 rec = {'role': role, 'index': index, 'restart': restart, 'pid': os.getpid(),
        'cwd': os.getcwd(), 'argv': sys.argv, 'env': dict(os.environ)}
+key = os.environ.get('TESSERA_KEY_FILE')
+if not key and os.environ.get('TESSERA_KEY_DIR'):
+    key = os.path.join(os.environ['TESSERA_KEY_DIR'], role + '.key')
+if key:  # where the job's keys were, and how they were kept
+    with open(key) as f:
+        rec['key'] = {'path': key, 'text': f.read(), 'mode': os.stat(key).st_mode & 0o7777,
+                      'dir_mode': os.stat(os.path.dirname(key)).st_mode & 0o7777,
+                      'dir_files': sorted(os.listdir(os.path.dirname(key)))}
 if '--spawn-child' in sys.argv:
     rec['child_pid'] = subprocess.Popen(['sleep', '300']).pid
 path = os.path.join(fake_dir, 'rec', '%s-%d-%d-%d.json' % (role, index, restart, os.getpid()))
@@ -186,6 +194,33 @@ class FakeJobTest(unittest.TestCase):
                                 universal_newlines=True, timeout=RUN_TIMEOUT_S)
         result.elapsed = time.monotonic() - start
         return result
+
+    def assert_secured(self, result, ssh_calls=()):
+        """Every process of the last job read its own role's key from a 0600 file
+        in a 0700 folder; no secret key was on a command line, in an environment
+        or in the output; every key file is gone."""
+        records = self.records()
+        self.assertTrue(records)
+        secrets_seen = set()
+        for rec in records:
+            key = rec.get('key')
+            self.assertIsNotNone(key, '%s %d has no key' % (rec['role'], rec['index']))
+            self.assertEqual(key['mode'], 0o600, rec['role'])
+            self.assertEqual(key['dir_mode'], 0o700, rec['role'])
+            lines = dict(line.split(' ', 1) for line in key['text'].splitlines()
+                         if not line.startswith('#'))
+            self.assertEqual(lines['role'], rec['role'])
+            secrets_seen.add(lines['secret-key'])
+            self.assertFalse(os.path.exists(key['path']), key['path'])
+        self.assertEqual(len(secrets_seen), 3 if any(r['role'] == 'worker' for r in records)
+                         else 2)
+        for secret in secrets_seen:
+            for rec in records:
+                self.assertNotIn(secret, ' '.join(rec['argv']))
+                self.assertNotIn(secret, json.dumps(rec['env']))
+            for call in ssh_calls:
+                self.assertNotIn(secret, json.dumps(call))
+            self.assertNotIn(secret, result.stdout + result.stderr)
 
     def records(self):
         out = []
@@ -504,6 +539,26 @@ class RemoteCommandTest(unittest.TestCase):
         self.assertEqual(proc.wait(10), 3)
         self.assertEqual(proc.stdout.read(), b'out\nerr\n')
 
+    def test_wrapper_takes_the_key_from_stdin_into_a_private_file(self):
+        script = ('stat -c %a "$TESSERA_KEY_FILE" "$(dirname "$TESSERA_KEY_FILE")"; '
+                  'cat "$TESSERA_KEY_FILE"; echo "$TESSERA_KEY_FILE"; sleep 0.3')
+        proc = subprocess.Popen(['bash', '-c', launch.REMOTE_WRAPPER, 'x', launch.KEY_FROM_STDIN,
+                                 'bash', '-c', script],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.addCleanup(proc.stdout.close)
+        proc.stdin.write(b'role worker\nsecret-key abc\n' + launch.KEY_END_MARKER.encode() +
+                         b'\n')
+        proc.stdin.flush()
+        # The channel stays open: the key's lines must not look like its end.
+        self.assertEqual(proc.wait(10), 0)
+        proc.stdin.close()
+        lines = proc.stdout.read().decode().splitlines()
+        self.assertTrue(lines[0].startswith(launch.REMOTE_PID_MARKER.decode()), lines)
+        self.assertEqual(lines[1:5], ['600', '700', 'role worker', 'secret-key abc'])
+        self.assertFalse(os.path.exists(lines[5]), 'the key outlived its process')
+        self.assertFalse(os.path.exists(os.path.dirname(lines[5])))
+
     def test_wrapper_kills_command_when_channel_closes(self):
         proc, pid = self.wrapper('bash', '-c', 'sleep 300 & echo $!; wait')
         child = int(proc.stdout.readline())
@@ -514,6 +569,44 @@ class RemoteCommandTest(unittest.TestCase):
         while time.monotonic() < deadline and (pid_alive(pid) or pid_alive(child)):
             time.sleep(0.05)
         self.assertFalse(pid_alive(pid) or pid_alive(child))
+
+
+class KeyTest(unittest.TestCase):
+    def test_x25519_and_z85_match_their_rfcs(self):
+        # RFC 7748 5.2 and 6.1; RFC 32 (Z85).
+        scalar = bytes.fromhex('a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4')
+        u = bytes.fromhex('e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c')
+        self.assertEqual(launch.x25519(scalar, u).hex(),
+                         'c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552')
+        alice = bytes.fromhex('77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a')
+        self.assertEqual(launch.x25519(alice, (9).to_bytes(32, 'little')).hex(),
+                         '8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a')
+        self.assertEqual(launch.z85_encode(bytes.fromhex('864fd26fb559f75b')), 'HelloWorld')
+
+    def test_each_role_gets_its_own_secret_and_every_public_key(self):
+        files = launch.make_job_keys()
+        self.assertEqual(sorted(files), ['scheduler', 'server', 'worker'])
+        parsed = {}
+        for role, text in files.items():
+            lines = dict(line.split(' ', 1) for line in text.splitlines()
+                         if not line.startswith('#'))
+            self.assertEqual(lines['role'], role)
+            self.assertEqual(len(lines['secret-key']), 40)
+            parsed[role] = lines
+        for role in files:
+            for other in files:
+                key = '%s-public-key' % other
+                self.assertEqual(parsed[role][key], parsed[other][key])
+                if other != role:
+                    self.assertNotIn(parsed[other]['secret-key'], files[role])
+        self.assertNotEqual(launch.make_job_keys()['worker'], files['worker'])
+
+    def test_job_security(self):
+        self.assertEqual(launch.job_security({}), 'generate')
+        self.assertEqual(launch.job_security({'TESSERA_INSECURE': '1'}), 'insecure')
+        self.assertEqual(launch.job_security({'TESSERA_KEY_DIR': '/k'}), 'user')
+        with self.assertRaisesRegex(launch.UsageError, 'TESSERA_KEY_FILE names one role'):
+            launch.job_security({'TESSERA_KEY_FILE': '/k/worker.key'})
 
 
 class AddressTest(unittest.TestCase):
@@ -621,7 +714,31 @@ class LocalLaunchTest(FakeJobTest):
             self.assertEqual(env['PS_VERBOSE'], '1')
             self.assertEqual(env['CUSTOM'], 'yes')
         self.assertEqual(self.record('worker', 1)['argv'][1:], ['--sleep', '0.2'])
+        self.assert_secured(result)
         self.assert_nothing_left()
+
+    def test_secured_unless_insecure_or_keys_of_the_users(self):
+        result = self.launch(['-n', '1', '-s', '1', self.worker],
+                             env=self.env(TESSERA_INSECURE='1'))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for rec in self.records():
+            self.assertNotIn('key', rec)
+            self.assertEqual(rec['env']['TESSERA_INSECURE'], '1')
+        keys = os.path.join(self.dir, 'mykeys')
+        os.mkdir(keys, 0o700)
+        for role, text in launch.make_job_keys().items():
+            launch.write_private(os.path.join(keys, role + '.key'), text)
+        shutil.rmtree(os.path.join(self.fake_dir, 'rec'))
+        os.mkdir(os.path.join(self.fake_dir, 'rec'))
+        result = self.launch(['-n', '1', '-s', '1', self.worker],
+                             env=self.env(TESSERA_KEY_DIR=keys))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for rec in self.records():
+            self.assertNotIn('TESSERA_KEY_FILE', rec['env'])
+            self.assertEqual(rec['key']['path'], os.path.join(keys, rec['role'] + '.key'))
+        result = self.launch(['-n', '1', self.worker],
+                             env=self.env(TESSERA_KEY_FILE=os.path.join(keys, 'worker.key')))
+        one_line_error(self, result, 'TESSERA_KEY_FILE names one role', 'TESSERA_KEY_DIR')
 
     def test_default_servers_and_port(self):
         result = self.launch(['-n', '3', '--port', str(launch.pick_port(None)),
@@ -762,6 +879,11 @@ class SshLaunchTest(FakeJobTest):
                 self.assertEqual(opts[opts.index('-p') + 1], '2222')
         self.assertIn('[worker 2] hello from worker 2', result.stdout)
         self.assertNotIn('__TESSERA_REMOTE_PID__', result.stdout)
+        self.assert_secured(result, calls)
+        for rec in self.records():
+            if rec['role'] != 'scheduler':  # from the ssh channel, into a folder of its own
+                self.assertRegex(rec['key']['path'], r'/tessera-key\.[^/]+/node\.key$')
+                self.assertEqual(rec['key']['dir_files'], ['node.key'])
         self.assert_nothing_left()
 
     def test_remote_failure_stops_every_host(self):
@@ -786,6 +908,7 @@ class SshLaunchTest(FakeJobTest):
                              env=self.ssh_env(DMLC_PS_ROOT_URI='127.0.0.1'))
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(self.record('worker', 0, 1)['env']['TESSERA_RESTART_COUNT'], '1')
+        self.assert_secured(result, self.ssh_calls())
         self.assert_nothing_left()
 
     @unittest.skipUnless(shutil.which('rsync'), 'rsync is not installed')
@@ -837,6 +960,7 @@ class MpiLaunchTest(FakeJobTest):
             self.assertNotIn(launch.MPI_SPEC_VAR, env)
             self.assertIn('[%s %d] hello from %s %d' % (role, index, role, index),
                           result.stdout)
+        self.assert_secured(result)
         self.assert_nothing_left()
 
     def test_failure(self):

@@ -17,7 +17,8 @@ without the dummy driver get a veth pair with both ends inside the host.)
 
 Tests: the ssh launcher (with --sync-dst-dir) and the mpi launcher, 2 servers
 and 2 workers over h1..h3, exit 0, each node advertising its own host's
-address; DMLC_INTERFACE=eth0 succeeds and DMLC_INTERFACE=dummy0 fails within
+address and running with the job's keys (launch.py's fresh CURVE keys, over
+the ssh channel or in a folder it makes on each host, gone after the job); DMLC_INTERFACE=eth0 succeeds and DMLC_INTERFACE=dummy0 fails within
 the start-up deadline (+5 s, see node.cc) naming the unreachable address; a
 worker SIGKILLed on h3 stops the job everywhere with a non-zero exit; a
 hostname DMLC_PS_ROOT_URI (/etc/netns/<ns>/hosts) with DMLC_NODE_HOST winning
@@ -543,6 +544,25 @@ class MultiHostTest(unittest.TestCase):
                              % (timeout, job.tail()))
         return job, rc
 
+    @staticmethod
+    def key_folders():
+        """Folders launch.py makes for keys on the hosts (the namespaces share /tmp)."""
+        import glob
+        return set(glob.glob('/tmp/tessera-key.*') + glob.glob('/tmp/tessera-keys-*'))
+
+    def assert_secured(self, job, folders_before):
+        """Every node's connections were authenticated and encrypted with its role's
+        key (the PS_VERBOSE line of common/curve_keys.cc), and no key folder that
+        the job made on a host outlived it."""
+        for name in ('scheduler', 'server 0', 'server 1', 'worker 0', 'worker 1'):
+            role = name.split()[0]
+            self.assertRegex(job.output, r'(?m)^\[%s\] .*connections authenticated and '
+                             r'encrypted \(CURVE\) with the %s key ' % (name, role),
+                             '%s did not run secured:\n%s' % (name, job.tail()))
+        self.assertNotIn('TESSERA_INSECURE', job.output)
+        self.assertEqual(self.key_folders() - folders_before, set(),
+                         'key folders left behind on the hosts')
+
     def assert_ran_on_every_host(self, job, addresses):
         """Servers on h1, h2 and workers on h3, h1 (round-robin over the hostfile),
         each advertising its host's address in `addresses` (h1, h2, h3)."""
@@ -566,9 +586,11 @@ class MultiHostTest(unittest.TestCase):
                     '| awk \'{print $4}\')"\n'
                     'exec "$@"\n')
         os.chmod(wrapper, 0o755)
+        folders = self.key_folders()
         job, rc = self.run_job(['--launcher', 'ssh', '--sync-dst-dir', dst, './run_worker.sh'],
                                cwd=src)
         self.assertEqual(rc, 0, job.tail())
+        self.assert_secured(job, folders)
         self.assertTrue(os.path.isfile(os.path.join(dst, 'run_worker.sh')),
                         '--sync-dst-dir did not copy the folder to %s' % dst)
         wrapped = re.findall(r'multihost wrapper in (\S+) with (\S+)/24', job.output)
@@ -590,8 +612,10 @@ class MultiHostTest(unittest.TestCase):
             'OMPI_MCA_btl': 'self,tcp',
             'OMPI_MCA_plm_rsh_agent': 'ssh',
         }
+        folders = self.key_folders()
         job, rc = self.run_job(['--launcher', 'mpi'], env=env)
         self.assertEqual(rc, 0, job.tail())
+        self.assert_secured(job, folders)
         self.assertIn('scheduler listening on %s:' % v4(0), job.output)
         self.assert_ran_on_every_host(job, [v4(1), v4(2), v4(3)])
 

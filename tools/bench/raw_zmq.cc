@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -101,6 +103,22 @@ void SetCommon(void* socket) {
   zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof(linger));
 }
 
+// RawZmqPlan::curve: the peer finds the keys (the server's public key, its own
+// public and secret keys, Z85, 40 characters each) in this variable.
+constexpr char kCurveVariable[] = "TESSERA_BENCH_RAW_CURVE";
+
+void SetCurveClient(void* socket, const std::string& keys) {
+  zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, keys.data(), 40);
+  zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, keys.data() + 40, 40);
+  zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, keys.data() + 80, 40);
+}
+
+void SetCurveServer(void* socket, const char* secret_key) {
+  const int on = 1;
+  zmq_setsockopt(socket, ZMQ_CURVE_SERVER, &on, sizeof(on));
+  zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, secret_key, 40);
+}
+
 }  // namespace
 
 int RunRawZmqPeer(int data_port, int control_port) {
@@ -109,6 +127,11 @@ int RunRawZmqPeer(int data_port, int control_port) {
   void* control = zmq_socket(context, ZMQ_PULL);
   SetCommon(data);
   SetCommon(control);
+  if (const char* keys = std::getenv(kCurveVariable);
+      keys != nullptr && std::strlen(keys) == 120) {
+    SetCurveClient(data, keys);
+    SetCurveClient(control, keys);
+  }
   if (zmq_connect(data, absl::StrCat("tcp://127.0.0.1:", data_port).c_str()) !=
           0 ||
       zmq_connect(control,
@@ -203,6 +226,19 @@ class RawZmqSession {
   }
 
   absl::Status Start(const RawZmqPlan& plan) {
+    std::map<std::string, std::string> env;
+    if (plan.curve) {
+      char server_public[41], server_secret[41], client_public[41],
+          client_secret[41];
+      if (zmq_curve_keypair(server_public, server_secret) != 0 ||
+          zmq_curve_keypair(client_public, client_secret) != 0) {
+        return Error("zmq_curve_keypair");
+      }
+      SetCurveServer(data_, server_secret);
+      SetCurveServer(control_, server_secret);
+      env[kCurveVariable] =
+          absl::StrCat(server_public, client_public, client_secret);
+    }
     absl::StatusOr<int> data_port = BindAny(data_);
     if (!data_port.ok()) return data_port.status();
     absl::StatusOr<int> control_port = BindAny(control_);
@@ -210,7 +246,7 @@ class RawZmqSession {
     absl::StatusOr<ChildProcess> peer = SpawnProcess(
         {plan.self_exe,
          absl::StrCat("--raw-peer=", *data_port, ",", *control_port)},
-        {}, /*capture_stdout=*/false, plan.log_path);
+        env, /*capture_stdout=*/false, plan.log_path);
     if (!peer.ok()) return peer.status();
     peer_ = *peer;
     return absl::OkStatus();

@@ -28,6 +28,9 @@ struct RawZmqPlan {
   double seconds = 0.5;   // per size, for the stream and the round trips each
   bool ack_cost = false;  // also time transfers that wait for a small ack each
   bool two_way = true;    // also stream both ways at once
+  // Every socket CURVE-encrypted (fresh keys, no ZAP handler): what ZeroMQ's
+  // encryption alone costs.
+  bool curve = false;
   std::string log_path;   // peer's stderr
 };
 

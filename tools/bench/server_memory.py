@@ -65,6 +65,13 @@ def run_job(build, worker, workers, values, rounds, timeout):
                TESSERA_BIGARRAY_BOUND=str(1 << 40), TESSERA_SERVER_THREADS='1',
                MXNET_KVSTORE_BIGARRAY_BOUND=str(1 << 40))
     logs = tempfile.mkdtemp(prefix='tessera-server-memory-')
+    # Secured as launch.py runs jobs (a build from before job keys ignores them).
+    sys.path.insert(0, os.path.join(HERE, '..'))
+    import launch  # noqa: E402
+    if env.get('TESSERA_INSECURE') != '1':
+        for role, text in launch.make_job_keys().items():
+            launch.write_private(os.path.join(logs, role + '.key'), text)
+        env['TESSERA_KEY_DIR'] = logs
     procs = []
 
     def start(name, argv, role):

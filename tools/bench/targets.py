@@ -108,6 +108,10 @@ def main(argv):
     p.add_argument('--bench', action='append',
                    help='the tessera-bench binary; twice: two binaries, run alternately')
     p.add_argument('--seconds', default='0.4', help='tessera-bench --seconds (default 0.4)')
+    p.add_argument('--security', default='none',
+                   help='tessera-bench --security (default none: the targets compare with '
+                        'raw ZeroMQ, which has no security; curve judges a secured job; empty: '
+                        'pass nothing, for a binary older than the flag)')
     p.add_argument('--json', dest='json_out', help='also write every run and the medians here')
     p.add_argument('extra', nargs='*', help='more tessera-bench flags (after --)')
     args = p.parse_args(argv)
@@ -118,6 +122,8 @@ def main(argv):
         p.error('--bench: at most two binaries')
     command = ['tessera-bench', '--sizes=4K,1M', '--jobs=1x1:none', '--inflight=1,4,8',
                '--seconds=' + args.seconds, '--json'] + args.extra
+    if args.security:  # empty: for a binary older than --security
+        command.insert(5, '--security=' + args.security)
     runs = {b: [] for b in benches}
     for i in range(args.runs):
         for bench in benches:

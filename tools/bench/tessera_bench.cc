@@ -12,8 +12,11 @@
 // BENCH lines on stdout. Throughput counts float-value bytes per direction
 // (GB/s = 1e9 B/s); a 2x2 job's figure is the sum over its workers. Latency is
 // that of a blocking operation on worker 0. Exit code 0 on success, 1 when a
-// process of a job failed, 2 on bad flags.
+// process of a job failed, 2 on bad flags. Jobs run with fresh job keys
+// (CURVE, as tools/launch.py starts them); --security=none,curve,auth runs each
+// job once per setting, in that order, to measure what security costs.
 #include <poll.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +36,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/curve_keys.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/bench_worker.h"
 #include "tools/bench/raw_zmq.h"
@@ -49,6 +53,12 @@ constexpr char kUsage[] = R"(usage: tessera-bench [flags]
   --inflight=1,4,8            outstanding requests per worker (latency from 1)
   --seconds=0.5               target time per measurement
   --quick                     --sizes=4K,1M --jobs=1x1:none --seconds=0.2
+  --security=curve            how the job's connections are secured, one job run per
+                              setting listed: curve (authenticated and encrypted, the
+                              default), auth (TESSERA_AUTH_ONLY=1: authenticated, not
+                              encrypted), none (TESSERA_INSECURE=1)
+  --raw-curve                 the raw ZeroMQ baseline with CURVE encryption on its
+                              sockets (what ZeroMQ's encryption costs by itself)
   --json                      print JSON on stdout instead of the table
   --ack-cost                  also time raw ZeroMQ transfers answered by a 16-byte ack
                               each (what a push's acknowledgement costs at the transport)
@@ -61,9 +71,12 @@ struct Flags {
   std::vector<std::string> jobs = {"1x1:none", "2x2:none", "1x1:sgd"};
   std::vector<std::string> ops = {"push", "pull", "pushpull"};
   std::vector<int> inflight = {1, 4, 8};
+  std::vector<std::string> security = {"curve"};
+  std::string key_dir;  // the jobs' keys (made in log_dir)
   double seconds = 0.5;
   bool json = false;
   bool ack_cost = false;
+  bool raw_curve = false;
   std::string scheduler_binary;
   std::string server_binary;
   std::string log_dir;
@@ -74,6 +87,7 @@ struct JobSpec {
   int workers = 1;
   std::string optimizer_name = "none";
   std::string optimizer_spec = "none";
+  std::string security = "curve";  // curve, auth or none
 };
 
 struct Row {
@@ -116,7 +130,8 @@ absl::StatusOr<JobSpec> ParseJob(const std::string& text) {
 std::string JobName(const JobSpec& j) {
   return absl::StrCat(j.servers, " server", j.servers > 1 ? "s" : "", " / ",
                       j.workers, " worker", j.workers > 1 ? "s" : "",
-                      ", dist_sync, optimizer ", j.optimizer_spec);
+                      ", dist_sync, optimizer ", j.optimizer_spec,
+                      ", security ", j.security);
 }
 
 bool TakeFlag(const std::string& arg, const std::string& name,
@@ -225,6 +240,9 @@ absl::StatusOr<JobResult> RunJob(const Flags& flags, const Binaries& bin,
       {"DMLC_PS_ROOT_PORT", std::to_string(port)},
       {"DMLC_NUM_SERVER", std::to_string(spec.servers)},
       {"DMLC_NUM_WORKER", std::to_string(spec.workers)},
+      {"TESSERA_INSECURE", spec.security == "none" ? "1" : "0"},
+      {"TESSERA_AUTH_ONLY", spec.security == "auth" ? "1" : "0"},
+      {"TESSERA_KEY_DIR", spec.security == "none" ? "" : flags.key_dir},
   };
   const std::string prefix =
       absl::StrCat(flags.log_dir, "/job", job_index, "-");
@@ -484,9 +502,10 @@ void PrintTable(const Flags& flags, const std::vector<RawZmqFigures>& raw,
   std::printf(
       "Same-run baselines: raw ZeroMQ PUSH/PULL between two processes (header "
       "frame + "
-      "zero-copy data frame), mean of a run before and one after the jobs; "
+      "zero-copy data frame%s), mean of a run before and one after the jobs; "
       "two-way: both directions at once, GB/s per direction; memcpy "
-      "(one thread)\n");
+      "(one thread)\n",
+      flags.raw_curve ? ", CURVE-encrypted" : "");
   std::printf("%-8s %12s %15s %14s %14s %14s %12s", "size", "zmq GB/s",
               "(before/after)", "2-way GB/s/dir", "zmq rtt p50us",
               "zmq rtt p99us", "memcpy GB/s");
@@ -541,7 +560,9 @@ void PrintJson(const Flags& flags, const std::vector<RawZmqFigures>& raw,
                const std::vector<JobResult>& jobs,
                const std::vector<Target>& targets, const std::string& command) {
   std::string j = absl::StrCat("{\"cores\":", sysconf(_SC_NPROCESSORS_ONLN),
-                               ",\"command\":\"", command, "\",\"baseline\":[");
+                               ",\"command\":\"", command, "\",\"raw_curve\":",
+                               flags.raw_curve ? "true" : "false",
+                               ",\"baseline\":[");
   for (size_t i = 0; i < raw.size(); ++i) {
     absl::StrAppend(
         &j, i ? "," : "",
@@ -568,9 +589,9 @@ void PrintJson(const Flags& flags, const std::vector<RawZmqFigures>& raw,
     absl::StrAppend(
         &j, k ? "," : "",
         absl::StrFormat("{\"servers\":%d,\"workers\":%d,\"optimizer\":\"%s\","
-                        "\"results\":[",
+                        "\"security\":\"%s\",\"results\":[",
                         job.spec.servers, job.spec.workers,
-                        job.spec.optimizer_spec));
+                        job.spec.optimizer_spec, job.spec.security));
     for (size_t i = 0; i < job.rows.size(); ++i) {
       const Row& r = job.rows[i];
       const RawZmqFigures* z = RawFor(raw, r.size);
@@ -618,6 +639,8 @@ int ParentMain(const std::vector<std::string>& args,
       quick = true;
     } else if (a == "--json") {
       flags.json = true;
+    } else if (a == "--raw-curve") {
+      flags.raw_curve = true;
     } else if (a == "--ack-cost") {
       flags.ack_cost = true;
     } else if (TakeFlag(a, "sizes", &v)) {
@@ -632,6 +655,14 @@ int ParentMain(const std::vector<std::string>& args,
         if (op != "push" && op != "pull" && op != "pushpull") {
           bad = absl::InvalidArgumentError(absl::StrCat(
               "--ops='", v, "': expected push, pull and/or pushpull"));
+        }
+      }
+    } else if (TakeFlag(a, "security", &v)) {
+      flags.security = SplitList(v);
+      for (const std::string& m : flags.security) {
+        if (m != "curve" && m != "auth" && m != "none") {
+          bad = absl::InvalidArgumentError(absl::StrCat(
+              "--security='", v, "': expected curve, auth and/or none"));
         }
       }
     } else if (TakeFlag(a, "inflight", &v)) {
@@ -681,7 +712,10 @@ int ParentMain(const std::vector<std::string>& args,
       std::cerr << "tessera-bench: " << spec.status().message() << "\n";
       return 2;
     }
-    specs.push_back(*spec);
+    for (const std::string& mode : flags.security) {
+      spec->security = mode;
+      specs.push_back(*spec);
+    }
   }
 
   Binaries bin;
@@ -718,12 +752,26 @@ int ParentMain(const std::vector<std::string>& args,
     const char* made = mkdtemp(tmpl);
     flags.log_dir = made ? made : "/tmp";
   }
+  std::string key_dir = flags.log_dir + "/keys-XXXXXX";
+  flags.key_dir = mkdtemp(key_dir.data()) != nullptr ? key_dir : "";
+  absl::StatusOr<JobKeySet> keys = GenerateJobKeys();
+  absl::Status keys_written =
+      !keys.ok() ? keys.status()
+      : flags.key_dir.empty()
+          ? absl::UnavailableError(absl::StrCat("cannot create a folder in ",
+                                                flags.log_dir))
+          : WriteKeyFiles(*keys, flags.key_dir);
+  if (!keys_written.ok()) {
+    std::cerr << "tessera-bench: job keys: " << keys_written.message() << "\n";
+    return 1;
+  }
 
   RawZmqPlan plan;
   plan.self_exe = bin.self;
   plan.sizes = flags.sizes;
   plan.seconds = flags.seconds;
   plan.ack_cost = flags.ack_cost;
+  plan.curve = flags.raw_curve;
   plan.log_path = flags.log_dir + "/raw-peer.log";
   std::vector<double> memcpy_gbps;
   for (size_t size : flags.sizes)

@@ -213,8 +213,10 @@ int Run(const TrainFlags& flags) {
   absl::StatusOr<std::unique_ptr<KVWorker>> kv_or =
       KVWorker::Create(flags.kv_store);
   if (!kv_or.ok()) {
-    return Fail(1, absl::StrCat("cannot join the cluster: ",
-                                kv_or.status().ToString()));
+    // A bad variable or key file is configuration (2); a missing cluster, 1.
+    return Fail(absl::IsInvalidArgument(kv_or.status()) ? 2 : 1,
+                absl::StrCat("cannot join the cluster: ",
+                             kv_or.status().ToString()));
   }
   KVWorker& kv = **kv_or;
   const int rank = kv.rank(), num_workers = kv.num_workers();

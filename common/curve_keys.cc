@@ -1,0 +1,360 @@
+#include "common/curve_keys.h"
+
+#include <fcntl.h>
+#include <sodium.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/message.h"
+
+namespace tessera {
+namespace {
+
+constexpr Role kRoles[] = {Role::kScheduler, Role::kServer, Role::kWorker};
+// Largest key file read: a few hundred bytes are expected.
+constexpr size_t kMaxKeyFileBytes = 64 << 10;
+// Binds the PLAIN passwords to their purpose (see PlainPassword).
+constexpr char kPasswordLabel[] = "tessera auth-only password v1";
+
+absl::Status NoCurve() {
+  return absl::FailedPreconditionError(
+      "this ZeroMQ library was built without CURVE security (zmq_has(\"curve\") "
+      "is 0); install one built with libsodium (Debian's libzmq5), or set "
+      "TESSERA_INSECURE=1");
+}
+
+bool DecodeKey(absl::string_view z85, uint8_t out[32]) {
+  if (z85.size() != kZ85KeyLength) return false;
+  const std::string text(z85);
+  return zmq_z85_decode(out, text.c_str()) != nullptr;
+}
+
+std::string EncodeKey(const uint8_t key[32]) {
+  char text[kZ85KeyLength + 1];
+  zmq_z85_encode(text, key, 32);
+  return std::string(text, kZ85KeyLength);
+}
+
+std::string KeyName(Role role) {
+  return absl::StrCat(RoleName(role), "-public-key");
+}
+
+// BLAKE2b-256 of the password label and both public keys, keyed by the
+// Diffie-Hellman secret of `own_secret` and `peer_public`: the client role's
+// secret with the server role's public key, or the other way round.
+std::optional<std::string> Password(absl::string_view own_secret,
+                                    absl::string_view peer_public,
+                                    absl::string_view client_public,
+                                    absl::string_view server_public) {
+  uint8_t secret[32], peer[32], client[32], server[32], shared[32];
+  if (!DecodeKey(own_secret, secret) || !DecodeKey(peer_public, peer) ||
+      !DecodeKey(client_public, client) || !DecodeKey(server_public, server)) {
+    return std::nullopt;
+  }
+  if (sodium_init() < 0) return std::nullopt;
+  const bool ok = crypto_scalarmult(shared, secret, peer) == 0;
+  sodium_memzero(secret, sizeof(secret));
+  if (!ok) return std::nullopt;
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, shared, sizeof(shared), 32);
+  crypto_generichash_update(&state,
+                            reinterpret_cast<const uint8_t*>(kPasswordLabel),
+                            sizeof(kPasswordLabel) - 1);
+  crypto_generichash_update(&state, client, 32);
+  crypto_generichash_update(&state, server, 32);
+  uint8_t token[32];
+  crypto_generichash_final(&state, token, sizeof(token));
+  sodium_memzero(shared, sizeof(shared));
+  std::string out = EncodeKey(token);
+  sodium_memzero(token, sizeof(token));
+  return out;
+}
+
+}  // namespace
+
+std::optional<Role> JobKeys::RoleOfKey(absl::string_view z85) const {
+  for (Role r : kRoles) {
+    if (public_key(r) == z85) return r;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<JobKeySet> GenerateJobKeys() {
+  if (!zmq_has("curve")) return NoCurve();
+  JobKeySet set;
+  for (CurveKeyPair& pair : set.pairs) {
+    char pub[kZ85KeyLength + 1], sec[kZ85KeyLength + 1];
+    if (zmq_curve_keypair(pub, sec) != 0) {
+      return absl::InternalError(
+          absl::StrCat("zmq_curve_keypair: ", zmq_strerror(zmq_errno())));
+    }
+    pair.public_key.assign(pub, kZ85KeyLength);
+    pair.secret_key.assign(sec, kZ85KeyLength);
+    sodium_memzero(sec, sizeof(sec));
+  }
+  return set;
+}
+
+std::string FormatKeyFile(const JobKeySet& set, Role role) {
+  std::string text = absl::StrCat(
+      "# Tessera job keys, role ", RoleName(role),
+      ". Private: keep this file mode 0600.\nrole ", RoleName(role),
+      "\nsecret-key ", set.of(role).secret_key, "\n");
+  for (Role r : kRoles)
+    absl::StrAppend(&text, KeyName(r), " ", set.of(r).public_key, "\n");
+  return text;
+}
+
+absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
+                                     const std::string& origin) {
+  JobKeys keys;
+  bool have_role = false;
+  int line_number = 0;
+  for (absl::string_view raw : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    const absl::string_view line = absl::StripAsciiWhitespace(raw);
+    if (line.empty() || line[0] == '#') continue;
+    auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, " line ", line_number, ": ", why));
+    };
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipWhitespace());
+    if (words.size() != 2) {
+      return bad("expected 'NAME VALUE' (role, secret-key, "
+                 "scheduler-public-key, server-public-key, worker-public-key)");
+    }
+    const absl::string_view name = words[0], value = words[1];
+    if (name == "role") {
+      bool known = false;
+      for (Role r : kRoles) {
+        if (value == RoleName(r)) {
+          keys.role = r;
+          known = true;
+        }
+      }
+      if (!known) {
+        return bad(absl::StrCat("role '", value,
+                                "': expected scheduler, server or worker"));
+      }
+      have_role = true;
+      continue;
+    }
+    std::string* slot = nullptr;
+    if (name == "secret-key") slot = &keys.secret_key;
+    for (Role r : kRoles) {
+      if (name == KeyName(r)) slot = &keys.public_keys[static_cast<int>(r)];
+    }
+    if (slot == nullptr) return bad(absl::StrCat("unknown name '", name, "'"));
+    uint8_t raw_key[32];
+    if (!DecodeKey(value, raw_key)) {
+      return bad(absl::StrCat(name, ": expected a key of ", kZ85KeyLength,
+                              " Z85 characters"));
+    }
+    sodium_memzero(raw_key, sizeof(raw_key));
+    *slot = std::string(value);
+  }
+  std::string missing;
+  if (!have_role) missing = "role";
+  if (keys.secret_key.empty())
+    absl::StrAppend(&missing, missing.empty() ? "" : ", ", "secret-key");
+  for (Role r : kRoles) {
+    if (keys.public_key(r).empty())
+      absl::StrAppend(&missing, missing.empty() ? "" : ", ", KeyName(r));
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": missing ", missing));
+  }
+  char derived[kZ85KeyLength + 1];
+  if (zmq_curve_public(derived, keys.secret_key.c_str()) != 0) {
+    if (!zmq_has("curve")) return NoCurve();
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": the secret key is not a CURVE key"));
+  }
+  if (std::string(derived, kZ85KeyLength) != keys.public_key(keys.role)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": the secret key does not belong to ", KeyName(keys.role),
+        " (keys of different jobs mixed?)"));
+  }
+  for (Role a : kRoles) {
+    for (Role b : kRoles) {
+      if (a < b && keys.public_key(a) == keys.public_key(b)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            origin, ": ", KeyName(a), " and ", KeyName(b),
+            " are the same key; every role needs its own"));
+      }
+    }
+  }
+  return keys;
+}
+
+absl::Status WriteKeyFiles(const JobKeySet& set, const std::string& dir) {
+  for (Role r : kRoles) {
+    const std::string path = absl::StrCat(dir, "/", RoleName(r), ".key");
+    const int fd = ::open(path.c_str(),
+                          O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                          0600);
+    if (fd < 0) {
+      const std::string why = std::strerror(errno);
+      if (errno == EEXIST) {
+        return absl::AlreadyExistsError(
+            absl::StrCat(path, " exists; keys are never overwritten"));
+      }
+      return absl::UnavailableError(
+          absl::StrCat("cannot create ", path, ": ", why));
+    }
+    const std::string text = FormatKeyFile(set, r);
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        return absl::UnavailableError(
+            absl::StrCat("cannot write ", path, ": ", why));
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (::fsync(fd) != 0 || ::close(fd) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
+                                    const std::string& variable) {
+  const std::string origin = absl::StrCat(variable, "=", path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": cannot open: ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": expected a regular file"));
+  }
+  if ((st.st_mode & 077) != 0) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: mode %04o lets its group or others at the secret key; expected "
+        "0600 or 0400 (chmod 600 %s)",
+        origin, st.st_mode & 07777, path));
+  }
+  std::string text;
+  char buf[4096];
+  while (text.size() <= kMaxKeyFileBytes) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": cannot read: ", why));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (text.size() > kMaxKeyFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": over ", kMaxKeyFileBytes,
+                     " bytes; not a key file"));
+  }
+  absl::StatusOr<JobKeys> keys = ParseKeyFile(text, origin);
+  sodium_memzero(text.data(), text.size());
+  return keys;
+}
+
+absl::StatusOr<std::shared_ptr<const ConnectionSecurity>>
+LoadConnectionSecurity(const Options& options) {
+  if (options.insecure) {
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      TESSERA_LOG(WARNING)
+          << "TESSERA_INSECURE=1: connections are neither authenticated nor "
+             "encrypted; anyone who can reach this node's port can send it "
+             "commands and data";
+    });
+    return std::shared_ptr<const ConnectionSecurity>();
+  }
+  std::string path, variable;
+  if (!options.key_file.empty()) {
+    path = options.key_file;
+    variable = "TESSERA_KEY_FILE";
+  } else if (!options.key_dir.empty()) {
+    path = absl::StrCat(options.key_dir, "/", RoleName(options.role), ".key");
+    variable = "TESSERA_KEY_DIR";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no keys for this job's connections: set TESSERA_KEY_FILE to this ",
+        RoleName(options.role), "'s key file or TESSERA_KEY_DIR to a folder "
+        "holding ", RoleName(options.role), ".key (tessera-keygen DIR makes "
+        "them; tools/launch.py does it for every job), or TESSERA_INSECURE=1 "
+        "to run without authentication or encryption"));
+  }
+  if (!zmq_has("curve")) return NoCurve();
+  absl::StatusOr<JobKeys> keys = ReadKeyFile(path, variable);
+  if (!keys.ok()) return keys.status();
+  if (keys->role != options.role) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        variable, "=", path, ": keys of role ", RoleName(keys->role),
+        "; this process is a ", RoleName(options.role), " (DMLC_ROLE)"));
+  }
+  auto security = std::make_shared<ConnectionSecurity>();
+  security->keys = *std::move(keys);
+  security->encrypt = !options.auth_only;
+  TESSERA_VLOG(1) << "connections "
+                  << (security->encrypt
+                          ? "authenticated and encrypted (CURVE)"
+                          : "authenticated, not encrypted (TESSERA_AUTH_ONLY)")
+                  << " with the " << RoleName(options.role) << " key "
+                  << KeyPrefix(security->keys.public_key(options.role));
+  return std::shared_ptr<const ConnectionSecurity>(std::move(security));
+}
+
+std::string PlainPassword(const JobKeys& keys, Role server) {
+  const std::string& client_public = keys.public_key(keys.role);
+  const std::string& server_public = keys.public_key(server);
+  return Password(keys.secret_key, server_public, client_public, server_public)
+      .value_or(std::string());
+}
+
+bool CheckPlainPassword(const JobKeys& keys, Role client,
+                        absl::string_view password) {
+  const std::string& client_public = keys.public_key(client);
+  const std::string& server_public = keys.public_key(keys.role);
+  std::optional<std::string> want =
+      Password(keys.secret_key, client_public, client_public, server_public);
+  if (!want.has_value() || password.size() != want->size()) return false;
+  return sodium_memcmp(want->data(), password.data(), want->size()) == 0;
+}
+
+std::string KeyPrefix(absl::string_view z85) {
+  return absl::StrCat(z85.substr(0, 8), "...");
+}
+
+std::optional<Role> RoleOfNodeId(int id) {
+  if (id == kSchedulerId) return Role::kScheduler;
+  if (IsServerId(id)) return Role::kServer;
+  if (IsWorkerId(id)) return Role::kWorker;
+  return std::nullopt;
+}
+
+}  // namespace tessera

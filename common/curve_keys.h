@@ -1,0 +1,126 @@
+// CurveKeys: the keys of a secured job, their file format, and how a node
+// finds its own.
+//
+// A job has three CURVE key pairs, one per role (scheduler, server, worker).
+// Every process gets one file holding its role's secret key and the three
+// public keys, so a worker never holds a server's or the scheduler's secret
+// key and cannot pose as either. tools/launch.py makes fresh keys for every
+// job; `tessera-keygen DIR` makes them for daemons started by hand:
+//
+//   # Tessera job keys, role worker. Private: keep this file mode 0600.
+//   role worker
+//   secret-key <40 characters of Z85>
+//   scheduler-public-key <Z85>
+//   server-public-key <Z85>
+//   worker-public-key <Z85>
+//
+//   absl::StatusOr<std::shared_ptr<const ConnectionSecurity>> s =
+//       LoadConnectionSecurity(options);   // TESSERA_KEY_FILE / _DIR / _INSECURE
+//   if (!s.ok()) { std::cerr << s.status().message(); return 2; }
+//
+// With TESSERA_AUTH_ONLY=1 the same keys authenticate connections through
+// ZeroMQ's PLAIN mechanism and bytes travel unencrypted (trusted links): a
+// client's password is a hash of the Diffie-Hellman secret of its role's key
+// and the receiving role's key, which only those two roles can compute.
+//
+// All functions are thread-compatible and keep no state.
+#ifndef TESSERA_COMMON_CURVE_KEYS_H_
+#define TESSERA_COMMON_CURVE_KEYS_H_
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/options.h"
+
+namespace tessera {
+
+// Z85 text of a 32-byte CURVE key: 40 characters.
+inline constexpr size_t kZ85KeyLength = 40;
+
+struct CurveKeyPair {
+  std::string public_key;  // Z85
+  std::string secret_key;  // Z85
+};
+
+// Every role's key pair: what tessera-keygen and the tests make.
+struct JobKeySet {
+  std::array<CurveKeyPair, 3> pairs;  // indexed by Role
+  const CurveKeyPair& of(Role role) const {
+    return pairs[static_cast<int>(role)];
+  }
+};
+
+// What one process holds: its role's secret key and every role's public key.
+struct JobKeys {
+  Role role = Role::kWorker;
+  std::string secret_key;                  // Z85, of `role`
+  std::array<std::string, 3> public_keys;  // Z85, indexed by Role
+
+  const std::string& public_key(Role r) const {
+    return public_keys[static_cast<int>(r)];
+  }
+  // The role whose public key is `z85`; nullopt for a key of no role.
+  std::optional<Role> RoleOfKey(absl::string_view z85) const;
+};
+
+// How a transport secures its sockets.
+struct ConnectionSecurity {
+  JobKeys keys;
+  // true: CURVE (authenticated and encrypted). false: PLAIN authentication
+  // with passwords derived from the keys, bytes in the clear
+  // (TESSERA_AUTH_ONLY=1).
+  bool encrypt = true;
+};
+
+// Fresh key pairs for the three roles. Internal when ZeroMQ lacks CURVE.
+absl::StatusOr<JobKeySet> GenerateJobKeys();
+
+// The key file of `role` (the format above).
+std::string FormatKeyFile(const JobKeySet& set, Role role);
+
+// Parses a key file. `origin` names it in errors ("TESSERA_KEY_FILE=/a/b").
+// InvalidArgument naming the line for anything malformed, and when the
+// secret key does not belong to the file's own public key.
+absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
+                                     const std::string& origin);
+
+// Writes scheduler.key, server.key and worker.key into `dir` (which must
+// exist), each created mode 0600; an existing file is an error (AlreadyExists).
+absl::Status WriteKeyFiles(const JobKeySet& set, const std::string& dir);
+
+// Reads and parses the key file at `path`. InvalidArgument, naming
+// `variable` and the path, when it cannot be read, is not a regular file, or
+// can be read or written by its group or others (a key others can read is no
+// secret: chmod 600).
+absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
+                                    const std::string& variable);
+
+// The security a node's transport uses, from options.key_file / key_dir /
+// insecure / auth_only (see options.h). nullptr when TESSERA_INSECURE=1 (after
+// one warning line). InvalidArgument naming the variable when no keys are
+// configured, they cannot be read, or they are another role's.
+absl::StatusOr<std::shared_ptr<const ConnectionSecurity>>
+LoadConnectionSecurity(const Options& options);
+
+// TESSERA_AUTH_ONLY: the password `keys.role` presents to a receiving socket
+// of role `server`, and the check of a password claimed by role `client`
+// against this process's own role. Z85, 40 characters.
+std::string PlainPassword(const JobKeys& keys, Role server);
+bool CheckPlainPassword(const JobKeys& keys, Role client,
+                        absl::string_view password);
+
+// A key as logs show it: its first 8 characters and "...".
+std::string KeyPrefix(absl::string_view z85);
+
+// The role a node id belongs to (1 the scheduler, even ids from 8 servers, odd
+// ids from 9 workers; the scheduler's provisional ids for registering nodes
+// follow the same parity); nullopt for other ids.
+std::optional<Role> RoleOfNodeId(int id);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_CURVE_KEYS_H_

@@ -1,0 +1,83 @@
+#include "common/sender_check.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/curve_keys.h"
+#include "common/message.h"
+
+namespace tessera {
+namespace {
+
+// Commands whose request the scheduler sends and whose response a node sends
+// (acknowledgements); for the other control commands it is the other way
+// round.
+bool IsSchedulerNotice(wire::Command command) {
+  return command == wire::NODE_TABLE || command == wire::NODE_DEAD ||
+         command == wire::TERMINATE || command == wire::ABORT;
+}
+
+bool IsNodeRequest(wire::Command command) {
+  return command == wire::REGISTER || command == wire::BARRIER ||
+         command == wire::HEARTBEAT || command == wire::WORKER_DONE;
+}
+
+absl::Status Denied(Role key_role, const std::string& why) {
+  return absl::PermissionDeniedError(
+      absl::StrCat(why, ", but it came with the ", RoleName(key_role), " key"));
+}
+
+}  // namespace
+
+absl::Status CheckClaimedSender(const wire::Header& h, Role key_role) {
+  const int sender = h.sender();
+  if (sender == 0) {
+    if (key_role == Role::kScheduler) {
+      return Denied(key_role, "it claims no sender id (a node not yet in the "
+                              "job)");
+    }
+  } else {
+    std::optional<Role> claimed = RoleOfNodeId(sender);
+    if (!claimed.has_value()) {
+      return Denied(key_role, absl::StrCat("it claims sender ", sender,
+                                           ", which no node can have"));
+    }
+    if (*claimed != key_role) {
+      return Denied(key_role,
+                    absl::StrCat("it claims sender ", sender, " (a ",
+                                 RoleName(*claimed), ")"));
+    }
+  }
+  if (h.plane() == wire::CONTROL) {
+    const wire::Command command = h.command();
+    const bool from_scheduler =
+        (IsSchedulerNotice(command) && !h.is_response()) ||
+        (IsNodeRequest(command) && h.is_response());
+    const bool from_node = (IsSchedulerNotice(command) && h.is_response()) ||
+                           (IsNodeRequest(command) && !h.is_response());
+    if (from_scheduler && key_role != Role::kScheduler) {
+      return Denied(key_role,
+                    absl::StrCat("only the scheduler sends ",
+                                 wire::Command_Name(command),
+                                 h.is_response() ? " answers" : ""));
+    }
+    if (from_node && key_role == Role::kScheduler) {
+      return Denied(key_role,
+                    absl::StrCat("the scheduler never sends ",
+                                 wire::Command_Name(command),
+                                 h.is_response() ? " acknowledgements"
+                                                 : " requests"));
+    }
+    if (command == wire::REGISTER && !h.is_response()) {
+      const wire::Role role = h.register_().node().role();
+      const bool matches =
+          (role == wire::SERVER && key_role == Role::kServer) ||
+          (role == wire::WORKER && key_role == Role::kWorker);
+      if (!matches) {
+        return Denied(key_role, absl::StrCat("it registers as ",
+                                             wire::Role_Name(role)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

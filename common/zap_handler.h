@@ -1,0 +1,64 @@
+// ZapHandler: the ZeroMQ authentication (ZAP, RFC 27) handler of one ZeroMQ
+// context. A CURVE or PLAIN server socket asks it about every connecting peer;
+// without a handler ZeroMQ accepts any client key, so a secured transport
+// starts one before it binds.
+//
+//   absl::StatusOr<std::unique_ptr<ZapHandler>> zap =
+//       ZapHandler::Start(context, security);
+//   ... zmq_bind(receiver, ...);           // CURVE server, ZMQ_ZAP_DOMAIN set
+//   (*zap)->Stop();                        // before zmq_ctx_term
+//
+// It accepts a CURVE client whose key is one of the job's three role keys
+// (ConnectionSecurity::keys), or, with encrypt off, a PLAIN client whose
+// username is a role and whose password is that role's (CheckPlainPassword),
+// and gives the connection that role's public key (Z85) as its User-Id, which
+// every message received on it carries (zmq_msg_gets(msg, "User-Id")).
+// Anything else is refused (status 400) and counted; the first refusals are
+// logged with the peer's address and key.
+//
+// Thread-safety: Start and Stop from one thread; refused_count from any.
+#ifndef TESSERA_COMMON_ZAP_HANDLER_H_
+#define TESSERA_COMMON_ZAP_HANDLER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "common/curve_keys.h"
+
+namespace tessera {
+
+class ZapHandler {
+ public:
+  // Binds inproc://zeromq.zap.01 in `context` and serves it on a thread of its
+  // own. Unavailable when the endpoint cannot be bound (another handler in
+  // this context).
+  static absl::StatusOr<std::unique_ptr<ZapHandler>> Start(
+      void* context, std::shared_ptr<const ConnectionSecurity> security);
+
+  ~ZapHandler();
+
+  // Stops the thread and closes the socket (within 50 ms). Idempotent.
+  void Stop();
+
+  uint64_t refused_count() const { return refused_.load(); }
+
+ private:
+  ZapHandler(void* socket, std::shared_ptr<const ConnectionSecurity> security);
+  void Serve();
+  // Answers one request (its frames already received); true to accept.
+  bool Decide(const std::vector<std::string>& request, std::string* user_id,
+              std::string* why) const;
+
+  void* socket_;
+  const std::shared_ptr<const ConnectionSecurity> security_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> refused_{0};
+  std::thread thread_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_ZAP_HANDLER_H_

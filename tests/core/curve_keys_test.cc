@@ -1,0 +1,365 @@
+// Job keys (format, files, permissions, PLAIN passwords), the sender rules,
+// and two secured ZeroMQ transports in one process.
+#include "common/curve_keys.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "common/sender_check.h"
+#include "common/transport.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr Role kRoles[] = {Role::kScheduler, Role::kServer, Role::kWorker};
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/tessera-keys-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    const std::string cmd = "rm -rf " + path_;
+    if (std::system(cmd.c_str()) != 0) {
+    }
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+JobKeySet Keys() {
+  absl::StatusOr<JobKeySet> keys = GenerateJobKeys();
+  EXPECT_TRUE(keys.ok()) << keys.status();
+  return *keys;
+}
+
+TEST(CurveKeysTest, EachRolesFileHoldsItsSecretAndEveryPublicKey) {
+  const JobKeySet set = Keys();
+  for (Role role : kRoles) {
+    const std::string text = FormatKeyFile(set, role);
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("role ", RoleName(role))));
+    for (Role other : kRoles) {
+      if (other != role) {
+        EXPECT_THAT(text, ::testing::Not(HasSubstr(set.of(other).secret_key)));
+      }
+    }
+    absl::StatusOr<JobKeys> keys = ParseKeyFile(text, "test");
+    ASSERT_TRUE(keys.ok()) << keys.status();
+    EXPECT_EQ(keys->role, role);
+    EXPECT_EQ(keys->secret_key, set.of(role).secret_key);
+    for (Role other : kRoles) {
+      EXPECT_EQ(keys->public_key(other), set.of(other).public_key);
+      EXPECT_EQ(keys->RoleOfKey(set.of(other).public_key), other);
+    }
+    EXPECT_EQ(keys->RoleOfKey(Keys().of(role).public_key), std::nullopt);
+  }
+}
+
+TEST(CurveKeysTest, MalformedFilesNameTheProblem) {
+  const JobKeySet set = Keys();
+  const JobKeySet other = Keys();
+  const std::string good = FormatKeyFile(set, Role::kServer);
+  struct Case {
+    std::string text;
+    std::string message;
+  } cases[] = {
+      {"", "test: missing role, secret-key, scheduler-public-key, "
+           "server-public-key, worker-public-key"},
+      {absl::StrReplaceAll(good, {{"role server", "role boss"}}),
+       "line 2: role 'boss': expected scheduler, server or worker"},
+      {good + "colour blue\n", "line 7: unknown name 'colour'"},
+      {good + "just-one-word\n", "line 7: expected 'NAME VALUE'"},
+      {absl::StrReplaceAll(good, {{set.of(Role::kServer).secret_key, "abc"}}),
+       "line 3: secret-key: expected a key of 40 Z85 characters"},
+      {absl::StrReplaceAll(good, {{set.of(Role::kServer).secret_key,
+                                   other.of(Role::kServer).secret_key}}),
+       "the secret key does not belong to server-public-key"},
+      {absl::StrReplaceAll(good, {{set.of(Role::kWorker).public_key,
+                                   set.of(Role::kScheduler).public_key}}),
+       "scheduler-public-key and worker-public-key are the same key"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<JobKeys> keys = ParseKeyFile(c.text, "test");
+    ASSERT_FALSE(keys.ok()) << c.text;
+    EXPECT_EQ(keys.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(keys.status().message(), HasSubstr(c.message));
+  }
+}
+
+TEST(CurveKeysTest, WrittenFilesArePrivateAndNeverOverwritten) {
+  TempDir dir;
+  const JobKeySet set = Keys();
+  ASSERT_TRUE(WriteKeyFiles(set, dir.path()).ok());
+  for (Role role : kRoles) {
+    const std::string path = absl::StrCat(dir.path(), "/", RoleName(role),
+                                          ".key");
+    struct stat st;
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0600u) << path;
+    absl::StatusOr<JobKeys> keys = ReadKeyFile(path, "TESSERA_KEY_FILE");
+    ASSERT_TRUE(keys.ok()) << keys.status();
+    EXPECT_EQ(keys->role, role);
+  }
+  EXPECT_EQ(WriteKeyFiles(Keys(), dir.path()).code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST(CurveKeysTest, AFileOthersCanReadOrWriteIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(WriteKeyFiles(Keys(), dir.path()).ok());
+  const std::string path = dir.path() + "/worker.key";
+  for (mode_t mode : {0644, 0640, 0604, 0620, 0602}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    absl::StatusOr<JobKeys> keys = ReadKeyFile(path, "TESSERA_KEY_FILE");
+    ASSERT_FALSE(keys.ok()) << std::oct << mode;
+    EXPECT_EQ(keys.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(keys.status().message(),
+                HasSubstr(absl::StrFormat("TESSERA_KEY_FILE=%s: mode %04o", path,
+                                          mode)));
+    EXPECT_THAT(keys.status().message(), HasSubstr("chmod 600"));
+  }
+  for (mode_t mode : {0600, 0400}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    EXPECT_TRUE(ReadKeyFile(path, "TESSERA_KEY_FILE").ok());
+  }
+  EXPECT_THAT(ReadKeyFile(dir.path(), "TESSERA_KEY_DIR").status().message(),
+              HasSubstr("expected a regular file"));
+  EXPECT_THAT(ReadKeyFile(dir.path() + "/missing", "TESSERA_KEY_FILE")
+                  .status()
+                  .message(),
+              HasSubstr("cannot open: No such file or directory"));
+}
+
+TEST(CurveKeysTest, LoadConnectionSecurityFollowsTheVariables) {
+  TempDir dir;
+  ASSERT_TRUE(WriteKeyFiles(Keys(), dir.path()).ok());
+  Options o;
+  o.role = Role::kServer;
+  absl::StatusOr<std::shared_ptr<const ConnectionSecurity>> s =
+      LoadConnectionSecurity(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("no keys for this job's connections: set "
+                        "TESSERA_KEY_FILE to this server's key file or "
+                        "TESSERA_KEY_DIR to a folder holding server.key"));
+  o.key_dir = dir.path();
+  s = LoadConnectionSecurity(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->keys.role, Role::kServer);
+  EXPECT_TRUE((*s)->encrypt);
+  o.auth_only = true;
+  EXPECT_FALSE((*LoadConnectionSecurity(o))->encrypt);
+  o.key_file = dir.path() + "/worker.key";  // wins over the folder
+  s = LoadConnectionSecurity(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("TESSERA_KEY_FILE=" + o.key_file +
+                        ": keys of role worker; this process is a server"));
+  o.insecure = true;
+  s = LoadConnectionSecurity(o);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(*s, nullptr);
+}
+
+TEST(CurveKeysTest, PlainPasswordsBindBothRoles) {
+  const JobKeySet set = Keys();
+  auto keys = [&](const JobKeySet& s, Role role) {
+    return *ParseKeyFile(FormatKeyFile(s, role), "test");
+  };
+  const JobKeys worker = keys(set, Role::kWorker);
+  const JobKeys server = keys(set, Role::kServer);
+  const JobKeys scheduler = keys(set, Role::kScheduler);
+  const std::string to_server = PlainPassword(worker, Role::kServer);
+  EXPECT_EQ(to_server.size(), kZ85KeyLength);
+  EXPECT_TRUE(CheckPlainPassword(server, Role::kWorker, to_server));
+  // Not as another role's, not at another role's socket, not another job's.
+  EXPECT_FALSE(CheckPlainPassword(server, Role::kScheduler, to_server));
+  EXPECT_FALSE(CheckPlainPassword(scheduler, Role::kWorker, to_server));
+  EXPECT_NE(PlainPassword(worker, Role::kScheduler), to_server);
+  EXPECT_FALSE(CheckPlainPassword(keys(Keys(), Role::kServer), Role::kWorker,
+                                  to_server));
+  EXPECT_FALSE(CheckPlainPassword(server, Role::kWorker, ""));
+  EXPECT_TRUE(CheckPlainPassword(
+      worker, Role::kScheduler, PlainPassword(scheduler, Role::kWorker)));
+}
+
+wire::Header Header(int sender, wire::Command command, bool response = false,
+                    wire::Plane plane = wire::CONTROL) {
+  wire::Header h;
+  h.set_sender(sender);
+  h.set_command(command);
+  h.set_is_response(response);
+  h.set_plane(plane);
+  return h;
+}
+
+TEST(SenderCheckTest, AKeySpeaksForItsOwnRoleOnly) {
+  const Role S = Role::kScheduler, V = Role::kServer, W = Role::kWorker;
+  struct Case {
+    wire::Header h;
+    Role key;
+    bool allowed;
+  } cases[] = {
+      // Node tables and the job's end: the scheduler's key only.
+      {Header(1, wire::ABORT), S, true},
+      {Header(1, wire::ABORT), W, false},
+      {Header(1, wire::TERMINATE), V, false},
+      {Header(9, wire::ABORT), W, false},
+      {Header(8, wire::TERMINATE), V, false},
+      {Header(8, wire::NODE_TABLE), V, false},
+      {Header(9, wire::NODE_DEAD), W, false},
+      // Acknowledgements of those: the nodes'.
+      {Header(9, wire::TERMINATE, true), W, true},
+      {Header(0, wire::ABORT, true), V, true},
+      {Header(1, wire::TERMINATE, true), S, false},
+      // Requests to the scheduler and its answers.
+      {Header(9, wire::BARRIER), W, true},
+      {Header(8, wire::HEARTBEAT), V, true},
+      {Header(1, wire::BARRIER), S, false},
+      {Header(1, wire::BARRIER, true), S, true},
+      {Header(9, wire::BARRIER, true), W, false},
+      {Header(11, wire::WORKER_DONE), W, true},
+      {Header(1, wire::WORKER_DONE), W, false},
+      // Ids by role; 0 ("no id yet") from nodes only; ids no node has.
+      {Header(8, wire::KV_PUSH, true, wire::DATA), V, true},
+      {Header(8, wire::KV_PUSH, true, wire::DATA), W, false},
+      {Header(9, wire::KV_PUSH, false, wire::DATA), W, true},
+      {Header(9, wire::KV_PUSH, false, wire::DATA), V, false},
+      {Header(1000001, wire::KV_PUSH, false, wire::DATA), W, true},
+      {Header(0, wire::KV_PULL, false, wire::DATA), S, false},
+      {Header(3, wire::KV_PULL, false, wire::DATA), W, false},
+      {Header(-9, wire::KV_PULL, false, wire::DATA), W, false},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(CheckClaimedSender(c.h, c.key).ok(), c.allowed)
+        << c.h.ShortDebugString() << " with the " << RoleName(c.key)
+        << " key";
+  }
+  wire::Header reg = Header(0, wire::REGISTER);
+  reg.mutable_register_()->mutable_node()->set_role(wire::WORKER);
+  EXPECT_TRUE(CheckClaimedSender(reg, W).ok());
+  absl::Status posing = CheckClaimedSender(reg, V);
+  EXPECT_EQ(posing.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(posing.message(),
+            "it registers as WORKER, but it came with the server key");
+  EXPECT_EQ(CheckClaimedSender(Header(1, wire::ABORT), W).message(),
+            "it claims sender 1 (a scheduler), but it came with the worker "
+            "key");
+}
+
+// A server's transport and a worker's, secured with one job's keys, and a
+// worker of another job.
+class SecureTransportTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Transport> Make(const JobKeySet& set, Role role,
+                                  bool encrypt = true) {
+    auto security = std::make_shared<ConnectionSecurity>();
+    security->keys = *ParseKeyFile(FormatKeyFile(set, role), "test");
+    security->encrypt = encrypt;
+    ZmqTransportOptions options;
+    options.security = security;
+    return NewZmqTransport(options);
+  }
+
+  // Sends a push from `from` (connected to `to` as node id `as`) claiming
+  // `sender`; returns whether `to` received it within `wait`.
+  static bool Delivered(Transport& from, Transport& to, int port, int as,
+                        int sender, absl::Duration wait) {
+    EXPECT_TRUE(from.Connect(as, "127.0.0.1", port).ok());
+    Message m;
+    m.header.set_command(wire::KV_PUSH);
+    m.header.set_plane(wire::DATA);
+    m.header.set_sender(sender);
+    m.header.set_request_id(5);
+    EXPECT_TRUE(from.Send(as, m).ok());
+    absl::StatusOr<Message> got = to.Receive(wait);
+    if (got.ok()) {
+      EXPECT_EQ(got->header.sender(), sender);
+    }
+    return got.ok();
+  }
+
+  const JobKeySet job_ = Keys();
+};
+
+TEST_F(SecureTransportTest, AMessageIsDeliveredOnlyUnderItsKeysRole) {
+  for (bool encrypt : {true, false}) {
+    SCOPED_TRACE(encrypt ? "CURVE" : "PLAIN");
+    std::unique_ptr<Transport> server = Make(job_, Role::kServer, encrypt);
+    std::unique_ptr<Transport> worker = Make(job_, Role::kWorker, encrypt);
+    absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status();
+    EXPECT_TRUE(Delivered(*worker, *server, *port, ServerId(0), WorkerId(0),
+                          absl::Seconds(10)));
+    // Claiming the scheduler's or a server's id: dropped, counted.
+    EXPECT_FALSE(Delivered(*worker, *server, *port, ServerId(0), kSchedulerId,
+                           absl::Milliseconds(500)));
+    EXPECT_FALSE(Delivered(*worker, *server, *port, ServerId(0), ServerId(1),
+                           absl::Milliseconds(500)));
+    EXPECT_EQ(server->wrong_sender_count(), 2u);
+    EXPECT_EQ(server->refused_connection_count(), 0u);
+    EXPECT_TRUE(Delivered(*worker, *server, *port, ServerId(0), WorkerId(3),
+                          absl::Seconds(10)));
+    // A worker key of another job, which knows this job's public keys:
+    // refused at the handshake (by the ZAP handler), nothing arrives.
+    JobKeySet mixed = job_;
+    mixed.pairs[static_cast<int>(Role::kWorker)] = Keys().of(Role::kWorker);
+    std::unique_ptr<Transport> stranger = Make(mixed, Role::kWorker, encrypt);
+    EXPECT_FALSE(Delivered(*stranger, *server, *port, ServerId(0),
+                           WorkerId(0), absl::Milliseconds(800)));
+    EXPECT_GE(server->refused_connection_count(), 1u);
+    EXPECT_EQ(server->wrong_sender_count(), 2u);
+    EXPECT_EQ(server->malformed_count(), 0u);
+  }
+}
+
+TEST_F(SecureTransportTest, AnInsecurePeerCannotReachASecureNode) {
+  std::unique_ptr<Transport> server = Make(job_, Role::kServer);
+  std::unique_ptr<Transport> open = NewZmqTransport();
+  absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  EXPECT_FALSE(Delivered(*open, *server, *port, ServerId(0), WorkerId(0),
+                         absl::Milliseconds(800)));
+  EXPECT_EQ(server->malformed_count(), 0u);
+  EXPECT_EQ(server->wrong_sender_count(), 0u);
+}
+
+TEST_F(SecureTransportTest, AFrameOfExactlyTheLimitStillPassesUnderCurve) {
+  ZmqTransportOptions options;
+  auto security = std::make_shared<ConnectionSecurity>();
+  security->keys = *ParseKeyFile(FormatKeyFile(job_, Role::kServer), "test");
+  options.security = security;
+  options.max_message_bytes = 1 << 20;
+  std::unique_ptr<Transport> server = NewZmqTransport(options);
+  std::unique_ptr<Transport> worker = Make(job_, Role::kWorker);
+  absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  ASSERT_TRUE(worker->Connect(ServerId(0), "127.0.0.1", *port).ok());
+  std::vector<float> values((1 << 20) / 4, 1.5f);
+  Message m;
+  m.header.set_command(wire::KV_PUSH);
+  m.header.set_plane(wire::DATA);
+  m.header.set_sender(WorkerId(0));
+  AddFloatFrame(&m, Buffer::Wrap(values.data(), values.size() * 4, nullptr));
+  ASSERT_TRUE(worker->Send(ServerId(0), m).ok());
+  absl::StatusOr<Message> got = server->Receive(absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->data.size(), 1u);
+  EXPECT_EQ(got->data[0].size(), size_t{1} << 20);
+}
+
+}  // namespace
+}  // namespace tessera
