@@ -103,6 +103,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+import launch  # noqa: E402  (tools/launch.py: the job keys)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.normpath(os.path.join(HERE, '..', '..'))
 PROG = 'shaped_link'
@@ -514,6 +517,13 @@ class Job(object):
         else:
             root_uri = '127.0.0.1'
             hosts = [(None, '127.0.0.1')] * len(roles)
+        # Secured as launch.py runs jobs: fresh keys per job, one 0600 file per role.
+        keys = None
+        if os.environ.get('TESSERA_INSECURE') != '1':
+            keys = os.path.join(res.tmp, name + '-keys')
+            os.mkdir(keys, 0o700)
+            for role, text in launch.make_job_keys().items():
+                launch.write_private(os.path.join(keys, role + '.key'), text)
         self.started = time.monotonic()
         counts = {}
         for role, (ns, address) in zip(roles, hosts):
@@ -522,9 +532,10 @@ class Job(object):
             label = '%s %d' % (role, counts.get(role, 0))
             counts[role] = counts.get(role, 0) + 1
             log = os.path.join(res.tmp, '%s-%s.log' % (name, label.replace(' ', '')))
-            self.procs.append(Proc(res, ns, label, argv,
-                                   job_env(res.tag, role, root_uri, port, address, servers,
-                                           workers), log))
+            env = job_env(res.tag, role, root_uri, port, address, servers, workers)
+            if keys is not None:
+                env['TESSERA_KEY_DIR'] = keys
+            self.procs.append(Proc(res, ns, label, argv, env, log))
         self.elapsed = None
         self.why = None
 
