@@ -347,6 +347,7 @@ void Node::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    heartbeat_cv_.SignalAll();
   }
   {
     absl::MutexLock lock(&receive_mu_);
@@ -363,7 +364,7 @@ void Node::ReceiveLoop() {
   while (AwaitReceiverTurn()) {
     ReceiveResult r;
     do {
-      r = ReceiveAndDispatch(absl::Milliseconds(20));
+      r = ReceiveAndDispatch(kReceiverPoll);
       if (r == ReceiveResult::kClosed && stop_.load()) break;
     } while (!caller_waiting_.load(std::memory_order_acquire) &&
              !stop_.load());
@@ -595,17 +596,14 @@ void Node::HeartbeatLoop() {
   const absl::Duration timeout = options_.heartbeat_timeout;
   absl::Time next = absl::Now();
   while (!stop_.load()) {
-    absl::SleepFor(std::min(absl::Milliseconds(50), interval));
-    const absl::Time now = absl::Now();
-    absl::Duration silent;
+    absl::Status failed;
+    bool beat = false;
     {
       absl::MutexLock lock(&mu_);
-      if (terminated_ || !failure_.ok()) return;
-      silent = now - last_scheduler_contact_;
-    }
-    if (silent > timeout) {
-      absl::MutexLock lock(&mu_);
-      if (part_done_) {
+      if (terminated_ || !failure_.ok() || stopping_) return;
+      const absl::Time now = absl::Now();
+      const absl::Duration silent = now - last_scheduler_contact_;
+      if (silent > timeout && part_done_) {
         // This node's work is complete (a worker the scheduler counted as
         // done, a server every worker said goodbye to): a scheduler lost
         // after that does not make a finished job a failure.
@@ -616,16 +614,30 @@ void Node::HeartbeatLoop() {
         terminated_ = true;
         return;
       }
+      if (silent > timeout) {
+        failed = absl::UnavailableError(
+            absl::StrCat("the scheduler (id 1 at ", scheduler_address_,
+                         ") stopped answering heartbeats for ",
+                         absl::FormatDuration(silent)));
+      } else if (now >= next) {
+        next = now + interval;
+        beat = true;
+      } else {
+        // Sleep until the next heartbeat is due or the silence would pass
+        // the time-out, whichever is first (Stop wakes it): one wake-up per
+        // interval, not 20 a second, which adds up with hundreds of
+        // processes on one machine.
+        heartbeat_cv_.WaitWithDeadline(
+            &mu_, std::min(next, last_scheduler_contact_ + timeout +
+                                     absl::Milliseconds(1)));
+        continue;
+      }
     }
-    if (silent > timeout) {
-      Fail(absl::UnavailableError(
-          absl::StrCat("the scheduler (id 1 at ", scheduler_address_,
-                       ") stopped answering heartbeats for ",
-                       absl::FormatDuration(silent))));
+    if (!failed.ok()) {
+      Fail(failed);
       return;
     }
-    if (now >= next) {
-      next = now + interval;
+    if (beat) {
       Message hb;
       hb.header.set_command(wire::HEARTBEAT);
       hb.header.set_request_id(next_request_.fetch_add(1));

@@ -76,6 +76,10 @@ class Node {
   // (replies to operations not being waited for, control messages) are read
   // soon after they arrive.
   static constexpr absl::Duration kCallerGrace = absl::Milliseconds(5);
+  // The receiver thread's receive time-out: how soon it notices a caller that
+  // asked for the transport while nothing arrives (an arrival ends the receive
+  // at once), and an idle node's wake-ups per second.
+  static constexpr absl::Duration kReceiverPoll = absl::Milliseconds(100);
 
   enum class ReceiveResult {
     kReceived,  // one message received and dispatched on the calling thread
@@ -232,6 +236,7 @@ class Node {
   // Who takes messages off the transport: at most one thread at a time.
   enum class Receiver { kNone, kThread, kCaller };
   absl::Mutex receive_mu_;
+  absl::CondVar heartbeat_cv_;  // the heartbeat thread sleeps on it (mu_)
   absl::CondVar receiver_cv_;  // the receiver thread waits for its turn
   Receiver receiving_ ABSL_GUARDED_BY(receive_mu_) = Receiver::kNone;
   // When a caller last handed the transport back.

@@ -107,7 +107,13 @@ absl::Status Scheduler::Run() {
     const absl::Time now = absl::Now();
     ResendNotices(now);
     if (ended_) {
-      if (!Ending(now)) return result_;
+      if (!Ending(now)) {
+        TESSERA_LOG(INFO) << "handled " << received_ << " messages ("
+                          << heartbeats_ << " heartbeats) in "
+                          << absl::FormatDuration(absl::Trunc(now - start,
+                                                              absl::Milliseconds(1)));
+        return result_;
+      }
       continue;
     }
     if (!formed_ && now - start > options_.start_timeout) {
@@ -255,6 +261,7 @@ std::string Scheduler::DescribePeer(int id) const {
 
 void Scheduler::Handle(Message&& msg) {
   const wire::Header& h = msg.header;
+  ++received_;
   if (h.plane() != wire::CONTROL) {
     ++malformed_;
     TESSERA_LOG(WARNING) << "ignored a data-plane message: "
@@ -289,6 +296,7 @@ void Scheduler::Handle(Message&& msg) {
       }
       return;
     case wire::HEARTBEAT:
+      ++heartbeats_;
       Reply(sender, h, absl::OkStatus());
       return;
     case wire::BARRIER: {

@@ -121,6 +121,8 @@ class Scheduler {
   absl::Status result_;      // what Run returns once ended
   std::string end_reason_;   // told to nodes that register after the end
   absl::Time end_deadline_;  // stop waiting for acknowledgements
+  uint64_t received_ = 0;    // control messages handled, for the summary
+  uint64_t heartbeats_ = 0;  // of which heartbeats
   uint64_t malformed_ = 0;   // messages dropped as not for the control plane
 };
 

@@ -31,7 +31,11 @@ RequestTracker::RequestTracker(Options options, SendFn send,
 }
 
 RequestTracker::~RequestTracker() {
-  stop_.store(true);
+  {
+    absl::MutexLock lock(&mu_);
+    stop_.store(true);
+    resender_cv_.Signal();
+  }
   if (resender_.joinable()) resender_.join();
   // Kept messages may borrow frames whose owners unpin ops: release them
   // before the maps go.
@@ -77,6 +81,7 @@ void RequestTracker::Send(Request request, Message msg) {
   const uint64_t op = request.op;
   {
     absl::MutexLock lock(&mu_);
+    if (requests_.empty()) resender_cv_.Signal();
     Tracked& t = requests_[id];
     t.request = request;
     t.msg = msg;  // the header and references to the same frames
@@ -169,6 +174,13 @@ void RequestTracker::ResendLoop() {
       std::min(absl::Milliseconds(20), options_.resend_timeout / 4);
   const absl::Duration max_wait = options_.resend_timeout * 8;
   while (!stop_.load()) {
+    {
+      absl::MutexLock lock(&mu_);
+      // Nothing to resend: sleep until a request is tracked (the cap only
+      // bounds the harm of a missed signal).
+      if (requests_.empty() && !stop_.load())
+        resender_cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
+    }
     absl::SleepFor(tick);
     std::vector<std::pair<int, Message>> resend;
     std::vector<Message> dead;  // released unlocked: may unpin an op

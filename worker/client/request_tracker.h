@@ -214,6 +214,10 @@ class RequestTracker {
   uint64_t receiver_freed_ ABSL_GUARDED_BY(mu_) = 0;  // ReceiverFree calls
 
   std::atomic<bool> stop_{false};
+  // Wakes the resend thread when the first request is tracked (or at stop):
+  // with none tracked it sleeps, so an idle worker does not wake 50 times a
+  // second (hundreds of worker processes on one machine add up).
+  absl::CondVar resender_cv_;
   std::thread resender_;
 };
 
