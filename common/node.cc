@@ -564,25 +564,29 @@ void Node::HandleControl(Message&& msg) {
       return;
     }
     case wire::NODE_DEAD: {
+      // As for TERMINATE below: acknowledged before the failure is seen.
+      acknowledge();
       const wire::NodeInfo& dead = h.node_dead().node();
       Fail(absl::UnavailableError(
           absl::StrCat(dead.role() == wire::SERVER ? "server " : "worker ",
                        dead.rank(), " (id ", dead.id(), " at ", dead.host(),
                        ":", dead.port(), ") died: ", h.node_dead().reason())));
-      acknowledge();
       return;
     }
     case wire::ABORT:
+      acknowledge();
       Fail(absl::AbortedError(
           absl::StrCat("the scheduler ended the job: ", h.abort().reason())));
-      acknowledge();
       return;
     case wire::TERMINATE: {
+      // Acknowledge first: the thread waiting for the end may close the
+      // transport as soon as it sees terminated_, and the acknowledgement
+      // would then never leave (the scheduler waits out its deadline).
+      acknowledge();
       {
         absl::MutexLock lock(&mu_);
         terminated_ = true;
       }
-      acknowledge();
       return;
     }
     default:
