@@ -29,20 +29,23 @@ namespace {
 using ::testing::HasSubstr;
 
 // Loses every `every`-th data reply it receives (the first one included), as
-// connections killed under them would, and counts them in `lost` (which the
-// test may keep: the transport goes with its client); with `repeat_every`,
-// also delivers every repeat_every-th one twice, as a resend answered twice
-// would.
+// connections killed under them would, and counts them in `lost`; with
+// `repeat_every`, also delivers every repeat_every-th one twice, as a resend
+// answered twice would, counting them in `repeated`. The counters are shared
+// so that a test can keep them: the transport is destroyed with its client.
 class LossyTransport : public Transport {
  public:
   LossyTransport(std::unique_ptr<Transport> inner, int every,
                  int repeat_every = 0,
                  std::shared_ptr<std::atomic<int>> lost =
+                     std::make_shared<std::atomic<int>>(0),
+                 std::shared_ptr<std::atomic<int>> repeated =
                      std::make_shared<std::atomic<int>>(0))
       : inner_(std::move(inner)),
         every_(every),
         repeat_every_(repeat_every),
-        lost_(std::move(lost)) {}
+        lost_(std::move(lost)),
+        repeated_(std::move(repeated)) {}
   LossyTransport(std::unique_ptr<Transport> inner, int every,
                  std::shared_ptr<std::atomic<int>> lost)
       : LossyTransport(std::move(inner), every, 0, std::move(lost)) {}
@@ -72,15 +75,13 @@ class LossyTransport : public Transport {
       if (n % every_ != 0) {
         if (repeat_every_ > 0 && n % repeat_every_ == 1) {
           again_ = *msg;
-          ++repeated_;
+          ++*repeated_;
         }
         return msg;
       }
       ++*lost_;
     }
   }
-  int lost() const { return lost_->load(); }
-  int repeated() const { return repeated_.load(); }
   uint64_t malformed_count() const override {
     return inner_->malformed_count();
   }
@@ -93,7 +94,7 @@ class LossyTransport : public Transport {
   int seen_ = 0;  // Receive runs on one thread at a time
   std::optional<Message> again_;
   std::shared_ptr<std::atomic<int>> lost_;
-  std::atomic<int> repeated_{0};
+  std::shared_ptr<std::atomic<int>> repeated_;
 };
 
 // Which thread received each data-plane reply, and for which key.
@@ -580,7 +581,12 @@ void CompressedPullsMatchTheShadows(bool sync) {
   constexpr size_t kBigLen = 2500, kSmallLen = 30;  // kBig: 1250 per server
   constexpr int kRounds = 25;
   std::vector<std::vector<float>> big(3), small(3);
-  std::vector<LossyTransport*> lossy(3);
+  // Kept here: each LossyTransport is destroyed with its client.
+  std::vector<std::shared_ptr<std::atomic<int>>> lost(3), repeated(3);
+  for (int i = 0; i < 3; ++i) {
+    lost[i] = std::make_shared<std::atomic<int>>(0);
+    repeated[i] = std::make_shared<std::atomic<int>>(0);
+  }
   std::vector<uint64_t> pulled(3), pulled_float32(3);
   absl::Mutex mu;
   std::map<std::pair<uint64_t, uint64_t>, std::vector<float>> shadows;
@@ -638,9 +644,8 @@ void CompressedPullsMatchTheShadows(bool sync) {
         return absl::OkStatus();
       },
       [&](int i) -> std::unique_ptr<Transport> {
-        auto t = std::make_unique<LossyTransport>(net.NewTransport(), 7, 5);
-        lossy[i] = t.get();
-        return t;
+        return std::make_unique<LossyTransport>(net.NewTransport(), 7, 5,
+                                                lost[i], repeated[i]);
       });
   for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(cluster.JoinScheduler().ok());
@@ -660,8 +665,8 @@ void CompressedPullsMatchTheShadows(bool sync) {
         << "rank " << r;
     // Every pull but the first of each slice was 2-bit: about 1/16.
     EXPECT_LT(pulled[r] * 8, pulled_float32[r]) << "rank " << r;
-    EXPECT_GT(lossy[r]->lost(), 0) << "rank " << r;
-    EXPECT_GT(lossy[r]->repeated(), 0) << "rank " << r;
+    EXPECT_GT(lost[r]->load(), 0) << "rank " << r;
+    EXPECT_GT(repeated[r]->load(), 0) << "rank " << r;
   }
 }
 

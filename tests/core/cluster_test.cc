@@ -21,6 +21,16 @@
 namespace tessera::testing {
 namespace {
 
+// Under ThreadSanitizer (tools/tsan.sh) a process's peak RSS includes the
+// runtime's shadow memory, several times the program's own, and everything
+// runs 5-15 times slower, so the memory tests' bounds (and the flood's rate)
+// mean nothing there; they are skipped, and the ordinary build checks them.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kUnderThreadSanitizer = true;
+#else
+constexpr bool kUnderThreadSanitizer = false;
+#endif
+
 using ::testing::HasSubstr;
 
 TEST(ClusterTest, JobFormsBarriersAndEnds) {
@@ -250,6 +260,7 @@ TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
 // it would hold the whole flood), and the real workers' soak job ends with
 // every round applied.
 TEST(ClusterTest, FloodOfPushesNumberedFarAheadKeepsServerMemoryBounded) {
+  if (kUnderThreadSanitizer) GTEST_SKIP() << "a memory bound: see above";
   ProcessCluster c;
   const int server_port = FreePort();
   c.Env("DMLC_NUM_SERVER", "1");
@@ -332,6 +343,7 @@ TEST(ClusterTest, FloodOfPushesNumberedFarAheadKeepsServerMemoryBounded) {
 // MB for the process itself = 211 MB; keeping the pushes would take 16 x 32 MB
 // = 512 MB on top of the weights.
 TEST(ClusterTest, SixteenWorkersDoNotMultiplyTheServersMemory) {
+  if (kUnderThreadSanitizer) GTEST_SKIP() << "a memory bound: see above";
   ProcessCluster c;
   c.Env("TESSERA_BIGARRAY_BOUND", std::to_string(int64_t{1} << 40));
   c.Env("MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(int64_t{1} << 40));
