@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/message_counters.h"
 #include "common/net_util.h"
 #include "common/status_macros.h"
 #include "common/wire_status.h"
@@ -18,7 +19,14 @@ Node::Node(const Options& options, Callbacks callbacks,
     : options_(options),
       callbacks_(std::move(callbacks)),
       transport_(std::move(transport)),
-      next_request_(FirstRequestId(options.restart_count)) {}
+      next_request_(FirstRequestId(options.restart_count)),
+      heartbeats_sent_(MetricsRegistry::Global().GetCounter(
+          "tessera_node_heartbeats_sent_total",
+          "Heartbeats this node sent to the scheduler.")),
+      control_resends_(MetricsRegistry::Global().GetCounter(
+          "tessera_node_control_resends_total",
+          "Control requests (registration, barriers, leaving) sent to the "
+          "scheduler again for want of an answer.")) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Start(
     const Options& options, Callbacks callbacks,
@@ -62,6 +70,10 @@ absl::Status Node::Join() {
         " (DMLC_NODE_HOST / DMLC_INTERFACE): ", port.status().message()));
   }
   port_ = *port;
+  TESSERA_ASSIGN_OR_RETURN(metrics_http_,
+                           StartMetricsServer(options_, address_));
+  metric_handles_ =
+      AddTransportCollectors(&MetricsRegistry::Global(), transport_.get());
   scheduler_address_ = absl::StrCat(*scheduler_ip, ":", options_.root_port);
   TESSERA_RETURN_IF_ERROR(
       transport_->Connect(kSchedulerId, *scheduler_ip, options_.root_port));
@@ -120,6 +132,17 @@ absl::Status Node::Join() {
     }
   }
   SetLogTag(absl::StrCat(RoleName(options_.role), " ", rank_));
+  metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
+      "tessera_node_info",
+      "This node of the job: its role, rank and id (value 1).",
+      MetricType::kGauge,
+      [role = std::string(RoleName(options_.role)), rank = rank_,
+       id = id_](MetricSamples* out) {
+        out->push_back({{{"role", role},
+                         {"rank", absl::StrCat(rank)},
+                         {"id", absl::StrCat(id)}},
+                        1});
+      }));
   TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at "
                   << address_ << ":" << port_;
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
@@ -259,6 +282,7 @@ void Node::AwaitAskingAgain(const absl::Condition& ready, absl::Time deadline,
       !mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + wait))) {
     if (absl::Now() >= deadline) return;
     mu_.Unlock();
+    control_resends_->Increment();
     ask_again();
     mu_.Lock();
     wait = std::min(wait * 2, options_.resend_timeout * 8);
@@ -357,6 +381,11 @@ void Node::Stop() {
   if (heartbeat_.joinable()) heartbeat_.join();
   transport_->Close();
   if (receiver_.joinable()) receiver_.join();
+  metrics_http_.reset();
+}
+
+int Node::metrics_port() const {
+  return metrics_http_ == nullptr ? 0 : metrics_http_->port();
 }
 
 void Node::ReceiveLoop() {
@@ -629,7 +658,7 @@ void Node::HeartbeatLoop() {
       Message hb;
       hb.header.set_command(wire::HEARTBEAT);
       hb.header.set_request_id(next_request_.fetch_add(1));
-      (void)SendControl(std::move(hb));
+      if (SendControl(std::move(hb)).ok()) heartbeats_sent_->Increment();
     }
   }
 }

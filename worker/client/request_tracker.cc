@@ -18,6 +18,35 @@ constexpr absl::Duration kReceiveSlice = absl::Milliseconds(20);
 
 }  // namespace
 
+RequestTracker::Metrics::Metrics() {
+  MetricsRegistry& r = MetricsRegistry::Global();
+  push = r.GetHistogram(
+      "tessera_worker_push_duration_seconds",
+      "Push latency: from the push being issued (its 2-bit compression "
+      "included) to the last server's reply.",
+      LatencyBuckets());
+  pull = r.GetHistogram(
+      "tessera_worker_pull_duration_seconds",
+      "Pull latency: from the pull being issued to the last server's reply.",
+      LatencyBuckets());
+  pushpull = r.GetHistogram(
+      "tessera_worker_pushpull_duration_seconds",
+      "Pushpull latency: from the operation being issued to the last "
+      "server's reply (in dist_sync, the round's end).",
+      LatencyBuckets());
+  wait = r.GetHistogram(
+      "tessera_worker_wait_duration_seconds",
+      "Time callers spent blocked waiting for an operation (Wait).",
+      LatencyBuckets());
+  duplicate_replies = r.GetCounter(
+      "tessera_worker_duplicate_replies_total",
+      "Replies dropped because their request was already answered (a "
+      "resent request answered twice).");
+  failed_requests = r.GetCounter(
+      "tessera_worker_failed_requests_total",
+      "Requests that failed after TESSERA_RESEND_RETRIES unanswered sends.");
+}
+
 RequestTracker::RequestTracker(Options options, SendFn send,
                                DescribeFn describe, OnAnswered on_answered,
                                ReceiveFn receive)
@@ -28,9 +57,32 @@ RequestTracker::RequestTracker(Options options, SendFn send,
       receive_(std::move(receive)),
       next_request_(options.first_request_id) {
   if (options_.resend) resender_ = std::thread([this] { ResendLoop(); });
+  MetricsRegistry& r = MetricsRegistry::Global();
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_requests_in_flight",
+      "Requests sent to servers (or held back by a push's window) and not "
+      "yet answered.",
+      MetricType::kGauge, [this](MetricSamples* out) {
+        absl::MutexLock lock(&mu_);
+        out->push_back({{}, static_cast<double>(requests_.size())});
+      }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_operations_in_flight",
+      "Operations (push, pull, init, ...) issued and not yet waited for.",
+      MetricType::kGauge, [this](MetricSamples* out) {
+        absl::MutexLock lock(&mu_);
+        out->push_back({{}, static_cast<double>(ops_.size())});
+      }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_resends_total",
+      "Requests sent again after no answer in time (PS_RESEND_TIMEOUT).",
+      MetricType::kCounter, [this](MetricSamples* out) {
+        out->push_back({{}, static_cast<double>(resends_.load())});
+      }));
 }
 
 RequestTracker::~RequestTracker() {
+  metric_handles_.clear();
   stop_.store(true);
   if (resender_.joinable()) resender_.join();
   // Kept messages may borrow frames whose owners unpin ops: release them
@@ -43,9 +95,11 @@ RequestTracker::~RequestTracker() {
 }
 
 uint64_t RequestTracker::NewOp() {
+  const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   const uint64_t op = next_op_++;
-  ops_[op] = Op();
+  Op& o = ops_[op];
+  o.started = now;
   return op;
 }
 
@@ -85,7 +139,11 @@ void RequestTracker::Send(Request request, Message msg) {
     t.next_send = options_.resend ? t.first_sent + t.wait
                                   : absl::InfiniteFuture();
     t.unanswered = 1;
-    if (op != 0) ++ops_[op].pending;
+    if (op != 0) {
+      Op& o = ops_[op];
+      ++o.pending;
+      if (o.command == 0) o.command = msg.header.command();
+    }
     if (request.windowed) {
       Window& w = windows_[{op, server}];
       if (w.out >= options_.window) {
@@ -192,6 +250,7 @@ void RequestTracker::ResendLoop() {
               absl::ToInt64Milliseconds(options_.resend_timeout),
               "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"));
           TESSERA_LOG(ERROR) << failed.message();
+          metrics_.failed_requests->Increment();
           if (t.request.op != 0) {
             Op& o = ops_[t.request.op];
             --o.pending;
@@ -257,6 +316,7 @@ void RequestTracker::HandleReply(Message&& msg) {
       // A second answer to a resent request.
       TESSERA_VLOG(1) << "dropped answer to a finished request "
                       << DebugString(msg);
+      if (!h.ack_only()) metrics_.duplicate_replies->Increment();
       return;
     }
     next = TakenLocked(it->second);
@@ -313,7 +373,7 @@ void RequestTracker::HandleReply(Message&& msg) {
         }
       }
       if (!status.ok() && op.status.ok()) op.status = status;
-      --op.pending;
+      if (--op.pending == 0) op.done = absl::Now();
     }
   }
   // `answered` goes here, unlocked: it may unpin the operation.
@@ -321,6 +381,9 @@ void RequestTracker::HandleReply(Message&& msg) {
 
 absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
                                   uint64_t* resume_seq) {
+  const absl::Time wait_start = absl::Now();
+  Histogram* latency = nullptr;
+  absl::Duration took;
   std::vector<PulledFrame> pulled;
   std::vector<Message> dead;  // released unlocked: may unpin an op
   absl::Status status;
@@ -367,9 +430,26 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
       } else {
         pulled = std::move(result.pulled);
         if (resume_seq != nullptr) *resume_seq = result.resume_seq;
+        switch (result.command) {
+          case wire::KV_PUSH:
+            latency = metrics_.push;
+            break;
+          case wire::KV_PULL:
+            latency = metrics_.pull;
+            break;
+          case wire::KV_PUSHPULL:
+            latency = metrics_.pushpull;
+            break;
+          default:
+            break;
+        }
+        took = result.done - result.started;
       }
     }
   }
+  if (latency != nullptr && took >= absl::ZeroDuration())
+    latency->ObserveDuration(took);
+  metrics_.wait->ObserveDuration(absl::Now() - wait_start);
   for (const PulledFrame& f : pulled)
     std::memcpy(f.out, f.values.data(), f.values.size());
   return status;
