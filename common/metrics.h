@@ -18,9 +18,9 @@
 //
 // A series (a name and its label values) is made once and lives as long as
 // the registry: callers keep the pointer and increment it without a lock.
-// Label cardinality is bounded: a family holds at most kMaxSeriesPerFamily
-// series; past that, new label sets share one series whose label values are
-// all "other" (a warning is logged once). Callers with unbounded label values
+// Label cardinality is bounded: at most kMaxSeriesPerFamily label sets of a
+// family get a series of their own; past that, new label sets share one more
+// series whose label values are all "other" (a warning is logged once). Callers with unbounded label values
 // (keys) bound them themselves (see docs/metrics.md).
 //
 // Names follow Prometheus: [a-zA-Z_:][a-zA-Z0-9_:]*, counters end in
