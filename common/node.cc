@@ -10,6 +10,7 @@
 #include "common/message_counters.h"
 #include "common/net_util.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 #include "common/wire_status.h"
 
 namespace tessera {
@@ -51,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Start(
 Node::~Node() { Stop(); }
 
 absl::Status Node::Join() {
+  TESSERA_RETURN_IF_ERROR(trace::StartFromEnvironment(RoleName(options_.role)));
   absl::StatusOr<std::string> scheduler_ip = ResolveHost(options_.root_uri);
   if (!scheduler_ip.ok()) {
     return absl::InvalidArgumentError(
@@ -83,7 +85,10 @@ absl::Status Node::Join() {
     absl::MutexLock lock(&mu_);
     last_scheduler_contact_ = absl::Now();
   }
-  receiver_ = std::thread([this] { ReceiveLoop(); });
+  receiver_ = std::thread([this] {
+    trace::SetThreadName("receiver");
+    ReceiveLoop();
+  });
 
   Message reg;
   reg.header.set_command(wire::REGISTER);
@@ -132,6 +137,7 @@ absl::Status Node::Join() {
     }
   }
   SetLogTag(absl::StrCat(RoleName(options_.role), " ", rank_));
+  trace::SetIdentity(RoleName(options_.role), rank_);
   metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
       "tessera_node_info",
       "This node of the job: its role, rank and id (value 1).",
@@ -146,7 +152,10 @@ absl::Status Node::Join() {
   TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at "
                   << address_ << ":" << port_;
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
-    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    heartbeat_ = std::thread([this] {
+      trace::SetThreadName("heartbeat");
+      HeartbeatLoop();
+    });
   } else {
     TESSERA_LOG(WARNING) << "PS_HEARTBEAT_INTERVAL=0: heartbeats are off, so "
                             "a dead scheduler or peer is never detected and "

@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/message_counters.h"
 #include "common/net_util.h"
+#include "common/trace.h"
 #include "common/wire_status.h"
 
 namespace tessera {
@@ -104,6 +105,12 @@ Scheduler::~Scheduler() {
 }
 
 absl::StatusOr<int> Scheduler::Bind() {
+  if (absl::Status traced = trace::StartFromEnvironment("scheduler");
+      !traced.ok()) {
+    return traced;
+  }
+  trace::SetIdentity("scheduler", 0);
+  trace::SetThreadName("scheduler");
   if (transport_ == nullptr) {
     absl::StatusOr<std::unique_ptr<Transport>> made =
         NewZmqTransportForNode(options_);

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/trace.h"
 #include "server/kv_server.h"
 
 namespace tessera {
@@ -268,7 +269,10 @@ Checkpointer::Checkpointer(CheckpointStore* store, CheckpointPolicy policy,
       failures_(MetricsRegistry::Global().GetCounter(
           "tessera_server_checkpoint_failures_total",
           "Checkpoints that could not be written.")) {
-  writer_ = std::thread([this] { WriterLoop(); });
+  writer_ = std::thread([this] {
+    trace::SetThreadName("checkpoint writer");
+    WriterLoop();
+  });
   metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
       "tessera_server_checkpoint_in_progress",
       "1 while a checkpoint is being taken or written.", MetricType::kGauge,
@@ -367,6 +371,10 @@ void Checkpointer::WriterLoop() {
     const absl::Time end = absl::Now();
     write_duration_->ObserveDuration(end - start);
     total_duration_->ObserveDuration(end - asked);
+    trace::Complete("server", "checkpoint write", absl::ToUnixNanos(start),
+                    absl::ToUnixNanos(end),
+                    {{"sequence", static_cast<int64_t>(shard.sequence())},
+                     {"keys", shard.keys_size()}});
     TESSERA_VLOG(1) << "checkpoint write took "
                     << absl::FormatDuration(absl::Now() - start);
     absl::MutexLock lock(&mu_);

@@ -12,6 +12,7 @@
 #include "common/compression/two_bit.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 #include "common/wire_status.h"
 #include "server/key_store.h"
 
@@ -81,7 +82,10 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
   for (int i = 0; i < num_threads; ++i)
     shards_.push_back(std::make_unique<Shard>(num_workers, limits, sum_mode));
   for (int i = 0; i < num_threads; ++i) {
-    threads_.emplace_back([this, shard = shards_[i].get()] { Run(shard); });
+    threads_.emplace_back([this, i, shard = shards_[i].get()] {
+      trace::SetThreadName(absl::StrCat("update ", i));
+      Run(shard);
+    });
   }
   MetricsRegistry& r = MetricsRegistry::Global();
   auto counter = [&](const char* name, const char* help,
@@ -184,10 +188,29 @@ const KeyMetrics& KVServer::MetricsOf(StoredKey* key) {
 }
 
 template <typename F>
-void KVServer::TimedUpdate(F&& update) {
+void KVServer::TimedUpdate(const StoredKey& key, F&& update) {
   const absl::Time start = absl::Now();
   update();
-  update_duration_->ObserveDuration(absl::Now() - start);
+  const absl::Time end = absl::Now();
+  update_duration_->ObserveDuration(end - start);
+  trace::Complete("server", "update", absl::ToUnixNanos(start),
+                  absl::ToUnixNanos(end),
+                  {{"key", static_cast<int64_t>(key.key)},
+                   {"values", static_cast<int64_t>(key.length)}});
+}
+
+void KVServer::TraceRound(const StoredKey& key, absl::Time update_start,
+                          absl::Time update_end) {
+  if (!trace::Enabled()) return;
+  const int64_t end = absl::ToUnixNanos(update_end);
+  trace::Complete("server", "update", absl::ToUnixNanos(update_start), end,
+                  {{"key", static_cast<int64_t>(key.key)},
+                   {"values", static_cast<int64_t>(key.length)}});
+  trace::AsyncSpan("server", "round", trace::NewId(),
+                   absl::ToUnixNanos(key.round_started), end,
+                   {{"key", static_cast<int64_t>(key.key)},
+                    {"offset", static_cast<int64_t>(key.offset)},
+                    {"workers", num_workers_}});
 }
 
 KVServer::~KVServer() { Stop(); }
@@ -673,7 +696,7 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
                                           "before pushing"));
       return true;
     }
-    TimedUpdate([&] { key->ApplyUpdate(*s.optimizer, grad->floats()); });
+    TimedUpdate(*key, [&] { key->ApplyUpdate(*s.optimizer, grad->floats()); });
     if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
     CountPush(*key);
     Reply(msg, absl::OkStatus(),
@@ -751,6 +774,7 @@ void KVServer::CompleteRound(StoredKey* key) {
   }
   const absl::Time update_end = absl::Now();
   update_duration_->ObserveDuration(update_end - update_start);
+  TraceRound(*key, update_start, update_end);
   // Like pushes, a round of a key counts once, on its first slice here.
   if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
     ++rounds_applied_;
@@ -885,7 +909,7 @@ void KVServer::PushRows(StoredKey* key, const Message& msg, const Settings& s) {
       for (uint64_t j = 0; j < l; ++j) at[j] += grad[i * l + j];
     }
   }
-  TimedUpdate([&] { key->ApplyRowUpdates(*s.optimizer, unique, sum.data()); });
+  TimedUpdate(*key, [&] { key->ApplyRowUpdates(*s.optimizer, unique, sum.data()); });
   if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
   CountPush(*key);
   Reply(msg, absl::OkStatus(), Buffer(), key);
@@ -907,6 +931,7 @@ void KVServer::CompleteRowRound(StoredKey* key, const Settings& s) {
   }
   const absl::Time update_end = absl::Now();
   update_duration_->ObserveDuration(update_end - update_start);
+  TraceRound(*key, update_start, update_end);
   if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
     ++rounds_applied_;
     MetricsOf(key).rounds->Increment();

@@ -182,9 +182,13 @@ class KVServer {
   // `key`'s metric series (made on first use; on its update thread).
   const KeyMetrics& MetricsOf(StoredKey* key);
   const KeyMetrics* SeriesFor(uint64_t key);
-  // Applies `update` to `key` and times it.
+  // Runs `update` (of `key`), timed (metrics, trace).
   template <typename F>
-  void TimedUpdate(F&& update);
+  void TimedUpdate(const StoredKey& key, F&& update);
+  // A completed dist_sync round of `key` in the trace (TESSERA_TRACE): the
+  // round's span and its update's.
+  void TraceRound(const StoredKey& key, absl::Time update_start,
+                  absl::Time update_end);
 
   const int num_workers_;
   const SendFn send_;

@@ -9,6 +9,7 @@
 #include "common/compression/two_bit.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 
 namespace tessera {
 namespace {
@@ -474,6 +475,9 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
                         l * sizeof(float));
           }
         }
+        trace::Span span("kv", "compress");
+        span.Arg("key", static_cast<int64_t>(key));
+        span.Arg("values", static_cast<int64_t>(values.size()));
         Buffer packed =
             Buffer::Allocate(compression::TwoBitCompressedBytes(values.size()));
         TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(
@@ -652,6 +656,9 @@ KVClient::PayloadFn KVClient::HostPayload(uint64_t key,
                                         tracker_->Pin(op)));
       return body;
     }
+    trace::Span span("kv", "compress");
+    span.Arg("key", static_cast<int64_t>(key));
+    span.Arg("values", static_cast<int64_t>(part.length));
     Buffer packed =
         Buffer::Allocate(compression::TwoBitCompressedBytes(part.length));
     TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(

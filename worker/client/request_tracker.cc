@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/trace.h"
 #include "common/wire_status.h"
 
 namespace tessera {
@@ -15,6 +16,51 @@ namespace {
 // without a message (the job's failure noticed by the heart-beat thread, a
 // request failed after its last resend) is seen within it.
 constexpr absl::Duration kReceiveSlice = absl::Milliseconds(20);
+
+// The trace span of a request (a literal, as trace names must be).
+const char* SpanName(int command) {
+  switch (command) {
+    case wire::KV_INIT:
+      return "init";
+    case wire::KV_PUSH:
+      return "push";
+    case wire::KV_PULL:
+      return "pull";
+    case wire::KV_PUSHPULL:
+      return "pushpull";
+    default:
+      return "request";
+  }
+}
+
+uint64_t DataBytes(const Message& msg) {
+  uint64_t bytes = 0;
+  for (const Buffer& b : msg.data) bytes += b.size();
+  return bytes;
+}
+
+// A request's span: from its first send to its reply (or failure), with the
+// key, the bytes it carries, the server's rank and whether it is compressed
+// (a 2-bit push, a compressed pull).
+void TraceRequestBegin(const Message& msg, int server) {
+  const wire::Header& h = msg.header;
+  const bool compressed =
+      h.pull_compressed() ||
+      (h.frames_size() > 0 &&
+       h.frames(h.frames_size() - 1).encoding() == wire::DataFrame::TWO_BIT);
+  trace::AsyncBegin("kv", SpanName(h.command()), h.request_id(),
+                    {{"key", static_cast<int64_t>(h.slice().key())},
+                     {"bytes", static_cast<int64_t>(DataBytes(msg))},
+                     {"server", RankOfId(server)},
+                     {"compressed", compressed ? 1 : 0}});
+}
+
+void TraceRequestEnd(const Message& request, uint64_t reply_bytes, bool ok) {
+  trace::AsyncEnd("kv", SpanName(request.header.command()),
+                  request.header.request_id(),
+                  {{"reply_bytes", static_cast<int64_t>(reply_bytes)},
+                   {"ok", ok ? 1 : 0}});
+}
 
 }  // namespace
 
@@ -56,7 +102,12 @@ RequestTracker::RequestTracker(Options options, SendFn send,
       on_answered_(std::move(on_answered)),
       receive_(std::move(receive)),
       next_request_(options.first_request_id) {
-  if (options_.resend) resender_ = std::thread([this] { ResendLoop(); });
+  if (options_.resend) {
+    resender_ = std::thread([this] {
+      trace::SetThreadName("resender");
+      ResendLoop();
+    });
+  }
   MetricsRegistry& r = MetricsRegistry::Global();
   metric_handles_.push_back(r.AddCollector(
       "tessera_worker_requests_in_flight",
@@ -92,6 +143,8 @@ RequestTracker::~RequestTracker() {
     absl::MutexLock lock(&mu_);
     requests.swap(requests_);
   }
+  // Their spans end here, unanswered (a trace has no open span).
+  for (const auto& [id, t] : requests) TraceRequestEnd(t.msg, 0, false);
 }
 
 uint64_t RequestTracker::NewOp() {
@@ -129,6 +182,7 @@ void RequestTracker::Send(Request request, Message msg) {
   msg.header.set_request_id(id);
   const int server = request.server;
   const uint64_t op = request.op;
+  if (trace::Enabled()) TraceRequestBegin(msg, server);
   {
     absl::MutexLock lock(&mu_);
     Tracked& t = requests_[id];
@@ -163,6 +217,7 @@ void RequestTracker::Send(Request request, Message msg) {
   if (it == requests_.end()) return;
   dropped = std::move(it->second.msg);
   requests_.erase(it);
+  TraceRequestEnd(dropped, 0, false);
   if (op == 0) return;
   Op& o = ops_[op];
   --o.pending;
@@ -264,12 +319,14 @@ void RequestTracker::ResendLoop() {
                 auto h = requests_.find(held);
                 if (h == requests_.end()) continue;
                 if (t.request.op != 0) --ops_[t.request.op].pending;
+                TraceRequestEnd(h->second.msg, 0, false);
                 dead.push_back(std::move(h->second.msg));
                 requests_.erase(h);
               }
               windows_.erase(w);
             }
           }
+          TraceRequestEnd(t.msg, 0, false);
           dead.push_back(std::move(t.msg));
           it = requests_.erase(it);
           continue;
@@ -339,6 +396,8 @@ void RequestTracker::HandleReply(Message&& msg) {
   }
   if (next.has_value()) (void)send_(next->first, std::move(next->second));
   if (h.ack_only()) return;
+  if (trace::Enabled())
+    TraceRequestEnd(answered.msg, DataBytes(msg), h.status().code() == 0);
   // Keeps a copy for a replay while the request's borrowed frames still pin
   // the operation (its caller cannot have reused the memory yet).
   if (on_answered_) on_answered_(answered, h);
@@ -381,6 +440,8 @@ void RequestTracker::HandleReply(Message&& msg) {
 
 absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
                                   uint64_t* resume_seq) {
+  trace::Span span("kv", "wait");
+  span.Arg("op", static_cast<int64_t>(op_id));
   const absl::Time wait_start = absl::Now();
   Histogram* latency = nullptr;
   absl::Duration took;
@@ -406,6 +467,7 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
         }
         absl::StrAppend(&silent, silent.empty() ? "" : ", ",
                         describe_(r->second.request.server));
+        TraceRequestEnd(r->second.msg, 0, false);
         dead.push_back(std::move(r->second.msg));
         r = requests_.erase(r);
       }
