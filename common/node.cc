@@ -7,8 +7,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/message_counters.h"
 #include "common/net_util.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 #include "common/wire_status.h"
 
 namespace tessera {
@@ -18,7 +20,14 @@ Node::Node(const Options& options, Callbacks callbacks,
     : options_(options),
       callbacks_(std::move(callbacks)),
       transport_(std::move(transport)),
-      next_request_(FirstRequestId(options.restart_count)) {}
+      next_request_(FirstRequestId(options.restart_count)),
+      heartbeats_sent_(MetricsRegistry::Global().GetCounter(
+          "tessera_node_heartbeats_sent_total",
+          "Heartbeats this node sent to the scheduler.")),
+      control_resends_(MetricsRegistry::Global().GetCounter(
+          "tessera_node_control_resends_total",
+          "Control requests (registration, barriers, leaving) sent to the "
+          "scheduler again for want of an answer.")) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Start(
     const Options& options, Callbacks callbacks,
@@ -43,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Start(
 Node::~Node() { Stop(); }
 
 absl::Status Node::Join() {
+  TESSERA_RETURN_IF_ERROR(trace::StartFromEnvironment(RoleName(options_.role)));
   absl::StatusOr<std::string> scheduler_ip = ResolveHost(options_.root_uri);
   if (!scheduler_ip.ok()) {
     return absl::InvalidArgumentError(
@@ -62,6 +72,10 @@ absl::Status Node::Join() {
         " (DMLC_NODE_HOST / DMLC_INTERFACE): ", port.status().message()));
   }
   port_ = *port;
+  TESSERA_ASSIGN_OR_RETURN(metrics_http_,
+                           StartMetricsServer(options_, address_));
+  metric_handles_ =
+      AddTransportCollectors(&MetricsRegistry::Global(), transport_.get());
   scheduler_address_ = absl::StrCat(*scheduler_ip, ":", options_.root_port);
   TESSERA_RETURN_IF_ERROR(
       transport_->Connect(kSchedulerId, *scheduler_ip, options_.root_port));
@@ -71,7 +85,10 @@ absl::Status Node::Join() {
     absl::MutexLock lock(&mu_);
     last_scheduler_contact_ = absl::Now();
   }
-  receiver_ = std::thread([this] { ReceiveLoop(); });
+  receiver_ = std::thread([this] {
+    trace::SetThreadName("receiver");
+    ReceiveLoop();
+  });
 
   Message reg;
   reg.header.set_command(wire::REGISTER);
@@ -120,10 +137,25 @@ absl::Status Node::Join() {
     }
   }
   SetLogTag(absl::StrCat(RoleName(options_.role), " ", rank_));
+  trace::SetIdentity(RoleName(options_.role), rank_);
+  metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
+      "tessera_node_info",
+      "This node of the job: its role, rank and id (value 1).",
+      MetricType::kGauge,
+      [role = std::string(RoleName(options_.role)), rank = rank_,
+       id = id_](MetricSamples* out) {
+        out->push_back({{{"role", role},
+                         {"rank", absl::StrCat(rank)},
+                         {"id", absl::StrCat(id)}},
+                        1});
+      }));
   TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at "
                   << address_ << ":" << port_;
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
-    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    heartbeat_ = std::thread([this] {
+      trace::SetThreadName("heartbeat");
+      HeartbeatLoop();
+    });
   } else {
     TESSERA_LOG(WARNING) << "PS_HEARTBEAT_INTERVAL=0: heartbeats are off, so "
                             "a dead scheduler or peer is never detected and "
@@ -259,6 +291,7 @@ void Node::AwaitAskingAgain(const absl::Condition& ready, absl::Time deadline,
       !mu_.AwaitWithDeadline(ready, std::min(deadline, absl::Now() + wait))) {
     if (absl::Now() >= deadline) return;
     mu_.Unlock();
+    control_resends_->Increment();
     ask_again();
     mu_.Lock();
     wait = std::min(wait * 2, options_.resend_timeout * 8);
@@ -358,6 +391,11 @@ void Node::Stop() {
   if (heartbeat_.joinable()) heartbeat_.join();
   transport_->Close();
   if (receiver_.joinable()) receiver_.join();
+  metrics_http_.reset();
+}
+
+int Node::metrics_port() const {
+  return metrics_http_ == nullptr ? 0 : metrics_http_->port();
 }
 
 void Node::ReceiveLoop() {
@@ -645,7 +683,7 @@ void Node::HeartbeatLoop() {
       Message hb;
       hb.header.set_command(wire::HEARTBEAT);
       hb.header.set_request_id(next_request_.fetch_add(1));
-      (void)SendControl(std::move(hb));
+      if (SendControl(std::move(hb)).ok()) heartbeats_sent_->Increment();
     }
   }
 }

@@ -44,6 +44,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
 #include "common/options.h"
 #include "common/transport.h"
 
@@ -88,10 +90,12 @@ class Node {
     kClosed,    // the node stopped (or its transport failed): do not retry
   };
 
-  // Joins the job: resolves and binds the node's address, registers, and waits
-  // up to options.start_timeout for the node table. Errors: InvalidArgument
-  // (naming the variable) for a bad address or port, DeadlineExceeded when the
-  // table never came, Aborted when the scheduler gave up on the job.
+  // Joins the job: resolves and binds the node's address, starts serving
+  // metrics when TESSERA_METRICS_PORT is set (on the advertised address),
+  // registers, and waits up to options.start_timeout for the node table.
+  // Errors: InvalidArgument (naming the variable) for a bad address or port
+  // (a metrics port in use included), DeadlineExceeded when the table never
+  // came, Aborted when the scheduler gave up on the job.
   static absl::StatusOr<std::unique_ptr<Node>> Start(
       const Options& options, Callbacks callbacks,
       std::unique_ptr<Transport> transport = nullptr);
@@ -155,8 +159,12 @@ class Node {
   // OK while the job is healthy, else the first failure.
   absl::Status failure() const;
 
-  // Stops the threads and closes the transport. Idempotent.
+  // Stops the threads (the metrics server's too) and closes the transport.
+  // Idempotent.
   void Stop();
+
+  // The metrics server's port; 0 when TESSERA_METRICS_PORT is unset.
+  int metrics_port() const;
 
   uint64_t malformed_count() const { return transport_->malformed_count(); }
   // Messages whose claimed sender did not match their connection's key, and
@@ -254,6 +262,13 @@ class Node {
   uint32_t drop_state_ = 0;
   std::thread receiver_;
   std::thread heartbeat_;
+
+  // Metrics (MetricsRegistry::Global()): after transport_, so the collectors
+  // reading it go first.
+  Counter* const heartbeats_sent_;
+  Counter* const control_resends_;
+  CollectorHandles metric_handles_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
 };
 
 }  // namespace tessera

@@ -96,6 +96,10 @@ struct Options {
   bool insecure = false;
   bool auth_only = false;
 
+  // TESSERA_METRICS_PORT: serve Prometheus metrics over HTTP on this port of
+  // the node's advertised address (0: a free port, logged). -1 (unset): off.
+  int metrics_port = -1;
+
   // Reads the process environment.
   static absl::StatusOr<Options> FromEnvironment();
 };

@@ -2,6 +2,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
+
+#include <unistd.h>
 
 namespace tessera {
 namespace {
@@ -28,5 +31,39 @@ uint64_t StatusBytes(const char* name) {
 
 uint64_t ResidentBytes() { return StatusBytes("VmRSS"); }
 uint64_t PeakResidentBytes() { return StatusBytes("VmHWM"); }
+
+double ProcessStartTimeSeconds() {
+  unsigned long long boot = 0;
+  if (FILE* f = std::fopen("/proc/stat", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      if (std::sscanf(line, "btime %llu", &boot) == 1) break;
+    }
+    std::fclose(f);
+  }
+  FILE* f = std::fopen("/proc/self/stat", "r");
+  if (f == nullptr || boot == 0) {
+    if (f != nullptr) std::fclose(f);
+    return 0;
+  }
+  char buf[1024] = {0};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // The command name (field 2) may hold spaces: count fields after its ')'.
+  const std::string stat(buf, n);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  unsigned long long ticks = 0;
+  // After ')': field 3 (state) onwards; starttime is field 22.
+  const char* p = stat.c_str() + paren + 1;
+  for (int field = 3; field < 22 && *p != '\0'; ++field) {
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  if (std::sscanf(p, " %llu", &ticks) != 1) return 0;
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (hz <= 0) return 0;
+  return static_cast<double>(boot) + static_cast<double>(ticks) / hz;
+}
 
 }  // namespace tessera

@@ -13,6 +13,11 @@ namespace tessera {
 uint64_t ResidentBytes();
 uint64_t PeakResidentBytes();
 
+// When the process started, in seconds since the Unix epoch (field 22 of
+// /proc/self/stat after the boot time of /proc/stat); 0 where /proc cannot be
+// read.
+double ProcessStartTimeSeconds();
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_PROCESS_INFO_H_

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/curve_keys.h"
 #include "common/message.h"
+#include "common/metrics.h"
 #include "common/options.h"
 
 namespace tessera {
@@ -72,6 +73,9 @@ struct ZmqTransportOptions {
   // !encrypt) and every received message's sender checked against its
   // connection's key; nullptr: none of it (TESSERA_INSECURE=1).
   std::shared_ptr<const ConnectionSecurity> security;
+  // Messages and bytes sent and received by command are counted here
+  // (MessageCounters); nullptr: not counted.
+  MetricsRegistry* metrics = nullptr;
 };
 
 std::unique_ptr<Transport> NewZmqTransport(
@@ -84,7 +88,8 @@ std::unique_ptr<Transport> NewZmqTransportForFrames(int64_t max_frame_bytes);
 
 // The transport of a scheduler, server or worker: NewZmqTransportForFrames
 // with the security LoadConnectionSecurity(options) gives (keys from
-// TESSERA_KEY_FILE / TESSERA_KEY_DIR, or none with TESSERA_INSECURE=1).
+// TESSERA_KEY_FILE / TESSERA_KEY_DIR, or none with TESSERA_INSECURE=1),
+// counting its messages in MetricsRegistry::Global().
 // InvalidArgument naming the variable when the keys are missing or unusable.
 absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
     const Options& options);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/message_counters.h"
 #include "common/net_util.h"
 #include "common/sender_check.h"
 #include "common/status_macros.h"
@@ -76,6 +77,8 @@ class ZmqTransport : public Transport {
  public:
   explicit ZmqTransport(const ZmqTransportOptions& options)
       : options_(options) {
+    if (options.metrics != nullptr)
+      counters_ = std::make_unique<MessageCounters>(options.metrics);
     context_ = zmq_ctx_new();
     zmq_ctx_set(context_, ZMQ_IO_THREADS, options.io_threads);
     zmq_ctx_set(context_, ZMQ_IPV6, 1);
@@ -216,6 +219,11 @@ class ZmqTransport : public Transport {
             "cannot send to node ", peer, " at ", sender->endpoint, ": ", err));
       }
     }
+    if (counters_ != nullptr) {
+      uint64_t bytes = *header_size;
+      for (const Buffer& part : msg.data) bytes += part.size();
+      counters_->Sent(msg.header.command(), bytes);
+    }
     return absl::OkStatus();
   }
 
@@ -304,6 +312,11 @@ class ZmqTransport : public Transport {
         continue;
       if (LogVerbosity() >= 2)
         TESSERA_LOG(INFO) << "recv " << DebugString(*msg);
+      if (counters_ != nullptr) {
+        uint64_t bytes = zmq_msg_size(&header.msg);
+        for (const Buffer& part : msg->data) bytes += part.size();
+        counters_->Received(msg->header.command(), bytes);
+      }
       return msg;
     }
   }
@@ -422,6 +435,7 @@ class ZmqTransport : public Transport {
   }
 
   const ZmqTransportOptions options_;
+  std::unique_ptr<MessageCounters> counters_;  // null: not counted
   void* context_ = nullptr;
   absl::Mutex recv_mu_;
   std::unique_ptr<ZapHandler> zap_ ABSL_GUARDED_BY(recv_mu_);
@@ -456,6 +470,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
   options.max_message_bytes = node_options.max_frame_bytes;
   TESSERA_ASSIGN_OR_RETURN(options.security,
                            LoadConnectionSecurity(node_options));
+  options.metrics = &MetricsRegistry::Global();
   return NewZmqTransport(options);
 }
 

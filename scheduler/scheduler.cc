@@ -6,7 +6,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/message_counters.h"
 #include "common/net_util.h"
+#include "common/trace.h"
 #include "common/wire_status.h"
 
 namespace tessera {
@@ -56,15 +58,59 @@ std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
   return nodes;
 }
 
+Scheduler::Metrics::Metrics() {
+  MetricsRegistry& r = MetricsRegistry::Global();
+  heartbeats = r.GetCounter("tessera_scheduler_heartbeats_received_total",
+                            "Heartbeats received from servers and workers.");
+  dead_nodes = r.GetCounter(
+      "tessera_scheduler_dead_nodes_total",
+      "Nodes declared dead for want of heartbeats (each ends the job).");
+  barriers_released = r.GetCounter("tessera_scheduler_barriers_released_total",
+                                   "Barriers released (once per group).");
+  notice_resends = r.GetCounter(
+      "tessera_scheduler_notice_resends_total",
+      "Notices (node tables, the job's end) sent again for want of an "
+      "acknowledgement.");
+  ignored_messages = r.GetCounter(
+      "tessera_scheduler_ignored_messages_total",
+      "Messages the scheduler dropped: data-plane messages, malformed "
+      "registrations.");
+  registrations = r.GetCounter(
+      "tessera_scheduler_registrations_total",
+      "Registrations received (first lives, restarts and repeats).");
+  registered_servers = r.GetGauge("tessera_scheduler_registered_nodes",
+                                  "Nodes registered, by role.",
+                                  {{"role", "server"}});
+  registered_workers = r.GetGauge("tessera_scheduler_registered_nodes",
+                                  "Nodes registered, by role.",
+                                  {{"role", "worker"}});
+  finished_workers = r.GetGauge("tessera_scheduler_finished_workers",
+                                "Workers that have finished their work.");
+  formed = r.GetGauge("tessera_scheduler_job_formed",
+                      "1 once every node registered and got the node table.");
+  oldest_heartbeat_age = r.GetGauge(
+      "tessera_scheduler_oldest_heartbeat_age_seconds",
+      "Seconds since the node heard from longest ago was last heard from "
+      "(a node is declared dead past PS_HEARTBEAT_TIMEOUT).");
+}
+
 Scheduler::Scheduler(const Options& options,
                      std::unique_ptr<Transport> transport)
     : options_(options), transport_(std::move(transport)) {}
 
 Scheduler::~Scheduler() {
+  metrics_http_.reset();
+  metric_handles_.clear();
   if (transport_ != nullptr) transport_->Close();
 }
 
 absl::StatusOr<int> Scheduler::Bind() {
+  if (absl::Status traced = trace::StartFromEnvironment("scheduler");
+      !traced.ok()) {
+    return traced;
+  }
+  trace::SetIdentity("scheduler", 0);
+  trace::SetThreadName("scheduler");
   if (transport_ == nullptr) {
     absl::StatusOr<std::unique_ptr<Transport>> made =
         NewZmqTransportForNode(options_);
@@ -83,6 +129,12 @@ absl::StatusOr<int> Scheduler::Bind() {
         options_.root_uri, "'): ", port.status().message()));
   }
   bound_address_ = absl::StrCat(*ip, ":", *port);
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+      StartMetricsServer(options_, *ip);
+  if (!http.ok()) return http.status();
+  metrics_http_ = *std::move(http);
+  metric_handles_ =
+      AddTransportCollectors(&MetricsRegistry::Global(), transport_.get());
   TESSERA_VLOG(1) << "scheduler listening on " << bound_address_
                   << ", waiting for " << options_.num_servers
                   << " server(s) and " << options_.num_workers << " worker(s)";
@@ -202,6 +254,7 @@ void Scheduler::ResendNotices(absl::Time now) {
     notice.next_send = now + notice.wait;
     TESSERA_VLOG(1) << "no acknowledgement from " << DescribePeer(notice.peer)
                     << " yet; sending again " << DebugString(notice.msg);
+    metrics_.notice_resends->Increment();
     (void)transport_->Send(notice.peer, notice.msg);
   }
 }
@@ -264,6 +317,7 @@ void Scheduler::Handle(Message&& msg) {
   ++received_;
   if (h.plane() != wire::CONTROL) {
     ++malformed_;
+    metrics_.ignored_messages->Increment();
     TESSERA_LOG(WARNING) << "ignored a data-plane message: "
                          << DebugString(msg);
     return;
@@ -297,6 +351,7 @@ void Scheduler::Handle(Message&& msg) {
       return;
     case wire::HEARTBEAT:
       ++heartbeats_;
+      metrics_.heartbeats->Increment();
       Reply(sender, h, absl::OkStatus());
       return;
     case wire::BARRIER: {
@@ -356,6 +411,7 @@ void Scheduler::Handle(Message&& msg) {
           Reply(id, request, absl::OkStatus());
         }
         waiting.clear();
+        metrics_.barriers_released->Increment();
       }
       return;
     }
@@ -365,6 +421,7 @@ void Scheduler::Handle(Message&& msg) {
         return;
       }
       done_workers_.insert(sender);
+      metrics_.finished_workers->Set(static_cast<double>(done_workers_.size()));
       Reply(sender, h, absl::OkStatus());
       TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
                       << done_workers_.size() << "/" << options_.num_workers
@@ -388,8 +445,10 @@ void Scheduler::Handle(Message&& msg) {
 void Scheduler::HandleRegister(const Message& msg) {
   const wire::Register& reg = msg.header.register_();
   const wire::NodeInfo& info = reg.node();
+  metrics_.registrations->Increment();
   if ((info.role() != wire::SERVER && info.role() != wire::WORKER) ||
       info.host().empty() || info.port() <= 0 || info.port() > 65535) {
+    metrics_.ignored_messages->Increment();
     TESSERA_LOG(WARNING) << "ignored malformed registration: "
                          << DebugString(msg);
     return;
@@ -475,6 +534,9 @@ void Scheduler::HandleRegister(const Message& msg) {
                   << " at " << info.host() << ":" << info.port() << " (host "
                   << r.hostname << ", pid " << r.pid << ")";
   registered_.push_back(r);
+  (info.role() == wire::SERVER ? metrics_.registered_servers
+                               : metrics_.registered_workers)
+      ->Add(1);
   if (static_cast<int>(registered_.size()) ==
       options_.num_servers + options_.num_workers) {
     FormJob();
@@ -531,6 +593,7 @@ void Scheduler::FormJob() {
     transport_->Disconnect(r.provisional_id);
   formed_ = true;
   formed_at_ = absl::Now();
+  metrics_.formed->Set(1);
   Broadcast(TableMessage(), 0);
   TESSERA_VLOG(1) << "job formed: " << options_.num_servers << " server(s), "
                   << options_.num_workers << " worker(s)";
@@ -565,6 +628,11 @@ void Scheduler::Broadcast(const Message& msg, int except) {
 }
 
 void Scheduler::CheckLiveness(absl::Time now) {
+  absl::Duration oldest = absl::ZeroDuration();
+  for (const auto& [id, seen] : last_seen_) {
+    if (done_workers_.count(id) == 0) oldest = std::max(oldest, now - seen);
+  }
+  metrics_.oldest_heartbeat_age->Set(absl::ToDoubleSeconds(oldest));
   for (const auto& [id, seen] : last_seen_) {
     if (done_workers_.count(id) != 0) continue;
     const absl::Duration silent = now - seen;
@@ -582,6 +650,7 @@ void Scheduler::CheckLiveness(absl::Time now) {
     for (const auto& [peer, info] : nodes_) {
       if (peer != id) peers.push_back(peer);
     }
+    metrics_.dead_nodes->Increment();
     EndJob(absl::UnavailableError(
                absl::StrCat(Describe(dead), " ", reason, "; ending the job")),
            notice, peers);

@@ -29,6 +29,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
 #include "common/options.h"
 #include "common/transport.h"
 
@@ -45,10 +47,16 @@ class Scheduler {
   ~Scheduler();
 
   // Binds DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT (with the job's keys unless a
-  // transport was given). InvalidArgument naming the variable when the host
-  // does not resolve, the port is taken, or the keys are missing or unusable
-  // (TESSERA_KEY_FILE / TESSERA_KEY_DIR). REQUIRES: before Run.
+  // transport was given), and serves metrics on that address when
+  // TESSERA_METRICS_PORT is set. InvalidArgument naming the variable when the
+  // host does not resolve, a port is taken, or the keys are missing or
+  // unusable (TESSERA_KEY_FILE / TESSERA_KEY_DIR). REQUIRES: before Run.
   absl::StatusOr<int> Bind();
+
+  // The metrics server's port; 0 when TESSERA_METRICS_PORT is unset.
+  int metrics_port() const {
+    return metrics_http_ == nullptr ? 0 : metrics_http_->port();
+  }
 
   // Runs until the job ends. OK when every worker finished; DeadlineExceeded
   // when nodes never registered; Unavailable when a node stopped heart-beating.
@@ -124,6 +132,26 @@ class Scheduler {
   uint64_t received_ = 0;    // control messages handled, for the summary
   uint64_t heartbeats_ = 0;  // of which heartbeats
   uint64_t malformed_ = 0;   // messages dropped as not for the control plane
+
+  // Metrics (MetricsRegistry::Global()); scraped from the HTTP thread, so
+  // counts the Run thread keeps in plain fields are mirrored here.
+  struct Metrics {
+    Metrics();
+    Counter* heartbeats;
+    Counter* dead_nodes;
+    Counter* barriers_released;
+    Counter* notice_resends;
+    Counter* ignored_messages;
+    Counter* registrations;
+    Gauge* registered_servers;
+    Gauge* registered_workers;
+    Gauge* finished_workers;
+    Gauge* formed;
+    Gauge* oldest_heartbeat_age;
+  };
+  Metrics metrics_;
+  CollectorHandles metric_handles_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
 };
 
 }  // namespace tessera

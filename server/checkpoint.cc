@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/trace.h"
 #include "server/kv_server.h"
 
 namespace tessera {
@@ -254,11 +255,32 @@ Checkpointer::Checkpointer(CheckpointStore* store, CheckpointPolicy policy,
       server_(server),
       write_delay_(write_delay),
       last_updates_(server->updates_applied()),
-      last_time_(absl::Now()) {
-  writer_ = std::thread([this] { WriterLoop(); });
+      last_time_(absl::Now()),
+      total_duration_(MetricsRegistry::Global().GetHistogram(
+          "tessera_server_checkpoint_duration_seconds",
+          "A checkpoint from the snapshot being asked for to its file "
+          "written (snapshot, write, fsync, rename).",
+          DurationBuckets())),
+      write_duration_(MetricsRegistry::Global().GetHistogram(
+          "tessera_server_checkpoint_write_duration_seconds",
+          "Writing one checkpoint file (write, fsync, rename, old ones "
+          "removed).",
+          DurationBuckets())),
+      failures_(MetricsRegistry::Global().GetCounter(
+          "tessera_server_checkpoint_failures_total",
+          "Checkpoints that could not be written.")) {
+  writer_ = std::thread([this] {
+    trace::SetThreadName("checkpoint writer");
+    WriterLoop();
+  });
+  metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
+      "tessera_server_checkpoint_in_progress",
+      "1 while a checkpoint is being taken or written.", MetricType::kGauge,
+      [this](MetricSamples* out) { out->push_back({{}, busy() ? 1.0 : 0.0}); }));
 }
 
 Checkpointer::~Checkpointer() {
+  metric_handles_.clear();
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
@@ -292,9 +314,10 @@ void Checkpointer::MaybeWrite() {
 }
 
 void Checkpointer::Start() {
-  server_->Snapshot([this](wire::ServerCheckpoint shard) {
+  server_->Snapshot([this, asked = absl::Now()](wire::ServerCheckpoint shard) {
     absl::MutexLock lock(&mu_);
     to_write_ = std::move(shard);
+    to_write_asked_ = asked;
   });
 }
 
@@ -308,6 +331,7 @@ void Checkpointer::Collect() {
   }
   if (!written.has_value()) return;
   if (!written->ok()) {
+    failures_->Increment();
     TESSERA_LOG(ERROR) << "checkpoint not written: "
                        << written->status().message();
     return;
@@ -322,6 +346,7 @@ void Checkpointer::Collect() {
 void Checkpointer::WriterLoop() {
   while (true) {
     wire::ServerCheckpoint shard;
+    absl::Time asked;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -332,6 +357,7 @@ void Checkpointer::WriterLoop() {
       if (stop_) return;
       shard = *std::move(to_write_);
       to_write_.reset();
+      asked = to_write_asked_;
       if (write_delay_ > absl::ZeroDuration()) {
         auto stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
           return stop_;
@@ -342,6 +368,13 @@ void Checkpointer::WriterLoop() {
     }
     const absl::Time start = absl::Now();
     absl::Status status = store_->Write(shard);
+    const absl::Time end = absl::Now();
+    write_duration_->ObserveDuration(end - start);
+    total_duration_->ObserveDuration(end - asked);
+    trace::Complete("server", "checkpoint write", absl::ToUnixNanos(start),
+                    absl::ToUnixNanos(end),
+                    {{"sequence", static_cast<int64_t>(shard.sequence())},
+                     {"keys", shard.keys_size()}});
     TESSERA_VLOG(1) << "checkpoint write took "
                     << absl::FormatDuration(absl::Now() - start);
     absl::MutexLock lock(&mu_);

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "proto/tessera.pb.h"
 
 namespace tessera {
@@ -117,13 +118,20 @@ class Checkpointer {
   uint64_t last_updates_ = 0;  // Handle's thread
   absl::Time last_time_;       // Handle's thread
 
+  // Metrics (MetricsRegistry::Global()).
+  Histogram* const total_duration_;
+  Histogram* const write_duration_;
+  Counter* const failures_;
+
   mutable absl::Mutex mu_;
   bool in_progress_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<wire::ServerCheckpoint> to_write_ ABSL_GUARDED_BY(mu_);
+  absl::Time to_write_asked_ ABSL_GUARDED_BY(mu_);  // when its snapshot was
   std::optional<absl::StatusOr<std::shared_ptr<const wire::ServerCheckpoint>>>
       written_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
+  CollectorHandles metric_handles_;
 };
 
 }  // namespace tessera

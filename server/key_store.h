@@ -22,7 +22,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/buffer.h"
+#include "common/metrics.h"
 #include "proto/tessera.pb.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
@@ -30,6 +32,14 @@
 #include "server/round_engine.h"
 
 namespace tessera {
+
+// A key's metric series on its server (the first slice's counts):
+// tessera_server_key_*_total{key="..."}.
+struct KeyMetrics {
+  Counter* pushes = nullptr;
+  Counter* pulls = nullptr;
+  Counter* rounds = nullptr;
+};
 
 struct StoredKey {
   StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
@@ -86,6 +96,9 @@ struct StoredKey {
   bool progress = false;  // the waiting messages may have work to replay
   // What workers pulling compressed hold (made on the first such pull).
   std::unique_ptr<PullShadow> pull_shadow;
+  // Set by KVServer on first use.
+  const KeyMetrics* metrics = nullptr;
+  absl::Time round_started;  // the open dist_sync round's first push
 };
 
 class KeyStore {

@@ -12,6 +12,7 @@
 #include "common/compression/two_bit.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 #include "common/wire_status.h"
 #include "server/key_store.h"
 
@@ -66,13 +67,150 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
       send_(std::move(send)),
       limits_(limits),
       chain_rng_(std::random_device()() ^
-                 static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) {
+                 static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))),
+      round_duration_(MetricsRegistry::Global().GetHistogram(
+          "tessera_server_round_duration_seconds",
+          "dist_sync: from a round's first push to its completion (every "
+          "worker's push summed and the update applied), per key.",
+          DurationBuckets())),
+      update_duration_(MetricsRegistry::Global().GetHistogram(
+          "tessera_server_update_duration_seconds",
+          "Time to apply one update to a key slice (the optimizer, or the "
+          "round's sum becoming the value).",
+          LatencyBuckets())) {
   if (num_threads < 1) num_threads = 1;
   for (int i = 0; i < num_threads; ++i)
     shards_.push_back(std::make_unique<Shard>(num_workers, limits, sum_mode));
   for (int i = 0; i < num_threads; ++i) {
-    threads_.emplace_back([this, shard = shards_[i].get()] { Run(shard); });
+    threads_.emplace_back([this, i, shard = shards_[i].get()] {
+      trace::SetThreadName(absl::StrCat("update ", i));
+      Run(shard);
+    });
   }
+  MetricsRegistry& r = MetricsRegistry::Global();
+  auto counter = [&](const char* name, const char* help,
+                     const std::atomic<uint64_t>* value) {
+    metric_handles_.push_back(r.AddCollector(
+        name, help, MetricType::kCounter, [value](MetricSamples* out) {
+          out->push_back({{}, static_cast<double>(value->load())});
+        }));
+  };
+  // The counts of KV_STATS (stats()), read from the same counters.
+  counter("tessera_server_pushes_applied_total",
+          "Pushes applied (once per key and push, however many slices; "
+          "KV_STATS pushes_applied).",
+          &pushes_applied_);
+  counter("tessera_server_rounds_applied_total",
+          "dist_sync rounds completed and applied, one per key and round "
+          "(KV_STATS rounds_applied).",
+          &rounds_applied_);
+  counter("tessera_server_async_updates_total",
+          "dist_async pushes applied as updates, one per key and push.",
+          &async_applied_);
+  counter("tessera_server_duplicates_total",
+          "Repeated requests (resent, replayed) answered without being "
+          "applied again (KV_STATS duplicates).",
+          &duplicates_);
+  counter("tessera_server_errors_returned_total",
+          "Requests answered with an error (KV_STATS errors_returned).",
+          &errors_);
+  counter("tessera_server_refused_requests_total",
+          "Requests refused with RESOURCE_EXHAUSTED: too much waiting on a "
+          "key (KV_STATS refused).",
+          &refused_);
+  counter("tessera_server_malformed_messages_total",
+          "Malformed key-value messages dropped or answered with an error "
+          "(KV_STATS malformed_messages; the transport's are "
+          "tessera_transport_malformed_messages_total).",
+          &malformed_);
+  counter("tessera_server_checkpoints_written_total",
+          "Checkpoints written and made durable (KV_STATS "
+          "checkpoints_written).",
+          &checkpoints_);
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_server_keys", "Keys initialised on this server.",
+      MetricType::kGauge, [this](MetricSamples* out) {
+        out->push_back({{}, static_cast<double>(num_keys_.load())});
+      }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_server_update_queue_messages",
+      "Messages and tasks queued for the update threads, not yet taken.",
+      MetricType::kGauge, [this](MetricSamples* out) {
+        size_t queued = 0;
+        for (const auto& shard : shards_) queued += shard->queue.size();
+        out->push_back({{}, static_cast<double>(queued)});
+      }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_server_update_threads", "Update threads of this server.",
+      MetricType::kGauge, [n = shards_.size()](MetricSamples* out) {
+        out->push_back({{}, static_cast<double>(n)});
+      }));
+}
+
+const KeyMetrics* KVServer::SeriesFor(uint64_t key) {
+  absl::MutexLock lock(&key_counts_mu_);
+  auto it = key_series_.find(key);
+  if (it != key_series_.end()) return it->second.get();
+  auto make = [](const std::string& label) {
+    MetricsRegistry& r = MetricsRegistry::Global();
+    const MetricLabels labels = {{"key", label}};
+    auto m = std::make_unique<KeyMetrics>();
+    m->pushes = r.GetCounter(
+        "tessera_server_key_pushes_applied_total",
+        "Pushes applied, by key (the first 32 keys of this server; the "
+        "others under key=\"other\"; KV_STATS key_pushes_applied).",
+        labels);
+    m->pulls = r.GetCounter(
+        "tessera_server_key_pulls_total",
+        "Pulls answered, by key (the first 32 keys of this server; the others "
+        "under key=\"other\").",
+        labels);
+    m->rounds = r.GetCounter(
+        "tessera_server_key_rounds_applied_total",
+        "dist_sync rounds applied, by key (the first 32 keys of this server; "
+        "the others under key=\"other\").",
+        labels);
+    return m;
+  };
+  if (key_series_.size() >= kMaxKeySeries) {
+    if (other_keys_ == nullptr) {
+      static KeyMetrics* other = make("other").release();
+      other_keys_ = other;
+    }
+    return other_keys_;
+  }
+  return (key_series_[key] = make(absl::StrCat(key))).get();
+}
+
+const KeyMetrics& KVServer::MetricsOf(StoredKey* key) {
+  if (key->metrics == nullptr) key->metrics = SeriesFor(key->key);
+  return *key->metrics;
+}
+
+template <typename F>
+void KVServer::TimedUpdate(const StoredKey& key, F&& update) {
+  const absl::Time start = absl::Now();
+  update();
+  const absl::Time end = absl::Now();
+  update_duration_->ObserveDuration(end - start);
+  trace::Complete("server", "update", absl::ToUnixNanos(start),
+                  absl::ToUnixNanos(end),
+                  {{"key", static_cast<int64_t>(key.key)},
+                   {"values", static_cast<int64_t>(key.length)}});
+}
+
+void KVServer::TraceRound(const StoredKey& key, absl::Time update_start,
+                          absl::Time update_end) {
+  if (!trace::Enabled()) return;
+  const int64_t end = absl::ToUnixNanos(update_end);
+  trace::Complete("server", "update", absl::ToUnixNanos(update_start), end,
+                  {{"key", static_cast<int64_t>(key.key)},
+                   {"values", static_cast<int64_t>(key.length)}});
+  trace::AsyncSpan("server", "round", trace::NewId(),
+                   absl::ToUnixNanos(key.round_started), end,
+                   {{"key", static_cast<int64_t>(key.key)},
+                    {"offset", static_cast<int64_t>(key.offset)},
+                    {"workers", num_workers_}});
 }
 
 KVServer::~KVServer() { Stop(); }
@@ -491,6 +629,8 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
     const int rank = RankOfId(msg.header.sender());
     if (key->sync && key->Contributed(rank))
       return false;  // sees this round's result
+    if (ShardOf(key->key)->store.IsFirstSlice(*key))
+      MetricsOf(key).pulls->Increment();
     if (key->row_length != 0) {
       PullRows(key, msg);
       return true;
@@ -556,13 +696,14 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
                                           "before pushing"));
       return true;
     }
-    key->ApplyUpdate(*s.optimizer, grad->floats());
+    TimedUpdate(*key, [&] { key->ApplyUpdate(*s.optimizer, grad->floats()); });
     if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
     CountPush(*key);
     Reply(msg, absl::OkStatus(),
           cmd == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
     return true;
   }
+  if (key->round.count() == 0) key->round_started = absl::Now();
   if (absl::Status added = AddToRound(msg, key, s); !added.ok()) {
     Reply(msg, added);
     return true;
@@ -615,6 +756,7 @@ absl::Status KVServer::AddToRound(const Message& msg, StoredKey* key,
 void KVServer::CompleteRound(StoredKey* key) {
   const Settings s = settings();
   SyncRound::Sum sum = key->round.Finish();
+  const absl::Time update_start = absl::Now();
   if (s.optimizer != nullptr) {
     key->ApplyUpdate(*s.optimizer, sum.values);
   } else {
@@ -630,8 +772,15 @@ void KVServer::CompleteRound(StoredKey* key) {
     }
     key->WeightsChanged();
   }
+  const absl::Time update_end = absl::Now();
+  update_duration_->ObserveDuration(update_end - update_start);
+  TraceRound(*key, update_start, update_end);
   // Like pushes, a round of a key counts once, on its first slice here.
-  if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++rounds_applied_;
+  if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
+    ++rounds_applied_;
+    MetricsOf(key).rounds->Increment();
+    round_duration_->ObserveDuration(update_end - key->round_started);
+  }
   for (const wire::Header& h : key->round.TakeRequests()) {
     Message request;
     request.header = h;
@@ -728,6 +877,7 @@ void KVServer::PushRows(StoredKey* key, const Message& msg, const Settings& s) {
     return;
   }
   if (key->sync) {
+    if (key->row_round->count() == 0) key->round_started = absl::Now();
     key->row_round->Add(RankOfId(msg.header.sender()), rows->data(),
                         rows->size(), grad, msg.header);
     CountPush(*key);
@@ -759,7 +909,7 @@ void KVServer::PushRows(StoredKey* key, const Message& msg, const Settings& s) {
       for (uint64_t j = 0; j < l; ++j) at[j] += grad[i * l + j];
     }
   }
-  key->ApplyRowUpdates(*s.optimizer, unique, sum.data());
+  TimedUpdate(*key, [&] { key->ApplyRowUpdates(*s.optimizer, unique, sum.data()); });
   if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
   CountPush(*key);
   Reply(msg, absl::OkStatus(), Buffer(), key);
@@ -768,6 +918,7 @@ void KVServer::PushRows(StoredKey* key, const Message& msg, const Settings& s) {
 void KVServer::CompleteRowRound(StoredKey* key, const Settings& s) {
   RowRound::Sum sum = key->row_round->Finish();
   const uint64_t l = key->row_length;
+  const absl::Time update_start = absl::Now();
   if (s.optimizer != nullptr) {
     key->ApplyRowUpdates(*s.optimizer, sum.rows, sum.values);
   } else if (!sum.rows.empty()) {
@@ -778,7 +929,14 @@ void KVServer::CompleteRowRound(StoredKey* key, const Settings& s) {
     for (size_t i = 0; i < sum.rows.size(); ++i)
       std::memcpy(w + sum.rows[i] * l, sum.values + i * l, l * sizeof(float));
   }
-  if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++rounds_applied_;
+  const absl::Time update_end = absl::Now();
+  update_duration_->ObserveDuration(update_end - update_start);
+  TraceRound(*key, update_start, update_end);
+  if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
+    ++rounds_applied_;
+    MetricsOf(key).rounds->Increment();
+    round_duration_->ObserveDuration(update_end - key->round_started);
+  }
   for (const wire::Header& h : key->row_round->TakeRequests()) {
     Message request;
     request.header = h;
@@ -797,10 +955,11 @@ void KVServer::Replay(StoredKey* key) {
   }
 }
 
-void KVServer::CountPush(const StoredKey& key) {
+void KVServer::CountPush(StoredKey& key) {
   // A push comes in one slice per TESSERA_CHUNK_BYTES: it counts once.
   if (!ShardOf(key.key)->store.IsFirstSlice(key)) return;
   ++pushes_applied_;
+  MetricsOf(&key).pushes->Increment();
   absl::MutexLock lock(&key_counts_mu_);
   ++key_pushes_[key.key];
 }
@@ -892,6 +1051,7 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
     auto [it, added] = first.try_emplace(k.key(), k.offset(), total);
     if (!added && k.offset() < it->second.first) it->second = {k.offset(), total};
   }
+  for (const auto& [key, at] : first) SeriesFor(key)->pushes->Increment(at.second);
   {
     absl::MutexLock lock(&key_counts_mu_);
     for (const auto& [key, at] : first) key_pushes_[key] = at.second;

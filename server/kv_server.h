@@ -26,6 +26,12 @@
 // (the node's receiver); Handle blocks while the update threads' bounded
 // queues are full (back-pressure to the sender through ZeroMQ and TCP).
 // stats() may be called from any thread.
+//
+// Metrics (MetricsRegistry::Global(), docs/metrics.md): the counts of stats()
+// are collected from the same counters when scraped, so they agree with
+// KV_STATS; per key (the first kMaxKeySeries keys this server holds, the rest
+// under key="other") pushes, pulls and rounds; round and update durations;
+// the update threads' queue depth.
 #ifndef TESSERA_SERVER_KV_SERVER_H_
 #define TESSERA_SERVER_KV_SERVER_H_
 
@@ -43,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/message.h"
+#include "common/metrics.h"
 #include "proto/tessera.pb.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
@@ -51,10 +58,14 @@
 namespace tessera {
 
 struct StoredKey;
+struct KeyMetrics;
 
 class KVServer {
  public:
   using SendFn = std::function<absl::Status(int peer, Message msg)>;
+
+  // Keys with a metric series of their own (the first this server holds).
+  static constexpr size_t kMaxKeySeries = 32;
 
   // Each key's mode (dist_sync or dist_async) comes with its KV_INIT.
   KVServer(int num_workers, int num_threads, SendFn send,
@@ -143,7 +154,7 @@ class KVServer {
   // Offers the waiting messages again while that makes progress.
   void Replay(StoredKey* key);
   // Counts a push taken (once per key: on its first slice here).
-  void CountPush(const StoredKey& key);
+  void CountPush(StoredKey& key);
   void HandleSettings(Message&& msg);
   void Reply(const Message& request, const absl::Status& status,
              Buffer values = Buffer(), const StoredKey* key = nullptr);
@@ -168,6 +179,16 @@ class KVServer {
   absl::Status AddToRound(const Message& msg, StoredKey* key,
                           const Settings& settings);
   Settings settings() const;
+  // `key`'s metric series (made on first use; on its update thread).
+  const KeyMetrics& MetricsOf(StoredKey* key);
+  const KeyMetrics* SeriesFor(uint64_t key);
+  // Runs `update` (of `key`), timed (metrics, trace).
+  template <typename F>
+  void TimedUpdate(const StoredKey& key, F&& update);
+  // A completed dist_sync round of `key` in the trace (TESSERA_TRACE): the
+  // round's span and its update's.
+  void TraceRound(const StoredKey& key, absl::Time update_start,
+                  absl::Time update_end);
 
   const int num_workers_;
   const SendFn send_;
@@ -196,6 +217,13 @@ class KVServer {
   std::mt19937_64 chain_rng_ ABSL_GUARDED_BY(chain_mu_);
   std::function<void()> on_workers_finished_;
   std::set<int> finished_workers_;  // ranks; Handle's thread only
+
+  std::map<uint64_t, std::unique_ptr<KeyMetrics>> key_series_
+      ABSL_GUARDED_BY(key_counts_mu_);
+  KeyMetrics* other_keys_ ABSL_GUARDED_BY(key_counts_mu_) = nullptr;
+  Histogram* const round_duration_;
+  Histogram* const update_duration_;
+  CollectorHandles metric_handles_;  // last: removed before the counters go
 };
 
 }  // namespace tessera

@@ -7,6 +7,11 @@ packages=(
   build-essential cmake pkg-config python3
   libzmq3-dev cppzmq-dev libsodium-dev libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev
+  # The metrics endpoint (TESSERA_METRICS_PORT).
+  libcpp-httplib-dev
+  # Tests and tools of metrics and traces: scrapes (curl), their validation
+  # (promtool, from prometheus) and tools/plot.py's figures (matplotlib).
+  curl prometheus python3-matplotlib
   # Tests: GNU MPFR is the reference for the server's exact round sums.
   libmpfr-dev
   dataset-fashion-mnist

@@ -23,6 +23,9 @@ What every process gets in its environment:
   TESSERA_KEY_DIR        (mpi) a folder with the keys of the roles on that host
   PORT                   with --restarts: a fixed port per server and worker, so a
                          restarted node rejoins under the same identity
+  TESSERA_METRICS_PORT   with --metrics-port BASE: BASE + the process's index
+                         (scheduler 0, servers 1..S, workers S+1..S+W, that is
+                         DMLC_TASK_ID + 1); the list is printed at the start
   forwarded              DMLC_INTERFACE, DMLC_NODE_HOST (local processes only),
                          LD_LIBRARY_PATH, PS_*, TESSERA_*, and --env/--env-server/
                          --env-worker values. Local processes inherit the whole
@@ -215,6 +218,9 @@ def build_parser():
     p.add_argument('--interface', metavar='NAME',
                    help='network interface the nodes take their address from (DMLC_INTERFACE)')
     p.add_argument('--port', type=_port_arg, help='scheduler port (default: a free one)')
+    p.add_argument('--metrics-port', type=_port_arg, metavar='BASE',
+                   help='serve Prometheus metrics: process i (scheduler 0, servers 1..S, '
+                        'workers S+1..S+W) on port BASE+i of its address (TESSERA_METRICS_PORT)')
     p.add_argument('--timeout', type=_seconds_arg, default=30.0, metavar='SECONDS',
                    help='grace for the scheduler and servers to exit after the workers '
                         'finished (default: 30)')
@@ -247,7 +253,7 @@ def _join_server_args(argv):
 _VALUE_FLAGS = frozenset([
     '-n', '--num-workers', '-s', '--num-servers', '--launcher', '-H', '--hostfile',
     '--sync-dst-dir', '--env', '--env-server', '--env-worker', '--scheduler-binary',
-    '--server-binary', '--interface', '--port', '--timeout', '--restarts',
+    '--server-binary', '--interface', '--port', '--timeout', '--restarts', '--metrics-port',
 ])
 
 
@@ -270,6 +276,13 @@ def parse_args(argv):
     if args.launcher == 'mpi' and args.restarts:
         raise UsageError('--restarts: not supported with --launcher mpi (mpirun stops the '
                          'whole job when a rank fails)')
+    if args.metrics_port is not None:
+        last = args.metrics_port + args.num_servers + args.num_workers
+        if last > 65535:
+            raise UsageError('--metrics-port %d: expected a port in 1..%d (this job needs %d '
+                             'ports from it)' % (args.metrics_port,
+                                                 65535 - args.num_servers - args.num_workers,
+                                                 1 + args.num_servers + args.num_workers))
     if args.interface is not None and not re.match(r'^[A-Za-z0-9_.:@-]{1,15}$', args.interface):
         raise UsageError('--interface %r: expected a network interface name such as eth0'
                          % args.interface)
@@ -653,7 +666,7 @@ class JobConfig(object):
     """What every process of one job shares."""
 
     def __init__(self, cluster, root_uri, port, num_servers, num_workers, forwarded,
-                 env_all, env_server, env_worker, node_ports=None):
+                 env_all, env_server, env_worker, node_ports=None, metrics_port=None):
         self.cluster = cluster
         # By role: the variables that tell its processes where their keys are
         # (set once the keys are written); none for remote ssh processes, whose
@@ -665,6 +678,8 @@ class JobConfig(object):
         # on, the same on every start (the scheduler knows a restarted node by its
         # address). None: any port.
         self.node_ports = node_ports
+        # --metrics-port: the scheduler's metrics port; process i gets this + i.
+        self.metrics_port = metrics_port
         self.root_uri = root_uri
         self.port = port
         self.num_servers = num_servers
@@ -712,11 +727,43 @@ def node_env(cfg, role, task_id=None, restart_count=0):
         'TESSERA_RESTART_COUNT': str(restart_count),
     })
     env.update(cfg.key_env.get(role, {}))
+    if cfg.metrics_port is not None:
+        env['TESSERA_METRICS_PORT'] = str(metrics_port_of(cfg, task_id))
     if task_id is not None:
         env['DMLC_TASK_ID'] = str(task_id)
         if cfg.node_ports:
             env['PORT'] = str(cfg.node_ports[task_id])
     return env
+
+
+def metrics_port_of(cfg, task_id):
+    """--metrics-port: the scheduler's is BASE, a node's BASE + DMLC_TASK_ID + 1."""
+    return cfg.metrics_port + (0 if task_id is None else task_id + 1)
+
+
+def metrics_urls(cfg, nodes):
+    """(name, url) of every process's metrics endpoint, in index order."""
+    out = []
+    for node in nodes:
+        if node.role == 'mpirun':
+            # Ranks: servers first, then workers, on the hosts of the placement.
+            for rank in range(cfg.num_servers + cfg.num_workers):
+                name = ('server %d' % rank if rank < cfg.num_servers
+                        else 'worker %d' % (rank - cfg.num_servers))
+                host = (cfg.mpi_hosts[rank] if getattr(cfg, 'mpi_hosts', None)
+                        else cfg.root_uri)
+                out.append((name, host, metrics_port_of(cfg, rank)))
+            continue
+        task_id = None
+        if node.role == 'server':
+            task_id = node.index
+        elif node.role == 'worker':
+            task_id = cfg.num_servers + node.index
+        host = node.host.name if node.host is not None else cfg.root_uri
+        out.append((node.name, host, metrics_port_of(cfg, task_id)))
+    return [(name, 'http://%s/metrics' % (('[%s]:%d' if ':' in host else '%s:%d')
+                                          % (host, port)))
+            for name, host, port in out]
 
 
 # ----------------------------------------------------------------------------
@@ -1181,6 +1228,7 @@ def build_config(args, environ, cluster, root_uri, remote):
         node_ports = pick_node_ports(args.num_servers + args.num_workers, {port})
     return JobConfig(
         cluster=cluster, root_uri=root_uri, port=port, node_ports=node_ports,
+        metrics_port=args.metrics_port,
         num_servers=args.num_servers, num_workers=args.num_workers,
         forwarded=forwarded_env(environ, remote, args.interface),
         env_all=parse_env_specs(args.env, '--env', environ),
@@ -1261,6 +1309,7 @@ def mpi_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ, tmpdir):
     common = node_env(cfg, 'server')
     for name in ('DMLC_ROLE', 'TESSERA_RESTART_COUNT'):
         del common[name]
+    common.pop('TESSERA_METRICS_PORT', None)  # per rank (mpi_child)
     role_env = {}
     for role, extra in (('server', cfg.env_server), ('worker', cfg.env_worker)):
         role_env[role] = dict(cfg.forwarded)
@@ -1270,6 +1319,7 @@ def mpi_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ, tmpdir):
         for name in env:
             common.pop(name, None)
     spec = {
+        'metrics_port': cfg.metrics_port,
         'num_servers': cfg.num_servers,
         'server_argv': [server_bin] + args.server_argv_extra if cfg.num_servers else [],
         'worker_argv': worker_argv,
@@ -1289,6 +1339,7 @@ def mpi_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ, tmpdir):
         # oversubscribed hostfile would pile the extra ranks (servers first) onto
         # the first host instead of wrapping around.
         server_hosts, worker_hosts = place(hosts, cfg.num_servers, cfg.num_workers)
+        cfg.mpi_hosts = [h.name for h in server_hosts + worker_hosts]
         hostfile = os.path.join(tmpdir, 'openmpi-hostfile')
         with open(hostfile, 'w') as f:
             for h in server_hosts + worker_hosts:
@@ -1390,6 +1441,8 @@ def mpi_child(environ):
     del env[MPI_SPEC_VAR]
     env.update(spec['%s_env' % role])
     env.update({'DMLC_ROLE': role, 'DMLC_TASK_ID': str(rank), 'TESSERA_RESTART_COUNT': '0'})
+    if spec.get('metrics_port') is not None:
+        env['TESSERA_METRICS_PORT'] = str(spec['metrics_port'] + rank + 1)
     argv = spec['%s_argv' % role]
     preexec = _pdeathsig_preexec()
     if preexec:
@@ -1460,6 +1513,9 @@ def main(argv=None, environ=None):
         if args.verbose:
             say('%s job: scheduler at %s:%d, %d server(s), %d worker(s)'
                 % (cfg.cluster, cfg.root_uri, cfg.port, cfg.num_servers, cfg.num_workers))
+        if cfg.metrics_port is not None:
+            say('metrics: ' + ', '.join('%s %s' % (name, url)
+                                        for name, url in metrics_urls(cfg, nodes)))
         if args.sync_dst_dir and hosts:
             try:
                 sync_hosts(hosts, args.sync_dst_dir, environ, args.verbose, say)

@@ -406,6 +406,28 @@ class EnvTest(unittest.TestCase):
                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
         self.assertIsNone(plain.node_ports)
 
+    def test_metrics_port_gives_each_process_base_plus_its_index(self):
+        args = launch.parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])
+        cfg = launch.build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(launch.node_env(cfg, 'scheduler')['TESSERA_METRICS_PORT'], '9100')
+        for task_id in range(5):
+            role = 'server' if task_id < 3 else 'worker'
+            env = launch.node_env(cfg, role, task_id=task_id, restart_count=task_id % 2)
+            self.assertEqual(env['TESSERA_METRICS_PORT'], str(9101 + task_id))
+        plain = launch.build_config(launch.parse_args(['-n', '2', '/bin/true']),
+                                    self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertNotIn('TESSERA_METRICS_PORT', launch.node_env(plain, 'worker', task_id=2))
+        nodes = [launch.Node('scheduler', None, None)] + \
+            [launch.Node('server', i, None) for i in range(3)] + \
+            [launch.Node('worker', i, None) for i in range(2)]
+        self.assertEqual(launch.metrics_urls(cfg, nodes), [
+            ('scheduler', 'http://127.0.0.1:9100/metrics'),
+            ('server 0', 'http://127.0.0.1:9101/metrics'),
+            ('server 1', 'http://127.0.0.1:9102/metrics'),
+            ('server 2', 'http://127.0.0.1:9103/metrics'),
+            ('worker 0', 'http://127.0.0.1:9104/metrics'),
+            ('worker 1', 'http://127.0.0.1:9105/metrics')])
+
     def test_env_specs(self):
         parse = launch.parse_env_specs
         self.assertEqual(parse(['A:1', 'B:x:y', 'C:', 'OMP_NUM_THREADS'], '--env',
@@ -655,6 +677,9 @@ class CommandLineTest(FakeJobTest):
             (['-n', '1', '--interface', 'nosuch0', w], '--interface nosuch0'),
             (['-n', '1', os.path.join(self.dir, 'missing-worker')], 'missing-worker'),
             (['-n', '1', '--launcher', 'mpi', '--restarts', '1', w], '--restarts'),
+            (['-n', '2', '--metrics-port', '65533', w], '--metrics-port 65533',
+             '1..65531', '5 ports'),
+            (['-n', '2', '--metrics-port', '0', w], '--metrics-port', "'0'"),
         ]
         for args, *needles in cases:
             with self.subTest(args=args):
@@ -714,8 +739,22 @@ class LocalLaunchTest(FakeJobTest):
             self.assertEqual(env['PS_VERBOSE'], '1')
             self.assertEqual(env['CUSTOM'], 'yes')
         self.assertEqual(self.record('worker', 1)['argv'][1:], ['--sleep', '0.2'])
+        self.assertNotIn('TESSERA_METRICS_PORT', self.record('worker', 1)['env'])
         self.assert_secured(result)
         self.assert_nothing_left()
+
+    def test_metrics_ports_are_printed_and_given(self):
+        result = self.launch(['-n', '2', '-s', '1', '--metrics-port', '19100', self.worker],
+                             env=self.env(DMLC_NODE_HOST='127.0.0.1'))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr,
+                         'launch.py: metrics: scheduler http://127.0.0.1:19100/metrics, '
+                         'server 0 http://127.0.0.1:19101/metrics, '
+                         'worker 0 http://127.0.0.1:19102/metrics, '
+                         'worker 1 http://127.0.0.1:19103/metrics\n')
+        for role, index, port in (('scheduler', 0, 19100), ('server', 0, 19101),
+                                  ('worker', 0, 19102), ('worker', 1, 19103)):
+            self.assertEqual(self.record(role, index)['env']['TESSERA_METRICS_PORT'], str(port))
 
     def test_secured_unless_insecure_or_keys_of_the_users(self):
         result = self.launch(['-n', '1', '-s', '1', self.worker],

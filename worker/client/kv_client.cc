@@ -9,6 +9,7 @@
 #include "common/compression/two_bit.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 
 namespace tessera {
 namespace {
@@ -49,6 +50,7 @@ KVClient::KVClient(const Options& options, bool sync)
       partitioner_(options.num_servers, options.bigarray_bound) {}
 
 KVClient::~KVClient() {
+  metric_handles_.clear();
   // The node's threads call into the tracker: stop them first. The tracker's
   // resend thread then finds the node stopped (its sends fail).
   if (node_ != nullptr) node_->Stop();
@@ -91,7 +93,61 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   TESSERA_ASSIGN_OR_RETURN(
       node_, Node::Start(options_, std::move(callbacks), std::move(transport)));
   node_->StartDelivery();
+  MetricsRegistry& r = MetricsRegistry::Global();
+  auto counter = [&](const char* name, const char* help,
+                     uint64_t KVWorkerStats::*field) {
+    metric_handles_.push_back(r.AddCollector(
+        name, help, MetricType::kCounter, [this, field](MetricSamples* out) {
+          absl::MutexLock lock(&mu_);
+          out->push_back({{}, static_cast<double>(stats_.*field)});
+        }));
+  };
+  counter("tessera_worker_pushes_total",
+          "Pushes issued (push, pushpull, push_rows; one per key and call).",
+          &KVWorkerStats::pushes);
+  counter("tessera_worker_pulls_total",
+          "Pulls issued (pull, pull_rows; one per key and call).",
+          &KVWorkerStats::pulls);
+  counter("tessera_worker_pushed_bytes_total",
+          "Payload bytes of pushes (after 2-bit compression).",
+          &KVWorkerStats::bytes_pushed);
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_pulled_bytes_total",
+      "Payload bytes of pull replies as received (compressed pulls: the "
+      "2-bit frames).",
+      MetricType::kCounter, [this](MetricSamples* out) {
+        out->push_back({{}, static_cast<double>(tracker_->bytes_pulled())});
+      }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_pulled_float32_bytes_total",
+      "What the pulls stand for as float32 values (pulled bytes without "
+      "compression).",
+      MetricType::kCounter, [this](MetricSamples* out) {
+        out->push_back(
+            {{}, static_cast<double>(tracker_->bytes_pulled_float32())});
+      }));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<wire::KVStats>> KVClient::ServerStats() {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  std::vector<wire::KVStats> stats(options_.num_servers);
+  const uint64_t op = tracker_->NewOp();
+  for (int s = 0; s < options_.num_servers; ++s) {
+    Message msg;
+    msg.header.set_command(wire::KV_STATS);
+    RequestTracker::Request request;
+    request.op = op;
+    request.server = ServerId(s);
+    wire::KVStats* out = &stats[s];
+    request.on_reply = [out](const Message& reply) {
+      *out = reply.header.kv_stats();
+      return absl::OkStatus();
+    };
+    tracker_->Send(request, std::move(msg));
+  }
+  TESSERA_RETURN_IF_ERROR(tracker_->Wait(op, "KV_STATS"));
+  return stats;
 }
 
 absl::Status KVClient::CheckOpen() const {
@@ -419,6 +475,9 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
                         l * sizeof(float));
           }
         }
+        trace::Span span("kv", "compress");
+        span.Arg("key", static_cast<int64_t>(key));
+        span.Arg("values", static_cast<int64_t>(values.size()));
         Buffer packed =
             Buffer::Allocate(compression::TwoBitCompressedBytes(values.size()));
         TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(
@@ -597,6 +656,9 @@ KVClient::PayloadFn KVClient::HostPayload(uint64_t key,
                                         tracker_->Pin(op)));
       return body;
     }
+    trace::Span span("kv", "compress");
+    span.Arg("key", static_cast<int64_t>(key));
+    span.Arg("values", static_cast<int64_t>(part.length));
     Buffer packed =
         Buffer::Allocate(compression::TwoBitCompressedBytes(part.length));
     TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(

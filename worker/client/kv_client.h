@@ -105,6 +105,12 @@ class KVClient : public KVWorker {
   absl::Status Close() override;
   KVWorkerStats stats() const override;
 
+  // Every server's KV_STATS (by server rank), for tests and tools that check
+  // the servers' counts.
+  absl::StatusOr<std::vector<wire::KVStats>> ServerStats();
+  // The metrics server's port; 0 when TESSERA_METRICS_PORT is unset.
+  int metrics_port() const { return node_->metrics_port(); }
+
  private:
   struct KeyInfo {
     uint64_t length = 0;      // values (rows x row_length for row keys)
@@ -195,6 +201,8 @@ class KVClient : public KVWorker {
   Resume resume_ ABSL_GUARDED_BY(mu_) = Resume::kNone;
   uint64_t resume_round_ ABSL_GUARDED_BY(mu_) = 0;
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);
+  // tessera_worker_* counters of stats() (docs/metrics.md); first to go.
+  CollectorHandles metric_handles_;
 };
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/trace.h"
 #include "common/wire_status.h"
 
 namespace tessera {
@@ -16,7 +17,81 @@ namespace {
 // request failed after its last resend) is seen within it.
 constexpr absl::Duration kReceiveSlice = absl::Milliseconds(20);
 
+// The trace span of a request (a literal, as trace names must be).
+const char* SpanName(int command) {
+  switch (command) {
+    case wire::KV_INIT:
+      return "init";
+    case wire::KV_PUSH:
+      return "push";
+    case wire::KV_PULL:
+      return "pull";
+    case wire::KV_PUSHPULL:
+      return "pushpull";
+    default:
+      return "request";
+  }
+}
+
+uint64_t DataBytes(const Message& msg) {
+  uint64_t bytes = 0;
+  for (const Buffer& b : msg.data) bytes += b.size();
+  return bytes;
+}
+
+// A request's span: from its first send to its reply (or failure), with the
+// key, the bytes it carries, the server's rank and whether it is compressed
+// (a 2-bit push, a compressed pull).
+void TraceRequestBegin(const Message& msg, int server) {
+  const wire::Header& h = msg.header;
+  const bool compressed =
+      h.pull_compressed() ||
+      (h.frames_size() > 0 &&
+       h.frames(h.frames_size() - 1).encoding() == wire::DataFrame::TWO_BIT);
+  trace::AsyncBegin("kv", SpanName(h.command()), h.request_id(),
+                    {{"key", static_cast<int64_t>(h.slice().key())},
+                     {"bytes", static_cast<int64_t>(DataBytes(msg))},
+                     {"server", RankOfId(server)},
+                     {"compressed", compressed ? 1 : 0}});
+}
+
+void TraceRequestEnd(const Message& request, uint64_t reply_bytes, bool ok) {
+  trace::AsyncEnd("kv", SpanName(request.header.command()),
+                  request.header.request_id(),
+                  {{"reply_bytes", static_cast<int64_t>(reply_bytes)},
+                   {"ok", ok ? 1 : 0}});
+}
+
 }  // namespace
+
+RequestTracker::Metrics::Metrics() {
+  MetricsRegistry& r = MetricsRegistry::Global();
+  push = r.GetHistogram(
+      "tessera_worker_push_duration_seconds",
+      "Push latency: from the push being issued (its 2-bit compression "
+      "included) to the last server's reply.",
+      LatencyBuckets());
+  pull = r.GetHistogram(
+      "tessera_worker_pull_duration_seconds",
+      "Pull latency: from the pull being issued to the last server's reply.",
+      LatencyBuckets());
+  pushpull = r.GetHistogram(
+      "tessera_worker_pushpull_duration_seconds",
+      "Pushpull latency: from the operation being issued to the last "
+      "server's reply (in dist_sync, the round's end).",
+      LatencyBuckets());
+  wait = r.GetHistogram(
+      "tessera_worker_wait_duration_seconds",
+      "Time callers spent blocked waiting for an operation (Wait).",
+      LatencyBuckets());
+  duplicate_replies = r.GetCounter(
+      "tessera_worker_duplicate_replies_total",
+      "Replies dropped because their request was already answered (a "
+      "resent request answered twice).");
+  failed_requests = r.GetCounter(
+      "tessera_worker_failed_requests_total",
+      "Requests that failed after TESSERA_RESEND_RETRIES unanswered sends.");
+}
 
 RequestTracker::RequestTracker(Options options, SendFn send,
                                DescribeFn describe, OnAnswered on_answered,
@@ -27,10 +102,38 @@ RequestTracker::RequestTracker(Options options, SendFn send,
       on_answered_(std::move(on_answered)),
       receive_(std::move(receive)),
       next_request_(options.first_request_id) {
-  if (options_.resend) resender_ = std::thread([this] { ResendLoop(); });
+  if (options_.resend) {
+    resender_ = std::thread([this] {
+      trace::SetThreadName("resender");
+      ResendLoop();
+    });
+  }
+  MetricsRegistry& r = MetricsRegistry::Global();
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_requests_in_flight",
+      "Requests sent to servers (or held back by a push's window) and not "
+      "yet answered.",
+      MetricType::kGauge, [this](MetricSamples* out) {
+        absl::MutexLock lock(&mu_);
+        out->push_back({{}, static_cast<double>(requests_.size())});
+      }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_operations_in_flight",
+      "Operations (push, pull, init, ...) issued and not yet waited for.",
+      MetricType::kGauge, [this](MetricSamples* out) {
+        absl::MutexLock lock(&mu_);
+        out->push_back({{}, static_cast<double>(ops_.size())});
+      }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_resends_total",
+      "Requests sent again after no answer in time (PS_RESEND_TIMEOUT).",
+      MetricType::kCounter, [this](MetricSamples* out) {
+        out->push_back({{}, static_cast<double>(resends_.load())});
+      }));
 }
 
 RequestTracker::~RequestTracker() {
+  metric_handles_.clear();
   {
     absl::MutexLock lock(&mu_);
     stop_.store(true);
@@ -44,12 +147,16 @@ RequestTracker::~RequestTracker() {
     absl::MutexLock lock(&mu_);
     requests.swap(requests_);
   }
+  // Their spans end here, unanswered (a trace has no open span).
+  for (const auto& [id, t] : requests) TraceRequestEnd(t.msg, 0, false);
 }
 
 uint64_t RequestTracker::NewOp() {
+  const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   const uint64_t op = next_op_++;
-  ops_[op] = Op();
+  Op& o = ops_[op];
+  o.started = now;
   return op;
 }
 
@@ -79,6 +186,7 @@ void RequestTracker::Send(Request request, Message msg) {
   msg.header.set_request_id(id);
   const int server = request.server;
   const uint64_t op = request.op;
+  if (trace::Enabled()) TraceRequestBegin(msg, server);
   {
     absl::MutexLock lock(&mu_);
     if (requests_.empty()) resender_cv_.Signal();
@@ -90,7 +198,11 @@ void RequestTracker::Send(Request request, Message msg) {
     t.next_send = options_.resend ? t.first_sent + t.wait
                                   : absl::InfiniteFuture();
     t.unanswered = 1;
-    if (op != 0) ++ops_[op].pending;
+    if (op != 0) {
+      Op& o = ops_[op];
+      ++o.pending;
+      if (o.command == 0) o.command = msg.header.command();
+    }
     if (request.windowed) {
       Window& w = windows_[{op, server}];
       if (w.out >= options_.window) {
@@ -110,6 +222,7 @@ void RequestTracker::Send(Request request, Message msg) {
   if (it == requests_.end()) return;
   dropped = std::move(it->second.msg);
   requests_.erase(it);
+  TraceRequestEnd(dropped, 0, false);
   if (op == 0) return;
   Op& o = ops_[op];
   --o.pending;
@@ -204,6 +317,7 @@ void RequestTracker::ResendLoop() {
               absl::ToInt64Milliseconds(options_.resend_timeout),
               "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"));
           TESSERA_LOG(ERROR) << failed.message();
+          metrics_.failed_requests->Increment();
           if (t.request.op != 0) {
             Op& o = ops_[t.request.op];
             --o.pending;
@@ -217,12 +331,14 @@ void RequestTracker::ResendLoop() {
                 auto h = requests_.find(held);
                 if (h == requests_.end()) continue;
                 if (t.request.op != 0) --ops_[t.request.op].pending;
+                TraceRequestEnd(h->second.msg, 0, false);
                 dead.push_back(std::move(h->second.msg));
                 requests_.erase(h);
               }
               windows_.erase(w);
             }
           }
+          TraceRequestEnd(t.msg, 0, false);
           dead.push_back(std::move(t.msg));
           it = requests_.erase(it);
           continue;
@@ -269,6 +385,7 @@ void RequestTracker::HandleReply(Message&& msg) {
       // A second answer to a resent request.
       TESSERA_VLOG(1) << "dropped answer to a finished request "
                       << DebugString(msg);
+      if (!h.ack_only()) metrics_.duplicate_replies->Increment();
       return;
     }
     next = TakenLocked(it->second);
@@ -291,6 +408,8 @@ void RequestTracker::HandleReply(Message&& msg) {
   }
   if (next.has_value()) (void)send_(next->first, std::move(next->second));
   if (h.ack_only()) return;
+  if (trace::Enabled())
+    TraceRequestEnd(answered.msg, DataBytes(msg), h.status().code() == 0);
   // Keeps a copy for a replay while the request's borrowed frames still pin
   // the operation (its caller cannot have reused the memory yet).
   if (on_answered_) on_answered_(answered, h);
@@ -325,7 +444,7 @@ void RequestTracker::HandleReply(Message&& msg) {
         }
       }
       if (!status.ok() && op.status.ok()) op.status = status;
-      --op.pending;
+      if (--op.pending == 0) op.done = absl::Now();
     }
   }
   // `answered` goes here, unlocked: it may unpin the operation.
@@ -333,6 +452,11 @@ void RequestTracker::HandleReply(Message&& msg) {
 
 absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
                                   uint64_t* resume_seq) {
+  trace::Span span("kv", "wait");
+  span.Arg("op", static_cast<int64_t>(op_id));
+  const absl::Time wait_start = absl::Now();
+  Histogram* latency = nullptr;
+  absl::Duration took;
   std::vector<PulledFrame> pulled;
   std::vector<Message> dead;  // released unlocked: may unpin an op
   absl::Status status;
@@ -355,6 +479,7 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
         }
         absl::StrAppend(&silent, silent.empty() ? "" : ", ",
                         describe_(r->second.request.server));
+        TraceRequestEnd(r->second.msg, 0, false);
         dead.push_back(std::move(r->second.msg));
         r = requests_.erase(r);
       }
@@ -379,9 +504,26 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
       } else {
         pulled = std::move(result.pulled);
         if (resume_seq != nullptr) *resume_seq = result.resume_seq;
+        switch (result.command) {
+          case wire::KV_PUSH:
+            latency = metrics_.push;
+            break;
+          case wire::KV_PULL:
+            latency = metrics_.pull;
+            break;
+          case wire::KV_PUSHPULL:
+            latency = metrics_.pushpull;
+            break;
+          default:
+            break;
+        }
+        took = result.done - result.started;
       }
     }
   }
+  if (latency != nullptr && took >= absl::ZeroDuration())
+    latency->ObserveDuration(took);
+  metrics_.wait->ObserveDuration(absl::Now() - wait_start);
   for (const PulledFrame& f : pulled)
     std::memcpy(f.out, f.values.data(), f.values.size());
   return status;

@@ -33,6 +33,11 @@
 // kBusy), the waiter waits; the thread dispatches the reply or steps aside
 // (ReceiverFree) after its current receive.
 //
+// Metrics (MetricsRegistry::Global(), docs/metrics.md): push, pull and
+// pushpull latency (an operation from NewOp to its last reply), time callers
+// spend in Wait, requests and operations in flight, resends, duplicate
+// replies and requests that failed after their last resend.
+//
 // Thread-safety: all methods are thread-safe. The OnAnswered callback runs on
 // the thread that called HandleReply, without the tracker's lock, before the
 // answered request (and any borrowed frame it holds) is released.
@@ -55,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/message.h"
+#include "common/metrics.h"
 #include "common/node.h"
 
 namespace tessera {
@@ -160,6 +166,9 @@ class RequestTracker {
   struct Op {
     int pending = 0;  // requests without a reply
     int pinned = 0;   // borrowed frames still held
+    int command = 0;  // of its first request (which latency it is)
+    absl::Time started;  // NewOp
+    absl::Time done;     // the last reply (pending reached 0)
     absl::Status status;
     std::vector<PulledFrame> pulled;   // replies not yet copied to the caller
     uint64_t resume_seq = UINT64_MAX;  // rejoin: smallest push count replied
@@ -219,6 +228,18 @@ class RequestTracker {
   // second (hundreds of worker processes on one machine add up).
   absl::CondVar resender_cv_;
   std::thread resender_;
+
+  struct Metrics {
+    Metrics();
+    Histogram* push;
+    Histogram* pull;
+    Histogram* pushpull;
+    Histogram* wait;
+    Counter* duplicate_replies;
+    Counter* failed_requests;
+  };
+  const Metrics metrics_;
+  CollectorHandles metric_handles_;  // removed before the maps go
 };
 
 }  // namespace tessera

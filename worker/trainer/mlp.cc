@@ -84,7 +84,8 @@ class CpuMlp final : public Mlp {
 
   absl::StatusOr<MlpBatchStats> ForwardBackward(
       const float* x, const int32_t* labels, int rows,
-      const std::function<void(int layer)>& on_layer_ready) override {
+      const std::function<void(int layer)>& on_layer_ready,
+      const std::function<void()>& on_forward_done = nullptr) override {
     if (rows <= 0 || rows > max_batch()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ForwardBackward: rows must be in 1..", max_batch(), ", got ", rows));
@@ -98,6 +99,7 @@ class CpuMlp final : public Mlp {
     const int last = num_layers() - 1;
     SoftmaxCrossEntropy(acts_[last].data(), labels, rows, out_size(last),
                         deltas_[last].data(), &stats);
+    if (on_forward_done) on_forward_done();
     for (int l = last; l >= 0; --l) {
       const int in = in_size(l), out = out_size(l);
       const float* input = l == 0 ? x : acts_[l - 1].data();

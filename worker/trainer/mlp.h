@@ -103,9 +103,15 @@ class Mlp {
   // ... 0), from this thread. The callback may start pushes of the gradient
   // buffers and pulls into the staging buffers of that layer. REQUIRES: 0 <
   // rows <= max_batch(); labels in range (InvalidArgument otherwise).
+  // on_forward_done, when given, is called once forward and the loss are
+  // done, before backward starts: the boundary of a step's forward and
+  // backward phases (traces). On kCuda it is the host's view: forward is
+  // queued on the stream, not necessarily finished on the device (waiting for
+  // it would cost the overlap being measured).
   virtual absl::StatusOr<MlpBatchStats> ForwardBackward(
       const float* x, const int32_t* labels, int rows,
-      const std::function<void(int layer)>& on_layer_ready) = 0;
+      const std::function<void(int layer)>& on_layer_ready,
+      const std::function<void()>& on_forward_done = nullptr) = 0;
 
   // Forward and loss only, over any number of rows (in chunks of max_batch()).
   virtual absl::StatusOr<MlpBatchStats> Evaluate(const float* x,

@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/gpu/device.h"
+#include "common/trace.h"
 #include "tessera/kv_worker.h"
 #include "worker/trainer/batch_loader.h"
 #include "worker/trainer/idx_reader.h"
@@ -62,6 +63,19 @@ FloatImages ToFloat(const LabeledImages& data) {
   return out;
 }
 
+// One epoch, for --metrics-out's "epoch_log" (tools/plot.py draws it).
+struct EpochRecord {
+  int epoch = 0;
+  double seconds = 0;  // training time, evaluation excluded
+  int64_t samples = 0;
+  double train_accuracy = 0;
+  double validation_accuracy = -1;  // rank 0 (and the last epoch's, others)
+  double time_compute_s = 0;
+  double time_comm_s = 0;
+  double time_issue_s = 0;
+  double time_data_s = 0;
+};
+
 // Counts what a run did, for the progress lines and --metrics-out.
 struct RunTotals {
   double time_compute_s =
@@ -80,6 +94,7 @@ struct RunTotals {
   double final_loss = -1;  // mean training loss of the last epoch
   double train_accuracy = 0;
   double test_accuracy = -1;
+  std::vector<EpochRecord> epochs;
 };
 
 std::string MetricsJson(const TrainFlags& flags, MlpDevice device,
@@ -113,7 +128,22 @@ std::string MetricsJson(const TrainFlags& flags, MlpDevice device,
   absl::StrAppendFormat(&json, ", \"time_issue_s\": %.3f", t.time_issue_s);
   absl::StrAppendFormat(&json, ", \"time_data_s\": %.3f", t.time_data_s);
   absl::StrAppendFormat(&json, ", \"time_eval_s\": %.3f", t.time_eval_s);
-  json += "}\n";
+  json += ", \"epoch_log\": [";
+  for (size_t i = 0; i < t.epochs.size(); ++i) {
+    const EpochRecord& e = t.epochs[i];
+    absl::StrAppendFormat(
+        &json,
+        "%s{\"epoch\": %d, \"seconds\": %.3f, \"samples\": %d, "
+        "\"samples_per_second\": %.1f, \"train_accuracy\": %.6f, "
+        "\"validation_accuracy\": %.6f, \"time_compute_s\": %.3f, "
+        "\"time_comm_s\": %.3f, \"time_issue_s\": %.3f, "
+        "\"time_data_s\": %.3f}",
+        i == 0 ? "" : ", ", e.epoch, e.seconds, e.samples,
+        e.seconds > 0 ? e.samples / e.seconds : 0.0, e.train_accuracy,
+        e.validation_accuracy, e.time_compute_s, e.time_comm_s, e.time_issue_s,
+        e.time_data_s);
+  }
+  json += "]}\n";
   return json;
 }
 
@@ -220,6 +250,7 @@ int Run(const TrainFlags& flags) {
   }
   KVWorker& kv = **kv_or;
   const int rank = kv.rank(), num_workers = kv.num_workers();
+  trace::SetThreadName("main");
 
   BatchLoader::Options loader_options;
   loader_options.batch_size = flags.batch_size;
@@ -334,11 +365,16 @@ int Run(const TrainFlags& flags) {
   for (int epoch = 0; epoch < flags.epochs; ++epoch) {
     const Clock::time_point epoch_start = Clock::now();
     const double eval_before = totals.time_eval_s;
+    const RunTotals before = totals;
     Clock::time_point window_start = epoch_start;
     int64_t window_samples = 0, window_correct = 0;
     int64_t epoch_samples = 0, epoch_correct = 0;
     double epoch_loss = 0;
     for (int b = 0;; ++b) {
+      // TESSERA_TRACE: a "step" span holding data-wait, forward, backward
+      // (with an "issue" span per layer: compression and the requests) and
+      // comm-wait (waiting for the pushes and pulls), then commit.
+      const int64_t step_start = trace::Enabled() ? trace::NowNanos() : 0;
       Clock::time_point t = Clock::now();
       std::optional<Batch> batch = loader.Next();
       totals.time_data_s += SecondsSince(t);
@@ -347,19 +383,37 @@ int Run(const TrainFlags& flags) {
         --skip;
         continue;
       }
+      int64_t phase_start = 0;
+      if (step_start != 0) {
+        phase_start = trace::NowNanos();
+        trace::Complete("train", "data-wait", step_start, phase_start);
+      }
 
       t = Clock::now();
       ops.clear();
       absl::Status issue_error;
       double step_issue_s = 0;
       absl::StatusOr<MlpBatchStats> step = mlp.ForwardBackward(
-          batch->images.data(), batch->labels.data(), batch->size, [&](int l) {
+          batch->images.data(), batch->labels.data(), batch->size,
+          [&](int l) {
+            trace::Span span("train", "issue");
+            span.Arg("layer", l);
             const Clock::time_point issue = Clock::now();
             PushPullLayer(kv, mlp, l, &ops, &issue_error);
             step_issue_s += SecondsSince(issue);
+          },
+          step_start == 0 ? std::function<void()>() : [&] {
+            const int64_t now = trace::NowNanos();
+            trace::Complete("train", "forward", phase_start, now);
+            phase_start = now;
           });
       totals.time_compute_s += SecondsSince(t) - step_issue_s;
       totals.time_issue_s += step_issue_s;
+      if (step_start != 0) {
+        const int64_t now = trace::NowNanos();
+        trace::Complete("train", "backward", phase_start, now);
+        phase_start = now;
+      }
       if (!step.ok())
         return Fail(1,
                     absl::StrCat("training step: ", step.status().ToString()));
@@ -371,10 +425,24 @@ int Run(const TrainFlags& flags) {
           wait_error = s;
       }
       totals.time_comm_s += SecondsSince(t);
+      if (step_start != 0) {
+        const int64_t now = trace::NowNanos();
+        trace::Complete("train", "comm-wait", phase_start, now);
+        phase_start = now;
+      }
       if (!issue_error.ok()) return kv_fail("KV request", issue_error);
       if (!wait_error.ok()) return kv_fail("KV request", wait_error);
       if (absl::Status s = mlp.CommitStagedParams(); !s.ok()) {
         return Fail(1, s.ToString());
+      }
+      if (step_start != 0) {
+        const int64_t now = trace::NowNanos();
+        trace::Complete("train", "commit", phase_start, now);
+        trace::Complete("train", "step", step_start, now,
+                        {{"epoch", epoch},
+                         {"batch", b},
+                         {"step", totals.steps},
+                         {"samples", step->rows}});
       }
 
       if (totals.steps == 0) totals.first_loss = step->loss_sum / step->rows;
@@ -415,6 +483,17 @@ int Run(const TrainFlags& flags) {
     std::printf("Epoch[%d] Time cost=%.3f\n", epoch,
                 epoch_seconds - (totals.time_eval_s - eval_before));
     std::fflush(stdout);
+    EpochRecord record;
+    record.epoch = epoch;
+    record.seconds = epoch_seconds - (totals.time_eval_s - eval_before);
+    record.samples = epoch_samples;
+    record.train_accuracy = totals.train_accuracy;
+    record.validation_accuracy = rank == 0 ? totals.test_accuracy : -1;
+    record.time_compute_s = totals.time_compute_s - before.time_compute_s;
+    record.time_comm_s = totals.time_comm_s - before.time_comm_s;
+    record.time_issue_s = totals.time_issue_s - before.time_issue_s;
+    record.time_data_s = totals.time_data_s - before.time_data_s;
+    totals.epochs.push_back(record);
   }
   if (rank != 0 && !flags.metrics_out.empty()) {
     // In dist_sync every worker holds the same final weights; in dist_async

@@ -226,7 +226,8 @@ class CudaMlp final : public Mlp {
 
   absl::StatusOr<MlpBatchStats> ForwardBackward(
       const float* x, const int32_t* labels, int rows,
-      const std::function<void(int layer)>& on_layer_ready) override {
+      const std::function<void(int layer)>& on_layer_ready,
+      const std::function<void()>& on_forward_done = nullptr) override {
     if (rows <= 0 || rows > max_batch()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ForwardBackward: rows must be in 1..", max_batch(), ", got ", rows));
@@ -241,6 +242,7 @@ class CudaMlp final : public Mlp {
         layers_[last].delta.get(), row_loss_.get(), row_correct_.get());
     TESSERA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     TESSERA_RETURN_IF_ERROR(DownloadRowStats(rows));
+    if (on_forward_done) on_forward_done();
     // Pulls from the callbacks overwrite the staging buffers: the copies of the
     // last commit must have left them.
     TESSERA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(commit_done_));

@@ -1,0 +1,63 @@
+#include "common/message_counters.h"
+
+#include <string>
+
+namespace tessera {
+
+MessageCounters::MessageCounters(MetricsRegistry* registry) {
+  auto make = [registry](Table& table, const char* direction,
+                         const char* verb) {
+    const std::string messages =
+        std::string("tessera_messages_") + direction + "_total";
+    const std::string bytes =
+        std::string("tessera_") + direction + "_bytes_total";
+    const std::string messages_help =
+        std::string("Messages ") + verb + " (requests and replies), by command.";
+    const std::string bytes_help =
+        std::string("Bytes of messages ") + verb +
+        " (header and data frames, before ZeroMQ framing and encryption), by "
+        "command.";
+    auto series = [&](const std::string& command) {
+      const MetricLabels labels = {{"command", command}};
+      return Series{registry->GetCounter(messages, messages_help, labels),
+                    registry->GetCounter(bytes, bytes_help, labels)};
+    };
+    const google::protobuf::EnumDescriptor* commands =
+        wire::Command_descriptor();
+    for (int i = 0; i < commands->value_count(); ++i) {
+      const int number = commands->value(i)->number();
+      if (number <= 0 || number >= kSlots) continue;  // CMD_UNKNOWN: "other"
+      table[number] = series(commands->value(i)->name());
+    }
+    table[kSlots] = series("other");
+  };
+  make(sent_, "sent", "sent");
+  make(received_, "received", "received");
+}
+
+CollectorHandles AddTransportCollectors(MetricsRegistry* registry,
+                                        const Transport* transport) {
+  CollectorHandles handles;
+  auto add = [&](const char* name, const char* help,
+                 uint64_t (Transport::*count)() const) {
+    handles.push_back(registry->AddCollector(
+        name, help, MetricType::kCounter,
+        [transport, count](MetricSamples* out) {
+          out->push_back({{}, static_cast<double>((transport->*count)())});
+        }));
+  };
+  add("tessera_transport_malformed_messages_total",
+      "Malformed messages dropped by the transport (undecodable header, "
+      "frame count or sizes that do not match).",
+      &Transport::malformed_count);
+  add("tessera_transport_wrong_sender_messages_total",
+      "Messages dropped because their claimed sender did not match the key "
+      "of their connection.",
+      &Transport::wrong_sender_count);
+  add("tessera_transport_refused_connections_total",
+      "Connections refused for want of the job's keys.",
+      &Transport::refused_connection_count);
+  return handles;
+}
+
+}  // namespace tessera
