@@ -94,6 +94,7 @@ class Scheduler {
   void Rejoin(int id, const wire::NodeInfo& info);
   // The node table as it stands (NODE_TABLE to every node).
   Message TableMessage() const;
+  static int64_t ThreadCpuMillis();
   void Reply(int peer, const wire::Header& request, const absl::Status& status);
   void Broadcast(const Message& msg, int except);
   // Ends the job (NODE_DEAD to the others) when a node stopped heart-beating.

@@ -13,6 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <random>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -30,18 +33,59 @@ std::string SourcePath(const std::string& relative) {
   return absl::StrCat(dir ? dir : ".", "/", relative);
 }
 
-int FreePort() {
+namespace {
+
+// Binds a TCP socket to 127.0.0.1:port (0: any) and returns the port bound, or
+// -1 if it is taken.
+int TryBind(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
   sockaddr_in addr;
   std::memset(&addr, 0, sizeof(addr));
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  int bound = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    socklen_t len = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      bound = ntohs(addr.sin_port);
+  }
   close(fd);
-  return ntohs(addr.sin_port);
+  return bound;
+}
+
+}  // namespace
+
+// A port that is free now, chosen below the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range). The kernel hands ports from that
+// range to every bind to port 0 and every outgoing connection, so a port found
+// there could be taken by any process between this check and the daemon's
+// bind (seen: a scheduler's "Address already in use" while other jobs ran).
+// Below the range only another test choosing the same port can take it; a
+// process never gets the same port twice.
+int FreePort() {
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> lock(mu);
+  int ephemeral_low = 32768, ephemeral_high = 60999;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> ephemeral_low >> ephemeral_high;
+  constexpr int kLowest = 10000;
+  if (ephemeral_low - kLowest >= 1000) {
+    std::mt19937 rng(static_cast<uint32_t>(getpid()) ^
+                     static_cast<uint32_t>(absl::GetCurrentTimeNanos()));
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const int port =
+          kLowest + static_cast<int>(rng() % (ephemeral_low - kLowest));
+      if (given.count(port) > 0) continue;
+      if (TryBind(port) == port) {
+        given.insert(port);
+        return port;
+      }
+    }
+  }
+  return TryBind(0);  // no room below the range: what the kernel picks
 }
 
 void UseJobKey(void* socket, const JobKeySet& keys, Role client,

@@ -15,6 +15,8 @@ would, and prints one row:
              the job runs: the most threads and sockets seen; VmHWM last read)
   hb/s       heartbeats the scheduler handled per second (its own count)
   cpu s      CPU time (user + system) of all the job's processes together
+  us/msg     CPU time of the scheduler's thread per message it handled (its exit summary;
+             ZeroMQ's I/O thread not included)
 
     tools/bench/many_processes.py [--jobs 8x2,16x4,32x8,64x16] [--values 1000]
         [--rounds 20] [--barriers 5] [--build build] [--json FILE]
@@ -125,6 +127,10 @@ def run_job(args, workers, servers):
     sched = open(os.path.join(tmp, 'scheduler-0.log')).read()
     m = re.search(r'handled (\d+) messages \((\d+) heartbeats\) in ([\d.]+)(ms|s)', sched)
     hb_rate = None
+    cpu_m = re.search(r'(\d+) ms of CPU on the scheduler', sched)
+    per_msg_us = None
+    if m and cpu_m and int(m.group(1)) > 0:
+        per_msg_us = int(cpu_m.group(1)) * 1e3 / int(m.group(1))
     if m:
         secs = float(m.group(3)) / (1e3 if m.group(4) == 'ms' else 1)
         hb_rate = int(m.group(2)) / secs if secs > 0 else None
@@ -132,7 +138,8 @@ def run_job(args, workers, servers):
            'formation_s': (max(joined) - start) if len(joined) == workers else None,
            'barrier_ms': barrier, 'rounds_ms': rounds,
            'peak': peak, 'scheduler_heartbeats_per_s': hb_rate,
-           'scheduler_messages': int(m.group(1)) if m else None, 'failed': failed,
+           'scheduler_messages': int(m.group(1)) if m else None,
+           'scheduler_cpu_us_per_message': per_msg_us, 'failed': failed,
            'logs': tmp}
     if not failed and not args.keep:
         shutil.rmtree(tmp)
@@ -162,9 +169,10 @@ def main(argv):
     print('many_processes: %d cores, %s, values %d, rounds %d, barriers %d' %
           (os.cpu_count(), 'insecure' if os.environ.get('TESSERA_INSECURE') == '1'
            else 'CURVE', args.values, args.rounds, args.barriers))
-    print('%-9s %5s %7s %7s %8s %9s %6s  %-17s %-17s %-17s %7s %6s' %
+    print('%-9s %5s %7s %7s %8s %9s %6s  %-17s %-17s %-17s %7s %6s %8s' %
           ('job', 'procs', 'wall s', 'form s', 'barr ms', 'rounds ms', 'end s',
-           'sched thr/sock/MB', 'server thr/sock/MB', 'worker thr/sock/MB', 'hb/s', 'cpu s'))
+           'sched thr/sock/MB', 'server thr/sock/MB', 'worker thr/sock/MB', 'hb/s', 'cpu s',
+           'us/msg'))
     rows, rc = [], 0
     for w, s in jobs:
         r = run_job(args, w, s)
@@ -173,7 +181,7 @@ def main(argv):
         def cell(role):
             t, k, kb = r['peak'].get(role, [0, 0, 0])
             return '%d/%d/%.0f' % (t, k, kb / 1024.0)
-        print('%-9s %5d %7.2f %7s %8s %9s %6s  %-17s %-17s %-17s %7s %6.1f' % (
+        print('%-9s %5d %7.2f %7s %8s %9s %6s  %-17s %-17s %-17s %7s %6.1f %8s' % (
             '%dx%d' % (w, s), w + s + 1, r['wall_s'],
             '%.2f' % r['formation_s'] if r['formation_s'] is not None else '-',
             '%.2f' % r['barrier_ms'] if r['barrier_ms'] is not None else '-',
@@ -182,7 +190,9 @@ def main(argv):
                       - (r['barrier_ms'] or 0) * args.barriers / 1e3),
             cell('scheduler'), cell('server'), cell('worker'),
             '%.1f' % r['scheduler_heartbeats_per_s']
-            if r['scheduler_heartbeats_per_s'] is not None else '-', r['cpu_s']), flush=True)
+            if r['scheduler_heartbeats_per_s'] is not None else '-', r['cpu_s'],
+            '%.1f' % r['scheduler_cpu_us_per_message']
+            if r['scheduler_cpu_us_per_message'] is not None else '-'), flush=True)
         if r['failed']:
             rc = 1
             print('  FAILED: %s; logs in %s' % ('; '.join(r['failed'][:5]), r['logs']))
