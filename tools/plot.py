@@ -156,7 +156,7 @@ def trace_steps(path, doc):
 
 
 def bench_rows(paths):
-    """[(group, label, tessera, baseline, unit)] of throughput and latency bars."""
+    """[(job, group, label, tessera, baseline, unit)] of throughput and latency bars."""
     rows = []
     for path in paths:
         b = load_json(path)
@@ -180,12 +180,12 @@ def bench_rows(paths):
                 for (op, size), r in sorted(best.items(), key=lambda x: (x[0][1], x[0][0])):
                     raw = base.get(size, {})
                     ref = raw.get('zmq_two_way_gbps' if op == 'pushpull' else 'zmq_gbps')
-                    rows.append(('throughput', '%s %s\n%s' % (op, human(size), name),
+                    rows.append((name, 'throughput', '%s\n%s' % (op, human(size)),
                                  number(r['gbps'], path, 'gbps'), ref, 'GB/s'))
                 lat = [r for r in job['results'] if r['op'] == 'pushpull'
                        and r['size'] == 4096 and r['inflight'] == 1 and 'p50_us' in r]
                 if lat:
-                    rows.append(('latency', 'pushpull 4 KB\n%s' % name,
+                    rows.append((name, 'latency', 'pushpull\n4 KB',
                                  number(lat[0]['p50_us'], path, 'p50_us'),
                                  base.get(4096, {}).get('zmq_rtt_p50_us'), 'us'))
         except (KeyError, TypeError, AttributeError) as e:
@@ -265,7 +265,7 @@ def step_windows(ax, rank, steps, t0, span):
                  'communication %.0f%%, waiting for pushes/pulls %.0f%%, for data %.0f%%'
                  % ((rank, len(steps), 1000.0 * total) + tuple(share)), fontsize=8)
     ax.set_ylabel('ms per step')
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.3 * max(sum(y[k] for y in ys) for k in range(len(xs))))  # the legend
     ax.grid(alpha=0.3)
 
 
@@ -327,32 +327,49 @@ def plot_epochs(plt, paths, out, dpi):
 
 def plot_bench(plt, paths, out, dpi):
     rows = bench_rows(paths)
-    groups = [g for g in ('throughput', 'latency') if any(r[0] == g for r in rows)]
-    widths = [sum(1 for r in rows if r[0] == g) for g in groups]
-    fig, axes = plt.subplots(1, len(groups), figsize=(2.5 + 1.1 * sum(widths), 4.2),
+    jobs = []
+    for r in rows:
+        if r[0] not in jobs:
+            jobs.append(r[0])
+    groups = [g for g in ('throughput', 'latency') if any(r[1] == g for r in rows)]
+    widths = [max(2, max(sum(1 for r in rows if r[0] == j and r[1] == g) for j in jobs))
+              for g in groups]
+    fig, axes = plt.subplots(len(jobs), len(groups),
+                             figsize=(2.5 + 0.75 * sum(widths), 2.6 * len(jobs) + 0.6),
                              gridspec_kw={'width_ratios': widths}, squeeze=False)
-    for ax, group in zip(axes[0], groups):
-        sel = [r for r in rows if r[0] == group]
-        xs = list(range(len(sel)))
-        ax.bar([x - 0.2 for x in xs], [r[2] for r in sel], width=0.4, color='#4c72b0',
-               label='Tessera')
-        ax.bar([x + 0.2 for x in xs], [r[3] or 0 for r in sel], width=0.4, color='#999999',
-               label='raw ZeroMQ (same run)')
-        for x, r in zip(xs, sel):
-            if r[3]:
-                ax.annotate('%.2fx' % (r[2] / r[3]), (x - 0.2, r[2]), ha='center',
-                            va='bottom', fontsize=7)
-        ax.set_xticks(xs)
-        ax.set_xticklabels([r[1] for r in sel], fontsize=7)
-        ax.set_ylabel(sel[0][4])
-        ax.set_title('throughput, higher is better' if group == 'throughput'
-                     else 'round trip p50, lower is better', fontsize=9)
-        ax.grid(alpha=0.3, axis='y')
-        ax.legend(fontsize=7)
-    fig.suptitle('tessera-bench beside its raw ZeroMQ baseline')
+    for row, job in enumerate(jobs):
+        for ax, group in zip(axes[row], groups):
+            sel = [r for r in rows if r[0] == job and r[1] == group]
+            if not sel:
+                ax.set_axis_off()
+                continue
+            xs = list(range(len(sel)))
+            ax.bar([x - 0.2 for x in xs], [r[3] for r in sel], width=0.4, color='#4c72b0',
+                   label='Tessera')
+            ax.bar([x + 0.2 for x in xs], [r[4] or 0 for r in sel], width=0.4,
+                   color='#999999', label='raw ZeroMQ')
+            for x, r in zip(xs, sel):
+                if r[4]:
+                    ax.annotate('%.2fx' % (r[3] / r[4]), (x - 0.2, r[3]), ha='center',
+                                va='bottom', fontsize=7)
+            ax.set_xticks(xs)
+            ax.set_xticklabels([r[2] for r in sel], fontsize=7)
+            if group == 'throughput':  # bars as wide in every row
+                ax.set_xlim(-0.6, widths[0] - 0.4)
+            ax.set_ylim(0, 1.3 * max(max(r[3], r[4] or 0) for r in sel))
+            ax.set_ylabel(sel[0][5])
+            ax.set_title('%s: %s' % (job, 'throughput (higher is better)' if group == 'throughput'
+                                     else 'round trip p50\n(lower is better)'), fontsize=8)
+            ax.grid(alpha=0.3, axis='y')
+            if group == groups[0]:
+                ax.legend(fontsize=6, loc='upper left')
+    fig.suptitle('tessera-bench beside the same run\'s raw ZeroMQ baseline\n'
+                 '(pushpull against the two-way stream; jobs SERVERSxWORKERS optimizer)',
+                 fontsize=9)
     save(fig, plt, out, dpi)
-    return '%d throughput and %d round-trip bar pairs' % (
-        sum(1 for r in rows if r[0] == 'throughput'), sum(1 for r in rows if r[0] == 'latency'))
+    return '%d job(s); %d throughput and %d round-trip bar pairs' % (
+        len(jobs), sum(1 for r in rows if r[1] == 'throughput'),
+        sum(1 for r in rows if r[1] == 'latency'))
 
 
 def save(fig, plt, out, dpi):

@@ -144,9 +144,10 @@ class PlotToolTest(unittest.TestCase):
         # push and pushpull at 4K and 64K, and the 4 KB pushpull round trip.
         summary, width, height = self.draw('bench', self.path('bench.json'), '-o',
                                            self.path('bench.png'), '--dpi', str(DPI))
-        self.assertEqual(summary, '4 throughput and 1 round-trip bar pairs')
-        self.assertAlmostEqual(width, (2.5 + 1.1 * 5) * DPI, delta=1)
-        self.assertAlmostEqual(height, 4.2 * DPI, delta=1)
+        self.assertEqual(summary, '1 job(s); 4 throughput and 1 round-trip bar pairs')
+        # 4 throughput bar pairs and the round trip's panel (2 wide), one job.
+        self.assertAlmostEqual(width, (2.5 + 0.75 * (4 + 2)) * DPI, delta=1)
+        self.assertAlmostEqual(height, (2.6 + 0.6) * DPI, delta=1)
 
     def test_bad_inputs_are_exit_2_naming_the_file(self):
         bad = self.path('bad.json')
