@@ -311,8 +311,8 @@ void Checkpointer::ReportSlowWrite() {
   writing_reported_ = now;
   TESSERA_LOG(INFO) << "writing checkpoint (" << Megabytes(writing_bytes_)
                     << ", " << writing_keys_ << " key(s)): "
-                    << absl::FormatDuration(absl::Trunc(now - writing_since_,
-                                                        absl::Seconds(1)))
+                    << absl::FormatDuration(
+                           absl::Trunc(now - writing_since_, absl::Seconds(1)))
                     << " so far";
 }
 
@@ -408,10 +408,10 @@ void Checkpointer::WriterLoop() {
     absl::MutexLock lock(&mu_);
     const absl::Duration took = end - writing_since_;
     if (took >= kSlowWrite) {
-      TESSERA_LOG(INFO) << (status.ok() ? absl::StrCat("checkpoint ",
-                                                       shard.sequence(),
-                                                       " written in ")
-                                        : std::string("checkpoint failed after "))
+      TESSERA_LOG(INFO) << (status.ok()
+                                ? absl::StrCat("checkpoint ", shard.sequence(),
+                                               " written in ")
+                                : std::string("checkpoint failed after "))
                         << absl::FormatDuration(
                                absl::Trunc(took, absl::Milliseconds(100)))
                         << " (" << Megabytes(writing_bytes_) << ", "

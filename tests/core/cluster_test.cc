@@ -185,7 +185,8 @@ TEST(ClusterTest, SlowFormationLogsWhatItWaitsFor) {
   const size_t at = log.find(waiting);
   ASSERT_NE(at, std::string::npos) << log;
   EXPECT_EQ(log.find(waiting, at + 1), std::string::npos) << log;  // every 5 s
-  const size_t ended = log.find("start-up deadline of 7s passed: 1 of 2 worker(s)");
+  const size_t ended =
+      log.find("start-up deadline of 7s passed: 1 of 2 worker(s)");
   ASSERT_NE(ended, std::string::npos) << log;
   EXPECT_LT(at, ended);
 }

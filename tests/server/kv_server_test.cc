@@ -552,7 +552,8 @@ TEST(KVServerTest, SlowCheckpointWriteIsLoggedWithItsSizeAndDuration) {
   const std::string log = testing::internal::GetCapturedStderr();
   ASSERT_FALSE(checkpointer.busy());
   ASSERT_EQ(store.List().size(), 2u);
-  const std::string writing = "writing checkpoint (1.0 MB, 1 key(s)): 1s so far";
+  const std::string writing =
+      "writing checkpoint (1.0 MB, 1 key(s)): 1s so far";
   const size_t at = log.find(writing);
   ASSERT_NE(at, std::string::npos) << log;
   EXPECT_EQ(log.find(writing, at + 1), std::string::npos) << log;
