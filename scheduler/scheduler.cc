@@ -149,8 +149,27 @@ std::string Scheduler::Describe(const wire::NodeInfo& n) const {
                       n.port(), ")");
 }
 
+std::string Scheduler::MissingNodes() const {
+  int servers = 0, workers = 0;
+  for (const Registration& r : registered_) {
+    (r.info.role() == wire::SERVER ? servers : workers)++;
+  }
+  std::string missing;
+  if (workers < options_.num_workers) {
+    absl::StrAppend(&missing, options_.num_workers - workers, " of ",
+                    options_.num_workers, " worker(s)");
+  }
+  if (servers < options_.num_servers) {
+    absl::StrAppend(&missing, missing.empty() ? "" : " and ",
+                    options_.num_servers - servers, " of ",
+                    options_.num_servers, " server(s)");
+  }
+  return missing;
+}
+
 absl::Status Scheduler::Run() {
   const absl::Time start = absl::Now();
+  last_formation_report_ = start;
   while (true) {
     absl::StatusOr<Message> msg = transport_->Receive(absl::Milliseconds(50));
     if (msg.ok()) {
@@ -173,28 +192,26 @@ absl::Status Scheduler::Run() {
       continue;
     }
     if (!formed_ && now - start > options_.start_timeout) {
-      int servers = 0, workers = 0;
-      for (const Registration& r : registered_) {
-        (r.info.role() == wire::SERVER ? servers : workers)++;
-      }
-      std::string missing;
-      if (workers < options_.num_workers) {
-        absl::StrAppend(&missing, options_.num_workers - workers, " of ",
-                        options_.num_workers, " worker(s)");
-      }
-      if (servers < options_.num_servers) {
-        absl::StrAppend(&missing, missing.empty() ? "" : " and ",
-                        options_.num_servers - servers, " of ",
-                        options_.num_servers, " server(s)");
-      }
       const std::string reason = absl::StrCat(
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
-          " passed: ", missing, " never registered (TESSERA_START_TIMEOUT)");
+          " passed: ", MissingNodes(), " never registered (TESSERA_START_TIMEOUT)");
       std::vector<int> peers;
       for (const Registration& r : registered_)
         peers.push_back(r.provisional_id);
       EndJob(absl::DeadlineExceededError(reason), AbortMessage(reason), peers);
       continue;
+    }
+    if (!formed_ && now - last_formation_report_ >= kFormationReportInterval) {
+      // A slow formation says what it waits for, so that a user who started
+      // too few nodes (or whose nodes cannot reach us) sees it before the
+      // deadline ends the job.
+      last_formation_report_ = now;
+      TESSERA_LOG(INFO) << "waiting for " << MissingNodes() << " to register ("
+                        << absl::FormatDuration(
+                               absl::Trunc(now - start, absl::Seconds(1)))
+                        << " so far; start-up deadline "
+                        << absl::FormatDuration(options_.start_timeout)
+                        << ", TESSERA_START_TIMEOUT)";
     }
     if (formed_ && confirmed_.size() < nodes_.size() &&
         now > std::max(start + options_.start_timeout,

@@ -100,6 +100,8 @@ class Scheduler {
   // Ends the job (NODE_DEAD to the others) when a node stopped heart-beating.
   void CheckLiveness(absl::Time now);
   std::string Describe(const wire::NodeInfo& node) const;
+  // "1 of 2 worker(s) and 1 of 1 server(s)": who has not registered yet.
+  std::string MissingNodes() const;
   // Describe for a node of the table or a registered one (provisional id).
   std::string DescribePeer(int id) const;
 
@@ -124,6 +126,10 @@ class Scheduler {
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;
+  // Until the job forms, what it waits for is logged every
+  // kFormationReportInterval.
+  static constexpr absl::Duration kFormationReportInterval = absl::Seconds(5);
+  absl::Time last_formation_report_;
   std::map<uint64_t, Notice> notices_;  // by request id
   uint64_t next_notice_ = 1;
   bool ended_ = false;       // the end is decided

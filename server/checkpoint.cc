@@ -293,7 +293,31 @@ bool Checkpointer::busy() const {
   return in_progress_;
 }
 
+namespace {
+
+std::string Megabytes(size_t bytes) {
+  return absl::StrFormat("%.1f MB", static_cast<double>(bytes) / 1e6);
+}
+
+}  // namespace
+
+void Checkpointer::ReportSlowWrite() {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (now - writing_since_ < kSlowWrite ||
+      now - writing_reported_ < kProgressInterval) {
+    return;
+  }
+  writing_reported_ = now;
+  TESSERA_LOG(INFO) << "writing checkpoint (" << Megabytes(writing_bytes_)
+                    << ", " << writing_keys_ << " key(s)): "
+                    << absl::FormatDuration(
+                           absl::Trunc(now - writing_since_, absl::Seconds(1)))
+                    << " so far";
+}
+
 void Checkpointer::MaybeWrite() {
+  ReportSlowWrite();
   Collect();
   const uint64_t updates = server_->updates_applied();
   if (updates == last_updates_) return;  // nothing new to save
@@ -358,6 +382,12 @@ void Checkpointer::WriterLoop() {
       shard = *std::move(to_write_);
       to_write_.reset();
       asked = to_write_asked_;
+      // From here on the write is in progress (a test's write_delay too: it
+      // stands for a slow disk).
+      writing_since_ = absl::Now();
+      writing_bytes_ = shard.ByteSizeLong();
+      writing_keys_ = shard.keys_size();
+      writing_reported_ = absl::InfinitePast();
       if (write_delay_ > absl::ZeroDuration()) {
         auto stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
           return stop_;
@@ -375,9 +405,22 @@ void Checkpointer::WriterLoop() {
                     absl::ToUnixNanos(end),
                     {{"sequence", static_cast<int64_t>(shard.sequence())},
                      {"keys", shard.keys_size()}});
-    TESSERA_VLOG(1) << "checkpoint write took "
-                    << absl::FormatDuration(absl::Now() - start);
     absl::MutexLock lock(&mu_);
+    const absl::Duration took = end - writing_since_;
+    if (took >= kSlowWrite) {
+      TESSERA_LOG(INFO) << (status.ok()
+                                ? absl::StrCat("checkpoint ", shard.sequence(),
+                                               " written in ")
+                                : std::string("checkpoint failed after "))
+                        << absl::FormatDuration(
+                               absl::Trunc(took, absl::Milliseconds(100)))
+                        << " (" << Megabytes(writing_bytes_) << ", "
+                        << writing_keys_ << " key(s))";
+    } else {
+      TESSERA_VLOG(1) << "checkpoint write took "
+                      << absl::FormatDuration(end - start);
+    }
+    writing_since_ = absl::InfiniteFuture();
     if (status.ok()) {
       written_ = std::make_shared<const wire::ServerCheckpoint>(std::move(shard));
     } else {

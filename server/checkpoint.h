@@ -98,6 +98,8 @@ class Checkpointer {
   // stopped (KVServer::Stop), so no snapshot arrives afterwards.
   ~Checkpointer();
 
+  // Also reports a write that has run for kSlowWrite or longer (INFO, every
+  // kProgressInterval): "writing checkpoint (12.3 MB, 4 key(s)): 2s so far".
   void MaybeWrite();
   // Writes one checkpoint now and waits for it (tests). REQUIRES: called on
   // the Handle thread, while no Handle runs.
@@ -110,6 +112,13 @@ class Checkpointer {
   void WriterLoop();
   // Hands a finished write's durable counts to the server.
   void Collect();
+  // Logs a write in progress once it is slow; see MaybeWrite.
+  void ReportSlowWrite();
+
+  // Writes that take this long are logged at INFO (start and end); shorter
+  // ones only with PS_VERBOSE, so short jobs stay quiet.
+  static constexpr absl::Duration kSlowWrite = absl::Seconds(1);
+  static constexpr absl::Duration kProgressInterval = absl::Seconds(5);
 
   CheckpointStore* const store_;
   const CheckpointPolicy policy_;
@@ -130,6 +139,12 @@ class Checkpointer {
   std::optional<absl::StatusOr<std::shared_ptr<const wire::ServerCheckpoint>>>
       written_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The write in progress (InfiniteFuture when none), its size and when it was
+  // last reported.
+  absl::Time writing_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  size_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int writing_keys_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time writing_reported_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread writer_;
   CollectorHandles metric_handles_;
 };

@@ -226,6 +226,9 @@ def build_parser():
                         'finished (default: 30)')
     p.add_argument('--restarts', type=_int_arg(0, 'a non-negative integer'), default=0,
                    metavar='N', help='restart a failed server or worker up to N times')
+    p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
+                   help='when the job has printed nothing for this long, say which of its '
+                        'processes still run (default: 60; again every SECONDS)')
     p.add_argument('--verbose', action='store_true', help='say what the launcher does')
     p.add_argument('--mpi-child', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('command', nargs=argparse.REMAINDER, metavar='COMMAND [ARGS...]',
@@ -908,9 +911,11 @@ class Job(object):
     only write output under `_out_lock`. Signal handlers only set `stop_signal`.
     """
 
-    def __init__(self, nodes, timeout, restarts, verbose):
+    def __init__(self, nodes, timeout, restarts, verbose, quiet_notice=60.0):
         self.nodes = nodes
         self.timeout = timeout
+        self.quiet_notice = quiet_notice
+        self.last_output = time.monotonic()  # under _out_lock
         self.max_restarts = restarts
         self.verbose = verbose
         self.stop_signal = None
@@ -939,6 +944,7 @@ class Job(object):
 
     def _emit(self, data):
         with self._out_lock:
+            self.last_output = time.monotonic()
             try:
                 out = getattr(sys.stdout, 'buffer', None)
                 if out is None:
@@ -1126,7 +1132,17 @@ class Job(object):
         primaries = [n for n in self.nodes if n.primary]
         daemons = [n for n in self.nodes if not n.primary]
         grace_since = None
+        started = last_notice = time.monotonic()
         while True:
+            now = time.monotonic()
+            with self._out_lock:
+                last_output = self.last_output
+            if now - max(last_output, last_notice) >= self.quiet_notice:
+                # A job that prints nothing for a long time is not taken for a hung one.
+                last_notice = now
+                self.say('no output for %d s (job running %d s); still running: %s'
+                         % (now - last_output, now - started,
+                            ', '.join(n.name for n in self.nodes if n.running)))
             if self.stop_signal:
                 return self._stop('received %s; stopping the job' % signal_name(self.stop_signal),
                                   128 + self.stop_signal)
@@ -1508,7 +1524,7 @@ def main(argv=None, environ=None):
         except UsageError as e:
             sys.stderr.write('%s: error: %s\n' % (PROG, e))
             return 2
-        job = Job(nodes, args.timeout, args.restarts, args.verbose)
+        job = Job(nodes, args.timeout, args.restarts, args.verbose, args.quiet_notice)
         install_signal_handlers(job)
         if args.verbose:
             say('%s job: scheduler at %s:%d, %d server(s), %d worker(s)'

@@ -1,27 +1,27 @@
 #!/usr/bin/env python3
-"""Figures of a Tessera job: PNGs from its metrics JSON, traces and benchmark output.
+"""Figures of a Tessera job: PNGs from its traces, metrics JSON and benchmark output.
 
-    tools/plot.py --out DIR [--metrics FILE...] [--trace FILE...] [--bench FILE...]
+    tools/plot.py steps TRACE... -o steps.png          # where a step's time goes
+    tools/plot.py epochs METRICS... -o epochs.png      # throughput and accuracy per epoch
+    tools/plot.py bench BENCH.json... -o bench.png     # tessera-bench beside raw ZeroMQ
 
-  --metrics  tessera-worker --metrics-out files (one per worker; "epoch_log" inside)
-  --trace    TESSERA_TRACE files of tessera-worker processes (their "step" spans)
-  --bench    tessera-bench --json output
-
-What it draws (each when its input is given):
-  step_breakdown.png  per worker, a training step's time split into compute (forward and
-                      backward), communication (issuing pushes and pulls: 2-bit compression
-                      and the requests) and waiting (for the pushes and pulls to finish, and
-                      for the next batch), stacked, over the job's time (from --trace; from
-                      --metrics, per epoch, when no trace is given)
-  throughput.png      samples per second per epoch, per worker and their sum
-  accuracy.png        validation accuracy (rank 0) and training accuracy per epoch
-  bench.png           tessera-bench throughput and round-trip latency, each bar beside
-                      the same run's raw ZeroMQ baseline
+steps   TESSERA_TRACE files of tessera-worker processes (one per worker): per worker, a
+        training step's time split into compute (forward, backward, commit), communication
+        (issuing pushes and pulls: 2-bit compression and handing the requests over),
+        waiting for the pushes and pulls, and waiting for the next batch, stacked, over the
+        job's time (steps averaged over up to 120 windows). tessera-worker --metrics-out
+        files are accepted too: the same split per epoch, from their "epoch_log".
+epochs  tessera-worker --metrics-out files (one per worker, "{rank}" in the flag): samples
+        per second per epoch, per worker and their sum; training accuracy per worker and
+        validation accuracy (rank 0 evaluates after every epoch).
+bench   tessera-bench --json output: throughput of each job's push, pull and pushpull (best
+        in-flight setting) beside the same run's raw ZeroMQ stream (one-way; two-way for
+        pushpull), and the 4 KB pushpull round trip beside ZeroMQ's.
 
 Needs matplotlib (Debian: python3-matplotlib, which tools/install-deps.sh installs); an
-interpreter without it (a pyenv or venv python3 first on PATH) hands over to
-/usr/bin/python3. Exit 0 when every figure asked for was written, 2 on bad input (one line
-naming the file and what is wrong).
+interpreter without it (a venv python3 first on PATH) hands over to /usr/bin/python3.
+Exit status: 0 when the figure was written; 2 on a usage error or bad input (one line
+naming the file and what is wrong); 1 when the PNG cannot be written.
 """
 import argparse
 import json
@@ -31,15 +31,24 @@ import sys
 PROG = 'plot.py'
 SYSTEM_PYTHON = '/usr/bin/python3'
 
-# Colours of the step phases, and the order they stack in.
-PHASES = [('compute', '#4c72b0'), ('communication', '#dd8452'), ('waiting', '#c44e52')]
+# Step parts: (name in the figure, colour), in stacking order.
+PARTS = [
+    ('compute', '#4c72b0'),
+    ('communication', '#dd8452'),
+    ('waiting for pushes/pulls', '#c44e52'),
+    ('waiting for data', '#8c8c8c'),
+]
+# tessera-worker's step phases (worker/trainer/tessera_worker_main.cc); "issue"
+# spans lie inside "backward".
+PHASES = ('data-wait', 'forward', 'backward', 'issue', 'comm-wait', 'commit')
+MAX_WINDOWS = 120
 
 
 class InputError(Exception):
     pass
 
 
-def import_matplotlib():
+def import_pyplot():
     try:
         import matplotlib
     except ImportError:
@@ -63,89 +72,125 @@ def load_json(path):
         with open(path) as f:
             return json.load(f)
     except OSError as e:
-        raise InputError('%s: %s' % (path, e.strerror))
+        raise InputError('%s: %s' % (path, e.strerror or e))
+    except UnicodeDecodeError as e:
+        raise InputError('%s: not JSON (%s)' % (path, e))
     except ValueError as e:
         raise InputError('%s: not JSON (%s)' % (path, e))
+
+
+def number(value, path, what):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError('%s: %s: expected a number, got %r' % (path, what, value))
+    return float(value)
 
 
 # --- inputs -------------------------------------------------------------------------
 
 
-def read_metrics(paths):
-    """[(rank, metrics dict)] sorted by rank."""
-    out = []
-    for path in paths:
-        m = load_json(path)
-        if not isinstance(m, dict) or 'rank' not in m or 'epoch_log' not in m:
-            raise InputError('%s: expected tessera-worker --metrics-out JSON with "rank" and '
-                             '"epoch_log"' % path)
-        out.append((m['rank'], m))
-    return sorted(out, key=lambda x: x[0])
+def is_trace(doc):
+    return isinstance(doc, dict) and isinstance(doc.get('traceEvents'), list)
 
 
-def step_phases(path):
-    """(rank, [(start_s, {phase: seconds})]) of one worker trace's steps."""
-    trace = load_json(path)
-    if not isinstance(trace, dict) or 'traceEvents' not in trace:
-        raise InputError('%s: expected a TESSERA_TRACE file (Chrome trace JSON)' % path)
-    rank = trace.get('otherData', {}).get('rank', -1)
-    complete = [e for e in trace['traceEvents'] if e.get('ph') == 'X']
-    steps = sorted((e for e in complete if e['name'] == 'step'), key=lambda e: e['ts'])
+def is_worker_metrics(doc):
+    return isinstance(doc, dict) and 'rank' in doc and isinstance(doc.get('epoch_log'), list)
+
+
+def worker_metrics(path, doc=None):
+    """(rank, [epoch records]) of one tessera-worker --metrics-out file."""
+    doc = load_json(path) if doc is None else doc
+    if not is_worker_metrics(doc):
+        raise InputError('%s: expected tessera-worker --metrics-out JSON (with "rank" and '
+                         '"epoch_log")' % path)
+    fields = ('epoch', 'seconds', 'samples', 'samples_per_second', 'train_accuracy',
+              'validation_accuracy', 'time_compute_s', 'time_comm_s', 'time_issue_s',
+              'time_data_s')
+    log = []
+    for i, record in enumerate(doc['epoch_log']):
+        if not isinstance(record, dict):
+            raise InputError('%s: epoch_log[%d]: expected an object' % (path, i))
+        for field in fields:
+            if field not in record:
+                raise InputError('%s: epoch_log[%d]: no "%s"' % (path, i, field))
+        log.append({f: number(record[f], path, 'epoch_log[%d].%s' % (i, f)) for f in fields})
+    if not log:
+        raise InputError('%s: "epoch_log" is empty (the run trained no epoch)' % path)
+    return int(number(doc['rank'], path, 'rank')), log
+
+
+def trace_steps(path, doc):
+    """(rank, [(start_s, {part: seconds})]) of one tessera-worker trace's steps."""
+    rank = doc.get('otherData', {}).get('rank', -1) if isinstance(doc.get('otherData'),
+                                                                   dict) else -1
+    complete = []
+    for i, e in enumerate(doc['traceEvents']):
+        if not isinstance(e, dict):
+            raise InputError('%s: traceEvents[%d]: expected an object' % (path, i))
+        if e.get('ph') == 'X' and (e.get('name') == 'step' or e.get('name') in PHASES):
+            ts = number(e.get('ts'), path, 'traceEvents[%d].ts' % i)
+            dur = number(e.get('dur'), path, 'traceEvents[%d].dur' % i)
+            complete.append((e['name'], e.get('tid'), ts, dur))
+    steps = sorted((c for c in complete if c[0] == 'step'), key=lambda c: c[2])
     if not steps:
-        raise InputError('%s: no "step" spans (is it a tessera-worker trace?)' % path)
-    main_tid = steps[0]['tid']
-    # Phases lie inside their step on the main thread: assign by start time.
-    phases = sorted((e for e in complete if e['tid'] == main_tid and e['name'] in
-                     ('data-wait', 'forward', 'backward', 'issue', 'comm-wait')),
-                    key=lambda e: e['ts'])
+        raise InputError('%s: no "step" spans (is it a trace of tessera-worker?)' % path)
+    main_tid = steps[0][1]
+    phases = sorted((c for c in complete if c[0] != 'step' and c[1] == main_tid),
+                    key=lambda c: c[2])
     out = []
     i = 0
-    for step in steps:
-        begin, end = step['ts'], step['ts'] + step['dur']
-        t = {'data-wait': 0.0, 'forward': 0.0, 'backward': 0.0, 'issue': 0.0,
-             'comm-wait': 0.0}
-        while i < len(phases) and phases[i]['ts'] < begin:
+    for _, _, begin, dur in steps:
+        end = begin + dur
+        t = dict.fromkeys(PHASES, 0.0)
+        while i < len(phases) and phases[i][2] < begin:
             i += 1
-        j = i
-        while j < len(phases) and phases[j]['ts'] <= end:
-            t[phases[j]['name']] += phases[j]['dur'] / 1e6
-            j += 1
-        i = j
-        split = {
-            'compute': max(0.0, t['forward'] + t['backward'] - t['issue']),
+        while i < len(phases) and phases[i][2] <= end:
+            t[phases[i][0]] += phases[i][3] / 1e6
+            i += 1
+        out.append((begin / 1e6, {
+            'compute': max(0.0, t['forward'] + t['backward'] - t['issue']) + t['commit'],
             'communication': t['issue'],
-            'waiting': t['comm-wait'] + t['data-wait'],
-        }
-        out.append((begin / 1e6, split))
-    return rank, out
+            'waiting for pushes/pulls': t['comm-wait'],
+            'waiting for data': t['data-wait'],
+        }))
+    return int(rank), out
 
 
 def bench_rows(paths):
-    """[(label, tessera, baseline, unit)] of throughput and latency bars."""
+    """[(job, group, label, tessera, baseline, unit)] of throughput and latency bars."""
     rows = []
     for path in paths:
         b = load_json(path)
-        if not isinstance(b, dict) or 'jobs' not in b or 'baseline' not in b:
-            raise InputError('%s: expected tessera-bench --json output' % path)
-        base = {x['size']: x for x in b['baseline']}
-        for job in b['jobs']:
-            name = '%dx%d %s' % (job['servers'], job['workers'], job['optimizer'])
-            best = {}
-            for r in job['results']:
-                key = (r['op'], r['size'])
-                if key not in best or r['gbps'] > best[key]['gbps']:
-                    best[key] = r
-            for (op, size), r in sorted(best.items(), key=lambda x: (x[0][1], x[0][0])):
-                raw = base.get(size, {})
-                ref = raw.get('zmq_two_way_gbps' if op == 'pushpull' else 'zmq_gbps')
-                rows.append(('throughput', '%s %s\n%s' % (op, human(size), name),
-                             r['gbps'], ref, 'GB/s'))
-                if op == 'pushpull' and size == 4096:
-                    lat = [x for x in job['results'] if x['op'] == op and x['size'] == size
-                           and x['inflight'] == 1]
-                    if lat:
-                        rows.append(('latency', 'pushpull 4 KB p50\n%s' % name,
-                                     lat[0]['p50_us'], raw.get('zmq_rtt_p50_us'), 'us'))
+        if not (isinstance(b, dict) and isinstance(b.get('jobs'), list)
+                and isinstance(b.get('baseline'), list)):
+            raise InputError('%s: expected tessera-bench --json output ("baseline" and '
+                             '"jobs")' % path)
+        try:
+            base = {x['size']: x for x in b['baseline']}
+            securities = {job.get('security', 'curve') for job in b['jobs']}
+            for job in b['jobs']:
+                name = '%dx%d %s' % (job['servers'], job['workers'],
+                                     job['optimizer'].split(' ')[0])
+                if len(securities) > 1:
+                    name += ' ' + job.get('security', 'curve')
+                best = {}
+                for r in job['results']:
+                    key = (r['op'], r['size'])
+                    if key not in best or r['gbps'] > best[key]['gbps']:
+                        best[key] = r
+                for (op, size), r in sorted(best.items(), key=lambda x: (x[0][1], x[0][0])):
+                    raw = base.get(size, {})
+                    ref = raw.get('zmq_two_way_gbps' if op == 'pushpull' else 'zmq_gbps')
+                    rows.append((name, 'throughput', '%s\n%s' % (op, human(size)),
+                                 number(r['gbps'], path, 'gbps'), ref, 'GB/s'))
+                lat = [r for r in job['results'] if r['op'] == 'pushpull'
+                       and r['size'] == 4096 and r['inflight'] == 1 and 'p50_us' in r]
+                if lat:
+                    rows.append((name, 'latency', 'pushpull\n4 KB',
+                                 number(lat[0]['p50_us'], path, 'p50_us'),
+                                 base.get(4096, {}).get('zmq_rtt_p50_us'), 'us'))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise InputError('%s: not the shape tessera-bench --json writes (%s: %s)'
+                             % (path, type(e).__name__, e))
     if not rows:
         raise InputError('%s: no results' % ', '.join(paths))
     return rows
@@ -161,183 +206,212 @@ def human(size):
 # --- figures ------------------------------------------------------------------------
 
 
-def plot_step_breakdown_traces(plt, traces, out):
-    workers = [step_phases(p) for p in traces]
-    workers.sort(key=lambda w: w[0])
-    t0 = min(steps[0][0] for _, steps in workers)
-    fig, axes = plt.subplots(len(workers), 1, figsize=(9, 2.6 * len(workers) + 0.6),
+def plot_steps(plt, paths, out, dpi):
+    """Step breakdown per worker from traces, or per epoch from metrics files."""
+    workers, epochs = [], []
+    for path in paths:
+        doc = load_json(path)
+        if is_trace(doc):
+            workers.append(trace_steps(path, doc))
+        elif is_worker_metrics(doc):
+            epochs.append(worker_metrics(path, doc))
+        else:
+            raise InputError('%s: expected a TESSERA_TRACE file of tessera-worker (Chrome '
+                             'trace JSON) or a tessera-worker --metrics-out file' % path)
+    if workers and epochs:
+        raise InputError('give either trace files or metrics files, not both')
+    rows = sorted(workers or epochs, key=lambda w: w[0])
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 2.2 * len(rows) + 0.9),
                              sharex=True, squeeze=False)
-    for ax, (rank, steps) in zip(axes[:, 0], workers):
-        # Steps are many and short: average them over up to 120 windows of time.
-        span = max(steps[-1][0] - t0, 1e-9)
-        bins = min(120, len(steps))
-        sums = [[0.0] * len(PHASES) for _ in range(bins)]
-        counts = [0] * bins
-        for start, split in steps:
-            k = min(bins - 1, int((start - t0) / span * bins))
-            counts[k] += 1
-            for i, (phase, _) in enumerate(PHASES):
-                sums[k][i] += split[phase]
-        xs, ys = [], [[] for _ in PHASES]
-        for k in range(bins):
-            if counts[k] == 0:
-                continue
-            xs.append(t0 + (k + 0.5) * span / bins - t0)
-            for i in range(len(PHASES)):
+    if workers:
+        t0 = min(steps[0][0] for _, steps in workers)
+        t1 = max(steps[-1][0] for _, steps in workers)
+        for ax, (rank, steps) in zip(axes[:, 0], rows):
+            step_windows(ax, rank, steps, t0, max(t1 - t0, 1e-9))
+        axes[-1, 0].set_xlabel('seconds since the first step')
+        fig.suptitle("Where a training step's time goes")
+        summary = '; '.join('worker %d: %d steps' % (rank, len(steps)) for rank, steps in rows)
+    else:
+        for ax, (rank, log) in zip(axes[:, 0], rows):
+            epoch_bars(ax, rank, log)
+        axes[-1, 0].set_xlabel('epoch')
+        fig.suptitle("Where each epoch's training time goes")
+        summary = '; '.join('worker %d: %d epochs' % (rank, len(log)) for rank, log in rows)
+    axes[0, 0].legend(loc='upper right', fontsize=7, ncol=4)
+    save(fig, plt, out, dpi)
+    return summary
+
+
+def step_windows(ax, rank, steps, t0, span):
+    windows = min(MAX_WINDOWS, len(steps))
+    sums = [[0.0] * len(PARTS) for _ in range(windows)]
+    counts = [0] * windows
+    for start, split in steps:
+        k = min(windows - 1, int((start - t0) / span * windows))
+        counts[k] += 1
+        for i, (part, _) in enumerate(PARTS):
+            sums[k][i] += split[part]
+    xs, ys = [], [[] for _ in PARTS]
+    for k in range(windows):
+        if counts[k]:
+            xs.append((k + 0.5) * span / windows)
+            for i in range(len(PARTS)):
                 ys[i].append(1000.0 * sums[k][i] / counts[k])
-        ax.stackplot(xs, *ys, labels=[p for p, _ in PHASES], colors=[c for _, c in PHASES],
-                     alpha=0.9)
-        mean = {p: sum(split[p] for _, split in steps) / len(steps) for p, _ in PHASES}
-        ax.set_ylabel('ms per step')
-        ax.set_title('worker %d: %d steps, %.1f ms per step on average (%s)' %
-                     (rank, len(steps), 1000.0 * sum(mean.values()),
-                      ', '.join('%s %.1f' % (p, 1000.0 * mean[p]) for p, _ in PHASES)),
-                     fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0, 0].legend(loc='upper right', fontsize=8, ncol=3)
-    axes[-1, 0].set_xlabel('seconds since the first step')
-    fig.suptitle('Where a training step\'s time goes')
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    ax.stackplot(xs, *ys, labels=[p for p, _ in PARTS], colors=[c for _, c in PARTS])
+    mean = {p: sum(split[p] for _, split in steps) / len(steps) for p, _ in PARTS}
+    total = sum(mean.values())
+    share = [100.0 * mean[p] / total if total else 0.0 for p, _ in PARTS]
+    ax.set_title('worker %d: %d steps, %.2f ms each on average: compute %.0f%%, '
+                 'communication %.0f%%, waiting for pushes/pulls %.0f%%, for data %.0f%%'
+                 % ((rank, len(steps), 1000.0 * total) + tuple(share)), fontsize=8)
+    ax.set_ylabel('ms per step')
+    ax.set_ylim(0, 1.3 * max(sum(y[k] for y in ys) for k in range(len(xs))))  # the legend
+    ax.grid(alpha=0.3)
 
 
-def plot_step_breakdown_epochs(plt, metrics, out):
-    fig, axes = plt.subplots(len(metrics), 1, figsize=(9, 2.6 * len(metrics) + 0.6),
-                             sharex=True, squeeze=False)
-    for ax, (rank, m) in zip(axes[:, 0], metrics):
-        log = m['epoch_log']
-        xs = [e['epoch'] for e in log]
-        parts = {'compute': [e['time_compute_s'] for e in log],
-                 'communication': [e['time_issue_s'] for e in log],
-                 'waiting': [e['time_comm_s'] + e['time_data_s'] for e in log]}
-        bottom = [0.0] * len(xs)
-        for phase, colour in PHASES:
-            ax.bar(xs, parts[phase], bottom=bottom, color=colour, label=phase)
-            bottom = [b + v for b, v in zip(bottom, parts[phase])]
-        ax.set_ylabel('seconds')
-        ax.set_title('worker %d' % rank, fontsize=10)
-        ax.grid(alpha=0.3, axis='y')
-    axes[0, 0].legend(loc='upper right', fontsize=8, ncol=3)
-    axes[-1, 0].set_xlabel('epoch')
-    fig.suptitle('Where each epoch\'s time goes')
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+def epoch_bars(ax, rank, log):
+    xs = [e['epoch'] for e in log]
+    parts = {'compute': [e['time_compute_s'] for e in log],
+             'communication': [e['time_issue_s'] for e in log],
+             'waiting for pushes/pulls': [e['time_comm_s'] for e in log],
+             'waiting for data': [e['time_data_s'] for e in log]}
+    bottom = [0.0] * len(xs)
+    for part, colour in PARTS:
+        ax.bar(xs, parts[part], bottom=bottom, color=colour, label=part)
+        bottom = [b + v for b, v in zip(bottom, parts[part])]
+    ax.set_title('worker %d' % rank, fontsize=9)
+    ax.set_ylabel('seconds')
+    ax.grid(alpha=0.3, axis='y')
 
 
-def plot_throughput(plt, metrics, out):
-    fig, ax = plt.subplots(figsize=(8, 4))
+def plot_epochs(plt, paths, out, dpi):
+    workers = sorted((worker_metrics(p) for p in paths), key=lambda w: w[0])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     total = {}
-    for rank, m in metrics:
-        log = m['epoch_log']
-        xs = [e['epoch'] for e in log]
+    for rank, log in workers:
+        xs = [int(e['epoch']) for e in log]
         ys = [e['samples_per_second'] for e in log]
-        ax.plot(xs, ys, marker='o', label='worker %d' % rank)
+        left.plot(xs, ys, marker='o', label='worker %d' % rank)
         for x, y in zip(xs, ys):
             total[x] = total.get(x, 0.0) + y
-    if len(metrics) > 1:
+    if len(workers) > 1:
         xs = sorted(total)
-        ax.plot(xs, [total[x] for x in xs], marker='s', color='black', label='job (sum)')
-    ax.set_xlabel('epoch')
-    ax.set_ylabel('samples / second')
-    ax.set_ylim(bottom=0)
-    ax.set_title('Training throughput per epoch')
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
-def plot_accuracy(plt, metrics, out):
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for rank, m in metrics:
-        log = m['epoch_log']
-        ax.plot([e['epoch'] for e in log], [e['train_accuracy'] for e in log],
-                linestyle='--', marker='.', label='training, worker %d' % rank)
-        val = [(e['epoch'], e['validation_accuracy']) for e in log
+        left.plot(xs, [total[x] for x in xs], marker='s', color='black', label='job (sum)')
+    left.set_title('Throughput per epoch (training time only)', fontsize=10)
+    left.set_xlabel('epoch')
+    left.set_ylabel('samples / second')
+    left.set_ylim(bottom=0)
+    for rank, log in workers:
+        right.plot([int(e['epoch']) for e in log], [e['train_accuracy'] for e in log],
+                   linestyle='--', marker='.', label='training, worker %d' % rank)
+        val = [(int(e['epoch']), e['validation_accuracy']) for e in log
                if e['validation_accuracy'] >= 0]
         if val:
-            ax.plot([v[0] for v in val], [v[1] for v in val], marker='o', linewidth=2,
-                    label='validation (worker %d)' % rank)
-    ax.set_xlabel('epoch')
-    ax.set_ylabel('accuracy')
-    ax.set_title('Accuracy per epoch')
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+            right.plot([v[0] for v in val], [v[1] for v in val], marker='o', linewidth=2,
+                       color='black', label='validation (worker %d)' % rank)
+    right.set_title('Accuracy per epoch', fontsize=10)
+    right.set_xlabel('epoch')
+    right.set_ylabel('accuracy')
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    save(fig, plt, out, dpi)
+    last = max(total)
+    val = [e['validation_accuracy'] for _, log in workers for e in log
+           if int(e['epoch']) == last and e['validation_accuracy'] >= 0]
+    return '%d worker(s), epochs %d..%d; epoch %d: %.1f samples/s (job)%s' % (
+        len(workers), min(total), last, last, total[last],
+        ', validation accuracy %.4f' % val[0] if val else '')
 
 
-def plot_bench(plt, rows, out):
-    groups = [g for g in ('throughput', 'latency') if any(r[0] == g for r in rows)]
-    widths = [max(1, sum(1 for r in rows if r[0] == g)) for g in groups]
-    fig, axes = plt.subplots(1, len(groups), figsize=(3 + 1.2 * sum(widths), 4.5),
+def plot_bench(plt, paths, out, dpi):
+    rows = bench_rows(paths)
+    jobs = []
+    for r in rows:
+        if r[0] not in jobs:
+            jobs.append(r[0])
+    groups = [g for g in ('throughput', 'latency') if any(r[1] == g for r in rows)]
+    widths = [max(2, max(sum(1 for r in rows if r[0] == j and r[1] == g) for j in jobs))
+              for g in groups]
+    fig, axes = plt.subplots(len(jobs), len(groups),
+                             figsize=(2.5 + 0.75 * sum(widths), 2.6 * len(jobs) + 0.6),
                              gridspec_kw={'width_ratios': widths}, squeeze=False)
-    for ax, group in zip(axes[0], groups):
-        sel = [r for r in rows if r[0] == group]
-        xs = range(len(sel))
-        ax.bar([x - 0.2 for x in xs], [r[2] for r in sel], width=0.4, color='#4c72b0',
-               label='Tessera')
-        ax.bar([x + 0.2 for x in xs], [r[3] or 0 for r in sel], width=0.4, color='#999999',
-               label='raw ZeroMQ (same run)')
-        for x, r in zip(xs, sel):
-            if r[3]:
-                ax.annotate('%.2fx' % (r[2] / r[3]), (x - 0.2, r[2]), ha='center',
-                            va='bottom', fontsize=8)
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels([r[1] for r in sel], fontsize=8)
-        unit = sel[0][4]
-        ax.set_ylabel(unit)
-        ax.set_title('throughput (higher is better)' if group == 'throughput'
-                     else 'round trip (lower is better)', fontsize=10)
-        ax.grid(alpha=0.3, axis='y')
-        ax.legend(fontsize=8)
-    fig.suptitle('tessera-bench beside its raw ZeroMQ baseline')
+    for row, job in enumerate(jobs):
+        for ax, group in zip(axes[row], groups):
+            sel = [r for r in rows if r[0] == job and r[1] == group]
+            if not sel:
+                ax.set_axis_off()
+                continue
+            xs = list(range(len(sel)))
+            ax.bar([x - 0.2 for x in xs], [r[3] for r in sel], width=0.4, color='#4c72b0',
+                   label='Tessera')
+            ax.bar([x + 0.2 for x in xs], [r[4] or 0 for r in sel], width=0.4,
+                   color='#999999', label='raw ZeroMQ')
+            for x, r in zip(xs, sel):
+                if r[4]:
+                    ax.annotate('%.2fx' % (r[3] / r[4]), (x - 0.2, r[3]), ha='center',
+                                va='bottom', fontsize=7)
+            ax.set_xticks(xs)
+            ax.set_xticklabels([r[2] for r in sel], fontsize=7)
+            if group == 'throughput':  # bars as wide in every row
+                ax.set_xlim(-0.6, widths[0] - 0.4)
+            ax.set_ylim(0, 1.3 * max(max(r[3], r[4] or 0) for r in sel))
+            ax.set_ylabel(sel[0][5])
+            ax.set_title('%s: %s' % (job, 'throughput (higher is better)' if group == 'throughput'
+                                     else 'round trip p50\n(lower is better)'), fontsize=8)
+            ax.grid(alpha=0.3, axis='y')
+            if group == groups[0]:
+                ax.legend(fontsize=6, loc='upper left')
+    fig.suptitle('tessera-bench beside the same run\'s raw ZeroMQ baseline\n'
+                 '(pushpull against the two-way stream; jobs SERVERSxWORKERS optimizer)',
+                 fontsize=9)
+    save(fig, plt, out, dpi)
+    return '%d job(s); %d throughput and %d round-trip bar pairs' % (
+        len(jobs), sum(1 for r in rows if r[1] == 'throughput'),
+        sum(1 for r in rows if r[1] == 'latency'))
+
+
+def save(fig, plt, out, dpi):
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=dpi, format='png')
+    except OSError as e:
+        raise OSError('%s: %s' % (out, e.strerror or e))
+    finally:
+        plt.close(fig)
 
 
 def main(argv):
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split('\n')[0])
-    p.add_argument('--out', required=True, help='folder for the PNG files (created)')
-    p.add_argument('--metrics', nargs='+', default=[], metavar='FILE')
-    p.add_argument('--trace', nargs='+', default=[], metavar='FILE')
-    p.add_argument('--bench', nargs='+', default=[], metavar='FILE')
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split('\n')[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog='\n'.join(__doc__.split('\n')[1:]))
+    sub = p.add_subparsers(dest='what', metavar='{steps,epochs,bench}')
+    sub.required = True
+    for name, inputs, helptext in (
+            ('steps', 'FILE', 'step breakdown per worker (traces or metrics files)'),
+            ('epochs', 'METRICS', 'throughput and accuracy per epoch'),
+            ('bench', 'BENCH', 'tessera-bench --json figures beside their baseline')):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument('inputs', nargs='+', metavar=inputs)
+        s.add_argument('-o', '--out', required=True, metavar='PNG', help='figure to write')
+        s.add_argument('--dpi', type=int, default=90, help='resolution (default 90)')
     args = p.parse_args(argv)
-    if not (args.metrics or args.trace or args.bench):
-        sys.stderr.write('%s: nothing to draw: give --metrics, --trace or --bench\n' % PROG)
-        return 2
-    plt = import_matplotlib()
+    if not args.out.lower().endswith('.png'):
+        p.error('-o %s: expected a .png file name' % args.out)
+    if args.dpi < 20 or args.dpi > 600:
+        p.error('--dpi %d: expected 20..600' % args.dpi)
+    plt = import_pyplot()
+    draw = {'steps': plot_steps, 'epochs': plot_epochs, 'bench': plot_bench}[args.what]
     try:
-        metrics = read_metrics(args.metrics)
-        bench = bench_rows(args.bench) if args.bench else None
-        os.makedirs(args.out, exist_ok=True)
-        written = []
-
-        def out(name):
-            written.append(os.path.join(args.out, name))
-            return written[-1]
-        if args.trace:
-            plot_step_breakdown_traces(plt, args.trace, out('step_breakdown.png'))
-        elif metrics:
-            plot_step_breakdown_epochs(plt, metrics, out('step_breakdown.png'))
-        if metrics:
-            plot_throughput(plt, metrics, out('throughput.png'))
-            plot_accuracy(plt, metrics, out('accuracy.png'))
-        if bench:
-            plot_bench(plt, bench, out('bench.png'))
+        summary = draw(plt, args.inputs, args.out, args.dpi)
     except InputError as e:
         sys.stderr.write('%s: %s\n' % (PROG, e))
         return 2
-    except (KeyError, TypeError, IndexError) as e:
-        sys.stderr.write('%s: unexpected input (%s: %s)\n' % (PROG, type(e).__name__, e))
-        return 2
-    for path in written:
-        print(path)
+    except OSError as e:
+        sys.stderr.write('%s: cannot write %s\n' % (PROG, e))
+        return 1
+    print('%s: %s' % (args.out, summary))
     return 0
 
 

@@ -163,6 +163,34 @@ TEST(ClusterTest, MissingNodeEndsAtStartDeadline) {
               HasSubstr("never registered"));
 }
 
+// A job that is slow to form says what it waits for (every 5 s) before its
+// start-up deadline ends it.
+TEST(ClusterTest, SlowFormationLogsWhatItWaitsFor) {
+  ProcessCluster c;
+  c.Env("TESSERA_START_TIMEOUT", "7");
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "2");
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"}});
+  c.Spawn("server 0", {BinaryPath("server/tessera-server")},
+          {{"DMLC_ROLE", "server"}});
+  c.Spawn("worker 0", {Worker(), "barrier", "1"}, {{"DMLC_ROLE", "worker"}});
+  ASSERT_TRUE(c.WaitAll(absl::Seconds(25))) << c.AllLogs();
+  const Child& scheduler = c.Find("scheduler");
+  EXPECT_EQ(ProcessCluster::ExitCode(scheduler), 1);
+  const std::string log = ProcessCluster::Log(scheduler);
+  const std::string waiting =
+      "waiting for 1 of 2 worker(s) to register (5s so far; start-up deadline "
+      "7s, TESSERA_START_TIMEOUT)";
+  const size_t at = log.find(waiting);
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_EQ(log.find(waiting, at + 1), std::string::npos) << log;  // every 5 s
+  const size_t ended =
+      log.find("start-up deadline of 7s passed: 1 of 2 worker(s)");
+  ASSERT_NE(ended, std::string::npos) << log;
+  EXPECT_LT(at, ended);
+}
+
 TEST(ClusterTest, KilledWorkerEndsTheJobNamingIt) {
   ProcessCluster c;
   c.Env("PS_HEARTBEAT_INTERVAL", "0.2");

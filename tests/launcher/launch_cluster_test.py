@@ -200,6 +200,35 @@ class LaunchClusterTest(unittest.TestCase):
         self.assertIn('start-up deadline of 2s passed: 1 of 1 server(s) never registered', out)
         self.assertEqual(marked_pids(self.mark), [])
 
+    def test_slow_formation_says_what_it_waits_for(self):
+        # The scheduler names what is missing every 5 s; launch.py says what still
+        # runs when nothing was printed for --quiet-notice seconds.
+        never = os.path.join(self.tmp.name, 'never-server')
+        with open(never, 'w') as f:
+            f.write('#!/bin/sh\nexec sleep 1000\n')
+        os.chmod(never, 0o755)
+        self.env['TESSERA_START_TIMEOUT'] = '7'
+        code, out, took = self.launch(['-n', '2', '-s', '1', '--server-binary', never,
+                                       '--scheduler-binary',
+                                       os.path.join(BUILD, 'scheduler', 'tessera-scheduler'),
+                                       '--quiet-notice', '2',
+                                       CHECK_WORKER, 'barrier', '1'], timeout=60)
+        self.assertNotEqual(code, 0, out)
+        self.assertLess(took, 30)
+        waiting = re.findall(r'\[scheduler\] .*waiting for (.*) to register \((\d+)s so far; '
+                             r'start-up deadline 7s, TESSERA_START_TIMEOUT\)', out)
+        self.assertEqual(waiting, [('1 of 1 server(s)', '5')], out)
+        notices = re.findall(r'launch.py: no output for (\d+) s \(job running (\d+) s\); '
+                             r'still running: (.*)', out)
+        self.assertGreaterEqual(len(notices), 2, out)
+        for quiet, running, names in notices:
+            self.assertGreaterEqual(int(quiet), 2)
+            self.assertGreaterEqual(int(running), int(quiet))
+            self.assertEqual(names, 'scheduler, server 0, worker 0, worker 1')
+        self.assertLess(out.index('waiting for 1 of 1 server(s)'),
+                        out.index('start-up deadline of 7s passed'))
+        self.assertEqual(marked_pids(self.mark), [])
+
     def test_server_killed_at_a_random_round_is_restarted_and_resumes(self):
         # Key 99 is split over both servers, key 3 lives on one; 60 rounds of 20 ms.
         self.env.update(TESSERA_BIGARRAY_BOUND='1000', PS_RESEND_TIMEOUT='50')

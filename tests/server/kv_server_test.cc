@@ -520,5 +520,49 @@ TEST(KVServerTest, SlowCheckpointDoesNotStallTraffic) {
   std::filesystem::remove_all(dir);
 }
 
+// A write that takes longer than a second says so while it runs (from the
+// next MaybeWrite) and when it ends; a fast one is not logged.
+TEST(KVServerTest, SlowCheckpointWriteIsLoggedWithItsSizeAndDuration) {
+  ServerHarness h(/*num_workers=*/1);
+  h.server().Handle(Init(2, std::vector<float>(250000, 1.0f), /*sync=*/true));
+  ExpectOk(h);
+  char dir[] = "/tmp/tessera-ckpt-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  CheckpointStore store(dir, 0, 2);
+  CheckpointPolicy every_update;
+  every_update.every_updates = 1;
+  testing::internal::CaptureStderr();
+  {
+    Checkpointer fast(&store, every_update, &h.server());
+    ASSERT_TRUE(fast.WriteNow().ok());
+  }
+  Checkpointer checkpointer(&store, every_update, &h.server(),
+                            /*write_delay=*/absl::Milliseconds(1500));
+  h.server().Handle(Push(0, 2, 0, std::vector<float>(250000, 1.0f)));
+  ExpectOk(h);
+  checkpointer.MaybeWrite();  // starts a write that takes 1.5 s
+  absl::SleepFor(absl::Milliseconds(1200));
+  checkpointer.MaybeWrite();  // reports it
+  checkpointer.MaybeWrite();  // not again within 5 s
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (checkpointer.busy() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    checkpointer.MaybeWrite();
+  }
+  const std::string log = testing::internal::GetCapturedStderr();
+  ASSERT_FALSE(checkpointer.busy());
+  ASSERT_EQ(store.List().size(), 2u);
+  const std::string writing =
+      "writing checkpoint (1.0 MB, 1 key(s)): 1s so far";
+  const size_t at = log.find(writing);
+  ASSERT_NE(at, std::string::npos) << log;
+  EXPECT_EQ(log.find(writing, at + 1), std::string::npos) << log;
+  EXPECT_THAT(log, HasSubstr("checkpoint 2 written in 1."));
+  EXPECT_THAT(log, HasSubstr("s (1.0 MB, 1 key(s))"));
+  EXPECT_EQ(log.find("checkpoint 1 written"), std::string::npos)
+      << "the fast write is not logged: " << log;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tessera
