@@ -84,6 +84,10 @@ def _declare(lib):
         'tessera_kv_set_gradient_compression': [kv, ctypes.c_char_p, ctypes.c_float],
         'tessera_kv_close': [kv],
         'tessera_kv_resume_round': [kv, u64_p],
+        # Row-sparse keys: ids travel as the address of a uint64 array.
+        'tessera_kv_init_rows': [kv, u64, vp, size, size],
+        'tessera_kv_push_rows': [kv, u64, vp, size, vp],
+        'tessera_kv_pull_rows': [kv, u64, vp, size, vp],
     }
     for name, argtypes in sigs.items():
         fn = getattr(lib, name)

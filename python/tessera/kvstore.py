@@ -157,6 +157,36 @@ def _pairs(keys, values, what, name):
     return [(_key(keys), [values], '%s: %s' % (what, name))]
 
 
+def _count(what, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError('%s: expected an int, got %s %r' % (what, _type_name(value), value))
+    if value < 1:
+        raise ValueError('%s: expected at least 1, got %d' % (what, value))
+    return int(value)
+
+
+def _row_ids(row_ids, what):
+    """Row ids as a C-contiguous uint64 NumPy array (a copy when they are not
+    one already: ids are few next to the rows they name)."""
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(row_ids, tensor):
+        row_ids = row_ids.detach().cpu().numpy()
+    if isinstance(row_ids, (str, bytes)) or np.isscalar(row_ids):
+        raise TypeError('%s: expected a sequence of ints, got %s %r'
+                        % (what, _type_name(row_ids), row_ids))
+    ids = np.asarray(row_ids)
+    if ids.ndim != 1:
+        raise ValueError('%s: expected a 1-D sequence of row ids, got shape %s'
+                         % (what, ids.shape))
+    if ids.size == 0:
+        return np.zeros(0, np.uint64)
+    if ids.dtype.kind not in 'iu':
+        raise TypeError('%s: expected integer row ids, got dtype %s' % (what, ids.dtype))
+    if ids.dtype.kind == 'i' and ids.min() < 0:
+        raise ValueError('%s: row ids are >= 0, got %d' % (what, ids.min()))
+    return np.ascontiguousarray(ids, dtype=np.uint64)
+
+
 def _float(name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError('set_optimizer: %s: expected a number, got %s %r'
@@ -264,6 +294,7 @@ class KVStore:
         self._active = 0       # C calls in flight on any thread
         self._closing = False
         self._ops = {}         # handle -> Op not yet waited for
+        self._row_lengths = {}  # row-sparse key -> row length (init_rows)
         handle = ctypes.c_void_p()
         if lib.tessera_kv_create(type.encode(), ctypes.byref(handle)) != 0:
             _raise_last('tessera_kv_create')
@@ -489,14 +520,92 @@ class KVStore:
                            (k, g_addr, o_addr, g_n))
 
     # -- row-sparse keys -----------------------------------------------------------
-    # init_rows(key, array), push_rows(key, row_ids, rows), pull_rows(key, row_ids, out)
-    # and MXNet's row_sparse_pull(key, out=..., row_ids=...) go here, over the C API's
-    # row-sparse calls, once the row-sparse issue has landed. Until then they raise.
 
-    def _no_rows(self, *args, **kwargs):
-        raise NotImplementedError('row-sparse keys are not in this version of Tessera yet')
+    def init_rows(self, key, value=None, num_rows=None, row_length=None):
+        """Declares a row-sparse key: a num_rows x row_length float32 matrix whose
+        pushes and pulls name some of its rows (MXNet's row_sparse). `value` is a
+        2-D array (rank 0's is stored), or None with num_rows= and row_length= for
+        zeros (then no values cross the wire: a 1 GB embedding starts at once).
+        Every worker calls it for the same keys in the same order. A matrix of at
+        least TESSERA_BIGARRAY_BOUND values is split over the servers by rows."""
+        k = _key(key)
+        if value is None:
+            if num_rows is None or row_length is None:
+                raise TypeError('init_rows: without a value, num_rows= and row_length= '
+                                'are required (the zero matrix\'s shape)')
+            rows = _count('init_rows: num_rows', num_rows)
+            length = _count('init_rows: row_length', row_length)
+            addr = None
+        else:
+            shape = tuple(value.shape) if _is_array(value) else None
+            addr, _ = _buffer(value, 'init_rows: value', writable=False)
+            if len(shape) != 2:
+                raise ValueError('init_rows: value: expected a 2-D array (num_rows, '
+                                 'row_length), got shape %s' % (shape,))
+            rows, length = shape
+            for name, given, actual in (('num_rows', num_rows, rows),
+                                        ('row_length', row_length, length)):
+                if given is not None and given != actual:
+                    raise ValueError('init_rows: %s=%r but value has shape %s'
+                                     % (name, given, shape))
+            if rows < 1 or length < 1:
+                raise ValueError('init_rows: value: expected at least one row of at least '
+                                 'one value, got shape %s' % (shape,))
+        self._call('tessera_kv_init_rows', k, addr, rows, length)
+        with self._lock:
+            self._row_lengths[k] = length
 
-    init_rows = push_rows = pull_rows = row_sparse_pull = _no_rows
+    def push_rows(self, key, row_ids, rows):
+        """Pushes the gradients of some rows: rows[i] is row row_ids[i]'s (shape
+        (len(row_ids), row_length), or any C-contiguous float32 array of that many
+        values). Ids may repeat (summed). In dist_sync every worker pushes once a
+        round, an empty set of rows too (row_ids=[], rows=None); the optimizer then
+        updates only the rows present in the round (the others keep their weights
+        and optimizer state); with no optimizer the rows present become the round's
+        sum."""
+        k = _key(key)
+        length = self._row_length(k, 'push_rows')
+        ids = _row_ids(row_ids, 'push_rows: row_ids')
+        if rows is None and len(ids) == 0:
+            addr, n = None, 0
+        else:
+            addr, n = _buffer(rows, 'push_rows: rows', writable=False)
+        if n != len(ids) * length:
+            raise ValueError('push_rows: key %d: %d row id(s) of %d values need %d values '
+                             'in rows, got %d' % (k, len(ids), length, len(ids) * length, n))
+        self._call('tessera_kv_push_rows', k, ids.ctypes.data, len(ids), addr)
+
+    def pull_rows(self, key, row_ids, out=None):
+        """Pulls the named rows, in that order (ids may repeat; an empty list is
+        allowed), into `out` in place and returns it; with out=None into a new
+        (len(row_ids), row_length) float32 array."""
+        k = _key(key)
+        length = self._row_length(k, 'pull_rows')
+        ids = _row_ids(row_ids, 'pull_rows: row_ids')
+        if out is None:
+            out = np.empty((len(ids), length), np.float32)
+        addr, n = _buffer(out, 'pull_rows: out', writable=True)
+        if n != len(ids) * length:
+            raise ValueError('pull_rows: key %d: %d row id(s) of %d values need an out of '
+                             '%d values, got %d' % (k, len(ids), length, len(ids) * length, n))
+        self._call('tessera_kv_pull_rows', k, ids.ctypes.data, len(ids), addr)
+        return out
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+        """MXNet's name: pull_rows(key, row_ids, out). `priority` is ignored."""
+        if row_ids is None:
+            raise TypeError('row_sparse_pull: row_ids= is required (the rows to pull)')
+        return self.pull_rows(key, row_ids, out=out)
+
+    def _row_length(self, key, what):
+        with self._lock:
+            length = self._row_lengths.get(key)
+        if length is None:
+            # The C API cannot check a buffer's size: without the row length the
+            # call would read or write past the array.
+            raise TesseraError('INVALID_ARGUMENT: %s: key %d is not a row-sparse key of '
+                               'this KVStore (declare it with init_rows first)' % (what, key))
+        return length
 
     # -- job ------------------------------------------------------------------------
 

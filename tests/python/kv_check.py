@@ -12,6 +12,9 @@ exception (non-zero exit) otherwise.
     kv_check.py async       dist_async: every push applied once
     kv_check.py fail        rank 1 raises inside `with` (the job must end at once)
     kv_check.py noclose     ends without close() (closed at exit)
+    kv_check.py rows        row-sparse keys: exact sums by row id (overlapping rows,
+                            repeated ids), untouched rows, empty pushes and pulls, a
+                            key split over the servers by rows, errors
 """
 import sys
 import threading
@@ -195,7 +198,8 @@ def errors():
     # Settings after the first init.
     expect_error(E, 'before the first init', kv.set_optimizer, 'adam')
     expect_error(E, 'before the first init', kv.set_gradient_compression, {'type': '2bit'})
-    expect_error(NotImplementedError, 'row-sparse', kv.pull_rows, 2, [0], out)
+    expect_error(E, 'INVALID_ARGUMENT: pull_rows: key 2 is not a row-sparse key', kv.pull_rows,
+                 2, [0], out)
     # None of the rejected calls counted toward a round: one real round gives exactly.
     kv.push(2, v)
     kv.pull(2, out=out)
@@ -298,8 +302,84 @@ def noclose():
     print('noclose ok: rank %d of %d' % (kv.rank, kv.num_workers))
 
 
+def rows():
+    """Row-sparse keys with sgd lr=-1, so a round adds the sum of the rows pushed
+    to them. Each rank r pushes rank+1 into rows r, 10+r and 50 (all ranks), rank 0
+    row 0 twice; after c rounds row r holds 1 + c(r+1) (row 0: 1 + 2c), row 10+r
+    1 + c(r+1), row 50 1 + c n(n+1)/2, every other row 1."""
+    E = tessera.TesseraError
+    with tessera.KVStore('dist_sync') as kv:
+        n, r = kv.num_workers, kv.rank
+        kv.set_optimizer('sgd lr=-1')
+        kv.init_rows(10, np.ones((100, 8), np.float32))
+        # 1000 x 1200 = 1.2 M values: split over the servers by rows.
+        kv.init_rows(11, None, num_rows=1000, row_length=1200)
+        kv.init(12, np.zeros(4, np.float32))  # a dense key beside them
+        # Errors before any round: nothing is sent, nothing counted.
+        e = expect_error(E, 'row push of key 10: row id 100 is past its 100 rows',
+                         kv.push_rows, 10, [100], np.ones((1, 8), np.float32))
+        assert e.code == 'INVALID_ARGUMENT', e.code
+        expect_error(E, 'row pull of key 11: row id 1000 is past its 1000 rows',
+                     kv.pull_rows, 11, [0, 1000])
+        expect_error(ValueError, 'push_rows: key 10: 2 row id(s) of 8 values need 16 values '
+                     'in rows, got 8', kv.push_rows, 10, [1, 2], np.ones(8, np.float32))
+        expect_error(ValueError, 'pull_rows: row_ids: row ids are >= 0, got -1',
+                     kv.pull_rows, 10, [3, -1])
+        expect_error(TypeError, 'pull_rows: row_ids: expected integer row ids, got dtype '
+                     'float64', kv.pull_rows, 10, [1.5])
+        expect_error(TypeError, 'push_rows: rows: expected a float32 array, got dtype '
+                     'float64', kv.push_rows, 10, [1], np.ones((1, 8)))
+        expect_error(E, 'INVALID_ARGUMENT: push_rows: key 12 is not a row-sparse key',
+                     kv.push_rows, 12, [0], np.ones((1, 4), np.float32))
+        expect_error(E, 'the key is row-sparse (init_rows): use push_rows / pull_rows',
+                     kv.push, 10, np.ones(800, np.float32))
+        expect_error(ValueError, 'init_rows: value: expected a 2-D array',
+                     kv.init_rows, 13, np.ones(8, np.float32))
+        expect_error(TypeError, 'init_rows: without a value, num_rows= and row_length= are '
+                     'required', kv.init_rows, 13)
+        expect_error(ValueError, 'init_rows: row_length: expected at least 1, got 0',
+                     kv.init_rows, 13, None, num_rows=5, row_length=0)
+        empty = kv.pull_rows(10, [])
+        assert empty.shape == (0, 8) and empty.dtype == np.float32, empty.shape
+
+        mine = [r, 10 + r, 50] + ([0] if r == 0 else [])
+        big_mine = [r, 999 - r, 500]
+        for c in range(1, 4):
+            kv.push_rows(10, mine, np.full((len(mine), 8), r + 1, np.float32))
+            kv.push_rows(11, np.array(big_mine, np.int64),
+                         np.full((3, 1200), r + 1, np.float32))
+            ids = [50, 0, 99, 50] + list(range(10, 10 + n)) + list(range(n)) + [20]
+            out = np.zeros((len(ids), 8), np.float32)
+            assert kv.pull_rows(10, ids, out=out) is out
+            want = {50: 1 + c * n * (n + 1) / 2, 99: 1, 20: 1}
+            for w in range(n):
+                want[w] = 1 + c * (w + 1)
+                want[10 + w] = 1 + c * (w + 1)
+            want[0] = 1 + 2 * c
+            for i, row in enumerate(ids):
+                expect_all(out[i], want[row], 'key 10 round %d row %d' % (c, row))
+            big_ids = list(range(n)) + [500] + [999 - w for w in range(n)] + [600, 999 - n]
+            big = kv.row_sparse_pull(11, row_ids=big_ids)
+            assert big.shape == (len(big_ids), 1200), big.shape
+            big_want = {500: c * n * (n + 1) / 2, 600: 0, 999 - n: 0}
+            for w in range(n):
+                big_want[w] = big_want[999 - w] = c * (w + 1)
+            for i, row in enumerate(big_ids):
+                expect_all(big[i], big_want[row], 'key 11 round %d row %d' % (c, row))
+        # A round in which every worker pushes no rows changes nothing.
+        kv.push_rows(10, [], None)
+        kv.push_rows(11, np.zeros(0, np.uint64), np.zeros((0, 1200), np.float32))
+        after = kv.pull_rows(10, [50, 99])
+        expect_all(after[0], 1 + 3 * n * (n + 1) / 2, 'key 10 row 50 after an empty round')
+        expect_all(after[1], 1, 'key 10 row 99 after an empty round')
+        expect_all(kv.pull_rows(11, [500])[0], 3 * n * (n + 1) / 2,
+                   'key 11 row 500 after an empty round')
+        print('rows ok: rank %d of %d, %d servers' % (r, n, kv.num_servers))
+
+
 MODES = {'nightly': nightly, 'compress': compress, 'forms': forms, 'errors': errors,
-         'gil': gil, 'async': async_, 'fail': fail, 'noclose': noclose}
+         'gil': gil, 'async': async_, 'fail': fail, 'noclose': noclose,
+         'rows': rows}
 
 if __name__ == '__main__':
     MODES[sys.argv[1]]()

@@ -45,6 +45,12 @@ def test_another_python_thread_runs_while_a_pull_and_a_barrier_block(job):
     assert 'rank 0: blocking pull took' in out and 'rank 0: blocking barrier took' in out
 
 
+def test_row_sparse_keys_sum_rows_by_id_with_three_workers_and_two_servers(job):
+    # A 100x8 key on one server and a 1000x1200 key split over both by rows.
+    out, _ = run_check(job, 'rows', 3, 2)
+    assert 'rank 2 of 3, 2 servers' in out
+
+
 def test_dist_async_applies_every_push(job):
     run_check(job, 'async', 2, 2)
 
