@@ -25,6 +25,24 @@ def test_numpy_example_runs_unchanged_through_launch_py(job):
     assert len(first) == len(last) == 2 and max(last) < 0.01 * min(first), out
 
 
+def test_sparse_bow_example_learns_through_row_sparse_keys(job):
+    # 2 workers, 2 servers, 2 short epochs of the generated bag-of-words task (10
+    # classes: chance is 0.10); measured 0.862 and 0.861, the same in every run.
+    code, out, took = job.python(
+        2, 2, os.path.join(EXAMPLES, 'sparse_bow_classifier.py'), '--epochs', '2',
+        '--train-docs', '20000', '--test-docs', '2000', timeout=120)
+    assert code == 0, out
+    accuracy = [float(a) for a in re.findall(r'rank \d final Validation-accuracy=([\d.]+)', out)]
+    assert len(accuracy) == 2 and min(accuracy) > 0.80, out
+    assert len(re.findall(r'Epoch\[1\] Validation-accuracy=', out)) == 2, out
+    # Each step moved the rows of its batch's words, not the 50,000-row embedding.
+    less = [float(x) for x in re.findall(r'dense \(([\d.]+)x less\)', out)]
+    assert len(less) == 2 and min(less) > 20, out
+    # 200 steps per worker: 200 rounds of the embedding, split over both servers' rows.
+    rounds = [int(r) for r in re.findall(r'pushes applied \d+ \(key 0: (\d+)', out)]
+    assert rounds and all(r == 400 for r in rounds), out
+
+
 def test_a_python_worker_that_raises_ends_the_job_at_once_naming_it(job):
     code, out, took = job.python(2, 1, os.path.join(HERE, 'kv_check.py'), 'fail', timeout=60)
     assert code != 0, out
