@@ -26,6 +26,9 @@ Tests (salloc -N 2 -n 2, then launch.py --launcher slurm -n 2 -s 2):
     key folder, process or job step left afterwards;
   - worker 1 exiting 3 makes launch.py exit 3 naming it and its node, within
     seconds, and leaves no Tessera process, slurmstepd or step behind.
+  - tools/slurm/tessera.sbatch, submitted with `sbatch --wait` as a user would
+    (only its variables set: TESSERA_DIR, TESSERA_BUILD_DIR), exits 0 with both
+    servers on n1 and both workers on n2 (2 task slots per node).
 
 Slurm's multiple-slurmd mode (several `slurmd -N NAME` on one host, NodeName
 entries with their own Port=) also works with Debian 12's slurm-wlm 22.05; the
@@ -509,6 +512,35 @@ class SlurmLauncherTest(unittest.TestCase):
             self.assertRegex(job.output, r'(?m)^\[%s\] srun: error: %sn\d: task 0: Exited '
                              r'with exit code (143|137)$' % (name, TAG), job.tail())
         # _no_leftovers (clean-up) then checks the namespaces, steps and key folders.
+
+    def test_sbatch_example_as_a_user_submits_it(self):
+        # tools/slurm/tessera.sbatch unchanged but for its variables: 2 nodes, 2 task
+        # slots each, so both servers land on n1 and both workers on n2.
+        out = os.path.join(self.cluster.tmp, 'sbatch-%d.out' % time.monotonic_ns())
+        env = self.cluster.env()
+        env.update({'TESSERA_DIR': mh.SOURCE_DIR, 'TESSERA_BUILD_DIR': BUILD_DIR,
+                    'PS_VERBOSE': '1', 'FASHION_MNIST_DIR': mh.DATA_DIR})
+        script = os.path.join(mh.SOURCE_DIR, 'tools', 'slurm', 'tessera.sbatch')
+        started = time.monotonic()
+        proc = subprocess.run(in_ns(0, ['sbatch', '--wait', '--output=%s' % out, script]),
+                              env=env, cwd=self.cluster.tmp, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=JOB_TIMEOUT_S)
+        sys.stderr.write('slurm_test: sbatch --wait exit %d after %.1f s\n'
+                         % (proc.returncode, time.monotonic() - started))
+        with open(out, errors='replace') as f:
+            output = f.read()
+        tail = proc.stdout.decode('utf-8', 'replace') + output[-4000:]
+        self.assertEqual(proc.returncode, 0, tail)
+        advertised = sorted(re.findall(r'^\[((?:server|worker) \d)\] .*\b(?:server|worker) '
+                                       r'advertises (\S+):\d+;', output, re.M))
+        self.assertEqual(advertised, [('server 0', v4(1)), ('server 1', v4(1)),
+                                      ('worker 0', v4(2)), ('worker 1', v4(2))], tail)
+        self.assertRegex(output, r'(?m)^\[scheduler\] .*scheduler listening on %s:\d+'
+                         % re.escape(v4(1)))
+        if self.trains:
+            self.assertEqual(len(re.findall(r'(?m)^\[worker \d\] Epoch\[0\] '
+                                            r'Train-accuracy=0\.\d+$', output)), 2, tail)
 
 
 if __name__ == '__main__':
