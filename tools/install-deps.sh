@@ -19,6 +19,8 @@ packages=(
   python3-numpy python3-torch python3-pytest
   # Multi-host tests and launchers.
   iproute2 openssh-server openssh-client rsync openmpi-bin nftables
+  # The slurm launcher's test (tests/multihost/slurm_test.py): slurmctld, slurmd, srun.
+  slurm-wlm munge
   # Network-fault tests (tests/faults): NFQUEUE rules (iptables) and tools/netfault/nfq_delay.
   iptables libnetfilter-queue-dev
   # tools/test.sh's thread-safety build and the fuzzers.

@@ -2,8 +2,8 @@
 """Starts a whole Tessera job: one scheduler, S servers and W workers.
 
 Command-line compatible with MXNet's tools/launch.py (the dmlc tracker) for the
-launchers people use with a parameter server: local, ssh and mpi. Python 3
-standard library only.
+launchers people use with a parameter server: local, ssh and mpi; and slurm, for
+jobs inside a Slurm allocation. Python 3 standard library only.
 
     # 2 workers and 2 servers on this host; worker flags pass through.
     tools/launch.py -n 2 build/worker/my_trainer --epochs 3
@@ -12,12 +12,16 @@ standard library only.
     tools/launch.py -n 4 -s 2 --launcher ssh -H hosts --sync-dst-dir /tmp/job \\
         --interface eth0 ./train.sh
 
+    # Inside a Slurm allocation (salloc, or an sbatch script: tools/slurm/): one
+    # srun step per process over the allocation's nodes, the scheduler on the first.
+    salloc -N 2 -n 4 tools/launch.py --launcher slurm -n 2 -s 2 build/worker/my_trainer
+
 What every process gets in its environment:
   DMLC_ROLE              scheduler | server | worker
   DMLC_PS_ROOT_URI/PORT  where the scheduler listens
   DMLC_NUM_SERVER/WORKER how many of each the scheduler waits for
   DMLC_TASK_ID           servers 0..S-1, workers S..S+W-1 (as in dmlc-core)
-  DMLC_JOB_CLUSTER       local | ssh | mpi
+  DMLC_JOB_CLUSTER       local | ssh | mpi | slurm
   TESSERA_RESTART_COUNT  0 on the first start, k on the k-th restart (--restarts)
   TESSERA_KEY_FILE       this process's role key file (see Security below), or
   TESSERA_KEY_DIR        (mpi) a folder with the keys of the roles on that host
@@ -51,8 +55,23 @@ every rank) read a 0600 file in this launcher's 0700 temporary folder
 the ssh channel's stdin into a 0600 file in a fresh 0700 folder on the remote
 host, removed when the process ends; mpi ranks on other hosts read a 0700 folder
 of random name that the launcher creates there over ssh first and removes at the
-end. TESSERA_KEY_DIR set by the user: those keys are used as they are (the
-folder must hold <role>.key on every host). TESSERA_INSECURE=1: no keys at all.
+end. With slurm the key travels like over ssh, on the stdin of the process's
+srun step (srun relays it to the task), into a 0600 file in a fresh 0700 folder
+on its node, removed when the process ends. TESSERA_KEY_DIR set by the user:
+those keys are used as they are (the folder must hold <role>.key on every host).
+TESSERA_INSECURE=1: no keys at all.
+
+Slurm (--launcher slurm): run launch.py inside an allocation (salloc, or an
+sbatch script; SLURM_JOB_ID and SLURM_JOB_NODELIST must be set). The hosts are
+the allocation's nodes (`scontrol show hostnames $SLURM_JOB_NODELIST`), each
+with as many slots as SLURM_TASKS_PER_NODE gives it; servers then workers fill
+them like the ssh launcher's hostfile. The scheduler runs on the first node and
+listens on its NodeAddr (`scontrol show node`), unless DMLC_PS_ROOT_URI says
+otherwise. Every process is its own one-task step, `srun --nodes=1 --ntasks=1
+--nodelist=NODE --overlap`, in the launcher's working folder (the nodes share
+the file system, as on a Slurm cluster), so each has its exit status, its
+[role i] prefix, and --restarts; srun exports the launcher's environment plus
+the variables above. -H and --sync-dst-dir do not apply.
 """
 
 import argparse
@@ -90,6 +109,7 @@ POLL_INTERVAL_S = 0.05
 REMOTE_PID_MARKER = b'__TESSERA_REMOTE_PID__ '
 # Carries the per-role argv and environment to `launch.py --mpi-child` ranks.
 MPI_SPEC_VAR = 'TESSERA_LAUNCH_MPI_SPEC'
+LAUNCHERS = ('local', 'ssh', 'mpi', 'slurm')
 
 # Set by the launcher itself; --env must not override them.
 RESERVED_VARS = frozenset([
@@ -192,15 +212,16 @@ def _seconds_arg(text):
 def build_parser():
     p = _Parser(
         prog=PROG, allow_abbrev=False,
-        usage='%(prog)s -n NUM_WORKERS [-s NUM_SERVERS] [--launcher local|ssh|mpi] '
+        usage='%(prog)s -n NUM_WORKERS [-s NUM_SERVERS] [--launcher local|ssh|mpi|slurm] '
               '[-H HOSTFILE] [options] COMMAND [ARGS...]',
         description='Start a Tessera job: a scheduler, servers and workers running COMMAND.')
     p.add_argument('-n', '--num-workers', type=_int_arg(1, 'a positive integer'),
                    help='number of workers (required)')
     p.add_argument('-s', '--num-servers', type=_int_arg(0, 'a non-negative integer'),
                    help='number of servers (default: the number of workers)')
-    p.add_argument('--launcher', choices=['local', 'ssh', 'mpi'], default='local',
-                   help='how to start servers and workers (default: local)')
+    p.add_argument('--launcher', choices=LAUNCHERS, default='local',
+                   help='how to start servers and workers (default: local); slurm: '
+                        'inside a Slurm allocation, one srun step per process')
     p.add_argument('-H', '--hostfile',
                    help="hosts for ssh/mpi, one per line: 'host', 'host:sshport', 'host slots=N'")
     p.add_argument('--sync-dst-dir', metavar='DIR',
@@ -276,6 +297,14 @@ def parse_args(argv):
         args.num_servers = args.num_workers
     if args.launcher == 'ssh' and not args.hostfile:
         raise UsageError('--launcher ssh: expected -H/--hostfile HOSTFILE')
+    if args.launcher == 'slurm':
+        if args.hostfile:
+            raise UsageError('-H/--hostfile: not used with --launcher slurm (the hosts are '
+                             'the allocation\'s nodes, SLURM_JOB_NODELIST)')
+        if args.sync_dst_dir:
+            raise UsageError('--sync-dst-dir: not supported with --launcher slurm (its '
+                             'steps run in the launcher\'s folder, on a file system the '
+                             'nodes share)')
     if args.launcher == 'mpi' and args.restarts:
         raise UsageError('--restarts: not supported with --launcher mpi (mpirun stops the '
                          'whole job when a rank fails)')
@@ -842,11 +871,12 @@ def signal_name(signum):
         return 'signal %d' % signum
 
 
-def describe_status(rc, remote):
-    """'exited with status 3' / 'killed by signal SIGKILL' for a Popen returncode."""
+def describe_status(rc, remote, transport='ssh'):
+    """'exited with status 3' / 'killed by signal SIGKILL' for a Popen returncode;
+    remote: the status came through `transport` (ssh or srun)."""
     if rc < 0:
         return 'killed by signal %s' % signal_name(-rc)
-    if remote and rc == 255:
+    if remote and rc == 255 and transport == 'ssh':
         return 'exited with status 255 (ssh failed, or the remote process exited 255)'
     if remote and 128 < rc < 128 + 65:
         return 'exited with status %d (128+%s)' % (rc, signal_name(rc - 128))
@@ -876,6 +906,8 @@ class Node(object):
         # Remote: what goes down the ssh channel's stdin first (the node's key,
         # see REMOTE_WRAPPER); never on a command line.
         self.stdin_data = None
+        # Remote: what carries the process there (ssh, or srun for slurm).
+        self.transport = 'ssh'
 
     @property
     def name(self):
@@ -895,7 +927,7 @@ class Node(object):
         if self.remote and self.remote_pid:
             pid = 'pid %d' % self.remote_pid
         elif self.remote:
-            pid = 'ssh pid %d' % self.proc.pid
+            pid = '%s pid %d' % (self.transport, self.proc.pid)
         else:
             pid = 'pid %d' % self.proc.pid
         return '%s%s (%s)' % (self.name, where, pid)
@@ -1154,7 +1186,8 @@ class Job(object):
                     if self.verbose:
                         self.say('%s exited with status 0' % node.label())
                     continue
-                what = '%s %s' % (node.label(), describe_status(rc, node.remote))
+                what = '%s %s' % (node.label(), describe_status(rc, node.remote,
+                                                                node.transport))
                 if node.restartable and node.restarts < self.max_restarts:
                     node.restarts += 1
                     self.say('%s; restarting it (restart %d of %d)'
@@ -1382,6 +1415,122 @@ def mpi_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ, tmpdir):
     return [scheduler_node(cfg, scheduler_bin, environ), mpirun]
 
 
+# ----------------------------------------------------------------------------
+# Slurm
+
+_TASKS_PER_NODE_RE = re.compile(r'^(\d+)(?:\(x(\d+)\))?$')
+
+
+def parse_tasks_per_node(text):
+    """SLURM_TASKS_PER_NODE ('2(x3),1') as a list of counts ([2, 2, 2, 1]), or
+    None when text is not in that form."""
+    counts = []
+    for part in text.split(','):
+        m = _TASKS_PER_NODE_RE.match(part.strip())
+        if not m or int(m.group(1)) < 1:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def _slurm_query(argv, what):
+    """Runs a Slurm client command (scontrol) and returns its output. Raises
+    UsageError naming what it was for."""
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise UsageError('--launcher slurm: %s: cannot run %s: %s' % (what, argv[0], e))
+    if proc.returncode != 0:
+        err = proc.stderr.decode('utf-8', 'replace').strip().splitlines()[-1:] or ['']
+        raise UsageError('--launcher slurm: %s: `%s` %s: %s'
+                         % (what, ' '.join(argv), describe_status(proc.returncode, False),
+                            err[0]))
+    return proc.stdout.decode('utf-8', 'replace')
+
+
+def slurm_hosts(environ):
+    """The allocation's nodes as Hosts, in SLURM_JOB_NODELIST order, each with
+    its SLURM_TASKS_PER_NODE count as slots (1 each when that is missing or does
+    not match the node count). Raises UsageError outside an allocation."""
+    job_id = environ.get('SLURM_JOB_ID') or environ.get('SLURM_JOBID')
+    nodelist = environ.get('SLURM_JOB_NODELIST') or environ.get('SLURM_NODELIST')
+    if not job_id or not nodelist:
+        raise UsageError('--launcher slurm: %s is not set: run launch.py inside a Slurm '
+                         'allocation (salloc -N NODES ... tools/launch.py ..., or an sbatch '
+                         'script: tools/slurm/)'
+                         % ('SLURM_JOB_ID' if not job_id else 'SLURM_JOB_NODELIST'))
+    names = _slurm_query(['scontrol', 'show', 'hostnames', nodelist],
+                         'SLURM_JOB_NODELIST=%s' % nodelist).split()
+    if not names:
+        raise UsageError('--launcher slurm: SLURM_JOB_NODELIST=%s: `scontrol show hostnames` '
+                         'gave no nodes' % nodelist)
+    for name in names:
+        if not _HOST_NAME_RE.match(name) or name.startswith('-'):
+            raise UsageError('--launcher slurm: SLURM_JOB_NODELIST=%s: %r is not a node name'
+                             % (nodelist, name))
+    counts = parse_tasks_per_node(environ.get('SLURM_TASKS_PER_NODE', ''))
+    if counts is None or len(counts) != len(names):
+        counts = [1] * len(names)
+    return [Host(name, None, slots) for name, slots in zip(names, counts)]
+
+
+def slurm_node_address(name):
+    """The NodeAddr Slurm reaches node `name` at (its name when Slurm has no
+    other address for it). Raises UsageError."""
+    out = _slurm_query(['scontrol', 'show', 'node', '--oneliner', name],
+                       'the address of node %s (the scheduler\'s)' % name)
+    m = re.search(r'(?:^|\s)NodeAddr=(\S+)', out)
+    return m.group(1) if m else name
+
+
+def srun_argv(host, role, index):
+    """srun for one process: a one-task step on `host` that shares the
+    allocation's CPUs with the job's other steps (--overlap), so that S+W+1 steps
+    start at once whatever the allocation's task count. --export=ALL: an sbatch
+    --export=NONE (SLURM_EXPORT_ENV) must not strip the DMLC_* variables."""
+    name = role if index is None else '%s-%d' % (role, index)
+    return ['srun', '--nodes=1', '--ntasks=1', '--ntasks-per-node=1',
+            '--nodelist=%s' % host.name, '--overlap', '--export=ALL', '--quiet',
+            '--job-name=tessera-%s' % name]
+
+
+def slurm_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ):
+    """The job as one srun step per process: scheduler on hosts[0], servers then
+    workers placed over the hosts' slots. Each step runs REMOTE_WRAPPER, which
+    reads the process's key from the step's stdin and stops the process when
+    that stdin closes (teardown)."""
+    server_hosts, worker_hosts = place(hosts, cfg.num_servers, cfg.num_workers)
+    base = dict(environ)
+    for name in ('DMLC_NODE_HOST', MPI_SPEC_VAR):  # this host's, not the nodes'
+        base.pop(name, None)
+
+    def step(role, index, task_id, host, argv, **kw):
+        def spawn(restart_count):
+            env = dict(base)
+            env.update(node_env(cfg, role, task_id, restart_count))
+            keyed = role in cfg.key_text
+            wrapper = (['bash', '-c', REMOTE_WRAPPER, 'tessera-launch'] +
+                       ([KEY_FROM_STDIN] if keyed else []))
+            return srun_argv(host, role, index) + wrapper + list(argv), env, None
+        node = Node(role, index, spawn, host=host, remote=True, **kw)
+        node.transport = 'srun'
+        if role in cfg.key_text:
+            node.stdin_data = (cfg.key_text[role] + KEY_END_MARKER + '\n').encode()
+        else:
+            node.stdin_data = b''  # stdin stays a pipe: the watchdog waits for its EOF
+        return node
+
+    nodes = [step('scheduler', None, None, hosts[0], [scheduler_bin])]
+    for i, host in enumerate(server_hosts):
+        nodes.append(step('server', i, i, host, [server_bin] + args.server_argv_extra,
+                          restartable=True))
+    for i, host in enumerate(worker_hosts):
+        nodes.append(step('worker', i, cfg.num_servers + i, host, args.command,
+                          primary=True, restartable=True))
+    return nodes
+
+
 def prepare_keys(cfg, args, hosts, tmpdir):
     """Writes fresh job keys into tmpdir (0700) and says where every process finds
     its own (cfg.key_env, cfg.key_text). Returns the folder mpi ranks on other hosts
@@ -1392,6 +1541,10 @@ def prepare_keys(cfg, args, hosts, tmpdir):
     local = dict((r, {'TESSERA_KEY_FILE': os.path.join(tmpdir, '%s.key' % r)}) for r in ROLES)
     if args.launcher == 'local':
         cfg.key_env = local
+        return None
+    if args.launcher == 'slurm':  # every process is remote, the scheduler too
+        cfg.key_env = {}
+        cfg.key_text = dict(texts)
         return None
     cfg.key_env = {'scheduler': local['scheduler']}
     cfg.key_text = {'server': texts['server'], 'worker': texts['worker']}
@@ -1488,6 +1641,12 @@ def main(argv=None, environ=None):
         if args.launcher == 'mpi' and not shutil.which('mpirun', path=path_env):
             raise UsageError('--launcher mpi: mpirun not found on PATH (Debian: apt-get '
                              'install openmpi-bin)')
+        if args.launcher == 'slurm':
+            for tool in ('srun', 'scontrol'):
+                if not shutil.which(tool, path=path_env):
+                    raise UsageError('--launcher slurm: %s not found on PATH (Debian: '
+                                     'apt-get install slurm-client)' % tool)
+            hosts = slurm_hosts(environ)
         fallback = own_build_dirs(environ)
         scheduler_bin = find_binary(SCHEDULER_BINARY, '--scheduler-binary',
                                     args.scheduler_binary, args.command, path_env, fallback)
@@ -1497,6 +1656,9 @@ def main(argv=None, environ=None):
                                      args.command, path_env, fallback)
         if args.launcher == 'local':
             cfg = build_config(args, environ, 'local', '127.0.0.1', remote=False)
+        elif args.launcher == 'slurm':
+            root = environ.get('DMLC_PS_ROOT_URI') or slurm_node_address(hosts[0].name)
+            cfg = build_config(args, environ, 'slurm', root, remote=True)
         else:
             root = (scheduler_address(args.interface, environ, hosts[0]) if hosts
                     else '127.0.0.1')
@@ -1519,6 +1681,8 @@ def main(argv=None, environ=None):
                 nodes = local_nodes(cfg, args, scheduler_bin, server_bin, environ)
             elif args.launcher == 'ssh':
                 nodes = ssh_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ)
+            elif args.launcher == 'slurm':
+                nodes = slurm_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ)
             else:
                 nodes = mpi_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ, tmpdir)
         except UsageError as e:

@@ -227,7 +227,8 @@ say "self-check: a planted race is reported (exit 66, report in the log folder)"
 # launchers, whose remote daemons get a clean environment through ssh (DMLC_*, PS_*,
 # TESSERA_* only), so they would run without the suppressions and the log folder.
 # netfault_test (labels faults, multihost) runs: it starts its daemons itself.
-# Nor the Python tests (label python) and install_test: an uninstrumented python3
+# Nor slurm_test (label multihost), for the same reason: a launcher's test, its
+# daemons started by slurmd. Nor the Python tests (label python) and install_test: an uninstrumented python3
 # cannot dlopen a TSan-instrumented libtessera ("cannot allocate memory in static
 # TLS block"), so the Python package's loader fell back to build/'s ordinary library
 # and the tests checked nothing under TSan, and install_test failed. cluster_test
@@ -243,7 +244,7 @@ if [ -n "$gtest_filter" ]; then
 fi
 ctest_rc=0
 # shellcheck disable=SC2086
-(cd "$build" && ctest --output-on-failure --timeout 900 -LE 'gpu|fuzz|python' -E '^(multihost_test|install_test)$' \
+(cd "$build" && ctest --output-on-failure --timeout 900 -LE 'gpu|fuzz|python' -E '^(multihost_test|slurm_test|install_test)$' \
   ${CTEST_ARGS:-}) || ctest_rc=$?
 t_tests=$(now)
 

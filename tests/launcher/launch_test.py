@@ -340,6 +340,75 @@ class PlacementTest(unittest.TestCase):
                          [('a', None), ('b', None), ('a', 2200)])
 
 
+class SlurmTest(unittest.TestCase):
+    """The slurm launcher's parts that need no Slurm (slurm_test runs it on one)."""
+
+    def test_tasks_per_node(self):
+        self.assertEqual(launch.parse_tasks_per_node('2(x3),1'), [2, 2, 2, 1])
+        self.assertEqual(launch.parse_tasks_per_node('4'), [4])
+        self.assertEqual(launch.parse_tasks_per_node('1(x2)'), [1, 1])
+        for bad in ('', 'x', '2(x)', '0', '2,,1'):
+            self.assertIsNone(launch.parse_tasks_per_node(bad), bad)
+
+    def test_outside_an_allocation_names_the_variable(self):
+        with self.assertRaisesRegex(launch.UsageError, 'SLURM_JOB_ID is not set.*salloc'):
+            launch.slurm_hosts({'PATH': '/bin'})
+        with self.assertRaisesRegex(launch.UsageError, 'SLURM_JOB_NODELIST is not set'):
+            launch.slurm_hosts({'SLURM_JOB_ID': '7'})
+
+    def test_flags_that_do_not_apply(self):
+        with self.assertRaisesRegex(launch.UsageError, '-H/--hostfile.*launcher slurm'):
+            launch.parse_args(['-n', '1', '--launcher', 'slurm', '-H', 'h', 'w'])
+        with self.assertRaisesRegex(launch.UsageError, '--sync-dst-dir.*launcher slurm'):
+            launch.parse_args(['-n', '1', '--launcher', 'slurm', '--sync-dst-dir', '/d', 'w'])
+
+    def test_one_step_per_process_with_its_key_on_stdin(self):
+        args = launch.parse_args(['-n', '2', '-s', '1', '--launcher', 'slurm',
+                                  '--server-args', '--x 1', '/w', '--epochs', '1'])
+        hosts = [launch.Host('n1', slots=2), launch.Host('n2', slots=2)]
+        environ = {'PATH': '/bin', 'SLURM_JOB_ID': '7', 'DMLC_NODE_HOST': 'login1',
+                   'TESSERA_X': 'y'}
+        cfg = launch.build_config(args, environ, 'slurm', '10.0.0.1', remote=True)
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        launch.prepare_keys(cfg, args, hosts, tmp)
+        nodes = launch.slurm_nodes(cfg, args, hosts, '/b/sched', '/b/server', environ)
+        self.assertEqual([(n.name, n.host.name) for n in nodes],
+                         [('scheduler', 'n1'), ('server 0', 'n1'), ('worker 0', 'n1'),
+                          ('worker 1', 'n2')])
+        secrets = [line.split()[1] for text in cfg.key_text.values()
+                   for line in text.splitlines() if line.startswith('secret-key ')]
+        self.assertEqual(len(secrets), 3)
+        for node in nodes:
+            argv, env, _ = node.spawn(0)
+            self.assertEqual(argv[:6], ['srun', '--nodes=1', '--ntasks=1',
+                                        '--ntasks-per-node=1', '--nodelist=%s' % node.host.name,
+                                        '--overlap'])
+            self.assertIn('--export=ALL', argv)
+            self.assertIn(launch.KEY_FROM_STDIN, argv)
+            role = node.role
+            self.assertEqual(env['DMLC_ROLE'], role)
+            self.assertEqual(env['DMLC_PS_ROOT_URI'], '10.0.0.1')
+            self.assertEqual(env['DMLC_JOB_CLUSTER'], 'slurm')
+            self.assertEqual(env['TESSERA_X'], 'y')
+            self.assertNotIn('DMLC_NODE_HOST', env)  # the login node's, not the nodes'
+            self.assertNotIn('TESSERA_KEY_FILE', env)
+            self.assertIn(('secret-key %s' % [l.split()[1] for l in
+                                              cfg.key_text[role].splitlines()
+                                              if l.startswith('secret-key ')][0]).encode(),
+                          node.stdin_data)
+            self.assertTrue(node.stdin_data.endswith(
+                (launch.KEY_END_MARKER + '\n').encode()))
+            for secret in secrets:
+                self.assertFalse(any(secret in a for a in argv), 'a key on the command line')
+                self.assertFalse(any(secret in v for v in env.values()),
+                                 'a key in the environment')
+        self.assertEqual(nodes[1].spawn(0)[0][-3:], ['/b/server', '--x', '1'])
+        self.assertEqual(nodes[3].spawn(0)[0][-3:], ['/w', '--epochs', '1'])
+        self.assertEqual(nodes[3].spawn(0)[1]['DMLC_TASK_ID'], '2')
+        self.assertEqual(launch.describe_status(255, True, 'srun'), 'exited with status 255')
+
+
 class EnvTest(unittest.TestCase):
     ENVIRON = {
         'PATH': '/bin', 'HOME': '/root', 'LD_LIBRARY_PATH': '/opt/lib',
