@@ -582,7 +582,6 @@ void Node::HandleControl(Message&& msg) {
       }
       id_ = my_id;
       rank_ = my_rank;
-      table_ = h.node_table();
       have_table_ = true;
     }
       // Confirms that the scheduler's messages reach the address this node

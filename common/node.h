@@ -225,7 +225,6 @@ class Node {
 
   mutable absl::Mutex mu_;
   bool have_table_ ABSL_GUARDED_BY(mu_) = false;
-  wire::NodeTable table_ ABSL_GUARDED_BY(mu_);
   std::map<int, wire::NodeInfo> nodes_ ABSL_GUARDED_BY(mu_);
   struct Waiter {
     bool done = false;

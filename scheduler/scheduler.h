@@ -92,8 +92,11 @@ class Scheduler {
   // id and rank; everyone gets the new table. (A worker that had already
   // finished is told to abort.)
   void Rejoin(int id, const wire::NodeInfo& info);
-  // The node table as it stands (NODE_TABLE to every node).
-  Message TableMessage() const;
+  // The node table node `for_id` needs (NODE_TABLE): the other role's nodes
+  // and its own entry.
+  Message TableMessage(int for_id) const;
+  // A NODE_TABLE of one changed node (a restart), for nodes holding theirs.
+  Message ChangeMessage(const wire::NodeInfo& changed) const;
   static int64_t ThreadCpuMillis();
   void Reply(int peer, const wire::Header& request, const absl::Status& status);
   void Broadcast(const Message& msg, int except);
