@@ -85,7 +85,8 @@ constexpr char kUsage[] = R"(usage: seed_step_bench [flags]   (as a worker of a 
   --optimizer="sgd lr=0.01"   the servers' optimizer
   --threshold=0.5             2-bit gradient threshold (rows2bit)
   --seed=1
-  --metrics-out=PATH          also write the JSON there ({rank}: the rank)
+  --metrics-out=PATH          also write the JSON there ({rank}: the rank; also
+                              --metrics-out PATH)
   --okrows=K1,K2,...          instead: time PushRows+PullRows of K random rows
   --ok-keys=N1,N2,...         ... on row-sparse keys of N rows (of --emb-dim)
   --ok-reps=7                 ... timed repetitions per (key, K), after 2 untimed
@@ -138,11 +139,14 @@ absl::Status ParseU64List(const std::string& name, const std::string& text,
 
 absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
   Flags f;
-  for (const std::string& a : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
     std::string v;
     bool ok = true;
     if (a == "--raw-baseline") {
       f.raw_baseline = true;
+    } else if (a == "--metrics-out" && i + 1 < args.size()) {
+      f.metrics_out = args[++i];  // as tools/bench/shaped_link.py passes it
     } else if (TakeFlag(a, "mode", &v)) {
       f.mode = v;
       ok = v == "dense" || v == "rows" || v == "rows2bit";
@@ -345,10 +349,13 @@ int RunStep(const Flags& flags) {
     draw_seconds = NowSeconds() - t0;
   }
 
-  // Gradients and weights. The dense embedding's gradient and weights are
-  // E x D each; the row modes hold k rows of each.
+  // Gradients and weights: the row modes hold k rows of each; the
+  // all-dense mode pulls the embedding into its gradient's buffer (the push
+  // has completed by then): one 1 GB buffer per worker instead of two, and
+  // float32 transfers do not depend on the values.
   const uint64_t emb_values = rows ? k * D : E * D;
-  std::vector<float> emb_grad(emb_values), emb_w(emb_values);
+  std::vector<float> emb_grad(emb_values), emb_rows_w(rows ? emb_values : 0);
+  std::vector<float>& emb_w = rows ? emb_rows_w : emb_grad;
   std::vector<float> g1(n1), w1(n1), g2(n2), w2(n2);
   FillGradient(&emb_grad, flags.seed * 31 + rank);
   FillGradient(&g1, flags.seed * 37 + rank);
