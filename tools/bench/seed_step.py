@@ -13,6 +13,8 @@ server) times PushRows+PullRows of k random rows on row-sparse keys of
 
 Printed per rate, a Markdown table with one row per job:
   step ms      median over the timed steps, the slowest worker's
+  push ms      its median push half (until every push's round was applied);
+               the rest of a step is the pulls
   x dense      the dense job's step ms over this one's
   MB pushed, MB pulled     per step per worker (KVWorker::stats, 10^6 bytes)
   baseline ms  loopback: the step's bytes of all workers at the raw ZeroMQ
@@ -132,6 +134,7 @@ def summarize(metrics, job_s):
         'mode': metrics[0]['mode'], 'fraction': metrics[0]['fraction'],
         'rows_per_batch': metrics[0]['rows_per_batch'],
         'step_ms': slowest['median_step_ms'],
+        'push_ms': slowest['median_push_ms'],
         'bytes_pushed': sum(m['bytes_pushed_per_step'] for m in metrics) / n,
         'bytes_pulled': sum(m['bytes_pulled_per_step'] for m in metrics) / n,
         'bytes_pulled_float32': sum(m['bytes_pulled_float32_per_step'] for m in metrics) / n,
@@ -145,9 +148,9 @@ def print_table(rate, rows, args, zmq_gbps):
     print('\n### %s, %d workers, %d servers\n' % (
         'loopback' if rate == sl.LOOPBACK else '%s per node (tbf both ends)' % rate,
         args.workers, args.servers))
-    print('| mode | rows touched | rows/batch | step ms | x dense | MB pushed | MB pulled '
-          '| baseline ms | memcpy ms |')
-    print('|---|---:|---:|---:|---:|---:|---:|---:|---:|')
+    print('| mode | rows touched | rows/batch | step ms | push ms | x dense | MB pushed '
+          '| MB pulled | baseline ms | memcpy ms |')
+    print('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|')
     for r in rows:
         step_bytes = r['bytes_pushed'] + r['bytes_pulled']
         if rate == sl.LOOPBACK:
@@ -157,9 +160,9 @@ def print_table(rate, rows, args, zmq_gbps):
                     max(1.0, args.workers / float(args.servers)))
         r['baseline_ms'] = base
         r['x_dense'] = dense / r['step_ms'] if dense and r['step_ms'] > 0 else None
-        print('| %s | %s | %d | %.1f | %s | %.2f | %.2f | %s | %.2f |' % (
+        print('| %s | %s | %d | %.1f | %.1f | %s | %.2f | %.2f | %s | %.2f |' % (
             r['mode'], 'all' if r['mode'] == 'dense' else '%g%%' % (100 * r['fraction']),
-            r['rows_per_batch'], r['step_ms'],
+            r['rows_per_batch'], r['step_ms'], r['push_ms'],
             '%.1f' % r['x_dense'] if r['x_dense'] else '-',
             r['bytes_pushed'] / 1e6, r['bytes_pulled'] / 1e6,
             '%.1f' % base if base is not None else '-', r['memcpy_ms']))

@@ -34,6 +34,9 @@
 // ({rank} is replaced by the worker's rank):
 //   step_ms            every timed step's time, push start to pull end
 //   median_step_ms     their median
+//   push_ms, median_push_ms   the push half of each step (push start until
+//                      every push completed: the round applied); the rest
+//                      of a step is the pulls
 //   bytes_pushed_per_step, bytes_pulled_per_step, bytes_pulled_float32_per_step
 //                      KVWorker::stats() over the timed steps / steps: the
 //                      payload bytes of pushes (row ids included) and of pull
@@ -143,6 +146,7 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     std::string v;
     bool ok = true;
+    const char* expected = "";
     if (a == "--raw-baseline") {
       f.raw_baseline = true;
     } else if (a == "--metrics-out" && i + 1 < args.size()) {
@@ -150,29 +154,40 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
     } else if (TakeFlag(a, "mode", &v)) {
       f.mode = v;
       ok = v == "dense" || v == "rows" || v == "rows2bit";
+      expected = "dense, rows or rows2bit";
     } else if (TakeFlag(a, "fraction", &v)) {
       ok = absl::SimpleAtod(v, &f.fraction) && f.fraction > 0 &&
            f.fraction <= 1;
+      expected = "a number in (0, 1]";
     } else if (TakeFlag(a, "zipf", &v)) {
       ok = absl::SimpleAtod(v, &f.zipf) && f.zipf >= 0 && f.zipf <= 4;
+      expected = "a number in [0, 4]";
     } else if (TakeFlag(a, "emb-rows", &v)) {
       ok = absl::SimpleAtoi(v, &f.emb_rows) && f.emb_rows > 0;
+      expected = "a positive whole number";
     } else if (TakeFlag(a, "emb-dim", &v)) {
       ok = absl::SimpleAtoi(v, &f.emb_dim) && f.emb_dim > 0;
+      expected = "a positive whole number";
     } else if (TakeFlag(a, "hidden", &v)) {
       ok = absl::SimpleAtoi(v, &f.hidden) && f.hidden > 0;
+      expected = "a positive whole number";
     } else if (TakeFlag(a, "outputs", &v)) {
       ok = absl::SimpleAtoi(v, &f.outputs) && f.outputs > 0;
+      expected = "a positive whole number";
     } else if (TakeFlag(a, "steps", &v)) {
       ok = absl::SimpleAtoi(v, &f.steps) && f.steps > 0 && f.steps <= 10000;
+      expected = "1..10000";
     } else if (TakeFlag(a, "warmup", &v)) {
       ok = absl::SimpleAtoi(v, &f.warmup) && f.warmup >= 0 && f.warmup <= 100;
+      expected = "0..100";
     } else if (TakeFlag(a, "optimizer", &v)) {
       f.optimizer = v;
     } else if (TakeFlag(a, "threshold", &v)) {
       ok = absl::SimpleAtof(v, &f.threshold) && f.threshold > 0;
+      expected = "a number > 0";
     } else if (TakeFlag(a, "seed", &v)) {
       ok = absl::SimpleAtoi(v, &f.seed);
+      expected = "a whole number";
     } else if (TakeFlag(a, "metrics-out", &v)) {
       f.metrics_out = v;
     } else if (TakeFlag(a, "okrows", &v)) {
@@ -183,13 +198,14 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       if (!s.ok()) return s;
     } else if (TakeFlag(a, "ok-reps", &v)) {
       ok = absl::SimpleAtoi(v, &f.ok_reps) && f.ok_reps > 0;
+      expected = "a positive whole number";
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown argument '", a, "'"));
     }
     if (!ok) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bad value in '", a, "'"));
+          absl::StrCat("'", a, "': expected ", expected));
     }
   }
   if (!f.okrows.empty() && f.ok_keys.empty()) f.ok_keys = {f.emb_rows};
@@ -370,7 +386,7 @@ int RunStep(const Flags& flags) {
   SEED_RETURN_IF_ERROR(kv->Init(2, w2), "Init(2)");
   SEED_RETURN_IF_ERROR(kv->Barrier(), "Barrier");
 
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, push_ms;
   KVWorkerStats before;
   std::vector<absl::StatusOr<OpHandle>> ops;
   for (int step = 0; step < total_steps; ++step) {
@@ -385,6 +401,7 @@ int RunStep(const Flags& flags) {
     ops.push_back(kv->PushAsync(2, g2));
     SEED_RETURN_IF_ERROR(WaitAll(kv, &ops),
                          absl::StrCat("step ", step, ": push"));
+    const double pushed_at = NowSeconds();
     if (rows) {
       ops.push_back(kv->PullRowsAsync(0, batches[step + 1], absl::MakeSpan(emb_w)));
     } else {
@@ -394,7 +411,10 @@ int RunStep(const Flags& flags) {
     ops.push_back(kv->PullAsync(2, absl::MakeSpan(w2)));
     SEED_RETURN_IF_ERROR(WaitAll(kv, &ops),
                          absl::StrCat("step ", step, ": pull"));
-    if (step >= flags.warmup) step_ms.push_back((NowSeconds() - t0) * 1e3);
+    if (step >= flags.warmup) {
+      step_ms.push_back((NowSeconds() - t0) * 1e3);
+      push_ms.push_back((pushed_at - t0) * 1e3);
+    }
   }
   const KVWorkerStats after = kv->stats();
   SEED_RETURN_IF_ERROR(kv->Close(), "Close");
@@ -414,6 +434,7 @@ int RunStep(const Flags& flags) {
            "\"zipf_draws_per_batch\":%.1f,\"draw_seconds\":%.3f,"
            "\"optimizer\":\"%s\",\"threshold\":%.6g,\"steps\":%d,"
            "\"warmup\":%d,\"step_ms\":%s,\"median_step_ms\":%.3f,"
+           "\"push_ms\":%s,\"median_push_ms\":%.3f,"
            "\"bytes_pushed_per_step\":%.1f,\"bytes_pulled_per_step\":%.1f,"
            "\"bytes_pulled_float32_per_step\":%.1f,"
            "\"memcpy_ms_per_step\":%.3f}\n",
@@ -422,7 +443,8 @@ int RunStep(const Flags& flags) {
            rows ? k : 0,
            rows ? static_cast<double>(draws) / batches.size() : 0.0,
            draw_seconds, flags.optimizer, flags.threshold, flags.steps,
-           flags.warmup, JsonList(step_ms), Median(step_ms), pushed, pulled,
+           flags.warmup, JsonList(step_ms), Median(step_ms), JsonList(push_ms),
+           Median(push_ms), pushed, pulled,
            pulled_f32, memcpy_ms));
   return 0;
 }
