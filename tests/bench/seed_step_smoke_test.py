@@ -47,7 +47,8 @@ class SeedStepSmokeTest(unittest.TestCase):
                     '--build', BUILD, '--steps', '1', '--warmup', '1',
                     '--fractions', ','.join(str(f) for f in FRACTIONS),
                     '--okrows', '10,100', '--ok-keys', '100,1000', '--ok-reps', '1',
-                    '--bigarray-bound', '1000', '--tag', 'tsm', '--json', out, '--',
+                    '--bigarray-bound', '1000', '--tag', 'sm%d' % (os.getpid() % 10000),
+                    '--json', out, '--',
                     '--emb-rows=%d' % E, '--emb-dim=%d' % D, '--hidden=%d' % H,
                     '--outputs=%d' % O]
             run = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -81,7 +81,9 @@ def parse_args(argv):
     p.add_argument('--no-link-check', action='store_true')
     p.add_argument('--burst', default=str(sl.BURST_BYTES))
     p.add_argument('--latency', default=sl.LATENCY)
-    p.add_argument('--tag', default='tss')
+    # The tag names the state file, namespaces and links: one per run, so two
+    # runs at once (another engineer's, a test's) never clean up each other's.
+    p.add_argument('--tag', default='ss%d' % (os.getpid() % 10000))
     p.add_argument('--timeout', type=int, default=900, help='seconds per job')
     args = p.parse_args(argv)
     args.extra = extra
