@@ -18,7 +18,8 @@ Printed per rate, a Markdown table with one row per job:
   x dense      the dense job's step ms over this one's
   MB pushed, MB pulled     per step per worker (KVWorker::stats, 10^6 bytes)
   baseline ms  loopback: the step's bytes of all workers at the raw ZeroMQ
-               one-way 1 MB rate measured before and after the jobs (mean);
+               one-way 1 MB rate measured before and after the jobs (mean), with
+               CURVE on the raw sockets when the jobs use it (--security curve);
                shaped: a worker's pushed + pulled bytes at the link's rate
                (times W/S when more workers than servers share a server's link)
   memcpy ms    one thread copying a worker's step bytes (the worker, same run)
@@ -26,7 +27,8 @@ Printed per rate, a Markdown table with one row per job:
     tools/bench/seed_step.py [--rates loopback,1gbit] [--modes dense,rows,rows2bit]
         [--fractions 0.01,0.05,0.2] [--workers 2] [--servers 2] [--steps 5]
         [--warmup 1] [--zipf 1.0] [--okrows 2500,25000,250000]
-        [--ok-keys 25000,250000] [--build build] [--json FILE] [-- bench flags]
+        [--ok-keys 25000,250000] [--security curve|auth|none] [--build build]
+        [--json FILE] [-- bench flags]
 
 PS_RESEND_TIMEOUT is set to --resend-timeout-ms (60000) for every job: with the
 default 1 s, a dense step (1.4 GB per worker each way) on a loaded 2-core
@@ -74,6 +76,9 @@ def parse_args(argv):
     p.add_argument('--ok-reps', type=int, default=7)
     p.add_argument('--build', default=os.path.join(sl.SOURCE_DIR, 'build'))
     p.add_argument('--json', help='write every figure there')
+    p.add_argument('--security', default='curve', choices=('curve', 'auth', 'none'),
+                   help='the jobs\' connections: curve (encrypted, the default), auth '
+                   '(TESSERA_AUTH_ONLY=1), none (TESSERA_INSECURE=1)')
     p.add_argument('--resend-timeout-ms', type=int, default=60000)
     p.add_argument('--bigarray-bound', type=int,
                    help='TESSERA_BIGARRAY_BOUND for every job (default: the library\'s)')
@@ -183,6 +188,8 @@ def main(argv):
     shaped = [r for r in args.rates if r != sl.LOOPBACK]
     os.environ['PATH'] = os.environ.get('PATH', '') + ':/usr/sbin:/sbin'
     os.environ['PS_RESEND_TIMEOUT'] = str(args.resend_timeout_ms)
+    os.environ['TESSERA_INSECURE'] = '1' if args.security == 'none' else '0'
+    os.environ['TESSERA_AUTH_ONLY'] = '1' if args.security == 'auth' else '0'
     if args.bigarray_bound:
         os.environ['TESSERA_BIGARRAY_BOUND'] = str(args.bigarray_bound)
     if shaped:
@@ -199,6 +206,7 @@ def main(argv):
               'uptime_before': sl.uptime(), 'workers': args.workers,
               'servers': args.servers, 'steps': args.steps, 'warmup': args.warmup,
               'zipf': args.zipf, 'bench_flags': args.extra, 'rates': {},
+              'security': args.security,
               'link_check_mbit_s': {}, 'jobs': []}
     sl.say('uptime: %s' % record['uptime_before'])
     common = ['--steps=%d' % args.steps, '--warmup=%d' % args.warmup,
@@ -262,17 +270,21 @@ def main(argv):
         if not args.no_baseline:
             zmq.append(raw_baseline(binaries['bench']))
         record['raw_baseline'] = zmq
-        zmq_gbps = statistics.mean(z['zmq_1mb_gbps'] for z in zmq) if zmq else None
+        raw_key = 'zmq_curve_1mb_gbps' if args.security == 'curve' else 'zmq_1mb_gbps'
+        zmq_gbps = statistics.mean(z[raw_key] for z in zmq) if zmq else None
         record['uptime_after'] = sl.uptime()
-        print('## seed_step: %d workers, %d servers, %d timed steps after %d, Zipf s=%g\n'
-              % (args.workers, args.servers, args.steps, args.warmup, args.zipf))
+        print('## seed_step: %d workers, %d servers, %d timed steps after %d, Zipf s=%g, '
+              'security %s\n' % (args.workers, args.servers, args.steps, args.warmup,
+                                 args.zipf, args.security))
         print('command: %s  ' % record['command'])
         print('started: %s  ' % record['started'])
         print('uptime before: %s  ' % record['uptime_before'])
         print('uptime after: %s  ' % record['uptime_after'])
         if zmq:
-            print('raw ZeroMQ 1 MB one-way: %s GB/s (before/after), memcpy %s GB/s' % (
+            print('raw ZeroMQ 1 MB one-way: %s GB/s plain, %s GB/s CURVE (before/after), '
+                  'memcpy %s GB/s  ' % (
                 '/'.join('%.2f' % z['zmq_1mb_gbps'] for z in zmq),
+                '/'.join('%.2f' % z['zmq_curve_1mb_gbps'] for z in zmq),
                 '/'.join('%.2f' % z['memcpy_64mb_gbps'] for z in zmq)))
         for rate, mbit in record['link_check_mbit_s'].items():
             print('link check %s: %s Mbit/s  ' % (rate, '%.0f' % mbit if mbit else '-'))
