@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Smoke test of tools/bench/seed_step.py and seed_step_bench (issue #15).
+
+Runs every mode on loopback with tiny shapes (a 1000 x 16 embedding, 16 x 8 and
+8 x 1000 dense layers, 2 workers, 2 servers, one timed step after one warm-up)
+and a tiny --okrows job, and checks the exit status and that every worker's
+bytes per step are exactly what the shapes give. TESSERA_BIGARRAY_BOUND=1000
+splits the embedding (by rows) and the 8 x 1000 layer over both servers, so
+the sums over parts are checked too. No figure of time is asserted.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SOURCE = os.environ.get('TESSERA_SOURCE_DIR',
+                        os.path.normpath(os.path.join(os.path.dirname(__file__), '..', '..')))
+BUILD = os.environ.get('TESSERA_BUILD_DIR', os.path.join(SOURCE, 'build'))
+E, D, H, O = 1000, 16, 8, 1000
+FRACTIONS = (0.01, 0.05, 0.2)
+
+
+def expected_bytes(mode, fraction):
+    """(pushed, pulled, pulled as float32) per step per worker."""
+    dense = D * H + H * O  # values of the dense layers
+    if mode == 'dense':
+        b = 4 * (E * D + dense)
+        return b, b, b
+    k = round(fraction * E)
+    if mode == 'rows':
+        # Row ids (8 bytes each) and rows float32; dense layers float32.
+        return k * (8 + 4 * D) + 4 * dense, 4 * k * D + 4 * dense, 4 * k * D + 4 * dense
+    # rows2bit: ids, rows at 2 bits per value (every part's length is a
+    # multiple of 16 here, so no padding), dense layers 2-bit both ways (one
+    # version per step), pulled rows float32.
+    return 8 * k + k * D // 4 + dense // 4, 4 * k * D + dense // 4, 4 * k * D + 4 * dense
+
+
+class SeedStepSmokeTest(unittest.TestCase):
+
+    def test_every_mode_moves_exactly_the_bytes_of_its_shapes(self):
+        with tempfile.TemporaryDirectory(prefix='seed-step-smoke-') as tmp:
+            out = os.path.join(tmp, 'figures.json')
+            argv = [sys.executable, os.path.join(SOURCE, 'tools', 'bench', 'seed_step.py'),
+                    '--build', BUILD, '--steps', '1', '--warmup', '1',
+                    '--fractions', ','.join(str(f) for f in FRACTIONS),
+                    '--okrows', '10,100', '--ok-keys', '100,1000', '--ok-reps', '1',
+                    '--bigarray-bound', '1000', '--tag', 'sm%d' % (os.getpid() % 10000),
+                    '--json', out, '--',
+                    '--emb-rows=%d' % E, '--emb-dim=%d' % D, '--hidden=%d' % H,
+                    '--outputs=%d' % O]
+            run = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 timeout=240)
+            text = run.stdout.decode('utf-8', 'replace')
+            self.assertEqual(run.returncode, 0, text)
+            self.assertIn('| dense | all |', text)
+            with open(out) as f:
+                record = json.load(f)
+        jobs = record['rates']['loopback']
+        seen = [(j['mode'], j['fraction']) for j in jobs]
+        self.assertEqual(seen, [('dense', 0.01)] +
+                         [('rows', f) for f in FRACTIONS] + [('rows2bit', f) for f in FRACTIONS])
+        for job in jobs:
+            want = expected_bytes(job['mode'], job['fraction'])
+            self.assertEqual(len(job['worker_metrics']), 2)
+            for m in job['worker_metrics']:
+                what = '%s at %g, rank %d' % (job['mode'], job['fraction'], m['rank'])
+                got = (m['bytes_pushed_per_step'], m['bytes_pulled_per_step'],
+                       m['bytes_pulled_float32_per_step'])
+                self.assertEqual(got, want, what)
+                self.assertEqual(len(m['step_ms']), 1, what)
+                if job['mode'] != 'dense':
+                    self.assertEqual(m['rows_per_batch'], round(job['fraction'] * E), what)
+        ok = record['okrows']['results']
+        self.assertEqual([(r['key_rows'], r['k']) for r in ok],
+                         [(100, 10), (100, 100), (1000, 10), (1000, 100)])
+        for r in ok:
+            self.assertEqual(r['bytes'], 2 * r['k'] * (8 + 4 * D))
+
+
+if __name__ == '__main__':
+    unittest.main()
