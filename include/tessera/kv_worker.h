@@ -52,6 +52,40 @@ struct KVWorkerStats {
   uint64_t resends = 0;  // requests sent again after no answer in time
 };
 
+// A pulled value lent without a copy (KVWorker::PullViewAsync): the frames
+// the servers' replies arrived in, one per part of the key (a key bigger than
+// TESSERA_CHUNK_BYTES, or at least TESSERA_BIGARRAY_BOUND values on several
+// servers, arrives in several parts). It keeps those frames alive for as long
+// as it or a copy of it lives; copies share them. Read-only. Read it only
+// after Wait on the pull has returned OK.
+//
+//   tessera::PulledValue w;
+//   auto h = (*kv)->PullViewAsync(0, &w);
+//   (*kv)->Wait(*h);
+//   absl::Span<const float> weights = w.span();  // one part: no copy at all
+class PulledValue {
+ public:
+  PulledValue() = default;
+
+  // The key's length in values (0 before PullViewAsync).
+  size_t size() const;
+  // The parts, in order: part(i) holds the values from offset(i) on.
+  size_t num_parts() const;
+  size_t offset(size_t i) const;
+  absl::Span<const float> part(size_t i) const;
+  // All the values in one span when they arrived in one part; empty when
+  // num_parts() != 1 (use part() or CopyTo then).
+  absl::Span<const float> span() const;
+  // Copies the values into `out` (size() floats); InvalidArgument otherwise.
+  absl::Status CopyTo(absl::Span<float> out) const;
+
+  struct Rep;  // worker/client/pulled_value_rep.h
+
+ private:
+  friend class KVClient;
+  std::shared_ptr<const Rep> rep_;
+};
+
 class KVWorker {
  public:
   // Joins the cluster given by the DMLC_* environment as a worker. `type` is
@@ -133,6 +167,14 @@ class KVWorker {
   virtual absl::StatusOr<OpHandle> PullAsync(uint64_t key,
                                              absl::Span<float> out) = 0;
 
+  // Pulls the current value of `key` as PullAsync does, but lends the
+  // received frames to the caller (`*out`, set at once, readable after Wait)
+  // instead of copying them into a buffer: the one copy a pull makes on the
+  // worker is gone, so a large pull moves at the transport's speed. With pull
+  // compression the worker's copy is copied out (that copy is needed anyway).
+  virtual absl::StatusOr<OpHandle> PullViewAsync(uint64_t key,
+                                                 PulledValue* out) = 0;
+
   // Push then pull in one request per server part.
   virtual absl::StatusOr<OpHandle> PushPullAsync(uint64_t key,
                                                  absl::Span<const float> grad,
@@ -176,6 +218,7 @@ class KVWorker {
   // Blocking forms.
   absl::Status Push(uint64_t key, absl::Span<const float> grad);
   absl::Status Pull(uint64_t key, absl::Span<float> out);
+  absl::StatusOr<PulledValue> PullView(uint64_t key);
   absl::Status PushPull(uint64_t key, absl::Span<const float> grad,
                         absl::Span<float> out);
 

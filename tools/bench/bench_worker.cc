@@ -79,6 +79,7 @@ class BenchWorker {
       const size_t n = plan_.sizes[i] / sizeof(float);
       grads_.assign(slots_, std::vector<float>(n, 1e-3f));
       outs_.assign(slots_, std::vector<float>(n, 0.0f));
+      views_.assign(slots_, PulledValue());
       for (const std::string& op : plan_.ops) {
         for (int inflight : plan_.inflight) {
           absl::Status s = Measure(i, op, inflight);
@@ -94,6 +95,9 @@ class BenchWorker {
                                  int slot) {
     if (op == "push") return kv_->PushAsync(key, grads_[slot]);
     if (op == "pull") return kv_->PullAsync(key, absl::MakeSpan(outs_[slot]));
+    // The view of the previous pull in this slot is dropped here, as a
+    // program done with it would.
+    if (op == "pullview") return kv_->PullViewAsync(key, &views_[slot]);
     return kv_->PushPullAsync(key, grads_[slot], absl::MakeSpan(outs_[slot]));
   }
 
@@ -157,6 +161,7 @@ class BenchWorker {
   int slots_ = 1;
   std::vector<std::vector<float>> grads_;
   std::vector<std::vector<float>> outs_;
+  std::vector<PulledValue> views_;
 };
 
 }  // namespace

@@ -24,7 +24,7 @@ namespace tessera::bench {
 struct WorkerPlan {
   std::vector<size_t> sizes;     // bytes of float values per key
   std::vector<int> iterations;   // per size: timed operations per measurement
-  std::vector<std::string> ops;  // "push", "pull", "pushpull"
+  std::vector<std::string> ops;  // "push", "pull", "pullview", "pushpull"
   std::vector<int> inflight;     // outstanding requests, e.g. {1, 4}
   std::string optimizer = "none";
 };

@@ -93,6 +93,8 @@ def report(bench, command, runs):
              lambda rows: max(x['gbps'] for x in rows), '%.2f'),
             ('tessera 1 MB pull GB/s (best)', 'pull', 1 << 20,
              lambda rows: max(x['gbps'] for x in rows), '%.2f'),
+            ('tessera 1 MB pullview GB/s (best)', 'pullview', 1 << 20,
+             lambda rows: max(x['gbps'] for x in rows), '%.2f'),
             ('tessera 1 MB pushpull GB/s (best)', 'pushpull', 1 << 20,
              lambda rows: max(x['gbps'] for x in rows), '%.2f')):
         values = job_values(op, size, pick)

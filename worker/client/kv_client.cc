@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
+#include "worker/client/pulled_value_rep.h"
 
 namespace tessera {
 namespace {
@@ -755,6 +756,79 @@ absl::StatusOr<OpHandle> KVClient::PullAsync(uint64_t key,
     };
     tracker_->Send(request, std::move(msg));
   }
+  return op;
+}
+
+absl::StatusOr<OpHandle> KVClient::PullViewAsync(uint64_t key,
+                                                 PulledValue* out) {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  if (out == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull_view of key ", key, ": no PulledValue to fill"));
+  }
+  uint64_t length = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = keys_.find(key);
+    if (it != keys_.end()) length = it->second.length;
+  }
+  TESSERA_RETURN_IF_ERROR(CheckKey(key, length, "pull_view"));
+  const uint64_t op = tracker_->NewOp();
+  std::vector<KeyPart> parts;
+  std::vector<std::shared_ptr<PulledCopy>> copies;
+  {
+    absl::MutexLock lock(&mu_);
+    parts = keys_.at(key).parts;
+    copies = keys_.at(key).pulled;
+    ++stats_.pulls;
+  }
+  auto rep = std::make_shared<PulledValue::Rep>();
+  rep->length = length;
+  for (const KeyPart& part : parts) {
+    rep->offsets.push_back(part.offset);
+    rep->lengths.push_back(part.length);
+  }
+  rep->frames.resize(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const KeyPart& part = parts[i];
+    Message msg = SliceMessage(wire::KV_PULL, key, part, length);
+    RequestTracker::Request request;
+    request.op = op;
+    request.server = ServerId(part.server_rank);
+    request.length = part.length;
+    request.part = {key, i, true};
+    if (copies.empty()) {
+      // The reply's frame itself becomes the part: no copy.
+      request.on_reply = [rep, i, n = part.length](const Message& reply) {
+        if (reply.data.size() != 1 || reply.header.frames_size() != 1 ||
+            reply.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+            reply.header.frames(0).num_values() != n ||
+            reply.data[0].size() != n * sizeof(float)) {
+          return absl::DataLossError(
+              absl::StrCat("reply from node ", reply.header.sender(),
+                           " does not carry ", n, " float values"));
+        }
+        rep->frames[i] = reply.data[0];
+        return absl::OkStatus();
+      };
+    } else {
+      std::shared_ptr<PulledCopy> copy = copies[i];
+      msg.header.set_pull_compressed(true);
+      msg.header.set_pull_chain(copy->chain());
+      msg.header.set_pull_version(copy->version());
+      request.on_reply = [copy, rep, i, n = part.length](const Message& reply) {
+        absl::Status applied = copy->Apply(reply);
+        if (applied.ok()) {
+          Buffer values = Buffer::Allocate(n * sizeof(float));
+          copy->CopyTo(values.mutable_floats());
+          rep->frames[i] = std::move(values);
+        }
+        return applied;
+      };
+    }
+    tracker_->Send(request, std::move(msg));
+  }
+  out->rep_ = std::move(rep);
   return op;
 }
 

@@ -89,6 +89,8 @@ class KVClient : public KVWorker {
                                            void* cuda_stream) override;
   absl::StatusOr<OpHandle> PullAsync(uint64_t key,
                                      absl::Span<float> out) override;
+  absl::StatusOr<OpHandle> PullViewAsync(uint64_t key,
+                                         PulledValue* out) override;
   absl::Status InitRows(uint64_t key, const float* value, uint64_t num_rows,
                         uint64_t row_length) override;
   absl::StatusOr<OpHandle> PushRowsAsync(uint64_t key,

@@ -2,11 +2,14 @@
 // implementation is KVClient (worker/client/kv_client.h).
 #include "tessera/kv_worker.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/client/kv_client.h"
+#include "worker/client/pulled_value_rep.h"
 
 namespace tessera {
 
@@ -36,6 +39,44 @@ absl::Status KVWorker::Push(uint64_t key, absl::Span<const float> grad) {
 absl::Status KVWorker::Pull(uint64_t key, absl::Span<float> out) {
   TESSERA_ASSIGN_OR_RETURN(OpHandle h, PullAsync(key, out));
   return Wait(h);
+}
+
+absl::StatusOr<PulledValue> KVWorker::PullView(uint64_t key) {
+  PulledValue value;
+  TESSERA_ASSIGN_OR_RETURN(OpHandle h, PullViewAsync(key, &value));
+  TESSERA_RETURN_IF_ERROR(Wait(h));
+  return value;
+}
+
+size_t PulledValue::size() const { return rep_ == nullptr ? 0 : rep_->length; }
+
+size_t PulledValue::num_parts() const {
+  return rep_ == nullptr ? 0 : rep_->offsets.size();
+}
+
+size_t PulledValue::offset(size_t i) const { return rep_->offsets.at(i); }
+
+absl::Span<const float> PulledValue::part(size_t i) const {
+  const Buffer& frame = rep_->frames.at(i);
+  return absl::MakeConstSpan(frame.floats(), frame.num_floats());
+}
+
+absl::Span<const float> PulledValue::span() const {
+  if (num_parts() != 1) return {};
+  return part(0);
+}
+
+absl::Status PulledValue::CopyTo(absl::Span<float> out) const {
+  if (out.size() != size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("copy of a pulled value of ", size(), " values into ",
+                     out.size(), " values"));
+  }
+  for (size_t i = 0; i < num_parts(); ++i) {
+    absl::Span<const float> p = part(i);
+    std::copy(p.begin(), p.end(), out.begin() + offset(i));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status KVWorker::PushPull(uint64_t key, absl::Span<const float> grad,
