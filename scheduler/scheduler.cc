@@ -236,8 +236,11 @@ absl::Status Scheduler::Run() {
              std::vector<int>(confirmed_.begin(), confirmed_.end()));
       continue;
     }
-    if (formed_ && options_.heartbeat_interval > absl::ZeroDuration())
+    if (formed_ && options_.heartbeat_interval > absl::ZeroDuration() &&
+        now - last_liveness_check_ >= kLivenessEvery) {
+      last_liveness_check_ = now;
       CheckLiveness(now);
+    }
   }
 }
 
@@ -246,20 +249,26 @@ void Scheduler::SendNotice(int peer, Message msg) {
     // A newer table replaces one the node has not acknowledged yet when it
     // carries every node that one does (a change of one node does not
     // replace a pending change of another).
-    std::set<int> ids;
-    for (const wire::NodeInfo& n : msg.header.node_table().nodes())
-      ids.insert(n.id());
-    std::erase_if(notices_, [peer, &ids](const auto& entry) {
-      const Message& old = entry.second.msg;
-      if (entry.second.peer != peer ||
-          old.header.command() != wire::NODE_TABLE) {
-        return false;
+    auto mine = notices_by_peer_.find(peer);
+    std::vector<uint64_t> replaced;
+    if (mine != notices_by_peer_.end()) {
+      std::set<int> ids;
+      for (const wire::NodeInfo& n : msg.header.node_table().nodes())
+        ids.insert(n.id());
+      for (uint64_t old_id : mine->second) {
+        const Message& old = notices_.at(old_id).msg;
+        if (old.header.command() != wire::NODE_TABLE) continue;
+        bool covered = true;
+        for (const wire::NodeInfo& n : old.header.node_table().nodes()) {
+          if (ids.count(n.id()) == 0) {
+            covered = false;
+            break;
+          }
+        }
+        if (covered) replaced.push_back(old_id);
       }
-      for (const wire::NodeInfo& n : old.header.node_table().nodes()) {
-        if (ids.count(n.id()) == 0) return false;
-      }
-      return true;
-    });
+    }
+    for (uint64_t old_id : replaced) DropNotice(notices_.find(old_id));
   }
   const uint64_t id = next_notice_++;
   msg.header.set_request_id(id);
@@ -277,15 +286,31 @@ void Scheduler::SendNotice(int peer, Message msg) {
   notice.msg = std::move(msg);
   notice.wait = options_.resend_timeout;
   notice.next_send = absl::Now() + notice.wait;
+  notices_by_peer_[peer].insert(id);
+  next_resend_ = std::min(next_resend_, notice.next_send);
+}
+
+void Scheduler::DropNotice(std::map<uint64_t, Notice>::iterator it) {
+  auto mine = notices_by_peer_.find(it->second.peer);
+  if (mine != notices_by_peer_.end()) {
+    mine->second.erase(it->first);
+    if (mine->second.empty()) notices_by_peer_.erase(mine);
+  }
+  notices_.erase(it);
 }
 
 void Scheduler::ResendNotices(absl::Time now) {
   // PS_RESEND=0: every message goes once, as the nodes' requests do.
-  if (!options_.resend) return;
+  if (!options_.resend || now < next_resend_) return;
+  next_resend_ = absl::InfiniteFuture();
   for (auto& [id, notice] : notices_) {
-    if (now < notice.next_send) continue;
+    if (now < notice.next_send) {
+      next_resend_ = std::min(next_resend_, notice.next_send);
+      continue;
+    }
     notice.wait = std::min(notice.wait * 2, options_.resend_timeout * 8);
     notice.next_send = now + notice.wait;
+    next_resend_ = std::min(next_resend_, notice.next_send);
     TESSERA_VLOG(1) << "no acknowledgement from " << DescribePeer(notice.peer)
                     << " yet; sending again " << DebugString(notice.msg);
     metrics_.notice_resends->Increment();
@@ -303,7 +328,7 @@ bool Scheduler::Acknowledged(const wire::Header& h) {
   // without an id.
   if (it->second.peer != h.sender() && it->second.peer < kProvisionalBase)
     return false;
-  notices_.erase(it);
+  DropNotice(it);
   return true;
 }
 
@@ -316,17 +341,25 @@ void Scheduler::EndJob(const absl::Status& result, const Message& end,
                     : std::string(result.message());
   end_deadline_ = absl::Now() + options_.heartbeat_timeout;
   notices_.clear();  // tables no longer matter
+  notices_by_peer_.clear();
+  next_resend_ = absl::InfiniteFuture();
   for (int peer : peers) SendNotice(peer, end);
 }
 
 bool Scheduler::Ending(absl::Time now) {
   if (notices_.empty()) return false;
   if (now < end_deadline_) return true;
+  // At most kNamed nodes by name: a job of thousands would log a page.
+  constexpr size_t kNamed = 20;
   std::string silent;
+  size_t named = 0;
   for (const auto& [id, notice] : notices_) {
+    if (named++ == kNamed) break;
     absl::StrAppend(&silent, silent.empty() ? "" : ", ",
                     DescribePeer(notice.peer));
   }
+  if (notices_.size() > kNamed)
+    absl::StrAppend(&silent, " and ", notices_.size() - kNamed, " more");
   TESSERA_LOG(WARNING) << "leaving without an acknowledgement of the job's "
                           "end from "
                        << silent << " within "
@@ -397,7 +430,6 @@ void Scheduler::Handle(Message&& msg) {
         return;
       }
       int expected = 0;
-      int in_group = 0;
       if (group & kGroupServers) expected += options_.num_servers;
       if (group & kGroupWorkers) expected += options_.num_workers;
       const bool member = (IsServerId(sender) && (group & kGroupServers)) ||
@@ -422,12 +454,7 @@ void Scheduler::Handle(Message&& msg) {
       if (waiting.empty()) barrier_tag_[group] = h.barrier().tag();
       // A node waits in a barrier once. Its newest request is the one to
       // answer: a restarted node asks again under a new request id.
-      for (auto& [id, req] : waiting) {
-        if (id != sender) continue;
-        ++in_group;
-        req = h.request_id();
-      }
-      if (in_group == 0) waiting.emplace_back(sender, h.request_id());
+      waiting.insert_or_assign(sender, h.request_id());
       // A worker that has finished passed every later barrier: a restarted
       // worker's last barrier (its earlier life died in the one the others
       // passed before they finished) must not wait for it.
@@ -490,10 +517,7 @@ void Scheduler::HandleRegister(const Message& msg) {
   if (ended_ && !formed_) {
     // Registered before the start-up deadline and asks again for its table:
     // the abort notice it was sent reaches it (or is resent).
-    for (const Registration& r : registered_) {
-      if (r.info.host() == info.host() && r.info.port() == info.port())
-        return;
-    }
+    if (registered_at_.count({info.host(), info.port()}) != 0) return;
   }
   if (ended_) {
     // Too late for this job (a node started or restarted after its end was
@@ -522,10 +546,8 @@ void Scheduler::HandleRegister(const Message& msg) {
       return;
     }
   }
-  for (const Registration& r : registered_) {
-    if (r.info.host() == info.host() && r.info.port() == info.port())
-      return;  // duplicate
-  }
+  if (registered_at_.count({info.host(), info.port()}) != 0)
+    return;  // duplicate
   Registration r;
   r.info = info;
   r.provisional_id =
@@ -547,9 +569,7 @@ void Scheduler::HandleRegister(const Message& msg) {
     transport_->Disconnect(r.provisional_id);
     return;
   }
-  int count = 0;
-  for (const Registration& other : registered_)
-    count += other.info.role() == info.role();
+  const int count = registered_by_role_[info.role()];
   const int wanted =
       info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
   if (count >= wanted) {
@@ -565,6 +585,8 @@ void Scheduler::HandleRegister(const Message& msg) {
                   << (info.role() == wire::SERVER ? "server" : "worker")
                   << " at " << info.host() << ":" << info.port() << " (host "
                   << r.hostname << ", pid " << r.pid << ")";
+  registered_at_.insert({info.host(), info.port()});
+  ++registered_by_role_[info.role()];
   registered_.push_back(r);
   (info.role() == wire::SERVER ? metrics_.registered_servers
                                : metrics_.registered_workers)

@@ -76,6 +76,8 @@ class Scheduler {
   void Handle(Message&& msg);
   // Sends `msg` to `peer` as a notice.
   void SendNotice(int peer, Message msg);
+  // Forgets a notice (acknowledged or replaced).
+  void DropNotice(std::map<uint64_t, Notice>::iterator it);
   void ResendNotices(absl::Time now);
   // An acknowledgement of a notice; false when `h` acknowledges none.
   bool Acknowledged(const wire::Header& h);
@@ -119,11 +121,13 @@ class Scheduler {
     int pid = 0;
   };
   std::vector<Registration> registered_;
+  // Index of registered_ (a registration is checked against all before it).
+  std::set<std::pair<std::string, int>> registered_at_;  // host, port
+  std::map<int, int> registered_by_role_;                  // wire::Role -> count
   bool formed_ = false;
   std::map<int, wire::NodeInfo> nodes_;  // by id, once formed
   std::map<int, absl::Time> last_seen_;  // by id
-  std::map<int, std::vector<std::pair<int, uint64_t>>>
-      barriers_;                              // group -> (id, request)
+  std::map<int, std::map<int, uint64_t>> barriers_;  // group -> id -> request
   std::map<int, uint64_t> released_barrier_;  // id -> its last released request
   std::map<int, std::string> barrier_tag_;  // group -> its waiting barrier's tag
   std::set<int> done_workers_;
@@ -134,6 +138,17 @@ class Scheduler {
   static constexpr absl::Duration kFormationReportInterval = absl::Seconds(5);
   absl::Time last_formation_report_;
   std::map<uint64_t, Notice> notices_;  // by request id
+  // The request ids of each peer's notices: replacing a peer's pending table
+  // looks at that peer's notices only (not all N of them at formation).
+  std::map<int, std::set<uint64_t>> notices_by_peer_;
+  // No notice is due for a resend before this (ResendNotices skips its pass
+  // over every notice until then).
+  absl::Time next_resend_ = absl::InfiniteFuture();
+  // CheckLiveness passes over every node; it runs every kLivenessEvery, not
+  // after every message (at 10,000 nodes that pass cost more than the
+  // message).
+  static constexpr absl::Duration kLivenessEvery = absl::Milliseconds(100);
+  absl::Time last_liveness_check_ = absl::InfinitePast();
   uint64_t next_notice_ = 1;
   bool ended_ = false;       // the end is decided
   absl::Status result_;      // what Run returns once ended

@@ -72,6 +72,27 @@ int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type,
  * KVWorker::SetPullCompression). Before any init. */
 int tessera_kv_set_pull_compression(TesseraKV* kv, const char* type);
 
+/* A pull without a copy (KVWorker::PullView): the received frames are lent to
+ * the caller in *out, one part per server slice of the key, until
+ * tessera_pulled_free(*out). Read-only.
+ *
+ *   TesseraPulled* w;
+ *   if (tessera_kv_pull_view(kv, 0, &w) != 0) { puts(tessera_last_error()); }
+ *   size_t offset, len;
+ *   const float* part = tessera_pulled_part(w, 0, &offset, &len);
+ *   ...
+ *   tessera_pulled_free(w);
+ */
+typedef struct TesseraPulled TesseraPulled;
+int tessera_kv_pull_view(TesseraKV* kv, uint64_t key, TesseraPulled** out);
+size_t tessera_pulled_size(const TesseraPulled* pulled);  /* values */
+size_t tessera_pulled_num_parts(const TesseraPulled* pulled);
+/* Part i's first value, and its offset and length in values where those are
+ * not NULL; NULL when i >= tessera_pulled_num_parts. */
+const float* tessera_pulled_part(const TesseraPulled* pulled, size_t i,
+                                 size_t* offset, size_t* len);
+void tessera_pulled_free(TesseraPulled* pulled);  /* NULL is allowed */
+
 /* Row-sparse keys (see KVWorker::InitRows): a num_rows x row_length float32
  * matrix whose pushes and pulls name some rows. value may be NULL (zeros).
  * A push carries num_ids * row_length values; a pull fills as many. In

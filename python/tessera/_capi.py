@@ -93,6 +93,19 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
+    # A pull that lends the received frames (see KVStore.pull_view).
+    lib.tessera_kv_pull_view.argtypes = [kv, u64, ctypes.POINTER(ctypes.c_void_p)]
+    lib.tessera_kv_pull_view.restype = ctypes.c_int
+    pulled = ctypes.c_void_p
+    size_p = ctypes.POINTER(ctypes.c_size_t)
+    lib.tessera_pulled_size.argtypes = [pulled]
+    lib.tessera_pulled_size.restype = size
+    lib.tessera_pulled_num_parts.argtypes = [pulled]
+    lib.tessera_pulled_num_parts.restype = size
+    lib.tessera_pulled_part.argtypes = [pulled, size, size_p, size_p]
+    lib.tessera_pulled_part.restype = ctypes.c_void_p
+    lib.tessera_pulled_free.argtypes = [pulled]
+    lib.tessera_pulled_free.restype = None
     lib.tessera_last_error.argtypes = []
     lib.tessera_last_error.restype = ctypes.c_char_p
 

@@ -271,6 +271,22 @@ def _close_at_exit():
                              % (kv.rank, e))
 
 
+class _Lent:
+    """Frees a lent pull (tessera_pulled_free) once nothing refers to it."""
+
+    def __init__(self, lib, pulled):
+        self._lib = lib
+        self.pulled = pulled
+
+    def free(self):
+        pulled, self.pulled = self.pulled, None
+        if pulled:
+            self._lib.tessera_pulled_free(pulled)
+
+    def __del__(self):
+        self.free()
+
+
 class KVStore:
     """Joins the Tessera job given by the DMLC_* environment as a worker.
 
@@ -468,6 +484,39 @@ class KVStore:
             self._run([('tessera_kv_pull_async', keep, None, (k, addr, n))
                        for k, (addr, n, keep) in outs])
         self._broadcast(pairs)
+        return out
+
+    def pull_view(self, key):
+        """Pulls one key without copying it into an array of yours, and returns
+        a read-only 1-D float32 array. When the key arrived in one part (a key
+        of at most TESSERA_CHUNK_BYTES that lives on one server) the array lies
+        on the received frame itself, which stays alive as long as the array
+        (or a view of it) does: no copy at all. A key in several parts is
+        gathered into one new array (one copy, as pull makes)."""
+        k = _key(key)
+        lib = self._lib
+        pulled = ctypes.c_void_p()
+        self._call('tessera_kv_pull_view', k, ctypes.byref(pulled))
+        lent = _Lent(lib, pulled.value)
+        size = lib.tessera_pulled_size(lent.pulled)
+        parts = lib.tessera_pulled_num_parts(lent.pulled)
+        offset, n = ctypes.c_size_t(), ctypes.c_size_t()
+        if parts == 1:
+            addr = lib.tessera_pulled_part(lent.pulled, 0, ctypes.byref(offset),
+                                           ctypes.byref(n))
+            frame = (ctypes.c_float * n.value).from_address(addr)
+            frame._lent = lent  # the frame is freed with the last array over it
+            out = np.frombuffer(frame, np.float32)
+        else:
+            out = np.empty(size, np.float32)
+            for i in range(parts):
+                addr = lib.tessera_pulled_part(lent.pulled, i, ctypes.byref(offset),
+                                               ctypes.byref(n))
+                part = np.frombuffer((ctypes.c_float * n.value).from_address(addr),
+                                     np.float32)
+                out[offset.value:offset.value + n.value] = part
+            lent.free()
+        out.flags.writeable = False
         return out
 
     def pushpull(self, key, value, out=None, priority=0):

@@ -131,8 +131,38 @@ static int Nightly(void) {
     ExpectAll(small, kSmallLen, want, "small key", i);
     ExpectAll(big, kBigLen, want, "1200x1200 key", i);
   }
+  /* The same value without a copy: the lent parts tile the key in order. */
+  TesseraPulled* view = NULL;
+  CHECK_OK(tessera_kv_pull_view(kv, kBig, &view));
+  if (tessera_pulled_size(view) != kBigLen) {
+    fprintf(stderr, "FAIL: pull_view of %zu values, want %zu\n",
+            tessera_pulled_size(view), kBigLen);
+    return 1;
+  }
+  const size_t parts = tessera_pulled_num_parts(view);
+  size_t covered = 0;
+  for (size_t p = 0; p < parts; ++p) {
+    size_t offset = 0, len = 0;
+    const float* part = tessera_pulled_part(view, p, &offset, &len);
+    if (part == NULL || offset != covered) {
+      fprintf(stderr, "FAIL: pull_view part %zu at %zu, want %zu\n", p,
+              offset, covered);
+      return 1;
+    }
+    ExpectAll(part, len, 1.0f + (float)(n * (n + 1) * 7), "pull_view part",
+              (int)p);
+    covered += len;
+  }
+  if (covered != kBigLen || tessera_pulled_part(view, parts, NULL, NULL)) {
+    fprintf(stderr, "FAIL: pull_view parts cover %zu of %zu values\n",
+            covered, kBigLen);
+    return 1;
+  }
+  tessera_pulled_free(view);
+  CHECK_FAILS(tessera_kv_pull_view(kv, 42, &view), "never initialised");
   CHECK_OK(Close(kv));
-  printf("nightly ok: rank %d of %d, 7 rounds\n", rank_, n);
+  printf("nightly ok: rank %d of %d, 7 rounds, pull_view in %zu parts\n",
+         rank_, n, parts);
   free(small);
   free(big);
   free(grad);

@@ -51,6 +51,24 @@ def nightly():
             want = 1 + 2 * n * (n + 1) / 2 * (i + 1)
             expect_all(small, want, 'small key, round %d' % i)
             expect_all(big, want, '1200x1200 key, round %d' % i)
+            # The same values lent: the small key's frame itself (read-only),
+            # the split key gathered from its parts.
+            view = kv.pull_view(SMALL)
+            assert view.shape == (6,) and view.dtype == np.float32, view
+            assert not view.flags.writeable
+            expect_all(view, want, 'small key viewed, round %d' % i)
+            if i == 6:
+                whole = kv.pull_view(BIG)
+                assert whole.shape == (1200 * 1200,), whole.shape
+                expect_all(whole, want, '1200x1200 key viewed')
+                kept = view[2:]  # a view of the lent array keeps the frame alive
+                del view
+                expect_all(kept, want, 'a slice of the lent array')
+                try:
+                    kv.pull_view(4242)
+                    raise AssertionError('pull_view of an unknown key succeeded')
+                except tessera.TesseraError as e:
+                    assert 'never initialised' in str(e), e
         print('nightly ok: rank %d of %d, %d servers, 7 rounds' % (kv.rank, n, kv.num_servers))
 
 

@@ -8,7 +8,7 @@
 //
 //   tessera-sim --nodes=1000 [--server_percent=10] [--barriers=5]
 //               [--idle_s=3] [--rounds=3] [--values=100] [--kv=true]
-//               [--kill=true] [--heartbeat_timeout_s=3]
+//               [--kill=true] [--heartbeat_timeout_s=3] [--scheduler_rt]
 //
 // --kv=false runs the control plane only (Node per process, no KVServer or
 // KVClient): two threads per node instead of four, for 10,000 nodes. Prints
@@ -16,10 +16,14 @@
 //   SIM nodes=N servers=S workers=W form_s=... barrier_ms=... ...
 // that the ctest (sim_test) checks. Exit 0 when every check passed (formed,
 // rounds' exact sums, the killed node named by every survivor), 1 otherwise.
+#include <pthread.h>
+#include <sched.h>
+
 #include <atomic>
 #include <barrier>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,6 +55,10 @@ ABSL_FLAG(bool, kv, true, "run KVServer/KVClient (false: control plane only)");
 ABSL_FLAG(bool, kill, true, "end with a worker's death and its detection");
 ABSL_FLAG(double, heartbeat_interval_s, 1, "PS_HEARTBEAT_INTERVAL");
 ABSL_FLAG(double, heartbeat_timeout_s, 3, "PS_HEARTBEAT_TIMEOUT");
+ABSL_FLAG(bool, scheduler_rt, false,
+          "run the scheduler's thread at real-time priority (SCHED_RR) where "
+          "permitted: it then stands for a scheduler on a machine of its own, "
+          "which the simulated nodes' threads cannot starve of CPU");
 
 namespace tessera {
 namespace {
@@ -181,7 +189,25 @@ int Run() {
     return 1;
   }
   absl::Status scheduler_result;
-  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  std::atomic<int> rt_error{-1};  // -1: not asked; 0: done; else errno
+  std::thread scheduler_thread([&] {
+    if (absl::GetFlag(FLAGS_scheduler_rt)) {
+      sched_param param{};
+      param.sched_priority = 1;
+      rt_error = pthread_setschedparam(pthread_self(), SCHED_RR, &param);
+    }
+    scheduler_result = scheduler.Run();
+  });
+  while (absl::GetFlag(FLAGS_scheduler_rt) && rt_error.load() == -1)
+    std::this_thread::yield();
+  if (rt_error.load() > 0) {
+    std::printf("tessera-sim: --scheduler_rt: no real-time priority (%s); the "
+                "scheduler's thread shares the CPU with the nodes' threads\n",
+                std::strerror(rt_error.load()));
+  } else if (rt_error.load() == 0) {
+    std::printf("tessera-sim: the scheduler's thread runs at real-time "
+                "priority (SCHED_RR 1)\n");
+  }
 
   // Phases, delimited by a barrier of the worker threads (the last to arrive
   // runs the completion: it reads the counters and the clock).

@@ -12,6 +12,10 @@ struct TesseraKV {
   std::unique_ptr<tessera::KVWorker> worker;
 };
 
+struct TesseraPulled {
+  tessera::PulledValue value;
+};
+
 namespace {
 
 thread_local std::string last_error;
@@ -105,6 +109,34 @@ int tessera_kv_pull(TesseraKV* kv, uint64_t key, float* out, size_t len) {
   if (out == nullptr && len > 0) return NullArgument("out");
   return Result(kv->worker->Pull(key, absl::MakeSpan(out, len)));
 }
+
+int tessera_kv_pull_view(TesseraKV* kv, uint64_t key, TesseraPulled** out) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (out == nullptr) return NullArgument("out");
+  absl::StatusOr<tessera::PulledValue> value = kv->worker->PullView(key);
+  if (!value.ok()) return Fail(value.status());
+  *out = new TesseraPulled{*std::move(value)};
+  return 0;
+}
+
+size_t tessera_pulled_size(const TesseraPulled* pulled) {
+  return pulled == nullptr ? 0 : pulled->value.size();
+}
+
+size_t tessera_pulled_num_parts(const TesseraPulled* pulled) {
+  return pulled == nullptr ? 0 : pulled->value.num_parts();
+}
+
+const float* tessera_pulled_part(const TesseraPulled* pulled, size_t i,
+                                 size_t* offset, size_t* len) {
+  if (pulled == nullptr || i >= pulled->value.num_parts()) return nullptr;
+  absl::Span<const float> part = pulled->value.part(i);
+  if (offset != nullptr) *offset = pulled->value.offset(i);
+  if (len != nullptr) *len = part.size();
+  return part.data();
+}
+
+void tessera_pulled_free(TesseraPulled* pulled) { delete pulled; }
 
 int tessera_kv_pushpull(TesseraKV* kv, uint64_t key, const float* grad,
                         float* out, size_t len) {
