@@ -717,10 +717,9 @@ absl::StatusOr<OpHandle> KVClient::PushDeviceAsync(uint64_t key,
                   });
 }
 
-absl::StatusOr<OpHandle> KVClient::PullAsync(uint64_t key,
-                                             absl::Span<float> out) {
-  TESSERA_RETURN_IF_ERROR(CheckOpen());
-  TESSERA_RETURN_IF_ERROR(CheckKey(key, out.size(), "pull"));
+absl::StatusOr<OpHandle> KVClient::StartPull(
+    uint64_t key, uint64_t length, const PlainReplyFn& plain,
+    const CopiedFn& copied, const PrepareFn& prepare) {
   const uint64_t op = tracker_->NewOp();
   std::vector<KeyPart> parts;
   std::vector<std::shared_ptr<PulledCopy>> copies;
@@ -730,33 +729,48 @@ absl::StatusOr<OpHandle> KVClient::PullAsync(uint64_t key,
     copies = keys_.at(key).pulled;
     ++stats_.pulls;
   }
+  if (prepare) prepare(parts);
   for (size_t i = 0; i < parts.size(); ++i) {
     const KeyPart& part = parts[i];
-    Message msg = SliceMessage(wire::KV_PULL, key, part, out.size());
-    float* at = out.data() + part.offset;
-    if (copies.empty()) {
-      SendPart(op, part, std::move(msg), at, {key, i, true});
-      continue;
-    }
-    // Compressed: the reply brings this worker's copy forward, which then
-    // goes to the caller's buffer.
-    std::shared_ptr<PulledCopy> copy = copies[i];
-    msg.header.set_pull_compressed(true);
-    msg.header.set_pull_chain(copy->chain());
-    msg.header.set_pull_version(copy->version());
+    Message msg = SliceMessage(wire::KV_PULL, key, part, length);
     RequestTracker::Request request;
     request.op = op;
     request.server = ServerId(part.server_rank);
     request.length = part.length;
     request.part = {key, i, true};
-    request.on_reply = [copy, at](const Message& reply) {
-      absl::Status applied = copy->Apply(reply);
-      if (applied.ok()) copy->CopyTo(at);
-      return applied;
-    };
+    if (copies.empty()) {
+      plain(i, part, &request);
+    } else {
+      // Compressed: the reply brings this worker's copy forward, which then
+      // goes where the caller wants it.
+      std::shared_ptr<PulledCopy> copy = copies[i];
+      msg.header.set_pull_compressed(true);
+      msg.header.set_pull_chain(copy->chain());
+      msg.header.set_pull_version(copy->version());
+      request.on_reply = [copy, copied, i, part](const Message& reply) {
+        absl::Status applied = copy->Apply(reply);
+        if (applied.ok()) copied(i, part, *copy);
+        return applied;
+      };
+    }
     tracker_->Send(request, std::move(msg));
   }
   return op;
+}
+
+absl::StatusOr<OpHandle> KVClient::PullAsync(uint64_t key,
+                                             absl::Span<float> out) {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  TESSERA_RETURN_IF_ERROR(CheckKey(key, out.size(), "pull"));
+  float* base = out.data();
+  return StartPull(
+      key, out.size(),
+      [base](size_t, const KeyPart& part, RequestTracker::Request* request) {
+        request->out = base + part.offset;  // copied there in Wait
+      },
+      [base](size_t, const KeyPart& part, const PulledCopy& copy) {
+        copy.CopyTo(base + part.offset);
+      });
 }
 
 absl::StatusOr<OpHandle> KVClient::PullViewAsync(uint64_t key,
@@ -773,61 +787,39 @@ absl::StatusOr<OpHandle> KVClient::PullViewAsync(uint64_t key,
     if (it != keys_.end()) length = it->second.length;
   }
   TESSERA_RETURN_IF_ERROR(CheckKey(key, length, "pull_view"));
-  const uint64_t op = tracker_->NewOp();
-  std::vector<KeyPart> parts;
-  std::vector<std::shared_ptr<PulledCopy>> copies;
-  {
-    absl::MutexLock lock(&mu_);
-    parts = keys_.at(key).parts;
-    copies = keys_.at(key).pulled;
-    ++stats_.pulls;
-  }
   auto rep = std::make_shared<PulledValue::Rep>();
   rep->length = length;
-  for (const KeyPart& part : parts) {
-    rep->offsets.push_back(part.offset);
-    rep->lengths.push_back(part.length);
-  }
-  rep->frames.resize(parts.size());
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const KeyPart& part = parts[i];
-    Message msg = SliceMessage(wire::KV_PULL, key, part, length);
-    RequestTracker::Request request;
-    request.op = op;
-    request.server = ServerId(part.server_rank);
-    request.length = part.length;
-    request.part = {key, i, true};
-    if (copies.empty()) {
-      // The reply's frame itself becomes the part: no copy.
-      request.on_reply = [rep, i, n = part.length](const Message& reply) {
-        if (reply.data.size() != 1 || reply.header.frames_size() != 1 ||
-            reply.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
-            reply.header.frames(0).num_values() != n ||
-            reply.data[0].size() != n * sizeof(float)) {
-          return absl::DataLossError(
-              absl::StrCat("reply from node ", reply.header.sender(),
-                           " does not carry ", n, " float values"));
+  absl::StatusOr<OpHandle> op = StartPull(
+      key, length,
+      [rep](size_t i, const KeyPart& part, RequestTracker::Request* request) {
+        // The reply's frame itself becomes the part: no copy.
+        request->on_reply = [rep, i, n = part.length](const Message& reply) {
+          if (reply.data.size() != 1 || reply.header.frames_size() != 1 ||
+              reply.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+              reply.header.frames(0).num_values() != n ||
+              reply.data[0].size() != n * sizeof(float)) {
+            return absl::DataLossError(
+                absl::StrCat("reply from node ", reply.header.sender(),
+                             " does not carry ", n, " float values"));
+          }
+          rep->frames[i] = reply.data[0];
+          return absl::OkStatus();
+        };
+      },
+      [rep](size_t i, const KeyPart& part, const PulledCopy& copy) {
+        Buffer values = Buffer::Allocate(part.length * sizeof(float));
+        copy.CopyTo(values.mutable_floats());
+        rep->frames[i] = std::move(values);
+      },
+      [&rep](const std::vector<KeyPart>& parts) {
+        // Before any request goes: the replies fill frames[i].
+        for (const KeyPart& part : parts) {
+          rep->offsets.push_back(part.offset);
+          rep->lengths.push_back(part.length);
         }
-        rep->frames[i] = reply.data[0];
-        return absl::OkStatus();
-      };
-    } else {
-      std::shared_ptr<PulledCopy> copy = copies[i];
-      msg.header.set_pull_compressed(true);
-      msg.header.set_pull_chain(copy->chain());
-      msg.header.set_pull_version(copy->version());
-      request.on_reply = [copy, rep, i, n = part.length](const Message& reply) {
-        absl::Status applied = copy->Apply(reply);
-        if (applied.ok()) {
-          Buffer values = Buffer::Allocate(n * sizeof(float));
-          copy->CopyTo(values.mutable_floats());
-          rep->frames[i] = std::move(values);
-        }
-        return applied;
-      };
-    }
-    tracker_->Send(request, std::move(msg));
-  }
+        rep->frames.resize(parts.size());
+      });
+  if (!op.ok()) return op.status();
   out->rep_ = std::move(rep);
   return op;
 }

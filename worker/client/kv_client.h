@@ -152,6 +152,20 @@ class KVClient : public KVWorker {
   bool HaveKeys() const;
   std::vector<KeyPart> Parts(uint64_t key) const;
   absl::Status CheckKey(uint64_t key, size_t len, const char* what) const;
+  // The one pull path (PullAsync, PullViewAsync): a KV_PULL per slice of
+  // `key` (`length` values) as a new operation. `prepare` sees the slices
+  // before any request goes. An uncompressed slice's request is completed by
+  // `plain` (where its reply goes); with pull compression the reply brings
+  // this worker's copy of slice i forward and `copied` then takes it.
+  using PlainReplyFn =
+      std::function<void(size_t, const KeyPart&, RequestTracker::Request*)>;
+  using CopiedFn =
+      std::function<void(size_t, const KeyPart&, const PulledCopy&)>;
+  using PrepareFn = std::function<void(const std::vector<KeyPart>&)>;
+  absl::StatusOr<OpHandle> StartPull(uint64_t key, uint64_t length,
+                                     const PlainReplyFn& plain,
+                                     const CopiedFn& copied,
+                                     const PrepareFn& prepare = nullptr);
   // `total`: values of a dense key, rows of a row-sparse one.
   static Message SliceMessage(wire::Command cmd, uint64_t key,
                               const KeyPart& part, uint64_t total,
