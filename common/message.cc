@@ -147,6 +147,48 @@ absl::StatusOr<Message> DecodeMessage(const void* header, size_t header_size,
   return msg;
 }
 
+absl::Status DecodeHeader(const void* header, size_t header_size,
+                          const CodecLimits& limits, wire::Header* out) {
+  if (header_size > limits.max_header_bytes) {
+    return absl::DataLossError(absl::StrCat("header of ", header_size,
+                                            " bytes exceeds the limit of ",
+                                            limits.max_header_bytes));
+  }
+  if (!out->ParseFromArray(header, static_cast<int>(header_size))) {
+    return absl::DataLossError(absl::StrCat("header of ", header_size,
+                                            " bytes is not a valid header"));
+  }
+  if (!wire::Command_IsValid(out->command()) ||
+      out->command() == wire::CMD_UNKNOWN) {
+    return absl::DataLossError(
+        absl::StrCat("unknown command ", static_cast<int>(out->command())));
+  }
+  if (static_cast<size_t>(out->frames_size()) > limits.max_frames) {
+    return absl::DataLossError(absl::StrCat("header describes ",
+                                            out->frames_size(),
+                                            " data frames; at most ",
+                                            limits.max_frames, " are allowed"));
+  }
+  uint64_t total = 0;
+  for (int i = 0; i < out->frames_size(); ++i) {
+    const wire::DataFrame& d = out->frames(i);
+    if (d.num_bytes() > limits.max_message_bytes) {
+      return absl::DataLossError(absl::StrCat(
+          "frame ", i, " of ", d.num_bytes(), " bytes exceeds the limit of ",
+          limits.max_message_bytes));
+    }
+    absl::Status s = CheckFrame(d, d.num_bytes(), static_cast<size_t>(i));
+    if (!s.ok()) return s;
+    total += d.num_bytes();
+    if (total > limits.max_message_bytes) {
+      return absl::DataLossError(
+          absl::StrCat("message data exceeds the limit of ",
+                       limits.max_message_bytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string DebugString(const Message& msg) {
   const wire::Header& h = msg.header;
   std::string s = absl::StrCat(

@@ -77,6 +77,12 @@ absl::StatusOr<Message> DecodeMessage(const void* header, size_t header_size,
                                       std::vector<Buffer> data,
                                       const CodecLimits& limits = CodecLimits());
 
+// Parses a header alone and checks its frame descriptors (consistency,
+// count, sizes) against `limits`, for a receiver that assembles the frames
+// itself. DataLoss on malformed input.
+absl::Status DecodeHeader(const void* header, size_t header_size,
+                          const CodecLimits& limits, wire::Header* out);
+
 // A one-line description for logs ("KV_PUSH #12 9->8 key=3 [0,+100) 1 frame").
 std::string DebugString(const Message& msg);
 

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config python3
-  libzmq3-dev cppzmq-dev libsodium-dev libprotobuf-dev protobuf-compiler libabsl-dev
+  libzmq3-dev cppzmq-dev libsodium-dev libssl-dev libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev
   # The metrics endpoint (TESSERA_METRICS_PORT).
   libcpp-httplib-dev

@@ -1,0 +1,755 @@
+#include "common/sealed_link.h"
+
+#include <openssl/evp.h>
+#include <sodium.h>
+#include <zmq.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/sender_check.h"
+
+namespace tessera {
+namespace sealed {
+namespace {
+
+constexpr char kMagic[4] = {'T', 'S', 'L', '1'};
+constexpr char kLinkLabel[] = "tessera sealed link v1";
+constexpr char kEpochLabel[] = "epoch";
+
+void PutU32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void PutU64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t GetU32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t GetU64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+uint8_t RoleByte(Role r) { return static_cast<uint8_t>(r); }
+
+// The first record's plaintext opens with the header's length and the pad
+// that aligns the data frames after it.
+constexpr size_t kLeadBytes = 8;
+size_t PadFor(size_t header_size) {
+  return (16 - (kLeadBytes + header_size) % 16) % 16;
+}
+
+const EVP_CIPHER* Aes256Gcm() {
+  static const EVP_CIPHER* cipher = [] {
+    // Fetched once; EVP_aes_256_gcm() would fetch it on every key change.
+    EVP_CIPHER* fetched = EVP_CIPHER_fetch(nullptr, "AES-256-GCM", nullptr);
+    return fetched != nullptr ? static_cast<const EVP_CIPHER*>(fetched)
+                              : EVP_aes_256_gcm();
+  }();
+  return cipher;
+}
+
+std::string KeyText(const Key32& key) {
+  char text[41];
+  zmq_z85_encode(text, key.data(), key.size());
+  return absl::StrCat(std::string(text, 8), "...");
+}
+
+}  // namespace
+
+// --- Keys -----------------------------------------------------------------
+
+NodeKey NodeKey::Generate() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (sodium_init() < 0) std::abort();  // no usable random source
+  });
+  NodeKey k;
+  randombytes_buf(k.secret_.data(), k.secret_.size());
+  crypto_scalarmult_base(k.public_.data(), k.secret_.data());
+  return k;
+}
+
+NodeKey NodeKey::FromSecret(const Key32& secret) {
+  NodeKey k;
+  k.secret_ = secret;
+  crypto_scalarmult_base(k.public_.data(), k.secret_.data());
+  return k;
+}
+
+NodeKey::~NodeKey() { sodium_memzero(secret_.data(), secret_.size()); }
+
+bool NodeKey::Agree(const Key32& peer, Key32* shared) const {
+  return crypto_scalarmult(shared->data(), secret_.data(), peer.data()) == 0;
+}
+
+std::optional<Key32> RoleSecret(const std::string& own_secret_z85,
+                                const std::string& peer_public_z85) {
+  if (own_secret_z85.size() != 40 || peer_public_z85.size() != 40)
+    return std::nullopt;
+  Key32 secret, peer, shared;
+  if (zmq_z85_decode(secret.data(), own_secret_z85.c_str()) == nullptr ||
+      zmq_z85_decode(peer.data(), peer_public_z85.c_str()) == nullptr) {
+    return std::nullopt;
+  }
+  const bool ok =
+      crypto_scalarmult(shared.data(), secret.data(), peer.data()) == 0;
+  sodium_memzero(secret.data(), secret.size());
+  if (!ok) return std::nullopt;
+  return shared;
+}
+
+Key32 DeriveLinkSecret(const Key32& ee, const Key32& ss, Role from_role,
+                       const Key32& from_key, Role to_role,
+                       const Key32& to_key, uint32_t link) {
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, nullptr, 0, 32);
+  crypto_generichash_update(
+      &state, reinterpret_cast<const uint8_t*>(kLinkLabel),
+      sizeof(kLinkLabel) - 1);
+  crypto_generichash_update(&state, ee.data(), ee.size());
+  crypto_generichash_update(&state, ss.data(), ss.size());
+  const uint8_t from = RoleByte(from_role), to = RoleByte(to_role);
+  crypto_generichash_update(&state, &from, 1);
+  crypto_generichash_update(&state, from_key.data(), from_key.size());
+  crypto_generichash_update(&state, &to, 1);
+  crypto_generichash_update(&state, to_key.data(), to_key.size());
+  uint8_t link_bytes[4];
+  PutU32(link_bytes, link);
+  crypto_generichash_update(&state, link_bytes, sizeof(link_bytes));
+  Key32 out;
+  crypto_generichash_final(&state, out.data(), out.size());
+  return out;
+}
+
+Key32 EpochKey(const Key32& link_secret, uint32_t epoch) {
+  uint8_t message[sizeof(kEpochLabel) - 1 + 4];
+  std::memcpy(message, kEpochLabel, sizeof(kEpochLabel) - 1);
+  PutU32(message + sizeof(kEpochLabel) - 1, epoch);
+  Key32 out;
+  crypto_generichash(out.data(), out.size(), message, sizeof(message),
+                     link_secret.data(), link_secret.size());
+  return out;
+}
+
+// --- Prefix ---------------------------------------------------------------
+
+void EncodePrefix(const Prefix& p, uint8_t out[kPrefixBytes]) {
+  std::memcpy(out, kMagic, 4);
+  out[4] = p.flags;
+  out[5] = RoleByte(p.role);
+  out[6] = out[7] = 0;
+  std::memcpy(out + 8, p.node_key.data(), 32);
+  PutU32(out + 40, p.link);
+  PutU32(out + 44, p.epoch);
+  PutU64(out + 48, p.seq);
+  PutU32(out + 56, p.length);
+  PutU32(out + 60, 0);
+}
+
+absl::Status DecodePrefix(const uint8_t in[kPrefixBytes], Prefix* p) {
+  if (std::memcmp(in, kMagic, 4) != 0)
+    return absl::InvalidArgumentError("not a sealed record (magic)");
+  if ((in[4] & ~(kFirst | kLast)) != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown record flags ", static_cast<int>(in[4])));
+  if (in[5] > RoleByte(Role::kWorker))
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown sender role ", static_cast<int>(in[5])));
+  if (in[6] != 0 || in[7] != 0 || GetU32(in + 60) != 0)
+    return absl::InvalidArgumentError("reserved prefix bytes are not zero");
+  p->flags = in[4];
+  p->role = static_cast<Role>(in[5]);
+  std::memcpy(p->node_key.data(), in + 8, 32);
+  p->link = GetU32(in + 40);
+  p->epoch = GetU32(in + 44);
+  p->seq = GetU64(in + 48);
+  p->length = GetU32(in + 56);
+  return absl::OkStatus();
+}
+
+// --- Cipher ---------------------------------------------------------------
+
+Cipher::Cipher() : ctx_(EVP_CIPHER_CTX_new()) {}
+
+Cipher::~Cipher() { EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(ctx_)); }
+
+void Cipher::SetKey(const Key32& key) {
+  EVP_CipherInit_ex(static_cast<EVP_CIPHER_CTX*>(ctx_), Aes256Gcm(), nullptr,
+                    key.data(), nullptr, 1);
+}
+
+namespace {
+void Begin(void* ctx, uint32_t epoch, uint64_t seq, const uint8_t* aad,
+           size_t aad_size, int enc) {
+  uint8_t iv[12];
+  PutU32(iv, epoch);
+  PutU64(iv + 4, seq);
+  auto* c = static_cast<EVP_CIPHER_CTX*>(ctx);
+  EVP_CipherInit_ex(c, nullptr, nullptr, nullptr, iv, enc);
+  int out = 0;
+  EVP_CipherUpdate(c, nullptr, &out, aad, static_cast<int>(aad_size));
+}
+}  // namespace
+
+void Cipher::BeginSeal(uint32_t epoch, uint64_t seq, const uint8_t* aad,
+                       size_t aad_size) {
+  sealing_ = true;
+  Begin(ctx_, epoch, seq, aad, aad_size, 1);
+}
+
+void Cipher::BeginOpen(uint32_t epoch, uint64_t seq, const uint8_t* aad,
+                       size_t aad_size) {
+  sealing_ = false;
+  Begin(ctx_, epoch, seq, aad, aad_size, 0);
+}
+
+void Cipher::Update(const uint8_t* in, uint8_t* out, size_t size) {
+  auto* c = static_cast<EVP_CIPHER_CTX*>(ctx_);
+  // EVP counts in int; a piece is at most one record.
+  while (size > 0) {
+    const int n = static_cast<int>(std::min<size_t>(size, 1 << 30));
+    int written = 0;
+    EVP_CipherUpdate(c, out, &written, in, n);
+    in += n;
+    out += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void Cipher::EndSeal(uint8_t tag[kTagBytes]) {
+  auto* c = static_cast<EVP_CIPHER_CTX*>(ctx_);
+  uint8_t unused[16];
+  int out = 0;
+  EVP_CipherFinal_ex(c, unused, &out);
+  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTagBytes, tag);
+}
+
+bool Cipher::EndOpen(const uint8_t tag[kTagBytes]) {
+  auto* c = static_cast<EVP_CIPHER_CTX*>(ctx_);
+  uint8_t expected[kTagBytes];
+  std::memcpy(expected, tag, kTagBytes);
+  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, expected);
+  uint8_t unused[16];
+  int out = 0;
+  return EVP_CipherFinal_ex(c, unused, &out) > 0;
+}
+
+// --- Sealer ---------------------------------------------------------------
+
+Sealer::Sealer(Role own_role, const Key32& own_key, uint32_t link,
+               const Key32& link_secret, size_t record_bytes,
+               uint64_t rekey_bytes)
+    : role_(own_role),
+      key_(own_key),
+      link_(link),
+      secret_(link_secret),
+      record_bytes_(std::max<size_t>(record_bytes, 64)),
+      rekey_bytes_(rekey_bytes) {
+  cipher_.SetKey(EpochKey(secret_, epoch_));
+}
+
+absl::Status Sealer::SealRecord(
+    uint8_t flags, absl::Span<const absl::Span<const uint8_t>> pieces,
+    size_t length, RecordSink& sink) {
+  uint8_t* out = sink.Allocate(kRecordOverhead + length);
+  Prefix p;
+  p.flags = flags;
+  p.role = role_;
+  p.node_key = key_;
+  p.link = link_;
+  p.epoch = epoch_;
+  p.seq = seq_++;
+  p.length = static_cast<uint32_t>(length);
+  EncodePrefix(p, out);
+  cipher_.BeginSeal(p.epoch, p.seq, out, kPrefixBytes);
+  uint8_t* at = out + kPrefixBytes;
+  for (absl::Span<const uint8_t> piece : pieces) {
+    cipher_.Update(piece.data(), at, piece.size());
+    at += piece.size();
+  }
+  cipher_.EndSeal(at);
+  sealed_under_key_ += length;
+  return sink.Emit();
+}
+
+absl::Status Sealer::Seal(absl::Span<const uint8_t> header,
+                          const std::vector<Buffer>& frames,
+                          RecordSink& sink) {
+  uint64_t data_bytes = 0;
+  for (const Buffer& f : frames) data_bytes += f.size();
+  if (sealed_under_key_ > 0 && sealed_under_key_ + header.size() + data_bytes >
+                                   rekey_bytes_) {
+    ++epoch_;
+    sealed_under_key_ = 0;
+    cipher_.SetKey(EpochKey(secret_, epoch_));
+  }
+  uint8_t lead[kLeadBytes];
+  PutU32(lead, static_cast<uint32_t>(header.size()));
+  const size_t pad = PadFor(header.size());
+  PutU32(lead + 4, static_cast<uint32_t>(pad));
+  static const uint8_t kZeros[16] = {0};
+  const size_t first = kLeadBytes + header.size() + pad;
+  std::vector<absl::Span<const uint8_t>> pieces = {
+      absl::Span<const uint8_t>(lead, kLeadBytes), header,
+      absl::Span<const uint8_t>(kZeros, pad)};
+  if (first + data_bytes <= record_bytes_) {
+    for (const Buffer& f : frames) {
+      if (!f.empty()) pieces.emplace_back(f.data(), f.size());
+    }
+    return SealRecord(kFirst | kLast, pieces,
+                      first + static_cast<size_t>(data_bytes), sink);
+  }
+  // The header alone, then the data in records of record_bytes_.
+  if (absl::Status s = SealRecord(data_bytes == 0 ? kFirst | kLast : kFirst,
+                                  pieces, first, sink);
+      !s.ok() || data_bytes == 0) {
+    return s;
+  }
+  uint64_t left = data_bytes;
+  size_t frame = 0, offset = 0;
+  while (left > 0) {
+    const size_t length =
+        static_cast<size_t>(std::min<uint64_t>(left, record_bytes_));
+    pieces.clear();
+    size_t need = length;
+    while (need > 0) {
+      const Buffer& f = frames[frame];
+      const size_t n = std::min(need, f.size() - offset);
+      if (n > 0) pieces.emplace_back(f.data() + offset, n);
+      need -= n;
+      offset += n;
+      if (offset == f.size()) {
+        ++frame;
+        offset = 0;
+      }
+    }
+    left -= length;
+    if (absl::Status s = SealRecord(left == 0 ? kLast : 0, pieces, length, sink);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --- SealedReceiver -------------------------------------------------------
+
+struct SealedReceiver::Peer {
+  int id = 0;
+  Role role = Role::kWorker;
+  Key32 key{};
+  std::optional<Key32> ee;  // X25519 of the two node keys, once needed
+  bool have_link = false;
+  uint32_t link = 0;
+  uint32_t epoch = 0;
+  uint64_t next_seq = 0;
+  Key32 secret{};
+  std::unique_ptr<Cipher> cipher;
+  // The message being assembled from the link's records.
+  bool assembling = false;
+  Message msg;
+  std::vector<uint8_t*> dest;  // writable start of each frame
+  size_t frame = 0;            // the frame the next byte goes to
+  size_t offset = 0;           // within it
+  uint64_t remaining = 0;      // bytes still to come
+};
+
+SealedReceiver::SealedReceiver(Options options)
+    : options_(std::move(options)) {}
+
+SealedReceiver::~SealedReceiver() = default;
+
+void SealedReceiver::SetPeer(int id, Role role, const Key32& node_key) {
+  absl::MutexLock lock(&mu_);
+  auto old = key_of_.find(id);
+  if (old != key_of_.end()) {
+    if (old->second == node_key) {
+      peers_.at(node_key)->role = role;
+      return;
+    }
+    peers_.erase(old->second);
+  }
+  auto peer = std::make_unique<Peer>();
+  peer->id = id;
+  peer->role = role;
+  peer->key = node_key;
+  // A key that moves to another id (never in a real job) leaves the old id.
+  auto taken = peers_.find(node_key);
+  if (taken != peers_.end()) key_of_.erase(taken->second->id);
+  peers_[node_key] = std::move(peer);
+  key_of_[id] = node_key;
+  directory_changed_ = true;
+}
+
+void SealedReceiver::RemovePeer(int id) {
+  absl::MutexLock lock(&mu_);
+  auto it = key_of_.find(id);
+  if (it == key_of_.end()) return;
+  peers_.erase(it->second);
+  key_of_.erase(it);
+}
+
+DropCounts SealedReceiver::counts() const {
+  absl::MutexLock lock(&mu_);
+  return counts_;
+}
+
+size_t SealedReceiver::parked() const {
+  absl::MutexLock lock(&mu_);
+  return parked_.size();
+}
+
+void SealedReceiver::Drop(uint64_t DropCounts::*counter,
+                          const std::string& why) {
+  const uint64_t n = ++(counts_.*counter);
+  if (options_.on_drop) options_.on_drop(n, why);
+}
+
+void SealedReceiver::Accept(Record record, std::vector<Message>* ready) {
+  absl::MutexLock lock(&mu_);
+  if (directory_changed_ && !parked_.empty()) ReleaseLocked(ready);
+  AcceptLocked(std::move(record), ready);
+}
+
+void SealedReceiver::ReleaseParked(std::vector<Message>* ready) {
+  absl::MutexLock lock(&mu_);
+  if (parked_.empty()) return;
+  ReleaseLocked(ready);
+}
+
+void SealedReceiver::ReleaseLocked(std::vector<Message>* ready) {
+  directory_changed_ = false;
+  const absl::Time now = absl::Now();
+  std::deque<Parked> still;
+  std::deque<Parked> parked = std::move(parked_);
+  parked_.clear();
+  parked_bytes_ = 0;
+  for (Parked& p : parked) {
+    Prefix prefix;
+    (void)DecodePrefix(p.record.data, &prefix);  // checked when parked
+    auto it = peers_.find(prefix.node_key);
+    if (it != peers_.end()) {
+      Open(p.record, prefix, *it->second, ready);
+    } else if (now - p.arrived > options_.park_time) {
+      Drop(&DropCounts::unknown_key,
+           absl::StrCat("a record from node key ", KeyText(prefix.node_key),
+                        ", which is no node of this job's table (waited ",
+                        absl::FormatDuration(options_.park_time), ")"));
+    } else {
+      parked_bytes_ += p.record.size;
+      still.push_back(std::move(p));
+    }
+  }
+  parked_ = std::move(still);
+}
+
+void SealedReceiver::AcceptLocked(Record record, std::vector<Message>* ready) {
+  if (record.size < kRecordOverhead) {
+    Drop(&DropCounts::malformed,
+         absl::StrCat("a record of ", record.size, " bytes; at least ",
+                      kRecordOverhead, " are needed"));
+    return;
+  }
+  Prefix prefix;
+  if (absl::Status s = DecodePrefix(record.data, &prefix); !s.ok()) {
+    Drop(&DropCounts::malformed, std::string(s.message()));
+    return;
+  }
+  if (prefix.length != record.size - kRecordOverhead) {
+    Drop(&DropCounts::malformed,
+         absl::StrCat("a record of ", record.size, " bytes says it holds ",
+                      prefix.length, " bytes of plaintext"));
+    return;
+  }
+  if (prefix.role != record.connection_role) {
+    Drop(&DropCounts::wrong_sender,
+         absl::StrCat("a record sealed by a ", RoleName(prefix.role),
+                      " came on a connection of the ",
+                      RoleName(record.connection_role), " key"));
+    return;
+  }
+  auto it = peers_.find(prefix.node_key);
+  if (it == peers_.end()) {
+    if (parked_.size() >= options_.max_parked ||
+        parked_bytes_ + record.size > options_.max_parked_bytes) {
+      Drop(&DropCounts::unknown_key,
+           absl::StrCat("a record from node key ", KeyText(prefix.node_key),
+                        ", which is no node of this job's table (",
+                        parked_.size(), " records already wait)"));
+      return;
+    }
+    parked_bytes_ += record.size;
+    parked_.push_back({std::move(record), absl::Now()});
+    return;
+  }
+  Open(record, prefix, *it->second, ready);
+}
+
+void SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,
+                          std::vector<Message>* ready) {
+  // "worker id 9", made only when a drop is logged.
+  auto from = [&peer] { return absl::StrCat(RoleName(peer.role), " id ", peer.id); };
+  if (prefix.role != peer.role) {
+    Drop(&DropCounts::wrong_sender,
+         absl::StrCat("a record sealed as a ", RoleName(prefix.role),
+                      " with the node key of ", from()));
+    return;
+  }
+  if (peer.have_link) {
+    if (prefix.link < peer.link ||
+        (prefix.link == peer.link &&
+         (prefix.epoch < peer.epoch || prefix.seq < peer.next_seq))) {
+      Drop(&DropCounts::replayed,
+           absl::StrCat("a record from ", from(), " (link ", prefix.link,
+                        ", epoch ", prefix.epoch, ", record ", prefix.seq,
+                        ") already passed: the link is at link ", peer.link,
+                        ", epoch ", peer.epoch, ", record ", peer.next_seq));
+      return;
+    }
+  }
+  if ((prefix.flags & kFirst) == 0) {
+    OpenNext(record, prefix, peer, ready);
+    return;
+  }
+  if (peer.have_link && prefix.link == peer.link &&
+      prefix.epoch == peer.epoch) {
+    OpenFirst(record, prefix, peer, *peer.cipher, ready);
+    return;
+  }
+  // A new link or epoch: a key of its own, kept only if the record opens.
+  Key32 secret = peer.secret;
+  if (!peer.have_link || prefix.link != peer.link) {
+    if (!peer.ee.has_value()) {
+      Key32 ee;
+      if (!options_.node_key.Agree(peer.key, &ee)) {
+        Drop(&DropCounts::unauthentic,
+             absl::StrCat("the node key of ", from(), " is of small order"));
+        return;
+      }
+      peer.ee = ee;
+    }
+    const std::optional<Key32>& ss =
+        options_.role_secrets[static_cast<int>(peer.role)];
+    if (!ss.has_value()) {
+      Drop(&DropCounts::wrong_sender,
+           absl::StrCat("a record from ", from(), ", a role that may not seal to a ",
+                        RoleName(options_.own_role)));
+      return;
+    }
+    secret = DeriveLinkSecret(*peer.ee, *ss, peer.role, peer.key,
+                              options_.own_role, own_key(), prefix.link);
+  }
+  auto cipher = std::make_unique<Cipher>();
+  cipher->SetKey(EpochKey(secret, prefix.epoch));
+  if (OpenFirst(record, prefix, peer, *cipher, ready)) {
+    // OpenFirst committed the sequence; commit the key.
+    peer.secret = secret;
+    peer.cipher = std::move(cipher);
+  }
+}
+
+bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix,
+                               Peer& peer, Cipher& cipher,
+                               std::vector<Message>* ready) {
+  uint8_t* plain = record.data + kPrefixBytes;
+  cipher.BeginOpen(prefix.epoch, prefix.seq, record.data, kPrefixBytes);
+  cipher.Update(plain, plain, prefix.length);
+  if (!cipher.EndOpen(plain + prefix.length)) {
+    Drop(&DropCounts::unauthentic,
+         absl::StrCat("a record that does not open (link ", prefix.link,
+                      ", record ", prefix.seq, ", claimed by ",
+                      RoleName(peer.role), " id ", peer.id, ")"));
+    return false;
+  }
+  // Authentic: the link moves on whatever the record holds.
+  peer.have_link = true;
+  peer.link = prefix.link;
+  peer.epoch = prefix.epoch;
+  peer.next_seq = prefix.seq + 1;
+  if (peer.assembling) {
+    peer.assembling = false;
+    peer.msg = Message();
+    peer.dest.clear();
+    Drop(&DropCounts::incomplete,
+         absl::StrCat("a message from ", RoleName(peer.role), " id ", peer.id,
+                      " lost its last ", peer.remaining,
+                      " bytes (a new message began)"));
+  }
+  const size_t length = prefix.length;
+  auto malformed = [&](const std::string& why) {
+    Drop(&DropCounts::malformed,
+         absl::StrCat("a message from ", RoleName(peer.role), " id ", peer.id,
+                      ": ", why));
+  };
+  if (length < kLeadBytes) {
+    malformed("its first record is too short for a header");
+    return true;
+  }
+  const uint32_t header_size = GetU32(plain);
+  const uint32_t pad = GetU32(plain + 4);
+  if (pad >= 16 || uint64_t{kLeadBytes} + header_size + pad > length) {
+    malformed(absl::StrCat("a header of ", header_size, " bytes and ", pad,
+                           " of padding in a record of ", length));
+    return true;
+  }
+  Message msg;
+  if (absl::Status s = DecodeHeader(plain + kLeadBytes, header_size,
+                                    options_.limits, &msg.header);
+      !s.ok()) {
+    malformed(std::string(s.message()));
+    return true;
+  }
+  uint64_t total = 0;
+  for (const wire::DataFrame& d : msg.header.frames()) {
+    if (options_.max_frame_bytes >= 0 &&
+        d.num_bytes() > static_cast<uint64_t>(options_.max_frame_bytes)) {
+      malformed(absl::StrCat("a frame of ", d.num_bytes(),
+                             " bytes; this node takes at most ",
+                             options_.max_frame_bytes,
+                             " (TESSERA_MAX_MESSAGE_BYTES)"));
+      return true;
+    }
+    total += d.num_bytes();
+  }
+  const size_t here = length - kLeadBytes - header_size - pad;
+  const bool last = (prefix.flags & kLast) != 0;
+  if (here > total || (last && here != total) || (!last && here == total)) {
+    malformed(absl::StrCat("its header describes ", total,
+                           " bytes of data; the first record holds ", here,
+                           last ? " and is the last" : " and is not the last"));
+    return true;
+  }
+  // Frames whole in this record are lent from it; the others get memory of
+  // their own, which the next records are opened into.
+  const uint8_t* data = plain + kLeadBytes + header_size + pad;
+  std::shared_ptr<void> owner = record.owner;
+  size_t at = 0;
+  peer.dest.clear();
+  peer.frame = msg.header.frames_size();
+  peer.offset = 0;
+  for (int i = 0; i < msg.header.frames_size(); ++i) {
+    const size_t size = msg.header.frames(i).num_bytes();
+    if (at + size <= here) {
+      const uint8_t* p = data + at;
+      if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) {
+        msg.data.push_back(Buffer::CopyOf(p, size));
+      } else {
+        msg.data.push_back(Buffer::Wrap(p, size, owner));
+      }
+      peer.dest.push_back(nullptr);
+      at += size;
+      continue;
+    }
+    Buffer b = Buffer::Allocate(size);
+    const size_t present = here > at ? here - at : 0;
+    if (present > 0) std::memcpy(b.mutable_data(), data + at, present);
+    if (static_cast<size_t>(i) < peer.frame) {
+      peer.frame = static_cast<size_t>(i);
+      peer.offset = present;
+    }
+    at += present;
+    peer.dest.push_back(b.mutable_data());
+    msg.data.push_back(std::move(b));
+  }
+  peer.msg = std::move(msg);
+  peer.remaining = total - here;
+  peer.assembling = true;
+  if (peer.remaining == 0) Finish(peer, ready);
+  return true;
+}
+
+void SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
+                              std::vector<Message>* ready) {
+  // "worker id 9", made only when a drop is logged.
+  auto from = [&peer] { return absl::StrCat(RoleName(peer.role), " id ", peer.id); };
+  if (!peer.assembling || prefix.link != peer.link ||
+      prefix.epoch != peer.epoch || prefix.seq != peer.next_seq) {
+    Drop(&DropCounts::out_of_order,
+         absl::StrCat("a record from ", from(), " (link ", prefix.link,
+                      ", record ", prefix.seq,
+                      ") continues no message in progress"));
+    return;
+  }
+  if (prefix.length == 0 || prefix.length > peer.remaining) {
+    Drop(&DropCounts::malformed,
+         absl::StrCat("a record from ", from(), " of ", prefix.length,
+                      " bytes; its message has ", peer.remaining, " to come"));
+    return;
+  }
+  // Opened straight into the frames; a record that fails leaves the cursor
+  // where it was, and the authentic record with this number overwrites what
+  // it wrote.
+  Peer& p = peer;
+  p.cipher->BeginOpen(prefix.epoch, prefix.seq, record.data, kPrefixBytes);
+  const uint8_t* in = record.data + kPrefixBytes;
+  size_t left = prefix.length;
+  size_t frame = p.frame, offset = p.offset;
+  while (left > 0) {
+    const size_t size = p.msg.data[frame].size();
+    const size_t n = std::min(left, size - offset);
+    if (n > 0) p.cipher->Update(in, p.dest[frame] + offset, n);
+    in += n;
+    left -= n;
+    offset += n;
+    if (offset == size) {
+      ++frame;
+      offset = 0;
+      while (frame < p.dest.size() && p.dest[frame] == nullptr) ++frame;
+    }
+  }
+  if (!p.cipher->EndOpen(in)) {
+    Drop(&DropCounts::unauthentic,
+         absl::StrCat("a record that does not open (link ", prefix.link,
+                      ", record ", prefix.seq, ", claimed by ", from(), ")"));
+    return;
+  }
+  p.next_seq = prefix.seq + 1;
+  p.frame = frame;
+  p.offset = offset;
+  p.remaining -= prefix.length;
+  const bool last = (prefix.flags & kLast) != 0;
+  if (last != (p.remaining == 0)) {
+    p.assembling = false;
+    p.msg = Message();
+    p.dest.clear();
+    Drop(&DropCounts::malformed,
+         absl::StrCat("a message from ", from(),
+                      last ? " ended before its header's size"
+                           : " went on past its header's size"));
+    return;
+  }
+  if (p.remaining == 0) Finish(p, ready);
+}
+
+void SealedReceiver::Finish(Peer& peer, std::vector<Message>* ready) {
+  peer.assembling = false;
+  peer.dest.clear();
+  Message msg = std::move(peer.msg);
+  peer.msg = Message();
+  const wire::Header& h = msg.header;
+  absl::Status allowed = CheckClaimedSender(h, peer.role);
+  if (allowed.ok() && h.sender() != peer.id) {
+    allowed = absl::PermissionDeniedError(
+        absl::StrCat("it claims sender ", h.sender(),
+                     ", but it was sealed with the node key of ",
+                     RoleName(peer.role), " id ", peer.id));
+  }
+  if (!allowed.ok()) {
+    Drop(&DropCounts::wrong_sender,
+         absl::StrCat(allowed.message(), ": ", DebugString(msg)));
+    return;
+  }
+  ready->push_back(std::move(msg));
+}
+
+}  // namespace sealed
+}  // namespace tessera

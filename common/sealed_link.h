@@ -1,0 +1,309 @@
+// SealedLink: the record layer of a secured job's data links. Messages between
+// workers and servers, and from nodes to the scheduler, travel as records
+// sealed with AES-256-GCM under keys that only the link's two processes can
+// derive; docs/security.md gives the design and the threat model.
+//
+// Every process makes a node key (X25519) when it starts and never stores it.
+// Its public half reaches the scheduler in the registration (over CURVE, with
+// the role's key) and every peer in the node table (over CURVE, from the
+// scheduler). The key of the link from A to B is
+//
+//   secret = BLAKE2b-256("tessera sealed link v1" || X25519(a, B) ||
+//                        X25519(role key of A, role key of B) ||
+//                        A's role || A's node key || B's role || B's node key ||
+//                        link number)
+//   key(epoch) = BLAKE2b-256(key = secret, "epoch" || epoch)
+//
+// so it is fresh per link (A counts the links it opens), per direction (the
+// transcript is ordered), and per life of either process (node keys).
+//
+// A message (its serialized header, then its data frames) is cut into records
+// of at most `record_bytes` of plaintext; each record is one ZeroMQ frame:
+//
+//   [64-byte prefix, sent in the clear and authenticated as associated data]
+//     "TSL1" | flags (1 first, 2 last) | sender role | 0 0 |
+//     sender node key (32) | link (u32) | epoch (u32) | sequence (u64) |
+//     plaintext length (u32) | 0 0 0 0
+//   [ciphertext][16-byte GCM tag]
+//
+// The nonce is epoch || sequence; the sequence counts the link's records, so
+// no nonce repeats under a key. The first record's plaintext starts with the
+// header's length, a pad length and the header, padded so that data frames
+// start 16-byte aligned; a message bigger than one record sends its header in
+// a record of its own, so its data frames are opened straight into place.
+//
+// The receiver opens a record only if it comes from a node key of its
+// directory (the node table), with a sequence above every one it took from
+// that link, on the link's newest number and epoch; anything else is dropped
+// and counted before anything reads it, and a record that fails to open
+// changes no state. The message's claimed sender must be the node the key
+// belongs to.
+//
+//   NodeKey key = NodeKey::Generate();
+//   Sealer sealer(Role::kWorker, key.public_key(), /*link=*/1, secret);
+//   sealer.Seal(header_bytes, frames, sink);           // sink: one call per record
+//   SealedReceiver receiver(options);
+//   receiver.SetPeer(9, Role::kWorker, worker_key);     // from the node table
+//   receiver.Accept(std::move(record), &ready);         // ready: whole messages
+//
+// Thread-safety: a Sealer is used by one thread at a time (its link's lock).
+// SealedReceiver is thread-safe: its lock is held while a record is opened, so
+// SetPeer never changes a link under it.
+#ifndef TESSERA_COMMON_SEALED_LINK_H_
+#define TESSERA_COMMON_SEALED_LINK_H_
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/buffer.h"
+#include "common/message.h"
+#include "common/options.h"
+
+namespace tessera {
+namespace sealed {
+
+using Key32 = std::array<uint8_t, 32>;
+
+inline constexpr size_t kPrefixBytes = 64;
+inline constexpr size_t kTagBytes = 16;
+inline constexpr size_t kRecordOverhead = kPrefixBytes + kTagBytes;
+inline constexpr uint8_t kFirst = 1;
+inline constexpr uint8_t kLast = 2;
+// Plaintext per record unless the header needs more (see Sealer).
+inline constexpr size_t kDefaultRecordBytes = 256 << 10;
+// A key seals at most this many bytes; then the link moves to the next epoch.
+// TLS 1.3 (RFC 8446, 5.5) allows AES-GCM about 2^38 bytes per key for a 2^-57
+// margin; 2^36 keeps four times below it.
+inline constexpr uint64_t kRekeyBytes = uint64_t{1} << 36;
+
+// A process's X25519 key pair, made when it starts; the secret half never
+// leaves the process.
+class NodeKey {
+ public:
+  static NodeKey Generate();
+  // From a known secret (tests).
+  static NodeKey FromSecret(const Key32& secret);
+  NodeKey(const NodeKey&) = default;
+  NodeKey& operator=(const NodeKey&) = default;
+  ~NodeKey();
+
+  const Key32& public_key() const { return public_; }
+  // X25519(secret, peer); false for a peer key of small order (the shared
+  // secret would be zero).
+  bool Agree(const Key32& peer, Key32* shared) const;
+
+ private:
+  NodeKey() = default;
+  Key32 secret_{};
+  Key32 public_{};
+};
+
+// X25519(own role secret key, peer role public key), both Z85 as in key
+// files; what every link between those two roles mixes in. nullopt for keys
+// that do not decode or agree.
+std::optional<Key32> RoleSecret(const std::string& own_secret_z85,
+                                const std::string& peer_public_z85);
+
+// The secret of the link from (from_role, from_key) to (to_role, to_key).
+// `ee`: X25519 of the two node keys; `ss`: RoleSecret of the two roles.
+Key32 DeriveLinkSecret(const Key32& ee, const Key32& ss, Role from_role,
+                       const Key32& from_key, Role to_role,
+                       const Key32& to_key, uint32_t link);
+Key32 EpochKey(const Key32& link_secret, uint32_t epoch);
+
+// The fields of a record's prefix.
+struct Prefix {
+  uint8_t flags = 0;
+  Role role = Role::kWorker;  // the sender's
+  Key32 node_key{};           // the sender's
+  uint32_t link = 0;
+  uint32_t epoch = 0;
+  uint64_t seq = 0;
+  uint32_t length = 0;  // plaintext bytes
+};
+void EncodePrefix(const Prefix& p, uint8_t out[kPrefixBytes]);
+// InvalidArgument for a prefix no sender writes (magic, flags, role, zero
+// bytes).
+absl::Status DecodePrefix(const uint8_t in[kPrefixBytes], Prefix* p);
+
+// AES-256-GCM with one key (OpenSSL's EVP).
+class Cipher {
+ public:
+  Cipher();
+  ~Cipher();
+  Cipher(const Cipher&) = delete;
+  Cipher& operator=(const Cipher&) = delete;
+
+  void SetKey(const Key32& key);
+  // One record: Begin, Update for each piece of plaintext (or ciphertext,
+  // with Open), then End. Pieces may be split anywhere; in and out may be the
+  // same pointer.
+  void BeginSeal(uint32_t epoch, uint64_t seq, const uint8_t* aad,
+                 size_t aad_size);
+  void BeginOpen(uint32_t epoch, uint64_t seq, const uint8_t* aad,
+                 size_t aad_size);
+  void Update(const uint8_t* in, uint8_t* out, size_t size);
+  // Writes the tag.
+  void EndSeal(uint8_t tag[kTagBytes]);
+  // False when the record does not authenticate.
+  bool EndOpen(const uint8_t tag[kTagBytes]);
+
+ private:
+  void* ctx_;  // EVP_CIPHER_CTX
+  bool sealing_ = false;
+};
+
+// Where sealed records go: Allocate gives a writable buffer for one record
+// (the transport's ZeroMQ message), Emit sends the record last allocated.
+class RecordSink {
+ public:
+  virtual ~RecordSink() = default;
+  virtual uint8_t* Allocate(size_t size) = 0;
+  virtual absl::Status Emit() = 0;
+};
+
+// The sending end of one link.
+class Sealer {
+ public:
+  Sealer(Role own_role, const Key32& own_key, uint32_t link,
+         const Key32& link_secret, size_t record_bytes = kDefaultRecordBytes,
+         uint64_t rekey_bytes = kRekeyBytes);
+
+  // Seals one message as records: `header` (serialized) and `frames`, whose
+  // sizes the header describes. Errors are the sink's.
+  absl::Status Seal(absl::Span<const uint8_t> header,
+                    const std::vector<Buffer>& frames, RecordSink& sink);
+
+  uint32_t link() const { return link_; }
+  uint32_t epoch() const { return epoch_; }
+  uint64_t next_seq() const { return seq_; }
+
+ private:
+  absl::Status SealRecord(uint8_t flags,
+                          absl::Span<const absl::Span<const uint8_t>> pieces,
+                          size_t length, RecordSink& sink);
+
+  const Role role_;
+  const Key32 key_;
+  const uint32_t link_;
+  const Key32 secret_;
+  const size_t record_bytes_;
+  const uint64_t rekey_bytes_;
+  uint32_t epoch_ = 0;
+  uint64_t seq_ = 0;
+  uint64_t sealed_under_key_ = 0;
+  Cipher cipher_;
+};
+
+// Why records and messages were dropped.
+struct DropCounts {
+  uint64_t malformed = 0;       // a prefix or a message no sender writes
+  uint64_t unauthentic = 0;     // failed to open (altered, another link's, another job's)
+  uint64_t replayed = 0;        // sequence, epoch or link already passed
+  uint64_t out_of_order = 0;    // a continuation that is not the next record
+  uint64_t unknown_key = 0;     // from a node key not (or no longer) in the table
+  uint64_t incomplete = 0;      // messages cut short (their rest never came)
+  uint64_t wrong_sender = 0;    // a message whose claimed sender is not the key's node
+  uint64_t total() const {
+    return malformed + unauthentic + replayed + out_of_order + unknown_key +
+           incomplete + wrong_sender;
+  }
+};
+
+// One received record: its bytes (writable: records are opened in place) and
+// what keeps them alive.
+struct Record {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<void> owner;
+  // The role the record's connection authenticated as (its ZAP User-Id).
+  Role connection_role = Role::kWorker;
+};
+
+// The receiving end of every link into one process.
+class SealedReceiver {
+ public:
+  struct Options {
+    Role own_role = Role::kServer;
+    NodeKey node_key = NodeKey::Generate();
+    // RoleSecret(own role's secret key, role r's public key), by Role.
+    std::array<std::optional<Key32>, 3> role_secrets;
+    CodecLimits limits;
+    int64_t max_frame_bytes = -1;  // -1: no limit beyond `limits`
+    // Records from node keys not yet in the directory wait (a peer's first
+    // message can come before this process's node table); at most this many,
+    // for at most this long.
+    size_t max_parked = 1024;
+    uint64_t max_parked_bytes = uint64_t{64} << 20;
+    absl::Duration park_time = absl::Seconds(10);
+    // Called for each drop, with the counter's new value and why; may log.
+    std::function<void(uint64_t n, const std::string& why)> on_drop;
+  };
+
+  explicit SealedReceiver(Options options);
+  ~SealedReceiver();
+
+  // The node `id` (of `role`) seals with `node_key`; replaces the key it had
+  // (a restarted node), whose records are then refused.
+  void SetPeer(int id, Role role, const Key32& node_key);
+  void RemovePeer(int id);
+
+  // Takes one record; appends the messages it completes to `ready`.
+  void Accept(Record record, std::vector<Message>* ready);
+  // Opens parked records whose key is now known (in arrival order) and drops
+  // those that waited too long. Cheap when nothing is parked.
+  void ReleaseParked(std::vector<Message>* ready);
+
+  DropCounts counts() const;
+  size_t parked() const;
+  const Key32& own_key() const { return options_.node_key.public_key(); }
+
+ private:
+  struct Peer;
+  struct Parked {
+    Record record;
+    absl::Time arrived;
+  };
+
+  void Drop(uint64_t DropCounts::*counter, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AcceptLocked(Record record, std::vector<Message>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(std::vector<Message>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A record whose sender's key the directory has.
+  void Open(Record& record, const Prefix& prefix, Peer& peer,
+            std::vector<Message>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool OpenFirst(Record& record, const Prefix& prefix, Peer& peer,
+                 Cipher& cipher, std::vector<Message>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OpenNext(Record& record, const Prefix& prefix, Peer& peer,
+                std::vector<Message>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(Peer& peer, std::vector<Message>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<int, Key32> key_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key32, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  DropCounts counts_ ABSL_GUARDED_BY(mu_);
+  bool directory_changed_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Parked> parked_ ABSL_GUARDED_BY(mu_);
+  uint64_t parked_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace sealed
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_SEALED_LINK_H_

@@ -1,0 +1,503 @@
+// The sealed record layer (common/sealed_link.h) on its own: messages of every
+// shape come through bit for bit, and every record an attacker on the link
+// can make (flipped bits, replays, reordering, truncation, records of another
+// link or another job, unknown keys, claims of another node's id) is dropped,
+// counted under its reason and changes nothing: the authentic record that
+// follows is still taken.
+#include "common/sealed_link.h"
+
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/curve_keys.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::sealed {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWorkerId = 9;
+constexpr int kServerId = 8;
+
+// Every record sealed, as a separate copy.
+class VectorSink : public RecordSink {
+ public:
+  uint8_t* Allocate(size_t size) override {
+    pending_ = std::make_shared<std::vector<uint8_t>>(size);
+    return pending_->data();
+  }
+  absl::Status Emit() override {
+    records.push_back(pending_);
+    return absl::OkStatus();
+  }
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> records;
+
+ private:
+  std::shared_ptr<std::vector<uint8_t>> pending_;
+};
+
+// A fresh, writable copy of a record, as the transport hands it over.
+Record Copy(const std::vector<uint8_t>& bytes,
+            Role connection = Role::kWorker) {
+  auto owned = std::make_shared<std::vector<uint8_t>>(bytes);
+  Record r;
+  r.data = owned->data();
+  r.size = owned->size();
+  r.owner = owned;
+  r.connection_role = connection;
+  return r;
+}
+
+// A job's role keys and the secrets a worker and a server derive from them.
+struct Job {
+  JobKeySet keys = GenerateJobKeys().value();
+  Key32 Secret(Role own, Role peer) const {
+    return *RoleSecret(keys.of(own).secret_key, keys.of(peer).public_key);
+  }
+};
+
+// One worker sealing to one server over link `link`.
+struct Pair {
+  explicit Pair(const Job& job, size_t record_bytes = 4096,
+                uint64_t rekey_bytes = kRekeyBytes, uint32_t link = 1)
+      : worker(NodeKey::Generate()),
+        server(NodeKey::Generate()),
+        sealer(Role::kWorker, worker.public_key(), link,
+               LinkSecretFor(job, link), record_bytes, rekey_bytes),
+        receiver(ReceiverOptions(job)) {
+    receiver.SetPeer(kWorkerId, Role::kWorker, worker.public_key());
+  }
+  Key32 LinkSecretFor(const Job& job, uint32_t link) const {
+    Key32 ee;
+    EXPECT_TRUE(worker.Agree(server.public_key(), &ee));
+    return DeriveLinkSecret(ee, job.Secret(Role::kWorker, Role::kServer),
+                            Role::kWorker, worker.public_key(), Role::kServer,
+                            server.public_key(), link);
+  }
+  SealedReceiver::Options ReceiverOptions(const Job& job) {
+    SealedReceiver::Options o;
+    o.own_role = Role::kServer;
+    o.node_key = server;
+    o.role_secrets[static_cast<int>(Role::kWorker)] =
+        job.Secret(Role::kServer, Role::kWorker);
+    o.on_drop = [this](uint64_t, const std::string& why) {
+      drops.push_back(why);
+    };
+    return o;
+  }
+  // Seals `msg`; its records.
+  std::vector<std::vector<uint8_t>> Seal(const Message& msg) {
+    return SealWith(sealer, msg);
+  }
+  static std::vector<std::vector<uint8_t>> SealWith(Sealer& s,
+                                                    const Message& msg) {
+    const std::string header = msg.header.SerializeAsString();
+    VectorSink sink;
+    EXPECT_TRUE(s.Seal(absl::Span<const uint8_t>(
+                           reinterpret_cast<const uint8_t*>(header.data()),
+                           header.size()),
+                       msg.data, sink)
+                    .ok());
+    std::vector<std::vector<uint8_t>> out;
+    for (auto& r : sink.records) out.push_back(*r);
+    return out;
+  }
+  std::vector<Message> Feed(const std::vector<std::vector<uint8_t>>& records) {
+    std::vector<Message> ready;
+    for (const auto& r : records) receiver.Accept(Copy(r), &ready);
+    return ready;
+  }
+
+  NodeKey worker, server;
+  Sealer sealer;
+  std::vector<std::string> drops;
+  SealedReceiver receiver;
+};
+
+Buffer Floats(size_t n, float start) {
+  Buffer b = Buffer::Allocate(n * sizeof(float));
+  for (size_t i = 0; i < n; ++i) b.mutable_floats()[i] = start + i;
+  return b;
+}
+
+// A push from worker id 9 with frames of the given float counts.
+Message Push(std::vector<size_t> floats, uint64_t request = 1) {
+  Message m;
+  m.header.set_command(wire::KV_PUSH);
+  m.header.set_sender(kWorkerId);
+  m.header.set_recipient(kServerId);
+  m.header.set_request_id(request);
+  m.header.set_plane(wire::DATA);
+  m.header.mutable_slice()->set_key(7);
+  float start = 1;
+  for (size_t n : floats) {
+    AddFloatFrame(&m, Floats(n, start));
+    start += 1000000;
+  }
+  return m;
+}
+
+void ExpectSame(const Message& want, const Message& got) {
+  EXPECT_EQ(got.header.SerializeAsString(), want.header.SerializeAsString());
+  ASSERT_EQ(got.data.size(), want.data.size());
+  for (size_t i = 0; i < want.data.size(); ++i) {
+    ASSERT_EQ(got.data[i].size(), want.data[i].size()) << "frame " << i;
+    EXPECT_EQ(std::memcmp(got.data[i].data(), want.data[i].data(),
+                          want.data[i].size()),
+              0)
+        << "frame " << i;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(got.data[i].data()) % alignof(float),
+              0u);
+  }
+}
+
+TEST(SealedLinkTest, MessagesOfEveryShapeArriveBitForBit) {
+  Job job;
+  Pair p(job, /*record_bytes=*/4096);
+  const std::vector<std::vector<size_t>> shapes = {
+      {},                  // header only
+      {0},                 // an empty frame
+      {3},                 // one record
+      {1000, 24},          // just over one record
+      {5000},              // a frame over several records
+      {1023, 0, 1, 4097},  // frames split anywhere, an empty one between
+      {100000, 7, 100000},
+  };
+  uint64_t request = 1;
+  for (const auto& shape : shapes) {
+    const Message want = Push(shape, request++);
+    const auto records = p.Seal(want);
+    for (const auto& r : records) EXPECT_LE(r.size(), 4096 + kRecordOverhead);
+    std::vector<Message> got = p.Feed(records);
+    ASSERT_EQ(got.size(), 1u) << ::testing::PrintToString(shape);
+    ExpectSame(want, got[0]);
+  }
+  EXPECT_EQ(p.receiver.counts().total(), 0u);
+  EXPECT_TRUE(p.drops.empty());
+}
+
+TEST(SealedLinkTest, NothingOfThePlaintextIsInTheRecords) {
+  Job job;
+  Pair p(job);
+  Message m = Push({4096});
+  // A pattern that plaintext would show.
+  for (size_t i = 0; i < 4096; ++i) m.data[0].mutable_floats()[i] = 1234.5f;
+  std::string needle(16, '\0');
+  for (int i = 0; i < 4; ++i) std::memcpy(&needle[4 * i], m.data[0].data(), 4);
+  for (const auto& r : p.Seal(m)) {
+    const std::string bytes(r.begin(), r.end());
+    EXPECT_EQ(bytes.find(needle), std::string::npos);
+    EXPECT_EQ(bytes.find(m.header.SerializeAsString().substr(0, 8)),
+              std::string::npos);
+  }
+}
+
+// Every byte of a record, flipped in turn, makes it fail (the prefix is
+// associated data, the rest ciphertext and tag); the authentic record then
+// still opens.
+TEST(SealedLinkTest, AnyFlippedBitIsDroppedAndChangesNothing) {
+  Job job;
+  Pair p(job, 256);
+  const Message want = Push({200});  // a header record and 4 data records
+  const auto records = p.Seal(want);
+  ASSERT_GE(records.size(), 3u);
+  std::mt19937 rng(7);
+  std::vector<Message> ready;
+  for (size_t r = 0; r < records.size(); ++r) {
+    for (size_t byte = 0; byte < records[r].size(); ++byte) {
+      auto bad = records[r];
+      bad[byte] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      p.receiver.Accept(Copy(bad), &ready);
+    }
+    p.receiver.Accept(Copy(records[r]), &ready);
+  }
+  ASSERT_EQ(ready.size(), 1u);
+  ExpectSame(want, ready[0]);
+  const DropCounts c = p.receiver.counts();
+  uint64_t flips = 0;
+  for (const auto& r : records) flips += r.size();
+  // A flipped node key names a key the table does not have: those records
+  // wait (and are dropped after the park time); every other flip is dropped.
+  EXPECT_EQ(p.receiver.parked(), 32 * records.size());
+  EXPECT_EQ(c.total() + p.receiver.parked(), flips);
+  EXPECT_GT(c.unauthentic, flips / 2);  // ciphertext and tag bytes
+  EXPECT_EQ(c.incomplete, 0u);
+}
+
+TEST(SealedLinkTest, ReplayedAndReorderedRecordsAreDropped) {
+  Job job;
+  Pair p(job, 256);
+  const Message first = Push({200}, 1), second = Push({200}, 2);
+  const auto a = p.Seal(first);
+  const auto b = p.Seal(second);
+  std::vector<Message> ready;
+  for (const auto& r : a) p.receiver.Accept(Copy(r), &ready);
+  // The whole first message again, then its records in reverse.
+  for (const auto& r : a) p.receiver.Accept(Copy(r), &ready);
+  for (auto it = a.rbegin(); it != a.rend(); ++it)
+    p.receiver.Accept(Copy(*it), &ready);
+  EXPECT_EQ(p.receiver.counts().replayed, 2 * a.size());
+  // Within the second message: its third record before its second.
+  p.receiver.Accept(Copy(b[0]), &ready);
+  p.receiver.Accept(Copy(b[2]), &ready);
+  EXPECT_EQ(p.receiver.counts().out_of_order, 1u);
+  for (size_t i = 1; i < b.size(); ++i) p.receiver.Accept(Copy(b[i]), &ready);
+  ASSERT_EQ(ready.size(), 2u);
+  ExpectSame(first, ready[0]);
+  ExpectSame(second, ready[1]);
+  EXPECT_THAT(p.drops[0], HasSubstr("already passed"));
+}
+
+TEST(SealedLinkTest, TruncatedAndPaddedRecordsAreMalformed) {
+  Job job;
+  Pair p(job, 256);
+  const Message want = Push({100});
+  const auto records = p.Seal(want);
+  std::vector<Message> ready;
+  for (const auto& r : records) {
+    for (size_t cut : {size_t{1}, size_t{16}, r.size() - kRecordOverhead}) {
+      auto shorter = r;
+      shorter.resize(r.size() - cut);
+      p.receiver.Accept(Copy(shorter), &ready);
+    }
+    auto longer = r;
+    longer.push_back(0);
+    p.receiver.Accept(Copy(longer), &ready);
+    p.receiver.Accept(Copy(r), &ready);
+  }
+  ASSERT_EQ(ready.size(), 1u);
+  ExpectSame(want, ready[0]);
+  EXPECT_EQ(p.receiver.counts().malformed, 4 * records.size());
+  EXPECT_EQ(p.receiver.counts().total(), 4 * records.size());
+}
+
+// A lost data record: the message is dropped as incomplete when the next one
+// begins, and the next one arrives.
+TEST(SealedLinkTest, AMessageWhoseRecordIsLostIsDroppedAndTheNextArrives) {
+  Job job;
+  Pair p(job, 256);
+  const Message first = Push({300}, 1), second = Push({10}, 2);
+  auto a = p.Seal(first);
+  a.erase(a.begin() + 2);
+  std::vector<Message> ready = p.Feed(a);
+  const auto b = p.Seal(second);
+  for (const auto& r : b) p.receiver.Accept(Copy(r), &ready);
+  ASSERT_EQ(ready.size(), 1u);
+  ExpectSame(second, ready[0]);
+  EXPECT_EQ(p.receiver.counts().out_of_order, a.size() - 2);
+  EXPECT_EQ(p.receiver.counts().incomplete, 1u);
+}
+
+// Records of another link: the same worker's link to another server, the
+// same server's link from another worker (its key claimed), and another job.
+TEST(SealedLinkTest, RecordsOfAnotherLinkOrJobDoNotOpen) {
+  Job job, other_job;
+  Pair p(job, 256);
+  const Message want = Push({100});
+  // The worker's link to another server (same link number).
+  NodeKey other_server = NodeKey::Generate();
+  Key32 ee;
+  ASSERT_TRUE(p.worker.Agree(other_server.public_key(), &ee));
+  Sealer to_other(Role::kWorker, p.worker.public_key(), 1,
+                  DeriveLinkSecret(ee, job.Secret(Role::kWorker, Role::kServer),
+                                   Role::kWorker, p.worker.public_key(),
+                                   Role::kServer, other_server.public_key(), 1),
+                  256);
+  // Another job's keys, this pair's node keys.
+  ASSERT_TRUE(p.worker.Agree(p.server.public_key(), &ee));
+  Sealer other_jobs(
+      Role::kWorker, p.worker.public_key(), 1,
+      DeriveLinkSecret(ee, other_job.Secret(Role::kWorker, Role::kServer),
+                       Role::kWorker, p.worker.public_key(), Role::kServer,
+                       p.server.public_key(), 1),
+      256);
+  std::vector<Message> ready = p.Feed(Pair::SealWith(to_other, want));
+  for (const auto& r : Pair::SealWith(other_jobs, want))
+    p.receiver.Accept(Copy(r), &ready);
+  EXPECT_TRUE(ready.empty());
+  // Only first records are opened without a message in progress; the rest
+  // continue nothing.
+  EXPECT_EQ(p.receiver.counts().unauthentic, 2u);
+  for (const auto& r : p.Seal(want)) p.receiver.Accept(Copy(r), &ready);
+  ASSERT_EQ(ready.size(), 1u);
+  ExpectSame(want, ready[0]);
+}
+
+TEST(SealedLinkTest, ANodeKeyCannotSpeakForAnotherNode) {
+  Job job;
+  Pair p(job);
+  // Worker 9's key claims worker 11's id, then the scheduler's.
+  Message lie = Push({4});
+  lie.header.set_sender(11);
+  std::vector<Message> ready = p.Feed(p.Seal(lie));
+  Message abort;
+  abort.header.set_command(wire::ABORT);
+  abort.header.set_sender(kSchedulerId);
+  abort.header.set_plane(wire::CONTROL);
+  for (const auto& r : p.Seal(abort)) p.receiver.Accept(Copy(r), &ready);
+  EXPECT_TRUE(ready.empty());
+  EXPECT_EQ(p.receiver.counts().wrong_sender, 2u);
+  EXPECT_THAT(p.drops[0],
+              HasSubstr("it claims sender 11, but it was sealed with the node "
+                        "key of worker id 9"));
+  EXPECT_THAT(p.drops[1], HasSubstr("it claims sender 1 (a scheduler)"));
+  // A record on a connection of the server key, sealed as a worker.
+  for (const auto& r : p.Seal(Push({4})))
+    p.receiver.Accept(Copy(r, Role::kServer), &ready);
+  EXPECT_EQ(p.receiver.counts().wrong_sender, 3u);
+  EXPECT_THAT(p.drops[2], HasSubstr("came on a connection of the server key"));
+}
+
+// The first message can come before the receiver's node table: it waits and
+// is opened when the key arrives; a key that never arrives is dropped after
+// the park time.
+TEST(SealedLinkTest, RecordsFromKeysNotYetKnownWaitForTheTable) {
+  Job job;
+  Pair p(job, 256);
+  p.receiver.RemovePeer(kWorkerId);
+  const Message a = Push({100}, 1), b = Push({3}, 2);
+  std::vector<Message> ready = p.Feed(p.Seal(a));
+  for (const auto& r : p.Seal(b)) p.receiver.Accept(Copy(r), &ready);
+  EXPECT_TRUE(ready.empty());
+  EXPECT_GT(p.receiver.parked(), 2u);
+  p.receiver.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key());
+  p.receiver.ReleaseParked(&ready);
+  ASSERT_EQ(ready.size(), 2u);
+  ExpectSame(a, ready[0]);
+  ExpectSame(b, ready[1]);
+  EXPECT_EQ(p.receiver.parked(), 0u);
+
+  // Never known: dropped once the park time has passed.
+  SealedReceiver::Options o = p.ReceiverOptions(job);
+  o.park_time = absl::Milliseconds(20);
+  o.max_parked = 3;
+  SealedReceiver strict(std::move(o));
+  std::vector<Message> none;
+  const auto records = p.Seal(Push({100}, 3));
+  for (const auto& r : records) strict.Accept(Copy(r), &none);
+  EXPECT_EQ(strict.parked(), 3u);
+  EXPECT_EQ(strict.counts().unknown_key, records.size() - 3);
+  absl::SleepFor(absl::Milliseconds(40));
+  strict.ReleaseParked(&none);
+  EXPECT_EQ(strict.parked(), 0u);
+  EXPECT_EQ(strict.counts().unknown_key, records.size());
+  EXPECT_TRUE(none.empty());
+}
+
+// A restarted peer has a new node key: the old one's records are refused.
+TEST(SealedLinkTest, ARestartedPeersOldKeyIsRefused) {
+  Job job;
+  Pair p(job);
+  const auto old_records = p.Seal(Push({4}, 1));
+  NodeKey next = NodeKey::Generate();
+  p.receiver.SetPeer(kWorkerId, Role::kWorker, next.public_key());
+  std::vector<Message> ready = p.Feed(old_records);
+  EXPECT_TRUE(ready.empty());
+  EXPECT_EQ(p.receiver.parked(), old_records.size());
+}
+
+// Reconnecting makes a new link (a new number, a new key); the old link's
+// records are then replays. Epochs move on before a key's limit.
+TEST(SealedLinkTest, NewLinksAndEpochsTakeOverAndTheOldOnesAreRefused) {
+  Job job;
+  Pair p(job, 256, /*rekey_bytes=*/1000);
+  std::vector<Message> ready;
+  std::vector<std::vector<uint8_t>> early;
+  for (uint64_t i = 1; i <= 5; ++i) {
+    const auto records = p.Seal(Push({100}, i));  // 400 bytes: rekey every 2-3
+    if (i == 1) early = records;
+    for (const auto& r : records) p.receiver.Accept(Copy(r), &ready);
+  }
+  EXPECT_GE(p.sealer.epoch(), 2u);
+  EXPECT_EQ(ready.size(), 5u);
+  Sealer relinked(Role::kWorker, p.worker.public_key(), 2,
+                  p.LinkSecretFor(job, 2), 256);
+  for (const auto& r : Pair::SealWith(relinked, Push({100}, 6)))
+    p.receiver.Accept(Copy(r), &ready);
+  ASSERT_EQ(ready.size(), 6u);
+  EXPECT_EQ(ready[5].header.request_id(), 6u);
+  const auto stale = p.Seal(Push({1}, 7));  // link 1 again
+  for (const auto& r : stale) p.receiver.Accept(Copy(r), &ready);
+  for (const auto& r : early) p.receiver.Accept(Copy(r), &ready);
+  EXPECT_EQ(ready.size(), 6u);
+  EXPECT_EQ(p.receiver.counts().replayed, stale.size() + early.size());
+  EXPECT_EQ(p.receiver.counts().total(), stale.size() + early.size());
+}
+
+TEST(SealedLinkTest, HeadersOverTheLimitsAreMalformed) {
+  Job job;
+  Pair p(job);
+  SealedReceiver::Options o = p.ReceiverOptions(job);
+  o.max_frame_bytes = 1024;
+  SealedReceiver small(std::move(o));
+  small.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key());
+  std::vector<Message> ready;
+  for (const auto& r : p.Seal(Push({257}))) small.Accept(Copy(r), &ready);
+  EXPECT_TRUE(ready.empty());
+  EXPECT_EQ(small.counts().malformed, 1u);
+  EXPECT_THAT(p.drops.back(), HasSubstr("a frame of 1028 bytes; this node "
+                                        "takes at most 1024"));
+}
+
+TEST(SealedLinkTest, PrefixesRoundTripAndOddOnesAreRefused) {
+  Prefix p;
+  p.flags = kFirst | kLast;
+  p.role = Role::kServer;
+  std::iota(p.node_key.begin(), p.node_key.end(), 1);
+  p.link = 0x01020304;
+  p.epoch = 7;
+  p.seq = 0x1122334455667788ull;
+  p.length = 99;
+  uint8_t bytes[kPrefixBytes];
+  EncodePrefix(p, bytes);
+  Prefix back;
+  ASSERT_TRUE(DecodePrefix(bytes, &back).ok());
+  EXPECT_EQ(back.flags, p.flags);
+  EXPECT_EQ(back.role, p.role);
+  EXPECT_EQ(back.node_key, p.node_key);
+  EXPECT_EQ(back.link, p.link);
+  EXPECT_EQ(back.epoch, p.epoch);
+  EXPECT_EQ(back.seq, p.seq);
+  EXPECT_EQ(back.length, p.length);
+  for (int at : {0, 4, 5, 6, 63}) {
+    uint8_t bad[kPrefixBytes];
+    std::memcpy(bad, bytes, sizeof(bad));
+    bad[at] ^= 0x80;
+    EXPECT_FALSE(DecodePrefix(bad, &back).ok()) << "byte " << at;
+  }
+}
+
+// The same inputs give the same key on both ends, and different links,
+// directions, epochs and role secrets give different keys.
+TEST(SealedLinkTest, LinkKeysDependOnEveryInput) {
+  Job job;
+  NodeKey a = NodeKey::Generate(), b = NodeKey::Generate();
+  Key32 ab, ba;
+  ASSERT_TRUE(a.Agree(b.public_key(), &ab));
+  ASSERT_TRUE(b.Agree(a.public_key(), &ba));
+  EXPECT_EQ(ab, ba);
+  const Key32 ss_ws = job.Secret(Role::kWorker, Role::kServer);
+  EXPECT_EQ(ss_ws, job.Secret(Role::kServer, Role::kWorker));
+  const Key32 k = DeriveLinkSecret(ab, ss_ws, Role::kWorker, a.public_key(),
+                                   Role::kServer, b.public_key(), 1);
+  EXPECT_EQ(k, DeriveLinkSecret(ba, ss_ws, Role::kWorker, a.public_key(),
+                                Role::kServer, b.public_key(), 1));
+  EXPECT_NE(k, DeriveLinkSecret(ab, ss_ws, Role::kWorker, a.public_key(),
+                                Role::kServer, b.public_key(), 2));
+  EXPECT_NE(k, DeriveLinkSecret(ab, ss_ws, Role::kServer, b.public_key(),
+                                Role::kWorker, a.public_key(), 1));
+  EXPECT_NE(k, DeriveLinkSecret(ab, job.Secret(Role::kWorker, Role::kScheduler),
+                                Role::kWorker, a.public_key(), Role::kServer,
+                                b.public_key(), 1));
+  EXPECT_NE(EpochKey(k, 0), EpochKey(k, 1));
+  // A small-order point agrees to nothing.
+  Key32 zero{}, out;
+  EXPECT_FALSE(a.Agree(zero, &out));
+}
+
+}  // namespace
+}  // namespace tessera::sealed
