@@ -336,14 +336,21 @@ std::string PlainPassword(const JobKeys& keys, Role server) {
       .value_or(std::string());
 }
 
-bool CheckPlainPassword(const JobKeys& keys, Role client,
-                        absl::string_view password) {
+std::string ExpectedPlainPassword(const JobKeys& keys, Role client) {
   const std::string& client_public = keys.public_key(client);
   const std::string& server_public = keys.public_key(keys.role);
-  std::optional<std::string> want =
-      Password(keys.secret_key, client_public, client_public, server_public);
-  if (!want.has_value() || password.size() != want->size()) return false;
-  return sodium_memcmp(want->data(), password.data(), want->size()) == 0;
+  return Password(keys.secret_key, client_public, client_public, server_public)
+      .value_or(std::string());
+}
+
+bool SamePassword(absl::string_view want, absl::string_view password) {
+  if (want.empty() || password.size() != want.size()) return false;
+  return sodium_memcmp(want.data(), password.data(), want.size()) == 0;
+}
+
+bool CheckPlainPassword(const JobKeys& keys, Role client,
+                        absl::string_view password) {
+  return SamePassword(ExpectedPlainPassword(keys, client), password);
 }
 
 std::string KeyPrefix(absl::string_view z85) {

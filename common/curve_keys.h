@@ -112,6 +112,11 @@ LoadConnectionSecurity(const Options& options);
 std::string PlainPassword(const JobKeys& keys, Role server);
 bool CheckPlainPassword(const JobKeys& keys, Role client,
                         absl::string_view password);
+// The password `client` presents to this process's role (what
+// CheckPlainPassword compares with; a receiver computes it once per role), and
+// the constant-time comparison; an empty `want` matches nothing.
+std::string ExpectedPlainPassword(const JobKeys& keys, Role client);
+bool SamePassword(absl::string_view want, absl::string_view password);
 
 // A key as logs show it: its first 8 characters and "...".
 std::string KeyPrefix(absl::string_view z85);

@@ -1,6 +1,9 @@
 #include "common/message_counters.h"
 
 #include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace tessera {
 
@@ -35,6 +38,21 @@ MessageCounters::MessageCounters(MetricsRegistry* registry) {
   make(received_, "received", "received");
 }
 
+std::string DescribeSealedDrops(const SealedDrops& d) {
+  std::string out = absl::StrCat(d.total());
+  const std::pair<const char*, uint64_t> reasons[] = {
+      {"malformed", d.malformed},     {"unauthentic", d.unauthentic},
+      {"replayed", d.replayed},       {"out of order", d.out_of_order},
+      {"unknown key", d.unknown_key}, {"incomplete", d.incomplete},
+      {"wrong sender", d.wrong_sender}, {"unsealed", d.unsealed}};
+  std::string parts;
+  for (const auto& [reason, n] : reasons) {
+    if (n != 0) absl::StrAppend(&parts, parts.empty() ? "" : ", ", reason, " ", n);
+  }
+  if (!parts.empty()) absl::StrAppend(&out, " (", parts, ")");
+  return out;
+}
+
 CollectorHandles AddTransportCollectors(MetricsRegistry* registry,
                                         const Transport* transport) {
   CollectorHandles handles;
@@ -57,6 +75,23 @@ CollectorHandles AddTransportCollectors(MetricsRegistry* registry,
   add("tessera_transport_refused_connections_total",
       "Connections refused for want of the job's keys.",
       &Transport::refused_connection_count);
+  handles.push_back(registry->AddCollector(
+      "tessera_transport_sealed_dropped_total",
+      "Sealed records and messages dropped before anything read them, by "
+      "reason: malformed, unauthentic (failed to open: altered, another "
+      "link's or another job's), replayed, out_of_order, unknown_key (no "
+      "node of the table), incomplete (cut short), wrong_sender (claims "
+      "another node), unsealed (came without a seal).",
+      MetricType::kCounter, [transport](MetricSamples* out) {
+        const SealedDrops d = transport->sealed_drops();
+        const std::pair<const char*, uint64_t> reasons[] = {
+            {"malformed", d.malformed},     {"unauthentic", d.unauthentic},
+            {"replayed", d.replayed},       {"out_of_order", d.out_of_order},
+            {"unknown_key", d.unknown_key}, {"incomplete", d.incomplete},
+            {"wrong_sender", d.wrong_sender}, {"unsealed", d.unsealed}};
+        for (const auto& [reason, n] : reasons)
+          out->push_back({{{"reason", reason}}, static_cast<double>(n)});
+      }));
   return handles;
 }
 

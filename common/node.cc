@@ -99,6 +99,10 @@ absl::Status Node::Join() {
   info->set_host(address_);
   info->set_port(port_);
   info->set_generation(options_.restart_count);
+  // Secured jobs: the key this process seals with and where its peers'
+  // sealed records go (the scheduler hands both on in the node table).
+  info->set_node_key(transport_->node_key());
+  info->set_sealed_port(transport_->sealed_port());
   char hostname[256] = {0};
   gethostname(hostname, sizeof(hostname) - 1);
   reg.header.mutable_register_()->set_hostname(hostname);
@@ -164,6 +168,22 @@ absl::Status Node::Join() {
   return absl::OkStatus();
 }
 
+void Node::InstallIdentity(const wire::NodeInfo& n) {
+  PeerIdentity identity;
+  identity.role = n.role() == wire::SERVER ? Role::kServer : Role::kWorker;
+  identity.node_key = n.node_key();
+  identity.sealed_port = n.sealed_port();
+  transport_->SetPeerIdentity(n.id(), identity);
+}
+
+void Node::InstallSchedulerIdentity(const wire::NodeTable& table) {
+  if (table.scheduler_node_key().empty()) return;
+  PeerIdentity identity;
+  identity.role = Role::kScheduler;
+  identity.node_key = table.scheduler_node_key();
+  transport_->SetPeerIdentity(kSchedulerId, identity);
+}
+
 bool Node::WantsLink(int peer_id) const {
   if (peer_id == id_ || peer_id == kSchedulerId) return false;
   // Workers talk to servers; servers answer workers. Same-role peers need no
@@ -182,6 +202,7 @@ void Node::UpdateTable(const wire::NodeTable& table) {
         continue;
       it->second = n;
       if (!WantsLink(n.id())) continue;
+      InstallIdentity(n);
       // A fresh socket: what was queued for the old process is dropped (the
       // requests are resent or replayed).
       absl::Status linked = transport_->Connect(n.id(), n.host(), n.port());
@@ -582,6 +603,13 @@ void Node::HandleControl(Message&& msg) {
       }
       id_ = my_id;
       rank_ = my_rank;
+      // The peers' node keys go to the transport before anything is sent
+      // under this id (the acknowledgement below is sealed with them) and
+      // before Join connects to the peers.
+      InstallSchedulerIdentity(h.node_table());
+      for (const auto& [peer, info] : nodes_) {
+        if (WantsLink(peer)) InstallIdentity(info);
+      }
       have_table_ = true;
     }
       // Confirms that the scheduler's messages reach the address this node

@@ -175,6 +175,8 @@ class Node {
   uint64_t refused_connection_count() const {
     return transport_->refused_connection_count();
   }
+  // Sealed records and messages dropped, by reason (secured jobs).
+  SealedDrops sealed_drops() const { return transport_->sealed_drops(); }
 
  private:
   Node(const Options& options, Callbacks callbacks,
@@ -200,6 +202,9 @@ class Node {
   // A node table after the first: renews links to restarted peers.
   void UpdateTable(const wire::NodeTable& table);
   bool WantsLink(int peer_id) const;
+  // Tells the transport a peer's node key and sealed lane (secured jobs).
+  void InstallIdentity(const wire::NodeInfo& n);
+  void InstallSchedulerIdentity(const wire::NodeTable& table);
   void Fail(const absl::Status& status);
   // Sends a control request to the scheduler and waits for its reply.
   // Waits until `ready` holds or `deadline` passes. With PS_RESEND, calls

@@ -193,6 +193,9 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
   TESSERA_ASSIGN_OR_RETURN(
       o.metrics_port, ReadInt(env, "TESSERA_METRICS_PORT", 0, 65535, -1,
                               "a port number in 0..65535 (0: any free port)"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.sealed_port, ReadInt(env, "TESSERA_SEALED_PORT", 0, 65535, 0,
+                             "a port number in 0..65535 (0: any free port)"));
   if (o.chunk_bytes > o.max_frame_bytes) {
     return BadValue("TESSERA_CHUNK_BYTES", ReadString(env, "TESSERA_CHUNK_BYTES"),
                     absl::StrCat("at most TESSERA_MAX_MESSAGE_BYTES (",

@@ -95,6 +95,10 @@ struct Options {
   std::string key_dir;
   bool insecure = false;
   bool auth_only = false;
+  // TESSERA_SEALED_PORT: the port of a worker's or server's sealed lane, where
+  // its peers' sealed records arrive in a secured job (docs/security.md); 0
+  // (the default): any free port, told to the peers in the node table.
+  int sealed_port = 0;
 
   // TESSERA_METRICS_PORT: serve Prometheus metrics over HTTP on this port of
   // the node's advertised address (0: a free port, logged). -1 (unset): off.

@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/sender_check.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 namespace sealed {
@@ -281,63 +282,76 @@ absl::Status Sealer::SealRecord(
   return sink.Emit();
 }
 
+absl::Status Sealer::SealNext(SealJob& job, RecordSink& sink) {
+  static const uint8_t kZeros[16] = {0};
+  if (!job.started) {
+    job.started = true;
+    job.data_left = 0;
+    for (const Buffer& f : job.frames) job.data_left += f.size();
+    job.frame = 0;
+    job.offset = 0;
+    // A message starts under a fresh key once this one has sealed its share.
+    if (sealed_under_key_ > 0 &&
+        sealed_under_key_ + job.header.size() + job.data_left > rekey_bytes_) {
+      ++epoch_;
+      sealed_under_key_ = 0;
+      cipher_.SetKey(EpochKey(secret_, epoch_));
+    }
+  }
+  std::vector<absl::Span<const uint8_t>> pieces;
+  if (!job.header_sent) {
+    job.header_sent = true;
+    uint8_t lead[kLeadBytes];
+    PutU32(lead, static_cast<uint32_t>(job.header.size()));
+    const size_t pad = PadFor(job.header.size());
+    PutU32(lead + 4, static_cast<uint32_t>(pad));
+    const size_t first = kLeadBytes + job.header.size() + pad;
+    pieces = {absl::Span<const uint8_t>(lead, kLeadBytes),
+              absl::Span<const uint8_t>(
+                  reinterpret_cast<const uint8_t*>(job.header.data()),
+                  job.header.size()),
+              absl::Span<const uint8_t>(kZeros, pad)};
+    if (first + job.data_left <= record_bytes_) {
+      // The whole message in one record.
+      for (const Buffer& f : job.frames) {
+        if (!f.empty()) pieces.emplace_back(f.data(), f.size());
+      }
+      const size_t length = first + static_cast<size_t>(job.data_left);
+      job.data_left = 0;
+      return SealRecord(kFirst | kLast, pieces, length, sink);
+    }
+    // The header alone; the data follows in records of record_bytes_.
+    return SealRecord(job.data_left == 0 ? kFirst | kLast : kFirst, pieces,
+                      first, sink);
+  }
+  const size_t length =
+      static_cast<size_t>(std::min<uint64_t>(job.data_left, record_bytes_));
+  size_t need = length;
+  while (need > 0) {
+    const Buffer& f = job.frames[job.frame];
+    const size_t n = std::min(need, f.size() - job.offset);
+    if (n > 0) pieces.emplace_back(f.data() + job.offset, n);
+    need -= n;
+    job.offset += n;
+    if (job.offset == f.size()) {
+      ++job.frame;
+      job.offset = 0;
+    }
+  }
+  job.data_left -= length;
+  return SealRecord(job.data_left == 0 ? kLast : 0, pieces, length, sink);
+}
+
 absl::Status Sealer::Seal(absl::Span<const uint8_t> header,
                           const std::vector<Buffer>& frames,
                           RecordSink& sink) {
-  uint64_t data_bytes = 0;
-  for (const Buffer& f : frames) data_bytes += f.size();
-  if (sealed_under_key_ > 0 && sealed_under_key_ + header.size() + data_bytes >
-                                   rekey_bytes_) {
-    ++epoch_;
-    sealed_under_key_ = 0;
-    cipher_.SetKey(EpochKey(secret_, epoch_));
-  }
-  uint8_t lead[kLeadBytes];
-  PutU32(lead, static_cast<uint32_t>(header.size()));
-  const size_t pad = PadFor(header.size());
-  PutU32(lead + 4, static_cast<uint32_t>(pad));
-  static const uint8_t kZeros[16] = {0};
-  const size_t first = kLeadBytes + header.size() + pad;
-  std::vector<absl::Span<const uint8_t>> pieces = {
-      absl::Span<const uint8_t>(lead, kLeadBytes), header,
-      absl::Span<const uint8_t>(kZeros, pad)};
-  if (first + data_bytes <= record_bytes_) {
-    for (const Buffer& f : frames) {
-      if (!f.empty()) pieces.emplace_back(f.data(), f.size());
-    }
-    return SealRecord(kFirst | kLast, pieces,
-                      first + static_cast<size_t>(data_bytes), sink);
-  }
-  // The header alone, then the data in records of record_bytes_.
-  if (absl::Status s = SealRecord(data_bytes == 0 ? kFirst | kLast : kFirst,
-                                  pieces, first, sink);
-      !s.ok() || data_bytes == 0) {
-    return s;
-  }
-  uint64_t left = data_bytes;
-  size_t frame = 0, offset = 0;
-  while (left > 0) {
-    const size_t length =
-        static_cast<size_t>(std::min<uint64_t>(left, record_bytes_));
-    pieces.clear();
-    size_t need = length;
-    while (need > 0) {
-      const Buffer& f = frames[frame];
-      const size_t n = std::min(need, f.size() - offset);
-      if (n > 0) pieces.emplace_back(f.data() + offset, n);
-      need -= n;
-      offset += n;
-      if (offset == f.size()) {
-        ++frame;
-        offset = 0;
-      }
-    }
-    left -= length;
-    if (absl::Status s = SealRecord(left == 0 ? kLast : 0, pieces, length, sink);
-        !s.ok()) {
-      return s;
-    }
-  }
+  SealJob job;
+  job.header.assign(reinterpret_cast<const char*>(header.data()),
+                    header.size());
+  job.frames = frames;
+  do {
+    TESSERA_RETURN_IF_ERROR(SealNext(job, sink));
+  } while (!job.done());
   return absl::OkStatus();
 }
 
@@ -368,7 +382,8 @@ SealedReceiver::SealedReceiver(Options options)
 
 SealedReceiver::~SealedReceiver() = default;
 
-void SealedReceiver::SetPeer(int id, Role role, const Key32& node_key) {
+void SealedReceiver::SetPeer(int id, Role role, const Key32& node_key,
+                             const Key32* ee) {
   absl::MutexLock lock(&mu_);
   auto old = key_of_.find(id);
   if (old != key_of_.end()) {
@@ -382,6 +397,7 @@ void SealedReceiver::SetPeer(int id, Role role, const Key32& node_key) {
   peer->id = id;
   peer->role = role;
   peer->key = node_key;
+  if (ee != nullptr) peer->ee = *ee;
   // A key that moves to another id (never in a real job) leaves the old id.
   auto taken = peers_.find(node_key);
   if (taken != peers_.end()) key_of_.erase(taken->second->id);
@@ -537,9 +553,8 @@ void SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,
       }
       peer.ee = ee;
     }
-    const std::optional<Key32>& ss =
-        options_.role_secrets[static_cast<int>(peer.role)];
-    if (!ss.has_value()) {
+    const Key32* ss = options_.role_secrets.Find(peer.role);
+    if (ss == nullptr) {
       Drop(&DropCounts::wrong_sender,
            absl::StrCat("a record from ", from(), ", a role that may not seal to a ",
                         RoleName(options_.own_role)));

@@ -122,6 +122,25 @@ Key32 DeriveLinkSecret(const Key32& ee, const Key32& ss, Role from_role,
                        const Key32& to_key, uint32_t link);
 Key32 EpochKey(const Key32& link_secret, uint32_t epoch);
 
+// The role secrets one process mixes into its links, by the peer's role.
+class RoleSecrets {
+ public:
+  void Set(Role peer, const Key32& secret) {
+    keys_[static_cast<int>(peer)] = secret;
+    present_ |= 1u << static_cast<int>(peer);
+  }
+  // nullptr when none was set (no link with that role).
+  const Key32* Find(Role peer) const {
+    return (present_ & (1u << static_cast<int>(peer))) != 0
+               ? &keys_[static_cast<int>(peer)]
+               : nullptr;
+  }
+
+ private:
+  std::array<Key32, 3> keys_{};
+  unsigned present_ = 0;
+};
+
 // The fields of a record's prefix.
 struct Prefix {
   uint8_t flags = 0;
@@ -173,6 +192,20 @@ class RecordSink {
   virtual absl::Status Emit() = 0;
 };
 
+// One message on its way through a Sealer, record by record: its serialized
+// header and its frames (held by reference until sealed).
+struct SealJob {
+  std::string header;
+  std::vector<Buffer> frames;
+  // Where sealing stands (the Sealer's business).
+  bool started = false;
+  bool header_sent = false;
+  uint64_t data_left = 0;
+  size_t frame = 0;
+  size_t offset = 0;
+  bool done() const { return started && header_sent && data_left == 0; }
+};
+
 // The sending end of one link.
 class Sealer {
  public:
@@ -180,8 +213,13 @@ class Sealer {
          const Key32& link_secret, size_t record_bytes = kDefaultRecordBytes,
          uint64_t rekey_bytes = kRekeyBytes);
 
-  // Seals one message as records: `header` (serialized) and `frames`, whose
-  // sizes the header describes. Errors are the sink's.
+  // Seals the next record of `job` (the first call starts it) into `sink`.
+  // REQUIRES: !job.done(); the link's messages go through one at a time.
+  // Errors are the sink's.
+  absl::Status SealNext(SealJob& job, RecordSink& sink);
+
+  // Seals one whole message as records: `header` (serialized) and `frames`,
+  // whose sizes the header describes.
   absl::Status Seal(absl::Span<const uint8_t> header,
                     const std::vector<Buffer>& frames, RecordSink& sink);
 
@@ -237,8 +275,9 @@ class SealedReceiver {
   struct Options {
     Role own_role = Role::kServer;
     NodeKey node_key = NodeKey::Generate();
-    // RoleSecret(own role's secret key, role r's public key), by Role.
-    std::array<std::optional<Key32>, 3> role_secrets;
+    // RoleSecret(own role's secret key, the peer role's public key), for
+    // each role that may seal to this process.
+    RoleSecrets role_secrets;
     CodecLimits limits;
     int64_t max_frame_bytes = -1;  // -1: no limit beyond `limits`
     // Records from node keys not yet in the directory wait (a peer's first
@@ -255,8 +294,11 @@ class SealedReceiver {
   ~SealedReceiver();
 
   // The node `id` (of `role`) seals with `node_key`; replaces the key it had
-  // (a restarted node), whose records are then refused.
-  void SetPeer(int id, Role role, const Key32& node_key);
+  // (a restarted node), whose records are then refused. `ee`, when given, is
+  // X25519 of this process's node key and `node_key` (else computed when the
+  // first record needs it).
+  void SetPeer(int id, Role role, const Key32& node_key,
+               const Key32* ee = nullptr);
   void RemovePeer(int id);
 
   // Takes one record; appends the messages it completes to `ready`.

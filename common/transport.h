@@ -27,6 +27,33 @@
 
 namespace tessera {
 
+// What the node table says of a peer that seals (sealed_link.h).
+struct PeerIdentity {
+  Role role = Role::kWorker;
+  std::string node_key;  // 32 bytes of X25519
+  int sealed_port = 0;   // its sealed lane; 0 for the scheduler
+};
+
+// Records and messages a sealed transport dropped, by reason (see
+// sealed::DropCounts), and unsealed messages a secured job refuses.
+struct SealedDrops {
+  uint64_t malformed = 0;
+  uint64_t unauthentic = 0;
+  uint64_t replayed = 0;
+  uint64_t out_of_order = 0;
+  uint64_t unknown_key = 0;
+  uint64_t incomplete = 0;
+  uint64_t wrong_sender = 0;
+  uint64_t unsealed = 0;  // data or node messages that came without a seal
+  uint64_t total() const {
+    return malformed + unauthentic + replayed + out_of_order + unknown_key +
+           incomplete + wrong_sender + unsealed;
+  }
+};
+
+// "12 (unauthentic 3, replayed 9)": the non-zero reasons, for exit summaries.
+std::string DescribeSealedDrops(const SealedDrops& d);
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -59,6 +86,18 @@ class Transport {
   virtual uint64_t wrong_sender_count() const { return 0; }
   virtual uint64_t refused_connection_count() const { return 0; }
 
+  // Sealed links (secured jobs; docs/security.md). The node key this
+  // transport seals with (32 bytes, empty when it does not seal) and the
+  // port of its sealed lane (0 when it has none, as the scheduler); a node
+  // registers both, and the scheduler's goes into node tables.
+  virtual std::string node_key() const { return std::string(); }
+  virtual int sealed_port() const { return 0; }
+  // What the node table says of `peer`. Call before Connect(peer): a link
+  // to a worker or server goes to its sealed lane, sealed for its key. Records
+  // sealed with the key are taken as `peer`'s, and its old key's refused.
+  virtual void SetPeerIdentity(int peer, const PeerIdentity& identity) {}
+  virtual SealedDrops sealed_drops() const { return SealedDrops(); }
+
   // Stops the transport; pending Receive calls return Cancelled.
   virtual void Close() = 0;
 };
@@ -68,10 +107,18 @@ struct ZmqTransportOptions {
   absl::Duration send_timeout = absl::Seconds(30);
   absl::Duration linger = absl::Seconds(2);
   int64_t max_message_bytes = -1;  // ZMQ_MAXMSGSIZE per part; -1: unlimited
+  // The sealed lane's port (TESSERA_SEALED_PORT; 0: any free one).
+  int sealed_port = 0;
+  // Plaintext bytes per sealed record (sealed_link.h).
+  size_t sealed_record_bytes = 256 << 10;
   CodecLimits limits;
-  // Every socket authenticated with these keys (CURVE, or PLAIN when
-  // !encrypt) and every received message's sender checked against its
-  // connection's key; nullptr: none of it (TESSERA_INSECURE=1).
+  // Every socket authenticated with these keys and every received message's
+  // sender checked against its connection's key; nullptr: none of it
+  // (TESSERA_INSECURE=1). With encrypt (the default), links to and from the
+  // scheduler are CURVE and links between workers and servers are sealed
+  // (sealed_link.h) on a second, PLAIN-authenticated lane; nodes seal what
+  // they send the scheduler too. Without encrypt (TESSERA_AUTH_ONLY=1),
+  // PLAIN everywhere and nothing sealed.
   std::shared_ptr<const ConnectionSecurity> security;
   // Messages and bytes sent and received by command are counted here
   // (MessageCounters); nullptr: not counted.

@@ -48,7 +48,12 @@ absl::StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
 
 ZapHandler::ZapHandler(void* socket,
                        std::shared_ptr<const ConnectionSecurity> security)
-    : socket_(socket), security_(std::move(security)) {}
+    : socket_(socket), security_(std::move(security)) {
+  for (Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
+    passwords_[static_cast<int>(role)] =
+        ExpectedPlainPassword(security_->keys, role);
+  }
+}
 
 ZapHandler::~ZapHandler() { Stop(); }
 
@@ -65,7 +70,9 @@ bool ZapHandler::Decide(const std::vector<std::string>& request,
   }
   const std::string& mechanism = request[5];
   const JobKeys& keys = security_->keys;
-  if (mechanism == "CURVE" && security_->encrypt) {
+  const bool sealed_lane = request[2] == kSealedDomain;
+  const bool plain = sealed_lane || !security_->encrypt;
+  if (mechanism == "CURVE" && !plain) {
     if (request.size() != 7 || request[6].size() != 32) {
       *why = "a malformed CURVE credential";
       return false;
@@ -79,14 +86,14 @@ bool ZapHandler::Decide(const std::vector<std::string>& request,
     *user_id = key;
     return true;
   }
-  if (mechanism == "PLAIN" && !security_->encrypt) {
+  if (mechanism == "PLAIN" && plain) {
     if (request.size() != 8) {
       *why = "a malformed PLAIN credential";
       return false;
     }
     for (Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
       if (request[6] != RoleName(role)) continue;
-      if (!CheckPlainPassword(keys, role, request[7])) {
+      if (!SamePassword(passwords_[static_cast<int>(role)], request[7])) {
         *why = absl::StrCat("PLAIN user '", RoleName(role),
                             "' with a wrong password");
         return false;
@@ -99,9 +106,11 @@ bool ZapHandler::Decide(const std::vector<std::string>& request,
     return false;
   }
   *why = absl::StrCat("mechanism ", mechanism.substr(0, 16),
-                      security_->encrypt ? "; this node takes CURVE only"
-                                         : "; this node takes PLAIN only "
-                                           "(TESSERA_AUTH_ONLY=1)");
+                      sealed_lane ? "; the sealed lane takes PLAIN only"
+                      : security_->encrypt
+                          ? "; this node takes CURVE only"
+                          : "; this node takes PLAIN only "
+                            "(TESSERA_AUTH_ONLY=1)");
   return false;
 }
 

@@ -8,11 +8,14 @@
 //   ... zmq_bind(receiver, ...);           // CURVE server, ZMQ_ZAP_DOMAIN set
 //   (*zap)->Stop();                        // before zmq_ctx_term
 //
-// It accepts a CURVE client whose key is one of the job's three role keys
-// (ConnectionSecurity::keys), or, with encrypt off, a PLAIN client whose
-// username is a role and whose password is that role's (CheckPlainPassword),
-// and gives the connection that role's public key (Z85) as its User-Id, which
-// every message received on it carries (zmq_msg_gets(msg, "User-Id")).
+// On the node's own port (ZAP domain kMainDomain) it accepts a CURVE client
+// whose key is one of the job's three role keys (ConnectionSecurity::keys),
+// or, with encrypt off (TESSERA_AUTH_ONLY=1), a PLAIN client whose username is
+// a role and whose password is that role's (CheckPlainPassword); on the sealed
+// lane (kSealedDomain, whose records are sealed, sealed_link.h) only such a
+// PLAIN client. It gives the connection that role's public key (Z85) as its
+// User-Id, which every message received on it carries
+// (zmq_msg_gets(msg, "User-Id")).
 // Anything else is refused (status 400) and counted; the first refusals are
 // logged with the peer's address and key.
 //
@@ -20,6 +23,7 @@
 #ifndef TESSERA_COMMON_ZAP_HANDLER_H_
 #define TESSERA_COMMON_ZAP_HANDLER_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -32,6 +36,9 @@ namespace tessera {
 
 class ZapHandler {
  public:
+  static constexpr char kMainDomain[] = "tessera";
+  static constexpr char kSealedDomain[] = "tessera-sealed";
+
   // Binds inproc://zeromq.zap.01 in `context` and serves it on a thread of its
   // own. Unavailable when the endpoint cannot be bound (another handler in
   // this context).
@@ -54,6 +61,9 @@ class ZapHandler {
 
   void* socket_;
   const std::shared_ptr<const ConnectionSecurity> security_;
+  // ExpectedPlainPassword of each role, by Role: computed once, not with an
+  // X25519 per connection.
+  std::array<std::string, 3> passwords_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refused_{0};
   std::thread thread_;

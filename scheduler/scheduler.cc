@@ -611,6 +611,10 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
     return;
   }
   node.set_generation(info.generation());
+  // The new process seals with a key of its own: its old life's is refused.
+  node.set_node_key(info.node_key());
+  node.set_sealed_port(info.sealed_port());
+  InstallIdentity(node);
   last_seen_[id] = absl::Now();
   // A fresh link: nothing queued for the old process goes to the new one.
   (void)transport_->Connect(id, node.host(), node.port());
@@ -643,12 +647,22 @@ int64_t Scheduler::ThreadCpuMillis() {
 // and rank. Workers never talk to workers nor servers to servers, so a job
 // sends 2 W S entries when it forms instead of (W + S)^2: at 9,000 workers and
 // 1,000 servers 18 million instead of 100 million (docs/capacity.md).
+void Scheduler::InstallIdentity(const wire::NodeInfo& n) {
+  PeerIdentity identity;
+  identity.role = n.role() == wire::SERVER ? Role::kServer : Role::kWorker;
+  identity.node_key = n.node_key();
+  identity.sealed_port = n.sealed_port();
+  transport_->SetPeerIdentity(n.id(), identity);
+}
+
 Message Scheduler::TableMessage(int for_id) const {
   Message table;
   table.header.set_command(wire::NODE_TABLE);
   table.header.set_sender(kSchedulerId);
   table.header.set_recipient(for_id);
   table.header.set_plane(wire::CONTROL);
+  table.header.mutable_node_table()->set_scheduler_node_key(
+      transport_->node_key());
   table.header.mutable_node_table()->set_num_servers(options_.num_servers);
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
   const wire::Role role = nodes_.at(for_id).role();
@@ -668,6 +682,8 @@ Message Scheduler::ChangeMessage(const wire::NodeInfo& changed) const {
   table.header.set_plane(wire::CONTROL);
   table.header.mutable_node_table()->set_num_servers(options_.num_servers);
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
+  table.header.mutable_node_table()->set_scheduler_node_key(
+      transport_->node_key());
   *table.header.mutable_node_table()->add_nodes() = changed;
   return table;
 }
@@ -680,6 +696,7 @@ void Scheduler::FormJob() {
   for (const wire::NodeInfo& n : infos) {
     nodes_[n.id()] = n;
     last_seen_[n.id()] = now;
+    InstallIdentity(n);
     (void)transport_->Connect(n.id(), n.host(), n.port());
   }
   for (const Registration& r : registered_)

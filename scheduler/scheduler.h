@@ -96,6 +96,8 @@ class Scheduler {
   void Rejoin(int id, const wire::NodeInfo& info);
   // The node table node `for_id` needs (NODE_TABLE): the other role's nodes
   // and its own entry.
+  // Tells the transport the node key `n` seals with (secured jobs).
+  void InstallIdentity(const wire::NodeInfo& n);
   Message TableMessage(int for_id) const;
   // A NODE_TABLE of one changed node (a restart), for nodes holding theirs.
   Message ChangeMessage(const wire::NodeInfo& changed) const;

@@ -212,7 +212,8 @@ int main(int argc, char** argv) {
                     << stats.malformed_messages() + node->malformed_count()
                     << ", wrong sender " << node->wrong_sender_count()
                     << ", refused connections "
-                    << node->refused_connection_count()
+                    << node->refused_connection_count() << ", sealed drops "
+                    << tessera::DescribeSealedDrops(node->sealed_drops())
                     << ", peak RSS " << tessera::PeakResidentBytes() / 1000000
                     << " MB";
   node->Stop();

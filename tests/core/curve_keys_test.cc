@@ -274,6 +274,14 @@ class SecureTransportTest : public ::testing::Test {
     return NewZmqTransport(options);
   }
 
+  // What a node table does for two nodes of a sealed job: each learns the
+  // other's node key and sealed lane. REQUIRES: `to` is bound.
+  static void Introduce(Transport& from, Role from_role, int from_id,
+                        Transport& to, Role to_role, int to_id) {
+    to.SetPeerIdentity(from_id, {from_role, from.node_key(), 0});
+    from.SetPeerIdentity(to_id, {to_role, to.node_key(), to.sealed_port()});
+  }
+
   // Sends a push from `from` (connected to `to` as node id `as`) claiming
   // `sender`; returns whether `to` received it within `wait`.
   static bool Delivered(Transport& from, Transport& to, int port, int as,
@@ -302,6 +310,12 @@ TEST_F(SecureTransportTest, AMessageIsDeliveredOnlyUnderItsKeysRole) {
     std::unique_ptr<Transport> worker = Make(job_, Role::kWorker, encrypt);
     absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status();
+    // Encrypted, the link is sealed: its records are bound to the worker's
+    // node key, which the node table gives as worker 0's.
+    EXPECT_EQ(server->sealed_port() > 0, encrypt);
+    EXPECT_EQ(worker->node_key().size(), encrypt ? 32u : 0u);
+    Introduce(*worker, Role::kWorker, WorkerId(0), *server, Role::kServer,
+              ServerId(0));
     EXPECT_TRUE(Delivered(*worker, *server, *port, ServerId(0), WorkerId(0),
                           absl::Seconds(10)));
     // Claiming the scheduler's or a server's id: dropped, counted.
@@ -311,18 +325,26 @@ TEST_F(SecureTransportTest, AMessageIsDeliveredOnlyUnderItsKeysRole) {
                            absl::Milliseconds(500)));
     EXPECT_EQ(server->wrong_sender_count(), 2u);
     EXPECT_EQ(server->refused_connection_count(), 0u);
-    EXPECT_TRUE(Delivered(*worker, *server, *port, ServerId(0), WorkerId(3),
-                          absl::Seconds(10)));
+    // Another worker's id: with one key per role (PLAIN) any worker may
+    // claim it; sealed, only that worker's node key speaks for it.
+    EXPECT_EQ(Delivered(*worker, *server, *port, ServerId(0), WorkerId(3),
+                        absl::Milliseconds(encrypt ? 500 : 10000)),
+              !encrypt);
+    const uint64_t wrong = encrypt ? 3 : 2;
+    EXPECT_EQ(server->wrong_sender_count(), wrong);
     // A worker key of another job, which knows this job's public keys:
     // refused at the handshake (by the ZAP handler), nothing arrives.
     JobKeySet mixed = job_;
     mixed.pairs[static_cast<int>(Role::kWorker)] = Keys().of(Role::kWorker);
     std::unique_ptr<Transport> stranger = Make(mixed, Role::kWorker, encrypt);
+    stranger->SetPeerIdentity(ServerId(0), {Role::kServer, server->node_key(),
+                                            server->sealed_port()});
     EXPECT_FALSE(Delivered(*stranger, *server, *port, ServerId(0),
                            WorkerId(0), absl::Milliseconds(800)));
     EXPECT_GE(server->refused_connection_count(), 1u);
-    EXPECT_EQ(server->wrong_sender_count(), 2u);
+    EXPECT_EQ(server->wrong_sender_count(), wrong);
     EXPECT_EQ(server->malformed_count(), 0u);
+    EXPECT_EQ(server->sealed_drops().total(), encrypt ? 3u : 0u);
   }
 }
 
@@ -337,7 +359,7 @@ TEST_F(SecureTransportTest, AnInsecurePeerCannotReachASecureNode) {
   EXPECT_EQ(server->wrong_sender_count(), 0u);
 }
 
-TEST_F(SecureTransportTest, AFrameOfExactlyTheLimitStillPassesUnderCurve) {
+TEST_F(SecureTransportTest, AFrameOfExactlyTheLimitStillPassesSealed) {
   ZmqTransportOptions options;
   auto security = std::make_shared<ConnectionSecurity>();
   security->keys = *ParseKeyFile(FormatKeyFile(job_, Role::kServer), "test");
@@ -347,6 +369,8 @@ TEST_F(SecureTransportTest, AFrameOfExactlyTheLimitStillPassesUnderCurve) {
   std::unique_ptr<Transport> worker = Make(job_, Role::kWorker);
   absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
   ASSERT_TRUE(port.ok());
+  Introduce(*worker, Role::kWorker, WorkerId(0), *server, Role::kServer,
+            ServerId(0));
   ASSERT_TRUE(worker->Connect(ServerId(0), "127.0.0.1", *port).ok());
   std::vector<float> values((1 << 20) / 4, 1.5f);
   Message m;
@@ -359,6 +383,16 @@ TEST_F(SecureTransportTest, AFrameOfExactlyTheLimitStillPassesUnderCurve) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->data.size(), 1u);
   EXPECT_EQ(got->data[0].size(), size_t{1} << 20);
+  EXPECT_EQ(got->data[0].floats()[12345], 1.5f);
+  // One float more is refused (its message counted as malformed).
+  values.push_back(1.5f);
+  Message over;
+  over.header = m.header;
+  over.header.clear_frames();
+  AddFloatFrame(&over, Buffer::Wrap(values.data(), values.size() * 4, nullptr));
+  ASSERT_TRUE(worker->Send(ServerId(0), over).ok());
+  EXPECT_FALSE(server->Receive(absl::Milliseconds(500)).ok());
+  EXPECT_EQ(server->sealed_drops().malformed, 1u);
 }
 
 }  // namespace

@@ -82,8 +82,7 @@ struct Pair {
     SealedReceiver::Options o;
     o.own_role = Role::kServer;
     o.node_key = server;
-    o.role_secrets[static_cast<int>(Role::kWorker)] =
-        job.Secret(Role::kServer, Role::kWorker);
+    o.role_secrets.Set(Role::kWorker, job.Secret(Role::kServer, Role::kWorker));
     o.on_drop = [this](uint64_t, const std::string& why) {
       drops.push_back(why);
     };
