@@ -196,6 +196,19 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
             " are the same key; every role needs its own"));
       }
     }
+    // Sealed links agree keys with every role's key: one of small order
+    // would agree to zero.
+    uint8_t secret[32], peer[32], shared[32];
+    const bool agrees =
+        DecodeKey(keys.secret_key, secret) &&
+        DecodeKey(keys.public_key(a), peer) &&
+        crypto_scalarmult(shared, secret, peer) == 0;
+    sodium_memzero(secret, sizeof(secret));
+    sodium_memzero(shared, sizeof(shared));
+    if (!agrees) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": ", KeyName(a), " is not a usable key (small order)"));
+    }
   }
   return keys;
 }

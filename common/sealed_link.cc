@@ -92,23 +92,55 @@ bool NodeKey::Agree(const Key32& peer, Key32* shared) const {
   return crypto_scalarmult(shared->data(), secret_.data(), peer.data()) == 0;
 }
 
-std::optional<Key32> RoleSecret(const std::string& own_secret_z85,
-                                const std::string& peer_public_z85) {
-  if (own_secret_z85.size() != 40 || peer_public_z85.size() != 40)
-    return std::nullopt;
-  Key32 secret, peer, shared;
-  if (zmq_z85_decode(secret.data(), own_secret_z85.c_str()) == nullptr ||
-      zmq_z85_decode(peer.data(), peer_public_z85.c_str()) == nullptr) {
-    return std::nullopt;
-  }
-  const bool ok =
-      crypto_scalarmult(shared.data(), secret.data(), peer.data()) == 0;
-  sodium_memzero(secret.data(), secret.size());
-  if (!ok) return std::nullopt;
-  return shared;
+std::optional<Key32> KeyFromZ85(const std::string& z85) {
+  if (z85.size() != 40) return std::nullopt;
+  Key32 key;
+  if (zmq_z85_decode(key.data(), z85.c_str()) == nullptr) return std::nullopt;
+  return key;
 }
 
-Key32 DeriveLinkSecret(const Key32& ee, const Key32& ss, Role from_role,
+std::optional<LinkKeys> LinkKeys::Make(
+    NodeKey node_key, Role role, const Key32& role_secret,
+    const std::array<Key32, 3>& role_publics) {
+  LinkKeys keys(std::move(node_key), role, role_secret);
+  for (int r = 0; r < 3; ++r) {
+    if (!keys.node_key_.Agree(role_publics[r], &keys.node_x_role_[r]))
+      return std::nullopt;
+  }
+  return keys;
+}
+
+LinkKeys::LinkKeys(NodeKey node_key, Role role, const Key32& role_secret)
+    : node_key_(std::move(node_key)), role_(role), role_secret_(role_secret) {}
+
+LinkKeys::~LinkKeys() {
+  sodium_memzero(role_secret_.data(), role_secret_.size());
+}
+
+bool LinkKeys::ForPeer(const Key32& peer_key, PeerSecrets* out) const {
+  return node_key_.Agree(peer_key, &out->ee) &&
+         crypto_scalarmult(out->se.data(), role_secret_.data(),
+                           peer_key.data()) == 0;
+}
+
+Key32 LinkKeys::SendingSecret(const PeerSecrets& peer, Role peer_role,
+                              const Key32& peer_key, uint32_t link) const {
+  // X25519(s_A, E_B) and X25519(e_A, S_B), A being this process.
+  return DeriveLinkSecret(peer.ee, peer.se,
+                          node_x_role_[static_cast<int>(peer_role)], role_,
+                          public_key(), peer_role, peer_key, link);
+}
+
+Key32 LinkKeys::ReceivingSecret(const PeerSecrets& peer, Role peer_role,
+                                const Key32& peer_key, uint32_t link) const {
+  // The same two, B being this process: X25519(e_B, S_A), X25519(s_B, E_A).
+  return DeriveLinkSecret(peer.ee, node_x_role_[static_cast<int>(peer_role)],
+                          peer.se, peer_role, peer_key, role_, public_key(),
+                          link);
+}
+
+Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
+                       const Key32& es_b_a, Role from_role,
                        const Key32& from_key, Role to_role,
                        const Key32& to_key, uint32_t link) {
   crypto_generichash_state state;
@@ -117,7 +149,8 @@ Key32 DeriveLinkSecret(const Key32& ee, const Key32& ss, Role from_role,
       &state, reinterpret_cast<const uint8_t*>(kLinkLabel),
       sizeof(kLinkLabel) - 1);
   crypto_generichash_update(&state, ee.data(), ee.size());
-  crypto_generichash_update(&state, ss.data(), ss.size());
+  crypto_generichash_update(&state, es_a_b.data(), es_a_b.size());
+  crypto_generichash_update(&state, es_b_a.data(), es_b_a.size());
   const uint8_t from = RoleByte(from_role), to = RoleByte(to_role);
   crypto_generichash_update(&state, &from, 1);
   crypto_generichash_update(&state, from_key.data(), from_key.size());
@@ -361,7 +394,7 @@ struct SealedReceiver::Peer {
   int id = 0;
   Role role = Role::kWorker;
   Key32 key{};
-  std::optional<Key32> ee;  // X25519 of the two node keys, once needed
+  std::optional<PeerSecrets> secrets;  // LinkKeys::ForPeer, once needed
   bool have_link = false;
   uint32_t link = 0;
   uint32_t epoch = 0;
@@ -383,7 +416,7 @@ SealedReceiver::SealedReceiver(Options options)
 SealedReceiver::~SealedReceiver() = default;
 
 void SealedReceiver::SetPeer(int id, Role role, const Key32& node_key,
-                             const Key32* ee) {
+                             const PeerSecrets* secrets) {
   absl::MutexLock lock(&mu_);
   auto old = key_of_.find(id);
   if (old != key_of_.end()) {
@@ -397,7 +430,7 @@ void SealedReceiver::SetPeer(int id, Role role, const Key32& node_key,
   peer->id = id;
   peer->role = role;
   peer->key = node_key;
-  if (ee != nullptr) peer->ee = *ee;
+  if (secrets != nullptr) peer->secrets = *secrets;
   // A key that moves to another id (never in a real job) leaves the old id.
   auto taken = peers_.find(node_key);
   if (taken != peers_.end()) key_of_.erase(taken->second->id);
@@ -494,6 +527,23 @@ void SealedReceiver::AcceptLocked(Record record, std::vector<Message>* ready) {
     return;
   }
   auto it = peers_.find(prefix.node_key);
+  if (it == peers_.end() && options_.accept_first_scheduler &&
+      prefix.role == Role::kScheduler &&
+      record.connection_role == Role::kScheduler &&
+      (prefix.flags & kFirst) != 0 && !key_of_.contains(kSchedulerId)) {
+    auto peer = std::make_unique<Peer>();
+    peer->id = kSchedulerId;
+    peer->role = Role::kScheduler;
+    peer->key = prefix.node_key;
+    Peer& scheduler = *peer;
+    peers_[prefix.node_key] = std::move(peer);
+    key_of_[kSchedulerId] = prefix.node_key;
+    if (!Open(record, prefix, scheduler, ready)) {
+      peers_.erase(prefix.node_key);
+      key_of_.erase(kSchedulerId);
+    }
+    return;
+  }
   if (it == peers_.end()) {
     if (parked_.size() >= options_.max_parked ||
         parked_bytes_ + record.size > options_.max_parked_bytes) {
@@ -510,15 +560,17 @@ void SealedReceiver::AcceptLocked(Record record, std::vector<Message>* ready) {
   Open(record, prefix, *it->second, ready);
 }
 
-void SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,
+bool SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,
                           std::vector<Message>* ready) {
   // "worker id 9", made only when a drop is logged.
-  auto from = [&peer] { return absl::StrCat(RoleName(peer.role), " id ", peer.id); };
+  auto from = [&peer] {
+    return absl::StrCat(RoleName(peer.role), " id ", peer.id);
+  };
   if (prefix.role != peer.role) {
     Drop(&DropCounts::wrong_sender,
          absl::StrCat("a record sealed as a ", RoleName(prefix.role),
                       " with the node key of ", from()));
-    return;
+    return false;
   }
   if (peer.have_link) {
     if (prefix.link < peer.link ||
@@ -529,47 +581,42 @@ void SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,
                         ", epoch ", prefix.epoch, ", record ", prefix.seq,
                         ") already passed: the link is at link ", peer.link,
                         ", epoch ", peer.epoch, ", record ", peer.next_seq));
-      return;
+      return false;
     }
   }
-  if ((prefix.flags & kFirst) == 0) {
-    OpenNext(record, prefix, peer, ready);
-    return;
-  }
+  if ((prefix.flags & kFirst) == 0) return OpenNext(record, prefix, peer, ready);
   if (peer.have_link && prefix.link == peer.link &&
       prefix.epoch == peer.epoch) {
-    OpenFirst(record, prefix, peer, *peer.cipher, ready);
-    return;
+    return OpenFirst(record, prefix, peer, *peer.cipher, ready);
   }
   // A new link or epoch: a key of its own, kept only if the record opens.
   Key32 secret = peer.secret;
   if (!peer.have_link || prefix.link != peer.link) {
-    if (!peer.ee.has_value()) {
-      Key32 ee;
-      if (!options_.node_key.Agree(peer.key, &ee)) {
+    if (peer.role == options_.keys->role()) {
+      Drop(&DropCounts::wrong_sender,
+           absl::StrCat("a record from ", from(),
+                        ": nodes of one role never link"));
+      return false;
+    }
+    if (!peer.secrets.has_value()) {
+      PeerSecrets secrets;
+      if (!options_.keys->ForPeer(peer.key, &secrets)) {
         Drop(&DropCounts::unauthentic,
              absl::StrCat("the node key of ", from(), " is of small order"));
-        return;
+        return false;
       }
-      peer.ee = ee;
+      peer.secrets = secrets;
     }
-    const Key32* ss = options_.role_secrets.Find(peer.role);
-    if (ss == nullptr) {
-      Drop(&DropCounts::wrong_sender,
-           absl::StrCat("a record from ", from(), ", a role that may not seal to a ",
-                        RoleName(options_.own_role)));
-      return;
-    }
-    secret = DeriveLinkSecret(*peer.ee, *ss, peer.role, peer.key,
-                              options_.own_role, own_key(), prefix.link);
+    secret = options_.keys->ReceivingSecret(*peer.secrets, peer.role, peer.key,
+                                            prefix.link);
   }
   auto cipher = std::make_unique<Cipher>();
   cipher->SetKey(EpochKey(secret, prefix.epoch));
-  if (OpenFirst(record, prefix, peer, *cipher, ready)) {
-    // OpenFirst committed the sequence; commit the key.
-    peer.secret = secret;
-    peer.cipher = std::move(cipher);
-  }
+  if (!OpenFirst(record, prefix, peer, *cipher, ready)) return false;
+  // OpenFirst committed the sequence; commit the key.
+  peer.secret = secret;
+  peer.cipher = std::move(cipher);
+  return true;
 }
 
 bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix,
@@ -682,23 +729,25 @@ bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix,
   return true;
 }
 
-void SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
+bool SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
                               std::vector<Message>* ready) {
   // "worker id 9", made only when a drop is logged.
-  auto from = [&peer] { return absl::StrCat(RoleName(peer.role), " id ", peer.id); };
+  auto from = [&peer] {
+    return absl::StrCat(RoleName(peer.role), " id ", peer.id);
+  };
   if (!peer.assembling || prefix.link != peer.link ||
       prefix.epoch != peer.epoch || prefix.seq != peer.next_seq) {
     Drop(&DropCounts::out_of_order,
          absl::StrCat("a record from ", from(), " (link ", prefix.link,
                       ", record ", prefix.seq,
                       ") continues no message in progress"));
-    return;
+    return false;
   }
   if (prefix.length == 0 || prefix.length > peer.remaining) {
     Drop(&DropCounts::malformed,
          absl::StrCat("a record from ", from(), " of ", prefix.length,
                       " bytes; its message has ", peer.remaining, " to come"));
-    return;
+    return false;
   }
   // Opened straight into the frames; a record that fails leaves the cursor
   // where it was, and the authentic record with this number overwrites what
@@ -725,7 +774,7 @@ void SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
     Drop(&DropCounts::unauthentic,
          absl::StrCat("a record that does not open (link ", prefix.link,
                       ", record ", prefix.seq, ", claimed by ", from(), ")"));
-    return;
+    return false;
   }
   p.next_seq = prefix.seq + 1;
   p.frame = frame;
@@ -740,9 +789,10 @@ void SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
          absl::StrCat("a message from ", from(),
                       last ? " ended before its header's size"
                            : " went on past its header's size"));
-    return;
+    return true;
   }
   if (p.remaining == 0) Finish(p, ready);
+  return true;
 }
 
 void SealedReceiver::Finish(Peer& peer, std::vector<Message>* ready) {

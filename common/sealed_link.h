@@ -5,17 +5,23 @@
 //
 // Every process makes a node key (X25519) when it starts and never stores it.
 // Its public half reaches the scheduler in the registration (over CURVE, with
-// the role's key) and every peer in the node table (over CURVE, from the
-// scheduler). The key of the link from A to B is
+// the role's key) and every peer in the node table (from the scheduler). With
+// e, E a process's node key and s, S its role's CURVE key (the key file's),
+// the key of the link from A to B is (Noise's KK pattern)
 //
-//   secret = BLAKE2b-256("tessera sealed link v1" || X25519(a, B) ||
-//                        X25519(role key of A, role key of B) ||
-//                        A's role || A's node key || B's role || B's node key ||
-//                        link number)
+//   secret = BLAKE2b-256("tessera sealed link v1" || X25519(e_A, E_B) ||
+//                        X25519(s_A, E_B) || X25519(e_A, S_B) ||
+//                        A's role || E_A || B's role || E_B || link number)
 //   key(epoch) = BLAKE2b-256(key = secret, "epoch" || epoch)
 //
-// so it is fresh per link (A counts the links it opens), per direction (the
-// transcript is ordered), and per life of either process (node keys).
+// X25519(e_A, E_B) takes A's node key: another process of A's role cannot
+// speak for A. X25519(s_A, E_B) takes A's role key: a worker cannot seal as
+// the scheduler (X25519 of two role keys would not do: a worker computes the
+// scheduler-worker one as well as the scheduler does). X25519(e_A, S_B) takes
+// B's role key to read: a node table that gave A a forged key for B (a
+// compromised scheduler) does not yield the link's key. Keys are fresh per
+// link (A counts the links it opens), per direction (the transcript is
+// ordered) and per life of either process (node keys).
 //
 // A message (its serialized header, then its data frames) is cut into records
 // of at most `record_bytes` of plaintext; each record is one ZeroMQ frame:
@@ -109,37 +115,56 @@ class NodeKey {
   Key32 public_{};
 };
 
-// X25519(own role secret key, peer role public key), both Z85 as in key
-// files; what every link between those two roles mixes in. nullopt for keys
-// that do not decode or agree.
-std::optional<Key32> RoleSecret(const std::string& own_secret_z85,
-                                const std::string& peer_public_z85);
+// A 32-byte key from its Z85 text (key files); nullopt when it is not one.
+std::optional<Key32> KeyFromZ85(const std::string& z85);
 
-// The secret of the link from (from_role, from_key) to (to_role, to_key).
-// `ee`: X25519 of the two node keys; `ss`: RoleSecret of the two roles.
-Key32 DeriveLinkSecret(const Key32& ee, const Key32& ss, Role from_role,
-                       const Key32& from_key, Role to_role,
-                       const Key32& to_key, uint32_t link);
-Key32 EpochKey(const Key32& link_secret, uint32_t epoch);
+// X25519 of one process's keys with one peer's node key, which both
+// directions of their links use: ee = X25519(e_own, E_peer) and
+// se = X25519(s_own, E_peer).
+struct PeerSecrets {
+  Key32 ee{};
+  Key32 se{};
+};
 
-// The role secrets one process mixes into its links, by the peer's role.
-class RoleSecrets {
+// A process's half of every link key: its node key, its role's secret key
+// and every role's public key.
+class LinkKeys {
  public:
-  void Set(Role peer, const Key32& secret) {
-    keys_[static_cast<int>(peer)] = secret;
-    present_ |= 1u << static_cast<int>(peer);
-  }
-  // nullptr when none was set (no link with that role).
-  const Key32* Find(Role peer) const {
-    return (present_ & (1u << static_cast<int>(peer))) != 0
-               ? &keys_[static_cast<int>(peer)]
-               : nullptr;
-  }
+  // nullopt when a key agreement fails (a key of small order).
+  static std::optional<LinkKeys> Make(NodeKey node_key, Role role,
+                                      const Key32& role_secret,
+                                      const std::array<Key32, 3>& role_publics);
+  ~LinkKeys();
+
+  const NodeKey& node_key() const { return node_key_; }
+  const Key32& public_key() const { return node_key_.public_key(); }
+  Role role() const { return role_; }
+
+  // The X25519 values for a peer's node key; false for a key of small order.
+  bool ForPeer(const Key32& peer_key, PeerSecrets* out) const;
+  // The secret of the link this process opens to a peer (of `peer_role`, node
+  // key `peer_key`), numbered `link`; and of one a peer opens to it.
+  Key32 SendingSecret(const PeerSecrets& peer, Role peer_role,
+                      const Key32& peer_key, uint32_t link) const;
+  Key32 ReceivingSecret(const PeerSecrets& peer, Role peer_role,
+                        const Key32& peer_key, uint32_t link) const;
 
  private:
-  std::array<Key32, 3> keys_{};
-  unsigned present_ = 0;
+  LinkKeys(NodeKey node_key, Role role, const Key32& role_secret);
+  NodeKey node_key_;
+  Role role_;
+  Key32 role_secret_{};
+  std::array<Key32, 3> node_x_role_{};  // X25519(e_own, S_r), by Role
 };
+
+// The secret of the link from A to B, from the three X25519 values above
+// (as either end computes them) and the transcript.
+Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
+                       const Key32& es_b_a, Role from_role,
+                       const Key32& from_key, Role to_role,
+                       const Key32& to_key, uint32_t link);
+// The key of one epoch of a link.
+Key32 EpochKey(const Key32& link_secret, uint32_t epoch);
 
 // The fields of a record's prefix.
 struct Prefix {
@@ -273,11 +298,8 @@ struct Record {
 class SealedReceiver {
  public:
   struct Options {
-    Role own_role = Role::kServer;
-    NodeKey node_key = NodeKey::Generate();
-    // RoleSecret(own role's secret key, the peer role's public key), for
-    // each role that may seal to this process.
-    RoleSecrets role_secrets;
+    // This process's keys (required).
+    std::shared_ptr<const LinkKeys> keys;
     CodecLimits limits;
     int64_t max_frame_bytes = -1;  // -1: no limit beyond `limits`
     // Records from node keys not yet in the directory wait (a peer's first
@@ -286,6 +308,12 @@ class SealedReceiver {
     size_t max_parked = 1024;
     uint64_t max_parked_bytes = uint64_t{64} << 20;
     absl::Duration park_time = absl::Seconds(10);
+    // A node takes the scheduler's node key (as id 1) from the first record
+    // that opens with the scheduler's role secret, on a connection of the
+    // scheduler's key: only a holder of the scheduler's role key can seal
+    // one. (Its first message, a node table or an abort, comes before the
+    // node could know the key; the table then names the same key.)
+    bool accept_first_scheduler = false;
     // Called for each drop, with the counter's new value and why; may log.
     std::function<void(uint64_t n, const std::string& why)> on_drop;
   };
@@ -294,11 +322,11 @@ class SealedReceiver {
   ~SealedReceiver();
 
   // The node `id` (of `role`) seals with `node_key`; replaces the key it had
-  // (a restarted node), whose records are then refused. `ee`, when given, is
-  // X25519 of this process's node key and `node_key` (else computed when the
-  // first record needs it).
+  // (a restarted node), whose records are then refused. `secrets`, when
+  // given, are keys().ForPeer(node_key) (else computed when the first record
+  // needs them).
   void SetPeer(int id, Role role, const Key32& node_key,
-               const Key32* ee = nullptr);
+               const PeerSecrets* secrets = nullptr);
   void RemovePeer(int id);
 
   // Takes one record; appends the messages it completes to `ready`.
@@ -309,7 +337,7 @@ class SealedReceiver {
 
   DropCounts counts() const;
   size_t parked() const;
-  const Key32& own_key() const { return options_.node_key.public_key(); }
+  const Key32& own_key() const { return options_.keys->public_key(); }
 
  private:
   struct Peer;
@@ -324,13 +352,13 @@ class SealedReceiver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(std::vector<Message>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A record whose sender's key the directory has.
-  void Open(Record& record, const Prefix& prefix, Peer& peer,
+  // A record whose sender's key the directory has; true when it opened.
+  bool Open(Record& record, const Prefix& prefix, Peer& peer,
             std::vector<Message>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool OpenFirst(Record& record, const Prefix& prefix, Peer& peer,
                  Cipher& cipher, std::vector<Message>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OpenNext(Record& record, const Prefix& prefix, Peer& peer,
+  bool OpenNext(Record& record, const Prefix& prefix, Peer& peer,
                 std::vector<Message>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(Peer& peer, std::vector<Message>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

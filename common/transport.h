@@ -98,6 +98,11 @@ class Transport {
   virtual void SetPeerIdentity(int peer, const PeerIdentity& identity) {}
   virtual SealedDrops sealed_drops() const { return SealedDrops(); }
 
+  // What is queued and not yet sent is dropped, now and when the transport
+  // closes, instead of waiting out the linger for peers that have gone (the
+  // scheduler, once every node acknowledged the job's end).
+  virtual void DiscardUnsent() {}
+
   // Stops the transport; pending Receive calls return Cancelled.
   virtual void Close() = 0;
 };

@@ -10,6 +10,7 @@
 // so that every message after the node table is bound to the node key of the
 // process that sent it.
 #include <malloc.h>
+#include <pthread.h>
 #include <zmq.h>
 
 #include <atomic>
@@ -116,6 +117,8 @@ class SealPool {
 
  private:
   void Run() {
+    // A thread started from ZeroMQ's I/O thread would keep its name.
+    pthread_setname_np(pthread_self(), "tessera-seal");
     while (true) {
       std::function<void()> work;
       {
@@ -346,8 +349,8 @@ class ZmqTransport : public Transport {
     sender->socket = zmq_socket(context_, ZMQ_PUSH);
     ConfigureSocket(sender->socket);
     std::string endpoint;
-    if (Sealed() && own_role() != Role::kScheduler && peer != kSchedulerId) {
-      // A worker's or server's peer: its sealed lane.
+    if (Sealed() && peer != kSchedulerId) {
+      // A worker or server: its sealed lane.
       std::optional<PeerLink> link = LinkTo(peer);
       if (!link.has_value()) {
         zmq_close(sender->socket);
@@ -494,7 +497,7 @@ class ZmqTransport : public Transport {
 
   std::string node_key() const override {
     if (!Sealed()) return std::string();
-    const sealed::Key32& k = node_key_->public_key();
+    const sealed::Key32& k = link_keys_->public_key();
     return std::string(reinterpret_cast<const char*>(k.data()), k.size());
   }
   int sealed_port() const override { return sealed_port_.load(); }
@@ -509,17 +512,17 @@ class ZmqTransport : public Transport {
     }
     sealed::Key32 key;
     std::memcpy(key.data(), identity.node_key.data(), key.size());
-    sealed::Key32 ee{};
-    if (!node_key_->Agree(key, &ee)) {
+    sealed::PeerSecrets secrets;
+    if (!link_keys_->ForPeer(key, &secrets)) {
       TESSERA_LOG(WARNING) << "node " << peer << " has a node key of small "
                            << "order in the node table; ignored";
       return;
     }
-    opener_->SetPeer(peer, identity.role, key, &ee);
+    opener_->SetPeer(peer, identity.role, key, &secrets);
     std::shared_ptr<Sender> scheduler_link;
     {
       absl::MutexLock lock(&senders_mu_);
-      links_[peer] = PeerLink{identity.role, key, ee, identity.sealed_port};
+      links_[peer] = PeerLink{identity.role, key, secrets, identity.sealed_port};
       if (peer == kSchedulerId) {
         auto it = senders_.find(kSchedulerId);
         if (it != senders_.end()) scheduler_link = it->second;
@@ -530,7 +533,7 @@ class ZmqTransport : public Transport {
       absl::MutexLock lock(&scheduler_link->mu);
       if (scheduler_link->sealer == nullptr) {
         scheduler_link->sealer = NewSealer(
-            PeerLink{identity.role, key, ee, identity.sealed_port});
+            PeerLink{identity.role, key, secrets, identity.sealed_port});
       }
     }
   }
@@ -549,6 +552,16 @@ class ZmqTransport : public Transport {
     }
     d.unsealed = unsealed_.load();
     return d;
+  }
+
+  void DiscardUnsent() override {
+    absl::MutexLock lock(&senders_mu_);
+    const int zero = 0;
+    for (auto& [peer, sender] : senders_) {
+      absl::MutexLock hold(&sender->mu);
+      sender->pending.clear();
+      zmq_setsockopt(sender->socket, ZMQ_LINGER, &zero, sizeof(zero));
+    }
   }
 
   void Close() override {
@@ -593,7 +606,7 @@ class ZmqTransport : public Transport {
   struct PeerLink {
     Role role;
     sealed::Key32 key;
-    sealed::Key32 ee;  // X25519 of the two node keys
+    sealed::PeerSecrets secrets;
     int sealed_port;
   };
 
@@ -605,21 +618,27 @@ class ZmqTransport : public Transport {
 
   void SetUpSealing() {
     const JobKeys& keys = options_.security->keys;
-    node_key_ = std::make_unique<sealed::NodeKey>(sealed::NodeKey::Generate());
-    sealed::SealedReceiver::Options o;
-    o.own_role = keys.role;
-    o.node_key = *node_key_;
+    std::optional<sealed::Key32> secret = sealed::KeyFromZ85(keys.secret_key);
+    std::array<sealed::Key32, 3> publics;
     for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker}) {
       plain_passwords_[static_cast<int>(r)] = PlainPassword(keys, r);
-      if (r == keys.role) continue;
-      std::optional<sealed::Key32> ss =
-          sealed::RoleSecret(keys.secret_key, keys.public_key(r));
-      if (ss.has_value()) {
-        role_secrets_.Set(r, *ss);
-        // The scheduler never seals: a node takes no records from it.
-        if (r != Role::kScheduler) o.role_secrets.Set(r, *ss);
-      }
+      std::optional<sealed::Key32> p = sealed::KeyFromZ85(keys.public_key(r));
+      if (p.has_value()) publics[static_cast<int>(r)] = *p;
     }
+    // Key files are checked when read (ParseKeyFile, keys that decode and
+    // agree), so this cannot fail for keys that got this far.
+    std::optional<sealed::LinkKeys> link_keys =
+        secret.has_value() ? sealed::LinkKeys::Make(sealed::NodeKey::Generate(),
+                                                    keys.role, *secret, publics)
+                           : std::nullopt;
+    if (!link_keys.has_value()) {
+      TESSERA_LOG(ERROR) << "the job's keys do not agree (X25519)";
+      std::abort();
+    }
+    link_keys_ = std::make_shared<const sealed::LinkKeys>(*std::move(link_keys));
+    sealed::SealedReceiver::Options o;
+    o.keys = link_keys_;
+    o.accept_first_scheduler = keys.role != Role::kScheduler;
     o.limits = options_.limits;
     o.max_frame_bytes = options_.max_message_bytes;
     o.on_drop = [](uint64_t n, const std::string& why) {
@@ -688,15 +707,11 @@ class ZmqTransport : public Transport {
 
   // A new link to `peer`: its own number, so its key is fresh.
   std::unique_ptr<sealed::Sealer> NewSealer(const PeerLink& link) {
-    const sealed::Key32* ss = role_secrets_.Find(link.role);
-    if (ss == nullptr) return nullptr;
     const uint32_t number = next_link_.fetch_add(1);
-    const sealed::Key32 secret = sealed::DeriveLinkSecret(
-        link.ee, *ss, own_role(), node_key_->public_key(), link.role, link.key,
-        number);
-    return std::make_unique<sealed::Sealer>(own_role(),
-                                            node_key_->public_key(), number,
-                                            secret, options_.sealed_record_bytes);
+    return std::make_unique<sealed::Sealer>(
+        own_role(), link_keys_->public_key(), number,
+        link_keys_->SendingSecret(link.secrets, link.role, link.key, number),
+        options_.sealed_record_bytes);
   }
 
   // Queues `msg` on a sealed link and seals what ZeroMQ has room for now;
@@ -926,19 +941,19 @@ class ZmqTransport : public Transport {
     }
   }
 
-  // In a sealed job only the scheduler's messages and a node's own
-  // registration (before it has an id) come unsealed: anything else must be
-  // bound to the node key of the process that sent it.
+  // In a sealed job only a node's registration (before it has an id, over
+  // CURVE to the scheduler) comes unsealed: anything else must be bound to
+  // the node key of the process that sent it.
   bool UnsealedAllowed(const Message& msg) {
-    const bool allowed = own_role() == Role::kScheduler
-                             ? msg.header.sender() == 0
-                             : msg.header.sender() == kSchedulerId;
+    const bool allowed =
+        own_role() == Role::kScheduler && msg.header.sender() == 0;
     if (allowed) return true;
     const uint64_t n = ++unsealed_;
     if (ShouldLog(n)) {
       TESSERA_LOG(WARNING)
-          << "dropped unsealed message #" << n << ": after the node table a "
-          << "node's messages come sealed with its node key: "
+          << "dropped unsealed message #" << n << ": in a sealed job only "
+          << "a registration comes unsealed; every other message comes "
+          << "sealed with its sender's node key: "
           << DebugString(msg);
     }
     return false;
@@ -1050,8 +1065,7 @@ class ZmqTransport : public Transport {
   std::atomic<uint64_t> unsealed_{0};
 
   // Sealing (Sealed() only; set in the constructor, then read-only).
-  std::unique_ptr<sealed::NodeKey> node_key_;
-  sealed::RoleSecrets role_secrets_;
+  std::shared_ptr<const sealed::LinkKeys> link_keys_;
   std::array<std::string, 3> plain_passwords_;  // what this role presents, by peer role
   std::unique_ptr<sealed::SealedReceiver> opener_;
   // Outlives the ZeroMQ context: records' free callbacks, which run until

@@ -182,6 +182,10 @@ absl::Status Scheduler::Run() {
     ResendNotices(now);
     if (ended_) {
       if (!Ending(now)) {
+        // Every node acknowledged the end (or the deadline passed): what is
+        // still queued (answers to the last heartbeats of nodes that have
+        // left) can only wait out the linger.
+        transport_->DiscardUnsent();
         TESSERA_LOG(INFO) << "handled " << received_ << " messages ("
                           << heartbeats_ << " heartbeats) in "
                           << absl::FormatDuration(absl::Trunc(now - start,
@@ -197,8 +201,12 @@ absl::Status Scheduler::Run() {
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
           " passed: ", MissingNodes(), " never registered (TESSERA_START_TIMEOUT)");
       std::vector<int> peers;
-      for (const Registration& r : registered_)
-        peers.push_back(r.provisional_id);
+      for (const Registration& r : registered_) {
+        // Registered nodes are linked to only now, to be told.
+        if (LinkTo(r.provisional_id, r.info).ok()) {
+          peers.push_back(r.provisional_id);
+        }
+      }
       EndJob(absl::DeadlineExceededError(reason), AbortMessage(reason), peers);
       continue;
     }
@@ -524,7 +532,7 @@ void Scheduler::HandleRegister(const Message& msg) {
     // decided): told once per registration; it registers again if the abort
     // is lost.
     const int provisional = ProvisionalId(kLateIndex, info.role());
-    if (transport_->Connect(provisional, info.host(), info.port()).ok()) {
+    if (LinkTo(provisional, info).ok()) {
       (void)transport_->Send(provisional, AbortMessage(end_reason_));
       transport_->Disconnect(provisional);
     }
@@ -554,31 +562,31 @@ void Scheduler::HandleRegister(const Message& msg) {
       ProvisionalId(static_cast<int>(registered_.size()), info.role());
   r.hostname = reg.hostname();
   r.pid = reg.pid();
-  absl::Status connected =
-      transport_->Connect(r.provisional_id, info.host(), info.port());
-  if (!connected.ok()) {
-    TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host()
-                         << ":" << info.port() << ": " << connected.message();
-    return;
-  }
-  if (formed_) {
-    (void)transport_->Send(
-        r.provisional_id,
-        AbortMessage(
-            "the job is already formed; no node of this role is missing"));
+  // A node turned away is told over a link of a moment; one that stays is
+  // linked to once, under its id, when the job forms (each link to a node
+  // is a handshake: at 288 nodes a second one each cost 0.5 s of CPU).
+  auto turn_away = [&](const std::string& why) {
+    absl::Status connected = LinkTo(r.provisional_id, info);
+    if (!connected.ok()) {
+      TESSERA_LOG(WARNING) << "cannot reach registering node at "
+                           << info.host() << ":" << info.port() << ": "
+                           << connected.message();
+      return;
+    }
+    (void)transport_->Send(r.provisional_id, AbortMessage(why));
     transport_->Disconnect(r.provisional_id);
+  };
+  if (formed_) {
+    turn_away("the job is already formed; no node of this role is missing");
     return;
   }
   const int count = registered_by_role_[info.role()];
   const int wanted =
       info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
   if (count >= wanted) {
-    (void)transport_->Send(
-        r.provisional_id,
-        AbortMessage(absl::StrCat(
-            "too many ", info.role() == wire::SERVER ? "servers" : "workers",
-            ": expected ", wanted)));
-    transport_->Disconnect(r.provisional_id);
+    turn_away(absl::StrCat("too many ",
+                           info.role() == wire::SERVER ? "servers" : "workers",
+                           ": expected ", wanted));
     return;
   }
   TESSERA_VLOG(1) << "registered "
@@ -604,7 +612,7 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
     Message abort = AbortMessage(absl::StrCat(
         Describe(node), " restarted after it had finished; nothing to rejoin"));
     const int provisional = ProvisionalId(kFinishedIndex, info.role());
-    if (transport_->Connect(provisional, info.host(), info.port()).ok()) {
+    if (LinkTo(provisional, info).ok()) {
       (void)transport_->Send(provisional, abort);
       transport_->Disconnect(provisional);
     }
@@ -614,10 +622,9 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   // The new process seals with a key of its own: its old life's is refused.
   node.set_node_key(info.node_key());
   node.set_sealed_port(info.sealed_port());
-  InstallIdentity(node);
   last_seen_[id] = absl::Now();
   // A fresh link: nothing queued for the old process goes to the new one.
-  (void)transport_->Connect(id, node.host(), node.port());
+  (void)LinkTo(id, node);
   TESSERA_LOG(INFO) << Describe(node) << " restarted (generation "
                     << info.generation() << "); it rejoins the job";
   // The nodes that link to it must learn of the new generation (workers
@@ -647,12 +654,13 @@ int64_t Scheduler::ThreadCpuMillis() {
 // and rank. Workers never talk to workers nor servers to servers, so a job
 // sends 2 W S entries when it forms instead of (W + S)^2: at 9,000 workers and
 // 1,000 servers 18 million instead of 100 million (docs/capacity.md).
-void Scheduler::InstallIdentity(const wire::NodeInfo& n) {
+absl::Status Scheduler::LinkTo(int id, const wire::NodeInfo& n) {
   PeerIdentity identity;
   identity.role = n.role() == wire::SERVER ? Role::kServer : Role::kWorker;
   identity.node_key = n.node_key();
   identity.sealed_port = n.sealed_port();
-  transport_->SetPeerIdentity(n.id(), identity);
+  transport_->SetPeerIdentity(id, identity);
+  return transport_->Connect(id, n.host(), n.port());
 }
 
 Message Scheduler::TableMessage(int for_id) const {
@@ -696,8 +704,7 @@ void Scheduler::FormJob() {
   for (const wire::NodeInfo& n : infos) {
     nodes_[n.id()] = n;
     last_seen_[n.id()] = now;
-    InstallIdentity(n);
-    (void)transport_->Connect(n.id(), n.host(), n.port());
+    (void)LinkTo(n.id(), n);
   }
   for (const Registration& r : registered_)
     transport_->Disconnect(r.provisional_id);

@@ -96,8 +96,10 @@ class Scheduler {
   void Rejoin(int id, const wire::NodeInfo& info);
   // The node table node `for_id` needs (NODE_TABLE): the other role's nodes
   // and its own entry.
-  // Tells the transport the node key `n` seals with (secured jobs).
-  void InstallIdentity(const wire::NodeInfo& n);
+  // Links to the node `n` (registered or formed) as `id`: in a secured job
+  // to its sealed lane, sealed for its node key, whose records are then
+  // taken as `id`'s.
+  absl::Status LinkTo(int id, const wire::NodeInfo& n);
   Message TableMessage(int for_id) const;
   // A NODE_TABLE of one changed node (a restart), for nodes holding theirs.
   Message ChangeMessage(const wire::NodeInfo& changed) const;

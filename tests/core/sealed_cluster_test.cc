@@ -135,8 +135,8 @@ TEST(SealedClusterTest, AWorkersKeysCannotSpeakForAnotherWorker) {
                    ", but it was sealed with the node key of worker id ", b_id);
   EXPECT_THAT(server, HasSubstr(claim));
   EXPECT_THAT(scheduler, HasSubstr(claim));
-  EXPECT_THAT(server, HasSubstr("dropped unsealed message #1: after the node "
-                                "table a node's messages come sealed"));
+  EXPECT_THAT(server, HasSubstr("dropped unsealed message #1: in a sealed "
+                                "job only a registration comes unsealed"));
   EXPECT_EQ(SummaryCount(server, "pushes applied"), 0) << server;
   EXPECT_EQ(SummaryCount(server, "wrong sender"), 1) << server;
   EXPECT_THAT(server, HasSubstr("sealed drops 2 (wrong sender 1, unsealed 1)"));

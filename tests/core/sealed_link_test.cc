@@ -52,13 +52,25 @@ Record Copy(const std::vector<uint8_t>& bytes,
   return r;
 }
 
-// A job's role keys and the secrets a worker and a server derive from them.
+// A job's role keys, and a process's link keys under them.
 struct Job {
   JobKeySet keys = GenerateJobKeys().value();
-  Key32 Secret(Role own, Role peer) const {
-    return *RoleSecret(keys.of(own).secret_key, keys.of(peer).public_key);
+  std::shared_ptr<const LinkKeys> For(Role role, const NodeKey& node) const {
+    std::array<Key32, 3> publics;
+    for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker})
+      publics[static_cast<int>(r)] = *KeyFromZ85(keys.of(r).public_key);
+    return std::make_shared<const LinkKeys>(*LinkKeys::Make(
+        node, role, *KeyFromZ85(keys.of(role).secret_key), publics));
   }
 };
+
+// The secret of the link `from` opens to `to` (of role `to_role`).
+Key32 Sending(const LinkKeys& from, const Key32& to, Role to_role,
+              uint32_t link) {
+  PeerSecrets p;
+  EXPECT_TRUE(from.ForPeer(to, &p));
+  return from.SendingSecret(p, to_role, to, link);
+}
 
 // One worker sealing to one server over link `link`.
 struct Pair {
@@ -66,23 +78,19 @@ struct Pair {
                 uint64_t rekey_bytes = kRekeyBytes, uint32_t link = 1)
       : worker(NodeKey::Generate()),
         server(NodeKey::Generate()),
+        worker_keys(job.For(Role::kWorker, worker)),
+        server_keys(job.For(Role::kServer, server)),
         sealer(Role::kWorker, worker.public_key(), link,
-               LinkSecretFor(job, link), record_bytes, rekey_bytes),
-        receiver(ReceiverOptions(job)) {
+               LinkSecretFor(link), record_bytes, rekey_bytes),
+        receiver(ReceiverOptions()) {
     receiver.SetPeer(kWorkerId, Role::kWorker, worker.public_key());
   }
-  Key32 LinkSecretFor(const Job& job, uint32_t link) const {
-    Key32 ee;
-    EXPECT_TRUE(worker.Agree(server.public_key(), &ee));
-    return DeriveLinkSecret(ee, job.Secret(Role::kWorker, Role::kServer),
-                            Role::kWorker, worker.public_key(), Role::kServer,
-                            server.public_key(), link);
+  Key32 LinkSecretFor(uint32_t link) const {
+    return Sending(*worker_keys, server.public_key(), Role::kServer, link);
   }
-  SealedReceiver::Options ReceiverOptions(const Job& job) {
+  SealedReceiver::Options ReceiverOptions() {
     SealedReceiver::Options o;
-    o.own_role = Role::kServer;
-    o.node_key = server;
-    o.role_secrets.Set(Role::kWorker, job.Secret(Role::kServer, Role::kWorker));
+    o.keys = server_keys;
     o.on_drop = [this](uint64_t, const std::string& why) {
       drops.push_back(why);
     };
@@ -112,6 +120,7 @@ struct Pair {
   }
 
   NodeKey worker, server;
+  std::shared_ptr<const LinkKeys> worker_keys, server_keys;
   Sealer sealer;
   std::vector<std::string> drops;
   SealedReceiver receiver;
@@ -299,21 +308,15 @@ TEST(SealedLinkTest, RecordsOfAnotherLinkOrJobDoNotOpen) {
   const Message want = Push({100});
   // The worker's link to another server (same link number).
   NodeKey other_server = NodeKey::Generate();
-  Key32 ee;
-  ASSERT_TRUE(p.worker.Agree(other_server.public_key(), &ee));
   Sealer to_other(Role::kWorker, p.worker.public_key(), 1,
-                  DeriveLinkSecret(ee, job.Secret(Role::kWorker, Role::kServer),
-                                   Role::kWorker, p.worker.public_key(),
-                                   Role::kServer, other_server.public_key(), 1),
+                  Sending(*p.worker_keys, other_server.public_key(),
+                          Role::kServer, 1),
                   256);
-  // Another job's keys, this pair's node keys.
-  ASSERT_TRUE(p.worker.Agree(p.server.public_key(), &ee));
-  Sealer other_jobs(
-      Role::kWorker, p.worker.public_key(), 1,
-      DeriveLinkSecret(ee, other_job.Secret(Role::kWorker, Role::kServer),
-                       Role::kWorker, p.worker.public_key(), Role::kServer,
-                       p.server.public_key(), 1),
-      256);
+  // Another job's role keys, this pair's node keys.
+  Sealer other_jobs(Role::kWorker, p.worker.public_key(), 1,
+                    Sending(*other_job.For(Role::kWorker, p.worker),
+                            p.server.public_key(), Role::kServer, 1),
+                    256);
   std::vector<Message> ready = p.Feed(Pair::SealWith(to_other, want));
   for (const auto& r : Pair::SealWith(other_jobs, want))
     p.receiver.Accept(Copy(r), &ready);
@@ -371,7 +374,7 @@ TEST(SealedLinkTest, RecordsFromKeysNotYetKnownWaitForTheTable) {
   EXPECT_EQ(p.receiver.parked(), 0u);
 
   // Never known: dropped once the park time has passed.
-  SealedReceiver::Options o = p.ReceiverOptions(job);
+  SealedReceiver::Options o = p.ReceiverOptions();
   o.park_time = absl::Milliseconds(20);
   o.max_parked = 3;
   SealedReceiver strict(std::move(o));
@@ -414,7 +417,7 @@ TEST(SealedLinkTest, NewLinksAndEpochsTakeOverAndTheOldOnesAreRefused) {
   EXPECT_GE(p.sealer.epoch(), 2u);
   EXPECT_EQ(ready.size(), 5u);
   Sealer relinked(Role::kWorker, p.worker.public_key(), 2,
-                  p.LinkSecretFor(job, 2), 256);
+                  p.LinkSecretFor(2), 256);
   for (const auto& r : Pair::SealWith(relinked, Push({100}, 6)))
     p.receiver.Accept(Copy(r), &ready);
   ASSERT_EQ(ready.size(), 6u);
@@ -430,7 +433,7 @@ TEST(SealedLinkTest, NewLinksAndEpochsTakeOverAndTheOldOnesAreRefused) {
 TEST(SealedLinkTest, HeadersOverTheLimitsAreMalformed) {
   Job job;
   Pair p(job);
-  SealedReceiver::Options o = p.ReceiverOptions(job);
+  SealedReceiver::Options o = p.ReceiverOptions();
   o.max_frame_bytes = 1024;
   SealedReceiver small(std::move(o));
   small.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key());
@@ -470,32 +473,83 @@ TEST(SealedLinkTest, PrefixesRoundTripAndOddOnesAreRefused) {
   }
 }
 
-// The same inputs give the same key on both ends, and different links,
-// directions, epochs and role secrets give different keys.
+// Both ends derive the same key; another link number, the other direction or
+// another job's role keys give another; and what a compromised peer of the
+// same role holds does not give it.
 TEST(SealedLinkTest, LinkKeysDependOnEveryInput) {
-  Job job;
-  NodeKey a = NodeKey::Generate(), b = NodeKey::Generate();
-  Key32 ab, ba;
-  ASSERT_TRUE(a.Agree(b.public_key(), &ab));
-  ASSERT_TRUE(b.Agree(a.public_key(), &ba));
-  EXPECT_EQ(ab, ba);
-  const Key32 ss_ws = job.Secret(Role::kWorker, Role::kServer);
-  EXPECT_EQ(ss_ws, job.Secret(Role::kServer, Role::kWorker));
-  const Key32 k = DeriveLinkSecret(ab, ss_ws, Role::kWorker, a.public_key(),
-                                   Role::kServer, b.public_key(), 1);
-  EXPECT_EQ(k, DeriveLinkSecret(ba, ss_ws, Role::kWorker, a.public_key(),
-                                Role::kServer, b.public_key(), 1));
-  EXPECT_NE(k, DeriveLinkSecret(ab, ss_ws, Role::kWorker, a.public_key(),
-                                Role::kServer, b.public_key(), 2));
-  EXPECT_NE(k, DeriveLinkSecret(ab, ss_ws, Role::kServer, b.public_key(),
-                                Role::kWorker, a.public_key(), 1));
-  EXPECT_NE(k, DeriveLinkSecret(ab, job.Secret(Role::kWorker, Role::kScheduler),
-                                Role::kWorker, a.public_key(), Role::kServer,
-                                b.public_key(), 1));
+  Job job, other;
+  const NodeKey a = NodeKey::Generate(), b = NodeKey::Generate();
+  const auto worker = job.For(Role::kWorker, a);
+  const auto server = job.For(Role::kServer, b);
+  PeerSecrets at_b;
+  ASSERT_TRUE(server->ForPeer(a.public_key(), &at_b));
+  const Key32 k = Sending(*worker, b.public_key(), Role::kServer, 1);
+  EXPECT_EQ(k, server->ReceivingSecret(at_b, Role::kWorker, a.public_key(), 1));
+  EXPECT_NE(k, server->ReceivingSecret(at_b, Role::kWorker, a.public_key(), 2));
+  EXPECT_NE(k, Sending(*server, a.public_key(), Role::kWorker, 1));
+  EXPECT_NE(k, Sending(*other.For(Role::kWorker, a), b.public_key(),
+                       Role::kServer, 1));
   EXPECT_NE(EpochKey(k, 0), EpochKey(k, 1));
+  // Another worker of the job (its own node key, the workers' role key)
+  // sealing as if it were a scheduler to `a`, or as `a` to `b`: neither key
+  // is the one the receiver derives.
+  const NodeKey c = NodeKey::Generate();
+  const auto rogue = job.For(Role::kWorker, c);
+  const auto at_a = job.For(Role::kWorker, a);
+  PeerSecrets rogue_at_a;
+  ASSERT_TRUE(at_a->ForPeer(c.public_key(), &rogue_at_a));
+  EXPECT_NE(Sending(*rogue, a.public_key(), Role::kWorker, 1),
+            at_a->ReceivingSecret(rogue_at_a, Role::kScheduler, c.public_key(),
+                                  1));
+  PeerSecrets claims_a;
+  ASSERT_TRUE(server->ForPeer(a.public_key(), &claims_a));
+  EXPECT_NE(Sending(*rogue, b.public_key(), Role::kServer, 1),
+            server->ReceivingSecret(claims_a, Role::kWorker, a.public_key(), 1));
   // A small-order point agrees to nothing.
   Key32 zero{}, out;
   EXPECT_FALSE(a.Agree(zero, &out));
+  PeerSecrets none;
+  EXPECT_FALSE(worker->ForPeer(zero, &none));
+}
+
+// A node takes the scheduler's key from the first record that opens with the
+// scheduler's role key; a worker claiming to be the scheduler first is not
+// taken, and the real scheduler still is.
+TEST(SealedLinkTest, OnlyTheSchedulersRoleKeyIntroducesTheScheduler) {
+  Job job;
+  const NodeKey node = NodeKey::Generate(), sched = NodeKey::Generate(),
+                rogue = NodeKey::Generate();
+  SealedReceiver::Options o;
+  o.keys = job.For(Role::kWorker, node);
+  o.accept_first_scheduler = true;
+  SealedReceiver receiver(std::move(o));
+  Message table;
+  table.header.set_command(wire::NODE_TABLE);
+  table.header.set_sender(kSchedulerId);
+  table.header.set_plane(wire::CONTROL);
+  // The rogue seals "as the scheduler" with what a worker has.
+  auto rogue_keys = job.For(Role::kWorker, rogue);
+  PeerSecrets p;
+  ASSERT_TRUE(rogue_keys->ForPeer(node.public_key(), &p));
+  Sealer fake(Role::kScheduler, rogue.public_key(), 1,
+              rogue_keys->SendingSecret(p, Role::kWorker, node.public_key(), 1));
+  std::vector<Message> ready;
+  for (const auto& r : Pair::SealWith(fake, table))
+    receiver.Accept(Copy(r, Role::kScheduler), &ready);
+  EXPECT_TRUE(ready.empty());
+  EXPECT_EQ(receiver.counts().unauthentic, 1u);
+  Sealer real(Role::kScheduler, sched.public_key(), 1,
+              Sending(*job.For(Role::kScheduler, sched), node.public_key(),
+                      Role::kWorker, 1));
+  for (const auto& r : Pair::SealWith(real, table))
+    receiver.Accept(Copy(r, Role::kScheduler), &ready);
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].header.command(), wire::NODE_TABLE);
+  // From now on the scheduler is that key; the rogue's is a stranger's.
+  for (const auto& r : Pair::SealWith(fake, table))
+    receiver.Accept(Copy(r, Role::kScheduler), &ready);
+  EXPECT_EQ(ready.size(), 1u);
+  EXPECT_EQ(receiver.parked(), 1u);
 }
 
 }  // namespace

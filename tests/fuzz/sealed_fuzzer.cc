@@ -106,14 +106,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)quiet;
   static const NodeKey worker = NodeKey::FromSecret(Fill(3));
   static const NodeKey server = NodeKey::FromSecret(Fill(5));
-  static const Key32 ss = Fill(7);
-  Key32 ee;
-  if (!worker.Agree(server.public_key(), &ee)) return 0;
+  // Role keys: X25519 pairs made from fixed secrets.
+  static const std::array<NodeKey, 3> roles = {NodeKey::FromSecret(Fill(7)),
+                                               NodeKey::FromSecret(Fill(9)),
+                                               NodeKey::FromSecret(Fill(11))};
+  static const std::array<Key32, 3> publics = {
+      roles[0].public_key(), roles[1].public_key(), roles[2].public_key()};
+  static const std::shared_ptr<const LinkKeys> worker_keys =
+      std::make_shared<const LinkKeys>(*LinkKeys::Make(
+          worker, tessera::Role::kWorker, Fill(11), publics));
+  static const std::shared_ptr<const LinkKeys> server_keys =
+      std::make_shared<const LinkKeys>(*LinkKeys::Make(
+          server, tessera::Role::kServer, Fill(9), publics));
+  static PeerSecrets to_server = [] {
+    PeerSecrets p;
+    (void)worker_keys->ForPeer(server.public_key(), &p);
+    return p;
+  }();
 
   SealedReceiver::Options o;
-  o.own_role = tessera::Role::kServer;
-  o.node_key = server;
-  o.role_secrets.Set(tessera::Role::kWorker, ss);
+  o.keys = server_keys;
   o.limits.max_message_bytes = 1 << 16;
   o.max_parked = 8;
   o.park_time = absl::ZeroDuration();
@@ -124,8 +136,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto new_sealer = [&] {
     return std::make_unique<Sealer>(
         tessera::Role::kWorker, worker.public_key(), link,
-        DeriveLinkSecret(ee, ss, tessera::Role::kWorker, worker.public_key(),
-                         tessera::Role::kServer, server.public_key(), link),
+        worker_keys->SendingSecret(to_server, tessera::Role::kServer,
+                                   server.public_key(), link),
         /*record_bytes=*/64, /*rekey_bytes=*/512);
   };
   std::unique_ptr<Sealer> sealer = new_sealer();

@@ -110,13 +110,21 @@ int Main(int argc, char** argv) {
   }
   const JobKeySet keys = GenerateJobKeys().value();
   const NodeKey worker = NodeKey::Generate(), server = NodeKey::Generate();
-  Key32 ee;
-  if (!worker.Agree(server.public_key(), &ee)) return 1;
-  const Key32 ss = *RoleSecret(keys.of(Role::kWorker).secret_key,
-                               keys.of(Role::kServer).public_key);
-  const Key32 secret =
-      DeriveLinkSecret(ee, ss, Role::kWorker, worker.public_key(),
-                       Role::kServer, server.public_key(), 1);
+  std::array<Key32, 3> publics;
+  for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker})
+    publics[static_cast<int>(r)] = *KeyFromZ85(keys.of(r).public_key);
+  auto keys_of = [&](Role role, const NodeKey& node) {
+    return std::make_shared<const LinkKeys>(*LinkKeys::Make(
+        node, role, *KeyFromZ85(keys.of(role).secret_key), publics));
+  };
+  const std::shared_ptr<const LinkKeys> worker_keys =
+      keys_of(Role::kWorker, worker);
+  const std::shared_ptr<const LinkKeys> server_keys =
+      keys_of(Role::kServer, server);
+  PeerSecrets to_server;
+  if (!worker_keys->ForPeer(server.public_key(), &to_server)) return 1;
+  const Key32 secret = worker_keys->SendingSecret(to_server, Role::kServer,
+                                                  server.public_key(), 1);
 
   std::printf("seal_bench: one core, AES-256-GCM (OpenSSL %s); GB/s of "
               "plaintext\n",
@@ -148,9 +156,7 @@ int Main(int argc, char** argv) {
       // Open: a fresh receiver per pass would count key derivation; instead
       // one link, fed one sealed copy of the message per pass.
       SealedReceiver::Options o;
-      o.own_role = Role::kServer;
-      o.node_key = server;
-      o.role_secrets.Set(Role::kWorker, ss);
+      o.keys = server_keys;
       o.on_drop = [](uint64_t n, const std::string& why) {
         if (n == 1) std::fprintf(stderr, "seal_bench: dropped: %s\n", why.c_str());
       };
