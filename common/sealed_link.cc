@@ -647,7 +647,8 @@ bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix,
                       " bytes (a new message began)"));
   }
   const size_t length = prefix.length;
-  auto malformed = [&](const std::string& why) {
+  auto malformed = [&](const std::string& why)
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Drop(&DropCounts::malformed,
          absl::StrCat("a message from ", RoleName(peer.role), " id ", peer.id,
                       ": ", why));

@@ -395,8 +395,7 @@ class ZmqTransport : public Transport {
           absl::StrCat("cannot connect to ", endpoint, ": ", err));
     }
     sender->endpoint = endpoint;
-    TESSERA_VLOG(1) << "connecting to node " << peer << " at " << endpoint
-                    << (sender->sealer != nullptr ? " (sealed)" : "");
+    TESSERA_VLOG(1) << "connecting to node " << peer << " at " << endpoint;
     std::shared_ptr<Sender> old;
     {
       absl::MutexLock lock(&senders_mu_);

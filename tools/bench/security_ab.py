@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What security costs: tessera-bench with TESSERA_INSECURE=1, TESSERA_AUTH_ONLY=1 and
-CURVE (the default), alternated within each run and rotated between runs.
+the default (sealed links), alternated within each run and rotated between runs.
 
 Each run is one `tessera-bench --sizes=4K,1M --jobs=1x1:none --ops=push,pull,pushpull
 --inflight=1,4 --security=A,B,C --json`, which runs the same job once per setting, one
@@ -22,10 +22,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from targets import default_bench  # noqa: E402
 
-MODES = ['none', 'auth', 'curve']
+MODES = ['none', 'auth', 'sealed']
 NAMES = {'none': 'insecure (TESSERA_INSECURE=1)',
          'auth': 'authenticated (TESSERA_AUTH_ONLY=1)',
-         'curve': 'CURVE (default)'}
+         'sealed': 'sealed (default)'}
 MB = 1 << 20
 
 

@@ -19,7 +19,7 @@ Printed per rate, a Markdown table with one row per job:
   MB pushed, MB pulled     per step per worker (KVWorker::stats, 10^6 bytes)
   baseline ms  loopback: the step's bytes of all workers at the raw ZeroMQ
                one-way 1 MB rate measured before and after the jobs (mean), with
-               CURVE on the raw sockets when the jobs use it (--security curve);
+               plain (the jobs' encryption is part of what they cost);
                shaped: a worker's pushed + pulled bytes at the link's rate
                (times W/S when more workers than servers share a server's link)
   memcpy ms    one thread copying a worker's step bytes (the worker, same run)
@@ -27,7 +27,7 @@ Printed per rate, a Markdown table with one row per job:
     tools/bench/seed_step.py [--rates loopback,1gbit] [--modes dense,rows,rows2bit]
         [--fractions 0.01,0.05,0.2] [--workers 2] [--servers 2] [--steps 5]
         [--warmup 1] [--zipf 1.0] [--okrows 2500,25000,250000]
-        [--ok-keys 25000,250000] [--security curve|auth|none] [--build build]
+        [--ok-keys 25000,250000] [--security sealed|auth|none] [--build build]
         [--json FILE] [-- bench flags]
 
 PS_RESEND_TIMEOUT is set to --resend-timeout-ms (60000) for every job: with the
@@ -76,8 +76,8 @@ def parse_args(argv):
     p.add_argument('--ok-reps', type=int, default=7)
     p.add_argument('--build', default=os.path.join(sl.SOURCE_DIR, 'build'))
     p.add_argument('--json', help='write every figure there')
-    p.add_argument('--security', default='curve', choices=('curve', 'auth', 'none'),
-                   help='the jobs\' connections: curve (encrypted, the default), auth '
+    p.add_argument('--security', default='sealed', choices=('sealed', 'auth', 'none'),
+                   help='the jobs\' connections: sealed (encrypted, the default), auth '
                    '(TESSERA_AUTH_ONLY=1), none (TESSERA_INSECURE=1)')
     p.add_argument('--resend-timeout-ms', type=int, default=60000)
     p.add_argument('--bigarray-bound', type=int,
@@ -270,7 +270,7 @@ def main(argv):
         if not args.no_baseline:
             zmq.append(raw_baseline(binaries['bench']))
         record['raw_baseline'] = zmq
-        raw_key = 'zmq_curve_1mb_gbps' if args.security == 'curve' else 'zmq_1mb_gbps'
+        raw_key = 'zmq_1mb_gbps'
         zmq_gbps = statistics.mean(z[raw_key] for z in zmq) if zmq else None
         record['uptime_after'] = sl.uptime()
         print('## seed_step: %d workers, %d servers, %d timed steps after %d, Zipf s=%g, '
