@@ -23,7 +23,8 @@ namespace {
 
 constexpr Role kRoles[] = {Role::kScheduler, Role::kServer, Role::kWorker};
 // Largest key file read: a few hundred bytes are expected.
-constexpr size_t kMaxKeyFileBytes = 64 << 10;
+// The scheduler's file lists every node's key: about 60 bytes a node.
+constexpr size_t kMaxKeyFileBytes = 16 << 20;
 // Binds the PLAIN passwords to their purpose (see PlainPassword).
 constexpr char kPasswordLabel[] = "tessera auth-only password v1";
 
@@ -87,7 +88,16 @@ std::optional<Role> JobKeys::RoleOfKey(absl::string_view z85) const {
   for (Role r : kRoles) {
     if (public_key(r) == z85) return r;
   }
+  auto it = node_keys.find(z85);
+  if (it != node_keys.end()) return it->second;
   return std::nullopt;
+}
+
+bool JobKeys::IsRoleKey(absl::string_view z85) const {
+  for (Role r : kRoles) {
+    if (public_key(r) == z85) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<JobKeySet> GenerateJobKeys() {
@@ -131,9 +141,28 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
     };
     std::vector<absl::string_view> words =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipWhitespace());
+    if (words.size() == 3 && words[0] == "node-key") {
+      std::optional<Role> role;
+      for (Role r : kRoles) {
+        if (words[1] == RoleName(r) && r != Role::kScheduler) role = r;
+      }
+      if (!role.has_value()) {
+        return bad(absl::StrCat("node-key of role '", words[1],
+                                "': expected server or worker"));
+      }
+      uint8_t raw_key[32];
+      if (!DecodeKey(words[2], raw_key)) {
+        return bad(absl::StrCat("node-key: expected a key of ", kZ85KeyLength,
+                                " Z85 characters"));
+      }
+      if (!keys.node_keys.emplace(std::string(words[2]), *role).second)
+        return bad("node-key listed twice");
+      continue;
+    }
     if (words.size() != 2) {
       return bad("expected 'NAME VALUE' (role, secret-key, "
-                 "scheduler-public-key, server-public-key, worker-public-key)");
+                 "scheduler-public-key, server-public-key, worker-public-key, "
+                 "node-secret-key) or 'node-key ROLE KEY'");
     }
     const absl::string_view name = words[0], value = words[1];
     if (name == "role") {
@@ -153,6 +182,7 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
     }
     std::string* slot = nullptr;
     if (name == "secret-key") slot = &keys.secret_key;
+    if (name == "node-secret-key") slot = &keys.node_secret_key;
     for (Role r : kRoles) {
       if (name == KeyName(r)) slot = &keys.public_keys[static_cast<int>(r)];
     }
@@ -187,6 +217,23 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
     return absl::InvalidArgumentError(absl::StrCat(
         origin, ": the secret key does not belong to ", KeyName(keys.role),
         " (keys of different jobs mixed?)"));
+  }
+  if (!keys.node_secret_key.empty()) {
+    if (zmq_curve_public(derived, keys.node_secret_key.c_str()) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": node-secret-key is not a CURVE key"));
+    }
+    keys.node_public_key.assign(derived, kZ85KeyLength);
+    if (keys.IsRoleKey(keys.node_public_key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": node-secret-key is a role's key; a node's own must differ"));
+    }
+  }
+  for (const auto& [key, role] : keys.node_keys) {
+    if (keys.IsRoleKey(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": node-key ", KeyPrefix(key), " is a role's key"));
+    }
   }
   for (Role a : kRoles) {
     for (Role b : kRoles) {

@@ -14,6 +14,11 @@
 //   server-public-key <Z85>
 //   worker-public-key <Z85>
 //
+// tools/launch.py also gives every process a key pair of its own, for its
+// identity towards the scheduler (`node-secret-key <Z85>`), and lists every
+// process's public one in the scheduler's file (`node-key <role> <Z85>`, one
+// line each), so that a worker's keys are only that worker's.
+//
 //   absl::StatusOr<std::shared_ptr<const ConnectionSecurity>> s =
 //       LoadConnectionSecurity(options);   // TESSERA_KEY_FILE / _DIR / _INSECURE
 //   if (!s.ok()) { std::cerr << s.status().message(); return 2; }
@@ -32,6 +37,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/options.h"
@@ -54,17 +60,29 @@ struct JobKeySet {
   }
 };
 
-// What one process holds: its role's secret key and every role's public key.
+// What one process holds: its role's secret key and every role's public key;
+// with keys made by tools/launch.py, also a key pair of its own (its node
+// identity key) and, the scheduler, every node's public identity key.
 struct JobKeys {
   Role role = Role::kWorker;
   std::string secret_key;                  // Z85, of `role`
   std::array<std::string, 3> public_keys;  // Z85, indexed by Role
+  // This process's own key pair (Z85; empty: none, the role key stands in).
+  std::string node_secret_key;
+  std::string node_public_key;
+  // The scheduler's roster: every node's identity key and its role. When it
+  // is there, a node registers only with a key of it, and a restarted node
+  // only with the key its earlier life registered with.
+  absl::flat_hash_map<std::string, Role> node_keys;
 
   const std::string& public_key(Role r) const {
     return public_keys[static_cast<int>(r)];
   }
-  // The role whose public key is `z85`; nullopt for a key of no role.
+  // The role of a role key or of a node key of the roster (O(1)); nullopt
+  // for a key of no role.
   std::optional<Role> RoleOfKey(absl::string_view z85) const;
+  // True for one of the three role keys (not a node's own).
+  bool IsRoleKey(absl::string_view z85) const;
 };
 
 // How a transport secures its sockets.

@@ -42,6 +42,11 @@ inline constexpr int kGroupAll = 7;
 struct Message {
   wire::Header header;
   std::vector<Buffer> data;  // one per header.frames(), in order
+  // Set by a secured transport on what it receives unsealed over a
+  // connection authenticated with a node's own key (launch.py gives every
+  // process one): that key (Z85). Empty for a role's key, which every node of
+  // the role holds. Not on the wire.
+  std::string connection_key;
 };
 
 // Appends a float32 frame and its descriptor.

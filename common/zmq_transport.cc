@@ -922,7 +922,11 @@ class ZmqTransport : public Transport {
     }
     if (options_.security != nullptr && !SenderMatchesKey(*msg, user_id))
       return true;
-    if (opener_ != nullptr && !UnsealedAllowed(*msg)) return true;
+    if (opener_ != nullptr && !UnsealedAllowed(*msg, user_id)) return true;
+    if (options_.security != nullptr &&
+        !options_.security->keys.IsRoleKey(user_id)) {
+      msg->connection_key = std::move(user_id);
+    }
     ready_.push_back(*std::move(msg));
     return true;
   }
@@ -943,10 +947,21 @@ class ZmqTransport : public Transport {
   // In a sealed job only a node's registration (before it has an id, over
   // CURVE to the scheduler) comes unsealed: anything else must be bound to
   // the node key of the process that sent it.
-  bool UnsealedAllowed(const Message& msg) {
-    const bool allowed =
-        own_role() == Role::kScheduler && msg.header.sender() == 0;
-    if (allowed) return true;
+  bool UnsealedAllowed(const Message& msg, const std::string& user_id) {
+    const JobKeys& keys = options_.security->keys;
+    if (own_role() == Role::kScheduler && msg.header.sender() == 0) {
+      if (keys.node_keys.empty() || !keys.IsRoleKey(user_id)) return true;
+      // launch.py gave every node a key of its own: a role's key, which
+      // every node of the role holds, does not say which node registers.
+      const uint64_t n = ++wrong_sender_;
+      TESSERA_LOG(WARNING)
+          << "dropped message #" << n << " from key " << KeyPrefix(user_id)
+          << ": it registers with the " << RoleName(*keys.RoleOfKey(user_id))
+          << " key, but every node of this job registers with a key of its "
+          << "own (the scheduler's key file lists them): "
+          << DebugString(msg);
+      return false;
+    }
     const uint64_t n = ++unsealed_;
     if (ShouldLog(n)) {
       TESSERA_LOG(WARNING)
@@ -1004,13 +1019,18 @@ class ZmqTransport : public Transport {
     const JobKeys& keys = options_.security->keys;
     if (options_.security->encrypt) {
       const std::string& server_key = keys.public_key(*role);
-      const std::string& own_key = keys.public_key(keys.role);
+      // A node's own key, when launch.py gave it one, says which node it is.
+      const bool own = !keys.node_secret_key.empty();
+      const std::string& public_key =
+          own ? keys.node_public_key : keys.public_key(keys.role);
+      const std::string& secret_key =
+          own ? keys.node_secret_key : keys.secret_key;
       zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, server_key.data(),
                      server_key.size());
-      zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, own_key.data(),
-                     own_key.size());
-      zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, keys.secret_key.data(),
-                     keys.secret_key.size());
+      zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, public_key.data(),
+                     public_key.size());
+      zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, secret_key.data(),
+                     secret_key.size());
     } else {
       const std::string user = RoleName(keys.role);
       const std::string& password =

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/curve_keys.h"
 #include "common/logging.h"
 #include "common/message_counters.h"
 #include "common/net_util.h"
@@ -538,11 +539,24 @@ void Scheduler::HandleRegister(const Message& msg) {
     }
     return;
   }
+  // A node registers with a key of its own (launch.py's), or with its
+  // role's, which the transport allows only when the job has no roster.
+  const std::string& key = msg.connection_key;
   if (formed_) {
     for (auto& [id, node] : nodes_) {
       if (node.role() != info.role() || node.host() != info.host() ||
           node.port() != info.port()) {
         continue;
+      }
+      auto known = node_key_of_.find(id);
+      if (known != node_key_of_.end() && known->second != key) {
+        metrics_.ignored_messages->Increment();
+        TESSERA_LOG(WARNING)
+            << "ignored a registration as " << Describe(node) << " (generation "
+            << info.generation() << ") with node key "
+            << (key.empty() ? "(none)" : KeyPrefix(key))
+            << ": that node registered with " << KeyPrefix(known->second);
+        return;
       }
       if (info.generation() < node.generation()) return;  // an old life's
       if (info.generation() == node.generation()) {
@@ -556,8 +570,16 @@ void Scheduler::HandleRegister(const Message& msg) {
   }
   if (registered_at_.count({info.host(), info.port()}) != 0)
     return;  // duplicate
+  if (!key.empty() && registered_keys_.count(key) != 0) {
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port() << " with node key " << KeyPrefix(key)
+                         << ", which another node registered with";
+    return;
+  }
   Registration r;
   r.info = info;
+  r.key = key;
   r.provisional_id =
       ProvisionalId(static_cast<int>(registered_.size()), info.role());
   r.hostname = reg.hostname();
@@ -594,6 +616,7 @@ void Scheduler::HandleRegister(const Message& msg) {
                   << " at " << info.host() << ":" << info.port() << " (host "
                   << r.hostname << ", pid " << r.pid << ")";
   registered_at_.insert({info.host(), info.port()});
+  if (!key.empty()) registered_keys_.insert(key);
   ++registered_by_role_[info.role()];
   registered_.push_back(r);
   (info.role() == wire::SERVER ? metrics_.registered_servers
@@ -698,8 +721,16 @@ Message Scheduler::ChangeMessage(const wire::NodeInfo& changed) const {
 
 void Scheduler::FormJob() {
   std::vector<wire::NodeInfo> infos;
-  for (const Registration& r : registered_) infos.push_back(r.info);
+  std::map<std::pair<std::string, int>, std::string> keys;  // by host, port
+  for (const Registration& r : registered_) {
+    infos.push_back(r.info);
+    if (!r.key.empty()) keys[{r.info.host(), r.info.port()}] = r.key;
+  }
   infos = AssignIds(std::move(infos));
+  for (const wire::NodeInfo& n : infos) {
+    auto it = keys.find({n.host(), n.port()});
+    if (it != keys.end()) node_key_of_[n.id()] = it->second;
+  }
   const absl::Time now = absl::Now();
   for (const wire::NodeInfo& n : infos) {
     nodes_[n.id()] = n;

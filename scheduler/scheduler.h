@@ -123,6 +123,7 @@ class Scheduler {
     int provisional_id = 0;
     std::string hostname;
     int pid = 0;
+    std::string key;  // the node's own key it registered with (empty: none)
   };
   std::vector<Registration> registered_;
   // Index of registered_ (a registration is checked against all before it).
@@ -130,6 +131,11 @@ class Scheduler {
   std::map<int, int> registered_by_role_;                  // wire::Role -> count
   bool formed_ = false;
   std::map<int, wire::NodeInfo> nodes_;  // by id, once formed
+  // The node's own key each node registered with, by id (launch.py's keys;
+  // absent for nodes that registered with their role's key): a restart must
+  // come with the same.
+  std::map<int, std::string> node_key_of_;
+  std::set<std::string> registered_keys_;
   std::map<int, absl::Time> last_seen_;  // by id
   std::map<int, std::map<int, uint64_t>> barriers_;  // group -> id -> request
   std::map<int, uint64_t> released_barrier_;  // id -> its last released request

@@ -656,6 +656,26 @@ def make_job_keys():
     return files
 
 
+def make_node_keys(texts, num_servers, num_workers):
+    """A key pair of its own for every server and worker (its identity towards
+    the scheduler, so that a worker's keys speak for that worker only), added to
+    its role's key file, and the roster of their public halves added to the
+    scheduler's. Returns (scheduler's file text, {(role, index): file text})."""
+    roster, files = [], {}
+    for role, count in (('server', num_servers), ('worker', num_workers)):
+        for index in range(count):
+            secret = secrets.token_bytes(32)
+            public = x25519(secret, (9).to_bytes(32, 'little'))
+            files[(role, index)] = (texts[role].rstrip('\n') +
+                                    '\n# This process\'s own key (%s %d).\n'
+                                    'node-secret-key %s\n' % (role, index, z85_encode(secret)))
+            roster.append('node-key %s %s' % (role, z85_encode(public)))
+    scheduler = (texts['scheduler'].rstrip('\n') +
+                 '\n# Every node\'s own key: a node registers with one of them.\n' +
+                 ''.join(line + '\n' for line in roster))
+    return scheduler, files
+
+
 def write_private(path, text):
     """Creates `path` mode 0600 (never replacing a file) and writes `text`."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0),
@@ -706,6 +726,10 @@ class JobConfig(object):
         self.key_env = {}
         # By role: the key file text (fresh keys), for ssh and mpi hosts.
         self.key_text = {}
+        # By (role, index): the same for one process, holding its own key
+        # (make_node_keys); it wins over its role's. Not for mpi ranks.
+        self.node_key_env = {}
+        self.node_key_text = {}
         # With --restarts: by DMLC_TASK_ID, the port each server and worker listens
         # on, the same on every start (the scheduler knows a restarted node by its
         # address). None: any port.
@@ -759,6 +783,9 @@ def node_env(cfg, role, task_id=None, restart_count=0):
         'TESSERA_RESTART_COUNT': str(restart_count),
     })
     env.update(cfg.key_env.get(role, {}))
+    if task_id is not None and role in ('server', 'worker'):
+        index = task_id if role == 'server' else task_id - cfg.num_servers
+        env.update(cfg.node_key_env.get((role, index), {}))
     if cfg.metrics_port is not None:
         env['TESSERA_METRICS_PORT'] = str(metrics_port_of(cfg, task_id))
     if task_id is not None:
@@ -1327,8 +1354,9 @@ def ssh_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ):
         return spawn
 
     def keyed(node):
-        if node.role in cfg.key_text:
-            node.stdin_data = (cfg.key_text[node.role] + KEY_END_MARKER + '\n').encode()
+        text = cfg.node_key_text.get((node.role, node.index), cfg.key_text.get(node.role))
+        if text is not None:
+            node.stdin_data = (text + KEY_END_MARKER + '\n').encode()
         return node
 
     nodes = [scheduler_node(cfg, scheduler_bin, environ)]
@@ -1515,8 +1543,9 @@ def slurm_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ):
             return srun_argv(host, role, index) + wrapper + list(argv), env, None
         node = Node(role, index, spawn, host=host, remote=True, **kw)
         node.transport = 'srun'
-        if role in cfg.key_text:
-            node.stdin_data = (cfg.key_text[role] + KEY_END_MARKER + '\n').encode()
+        text = cfg.node_key_text.get((role, index), cfg.key_text.get(role))
+        if text is not None:
+            node.stdin_data = (text + KEY_END_MARKER + '\n').encode()
         else:
             node.stdin_data = b''  # stdin stays a pipe: the watchdog waits for its EOF
         return node
@@ -1536,19 +1565,31 @@ def prepare_keys(cfg, args, hosts, tmpdir):
     its own (cfg.key_env, cfg.key_text). Returns the folder mpi ranks on other hosts
     read (created there by install_mpi_keys), or None."""
     texts = make_job_keys()
+    node_texts = {}
+    if args.launcher != 'mpi':
+        # Every process its own key (mpi ranks read one folder per host, by
+        # role: they keep their role's keys).
+        texts['scheduler'], node_texts = make_node_keys(texts, cfg.num_servers,
+                                                        cfg.num_workers)
     for role in ROLES:
         write_private(os.path.join(tmpdir, '%s.key' % role), texts[role])
     local = dict((r, {'TESSERA_KEY_FILE': os.path.join(tmpdir, '%s.key' % r)}) for r in ROLES)
     if args.launcher == 'local':
         cfg.key_env = local
+        for (role, index), text in node_texts.items():
+            path = os.path.join(tmpdir, '%s-%d.key' % (role, index))
+            write_private(path, text)
+            cfg.node_key_env[(role, index)] = {'TESSERA_KEY_FILE': path}
         return None
     if args.launcher == 'slurm':  # every process is remote, the scheduler too
         cfg.key_env = {}
         cfg.key_text = dict(texts)
+        cfg.node_key_text = node_texts
         return None
     cfg.key_env = {'scheduler': local['scheduler']}
     cfg.key_text = {'server': texts['server'], 'worker': texts['worker']}
     if args.launcher == 'ssh':
+        cfg.node_key_text = node_texts
         return None
     # mpi: every rank of a host reads one folder, named on mpirun's command line.
     remote_dir = '/tmp/tessera-keys-%s' % secrets.token_hex(16) if hosts else None

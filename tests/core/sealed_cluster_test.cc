@@ -7,12 +7,17 @@
 // "barrier") and worker B, which is this test: a real KVClient over a ZeroMQ
 // transport the test keeps a pointer to, so that after joining it can send
 // what a compromised worker would.
+#include <sys/stat.h>
 #include <zmq.h>
+
+#include <fstream>
+#include <iterator>
 
 #include <regex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/curve_keys.h"
 #include "common/message.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,6 +29,7 @@ namespace tessera::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 int64_t SummaryCount(const std::string& log, const std::string& name) {
   std::smatch m;
@@ -144,6 +150,115 @@ TEST(SealedClusterTest, AWorkersKeysCannotSpeakForAnotherWorker) {
   // B's word for it.
   EXPECT_THAT(ProcessCluster::Log(c.Find("worker A")),
               HasSubstr("barrier ok: rank"));
+}
+
+// launch.py gives every process a key of its own and the scheduler the list
+// of them. A worker holding its own key (and its role's) cannot take another
+// worker's place by registering as its restart, nor register with the
+// workers' role key at all; the job ends as an undisturbed one.
+TEST(SealedClusterTest, AWorkersOwnKeyCannotRegisterAsAnotherWorkersRestart) {
+  ProcessCluster c;
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "2");
+  // Key files as launch.py writes them: the role's, plus a node key.
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+    ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  };
+  struct NodeKeys {
+    std::string name, role, file;
+    CurveKeyPair pair;
+  };
+  std::vector<NodeKeys> nodes = {{"server 0", "server", "", {}},
+                                 {"worker 0", "worker", "", {}},
+                                 {"worker 1", "worker", "", {}}};
+  std::string roster;
+  for (NodeKeys& n : nodes) {
+    char pub[41], sec[41];
+    ASSERT_EQ(zmq_curve_keypair(pub, sec), 0);
+    n.pair = {pub, sec};
+    n.file = c.dir() + "/" + n.role + "-" + n.name.substr(7) + ".key";
+    write(n.file, read(c.KeyFile(n.role == "server" ? Role::kServer
+                                                     : Role::kWorker)) +
+                      "node-secret-key " + n.pair.secret_key + "\n");
+    roster += "node-key " + n.role + " " + n.pair.public_key + "\n";
+  }
+  const std::string scheduler_file = c.dir() + "/scheduler-roster.key";
+  write(scheduler_file, read(c.KeyFile(Role::kScheduler)) + roster);
+  const int worker1_port = FreePort();
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"}, {"TESSERA_KEY_FILE", scheduler_file}});
+  c.Spawn("server 0", {BinaryPath("server/tessera-server")},
+          {{"DMLC_ROLE", "server"}, {"TESSERA_KEY_FILE", nodes[0].file}});
+  for (int w = 0; w < 2; ++w) {
+    std::map<std::string, std::string> env = {
+        {"DMLC_ROLE", "worker"}, {"TESSERA_KEY_FILE", nodes[1 + w].file}};
+    if (w == 1) env["PORT"] = std::to_string(worker1_port);
+    c.Spawn(nodes[1 + w].name,
+            {BinaryPath("tests/core/kv_check_worker"), "barrier", "6", "300"},
+            env);
+  }
+  absl::SleepFor(absl::Milliseconds(900));  // the job forms
+
+  // Worker 0's keys (its own and the workers'), registering as worker 1's
+  // next life.
+  Message reg;
+  reg.header.set_command(wire::REGISTER);
+  reg.header.set_plane(wire::CONTROL);
+  reg.header.set_generation(1);
+  wire::NodeInfo* info = reg.header.mutable_register_()->mutable_node();
+  info->set_role(wire::WORKER);
+  info->set_rank(-1);
+  info->set_host("127.0.0.1");
+  info->set_port(worker1_port);
+  info->set_generation(1);
+  info->set_node_key(std::string(32, '\x07'));
+  info->set_sealed_port(1);
+  absl::StatusOr<std::vector<Buffer>> parts = EncodeMessage(reg);
+  ASSERT_TRUE(parts.ok());
+  void* context = zmq_ctx_new();
+  const std::string scheduler = absl::StrCat("tcp://127.0.0.1:", c.port());
+  const std::string scheduler_public =
+      c.keys().of(Role::kScheduler).public_key;
+  std::vector<void*> rogues;
+  for (bool own : {true, false}) {
+    void* s = zmq_socket(context, ZMQ_PUSH);
+    const std::string& pub =
+        own ? nodes[1].pair.public_key : c.keys().of(Role::kWorker).public_key;
+    const std::string& sec =
+        own ? nodes[1].pair.secret_key : c.keys().of(Role::kWorker).secret_key;
+    zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, scheduler_public.data(), 40);
+    zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub.data(), 40);
+    zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec.data(), 40);
+    ASSERT_EQ(zmq_connect(s, scheduler.c_str()), 0);
+    zmq_send(s, (*parts)[0].data(), (*parts)[0].size(), 0);
+    rogues.push_back(s);
+  }
+  ExpectAllExitZero(c, absl::Seconds(60));
+  const int linger = 0;
+  for (void* s : rogues) {
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_close(s);
+  }
+  zmq_ctx_term(context);
+
+  const std::string log = ProcessCluster::Log(c.Find("scheduler"));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(
+                       "(generation 1) with node key ",
+                       KeyPrefix(nodes[1].pair.public_key),
+                       ": that node registered with ",
+                       KeyPrefix(nodes[2].pair.public_key))));
+  EXPECT_THAT(log, HasSubstr("it registers with the worker key, but every "
+                             "node of this job registers with a key of its "
+                             "own"));
+  EXPECT_THAT(log, Not(HasSubstr("restarted")));
+  for (const char* w : {"worker 0", "worker 1"}) {
+    EXPECT_THAT(ProcessCluster::Log(c.Find(w)), HasSubstr("barrier ok"));
+  }
 }
 
 }  // namespace
