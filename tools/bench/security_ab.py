@@ -6,8 +6,10 @@ Each run is one `tessera-bench --sizes=4K,1M --jobs=1x1:none --ops=push,pull,pus
 --inflight=1,4 --security=A,B,C --json`, which runs the same job once per setting, one
 after the other; the order rotates from run to run so that the machine's drifting load
 falls on every setting alike. Prints, per setting, the median over the runs of: 1 MB
-push, pull and pushpull throughput (the best in-flight setting of each run), the 4 KB
-pushpull round trip (p50, in-flight 1), and each as a ratio to the insecure setting.
+push, pull and pushpull throughput (the best in-flight setting of each run), 1 MB push
+and pull blocking (in-flight 1), the 4 KB pushpull round trip (p50, in-flight 1), and
+each as a ratio to the insecure setting; then the median over the runs of each figure
+over that run's plain raw ZeroMQ baseline (tessera-bench's, before and after the jobs).
 
     tools/bench/security_ab.py [--runs 5] [--bench build/tools/bench/tessera-bench]
                                [--json FILE]
@@ -35,9 +37,26 @@ def figures(job):
     for op in ('push', 'pull', 'pushpull'):
         rows = [r for r in job['results'] if r['op'] == op and r['size'] == MB]
         out['1 MB %s GB/s' % op] = max(r['gbps'] for r in rows)
+    for op in ('push', 'pull'):
+        rows = [r for r in job['results']
+                if r['op'] == op and r['size'] == MB and r['inflight'] == 1]
+        out['1 MB %s blocking GB/s' % op] = rows[0]['gbps']
     rtt = [r for r in job['results']
            if r['op'] == 'pushpull' and r['size'] == 4096 and r['inflight'] == 1]
     out['4 KB round trip p50 us'] = rtt[0]['p50_us']
+    return out
+
+
+def raw(result):
+    """The run's plain raw ZeroMQ baseline: {metric: value} for the metrics
+    figures() gives, where one applies (1 MB one-way stream, 4 KB round trip)."""
+    base = dict((b['size'], b) for b in result['baseline'])
+    out = {}
+    for name in ('1 MB push GB/s', '1 MB pull GB/s', '1 MB push blocking GB/s',
+                 '1 MB pull blocking GB/s'):
+        out[name] = base[MB]['zmq_gbps']
+    out['1 MB pushpull GB/s'] = base[MB]['zmq_two_way_gbps']
+    out['4 KB round trip p50 us'] = base[4096]['zmq_rtt_p50_us']
     return out
 
 
@@ -49,6 +68,7 @@ def main(argv):
     p.add_argument('--json', dest='json_out')
     args = p.parse_args(argv)
     samples = {m: {} for m in MODES}
+    to_raw = {m: {} for m in MODES}  # each run's figure over its raw baseline
     for run in range(args.runs):
         order = MODES[run % 3:] + MODES[:run % 3]
         command = [args.bench, '--sizes=4K,1M', '--jobs=1x1:none', '--ops=push,pull,pushpull',
@@ -61,9 +81,11 @@ def main(argv):
             return 1
         result = json.loads(done.stdout)
         line = []
+        base = raw(result)
         for job in result['jobs']:
             for name, value in figures(job).items():
                 samples[job['security']].setdefault(name, []).append(value)
+                to_raw[job['security']].setdefault(name, []).append(value / base[name])
             line.append('%s %.2f GB/s' % (job['security'],
                                           figures(job)['1 MB push GB/s']))
         sys.stderr.write('run %d/%d (%s): 1 MB push %s\n' % (run + 1, args.runs,
@@ -78,9 +100,18 @@ def main(argv):
             ratio = medians[m][k] / medians['none'][k]
             cells.append('%30s' % ('%.2f (%.2fx)' % (medians[m][k], ratio)))
         print('%-24s %s' % (k, ' '.join(cells)))
+    medians_raw = {m: {k: statistics.median(v) for k, v in to_raw[m].items()}
+                   for m in MODES}
+    print()
+    print('%-24s %s' % ('median ratio to raw ZMQ', ' '.join('%30s' % NAMES[m] for m in MODES)))
+    for k in metrics:
+        print('%-24s %s' % (k, ' '.join('%30s' % ('%.2fx' % medians_raw[m][k]) for m in MODES)))
+    print('(each run\'s figure over that run\'s plain raw ZeroMQ: the one-way 1 MB stream, '
+          'for pushpull the two-way one, the 4 KB round trip)')
     if args.json_out:
         with open(args.json_out, 'w') as f:
-            json.dump({'samples': samples, 'medians': medians}, f, indent=1)
+            json.dump({'samples': samples, 'medians': medians, 'to_raw': to_raw,
+                       'medians_to_raw': medians_raw}, f, indent=1)
     return 0
 
 
