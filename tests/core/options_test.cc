@@ -32,6 +32,7 @@ TEST(OptionsTest, ReadsEveryVariable) {
   env["DMLC_INTERFACE"] = "eth1";
   env["DMLC_NODE_HOST"] = "node-7";
   env["PORT"] = "4567";
+  env["TESSERA_SEALED_PORT"] = "4568";
   env["PS_VERBOSE"] = "2";
   env["PS_HEARTBEAT_INTERVAL"] = "0.5";
   env["PS_HEARTBEAT_TIMEOUT"] = "4";
@@ -55,6 +56,7 @@ TEST(OptionsTest, ReadsEveryVariable) {
   EXPECT_EQ(o->interface, "eth1");
   EXPECT_EQ(o->node_host, "node-7");
   EXPECT_EQ(o->port, 4567);
+  EXPECT_EQ(o->sealed_port, 4568);
   EXPECT_EQ(o->verbose, 2);
   EXPECT_EQ(o->heartbeat_interval, absl::Milliseconds(500));
   EXPECT_EQ(o->heartbeat_timeout, absl::Seconds(4));
@@ -150,6 +152,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "DMLC_NUM_WORKER='2.5': expected a whole number >= 1"},
         BadCase{"PORT", "99999",
                 "PORT='99999': expected a port number in 0..65535"},
+        BadCase{"TESSERA_SEALED_PORT", "-1",
+                "TESSERA_SEALED_PORT='-1': expected a port number in 0..65535 "
+                "(0: any free port)"},
         BadCase{"PS_VERBOSE", "3", "PS_VERBOSE='3': expected 0, 1 or 2"},
         BadCase{
             "PS_HEARTBEAT_INTERVAL", "-1",
