@@ -53,6 +53,41 @@ Node::~Node() { Stop(); }
 
 absl::Status Node::Join() {
   TESSERA_RETURN_IF_ERROR(trace::StartFromEnvironment(RoleName(options_.role)));
+  TESSERA_RETURN_IF_ERROR(BindAndConnect());
+  receiver_ = std::thread([this] {
+    trace::SetThreadName("receiver");
+    ReceiveLoop();
+  });
+  TESSERA_RETURN_IF_ERROR(RegisterAndAwaitTable());
+  SetLogTag(absl::StrCat(RoleName(options_.role), " ", rank_));
+  trace::SetIdentity(RoleName(options_.role), rank_);
+  metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
+      "tessera_node_info",
+      "This node of the job: its role, rank and id (value 1).",
+      MetricType::kGauge,
+      [role = std::string(RoleName(options_.role)), rank = rank_,
+       id = id_](MetricSamples* out) {
+        out->push_back({{{"role", role},
+                         {"rank", absl::StrCat(rank)},
+                         {"id", absl::StrCat(id)}},
+                        1});
+      }));
+  TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at "
+                  << address_ << ":" << port_;
+  if (options_.heartbeat_interval > absl::ZeroDuration()) {
+    heartbeat_ = std::thread([this] {
+      trace::SetThreadName("heartbeat");
+      HeartbeatLoop();
+    });
+  } else {
+    TESSERA_LOG(WARNING) << "PS_HEARTBEAT_INTERVAL=0: heartbeats are off, so "
+                            "a dead scheduler or peer is never detected and "
+                            "this node may wait for it forever";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Node::BindAndConnect() {
   absl::StatusOr<std::string> scheduler_ip = ResolveHost(options_.root_uri);
   if (!scheduler_ip.ok()) {
     return absl::InvalidArgumentError(
@@ -81,15 +116,12 @@ absl::Status Node::Join() {
       transport_->Connect(kSchedulerId, *scheduler_ip, options_.root_port));
   TESSERA_VLOG(1) << RoleName(options_.role) << " advertises " << address_
                   << ":" << port_ << "; scheduler at " << scheduler_address_;
-  {
-    absl::MutexLock lock(&mu_);
-    last_scheduler_contact_ = absl::Now();
-  }
-  receiver_ = std::thread([this] {
-    trace::SetThreadName("receiver");
-    ReceiveLoop();
-  });
+  absl::MutexLock lock(&mu_);
+  last_scheduler_contact_ = absl::Now();
+  return absl::OkStatus();
+}
 
+Message Node::RegisterMessage() const {
   Message reg;
   reg.header.set_command(wire::REGISTER);
   reg.header.set_generation(options_.restart_count);
@@ -108,62 +140,39 @@ absl::Status Node::Join() {
   reg.header.mutable_register_()->set_hostname(hostname);
   reg.header.mutable_register_()->set_pid(getpid());
   reg.header.set_plane(wire::CONTROL);
-  TESSERA_RETURN_IF_ERROR(transport_->Send(kSchedulerId, reg));
+  return reg;
+}
 
+absl::Status Node::RegisterAndAwaitTable() {
+  const Message reg = RegisterMessage();
+  TESSERA_RETURN_IF_ERROR(transport_->Send(kSchedulerId, reg));
   // The scheduler gives up at its own start deadline and tells us (when it can
   // reach us); wait a moment longer so its reason arrives first.
   const absl::Duration wait = options_.start_timeout + absl::Seconds(1);
-  {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return have_table_ || !failure_.ok();
-    };
-    // The table can be lost with a connection that broke; the scheduler sends
-    // it again to a node that registers again.
-    AwaitAskingAgain(absl::Condition(&ready), absl::Now() + wait, [&] {
-      TESSERA_VLOG(1) << "no node table yet; registering again";
-      (void)transport_->Send(kSchedulerId, reg);
-    });
-    if (!failure_.ok()) return failure_;
-    if (!have_table_) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no node table from the scheduler at ", scheduler_address_,
-          " within ", absl::FormatDuration(wait), " (this node advertises ",
-          address_, ":", port_,
-          "; is the scheduler running, can it reach that address, and do "
-          "all nodes use this job's keys: TESSERA_KEY_FILE / TESSERA_KEY_DIR, "
-          "TESSERA_AUTH_ONLY, TESSERA_INSECURE?)"));
-    }
-    for (const auto& [peer_id, info] : nodes_) {
-      if (!WantsLink(peer_id)) continue;
-      TESSERA_RETURN_IF_ERROR(
-          transport_->Connect(peer_id, info.host(), info.port()));
-    }
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return have_table_ || !failure_.ok();
+  };
+  // The table can be lost with a connection that broke; the scheduler sends
+  // it again to a node that registers again.
+  AwaitAskingAgain(absl::Condition(&ready), absl::Now() + wait, [&] {
+    TESSERA_VLOG(1) << "no node table yet; registering again";
+    (void)transport_->Send(kSchedulerId, reg);
+  });
+  if (!failure_.ok()) return failure_;
+  if (!have_table_) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no node table from the scheduler at ", scheduler_address_,
+        " within ", absl::FormatDuration(wait), " (this node advertises ",
+        address_, ":", port_,
+        "; is the scheduler running, can it reach that address, and do "
+        "all nodes use this job's keys: TESSERA_KEY_FILE / TESSERA_KEY_DIR, "
+        "TESSERA_AUTH_ONLY, TESSERA_INSECURE?)"));
   }
-  SetLogTag(absl::StrCat(RoleName(options_.role), " ", rank_));
-  trace::SetIdentity(RoleName(options_.role), rank_);
-  metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
-      "tessera_node_info",
-      "This node of the job: its role, rank and id (value 1).",
-      MetricType::kGauge,
-      [role = std::string(RoleName(options_.role)), rank = rank_,
-       id = id_](MetricSamples* out) {
-        out->push_back({{{"role", role},
-                         {"rank", absl::StrCat(rank)},
-                         {"id", absl::StrCat(id)}},
-                        1});
-      }));
-  TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at "
-                  << address_ << ":" << port_;
-  if (options_.heartbeat_interval > absl::ZeroDuration()) {
-    heartbeat_ = std::thread([this] {
-      trace::SetThreadName("heartbeat");
-      HeartbeatLoop();
-    });
-  } else {
-    TESSERA_LOG(WARNING) << "PS_HEARTBEAT_INTERVAL=0: heartbeats are off, so "
-                            "a dead scheduler or peer is never detected and "
-                            "this node may wait for it forever";
+  for (const auto& [peer_id, info] : nodes_) {
+    if (!WantsLink(peer_id)) continue;
+    TESSERA_RETURN_IF_ERROR(
+        transport_->Connect(peer_id, info.host(), info.port()));
   }
   return absl::OkStatus();
 }

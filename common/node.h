@@ -183,6 +183,13 @@ class Node {
        std::unique_ptr<Transport> transport);
 
   absl::Status Join();
+  // Join's steps: binds the node's address (and the metrics endpoint) and
+  // links to the scheduler; the registration; sends it and waits for the
+  // node table (asking again while it does not come), then links to the
+  // peers.
+  absl::Status BindAndConnect();
+  Message RegisterMessage() const;
+  absl::Status RegisterAndAwaitTable();
   void ReceiveLoop();
   // Waits until the receiver thread may take the transport (it is free and no
   // caller received within kCallerGrace, or the node waits for the scheduler)

@@ -79,8 +79,13 @@ const char* RoleName(Role role) {
   return "unknown";
 }
 
-absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
-  Options o;
+namespace {
+
+// ParseOptions's parts, each reading one group of variables into `o`.
+
+// Who this process is and where the job is: DMLC_*, PORT and the ports of
+// the node's other endpoints.
+absl::Status ParseCluster(const EnvLookup& env, Options& o) {
   const std::string role = ReadString(env, "DMLC_ROLE");
   if (role.empty()) return Missing("DMLC_ROLE", "scheduler, server or worker");
   if (role == "scheduler") {
@@ -92,7 +97,6 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
   } else {
     return BadValue("DMLC_ROLE", role, "scheduler, server or worker");
   }
-
   o.root_uri = ReadString(env, "DMLC_PS_ROOT_URI");
   if (o.root_uri.empty()) {
     return Missing("DMLC_PS_ROOT_URI",
@@ -111,6 +115,11 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
   o.node_host = ReadString(env, "DMLC_NODE_HOST");
   TESSERA_ASSIGN_OR_RETURN(
       o.port, ReadInt(env, "PORT", 0, 65535, 0, "a port number in 0..65535"));
+  return absl::OkStatus();
+}
+
+// Logging, heartbeats and deadlines.
+absl::Status ParseTiming(const EnvLookup& env, Options& o) {
   TESSERA_ASSIGN_OR_RETURN(o.verbose,
                            ReadInt(env, "PS_VERBOSE", 0, 2, 0, "0, 1 or 2"));
   TESSERA_ASSIGN_OR_RETURN(
@@ -134,6 +143,11 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
   TESSERA_ASSIGN_OR_RETURN(
       o.request_timeout,
       ReadSeconds(env, "TESSERA_TIMEOUT", o.request_timeout, false));
+  return absl::OkStatus();
+}
+
+// How keys are spread and summed, and how big a message may be.
+absl::Status ParseKeys(const EnvLookup& env, Options& o) {
   TESSERA_ASSIGN_OR_RETURN(o.server_threads,
                            ReadInt(env, "TESSERA_SERVER_THREADS", 0, 256, 0,
                                    "a whole number in 0..256"));
@@ -145,6 +159,28 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
       bound, ReadInt(env, "TESSERA_BIGARRAY_BOUND", 1, int64_t{1} << 40, bound,
                      "a whole number >= 1"));
   o.bigarray_bound = static_cast<uint64_t>(bound);
+  TESSERA_ASSIGN_OR_RETURN(
+      o.max_frame_bytes,
+      ReadInt(env, "TESSERA_MAX_MESSAGE_BYTES", 1 << 20, int64_t{1} << 40,
+              o.max_frame_bytes, "a number of bytes in 1048576..2^40"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.chunk_bytes,
+      ReadInt(env, "TESSERA_CHUNK_BYTES", 4096, int64_t{1} << 30,
+              o.chunk_bytes, "a number of bytes in 4096..2^30"));
+  if (o.chunk_bytes > o.max_frame_bytes) {
+    return BadValue("TESSERA_CHUNK_BYTES", ReadString(env, "TESSERA_CHUNK_BYTES"),
+                    absl::StrCat("at most TESSERA_MAX_MESSAGE_BYTES (",
+                                 o.max_frame_bytes, ")"));
+  }
+  const std::string sum = ReadString(env, "TESSERA_SYNC_SUM");
+  if (!sum.empty() && sum != "exact" && sum != "arrival")
+    return BadValue("TESSERA_SYNC_SUM", sum, "exact or arrival");
+  o.exact_sync_sum = sum != "arrival";
+  return absl::OkStatus();
+}
+
+// Restarts, acknowledged delivery and its testing aid.
+absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
   int64_t restarts = 0;
   TESSERA_ASSIGN_OR_RETURN(restarts,
                            ReadInt(env, "TESSERA_RESTART_COUNT", 0, 1000000, 0,
@@ -165,20 +201,14 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
   TESSERA_ASSIGN_OR_RETURN(
       o.drop_percent,
       ReadInt(env, "PS_DROP_MSG", 0, 99, 0, "a percentage in 0..99"));
-  TESSERA_ASSIGN_OR_RETURN(
-      o.max_frame_bytes,
-      ReadInt(env, "TESSERA_MAX_MESSAGE_BYTES", 1 << 20, int64_t{1} << 40,
-              o.max_frame_bytes, "a number of bytes in 1048576..2^40"));
-  TESSERA_ASSIGN_OR_RETURN(
-      o.chunk_bytes,
-      ReadInt(env, "TESSERA_CHUNK_BYTES", 4096, int64_t{1} << 30,
-              o.chunk_bytes, "a number of bytes in 4096..2^30"));
-  const std::string sum = ReadString(env, "TESSERA_SYNC_SUM");
-  if (!sum.empty() && sum != "exact" && sum != "arrival")
-    return BadValue("TESSERA_SYNC_SUM", sum, "exact or arrival");
-  o.exact_sync_sum = sum != "arrival";
+  return absl::OkStatus();
+}
+
+// The job's keys, and the node's other endpoints (metrics, sealed lane).
+absl::Status ParseSecurity(const EnvLookup& env, Options& o) {
   o.key_file = ReadString(env, "TESSERA_KEY_FILE");
   o.key_dir = ReadString(env, "TESSERA_KEY_DIR");
+  int64_t flag = 0;
   TESSERA_ASSIGN_OR_RETURN(flag,
                            ReadInt(env, "TESSERA_INSECURE", 0, 1, 0, "0 or 1"));
   o.insecure = flag == 1;
@@ -196,11 +226,18 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
   TESSERA_ASSIGN_OR_RETURN(
       o.sealed_port, ReadInt(env, "TESSERA_SEALED_PORT", 0, 65535, 0,
                              "a port number in 0..65535 (0: any free port)"));
-  if (o.chunk_bytes > o.max_frame_bytes) {
-    return BadValue("TESSERA_CHUNK_BYTES", ReadString(env, "TESSERA_CHUNK_BYTES"),
-                    absl::StrCat("at most TESSERA_MAX_MESSAGE_BYTES (",
-                                 o.max_frame_bytes, ")"));
-  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Options> ParseOptions(const EnvLookup& env) {
+  Options o;
+  TESSERA_RETURN_IF_ERROR(ParseCluster(env, o));
+  TESSERA_RETURN_IF_ERROR(ParseTiming(env, o));
+  TESSERA_RETURN_IF_ERROR(ParseKeys(env, o));
+  TESSERA_RETURN_IF_ERROR(ParseDelivery(env, o));
+  TESSERA_RETURN_IF_ERROR(ParseSecurity(env, o));
   return o;
 }
 

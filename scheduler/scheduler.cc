@@ -430,85 +430,91 @@ void Scheduler::Handle(Message&& msg) {
       metrics_.heartbeats->Increment();
       Reply(sender, h, absl::OkStatus());
       return;
-    case wire::BARRIER: {
-      const int group = h.barrier().group();
-      if (group <= 0 || group > kGroupAll) {
-        Reply(sender, h,
-              absl::InvalidArgumentError(
-                  absl::StrCat("bad barrier group ", group)));
-        return;
-      }
-      int expected = 0;
-      if (group & kGroupServers) expected += options_.num_servers;
-      if (group & kGroupWorkers) expected += options_.num_workers;
-      const bool member = (IsServerId(sender) && (group & kGroupServers)) ||
-                          (IsWorkerId(sender) && (group & kGroupWorkers));
-      if (!member) {
-        Reply(sender, h,
-              absl::InvalidArgumentError("node is not in the barrier's group"));
-        return;
-      }
-      if (released_barrier_[sender] == h.request_id()) {
-        // A repeat of a request already released: its answer was lost.
-        Reply(sender, h, absl::OkStatus());
-        return;
-      }
-      auto& waiting = barriers_[group];
-      if (h.barrier().join_if_open() &&
-          (waiting.empty() || barrier_tag_[group] != h.barrier().tag())) {
-        // A restarted node: no one waits for it in a barrier of this tag.
-        Reply(sender, h, absl::OkStatus());
-        return;
-      }
-      if (waiting.empty()) barrier_tag_[group] = h.barrier().tag();
-      // A node waits in a barrier once. Its newest request is the one to
-      // answer: a restarted node asks again under a new request id.
-      waiting.insert_or_assign(sender, h.request_id());
-      // A worker that has finished passed every later barrier: a restarted
-      // worker's last barrier (its earlier life died in the one the others
-      // passed before they finished) must not wait for it.
-      int present = static_cast<int>(waiting.size());
-      if (group & kGroupWorkers)
-        present += static_cast<int>(done_workers_.size());
-      TESSERA_VLOG(1) << "barrier " << group << ": " << present << "/"
-                      << expected;
-      if (present >= expected) {
-        for (const auto& [id, req] : waiting) {
-          released_barrier_[id] = req;
-          wire::Header request;
-          request.set_command(wire::BARRIER);
-          request.set_request_id(req);
-          Reply(id, request, absl::OkStatus());
-        }
-        waiting.clear();
-        metrics_.barriers_released->Increment();
-      }
+    case wire::BARRIER:
+      HandleBarrier(sender, h);
       return;
-    }
-    case wire::WORKER_DONE: {
-      if (!IsWorkerId(sender)) {
-        Reply(sender, h, absl::InvalidArgumentError("only workers finish"));
-        return;
-      }
-      done_workers_.insert(sender);
-      metrics_.finished_workers->Set(static_cast<double>(done_workers_.size()));
-      Reply(sender, h, absl::OkStatus());
-      TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
-                      << done_workers_.size() << "/" << options_.num_workers
-                      << ")";
-      if (!ended_ &&
-          static_cast<int>(done_workers_.size()) == options_.num_workers) {
-        Message term;
-        term.header.set_command(wire::TERMINATE);
-        TESSERA_VLOG(1) << "all workers finished; job done";
-        std::vector<int> peers;
-        for (const auto& [id, info] : nodes_) peers.push_back(id);
-        EndJob(absl::OkStatus(), term, peers);
-      }
+    case wire::WORKER_DONE:
+      HandleWorkerDone(sender, h);
       return;
-    }
     default:
       TESSERA_LOG(WARNING) << "ignored unexpected message " << DebugString(msg);
+  }
+}
+
+void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
+  const int group = h.barrier().group();
+  if (group <= 0 || group > kGroupAll) {
+    Reply(sender, h,
+          absl::InvalidArgumentError(
+              absl::StrCat("bad barrier group ", group)));
+    return;
+  }
+  int expected = 0;
+  if (group & kGroupServers) expected += options_.num_servers;
+  if (group & kGroupWorkers) expected += options_.num_workers;
+  const bool member = (IsServerId(sender) && (group & kGroupServers)) ||
+                      (IsWorkerId(sender) && (group & kGroupWorkers));
+  if (!member) {
+    Reply(sender, h,
+          absl::InvalidArgumentError("node is not in the barrier's group"));
+    return;
+  }
+  if (released_barrier_[sender] == h.request_id()) {
+    // A repeat of a request already released: its answer was lost.
+    Reply(sender, h, absl::OkStatus());
+    return;
+  }
+  auto& waiting = barriers_[group];
+  if (h.barrier().join_if_open() &&
+      (waiting.empty() || barrier_tag_[group] != h.barrier().tag())) {
+    // A restarted node: no one waits for it in a barrier of this tag.
+    Reply(sender, h, absl::OkStatus());
+    return;
+  }
+  if (waiting.empty()) barrier_tag_[group] = h.barrier().tag();
+  // A node waits in a barrier once. Its newest request is the one to
+  // answer: a restarted node asks again under a new request id.
+  waiting.insert_or_assign(sender, h.request_id());
+  // A worker that has finished passed every later barrier: a restarted
+  // worker's last barrier (its earlier life died in the one the others
+  // passed before they finished) must not wait for it.
+  int present = static_cast<int>(waiting.size());
+  if (group & kGroupWorkers)
+    present += static_cast<int>(done_workers_.size());
+  TESSERA_VLOG(1) << "barrier " << group << ": " << present << "/"
+                  << expected;
+  if (present >= expected) {
+    for (const auto& [id, req] : waiting) {
+      released_barrier_[id] = req;
+      wire::Header request;
+      request.set_command(wire::BARRIER);
+      request.set_request_id(req);
+      Reply(id, request, absl::OkStatus());
+    }
+    waiting.clear();
+    metrics_.barriers_released->Increment();
+  }
+}
+
+void Scheduler::HandleWorkerDone(int sender, const wire::Header& h) {
+  if (!IsWorkerId(sender)) {
+    Reply(sender, h, absl::InvalidArgumentError("only workers finish"));
+    return;
+  }
+  done_workers_.insert(sender);
+  metrics_.finished_workers->Set(static_cast<double>(done_workers_.size()));
+  Reply(sender, h, absl::OkStatus());
+  TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
+                  << done_workers_.size() << "/" << options_.num_workers
+                  << ")";
+  if (!ended_ &&
+      static_cast<int>(done_workers_.size()) == options_.num_workers) {
+    Message term;
+    term.header.set_command(wire::TERMINATE);
+    TESSERA_VLOG(1) << "all workers finished; job done";
+    std::vector<int> peers;
+    for (const auto& [id, info] : nodes_) peers.push_back(id);
+    EndJob(absl::OkStatus(), term, peers);
   }
 }
 

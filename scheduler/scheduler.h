@@ -88,6 +88,11 @@ class Scheduler {
               const std::vector<int>& peers);
   // True while ending and some node has not acknowledged the end.
   bool Ending(absl::Time now);
+  // A node entering a barrier: released with the others of its group once
+  // all are in.
+  void HandleBarrier(int sender, const wire::Header& h);
+  // A worker saying it has finished: the job ends when every worker has.
+  void HandleWorkerDone(int sender, const wire::Header& h);
   void HandleRegister(const Message& msg);
   void FormJob();
   // A server or worker restarted with the same address: new generation, same

@@ -15,11 +15,8 @@ StoredKey::StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
       row_length(slice.row_length()),
       sync(sync),
       ledger(num_workers),
-      round(num_workers, row_length == 0 ? length : 0, sum_mode),
-      waiting(limits) {
-  if (row_length != 0)
-    row_round = std::make_unique<RowRound>(num_workers, row_length, sum_mode);
-}
+      waiting(limits),
+      engine(MakeSliceEngine(*this, num_workers, sum_mode)) {}
 
 absl::Status StoredKey::CheckSlice(const wire::KeySlice& slice) const {
   if (slice.row_length() != row_length) {
@@ -85,10 +82,10 @@ void StoredKey::Snapshot(wire::CheckpointKey* out) const {
   out->set_steps(steps);
   out->set_row_length(row_length);
   for (int r = 0; r < ledger.num_workers(); ++r) {
-    const bool open = row_round != nullptr ? row_round->Contributed(r)
-                                           : round.Contributed(r);
-    out->add_received(ledger.received(r) - (sync && open ? 1 : 0));
+    const bool open = sync && engine->Contributed(r);
+    out->add_received(ledger.received(r) - (open ? 1 : 0));
   }
+  engine->Snapshot(out);
 }
 
 StoredKey* KeyStore::Find(uint64_t key, uint64_t offset) {
@@ -145,7 +142,7 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
   key->optimizer_state = std::move(state);
   key->steps = k.steps();
   for (int r = 0; r < num_workers_; ++r) key->ledger.Restore(r, k.received(r));
-  return absl::OkStatus();
+  return key->engine->Restore(k);
 }
 
 absl::Status KeyStore::HoldOrphan(const wire::KeySlice& slice, Message& msg,

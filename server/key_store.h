@@ -7,6 +7,7 @@
 //   KeyStore store(/*num_workers=*/2, WaitingLimits());
 //   StoredKey* key = store.Create(slice, /*sync=*/true);
 //   key->ApplyUpdate(*optimizer, grad);
+//   key->engine->Push(msg, settings, ctx);   // the kind's own work
 //   StoredKey* same = store.Find(slice);
 //
 // Thread-safety: none; a server gives each of its update threads a KeyStore
@@ -28,8 +29,8 @@
 #include "proto/tessera.pb.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
-#include "server/pull_shadow.h"
 #include "server/round_engine.h"
+#include "server/slice_engine.h"
 
 namespace tessera {
 
@@ -57,23 +58,9 @@ struct StoredKey {
   // their gradients one after another. One step of the key.
   void ApplyRowUpdates(const Optimizer& optimizer,
                        const std::vector<uint64_t>& rows, const float* grad);
-  // dist_sync: whether `rank` has pushed to the open round, and a repeat of
-  // its push taking over the round's reply.
-  bool Contributed(int rank) const {
-    return row_round != nullptr ? row_round->Contributed(rank)
-                                : round.Contributed(rank);
-  }
-  void ReplaceRequest(int sender, const wire::Header& request) {
-    if (row_round != nullptr) {
-      row_round->ReplaceRequest(sender, request);
-    } else {
-      round.ReplaceRequest(sender, request);
-    }
-  }
-  // The weights were replaced or updated: compressed pulls make a new version.
-  void WeightsChanged() {
-    if (pull_shadow != nullptr) pull_shadow->MarkChanged();
-  }
+  // The weights were replaced or updated (compressed pulls make a new
+  // version).
+  void WeightsChanged() { engine->WeightsChanged(); }
   // The key as a checkpoint holds it. A push of the open dist_sync round is
   // not in the weights, so it is not counted: the worker sends it again after
   // a restore.
@@ -90,12 +77,11 @@ struct StoredKey {
   uint64_t steps = 0;  // updates applied (the optimizer's t)
   uint64_t rows() const { return row_length == 0 ? 0 : length / row_length; }
   PushLedger ledger;
-  SyncRound round;                      // dense keys
-  std::unique_ptr<RowRound> row_round;  // row-sparse keys
   WaitingMessages waiting;
   bool progress = false;  // the waiting messages may have work to replay
-  // What workers pulling compressed hold (made on the first such pull).
-  std::unique_ptr<PullShadow> pull_shadow;
+  // What the slice's kind does (slice_engine.h): its open round, its pulls,
+  // its arithmetic.
+  std::unique_ptr<SliceEngine> engine;
   // Set by KVServer on first use.
   const KeyMetrics* metrics = nullptr;
   absl::Time round_started;  // the open dist_sync round's first push

@@ -9,12 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/bounded_queue.h"
-#include "common/compression/two_bit.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
 #include "common/wire_status.h"
 #include "server/key_store.h"
+#include "server/pull_shadow.h"
 
 namespace tessera {
 namespace {
@@ -187,8 +187,8 @@ const KeyMetrics& KVServer::MetricsOf(StoredKey* key) {
   return *key->metrics;
 }
 
-template <typename F>
-void KVServer::TimedUpdate(const StoredKey& key, F&& update) {
+void KVServer::TimedUpdate(const StoredKey& key,
+                           const std::function<void()>& update) {
   const absl::Time start = absl::Now();
   update();
   const absl::Time end = absl::Now();
@@ -457,23 +457,6 @@ void KVServer::Run(Shard* shard) {
   }
 }
 
-absl::StatusOr<Buffer> KVServer::DecodeGradient(const Message& msg,
-                                                const StoredKey& key,
-                                                const Settings& settings) {
-  TESSERA_RETURN_IF_ERROR(CheckPayload(msg, key, settings));
-  if (msg.header.frames(0).encoding() == wire::DataFrame::FLOAT32)
-    return msg.data[0];
-  Buffer decoded = Buffer::Allocate(key.length * sizeof(float));
-  absl::Status s = compression::TwoBitDequantize(
-      msg.data[0].data(), msg.data[0].size(), key.length, settings.threshold,
-      decoded.mutable_floats());
-  if (!s.ok()) {
-    ++malformed_;
-    return s;
-  }
-  return decoded;
-}
-
 void KVServer::Process(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
   if (msg.header.command() == wire::KV_INIT) {
@@ -627,23 +610,17 @@ void KVServer::Hold(StoredKey* key, Message&& msg) {
 bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   if (msg.header.command() == wire::KV_PULL) {
     const int rank = RankOfId(msg.header.sender());
-    if (key->sync && key->Contributed(rank))
+    if (key->sync && key->engine->Contributed(rank))
       return false;  // sees this round's result
     if (ShardOf(key->key)->store.IsFirstSlice(*key))
       MetricsOf(key).pulls->Increment();
-    if (key->row_length != 0) {
-      PullRows(key, msg);
-      return true;
-    }
-    if (msg.header.pull_compressed()) {
-      if (key->pull_shadow == nullptr)
-        key->pull_shadow = std::make_unique<PullShadow>(key->weights, NewChain());
-      Message reply = NewReply(msg, absl::OkStatus(), key);
-      key->pull_shadow->Answer(key->weights, msg.header, &reply);
+    Message reply = NewReply(msg, absl::OkStatus(), key);
+    if (absl::Status pulled = key->engine->Pull(msg, &reply, *this);
+        !pulled.ok()) {
+      Reply(msg, pulled);
+    } else {
       SendReply(msg, std::move(reply));
-      return true;
     }
-    Reply(msg, absl::OkStatus(), key->weights);
     return true;
   }
   return TryPush(key, msg);
@@ -658,11 +635,11 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
     case PushLedger::kDuplicate:
       ++duplicates_;
       if (key->sync && seq + 1 == key->ledger.received(rank) &&
-          key->Contributed(rank)) {
+          key->engine->Contributed(rank)) {
         // In the open round; answered when it completes. The newest copy is
         // the one answered: a restarted worker's repeat of its earlier life's
         // push carries a request id the old one did not.
-        key->ReplaceRequest(msg.header.sender(), msg.header);
+        key->engine->ReplaceRequest(msg.header.sender(), msg.header);
         Acknowledge(msg);
       } else {
         Reply(msg, absl::OkStatus(),
@@ -674,274 +651,55 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
     case PushLedger::kNext:
       break;
   }
-  if (key->sync && key->Contributed(rank))
+  if (key->sync && key->engine->Contributed(rank))
     return false;  // belongs to the next round
   key->ledger.Take(rank);
   key->progress = true;
-  const Settings s = settings();
-  if (key->row_length != 0) {
-    PushRows(key, msg, s);
-    return true;
-  }
-  if (!key->sync) {
-    absl::StatusOr<Buffer> grad = DecodeGradient(msg, *key, s);
-    if (!grad.ok()) {
-      Reply(msg, grad.status());
-      return true;
-    }
-    if (s.optimizer == nullptr) {
-      Reply(msg,
-            absl::FailedPreconditionError("dist_async needs an optimizer on "
-                                          "the servers: call set_optimizer "
-                                          "before pushing"));
-      return true;
-    }
-    TimedUpdate(*key, [&] { key->ApplyUpdate(*s.optimizer, grad->floats()); });
-    if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
-    CountPush(*key);
-    Reply(msg, absl::OkStatus(),
-          cmd == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
-    return true;
-  }
-  if (key->round.count() == 0) key->round_started = absl::Now();
-  if (absl::Status added = AddToRound(msg, key, s); !added.ok()) {
-    Reply(msg, added);
+  if (key->sync && key->engine->RoundEmpty()) key->round_started = absl::Now();
+  absl::StatusOr<SliceEngine::Pushed> pushed =
+      key->engine->Push(msg, settings(), *this);
+  if (!pushed.ok()) {
+    Reply(msg, pushed.status());
     return true;
   }
   CountPush(*key);
-  if (key->round.complete()) {
-    CompleteRound(key);
-  } else if (msg.header.ack_on_receipt()) {
-    Acknowledge(msg);  // taken: the worker's window lets its next slice go
+  switch (*pushed) {
+    case SliceEngine::Pushed::kApplied:
+      if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
+      Reply(msg, absl::OkStatus(),
+            key->engine->AnswersWithWeights(cmd) ? key->weights : Buffer(),
+            key);
+      break;
+    case SliceEngine::Pushed::kAdded:
+      // Taken: the worker's window lets its next slice go.
+      if (msg.header.ack_on_receipt()) Acknowledge(msg);
+      break;
+    case SliceEngine::Pushed::kRoundComplete:
+      CompleteRound(key);
+      break;
   }
   return true;
 }
 
-absl::Status KVServer::CheckPayload(const Message& msg, const StoredKey& key,
-                                    const Settings& settings) {
-  if (msg.data.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("push of key ", key.key,
-                                                   " carries ", msg.data.size(),
-                                                   " data frames; expected 1"));
-  }
-  const wire::DataFrame& desc = msg.header.frames(0);
-  if (desc.num_values() != key.length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push of key ", key.key, " has ", desc.num_values(),
-                     " values; the key has ", key.length, " here"));
-  }
-  if (desc.encoding() == wire::DataFrame::FLOAT32) return absl::OkStatus();
-  if (desc.encoding() != wire::DataFrame::TWO_BIT) {
-    return absl::InvalidArgumentError("push payload must be float32 or 2-bit");
-  }
-  if (settings.compression != "2bit") {
-    return absl::InvalidArgumentError(
-        "2-bit payload but gradient compression is not set on this server");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status KVServer::AddToRound(const Message& msg, StoredKey* key,
-                                  const Settings& settings) {
-  TESSERA_RETURN_IF_ERROR(CheckPayload(msg, *key, settings));
-  const int rank = RankOfId(msg.header.sender());
-  if (msg.header.frames(0).encoding() == wire::DataFrame::FLOAT32)
-    return key->round.AddFloats(rank, msg.data[0], msg.header);
-  absl::Status added = key->round.AddTwoBit(rank, msg.data[0],
-                                            settings.threshold, msg.header);
-  if (absl::IsDataLoss(added)) ++malformed_;
-  return added;
-}
-
 void KVServer::CompleteRound(StoredKey* key) {
-  const Settings s = settings();
-  SyncRound::Sum sum = key->round.Finish();
-  const absl::Time update_start = absl::Now();
-  if (s.optimizer != nullptr) {
-    key->ApplyUpdate(*s.optimizer, sum.values);
-  } else {
-    if (!sum.push.empty()) {
-      key->weights = std::move(sum.push);  // one worker: its push is the value
-    } else if (key->weights.unique()) {
-      // The store becomes the round's sum (all-reduce).
-      std::memcpy(key->weights.mutable_floats(), sum.values,
-                  key->length * sizeof(float));
-    } else {
-      // A pull reply still sends the old value: copy on write.
-      key->weights = Buffer::CopyOf(sum.values, key->length * sizeof(float));
-    }
-    key->WeightsChanged();
-  }
-  const absl::Time update_end = absl::Now();
-  update_duration_->ObserveDuration(update_end - update_start);
-  TraceRound(*key, update_start, update_end);
+  SliceEngine::Round round = key->engine->FinishRound(settings());
+  update_duration_->ObserveDuration(round.update_end - round.update_start);
+  TraceRound(*key, round.update_start, round.update_end);
   // Like pushes, a round of a key counts once, on its first slice here.
   if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
     ++rounds_applied_;
     MetricsOf(key).rounds->Increment();
-    round_duration_->ObserveDuration(update_end - key->round_started);
+    round_duration_->ObserveDuration(round.update_end - key->round_started);
   }
-  for (const wire::Header& h : key->round.TakeRequests()) {
+  for (const wire::Header& h : round.requests) {
     Message request;
     request.header = h;
     Reply(request, absl::OkStatus(),
-          h.command() == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
+          key->engine->AnswersWithWeights(h.command()) ? key->weights
+                                                       : Buffer(),
+          key);
   }
-  // Every worker pulls after a round: its compressed version is made now,
-  // while the replies travel, not when the first pull comes.
-  if (key->pull_shadow != nullptr) key->pull_shadow->CatchUp(key->weights);
-  key->progress = true;
-}
-
-absl::StatusOr<std::vector<uint64_t>> KVServer::LocalRows(
-    const Message& msg, const StoredKey& key) {
-  if (msg.data.empty() ||
-      msg.header.frames(0).encoding() != wire::DataFrame::RAW ||
-      msg.data[0].size() % sizeof(uint64_t) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "row call of key ", key.key,
-        ": its first frame must hold the row ids (uint64)"));
-  }
-  const size_t count = msg.data[0].size() / sizeof(uint64_t);
-  std::vector<uint64_t> rows(count);
-  std::memcpy(rows.data(), msg.data[0].data(), count * sizeof(uint64_t));
-  for (uint64_t& row : rows) {
-    if (row >= key.total_length) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("key ", key.key, ": row id ", row, " is past its ",
-                       key.total_length, " rows"));
-    }
-    if (row < key.offset || row >= key.offset + key.rows()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key ", key.key, ": row id ", row, " is not on this server (it holds"
-          " rows [", key.offset, ", +", key.rows(), "))"));
-    }
-    row -= key.offset;
-  }
-  return rows;
-}
-
-void KVServer::PullRows(StoredKey* key, const Message& msg) {
-  absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(msg, *key);
-  if (!rows.ok()) {
-    Reply(msg, rows.status());
-    return;
-  }
-  const uint64_t l = key->row_length;
-  Buffer out = Buffer::Allocate(rows->size() * l * sizeof(float));
-  for (size_t i = 0; i < rows->size(); ++i) {
-    std::memcpy(out.mutable_floats() + i * l,
-                key->weights.floats() + (*rows)[i] * l, l * sizeof(float));
-  }
-  Message reply = NewReply(msg, absl::OkStatus(), key);
-  AddFloatFrame(&reply, std::move(out));  // zero rows: an empty frame
-  SendReply(msg, std::move(reply));
-}
-
-void KVServer::PushRows(StoredKey* key, const Message& msg, const Settings& s) {
-  absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(msg, *key);
-  if (!rows.ok()) {
-    Reply(msg, rows.status());
-    return;
-  }
-  const uint64_t l = key->row_length;
-  const uint64_t values = rows->size() * l;
-  Buffer decoded;
-  const float* grad = nullptr;
-  const wire::DataFrame* desc =
-      msg.header.frames_size() == 2 ? &msg.header.frames(1) : nullptr;
-  if (desc == nullptr || desc->num_values() != values) {
-    Reply(msg, absl::InvalidArgumentError(absl::StrCat(
-                   "row push of key ", key->key, ": ", rows->size(),
-                   " row ids need ", values, " values of ", l, " per row")));
-    return;
-  }
-  if (desc->encoding() == wire::DataFrame::FLOAT32) {
-    grad = msg.data[1].floats();
-  } else if (desc->encoding() == wire::DataFrame::TWO_BIT &&
-             s.compression == "2bit") {
-    decoded = Buffer::Allocate(values * sizeof(float));
-    absl::Status ok = compression::TwoBitDequantize(
-        msg.data[1].data(), msg.data[1].size(), values, s.threshold,
-        decoded.mutable_floats());
-    if (!ok.ok()) {
-      ++malformed_;
-      Reply(msg, ok);
-      return;
-    }
-    grad = decoded.floats();
-  } else {
-    Reply(msg, absl::InvalidArgumentError(
-                   "row push payload must be float32, or 2-bit with gradient "
-                   "compression set"));
-    return;
-  }
-  if (key->sync) {
-    if (key->row_round->count() == 0) key->round_started = absl::Now();
-    key->row_round->Add(RankOfId(msg.header.sender()), rows->data(),
-                        rows->size(), grad, msg.header);
-    CountPush(*key);
-    if (key->row_round->complete()) {
-      CompleteRowRound(key, s);
-    } else if (msg.header.ack_on_receipt()) {
-      Acknowledge(msg);
-    }
-    return;
-  }
-  if (s.optimizer == nullptr) {
-    Reply(msg, absl::FailedPreconditionError(
-                   "dist_async needs an optimizer on the servers: call "
-                   "set_optimizer before pushing"));
-    return;
-  }
-  // Duplicate ids of one push are summed first (in push order), then each
-  // row is updated once.
-  std::vector<uint64_t> unique;
-  std::vector<float> sum;
-  absl::flat_hash_map<uint64_t, size_t> slot;
-  for (size_t i = 0; i < rows->size(); ++i) {
-    auto [it, added] = slot.try_emplace((*rows)[i], unique.size());
-    if (added) {
-      unique.push_back((*rows)[i]);
-      sum.insert(sum.end(), grad + i * l, grad + (i + 1) * l);
-    } else {
-      float* at = sum.data() + it->second * l;
-      for (uint64_t j = 0; j < l; ++j) at[j] += grad[i * l + j];
-    }
-  }
-  TimedUpdate(*key, [&] { key->ApplyRowUpdates(*s.optimizer, unique, sum.data()); });
-  if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
-  CountPush(*key);
-  Reply(msg, absl::OkStatus(), Buffer(), key);
-}
-
-void KVServer::CompleteRowRound(StoredKey* key, const Settings& s) {
-  RowRound::Sum sum = key->row_round->Finish();
-  const uint64_t l = key->row_length;
-  const absl::Time update_start = absl::Now();
-  if (s.optimizer != nullptr) {
-    key->ApplyRowUpdates(*s.optimizer, sum.rows, sum.values);
-  } else if (!sum.rows.empty()) {
-    // The rows present become the round's sum; the others keep their values.
-    if (!key->weights.unique())
-      key->weights = Buffer::CopyOf(key->weights.data(), key->weights.size());
-    float* w = key->weights.mutable_floats();
-    for (size_t i = 0; i < sum.rows.size(); ++i)
-      std::memcpy(w + sum.rows[i] * l, sum.values + i * l, l * sizeof(float));
-  }
-  const absl::Time update_end = absl::Now();
-  update_duration_->ObserveDuration(update_end - update_start);
-  TraceRound(*key, update_start, update_end);
-  if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
-    ++rounds_applied_;
-    MetricsOf(key).rounds->Increment();
-    round_duration_->ObserveDuration(update_end - key->round_started);
-  }
-  for (const wire::Header& h : key->row_round->TakeRequests()) {
-    Message request;
-    request.header = h;
-    Reply(request, absl::OkStatus(), Buffer(), key);
-  }
+  key->engine->AfterRound();
   key->progress = true;
 }
 
@@ -1014,10 +772,11 @@ std::pair<std::vector<float>, uint64_t> KVServer::ShadowForTesting(
   std::pair<std::vector<float>, uint64_t> out;
   Post(ShardOf(key), [&](Shard* shard) {
     StoredKey* k = shard->store.Find(key, offset);
-    if (k != nullptr && k->pull_shadow != nullptr) {
-      const Buffer& s = k->pull_shadow->shadow();
+    const PullShadow* shadow = k == nullptr ? nullptr : k->engine->pull_shadow();
+    if (shadow != nullptr) {
+      const Buffer& s = shadow->shadow();
       out.first.assign(s.floats(), s.floats() + s.num_floats());
-      out.second = k->pull_shadow->version();
+      out.second = shadow->version();
     }
     done.Notify();
   });

@@ -54,13 +54,14 @@
 #include "server/delivery.h"
 #include "server/optimizer.h"
 #include "server/round_engine.h"
+#include "server/slice_engine.h"
 
 namespace tessera {
 
 struct StoredKey;
 struct KeyMetrics;
 
-class KVServer {
+class KVServer : private EngineContext {
  public:
   using SendFn = std::function<absl::Status(int peer, Message msg)>;
 
@@ -71,7 +72,7 @@ class KVServer {
   KVServer(int num_workers, int num_threads, SendFn send,
            WaitingLimits limits = WaitingLimits(),
            SyncRound::Mode sum_mode = SyncRound::Mode::kExact);
-  ~KVServer();
+  ~KVServer() override;
 
   // Takes a data-plane message (KV_*); replies through the SendFn.
   void Handle(Message&& msg);
@@ -117,12 +118,7 @@ class KVServer {
 
  private:
   struct Shard;
-  struct Settings {
-    std::shared_ptr<const Optimizer> optimizer;  // null: no updater
-    std::string optimizer_spec = "none";
-    std::string compression = "none";
-    float threshold = 0;
-  };
+  using Settings = ServerSettings;
 
   Shard* ShardOf(uint64_t key) const;
   // Queues `task` for `shard`'s update thread, behind its messages.
@@ -135,19 +131,12 @@ class KVServer {
   void Init(Shard* shard, Message&& msg);
   void Rejoin(Shard* shard, Message&& msg);
   // Returns false when `msg` must wait (for the open round, or for an earlier
-  // push of its sender).
+  // push of its sender). The slice's kind is its engine's business.
   bool TryProcess(StoredKey* key, Message& msg);
   bool TryPush(StoredKey* key, Message& msg);
+  // Every kind's round ends here: the engine applies it, then metrics,
+  // traces and the answers.
   void CompleteRound(StoredKey* key);
-  // Row-sparse keys: the row ids of a push or pull as rows of `key`'s slice
-  // (InvalidArgument naming the key and the id when one is outside it), a
-  // pull's reply, a push (added to the round, or applied at once in
-  // dist_async), and the end of a round (the rows present are updated).
-  static absl::StatusOr<std::vector<uint64_t>> LocalRows(const Message& msg,
-                                                         const StoredKey& key);
-  void PullRows(StoredKey* key, const Message& msg);
-  void PushRows(StoredKey* key, const Message& msg, const Settings& s);
-  void CompleteRowRound(StoredKey* key, const Settings& s);
   // Holds `msg` among `key`'s waiting messages, or answers it with the error
   // when the limits are reached.
   void Hold(StoredKey* key, Message&& msg);
@@ -164,27 +153,17 @@ class KVServer {
   void SendReply(const Message& request, Message reply);
   // A chain id for a key slice's compressed pulls: random, so a restarted
   // server's chains never match what workers hold from its earlier life.
-  uint64_t NewChain();
+  uint64_t NewChain() override;
   // Tells the sender its request arrived and is waiting; the reply follows.
   void Acknowledge(const Message& request);
-  // Checks a push's payload against its key and the settings.
-  static absl::Status CheckPayload(const Message& msg, const StoredKey& key,
-                                   const Settings& settings);
-  // A dist_async push's gradient as float32 (a 2-bit one decoded).
-  absl::StatusOr<Buffer> DecodeGradient(const Message& msg,
-                                        const StoredKey& key,
-                                        const Settings& settings);
-  // Adds a dist_sync push to its key's open round (2-bit decoded straight
-  // into the round's sum).
-  absl::Status AddToRound(const Message& msg, StoredKey* key,
-                          const Settings& settings);
   Settings settings() const;
+  // EngineContext.
+  void CountMalformed() override { ++malformed_; }
+  void TimedUpdate(const StoredKey& key,
+                   const std::function<void()>& update) override;
   // `key`'s metric series (made on first use; on its update thread).
   const KeyMetrics& MetricsOf(StoredKey* key);
   const KeyMetrics* SeriesFor(uint64_t key);
-  // Runs `update` (of `key`), timed (metrics, trace).
-  template <typename F>
-  void TimedUpdate(const StoredKey& key, F&& update);
   // A completed dist_sync round of `key` in the trace (TESSERA_TRACE): the
   // round's span and its update's.
   void TraceRound(const StoredKey& key, absl::Time update_start,

@@ -12,7 +12,6 @@
 // Exit codes: 0 job done, 1 job failed (a peer died, the scheduler gave up or
 // vanished, a restart found no checkpoint to resume from), 2 bad configuration.
 #include <cstdlib>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,7 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/daemon.h"
 #include "common/logging.h"
 #include "common/node.h"
 #include "common/options.h"
@@ -98,106 +97,66 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   return flags;
 }
 
-}  // namespace
+// The update threads: TESSERA_SERVER_THREADS, or one per core (at most 8).
+int UpdateThreads(const tessera::Options& options) {
+  if (options.server_threads != 0) return options.server_threads;
+  return static_cast<int>(
+      std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+}
 
-int main(int argc, char** argv) {
-  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
-  if (!flags.ok()) {
-    std::cerr << "tessera-server: " << flags.status().message() << "\n";
-    return 2;
-  }
-  absl::StatusOr<tessera::Options> options =
-      tessera::Options::FromEnvironment();
-  if (!options.ok()) {
-    std::cerr << "tessera-server: " << options.status().message() << "\n";
-    return 2;
-  }
-  if (options->role != tessera::Role::kServer) {
-    std::cerr << "tessera-server: DMLC_ROLE='"
-              << tessera::RoleName(options->role) << "': expected server\n";
-    return 2;
-  }
-  tessera::SetLogTag("server");
-  tessera::SetLogVerbosity(options->verbose);
-  // Debian's Abseil is built without NDEBUG, which leaves the mutex deadlock
-  // detector (a debugging aid: a lock-order graph updated on every lock) on;
-  // in-process tests keep it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  int threads = options->server_threads;
-  if (threads == 0) {
-    threads = static_cast<int>(
-        std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
-  }
-
-  std::unique_ptr<tessera::Node> node;
-  std::unique_ptr<tessera::Checkpointer> checkpointer;
-  tessera::KVServer server(options->num_workers, threads,
-                           [&node](int peer, tessera::Message msg) {
-                             return node->Send(peer, std::move(msg));
-                           },
-                           tessera::WaitingLimits(),
-                           options->exact_sync_sum
-                               ? tessera::SyncRound::Mode::kExact
-                               : tessera::SyncRound::Mode::kArrival);
-  tessera::Node::Callbacks callbacks;
-  callbacks.on_data = [&server, &checkpointer](tessera::Message&& msg) {
-    if (checkpointer != nullptr) checkpointer->MaybeWrite();
-    server.Handle(std::move(msg));
-  };
-  absl::StatusOr<std::unique_ptr<tessera::Node>> started =
-      tessera::Node::Start(*options, std::move(callbacks));
-  if (!started.ok()) {
-    std::cerr << "tessera-server: " << started.status().message() << "\n";
-    return absl::IsInvalidArgument(started.status()) ? 2 : 1;
-  }
-  node = *std::move(started);
-  server.set_on_workers_finished([&node] { node->MarkPartDone(); });
-
-  // Data messages are held until StartDelivery, so the shard is restored
-  // before any request sees it.
-  std::unique_ptr<tessera::CheckpointStore> store;
+// With --checkpoint-dir: a restarted server resumes from its newest readable
+// checkpoint (or, with none yet, waits for the workers' replay), and the
+// server checkpoints from now on. A restart without one cannot go on.
+// Called before the node delivers anything, so no request sees the shard
+// before it is restored.
+absl::Status PrepareCheckpoints(
+    const Flags& flags, const tessera::Options& options,
+    const tessera::Node& node, tessera::KVServer& server,
+    std::unique_ptr<tessera::CheckpointStore>* store,
+    std::unique_ptr<tessera::Checkpointer>* checkpointer) {
   const std::string restarted =
-      absl::StrCat("restarted (TESSERA_RESTART_COUNT=", options->restart_count,
+      absl::StrCat("restarted (TESSERA_RESTART_COUNT=", options.restart_count,
                    ")");
-  if (!flags->checkpoint_dir.empty()) {
-    store = std::make_unique<tessera::CheckpointStore>(
-        flags->checkpoint_dir, node->rank(), flags->keep);
-    if (options->restart_count > 0) {
-      auto latest = store->LoadLatest();
-      absl::Status restored = latest.status();
-      if (restored.ok() && latest->has_value()) {
-        restored = server.Restore(**latest);
-        if (restored.ok()) {
-          TESSERA_LOG(INFO) << restarted << ": resumed from checkpoint "
-                            << (*latest)->sequence() << " ("
-                            << (*latest)->keys_size() << " key(s), "
-                            << (*latest)->rounds_applied() << " update(s))";
-        }
-      } else if (restored.ok()) {
-        TESSERA_LOG(INFO) << restarted << ": no checkpoint in "
-                          << flags->checkpoint_dir
-                          << " yet; the workers replay everything";
-        server.set_recovering();
-      }
-      if (!restored.ok()) {
-        std::cerr << "tessera-server: " << restarted << ": cannot resume: "
-                  << restored.message() << "\n";
-        return 1;
-      }
-    }
-    server.set_checkpointing(true);
-    checkpointer = std::make_unique<tessera::Checkpointer>(
-        store.get(), flags->policy, &server, flags->test_write_delay);
-  } else if (options->restart_count > 0) {
-    std::cerr << "tessera-server: " << restarted
-              << " without --checkpoint-dir: this server's weights are lost "
-                 "and the job cannot continue\n";
-    return 1;
+  if (flags.checkpoint_dir.empty()) {
+    if (options.restart_count == 0) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        restarted,
+        " without --checkpoint-dir: this server's weights are lost and the "
+        "job cannot continue"));
   }
-  node->StartDelivery();
-  TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
-  absl::Status result = node->WaitForTerminate();
-  // One summary line: tests read the exactly-once counts from it.
+  *store = std::make_unique<tessera::CheckpointStore>(flags.checkpoint_dir,
+                                                      node.rank(), flags.keep);
+  if (options.restart_count > 0) {
+    auto latest = (*store)->LoadLatest();
+    absl::Status restored = latest.status();
+    if (restored.ok() && latest->has_value()) {
+      restored = server.Restore(**latest);
+      if (restored.ok()) {
+        TESSERA_LOG(INFO) << restarted << ": resumed from checkpoint "
+                          << (*latest)->sequence() << " ("
+                          << (*latest)->keys_size() << " key(s), "
+                          << (*latest)->rounds_applied() << " update(s))";
+      }
+    } else if (restored.ok()) {
+      TESSERA_LOG(INFO) << restarted << ": no checkpoint in "
+                        << flags.checkpoint_dir
+                        << " yet; the workers replay everything";
+      server.set_recovering();
+    }
+    if (!restored.ok()) {
+      return absl::Status(restored.code(),
+                          absl::StrCat(restarted, ": cannot resume: ",
+                                       restored.message()));
+    }
+  }
+  server.set_checkpointing(true);
+  *checkpointer = std::make_unique<tessera::Checkpointer>(
+      store->get(), flags.policy, &server, flags.test_write_delay);
+  return absl::OkStatus();
+}
+
+// One summary line: tests read the exactly-once counts from it.
+void LogSummary(const tessera::KVServer& server, const tessera::Node& node) {
   const tessera::wire::KVStats stats = server.stats();
   std::string per_key;
   std::map<uint64_t, uint64_t> ordered(stats.key_pushes_applied().begin(),
@@ -209,19 +168,66 @@ int main(int argc, char** argv) {
                     << ", duplicates " << stats.duplicates()
                     << ", checkpoints " << stats.checkpoints_written()
                     << ", refused " << stats.refused() << ", malformed "
-                    << stats.malformed_messages() + node->malformed_count()
-                    << ", wrong sender " << node->wrong_sender_count()
+                    << stats.malformed_messages() + node.malformed_count()
+                    << ", wrong sender " << node.wrong_sender_count()
                     << ", refused connections "
-                    << node->refused_connection_count() << ", sealed drops "
-                    << tessera::DescribeSealedDrops(node->sealed_drops())
+                    << node.refused_connection_count() << ", sealed drops "
+                    << tessera::DescribeSealedDrops(node.sealed_drops())
                     << ", peak RSS " << tessera::PeakResidentBytes() / 1000000
                     << " MB";
+}
+
+// Joins the job, serves it until its end and says how it went.
+int Serve(const Flags& flags, const tessera::Options& options) {
+  constexpr char kProgram[] = "tessera-server";
+  const int threads = UpdateThreads(options);
+  std::unique_ptr<tessera::Node> node;
+  std::unique_ptr<tessera::CheckpointStore> store;
+  std::unique_ptr<tessera::Checkpointer> checkpointer;
+  tessera::KVServer server(options.num_workers, threads,
+                           [&node](int peer, tessera::Message msg) {
+                             return node->Send(peer, std::move(msg));
+                           },
+                           tessera::WaitingLimits(),
+                           options.exact_sync_sum
+                               ? tessera::SyncRound::Mode::kExact
+                               : tessera::SyncRound::Mode::kArrival);
+  tessera::Node::Callbacks callbacks;
+  callbacks.on_data = [&server, &checkpointer](tessera::Message&& msg) {
+    if (checkpointer != nullptr) checkpointer->MaybeWrite();
+    server.Handle(std::move(msg));
+  };
+  absl::StatusOr<std::unique_ptr<tessera::Node>> started =
+      tessera::Node::Start(options, std::move(callbacks));
+  if (!started.ok()) {
+    return tessera::ExitWith(kProgram, started.status(),
+                             absl::IsInvalidArgument(started.status()) ? 2 : 1);
+  }
+  node = *std::move(started);
+  server.set_on_workers_finished([&node] { node->MarkPartDone(); });
+  if (absl::Status prepared = PrepareCheckpoints(flags, options, *node, server,
+                                                 &store, &checkpointer);
+      !prepared.ok()) {
+    return tessera::ExitWith(kProgram, prepared, 1);
+  }
+  node->StartDelivery();
+  TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
+  const absl::Status result = node->WaitForTerminate();
+  LogSummary(server, *node);
   node->Stop();
   server.Stop();
   checkpointer.reset();  // before the store it writes to
-  if (!result.ok()) {
-    std::cerr << "tessera-server: " << result.message() << "\n";
-    return 1;
-  }
-  return 0;
+  return result.ok() ? 0 : tessera::ExitWith(kProgram, result, 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
+  if (!flags.ok()) return tessera::ExitWith("tessera-server", flags.status(), 2);
+  absl::StatusOr<tessera::Options> options =
+      tessera::StartDaemon(tessera::Role::kServer);
+  if (!options.ok())
+    return tessera::ExitWith("tessera-server", options.status(), 2);
+  return Serve(*flags, *options);
 }

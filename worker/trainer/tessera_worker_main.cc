@@ -199,324 +199,415 @@ void PushPullLayer(KVWorker& kv, Mlp& mlp, int l, std::vector<OpHandle>* ops,
   }
 }
 
-int Run(const TrainFlags& flags) {
-  // Device.
-  MlpDevice device = MlpDevice::kCpu;
-  if (flags.device == "cuda" ||
-      (flags.device == "auto" && gpu::DeviceAvailable())) {
-    if (!gpu::DeviceAvailable()) {
-      return Fail(
-          2, absl::StrCat("--device: expected a usable GPU for 'cuda', but ",
-                          gpu::DeviceDescription()));
+// Why a run stops early: the exit code and the line for stderr.
+struct Failure {
+  int code;
+  std::string message;
+};
+using MaybeFailure = std::optional<Failure>;  // nullopt: go on
+
+MaybeFailure KvFailure(const std::string& what, const absl::Status& s) {
+  return Failure{1, absl::StrCat(what, ": ", s.ToString())};
+}
+
+// One worker's training run: prepare (device, data, output), join the job,
+// configure the servers and start from their weights, then the epochs, each a
+// loop of steps, and the summary.
+class Trainer {
+ public:
+  explicit Trainer(const TrainFlags& flags) : flags_(flags) {}
+
+  // The process's exit code.
+  int Run() {
+    MaybeFailure failed = RunPhases();
+    return failed.has_value() ? Fail(failed->code, failed->message) : 0;
+  }
+
+ private:
+  MaybeFailure RunPhases() {
+    if (MaybeFailure f = Prepare()) return f;
+    if (MaybeFailure f = JoinJob()) return f;
+    if (MaybeFailure f = ConfigureServers()) return f;
+    if (MaybeFailure f = StartFromServerWeights()) return f;
+    if (MaybeFailure f = TrainEpochs()) return f;
+    return Finish();
+  }
+
+  // The device, the data and --metrics-out, before joining the cluster: a
+  // worker without them fails alone and at once.
+  MaybeFailure Prepare() {
+    if (flags_.device == "cuda" ||
+        (flags_.device == "auto" && gpu::DeviceAvailable())) {
+      if (!gpu::DeviceAvailable()) {
+        return Failure{
+            2, absl::StrCat("--device: expected a usable GPU for 'cuda', but ",
+                            gpu::DeviceDescription())};
+      }
+      device_ = MlpDevice::kCuda;
     }
-    device = MlpDevice::kCuda;
-  }
-  // Several workers and servers share the machine's cores; one OpenBLAS thread
-  // per worker unless the user says otherwise with OPENBLAS_NUM_THREADS.
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) SetCpuMathThreads(1);
+    // Several workers and servers share the machine's cores; one OpenBLAS
+    // thread per worker unless the user says otherwise with
+    // OPENBLAS_NUM_THREADS.
+    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) SetCpuMathThreads(1);
 
-  // Data, before joining the cluster: a worker without data fails alone and at
-  // once.
-  absl::StatusOr<FashionMnist> data =
-      LoadFashionMnist(flags.data_dir, flags.train_subset, flags.test_subset);
-  if (!data.ok()) {
-    return Fail(
-        2, absl::StrCat("--data: expected the Fashion-MNIST IDX files in '",
-                        flags.data_dir, "' (set --data or FASHION_MNIST_DIR): ",
-                        data.status().message()));
-  }
-
-  if (!flags.metrics_out.empty()) {
-    // Checked now rather than after an hour of training.
-    const std::string probe = absl::StrCat(
-        absl::StrReplaceAll(flags.metrics_out, {{"{rank}", "probe"}}), ".tmp");
-    std::ofstream out(probe, std::ios::app);
-    if (!out) {
-      return Fail(
-          2, absl::StrCat("--metrics-out: expected a writable file path, got '",
-                          flags.metrics_out, "'"));
+    absl::StatusOr<FashionMnist> data = LoadFashionMnist(
+        flags_.data_dir, flags_.train_subset, flags_.test_subset);
+    if (!data.ok()) {
+      return Failure{
+          2, absl::StrCat("--data: expected the Fashion-MNIST IDX files in '",
+                          flags_.data_dir, "' (set --data or FASHION_MNIST_DIR): ",
+                          data.status().message())};
     }
-    out.close();
-    std::remove(probe.c_str());
+    data_ = std::move(*data);
+
+    if (!flags_.metrics_out.empty()) {
+      // Checked now rather than after an hour of training.
+      const std::string probe = absl::StrCat(
+          absl::StrReplaceAll(flags_.metrics_out, {{"{rank}", "probe"}}),
+          ".tmp");
+      std::ofstream out(probe, std::ios::app);
+      if (!out) {
+        return Failure{
+            2, absl::StrCat("--metrics-out: expected a writable file path, "
+                            "got '",
+                            flags_.metrics_out, "'")};
+      }
+      out.close();
+      std::remove(probe.c_str());
+    }
+    return std::nullopt;
   }
 
-  absl::StatusOr<std::unique_ptr<KVWorker>> kv_or =
-      KVWorker::Create(flags.kv_store);
-  if (!kv_or.ok()) {
-    // A bad variable or key file is configuration (2); a missing cluster, 1.
-    return Fail(absl::IsInvalidArgument(kv_or.status()) ? 2 : 1,
-                absl::StrCat("cannot join the cluster: ",
-                             kv_or.status().ToString()));
-  }
-  KVWorker& kv = **kv_or;
-  const int rank = kv.rank(), num_workers = kv.num_workers();
-  trace::SetThreadName("main");
+  // Joins the job (rank and size), then checks the data's sharding and makes
+  // the model.
+  MaybeFailure JoinJob() {
+    absl::StatusOr<std::unique_ptr<KVWorker>> kv =
+        KVWorker::Create(flags_.kv_store);
+    if (!kv.ok()) {
+      // A bad variable or key file is configuration (2); a missing cluster, 1.
+      return Failure{absl::IsInvalidArgument(kv.status()) ? 2 : 1,
+                     absl::StrCat("cannot join the cluster: ",
+                                  kv.status().ToString())};
+    }
+    kv_ = std::move(*kv);
+    trace::SetThreadName("main");
 
-  BatchLoader::Options loader_options;
-  loader_options.batch_size = flags.batch_size;
-  loader_options.rank = rank;
-  loader_options.num_workers = num_workers;
-  loader_options.seed = flags.seed;
-  loader_options.epochs = flags.epochs;
-  if (absl::Status s = BatchLoader::Validate(loader_options, data->train.count);
-      !s.ok()) {
-    return Fail(2, absl::StrCat("--train-subset: ", s.message()));
-  }
-
-  MlpConfig config;
-  config.sizes.push_back(data->train.dim());
-  config.sizes.insert(config.sizes.end(), flags.hidden.begin(),
-                      flags.hidden.end());
-  config.sizes.push_back(10);
-  config.seed = flags.seed;
-  absl::StatusOr<std::unique_ptr<Mlp>> mlp_or =
-      CreateMlp(device, config, flags.batch_size);
-  if (!mlp_or.ok()) {
-    return Fail(2, absl::StrCat("--device ", MlpDeviceName(device), ": ",
-                                mlp_or.status().message()));
-  }
-  Mlp& mlp = **mlp_or;
-
-  // The pushed gradient is the SUM over a batch: dist_sync averages over every
-  // worker's samples of a round, dist_async over the one batch of a push.
-  const double rescale_grad =
-      1.0 / (static_cast<double>(flags.batch_size) *
-             (flags.kv_store == "dist_sync" ? num_workers : 1));
-  auto kv_fail = [](const std::string& what, const absl::Status& s) {
-    return Fail(1, absl::StrCat(what, ": ", s.ToString()));
-  };
-  if (flags.gc_pull == "2bit") {
-    if (absl::Status s = kv.SetPullCompression("2bit"); !s.ok())
-      return kv_fail("SetPullCompression", s);
-  }
-  if (flags.gc_type == "2bit") {
-    if (absl::Status s = kv.SetGradientCompression("2bit", flags.gc_threshold);
+    loader_options_.batch_size = flags_.batch_size;
+    loader_options_.rank = kv_->rank();
+    loader_options_.num_workers = kv_->num_workers();
+    loader_options_.seed = flags_.seed;
+    loader_options_.epochs = flags_.epochs;
+    if (absl::Status s =
+            BatchLoader::Validate(loader_options_, data_.train.count);
         !s.ok()) {
-      return kv_fail("SetGradientCompression", s);
+      return Failure{2, absl::StrCat("--train-subset: ", s.message())};
     }
-  }
-  // Every worker runs floor(smallest shard / batch) steps an epoch; a key is
-  // updated once a round in dist_sync and once a push in dist_async.
-  const int64_t steps_per_epoch =
-      (static_cast<int64_t>(data->train.count) / num_workers) /
-      flags.batch_size;
-  const int64_t updates_per_epoch =
-      steps_per_epoch * (flags.kv_store == "dist_sync" ? 1 : num_workers);
-  if (absl::Status s = kv.SetOptimizer(
-          OptimizerSpec(flags, rescale_grad, updates_per_epoch));
-      !s.ok()) {
-    return kv_fail("SetOptimizer", s);
-  }
-  {
-    const std::vector<LayerParams> init = mlp.GetParams();
-    for (int l = 0; l < mlp.num_layers(); ++l) {
-      if (absl::Status s = kv.Init(MlpWeightKey(l), init[l].w); !s.ok()) {
-        return kv_fail(absl::StrCat("Init of key ", MlpWeightKey(l)), s);
-      }
-      if (absl::Status s = kv.Init(MlpBiasKey(l), init[l].b); !s.ok()) {
-        return kv_fail(absl::StrCat("Init of key ", MlpBiasKey(l)), s);
-      }
+
+    MlpConfig config;
+    config.sizes.push_back(data_.train.dim());
+    config.sizes.insert(config.sizes.end(), flags_.hidden.begin(),
+                        flags_.hidden.end());
+    config.sizes.push_back(10);
+    config.seed = flags_.seed;
+    absl::StatusOr<std::unique_ptr<Mlp>> mlp =
+        CreateMlp(device_, config, flags_.batch_size);
+    if (!mlp.ok()) {
+      return Failure{2, absl::StrCat("--device ", MlpDeviceName(device_), ": ",
+                                     mlp.status().message())};
     }
-    // Every worker starts from the stored (rank 0's) weights.
-    for (int l = 0; l < mlp.num_layers(); ++l) {
-      if (absl::Status s = kv.Pull(MlpWeightKey(l), mlp.WeightStaging(l));
-          !s.ok()) {
-        return kv_fail(absl::StrCat("Pull of key ", MlpWeightKey(l)), s);
-      }
-      if (absl::Status s = kv.Pull(MlpBiasKey(l), mlp.BiasStaging(l));
-          !s.ok()) {
-        return kv_fail(absl::StrCat("Pull of key ", MlpBiasKey(l)), s);
-      }
-    }
-    if (absl::Status s = mlp.CommitStagedParams(); !s.ok()) {
-      return Fail(1, s.ToString());
-    }
+    mlp_ = std::move(*mlp);
+    // Every worker runs floor(smallest shard / batch) steps an epoch.
+    steps_per_epoch_ =
+        (static_cast<int64_t>(data_.train.count) / kv_->num_workers()) /
+        flags_.batch_size;
+    return std::nullopt;
   }
 
-  std::optional<FloatImages> test;
-  auto evaluate = [&](RunTotals* totals) -> absl::StatusOr<double> {
-    const Clock::time_point t0 = Clock::now();
-    if (!test.has_value()) test = ToFloat(data->test);
-    absl::StatusOr<MlpBatchStats> s =
-        mlp.Evaluate(test->x.data(), test->y.data(), data->test.count);
-    totals->time_eval_s += SecondsSince(t0);
-    if (!s.ok()) return s.status();
-    return s->rows > 0 ? static_cast<double>(s->correct) / s->rows : 0.0;
+  // Compression and the servers' optimizer.
+  MaybeFailure ConfigureServers() {
+    const bool sync = flags_.kv_store == "dist_sync";
+    // The pushed gradient is the SUM over a batch: dist_sync averages over
+    // every worker's samples of a round, dist_async over the one batch of a
+    // push.
+    const double rescale_grad =
+        1.0 / (static_cast<double>(flags_.batch_size) *
+               (sync ? kv_->num_workers() : 1));
+    if (flags_.gc_pull == "2bit") {
+      if (absl::Status s = kv_->SetPullCompression("2bit"); !s.ok())
+        return KvFailure("SetPullCompression", s);
+    }
+    if (flags_.gc_type == "2bit") {
+      if (absl::Status s =
+              kv_->SetGradientCompression("2bit", flags_.gc_threshold);
+          !s.ok()) {
+        return KvFailure("SetGradientCompression", s);
+      }
+    }
+    // A key is updated once a round in dist_sync and once a push in
+    // dist_async.
+    const int64_t updates_per_epoch =
+        steps_per_epoch_ * (sync ? 1 : kv_->num_workers());
+    if (absl::Status s = kv_->SetOptimizer(
+            OptimizerSpec(flags_, rescale_grad, updates_per_epoch));
+        !s.ok()) {
+      return KvFailure("SetOptimizer", s);
+    }
+    return std::nullopt;
+  }
+
+  // Initializes the keys (rank 0's values are kept) and pulls them, so every
+  // worker starts from the stored weights; a worker restarted into a running
+  // job (launch.py --restarts) pulls the servers' current weights and skips
+  // the steps its earlier life completed.
+  MaybeFailure StartFromServerWeights() {
+    const std::vector<LayerParams> init = mlp_->GetParams();
+    for (int l = 0; l < mlp_->num_layers(); ++l) {
+      if (absl::Status s = kv_->Init(MlpWeightKey(l), init[l].w); !s.ok())
+        return KvFailure(absl::StrCat("Init of key ", MlpWeightKey(l)), s);
+      if (absl::Status s = kv_->Init(MlpBiasKey(l), init[l].b); !s.ok())
+        return KvFailure(absl::StrCat("Init of key ", MlpBiasKey(l)), s);
+    }
+    for (int l = 0; l < mlp_->num_layers(); ++l) {
+      if (absl::Status s = kv_->Pull(MlpWeightKey(l), mlp_->WeightStaging(l));
+          !s.ok()) {
+        return KvFailure(absl::StrCat("Pull of key ", MlpWeightKey(l)), s);
+      }
+      if (absl::Status s = kv_->Pull(MlpBiasKey(l), mlp_->BiasStaging(l));
+          !s.ok()) {
+        return KvFailure(absl::StrCat("Pull of key ", MlpBiasKey(l)), s);
+      }
+    }
+    if (absl::Status s = mlp_->CommitStagedParams(); !s.ok())
+      return Failure{1, s.ToString()};
+
+    skip_ = static_cast<int64_t>(kv_->ResumeRound());
+    resumed_ = skip_ > 0;
+    if (resumed_) {
+      const int64_t per_epoch = std::max<int64_t>(1, steps_per_epoch_);
+      std::printf("restarted: resuming at step %lld (epoch %lld, batch %lld)\n",
+                  static_cast<long long>(skip_),
+                  static_cast<long long>(skip_ / per_epoch),
+                  static_cast<long long>(skip_ % per_epoch));
+      std::fflush(stdout);
+    }
+    return std::nullopt;
+  }
+
+  MaybeFailure TrainEpochs() {
+    loader_ = std::make_unique<BatchLoader>(&data_.train, loader_options_);
+    run_start_ = Clock::now();
+    for (int epoch = 0; epoch < flags_.epochs; ++epoch) {
+      if (MaybeFailure f = TrainEpoch(epoch)) return f;
+    }
+    return std::nullopt;
+  }
+
+  // What one epoch counted so far.
+  struct EpochCounts {
+    Clock::time_point window_start;
+    int64_t window_samples = 0, window_correct = 0;
+    int64_t samples = 0, correct = 0;
+    double loss = 0;
   };
 
-  // A worker restarted into a running job (launch.py --restarts) has pulled
-  // the servers' current weights above; it skips the steps its earlier life
-  // completed, reading past their batches so its data order stays the same.
-  int64_t skip = static_cast<int64_t>(kv.ResumeRound());
-  const bool resumed = skip > 0;
-  if (resumed) {
-    std::printf(
-        "restarted: resuming at step %lld (epoch %lld, batch %lld)\n",
-        static_cast<long long>(skip),
-        static_cast<long long>(skip / std::max<int64_t>(1, steps_per_epoch)),
-        static_cast<long long>(skip % std::max<int64_t>(1, steps_per_epoch)));
-    std::fflush(stdout);
-  }
-
-  RunTotals totals;
-  BatchLoader loader(&data->train, loader_options);
-  std::vector<OpHandle> ops;
-  const Clock::time_point run_start = Clock::now();
-  for (int epoch = 0; epoch < flags.epochs; ++epoch) {
+  MaybeFailure TrainEpoch(int epoch) {
     const Clock::time_point epoch_start = Clock::now();
-    const double eval_before = totals.time_eval_s;
-    const RunTotals before = totals;
-    Clock::time_point window_start = epoch_start;
-    int64_t window_samples = 0, window_correct = 0;
-    int64_t epoch_samples = 0, epoch_correct = 0;
-    double epoch_loss = 0;
+    const double eval_before = totals_.time_eval_s;
+    const RunTotals before = totals_;
+    EpochCounts counts;
+    counts.window_start = epoch_start;
     for (int b = 0;; ++b) {
-      // TESSERA_TRACE: a "step" span holding data-wait, forward, backward
-      // (with an "issue" span per layer: compression and the requests) and
-      // comm-wait (waiting for the pushes and pulls), then commit.
-      const int64_t step_start = trace::Enabled() ? trace::NowNanos() : 0;
-      Clock::time_point t = Clock::now();
-      std::optional<Batch> batch = loader.Next();
-      totals.time_data_s += SecondsSince(t);
-      if (!batch.has_value()) break;
-      if (skip > 0) {
-        --skip;
-        continue;
-      }
-      int64_t phase_start = 0;
-      if (step_start != 0) {
-        phase_start = trace::NowNanos();
-        trace::Complete("train", "data-wait", step_start, phase_start);
-      }
-
-      t = Clock::now();
-      ops.clear();
-      absl::Status issue_error;
-      double step_issue_s = 0;
-      absl::StatusOr<MlpBatchStats> step = mlp.ForwardBackward(
-          batch->images.data(), batch->labels.data(), batch->size,
-          [&](int l) {
-            trace::Span span("train", "issue");
-            span.Arg("layer", l);
-            const Clock::time_point issue = Clock::now();
-            PushPullLayer(kv, mlp, l, &ops, &issue_error);
-            step_issue_s += SecondsSince(issue);
-          },
-          step_start == 0 ? std::function<void()>() : [&] {
-            const int64_t now = trace::NowNanos();
-            trace::Complete("train", "forward", phase_start, now);
-            phase_start = now;
-          });
-      totals.time_compute_s += SecondsSince(t) - step_issue_s;
-      totals.time_issue_s += step_issue_s;
-      if (step_start != 0) {
-        const int64_t now = trace::NowNanos();
-        trace::Complete("train", "backward", phase_start, now);
-        phase_start = now;
-      }
-      if (!step.ok())
-        return Fail(1,
-                    absl::StrCat("training step: ", step.status().ToString()));
-
-      t = Clock::now();
-      absl::Status wait_error;
-      for (OpHandle op : ops) {
-        if (absl::Status s = kv.Wait(op); !s.ok() && wait_error.ok())
-          wait_error = s;
-      }
-      totals.time_comm_s += SecondsSince(t);
-      if (step_start != 0) {
-        const int64_t now = trace::NowNanos();
-        trace::Complete("train", "comm-wait", phase_start, now);
-        phase_start = now;
-      }
-      if (!issue_error.ok()) return kv_fail("KV request", issue_error);
-      if (!wait_error.ok()) return kv_fail("KV request", wait_error);
-      if (absl::Status s = mlp.CommitStagedParams(); !s.ok()) {
-        return Fail(1, s.ToString());
-      }
-      if (step_start != 0) {
-        const int64_t now = trace::NowNanos();
-        trace::Complete("train", "commit", phase_start, now);
-        trace::Complete("train", "step", step_start, now,
-                        {{"epoch", epoch},
-                         {"batch", b},
-                         {"step", totals.steps},
-                         {"samples", step->rows}});
-      }
-
-      if (totals.steps == 0) totals.first_loss = step->loss_sum / step->rows;
-      ++totals.steps;
-      totals.samples += step->rows;
-      window_samples += step->rows;
-      window_correct += step->correct;
-      epoch_samples += step->rows;
-      epoch_correct += step->correct;
-      epoch_loss += step->loss_sum;
-      if ((b + 1) % flags.log_every == 0) {
-        const double secs = SecondsSince(window_start);
-        std::printf(
-            "Epoch[%d] Batch[%d] Speed: %.2f samples/sec accuracy=%.6f\n",
-            epoch, b + 1, secs > 0 ? window_samples / secs : 0.0,
-            static_cast<double>(window_correct) / window_samples);
-        std::fflush(stdout);
-        window_start = Clock::now();
-        window_samples = window_correct = 0;
-      }
+      bool done = false;
+      if (MaybeFailure f = Step(epoch, b, &counts, &done)) return f;
+      if (done) break;
     }
-    if (resumed && totals.steps == 0) continue;  // an epoch skipped whole
+    if (resumed_ && totals_.steps == 0) return std::nullopt;  // skipped whole
     const double epoch_seconds = SecondsSince(epoch_start);
-    totals.train_accuracy =
-        epoch_samples > 0 ? static_cast<double>(epoch_correct) / epoch_samples
-                          : 0.0;
-    totals.final_loss = epoch_samples > 0 ? epoch_loss / epoch_samples : 0.0;
+    totals_.train_accuracy =
+        counts.samples > 0
+            ? static_cast<double>(counts.correct) / counts.samples
+            : 0.0;
+    totals_.final_loss = counts.samples > 0 ? counts.loss / counts.samples : 0.0;
     std::printf("Epoch[%d] Train-accuracy=%.6f\n", epoch,
-                totals.train_accuracy);
-    if (rank == 0) {
-      absl::StatusOr<double> acc = evaluate(&totals);
-      if (!acc.ok())
-        return Fail(1, absl::StrCat("evaluation: ", acc.status().ToString()));
-      totals.test_accuracy = *acc;
+                totals_.train_accuracy);
+    if (kv_->rank() == 0) {
+      absl::StatusOr<double> acc = Evaluate();
+      if (!acc.ok()) {
+        return Failure{1,
+                       absl::StrCat("evaluation: ", acc.status().ToString())};
+      }
+      totals_.test_accuracy = *acc;
       std::printf("Epoch[%d] Validation-accuracy=%.6f\n", epoch, *acc);
     }
     // Training time of the epoch; the evaluation is not part of it.
-    std::printf("Epoch[%d] Time cost=%.3f\n", epoch,
-                epoch_seconds - (totals.time_eval_s - eval_before));
+    const double train_seconds =
+        epoch_seconds - (totals_.time_eval_s - eval_before);
+    std::printf("Epoch[%d] Time cost=%.3f\n", epoch, train_seconds);
     std::fflush(stdout);
     EpochRecord record;
     record.epoch = epoch;
-    record.seconds = epoch_seconds - (totals.time_eval_s - eval_before);
-    record.samples = epoch_samples;
-    record.train_accuracy = totals.train_accuracy;
-    record.validation_accuracy = rank == 0 ? totals.test_accuracy : -1;
-    record.time_compute_s = totals.time_compute_s - before.time_compute_s;
-    record.time_comm_s = totals.time_comm_s - before.time_comm_s;
-    record.time_issue_s = totals.time_issue_s - before.time_issue_s;
-    record.time_data_s = totals.time_data_s - before.time_data_s;
-    totals.epochs.push_back(record);
+    record.seconds = train_seconds;
+    record.samples = counts.samples;
+    record.train_accuracy = totals_.train_accuracy;
+    record.validation_accuracy = kv_->rank() == 0 ? totals_.test_accuracy : -1;
+    record.time_compute_s = totals_.time_compute_s - before.time_compute_s;
+    record.time_comm_s = totals_.time_comm_s - before.time_comm_s;
+    record.time_issue_s = totals_.time_issue_s - before.time_issue_s;
+    record.time_data_s = totals_.time_data_s - before.time_data_s;
+    totals_.epochs.push_back(record);
+    return std::nullopt;
   }
-  if (rank != 0 && !flags.metrics_out.empty()) {
-    // In dist_sync every worker holds the same final weights; in dist_async
-    // this is the model as this worker last pulled it.
-    absl::StatusOr<double> acc = evaluate(&totals);
-    if (!acc.ok())
-      return Fail(1, absl::StrCat("evaluation: ", acc.status().ToString()));
-    totals.test_accuracy = *acc;
-  }
-  totals.wall_seconds = SecondsSince(run_start);
 
-  if (absl::Status s = kv.Close(); !s.ok()) return kv_fail("Close", s);
-  if (!flags.metrics_out.empty()) {
-    const std::string path = absl::StrReplaceAll(
-        flags.metrics_out, {{"{rank}", absl::StrCat(rank)}});
-    if (absl::Status s =
-            WriteFileAtomically(path, MetricsJson(flags, device, kv, totals));
-        !s.ok()) {
-      return Fail(1, absl::StrCat("--metrics-out: ", s.message()));
+  // Batch `b` of `epoch`: forward and backward, each layer's push and pull
+  // issued as backward reaches it, the wait for them, and the new weights.
+  // `*done` when the epoch has no batch left.
+  //
+  // TESSERA_TRACE: a "step" span holding data-wait, forward, backward (with
+  // an "issue" span per layer: compression and the requests) and comm-wait
+  // (waiting for the pushes and pulls), then commit.
+  MaybeFailure Step(int epoch, int b, EpochCounts* counts, bool* done) {
+    const int64_t step_start = trace::Enabled() ? trace::NowNanos() : 0;
+    Clock::time_point t = Clock::now();
+    std::optional<Batch> batch = loader_->Next();
+    totals_.time_data_s += SecondsSince(t);
+    if (!batch.has_value()) {
+      *done = true;
+      return std::nullopt;
     }
+    if (skip_ > 0) {
+      --skip_;
+      return std::nullopt;
+    }
+    int64_t phase_start = 0;
+    // Ends the trace's phase `name` now and starts the next.
+    auto phase = [&](const char* name) {
+      if (step_start == 0) return;
+      const int64_t now = trace::NowNanos();
+      trace::Complete("train", name, phase_start, now);
+      phase_start = now;
+    };
+    phase_start = step_start;
+    phase("data-wait");
+
+    t = Clock::now();
+    ops_.clear();
+    absl::Status issue_error;
+    double step_issue_s = 0;
+    absl::StatusOr<MlpBatchStats> step = mlp_->ForwardBackward(
+        batch->images.data(), batch->labels.data(), batch->size,
+        [&](int l) {
+          trace::Span span("train", "issue");
+          span.Arg("layer", l);
+          const Clock::time_point issue = Clock::now();
+          PushPullLayer(*kv_, *mlp_, l, &ops_, &issue_error);
+          step_issue_s += SecondsSince(issue);
+        },
+        step_start == 0 ? std::function<void()>() : [&] { phase("forward"); });
+    totals_.time_compute_s += SecondsSince(t) - step_issue_s;
+    totals_.time_issue_s += step_issue_s;
+    phase("backward");
+    if (!step.ok()) {
+      return Failure{
+          1, absl::StrCat("training step: ", step.status().ToString())};
+    }
+
+    t = Clock::now();
+    absl::Status wait_error;
+    for (OpHandle op : ops_) {
+      if (absl::Status s = kv_->Wait(op); !s.ok() && wait_error.ok())
+        wait_error = s;
+    }
+    totals_.time_comm_s += SecondsSince(t);
+    phase("comm-wait");
+    if (!issue_error.ok()) return KvFailure("KV request", issue_error);
+    if (!wait_error.ok()) return KvFailure("KV request", wait_error);
+    if (absl::Status s = mlp_->CommitStagedParams(); !s.ok())
+      return Failure{1, s.ToString()};
+    if (step_start != 0) {
+      const int64_t now = trace::NowNanos();
+      trace::Complete("train", "commit", phase_start, now);
+      trace::Complete("train", "step", step_start, now,
+                      {{"epoch", epoch},
+                       {"batch", b},
+                       {"step", totals_.steps},
+                       {"samples", step->rows}});
+    }
+
+    if (totals_.steps == 0) totals_.first_loss = step->loss_sum / step->rows;
+    ++totals_.steps;
+    totals_.samples += step->rows;
+    counts->window_samples += step->rows;
+    counts->window_correct += step->correct;
+    counts->samples += step->rows;
+    counts->correct += step->correct;
+    counts->loss += step->loss_sum;
+    if ((b + 1) % flags_.log_every == 0) {
+      const double secs = SecondsSince(counts->window_start);
+      std::printf("Epoch[%d] Batch[%d] Speed: %.2f samples/sec accuracy=%.6f\n",
+                  epoch, b + 1, secs > 0 ? counts->window_samples / secs : 0.0,
+                  static_cast<double>(counts->window_correct) /
+                      counts->window_samples);
+      std::fflush(stdout);
+      counts->window_start = Clock::now();
+      counts->window_samples = counts->window_correct = 0;
+    }
+    return std::nullopt;
   }
-  return 0;
-}
+
+  // Accuracy on the test set (converted to floats once).
+  absl::StatusOr<double> Evaluate() {
+    const Clock::time_point t0 = Clock::now();
+    if (!test_.has_value()) test_ = ToFloat(data_.test);
+    absl::StatusOr<MlpBatchStats> s =
+        mlp_->Evaluate(test_->x.data(), test_->y.data(), data_.test.count);
+    totals_.time_eval_s += SecondsSince(t0);
+    if (!s.ok()) return s.status();
+    return s->rows > 0 ? static_cast<double>(s->correct) / s->rows : 0.0;
+  }
+
+  // The other ranks' final accuracy (for --metrics-out), the job's end and
+  // the metrics file.
+  MaybeFailure Finish() {
+    if (kv_->rank() != 0 && !flags_.metrics_out.empty()) {
+      // In dist_sync every worker holds the same final weights; in dist_async
+      // this is the model as this worker last pulled it.
+      absl::StatusOr<double> acc = Evaluate();
+      if (!acc.ok()) {
+        return Failure{1,
+                       absl::StrCat("evaluation: ", acc.status().ToString())};
+      }
+      totals_.test_accuracy = *acc;
+    }
+    totals_.wall_seconds = SecondsSince(run_start_);
+
+    if (absl::Status s = kv_->Close(); !s.ok()) return KvFailure("Close", s);
+    if (!flags_.metrics_out.empty()) {
+      const std::string path = absl::StrReplaceAll(
+          flags_.metrics_out, {{"{rank}", absl::StrCat(kv_->rank())}});
+      if (absl::Status s = WriteFileAtomically(
+              path, MetricsJson(flags_, device_, *kv_, totals_));
+          !s.ok()) {
+        return Failure{1, absl::StrCat("--metrics-out: ", s.message())};
+      }
+    }
+    return std::nullopt;
+  }
+
+  const TrainFlags& flags_;
+  MlpDevice device_ = MlpDevice::kCpu;
+  FashionMnist data_;
+  std::optional<FloatImages> test_;
+  std::unique_ptr<KVWorker> kv_;
+  BatchLoader::Options loader_options_;
+  std::unique_ptr<BatchLoader> loader_;
+  std::unique_ptr<Mlp> mlp_;
+  int64_t steps_per_epoch_ = 0;
+  int64_t skip_ = 0;  // steps of an earlier life still to skip
+  bool resumed_ = false;
+  std::vector<OpHandle> ops_;  // the step's pushes and pulls
+  RunTotals totals_;
+  Clock::time_point run_start_;
+};
 
 }  // namespace
 }  // namespace tessera
@@ -531,5 +622,5 @@ int main(int argc, char** argv) {
     std::cout << tessera::TrainFlagsUsage();
     return 0;
   }
-  return tessera::Run(*flags);
+  return tessera::Trainer(*flags).Run();
 }

@@ -1,0 +1,166 @@
+// DenseEngine: a slice of one array (slice_engine.h). Pushes are float32 or
+// 2-bit; a dist_sync round sums them exactly (SyncRound); pulls take the
+// whole slice, or (compressed) the changes since the worker's copy as 2-bit
+// frames against a chain of versions (PullShadow).
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/compression/two_bit.h"
+#include "common/status_macros.h"
+#include "server/key_store.h"
+#include "server/pull_shadow.h"
+#include "server/slice_engine.h"
+
+namespace tessera {
+namespace {
+
+class DenseEngine : public SliceEngine {
+ public:
+  DenseEngine(StoredKey& key, int num_workers, SyncRound::Mode sum_mode)
+      : key_(key), round_(num_workers, key.length, sum_mode) {}
+
+  bool Contributed(int rank) const override { return round_.Contributed(rank); }
+  void ReplaceRequest(int sender, const wire::Header& request) override {
+    round_.ReplaceRequest(sender, request);
+  }
+  bool RoundEmpty() const override { return round_.count() == 0; }
+
+  absl::Status Pull(const Message& request, Message* reply,
+                    EngineContext& ctx) override {
+    if (!request.header.pull_compressed()) {
+      AddFloatFrame(reply, key_.weights);
+      return absl::OkStatus();
+    }
+    if (shadow_ == nullptr)
+      shadow_ = std::make_unique<PullShadow>(key_.weights, ctx.NewChain());
+    shadow_->Answer(key_.weights, request.header, reply);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Pushed> Push(const Message& msg,
+                              const ServerSettings& settings,
+                              EngineContext& ctx) override {
+    TESSERA_RETURN_IF_ERROR(CheckPayload(msg, settings));
+    const bool two_bit =
+        msg.header.frames(0).encoding() == wire::DataFrame::TWO_BIT;
+    if (key_.sync) {
+      const int rank = RankOfId(msg.header.sender());
+      absl::Status added =
+          two_bit ? round_.AddTwoBit(rank, msg.data[0], settings.threshold,
+                                     msg.header)
+                  : round_.AddFloats(rank, msg.data[0], msg.header);
+      if (absl::IsDataLoss(added)) ctx.CountMalformed();
+      TESSERA_RETURN_IF_ERROR(added);
+      return round_.complete() ? Pushed::kRoundComplete : Pushed::kAdded;
+    }
+    // dist_async: the gradient as float32 (a 2-bit one decoded), applied.
+    Buffer grad = msg.data[0];
+    if (two_bit) {
+      grad = Buffer::Allocate(key_.length * sizeof(float));
+      absl::Status s = compression::TwoBitDequantize(
+          msg.data[0].data(), msg.data[0].size(), key_.length,
+          settings.threshold, grad.mutable_floats());
+      if (!s.ok()) {
+        ctx.CountMalformed();
+        return s;
+      }
+    }
+    if (settings.optimizer == nullptr) {
+      return absl::FailedPreconditionError(
+          "dist_async needs an optimizer on the servers: call set_optimizer "
+          "before pushing");
+    }
+    ctx.TimedUpdate(key_, [&] {
+      key_.ApplyUpdate(*settings.optimizer, grad.floats());
+    });
+    return Pushed::kApplied;
+  }
+
+  Round FinishRound(const ServerSettings& settings) override {
+    SyncRound::Sum sum = round_.Finish();
+    Round done;
+    done.update_start = absl::Now();
+    if (settings.optimizer != nullptr) {
+      key_.ApplyUpdate(*settings.optimizer, sum.values);
+    } else {
+      if (!sum.push.empty()) {
+        key_.weights = std::move(sum.push);  // one worker: its push is the value
+      } else if (key_.weights.unique()) {
+        // The store becomes the round's sum (all-reduce).
+        std::memcpy(key_.weights.mutable_floats(), sum.values,
+                    key_.length * sizeof(float));
+      } else {
+        // A pull reply still sends the old value: copy on write.
+        key_.weights =
+            Buffer::CopyOf(sum.values, key_.length * sizeof(float));
+      }
+      WeightsChanged();
+    }
+    done.update_end = absl::Now();
+    done.requests = round_.TakeRequests();
+    return done;
+  }
+
+  void AfterRound() override {
+    // Every worker pulls after a round: its compressed version is made now,
+    // while the answers travel, not when the first pull comes.
+    if (shadow_ != nullptr) shadow_->CatchUp(key_.weights);
+  }
+
+  bool AnswersWithWeights(wire::Command command) const override {
+    return command == wire::KV_PUSHPULL;
+  }
+
+  void WeightsChanged() override {
+    if (shadow_ != nullptr) shadow_->MarkChanged();
+  }
+
+  const PullShadow* pull_shadow() const override { return shadow_.get(); }
+
+ private:
+  // A push's payload against the slice and the settings.
+  absl::Status CheckPayload(const Message& msg,
+                            const ServerSettings& settings) const {
+    if (msg.data.size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push of key ", key_.key, " carries ", msg.data.size(),
+                       " data frames; expected 1"));
+    }
+    const wire::DataFrame& desc = msg.header.frames(0);
+    if (desc.num_values() != key_.length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push of key ", key_.key, " has ", desc.num_values(),
+                       " values; the key has ", key_.length, " here"));
+    }
+    if (desc.encoding() == wire::DataFrame::FLOAT32) return absl::OkStatus();
+    if (desc.encoding() != wire::DataFrame::TWO_BIT) {
+      return absl::InvalidArgumentError(
+          "push payload must be float32 or 2-bit");
+    }
+    if (settings.compression != "2bit") {
+      return absl::InvalidArgumentError(
+          "2-bit payload but gradient compression is not set on this server");
+    }
+    return absl::OkStatus();
+  }
+
+  StoredKey& key_;
+  SyncRound round_;
+  // What workers pulling compressed hold (made on the first such pull).
+  std::unique_ptr<PullShadow> shadow_;
+};
+
+}  // namespace
+
+std::unique_ptr<SliceEngine> MakeDenseEngine(StoredKey& key, int num_workers,
+                                             SyncRound::Mode sum_mode) {
+  return std::make_unique<DenseEngine>(key, num_workers, sum_mode);
+}
+
+std::unique_ptr<SliceEngine> MakeSliceEngine(StoredKey& key, int num_workers,
+                                             SyncRound::Mode sum_mode) {
+  return key.row_length != 0 ? MakeRowEngine(key, num_workers, sum_mode)
+                             : MakeDenseEngine(key, num_workers, sum_mode);
+}
+
+}  // namespace tessera

@@ -1,0 +1,172 @@
+// RowEngine: a slice of a row-sparse key, num_rows x row_length float32
+// (slice_engine.h). Pushes and pulls name rows (a RAW frame of uint64 row ids
+// of the whole key, then, for pushes, the rows' values, float32 or 2-bit). A
+// dist_sync round sums the rows pushed (RowRound) and updates only those
+// (MXNet's lazy update); dist_async applies each push to its rows.
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/compression/two_bit.h"
+#include "server/key_store.h"
+#include "server/slice_engine.h"
+
+namespace tessera {
+namespace {
+
+class RowEngine : public SliceEngine {
+ public:
+  RowEngine(StoredKey& key, int num_workers, SyncRound::Mode sum_mode)
+      : key_(key), round_(num_workers, key.row_length, sum_mode) {}
+
+  bool Contributed(int rank) const override { return round_.Contributed(rank); }
+  void ReplaceRequest(int sender, const wire::Header& request) override {
+    round_.ReplaceRequest(sender, request);
+  }
+  bool RoundEmpty() const override { return round_.count() == 0; }
+
+  absl::Status Pull(const Message& request, Message* reply,
+                    EngineContext& ctx) override {
+    absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(request);
+    if (!rows.ok()) return rows.status();
+    const uint64_t l = key_.row_length;
+    Buffer out = Buffer::Allocate(rows->size() * l * sizeof(float));
+    for (size_t i = 0; i < rows->size(); ++i) {
+      std::memcpy(out.mutable_floats() + i * l,
+                  key_.weights.floats() + (*rows)[i] * l, l * sizeof(float));
+    }
+    AddFloatFrame(reply, std::move(out));  // zero rows: an empty frame
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Pushed> Push(const Message& msg,
+                              const ServerSettings& settings,
+                              EngineContext& ctx) override {
+    absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(msg);
+    if (!rows.ok()) return rows.status();
+    const uint64_t l = key_.row_length;
+    const uint64_t values = rows->size() * l;
+    const wire::DataFrame* desc =
+        msg.header.frames_size() == 2 ? &msg.header.frames(1) : nullptr;
+    if (desc == nullptr || desc->num_values() != values) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row push of key ", key_.key, ": ", rows->size(), " row ids need ",
+          values, " values of ", l, " per row"));
+    }
+    Buffer decoded;
+    const float* grad = nullptr;
+    if (desc->encoding() == wire::DataFrame::FLOAT32) {
+      grad = msg.data[1].floats();
+    } else if (desc->encoding() == wire::DataFrame::TWO_BIT &&
+               settings.compression == "2bit") {
+      decoded = Buffer::Allocate(values * sizeof(float));
+      absl::Status ok = compression::TwoBitDequantize(
+          msg.data[1].data(), msg.data[1].size(), values, settings.threshold,
+          decoded.mutable_floats());
+      if (!ok.ok()) {
+        ctx.CountMalformed();
+        return ok;
+      }
+      grad = decoded.floats();
+    } else {
+      return absl::InvalidArgumentError(
+          "row push payload must be float32, or 2-bit with gradient "
+          "compression set");
+    }
+    if (key_.sync) {
+      round_.Add(RankOfId(msg.header.sender()), rows->data(), rows->size(),
+                 grad, msg.header);
+      return round_.complete() ? Pushed::kRoundComplete : Pushed::kAdded;
+    }
+    if (settings.optimizer == nullptr) {
+      return absl::FailedPreconditionError(
+          "dist_async needs an optimizer on the servers: call set_optimizer "
+          "before pushing");
+    }
+    // Duplicate ids of one push are summed first (in push order), then each
+    // row is updated once.
+    std::vector<uint64_t> unique;
+    std::vector<float> sum;
+    absl::flat_hash_map<uint64_t, size_t> slot;
+    for (size_t i = 0; i < rows->size(); ++i) {
+      auto [it, added] = slot.try_emplace((*rows)[i], unique.size());
+      if (added) {
+        unique.push_back((*rows)[i]);
+        sum.insert(sum.end(), grad + i * l, grad + (i + 1) * l);
+      } else {
+        float* at = sum.data() + it->second * l;
+        for (uint64_t j = 0; j < l; ++j) at[j] += grad[i * l + j];
+      }
+    }
+    ctx.TimedUpdate(key_, [&] {
+      key_.ApplyRowUpdates(*settings.optimizer, unique, sum.data());
+    });
+    return Pushed::kApplied;
+  }
+
+  Round FinishRound(const ServerSettings& settings) override {
+    RowRound::Sum sum = round_.Finish();
+    const uint64_t l = key_.row_length;
+    Round done;
+    done.update_start = absl::Now();
+    if (settings.optimizer != nullptr) {
+      key_.ApplyRowUpdates(*settings.optimizer, sum.rows, sum.values);
+    } else if (!sum.rows.empty()) {
+      // The rows present become the round's sum; the others keep their
+      // values.
+      if (!key_.weights.unique())
+        key_.weights = Buffer::CopyOf(key_.weights.data(), key_.weights.size());
+      float* w = key_.weights.mutable_floats();
+      for (size_t i = 0; i < sum.rows.size(); ++i)
+        std::memcpy(w + sum.rows[i] * l, sum.values + i * l, l * sizeof(float));
+    }
+    done.update_end = absl::Now();
+    done.requests = round_.TakeRequests();
+    return done;
+  }
+
+  bool AnswersWithWeights(wire::Command) const override { return false; }
+
+ private:
+  // The row ids of a push or pull as rows of this slice; InvalidArgument
+  // naming the key and the id when one is outside it.
+  absl::StatusOr<std::vector<uint64_t>> LocalRows(const Message& msg) const {
+    if (msg.data.empty() ||
+        msg.header.frames(0).encoding() != wire::DataFrame::RAW ||
+        msg.data[0].size() % sizeof(uint64_t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row call of key ", key_.key,
+          ": its first frame must hold the row ids (uint64)"));
+    }
+    const size_t count = msg.data[0].size() / sizeof(uint64_t);
+    std::vector<uint64_t> rows(count);
+    std::memcpy(rows.data(), msg.data[0].data(), count * sizeof(uint64_t));
+    for (uint64_t& row : rows) {
+      if (row >= key_.total_length) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key ", key_.key, ": row id ", row, " is past its ",
+                         key_.total_length, " rows"));
+      }
+      if (row < key_.offset || row >= key_.offset + key_.rows()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "key ", key_.key, ": row id ", row,
+            " is not on this server (it holds rows [", key_.offset, ", +",
+            key_.rows(), "))"));
+      }
+      row -= key_.offset;
+    }
+    return rows;
+  }
+
+  StoredKey& key_;
+  RowRound round_;
+};
+
+}  // namespace
+
+std::unique_ptr<SliceEngine> MakeRowEngine(StoredKey& key, int num_workers,
+                                           SyncRound::Mode sum_mode) {
+  return std::make_unique<RowEngine>(key, num_workers, sum_mode);
+}
+
+}  // namespace tessera

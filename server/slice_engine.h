@@ -1,0 +1,140 @@
+// SliceEngine: what one kind of key slice does that another does not.
+//
+// A server's slice (StoredKey, key_store.h) holds what every kind shares:
+// weights, optimizer state and steps, the delivery bookkeeping and the
+// messages that wait. Its engine holds the rest: the open dist_sync round in
+// the kind's own form, what answers pulls, and the kind's arithmetic. KVServer
+// keeps the threads, the routing, the order of each worker's messages, the
+// replies and the tail of every round (metrics, traces, answers), and asks the
+// engine only this:
+//
+//   dense (DenseEngine)       one array; float32 or 2-bit pushes summed
+//                             exactly; pulls whole or 2-bit against a chain
+//                             of versions (PullShadow)
+//   row-sparse (RowEngine)    num_rows x row_length; pushes and pulls name
+//                             rows; a round sums and updates only the rows
+//                             pushed (MXNet's lazy update)
+//
+// A hashed kind of key would be a third engine.
+//
+//   std::unique_ptr<SliceEngine> engine = MakeSliceEngine(key, workers, mode);
+//   absl::StatusOr<SliceEngine::Pushed> p = engine->Push(msg, settings, ctx);
+//   if (p.ok() && *p == SliceEngine::Pushed::kRoundComplete) {
+//     SliceEngine::Round r = engine->FinishRound(settings);   // r.requests
+//   }
+//
+// Thread-safety: none; an engine lives on its slice's update thread.
+#ifndef TESSERA_SERVER_SLICE_ENGINE_H_
+#define TESSERA_SERVER_SLICE_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/message.h"
+#include "proto/tessera.pb.h"
+#include "server/optimizer.h"
+#include "server/round_engine.h"
+
+namespace tessera {
+
+struct StoredKey;
+class PullShadow;
+
+// The server-wide settings a push is taken under.
+struct ServerSettings {
+  std::shared_ptr<const Optimizer> optimizer;  // null: no updater
+  std::string optimizer_spec = "none";
+  std::string compression = "none";  // gradient compression: "2bit" or "none"
+  float threshold = 0;
+};
+
+// What an engine asks of its server while it works.
+class EngineContext {
+ public:
+  virtual ~EngineContext() = default;
+  // A payload that does not decode (counted as malformed).
+  virtual void CountMalformed() = 0;
+  // Runs `update` of `key`'s weights, timed (metrics, trace).
+  virtual void TimedUpdate(const StoredKey& key,
+                           const std::function<void()>& update) = 0;
+  // A fresh chain id for a slice's compressed pulls.
+  virtual uint64_t NewChain() = 0;
+};
+
+class SliceEngine {
+ public:
+  virtual ~SliceEngine() = default;
+
+  // dist_sync: whether `rank` has pushed to the open round; a repeat of its
+  // push taking over the round's reply; and whether the round has no push
+  // yet (its first starts the round's clock).
+  virtual bool Contributed(int rank) const = 0;
+  virtual void ReplaceRequest(int sender, const wire::Header& request) = 0;
+  virtual bool RoundEmpty() const = 0;
+
+  // Answers a pull: fills `reply` (made by the server: its header answers
+  // `request`). An error is the pull's reply instead. The server has checked
+  // that the pull may be answered now (not before the round its worker is
+  // in completes).
+  virtual absl::Status Pull(const Message& request, Message* reply,
+                            EngineContext& ctx) = 0;
+
+  enum class Pushed {
+    kApplied,        // dist_async: applied to the weights; answer it now
+    kAdded,          // dist_sync: in the open round, which waits for others
+    kRoundComplete,  // dist_sync: in the round, which is now complete
+  };
+  // Takes a push that is next in its worker's order (the server checked the
+  // order, duplicates and the round). An error is the push's reply.
+  virtual absl::StatusOr<Pushed> Push(const Message& msg,
+                                      const ServerSettings& settings,
+                                      EngineContext& ctx) = 0;
+
+  // The complete round, applied to the slice (the updater on the sum, or the
+  // sum as the new value), opening the next: the requests of its pushes (to
+  // be answered) and when the update ran.
+  struct Round {
+    std::vector<wire::Header> requests;
+    absl::Time update_start;
+    absl::Time update_end;
+  };
+  virtual Round FinishRound(const ServerSettings& settings) = 0;
+  // After a round's answers went out: work best done before the next pull.
+  virtual void AfterRound() {}
+
+  // Whether the answer to a push of `command` (applied, or of a finished
+  // round) carries the weights (a dense KV_PUSHPULL does).
+  virtual bool AnswersWithWeights(wire::Command command) const = 0;
+  // The weights were replaced or updated.
+  virtual void WeightsChanged() {}
+
+  // What a checkpoint holds of the kind's own, and its restore (dense and
+  // row-sparse slices have nothing of their own: open rounds are not saved,
+  // their pushes are sent again).
+  virtual void Snapshot(wire::CheckpointKey* out) const {}
+  virtual absl::Status Restore(const wire::CheckpointKey& saved) {
+    return absl::OkStatus();
+  }
+
+  // Tests: the compressed pulls' shadow, when the kind has one and it exists.
+  virtual const PullShadow* pull_shadow() const { return nullptr; }
+};
+
+// The engine of `key`'s kind (a row-sparse slice when key.row_length != 0).
+// `key` outlives it (it is the key's).
+std::unique_ptr<SliceEngine> MakeSliceEngine(StoredKey& key, int num_workers,
+                                             SyncRound::Mode sum_mode);
+std::unique_ptr<SliceEngine> MakeDenseEngine(StoredKey& key, int num_workers,
+                                             SyncRound::Mode sum_mode);
+std::unique_ptr<SliceEngine> MakeRowEngine(StoredKey& key, int num_workers,
+                                           SyncRound::Mode sum_mode);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SLICE_ENGINE_H_
