@@ -71,8 +71,6 @@ SIGKILLed (a ctest time-out), by a guard process that waits for this one's pipe
 to close.
 """
 
-import atexit
-import json
 import os
 import random
 import re
@@ -86,6 +84,10 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', 'support'))
+import netns  # noqa: E402 (the hosts: namespaces on a bridge, processes, clean-up)
+from netns import Proc, quiet, run  # noqa: E402
+
 SOURCE_DIR = (os.environ.get('TESSERA_SOURCE_DIR') or
               os.path.normpath(os.path.join(HERE, '..', '..')))
 BUILD_DIR = os.path.abspath(os.environ.get('TESSERA_BUILD_DIR') or
@@ -152,207 +154,33 @@ def addr(i):
     return '10.78.0.%d' % HOSTS[i][1]
 
 
-def run(argv, check=True, timeout=30, ns=None, **kw):
-    """Runs a short command; in namespace ns when given. Returns CompletedProcess
-    with .out (stdout and stderr together)."""
-    if ns is not None:
-        argv = ['ip', 'netns', 'exec', ns] + list(argv)
-    if 'input' not in kw:
-        kw['stdin'] = subprocess.DEVNULL
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=timeout, **kw)
-    out = proc.stdout.decode('utf-8', 'replace')
-    if check and proc.returncode != 0:
-        raise RuntimeError('%s: exit %d: %s' % (' '.join(argv), proc.returncode, out.strip()))
-    proc.out = out
-    return proc
-
-
-def _quiet(argv):
-    try:
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       stdin=subprocess.DEVNULL, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-
-def tail_of(path, n=25):
-    try:
-        with open(path, 'rb') as f:
-            lines = f.read().decode('utf-8', 'replace').splitlines()
-    except OSError as e:
-        return '(no output: %s)' % e
-    return '\n'.join(lines[-n:]) if lines else '(no output)'
-
-
 # ----------------------------------------------------------------------------
-# Clean-up, driven by a state file so that a separate guard process can do it
+# The hosts (tests/support/netns.py makes them and cleans up, guard included)
 
 
-def namespace_pids(ns):
-    try:
-        out = subprocess.run(['ip', 'netns', 'pids', ns], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, timeout=10).stdout.decode()
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [int(p) for p in out.split() if p.isdigit()]
-
-
-def kill_namespace_processes(ns):
-    """SIGKILLs every process in ns (all of them were started by this test)."""
-    for _ in range(50):
-        pids = [p for p in namespace_pids(ns) if p != os.getpid()]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.1)
-
-
-def cleanup_from_state(path):
-    """Removes what the state file at path lists. Idempotent; never raises."""
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return
-    for ns in state.get('namespaces', []):
-        kill_namespace_processes(ns)
-    for ns in state.get('namespaces', []):
-        _quiet(['ip', 'netns', 'del', ns])
-    for link in state.get('links', []):
-        _quiet(['ip', 'link', 'del', link])
-    for d in state.get('dirs', []):
-        shutil.rmtree(d, ignore_errors=True)
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def guard_main(state_path):
-    """The guard: waits for the test's pipe (stdin) to close, then cleans up."""
-    try:
-        while os.read(0, 4096):
-            pass
-    except OSError:
-        pass
-    cleanup_from_state(state_path)
-    return 0
-
-
-def start_guard(state_path):
-    """Starts a guard detached from this process (double fork, own session, no
-    inherited output pipes) so that neither a SIGKILL of this process nor a
-    process-tree kill by ctest takes it along. Returns the write end of its pipe."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            os.dup2(r, 0)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            os.closerange(3, 65536)
-            os.execv(sys.executable, [sys.executable, os.path.abspath(__file__),
-                                      '--cleanup-guard', state_path])
-        finally:
-            os._exit(127)
-    os.close(r)
-    os.waitpid(pid, 0)
-    return w
-
-
-class Topology(object):
+class Topology(netns.Resources):
     """The bridge and the host namespaces. One per run (set up once per module)."""
 
     def __init__(self):
-        self.tmp = tempfile.mkdtemp(prefix='tessera-netfault-%s-' % TAG)
-        self.state_path = os.path.join(tempfile.gettempdir(), 'tessera-netfault-%s.json' % TAG)
-        self.state = {'namespaces': [], 'links': [], 'dirs': [] if KEEP_LOGS else [self.tmp]}
-        self.guard_fd = None
-        self.logs_kept = KEEP_LOGS
+        super(Topology, self).__init__('netfault_test', 'netfault', TAG)
+        if KEEP_LOGS:
+            self.keep_logs()
         self.bridge = TAG + 'br'
         self.namespaces = [ns_name(i) for i in range(len(HOSTS))]
-        self._torn_down = False
-        self._save()
-
-    def _save(self):
-        tmp = self.state_path + '.new'
-        with open(tmp, 'w') as f:
-            json.dump(self.state, f)
-        os.replace(tmp, self.state_path)
-
-    def _remember(self, kind, value):
-        self.state[kind].append(value)
-        self._save()
-
-    def keep_logs(self):
-        """Keeps the log folder (every process's whole output) after the run."""
-        if self.tmp in self.state['dirs']:
-            self.state['dirs'].remove(self.tmp)
-            self._save()
-        self.logs_kept = True
 
     def setup(self):
-        self.guard_fd = start_guard(self.state_path)
-        run(['ip', 'link', 'add', self.bridge, 'type', 'bridge'])
-        self._remember('links', self.bridge)
-        run(['ip', 'link', 'set', self.bridge, 'up'])
+        netns.make_bridge(self, self.bridge)
         for i, ns in enumerate(self.namespaces):
-            run(['ip', 'netns', 'add', ns])
-            self._remember('namespaces', ns)
-            run(['ip', 'link', 'set', 'lo', 'up'], ns=ns)
-            host_end, peer = '%sv%d' % (TAG, i), '%sp%d' % (TAG, i)
-            run(['ip', 'link', 'add', host_end, 'type', 'veth', 'peer', 'name', peer])
-            self._remember('links', host_end)
-            run(['ip', 'link', 'set', host_end, 'master', self.bridge])
-            run(['ip', 'link', 'set', host_end, 'up'])
-            run(['ip', 'link', 'set', peer, 'netns', ns])
-            run(['ip', 'link', 'set', peer, 'name', 'eth0'], ns=ns)
-            run(['ip', 'addr', 'add', addr(i) + '/24', 'dev', 'eth0'], ns=ns)
-            run(['ip', 'link', 'set', 'eth0', 'up'], ns=ns)
+            netns.make_namespace(self, ns)
+            netns.connect_to_bridge(self, ns, self.bridge, '%sv%d' % (TAG, i), '%sp%d' % (TAG, i),
+                                    [addr(i) + '/24'])
 
     def processes(self):
         """(namespace, pid, program) of every process in our namespaces."""
-        found = []
-        for ns in self.namespaces:
-            for pid in namespace_pids(ns):
-                try:
-                    program = os.path.basename(os.readlink('/proc/%d/exe' % pid))
-                except OSError:
-                    continue  # gone meanwhile
-                found.append((ns, pid, program))
-        return found
-
-    def teardown(self):
-        if self._torn_down:
-            return
-        self._torn_down = True
-        cleanup_from_state(self.state_path)
-        if self.guard_fd is not None:
-            os.close(self.guard_fd)  # the guard finds nothing left and exits
-            self.guard_fd = None
-        if self.logs_kept:
-            sys.stderr.write('netfault_test: the full logs of every process are kept in %s\n'
-                             % self.tmp)
+        return netns.namespace_processes(self.namespaces)
 
 
 TOPOLOGY = None
-SKIP_REASON = None
-
-
-def _signal_teardown(signum, _frame):
-    if TOPOLOGY is not None:
-        TOPOLOGY.teardown()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
 
 
 def iptables():
@@ -361,6 +189,17 @@ def iptables():
         path = shutil.which(name)
         if path:
             return path
+    return None
+
+
+def _nft_and_nfqueue_problem(probe):
+    table = run(['nft', 'add', 'table', 'inet', 'probe'], ns=probe, check=False)
+    if table.returncode != 0:
+        return 'nftables does not work here: %s' % table.out.strip()
+    rule = run([iptables(), '-A', 'INPUT', '-p', 'tcp', '-j', 'NFQUEUE',
+                '--queue-num', str(QUEUE_NUM)], ns=probe, check=False)
+    if rule.returncode != 0:
+        return 'no iptables NFQUEUE target here: %s' % rule.out.strip()
     return None
 
 
@@ -375,50 +214,14 @@ def _missing_prerequisite():
     if not os.access(NFQ_DELAY, os.X_OK):
         return ('%s not built (it needs libnetfilter_queue at configure time; Debian: '
                 'apt-get install libnetfilter-queue-dev, then re-run cmake)' % NFQ_DELAY)
-    probe = '%sprobe' % TAG
-    try:
-        made = run(['ip', 'netns', 'add', probe], check=False)
-        if made.returncode != 0:
-            return '`ip netns add` does not work here: %s' % made.out.strip()
-        works = run(['ip', 'link', 'set', 'lo', 'up'], ns=probe, check=False)
-        if works.returncode != 0:
-            return '`ip netns exec` does not work here: %s' % works.out.strip()
-        table = run(['nft', 'add', 'table', 'inet', 'probe'], ns=probe, check=False)
-        if table.returncode != 0:
-            return 'nftables does not work here: %s' % table.out.strip()
-        rule = run([iptables(), '-A', 'INPUT', '-p', 'tcp', '-j', 'NFQUEUE',
-                    '--queue-num', str(QUEUE_NUM)], ns=probe, check=False)
-        if rule.returncode != 0:
-            return 'no iptables NFQUEUE target here: %s' % rule.out.strip()
-    finally:
-        _quiet(['ip', 'netns', 'del', probe])
-    bridge = '%sprobebr' % TAG
-    made = run(['ip', 'link', 'add', bridge, 'type', 'bridge'], check=False)
-    _quiet(['ip', 'link', 'del', bridge])
-    if made.returncode != 0:
-        return 'cannot create a bridge here: %s' % made.out.strip()
-    return None
+    return netns.namespaces_problem(TAG, _nft_and_nfqueue_problem)
 
 
 def setUpModule():
-    global TOPOLOGY, SKIP_REASON
-    os.environ['PATH'] = os.environ.get('PATH', '') + ':/usr/sbin:/sbin'
-    SKIP_REASON = _missing_prerequisite()
-    if SKIP_REASON:
-        sys.stderr.write('netfault_test: SKIPPED: %s\n' % SKIP_REASON)
-        raise unittest.SkipTest(SKIP_REASON)
-    for path in (SCHEDULER, SERVER, WORKER):
-        if not os.access(path, os.X_OK):
-            raise RuntimeError('%s not built (TESSERA_BUILD_DIR=%s)' % (path, BUILD_DIR))
-    TOPOLOGY = Topology()
-    atexit.register(TOPOLOGY.teardown)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _signal_teardown)
-    try:
-        TOPOLOGY.setup()
-    except BaseException:
-        TOPOLOGY.teardown()
-        raise
+    global TOPOLOGY
+    netns.require('netfault_test', _missing_prerequisite, [SCHEDULER, SERVER, WORKER],
+                  BUILD_DIR)
+    TOPOLOGY = netns.set_up(Topology())
 
 
 def tearDownModule():
@@ -428,51 +231,6 @@ def tearDownModule():
 
 # ----------------------------------------------------------------------------
 # Processes, jobs and faults
-
-
-class Proc(object):
-    """One process started in a namespace, output to a log file."""
-
-    def __init__(self, topo, host, label, argv, env):
-        self.ns = topo.namespaces[host]
-        self.label = label
-        self.log = os.path.join(topo.tmp, '%s-%d.log' % (label.replace(' ', '-'),
-                                                           time.monotonic_ns()))
-        with open(self.log, 'wb') as out:
-            # `ip netns exec` execs the program: self.proc.pid is its pid.
-            self.proc = subprocess.Popen(['ip', 'netns', 'exec', self.ns] + list(argv),
-                                         env=env, cwd=topo.tmp, stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.pid = self.proc.pid
-
-    def poll(self):
-        return self.proc.poll()
-
-    def output(self):
-        try:
-            with open(self.log, 'rb') as f:
-                return f.read().decode('utf-8', 'replace')
-        except OSError:
-            return ''
-
-    def tail(self, n=25):
-        return tail_of(self.log, n)
-
-    def end(self, sig=signal.SIGTERM, wait_s=5):
-        """Ends the process by pid (if still running): sig, then SIGKILL."""
-        if self.proc.poll() is not None:
-            return self.proc.returncode
-        try:
-            os.kill(self.pid, sig)  # still our unreaped child: the pid is ours
-            return self.proc.wait(wait_s)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        return self.proc.wait()
 
 
 def worker_argv():
@@ -491,10 +249,9 @@ def make_key_dir(parent):
     """A 0700 folder in `parent` holding a fresh job's scheduler.key, server.key and
     worker.key (tools/launch.py's generator and format)."""
     sys.path.insert(0, os.path.join(SOURCE_DIR, 'tools'))
-    import launch  # noqa: E402 (a script of the source tree, not a package)
+    from tessera_launch import keys  # noqa: E402
     key_dir = tempfile.mkdtemp(prefix='keys-', dir=parent)
-    for role, text in launch.make_job_keys().items():
-        launch.write_private(os.path.join(key_dir, role + '.key'), text)
+    keys.write_job_keys(key_dir)
     return key_dir
 
 
@@ -529,7 +286,7 @@ class Job(object):
                       'worker': self.worker_argv}[role]
             label = '%s %d' % (role, counts.get(role, 0))
             counts[role] = counts.get(role, 0) + 1
-            self.procs.append(Proc(topo, i, label, binary, env))
+            self.procs.append(Proc(topo, topo.namespaces[i], label, binary, env))
         self.elapsed = None
 
     def workers(self):
@@ -540,35 +297,11 @@ class Job(object):
         where why is None when all exited by themselves. After the first
         non-zero exit the others get FAILURE_GRACE_S; at `timeout` (or when
         watch() returns a reason) whatever runs is killed by pid."""
-        deadline = self.started + timeout
-        why = None
-        first_failure = None
-        while True:
-            codes = [p.poll() for p in self.procs]
-            if all(c is not None for c in codes):
-                break
-            now = time.monotonic()
-            if first_failure is None and any(c not in (None, 0) for c in codes):
-                first_failure = now
-            if watch is not None:
-                why = watch()
-                if why:
-                    break
-            if now > deadline:
-                why = ('the job was still running %d s after it started (the bound; '
-                       'NETFAULT_JOB_TIMEOUT_S for the faults test)' % timeout)
-                break
-            if first_failure is not None and now > first_failure + FAILURE_GRACE_S:
-                why = ('a process failed and the others were still running %d s later'
-                       % FAILURE_GRACE_S)
-                break
-            time.sleep(0.2)
-        self.elapsed = time.monotonic() - self.started
-        running = [p.label for p in self.procs if p.poll() is None]
-        for p in self.procs:
-            p.end(signal.SIGKILL)
-        if running:
-            why = '%s; killed: %s' % (why, ', '.join(running))
+        why, ended = netns.wait_all(
+            self.procs, self.started + timeout, FAILURE_GRACE_S,
+            'the job was still running %d s after it started (the bound; '
+            'NETFAULT_JOB_TIMEOUT_S for the faults test)' % timeout, watch=watch, poll_s=0.2)
+        self.elapsed = ended - self.started
         return dict((p.label, p.proc.returncode) for p in self.procs), why
 
     def end(self):
@@ -618,7 +351,7 @@ class Faults(object):
         the subnet goes through it."""
         for i in hosts:
             ns = self.topo.namespaces[i]
-            proc = Proc(self.topo, i, 'nfq_delay %s' % ns,
+            proc = Proc(self.topo, ns, 'nfq_delay %s' % ns,
                         [NFQ_DELAY, '--queue', str(QUEUE_NUM), '--delay-ms', str(delay_ms),
                          '--drop-percent', str(drop_percent), '--seed', str(1000 + i)],
                         {'PATH': os.environ['PATH']})
@@ -694,8 +427,8 @@ class Faults(object):
         Returns the nfq_delay counter lines."""
         self.stop_killer()
         for ns in self.topo.namespaces:
-            _quiet(['ip', 'netns', 'exec', ns, 'nft', 'delete', 'table', 'inet', self.table])
-            _quiet(['ip', 'netns', 'exec', ns, iptables() or 'iptables', '-F', 'INPUT'])
+            quiet(['ip', 'netns', 'exec', ns, 'nft', 'delete', 'table', 'inet', self.table])
+            quiet(['ip', 'netns', 'exec', ns, iptables() or 'iptables', '-F', 'INPUT'])
         counters = []
         for p in self.delayers:
             p.end(signal.SIGTERM)
@@ -793,21 +526,13 @@ class NetFaultTest(unittest.TestCase):
 
     def _no_leftovers(self):
         """Nothing the test started may remain in any namespace; kill what did."""
-        deadline = time.monotonic() + 10
-        left = self.topo.processes()
-        while left and time.monotonic() < deadline:
-            time.sleep(0.2)
-            left = self.topo.processes()
-        for _, pid, _ in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        left = netns.kill_leftovers(self.topo.processes, 10)
         self.assertEqual(left, [], 'processes left behind (namespace, pid, program)')
 
     def start(self, host, label, code, *args):
         """A Python snippet in host's namespace, ended by pid at clean-up."""
-        proc = Proc(self.topo, host, label, [sys.executable, '-c', code] + list(args),
+        proc = Proc(self.topo, self.topo.namespaces[host], label,
+                    [sys.executable, '-c', code] + list(args),
                     {'PATH': os.environ['PATH'], 'PYTHONUNBUFFERED': '1'})
         self.addCleanup(proc.end)
         return proc
@@ -945,6 +670,4 @@ class NetFaultTest(unittest.TestCase):
 
 
 if __name__ == '__main__':
-    if len(sys.argv) == 3 and sys.argv[1] == '--cleanup-guard':
-        sys.exit(guard_main(sys.argv[2]))
     unittest.main()

@@ -11,7 +11,6 @@ to end, teardown included.
 """
 
 import glob
-import importlib.util
 import io
 import json
 import os
@@ -28,9 +27,22 @@ SOURCE_DIR = os.environ.get('TESSERA_SOURCE_DIR') or os.path.normpath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 LAUNCH = os.path.join(SOURCE_DIR, 'tools', 'launch.py')
 
-_spec = importlib.util.spec_from_file_location('tessera_launch', LAUNCH)
-launch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(launch)
+sys.path.insert(0, os.path.dirname(LAUNCH))
+from tessera_launch.binaries import find_binary, own_build_dirs  # noqa: E402
+from tessera_launch.config import (  # noqa: E402
+    JobConfig, build_config, forwarded_env, metrics_urls, node_env)
+from tessera_launch.hosts import (  # noqa: E402
+    Host, distinct_hosts, interface_ipv4, parse_hostfile_text, pick_port, place,
+    scheduler_address)
+from tessera_launch.keys import (  # noqa: E402
+    job_security, make_job_keys, prepare_keys, write_job_keys, x25519, z85_encode)
+from tessera_launch.options import (  # noqa: E402
+    MPI_SPEC_VAR, UsageError, parse_args, parse_env_specs)
+from tessera_launch.remote import (  # noqa: E402
+    KEY_END_MARKER, KEY_FROM_STDIN, REMOTE_PID_MARKER, REMOTE_WRAPPER)
+from tessera_launch.slurm import parse_tasks_per_node, slurm_hosts, slurm_nodes  # noqa: E402
+from tessera_launch.ssh import remote_path, rsync_argv, ssh_argv  # noqa: E402
+from tessera_launch.supervisor import Node, describe_status  # noqa: E402
 
 # Bound on one launcher run in these tests (they take about a second each).
 RUN_TIMEOUT_S = 60
@@ -280,8 +292,8 @@ class HostfileTest(unittest.TestCase):
                 '[fe80::1%eth0]:2200\n'
                 '[::1]\n'
                 'fd00::7\n')
-        H = launch.Host
-        self.assertEqual(launch.parse_hostfile_text(text), [
+        H = Host
+        self.assertEqual(parse_hostfile_text(text), [
             H('alpha'), H('beta', 2222), H('gamma', None, 4), H('delta', 23, 2),
             H('root@10.0.0.5'), H('fe80::1%eth0', 2200), H('::1'), H('fd00::7')])
         self.assertEqual(H('root@10.0.0.5').address, '10.0.0.5')
@@ -301,16 +313,16 @@ class HostfileTest(unittest.TestCase):
         }
         for line, needle in cases.items():
             with self.subTest(line=line):
-                with self.assertRaises(launch.UsageError) as cm:
-                    launch.parse_hostfile_text('ok\n# c\n' + line + '\n', 'hostfile h')
+                with self.assertRaises(UsageError) as cm:
+                    parse_hostfile_text('ok\n# c\n' + line + '\n', 'hostfile h')
                 message = str(cm.exception)
                 self.assertIn('hostfile h line 3', message)
                 self.assertIn(needle, message)
                 self.assertNotIn('\n', message)
 
     def test_empty_hostfile(self):
-        with self.assertRaisesRegex(launch.UsageError, 'no hosts'):
-            launch.parse_hostfile_text('# nothing\n\n')
+        with self.assertRaisesRegex(UsageError, 'no hosts'):
+            parse_hostfile_text('# nothing\n\n')
 
 
 class PlacementTest(unittest.TestCase):
@@ -318,25 +330,25 @@ class PlacementTest(unittest.TestCase):
         return [h.name for h in hosts]
 
     def test_round_robin_without_slots(self):
-        hosts = [launch.Host('a'), launch.Host('b')]
-        servers, workers = launch.place(hosts, 2, 3)
+        hosts = [Host('a'), Host('b')]
+        servers, workers = place(hosts, 2, 3)
         self.assertEqual(self.names(servers), ['a', 'b'])
         self.assertEqual(self.names(workers), ['a', 'b', 'a'])
 
     def test_fills_slots_in_order_then_wraps(self):
-        hosts = [launch.Host('a', slots=2), launch.Host('b'), launch.Host('c', slots=3)]
-        servers, workers = launch.place(hosts, 2, 6)
+        hosts = [Host('a', slots=2), Host('b'), Host('c', slots=3)]
+        servers, workers = place(hosts, 2, 6)
         self.assertEqual(self.names(servers), ['a', 'a'])
         self.assertEqual(self.names(workers), ['b', 'c', 'c', 'c', 'a', 'a'])
 
     def test_no_servers(self):
-        servers, workers = launch.place([launch.Host('a')], 0, 2)
+        servers, workers = place([Host('a')], 0, 2)
         self.assertEqual((servers, self.names(workers)), ([], ['a', 'a']))
 
     def test_distinct_hosts(self):
-        hosts = [launch.Host('a', slots=2), launch.Host('b'), launch.Host('a'),
-                 launch.Host('a', 2200)]
-        self.assertEqual([h.key for h in launch.distinct_hosts(hosts)],
+        hosts = [Host('a', slots=2), Host('b'), Host('a'),
+                 Host('a', 2200)]
+        self.assertEqual([h.key for h in distinct_hosts(hosts)],
                          [('a', None), ('b', None), ('a', 2200)])
 
 
@@ -344,35 +356,35 @@ class SlurmTest(unittest.TestCase):
     """The slurm launcher's parts that need no Slurm (slurm_test runs it on one)."""
 
     def test_tasks_per_node(self):
-        self.assertEqual(launch.parse_tasks_per_node('2(x3),1'), [2, 2, 2, 1])
-        self.assertEqual(launch.parse_tasks_per_node('4'), [4])
-        self.assertEqual(launch.parse_tasks_per_node('1(x2)'), [1, 1])
+        self.assertEqual(parse_tasks_per_node('2(x3),1'), [2, 2, 2, 1])
+        self.assertEqual(parse_tasks_per_node('4'), [4])
+        self.assertEqual(parse_tasks_per_node('1(x2)'), [1, 1])
         for bad in ('', 'x', '2(x)', '0', '2,,1'):
-            self.assertIsNone(launch.parse_tasks_per_node(bad), bad)
+            self.assertIsNone(parse_tasks_per_node(bad), bad)
 
     def test_outside_an_allocation_names_the_variable(self):
-        with self.assertRaisesRegex(launch.UsageError, 'SLURM_JOB_ID is not set.*salloc'):
-            launch.slurm_hosts({'PATH': '/bin'})
-        with self.assertRaisesRegex(launch.UsageError, 'SLURM_JOB_NODELIST is not set'):
-            launch.slurm_hosts({'SLURM_JOB_ID': '7'})
+        with self.assertRaisesRegex(UsageError, 'SLURM_JOB_ID is not set.*salloc'):
+            slurm_hosts({'PATH': '/bin'})
+        with self.assertRaisesRegex(UsageError, 'SLURM_JOB_NODELIST is not set'):
+            slurm_hosts({'SLURM_JOB_ID': '7'})
 
     def test_flags_that_do_not_apply(self):
-        with self.assertRaisesRegex(launch.UsageError, '-H/--hostfile.*launcher slurm'):
-            launch.parse_args(['-n', '1', '--launcher', 'slurm', '-H', 'h', 'w'])
-        with self.assertRaisesRegex(launch.UsageError, '--sync-dst-dir.*launcher slurm'):
-            launch.parse_args(['-n', '1', '--launcher', 'slurm', '--sync-dst-dir', '/d', 'w'])
+        with self.assertRaisesRegex(UsageError, '-H/--hostfile.*launcher slurm'):
+            parse_args(['-n', '1', '--launcher', 'slurm', '-H', 'h', 'w'])
+        with self.assertRaisesRegex(UsageError, '--sync-dst-dir.*launcher slurm'):
+            parse_args(['-n', '1', '--launcher', 'slurm', '--sync-dst-dir', '/d', 'w'])
 
     def test_one_step_per_process_with_its_key_on_stdin(self):
-        args = launch.parse_args(['-n', '2', '-s', '1', '--launcher', 'slurm',
+        args = parse_args(['-n', '2', '-s', '1', '--launcher', 'slurm',
                                   '--server-args', '--x 1', '/w', '--epochs', '1'])
-        hosts = [launch.Host('n1', slots=2), launch.Host('n2', slots=2)]
+        hosts = [Host('n1', slots=2), Host('n2', slots=2)]
         environ = {'PATH': '/bin', 'SLURM_JOB_ID': '7', 'DMLC_NODE_HOST': 'login1',
                    'TESSERA_X': 'y'}
-        cfg = launch.build_config(args, environ, 'slurm', '10.0.0.1', remote=True)
+        cfg = build_config(args, environ, 'slurm', '10.0.0.1', remote=True)
         tmp = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, tmp)
-        launch.prepare_keys(cfg, args, hosts, tmp)
-        nodes = launch.slurm_nodes(cfg, args, hosts, '/b/sched', '/b/server', environ)
+        prepare_keys(cfg, args, hosts, tmp)
+        nodes = slurm_nodes(cfg, args, hosts, '/b/sched', '/b/server', environ)
         self.assertEqual([(n.name, n.host.name) for n in nodes],
                          [('scheduler', 'n1'), ('server 0', 'n1'), ('worker 0', 'n1'),
                           ('worker 1', 'n2')])
@@ -385,7 +397,7 @@ class SlurmTest(unittest.TestCase):
                                         '--ntasks-per-node=1', '--nodelist=%s' % node.host.name,
                                         '--overlap'])
             self.assertIn('--export=ALL', argv)
-            self.assertIn(launch.KEY_FROM_STDIN, argv)
+            self.assertIn(KEY_FROM_STDIN, argv)
             role = node.role
             self.assertEqual(env['DMLC_ROLE'], role)
             self.assertEqual(env['DMLC_PS_ROOT_URI'], '10.0.0.1')
@@ -398,7 +410,7 @@ class SlurmTest(unittest.TestCase):
                                               if l.startswith('secret-key ')][0]).encode(),
                           node.stdin_data)
             self.assertTrue(node.stdin_data.endswith(
-                (launch.KEY_END_MARKER + '\n').encode()))
+                (KEY_END_MARKER + '\n').encode()))
             for secret in secrets:
                 self.assertFalse(any(secret in a for a in argv), 'a key on the command line')
                 self.assertFalse(any(secret in v for v in env.values()),
@@ -406,7 +418,7 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(nodes[1].spawn(0)[0][-3:], ['/b/server', '--x', '1'])
         self.assertEqual(nodes[3].spawn(0)[0][-3:], ['/w', '--epochs', '1'])
         self.assertEqual(nodes[3].spawn(0)[1]['DMLC_TASK_ID'], '2')
-        self.assertEqual(launch.describe_status(255, True, 'srun'), 'exited with status 255')
+        self.assertEqual(describe_status(255, True, 'srun'), 'exited with status 255')
 
 
 class EnvTest(unittest.TestCase):
@@ -419,13 +431,13 @@ class EnvTest(unittest.TestCase):
 
     def config(self, remote, interface=None, env_all=None, env_server=None,
                env_worker=None):
-        return launch.JobConfig('ssh' if remote else 'local', '10.0.0.1', 9100, 2, 3,
-                                launch.forwarded_env(self.ENVIRON, remote, interface),
+        return JobConfig('ssh' if remote else 'local', '10.0.0.1', 9100, 2, 3,
+                                forwarded_env(self.ENVIRON, remote, interface),
                                 env_all or {}, env_server or {}, env_worker or {})
 
     def test_forwarded_variables(self):
-        local = launch.forwarded_env(self.ENVIRON, remote=False)
-        remote = launch.forwarded_env(self.ENVIRON, remote=True)
+        local = forwarded_env(self.ENVIRON, remote=False)
+        remote = forwarded_env(self.ENVIRON, remote=True)
         for name in ('LD_LIBRARY_PATH', 'PS_VERBOSE', 'PS_HEARTBEAT_INTERVAL',
                      'PS_HEARTBEAT_TIMEOUT', 'TESSERA_LOG', 'DMLC_INTERFACE'):
             self.assertEqual(remote[name], self.ENVIRON[name], name)
@@ -434,13 +446,13 @@ class EnvTest(unittest.TestCase):
         for name in ('PATH', 'HOME', 'TESSERA_SSH_OPTS', 'TESSERA_RESTART_COUNT',
                      'OMP_NUM_THREADS'):
             self.assertNotIn(name, remote)
-        self.assertEqual(launch.forwarded_env(self.ENVIRON, True, 'ib0')['DMLC_INTERFACE'],
+        self.assertEqual(forwarded_env(self.ENVIRON, True, 'ib0')['DMLC_INTERFACE'],
                          'ib0')
 
     def test_node_env(self):
         cfg = self.config(True, env_all={'OMP_NUM_THREADS': '2', 'PS_VERBOSE': '2'},
                           env_worker={'OMP_NUM_THREADS': '8'}, env_server={'S': '1'})
-        worker = launch.node_env(cfg, 'worker', task_id=3, restart_count=1)
+        worker = node_env(cfg, 'worker', task_id=3, restart_count=1)
         self.assertEqual(worker['DMLC_ROLE'], 'worker')
         self.assertEqual(worker['DMLC_PS_ROOT_URI'], '10.0.0.1')
         self.assertEqual(worker['DMLC_PS_ROOT_PORT'], '9100')
@@ -451,45 +463,45 @@ class EnvTest(unittest.TestCase):
         self.assertEqual(worker['OMP_NUM_THREADS'], '8')  # --env-worker beats --env
         self.assertEqual(worker['PS_VERBOSE'], '2')  # --env beats forwarded
         self.assertNotIn('S', worker)
-        server = launch.node_env(cfg, 'server', task_id=0)
+        server = node_env(cfg, 'server', task_id=0)
         self.assertEqual((server['S'], server['OMP_NUM_THREADS']), ('1', '2'))
         self.assertEqual(server['TESSERA_RESTART_COUNT'], '0')
         self.assertNotIn('PORT', server)  # no --restarts: any port
-        scheduler = launch.node_env(cfg, 'scheduler')
+        scheduler = node_env(cfg, 'scheduler')
         self.assertEqual(scheduler['DMLC_ROLE'], 'scheduler')
         self.assertNotIn('DMLC_TASK_ID', scheduler)
 
     def test_restarts_give_each_server_and_worker_a_fixed_port(self):
-        args = launch.parse_args(['-n', '2', '-s', '3', '--restarts', '1', '/bin/true'])
-        cfg = launch.build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        args = parse_args(['-n', '2', '-s', '3', '--restarts', '1', '/bin/true'])
+        cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
         self.assertEqual(len(cfg.node_ports), 5)
         self.assertEqual(len(set(cfg.node_ports + [cfg.port])), 6)
         for task_id in range(5):
             role = 'server' if task_id < 3 else 'worker'
-            first = launch.node_env(cfg, role, task_id=task_id, restart_count=0)
-            again = launch.node_env(cfg, role, task_id=task_id, restart_count=1)
+            first = node_env(cfg, role, task_id=task_id, restart_count=0)
+            again = node_env(cfg, role, task_id=task_id, restart_count=1)
             self.assertEqual(first['PORT'], str(cfg.node_ports[task_id]))
             self.assertEqual(again['PORT'], first['PORT'])
-        self.assertNotIn('PORT', launch.node_env(cfg, 'scheduler'))
-        plain = launch.build_config(launch.parse_args(['-n', '2', '-s', '3', '/bin/true']),
+        self.assertNotIn('PORT', node_env(cfg, 'scheduler'))
+        plain = build_config(parse_args(['-n', '2', '-s', '3', '/bin/true']),
                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
         self.assertIsNone(plain.node_ports)
 
     def test_metrics_port_gives_each_process_base_plus_its_index(self):
-        args = launch.parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])
-        cfg = launch.build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
-        self.assertEqual(launch.node_env(cfg, 'scheduler')['TESSERA_METRICS_PORT'], '9100')
+        args = parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])
+        cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(node_env(cfg, 'scheduler')['TESSERA_METRICS_PORT'], '9100')
         for task_id in range(5):
             role = 'server' if task_id < 3 else 'worker'
-            env = launch.node_env(cfg, role, task_id=task_id, restart_count=task_id % 2)
+            env = node_env(cfg, role, task_id=task_id, restart_count=task_id % 2)
             self.assertEqual(env['TESSERA_METRICS_PORT'], str(9101 + task_id))
-        plain = launch.build_config(launch.parse_args(['-n', '2', '/bin/true']),
+        plain = build_config(parse_args(['-n', '2', '/bin/true']),
                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
-        self.assertNotIn('TESSERA_METRICS_PORT', launch.node_env(plain, 'worker', task_id=2))
-        nodes = [launch.Node('scheduler', None, None)] + \
-            [launch.Node('server', i, None) for i in range(3)] + \
-            [launch.Node('worker', i, None) for i in range(2)]
-        self.assertEqual(launch.metrics_urls(cfg, nodes), [
+        self.assertNotIn('TESSERA_METRICS_PORT', node_env(plain, 'worker', task_id=2))
+        nodes = [Node('scheduler', None, None)] + \
+            [Node('server', i, None) for i in range(3)] + \
+            [Node('worker', i, None) for i in range(2)]
+        self.assertEqual(metrics_urls(cfg, nodes), [
             ('scheduler', 'http://127.0.0.1:9100/metrics'),
             ('server 0', 'http://127.0.0.1:9101/metrics'),
             ('server 1', 'http://127.0.0.1:9102/metrics'),
@@ -498,14 +510,14 @@ class EnvTest(unittest.TestCase):
             ('worker 1', 'http://127.0.0.1:9105/metrics')])
 
     def test_env_specs(self):
-        parse = launch.parse_env_specs
+        parse = parse_env_specs
         self.assertEqual(parse(['A:1', 'B:x:y', 'C:', 'OMP_NUM_THREADS'], '--env',
                                self.ENVIRON),
                          {'A': '1', 'B': 'x:y', 'C': '', 'OMP_NUM_THREADS': '4'})
         for spec, needle in (('NOPE', 'not set'), ('1A:2', 'NAME[:VALUE]'),
                              ('DMLC_ROLE:worker', 'set by the launcher'), (':x', 'NAME')):
             with self.subTest(spec=spec):
-                with self.assertRaisesRegex(launch.UsageError, re.escape(needle)):
+                with self.assertRaisesRegex(UsageError, re.escape(needle)):
                     parse([spec], '--env-worker', self.ENVIRON)
 
 
@@ -524,7 +536,7 @@ class BinaryDiscoveryTest(unittest.TestCase):
         return path
 
     def find(self, name, explicit=None, command=None, path=''):
-        return launch.find_binary(name, '--server-binary', explicit,
+        return find_binary(name, '--server-binary', explicit,
                                   command or [self.worker], path)
 
     def test_explicit_wins(self):
@@ -533,7 +545,7 @@ class BinaryDiscoveryTest(unittest.TestCase):
         self.assertEqual(self.find('tessera-server', explicit=mine), mine)
 
     def test_explicit_must_be_executable(self):
-        with self.assertRaisesRegex(launch.UsageError, '--server-binary .*not an executable'):
+        with self.assertRaisesRegex(UsageError, '--server-binary .*not an executable'):
             self.find('tessera-server', explicit=os.path.join(self.dir, 'missing'))
 
     def test_build_layout_next_to_worker(self):
@@ -552,29 +564,29 @@ class BinaryDiscoveryTest(unittest.TestCase):
     def test_a_command_that_names_no_build_finds_the_daemons_in_the_fallback_dirs(self):
         # `launch.py ... python3 train.py`: PATH first, then launch.py's own build dirs.
         self.put('build/scheduler/tessera-scheduler')
-        fallback = launch.own_build_dirs({'TESSERA_BUILD_DIR': os.path.join(self.dir, 'build')})
+        fallback = own_build_dirs({'TESSERA_BUILD_DIR': os.path.join(self.dir, 'build')})
         self.assertEqual(fallback[:3], [os.path.join(self.dir, 'build'),
                                         os.path.join(self.dir, 'build', 'scheduler'),
                                         os.path.join(self.dir, 'build', 'server')])
-        found = launch.find_binary('tessera-scheduler', '--scheduler-binary', None,
+        found = find_binary('tessera-scheduler', '--scheduler-binary', None,
                                    ['python3', 'x.py'], os.path.join(self.dir, 'path'), fallback)
         self.assertEqual(found, os.path.join(self.dir, 'build', 'scheduler', 'tessera-scheduler'))
         on_path = self.put('path/tessera-scheduler')
-        found = launch.find_binary('tessera-scheduler', '--scheduler-binary', None,
+        found = find_binary('tessera-scheduler', '--scheduler-binary', None,
                                    ['python3', 'x.py'], os.path.join(self.dir, 'path'), fallback)
         self.assertEqual(found, on_path)
         # Without TESSERA_BUILD_DIR: beside launch.py (an install's bin/), then the
         # build folder of launch.py's checkout.
-        tools = os.path.dirname(os.path.abspath(launch.__file__))
-        self.assertEqual(launch.own_build_dirs({})[0], tools)
-        self.assertEqual(launch.own_build_dirs({})[3],
+        tools = os.path.dirname(os.path.abspath(LAUNCH))
+        self.assertEqual(own_build_dirs({})[0], tools)
+        self.assertEqual(own_build_dirs({})[3],
                          os.path.join(os.path.dirname(tools), 'build'))
-        with self.assertRaisesRegex(launch.UsageError, 'and in .*%s' % re.escape(tools)):
-            launch.find_binary('tessera-nothing', '--server-binary', None, ['python3'],
-                               os.path.join(self.dir, 'path'), launch.own_build_dirs({}))
+        with self.assertRaisesRegex(UsageError, 'and in .*%s' % re.escape(tools)):
+            find_binary('tessera-nothing', '--server-binary', None, ['python3'],
+                               os.path.join(self.dir, 'path'), own_build_dirs({}))
 
     def test_not_found_names_where_it_looked(self):
-        with self.assertRaises(launch.UsageError) as cm:
+        with self.assertRaises(UsageError) as cm:
             self.find('tessera-server', path=os.path.join(self.dir, 'path'))
         message = str(cm.exception)
         self.assertIn('cannot find tessera-server', message)
@@ -585,7 +597,7 @@ class BinaryDiscoveryTest(unittest.TestCase):
 
 class RemoteCommandTest(unittest.TestCase):
     def test_ssh_argv(self):
-        argv = launch.ssh_argv(launch.Host('h', 2222), '/w d', {'A': "it's", 'B': '2'},
+        argv = ssh_argv(Host('h', 2222), '/w d', {'A': "it's", 'B': '2'},
                                ['./train', '--lr', '0.1 x'],
                                {'TESSERA_SSH_OPTS': '-i "/k y" -o ConnectTimeout=5'})
         self.assertEqual(argv[:8], ['ssh', '-o', 'StrictHostKeyChecking=no', '-o',
@@ -596,22 +608,22 @@ class RemoteCommandTest(unittest.TestCase):
         self.assertIn("env 'A=it'\"'\"'s' B=2 ./train --lr '0.1 x'", command)
 
     def test_rsync_argv(self):
-        argv = launch.rsync_argv(launch.Host('u@h', 23), '/src', '/dst dir', {})
+        argv = rsync_argv(Host('u@h', 23), '/src', '/dst dir', {})
         self.assertEqual(argv[:3], ['rsync', '-az', '-e'])
         self.assertIn('-p 23', argv[3])
         self.assertEqual(argv[-2:], ['/src/', 'u@h:/dst dir/'])
         self.assertIn("mkdir -p '/dst dir'", argv[argv.index('--rsync-path') + 1])
 
     def test_remote_path(self):
-        self.assertEqual(launch.remote_path('/home/me/job/bin/w', '/home/me/job', '/tmp/j'),
+        self.assertEqual(remote_path('/home/me/job/bin/w', '/home/me/job', '/tmp/j'),
                          '/tmp/j/bin/w')
-        self.assertEqual(launch.remote_path('/usr/bin/w', '/home/me/job', '/tmp/j'),
+        self.assertEqual(remote_path('/usr/bin/w', '/home/me/job', '/tmp/j'),
                          '/usr/bin/w')
-        self.assertEqual(launch.remote_path('/home/me/job/w', '/home/me/job', None),
+        self.assertEqual(remote_path('/home/me/job/w', '/home/me/job', None),
                          '/home/me/job/w')
 
     def wrapper(self, *argv):
-        proc = subprocess.Popen(['bash', '-c', launch.REMOTE_WRAPPER, 'x'] + list(argv),
+        proc = subprocess.Popen(['bash', '-c', REMOTE_WRAPPER, 'x'] + list(argv),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         def cleanup():
@@ -622,8 +634,8 @@ class RemoteCommandTest(unittest.TestCase):
                 pipe.close()
         self.addCleanup(cleanup)
         first = proc.stdout.readline()
-        self.assertTrue(first.startswith(launch.REMOTE_PID_MARKER), first)
-        return proc, int(first[len(launch.REMOTE_PID_MARKER):])
+        self.assertTrue(first.startswith(REMOTE_PID_MARKER), first)
+        return proc, int(first[len(REMOTE_PID_MARKER):])
 
     def test_wrapper_passes_status_and_output(self):
         proc, _ = self.wrapper('bash', '-c', 'echo out; echo err >&2; exit 3')
@@ -633,19 +645,19 @@ class RemoteCommandTest(unittest.TestCase):
     def test_wrapper_takes_the_key_from_stdin_into_a_private_file(self):
         script = ('stat -c %a "$TESSERA_KEY_FILE" "$(dirname "$TESSERA_KEY_FILE")"; '
                   'cat "$TESSERA_KEY_FILE"; echo "$TESSERA_KEY_FILE"; sleep 0.3')
-        proc = subprocess.Popen(['bash', '-c', launch.REMOTE_WRAPPER, 'x', launch.KEY_FROM_STDIN,
+        proc = subprocess.Popen(['bash', '-c', REMOTE_WRAPPER, 'x', KEY_FROM_STDIN,
                                  'bash', '-c', script],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.addCleanup(proc.stdout.close)
-        proc.stdin.write(b'role worker\nsecret-key abc\n' + launch.KEY_END_MARKER.encode() +
+        proc.stdin.write(b'role worker\nsecret-key abc\n' + KEY_END_MARKER.encode() +
                          b'\n')
         proc.stdin.flush()
         # The channel stays open: the key's lines must not look like its end.
         self.assertEqual(proc.wait(10), 0)
         proc.stdin.close()
         lines = proc.stdout.read().decode().splitlines()
-        self.assertTrue(lines[0].startswith(launch.REMOTE_PID_MARKER.decode()), lines)
+        self.assertTrue(lines[0].startswith(REMOTE_PID_MARKER.decode()), lines)
         self.assertEqual(lines[1:5], ['600', '700', 'role worker', 'secret-key abc'])
         self.assertFalse(os.path.exists(lines[5]), 'the key outlived its process')
         self.assertFalse(os.path.exists(os.path.dirname(lines[5])))
@@ -667,15 +679,15 @@ class KeyTest(unittest.TestCase):
         # RFC 7748 5.2 and 6.1; RFC 32 (Z85).
         scalar = bytes.fromhex('a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4')
         u = bytes.fromhex('e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c')
-        self.assertEqual(launch.x25519(scalar, u).hex(),
+        self.assertEqual(x25519(scalar, u).hex(),
                          'c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552')
         alice = bytes.fromhex('77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a')
-        self.assertEqual(launch.x25519(alice, (9).to_bytes(32, 'little')).hex(),
+        self.assertEqual(x25519(alice, (9).to_bytes(32, 'little')).hex(),
                          '8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a')
-        self.assertEqual(launch.z85_encode(bytes.fromhex('864fd26fb559f75b')), 'HelloWorld')
+        self.assertEqual(z85_encode(bytes.fromhex('864fd26fb559f75b')), 'HelloWorld')
 
     def test_each_role_gets_its_own_secret_and_every_public_key(self):
-        files = launch.make_job_keys()
+        files = make_job_keys()
         self.assertEqual(sorted(files), ['scheduler', 'server', 'worker'])
         parsed = {}
         for role, text in files.items():
@@ -690,40 +702,40 @@ class KeyTest(unittest.TestCase):
                 self.assertEqual(parsed[role][key], parsed[other][key])
                 if other != role:
                     self.assertNotIn(parsed[other]['secret-key'], files[role])
-        self.assertNotEqual(launch.make_job_keys()['worker'], files['worker'])
+        self.assertNotEqual(make_job_keys()['worker'], files['worker'])
 
     def test_job_security(self):
-        self.assertEqual(launch.job_security({}), 'generate')
-        self.assertEqual(launch.job_security({'TESSERA_INSECURE': '1'}), 'insecure')
-        self.assertEqual(launch.job_security({'TESSERA_KEY_DIR': '/k'}), 'user')
-        with self.assertRaisesRegex(launch.UsageError, 'TESSERA_KEY_FILE names one role'):
-            launch.job_security({'TESSERA_KEY_FILE': '/k/worker.key'})
+        self.assertEqual(job_security({}), 'generate')
+        self.assertEqual(job_security({'TESSERA_INSECURE': '1'}), 'insecure')
+        self.assertEqual(job_security({'TESSERA_KEY_DIR': '/k'}), 'user')
+        with self.assertRaisesRegex(UsageError, 'TESSERA_KEY_FILE names one role'):
+            job_security({'TESSERA_KEY_FILE': '/k/worker.key'})
 
 
 class AddressTest(unittest.TestCase):
     def test_interface(self):
-        self.assertEqual(launch.interface_ipv4('lo'), '127.0.0.1')
-        with self.assertRaisesRegex(launch.UsageError, '--interface nosuch0'):
-            launch.interface_ipv4('nosuch0')
+        self.assertEqual(interface_ipv4('lo'), '127.0.0.1')
+        with self.assertRaisesRegex(UsageError, '--interface nosuch0'):
+            interface_ipv4('nosuch0')
 
     def test_scheduler_address_order(self):
-        first = launch.Host('127.0.0.1')
-        self.assertEqual(launch.scheduler_address('lo', {'DMLC_PS_ROOT_URI': 'x'}, first),
+        first = Host('127.0.0.1')
+        self.assertEqual(scheduler_address('lo', {'DMLC_PS_ROOT_URI': 'x'}, first),
                          '127.0.0.1')
-        self.assertEqual(launch.scheduler_address(None, {'DMLC_PS_ROOT_URI': 'sched.example'},
+        self.assertEqual(scheduler_address(None, {'DMLC_PS_ROOT_URI': 'sched.example'},
                                                   first), 'sched.example')
-        self.assertEqual(launch.scheduler_address(None, {}, first), '127.0.0.1')
-        with self.assertRaisesRegex(launch.UsageError, '--interface'):
-            launch.scheduler_address(None, {}, launch.Host('no-such-host.invalid'))
+        self.assertEqual(scheduler_address(None, {}, first), '127.0.0.1')
+        with self.assertRaisesRegex(UsageError, '--interface'):
+            scheduler_address(None, {}, Host('no-such-host.invalid'))
 
     def test_busy_port_is_an_error(self):
         import socket
         with socket.socket() as s:
             s.bind(('', 0))
             s.listen(1)
-            with self.assertRaisesRegex(launch.UsageError, '--port %d' % s.getsockname()[1]):
-                launch.pick_port(s.getsockname()[1])
-        self.assertGreater(launch.pick_port(None), 0)
+            with self.assertRaisesRegex(UsageError, '--port %d' % s.getsockname()[1]):
+                pick_port(s.getsockname()[1])
+        self.assertGreater(pick_port(None), 0)
 
 
 class CommandLineTest(FakeJobTest):
@@ -758,11 +770,14 @@ class CommandLineTest(FakeJobTest):
         os.makedirs(os.path.join(self.dir, 'build', 'worker'))
         worker = os.path.join(self.dir, 'build', 'worker', 'w')
         shutil.copy(self.worker, worker)
-        # A copy of launch.py away from any build (it also looks beside itself and in
-        # its checkout's build folder).
+        # A copy of launch.py and its package away from any build (it also looks
+        # beside itself and in its checkout's build folder).
         os.makedirs(os.path.join(self.dir, 'lone', 'tools'))
         script = os.path.join(self.dir, 'lone', 'tools', 'launch.py')
         shutil.copy(LAUNCH, script)
+        shutil.copytree(os.path.join(os.path.dirname(LAUNCH), 'tessera_launch'),
+                        os.path.join(self.dir, 'lone', 'tools', 'tessera_launch'),
+                        ignore=shutil.ignore_patterns('__pycache__'))
         env = self.env(PATH='/usr/bin:/bin')
         env.pop('TESSERA_BUILD_DIR', None)
         result = self.launch(['-n', '1', worker], daemons=False, env=env, script=script)
@@ -834,8 +849,7 @@ class LocalLaunchTest(FakeJobTest):
             self.assertEqual(rec['env']['TESSERA_INSECURE'], '1')
         keys = os.path.join(self.dir, 'mykeys')
         os.mkdir(keys, 0o700)
-        for role, text in launch.make_job_keys().items():
-            launch.write_private(os.path.join(keys, role + '.key'), text)
+        write_job_keys(keys)
         shutil.rmtree(os.path.join(self.fake_dir, 'rec'))
         os.mkdir(os.path.join(self.fake_dir, 'rec'))
         result = self.launch(['-n', '1', '-s', '1', self.worker],
@@ -849,7 +863,7 @@ class LocalLaunchTest(FakeJobTest):
         one_line_error(self, result, 'TESSERA_KEY_FILE names one role', 'TESSERA_KEY_DIR')
 
     def test_default_servers_and_port(self):
-        result = self.launch(['-n', '3', '--port', str(launch.pick_port(None)),
+        result = self.launch(['-n', '3', '--port', str(pick_port(None)),
                               self.worker])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(len([r for r in self.records() if r['role'] == 'server']), 3)
@@ -1065,7 +1079,7 @@ class MpiLaunchTest(FakeJobTest):
             self.assertEqual(env['DMLC_PS_ROOT_URI'], '127.0.0.1')
             self.assertEqual((env['DMLC_NUM_SERVER'], env['DMLC_NUM_WORKER']), ('1', '2'))
             self.assertEqual(env.get('W_ONLY'), 'w' if role == 'worker' else None)
-            self.assertNotIn(launch.MPI_SPEC_VAR, env)
+            self.assertNotIn(MPI_SPEC_VAR, env)
             self.assertIn('[%s %d] hello from %s %d' % (role, index, role, index),
                           result.stdout)
         self.assert_secured(result)

@@ -43,23 +43,26 @@ and signal handler, and, should this process be SIGKILLed (a ctest time-out),
 by a guard process that waits for this one's pipe to close.
 """
 
-import atexit
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', 'support'))
+import netns  # noqa: E402 (the hosts: namespaces on a bridge, processes, clean-up)
+from netns import quiet, run  # noqa: E402
+
 SOURCE_DIR = os.environ.get('TESSERA_SOURCE_DIR') or os.path.normpath(os.path.join(HERE, '..', '..'))
 BUILD_DIR = os.environ.get('TESSERA_BUILD_DIR') or os.path.join(SOURCE_DIR, 'build')
 LAUNCH_PY = os.path.join(SOURCE_DIR, 'tools', 'launch.py')
+DAEMONS = [os.path.join(BUILD_DIR, 'scheduler', 'tessera-scheduler'),
+           os.path.join(BUILD_DIR, 'server', 'tessera-server')]
 DATA_DIR = os.environ.get('FASHION_MNIST_DIR') or '/usr/share/datasets/fashion-mnist'
 
 TAG = 'tmh%d' % (os.getpid() % 100000)  # prefix of every name this run makes
@@ -95,154 +98,23 @@ def dummy_v4(i):
     return '10.99.%d.1' % i
 
 
-def run(argv, check=True, timeout=30, ns=None, **kw):
-    """Runs a setup command; in namespace ns when given. Returns CompletedProcess."""
-    if ns is not None:
-        argv = ['ip', 'netns', 'exec', ns] + list(argv)
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, timeout=timeout, **kw)
-    out = proc.stdout.decode('utf-8', 'replace')
-    if check and proc.returncode != 0:
-        raise RuntimeError('%s: exit %d: %s' % (' '.join(argv), proc.returncode, out.strip()))
-    proc.out = out
-    return proc
-
-
 # ----------------------------------------------------------------------------
-# Clean-up, driven by a state file so that a separate guard process can do it
+# The hosts (tests/support/netns.py makes them and cleans up, guard included)
 
 
-def _quiet(argv):
-    try:
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       stdin=subprocess.DEVNULL, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-
-def namespace_pids(ns):
-    try:
-        out = subprocess.run(['ip', 'netns', 'pids', ns], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, timeout=10).stdout.decode()
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [int(p) for p in out.split() if p.isdigit()]
-
-
-def kill_namespace_processes(ns):
-    """SIGKILLs every process in ns (all of them were started by this test)."""
-    for _ in range(20):
-        pids = [p for p in namespace_pids(ns) if p != os.getpid()]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.1)
-
-
-def cleanup_from_state(path):
-    """Removes what the state file at path lists. Idempotent; never raises."""
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return
-    for pidfile in state.get('pidfiles', []):
-        try:
-            with open(pidfile) as f:
-                os.kill(int(f.read().split()[0]), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            pass
-    for ns in state.get('namespaces', []):
-        kill_namespace_processes(ns)
-    for ns in state.get('namespaces', []):
-        _quiet(['ip', 'netns', 'del', ns])
-    for link in state.get('links', []):
-        _quiet(['ip', 'link', 'del', link])
-    for d in state.get('dirs', []):
-        shutil.rmtree(d, ignore_errors=True)
-    for d in state.get('empty_dirs', []):
-        try:
-            os.rmdir(d)  # only if nothing else lives there now
-        except OSError:
-            pass
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def guard_main(state_path):
-    """The guard: waits for the test's pipe (stdin) to close, then cleans up."""
-    try:
-        while os.read(0, 4096):
-            pass
-    except OSError:
-        pass
-    cleanup_from_state(state_path)
-    return 0
-
-
-def start_guard(state_path):
-    """Starts a guard detached from this process (double fork, own session, no
-    inherited output pipes) so that neither a SIGKILL of this process nor a
-    process-tree kill by ctest takes it along. Returns the write end of its pipe."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            os.dup2(r, 0)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            os.closerange(3, 65536)
-            os.execv(sys.executable, [sys.executable, os.path.abspath(__file__),
-                                      '--cleanup-guard', state_path])
-        finally:
-            os._exit(127)
-    os.close(r)
-    os.waitpid(pid, 0)
-    return w
-
-
-class Topology(object):
+class Topology(netns.Resources):
     """The bridge, namespaces and sshds. One per run (set up once per module)."""
 
     def __init__(self):
-        self.tmp = tempfile.mkdtemp(prefix='tessera-multihost-%s-' % TAG)
-        self.state_path = os.path.join(tempfile.gettempdir(), 'tessera-multihost-%s.json' % TAG)
-        self.state = {'namespaces': [], 'links': [], 'pidfiles': [], 'dirs': [self.tmp],
-                      'empty_dirs': []}
-        self.guard_fd = None
+        super(Topology, self).__init__('multihost_test', 'multihost', TAG)
         self.key = os.path.join(self.tmp, 'id_ed25519')
         self.bridge = TAG + 'br'
         self.namespaces = [ns_name(i) for i in range(NUM_HOSTS + 1)]
         self.root_name = '%s-root' % TAG  # resolves to h0's address on every host
         self.self_name = '%s-self' % TAG  # resolves to each host's own address
-        self._torn_down = False
-        self._save()
-
-    def _save(self):
-        tmp = self.state_path + '.new'
-        with open(tmp, 'w') as f:
-            json.dump(self.state, f)
-        os.replace(tmp, self.state_path)
-
-    def _remember(self, kind, value):
-        self.state[kind].append(value)
-        self._save()
 
     def setup(self):
-        self.guard_fd = start_guard(self.state_path)
-        run(['ip', 'link', 'add', self.bridge, 'type', 'bridge'])
-        self._remember('links', self.bridge)
-        run(['ip', 'link', 'set', self.bridge, 'up'])
+        netns.make_bridge(self, self.bridge)
         for i, ns in enumerate(self.namespaces):
             self._add_host(i, ns)
         self._start_sshds()
@@ -251,10 +123,10 @@ class Topology(object):
         # /etc/netns/<ns>/hosts is bind-mounted over /etc/hosts by `ip netns exec`.
         if not os.path.isdir('/etc/netns'):
             os.makedirs('/etc/netns')
-            self._remember('empty_dirs', '/etc/netns')
+            self.remember('empty_dirs', '/etc/netns')
         etc = os.path.join('/etc/netns', ns)
         os.makedirs(etc, exist_ok=True)
-        self._remember('dirs', etc)
+        self.remember('dirs', etc)
         try:
             with open('/etc/hosts') as f:
                 hosts = f.read()
@@ -263,9 +135,7 @@ class Topology(object):
         with open(os.path.join(etc, 'hosts'), 'w') as f:
             f.write(hosts.rstrip('\n') + '\n%s %s\n%s %s\n' % (v4(0), self.root_name, v4(i),
                                                               self.self_name))
-        run(['ip', 'netns', 'add', ns])
-        self._remember('namespaces', ns)
-        run(['ip', 'link', 'set', 'lo', 'up'], ns=ns)
+        netns.make_namespace(self, ns)
         # dummy0 first: the lowest index after lo, so "the first interface" is wrong.
         if run(['ip', 'link', 'add', 'dummy0', 'type', 'dummy'], ns=ns, check=False).returncode:
             # No dummy driver in this kernel: a veth pair with both ends in this
@@ -275,16 +145,8 @@ class Topology(object):
             run(['ip', 'link', 'set', 'dummy0p', 'up'], ns=ns)
         run(['ip', 'addr', 'add', dummy_v4(i) + '/24', 'dev', 'dummy0'], ns=ns)
         run(['ip', 'link', 'set', 'dummy0', 'up'], ns=ns)
-        host_end, peer = '%sv%d' % (TAG, i), '%sp%d' % (TAG, i)
-        run(['ip', 'link', 'add', host_end, 'type', 'veth', 'peer', 'name', peer])
-        self._remember('links', host_end)
-        run(['ip', 'link', 'set', host_end, 'master', self.bridge])
-        run(['ip', 'link', 'set', host_end, 'up'])
-        run(['ip', 'link', 'set', peer, 'netns', ns])
-        run(['ip', 'link', 'set', peer, 'name', 'eth0'], ns=ns)
-        run(['ip', 'addr', 'add', v4(i) + '/24', 'dev', 'eth0'], ns=ns)
-        run(['ip', 'addr', 'add', v6(i) + '/64', 'dev', 'eth0', 'nodad'], ns=ns)
-        run(['ip', 'link', 'set', 'eth0', 'up'], ns=ns)
+        netns.connect_to_bridge(self, ns, self.bridge, '%sv%d' % (TAG, i), '%sp%d' % (TAG, i),
+                                [v4(i) + '/24', v6(i) + '/64'])
 
     def ssh_opts(self):
         return ['-i', self.key, '-F', '/dev/null', '-o', 'UserKnownHostsFile=/dev/null',
@@ -310,7 +172,7 @@ class Topology(object):
                     'PermitRootLogin prohibit-password', 'PasswordAuthentication no',
                     'KbdInteractiveAuthentication no', 'PrintMotd no', 'MaxStartups 100',
                     'MaxSessions 100', 'LogLevel ERROR', '']))
-            self._remember('pidfiles', pidfile)
+            self.remember('pidfiles', pidfile)
             run([sshd, '-f', config, '-E', os.path.join(self.tmp, 'sshd_%d.log' % i)], ns=ns)
         deadline = time.monotonic() + 20
         for i in range(1, NUM_HOSTS + 1):
@@ -336,37 +198,10 @@ class Topology(object):
                     sshds.add(int(f.read().split()[0]))
             except (OSError, ValueError, IndexError):
                 pass
-        found = []
-        for ns in self.namespaces:
-            for pid in namespace_pids(ns):
-                if pid in sshds:
-                    continue
-                try:
-                    program = os.path.basename(os.readlink('/proc/%d/exe' % pid))
-                except OSError:
-                    continue  # gone meanwhile
-                found.append((ns, pid, program))
-        return found
-
-    def teardown(self):
-        if self._torn_down:
-            return
-        self._torn_down = True
-        cleanup_from_state(self.state_path)
-        if self.guard_fd is not None:
-            os.close(self.guard_fd)  # the guard finds nothing left and exits
-            self.guard_fd = None
+        return netns.namespace_processes(self.namespaces, lambda pid, _: pid in sshds)
 
 
 TOPOLOGY = None
-SKIP_REASON = None
-
-
-def _signal_teardown(signum, _frame):
-    if TOPOLOGY is not None:
-        TOPOLOGY.teardown()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
 
 
 def _missing_prerequisite():
@@ -376,44 +211,13 @@ def _missing_prerequisite():
         if not shutil.which(tool, path=os.environ.get('PATH', '') + ':/usr/sbin:/sbin'):
             return ('%s not found (Debian: apt-get install iproute2 openssh-server '
                     'openssh-client)' % tool)
-    probe = '%sprobe' % TAG
-    try:
-        made = run(['ip', 'netns', 'add', probe], check=False)
-        if made.returncode != 0:
-            return '`ip netns add` does not work here: %s' % made.out.strip()
-        works = run(['ip', 'link', 'set', 'lo', 'up'], ns=probe, check=False)
-        if works.returncode != 0:
-            return '`ip netns exec` does not work here: %s' % works.out.strip()
-    finally:
-        _quiet(['ip', 'netns', 'del', probe])
-    bridge = '%sprobebr' % TAG
-    made = run(['ip', 'link', 'add', bridge, 'type', 'bridge'], check=False)
-    _quiet(['ip', 'link', 'del', bridge])
-    if made.returncode != 0:
-        return 'cannot create a bridge here: %s' % made.out.strip()
-    return None
+    return netns.namespaces_problem(TAG)
 
 
 def setUpModule():
-    global TOPOLOGY, SKIP_REASON
-    os.environ['PATH'] = os.environ.get('PATH', '') + ':/usr/sbin:/sbin'
-    SKIP_REASON = _missing_prerequisite()
-    if SKIP_REASON:
-        sys.stderr.write('multihost_test: SKIPPED: %s\n' % SKIP_REASON)
-        raise unittest.SkipTest(SKIP_REASON)
-    for binary in ('scheduler/tessera-scheduler', 'server/tessera-server'):
-        path = os.path.join(BUILD_DIR, binary)
-        if not os.access(path, os.X_OK):
-            raise RuntimeError('%s not built (TESSERA_BUILD_DIR=%s)' % (path, BUILD_DIR))
-    TOPOLOGY = Topology()
-    atexit.register(TOPOLOGY.teardown)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _signal_teardown)
-    try:
-        TOPOLOGY.setup()
-    except BaseException:
-        TOPOLOGY.teardown()
-        raise
+    global TOPOLOGY
+    netns.require('multihost_test', _missing_prerequisite, DAEMONS, BUILD_DIR)
+    TOPOLOGY = netns.set_up(Topology())
 
 
 def tearDownModule():
@@ -449,29 +253,14 @@ def long_worker_program():
             '20']
 
 
-class Job(object):
-    """One launch.py run inside h0, its output collected by a thread."""
+class LaunchRun(object):
+    """One launch.py run started by `argv` (through `ip netns exec` here, salloc in
+    slurm_test), its output collected by a thread."""
 
-    def __init__(self, topo, launcher_args, worker_argv, env=None, cwd=None, hosts=None):
-        self.topo = topo
-        self.hostfile = os.path.join(topo.tmp, 'hostfile-%d' % time.monotonic_ns())
-        with open(self.hostfile, 'w') as f:
-            for h in hosts or [v4(i) for i in range(1, NUM_HOSTS + 1)]:
-                f.write('%s\n' % h)
-        environ = {
-            'PATH': os.environ['PATH'], 'HOME': os.environ.get('HOME', '/root'),
-            'LANG': 'C.UTF-8', 'PS_VERBOSE': '1', 'PYTHONUNBUFFERED': '1',
-            'TESSERA_SSH_OPTS': ' '.join(topo.ssh_opts()),
-        }
-        environ.update(env or {})
-        self.argv = (['ip', 'netns', 'exec', topo.namespaces[0], sys.executable, LAUNCH_PY,
-                      '-n', '2', '-s', '2', '-H', self.hostfile,
-                      '--scheduler-binary', os.path.join(BUILD_DIR, 'scheduler',
-                                                         'tessera-scheduler'),
-                      '--server-binary', os.path.join(BUILD_DIR, 'server', 'tessera-server')]
-                     + list(launcher_args) + list(worker_argv))
+    def __init__(self, argv, env, cwd):
+        self.argv = argv
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, env=environ, cwd=cwd or topo.tmp,
+        self.proc = subprocess.Popen(self.argv, env=env, cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self.lines = []
@@ -509,6 +298,29 @@ class Job(object):
         return ''.join(self.lines[-n:])
 
 
+class Job(LaunchRun):
+    """One launch.py run inside h0 over the hosts h1..h3 (or `hosts`)."""
+
+    def __init__(self, topo, launcher_args, worker_argv, env=None, cwd=None, hosts=None):
+        self.topo = topo
+        self.hostfile = os.path.join(topo.tmp, 'hostfile-%d' % time.monotonic_ns())
+        with open(self.hostfile, 'w') as f:
+            for h in hosts or [v4(i) for i in range(1, NUM_HOSTS + 1)]:
+                f.write('%s\n' % h)
+        environ = {
+            'PATH': os.environ['PATH'], 'HOME': os.environ.get('HOME', '/root'),
+            'LANG': 'C.UTF-8', 'PS_VERBOSE': '1', 'PYTHONUNBUFFERED': '1',
+            'TESSERA_SSH_OPTS': ' '.join(topo.ssh_opts()),
+        }
+        environ.update(env or {})
+        argv = (['ip', 'netns', 'exec', topo.namespaces[0], sys.executable, LAUNCH_PY,
+                 '-n', '2', '-s', '2', '-H', self.hostfile,
+                 '--scheduler-binary', os.path.join(BUILD_DIR, 'scheduler', 'tessera-scheduler'),
+                 '--server-binary', os.path.join(BUILD_DIR, 'server', 'tessera-server')]
+                + list(launcher_args) + list(worker_argv))
+        super(Job, self).__init__(argv, environ, cwd or topo.tmp)
+
+
 class MultiHostTest(unittest.TestCase):
 
     @classmethod
@@ -522,16 +334,7 @@ class MultiHostTest(unittest.TestCase):
 
     def _no_leftovers(self):
         """Every job must leave no Tessera process on any host; kill any it left."""
-        deadline = time.monotonic() + 15
-        left = self.topo.processes()
-        while left and time.monotonic() < deadline:
-            time.sleep(0.2)
-            left = self.topo.processes()
-        for _, pid, _ in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        left = netns.kill_leftovers(self.topo.processes, 15)
         self.assertEqual(left, [], 'processes left behind after the job (namespace, pid, '
                          'program)')
 
@@ -709,7 +512,7 @@ class MultiHostTest(unittest.TestCase):
             self.skipTest('nft not found (Debian: apt-get install nftables)')
         table = TAG + 'nov4'
         for ns in self.topo.namespaces:
-            self.addCleanup(_quiet, ['ip', 'netns', 'exec', ns, 'nft', 'delete', 'table', 'ip',
+            self.addCleanup(quiet, ['ip', 'netns', 'exec', ns, 'nft', 'delete', 'table', 'ip',
                                      table])
             run(['nft', 'add', 'table', 'ip', table], ns=ns)
             run(['nft', 'add', 'chain', 'ip', table, 'input',
@@ -726,6 +529,4 @@ class MultiHostTest(unittest.TestCase):
 
 
 if __name__ == '__main__':
-    if len(sys.argv) == 3 and sys.argv[1] == '--cleanup-guard':
-        sys.exit(guard_main(sys.argv[2]))
     unittest.main()

@@ -44,27 +44,25 @@ auth/none plugin (Slurm before 23.11). Without them it skips and says why
 
 Clean-up: what the test made (daemons, namespaces, bridge, veths, the
 temporary folder) is removed in tearDownModule, from an atexit and signal
-handler, and, should this process be SIGKILLed, by multihost_test's guard
-process, from the same kind of state file.
+handler, and, should this process be SIGKILLed, by the guard process of
+tests/support/netns.py, from the state file that lists them.
 """
 
-import atexit
 import glob
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import multihost_test as mh  # noqa: E402 (its clean-up guard, runner and worker programs)
+sys.path.insert(0, os.path.join(HERE, '..', 'support'))
+import multihost_test as mh  # noqa: E402 (its launch.py runner and worker programs)
+import netns  # noqa: E402 (the hosts: namespaces on a bridge, clean-up with its guard)
+from netns import run  # noqa: E402
 
 LAUNCH_PY = mh.LAUNCH_PY
 BUILD_DIR = mh.BUILD_DIR
@@ -123,52 +121,28 @@ def _missing_prerequisite():
     if auth_none_plugin() is None:
         return ('Slurm\'s auth/none plugin (auth_none.so) not found: this test configures a '
                 'cluster without munge, which Slurm before 23.11 allows')
-    probe = '%sprobe' % TAG
-    try:
-        made = mh.run(['ip', 'netns', 'add', probe], check=False)
-        if made.returncode != 0:
-            return '`ip netns add` does not work here: %s' % made.out.strip()
-        works = mh.run(['nsenter', '--net=/run/netns/%s' % probe, 'ip', 'link', 'set', 'lo',
-                        'up'], check=False)
-        if works.returncode != 0:
-            return '`nsenter --net` does not work here: %s' % works.out.strip()
-        works = mh.run(['unshare', '--uts', 'true'], check=False)
-        if works.returncode != 0:
-            return '`unshare --uts` does not work here: %s' % works.out.strip()
-    finally:
-        mh._quiet(['ip', 'netns', 'del', probe])
-    bridge = '%sprobebr' % TAG
-    made = mh.run(['ip', 'link', 'add', bridge, 'type', 'bridge'], check=False)
-    mh._quiet(['ip', 'link', 'del', bridge])
-    if made.returncode != 0:
-        return 'cannot create a bridge here: %s' % made.out.strip()
+    return netns.namespaces_problem(TAG, _nsenter_and_unshare_problem)
+
+
+def _nsenter_and_unshare_problem(probe):
+    works = run(['nsenter', '--net=/run/netns/%s' % probe, 'ip', 'link', 'set', 'lo', 'up'],
+                check=False)
+    if works.returncode != 0:
+        return '`nsenter --net` does not work here: %s' % works.out.strip()
+    works = run(['unshare', '--uts', 'true'], check=False)
+    if works.returncode != 0:
+        return '`unshare --uts` does not work here: %s' % works.out.strip()
     return None
 
 
-class SlurmCluster(object):
+class SlurmCluster(netns.Resources):
     """The bridge, namespaces, slurmctld and slurmds. One per run."""
 
     def __init__(self):
-        self.tmp = tempfile.mkdtemp(prefix='tessera-slurm-%s-' % TAG)
-        self.state_path = os.path.join(tempfile.gettempdir(), 'tessera-slurm-%s.json' % TAG)
-        self.state = {'namespaces': [], 'links': [], 'pidfiles': [], 'dirs': [self.tmp],
-                      'empty_dirs': []}
-        self.guard_fd = None
+        super(SlurmCluster, self).__init__('slurm_test', 'slurm', TAG)
         self.bridge = TAG + 'br'
         self.conf = os.path.join(self.tmp, 'slurm.conf')
         self.daemons = []  # Popen of slurmctld and the slurmds
-        self._torn_down = False
-        self._save()
-
-    def _save(self):
-        tmp = self.state_path + '.new'
-        with open(tmp, 'w') as f:
-            json.dump(self.state, f)
-        os.replace(tmp, self.state_path)
-
-    def _remember(self, kind, value):
-        self.state[kind].append(value)
-        self._save()
 
     def env(self):
         """What every Slurm command of the test runs with."""
@@ -176,30 +150,14 @@ class SlurmCluster(object):
                 'LANG': 'C.UTF-8', 'SLURM_CONF': self.conf}
 
     def setup(self):
-        self.guard_fd = mh.start_guard(self.state_path)
-        mh.run(['ip', 'link', 'add', self.bridge, 'type', 'bridge'])
-        self._remember('links', self.bridge)
-        mh.run(['ip', 'link', 'set', self.bridge, 'up'])
+        netns.make_bridge(self, self.bridge)
         for i in range(NUM_NODES + 1):
-            self._add_host(i)
+            netns.make_namespace(self, ns_name(i))
+            netns.connect_to_bridge(self, ns_name(i), self.bridge, '%sv%d' % (TAG, i),
+                                    '%sp%d' % (TAG, i), [v4(i) + '/24'])
         self._write_conf()
         self._start_daemons()
         self._wait_idle()
-
-    def _add_host(self, i):
-        ns = ns_name(i)
-        mh.run(['ip', 'netns', 'add', ns])
-        self._remember('namespaces', ns)
-        mh.run(['ip', 'link', 'set', 'lo', 'up'], ns=ns)
-        host_end, peer = '%sv%d' % (TAG, i), '%sp%d' % (TAG, i)
-        mh.run(['ip', 'link', 'add', host_end, 'type', 'veth', 'peer', 'name', peer])
-        self._remember('links', host_end)
-        mh.run(['ip', 'link', 'set', host_end, 'master', self.bridge])
-        mh.run(['ip', 'link', 'set', host_end, 'up'])
-        mh.run(['ip', 'link', 'set', peer, 'netns', ns])
-        mh.run(['ip', 'link', 'set', peer, 'name', 'eth0'], ns=ns)
-        mh.run(['ip', 'addr', 'add', v4(i) + '/24', 'dev', 'eth0'], ns=ns)
-        mh.run(['ip', 'link', 'set', 'eth0', 'up'], ns=ns)
 
     def _write_conf(self):
         t = self.tmp
@@ -242,7 +200,7 @@ class SlurmCluster(object):
         pidfile = os.path.join(self.tmp, log + '.pid')
         with open(pidfile, 'w') as f:
             f.write('%d\n' % proc.pid)
-        self._remember('pidfiles', pidfile)
+        self.remember('pidfiles', pidfile)
         self.daemons.append(proc)
         return proc
 
@@ -255,13 +213,7 @@ class SlurmCluster(object):
 
     def slurm(self, argv, check=True):
         """A Slurm client command run on the login host h0."""
-        proc = subprocess.run(in_ns(0, argv), env=self.env(), stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
-        proc.out = proc.stdout.decode('utf-8', 'replace')
-        if check and proc.returncode != 0:
-            raise RuntimeError('%s: exit %d: %s' % (' '.join(argv), proc.returncode,
-                                                    proc.out.strip()))
-        return proc
+        return run(in_ns(0, argv), check=check, env=self.env())
 
     def _log_tails(self):
         out = []
@@ -293,64 +245,27 @@ class SlurmCluster(object):
         """(namespace, pid, program) of every process in the namespaces but the
         Slurm daemons themselves: what a finished job must not leave behind
         (a slurmstepd left there is a step Slurm did not end)."""
-        found = []
-        for i in range(NUM_NODES + 1):
-            for pid in mh.namespace_pids(ns_name(i)):
-                try:
-                    program = os.path.basename(os.readlink('/proc/%d/exe' % pid))
-                except OSError:
-                    continue
-                if re.match(r'^slurm(ctld|d)(-wlm)?$', program):  # Debian: slurmd-wlm
-                    continue
-                found.append((ns_name(i), pid, program))
-        return found
+        return netns.namespace_processes(  # Debian: slurmd-wlm
+            [ns_name(i) for i in range(NUM_NODES + 1)],
+            lambda _, program: re.match(r'^slurm(ctld|d)(-wlm)?$', program))
 
     def teardown(self):
-        if self._torn_down:
-            return
-        self._torn_down = True
-        mh.cleanup_from_state(self.state_path)
+        super(SlurmCluster, self).teardown()
         for proc in self.daemons:
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
-        if self.guard_fd is not None:
-            os.close(self.guard_fd)
-            self.guard_fd = None
 
 
 CLUSTER = None
 
 
-def _signal_teardown(signum, _frame):
-    if CLUSTER is not None:
-        CLUSTER.teardown()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
 def setUpModule():
     global CLUSTER
-    os.environ['PATH'] = os.environ.get('PATH', '') + ':/usr/sbin:/sbin'
-    reason = _missing_prerequisite()
-    if reason:
-        sys.stderr.write('slurm_test: SKIPPED: %s\n' % reason)
-        raise unittest.SkipTest(reason)
-    for binary in ('scheduler/tessera-scheduler', 'server/tessera-server'):
-        path = os.path.join(BUILD_DIR, binary)
-        if not os.access(path, os.X_OK):
-            raise RuntimeError('%s not built (TESSERA_BUILD_DIR=%s)' % (path, BUILD_DIR))
-    CLUSTER = SlurmCluster()
-    atexit.register(CLUSTER.teardown)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _signal_teardown)
+    netns.require('slurm_test', _missing_prerequisite, mh.DAEMONS, BUILD_DIR)
     started = time.monotonic()
-    try:
-        CLUSTER.setup()
-    except BaseException:
-        CLUSTER.teardown()
-        raise
+    CLUSTER = netns.set_up(SlurmCluster())
     sys.stderr.write('\nslurm_test: cluster of %d slurmd nodes idle after %.1f s\n'
                      % (NUM_NODES, time.monotonic() - started))
 
@@ -360,57 +275,23 @@ def tearDownModule():
         CLUSTER.teardown()
 
 
-class SlurmJob(object):
+class SlurmJob(mh.LaunchRun):
     """`salloc -N 2 -n 2 launch.py --launcher slurm ...` on the login host h0."""
 
     def __init__(self, cluster, worker_argv, extra_env=None):
         env = cluster.env()
         env.update({'PS_VERBOSE': '1', 'PYTHONUNBUFFERED': '1'})
         env.update(extra_env or {})
-        self.argv = in_ns(0, ['salloc', '--nodes=%d' % NUM_NODES, '--ntasks=%d' % NUM_NODES,
-                              '--time=5',
-                              sys.executable, LAUNCH_PY, '--launcher', 'slurm',
-                              '-n', '2', '-s', '2',
-                              '--scheduler-binary',
-                              os.path.join(BUILD_DIR, 'scheduler', 'tessera-scheduler'),
-                              '--server-binary',
-                              os.path.join(BUILD_DIR, 'server', 'tessera-server')]
-                         + list(worker_argv))
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, env=env, cwd=cluster.tmp,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        self.lines = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.elapsed = None
-
-    def _read(self):
-        for line in iter(self.proc.stdout.readline, b''):
-            self.lines.append(line.decode('utf-8', 'replace'))
-
-    @property
-    def output(self):
-        return ''.join(self.lines)
-
-    def wait(self, timeout=JOB_TIMEOUT_S):
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            rc = None
-        self.elapsed = time.monotonic() - self.started
-        self._reader.join(5)
-        self.proc.stdout.close()
-        return rc
-
-    def advertised(self):
-        return sorted(re.findall(r'^\[((?:server|worker) \d)\] .*\b(?:server|worker) '
-                                 r'advertises (\S+):\d+;', self.output, re.M))
-
-    def tail(self, n=60):
-        return ''.join(self.lines[-n:])
+        argv = in_ns(0, ['salloc', '--nodes=%d' % NUM_NODES, '--ntasks=%d' % NUM_NODES,
+                         '--time=5',
+                         sys.executable, LAUNCH_PY, '--launcher', 'slurm',
+                         '-n', '2', '-s', '2',
+                         '--scheduler-binary',
+                         os.path.join(BUILD_DIR, 'scheduler', 'tessera-scheduler'),
+                         '--server-binary',
+                         os.path.join(BUILD_DIR, 'server', 'tessera-server')]
+                     + list(worker_argv))
+        super(SlurmJob, self).__init__(argv, env, cluster.tmp)
 
 
 class SlurmLauncherTest(unittest.TestCase):
@@ -434,15 +315,7 @@ class SlurmLauncherTest(unittest.TestCase):
     def _no_leftovers(self):
         """No process but the Slurm daemons, no job or step, no key folder."""
         deadline = time.monotonic() + 15
-        left = self.cluster.processes()
-        while left and time.monotonic() < deadline:
-            time.sleep(0.2)
-            left = self.cluster.processes()
-        for _, pid, _ in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        left = netns.kill_leftovers(self.cluster.processes, 15)
         self.assertEqual(left, [], 'processes left behind after the job (namespace, pid, '
                          'program)')
         queue = self.cluster.slurm(['squeue', '--noheader', '--steps']).out.strip()
@@ -544,6 +417,4 @@ class SlurmLauncherTest(unittest.TestCase):
 
 
 if __name__ == '__main__':
-    if len(sys.argv) == 3 and sys.argv[1] == '--cleanup-guard':
-        sys.exit(mh.guard_main(sys.argv[2]))
     unittest.main()

@@ -37,7 +37,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, '..'))
-import launch  # noqa: E402  (the job keys)
+from tessera_launch import keys as job_keys  # noqa: E402  (the job keys)
 
 
 def free_port():
@@ -74,8 +74,7 @@ def run_job(args, workers, servers):
     if env.get('TESSERA_INSECURE') != '1':
         keys = os.path.join(tmp, 'keys')
         os.mkdir(keys, 0o700)
-        for role, text in launch.make_job_keys().items():
-            launch.write_private(os.path.join(keys, role + '.key'), text)
+        job_keys.write_job_keys(keys)
         env['TESSERA_KEY_DIR'] = keys
     b = args.build
     plan = ([('scheduler', [os.path.join(b, 'scheduler/tessera-scheduler')])] +

@@ -40,10 +40,8 @@ last lines printed); 2 a usage error; 3 shaped links cannot be built here.
 """
 
 import argparse
-import atexit
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -197,10 +195,7 @@ def main(argv):
         if why:
             sl.say('cannot build shaped links: %s' % why)
             return sl.EXIT_NO_SHAPING
-    sl.RESOURCES = res = sl.Resources(args.tag)
-    atexit.register(res.teardown)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, sl._signal_teardown)
+    res = sl.start_resources(args.tag)
     record = {'command': ' '.join(['tools/bench/seed_step.py'] + argv),
               'started': time.strftime('%Y-%m-%d %H:%M:%S %z'),
               'uptime_before': sl.uptime(), 'workers': args.workers,
@@ -301,9 +296,7 @@ def main(argv):
                     r['us_per_row'], r['bytes'] / 1e6, r['memcpy_ms']))
         sys.stdout.flush()
         if args.json:
-            with open(args.json, 'w') as f:
-                json.dump(record, f, indent=1)
-                f.write('\n')
+            sl.write_json(args.json, record)
         return 0
     finally:
         res.teardown()

@@ -67,10 +67,9 @@ def run_job(build, worker, workers, values, rounds, timeout):
     logs = tempfile.mkdtemp(prefix='tessera-server-memory-')
     # Secured as launch.py runs jobs (a build from before job keys ignores them).
     sys.path.insert(0, os.path.join(HERE, '..'))
-    import launch  # noqa: E402
+    from tessera_launch import keys  # noqa: E402
     if env.get('TESSERA_INSECURE') != '1':
-        for role, text in launch.make_job_keys().items():
-            launch.write_private(os.path.join(logs, role + '.key'), text)
+        keys.write_job_keys(logs)
         env['TESSERA_KEY_DIR'] = logs
     procs = []
 

@@ -90,7 +90,6 @@ test can tell that none is left.
 """
 
 import argparse
-import atexit
 import json
 import os
 import re
@@ -100,14 +99,15 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-import launch  # noqa: E402  (tools/launch.py: the job keys)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.normpath(os.path.join(HERE, '..', '..'))
+sys.path.insert(0, os.path.join(SOURCE_DIR, 'tools'))
+sys.path.insert(0, os.path.join(SOURCE_DIR, 'tests', 'support'))
+import netns  # noqa: E402  (namespaces on a bridge, processes, clean-up with a guard)
+from netns import Proc, run, tail_of  # noqa: E402
+from tessera_launch import keys as job_keys  # noqa: E402  (the job keys)
 PROG = 'shaped_link'
 
 EXIT_JOB_FAILED = 1
@@ -162,184 +162,12 @@ def tbf_args(rate, burst=BURST_BYTES, latency=LATENCY):
     return ['tbf', 'rate', rate, 'burst', str(burst), 'latency', latency]
 
 
-def run(argv, check=True, timeout=30, ns=None, **kw):
-    """Runs a short command; in namespace ns when given. Returns CompletedProcess
-    with .out (stdout and stderr together)."""
-    if ns is not None:
-        argv = ['ip', 'netns', 'exec', ns] + list(argv)
-    if 'input' not in kw:
-        kw['stdin'] = subprocess.DEVNULL
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=timeout, **kw)
-    proc.out = proc.stdout.decode('utf-8', 'replace')
-    if check and proc.returncode != 0:
-        raise RuntimeError('%s: exit %d: %s' % (' '.join(argv), proc.returncode,
-                                                proc.out.strip()))
-    return proc
-
-
-def _quiet(argv):
-    try:
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       stdin=subprocess.DEVNULL, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-
-def tail_of(path, n=20):
-    try:
-        with open(path, 'rb') as f:
-            lines = f.read().decode('utf-8', 'replace').splitlines()
-    except OSError as e:
-        return '(no output: %s)' % e
-    return '\n'.join(lines[-n:]) if lines else '(no output)'
-
-
-# ----------------------------------------------------------------------------
-# Clean-up, driven by a state file so that a separate guard process can do it
-
-
-def start_time(pid):
-    """The process's start time in clock ticks since boot (field 22 of
-    /proc/PID/stat), to tell it from a later process given the same pid."""
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return int(f.read().rsplit(')', 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def namespace_pids(ns):
-    try:
-        out = subprocess.run(['ip', 'netns', 'pids', ns], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, timeout=10).stdout.decode()
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [int(p) for p in out.split() if p.isdigit()]
-
-
-def kill_namespace_processes(ns):
-    """SIGKILLs every process in ns (every one of them was started by this tool)."""
-    for _ in range(50):
-        pids = [p for p in namespace_pids(ns) if p != os.getpid()]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.1)
-
-
-def cleanup_from_state(path):
-    """Removes what the state file at path lists. Idempotent; never raises."""
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return
-    for pid, started in state.get('pids', []):
-        if start_time(pid) == started:  # still the process this tool started
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-    for ns in state.get('namespaces', []):
-        kill_namespace_processes(ns)
-    for ns in state.get('namespaces', []):
-        _quiet(['ip', 'netns', 'del', ns])
-    for link in state.get('links', []):
-        _quiet(['ip', 'link', 'del', link])
-    for d in state.get('dirs', []):
-        shutil.rmtree(d, ignore_errors=True)
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def guard_main(state_path):
-    """The guard: waits for the tool's pipe (stdin) to close, then cleans up."""
-    try:
-        while os.read(0, 4096):
-            pass
-    except OSError:
-        pass
-    cleanup_from_state(state_path)
-    return 0
-
-
-def start_guard(state_path):
-    """Starts a guard detached from this process (double fork, own session, no
-    inherited output pipes) so that neither a SIGKILL of this process nor a
-    process-group kill takes it along. Returns the write end of its pipe."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            os.dup2(r, 0)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            os.closerange(3, 65536)
-            os.execv(sys.executable, [sys.executable, os.path.abspath(__file__),
-                                      '--cleanup-guard', state_path])
-        finally:
-            os._exit(127)
-    os.close(r)
-    os.waitpid(pid, 0)
-    return w
-
-
-class Resources(object):
-    """What this run made: the state file, its guard, the temporary folder, and
-    (with a shaped rate) the bridge and one namespace per node."""
-
-    def __init__(self, tag):
-        self.tag = tag
-        self.tmp = tempfile.mkdtemp(prefix='tessera-shaped-%s-' % tag)
-        self.state_path = os.path.join(tempfile.gettempdir(), 'tessera-shaped-%s.json' % tag)
-        self.state = {'pids': [], 'namespaces': [], 'links': [], 'dirs': [self.tmp]}
-        self.keep = False
-        self._torn_down = False
-        self._save()
-        self.guard_fd = start_guard(self.state_path)
-
-    def _save(self):
-        tmp = self.state_path + '.new'
-        with open(tmp, 'w') as f:
-            json.dump(self.state, f)
-        os.replace(tmp, self.state_path)
-
-    def remember(self, kind, value):
-        self.state[kind].append(value)
-        self._save()
-
-    def forget(self, kind, value):
-        if value in self.state[kind]:
-            self.state[kind].remove(value)
-            self._save()
-
-    def keep_logs(self):
-        if self.tmp in self.state['dirs']:
-            self.state['dirs'].remove(self.tmp)
-            self._save()
-        self.keep = True
-
-    def teardown(self):
-        if self._torn_down:
-            return
-        self._torn_down = True
-        cleanup_from_state(self.state_path)
-        if self.guard_fd is not None:
-            os.close(self.guard_fd)  # the guard finds nothing left and exits
-            self.guard_fd = None
-        if self.keep:
-            say('the logs of every process are kept in %s' % self.tmp)
+def start_resources(tag):
+    """The run's netns.Resources (temporary folder, state file, guard), torn down
+    at exit and on SIGINT, SIGTERM and SIGHUP."""
+    res = netns.Resources(PROG, 'shaped', tag)
+    netns.teardown_on_exit(res)
+    return res
 
 
 class Topology(object):
@@ -358,23 +186,11 @@ class Topology(object):
         self.rate = None
 
     def setup(self):
-        res = self.res
-        run(['ip', 'link', 'add', self.bridge, 'type', 'bridge'])
-        res.remember('links', self.bridge)
-        run(['ip', 'link', 'set', self.bridge, 'up'])
+        netns.make_bridge(self.res, self.bridge)
         for i, ns in enumerate(self.namespaces):
-            run(['ip', 'netns', 'add', ns])
-            res.remember('namespaces', ns)
-            run(['ip', 'link', 'set', 'lo', 'up'], ns=ns)
-            host_end, peer = self.bridge_ends[i], '%sp%d' % (res.tag, i)
-            run(['ip', 'link', 'add', host_end, 'type', 'veth', 'peer', 'name', peer])
-            res.remember('links', host_end)
-            run(['ip', 'link', 'set', host_end, 'master', self.bridge])
-            run(['ip', 'link', 'set', host_end, 'up'])
-            run(['ip', 'link', 'set', peer, 'netns', ns])
-            run(['ip', 'link', 'set', peer, 'name', 'eth0'], ns=ns)
-            run(['ip', 'addr', 'add', self.nodes[i][1] + '/24', 'dev', 'eth0'], ns=ns)
-            run(['ip', 'link', 'set', 'eth0', 'up'], ns=ns)
+            netns.make_namespace(self.res, ns)
+            netns.connect_to_bridge(self.res, ns, self.bridge, self.bridge_ends[i],
+                                    '%sp%d' % (self.res.tag, i), [self.nodes[i][1] + '/24'])
 
     def shape(self, rate):
         """Every node's link to `rate`, both ways (replaces the previous shaping)."""
@@ -391,15 +207,7 @@ class Topology(object):
 
     def processes(self):
         """(namespace, pid, program) of every process in the namespaces."""
-        found = []
-        for ns in self.namespaces:
-            for pid in namespace_pids(ns):
-                try:
-                    program = os.path.basename(os.readlink('/proc/%d/exe' % pid))
-                except OSError:
-                    continue
-                found.append((ns, pid, program))
-        return found
+        return netns.namespace_processes(self.namespaces)
 
 
 def missing_prerequisite(tag):
@@ -409,82 +217,23 @@ def missing_prerequisite(tag):
     for tool in ('ip', 'tc'):
         if not shutil.which(tool):
             return '`%s` not found (Debian: apt-get install iproute2)' % tool
-    probe, bridge = tag + 'probe', tag + 'probebr'
-    try:
-        made = run(['ip', 'netns', 'add', probe], check=False)
-        if made.returncode != 0:
-            return '`ip netns add` does not work here: %s' % made.out.strip()
-        up = run(['ip', 'link', 'set', 'lo', 'up'], ns=probe, check=False)
-        if up.returncode != 0:
-            return '`ip netns exec` does not work here: %s' % up.out.strip()
-        veth = run(['ip', 'link', 'add', 'pa', 'type', 'veth', 'peer', 'name', 'pb'], ns=probe,
-                   check=False)
-        if veth.returncode != 0:
-            return 'cannot create a veth pair here: %s' % veth.out.strip()
-        tbf = run(['tc', 'qdisc', 'add', 'dev', 'pa', 'root'] + tbf_args('1gbit'), ns=probe,
-                  check=False)
-        if tbf.returncode != 0:
-            return 'no tbf qdisc here (`tc qdisc add ... tbf`): %s' % tbf.out.strip()
-        made = run(['ip', 'link', 'add', bridge, 'type', 'bridge'], check=False)
-        if made.returncode != 0:
-            return 'cannot create a bridge here: %s' % made.out.strip()
-    except (OSError, subprocess.SubprocessError) as e:
-        return 'probing network namespaces failed: %s' % e
-    finally:
-        _quiet(['ip', 'link', 'del', bridge])
-        _quiet(['ip', 'netns', 'del', probe])
+    return netns.namespaces_problem(tag, _veth_and_tbf_problem)
+
+
+def _veth_and_tbf_problem(probe):
+    veth = run(['ip', 'link', 'add', 'pa', 'type', 'veth', 'peer', 'name', 'pb'], ns=probe,
+               check=False)
+    if veth.returncode != 0:
+        return 'cannot create a veth pair here: %s' % veth.out.strip()
+    tbf = run(['tc', 'qdisc', 'add', 'dev', 'pa', 'root'] + tbf_args('1gbit'), ns=probe,
+              check=False)
+    if tbf.returncode != 0:
+        return 'no tbf qdisc here (`tc qdisc add ... tbf`): %s' % tbf.out.strip()
     return None
 
 
 # ----------------------------------------------------------------------------
 # Processes and jobs
-
-
-class Proc(object):
-    """One process (in a namespace when ns is given), output to a log file."""
-
-    def __init__(self, res, ns, label, argv, env, log):
-        self.res = res
-        self.label = label
-        self.ns = ns
-        self.log = log
-        if ns is not None:
-            argv = ['ip', 'netns', 'exec', ns] + list(argv)  # execs: same pid
-        with open(log, 'wb') as out:
-            self.proc = subprocess.Popen(argv, env=env, cwd=res.tmp, stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.pid = self.proc.pid
-        self.entry = [self.pid, start_time(self.pid)]
-        res.remember('pids', self.entry)
-
-    def poll(self):
-        code = self.proc.poll()
-        if code is not None:
-            self.res.forget('pids', self.entry)
-        return code
-
-    def end(self, sig=signal.SIGTERM, wait_s=5):
-        """Ends the process by pid (if still running): sig, then SIGKILL."""
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)  # still our unreaped child: the pid is ours
-                self.proc.wait(wait_s)
-            except (OSError, subprocess.TimeoutExpired):
-                try:
-                    os.kill(self.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                self.proc.wait()
-        self.poll()
-        return self.proc.returncode
-
-    def output(self):
-        try:
-            with open(self.log, 'rb') as f:
-                return f.read().decode('utf-8', 'replace')
-        except OSError:
-            return ''
 
 
 def job_env(tag, role, root_uri, root_port, node_host, servers, workers):
@@ -522,8 +271,7 @@ class Job(object):
         if os.environ.get('TESSERA_INSECURE') != '1':
             keys = os.path.join(res.tmp, name + '-keys')
             os.mkdir(keys, 0o700)
-            for role, text in launch.make_job_keys().items():
-                launch.write_private(os.path.join(keys, role + '.key'), text)
+            job_keys.write_job_keys(keys)
         self.started = time.monotonic()
         counts = {}
         for role, (ns, address) in zip(roles, hosts):
@@ -543,29 +291,10 @@ class Job(object):
         """Waits for every process to exit; returns True when all exited 0. After
         the first failure the others get FAILURE_GRACE_S; at `timeout` whatever
         runs is killed by pid."""
-        deadline = self.started + timeout
-        first_failure = None
-        while True:
-            codes = [p.poll() for p in self.procs]
-            if all(c is not None for c in codes):
-                break
-            now = time.monotonic()
-            if first_failure is None and any(c not in (None, 0) for c in codes):
-                first_failure = now
-            if now > deadline:
-                self.why = 'still running %d s after it started (--timeout)' % timeout
-                break
-            if first_failure is not None and now > first_failure + FAILURE_GRACE_S:
-                self.why = ('a process failed and the others were still running %d s later'
-                            % FAILURE_GRACE_S)
-                break
-            time.sleep(0.1)
-        self.elapsed = time.monotonic() - self.started
-        running = [p.label for p in self.procs if p.poll() is None]
-        for p in self.procs:
-            p.end(signal.SIGKILL)
-        if running:
-            self.why = '%s; killed: %s' % (self.why, ', '.join(running))
+        self.why, ended = netns.wait_all(
+            self.procs, self.started + timeout, FAILURE_GRACE_S,
+            'still running %d s after it started (--timeout)' % timeout)
+        self.elapsed = ended - self.started
         codes = [p.proc.returncode for p in self.procs]
         if self.why is None and any(codes):
             self.why = 'not every process exited 0: %s' % ', '.join(
@@ -579,7 +308,7 @@ class Job(object):
     def report(self):
         return '\n'.join('--- %s%s (pid %d, exit %s), last lines of %s:\n%s'
                          % (p.label, ' in ' + p.ns if p.ns else '', p.pid,
-                            p.proc.returncode, p.log, tail_of(p.log)) for p in self.procs)
+                            p.proc.returncode, p.log, tail_of(p.log, 20)) for p in self.procs)
 
     def worker_metrics(self, workers):
         out = []
@@ -667,6 +396,12 @@ def link_check(res, topo, seconds=1.0):
 
 # ----------------------------------------------------------------------------
 # Reporting
+
+
+def write_json(path, record):
+    with open(path, 'w') as f:
+        json.dump(record, f, indent=1)
+        f.write('\n')
 
 
 def fmt_mb(b):
@@ -816,18 +551,7 @@ def check_mode_flags(worker, modes, common, extra):
     return None
 
 
-RESOURCES = None
-
-
-def _signal_teardown(signum, _frame):
-    if RESOURCES is not None:
-        RESOURCES.teardown()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
 def main(argv):
-    global RESOURCES
     args = parse_args(argv)
     binaries = {'scheduler': os.path.join(args.build, 'scheduler', 'tessera-scheduler'),
                 'server': os.path.join(args.build, 'server', 'tessera-server'),
@@ -852,10 +576,7 @@ def main(argv):
             say('cannot build shaped links: %s' % why)
             return EXIT_NO_SHAPING
 
-    RESOURCES = res = Resources(args.tag)
-    atexit.register(res.teardown)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _signal_teardown)
+    res = start_resources(args.tag)
     record = {
         'command': ' '.join(['tools/bench/shaped_link.py'] + argv),
         'started': time.strftime('%Y-%m-%d %H:%M:%S %z'),
@@ -935,15 +656,11 @@ def main(argv):
             print_rate(rate, record['tbf'].get(rate), summary, rows[rate], args.modes,
                        '%.0f Mbit/s' % mbit if mbit else None)
         if args.json:
-            with open(args.json, 'w') as f:
-                json.dump(record, f, indent=1)
-                f.write('\n')
+            write_json(args.json, record)
         return 0
     finally:
         res.teardown()
 
 
 if __name__ == '__main__':
-    if len(sys.argv) == 3 and sys.argv[1] == '--cleanup-guard':
-        sys.exit(guard_main(sys.argv[2]))
     sys.exit(main(sys.argv[1:]))

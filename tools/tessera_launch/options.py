@@ -1,0 +1,214 @@
+"""The launcher's command line: its flags, their checks, and the errors that end
+a launch before any process starts.
+
+    args = parse_args(['-n', '2', '-s', '1', 'build/worker/my_trainer'])
+    args.num_workers, args.num_servers, args.command   # 2, 1, ['build/...']
+
+Errors: UsageError (a caller mistake: one line, exit 2), SetupError (the job
+could not be prepared, e.g. rsync failed: one line, exit 1).
+"""
+
+import argparse
+import re
+import shlex
+
+PROG = 'launch.py'
+SCHEDULER_BINARY = 'tessera-scheduler'
+SERVER_BINARY = 'tessera-server'
+
+# Carries the per-role argv and environment to `launch.py --mpi-child` ranks.
+MPI_SPEC_VAR = 'TESSERA_LAUNCH_MPI_SPEC'
+LAUNCHERS = ('local', 'ssh', 'mpi', 'slurm')
+
+# Set by the launcher itself; --env must not override them.
+RESERVED_VARS = frozenset([
+    'DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
+    'DMLC_NUM_WORKER', 'DMLC_TASK_ID', 'DMLC_JOB_CLUSTER',
+    'TESSERA_RESTART_COUNT', MPI_SPEC_VAR,
+])
+_ENV_NAME_RE = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
+
+
+class UsageError(Exception):
+    """A caller mistake: reported as one line, exit status 2."""
+
+
+class SetupError(Exception):
+    """The job could not be prepared (e.g. rsync failed): one line, exit 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _int_arg(minimum, what):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError('expected %s, got %r' % (what, text))
+        return value
+    return parse
+
+
+def _port_arg(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError('expected a TCP port 1..65535, got %r' % text)
+    return value
+
+
+def _seconds_arg(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float('inf'):
+        raise argparse.ArgumentTypeError('expected a positive number of seconds, got %r' % text)
+    return value
+
+
+def build_parser():
+    p = _Parser(
+        prog=PROG, allow_abbrev=False,
+        usage='%(prog)s -n NUM_WORKERS [-s NUM_SERVERS] [--launcher local|ssh|mpi|slurm] '
+              '[-H HOSTFILE] [options] COMMAND [ARGS...]',
+        description='Start a Tessera job: a scheduler, servers and workers running COMMAND.')
+    p.add_argument('-n', '--num-workers', type=_int_arg(1, 'a positive integer'),
+                   help='number of workers (required)')
+    p.add_argument('-s', '--num-servers', type=_int_arg(0, 'a non-negative integer'),
+                   help='number of servers (default: the number of workers)')
+    p.add_argument('--launcher', choices=LAUNCHERS, default='local',
+                   help='how to start servers and workers (default: local); slurm: '
+                        'inside a Slurm allocation, one srun step per process')
+    p.add_argument('-H', '--hostfile',
+                   help="hosts for ssh/mpi, one per line: 'host', 'host:sshport', 'host slots=N'")
+    p.add_argument('--sync-dst-dir', metavar='DIR',
+                   help='rsync the working folder to DIR on every host first and run there')
+    p.add_argument('--env', action='append', default=[], metavar='NAME[:VALUE]',
+                   help='set NAME for every process (NAME alone: forward the launcher\'s value)')
+    p.add_argument('--env-server', action='append', default=[], metavar='NAME[:VALUE]',
+                   help='like --env, servers only')
+    p.add_argument('--env-worker', action='append', default=[], metavar='NAME[:VALUE]',
+                   help='like --env, workers only')
+    p.add_argument('--scheduler-binary', metavar='PATH', help='the %s to run' % SCHEDULER_BINARY)
+    p.add_argument('--server-binary', metavar='PATH', help='the %s to run' % SERVER_BINARY)
+    p.add_argument('--server-args', default='', metavar='"ARGS"',
+                   help='extra arguments for every server (split like a shell would)')
+    p.add_argument('--interface', metavar='NAME',
+                   help='network interface the nodes take their address from (DMLC_INTERFACE)')
+    p.add_argument('--port', type=_port_arg, help='scheduler port (default: a free one)')
+    p.add_argument('--metrics-port', type=_port_arg, metavar='BASE',
+                   help='serve Prometheus metrics: process i (scheduler 0, servers 1..S, '
+                        'workers S+1..S+W) on port BASE+i of its address (TESSERA_METRICS_PORT)')
+    p.add_argument('--timeout', type=_seconds_arg, default=30.0, metavar='SECONDS',
+                   help='grace for the scheduler and servers to exit after the workers '
+                        'finished (default: 30)')
+    p.add_argument('--restarts', type=_int_arg(0, 'a non-negative integer'), default=0,
+                   metavar='N', help='restart a failed server or worker up to N times')
+    p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
+                   help='when the job has printed nothing for this long, say which of its '
+                        'processes still run (default: 60; again every SECONDS)')
+    p.add_argument('--verbose', action='store_true', help='say what the launcher does')
+    p.add_argument('--mpi-child', action='store_true', help=argparse.SUPPRESS)
+    p.add_argument('command', nargs=argparse.REMAINDER, metavar='COMMAND [ARGS...]',
+                   help='the worker program and its arguments')
+    return p
+
+
+def _join_server_args(argv):
+    """Rewrites '--server-args VALUE' as '--server-args=VALUE' before COMMAND, so
+    a value that starts with '-' (the usual case) is not taken for a flag."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == '--server-args' and i + 1 < len(argv):
+            argv[i:i + 2] = ['--server-args=' + argv[i + 1]]
+        elif token in _VALUE_FLAGS:
+            i += 1
+        elif token == '--' or not token.startswith('-') or token == '-':
+            break  # COMMAND starts here
+        i += 1
+    return argv
+
+
+_VALUE_FLAGS = frozenset([
+    '-n', '--num-workers', '-s', '--num-servers', '--launcher', '-H', '--hostfile',
+    '--sync-dst-dir', '--env', '--env-server', '--env-worker', '--scheduler-binary',
+    '--server-binary', '--interface', '--port', '--timeout', '--restarts', '--metrics-port',
+])
+
+
+def parse_args(argv):
+    """Parses and checks the command line. Raises UsageError."""
+    args = build_parser().parse_args(_join_server_args(argv))
+    if args.command and args.command[0] == '--':
+        args.command = args.command[1:]
+    if args.mpi_child:
+        return args
+    if args.num_workers is None:
+        raise UsageError('argument -n/--num-workers: required (the number of workers)')
+    if not args.command:
+        raise UsageError('missing COMMAND: expected the worker program (and its arguments) '
+                         'after the flags')
+    if args.num_servers is None:
+        args.num_servers = args.num_workers
+    if args.launcher == 'ssh' and not args.hostfile:
+        raise UsageError('--launcher ssh: expected -H/--hostfile HOSTFILE')
+    if args.launcher == 'slurm':
+        if args.hostfile:
+            raise UsageError('-H/--hostfile: not used with --launcher slurm (the hosts are '
+                             'the allocation\'s nodes, SLURM_JOB_NODELIST)')
+        if args.sync_dst_dir:
+            raise UsageError('--sync-dst-dir: not supported with --launcher slurm (its '
+                             'steps run in the launcher\'s folder, on a file system the '
+                             'nodes share)')
+    if args.launcher == 'mpi' and args.restarts:
+        raise UsageError('--restarts: not supported with --launcher mpi (mpirun stops the '
+                         'whole job when a rank fails)')
+    if args.metrics_port is not None:
+        last = args.metrics_port + args.num_servers + args.num_workers
+        if last > 65535:
+            raise UsageError('--metrics-port %d: expected a port in 1..%d (this job needs %d '
+                             'ports from it)' % (args.metrics_port,
+                                                 65535 - args.num_servers - args.num_workers,
+                                                 1 + args.num_servers + args.num_workers))
+    if args.interface is not None and not re.match(r'^[A-Za-z0-9_.:@-]{1,15}$', args.interface):
+        raise UsageError('--interface %r: expected a network interface name such as eth0'
+                         % args.interface)
+    try:
+        args.server_argv_extra = shlex.split(args.server_args)
+    except ValueError as e:
+        raise UsageError('--server-args %r: %s' % (args.server_args, e))
+    return args
+
+
+def parse_env_spec(spec, flag, environ):
+    """Parses one --env value: 'NAME:VALUE' or 'NAME' (forward environ[NAME])."""
+    name, sep, value = spec.partition(':')
+    if not _ENV_NAME_RE.match(name):
+        raise UsageError('%s %r: expected NAME[:VALUE] with NAME a variable name' % (flag, spec))
+    if name in RESERVED_VARS:
+        raise UsageError('%s %s: set by the launcher itself (use -n, -s, --port, '
+                         '--interface or DMLC_PS_ROOT_URI)' % (flag, name))
+    if not sep:
+        if name not in environ:
+            raise UsageError('%s %s: no value given and %s is not set in the launcher\'s '
+                             'environment' % (flag, name, name))
+        value = environ[name]
+    return name, value
+
+
+def parse_env_specs(specs, flag, environ):
+    out = {}
+    for spec in specs:
+        name, value = parse_env_spec(spec, flag, environ)
+        out[name] = value
+    return out
