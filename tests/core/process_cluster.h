@@ -9,7 +9,7 @@
 //   ProcessCluster c;
 //   c.Env("PS_HEARTBEAT_TIMEOUT", "3");
 //   c.Start(/*servers=*/2, /*workers=*/3,
-//   {BinaryPath("tests/core/barrier_worker"), "5"});
+//   {BinaryPath("tests/core/kv_check_worker"), "barrier", "5"});
 //   std::vector<ProcessCluster::Exit> exits = c.WaitAll(absl::Seconds(60));
 #ifndef TESSERA_TESTS_CORE_PROCESS_CLUSTER_H_
 #define TESSERA_TESTS_CORE_PROCESS_CLUSTER_H_
