@@ -100,20 +100,59 @@ bool JobKeys::IsRoleKey(absl::string_view z85) const {
   return false;
 }
 
-absl::StatusOr<JobKeySet> GenerateJobKeys() {
+absl::StatusOr<CurveKeyPair> GenerateKeyPair() {
   if (!zmq_has("curve")) return NoCurve();
+  char pub[kZ85KeyLength + 1], sec[kZ85KeyLength + 1];
+  if (zmq_curve_keypair(pub, sec) != 0) {
+    return absl::InternalError(
+        absl::StrCat("zmq_curve_keypair: ", zmq_strerror(zmq_errno())));
+  }
+  CurveKeyPair pair;
+  pair.public_key.assign(pub, kZ85KeyLength);
+  pair.secret_key.assign(sec, kZ85KeyLength);
+  sodium_memzero(sec, sizeof(sec));
+  return pair;
+}
+
+absl::StatusOr<JobKeySet> GenerateJobKeys() {
   JobKeySet set;
   for (CurveKeyPair& pair : set.pairs) {
-    char pub[kZ85KeyLength + 1], sec[kZ85KeyLength + 1];
-    if (zmq_curve_keypair(pub, sec) != 0) {
-      return absl::InternalError(
-          absl::StrCat("zmq_curve_keypair: ", zmq_strerror(zmq_errno())));
-    }
-    pair.public_key.assign(pub, kZ85KeyLength);
-    pair.secret_key.assign(sec, kZ85KeyLength);
-    sodium_memzero(sec, sizeof(sec));
+    absl::StatusOr<CurveKeyPair> made = GenerateKeyPair();
+    if (!made.ok()) return made.status();
+    pair = *std::move(made);
   }
   return set;
+}
+
+absl::StatusOr<NodeKeyFiles> GenerateNodeKeyFiles(const JobKeySet& set,
+                                                  int num_servers,
+                                                  int num_workers) {
+  if (num_servers < 0 || num_workers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node counts must not be negative, got ", num_servers,
+                     " servers and ", num_workers, " workers"));
+  }
+  NodeKeyFiles files;
+  files.scheduler = absl::StrCat(
+      FormatKeyFile(set, Role::kScheduler),
+      "# Every node's own key: a node registers with one of them.\n");
+  std::string roster;
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    const int count = role == Role::kServer ? num_servers : num_workers;
+    std::vector<std::string>& out =
+        role == Role::kServer ? files.servers : files.workers;
+    for (int i = 0; i < count; ++i) {
+      absl::StatusOr<CurveKeyPair> own = GenerateKeyPair();
+      if (!own.ok()) return own.status();
+      out.push_back(absl::StrCat(FormatKeyFile(set, role),
+                                 "# This process's own key (", RoleName(role),
+                                 " ", i, ").\nnode-secret-key ",
+                                 own->secret_key, "\n"));
+      absl::StrAppend(&files.scheduler, "node-key ", RoleName(role), " ",
+                      own->public_key, "\n");
+    }
+  }
+  return files;
 }
 
 std::string FormatKeyFile(const JobKeySet& set, Role role) {
@@ -260,37 +299,44 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
   return keys;
 }
 
+absl::Status WritePrivateFile(const std::string& path, absl::string_view text) {
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                        0600);
+  if (fd < 0) {
+    const std::string why = std::strerror(errno);
+    if (errno == EEXIST) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(path, " exists; keys are never overwritten"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", path, ": ", why));
+  }
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("cannot write ", path, ": ", why));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteKeyFiles(const JobKeySet& set, const std::string& dir) {
   for (Role r : kRoles) {
     const std::string path = absl::StrCat(dir, "/", RoleName(r), ".key");
-    const int fd = ::open(path.c_str(),
-                          O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                          0600);
-    if (fd < 0) {
-      const std::string why = std::strerror(errno);
-      if (errno == EEXIST) {
-        return absl::AlreadyExistsError(
-            absl::StrCat(path, " exists; keys are never overwritten"));
-      }
-      return absl::UnavailableError(
-          absl::StrCat("cannot create ", path, ": ", why));
-    }
-    const std::string text = FormatKeyFile(set, r);
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const std::string why = std::strerror(errno);
-        ::close(fd);
-        return absl::UnavailableError(
-            absl::StrCat("cannot write ", path, ": ", why));
-      }
-      done += static_cast<size_t>(n);
-    }
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+    if (absl::Status s = WritePrivateFile(path, FormatKeyFile(set, r));
+        !s.ok()) {
+      return s;
     }
   }
   return absl::OkStatus();

@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -94,8 +95,23 @@ struct ConnectionSecurity {
   bool encrypt = true;
 };
 
-// Fresh key pairs for the three roles. Internal when ZeroMQ lacks CURVE.
+// A fresh CURVE key pair, and fresh key pairs for the three roles. Internal
+// when ZeroMQ lacks CURVE.
+absl::StatusOr<CurveKeyPair> GenerateKeyPair();
 absl::StatusOr<JobKeySet> GenerateJobKeys();
+
+// A job's key files when every server and worker has a key of its own (what
+// tools/launch.py hands out, through `tessera-keygen --servers S --workers
+// W`): each node's file is its role's plus its `node-secret-key`, and the
+// scheduler's lists every node's public key (`node-key ROLE KEY`).
+struct NodeKeyFiles {
+  std::string scheduler;
+  std::vector<std::string> servers;  // by launch index
+  std::vector<std::string> workers;
+};
+absl::StatusOr<NodeKeyFiles> GenerateNodeKeyFiles(const JobKeySet& set,
+                                                  int num_servers,
+                                                  int num_workers);
 
 // The key file of `role` (the format above).
 std::string FormatKeyFile(const JobKeySet& set, Role role);
@@ -106,6 +122,9 @@ std::string FormatKeyFile(const JobKeySet& set, Role role);
 absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
                                      const std::string& origin);
 
+// Creates `path` mode 0600 holding `text`, never replacing a file
+// (AlreadyExists) nor following a symbolic link, and syncs it.
+absl::Status WritePrivateFile(const std::string& path, absl::string_view text);
 // Writes scheduler.key, server.key and worker.key into `dir` (which must
 // exist), each created mode 0600; an existing file is an error (AlreadyExists).
 absl::Status WriteKeyFiles(const JobKeySet& set, const std::string& dir);

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -66,6 +67,38 @@ TEST(CurveKeysTest, EachRolesFileHoldsItsSecretAndEveryPublicKey) {
     }
     EXPECT_EQ(keys->RoleOfKey(Keys().of(role).public_key), std::nullopt);
   }
+}
+
+// tessera-keygen --servers S --workers W (what launch.py hands out): every
+// node's file is its role's plus a key of its own, and the scheduler's lists
+// exactly those keys, each under its node's role.
+TEST(CurveKeysTest, NodeKeyFilesGiveEveryProcessAKeyTheSchedulerLists) {
+  const JobKeySet set = Keys();
+  absl::StatusOr<NodeKeyFiles> files = GenerateNodeKeyFiles(set, 2, 3);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->servers.size(), 2u);
+  ASSERT_EQ(files->workers.size(), 3u);
+  absl::StatusOr<JobKeys> scheduler = ParseKeyFile(files->scheduler, "sched");
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  EXPECT_EQ(scheduler->role, Role::kScheduler);
+  EXPECT_EQ(scheduler->node_keys.size(), 5u);
+  std::set<std::string> own;
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    for (const std::string& text :
+         role == Role::kServer ? files->servers : files->workers) {
+      EXPECT_EQ(text.rfind(FormatKeyFile(set, role), 0), 0u) << text;
+      absl::StatusOr<JobKeys> keys = ParseKeyFile(text, "node");
+      ASSERT_TRUE(keys.ok()) << keys.status();
+      EXPECT_EQ(keys->role, role);
+      EXPECT_EQ(keys->secret_key, set.of(role).secret_key);
+      ASSERT_EQ(keys->node_public_key.size(), kZ85KeyLength);
+      EXPECT_EQ(scheduler->RoleOfKey(keys->node_public_key), role);
+      own.insert(keys->node_public_key);
+    }
+  }
+  EXPECT_EQ(own.size(), 5u);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      GenerateNodeKeyFiles(set, -1, 2).status()));
 }
 
 TEST(CurveKeysTest, MalformedFilesNameTheProblem) {

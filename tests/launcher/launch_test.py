@@ -35,7 +35,7 @@ from tessera_launch.hosts import (  # noqa: E402
     Host, distinct_hosts, interface_ipv4, parse_hostfile_text, pick_port, place,
     scheduler_address)
 from tessera_launch.keys import (  # noqa: E402
-    job_security, make_job_keys, prepare_keys, write_job_keys, x25519, z85_encode)
+    job_security, make_job_keys, prepare_keys, write_job_keys)
 from tessera_launch.options import (  # noqa: E402
     MPI_SPEC_VAR, UsageError, parse_args, parse_env_specs)
 from tessera_launch.remote import (  # noqa: E402
@@ -675,16 +675,35 @@ class RemoteCommandTest(unittest.TestCase):
 
 
 class KeyTest(unittest.TestCase):
-    def test_x25519_and_z85_match_their_rfcs(self):
-        # RFC 7748 5.2 and 6.1; RFC 32 (Z85).
-        scalar = bytes.fromhex('a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4')
-        u = bytes.fromhex('e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c')
-        self.assertEqual(x25519(scalar, u).hex(),
-                         'c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552')
-        alice = bytes.fromhex('77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a')
-        self.assertEqual(x25519(alice, (9).to_bytes(32, 'little')).hex(),
-                         '8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a')
-        self.assertEqual(z85_encode(bytes.fromhex('864fd26fb559f75b')), 'HelloWorld')
+    def test_every_process_gets_a_file_of_its_own_listed_by_the_scheduler(self):
+        # tessera-keygen --servers 2 --workers 3, as a local launch runs it.
+        args = parse_args(['-n', '3', '-s', '2', '/w'])
+        cfg = build_config(args, {'PATH': '/bin'}, 'local', '127.0.0.1', remote=False)
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        prepare_keys(cfg, args, [], tmp)
+        scheduler = open(os.path.join(tmp, 'scheduler.key')).read()
+        roster = [line.split() for line in scheduler.splitlines()
+                  if line.startswith('node-key ')]
+        self.assertEqual([r[1] for r in roster], ['server'] * 2 + ['worker'] * 3)
+        self.assertEqual(len(set(r[2] for r in roster)), 5)
+        own = set()
+        for (role, index), env in sorted(cfg.node_key_env.items()):
+            path = env['TESSERA_KEY_FILE']
+            self.assertEqual(path, os.path.join(tmp, '%s-%d.key' % (role, index)))
+            self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+            text = open(path).read()
+            role_text = open(os.path.join(tmp, role + '.key')).read()
+            self.assertTrue(text.startswith(role_text), text)
+            secret = [l.split()[1] for l in text.splitlines()
+                      if l.startswith('node-secret-key ')]
+            self.assertEqual(len(secret), 1)
+            self.assertEqual(len(secret[0]), 40)
+            own.add(secret[0])
+        self.assertEqual(len(own), 5)
+        self.assertEqual(sorted(cfg.node_key_env),
+                         [('server', 0), ('server', 1), ('worker', 0), ('worker', 1),
+                          ('worker', 2)])
 
     def test_each_role_gets_its_own_secret_and_every_public_key(self):
         files = make_job_keys()

@@ -14,7 +14,7 @@ import tempfile
 from .binaries import SOURCE_TREE_SCRIPT, check_command, find_binary, own_build_dirs
 from .config import build_config, metrics_urls
 from .hosts import interface_ipv4, parse_hostfile, scheduler_address
-from .keys import job_security, prepare_keys
+from .keys import find_keygen, job_security, prepare_keys
 from .local import local_nodes
 from .mpi import install_mpi_keys, mpi_child, mpi_nodes, remove_mpi_keys
 from .options import PROG, SCHEDULER_BINARY, SERVER_BINARY, SetupError, UsageError, parse_args
@@ -66,6 +66,8 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
                     else '127.0.0.1')
             cfg = build_config(args, environ, args.launcher, root, remote=bool(hosts))
         security = job_security(environ)
+        keygen = (find_keygen(environ, near=scheduler_bin, script=script)
+                  if security == 'generate' else None)
     except UsageError as e:
         sys.stderr.write('%s: error: %s\n' % (PROG, e))
         return 2
@@ -77,7 +79,11 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
     with tempfile.TemporaryDirectory(prefix='tessera-launch-') as tmpdir:
         remote_key_dir = None
         if security == 'generate':
-            remote_key_dir = prepare_keys(cfg, args, hosts, tmpdir)
+            try:
+                remote_key_dir = prepare_keys(cfg, args, hosts, tmpdir, keygen)
+            except SetupError as e:
+                say(str(e))
+                return 1
         try:
             if args.launcher == 'local':
                 nodes = local_nodes(cfg, args, scheduler_bin, server_bin, environ)
