@@ -15,8 +15,9 @@ packages=(
   # Tests: GNU MPFR is the reference for the server's exact round sums.
   libmpfr-dev
   dataset-fashion-mnist
-  # The Python package (python/tessera), its examples and tests.
-  python3-numpy python3-torch python3-pytest
+  # The Python package (python/tessera), its examples and tests; pip installs it
+  # offline (tests/install: pip install --no-build-isolation ./python).
+  python3-numpy python3-torch python3-pytest python3-pip python3-setuptools python3-wheel
   # Multi-host tests and launchers.
   iproute2 openssh-server openssh-client rsync openmpi-bin nftables
   # The slurm launcher's test (tests/multihost/slurm_test.py): slurmctld, slurmd, srun.

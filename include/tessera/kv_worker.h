@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "tessera/export.h"
 
 namespace tessera {
 
@@ -63,7 +64,7 @@ struct KVWorkerStats {
 //   auto h = (*kv)->PullViewAsync(0, &w);
 //   (*kv)->Wait(*h);
 //   absl::Span<const float> weights = w.span();  // one part: no copy at all
-class PulledValue {
+class TESSERA_EXPORT PulledValue {
  public:
   PulledValue() = default;
 
@@ -86,7 +87,7 @@ class PulledValue {
   std::shared_ptr<const Rep> rep_;
 };
 
-class KVWorker {
+class TESSERA_EXPORT KVWorker {
  public:
   // Joins the cluster given by the DMLC_* environment as a worker. `type` is
   // "dist_sync" or "dist_async". Blocks until the node table has arrived.
@@ -96,7 +97,9 @@ class KVWorker {
   static absl::StatusOr<std::unique_ptr<KVWorker>> Create(
       const std::string& type);
 
-  virtual ~KVWorker() = default;
+  // Out of line (kv_worker.cc): the class's vtable and type_info live in
+  // libtessera, exported once, not in every program that includes this.
+  virtual ~KVWorker();
 
   virtual int rank() const = 0;
   virtual int num_workers() const = 0;

@@ -9,15 +9,42 @@
 
 tessera.torch (imported on its own: `import tessera.torch`) trains a
 torch.nn.Module data-parallel through the servers. See examples/ and
-python/README.md.
+docs/python.md.
 """
 from .kvstore import KVStore, Op, TesseraError, create
 
-__version__ = '0.1.0'
-__all__ = ['KVStore', 'Op', 'TesseraError', 'create', 'library_path']
+
+def _source_tree_version():
+    """The VERSION file of the source tree this package is imported from."""
+    import os
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'VERSION')
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return '0+unknown'
+
+
+try:
+    from ._version import __version__  # written by cmake --install or pip's build
+except ImportError:  # imported from the source tree (python/)
+    __version__ = _source_tree_version()
+
+__all__ = ['KVStore', 'Op', 'TesseraError', 'create', 'library_path', 'library_version']
 
 
 def library_path():
     """The path libtessera was loaded from, or None before the first KVStore."""
     from . import _capi
     return _capi.path()
+
+
+def library_version():
+    """The version of the libtessera this package loads (tessera_version());
+    loads it. Raises TesseraError when it cannot be loaded."""
+    from . import _capi
+    try:
+        lib = _capi.load()
+    except _capi.LibraryNotFound as e:
+        raise TesseraError('UNAVAILABLE: %s' % e) from None
+    return lib.tessera_version().decode()

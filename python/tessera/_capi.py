@@ -11,8 +11,9 @@ microseconds for the shortest round trip to a server.
 
 Where the library is looked for, first found wins:
   1. $TESSERA_LIBRARY (a path to libtessera.so; only this one when set);
-  2. next to an installed package: the lib directory that `cmake --install`
-     recorded in tessera/_install.py, relative to the package;
+  2. an installed package's library: the lib directory recorded in
+     tessera/_install.py by `cmake --install` (relative to the package) or by
+     `pip install ./python` (where pkg-config found libtessera at build time);
   3. a build tree: $TESSERA_BUILD_DIR/worker, then <source>/build/worker when
      the package is imported from <source>/python;
   4. the system's search path (ctypes.util.find_library('tessera')).
@@ -82,6 +83,7 @@ def _declare(lib):
         'tessera_kv_barrier': [kv],
         'tessera_kv_set_optimizer': [kv, ctypes.c_char_p],
         'tessera_kv_set_gradient_compression': [kv, ctypes.c_char_p, ctypes.c_float],
+        'tessera_kv_set_pull_compression': [kv, ctypes.c_char_p],
         'tessera_kv_close': [kv],
         'tessera_kv_resume_round': [kv, u64_p],
         # Row-sparse keys: ids travel as the address of a uint64 array.
@@ -108,6 +110,8 @@ def _declare(lib):
     lib.tessera_pulled_free.restype = None
     lib.tessera_last_error.argtypes = []
     lib.tessera_last_error.restype = ctypes.c_char_p
+    lib.tessera_version.argtypes = []
+    lib.tessera_version.restype = ctypes.c_char_p
 
 
 def load():

@@ -439,6 +439,24 @@ class KVStore:
         self._call('tessera_kv_set_gradient_compression', kind.encode(),
                    ctypes.c_float(float(threshold)))
 
+    def set_pull_compression(self, compression):
+        """Pull compression: "2bit" or "none" (the default). With "2bit" a pull
+        brings only the change of the weights since this worker's last pull,
+        2-bit coded against a threshold the server chooses per change (the mean
+        absolute change); what is not sent yet stays on the server for later
+        pulls, and this worker keeps a copy of each key (one copy of the
+        weights) that the changes are added to. The first pull of a key, and a
+        pull after a restart, brings the weights whole. A pull therefore returns
+        the weights as compression has brought them so far, not the servers'
+        exact weights; pushpull replies and row-sparse pulls stay float32
+        (docs/compression.md). REQUIRES: before the first init. TesseraError
+        (INVALID_ARGUMENT) for another type, (FAILED_PRECONDITION) after an
+        init."""
+        if not isinstance(compression, str):
+            raise TypeError('set_pull_compression: expected a str, "2bit" or "none", got %s'
+                            % _type_name(compression))
+        self._call('tessera_kv_set_pull_compression', compression.encode())
+
     # -- dense keys ---------------------------------------------------------------
 
     def init(self, key, value):

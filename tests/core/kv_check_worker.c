@@ -67,11 +67,18 @@ static int Close(TesseraKV* kv) {
     }                                                           \
   } while (0)
 
-#define CHECK_FAILS(call, text)                                             \
+/* A failed call returns the status code of its failure (c_api.h). */
+#define CHECK_FAILS(call, code, text)                                       \
   do {                                                                      \
-    if ((call) == 0) {                                                      \
+    const int rc = (call);                                                  \
+    if (rc == TESSERA_OK) {                                                 \
       fprintf(stderr, "rank %d: %s succeeded but should fail\n", rank_,     \
               #call);                                                       \
+      exit(1);                                                              \
+    }                                                                       \
+    if (rc != (code)) {                                                     \
+      fprintf(stderr, "rank %d: %s returned %d (%s), expected %d (%s)\n",   \
+              rank_, #call, rc, tessera_last_error(), (int)(code), #code);  \
       exit(1);                                                              \
     }                                                                       \
     if (strstr(tessera_last_error(), text) == NULL) {                       \
@@ -159,7 +166,8 @@ static int Nightly(void) {
     return 1;
   }
   tessera_pulled_free(view);
-  CHECK_FAILS(tessera_kv_pull_view(kv, 42, &view), "never initialised");
+  CHECK_FAILS(tessera_kv_pull_view(kv, 42, &view), TESSERA_NOT_FOUND,
+              "never initialised");
   CHECK_OK(Close(kv));
   printf("nightly ok: rank %d of %d, 7 rounds, pull_view in %zu parts\n",
          rank_, n, parts);
@@ -209,12 +217,13 @@ static int AsyncApi(void) {
     ExpectAll(small, kSmallLen, want, "small key", i);
     ExpectAll(big_out, kBigLen, want, "1200x1200 key", i);
   }
-  CHECK_FAILS(tessera_kv_wait(kv, 123456789), "unknown operation handle");
+  CHECK_FAILS(tessera_kv_wait(kv, 123456789), TESSERA_INVALID_ARGUMENT,
+              "unknown operation handle");
   uint64_t op = 0;
   CHECK_FAILS(tessera_kv_pull_async(kv, 42, small, kSmallLen, &op),
-              "never initialised");
+              TESSERA_NOT_FOUND, "never initialised");
   CHECK_FAILS(tessera_kv_push_async(kv, kSmall, grad, kSmallLen, NULL),
-              "handle is NULL");
+              TESSERA_INVALID_ARGUMENT, "handle is NULL");
   CHECK_OK(tessera_kv_close(kv));
   printf("async_api ok: rank %d of %d\n", rank_, n);
   free(small);
@@ -366,7 +375,7 @@ static int AsyncNoOptimizer(void) {
   TesseraKV* kv = Create("dist_async");
   float value[4] = {1, 2, 3, 4};
   CHECK_OK(tessera_kv_init(kv, 1, value, 4));
-  CHECK_FAILS(tessera_kv_push(kv, 1, value, 4),
+  CHECK_FAILS(tessera_kv_push(kv, 1, value, 4), TESSERA_FAILED_PRECONDITION,
               "dist_async needs an optimizer");
   float out[4] = {0};
   CHECK_OK(tessera_kv_pull(kv, 1, out, 4)); /* the server is still serving */
@@ -386,31 +395,40 @@ static int Errors(void) {
   float v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
   float out[8];
   CHECK_FAILS(tessera_kv_set_optimizer(kv, "bogus lr=1"),
-              "unknown optimizer 'bogus'");
+              TESSERA_INVALID_ARGUMENT, "unknown optimizer 'bogus'");
   CHECK_FAILS(tessera_kv_set_optimizer(kv, "sgd foo=1"),
-              "unknown parameter 'foo'");
+              TESSERA_INVALID_ARGUMENT, "unknown parameter 'foo'");
   CHECK_FAILS(tessera_kv_set_optimizer(kv, "sgd lr=abc"),
-              "expected a finite number");
+              TESSERA_INVALID_ARGUMENT, "expected a finite number");
   CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0),
-              "expected a number > 0");
+              TESSERA_INVALID_ARGUMENT, "expected a number > 0");
   CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "4bit", 0.5f),
-              "expected 2bit or none");
+              TESSERA_INVALID_ARGUMENT, "expected 2bit or none");
+  CHECK_FAILS(tessera_kv_set_pull_compression(kv, "3bit"),
+              TESSERA_INVALID_ARGUMENT, "expected 2bit or none");
   CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
-  CHECK_FAILS(tessera_kv_pull(kv, 42, out, 8), "never initialised");
-  CHECK_FAILS(tessera_kv_push(kv, 42, v, 8), "never initialised");
+  CHECK_FAILS(tessera_kv_pull(kv, 42, out, 8), TESSERA_NOT_FOUND,
+              "never initialised");
+  CHECK_FAILS(tessera_kv_push(kv, 42, v, 8), TESSERA_NOT_FOUND,
+              "never initialised");
   CHECK_OK(tessera_kv_init(kv, 2, v, 8));
-  CHECK_FAILS(tessera_kv_push(kv, 2, v, 7), "the key has 8");
-  CHECK_FAILS(tessera_kv_pull(kv, 2, out, 9), "the key has 8");
-  CHECK_FAILS(tessera_kv_set_optimizer(kv, "adam"), "before the first init");
-  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0.5f),
+  CHECK_FAILS(tessera_kv_push(kv, 2, v, 7), TESSERA_INVALID_ARGUMENT,
+              "the key has 8");
+  CHECK_FAILS(tessera_kv_pull(kv, 2, out, 9), TESSERA_INVALID_ARGUMENT,
+              "the key has 8");
+  CHECK_FAILS(tessera_kv_set_optimizer(kv, "adam"), TESSERA_FAILED_PRECONDITION,
               "before the first init");
+  CHECK_FAILS(tessera_kv_set_gradient_compression(kv, "2bit", 0.5f),
+              TESSERA_FAILED_PRECONDITION, "before the first init");
+  CHECK_FAILS(tessera_kv_set_pull_compression(kv, "2bit"),
+              TESSERA_FAILED_PRECONDITION, "before the first init");
   /* None of the rejected calls counted toward a round: one real round gives
    * exactly. */
   CHECK_OK(tessera_kv_push(kv, 2, v, 8));
   CHECK_OK(tessera_kv_pull(kv, 2, out, 8));
   ExpectAll(out, 8, 1.0f + 2.0f * (float)n, "after errors", 0);
   CHECK_OK(Close(kv));
-  CHECK_FAILS(tessera_kv_barrier(NULL), "kv is NULL");
+  CHECK_FAILS(tessera_kv_barrier(NULL), TESSERA_INVALID_ARGUMENT, "kv is NULL");
   printf("errors ok: rank %d\n", rank_);
   return 0;
 }

@@ -5,6 +5,9 @@ exception (non-zero exit) otherwise.
 
     kv_check.py nightly     MXNet's nightly dist_sync check (sgd lr=-2), 7 rounds
     kv_check.py compress    2-bit pushes 0,.4,.1,.2,.3,.5 pull 0,0,n,n,2n,3n
+    kv_check.py pull_compress
+                            2-bit pulls on even ranks (set_pull_compression), exact
+                            float32 pulls on odd ones, both against the same key
     kv_check.py forms       MXNet's list forms, pushpull without out, async ops,
                             all-reduce without an optimizer, torch tensors
     kv_check.py errors      every bad argument fails clearly and changes nothing
@@ -86,6 +89,45 @@ def compress():
             expect_all(small, want * n, '2-bit small key, round %d' % i)
             expect_all(big, want * n, '2-bit 1200x1200 key, round %d' % i)
         print('compress ok: rank %d of %d' % (kv.rank, n))
+
+
+def pull_compress():
+    """set_pull_compression("2bit") on even ranks: with no optimizer (a round's sum
+    replaces the value) the weights go 0, s*[0,1,2,5], 0 (s = n(n+1)/2). A
+    compressed pull brings the change since the last one coded against its mean
+    absolute value t (docs/compression.md): [0,s,2s,5s] has t = 2s, so only 2s and
+    5s reach it and come as 2s; then -[0,0,2s,2s] has t = s. Odd ranks pull the
+    exact weights of the same key."""
+    E = tessera.TesseraError
+    with tessera.KVStore('dist_sync') as kv:
+        n, r = kv.num_workers, kv.rank
+        s = n * (n + 1) // 2
+        compressed = r % 2 == 0
+        e = expect_error(E, "pull compression type '3bit': expected 2bit or none",
+                         kv.set_pull_compression, '3bit')
+        assert e.code == 'INVALID_ARGUMENT', e.code
+        expect_error(TypeError, 'expected a str', kv.set_pull_compression, {'type': '2bit'})
+        kv.set_pull_compression('2bit' if compressed else 'none')
+        w = np.zeros(4, np.float32)
+        kv.init(0, w)
+        e = expect_error(E, 'before the first init', kv.set_pull_compression, 'none')
+        assert e.code == 'FAILED_PRECONDITION', e.code
+        kv.pull(0, out=w)  # a first compressed pull brings the weights whole
+        expect_equal(w, [0, 0, 0, 0], 'first pull')
+        kv.push(0, np.array([0, 1, 2, 5], np.float32) * (r + 1))
+        kv.pull(0, out=w)
+        expect_equal(w, [0, 0, 2 * s, 2 * s] if compressed else [0, s, 2 * s, 5 * s],
+                     'pull after round 1')
+        kv.push(0, np.zeros(4, np.float32))
+        kv.pull(0, out=w)
+        expect_equal(w, [0, 0, s, s] if compressed else [0, 0, 0, 0], 'pull after round 2')
+        print('pull_compress ok: rank %d of %d, %s pulls'
+              % (r, n, '2-bit' if compressed else 'float32'))
+
+
+def expect_equal(a, want, what):
+    if not np.array_equal(a, np.asarray(want, np.float32)):
+        raise AssertionError('%s: got %s, expected %s' % (what, list(a), list(want)))
 
 
 def forms():
@@ -395,7 +437,8 @@ def rows():
         print('rows ok: rank %d of %d, %d servers' % (r, n, kv.num_servers))
 
 
-MODES = {'nightly': nightly, 'compress': compress, 'forms': forms, 'errors': errors,
+MODES = {'nightly': nightly, 'compress': compress, 'pull_compress': pull_compress,
+         'forms': forms, 'errors': errors,
          'gil': gil, 'async': async_, 'fail': fail, 'noclose': noclose,
          'rows': rows}
 

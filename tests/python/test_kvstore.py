@@ -1,6 +1,6 @@
-"""tessera.KVStore in real jobs: MXNet's nightly values, 2-bit compression,
-MXNet's list forms, every bad argument, the GIL released while calls block,
-dist_async; and the package's errors without a job."""
+"""tessera.KVStore in real jobs: MXNet's nightly values, 2-bit compression of
+pushes and of pulls, MXNet's list forms, every bad argument, the GIL released
+while calls block, dist_async; and the package's errors without a job."""
 import os
 import subprocess
 import sys
@@ -28,6 +28,12 @@ def test_mxnet_nightly_values_with_three_workers_and_two_servers(job):
 
 def test_two_bit_compression_pulls_match_mxnet(job):
     run_check(job, 'compress', 2, 2)
+
+
+def test_pull_compression_set_from_python_brings_two_bit_coded_changes(job):
+    # Ranks 0 and 2 pull 2-bit coded changes, rank 1 the exact weights.
+    out, _ = run_check(job, 'pull_compress', 3, 2)
+    assert 'rank 0 of 3, 2-bit pulls' in out and 'rank 1 of 3, float32 pulls' in out, out
 
 
 def test_mxnet_list_forms_async_ops_and_torch_tensors(job):

@@ -16,14 +16,49 @@ struct TesseraPulled {
   tessera::PulledValue value;
 };
 
+// The codes c_api.h promises are absl::StatusCode's.
+static_assert(TESSERA_OK == static_cast<int>(absl::StatusCode::kOk));
+static_assert(TESSERA_CANCELLED ==
+              static_cast<int>(absl::StatusCode::kCancelled));
+static_assert(TESSERA_UNKNOWN == static_cast<int>(absl::StatusCode::kUnknown));
+static_assert(TESSERA_INVALID_ARGUMENT ==
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
+static_assert(TESSERA_DEADLINE_EXCEEDED ==
+              static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+static_assert(TESSERA_NOT_FOUND ==
+              static_cast<int>(absl::StatusCode::kNotFound));
+static_assert(TESSERA_ALREADY_EXISTS ==
+              static_cast<int>(absl::StatusCode::kAlreadyExists));
+static_assert(TESSERA_PERMISSION_DENIED ==
+              static_cast<int>(absl::StatusCode::kPermissionDenied));
+static_assert(TESSERA_RESOURCE_EXHAUSTED ==
+              static_cast<int>(absl::StatusCode::kResourceExhausted));
+static_assert(TESSERA_FAILED_PRECONDITION ==
+              static_cast<int>(absl::StatusCode::kFailedPrecondition));
+static_assert(TESSERA_ABORTED == static_cast<int>(absl::StatusCode::kAborted));
+static_assert(TESSERA_OUT_OF_RANGE ==
+              static_cast<int>(absl::StatusCode::kOutOfRange));
+static_assert(TESSERA_UNIMPLEMENTED ==
+              static_cast<int>(absl::StatusCode::kUnimplemented));
+static_assert(TESSERA_INTERNAL ==
+              static_cast<int>(absl::StatusCode::kInternal));
+static_assert(TESSERA_UNAVAILABLE ==
+              static_cast<int>(absl::StatusCode::kUnavailable));
+static_assert(TESSERA_DATA_LOSS ==
+              static_cast<int>(absl::StatusCode::kDataLoss));
+static_assert(TESSERA_UNAUTHENTICATED ==
+              static_cast<int>(absl::StatusCode::kUnauthenticated));
+
 namespace {
 
 thread_local std::string last_error;
 
+// Records the failure for tessera_last_error and returns its code.
 int Fail(const absl::Status& status) {
   last_error = std::string(absl::StatusCodeToString(status.code())) + ": " +
                std::string(status.message());
-  return 1;
+  const int code = static_cast<int>(status.code());
+  return code != TESSERA_OK ? code : TESSERA_UNKNOWN;  // never 0 on failure
 }
 
 int Result(const absl::Status& status) {
@@ -51,6 +86,8 @@ absl::StatusOr<size_t> RowValues(TesseraKV* kv, uint64_t key, size_t num_ids) {
 }  // namespace
 
 extern "C" {
+
+const char* tessera_version(void) { return TESSERA_VERSION_STRING; }
 
 int tessera_kv_create(const char* type, TesseraKV** out) {
   if (type == nullptr) return NullArgument("type");

@@ -31,6 +31,8 @@ absl::StatusOr<std::unique_ptr<KVWorker>> KVWorker::Create(
   return std::unique_ptr<KVWorker>(std::move(client));
 }
 
+KVWorker::~KVWorker() = default;
+
 absl::Status KVWorker::Push(uint64_t key, absl::Span<const float> grad) {
   TESSERA_ASSIGN_OR_RETURN(OpHandle h, PushAsync(key, grad));
   return Wait(h);
