@@ -7,12 +7,15 @@
 #include <string>
 
 #include "common/gpu/device.h"
+#include "worker/trainer/blas_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
 namespace {
 
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 using ::testing::StartsWith;
 
 struct Result {
@@ -20,8 +23,12 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
+// TESSERA_BLAS_AUTO=0: the exact lines below do not depend on the kernels
+// the machine's OpenBLAS picks (BlasKernelsTest sets it back).
 Result RunWorker(const std::string& env_and_args) {
-  const std::string command = "env -u DMLC_ROLE " + env_and_args + " 2>&1";
+  const std::string command =
+      "env -u DMLC_ROLE -u OPENBLAS_CORETYPE TESSERA_BLAS_AUTO=0 " +
+      env_and_args + " 2>&1";
   Result r;
   FILE* p = popen(command.c_str(), "r");
   if (p == nullptr) return r;
@@ -35,6 +42,53 @@ Result RunWorker(const std::string& env_and_args) {
 }
 
 const std::string kWorker = TESSERA_WORKER_BIN;
+
+// OpenBLAS fell back to kernels below what the CPU has (pretended with
+// TESSERA_TEST_BLAS_CORENAME, as Debian's 0.3.21 does on CPUs newer than it):
+// the worker starts itself again with better ones, checks them, says so in
+// one line and goes on (here to the missing data's error).
+TEST(BlasKernelsTest, AFallbackCoreIsReplacedAndSaidInOneLine) {
+  const CpuFeatures cpu = DetectCpuFeatures();
+  if (!cpu.avx2_fma) GTEST_SKIP() << "no AVX2: no better kernels to choose";
+  const std::string better = cpu.avx512 ? "SkylakeX" : "Haswell";
+  const Result r = RunWorker(
+      "TESSERA_BLAS_AUTO=1 TESSERA_TEST_BLAS_CORENAME=Prescott " + kWorker +
+      " --data /nonexistent/fmnist --device cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output,
+              StartsWith("tessera-worker: OpenBLAS chose its 'Prescott' "
+                         "kernels for family "));
+  EXPECT_THAT(r.output, HasSubstr("; using '" + better +
+                                  "' (checked against a reference product"));
+  EXPECT_THAT(r.output, HasSubstr("\ntessera-worker: --data: expected"));
+}
+
+// Kernels that fail the reference product are never used: the worker goes
+// back to the library's own choice, saying so.
+TEST(BlasKernelsTest, KernelsThatComputeWrongAreNotUsed) {
+  if (!DetectCpuFeatures().avx2_fma) GTEST_SKIP() << "no AVX2";
+  const Result r = RunWorker(
+      "TESSERA_BLAS_AUTO=1 TESSERA_TEST_BLAS_CORENAME=Prescott "
+      "TESSERA_TEST_BLAS_WRONG=1 " +
+      kWorker + " --data /nonexistent/fmnist --device cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, MatchesRegex("tessera-worker: OpenBLAS's '[A-Za-z]+' "
+                                     "kernels computed a wrong product on "
+                                     "family [0-9]+ model [0-9]+ \\(relative "
+                                     "error 1\\); keeping the library's own "
+                                     "'Prescott'\ntessera-worker: --data: "
+                                     "expected (.|\n)*"));
+}
+
+// A user's OPENBLAS_CORETYPE is theirs: nothing is said or changed.
+TEST(BlasKernelsTest, TheUsersCoreTypeIsKept) {
+  const Result r = RunWorker(
+      "TESSERA_BLAS_AUTO=1 TESSERA_TEST_BLAS_CORENAME=Prescott "
+      "OPENBLAS_CORETYPE=Haswell " +
+      kWorker + " --data /nonexistent/fmnist --device cpu");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, StartsWith("tessera-worker: --data: expected"));
+}
 
 TEST(TesseraWorkerCliTest, BadFlagIsOneLineAndExit2) {
   const Result r = RunWorker(kWorker + " --batch-size=abc");

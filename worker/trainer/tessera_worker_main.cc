@@ -30,6 +30,7 @@
 #include "common/trace.h"
 #include "tessera/kv_worker.h"
 #include "worker/trainer/batch_loader.h"
+#include "worker/trainer/blas_core.h"
 #include "worker/trainer/idx_reader.h"
 #include "worker/trainer/mlp.h"
 #include "worker/trainer/train_flags.h"
@@ -622,5 +623,7 @@ int main(int argc, char** argv) {
     std::cout << tessera::TrainFlagsUsage();
     return 0;
   }
+  // The CPU path's OpenBLAS kernels (may start this program again).
+  if (flags->device != "cuda") tessera::ChooseBlasKernels("tessera-worker", argv);
   return tessera::Trainer(*flags).Run();
 }
