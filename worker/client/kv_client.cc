@@ -865,11 +865,16 @@ KVWorkerStats KVClient::stats() const {
 void KVClient::ReplayTo(int server) {
   if (!IsServerId(server)) return;
   std::vector<ReplayLog::Entry> replay = replay_log_.For(RankOfId(server));
-  tracker_->ResendNowTo(server);
   TESSERA_LOG(INFO) << node_->Describe(server) << " restarted; replaying "
                     << replay.size() << " message(s) to it";
+  // The replay goes first, then what was in flight: a pull in flight must
+  // reach the restarted server after the pushes it follows, or it is answered
+  // before they are applied (a stale value; fault_test under TSan, where the
+  // replay took longer than the resend thread's tick).
+  const absl::Time replay_start = absl::Now();
   for (ReplayLog::Entry& e : replay)
     SendPart(0, e.part, std::move(e.msg), nullptr, e.ref, /*replayed=*/true);
+  tracker_->ResendNowTo(server, replay_start);
 }
 
 }  // namespace tessera

@@ -358,11 +358,12 @@ void RequestTracker::ResendLoop() {
   }
 }
 
-void RequestTracker::ResendNowTo(int server) {
+void RequestTracker::ResendNowTo(int server, absl::Time sent_before) {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   for (auto& [id, t] : requests_) {
     if (t.request.server != server || !t.sent) continue;
+    if (t.first_sent >= sent_before) continue;
     t.next_send = now;
     t.unanswered = 0;
     t.wait = options_.resend_timeout / 2;

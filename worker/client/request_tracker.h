@@ -148,8 +148,9 @@ class RequestTracker {
 
   // The job failed: every operation fails with `status`, now and later.
   void FailAll(const absl::Status& status);
-  // A server restarted: what waits for it goes again at once.
-  void ResendNowTo(int server);
+  // A server restarted: what waits for it, first sent before `sent_before`,
+  // goes again at once (what was sent since, e.g. the replay, is not doubled).
+  void ResendNowTo(int server, absl::Time sent_before);
 
   uint64_t resends() const { return resends_.load(); }
   // Pulled bytes on the wire, and what they stand for as float32.
