@@ -14,16 +14,10 @@
 namespace tessera {
 namespace {
 
-class DenseEngine : public SliceEngine {
+class DenseEngine : public RoundSliceEngine<SyncRound> {
  public:
   DenseEngine(StoredKey& key, int num_workers, SyncRound::Mode sum_mode)
-      : key_(key), round_(num_workers, key.length, sum_mode) {}
-
-  bool Contributed(int rank) const override { return round_.Contributed(rank); }
-  void ReplaceRequest(int sender, const wire::Header& request) override {
-    round_.ReplaceRequest(sender, request);
-  }
-  bool RoundEmpty() const override { return round_.count() == 0; }
+      : RoundSliceEngine(key, num_workers, key.length, sum_mode) {}
 
   absl::Status Pull(const Message& request, Message* reply,
                     EngineContext& ctx) override {
@@ -70,9 +64,8 @@ class DenseEngine : public SliceEngine {
           "dist_async needs an optimizer on the servers: call set_optimizer "
           "before pushing");
     }
-    ctx.TimedUpdate(key_, [&] {
-      key_.ApplyUpdate(*settings.optimizer, grad.floats());
-    });
+    ctx.TimedUpdate(
+        key_, [&] { key_.ApplyUpdate(*settings.optimizer, grad.floats()); });
     return Pushed::kApplied;
   }
 
@@ -84,15 +77,15 @@ class DenseEngine : public SliceEngine {
       key_.ApplyUpdate(*settings.optimizer, sum.values);
     } else {
       if (!sum.push.empty()) {
-        key_.weights = std::move(sum.push);  // one worker: its push is the value
+        key_.weights =
+            std::move(sum.push);  // one worker: its push is the value
       } else if (key_.weights.unique()) {
         // The store becomes the round's sum (all-reduce).
         std::memcpy(key_.weights.mutable_floats(), sum.values,
                     key_.length * sizeof(float));
       } else {
         // A pull reply still sends the old value: copy on write.
-        key_.weights =
-            Buffer::CopyOf(sum.values, key_.length * sizeof(float));
+        key_.weights = Buffer::CopyOf(sum.values, key_.length * sizeof(float));
       }
       WeightsChanged();
     }
@@ -144,8 +137,6 @@ class DenseEngine : public SliceEngine {
     return absl::OkStatus();
   }
 
-  StoredKey& key_;
-  SyncRound round_;
   // What workers pulling compressed hold (made on the first such pull).
   std::unique_ptr<PullShadow> shadow_;
 };

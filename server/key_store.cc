@@ -10,7 +10,8 @@ StoredKey::StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
                      WaitingLimits limits, SyncRound::Mode sum_mode)
     : key(slice.key()),
       offset(slice.offset()),
-      length(slice.length() * (slice.row_length() == 0 ? 1 : slice.row_length())),
+      length(slice.length() *
+             (slice.row_length() == 0 ? 1 : slice.row_length())),
       total_length(slice.total_length()),
       row_length(slice.row_length()),
       sync(sync),
@@ -21,10 +22,10 @@ StoredKey::StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
 absl::Status StoredKey::CheckSlice(const wire::KeySlice& slice) const {
   if (slice.row_length() != row_length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "key ", slice.key(), " is ",
-        row_length == 0 ? "dense" : "row-sparse",
+        "key ", slice.key(), " is ", row_length == 0 ? "dense" : "row-sparse",
         row_length == 0 ? "" : absl::StrCat(" (rows of ", row_length, ")"),
-        ": a ", slice.row_length() == 0 ? "dense" : "row", " call cannot use it"));
+        ": a ", slice.row_length() == 0 ? "dense" : "row",
+        " call cannot use it"));
   }
   const uint64_t held = row_length == 0 ? length : rows();
   if (slice.offset() == offset && slice.length() == held &&
@@ -39,7 +40,8 @@ absl::Status StoredKey::CheckSlice(const wire::KeySlice& slice) const {
 }
 
 void StoredKey::ApplyUpdate(const Optimizer& optimizer, const float* grad) {
-  if (!weights.unique()) weights = Buffer::CopyOf(weights.data(), weights.size());
+  if (!weights.unique())
+    weights = Buffer::CopyOf(weights.data(), weights.size());
   const int slots = optimizer.state_slots();
   if (static_cast<int>(optimizer_state.size()) != slots)
     optimizer_state.assign(slots, std::vector<float>(length, 0.0f));
@@ -54,7 +56,8 @@ void StoredKey::ApplyRowUpdates(const Optimizer& optimizer,
                                 const std::vector<uint64_t>& rows,
                                 const float* grad) {
   if (rows.empty()) return;
-  if (!weights.unique()) weights = Buffer::CopyOf(weights.data(), weights.size());
+  if (!weights.unique())
+    weights = Buffer::CopyOf(weights.data(), weights.size());
   const int slots = optimizer.state_slots();
   if (static_cast<int>(optimizer_state.size()) != slots)
     optimizer_state.assign(slots, std::vector<float>(length, 0.0f));

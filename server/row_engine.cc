@@ -14,16 +14,10 @@
 namespace tessera {
 namespace {
 
-class RowEngine : public SliceEngine {
+class RowEngine : public RoundSliceEngine<RowRound> {
  public:
   RowEngine(StoredKey& key, int num_workers, SyncRound::Mode sum_mode)
-      : key_(key), round_(num_workers, key.row_length, sum_mode) {}
-
-  bool Contributed(int rank) const override { return round_.Contributed(rank); }
-  void ReplaceRequest(int sender, const wire::Header& request) override {
-    round_.ReplaceRequest(sender, request);
-  }
-  bool RoundEmpty() const override { return round_.count() == 0; }
+      : RoundSliceEngine(key, num_workers, key.row_length, sum_mode) {}
 
   absl::Status Pull(const Message& request, Message* reply,
                     EngineContext& ctx) override {
@@ -49,9 +43,9 @@ class RowEngine : public SliceEngine {
     const wire::DataFrame* desc =
         msg.header.frames_size() == 2 ? &msg.header.frames(1) : nullptr;
     if (desc == nullptr || desc->num_values() != values) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row push of key ", key_.key, ": ", rows->size(), " row ids need ",
-          values, " values of ", l, " per row"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("row push of key ", key_.key, ": ", rows->size(),
+                       " row ids need ", values, " values of ", l, " per row"));
     }
     Buffer decoded;
     const float* grad = nullptr;
@@ -134,9 +128,9 @@ class RowEngine : public SliceEngine {
     if (msg.data.empty() ||
         msg.header.frames(0).encoding() != wire::DataFrame::RAW ||
         msg.data[0].size() % sizeof(uint64_t) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row call of key ", key_.key,
-          ": its first frame must hold the row ids (uint64)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("row call of key ", key_.key,
+                       ": its first frame must hold the row ids (uint64)"));
     }
     const size_t count = msg.data[0].size() / sizeof(uint64_t);
     std::vector<uint64_t> rows(count);
@@ -148,18 +142,15 @@ class RowEngine : public SliceEngine {
                          key_.total_length, " rows"));
       }
       if (row < key_.offset || row >= key_.offset + key_.rows()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "key ", key_.key, ": row id ", row,
-            " is not on this server (it holds rows [", key_.offset, ", +",
-            key_.rows(), "))"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("key ", key_.key, ": row id ", row,
+                         " is not on this server (it holds rows [", key_.offset,
+                         ", +", key_.rows(), "))"));
       }
       row -= key_.offset;
     }
     return rows;
   }
-
-  StoredKey& key_;
-  RowRound round_;
 };
 
 }  // namespace

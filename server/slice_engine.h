@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -124,6 +125,27 @@ class SliceEngine {
 
   // Tests: the compressed pulls' shadow, when the kind has one and it exists.
   virtual const PullShadow* pull_shadow() const { return nullptr; }
+};
+
+// What every engine whose open dist_sync round is an `OpenRound` (SyncRound,
+// RowRound) answers alike; the engines derive from it.
+template <typename OpenRound>
+class RoundSliceEngine : public SliceEngine {
+ public:
+  bool Contributed(int rank) const override { return round_.Contributed(rank); }
+  void ReplaceRequest(int sender, const wire::Header& request) override {
+    round_.ReplaceRequest(sender, request);
+  }
+  bool RoundEmpty() const override { return round_.count() == 0; }
+
+ protected:
+  // `round_args` make the round.
+  template <typename... Args>
+  RoundSliceEngine(StoredKey& key, Args&&... round_args)
+      : key_(key), round_(std::forward<Args>(round_args)...) {}
+
+  StoredKey& key_;  // the slice's; outlives the engine
+  OpenRound round_;
 };
 
 // The engine of `key`'s kind (a row-sparse slice when key.row_length != 0).
