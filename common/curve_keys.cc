@@ -30,7 +30,8 @@ constexpr char kPasswordLabel[] = "tessera auth-only password v1";
 
 absl::Status NoCurve() {
   return absl::FailedPreconditionError(
-      "this ZeroMQ library was built without CURVE security (zmq_has(\"curve\") "
+      "this ZeroMQ library was built without CURVE security "
+      "(zmq_has(\"curve\") "
       "is 0); install one built with libsodium (Debian's libzmq5), or set "
       "TESSERA_INSECURE=1");
 }
@@ -156,10 +157,10 @@ absl::StatusOr<NodeKeyFiles> GenerateNodeKeyFiles(const JobKeySet& set,
 }
 
 std::string FormatKeyFile(const JobKeySet& set, Role role) {
-  std::string text = absl::StrCat(
-      "# Tessera job keys, role ", RoleName(role),
-      ". Private: keep this file mode 0600.\nrole ", RoleName(role),
-      "\nsecret-key ", set.of(role).secret_key, "\n");
+  std::string text = absl::StrCat("# Tessera job keys, role ", RoleName(role),
+                                  ". Private: keep this file mode 0600.\nrole ",
+                                  RoleName(role), "\nsecret-key ",
+                                  set.of(role).secret_key, "\n");
   for (Role r : kRoles)
     absl::StrAppend(&text, KeyName(r), " ", set.of(r).public_key, "\n");
   return text;
@@ -199,9 +200,10 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
       continue;
     }
     if (words.size() != 2) {
-      return bad("expected 'NAME VALUE' (role, secret-key, "
-                 "scheduler-public-key, server-public-key, worker-public-key, "
-                 "node-secret-key) or 'node-key ROLE KEY'");
+      return bad(
+          "expected 'NAME VALUE' (role, secret-key, "
+          "scheduler-public-key, server-public-key, worker-public-key, "
+          "node-secret-key) or 'node-key ROLE KEY'");
     }
     const absl::string_view name = words[0], value = words[1];
     if (name == "role") {
@@ -253,9 +255,9 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
         absl::StrCat(origin, ": the secret key is not a CURVE key"));
   }
   if (std::string(derived, kZ85KeyLength) != keys.public_key(keys.role)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        origin, ": the secret key does not belong to ", KeyName(keys.role),
-        " (keys of different jobs mixed?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": the secret key does not belong to ",
+                     KeyName(keys.role), " (keys of different jobs mixed?)"));
   }
   if (!keys.node_secret_key.empty()) {
     if (zmq_curve_public(derived, keys.node_secret_key.c_str()) != 0) {
@@ -265,7 +267,8 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
     keys.node_public_key.assign(derived, kZ85KeyLength);
     if (keys.IsRoleKey(keys.node_public_key)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          origin, ": node-secret-key is a role's key; a node's own must differ"));
+          origin,
+          ": node-secret-key is a role's key; a node's own must differ"));
     }
   }
   for (const auto& [key, role] : keys.node_keys) {
@@ -277,18 +280,17 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
   for (Role a : kRoles) {
     for (Role b : kRoles) {
       if (a < b && keys.public_key(a) == keys.public_key(b)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            origin, ": ", KeyName(a), " and ", KeyName(b),
-            " are the same key; every role needs its own"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(origin, ": ", KeyName(a), " and ", KeyName(b),
+                         " are the same key; every role needs its own"));
       }
     }
     // Sealed links agree keys with every role's key: one of small order
     // would agree to zero.
     uint8_t secret[32], peer[32], shared[32];
-    const bool agrees =
-        DecodeKey(keys.secret_key, secret) &&
-        DecodeKey(keys.public_key(a), peer) &&
-        crypto_scalarmult(shared, secret, peer) == 0;
+    const bool agrees = DecodeKey(keys.secret_key, secret) &&
+                        DecodeKey(keys.public_key(a), peer) &&
+                        crypto_scalarmult(shared, secret, peer) == 0;
     sodium_memzero(secret, sizeof(secret));
     sodium_memzero(shared, sizeof(shared));
     if (!agrees) {
@@ -300,9 +302,8 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
 }
 
 absl::Status WritePrivateFile(const std::string& path, absl::string_view text) {
-  const int fd = ::open(path.c_str(),
-                        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                        0600);
+  const int fd = ::open(
+      path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     const std::string why = std::strerror(errno);
     if (errno == EEXIST) {
@@ -379,9 +380,8 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
   }
   ::close(fd);
   if (text.size() > kMaxKeyFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(origin, ": over ", kMaxKeyFileBytes,
-                     " bytes; not a key file"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": over ", kMaxKeyFileBytes, " bytes; not a key file"));
   }
   absl::StatusOr<JobKeys> keys = ParseKeyFile(text, origin);
   sodium_memzero(text.data(), text.size());
@@ -410,8 +410,11 @@ LoadConnectionSecurity(const Options& options) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "no keys for this job's connections: set TESSERA_KEY_FILE to this ",
-        RoleName(options.role), "'s key file or TESSERA_KEY_DIR to a folder "
-        "holding ", RoleName(options.role), ".key (tessera-keygen DIR makes "
+        RoleName(options.role),
+        "'s key file or TESSERA_KEY_DIR to a folder "
+        "holding ",
+        RoleName(options.role),
+        ".key (tessera-keygen DIR makes "
         "them; tools/launch.py does it for every job), or TESSERA_INSECURE=1 "
         "to run without authentication or encryption"));
   }

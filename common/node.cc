@@ -162,9 +162,9 @@ absl::Status Node::RegisterAndAwaitTable() {
   if (!failure_.ok()) return failure_;
   if (!have_table_) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "no node table from the scheduler at ", scheduler_address_,
-        " within ", absl::FormatDuration(wait), " (this node advertises ",
-        address_, ":", port_,
+        "no node table from the scheduler at ", scheduler_address_, " within ",
+        absl::FormatDuration(wait), " (this node advertises ", address_, ":",
+        port_,
         "; is the scheduler running, can it reach that address, and do "
         "all nodes use this job's keys: TESSERA_KEY_FILE / TESSERA_KEY_DIR, "
         "TESSERA_AUTH_ONLY, TESSERA_INSECURE?)"));
@@ -332,11 +332,10 @@ absl::Status Node::Barrier(int group, const std::string& tag) {
   wire::Header extra;
   extra.mutable_barrier()->set_group(group);
   extra.mutable_barrier()->set_tag(tag);
-  return CallScheduler(wire::BARRIER, std::move(extra),
-                       options_.request_timeout,
-                       absl::StrCat("barrier of group ", group,
-                                    tag.empty() ? "" : " (", tag,
-                                    tag.empty() ? "" : ")"));
+  return CallScheduler(
+      wire::BARRIER, std::move(extra), options_.request_timeout,
+      absl::StrCat("barrier of group ", group, tag.empty() ? "" : " (", tag,
+                   tag.empty() ? "" : ")"));
 }
 
 absl::Status Node::JoinBarrierIfOpen(int group, const std::string& tag) {
@@ -344,10 +343,9 @@ absl::Status Node::JoinBarrierIfOpen(int group, const std::string& tag) {
   extra.mutable_barrier()->set_group(group);
   extra.mutable_barrier()->set_tag(tag);
   extra.mutable_barrier()->set_join_if_open(true);
-  return CallScheduler(wire::BARRIER, std::move(extra),
-                       options_.request_timeout,
-                       absl::StrCat("rejoining barrier ", tag, " of group ",
-                                    group));
+  return CallScheduler(
+      wire::BARRIER, std::move(extra), options_.request_timeout,
+      absl::StrCat("rejoining barrier ", tag, " of group ", group));
 }
 
 absl::Status Node::Finish() {
@@ -434,8 +432,7 @@ void Node::ReceiveLoop() {
     do {
       r = ReceiveAndDispatch(kReceiverPoll);
       if (r == ReceiveResult::kClosed && stop_.load()) break;
-    } while (!caller_waiting_.load(std::memory_order_acquire) &&
-             !stop_.load());
+    } while (!caller_waiting_.load(std::memory_order_acquire) && !stop_.load());
     EndReceiverTurn();
   }
 }

@@ -256,7 +256,7 @@ class Node {
   enum class Receiver { kNone, kThread, kCaller };
   absl::Mutex receive_mu_;
   absl::CondVar heartbeat_cv_;  // the heartbeat thread sleeps on it (mu_)
-  absl::CondVar receiver_cv_;  // the receiver thread waits for its turn
+  absl::CondVar receiver_cv_;   // the receiver thread waits for its turn
   Receiver receiving_ ABSL_GUARDED_BY(receive_mu_) = Receiver::kNone;
   // When a caller last handed the transport back.
   absl::Time caller_received_ ABSL_GUARDED_BY(receive_mu_) =

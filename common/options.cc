@@ -164,11 +164,11 @@ absl::Status ParseKeys(const EnvLookup& env, Options& o) {
       ReadInt(env, "TESSERA_MAX_MESSAGE_BYTES", 1 << 20, int64_t{1} << 40,
               o.max_frame_bytes, "a number of bytes in 1048576..2^40"));
   TESSERA_ASSIGN_OR_RETURN(
-      o.chunk_bytes,
-      ReadInt(env, "TESSERA_CHUNK_BYTES", 4096, int64_t{1} << 30,
-              o.chunk_bytes, "a number of bytes in 4096..2^30"));
+      o.chunk_bytes, ReadInt(env, "TESSERA_CHUNK_BYTES", 4096, int64_t{1} << 30,
+                             o.chunk_bytes, "a number of bytes in 4096..2^30"));
   if (o.chunk_bytes > o.max_frame_bytes) {
-    return BadValue("TESSERA_CHUNK_BYTES", ReadString(env, "TESSERA_CHUNK_BYTES"),
+    return BadValue("TESSERA_CHUNK_BYTES",
+                    ReadString(env, "TESSERA_CHUNK_BYTES"),
                     absl::StrCat("at most TESSERA_MAX_MESSAGE_BYTES (",
                                  o.max_frame_bytes, ")"));
   }
@@ -187,20 +187,18 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
                                    "a whole number >= 0"));
   o.restart_count = static_cast<uint64_t>(restarts);
   int64_t flag = 0;
-  TESSERA_ASSIGN_OR_RETURN(flag,
-                           ReadInt(env, "PS_RESEND", 0, 1, 1, "0 or 1"));
+  TESSERA_ASSIGN_OR_RETURN(flag, ReadInt(env, "PS_RESEND", 0, 1, 1, "0 or 1"));
   o.resend = flag == 1;
   int64_t ms = 0;
-  TESSERA_ASSIGN_OR_RETURN(
-      ms, ReadInt(env, "PS_RESEND_TIMEOUT", 1, 3600000, 1000,
-                  "a number of milliseconds in 1..3600000"));
+  TESSERA_ASSIGN_OR_RETURN(ms,
+                           ReadInt(env, "PS_RESEND_TIMEOUT", 1, 3600000, 1000,
+                                   "a number of milliseconds in 1..3600000"));
   o.resend_timeout = absl::Milliseconds(ms);
   TESSERA_ASSIGN_OR_RETURN(o.resend_retries,
                            ReadInt(env, "TESSERA_RESEND_RETRIES", 1, 1000, 8,
                                    "a whole number in 1..1000"));
-  TESSERA_ASSIGN_OR_RETURN(
-      o.drop_percent,
-      ReadInt(env, "PS_DROP_MSG", 0, 99, 0, "a percentage in 0..99"));
+  TESSERA_ASSIGN_OR_RETURN(o.drop_percent, ReadInt(env, "PS_DROP_MSG", 0, 99, 0,
+                                                   "a percentage in 0..99"));
   return absl::OkStatus();
 }
 

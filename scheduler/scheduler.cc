@@ -82,12 +82,12 @@ Scheduler::Metrics::Metrics() {
   registrations = r.GetCounter(
       "tessera_scheduler_registrations_total",
       "Registrations received (first lives, restarts and repeats).");
-  registered_servers = r.GetGauge("tessera_scheduler_registered_nodes",
-                                  "Nodes registered, by role.",
-                                  {{"role", "server"}});
-  registered_workers = r.GetGauge("tessera_scheduler_registered_nodes",
-                                  "Nodes registered, by role.",
-                                  {{"role", "worker"}});
+  registered_servers =
+      r.GetGauge("tessera_scheduler_registered_nodes",
+                 "Nodes registered, by role.", {{"role", "server"}});
+  registered_workers =
+      r.GetGauge("tessera_scheduler_registered_nodes",
+                 "Nodes registered, by role.", {{"role", "worker"}});
   finished_workers = r.GetGauge("tessera_scheduler_finished_workers",
                                 "Workers that have finished their work.");
   formed = r.GetGauge("tessera_scheduler_job_formed",
@@ -189,8 +189,8 @@ absl::Status Scheduler::Run() {
         transport_->DiscardUnsent();
         TESSERA_LOG(INFO) << "handled " << received_ << " messages ("
                           << heartbeats_ << " heartbeats) in "
-                          << absl::FormatDuration(absl::Trunc(now - start,
-                                                              absl::Milliseconds(1)))
+                          << absl::FormatDuration(absl::Trunc(
+                                 now - start, absl::Milliseconds(1)))
                           << ", " << ThreadCpuMillis()
                           << " ms of CPU on the scheduler's thread";
         return result_;
@@ -200,7 +200,8 @@ absl::Status Scheduler::Run() {
     if (!formed_ && now - start > options_.start_timeout) {
       const std::string reason = absl::StrCat(
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
-          " passed: ", MissingNodes(), " never registered (TESSERA_START_TIMEOUT)");
+          " passed: ", MissingNodes(),
+          " never registered (TESSERA_START_TIMEOUT)");
       std::vector<int> peers;
       for (const Registration& r : registered_) {
         // Registered nodes are linked to only now, to be told.
@@ -329,8 +330,7 @@ void Scheduler::ResendNotices(absl::Time now) {
 
 bool Scheduler::Acknowledged(const wire::Header& h) {
   auto it = notices_.find(h.request_id());
-  if (it == notices_.end() ||
-      it->second.msg.header.command() != h.command()) {
+  if (it == notices_.end() || it->second.msg.header.command() != h.command()) {
     return false;
   }
   // A node that has no node table yet (a start-up abort) acknowledges
@@ -444,9 +444,9 @@ void Scheduler::Handle(Message&& msg) {
 void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
   const int group = h.barrier().group();
   if (group <= 0 || group > kGroupAll) {
-    Reply(sender, h,
-          absl::InvalidArgumentError(
-              absl::StrCat("bad barrier group ", group)));
+    Reply(
+        sender, h,
+        absl::InvalidArgumentError(absl::StrCat("bad barrier group ", group)));
     return;
   }
   int expected = 0;
@@ -479,10 +479,8 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
   // worker's last barrier (its earlier life died in the one the others
   // passed before they finished) must not wait for it.
   int present = static_cast<int>(waiting.size());
-  if (group & kGroupWorkers)
-    present += static_cast<int>(done_workers_.size());
-  TESSERA_VLOG(1) << "barrier " << group << ": " << present << "/"
-                  << expected;
+  if (group & kGroupWorkers) present += static_cast<int>(done_workers_.size());
+  TESSERA_VLOG(1) << "barrier " << group << ": " << present << "/" << expected;
   if (present >= expected) {
     for (const auto& [id, req] : waiting) {
       released_barrier_[id] = req;
@@ -505,8 +503,7 @@ void Scheduler::HandleWorkerDone(int sender, const wire::Header& h) {
   metrics_.finished_workers->Set(static_cast<double>(done_workers_.size()));
   Reply(sender, h, absl::OkStatus());
   TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
-                  << done_workers_.size() << "/" << options_.num_workers
-                  << ")";
+                  << done_workers_.size() << "/" << options_.num_workers << ")";
   if (!ended_ &&
       static_cast<int>(done_workers_.size()) == options_.num_workers) {
     Message term;
@@ -596,9 +593,8 @@ void Scheduler::HandleRegister(const Message& msg) {
   auto turn_away = [&](const std::string& why) {
     absl::Status connected = LinkTo(r.provisional_id, info);
     if (!connected.ok()) {
-      TESSERA_LOG(WARNING) << "cannot reach registering node at "
-                           << info.host() << ":" << info.port() << ": "
-                           << connected.message();
+      TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host()
+                           << ":" << info.port() << ": " << connected.message();
       return;
     }
     (void)transport_->Send(r.provisional_id, AbortMessage(why));

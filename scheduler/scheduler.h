@@ -133,7 +133,7 @@ class Scheduler {
   std::vector<Registration> registered_;
   // Index of registered_ (a registration is checked against all before it).
   std::set<std::pair<std::string, int>> registered_at_;  // host, port
-  std::map<int, int> registered_by_role_;                  // wire::Role -> count
+  std::map<int, int> registered_by_role_;                // wire::Role -> count
   bool formed_ = false;
   std::map<int, wire::NodeInfo> nodes_;  // by id, once formed
   // The node's own key each node registered with, by id (launch.py's keys;
@@ -141,10 +141,11 @@ class Scheduler {
   // come with the same.
   std::map<int, std::string> node_key_of_;
   std::set<std::string> registered_keys_;
-  std::map<int, absl::Time> last_seen_;  // by id
+  std::map<int, absl::Time> last_seen_;              // by id
   std::map<int, std::map<int, uint64_t>> barriers_;  // group -> id -> request
   std::map<int, uint64_t> released_barrier_;  // id -> its last released request
-  std::map<int, std::string> barrier_tag_;  // group -> its waiting barrier's tag
+  std::map<int, std::string>
+      barrier_tag_;  // group -> its waiting barrier's tag
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;

@@ -54,8 +54,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--servers" || arg == "--workers") {
       int* slot = arg == "--servers" ? &flags.servers : &flags.workers;
-      if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], slot) ||
-          *slot < 0 || *slot > 1000000) {
+      if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], slot) || *slot < 0 ||
+          *slot > 1000000) {
         return absl::InvalidArgumentError(
             absl::StrCat(arg, " '", i + 1 < argc ? argv[i + 1] : "",
                          "': expected a whole number in 0..1000000"));
@@ -65,9 +65,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown flag '", arg, "': expected --servers or --workers"));
     } else if (!flags.dir.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("one DIR expected, got '", flags.dir, "' and '", arg,
-                       "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "one DIR expected, got '", flags.dir, "' and '", arg, "'"));
     } else {
       flags.dir = arg;
     }
@@ -136,9 +135,9 @@ int main(int argc, char** argv) {
   }
   std::cout << "tessera-keygen: wrote scheduler.key (listing "
             << nodes->servers.size() + nodes->workers.size()
-            << " process keys), server.key, worker.key, " << nodes->servers.size()
-            << " server-I.key and " << nodes->workers.size()
-            << " worker-I.key into " << dir
+            << " process keys), server.key, worker.key, "
+            << nodes->servers.size() << " server-I.key and "
+            << nodes->workers.size() << " worker-I.key into " << dir
             << " (mode 0600)\n"
                "Copy each process's file to its host only, and start it with "
                "TESSERA_KEY_FILE=<its file>.\n";

@@ -29,9 +29,9 @@ constexpr char kReexecVariable[] = "TESSERA_BLAS_REEXEC";
 // x86 cores OpenBLAS falls back to, or that belong to CPUs without AVX2: a
 // CPU with AVX2 or AVX-512 is not well served by any of them.
 constexpr absl::string_view kFallbackCores[] = {
-    "Prescott",  "Core2",       "Penryn",   "Dunnington", "Nehalem",
-    "Atom",      "Sandybridge", "Katmai",   "Coppermine", "Northwood",
-    "Banias",    "Opteron",     "Opteron_SSE3", "Barcelona"};
+    "Prescott", "Core2",       "Penryn",       "Dunnington", "Nehalem",
+    "Atom",     "Sandybridge", "Katmai",       "Coppermine", "Northwood",
+    "Banias",   "Opteron",     "Opteron_SSE3", "Barcelona"};
 
 // "family 6 model 207" of the CPU running this, from CPUID leaf 1.
 std::string CpuDescription() {
@@ -78,8 +78,7 @@ CpuFeatures DetectCpuFeatures() {
   return cpu;
 }
 
-std::string BetterCoreType(absl::string_view corename,
-                           const CpuFeatures& cpu) {
+std::string BetterCoreType(absl::string_view corename, const CpuFeatures& cpu) {
   const bool fallback =
       std::find(std::begin(kFallbackCores), std::end(kFallbackCores),
                 corename) != std::end(kFallbackCores);
@@ -183,8 +182,7 @@ void ChooseBlasKernels(const char* program, char** argv) {
   std::fprintf(stderr,
                "%s: OpenBLAS chose its '%s' kernels for %s; cannot start again "
                "with OPENBLAS_CORETYPE=%s, keeping them\n",
-               program, name.c_str(), CpuDescription().c_str(),
-               better.c_str());
+               program, name.c_str(), CpuDescription().c_str(), better.c_str());
   unsetenv("OPENBLAS_CORETYPE");
   unsetenv(kReexecVariable);
 }
