@@ -320,14 +320,17 @@ absl::Status WritePrivateFile(const std::string& path, absl::string_view text) {
     if (n <= 0) {
       const std::string why = std::strerror(errno);
       ::close(fd);
+      ::unlink(path.c_str());  // no half-written secret is left behind
       return absl::UnavailableError(
           absl::StrCat("cannot write ", path, ": ", why));
     }
     done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(path.c_str());
     return absl::UnavailableError(
-        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+        absl::StrCat("cannot write ", path, ": ", why));
   }
   return absl::OkStatus();
 }

@@ -47,7 +47,9 @@ struct Flags {
   int workers = -1;
 };
 
-// InvalidArgument naming the flag and what it expects.
+// InvalidArgument naming the flag and what it expects. At most 100,000
+// processes of a kind: the scheduler reads key files of up to 16 MiB
+// (common/curve_keys.cc), about 290,000 node-key lines.
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags flags;
   for (int i = 1; i < argc; ++i) {
@@ -55,10 +57,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (arg == "--servers" || arg == "--workers") {
       int* slot = arg == "--servers" ? &flags.servers : &flags.workers;
       if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], slot) || *slot < 0 ||
-          *slot > 1000000) {
+          *slot > 100000) {
         return absl::InvalidArgumentError(
             absl::StrCat(arg, " '", i + 1 < argc ? argv[i + 1] : "",
-                         "': expected a whole number in 0..1000000"));
+                         "': expected a whole number in 0..100000"));
       }
       ++i;
     } else if (!arg.empty() && arg[0] == '-') {

@@ -81,8 +81,8 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
         if security == 'generate':
             try:
                 remote_key_dir = prepare_keys(cfg, args, hosts, tmpdir, keygen)
-            except SetupError as e:
-                say(str(e))
+            except (SetupError, OSError) as e:
+                say('cannot make the job\'s keys: %s' % e if isinstance(e, OSError) else str(e))
                 return 1
         try:
             if args.launcher == 'local':
