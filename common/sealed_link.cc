@@ -415,28 +415,30 @@ SealedReceiver::SealedReceiver(Options options)
 
 SealedReceiver::~SealedReceiver() = default;
 
-void SealedReceiver::SetPeer(int id, Role role, const Key32& node_key,
-                             const PeerSecrets* secrets) {
+absl::Status SealedReceiver::SetPeer(int id, Role role, const Key32& node_key,
+                                     const PeerSecrets* secrets) {
   absl::MutexLock lock(&mu_);
   auto old = key_of_.find(id);
-  if (old != key_of_.end()) {
-    if (old->second == node_key) {
-      peers_.at(node_key)->role = role;
-      return;
-    }
-    peers_.erase(old->second);
+  if (old != key_of_.end() && old->second == node_key) {
+    peers_.at(node_key)->role = role;
+    return absl::OkStatus();
   }
+  if (auto taken = peers_.find(node_key); taken != peers_.end()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("node key ", KeyText(node_key), " of node ", id,
+                     " is the key of node ", taken->second->id,
+                     "; kept with node ", taken->second->id));
+  }
+  if (old != key_of_.end()) peers_.erase(old->second);
   auto peer = std::make_unique<Peer>();
   peer->id = id;
   peer->role = role;
   peer->key = node_key;
   if (secrets != nullptr) peer->secrets = *secrets;
-  // A key that moves to another id (never in a real job) leaves the old id.
-  auto taken = peers_.find(node_key);
-  if (taken != peers_.end()) key_of_.erase(taken->second->id);
   peers_[node_key] = std::move(peer);
   key_of_[id] = node_key;
   directory_changed_ = true;
+  return absl::OkStatus();
 }
 
 void SealedReceiver::RemovePeer(int id) {

@@ -324,9 +324,11 @@ class SealedReceiver {
   // The node `id` (of `role`) seals with `node_key`; replaces the key it had
   // (a restarted node), whose records are then refused. `secrets`, when
   // given, are keys().ForPeer(node_key) (else computed when the first record
-  // needs them).
-  void SetPeer(int id, Role role, const Key32& node_key,
-               const PeerSecrets* secrets = nullptr);
+  // needs them). A key another id holds is never moved: AlreadyExists naming
+  // both ids, and nothing changes (a node claiming another's public key
+  // would otherwise cut that node off).
+  absl::Status SetPeer(int id, Role role, const Key32& node_key,
+                       const PeerSecrets* secrets = nullptr);
   void RemovePeer(int id);
 
   // Takes one record; appends the messages it completes to `ready`.

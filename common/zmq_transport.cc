@@ -517,7 +517,18 @@ class ZmqTransport : public Transport {
                            << "order in the node table; ignored";
       return;
     }
-    opener_->SetPeer(peer, identity.role, key, &secrets);
+    if (key == link_keys_->public_key()) {
+      TESSERA_LOG(WARNING) << "node " << peer << " has this node's own node "
+                           << "key in the node table; its messages will not "
+                           << "be taken";
+      return;
+    }
+    if (absl::Status set = opener_->SetPeer(peer, identity.role, key, &secrets);
+        !set.ok()) {
+      TESSERA_LOG(WARNING) << set.message()
+                           << "; the node's messages will not be taken";
+      return;
+    }
     std::shared_ptr<Sender> scheduler_link;
     {
       absl::MutexLock lock(&senders_mu_);

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/curve_keys.h"
 #include "common/logging.h"
@@ -19,6 +20,11 @@ namespace tessera {
 namespace {
 
 constexpr int kProvisionalBase = 1000000;
+
+// The start of a sealed node key (32 raw bytes) in hex, for log lines.
+std::string SealedKeyText(const std::string& key) {
+  return absl::StrCat(absl::BytesToHexString(key.substr(0, 6)), "...");
+}
 
 // The id under which the scheduler talks to a node that has registered but has
 // no id yet. Like a real id, its parity says the node's role (even: a server,
@@ -377,6 +383,16 @@ bool Scheduler::Ending(absl::Time now) {
   return false;
 }
 
+std::string Scheduler::SealedKeyHolder(const std::string& key,
+                                       int self) const {
+  if (key.empty()) return std::string();
+  if (key == transport_->node_key()) return "the scheduler";
+  auto it = sealed_key_holder_.find(key);
+  if (it == sealed_key_holder_.end() || it->second == self)
+    return std::string();
+  return DescribePeer(it->second);
+}
+
 std::string Scheduler::DescribePeer(int id) const {
   auto it = nodes_.find(id);
   if (it != nodes_.end()) return Describe(it->second);
@@ -567,6 +583,15 @@ void Scheduler::HandleRegister(const Message& msg) {
         (void)transport_->Send(id, TableMessage(id));
         return;
       }
+      if (std::string holder = SealedKeyHolder(info.node_key(), id);
+          !holder.empty()) {
+        metrics_.ignored_messages->Increment();
+        TESSERA_LOG(WARNING)
+            << "ignored a registration as " << Describe(node)
+            << " (generation " << info.generation() << "): its sealed node key "
+            << SealedKeyText(info.node_key()) << " is " << holder << "'s";
+        return;
+      }
       Rejoin(id, info);
       return;
     }
@@ -578,6 +603,15 @@ void Scheduler::HandleRegister(const Message& msg) {
     TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
                          << info.port() << " with node key " << KeyPrefix(key)
                          << ", which another node registered with";
+    return;
+  }
+  if (std::string holder = SealedKeyHolder(info.node_key(), -1);
+      !holder.empty()) {
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port() << ": its sealed node key "
+                         << SealedKeyText(info.node_key()) << " is " << holder
+                         << "'s";
     return;
   }
   Registration r;
@@ -619,6 +653,8 @@ void Scheduler::HandleRegister(const Message& msg) {
                   << r.hostname << ", pid " << r.pid << ")";
   registered_at_.insert({info.host(), info.port()});
   if (!key.empty()) registered_keys_.insert(key);
+  if (!info.node_key().empty())
+    sealed_key_holder_[info.node_key()] = r.provisional_id;
   ++registered_by_role_[info.role()];
   registered_.push_back(r);
   (info.role() == wire::SERVER ? metrics_.registered_servers
@@ -645,7 +681,9 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   }
   node.set_generation(info.generation());
   // The new process seals with a key of its own: its old life's is refused.
+  sealed_key_holder_.erase(node.node_key());
   node.set_node_key(info.node_key());
+  if (!info.node_key().empty()) sealed_key_holder_[info.node_key()] = id;
   node.set_sealed_port(info.sealed_port());
   last_seen_[id] = absl::Now();
   // A fresh link: nothing queued for the old process goes to the new one.
@@ -734,7 +772,9 @@ void Scheduler::FormJob() {
     if (it != keys.end()) node_key_of_[n.id()] = it->second;
   }
   const absl::Time now = absl::Now();
+  sealed_key_holder_.clear();  // by id now, not provisional id
   for (const wire::NodeInfo& n : infos) {
+    if (!n.node_key().empty()) sealed_key_holder_[n.node_key()] = n.id();
     nodes_[n.id()] = n;
     last_seen_[n.id()] = now;
     (void)LinkTo(n.id(), n);

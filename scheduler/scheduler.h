@@ -118,6 +118,12 @@ class Scheduler {
   std::string MissingNodes() const;
   // Describe for a node of the table or a registered one (provisional id).
   std::string DescribePeer(int id) const;
+  // Who holds the sealed node key `key` other than node `self`: the
+  // scheduler, a node of the table or a registration ("" when nobody does or
+  // the key is empty, as in an insecure job). A registration or restart
+  // claiming a held key is ignored: receivers would take the holder's
+  // records as the claimer's and drop them.
+  std::string SealedKeyHolder(const std::string& key, int self) const;
 
   const Options options_;
   std::unique_ptr<Transport> transport_;
@@ -141,6 +147,8 @@ class Scheduler {
   // come with the same.
   std::map<int, std::string> node_key_of_;
   std::set<std::string> registered_keys_;
+  // Sealed node key -> the id holding it (provisional before the job forms).
+  std::map<std::string, int> sealed_key_holder_;
   std::map<int, absl::Time> last_seen_;              // by id
   std::map<int, std::map<int, uint64_t>> barriers_;  // group -> id -> request
   std::map<int, uint64_t> released_barrier_;  // id -> its last released request

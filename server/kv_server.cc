@@ -610,6 +610,10 @@ void KVServer::Hold(StoredKey* key, Message&& msg) {
 bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   if (msg.header.command() == wire::KV_PULL) {
     const int rank = RankOfId(msg.header.sender());
+    // Read your own pushes: a pull waits for the pushes its worker made before
+    // it, however it overtook them (a resend reaching a restarted server
+    // before the replay does).
+    if (msg.header.push_seq() > key->ledger.received(rank)) return false;
     if (key->sync && key->engine->Contributed(rank))
       return false;  // sees this round's result
     if (ShardOf(key->key)->store.IsFirstSlice(*key))

@@ -658,6 +658,106 @@ TEST(NodeTest, LostTableAfterARestartIsSentAgain) {
   EXPECT_TRUE(scheduler.Join().ok());
 }
 
+// Reports a sealed node key of the test's choosing (the in-memory network
+// seals nothing; the scheduler only compares the keys nodes register with).
+class KeyedTransport : public ForwardingTransport {
+ public:
+  KeyedTransport(std::unique_ptr<Transport> inner, char fill)
+      : ForwardingTransport(std::move(inner)), key_(32, fill) {}
+  std::string node_key() const override { return key_; }
+
+ private:
+  const std::string key_;
+};
+
+// A registration or a restart claiming a sealed node key that another node
+// (or the scheduler) holds is ignored: its peers would otherwise take the
+// holder's records as the claimer's and drop them, cutting the holder off.
+TEST(NodeTest, ARegistrationClaimingAnotherNodesSealedKeyIsIgnored) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.heartbeat_timeout = absl::Seconds(30);  // the dead server waits
+  Scheduler scheduler(options,
+                      std::make_unique<KeyedTransport>(net.NewTransport(), 'S'));
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  auto start = [&](Role role, int port, int restart_count, char key,
+                   absl::Duration timeout, const Node::Callbacks& callbacks) {
+    Options mine = options;
+    mine.role = role;
+    mine.port = port;
+    mine.restart_count = restart_count;
+    mine.start_timeout = timeout;
+    return Node::Start(mine, callbacks,
+                       std::make_unique<KeyedTransport>(net.NewTransport(), key));
+  };
+  absl::Mutex mu;
+  std::vector<int> restarted;
+  Node::Callbacks watch;
+  watch.on_peer_restart = [&](int peer) {
+    absl::MutexLock lock(&mu);
+    restarted.push_back(peer);
+  };
+  // Before the job forms: worker B claims worker A's key ('A') and is not
+  // counted; worker C completes the job.
+  absl::StatusOr<std::unique_ptr<Node>> server, a, b, c;
+  std::thread ts([&] {
+    server = start(Role::kServer, 30000, 0, 'V', absl::Seconds(10), watch);
+  });
+  std::thread ta([&] {
+    a = start(Role::kWorker, 30001, 0, 'A', absl::Seconds(10), watch);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time b_start = absl::Now();
+  b = start(Role::kWorker, 30002, 0, 'A', absl::Seconds(1), watch);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << b.status();
+  EXPECT_LT(absl::Now() - b_start, absl::Seconds(5));
+  c = start(Role::kWorker, 30003, 0, 'C', absl::Seconds(10), watch);
+  ts.join();
+  ta.join();
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(c.ok()) << c.status();
+  // The server dies; its restarts claim worker A's key, then the
+  // scheduler's: both are ignored and nobody hears of a restart. Its own
+  // restart with a key of its own is announced.
+  (*server)->Stop();
+  server->reset();
+  for (char claimed : {'A', 'S'}) {
+    absl::StatusOr<std::unique_ptr<Node>> rogue =
+        start(Role::kServer, 30000, 1, claimed, absl::Seconds(1), watch);
+    EXPECT_EQ(rogue.status().code(), absl::StatusCode::kDeadlineExceeded)
+        << "claiming key " << claimed << ": " << rogue.status();
+  }
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(restarted.empty());
+  }
+  absl::StatusOr<std::unique_ptr<Node>> second =
+      start(Role::kServer, 30000, 1, 'W', absl::Seconds(10), watch);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  size_t heard = 0;
+  while (heard < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+    absl::MutexLock lock(&mu);
+    heard = restarted.size();
+  }
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(restarted, (std::vector<int>{ServerId(0), ServerId(0)}))
+        << "both workers hear of the real restart";
+  }
+  std::thread fa([&] { EXPECT_TRUE((*a)->Finish().ok()); });
+  EXPECT_TRUE((*c)->Finish().ok());
+  fa.join();
+  EXPECT_TRUE((*second)->WaitForTerminate().ok());
+  scheduler_thread.join();
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+}
+
 TEST(NodeTest,
      UnreachableAdvertisedAddressEndsTheJobAtTheStartDeadlineNamingIt) {
   MemoryNetwork net;

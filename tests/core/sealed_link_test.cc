@@ -83,7 +83,8 @@ struct Pair {
         sealer(Role::kWorker, worker.public_key(), link,
                LinkSecretFor(link), record_bytes, rekey_bytes),
         receiver(ReceiverOptions()) {
-    receiver.SetPeer(kWorkerId, Role::kWorker, worker.public_key());
+    EXPECT_TRUE(
+        receiver.SetPeer(kWorkerId, Role::kWorker, worker.public_key()).ok());
   }
   Key32 LinkSecretFor(uint32_t link) const {
     return Sending(*worker_keys, server.public_key(), Role::kServer, link);
@@ -354,6 +355,34 @@ TEST(SealedLinkTest, ANodeKeyCannotSpeakForAnotherNode) {
   EXPECT_THAT(p.drops[2], HasSubstr("came on a connection of the server key"));
 }
 
+// A node that claims another node's public key (it can read it in that
+// node's records) gets nothing: the key stays with its node, whose records
+// keep opening as from it.
+TEST(SealedLinkTest, AKeyHeldByAnotherNodeIsNeverMovedToTheClaimer) {
+  Job job;
+  Pair p(job);
+  constexpr int kThief = 13;
+  const absl::Status claimed =
+      p.receiver.SetPeer(kThief, Role::kWorker, p.worker.public_key());
+  EXPECT_EQ(claimed.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(claimed.message()),
+              HasSubstr(absl::StrCat(" of node 13 is the key of node ",
+                                     kWorkerId, "; kept with node ",
+                                     kWorkerId)));
+  std::vector<Message> ready = p.Feed(p.Seal(Push({4})));
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].header.sender(), kWorkerId);
+  EXPECT_EQ(p.receiver.counts().wrong_sender, 0u);
+  // The claimer keeps a key of its own; the owner may set its own again.
+  NodeKey own = NodeKey::Generate();
+  EXPECT_TRUE(p.receiver.SetPeer(kThief, Role::kWorker, own.public_key()).ok());
+  EXPECT_TRUE(
+      p.receiver.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key()).ok());
+  EXPECT_EQ(
+      p.receiver.SetPeer(kThief, Role::kWorker, p.worker.public_key()).code(),
+      absl::StatusCode::kAlreadyExists);
+}
+
 // The first message can come before the receiver's node table: it waits and
 // is opened when the key arrives; a key that never arrives is dropped after
 // the park time.
@@ -366,7 +395,8 @@ TEST(SealedLinkTest, RecordsFromKeysNotYetKnownWaitForTheTable) {
   for (const auto& r : p.Seal(b)) p.receiver.Accept(Copy(r), &ready);
   EXPECT_TRUE(ready.empty());
   EXPECT_GT(p.receiver.parked(), 2u);
-  p.receiver.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key());
+  ASSERT_TRUE(
+      p.receiver.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key()).ok());
   p.receiver.ReleaseParked(&ready);
   ASSERT_EQ(ready.size(), 2u);
   ExpectSame(a, ready[0]);
@@ -396,7 +426,8 @@ TEST(SealedLinkTest, ARestartedPeersOldKeyIsRefused) {
   Pair p(job);
   const auto old_records = p.Seal(Push({4}, 1));
   NodeKey next = NodeKey::Generate();
-  p.receiver.SetPeer(kWorkerId, Role::kWorker, next.public_key());
+  ASSERT_TRUE(
+      p.receiver.SetPeer(kWorkerId, Role::kWorker, next.public_key()).ok());
   std::vector<Message> ready = p.Feed(old_records);
   EXPECT_TRUE(ready.empty());
   EXPECT_EQ(p.receiver.parked(), old_records.size());
@@ -436,7 +467,8 @@ TEST(SealedLinkTest, HeadersOverTheLimitsAreMalformed) {
   SealedReceiver::Options o = p.ReceiverOptions();
   o.max_frame_bytes = 1024;
   SealedReceiver small(std::move(o));
-  small.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key());
+  ASSERT_TRUE(
+      small.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key()).ok());
   std::vector<Message> ready;
   for (const auto& r : p.Seal(Push({257}))) small.Accept(Copy(r), &ready);
   EXPECT_TRUE(ready.empty());

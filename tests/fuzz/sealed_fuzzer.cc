@@ -130,7 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.max_parked = 8;
   o.park_time = absl::ZeroDuration();
   SealedReceiver receiver(std::move(o));
-  receiver.SetPeer(kSender, tessera::Role::kWorker, worker.public_key());
+  (void)receiver.SetPeer(kSender, tessera::Role::kWorker, worker.public_key());
   bool known = true;
   uint32_t link = 1;
   auto new_sealer = [&] {
@@ -203,8 +203,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (known) {
           receiver.RemovePeer(kSender);
         } else {
-          receiver.SetPeer(kSender, tessera::Role::kWorker,
-                           worker.public_key());
+          (void)receiver.SetPeer(kSender, tessera::Role::kWorker,
+                                 worker.public_key());
         }
         known = !known;
         break;

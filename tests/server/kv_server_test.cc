@@ -250,6 +250,47 @@ TEST(KVServerTest, PullAfterOwnPushWaitsForTheRound) {
   EXPECT_EQ(pulled, (std::vector<float>{12}));
 }
 
+// A pull says how many pushes its worker made to the key before it; one that
+// overtook them (resent to a restarted server before the replay) waits for
+// them and then answers with their result, never with older weights.
+TEST(KVServerTest, PullThatOvertookItsWorkersPushesWaitsForThem) {
+  for (const bool sync : {true, false}) {
+    SCOPED_TRACE(sync ? "dist_sync" : "dist_async");
+    ServerHarness h(/*num_workers=*/1);
+    if (!sync) {  // dist_async applies each push with the servers' optimizer
+      h.server().Handle(SetOptimizer("sgd lr=-1"));
+      ExpectOk(h);
+    }
+    h.server().Handle(Init(6, {1}, sync));
+    ExpectOk(h);
+    Message pull = Pull(0, 6, 1);
+    pull.header.set_push_seq(2);  // after two pushes
+    h.server().Handle(std::move(pull));
+    EXPECT_EQ(h.Pending(), 0u) << "no push taken yet: the pull waits";
+    h.server().Handle(Push(0, 6, 0, {10}));
+    ExpectOk(h);
+    EXPECT_EQ(h.Pending(), 0u) << "one of two pushes taken: still waiting";
+    h.server().Handle(Push(0, 6, 1, {20}));
+    std::vector<float> pulled;
+    for (int i = 0; i < 2; ++i) {
+      std::optional<Message> r = h.NextReply();
+      ASSERT_TRUE(r.has_value());
+      EXPECT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+      if (r->header.command() == wire::KV_PULL) pulled = ValuesOf(*r);
+    }
+    // Sync without an optimizer: the value is the last round's sum; async
+    // with sgd lr=-1 adds each push.
+    EXPECT_EQ(pulled, (std::vector<float>{sync ? 20.0f : 31.0f}));
+    // A pull that asks for no more than was taken is answered at once.
+    Message now = Pull(0, 6, 1);
+    now.header.set_push_seq(2);
+    h.server().Handle(std::move(now));
+    std::optional<Message> r = h.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(ValuesOf(*r), pulled);
+  }
+}
+
 TEST(KVServerTest, ResentPushIsAnsweredAndNotAppliedTwice) {
   ServerHarness h(/*num_workers=*/1);
   h.server().Handle(SetOptimizer("sgd lr=-1"));

@@ -175,7 +175,7 @@ int Main(int argc, char** argv) {
         if (n == 1) std::fprintf(stderr, "seal_bench: dropped: %s\n", why.c_str());
       };
       SealedReceiver receiver(o);
-      receiver.SetPeer(9, Role::kWorker, worker.public_key());
+      (void)receiver.SetPeer(9, Role::kWorker, worker.public_key());
       std::vector<KeepSink> passes(8);
       size_t next = passes.size();
       uint64_t opened = 0;

@@ -507,11 +507,12 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
         row_ids.size() * l, " values of output, not ", out.size()));
   }
   std::vector<KeyPart> parts;
-  uint64_t total = 0;
+  uint64_t total = 0, pushed = 0;
   {
     absl::MutexLock lock(&mu_);
     parts = keys_.at(key).parts;
     total = keys_.at(key).length / l;
+    pushed = keys_.at(key).next_seq;
     ++stats_.pulls;
   }
   const uint64_t op = tracker_->NewOp();
@@ -527,6 +528,7 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     }
     if (ids.empty()) continue;  // a pull need not visit every server
     Message msg = SliceMessage(wire::KV_PULL, key, part, total, l);
+    msg.header.set_push_seq(pushed);  // sees this worker's pushes
     wire::DataFrame* d = msg.header.add_frames();
     d->set_encoding(wire::DataFrame::RAW);
     d->set_num_bytes(ids.size() * sizeof(uint64_t));
@@ -723,16 +725,19 @@ absl::StatusOr<OpHandle> KVClient::StartPull(
   const uint64_t op = tracker_->NewOp();
   std::vector<KeyPart> parts;
   std::vector<std::shared_ptr<PulledCopy>> copies;
+  uint64_t pushed;
   {
     absl::MutexLock lock(&mu_);
     parts = keys_.at(key).parts;
     copies = keys_.at(key).pulled;
+    pushed = keys_.at(key).next_seq;
     ++stats_.pulls;
   }
   if (prepare) prepare(parts);
   for (size_t i = 0; i < parts.size(); ++i) {
     const KeyPart& part = parts[i];
     Message msg = SliceMessage(wire::KV_PULL, key, part, length);
+    msg.header.set_push_seq(pushed);  // sees this worker's pushes
     RequestTracker::Request request;
     request.op = op;
     request.server = ServerId(part.server_rank);
