@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "common/debug_pending.h"
 #include "common/logging.h"
 
 namespace tessera {
@@ -43,8 +44,15 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     res.set_content(registry->TextExposition(),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
+  // What the process waits for (common/debug_pending.h), as JSON.
+  server.Get("/debug/pending", [](const httplib::Request&,
+                                  httplib::Response& res) {
+    res.set_content(DebugPendingRegistry::Global().Json() + "\n",
+                    "application/json");
+  });
   server.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("Tessera metrics: /metrics\n", "text/plain");
+    res.set_content("Tessera metrics: /metrics, /debug/pending\n",
+                    "text/plain");
   });
   errno = 0;
   if (port == 0) {

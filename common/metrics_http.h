@@ -1,5 +1,7 @@
 // MetricsHttpServer: serves a MetricsRegistry's Prometheus text exposition at
-// http://HOST:PORT/metrics (cpp-httplib, Debian's libcpp-httplib-dev), on a
+// http://HOST:PORT/metrics, and what the process waits for as JSON at
+// /debug/pending (common/debug_pending.h), with cpp-httplib (Debian's
+// libcpp-httplib-dev), on a
 // thread of its own (and one of httplib's for each connection being served,
 // at most two at a time).
 //

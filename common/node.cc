@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/debug_pending.h"
 #include "common/logging.h"
 #include "common/message_counters.h"
 #include "common/net_util.h"
@@ -72,6 +73,15 @@ absl::Status Node::Join() {
                          {"id", absl::StrCat(id)}},
                         1});
       }));
+  pending_section_ = DebugPendingRegistry::Global().Add(
+      [role = std::string(RoleName(options_.role)), rank = rank_, id = id_,
+       host = address_](wire::DebugPending* out) {
+        out->set_role(role);
+        out->set_rank(rank);
+        out->set_id(id);
+        out->set_host(host);
+      });
+  InstallPendingDump();
   TESSERA_VLOG(1) << "joined as id " << id_ << " rank " << rank_ << " at "
                   << address_ << ":" << port_;
   if (options_.heartbeat_interval > absl::ZeroDuration()) {
@@ -135,6 +145,7 @@ Message Node::RegisterMessage() const {
   // sealed records go (the scheduler hands both on in the node table).
   info->set_node_key(transport_->node_key());
   info->set_sealed_port(transport_->sealed_port());
+  if (metrics_http_ != nullptr) info->set_metrics_port(metrics_http_->port());
   char hostname[256] = {0};
   gethostname(hostname, sizeof(hostname) - 1);
   reg.header.mutable_register_()->set_hostname(hostname);

@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/debug_pending.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/options.h"
@@ -280,6 +281,8 @@ class Node {
   Counter* const control_resends_;
   CollectorHandles metric_handles_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
+  // This node's part of /debug/pending (role, rank, id, host); first gone.
+  DebugPendingRegistry::Section pending_section_;
 };
 
 }  // namespace tessera

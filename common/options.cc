@@ -176,6 +176,16 @@ absl::Status ParseKeys(const EnvLookup& env, Options& o) {
   if (!sum.empty() && sum != "exact" && sum != "arrival")
     return BadValue("TESSERA_SYNC_SUM", sum, "exact or arrival");
   o.exact_sync_sum = sum != "arrival";
+  TESSERA_ASSIGN_OR_RETURN(
+      o.late_min, ReadSeconds(env, "TESSERA_LATE_MIN", o.late_min, false));
+  if (const std::string factor = ReadString(env, "TESSERA_LATE_FACTOR");
+      !factor.empty()) {
+    if (!absl::SimpleAtod(factor, &o.late_factor) ||
+        !std::isfinite(o.late_factor) || o.late_factor < 1 ||
+        o.late_factor > 1e6) {
+      return BadValue("TESSERA_LATE_FACTOR", factor, "a number in 1..1000000");
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -84,6 +84,11 @@ struct Options {
   // float32 additions in arrival order (4 bytes per value, about 2x faster
   // to add, but the last bits of a sum depend on which push came first).
   bool exact_sync_sum = true;
+  // When a dist_sync round (on a server) or a barrier (on the scheduler) is
+  // late enough to log whom it waits for: TESSERA_LATE_FACTOR times its
+  // recent median, and at least TESSERA_LATE_MIN seconds (docs/debugging.md).
+  double late_factor = 10;
+  absl::Duration late_min = absl::Seconds(1);
 
   // Security of the node's connections (common/curve_keys.h). TESSERA_KEY_FILE:
   // this role's key file; TESSERA_KEY_DIR: a folder holding <role>.key (used

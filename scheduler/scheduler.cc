@@ -8,7 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/curve_keys.h"
 #include "common/logging.h"
 #include "common/message_counters.h"
@@ -20,6 +22,11 @@ namespace tessera {
 namespace {
 
 constexpr int kProvisionalBase = 1000000;
+
+const char* BarrierGroupName(int group) {
+  if (group == (kGroupServers | kGroupWorkers)) return "servers and workers";
+  return (group & kGroupServers) ? "servers" : "workers";
+}
 
 // The start of a sealed node key (32 raw bytes) in hex, for log lines.
 std::string SealedKeyText(const std::string& key) {
@@ -145,6 +152,9 @@ absl::StatusOr<int> Scheduler::Bind() {
   metrics_http_ = *std::move(http);
   metric_handles_ =
       AddTransportCollectors(&MetricsRegistry::Global(), transport_.get());
+  pending_section_ = DebugPendingRegistry::Global().Add(
+      [this](wire::DebugPending* out) { FillPending(out); });
+  InstallPendingDump();
   TESSERA_VLOG(1) << "scheduler listening on " << bound_address_
                   << ", waiting for " << options_.num_servers
                   << " server(s) and " << options_.num_workers << " worker(s)";
@@ -187,6 +197,7 @@ absl::Status Scheduler::Run() {
     }
     const absl::Time now = absl::Now();
     ResendNotices(now);
+    if (pending_wanted_.load(std::memory_order_relaxed)) MakePending(now);
     if (ended_) {
       if (!Ending(now)) {
         // Every node acknowledged the end (or the deadline passed): what is
@@ -251,6 +262,10 @@ absl::Status Scheduler::Run() {
       EndJob(absl::DeadlineExceededError(reason), AbortMessage(reason),
              std::vector<int>(confirmed_.begin(), confirmed_.end()));
       continue;
+    }
+    if (formed_ && now - last_late_check_ >= kLivenessEvery) {
+      last_late_check_ = now;
+      CheckLateBarriers(now);
     }
     if (formed_ && options_.heartbeat_interval > absl::ZeroDuration() &&
         now - last_liveness_check_ >= kLivenessEvery) {
@@ -487,7 +502,11 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
     Reply(sender, h, absl::OkStatus());
     return;
   }
-  if (waiting.empty()) barrier_tag_[group] = h.barrier().tag();
+  if (waiting.empty()) {
+    barrier_tag_[group] = h.barrier().tag();
+    barrier_opened_[group] = absl::Now();
+    barrier_next_report_[group] = absl::ZeroDuration();
+  }
   // A node waits in a barrier once. Its newest request is the one to
   // answer: a restarted node asks again under a new request id.
   waiting.insert_or_assign(sender, h.request_id());
@@ -507,7 +526,130 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
     }
     waiting.clear();
     metrics_.barriers_released->Increment();
+    auto opened = barrier_opened_.find(group);
+    if (opened != barrier_opened_.end()) {
+      std::deque<absl::Duration>& recent = barrier_recent_[group];
+      recent.push_back(absl::Now() - opened->second);
+      if (recent.size() > kRecentBarriers) recent.pop_front();
+      barrier_opened_.erase(opened);
+    }
   }
+}
+
+std::vector<std::string> Scheduler::MissingFromBarrier(int group) const {
+  std::vector<std::string> missing;
+  auto waiting = barriers_.find(group);
+  for (const auto& [id, n] : nodes_) {
+    const bool member = (n.role() == wire::SERVER && (group & kGroupServers)) ||
+                        (n.role() == wire::WORKER && (group & kGroupWorkers));
+    if (!member || done_workers_.count(id) != 0) continue;
+    if (waiting != barriers_.end() && waiting->second.count(id) != 0) continue;
+    missing.push_back(Describe(n));
+  }
+  return missing;
+}
+
+void Scheduler::CheckLateBarriers(absl::Time now) {
+  for (const auto& [group, opened] : barrier_opened_) {
+    const absl::Duration age = now - opened;
+    absl::Duration median = absl::ZeroDuration();
+    auto recent = barrier_recent_.find(group);
+    if (recent != barrier_recent_.end() && !recent->second.empty()) {
+      std::vector<absl::Duration> d(recent->second.begin(),
+                                    recent->second.end());
+      std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
+      median = d[d.size() / 2];
+    }
+    const absl::Duration threshold =
+        median == absl::ZeroDuration()
+            ? 10 * options_.late_min
+            : std::max(options_.late_min, options_.late_factor * median);
+    absl::Duration& next = barrier_next_report_[group];
+    if (age < threshold || age < next) continue;
+    next = 2 * age;
+    const std::vector<std::string> missing = MissingFromBarrier(group);
+    const std::string tag = barrier_tag_[group];
+    const std::string why =
+        median == absl::ZeroDuration()
+            ? std::string("no barrier of the group has been released yet")
+            : absl::StrCat(static_cast<int64_t>(age / median),
+                           "x the group's recent median barrier of ",
+                           absl::FormatDuration(
+                               absl::Trunc(median, absl::Milliseconds(1))));
+    TESSERA_LOG(WARNING)
+        << "barrier of the " << BarrierGroupName(group)
+        << (tag.empty() ? "" : absl::StrCat(" ('", tag, "')"))
+        << " has waited "
+        << absl::FormatDuration(absl::Trunc(age, absl::Milliseconds(100)))
+        << " for " << (missing.empty() ? "nobody" : absl::StrJoin(
+                                                        missing.begin(),
+                                                        missing.begin() +
+                                                            std::min<size_t>(
+                                                                missing.size(),
+                                                                16),
+                                                        ", "))
+        << (missing.size() > 16 ? absl::StrCat(", ... (", missing.size(),
+                                               " in all)")
+                                : "")
+        << " (" << why << ")";
+  }
+}
+
+void Scheduler::MakePending(absl::Time now) {
+  wire::DebugPending p;
+  p.set_role("scheduler");
+  p.set_id(kSchedulerId);
+  p.set_host(bound_address_);
+  for (const auto& [group, waiting] : barriers_) {
+    if (waiting.empty()) continue;
+    wire::OpenBarrier* b = p.add_barriers();
+    b->set_group(BarrierGroupName(group));
+    b->set_tag(barrier_tag_[group]);
+    for (const auto& [id, request] : waiting) b->add_ids_in(id);
+    for (std::string& m : MissingFromBarrier(group)) b->add_missing(std::move(m));
+    auto opened = barrier_opened_.find(group);
+    if (opened != barrier_opened_.end())
+      b->set_age_s(absl::ToDoubleSeconds(now - opened->second));
+  }
+  for (const auto& [id, n] : nodes_) {
+    wire::NodeStatus* s = p.add_nodes();
+    s->set_id(id);
+    s->set_role(n.role() == wire::SERVER ? "server" : "worker");
+    s->set_rank(n.rank());
+    s->set_host(n.host());
+    s->set_port(n.port());
+    s->set_generation(n.generation());
+    if (n.metrics_port() > 0) {
+      s->set_metrics_url(absl::StrContains(n.host(), ':')
+                             ? absl::StrCat("http://[", n.host(), "]:",
+                                            n.metrics_port())
+                             : absl::StrCat("http://", n.host(), ":",
+                                            n.metrics_port()));
+    }
+    auto seen = last_seen_.find(id);
+    if (seen != last_seen_.end())
+      s->set_last_heard_s(absl::ToDoubleSeconds(now - seen->second));
+  }
+  absl::MutexLock lock(&pending_mu_);
+  pending_ = std::move(p);
+  pending_made_ = pending_asked_;
+  pending_wanted_.store(false, std::memory_order_relaxed);
+  pending_cv_.SignalAll();
+}
+
+void Scheduler::FillPending(wire::DebugPending* out) {
+  absl::MutexLock lock(&pending_mu_);
+  const uint64_t ticket = ++pending_asked_;
+  pending_wanted_.store(true, std::memory_order_relaxed);
+  // Run makes it between two messages (within its 50 ms receive); a
+  // scheduler that has stopped leaves the last one (or none).
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  while (pending_made_ < ticket) {
+    if (pending_cv_.WaitWithDeadline(&pending_mu_, deadline)) break;
+  }
+  out->MergeFrom(pending_);
+  out->set_role("scheduler");
+  out->set_id(kSchedulerId);
 }
 
 void Scheduler::HandleWorkerDone(int sender, const wire::Header& h) {

@@ -20,6 +20,8 @@
 #ifndef TESSERA_SCHEDULER_SCHEDULER_H_
 #define TESSERA_SCHEDULER_SCHEDULER_H_
 
+#include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,7 +30,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/debug_pending.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/options.h"
@@ -201,6 +205,32 @@ class Scheduler {
   Metrics metrics_;
   CollectorHandles metric_handles_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
+
+  // Late barriers (logged from Run, as a server logs late rounds): when the
+  // open barrier of each group started, when it is reported again, and the
+  // last kRecentBarriers durations of the group's barriers.
+  static constexpr size_t kRecentBarriers = 16;
+  std::map<int, absl::Time> barrier_opened_;            // by group
+  std::map<int, absl::Duration> barrier_next_report_;  // by group
+  std::map<int, std::deque<absl::Duration>> barrier_recent_;
+  absl::Time last_late_check_ = absl::InfinitePast();
+  // Logs the barriers that have waited past their threshold (see
+  // docs/debugging.md), each again once its wait has doubled.
+  void CheckLateBarriers(absl::Time now);
+  // The nodes of `group` not in its open barrier (nor finished), described.
+  std::vector<std::string> MissingFromBarrier(int group) const;
+
+  // /debug/pending: the HTTP thread asks, Run makes it between messages
+  // (the scheduler's state is Run's alone) and the asker waits up to 1 s.
+  void MakePending(absl::Time now);
+  void FillPending(wire::DebugPending* out);
+  std::atomic<bool> pending_wanted_{false};
+  absl::Mutex pending_mu_;
+  absl::CondVar pending_cv_;
+  uint64_t pending_asked_ ABSL_GUARDED_BY(pending_mu_) = 0;
+  uint64_t pending_made_ ABSL_GUARDED_BY(pending_mu_) = 0;
+  wire::DebugPending pending_ ABSL_GUARDED_BY(pending_mu_);
+  DebugPendingRegistry::Section pending_section_;  // last: removed first
 };
 
 }  // namespace tessera

@@ -85,6 +85,7 @@ struct StoredKey {
   // Set by KVServer on first use.
   const KeyMetrics* metrics = nullptr;
   absl::Time round_started;  // the open dist_sync round's first push
+  size_t reported_waiting = 0;  // waiting.size() as the RoundWatch knows it
 };
 
 class KeyStore {

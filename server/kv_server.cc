@@ -47,6 +47,7 @@ uint64_t DataBytes(const Message& msg) {
 struct KVServer::Shard {
   Shard(int num_workers, WaitingLimits limits, SyncRound::Mode sum_mode)
       : queue(kShardQueueMessages, kShardQueueBytes),
+        phase_since_ns(absl::GetCurrentTimeNanos()),
         store(num_workers, limits, sum_mode) {}
   struct Work {
     Message msg;
@@ -57,12 +58,18 @@ struct KVServer::Shard {
   // adds to it, so when it reads 0 the update thread is idle in Pop and the
   // keys may be handled on Handle's thread (release/acquire hands them over).
   std::atomic<int64_t> pending{0};
+  // What the update thread does (for /debug/pending): the command of the
+  // message it handles (0 idle, -1 a task), its key, and since when.
+  std::atomic<int> phase{0};
+  std::atomic<uint64_t> phase_key{0};
+  std::atomic<int64_t> phase_since_ns;
   KeyStore store;  // owned by the shard's thread, or by Handle's thread while
                    // pending == 0
 };
 
 KVServer::KVServer(int num_workers, int num_threads, SendFn send,
-                   WaitingLimits limits, SyncRound::Mode sum_mode)
+                   WaitingLimits limits, SyncRound::Mode sum_mode,
+                   RoundWatch::Options watch)
     : num_workers_(num_workers),
       send_(std::move(send)),
       limits_(limits),
@@ -77,7 +84,8 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
           "tessera_server_update_duration_seconds",
           "Time to apply one update to a key slice (the optimizer, or the "
           "round's sum becoming the value).",
-          LatencyBuckets())) {
+          LatencyBuckets())),
+      watch_(num_workers, watch) {
   if (num_threads < 1) num_threads = 1;
   for (int i = 0; i < num_threads; ++i)
     shards_.push_back(std::make_unique<Shard>(num_workers, limits, sum_mode));
@@ -145,6 +153,8 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
       MetricType::kGauge, [n = shards_.size()](MetricSamples* out) {
         out->push_back({{}, static_cast<double>(n)});
       }));
+  pending_section_ = DebugPendingRegistry::Global().Add(
+      [this](wire::DebugPending* out) { FillPending(out); });
 }
 
 const KeyMetrics* KVServer::SeriesFor(uint64_t key) {
@@ -200,7 +210,7 @@ void KVServer::TimedUpdate(const StoredKey& key,
 }
 
 void KVServer::TraceRound(const StoredKey& key, absl::Time update_start,
-                          absl::Time update_end) {
+                          absl::Time update_end, int last_rank) {
   if (!trace::Enabled()) return;
   const int64_t end = absl::ToUnixNanos(update_end);
   trace::Complete("server", "update", absl::ToUnixNanos(update_start), end,
@@ -210,7 +220,8 @@ void KVServer::TraceRound(const StoredKey& key, absl::Time update_start,
                    absl::ToUnixNanos(key.round_started), end,
                    {{"key", static_cast<int64_t>(key.key)},
                     {"offset", static_cast<int64_t>(key.offset)},
-                    {"workers", num_workers_}});
+                    {"workers", num_workers_},
+                    {"waited_for", last_rank}});
 }
 
 KVServer::~KVServer() { Stop(); }
@@ -448,13 +459,52 @@ void KVServer::HandleSettings(Message&& msg) {
 
 void KVServer::Run(Shard* shard) {
   while (std::optional<Shard::Work> work = shard->queue.Pop()) {
+    shard->phase_since_ns.store(absl::GetCurrentTimeNanos(),
+                                std::memory_order_relaxed);
     if (work->task) {
+      shard->phase.store(-1, std::memory_order_relaxed);
       work->task(shard);
     } else {
+      shard->phase_key.store(work->msg.header.slice().key(),
+                             std::memory_order_relaxed);
+      shard->phase.store(work->msg.header.command(),
+                         std::memory_order_relaxed);
       Process(shard, std::move(work->msg));
     }
+    shard->phase.store(0, std::memory_order_relaxed);
+    shard->phase_since_ns.store(absl::GetCurrentTimeNanos(),
+                                std::memory_order_relaxed);
     shard->pending.fetch_sub(1, std::memory_order_release);
   }
+}
+
+void KVServer::FillPending(wire::DebugPending* out) const {
+  const absl::Time now = absl::Now();
+  watch_.Fill(out, now);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const Shard& shard = *shards_[i];
+    wire::ThreadPhase* t = out->add_threads();
+    t->set_thread(absl::StrCat("update ", i));
+    const int phase = shard.phase.load(std::memory_order_relaxed);
+    if (phase == 0) {
+      t->set_phase("idle");
+    } else if (phase < 0) {
+      t->set_phase("checkpoint");
+    } else {
+      t->set_phase(wire::Command_Name(static_cast<wire::Command>(phase)));
+      t->set_key(shard.phase_key.load(std::memory_order_relaxed));
+    }
+    t->set_for_s(absl::ToDoubleSeconds(
+        now - absl::FromUnixNanos(
+                  shard.phase_since_ns.load(std::memory_order_relaxed))));
+  }
+}
+
+void KVServer::ReportWaiting(StoredKey* key) {
+  const size_t n = key->waiting.size();
+  if (n == key->reported_waiting) return;
+  key->reported_waiting = n;
+  watch_.Waiting(key->key, key->offset, n);
 }
 
 void KVServer::Process(Shard* shard, Message&& msg) {
@@ -605,6 +655,7 @@ void KVServer::Rejoin(Shard* shard, Message&& msg) {
 void KVServer::Hold(StoredKey* key, Message&& msg) {
   absl::Status held = key->waiting.Hold(key->key, msg);
   if (!held.ok()) Reply(msg, held);
+  ReportWaiting(key);
 }
 
 bool KVServer::TryProcess(StoredKey* key, Message& msg) {
@@ -667,6 +718,9 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
     return true;
   }
   CountPush(*key);
+  if (key->sync)
+    watch_.PushTaken(key->key, key->offset, rank, key->round_started,
+                     absl::Now());
   switch (*pushed) {
     case SliceEngine::Pushed::kApplied:
       if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
@@ -679,16 +733,18 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
       if (msg.header.ack_on_receipt()) Acknowledge(msg);
       break;
     case SliceEngine::Pushed::kRoundComplete:
-      CompleteRound(key);
+      CompleteRound(key, rank);
       break;
   }
   return true;
 }
 
-void KVServer::CompleteRound(StoredKey* key) {
+void KVServer::CompleteRound(StoredKey* key, int last_rank) {
   SliceEngine::Round round = key->engine->FinishRound(settings());
   update_duration_->ObserveDuration(round.update_end - round.update_start);
-  TraceRound(*key, round.update_start, round.update_end);
+  watch_.RoundDone(key->key, key->offset, key->round_started,
+                   round.update_end);
+  TraceRound(*key, round.update_start, round.update_end, last_rank);
   // Like pushes, a round of a key counts once, on its first slice here.
   if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
     ++rounds_applied_;
@@ -715,6 +771,7 @@ void KVServer::Replay(StoredKey* key) {
     key->progress = false;
     key->waiting.Replay([&](Message& m) { return TryProcess(key, m); });
   }
+  ReportWaiting(key);
 }
 
 void KVServer::CountPush(StoredKey& key) {

@@ -48,12 +48,14 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/debug_pending.h"
 #include "common/message.h"
 #include "common/metrics.h"
 #include "proto/tessera.pb.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
 #include "server/round_engine.h"
+#include "server/round_watch.h"
 #include "server/slice_engine.h"
 
 namespace tessera {
@@ -69,9 +71,11 @@ class KVServer : private EngineContext {
   static constexpr size_t kMaxKeySeries = 32;
 
   // Each key's mode (dist_sync or dist_async) comes with its KV_INIT.
+  // `watch`: when a round is late enough to be logged (RoundWatch).
   KVServer(int num_workers, int num_threads, SendFn send,
            WaitingLimits limits = WaitingLimits(),
-           SyncRound::Mode sum_mode = SyncRound::Mode::kExact);
+           SyncRound::Mode sum_mode = SyncRound::Mode::kExact,
+           RoundWatch::Options watch = RoundWatch::Options());
   ~KVServer() override;
 
   // Takes a data-plane message (KV_*); replies through the SendFn.
@@ -135,8 +139,13 @@ class KVServer : private EngineContext {
   bool TryProcess(StoredKey* key, Message& msg);
   bool TryPush(StoredKey* key, Message& msg);
   // Every kind's round ends here: the engine applies it, then metrics,
-  // traces and the answers.
-  void CompleteRound(StoredKey* key);
+  // traces and the answers. `last_rank` pushed last (the round waited for it).
+  void CompleteRound(StoredKey* key, int last_rank);
+  // Tells the watch how many messages `key` holds, when that changed.
+  void ReportWaiting(StoredKey* key);
+  // This server's part of /debug/pending: open rounds, waiting messages,
+  // rank lags, the update threads' phases.
+  void FillPending(wire::DebugPending* out) const;
   // Holds `msg` among `key`'s waiting messages, or answers it with the error
   // when the limits are reached.
   void Hold(StoredKey* key, Message&& msg);
@@ -167,7 +176,7 @@ class KVServer : private EngineContext {
   // A completed dist_sync round of `key` in the trace (TESSERA_TRACE): the
   // round's span and its update's.
   void TraceRound(const StoredKey& key, absl::Time update_start,
-                  absl::Time update_end);
+                  absl::Time update_end, int last_rank);
 
   const int num_workers_;
   const SendFn send_;
@@ -202,7 +211,9 @@ class KVServer : private EngineContext {
   KeyMetrics* other_keys_ ABSL_GUARDED_BY(key_counts_mu_) = nullptr;
   Histogram* const round_duration_;
   Histogram* const update_duration_;
-  CollectorHandles metric_handles_;  // last: removed before the counters go
+  RoundWatch watch_;
+  CollectorHandles metric_handles_;  // removed before the counters go
+  DebugPendingRegistry::Section pending_section_;  // last: removed first
 };
 
 }  // namespace tessera

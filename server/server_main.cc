@@ -184,6 +184,9 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   std::unique_ptr<tessera::Node> node;
   std::unique_ptr<tessera::CheckpointStore> store;
   std::unique_ptr<tessera::Checkpointer> checkpointer;
+  tessera::RoundWatch::Options watch;
+  watch.late_factor = options.late_factor;
+  watch.late_min = options.late_min;
   tessera::KVServer server(options.num_workers, threads,
                            [&node](int peer, tessera::Message msg) {
                              return node->Send(peer, std::move(msg));
@@ -191,7 +194,8 @@ int Serve(const Flags& flags, const tessera::Options& options) {
                            tessera::WaitingLimits(),
                            options.exact_sync_sum
                                ? tessera::SyncRound::Mode::kExact
-                               : tessera::SyncRound::Mode::kArrival);
+                               : tessera::SyncRound::Mode::kArrival,
+                           watch);
   tessera::Node::Callbacks callbacks;
   callbacks.on_data = [&server, &checkpointer](tessera::Message&& msg) {
     if (checkpointer != nullptr) checkpointer->MaybeWrite();

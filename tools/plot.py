@@ -11,6 +11,9 @@ steps   TESSERA_TRACE files of tessera-worker processes (one per worker): per wo
         waiting for the pushes and pulls, and waiting for the next batch, stacked, over the
         job's time (steps averaged over up to 120 windows). tessera-worker --metrics-out
         files are accepted too: the same split per epoch, from their "epoch_log".
+        A tessera-server trace among them adds a row marking, for each dist_sync
+        round, the rank it waited for (the last to push), so a straggler shows at a
+        glance.
 epochs  tessera-worker --metrics-out files (one per worker, "{rank}" in the flag): samples
         per second per epoch, per worker and their sum; training accuracy per worker and
         validation accuracy (rank 0 evaluates after every epoch).
@@ -155,6 +158,28 @@ def trace_steps(path, doc):
     return int(rank), out
 
 
+def trace_rounds(path, doc):
+    """(server rank, [(start_s, waited_for rank)]) of a tessera-server trace's dist_sync
+    rounds (their "round" spans carry the rank whose push completed them)."""
+    other = doc.get('otherData') if isinstance(doc.get('otherData'), dict) else {}
+    rounds = []
+    for i, e in enumerate(doc['traceEvents']):
+        if not (isinstance(e, dict) and e.get('ph') == 'b' and e.get('name') == 'round'):
+            continue
+        args = e.get('args') if isinstance(e.get('args'), dict) else {}
+        if 'waited_for' not in args:
+            continue
+        rounds.append((number(e.get('ts'), path, 'traceEvents[%d].ts' % i) / 1e6,
+                       int(number(args['waited_for'], path,
+                                  'traceEvents[%d].args.waited_for' % i))))
+    return int(other.get('rank', -1)), sorted(rounds)
+
+
+def is_server_trace(doc):
+    other = doc.get('otherData')
+    return isinstance(other, dict) and other.get('role') == 'server'
+
+
 def bench_rows(paths):
     """[(job, group, label, tessera, baseline, unit)] of throughput and latency bars."""
     rows = []
@@ -208,10 +233,13 @@ def human(size):
 
 def plot_steps(plt, paths, out, dpi):
     """Step breakdown per worker from traces, or per epoch from metrics files."""
-    workers, epochs = [], []
+    workers, epochs, servers, server_paths = [], [], [], []
     for path in paths:
         doc = load_json(path)
-        if is_trace(doc):
+        if is_trace(doc) and is_server_trace(doc):
+            servers.append(trace_rounds(path, doc))
+            server_paths.append(path)
+        elif is_trace(doc):
             workers.append(trace_steps(path, doc))
         elif is_worker_metrics(doc):
             epochs.append(worker_metrics(path, doc))
@@ -220,17 +248,26 @@ def plot_steps(plt, paths, out, dpi):
                              'trace JSON) or a tessera-worker --metrics-out file' % path)
     if workers and epochs:
         raise InputError('give either trace files or metrics files, not both')
+    if servers and not workers:
+        raise InputError('%s: a tessera-server trace marks the rounds of worker traces: '
+                         'give the workers\' TESSERA_TRACE files too' % server_paths[0])
     rows = sorted(workers or epochs, key=lambda w: w[0])
-    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 2.2 * len(rows) + 0.9),
+    servers.sort()
+    fig, axes = plt.subplots(len(rows) + len(servers), 1,
+                             figsize=(8, 2.2 * (len(rows) + len(servers)) + 0.9),
                              sharex=True, squeeze=False)
     if workers:
         t0 = min(steps[0][0] for _, steps in workers)
         t1 = max(steps[-1][0] for _, steps in workers)
         for ax, (rank, steps) in zip(axes[:, 0], rows):
             step_windows(ax, rank, steps, t0, max(t1 - t0, 1e-9))
+        summaries = []
+        for ax, (rank, rounds) in zip(axes[len(rows):, 0], servers):
+            summaries.append(waited_for(ax, rank, rounds, t0))
         axes[-1, 0].set_xlabel('seconds since the first step')
         fig.suptitle("Where a training step's time goes")
-        summary = '; '.join('worker %d: %d steps' % (rank, len(steps)) for rank, steps in rows)
+        summary = '; '.join(['worker %d: %d steps' % (rank, len(steps))
+                             for rank, steps in rows] + summaries)
     else:
         for ax, (rank, log) in zip(axes[:, 0], rows):
             epoch_bars(ax, rank, log)
@@ -240,6 +277,26 @@ def plot_steps(plt, paths, out, dpi):
     axes[0, 0].legend(loc='upper right', fontsize=7, ncol=4)
     save(fig, plt, out, dpi)
     return summary
+
+
+def waited_for(ax, rank, rounds, t0):
+    """One server's rounds: the rank each waited for, over time. Returns the summary."""
+    if not rounds:
+        ax.set_title('server %d: no dist_sync rounds in its trace' % rank, fontsize=8)
+        return 'server %d: 0 rounds' % rank
+    counts = {}
+    for _, r in rounds:
+        counts[r] = counts.get(r, 0) + 1
+    last, n = max(counts.items(), key=lambda x: (x[1], -x[0]))
+    share = 100.0 * n / len(rounds)
+    ax.scatter([t - t0 for t, _ in rounds], [r for _, r in rounds], s=10, marker='|',
+               color='#c44e52')
+    ax.set_yticks(sorted(counts))
+    ax.set_ylabel('rank waited for', fontsize=7)
+    ax.set_title('server %d: %d rounds, each marked at the rank it waited for (the last to '
+                 'push); rank %d in %.0f%%' % (rank, len(rounds), last, share), fontsize=8)
+    return 'server %d: %d rounds, the last to push: rank %d in %.0f%%' % (
+        rank, len(rounds), last, share)
 
 
 def step_windows(ax, rank, steps, t0, span):

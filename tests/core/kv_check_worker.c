@@ -480,6 +480,40 @@ static int OptimizerRun(const char* spec, int rounds) {
   return 0;
 }
 
+/* A straggler (issue #31): ROUNDS dist_sync rounds of the small key; rank
+   SLOW sleeps SLEEP_MS inside round AT, before its push, so that the others'
+   pushes of that round wait for it, and again before a barrier after the
+   rounds. Every round's value is checked. */
+static int Straggler(int rounds, int slow, int sleep_ms, int at) {
+  TesseraKV* kv = Create("dist_sync");
+  int n = 0;
+  CHECK_OK(tessera_kv_num_workers(kv, &n));
+  CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-1"));
+  float w[6], grad[6];
+  Fill(w, kSmallLen, 0);
+  CHECK_OK(tessera_kv_init(kv, kSmall, w, kSmallLen));
+  for (int i = 0; i < rounds; ++i) {
+    if (rank_ == slow && i == at) {
+      printf("rank %d: sleeping %d ms in round %d\n", rank_, sleep_ms, i);
+      fflush(stdout);
+      usleep((useconds_t)sleep_ms * 1000);
+    }
+    Fill(grad, kSmallLen, 1);
+    CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
+    CHECK_OK(tessera_kv_pull(kv, kSmall, w, kSmallLen));
+    ExpectAll(w, kSmallLen, (float)(n * (i + 1)), "small key", i);
+  }
+  if (rank_ == slow) {
+    printf("rank %d: sleeping %d ms before the barrier\n", rank_, sleep_ms);
+    fflush(stdout);
+    usleep((useconds_t)sleep_ms * 1000);
+  }
+  CHECK_OK(tessera_kv_barrier(kv));
+  CHECK_OK(Close(kv));
+  printf("straggler ok: rank %d, %d rounds\n", rank_, rounds);
+  return 0;
+}
+
 static int Barriers(int count, int sleep_ms) {
   TesseraKV* kv = Create("dist_sync");
   for (int i = 0; i < count; ++i) {
@@ -502,6 +536,9 @@ int main(int argc, char** argv) {
     return Barriers(argc > 2 ? atoi(argv[2]) : 3, argc > 3 ? atoi(argv[3]) : 0);
   }
   if (strcmp(mode, "nightly") == 0) return Nightly();
+  if (strcmp(mode, "straggler") == 0 && argc > 5)
+    return Straggler(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]),
+                     atoi(argv[5]));
   if (strcmp(mode, "soak") == 0 && argc > 2)
     return Soak(atoi(argv[2]), argc > 3 ? atoi(argv[3]) : 0,
                 argc > 5 ? argv[4] : "", argc > 5 ? atoi(argv[5]) : -1);

@@ -191,7 +191,13 @@ INSTANTIATE_TEST_SUITE_P(
                 "TESSERA_CHUNK_BYTES='100': expected a number of bytes in "
                 "4096..2^30"},
         BadCase{"TESSERA_SYNC_SUM", "fast",
-                "TESSERA_SYNC_SUM='fast': expected exact or arrival"}));
+                "TESSERA_SYNC_SUM='fast': expected exact or arrival"},
+        BadCase{"TESSERA_LATE_FACTOR", "0.5",
+                "TESSERA_LATE_FACTOR='0.5': expected a number in 1..1000000"},
+        BadCase{"TESSERA_LATE_FACTOR", "ten",
+                "TESSERA_LATE_FACTOR='ten': expected a number in 1..1000000"},
+        BadCase{"TESSERA_LATE_MIN", "0",
+                "TESSERA_LATE_MIN='0': expected a number of seconds > 0"}));
 
 TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
   std::map<std::string, std::string> env = {
@@ -203,12 +209,18 @@ TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
   EXPECT_EQ(o->chunk_bytes, 1 << 20);
   EXPECT_EQ(o->max_frame_bytes, int64_t{1} << 30);
   EXPECT_TRUE(o->exact_sync_sum);
+  EXPECT_EQ(o->late_factor, 10);
+  EXPECT_EQ(o->late_min, absl::Seconds(1));
   env["TESSERA_CHUNK_BYTES"] = "65536";
   env["TESSERA_SYNC_SUM"] = "arrival";
+  env["TESSERA_LATE_FACTOR"] = "4.5";
+  env["TESSERA_LATE_MIN"] = "0.25";
   o = Parse(env);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->chunk_bytes, 65536);
   EXPECT_FALSE(o->exact_sync_sum);
+  EXPECT_EQ(o->late_factor, 4.5);
+  EXPECT_EQ(o->late_min, absl::Milliseconds(250));
 }
 
 TEST(OptionsTest, SecurityIsOnUnlessTurnedOffAndKeysAreNamed) {

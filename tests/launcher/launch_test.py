@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -748,7 +749,6 @@ class AddressTest(unittest.TestCase):
             scheduler_address(None, {}, Host('no-such-host.invalid'))
 
     def test_busy_port_is_an_error(self):
-        import socket
         with socket.socket() as s:
             s.bind(('', 0))
             s.listen(1)
@@ -780,10 +780,24 @@ class CommandLineTest(FakeJobTest):
             (['-n', '2', '--metrics-port', '65533', w], '--metrics-port 65533',
              '1..65531', '5 ports'),
             (['-n', '2', '--metrics-port', '0', w], '--metrics-port', "'0'"),
+            (['--status'], '--status: expected HOST:PORT', '--metrics-port BASE'),
         ]
         for args, *needles in cases:
             with self.subTest(args=args):
                 one_line_error(self, self.launch(args), *needles)
+
+    def test_status_of_a_job_that_is_not_there_says_so(self):
+        # A port nobody listens on: exit 1, naming the address.
+        with socket.socket() as s:
+            s.bind(('127.0.0.1', 0))
+            port = s.getsockname()[1]
+        for args in (['--status', '127.0.0.1:%d' % port],
+                     ['--metrics-port', str(port), '--status']):
+            with self.subTest(args=args):
+                got = self.launch(args)
+                self.assertEqual(got.returncode, 1, got.stdout + got.stderr)
+                self.assertIn('launch.py --status: no answer from the scheduler at '
+                              'http://127.0.0.1:%d: ' % port, got.stdout)
 
     def test_missing_daemon_binary(self):
         os.makedirs(os.path.join(self.dir, 'build', 'worker'))

@@ -114,6 +114,28 @@ class PlotToolTest(unittest.TestCase):
         self.assertEqual(summary, 'worker 1: %d steps' % STEPS)
         self.assertAlmostEqual(one_high, (2.2 + 0.9) * DPI, delta=1)
 
+    def test_server_trace_marks_the_rank_each_round_waited_for(self):
+        traces = [self.path('trace-worker-%d.json' % r) for r in (0, 1)]
+        server = self.path('trace-server-0.json')
+        with open(server) as f:
+            events = json.load(f)['traceEvents']
+        waited = [e['args']['waited_for'] for e in events
+                  if e.get('ph') == 'b' and e.get('name') == 'round']
+        self.assertGreater(len(waited), 0)
+        self.assertTrue(set(waited) <= {0, 1}, waited)
+        counts = {r: waited.count(r) for r in set(waited)}
+        last = max(counts.items(), key=lambda x: (x[1], -x[0]))
+        summary, _, height = self.draw('steps', *traces, server, '-o',
+                                       self.path('steps-rounds.png'), '--dpi', str(DPI))
+        self.assertEqual(summary, 'worker 0: %d steps; worker 1: %d steps; server 0: %d '
+                         'rounds, the last to push: rank %d in %.0f%%'
+                         % (STEPS, STEPS, len(waited), last[0],
+                            100.0 * last[1] / len(waited)))
+        self.assertAlmostEqual(height, (2.2 * 3 + 0.9) * DPI, delta=1)
+        alone = self.plot('steps', server, '-o', self.path('rounds-alone.png'))
+        self.assertEqual(alone.returncode, 2)
+        self.assertIn('%s: a tessera-server trace marks' % server, alone.stderr)
+
     def test_steps_from_metrics_are_per_epoch(self):
         metrics = [self.path('metrics-%d.json' % r) for r in (0, 1)]
         summary, width, _ = self.draw('steps', *metrics, '-o', self.path('steps-epochs.png'))
@@ -159,7 +181,9 @@ class PlotToolTest(unittest.TestCase):
             (['steps', bad], '%s: not JSON' % bad),
             (['steps', self.path('trace-worker-0.json'), missing],
              '%s: No such file or directory' % missing),
-            (['steps', server_trace], '%s: no "step" spans' % server_trace),
+            (['steps', server_trace],
+             "%s: a tessera-server trace marks the rounds of worker traces: give the "
+             "workers' TESSERA_TRACE files too" % server_trace),
             (['epochs', self.path('trace-worker-0.json')],
              '%s: expected tessera-worker --metrics-out JSON' % self.path('trace-worker-0.json')),
             (['bench', self.path('metrics-0.json')],

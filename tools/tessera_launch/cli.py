@@ -21,6 +21,7 @@ from .options import PROG, SCHEDULER_BINARY, SERVER_BINARY, SetupError, UsageErr
 from .slurm import slurm_hosts, slurm_node_address, slurm_nodes
 from .ssh import ssh_nodes, sync_hosts
 from .supervisor import Job, install_signal_handlers
+from . import status
 
 
 def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
@@ -32,6 +33,8 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.mpi_child:
             return mpi_child(environ)
+        if args.status is not None:
+            return status.main(args.status, sys.stdout)
         path_env = environ.get('PATH', os.defpath)
         if args.interface:
             interface_ipv4(args.interface)  # fails early for a wrong name

@@ -107,6 +107,10 @@ def build_parser():
     p.add_argument('--metrics-port', type=_port_arg, metavar='BASE',
                    help='serve Prometheus metrics: process i (scheduler 0, servers 1..S, '
                         'workers S+1..S+W) on port BASE+i of its address (TESSERA_METRICS_PORT)')
+    p.add_argument('--status', nargs='?', const='', metavar='HOST:PORT',
+                   help='print what a running job waits for (its processes\' /debug/pending) '
+                        'and exit; HOST:PORT: the scheduler\'s metrics address (default: '
+                        '127.0.0.1 and --metrics-port)')
     p.add_argument('--timeout', type=_seconds_arg, default=30.0, metavar='SECONDS',
                    help='grace for the scheduler and servers to exit after the workers '
                         'finished (default: 30)')
@@ -152,6 +156,13 @@ def parse_args(argv):
     if args.command and args.command[0] == '--':
         args.command = args.command[1:]
     if args.mpi_child:
+        return args
+    if args.status is not None:
+        if not args.status:
+            if args.metrics_port is None:
+                raise UsageError('--status: expected HOST:PORT (the scheduler\'s metrics '
+                                 'address) or --metrics-port BASE')
+            args.status = '127.0.0.1:%d' % args.metrics_port
         return args
     if args.num_workers is None:
         raise UsageError('argument -n/--num-workers: required (the number of workers)')

@@ -108,6 +108,8 @@ RequestTracker::RequestTracker(Options options, SendFn send,
       ResendLoop();
     });
   }
+  pending_section_ = DebugPendingRegistry::Global().Add(
+      [this](wire::DebugPending* out) { FillPending(out); });
   MetricsRegistry& r = MetricsRegistry::Global();
   metric_handles_.push_back(r.AddCollector(
       "tessera_worker_requests_in_flight",
@@ -253,6 +255,33 @@ std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(
   return std::nullopt;
 }
 
+void RequestTracker::FillPending(wire::DebugPending* out) const {
+  // At most this many, oldest first (a big push has one per slice).
+  constexpr size_t kMaxListed = 1000;
+  const absl::Time now = absl::Now();
+  std::vector<wire::PendingRequest> listed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, t] : requests_) {
+      if (listed.size() == kMaxListed) break;
+      wire::PendingRequest r;
+      r.set_command(wire::Command_Name(t.msg.header.command()));
+      r.set_key(t.msg.header.slice().key());
+      r.set_offset(t.msg.header.slice().offset());
+      r.set_server(t.request.server);
+      r.set_age_s(absl::ToDoubleSeconds(now - t.first_sent));
+      r.set_resends(t.resends);
+      r.set_request_id(id);
+      listed.push_back(std::move(r));
+    }
+  }
+  // Described unlocked: describe_ takes the node's lock.
+  for (wire::PendingRequest& r : listed) {
+    r.set_server_name(describe_(r.server()));
+    *out->add_requests() = std::move(r);
+  }
+}
+
 std::string RequestTracker::What(const Message& msg) {
   const char* verb = "request";
   switch (msg.header.command()) {
@@ -344,6 +373,7 @@ void RequestTracker::ResendLoop() {
           continue;
         }
         ++t.unanswered;
+        ++t.resends;
         t.wait = std::min(t.wait * 2, max_wait);
         t.next_send = now + t.wait;
         ++resends_;

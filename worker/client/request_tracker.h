@@ -59,6 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/debug_pending.h"
 #include "common/message.h"
 #include "common/metrics.h"
 #include "common/node.h"
@@ -181,6 +182,7 @@ class RequestTracker {
     absl::Time next_send;
     absl::Duration wait;
     int unanswered = 0;  // sends in a row without any answer
+    int resends = 0;     // sends after the first
     bool sent = true;     // false: held back by its window
     bool taken = false;   // windowed: the server has taken it
   };
@@ -241,6 +243,9 @@ class RequestTracker {
   };
   const Metrics metrics_;
   CollectorHandles metric_handles_;  // removed before the maps go
+  // The requests in flight in /debug/pending; removed before the maps go.
+  void FillPending(wire::DebugPending* out) const;
+  DebugPendingRegistry::Section pending_section_;
 };
 
 }  // namespace tessera
