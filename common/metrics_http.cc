@@ -6,8 +6,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/debug_pending.h"
 #include "common/logging.h"
@@ -39,17 +39,17 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   server.set_keep_alive_timeout(2);
-  server.Get("/metrics", [registry](const httplib::Request&,
-                                    httplib::Response& res) {
-    res.set_content(registry->TextExposition(),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  });
+  server.Get("/metrics",
+             [registry](const httplib::Request&, httplib::Response& res) {
+               res.set_content(registry->TextExposition(),
+                               "text/plain; version=0.0.4; charset=utf-8");
+             });
   // What the process waits for (common/debug_pending.h), as JSON.
-  server.Get("/debug/pending", [](const httplib::Request&,
-                                  httplib::Response& res) {
-    res.set_content(DebugPendingRegistry::Global().Json() + "\n",
-                    "application/json");
-  });
+  server.Get("/debug/pending",
+             [](const httplib::Request&, httplib::Response& res) {
+               res.set_content(DebugPendingRegistry::Global().Json() + "\n",
+                               "application/json");
+             });
   server.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("Tessera metrics: /metrics, /debug/pending\n",
                     "text/plain");

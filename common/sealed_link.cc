@@ -141,13 +141,13 @@ Key32 LinkKeys::ReceivingSecret(const PeerSecrets& peer, Role peer_role,
 
 Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
                        const Key32& es_b_a, Role from_role,
-                       const Key32& from_key, Role to_role,
-                       const Key32& to_key, uint32_t link) {
+                       const Key32& from_key, Role to_role, const Key32& to_key,
+                       uint32_t link) {
   crypto_generichash_state state;
   crypto_generichash_init(&state, nullptr, 0, 32);
-  crypto_generichash_update(
-      &state, reinterpret_cast<const uint8_t*>(kLinkLabel),
-      sizeof(kLinkLabel) - 1);
+  crypto_generichash_update(&state,
+                            reinterpret_cast<const uint8_t*>(kLinkLabel),
+                            sizeof(kLinkLabel) - 1);
   crypto_generichash_update(&state, ee.data(), ee.size());
   crypto_generichash_update(&state, es_a_b.data(), es_a_b.size());
   crypto_generichash_update(&state, es_b_a.data(), es_b_a.size());
@@ -376,8 +376,7 @@ absl::Status Sealer::SealNext(SealJob& job, RecordSink& sink) {
 }
 
 absl::Status Sealer::Seal(absl::Span<const uint8_t> header,
-                          const std::vector<Buffer>& frames,
-                          RecordSink& sink) {
+                          const std::vector<Buffer>& frames, RecordSink& sink) {
   SealJob job;
   job.header.assign(reinterpret_cast<const char*>(header.data()),
                     header.size());
@@ -424,10 +423,9 @@ absl::Status SealedReceiver::SetPeer(int id, Role role, const Key32& node_key,
     return absl::OkStatus();
   }
   if (auto taken = peers_.find(node_key); taken != peers_.end()) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("node key ", KeyText(node_key), " of node ", id,
-                     " is the key of node ", taken->second->id,
-                     "; kept with node ", taken->second->id));
+    return absl::AlreadyExistsError(absl::StrCat(
+        "node key ", KeyText(node_key), " of node ", id, " is the key of node ",
+        taken->second->id, "; kept with node ", taken->second->id));
   }
   if (old != key_of_.end()) peers_.erase(old->second);
   auto peer = std::make_unique<Peer>();
@@ -586,7 +584,8 @@ bool SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,
       return false;
     }
   }
-  if ((prefix.flags & kFirst) == 0) return OpenNext(record, prefix, peer, ready);
+  if ((prefix.flags & kFirst) == 0)
+    return OpenNext(record, prefix, peer, ready);
   if (peer.have_link && prefix.link == peer.link &&
       prefix.epoch == peer.epoch) {
     return OpenFirst(record, prefix, peer, *peer.cipher, ready);
@@ -621,9 +620,8 @@ bool SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,
   return true;
 }
 
-bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix,
-                               Peer& peer, Cipher& cipher,
-                               std::vector<Message>* ready) {
+bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix, Peer& peer,
+                               Cipher& cipher, std::vector<Message>* ready) {
   uint8_t* plain = record.data + kPrefixBytes;
   cipher.BeginOpen(prefix.epoch, prefix.seq, record.data, kPrefixBytes);
   cipher.Update(plain, plain, prefix.length);
@@ -649,12 +647,12 @@ bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix,
                       " bytes (a new message began)"));
   }
   const size_t length = prefix.length;
-  auto malformed = [&](const std::string& why)
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Drop(&DropCounts::malformed,
-         absl::StrCat("a message from ", RoleName(peer.role), " id ", peer.id,
-                      ": ", why));
-  };
+  auto malformed =
+      [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        Drop(&DropCounts::malformed,
+             absl::StrCat("a message from ", RoleName(peer.role), " id ",
+                          peer.id, ": ", why));
+      };
   if (length < kLeadBytes) {
     malformed("its first record is too short for a header");
     return true;
@@ -677,10 +675,9 @@ bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix,
   for (const wire::DataFrame& d : msg.header.frames()) {
     if (options_.max_frame_bytes >= 0 &&
         d.num_bytes() > static_cast<uint64_t>(options_.max_frame_bytes)) {
-      malformed(absl::StrCat("a frame of ", d.num_bytes(),
-                             " bytes; this node takes at most ",
-                             options_.max_frame_bytes,
-                             " (TESSERA_MAX_MESSAGE_BYTES)"));
+      malformed(absl::StrCat(
+          "a frame of ", d.num_bytes(), " bytes; this node takes at most ",
+          options_.max_frame_bytes, " (TESSERA_MAX_MESSAGE_BYTES)"));
       return true;
     }
     total += d.num_bytes();

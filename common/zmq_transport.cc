@@ -19,9 +19,9 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <thread>
-#include <mutex>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -99,8 +99,7 @@ class SealPool {
     absl::MutexLock lock(&mu_);
     if (stopped_) return;
     queue_.push_back(std::move(work));
-    if (workers_.size() < static_cast<size_t>(threads_) &&
-        idle_ == 0) {
+    if (workers_.size() < static_cast<size_t>(threads_) && idle_ == 0) {
       workers_.emplace_back([this] { Run(); });
     }
   }
@@ -217,13 +216,15 @@ class ZmqRecordSink : public sealed::RecordSink {
  public:
   ZmqRecordSink(void* socket, std::shared_ptr<Backlog> backlog,
                 std::shared_ptr<BlockCache> cache)
-      : socket_(socket), backlog_(std::move(backlog)), cache_(std::move(cache)) {}
+      : socket_(socket),
+        backlog_(std::move(backlog)),
+        cache_(std::move(cache)) {}
   ~ZmqRecordSink() override {
     if (block_ != nullptr) FreeRecord(nullptr, block_);
   }
   uint8_t* Allocate(size_t size) override {
-    const bool cached = cache_ != nullptr &&
-                        kRecordBlockHead + size == cache_->block_bytes();
+    const bool cached =
+        cache_ != nullptr && kRecordBlockHead + size == cache_->block_bytes();
     block_ = cached ? cache_->Take() : std::malloc(kRecordBlockHead + size);
     new (block_) RecordBlock{backlog_, cached ? cache_ : nullptr, size};
     backlog_->bytes.fetch_add(static_cast<int64_t>(size));
@@ -321,9 +322,8 @@ class ZmqTransport : public Transport {
       zmq_setsockopt(receiver_, ZMQ_RCVHWM, &kReceiveHighWaterMark,
                      sizeof(kReceiveHighWaterMark));
       if (options_.max_message_bytes > 0) {
-        const int64_t max_bytes =
-            options_.max_message_bytes +
-            (Encrypted() ? kCurveFrameOverhead : 0);
+        const int64_t max_bytes = options_.max_message_bytes +
+                                  (Encrypted() ? kCurveFrameOverhead : 0);
         zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &max_bytes,
                        sizeof(max_bytes));
       }
@@ -532,7 +532,8 @@ class ZmqTransport : public Transport {
     std::shared_ptr<Sender> scheduler_link;
     {
       absl::MutexLock lock(&senders_mu_);
-      links_[peer] = PeerLink{identity.role, key, secrets, identity.sealed_port};
+      links_[peer] =
+          PeerLink{identity.role, key, secrets, identity.sealed_port};
       if (peer == kSchedulerId) {
         auto it = senders_.find(kSchedulerId);
         if (it != senders_.end()) scheduler_link = it->second;
@@ -645,7 +646,8 @@ class ZmqTransport : public Transport {
       TESSERA_LOG(ERROR) << "the job's keys do not agree (X25519)";
       std::abort();
     }
-    link_keys_ = std::make_shared<const sealed::LinkKeys>(*std::move(link_keys));
+    link_keys_ =
+        std::make_shared<const sealed::LinkKeys>(*std::move(link_keys));
     sealed::SealedReceiver::Options o;
     o.keys = link_keys_;
     o.accept_first_scheduler = keys.role != Role::kScheduler;
@@ -653,17 +655,17 @@ class ZmqTransport : public Transport {
     o.max_frame_bytes = options_.max_message_bytes;
     o.on_drop = [](uint64_t n, const std::string& why) {
       if (ShouldLog(n)) {
-        TESSERA_LOG(WARNING) << "dropped sealed record #" << n << ": " << why
-                             << (n == kLogDropsFirst
-                                     ? " (from now on one line per 1000)"
-                                     : "");
+        TESSERA_LOG(WARNING)
+            << "dropped sealed record #" << n << ": " << why
+            << (n == kLogDropsFirst ? " (from now on one line per 1000)" : "");
       }
     };
     opener_ = std::make_unique<sealed::SealedReceiver>(std::move(o));
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     pool_ = std::make_unique<SealPool>(std::clamp(cores, 1, 4));
-    blocks_ = std::make_shared<BlockCache>(
-        kRecordBlockHead + sealed::kRecordOverhead + options_.sealed_record_bytes);
+    blocks_ = std::make_shared<BlockCache>(kRecordBlockHead +
+                                           sealed::kRecordOverhead +
+                                           options_.sealed_record_bytes);
   }
 
   absl::Status BindSealedLane(const std::string& ip)
@@ -918,8 +920,7 @@ class ZmqTransport : public Transport {
       const uint64_t n = ++malformed_;
       TESSERA_LOG(WARNING) << "dropped malformed message #" << n << ": "
                            << received << " parts; at most "
-                           << options_.limits.max_frames + 1
-                           << " are allowed";
+                           << options_.limits.max_frames + 1 << " are allowed";
       return true;
     }
     absl::StatusOr<Message> msg =
@@ -969,8 +970,7 @@ class ZmqTransport : public Transport {
           << "dropped message #" << n << " from key " << KeyPrefix(user_id)
           << ": it registers with the " << RoleName(*keys.RoleOfKey(user_id))
           << " key, but every node of this job registers with a key of its "
-          << "own (the scheduler's key file lists them): "
-          << DebugString(msg);
+          << "own (the scheduler's key file lists them): " << DebugString(msg);
       return false;
     }
     const uint64_t n = ++unsealed_;
@@ -978,8 +978,7 @@ class ZmqTransport : public Transport {
       TESSERA_LOG(WARNING)
           << "dropped unsealed message #" << n << ": in a sealed job only "
           << "a registration comes unsealed; every other message comes "
-          << "sealed with its sender's node key: "
-          << DebugString(msg);
+          << "sealed with its sender's node key: " << DebugString(msg);
     }
     return false;
   }
@@ -1058,8 +1057,7 @@ class ZmqTransport : public Transport {
   // False (counted, warned about) when `msg` claims a sender its connection's
   // key may not speak for.
   bool SenderMatchesKey(const Message& msg, const std::string& user_id) {
-    std::optional<Role> role =
-        options_.security->keys.RoleOfKey(user_id);
+    std::optional<Role> role = options_.security->keys.RoleOfKey(user_id);
     absl::Status allowed =
         role.has_value()
             ? CheckClaimedSender(msg.header, *role)
@@ -1096,7 +1094,8 @@ class ZmqTransport : public Transport {
 
   // Sealing (Sealed() only; set in the constructor, then read-only).
   std::shared_ptr<const sealed::LinkKeys> link_keys_;
-  std::array<std::string, 3> plain_passwords_;  // what this role presents, by peer role
+  std::array<std::string, 3>
+      plain_passwords_;  // what this role presents, by peer role
   std::unique_ptr<sealed::SealedReceiver> opener_;
   // Outlives the ZeroMQ context: records' free callbacks, which run until
   // zmq_ctx_term returns, schedule on it.

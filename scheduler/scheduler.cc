@@ -398,8 +398,7 @@ bool Scheduler::Ending(absl::Time now) {
   return false;
 }
 
-std::string Scheduler::SealedKeyHolder(const std::string& key,
-                                       int self) const {
+std::string Scheduler::SealedKeyHolder(const std::string& key, int self) const {
   if (key.empty()) return std::string();
   if (key == transport_->node_key()) return "the scheduler";
   auto it = sealed_key_holder_.find(key);
@@ -578,19 +577,18 @@ void Scheduler::CheckLateBarriers(absl::Time now) {
                                absl::Trunc(median, absl::Milliseconds(1))));
     TESSERA_LOG(WARNING)
         << "barrier of the " << BarrierGroupName(group)
-        << (tag.empty() ? "" : absl::StrCat(" ('", tag, "')"))
-        << " has waited "
+        << (tag.empty() ? "" : absl::StrCat(" ('", tag, "')")) << " has waited "
         << absl::FormatDuration(absl::Trunc(age, absl::Milliseconds(100)))
-        << " for " << (missing.empty() ? "nobody" : absl::StrJoin(
-                                                        missing.begin(),
-                                                        missing.begin() +
-                                                            std::min<size_t>(
-                                                                missing.size(),
-                                                                16),
-                                                        ", "))
-        << (missing.size() > 16 ? absl::StrCat(", ... (", missing.size(),
-                                               " in all)")
-                                : "")
+        << " for "
+        << (missing.empty()
+                ? "nobody"
+                : absl::StrJoin(
+                      missing.begin(),
+                      missing.begin() + std::min<size_t>(missing.size(), 16),
+                      ", "))
+        << (missing.size() > 16
+                ? absl::StrCat(", ... (", missing.size(), " in all)")
+                : "")
         << " (" << why << ")";
   }
 }
@@ -606,7 +604,8 @@ void Scheduler::MakePending(absl::Time now) {
     b->set_group(BarrierGroupName(group));
     b->set_tag(barrier_tag_[group]);
     for (const auto& [id, request] : waiting) b->add_ids_in(id);
-    for (std::string& m : MissingFromBarrier(group)) b->add_missing(std::move(m));
+    for (std::string& m : MissingFromBarrier(group))
+      b->add_missing(std::move(m));
     auto opened = barrier_opened_.find(group);
     if (opened != barrier_opened_.end())
       b->set_age_s(absl::ToDoubleSeconds(now - opened->second));
@@ -620,11 +619,10 @@ void Scheduler::MakePending(absl::Time now) {
     s->set_port(n.port());
     s->set_generation(n.generation());
     if (n.metrics_port() > 0) {
-      s->set_metrics_url(absl::StrContains(n.host(), ':')
-                             ? absl::StrCat("http://[", n.host(), "]:",
-                                            n.metrics_port())
-                             : absl::StrCat("http://", n.host(), ":",
-                                            n.metrics_port()));
+      s->set_metrics_url(
+          absl::StrContains(n.host(), ':')
+              ? absl::StrCat("http://[", n.host(), "]:", n.metrics_port())
+              : absl::StrCat("http://", n.host(), ":", n.metrics_port()));
     }
     auto seen = last_seen_.find(id);
     if (seen != last_seen_.end())
@@ -729,8 +727,8 @@ void Scheduler::HandleRegister(const Message& msg) {
           !holder.empty()) {
         metrics_.ignored_messages->Increment();
         TESSERA_LOG(WARNING)
-            << "ignored a registration as " << Describe(node)
-            << " (generation " << info.generation() << "): its sealed node key "
+            << "ignored a registration as " << Describe(node) << " (generation "
+            << info.generation() << "): its sealed node key "
             << SealedKeyText(info.node_key()) << " is " << holder << "'s";
         return;
       }

@@ -210,7 +210,7 @@ class Scheduler {
   // open barrier of each group started, when it is reported again, and the
   // last kRecentBarriers durations of the group's barriers.
   static constexpr size_t kRecentBarriers = 16;
-  std::map<int, absl::Time> barrier_opened_;            // by group
+  std::map<int, absl::Time> barrier_opened_;           // by group
   std::map<int, absl::Duration> barrier_next_report_;  // by group
   std::map<int, std::deque<absl::Duration>> barrier_recent_;
   absl::Time last_late_check_ = absl::InfinitePast();

@@ -84,7 +84,7 @@ struct StoredKey {
   std::unique_ptr<SliceEngine> engine;
   // Set by KVServer on first use.
   const KeyMetrics* metrics = nullptr;
-  absl::Time round_started;  // the open dist_sync round's first push
+  absl::Time round_started;     // the open dist_sync round's first push
   size_t reported_waiting = 0;  // waiting.size() as the RoundWatch knows it
 };
 

@@ -337,8 +337,7 @@ void KVServer::Handle(Message&& msg) {
     case wire::KV_FINISH: {
       const bool first = finished_workers_.insert(RankOfId(h.sender())).second;
       Reply(msg, absl::OkStatus());
-      if (first &&
-          static_cast<int>(finished_workers_.size()) == num_workers_) {
+      if (first && static_cast<int>(finished_workers_.size()) == num_workers_) {
         TESSERA_VLOG(1) << "every worker finished with this server";
         if (on_workers_finished_) on_workers_finished_();
       }
@@ -467,8 +466,7 @@ void KVServer::Run(Shard* shard) {
     } else {
       shard->phase_key.store(work->msg.header.slice().key(),
                              std::memory_order_relaxed);
-      shard->phase.store(work->msg.header.command(),
-                         std::memory_order_relaxed);
+      shard->phase.store(work->msg.header.command(), std::memory_order_relaxed);
       Process(shard, std::move(work->msg));
     }
     shard->phase.store(0, std::memory_order_relaxed);
@@ -554,8 +552,9 @@ void KVServer::Process(Shard* shard, Message&& msg) {
   const bool is_push = msg.header.command() == wire::KV_PUSH ||
                        msg.header.command() == wire::KV_PUSHPULL;
   const bool in_order =
-      is_push && key->ledger.Classify(RankOfId(sender),
-                                      msg.header.push_seq()) != PushLedger::kAhead;
+      is_push &&
+      key->ledger.Classify(RankOfId(sender), msg.header.push_seq()) !=
+          PushLedger::kAhead;
   if ((key->waiting.HasWaiting(sender) && !in_order) || !TryProcess(key, msg)) {
     Hold(key, std::move(msg));
   }
@@ -571,10 +570,10 @@ void KVServer::Init(Shard* shard, Message&& msg) {
       ++duplicates_;
       Reply(msg, absl::OkStatus(), Buffer(), key);
     } else {
-      Reply(msg, absl::AlreadyExistsError(absl::StrCat(
-                     "key ", slice.key(), " is already initialised with [",
-                     key->offset, ", +", key->length, ") of ",
-                     key->total_length)));
+      Reply(msg,
+            absl::AlreadyExistsError(absl::StrCat(
+                "key ", slice.key(), " is already initialised with [",
+                key->offset, ", +", key->length, ") of ", key->total_length)));
     }
     return;
   }
@@ -628,8 +627,8 @@ void KVServer::Rejoin(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
   StoredKey* key = shard->store.Find(slice);
   if (key == nullptr) {
-    Reply(msg, absl::NotFoundError(
-                   absl::StrCat("key ", slice.key(), " is not on this server")));
+    Reply(msg, absl::NotFoundError(absl::StrCat("key ", slice.key(),
+                                                " is not on this server")));
     return;
   }
   if (absl::Status same = key->CheckSlice(slice); !same.ok()) {
@@ -639,8 +638,8 @@ void KVServer::Rejoin(Shard* shard, Message&& msg) {
   // What the earlier life left waiting here (a pull, a push behind a missing
   // one) is dropped: nobody waits for its reply, and the new life pushes again
   // from the count reported now.
-  const size_t dropped = key->waiting.DropEarlierLives(
-      msg.header.sender(), msg.header.generation());
+  const size_t dropped = key->waiting.DropEarlierLives(msg.header.sender(),
+                                                       msg.header.generation());
   msg.header.set_push_seq(key->ledger.received(RankOfId(msg.header.sender())));
   Reply(msg, absl::OkStatus());
   if (dropped != 0) {
@@ -742,8 +741,7 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
 void KVServer::CompleteRound(StoredKey* key, int last_rank) {
   SliceEngine::Round round = key->engine->FinishRound(settings());
   update_duration_->ObserveDuration(round.update_end - round.update_start);
-  watch_.RoundDone(key->key, key->offset, key->round_started,
-                   round.update_end);
+  watch_.RoundDone(key->key, key->offset, key->round_started, round.update_end);
   TraceRound(*key, round.update_start, round.update_end, last_rank);
   // Like pushes, a round of a key counts once, on its first slice here.
   if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
@@ -754,10 +752,10 @@ void KVServer::CompleteRound(StoredKey* key, int last_rank) {
   for (const wire::Header& h : round.requests) {
     Message request;
     request.header = h;
-    Reply(request, absl::OkStatus(),
-          key->engine->AnswersWithWeights(h.command()) ? key->weights
-                                                       : Buffer(),
-          key);
+    Reply(
+        request, absl::OkStatus(),
+        key->engine->AnswersWithWeights(h.command()) ? key->weights : Buffer(),
+        key);
   }
   key->engine->AfterRound();
   key->progress = true;
@@ -811,7 +809,8 @@ void KVServer::Snapshot(std::function<void(wire::ServerCheckpoint)> done) {
   }
 }
 
-void KVServer::MarkDurable(std::shared_ptr<const wire::ServerCheckpoint> saved) {
+void KVServer::MarkDurable(
+    std::shared_ptr<const wire::ServerCheckpoint> saved) {
   ++checkpoints_;
   for (auto& shard : shards_) {
     Post(shard.get(), [saved](Shard* shard) {
@@ -833,7 +832,8 @@ std::pair<std::vector<float>, uint64_t> KVServer::ShadowForTesting(
   std::pair<std::vector<float>, uint64_t> out;
   Post(ShardOf(key), [&](Shard* shard) {
     StoredKey* k = shard->store.Find(key, offset);
-    const PullShadow* shadow = k == nullptr ? nullptr : k->engine->pull_shadow();
+    const PullShadow* shadow =
+        k == nullptr ? nullptr : k->engine->pull_shadow();
     if (shadow != nullptr) {
       const Buffer& s = shadow->shadow();
       out.first.assign(s.floats(), s.floats() + s.num_floats());
@@ -862,16 +862,19 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
         saved.compression_type().empty() ? "none" : saved.compression_type();
     settings_.threshold = saved.compression_threshold();
   }
-  std::map<uint64_t, std::pair<uint64_t, uint64_t>> first;  // key: offset, pushes
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>>
+      first;  // key: offset, pushes
   for (const wire::CheckpointKey& k : saved.keys()) {
     if (absl::Status s = ShardOf(k.key())->store.Restore(k); !s.ok()) return s;
     num_keys_.fetch_add(1);
     uint64_t total = 0;
     for (uint64_t n : k.received()) total += n;
     auto [it, added] = first.try_emplace(k.key(), k.offset(), total);
-    if (!added && k.offset() < it->second.first) it->second = {k.offset(), total};
+    if (!added && k.offset() < it->second.first)
+      it->second = {k.offset(), total};
   }
-  for (const auto& [key, at] : first) SeriesFor(key)->pushes->Increment(at.second);
+  for (const auto& [key, at] : first)
+    SeriesFor(key)->pushes->Increment(at.second);
   {
     absl::MutexLock lock(&key_counts_mu_);
     for (const auto& [key, at] : first) key_pushes_[key] = at.second;

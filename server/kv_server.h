@@ -38,8 +38,8 @@
 #include <atomic>
 #include <functional>
 #include <map>
-#include <random>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>

@@ -22,7 +22,8 @@ std::vector<double> LagBuckets() {
 }
 
 std::string Short(absl::Duration d) {
-  if (d >= absl::Seconds(1)) return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
+  if (d >= absl::Seconds(1))
+    return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(100)));
   if (d >= absl::Milliseconds(1))
     return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
   return absl::FormatDuration(absl::Trunc(d, absl::Microseconds(1)));
@@ -150,7 +151,11 @@ void RoundWatch::Fill(wire::DebugPending* out, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<absl::Time, Slice>> by_age;
   for (const auto& [slice, o] : open_) by_age.push_back({o.started, slice});
-  std::sort(by_age.begin(), by_age.end());
+  const size_t listed = std::min(by_age.size(), kMaxListed);
+  std::partial_sort(by_age.begin(), by_age.begin() + listed, by_age.end());
+  by_age.resize(listed);
+  out->set_open_rounds_total(out->open_rounds_total() +
+                             static_cast<int32_t>(open_.size()));
   for (const auto& [started, slice] : by_age) {
     const Open& o = open_.at(slice);
     wire::OpenRound* r = out->add_open_rounds();
@@ -166,22 +171,34 @@ void RoundWatch::Fill(wire::DebugPending* out, absl::Time now) const {
     r->set_age_s(absl::ToDoubleSeconds(now - o.started));
     r->set_median_round_s(absl::ToDoubleSeconds(MedianLocked(slice)));
   }
-  for (const auto& [slice, count] : waiting_) {
+  std::vector<std::pair<size_t, Slice>> by_count;
+  for (const auto& [slice, count] : waiting_)
+    by_count.push_back({count, slice});
+  const size_t held = std::min(by_count.size(), kMaxListed);
+  std::partial_sort(by_count.begin(), by_count.begin() + held, by_count.end(),
+                    [](const auto& a, const auto& b) {
+                      return a.first != b.first ? a.first > b.first
+                                                : a.second < b.second;
+                    });
+  by_count.resize(held);
+  out->set_waiting_total(out->waiting_total() +
+                         static_cast<int32_t>(waiting_.size()));
+  for (const auto& [count, slice] : by_count) {
     wire::WaitingCount* w = out->add_waiting();
     w->set_key(slice.first);
     w->set_offset(slice.second);
     w->set_count(static_cast<int32_t>(count));
   }
-  std::vector<int> ranks;
+  std::vector<std::pair<double, int>> ranks;  // mean lag, rank
   for (int rank = 0; rank < num_workers_; ++rank)
-    if (lag_[rank].rounds > 0) ranks.push_back(rank);
-  std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
-    return lag_[a].mean_s > lag_[b].mean_s;
-  });
-  for (int rank : ranks) {
+    if (lag_[rank].rounds > 0) ranks.push_back({lag_[rank].mean_s, rank});
+  std::stable_sort(
+      ranks.begin(), ranks.end(),
+      [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [mean, rank] : ranks) {
     wire::RankLag* l = out->add_rank_lag();
     l->set_rank(rank);
-    l->set_mean_lag_s(lag_[rank].mean_s);
+    l->set_mean_lag_s(mean);
     l->set_rounds(lag_[rank].rounds);
   }
 }

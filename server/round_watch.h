@@ -52,6 +52,9 @@ class RoundWatch {
   };
   // Rounds of the last this many completed per slice give its median.
   static constexpr size_t kRecentRounds = 16;
+  // /debug/pending lists the oldest this many open rounds and the this many
+  // slices holding most messages (and counts them all).
+  static constexpr size_t kMaxListed = 200;
 
   RoundWatch(int num_workers, Options options);
   ~RoundWatch();
@@ -78,7 +81,7 @@ class RoundWatch {
   using Slice = std::pair<uint64_t, uint64_t>;  // key, offset
   struct Open {
     absl::Time started;
-    std::vector<bool> in;  // by rank
+    std::vector<bool> in;                               // by rank
     absl::Duration next_report = absl::ZeroDuration();  // 0: not yet late
   };
   struct Lag {

@@ -54,15 +54,14 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                        arg == "--checkpoint-every" ||
                        arg == "--checkpoint-keep";
     if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown flag '", argv[i],
-          "': expected --checkpoint-dir, --checkpoint-every or "
-          "--checkpoint-keep"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag '", argv[i],
+                       "': expected --checkpoint-dir, --checkpoint-every or "
+                       "--checkpoint-keep"));
     }
     if (!has_inline) {
       if (i + 1 >= argc) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(arg, " needs a value"));
+        return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value"));
       }
       value = argv[++i];
     }
@@ -76,8 +75,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       every = value;
     } else if (!absl::SimpleAtoi(value, &flags.keep) || flags.keep < 1 ||
                flags.keep > 1000) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--checkpoint-keep='", value, "': expected a whole number in 1..1000"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--checkpoint-keep='", value,
+                       "': expected a whole number in 1..1000"));
     }
   }
   absl::StatusOr<tessera::CheckpointPolicy> policy =
@@ -114,9 +114,8 @@ absl::Status PrepareCheckpoints(
     const tessera::Node& node, tessera::KVServer& server,
     std::unique_ptr<tessera::CheckpointStore>* store,
     std::unique_ptr<tessera::Checkpointer>* checkpointer) {
-  const std::string restarted =
-      absl::StrCat("restarted (TESSERA_RESTART_COUNT=", options.restart_count,
-                   ")");
+  const std::string restarted = absl::StrCat(
+      "restarted (TESSERA_RESTART_COUNT=", options.restart_count, ")");
   if (flags.checkpoint_dir.empty()) {
     if (options.restart_count == 0) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
@@ -144,9 +143,9 @@ absl::Status PrepareCheckpoints(
       server.set_recovering();
     }
     if (!restored.ok()) {
-      return absl::Status(restored.code(),
-                          absl::StrCat(restarted, ": cannot resume: ",
-                                       restored.message()));
+      return absl::Status(
+          restored.code(),
+          absl::StrCat(restarted, ": cannot resume: ", restored.message()));
     }
   }
   server.set_checkpointing(true);
@@ -162,12 +161,13 @@ void LogSummary(const tessera::KVServer& server, const tessera::Node& node) {
   std::map<uint64_t, uint64_t> ordered(stats.key_pushes_applied().begin(),
                                        stats.key_pushes_applied().end());
   for (const auto& [key, n] : ordered)
-    absl::StrAppend(&per_key, per_key.empty() ? "" : ", ", "key ", key, ": ", n);
+    absl::StrAppend(&per_key, per_key.empty() ? "" : ", ", "key ", key, ": ",
+                    n);
   TESSERA_LOG(INFO) << "pushes applied " << stats.pushes_applied() << " ("
                     << per_key << "), rounds " << stats.rounds_applied()
-                    << ", duplicates " << stats.duplicates()
-                    << ", checkpoints " << stats.checkpoints_written()
-                    << ", refused " << stats.refused() << ", malformed "
+                    << ", duplicates " << stats.duplicates() << ", checkpoints "
+                    << stats.checkpoints_written() << ", refused "
+                    << stats.refused() << ", malformed "
                     << stats.malformed_messages() + node.malformed_count()
                     << ", wrong sender " << node.wrong_sender_count()
                     << ", refused connections "
@@ -187,15 +187,15 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   tessera::RoundWatch::Options watch;
   watch.late_factor = options.late_factor;
   watch.late_min = options.late_min;
-  tessera::KVServer server(options.num_workers, threads,
-                           [&node](int peer, tessera::Message msg) {
-                             return node->Send(peer, std::move(msg));
-                           },
-                           tessera::WaitingLimits(),
-                           options.exact_sync_sum
-                               ? tessera::SyncRound::Mode::kExact
-                               : tessera::SyncRound::Mode::kArrival,
-                           watch);
+  tessera::KVServer server(
+      options.num_workers, threads,
+      [&node](int peer, tessera::Message msg) {
+        return node->Send(peer, std::move(msg));
+      },
+      tessera::WaitingLimits(),
+      options.exact_sync_sum ? tessera::SyncRound::Mode::kExact
+                             : tessera::SyncRound::Mode::kArrival,
+      watch);
   tessera::Node::Callbacks callbacks;
   callbacks.on_data = [&server, &checkpointer](tessera::Message&& msg) {
     if (checkpointer != nullptr) checkpointer->MaybeWrite();
@@ -228,7 +228,8 @@ int Serve(const Flags& flags, const tessera::Options& options) {
 
 int main(int argc, char** argv) {
   absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
-  if (!flags.ok()) return tessera::ExitWith("tessera-server", flags.status(), 2);
+  if (!flags.ok())
+    return tessera::ExitWith("tessera-server", flags.status(), 2);
   absl::StatusOr<tessera::Options> options =
       tessera::StartDaemon(tessera::Role::kServer);
   if (!options.ok())

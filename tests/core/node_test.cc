@@ -586,10 +586,10 @@ TEST(NodeTest, LostNodeDeadIsSentAgainSoTheNodeHearsWhoDied) {
   Options worker_options = options;
   worker_options.role = Role::kWorker;
   worker_options.heartbeat_timeout = absl::Seconds(5);  // not its own finding
-  absl::StatusOr<std::unique_ptr<Node>> worker = Node::Start(
-      worker_options, Node::Callbacks(),
-      std::make_unique<DroppingTransport>(net.NewTransport(), wire::NODE_DEAD,
-                                          1));
+  absl::StatusOr<std::unique_ptr<Node>> worker =
+      Node::Start(worker_options, Node::Callbacks(),
+                  std::make_unique<DroppingTransport>(net.NewTransport(),
+                                                      wire::NODE_DEAD, 1));
   server.join();
   ASSERT_TRUE(worker.ok()) << worker.status();
   absl::Status result = (*worker)->WaitForTerminate();
@@ -677,8 +677,8 @@ TEST(NodeTest, ARegistrationClaimingAnotherNodesSealedKeyIsIgnored) {
   MemoryNetwork net;
   Options options = EndOptions(Role::kScheduler);
   options.heartbeat_timeout = absl::Seconds(30);  // the dead server waits
-  Scheduler scheduler(options,
-                      std::make_unique<KeyedTransport>(net.NewTransport(), 'S'));
+  Scheduler scheduler(
+      options, std::make_unique<KeyedTransport>(net.NewTransport(), 'S'));
   ASSERT_TRUE(scheduler.Bind().ok());
   absl::Status scheduler_result;
   std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
@@ -689,8 +689,9 @@ TEST(NodeTest, ARegistrationClaimingAnotherNodesSealedKeyIsIgnored) {
     mine.port = port;
     mine.restart_count = restart_count;
     mine.start_timeout = timeout;
-    return Node::Start(mine, callbacks,
-                       std::make_unique<KeyedTransport>(net.NewTransport(), key));
+    return Node::Start(
+        mine, callbacks,
+        std::make_unique<KeyedTransport>(net.NewTransport(), key));
   };
   absl::Mutex mu;
   std::vector<int> restarted;

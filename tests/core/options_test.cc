@@ -200,10 +200,11 @@ INSTANTIATE_TEST_SUITE_P(
                 "TESSERA_LATE_MIN='0': expected a number of seconds > 0"}));
 
 TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
-  std::map<std::string, std::string> env = {
-      {"DMLC_ROLE", "server"},       {"DMLC_PS_ROOT_URI", "127.0.0.1"},
-      {"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_SERVER", "1"},
-      {"DMLC_NUM_WORKER", "1"}};
+  std::map<std::string, std::string> env = {{"DMLC_ROLE", "server"},
+                                            {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                                            {"DMLC_PS_ROOT_PORT", "9000"},
+                                            {"DMLC_NUM_SERVER", "1"},
+                                            {"DMLC_NUM_WORKER", "1"}};
   absl::StatusOr<Options> o = Parse(env);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->chunk_bytes, 1 << 20);

@@ -80,8 +80,8 @@ struct Pair {
         server(NodeKey::Generate()),
         worker_keys(job.For(Role::kWorker, worker)),
         server_keys(job.For(Role::kServer, server)),
-        sealer(Role::kWorker, worker.public_key(), link,
-               LinkSecretFor(link), record_bytes, rekey_bytes),
+        sealer(Role::kWorker, worker.public_key(), link, LinkSecretFor(link),
+               record_bytes, rekey_bytes),
         receiver(ReceiverOptions()) {
     EXPECT_TRUE(
         receiver.SetPeer(kWorkerId, Role::kWorker, worker.public_key()).ok());
@@ -309,10 +309,10 @@ TEST(SealedLinkTest, RecordsOfAnotherLinkOrJobDoNotOpen) {
   const Message want = Push({100});
   // The worker's link to another server (same link number).
   NodeKey other_server = NodeKey::Generate();
-  Sealer to_other(Role::kWorker, p.worker.public_key(), 1,
-                  Sending(*p.worker_keys, other_server.public_key(),
-                          Role::kServer, 1),
-                  256);
+  Sealer to_other(
+      Role::kWorker, p.worker.public_key(), 1,
+      Sending(*p.worker_keys, other_server.public_key(), Role::kServer, 1),
+      256);
   // Another job's role keys, this pair's node keys.
   Sealer other_jobs(Role::kWorker, p.worker.public_key(), 1,
                     Sending(*other_job.For(Role::kWorker, p.worker),
@@ -365,10 +365,10 @@ TEST(SealedLinkTest, AKeyHeldByAnotherNodeIsNeverMovedToTheClaimer) {
   const absl::Status claimed =
       p.receiver.SetPeer(kThief, Role::kWorker, p.worker.public_key());
   EXPECT_EQ(claimed.code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_THAT(std::string(claimed.message()),
-              HasSubstr(absl::StrCat(" of node 13 is the key of node ",
-                                     kWorkerId, "; kept with node ",
-                                     kWorkerId)));
+  EXPECT_THAT(
+      std::string(claimed.message()),
+      HasSubstr(absl::StrCat(" of node 13 is the key of node ", kWorkerId,
+                             "; kept with node ", kWorkerId)));
   std::vector<Message> ready = p.Feed(p.Seal(Push({4})));
   ASSERT_EQ(ready.size(), 1u);
   EXPECT_EQ(ready[0].header.sender(), kWorkerId);
@@ -447,8 +447,8 @@ TEST(SealedLinkTest, NewLinksAndEpochsTakeOverAndTheOldOnesAreRefused) {
   }
   EXPECT_GE(p.sealer.epoch(), 2u);
   EXPECT_EQ(ready.size(), 5u);
-  Sealer relinked(Role::kWorker, p.worker.public_key(), 2,
-                  p.LinkSecretFor(2), 256);
+  Sealer relinked(Role::kWorker, p.worker.public_key(), 2, p.LinkSecretFor(2),
+                  256);
   for (const auto& r : Pair::SealWith(relinked, Push({100}, 6)))
     p.receiver.Accept(Copy(r), &ready);
   ASSERT_EQ(ready.size(), 6u);
@@ -530,13 +530,14 @@ TEST(SealedLinkTest, LinkKeysDependOnEveryInput) {
   const auto at_a = job.For(Role::kWorker, a);
   PeerSecrets rogue_at_a;
   ASSERT_TRUE(at_a->ForPeer(c.public_key(), &rogue_at_a));
-  EXPECT_NE(Sending(*rogue, a.public_key(), Role::kWorker, 1),
-            at_a->ReceivingSecret(rogue_at_a, Role::kScheduler, c.public_key(),
-                                  1));
+  EXPECT_NE(
+      Sending(*rogue, a.public_key(), Role::kWorker, 1),
+      at_a->ReceivingSecret(rogue_at_a, Role::kScheduler, c.public_key(), 1));
   PeerSecrets claims_a;
   ASSERT_TRUE(server->ForPeer(a.public_key(), &claims_a));
-  EXPECT_NE(Sending(*rogue, b.public_key(), Role::kServer, 1),
-            server->ReceivingSecret(claims_a, Role::kWorker, a.public_key(), 1));
+  EXPECT_NE(
+      Sending(*rogue, b.public_key(), Role::kServer, 1),
+      server->ReceivingSecret(claims_a, Role::kWorker, a.public_key(), 1));
   // A small-order point agrees to nothing.
   Key32 zero{}, out;
   EXPECT_FALSE(a.Agree(zero, &out));
@@ -563,8 +564,9 @@ TEST(SealedLinkTest, OnlyTheSchedulersRoleKeyIntroducesTheScheduler) {
   auto rogue_keys = job.For(Role::kWorker, rogue);
   PeerSecrets p;
   ASSERT_TRUE(rogue_keys->ForPeer(node.public_key(), &p));
-  Sealer fake(Role::kScheduler, rogue.public_key(), 1,
-              rogue_keys->SendingSecret(p, Role::kWorker, node.public_key(), 1));
+  Sealer fake(
+      Role::kScheduler, rogue.public_key(), 1,
+      rogue_keys->SendingSecret(p, Role::kWorker, node.public_key(), 1));
   std::vector<Message> ready;
   for (const auto& r : Pair::SealWith(fake, table))
     receiver.Accept(Copy(r, Role::kScheduler), &ready);

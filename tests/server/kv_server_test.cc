@@ -5,14 +5,14 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
-#include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -30,9 +30,9 @@ using ::testing::HasSubstr;
 // A server and the replies it sent, by recipient.
 class ServerHarness {
  public:
-  explicit ServerHarness(
-      int num_workers, int threads = 2, WaitingLimits limits = WaitingLimits(),
-      SyncRound::Mode sum_mode = SyncRound::Mode::kExact)
+  explicit ServerHarness(int num_workers, int threads = 2,
+                         WaitingLimits limits = WaitingLimits(),
+                         SyncRound::Mode sum_mode = SyncRound::Mode::kExact)
       : server_(
             num_workers, threads,
             [this](int peer, Message msg) {
@@ -196,8 +196,7 @@ TEST(KVServerTest, RoundSumIsTheSameBitsInAnyArrivalOrder) {
       first = got;
       continue;
     }
-    ASSERT_EQ(std::memcmp(got.data(), first.data(), kLength * sizeof(float)),
-              0)
+    ASSERT_EQ(std::memcmp(got.data(), first.data(), kLength * sizeof(float)), 0)
         << "trial " << trial;
   }
 }
@@ -432,7 +431,9 @@ TEST(KVServerTest, SnapshotExcludesTheOpenRoundAndRestoresExactly) {
   {
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(
-        +[](std::optional<wire::ServerCheckpoint>* s) { return s->has_value(); },
+        +[](std::optional<wire::ServerCheckpoint>* s) {
+          return s->has_value();
+        },
         &saved));
   }
   ASSERT_EQ(saved->keys_size(), 1);
@@ -495,12 +496,15 @@ TEST(KVServerTest, RowKeySnapshotWithAnOpenRoundRestoresBitForBit) {
   {
     absl::MutexLock lock(&mu);
     mu.Await(absl::Condition(
-        +[](std::optional<wire::ServerCheckpoint>* s) { return s->has_value(); },
+        +[](std::optional<wire::ServerCheckpoint>* s) {
+          return s->has_value();
+        },
         &saved));
   }
   ASSERT_EQ(saved->keys_size(), 1);
   EXPECT_EQ(saved->keys(0).row_length(), 2u);
-  EXPECT_EQ(saved->keys(0).received(0), 1u) << "the open round's push is not in it";
+  EXPECT_EQ(saved->keys(0).received(0), 1u)
+      << "the open round's push is not in it";
   ServerHarness restored(/*num_workers=*/2);
   ASSERT_TRUE(restored.server().Restore(*saved).ok());
   restored.server().Handle(RowMessage(wire::KV_PUSH, 0, 1, {2}, {7, 8}));

@@ -56,10 +56,11 @@ TEST(RoundWatchTest, AfterRoundsTheThresholdIsTheFactorTimesTheirMedian) {
   }
   w.PushTaken(3, 0, 1, t, t);
   EXPECT_THAT(w.CheckLate(t + absl::Milliseconds(499)), IsEmpty());
-  EXPECT_THAT(w.CheckLate(t + absl::Milliseconds(500)),
-              ElementsAre("dist_sync round of key 3 has waited 500ms for rank 0 "
-                          "(10x the key's recent median round of 50ms; ranks "
-                          "in: 1)"));
+  EXPECT_THAT(
+      w.CheckLate(t + absl::Milliseconds(500)),
+      ElementsAre("dist_sync round of key 3 has waited 500ms for rank 0 "
+                  "(10x the key's recent median round of 50ms; ranks "
+                  "in: 1)"));
   // late_min bounds it from below: rounds of 1 ms, late_min 100 ms.
   RoundWatch fast(2, NoThread(absl::Milliseconds(100), 10));
   fast.PushTaken(4, 0, 0, t0, t0);
@@ -78,14 +79,16 @@ TEST(RoundWatchTest, OneLinePerKeyForItsOldestSliceAndLongListsAreCut) {
   w.PushTaken(9, 0, 39, t0, t0);
   const std::vector<std::string> lines = w.CheckLate(t0 + absl::Seconds(3));
   ASSERT_EQ(lines.size(), 2u);
-  EXPECT_EQ(lines[0],
-            "dist_sync round of key 5 has waited 3s for ranks 1, 2, 3, 4, 5, 6, "
-            "7, 8, 9, 10, 11, 12, 13, 14, 15, 16, ... (39 in all) (no round of "
-            "the key has completed here yet; ranks in: 0)");
-  EXPECT_EQ(lines[1],
-            "dist_sync round of key 9 has waited 3s for ranks 0, 1, 2, 3, 4, 5, "
-            "6, 7, 8, 9, 10, 11, 12, 13, 14, 15, ... (39 in all) (no round of "
-            "the key has completed here yet; ranks in: 39)");
+  EXPECT_EQ(
+      lines[0],
+      "dist_sync round of key 5 has waited 3s for ranks 1, 2, 3, 4, 5, 6, "
+      "7, 8, 9, 10, 11, 12, 13, 14, 15, 16, ... (39 in all) (no round of "
+      "the key has completed here yet; ranks in: 0)");
+  EXPECT_EQ(
+      lines[1],
+      "dist_sync round of key 9 has waited 3s for ranks 0, 1, 2, 3, 4, 5, "
+      "6, 7, 8, 9, 10, 11, 12, 13, 14, 15, ... (39 in all) (no round of "
+      "the key has completed here yet; ranks in: 39)");
 }
 
 TEST(RoundWatchTest, PendingShowsOpenRoundsOldestFirstHeldMessagesAndLags) {
@@ -105,6 +108,8 @@ TEST(RoundWatchTest, PendingShowsOpenRoundsOldestFirstHeldMessagesAndLags) {
   wire::DebugPending p;
   w.Fill(&p, t1 + absl::Seconds(2));
   ASSERT_EQ(p.open_rounds_size(), 2);
+  EXPECT_EQ(p.open_rounds_total(), 2);
+  EXPECT_EQ(p.waiting_total(), 1);
   EXPECT_EQ(p.open_rounds(0).key(), 2u);
   EXPECT_THAT(p.open_rounds(0).ranks_in(), ElementsAre(1));
   EXPECT_THAT(p.open_rounds(0).ranks_missing(), ElementsAre(0, 2));
@@ -126,6 +131,30 @@ TEST(RoundWatchTest, PendingShowsOpenRoundsOldestFirstHeldMessagesAndLags) {
   EXPECT_DOUBLE_EQ(p.rank_lag(1).mean_lag_s(), 0.8 * 0.01);
   EXPECT_EQ(p.rank_lag(1).rounds(), 2u);
   EXPECT_EQ(p.rank_lag(2).rank(), 0);
+}
+
+// /debug/pending stays bounded: the oldest kMaxListed open rounds and the
+// kMaxListed slices holding most messages, with the totals.
+TEST(RoundWatchTest, PendingListsAreBoundedAndCounted) {
+  RoundWatch w(2, NoThread(absl::Seconds(1)));
+  const int n = static_cast<int>(RoundWatch::kMaxListed) + 50;
+  for (int k = 0; k < n; ++k) {
+    // Key k opened k ms after t0: the oldest are the smallest keys.
+    w.PushTaken(k, 0, 0, t0 + absl::Milliseconds(k),
+                t0 + absl::Milliseconds(k));
+    w.Waiting(k, 0, static_cast<size_t>(k + 1));
+  }
+  wire::DebugPending p;
+  w.Fill(&p, t0 + absl::Seconds(5));
+  EXPECT_EQ(p.open_rounds_total(), n);
+  ASSERT_EQ(p.open_rounds_size(), static_cast<int>(RoundWatch::kMaxListed));
+  EXPECT_EQ(p.open_rounds(0).key(), 0u);
+  EXPECT_EQ(p.open_rounds(p.open_rounds_size() - 1).key(),
+            RoundWatch::kMaxListed - 1);
+  EXPECT_EQ(p.waiting_total(), n);
+  ASSERT_EQ(p.waiting_size(), static_cast<int>(RoundWatch::kMaxListed));
+  EXPECT_EQ(p.waiting(0).count(), n);  // the most held first
+  EXPECT_EQ(p.waiting(0).key(), static_cast<uint64_t>(n - 1));
 }
 
 }  // namespace

@@ -286,10 +286,11 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
     return absl::InvalidArgumentError(
         absl::StrCat("init of key ", key, ": empty value"));
   }
-  return InitKey(key, value.data(), value.size(), /*row_length=*/0,
-                 KeyPartitioner::Chunk(
-                     partitioner_.Partition(key, value.size()),
-                     std::max<uint64_t>(1, options_.chunk_bytes / sizeof(float))));
+  return InitKey(
+      key, value.data(), value.size(), /*row_length=*/0,
+      KeyPartitioner::Chunk(
+          partitioner_.Partition(key, value.size()),
+          std::max<uint64_t>(1, options_.chunk_bytes / sizeof(float))));
 }
 
 absl::Status KVClient::InitRows(uint64_t key, const float* value,
@@ -298,8 +299,8 @@ absl::Status KVClient::InitRows(uint64_t key, const float* value,
   if (num_rows == 0 || row_length == 0 ||
       num_rows > (uint64_t{1} << 40) / row_length) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "init of row-sparse key ", key, ": ", num_rows, " rows of ",
-        row_length, " values; expected at least one row and one value"));
+        "init of row-sparse key ", key, ": ", num_rows, " rows of ", row_length,
+        " values; expected at least one row and one value"));
   }
   // Split by rows, so every server holds whole rows; no slices: a push or
   // pull carries only the rows it names.
@@ -386,8 +387,9 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
   return barrier;
 }
 
-absl::StatusOr<uint64_t> KVClient::CheckRows(
-    uint64_t key, absl::Span<const uint64_t> row_ids, const char* what) const {
+absl::StatusOr<uint64_t> KVClient::CheckRows(uint64_t key,
+                                             absl::Span<const uint64_t> row_ids,
+                                             const char* what) const {
   absl::MutexLock lock(&mu_);
   auto it = keys_.find(key);
   if (it == keys_.end()) {
@@ -415,7 +417,8 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
     uint64_t key, absl::Span<const uint64_t> row_ids,
     absl::Span<const float> rows) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
-  TESSERA_ASSIGN_OR_RETURN(const uint64_t l, CheckRows(key, row_ids, "row push"));
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t l,
+                           CheckRows(key, row_ids, "row push"));
   if (rows.size() != row_ids.size() * l) {
     return absl::InvalidArgumentError(absl::StrCat(
         "row push of key ", key, ": ", row_ids.size(), " row ids need ",
@@ -458,8 +461,8 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
         body.data.push_back(
             Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
         if (!two_bit) {
-          AddFloatFrame(&body,
-                        Buffer::CopyOf(values.data(), values.size() * sizeof(float)));
+          AddFloatFrame(&body, Buffer::CopyOf(values.data(),
+                                              values.size() * sizeof(float)));
           return body;
         }
         // Each row's residual: what earlier pushes of it have not sent yet.
@@ -500,7 +503,8 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
 absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     uint64_t key, absl::Span<const uint64_t> row_ids, absl::Span<float> out) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
-  TESSERA_ASSIGN_OR_RETURN(const uint64_t l, CheckRows(key, row_ids, "row pull"));
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t l,
+                           CheckRows(key, row_ids, "row pull"));
   if (out.size() != row_ids.size() * l) {
     return absl::InvalidArgumentError(absl::StrCat(
         "row pull of key ", key, ": ", row_ids.size(), " row ids need ",
@@ -532,7 +536,8 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     wire::DataFrame* d = msg.header.add_frames();
     d->set_encoding(wire::DataFrame::RAW);
     d->set_num_bytes(ids.size() * sizeof(uint64_t));
-    msg.data.push_back(Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
+    msg.data.push_back(
+        Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
     RequestTracker::Request request;
     request.op = op;
     request.server = ServerId(part.server_rank);
@@ -567,7 +572,8 @@ void KVClient::SettleResumeLocked() {
   if (resume_ != Resume::kPending) return;
   resume_ = Resume::kSettled;
   uint64_t resume = UINT64_MAX;
-  for (const auto& [key, info] : keys_) resume = std::min(resume, info.next_seq);
+  for (const auto& [key, info] : keys_)
+    resume = std::min(resume, info.next_seq);
   if (keys_.empty()) resume = 0;
   for (auto& [key, info] : keys_) info.next_seq = resume;
   resume_round_ = resume;
@@ -654,9 +660,9 @@ KVClient::PayloadFn KVClient::HostPayload(uint64_t key,
     Message body;
     if (!two_bit) {
       // Zero-copy: the frame borrows the caller's memory and pins the op.
-      AddFloatFrame(&body, Buffer::Wrap(grad.data() + part.offset,
-                                        part.length * sizeof(float),
-                                        tracker_->Pin(op)));
+      AddFloatFrame(
+          &body, Buffer::Wrap(grad.data() + part.offset,
+                              part.length * sizeof(float), tracker_->Pin(op)));
       return body;
     }
     trace::Span span("kv", "compress");
@@ -703,10 +709,9 @@ absl::StatusOr<OpHandle> KVClient::PushDeviceAsync(uint64_t key,
     two_bit = two_bit_;
     threshold = threshold_;
   }
-  TESSERA_ASSIGN_OR_RETURN(
-      std::vector<Buffer> staged,
-      device_.Stage(key, device_grad, len, Parts(key), two_bit, threshold,
-                    cuda_stream));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Buffer> staged,
+                           device_.Stage(key, device_grad, len, Parts(key),
+                                         two_bit, threshold, cuda_stream));
   return SendPush(wire::KV_PUSH, key, nullptr,
                   [&staged, two_bit](uint64_t, size_t i, const KeyPart& part) {
                     Message body;
@@ -719,9 +724,10 @@ absl::StatusOr<OpHandle> KVClient::PushDeviceAsync(uint64_t key,
                   });
 }
 
-absl::StatusOr<OpHandle> KVClient::StartPull(
-    uint64_t key, uint64_t length, const PlainReplyFn& plain,
-    const CopiedFn& copied, const PrepareFn& prepare) {
+absl::StatusOr<OpHandle> KVClient::StartPull(uint64_t key, uint64_t length,
+                                             const PlainReplyFn& plain,
+                                             const CopiedFn& copied,
+                                             const PrepareFn& prepare) {
   const uint64_t op = tracker_->NewOp();
   std::vector<KeyPart> parts;
   std::vector<std::shared_ptr<PulledCopy>> copies;

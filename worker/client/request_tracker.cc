@@ -56,10 +56,9 @@ void TraceRequestBegin(const Message& msg, int server) {
 }
 
 void TraceRequestEnd(const Message& request, uint64_t reply_bytes, bool ok) {
-  trace::AsyncEnd("kv", SpanName(request.header.command()),
-                  request.header.request_id(),
-                  {{"reply_bytes", static_cast<int64_t>(reply_bytes)},
-                   {"ok", ok ? 1 : 0}});
+  trace::AsyncEnd(
+      "kv", SpanName(request.header.command()), request.header.request_id(),
+      {{"reply_bytes", static_cast<int64_t>(reply_bytes)}, {"ok", ok ? 1 : 0}});
 }
 
 }  // namespace
@@ -197,8 +196,8 @@ void RequestTracker::Send(Request request, Message msg) {
     t.msg = msg;  // the header and references to the same frames
     t.first_sent = absl::Now();
     t.wait = options_.resend_timeout;
-    t.next_send = options_.resend ? t.first_sent + t.wait
-                                  : absl::InfiniteFuture();
+    t.next_send =
+        options_.resend ? t.first_sent + t.wait : absl::InfiniteFuture();
     t.unanswered = 1;
     if (op != 0) {
       Op& o = ops_[op];
@@ -231,8 +230,7 @@ void RequestTracker::Send(Request request, Message msg) {
   if (o.status.ok()) o.status = sent;
 }
 
-std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(
-    Tracked& t) {
+std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(Tracked& t) {
   if (!t.request.windowed || t.taken || !t.sent) return std::nullopt;
   t.taken = true;
   const std::pair<uint64_t, int> id{t.request.op, t.request.server};
@@ -246,8 +244,8 @@ std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(
     Tracked& n = next->second;
     n.sent = true;
     n.first_sent = absl::Now();
-    n.next_send = options_.resend ? n.first_sent + n.wait
-                                  : absl::InfiniteFuture();
+    n.next_send =
+        options_.resend ? n.first_sent + n.wait : absl::InfiniteFuture();
     ++w->second.out;
     return std::make_pair(n.request.server, n.msg);
   }
@@ -262,6 +260,8 @@ void RequestTracker::FillPending(wire::DebugPending* out) const {
   std::vector<wire::PendingRequest> listed;
   {
     absl::MutexLock lock(&mu_);
+    out->set_requests_total(out->requests_total() +
+                            static_cast<int32_t>(requests_.size()));
     for (const auto& [id, t] : requests_) {
       if (listed.size() == kMaxListed) break;
       wire::PendingRequest r;
@@ -431,9 +431,9 @@ void RequestTracker::HandleReply(Message&& msg) {
       requests_.erase(it);
       op_id = answered.request.op;
       if (h.sender() != answered.request.server) {
-        TESSERA_LOG(WARNING) << "reply to request " << h.request_id()
-                             << " came from node " << h.sender() << ", not "
-                             << answered.request.server;
+        TESSERA_LOG(WARNING)
+            << "reply to request " << h.request_id() << " came from node "
+            << h.sender() << ", not " << answered.request.server;
       }
     }
   }
@@ -514,9 +514,8 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
         dead.push_back(std::move(r->second.msg));
         r = requests_.erase(r);
       }
-      std::erase_if(windows_, [op_id](const auto& w) {
-        return w.first.first == op_id;
-      });
+      std::erase_if(windows_,
+                    [op_id](const auto& w) { return w.first.first == op_id; });
       if (result.pinned == 0) {
         ops_.erase(op_id);
       } else {
@@ -589,12 +588,13 @@ bool RequestTracker::AwaitOp(uint64_t op_id, absl::Time deadline) {
     receiving_ = true;
     const uint64_t freed = receiver_freed_;
     mu_.Unlock();
-    const Node::ReceiveResult r = receive_(std::min(deadline - now,
-                                                    kReceiveSlice));
+    const Node::ReceiveResult r =
+        receive_(std::min(deadline - now, kReceiveSlice));
     mu_.Lock();
     receiving_ = false;
     if (r == Node::ReceiveResult::kClosed) {
-      may_receive = false;  // the node stopped: wait for FailAll or the deadline
+      may_receive =
+          false;  // the node stopped: wait for FailAll or the deadline
     } else if (r == Node::ReceiveResult::kBusy) {
       // The node's receiver thread is receiving: it dispatches this
       // operation's replies, or steps aside after its current receive.

@@ -108,16 +108,15 @@ class RequestTracker {
   };
   using SendFn = std::function<absl::Status(int server, Message msg)>;
   using DescribeFn = std::function<std::string(int node)>;
-  using OnAnswered = std::function<void(const Answered& answered,
-                                        const wire::Header& reply)>;
+  using OnAnswered =
+      std::function<void(const Answered& answered, const wire::Header& reply)>;
   // Receives at most one message within the time-out and dispatches it on the
   // calling thread (replies come back through HandleReply).
   using ReceiveFn = std::function<Node::ReceiveResult(absl::Duration timeout)>;
 
   // `receive` null: replies come only from another thread's HandleReply.
   RequestTracker(Options options, SendFn send, DescribeFn describe,
-                 OnAnswered on_answered = nullptr,
-                 ReceiveFn receive = nullptr);
+                 OnAnswered on_answered = nullptr, ReceiveFn receive = nullptr);
   // Stops the resend thread.
   ~RequestTracker();
 
@@ -156,9 +155,7 @@ class RequestTracker {
   uint64_t resends() const { return resends_.load(); }
   // Pulled bytes on the wire, and what they stand for as float32.
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
-  uint64_t bytes_pulled_float32() const {
-    return bytes_pulled_float32_.load();
-  }
+  uint64_t bytes_pulled_float32() const { return bytes_pulled_float32_.load(); }
 
  private:
   struct PulledFrame {
@@ -166,9 +163,9 @@ class RequestTracker {
     Buffer values;
   };
   struct Op {
-    int pending = 0;  // requests without a reply
-    int pinned = 0;   // borrowed frames still held
-    int command = 0;  // of its first request (which latency it is)
+    int pending = 0;     // requests without a reply
+    int pinned = 0;      // borrowed frames still held
+    int command = 0;     // of its first request (which latency it is)
     absl::Time started;  // NewOp
     absl::Time done;     // the last reply (pending reached 0)
     absl::Status status;
@@ -183,13 +180,13 @@ class RequestTracker {
     absl::Duration wait;
     int unanswered = 0;  // sends in a row without any answer
     int resends = 0;     // sends after the first
-    bool sent = true;     // false: held back by its window
-    bool taken = false;   // windowed: the server has taken it
+    bool sent = true;    // false: held back by its window
+    bool taken = false;  // windowed: the server has taken it
   };
   // One operation's windowed requests to one server.
   struct Window {
-    int out = 0;                  // sent and not yet taken
-    std::deque<uint64_t> held;    // request ids, in order
+    int out = 0;                // sent and not yet taken
+    std::deque<uint64_t> held;  // request ids, in order
   };
 
   void Unpin(uint64_t op);
@@ -222,7 +219,7 @@ class RequestTracker {
   std::map<std::pair<uint64_t, int>, Window> windows_ ABSL_GUARDED_BY(mu_);
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  bool receiving_ ABSL_GUARDED_BY(mu_) = false;  // a waiter is in receive_
+  bool receiving_ ABSL_GUARDED_BY(mu_) = false;       // a waiter is in receive_
   uint64_t receiver_freed_ ABSL_GUARDED_BY(mu_) = 0;  // ReceiverFree calls
 
   std::atomic<bool> stop_{false};
