@@ -4,11 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/debug_pending.h"
 #include "common/logging.h"
 
 namespace tessera {
 
 absl::StatusOr<Options> StartDaemon(Role role) {
+  // Before any thread: SIGUSR1 is then waited for by one thread of its own.
+  StartPendingDumpThread();
   absl::StatusOr<Options> options = Options::FromEnvironment();
   if (!options.ok()) return options.status();
   if (options->role != role) {

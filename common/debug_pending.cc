@@ -1,9 +1,11 @@
 #include "common/debug_pending.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <mutex>
 #include <thread>
@@ -96,9 +98,32 @@ void DumpLoop() {
   }
 }
 
+std::atomic<bool> dump_thread_started{false};
+
 }  // namespace
 
+void StartPendingDumpThread() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    if (pthread_sigmask(SIG_BLOCK, &usr1, nullptr) != 0) return;
+    dump_thread_started.store(true);
+    // The thread lives as long as the process (it waits in sigwait).
+    std::thread([usr1] {
+      while (true) {
+        int signal = 0;
+        if (sigwait(&usr1, &signal) != 0) continue;
+        TESSERA_LOG(INFO) << "pending: "
+                          << DebugPendingRegistry::Global().Json();
+      }
+    }).detach();
+  });
+}
+
 void InstallPendingDump() {
+  if (dump_thread_started.load()) return;
   static std::once_flag once;
   std::call_once(once, [] {
     struct sigaction old;

@@ -71,8 +71,18 @@ std::string PendingJson(const wire::DebugPending& pending);
 // On SIGUSR1 the process logs "pending: " and the registry's JSON, from a
 // thread of its own (the handler only writes a byte to a pipe). Installed
 // only while SIGUSR1 has its default action (which would end the process):
-// a program that handles SIGUSR1 itself keeps its handler. Idempotent.
+// a program that handles SIGUSR1 itself keeps its handler. Idempotent; does
+// nothing after StartPendingDumpThread.
 void InstallPendingDump();
+
+// For programs that own their main (the daemons, tessera-worker): blocks
+// SIGUSR1 in the calling thread, and so in every thread it starts later, and
+// dumps as above from a thread that waits for the signal (sigwait): no
+// handler runs at all, so the dump comes whatever the other threads do
+// (ThreadSanitizer, for one, defers a handler until the interrupted thread
+// calls into it, which a thread waiting on a futex does not). Call first
+// thing in main, before any thread is started. Idempotent.
+void StartPendingDumpThread();
 
 }  // namespace tessera
 

@@ -217,33 +217,37 @@ Cipher::Cipher() : ctx_(EVP_CIPHER_CTX_new()) {}
 Cipher::~Cipher() { EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(ctx_)); }
 
 void Cipher::SetKey(const Key32& key) {
-  EVP_CipherInit_ex(static_cast<EVP_CIPHER_CTX*>(ctx_), Aes256Gcm(), nullptr,
-                    key.data(), nullptr, 1);
+  key_ok_ = ctx_ != nullptr &&
+            EVP_CipherInit_ex(static_cast<EVP_CIPHER_CTX*>(ctx_), Aes256Gcm(),
+                              nullptr, key.data(), nullptr, 1) == 1;
 }
 
 namespace {
-void Begin(void* ctx, uint32_t epoch, uint64_t seq, const uint8_t* aad,
+// False when OpenSSL failed (the record must then be neither sent nor taken).
+bool Begin(void* ctx, uint32_t epoch, uint64_t seq, const uint8_t* aad,
            size_t aad_size, int enc) {
   uint8_t iv[12];
   PutU32(iv, epoch);
   PutU64(iv + 4, seq);
   auto* c = static_cast<EVP_CIPHER_CTX*>(ctx);
-  EVP_CipherInit_ex(c, nullptr, nullptr, nullptr, iv, enc);
+  if (EVP_CipherInit_ex(c, nullptr, nullptr, nullptr, iv, enc) != 1)
+    return false;
   int out = 0;
-  EVP_CipherUpdate(c, nullptr, &out, aad, static_cast<int>(aad_size));
+  return EVP_CipherUpdate(c, nullptr, &out, aad, static_cast<int>(aad_size)) ==
+         1;
 }
 }  // namespace
 
 void Cipher::BeginSeal(uint32_t epoch, uint64_t seq, const uint8_t* aad,
                        size_t aad_size) {
   sealing_ = true;
-  Begin(ctx_, epoch, seq, aad, aad_size, 1);
+  ok_ = key_ok_ && Begin(ctx_, epoch, seq, aad, aad_size, 1);
 }
 
 void Cipher::BeginOpen(uint32_t epoch, uint64_t seq, const uint8_t* aad,
                        size_t aad_size) {
   sealing_ = false;
-  Begin(ctx_, epoch, seq, aad, aad_size, 0);
+  ok_ = key_ok_ && Begin(ctx_, epoch, seq, aad, aad_size, 0);
 }
 
 void Cipher::Update(const uint8_t* in, uint8_t* out, size_t size) {
@@ -252,26 +256,33 @@ void Cipher::Update(const uint8_t* in, uint8_t* out, size_t size) {
   while (size > 0) {
     const int n = static_cast<int>(std::min<size_t>(size, 1 << 30));
     int written = 0;
-    EVP_CipherUpdate(c, out, &written, in, n);
+    if (EVP_CipherUpdate(c, out, &written, in, n) != 1 || written != n)
+      ok_ = false;
     in += n;
     out += n;
     size -= static_cast<size_t>(n);
   }
 }
 
-void Cipher::EndSeal(uint8_t tag[kTagBytes]) {
+bool Cipher::EndSeal(uint8_t tag[kTagBytes]) {
   auto* c = static_cast<EVP_CIPHER_CTX*>(ctx_);
   uint8_t unused[16];
   int out = 0;
-  EVP_CipherFinal_ex(c, unused, &out);
-  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTagBytes, tag);
+  if (!ok_ || EVP_CipherFinal_ex(c, unused, &out) != 1 ||
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTagBytes, tag) != 1) {
+    std::memset(tag, 0, kTagBytes);
+    return false;
+  }
+  return true;
 }
 
 bool Cipher::EndOpen(const uint8_t tag[kTagBytes]) {
   auto* c = static_cast<EVP_CIPHER_CTX*>(ctx_);
   uint8_t expected[kTagBytes];
   std::memcpy(expected, tag, kTagBytes);
-  EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, expected);
+  if (!ok_ ||
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, expected) != 1)
+    return false;
   uint8_t unused[16];
   int out = 0;
   return EVP_CipherFinal_ex(c, unused, &out) > 0;
@@ -310,7 +321,13 @@ absl::Status Sealer::SealRecord(
     cipher_.Update(piece.data(), at, piece.size());
     at += piece.size();
   }
-  cipher_.EndSeal(at);
+  if (!cipher_.EndSeal(at)) {
+    // Never send what may not be ciphertext (the buffer could hold the
+    // plaintext): the message fails; its receiver drops its earlier records.
+    return absl::InternalError(
+        "sealing a record failed in OpenSSL (AES-256-GCM); the message is "
+        "not sent");
+  }
   sealed_under_key_ += length;
   return sink.Emit();
 }

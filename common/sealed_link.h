@@ -161,8 +161,8 @@ class LinkKeys {
 // (as either end computes them) and the transcript.
 Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
                        const Key32& es_b_a, Role from_role,
-                       const Key32& from_key, Role to_role,
-                       const Key32& to_key, uint32_t link);
+                       const Key32& from_key, Role to_role, const Key32& to_key,
+                       uint32_t link);
 // The key of one epoch of a link.
 Key32 EpochKey(const Key32& link_secret, uint32_t epoch);
 
@@ -198,14 +198,17 @@ class Cipher {
   void BeginOpen(uint32_t epoch, uint64_t seq, const uint8_t* aad,
                  size_t aad_size);
   void Update(const uint8_t* in, uint8_t* out, size_t size);
-  // Writes the tag.
-  void EndSeal(uint8_t tag[kTagBytes]);
-  // False when the record does not authenticate.
+  // Writes the tag. False when any OpenSSL call of the record (or of the
+  // key's SetKey) failed: the record must not be sent.
+  [[nodiscard]] bool EndSeal(uint8_t tag[kTagBytes]);
+  // False when the record does not authenticate, or an OpenSSL call failed.
   bool EndOpen(const uint8_t tag[kTagBytes]);
 
  private:
   void* ctx_;  // EVP_CIPHER_CTX
   bool sealing_ = false;
+  bool key_ok_ = false;  // SetKey succeeded
+  bool ok_ = false;      // every call of the record so far succeeded
 };
 
 // Where sealed records go: Allocate gives a writable buffer for one record
@@ -271,13 +274,15 @@ class Sealer {
 
 // Why records and messages were dropped.
 struct DropCounts {
-  uint64_t malformed = 0;       // a prefix or a message no sender writes
-  uint64_t unauthentic = 0;     // failed to open (altered, another link's, another job's)
-  uint64_t replayed = 0;        // sequence, epoch or link already passed
-  uint64_t out_of_order = 0;    // a continuation that is not the next record
-  uint64_t unknown_key = 0;     // from a node key not (or no longer) in the table
-  uint64_t incomplete = 0;      // messages cut short (their rest never came)
-  uint64_t wrong_sender = 0;    // a message whose claimed sender is not the key's node
+  uint64_t malformed = 0;  // a prefix or a message no sender writes
+  uint64_t unauthentic =
+      0;  // failed to open (altered, another link's, another job's)
+  uint64_t replayed = 0;      // sequence, epoch or link already passed
+  uint64_t out_of_order = 0;  // a continuation that is not the next record
+  uint64_t unknown_key = 0;   // from a node key not (or no longer) in the table
+  uint64_t incomplete = 0;    // messages cut short (their rest never came)
+  uint64_t wrong_sender =
+      0;  // a message whose claimed sender is not the key's node
   uint64_t total() const {
     return malformed + unauthentic + replayed + out_of_order + unknown_key +
            incomplete + wrong_sender;

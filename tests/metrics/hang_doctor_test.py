@@ -27,6 +27,7 @@ tools/install-deps.sh installs). Run by ctest (hang_doctor); by hand:
 """
 
 import json
+import math
 import os
 import re
 import shutil
@@ -48,7 +49,7 @@ WORKER = os.path.join(BUILD, 'tests', 'core', 'kv_check_worker')
 
 ROUNDS = 30
 SLOW_RANK = 1
-SLEEP_MS = 4000
+SLEEP_MS = 8000
 AT_ROUND = 10
 LATE_MIN = 0.5
 KEY = 3
@@ -159,6 +160,9 @@ class HangDoctorTest(unittest.TestCase):
             self.assertGreater(r['median_round_s'], 0)
             self.assertEqual([t['thread'] for t in server['threads']][:1], ['update 0'])
 
+            # Asked at once: the round must still be open when the dump is made.
+            os.kill(int(server['pid']), signal.SIGUSR1)
+
             # Ranks follow the workers' addresses, not their launch order.
             workers = {p['rank']: p for p in (pending(base, 2), pending(base, 3))}
             self.assertEqual(sorted(workers), [0, 1])
@@ -194,7 +198,6 @@ class HangDoctorTest(unittest.TestCase):
             self.assertRegex(status.stdout, r'worker 0 \(id 9, pid \d+\): \d+ request\(s\) in '
                                             r'flight')
 
-            os.kill(int(server['pid']), signal.SIGUSR1)
             deadline = time.time() + 10
             dump = None
             while dump is None and time.time() < deadline:
@@ -204,7 +207,8 @@ class HangDoctorTest(unittest.TestCase):
                         if m:
                             dump = json.loads(m.group(1))
                 time.sleep(0.05)
-            self.assertIsNotNone(dump, 'no SIGUSR1 dump in the log')
+            with lines_mu:
+                self.assertIsNotNone(dump, 'no SIGUSR1 dump in the log:\n' + '\n'.join(lines))
             self.assertEqual(dump['pid'], server['pid'])
             self.assertEqual([(x['key'], x['ranks_in'], x['ranks_missing'])
                               for x in dump['open_rounds'] if x['key'] == str(KEY)],
@@ -245,9 +249,10 @@ class HangDoctorTest(unittest.TestCase):
         self.assertEqual((int(key), int(rank)), (KEY, SLOW_RANK))
         self.assertGreaterEqual(seconds(waited), LATE_MIN)
         self.assertLess(seconds(waited), LATE_MIN + 2.0, late[0].group(0))
-        # Reported again only after its wait doubled: 4 s of sleep give at most
-        # log2(4 / 0.5) + 1 = 4 lines about it.
-        self.assertLessEqual(len(late), 4, [m.group(0) for m in late])
+        # Reported again only after its wait doubled: 8 s of sleep give at most
+        # log2(8 / 0.5) + 1 = 5 lines about it.
+        self.assertLessEqual(len(late), 1 + int(math.log2(SLEEP_MS / 1000.0 / LATE_MIN)),
+                             [m.group(0) for m in late])
         barrier = [m for m in (LATE_BARRIER.match(l) for l in lines) if m]
         self.assertTrue(barrier, output)
         self.assertTrue(barrier[0].group(2).startswith('worker 1 (id 11 at 127.0.0.1:'),

@@ -12,14 +12,14 @@
 //   memcpy one copy of the frame into fresh memory
 // and the AES-256-GCM rate of `openssl speed`'s loop for reference (one
 // record's worth, in place, no allocation).
+#include <openssl/opensslv.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <openssl/opensslv.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -33,8 +33,10 @@ using Clock = std::chrono::steady_clock;
 
 bool ParseSize(absl::string_view text, size_t* out) {
   size_t scale = 1;
-  if (!text.empty() && (text.back() == 'K' || text.back() == 'k')) scale = 1 << 10;
-  if (!text.empty() && (text.back() == 'M' || text.back() == 'm')) scale = 1 << 20;
+  if (!text.empty() && (text.back() == 'K' || text.back() == 'k'))
+    scale = 1 << 10;
+  if (!text.empty() && (text.back() == 'M' || text.back() == 'm'))
+    scale = 1 << 20;
   if (scale != 1) text.remove_suffix(1);
   uint64_t n = 0;
   if (!absl::SimpleAtoi(text, &n) || n == 0) return false;
@@ -140,11 +142,12 @@ int Main(int argc, char** argv) {
   const Key32 secret = worker_keys->SendingSecret(to_server, Role::kServer,
                                                   server.public_key(), 1);
 
-  std::printf("seal_bench: one core, AES-256-GCM (OpenSSL %s); GB/s of "
-              "plaintext\n",
-              OPENSSL_VERSION_STR);
-  std::printf("%-10s %-10s %10s %10s %10s %12s\n", "message", "record",
-              "seal", "open", "memcpy", "aes in place");
+  std::printf(
+      "seal_bench: one core, AES-256-GCM (OpenSSL %s); GB/s of "
+      "plaintext\n",
+      OPENSSL_VERSION_STR);
+  std::printf("%-10s %-10s %10s %10s %10s %12s\n", "message", "record", "seal",
+              "open", "memcpy", "aes in place");
   for (size_t size : sizes) {
     Buffer frame = Buffer::Allocate(size);
     for (size_t i = 0; i < size; ++i) frame.mutable_data()[i] = uint8_t(i * 7);
@@ -172,7 +175,8 @@ int Main(int argc, char** argv) {
       SealedReceiver::Options o;
       o.keys = server_keys;
       o.on_drop = [](uint64_t n, const std::string& why) {
-        if (n == 1) std::fprintf(stderr, "seal_bench: dropped: %s\n", why.c_str());
+        if (n == 1)
+          std::fprintf(stderr, "seal_bench: dropped: %s\n", why.c_str());
       };
       SealedReceiver receiver(o);
       (void)receiver.SetPeer(9, Role::kWorker, worker.public_key());
@@ -211,7 +215,8 @@ int Main(int argc, char** argv) {
         const DropCounts c = receiver.counts();
         std::fprintf(stderr,
                      "seal_bench: %llu of %d messages opened (dropped: %llu "
-                     "unauthentic, %llu malformed, %llu replayed, %llu wrong sender, %llu "
+                     "unauthentic, %llu malformed, %llu replayed, %llu wrong "
+                     "sender, %llu "
                      "parked)\n",
                      static_cast<unsigned long long>(opened), open_runs,
                      static_cast<unsigned long long>(c.unauthentic),
@@ -238,7 +243,7 @@ int Main(int argc, char** argv) {
       const double aes = Rate(seconds, piece, [&] {
         cipher.BeginSeal(0, seq++, aad, sizeof(aad));
         cipher.Update(in_place.data(), in_place.data(), piece);
-        cipher.EndSeal(tag);
+        if (!cipher.EndSeal(tag)) std::abort();
       });
       std::printf("%-10zu %-10zu %10.2f %10.2f %10.2f %12.2f\n", size, record,
                   seal, open, memcpy_rate, aes);
