@@ -1,5 +1,6 @@
 #include "common/debug_pending.h"
 
+#include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
 #include <pthread.h>
 #include <signal.h>
@@ -129,7 +130,10 @@ void InstallPendingDump() {
     struct sigaction old;
     if (sigaction(SIGUSR1, nullptr, &old) != 0) return;
     if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) return;
-    if (pipe(dump_pipe) != 0) return;
+    // Close-on-exec (a child does not dump its parent), and the handler never
+    // blocks on a full pipe (a dump is already due then).
+    if (pipe2(dump_pipe, O_CLOEXEC) != 0) return;
+    fcntl(dump_pipe[1], F_SETFL, fcntl(dump_pipe[1], F_GETFL) | O_NONBLOCK);
     // The thread lives as long as the process (it blocks in read).
     std::thread(DumpLoop).detach();
     struct sigaction act = {};

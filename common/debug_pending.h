@@ -75,7 +75,7 @@ std::string PendingJson(const wire::DebugPending& pending);
 // nothing after StartPendingDumpThread.
 void InstallPendingDump();
 
-// For programs that own their main (the daemons, tessera-worker): blocks
+// For programs that own their main (the daemons, through StartDaemon): blocks
 // SIGUSR1 in the calling thread, and so in every thread it starts later, and
 // dumps as above from a thread that waits for the signal (sigwait): no
 // handler runs at all, so the dump comes whatever the other threads do

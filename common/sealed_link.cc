@@ -251,6 +251,7 @@ void Cipher::BeginOpen(uint32_t epoch, uint64_t seq, const uint8_t* aad,
 }
 
 void Cipher::Update(const uint8_t* in, uint8_t* out, size_t size) {
+  if (!ok_) return;  // the record fails at End (and ctx_ may be null)
   auto* c = static_cast<EVP_CIPHER_CTX*>(ctx_);
   // EVP counts in int; a piece is at most one record.
   while (size > 0) {

@@ -98,7 +98,9 @@ class WaitingMessages {
   size_t DropEarlierLives(int sender, uint64_t generation);
 
   // Offers every waiting message to `try_process`, in order, once; a message
-  // it declines (returns false) waits on, and so do its sender's later ones.
+  // it declines (returns false) waits on, and so do its sender's later ones,
+  // except, behind a declined pull, the sender's pushes numbered below the
+  // pull's push_seq: the pull was sent after them and may wait for them.
   void Replay(const std::function<bool(Message&)>& try_process);
 
  private:

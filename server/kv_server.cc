@@ -719,7 +719,7 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   CountPush(*key);
   if (key->sync)
     watch_.PushTaken(key->key, key->offset, rank, key->round_started,
-                     absl::Now());
+                     absl::Now(), ShardOf(key->key)->store.IsFirstSlice(*key));
   switch (*pushed) {
     case SliceEngine::Pushed::kApplied:
       if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;

@@ -84,7 +84,8 @@ RoundWatch::~RoundWatch() {
 }
 
 void RoundWatch::PushTaken(uint64_t key, uint64_t offset, int rank,
-                           absl::Time round_started, absl::Time now) {
+                           absl::Time round_started, absl::Time now,
+                           bool count_lag) {
   if (rank < 0 || rank >= num_workers_) return;
   const double lag_s = absl::ToDoubleSeconds(now - round_started);
   Histogram* histogram;
@@ -97,6 +98,7 @@ void RoundWatch::PushTaken(uint64_t key, uint64_t offset, int rank,
       o.next_report = absl::ZeroDuration();
     }
     o.in[rank] = true;
+    if (!count_lag) return;
     Lag& l = lag_[rank];
     l.mean_s = l.rounds == 0 ? lag_s
                              : (1 - kLagWeight) * l.mean_s + kLagWeight * lag_s;
@@ -205,25 +207,36 @@ void RoundWatch::Fill(wire::DebugPending* out, absl::Time now) const {
 
 std::vector<std::string> RoundWatch::CheckLate(absl::Time now) {
   absl::MutexLock lock(&mu_);
-  // The oldest late round of each key.
-  std::map<uint64_t, std::pair<Slice, absl::Duration>> late;
+  // The oldest late round of each key, and all its late slices (each is
+  // reported with its key, and again only once its wait has doubled).
+  struct Late {
+    Slice oldest;
+    absl::Duration age;
+    std::vector<Open*> slices;
+  };
+  std::map<uint64_t, Late> late;
   for (auto& [slice, o] : open_) {
     const absl::Duration age = now - o.started;
     const absl::Duration threshold = ThresholdLocked(slice);
     if (age < threshold || age < o.next_report) continue;
-    o.next_report = 2 * age;
-    auto it = late.find(slice.first);
-    if (it == late.end() || age > it->second.second)
-      late[slice.first] = {slice, age};
+    auto [it, added] = late.try_emplace(slice.first, Late{slice, age, {}});
+    if (!added && age > it->second.age) {
+      it->second.oldest = slice;
+      it->second.age = age;
+    }
+    it->second.slices.push_back(&o);
   }
   std::vector<std::string> lines;
   for (const auto& [key, found] : late) {
     if (lines.size() == kMaxLateLines) {
+      // Not reported: named at the next look.
       lines.push_back(absl::StrCat("... and ", late.size() - kMaxLateLines,
                                    " more key(s) with late rounds"));
       break;
     }
-    const auto& [slice, age] = found;
+    for (Open* o : found.slices) o->next_report = 2 * (now - o->started);
+    const Slice& slice = found.oldest;
+    const absl::Duration age = found.age;
     const Open& o = open_.at(slice);
     std::vector<int> in, missing;
     for (int rank = 0; rank < num_workers_; ++rank)

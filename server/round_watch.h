@@ -62,9 +62,12 @@ class RoundWatch {
   RoundWatch& operator=(const RoundWatch&) = delete;
 
   // `rank`'s push joined the open round of the slice (key, offset), which
-  // started at `round_started` (its first push).
+  // started at `round_started` (its first push). `count_lag`: the push counts
+  // in the rank's lag (once per key and round: on the key's first slice on
+  // this server, as a push counts once however many slices it has).
   void PushTaken(uint64_t key, uint64_t offset, int rank,
-                 absl::Time round_started, absl::Time now);
+                 absl::Time round_started, absl::Time now,
+                 bool count_lag = true);
   // The slice's open round completed.
   void RoundDone(uint64_t key, uint64_t offset, absl::Time round_started,
                  absl::Time now);

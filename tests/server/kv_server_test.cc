@@ -290,6 +290,63 @@ TEST(KVServerTest, PullThatOvertookItsWorkersPushesWaitsForThem) {
   }
 }
 
+// A pull waiting for its own pushes does not keep them waiting behind it:
+// (a) a push that overtook a missing one queued behind the pull, then the
+// missing one; (b) on a restarted server, the pull and the pushes all held
+// for a key the replay has not re-created yet (adopted by the init).
+TEST(KVServerTest, APullWaitingForItsPushesLetsThemPass) {
+  auto answers = [](ServerHarness& h, int n) {
+    std::vector<float> pulled;
+    int pushes = 0;
+    for (int i = 0; i < n; ++i) {
+      std::optional<Message> r = h.NextReply();
+      if (!r.has_value()) {
+        ADD_FAILURE() << "reply " << i << " of " << n << " never came";
+        return std::make_pair(pushes, pulled);
+      }
+      EXPECT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+      if (r->header.command() == wire::KV_PULL) {
+        pulled = ValuesOf(*r);
+      } else {
+        ++pushes;
+      }
+    }
+    return std::make_pair(pushes, pulled);
+  };
+  {
+    SCOPED_TRACE("pull, then push 1 (ahead), then push 0");
+    ServerHarness h(/*num_workers=*/1);
+    h.server().Handle(Init(8, {1}));
+    ExpectOk(h);
+    Message pull = Pull(0, 8, 1);
+    pull.header.set_push_seq(2);
+    h.server().Handle(std::move(pull));
+    h.server().Handle(Push(0, 8, 1, {20}));
+    EXPECT_EQ(h.Pending(), 0u);
+    h.server().Handle(Push(0, 8, 0, {10}));
+    // One worker: each push is a round; the value is the last round's sum.
+    EXPECT_EQ(answers(h, 3), std::make_pair(2, std::vector<float>{20}));
+  }
+  {
+    SCOPED_TRACE("restarted server: pull and pushes before the init");
+    ServerHarness h(/*num_workers=*/1);
+    h.server().set_recovering();
+    Message pull = Pull(0, 9, 1);
+    pull.header.set_push_seq(2);
+    h.server().Handle(std::move(pull));
+    h.server().Handle(Push(0, 9, 0, {10}));
+    h.server().Handle(Push(0, 9, 1, {20}));
+    // The key is not there yet: all three wait, acknowledged.
+    for (int i = 0; i < 3; ++i) {
+      std::optional<Message> ack = h.NextReply(/*skip_acks=*/false);
+      ASSERT_TRUE(ack.has_value());
+      EXPECT_TRUE(ack->header.ack_only()) << DebugString(*ack);
+    }
+    h.server().Handle(Init(9, {1}));
+    EXPECT_EQ(answers(h, 4), std::make_pair(3, std::vector<float>{20}));
+  }
+}
+
 TEST(KVServerTest, ResentPushIsAnsweredAndNotAppliedTwice) {
   ServerHarness h(/*num_workers=*/1);
   h.server().Handle(SetOptimizer("sgd lr=-1"));

@@ -100,6 +100,9 @@ TEST(RoundWatchTest, PendingShowsOpenRoundsOldestFirstHeldMessagesAndLags) {
   w.RoundDone(1, 0, t0, t0 + absl::Milliseconds(30));
   const absl::Time t1 = t0 + absl::Seconds(1);
   w.PushTaken(2, 0, 1, t1, t1);
+  // A second slice of key 2: in its round, not in the lags (a push counts
+  // once per key and round).
+  w.PushTaken(2, 5000, 1, t1, t1 + absl::Seconds(3), /*count_lag=*/false);
   w.PushTaken(1, 0, 0, t1 + absl::Milliseconds(200),
               t1 + absl::Milliseconds(200));
   w.Waiting(2, 0, 4);
@@ -107,18 +110,21 @@ TEST(RoundWatchTest, PendingShowsOpenRoundsOldestFirstHeldMessagesAndLags) {
   w.Waiting(1, 0, 0);  // drained
   wire::DebugPending p;
   w.Fill(&p, t1 + absl::Seconds(2));
-  ASSERT_EQ(p.open_rounds_size(), 2);
-  EXPECT_EQ(p.open_rounds_total(), 2);
+  ASSERT_EQ(p.open_rounds_size(), 3);
+  EXPECT_EQ(p.open_rounds_total(), 3);
+  EXPECT_EQ(p.open_rounds(1).key(), 2u);
+  EXPECT_EQ(p.open_rounds(1).offset(), 5000u);
+  EXPECT_THAT(p.open_rounds(1).ranks_in(), ElementsAre(1));
   EXPECT_EQ(p.waiting_total(), 1);
   EXPECT_EQ(p.open_rounds(0).key(), 2u);
   EXPECT_THAT(p.open_rounds(0).ranks_in(), ElementsAre(1));
   EXPECT_THAT(p.open_rounds(0).ranks_missing(), ElementsAre(0, 2));
   EXPECT_DOUBLE_EQ(p.open_rounds(0).age_s(), 2.0);
   EXPECT_DOUBLE_EQ(p.open_rounds(0).median_round_s(), 0.0);
-  EXPECT_EQ(p.open_rounds(1).key(), 1u);
-  EXPECT_THAT(p.open_rounds(1).ranks_missing(), ElementsAre(1, 2));
-  EXPECT_DOUBLE_EQ(p.open_rounds(1).age_s(), 1.8);
-  EXPECT_DOUBLE_EQ(p.open_rounds(1).median_round_s(), 0.03);
+  EXPECT_EQ(p.open_rounds(2).key(), 1u);
+  EXPECT_THAT(p.open_rounds(2).ranks_missing(), ElementsAre(1, 2));
+  EXPECT_DOUBLE_EQ(p.open_rounds(2).age_s(), 1.8);
+  EXPECT_DOUBLE_EQ(p.open_rounds(2).median_round_s(), 0.03);
   ASSERT_EQ(p.waiting_size(), 1);
   EXPECT_EQ(p.waiting(0).key(), 2u);
   EXPECT_EQ(p.waiting(0).count(), 4);

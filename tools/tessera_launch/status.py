@@ -11,9 +11,14 @@ line for every process that did not answer. Exit status 0 when the scheduler
 answered, 1 when it did not (nothing else can be found then).
 """
 
+import http.client
 import json
 import urllib.error
 import urllib.request
+
+# What asking a process can raise: connection and HTTP errors, a cut-off or
+# malformed answer.
+FETCH_ERRORS = (OSError, ValueError, http.client.HTTPException)
 
 # Seconds to wait for each process (the scheduler answers between messages).
 FETCH_TIMEOUT = 5.0
@@ -54,7 +59,7 @@ def collect(address):
             continue
         try:
             nodes.append((n, fetch(url), None))
-        except (OSError, ValueError) as e:
+        except FETCH_ERRORS as e:
             nodes.append((n, None, 'no answer from %s: %s' % (url, e)))
     return scheduler, nodes
 
@@ -112,19 +117,27 @@ def summarize(scheduler, nodes):
         if requests:
             oldest = max(requests, key=lambda r: r.get('age_s', 0.0))
             parts.append('%d request(s) in flight, oldest %s of key %s to %s for %.3f s '
-                         '(%d resend(s))' % (len(requests), oldest.get('command'),
+                         '(%d resend(s))' % (p.get('requests_total', len(requests)),
+                                             oldest.get('command'),
                                              oldest.get('key'), oldest.get('server_name'),
                                              oldest.get('age_s', 0.0),
                                              oldest.get('resends', 0)))
         if p.get('open_rounds'):
-            parts.append('%d open round(s)' % len(p['open_rounds']))
+            parts.append('%d open round(s)' % p.get('open_rounds_total',
+                                                   len(p['open_rounds'])))
         held = sum(w.get('count', 0) for w in p.get('waiting', []))
         if held:
-            parts.append('%d held message(s)' % held)
+            slices = p.get('waiting_total', len(p.get('waiting', [])))
+            listed = len(p.get('waiting', []))
+            parts.append('%d held message(s)%s' % (
+                held, '' if slices <= listed else ' in the %d fullest of %d key slices'
+                % (listed, slices)))
         busy = [t for t in p.get('threads', []) if t.get('phase') != 'idle']
         for t in busy:
-            parts.append('%s in %s of key %s for %.3f s' % (t.get('thread'), t.get('phase'),
-                                                             t.get('key'), t.get('for_s', 0.0)))
+            what = t.get('phase')
+            if t.get('phase') != 'checkpoint':
+                what = '%s of key %s' % (what, t.get('key'))
+            parts.append('%s in %s for %.3f s' % (t.get('thread'), what, t.get('for_s', 0.0)))
         lines.append('%s: %s' % (name_of(p), '; '.join(parts) if parts else 'nothing pending'))
     return lines
 
@@ -133,7 +146,7 @@ def main(address, out):
     """Prints the summary of the job whose scheduler serves metrics at `address`."""
     try:
         scheduler, nodes = collect(address)
-    except (OSError, ValueError) as e:
+    except FETCH_ERRORS as e:
         out.write('launch.py --status: no answer from the scheduler at %s: %s\n'
                   % (base_url(address), e))
         return 1
