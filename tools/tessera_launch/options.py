@@ -78,7 +78,8 @@ def build_parser():
     p = _Parser(
         prog=PROG, allow_abbrev=False,
         usage='%(prog)s -n NUM_WORKERS [-s NUM_SERVERS] [--launcher local|ssh|mpi|slurm] '
-              '[-H HOSTFILE] [options] COMMAND [ARGS...]',
+              '[-H HOSTFILE] [options] COMMAND [ARGS...]\n'
+              '       %(prog)s --status [HOST:PORT] (or --metrics-port BASE --status)',
         description='Start a Tessera job: a scheduler, servers and workers running COMMAND.')
     p.add_argument('-n', '--num-workers', type=_int_arg(1, 'a positive integer'),
                    help='number of workers (required)')
