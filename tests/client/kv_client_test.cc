@@ -6,14 +6,15 @@
 
 #include <atomic>
 #include <cstring>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/compression/two_bit.h"
 #include "common/node.h"
 #include "common/status_macros.h"
@@ -254,8 +255,7 @@ class InProcessCluster {
 std::vector<absl::Status> RunWorkers(
     MemoryNetwork& net, const Options& options, bool sync,
     const std::function<absl::Status(KVClient&)>& body,
-    const std::function<std::unique_ptr<Transport>(int)>& transport =
-        nullptr) {
+    const std::function<std::unique_ptr<Transport>(int)>& transport = nullptr) {
   std::vector<absl::Status> results(options.num_workers);
   std::vector<std::thread> threads;
   for (int i = 0; i < options.num_workers; ++i) {
@@ -296,9 +296,11 @@ absl::Status Nightly(KVClient& kv, int rounds, std::vector<float>* last) {
     if (absl::Status s = kv.Pull(kBig, absl::MakeSpan(big)); !s.ok()) return s;
     const float want = 1.0f + n * (n + 1) * (i + 1.0f);
     for (float v : small)
-      if (v != want) return absl::InternalError(absl::StrCat("small ", v, " != ", want));
+      if (v != want)
+        return absl::InternalError(absl::StrCat("small ", v, " != ", want));
     for (float v : big)
-      if (v != want) return absl::InternalError(absl::StrCat("big ", v, " != ", want));
+      if (v != want)
+        return absl::InternalError(absl::StrCat("big ", v, " != ", want));
   }
   *last = big;
   return absl::OkStatus();
@@ -309,10 +311,9 @@ TEST(KVClientTest, NightlyValuesWithASplitKeyOverTheMemoryNetwork) {
   const Options options = JobOptions(/*servers=*/2, /*workers=*/3);
   InProcessCluster cluster(net, options);
   std::vector<std::vector<float>> last(3);
-  std::vector<absl::Status> results =
-      RunWorkers(net, options, /*sync=*/true, [&](KVClient& kv) {
-        return Nightly(kv, 5, &last[kv.rank()]);
-      });
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true,
+      [&](KVClient& kv) { return Nightly(kv, 5, &last[kv.rank()]); });
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
   EXPECT_TRUE(cluster.JoinScheduler().ok());
   EXPECT_EQ(last[0], last[2]);
@@ -328,8 +329,8 @@ TEST(KVClientTest, PullViewLendsTheRepliedFramesAndTheyKeepTheirRound) {
   MemoryNetwork net;
   const Options options = JobOptions(/*servers=*/2, /*workers=*/2);
   InProcessCluster cluster(net, options);
-  std::vector<absl::Status> results =
-      RunWorkers(net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
         const int n = kv.num_workers();
         const uint64_t kSmall = 3, kBig = 5, kRowKey = 9;
         if (absl::Status s = kv.SetOptimizer("sgd lr=-2"); !s.ok()) return s;
@@ -343,10 +344,12 @@ TEST(KVClientTest, PullViewLendsTheRepliedFramesAndTheyKeepTheirRound) {
           return s;
         std::vector<PulledValue> small_views, big_views;
         for (int i = 0; i < 4; ++i) {
-          if (absl::Status s = kv.Push(kSmall, std::vector<float>(6, kv.rank() + 1.0f));
+          if (absl::Status s =
+                  kv.Push(kSmall, std::vector<float>(6, kv.rank() + 1.0f));
               !s.ok())
             return s;
-          if (absl::Status s = kv.Push(kBig, std::vector<float>(2000, kv.rank() + 1.0f));
+          if (absl::Status s =
+                  kv.Push(kBig, std::vector<float>(2000, kv.rank() + 1.0f));
               !s.ok())
             return s;
           absl::StatusOr<PulledValue> small = kv.PullView(kSmall);
@@ -364,8 +367,10 @@ TEST(KVClientTest, PullViewLendsTheRepliedFramesAndTheyKeepTheirRound) {
           const PulledValue& big = big_views[i];
           EXPECT_EQ(small.size(), 6u);
           EXPECT_EQ(small.num_parts(), 1u);
-          EXPECT_THAT(std::vector<float>(small.span().begin(), small.span().end()),
-                      ::testing::Each(want)) << "round " << i;
+          EXPECT_THAT(
+              std::vector<float>(small.span().begin(), small.span().end()),
+              ::testing::Each(want))
+              << "round " << i;
           EXPECT_EQ(big.size(), 2000u);
           EXPECT_EQ(big.num_parts(), 2u) << "split over both servers";
           EXPECT_TRUE(big.span().empty());
@@ -414,6 +419,63 @@ TEST(KVClientTest, LostRepliesAreResentAndAppliedOnce) {
   EXPECT_GT(cluster.duplicates(), 0u);
   // Every push applied exactly once despite the resends.
   EXPECT_EQ(cluster.pushes_applied(), 2u * 6 * (1 + 2));
+}
+
+// A push a server refuses (too much of this worker already waits on the key)
+// was never taken, so the server's count of the worker's pushes stays behind:
+// the worker's later pushes and pulls of that key fail at once naming the
+// refused push, instead of waiting for it until TESSERA_TIMEOUT (20 s here).
+// The pushes that were taken or held still complete and the job ends.
+TEST(KVClientTest, AfterARefusedPushTheKeyFailsAtOnceNamingIt) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/1, /*workers=*/2);
+  InProcessCluster cluster(net, options);
+  constexpr int kIssued = 70;
+  constexpr int kTaken = 65;  // push 0 in the open round, 1..64 held (limit)
+  absl::Notification refused;
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(kv.Init(7, std::vector<float>(4, 0.0f)));
+        const std::vector<float> g(4, 1.0f);
+        if (kv.rank() == 1) {
+          refused.WaitForNotification();
+          for (int i = 0; i < kTaken; ++i)
+            TESSERA_RETURN_IF_ERROR(kv.Push(7, g));
+          return absl::OkStatus();
+        }
+        std::vector<OpHandle> ops;
+        for (int i = 0; i < kIssued; ++i) {
+          absl::StatusOr<OpHandle> op = kv.PushAsync(7, g);
+          if (!op.ok()) return op.status();
+          ops.push_back(*op);
+        }
+        for (int i = kTaken; i < kIssued; ++i) {
+          const absl::Status s = kv.Wait(ops[i]);
+          EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted)
+              << "push " << i << ": " << s;
+        }
+        const absl::Time start = absl::Now();
+        std::vector<float> out(4);
+        const absl::Status pulled = kv.Pull(7, absl::MakeSpan(out));
+        const absl::Status pushed = kv.Push(7, g);
+        EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+        for (const absl::Status& s : {pulled, pushed}) {
+          EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+          EXPECT_THAT(std::string(s.message()),
+                      HasSubstr("key 7: push 65 of this worker was refused "
+                                "(key 7: node "));
+          EXPECT_THAT(std::string(s.message()),
+                      HasSubstr("its later pushes and pulls of the key would "
+                                "wait for it for ever"));
+        }
+        refused.Notify();
+        for (int i = 0; i < kTaken; ++i)
+          TESSERA_RETURN_IF_ERROR(kv.Wait(ops[i]));
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  EXPECT_EQ(cluster.pushes_applied(), 2u * kTaken);
 }
 
 TEST(KVClientTest, ErrorsReachTheCallerAndTheClusterKeepsServing) {
@@ -531,9 +593,9 @@ TEST(KVClientTest, ConcurrentWaitersGetTheirRepliesAndResendsWhileOneReceives) {
             for (int r = 0; r < kRounds; ++r) {
               absl::Status s = kv.PushPull(key, g, absl::MakeSpan(w));
               if (s.ok() && w[0] != key * (r + 1.0f)) {
-                s = absl::InternalError(absl::StrCat(
-                    "key ", key, " round ", r, ": ", w[0], " != ",
-                    key * (r + 1.0f)));
+                s = absl::InternalError(absl::StrCat("key ", key, " round ", r,
+                                                     ": ", w[0],
+                                                     " != ", key * (r + 1.0f)));
               }
               if (!s.ok()) {
                 thread_results[t] = s;
@@ -579,8 +641,7 @@ void RestartedWorkerResumes(bool compressed_pulls) {
     if (!kv.ok()) return kv.status();
     std::vector<float> w(1500, 0.0f);  // split over both servers
     if (compressed_pulls) {
-      if (absl::Status s = (*kv)->SetPullCompression("2bit"); !s.ok())
-        return s;
+      if (absl::Status s = (*kv)->SetPullCompression("2bit"); !s.ok()) return s;
     }
     if (life == 0) {
       if (absl::Status s = (*kv)->SetOptimizer("sgd lr=-1"); !s.ok()) return s;
@@ -592,7 +653,8 @@ void RestartedWorkerResumes(bool compressed_pulls) {
       if (absl::Status s = (*kv)->Push(kKey, g); !s.ok()) return s;
       if (absl::Status s = (*kv)->Pull(kKey, absl::MakeSpan(w)); !s.ok())
         return s;
-      if (compressed_pulls && life == 1 && static_cast<uint64_t>(r) == resumed[index]) {
+      if (compressed_pulls && life == 1 &&
+          static_cast<uint64_t>(r) == resumed[index]) {
         // A new life has no copy: its first pull brings the servers' whole.
         const KVWorkerStats st = (*kv)->stats();
         EXPECT_EQ(st.bytes_pulled, st.bytes_pulled_float32);
@@ -667,9 +729,8 @@ void CompressedPullsMatchTheShadows(bool sync) {
   absl::Mutex mu;
   std::map<std::pair<uint64_t, uint64_t>, std::vector<float>> shadows;
   cluster.BeforeStop([&](KVServer& server) {
-    for (auto [key, offset] : {std::pair<uint64_t, uint64_t>{kBig, 0},
-                               {kBig, 1250},
-                               {kSmall, 0}}) {
+    for (auto [key, offset] :
+         {std::pair<uint64_t, uint64_t>{kBig, 0}, {kBig, 1250}, {kSmall, 0}}) {
       auto [values, version] = server.ShadowForTesting(key, offset);
       if (values.empty()) continue;
       EXPECT_GT(version, 1u);
@@ -682,8 +743,8 @@ void CompressedPullsMatchTheShadows(bool sync) {
       [&](KVClient& kv) -> absl::Status {
         const int r = kv.rank();
         if (absl::Status s = kv.SetPullCompression("2bit"); !s.ok()) return s;
-        if (absl::Status s =
-                kv.SetOptimizer(sync ? "sgd lr=0.1 momentum=0.9" : "sgd lr=0.05");
+        if (absl::Status s = kv.SetOptimizer(sync ? "sgd lr=0.1 momentum=0.9"
+                                                  : "sgd lr=0.05");
             !s.ok()) {
           return s;
         }
@@ -789,12 +850,13 @@ TEST(KVClientTest, RowSparseSyncRoundsSumRowsByIdAndKeepTheOthers) {
   InProcessCluster cluster(net, options);
   const std::vector<uint64_t> ask = {0, 1, 2, 3, 150, 151, 152, 200, 299, 0};
   std::vector<std::vector<float>> got(3), unchanged(3), empty_pull(3);
-  std::vector<absl::Status> results =
-      RunWorkers(net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
         const int r = kv.rank();
         TESSERA_RETURN_IF_ERROR(kv.SetOptimizer("sgd lr=-1"));  // w += sum
         std::vector<float> ones(kRows * kRowLen, 1.0f);
-        TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, ones.data(), kRows, kRowLen));
+        TESSERA_RETURN_IF_ERROR(
+            kv.InitRows(kRowKey, ones.data(), kRows, kRowLen));
         // Rank r writes r + 1 into rows r, r+1, 150+r and 200; rank 0 names
         // row 0 twice (summed).
         std::vector<uint64_t> ids = {static_cast<uint64_t>(r),
@@ -818,9 +880,9 @@ TEST(KVClientTest, RowSparseSyncRoundsSumRowsByIdAndKeepTheOthers) {
   for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(cluster.JoinScheduler().ok());
   // 1 + the sum over the rows' writers.
-  const std::vector<float> want = {1 + 1 + 1, 1 + 1 + 2, 1 + 2 + 3, 1 + 3,
-                                   1 + 1,     1 + 2,     1 + 3,     1 + 1 + 2 + 3,
-                                   1,         1 + 1 + 1};
+  const std::vector<float> want = {
+      1 + 1 + 1, 1 + 1 + 2, 1 + 2 + 3,     1 + 3, 1 + 1,
+      1 + 2,     1 + 3,     1 + 1 + 2 + 3, 1,     1 + 1 + 1};
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(got[r], want) << "rank " << r;
     EXPECT_EQ(unchanged[r], want) << "rank " << r;
@@ -843,13 +905,16 @@ TEST(KVClientTest, RowSparseLazyUpdatesLeaveAbsentRowsAndTheirStateAlone) {
           std::vector<float> row(kRowLen);
           // Round 1: row 0 has a gradient; rounds 2 and 3 only row 1 has.
           TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {0}, g));
-          TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
+          TESSERA_RETURN_IF_ERROR(
+              kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
           if (kv.rank() == 0) row0_after_1 = row;
           TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {1}, g));
-          TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
+          TESSERA_RETURN_IF_ERROR(
+              kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
           if (kv.rank() == 0) row0_after_2 = row;
           TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {1}, g));
-          TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
+          TESSERA_RETURN_IF_ERROR(
+              kv.PullRows(kRowKey, {0}, absl::MakeSpan(row)));
           if (kv.rank() == 0) row0_after_3 = row;
           return absl::OkStatus();
         });
@@ -909,11 +974,13 @@ TEST(KVClientTest, RowSparseErrorsNameTheKeyAndIdAndApplyNothing) {
         std::vector<float> out(kRowLen);
         s = kv.PullRows(41, {0}, absl::MakeSpan(out));
         EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-        EXPECT_THAT(std::string(s.message()), HasSubstr("key 41: the key is dense"));
+        EXPECT_THAT(std::string(s.message()),
+                    HasSubstr("key 41: the key is dense"));
         std::vector<float> whole(kRows * kRowLen);
         s = kv.Pull(kRowKey, absl::MakeSpan(whole));
         EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-        EXPECT_THAT(std::string(s.message()), HasSubstr("key 40: the key is row-sparse"));
+        EXPECT_THAT(std::string(s.message()),
+                    HasSubstr("key 40: the key is row-sparse"));
         // Nothing was applied; the key still serves.
         TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {3}, RowValues({2})));
         TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {3}, absl::MakeSpan(out)));
@@ -931,7 +998,8 @@ TEST(KVClientTest, RowSparseTwoBitPushesKeepErrorFeedbackPerRow) {
   // The reference: each row's residual, as MXNet's 2-bit rule keeps it.
   std::map<uint64_t, std::vector<float>> residual;
   std::vector<float> reference(10 * kRowLen, 0.0f);
-  const std::vector<std::vector<uint64_t>> rounds = {{1, 2}, {2}, {1, 5, 1}, {}};
+  const std::vector<std::vector<uint64_t>> rounds = {
+      {1, 2}, {2}, {1, 5, 1}, {}};
   std::vector<std::vector<float>> got;
   std::vector<absl::Status> results = RunWorkers(
       net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
@@ -954,14 +1022,17 @@ TEST(KVClientTest, RowSparseTwoBitPushesKeepErrorFeedbackPerRow) {
               row.assign(kRowLen, 0.0f);
               order.push_back(rounds[k][i]);
             }
-            for (uint64_t j = 0; j < kRowLen; ++j) row[j] += grad[i * kRowLen + j];
+            for (uint64_t j = 0; j < kRowLen; ++j)
+              row[j] += grad[i * kRowLen + j];
           }
           for (uint64_t id : order) {
             auto& r = residual[id];
             if (r.empty()) r.assign(kRowLen, 0.0f);
-            std::vector<uint8_t> packed(compression::TwoBitCompressedBytes(kRowLen));
+            std::vector<uint8_t> packed(
+                compression::TwoBitCompressedBytes(kRowLen));
             EXPECT_TRUE(compression::TwoBitQuantize(summed[id].data(), r.data(),
-                                                    kRowLen, 0.5f, packed.data())
+                                                    kRowLen, 0.5f,
+                                                    packed.data())
                             .ok());
             EXPECT_TRUE(compression::TwoBitDequantize(
                             packed.data(), packed.size(), kRowLen, 0.5f,
@@ -970,7 +1041,8 @@ TEST(KVClientTest, RowSparseTwoBitPushesKeepErrorFeedbackPerRow) {
           }
           std::vector<float> out(10 * kRowLen);
           std::vector<uint64_t> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
-          TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, all, absl::MakeSpan(out)));
+          TESSERA_RETURN_IF_ERROR(
+              kv.PullRows(kRowKey, all, absl::MakeSpan(out)));
           got.push_back(out);
           EXPECT_EQ(out, reference) << "round " << k;
         }
@@ -996,7 +1068,8 @@ TEST(KVClientTest, RowSparsePushesOverLossyLinksAreAppliedOnce) {
               kv.PushRows(kRowKey, {5, 160}, RowValues({1, 2})));
         }
         std::vector<float> out(2 * kRowLen);
-        TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {5, 160}, absl::MakeSpan(out)));
+        TESSERA_RETURN_IF_ERROR(
+            kv.PullRows(kRowKey, {5, 160}, absl::MakeSpan(out)));
         got[kv.rank()] = FirstOfRows(out);
         return absl::OkStatus();
       },

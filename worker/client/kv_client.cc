@@ -514,6 +514,7 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
   uint64_t total = 0, pushed = 0;
   {
     absl::MutexLock lock(&mu_);
+    TESSERA_RETURN_IF_ERROR(keys_.at(key).out_of_step);
     parts = keys_.at(key).parts;
     total = keys_.at(key).length / l;
     pushed = keys_.at(key).next_seq;
@@ -602,6 +603,7 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
   {
     absl::MutexLock lock(&mu_);
     const KeyInfo& info = keys_.at(key);
+    TESSERA_RETURN_IF_ERROR(info.out_of_step);
     parts = info.parts;
     row_length = info.row_length;
     total = row_length == 0 ? info.length : info.length / row_length;
@@ -625,6 +627,7 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
     windowed = keys_[key].windowed;
     SettleResumeLocked();
     seq = keys_[key].next_seq++;
+    push_ops_[op] = {key, seq};
     ++stats_.pushes;
     for (const Message& b : bodies)
       for (const Buffer& d : b.data) stats_.bytes_pushed += d.size();
@@ -728,17 +731,18 @@ absl::StatusOr<OpHandle> KVClient::StartPull(uint64_t key, uint64_t length,
                                              const PlainReplyFn& plain,
                                              const CopiedFn& copied,
                                              const PrepareFn& prepare) {
-  const uint64_t op = tracker_->NewOp();
   std::vector<KeyPart> parts;
   std::vector<std::shared_ptr<PulledCopy>> copies;
   uint64_t pushed;
   {
     absl::MutexLock lock(&mu_);
+    TESSERA_RETURN_IF_ERROR(keys_.at(key).out_of_step);
     parts = keys_.at(key).parts;
     copies = keys_.at(key).pulled;
     pushed = keys_.at(key).next_seq;
     ++stats_.pulls;
   }
+  const uint64_t op = tracker_->NewOp();
   if (prepare) prepare(parts);
   for (size_t i = 0; i < parts.size(); ++i) {
     const KeyPart& part = parts[i];
@@ -836,7 +840,21 @@ absl::StatusOr<OpHandle> KVClient::PullViewAsync(uint64_t key,
 }
 
 absl::Status KVClient::Wait(OpHandle handle) {
-  return tracker_->Wait(handle, "operation");
+  absl::Status status = tracker_->Wait(handle, "operation");
+  absl::MutexLock lock(&mu_);
+  auto push = push_ops_.find(handle);
+  if (push == push_ops_.end()) return status;
+  const auto [key, seq] = push->second;
+  push_ops_.erase(push);
+  // A server refuses a push it never took (too much of this worker waits on
+  // the key): the servers' count of this worker's pushes stays behind.
+  if (absl::IsResourceExhausted(status) && keys_[key].out_of_step.ok()) {
+    keys_[key].out_of_step = absl::FailedPreconditionError(absl::StrCat(
+        "key ", key, ": push ", seq, " of this worker was refused (",
+        status.message(),
+        "); its later pushes and pulls of the key would wait for it for ever"));
+  }
+  return status;
 }
 
 absl::Status KVClient::Barrier() {

@@ -115,13 +115,18 @@ class KVClient : public KVWorker {
 
  private:
   struct KeyInfo {
-    uint64_t length = 0;      // values (rows x row_length for row keys)
-    uint64_t row_length = 0;  // 0: a dense key
+    uint64_t length = 0;         // values (rows x row_length for row keys)
+    uint64_t row_length = 0;     // 0: a dense key
     std::vector<KeyPart> parts;  // slices of at most TESSERA_CHUNK_BYTES
     // More slices on one server than the tracker's window: pushes go a
     // window at a time, each slice acknowledged once taken.
     bool windowed = false;
-    uint64_t next_seq = 0;        // push_seq of the next push
+    uint64_t next_seq = 0;  // push_seq of the next push
+    // Not OK once a push of this key was refused by a server (it never took
+    // it, so this worker's count is ahead of the server's): later pushes
+    // and pulls of the key fail at once with it instead of waiting for that
+    // push until TESSERA_TIMEOUT.
+    absl::Status out_of_step;
     std::vector<float> residual;  // 2-bit error feedback, host pushes
     // Per slice, this worker's copy for compressed pulls.
     std::vector<std::shared_ptr<PulledCopy>> pulled;
@@ -141,9 +146,8 @@ class KVClient : public KVWorker {
                                      const char* what) const;
   // Makes the data frames of one part of a push (a message with frames and
   // their descriptors only); `op` owns borrowed frames.
-  using PayloadFn =
-      std::function<absl::StatusOr<Message>(uint64_t op, size_t part_index,
-                                            const KeyPart& part)>;
+  using PayloadFn = std::function<absl::StatusOr<Message>(
+      uint64_t op, size_t part_index, const KeyPart& part)>;
 
   KVClient(const Options& options, bool sync);
   absl::Status Start(std::unique_ptr<Transport> transport);
@@ -179,8 +183,8 @@ class KVClient : public KVWorker {
   // The one push path: numbers the push, makes each part's payload with
   // `payload` (all before anything is sent, so a failure uses up no number),
   // sends the parts and counts the push.
-  absl::StatusOr<OpHandle> SendPush(wire::Command cmd, uint64_t key,
-                                    float* out, const PayloadFn& payload);
+  absl::StatusOr<OpHandle> SendPush(wire::Command cmd, uint64_t key, float* out,
+                                    const PayloadFn& payload);
   // The payload of host memory: 2-bit packed (error feedback in the key's
   // residual) or the caller's floats, borrowed.
   PayloadFn HostPayload(uint64_t key, absl::Span<const float> grad);
@@ -208,6 +212,9 @@ class KVClient : public KVWorker {
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, KeyInfo> keys_ ABSL_GUARDED_BY(mu_);
+  // Push operations not yet waited for: op -> (key, push_seq).
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> push_ops_
+      ABSL_GUARDED_BY(mu_);
   bool two_bit_ ABSL_GUARDED_BY(mu_) = false;
   bool pull_two_bit_ ABSL_GUARDED_BY(mu_) = false;
   float threshold_ ABSL_GUARDED_BY(mu_) = 0;
