@@ -113,11 +113,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::array<Key32, 3> publics = {
       roles[0].public_key(), roles[1].public_key(), roles[2].public_key()};
   static const std::shared_ptr<const LinkKeys> worker_keys =
-      std::make_shared<const LinkKeys>(*LinkKeys::Make(
-          worker, tessera::Role::kWorker, Fill(11), publics));
+      std::make_shared<const LinkKeys>(
+          *LinkKeys::Make(worker, tessera::Role::kWorker, Fill(11), publics));
   static const std::shared_ptr<const LinkKeys> server_keys =
-      std::make_shared<const LinkKeys>(*LinkKeys::Make(
-          server, tessera::Role::kServer, Fill(9), publics));
+      std::make_shared<const LinkKeys>(
+          *LinkKeys::Make(server, tessera::Role::kServer, Fill(9), publics));
   static PeerSecrets to_server = [] {
     PeerSecrets p;
     (void)worker_keys->ForPeer(server.public_key(), &p);

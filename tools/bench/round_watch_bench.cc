@@ -16,17 +16,9 @@
 #include "absl/time/clock.h"
 #include "common/debug_pending.h"
 #include "server/round_watch.h"
+#include "tools/bench/nanos_per.h"
 
-namespace {
-
-template <typename F>
-double NanosPer(int n, F&& f) {
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < n; ++i) f(i);
-  return absl::ToDoubleNanoseconds(absl::Now() - start) / n;
-}
-
-}  // namespace
+using tessera::bench::NanosPer;
 
 int main(int argc, char** argv) {
   int workers = 16, keys = 1000;

@@ -12,17 +12,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "common/trace.h"
+#include "tools/bench/nanos_per.h"
 
-namespace {
-
-template <typename F>
-double NanosPer(int n, F&& f) {
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < n; ++i) f(i);
-  return absl::ToDoubleNanoseconds(absl::Now() - start) / n;
-}
-
-}  // namespace
+using tessera::bench::NanosPer;
 
 int main(int argc, char** argv) {
   using namespace tessera::trace;
@@ -37,7 +29,8 @@ int main(int argc, char** argv) {
     Span span("kv", "wait");
     span.Arg("op", i);
   });
-  const std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  const std::string dir =
+      std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
   setenv("TESSERA_TRACE_MAX_EVENTS", std::to_string(3 * n + 10).c_str(), 1);
   if (!Start(dir + "/trace-event-bench-{rank}.json", "bench").ok()) return 1;
   const double span = NanosPer(n, [&](int i) {
