@@ -503,30 +503,35 @@ class ZmqTransport : public Transport {
 
   void SetPeerIdentity(int peer, const PeerIdentity& identity) override {
     if (!Sealed()) return;
+    // A refused entry also ends what the node had (an earlier identity):
+    // nothing is taken from it nor sealed to it any more.
+    auto refuse = [&](const std::string& why) {
+      TESSERA_LOG(WARNING) << why << "; its messages will not be taken";
+      opener_->RemovePeer(peer);
+      absl::MutexLock lock(&senders_mu_);
+      links_.erase(peer);
+    };
     if (identity.node_key.size() != 32) {
-      TESSERA_LOG(WARNING) << "node " << peer << " has no node key of 32 "
-                           << "bytes in the node table; its messages will "
-                           << "not be taken";
+      refuse(absl::StrCat("node ", peer,
+                          " has no node key of 32 bytes in the node table"));
       return;
     }
     sealed::Key32 key;
     std::memcpy(key.data(), identity.node_key.data(), key.size());
     sealed::PeerSecrets secrets;
     if (!link_keys_->ForPeer(key, &secrets)) {
-      TESSERA_LOG(WARNING) << "node " << peer << " has a node key of small "
-                           << "order in the node table; ignored";
+      refuse(absl::StrCat("node ", peer,
+                          " has a node key of small order in the node table"));
       return;
     }
     if (key == link_keys_->public_key()) {
-      TESSERA_LOG(WARNING) << "node " << peer << " has this node's own node "
-                           << "key in the node table; its messages will not "
-                           << "be taken";
+      refuse(absl::StrCat("node ", peer,
+                          " has this node's own node key in the node table"));
       return;
     }
     if (absl::Status set = opener_->SetPeer(peer, identity.role, key, &secrets);
         !set.ok()) {
-      TESSERA_LOG(WARNING) << set.message()
-                           << "; the node's messages will not be taken";
+      refuse(std::string(set.message()));
       return;
     }
     std::shared_ptr<Sender> scheduler_link;

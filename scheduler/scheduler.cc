@@ -398,12 +398,12 @@ bool Scheduler::Ending(absl::Time now) {
   return false;
 }
 
-std::string Scheduler::SealedKeyHolder(const std::string& key, int self) const {
+std::string Scheduler::SealedKeyHolder(const std::string& key) const {
   if (key.empty()) return std::string();
   if (key == transport_->node_key()) return "the scheduler";
   auto it = sealed_key_holder_.find(key);
-  if (it == sealed_key_holder_.end() || it->second == self)
-    return std::string();
+  if (it == sealed_key_holder_.end()) return std::string();
+  if (it->second == kRetiredKey) return "an earlier life of a node";
   return DescribePeer(it->second);
 }
 
@@ -631,12 +631,18 @@ void Scheduler::MakePending(absl::Time now) {
   absl::MutexLock lock(&pending_mu_);
   pending_ = std::move(p);
   pending_made_ = pending_asked_;
+  pending_made_at_ = absl::Now();
   pending_wanted_.store(false, std::memory_order_relaxed);
   pending_cv_.SignalAll();
 }
 
 void Scheduler::FillPending(wire::DebugPending* out) {
   absl::MutexLock lock(&pending_mu_);
+  // At most one a second is made: asking often costs Run nothing more.
+  if (pending_made_ > 0 && absl::Now() - pending_made_at_ < absl::Seconds(1)) {
+    out->MergeFrom(pending_);
+    return;
+  }
   const uint64_t ticket = ++pending_asked_;
   pending_wanted_.store(true, std::memory_order_relaxed);
   // Run makes it between two messages (within its 50 ms receive); a
@@ -723,7 +729,7 @@ void Scheduler::HandleRegister(const Message& msg) {
         (void)transport_->Send(id, TableMessage(id));
         return;
       }
-      if (std::string holder = SealedKeyHolder(info.node_key(), id);
+      if (std::string holder = SealedKeyHolder(info.node_key());
           !holder.empty()) {
         metrics_.ignored_messages->Increment();
         TESSERA_LOG(WARNING)
@@ -745,8 +751,7 @@ void Scheduler::HandleRegister(const Message& msg) {
                          << ", which another node registered with";
     return;
   }
-  if (std::string holder = SealedKeyHolder(info.node_key(), -1);
-      !holder.empty()) {
+  if (std::string holder = SealedKeyHolder(info.node_key()); !holder.empty()) {
     metrics_.ignored_messages->Increment();
     TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
                          << info.port() << ": its sealed node key "
@@ -821,7 +826,10 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   }
   node.set_generation(info.generation());
   // The new process seals with a key of its own: its old life's is refused.
-  sealed_key_holder_.erase(node.node_key());
+  // Its old key is retired, not freed: claiming it again would give its
+  // receivers a fresh link state for records captured from the old life.
+  if (!node.node_key().empty())
+    sealed_key_holder_[node.node_key()] = kRetiredKey;
   node.set_node_key(info.node_key());
   if (!info.node_key().empty()) sealed_key_holder_[info.node_key()] = id;
   node.set_sealed_port(info.sealed_port());

@@ -122,12 +122,13 @@ class Scheduler {
   std::string MissingNodes() const;
   // Describe for a node of the table or a registered one (provisional id).
   std::string DescribePeer(int id) const;
-  // Who holds the sealed node key `key` other than node `self`: the
-  // scheduler, a node of the table or a registration ("" when nobody does or
-  // the key is empty, as in an insecure job). A registration or restart
-  // claiming a held key is ignored: receivers would take the holder's
-  // records as the claimer's and drop them.
-  std::string SealedKeyHolder(const std::string& key, int self) const;
+  // Who holds (or held) the sealed node key `key`: the scheduler, a node of
+  // the table, a registration, or an earlier life of a restarted node (""
+  // when nobody does or the key is empty, as in an insecure job). A
+  // registration or restart claiming such a key is ignored: receivers would
+  // take the holder's records as the claimer's and drop them, or give an
+  // old life's captured records a fresh link state.
+  std::string SealedKeyHolder(const std::string& key) const;
 
   const Options options_;
   std::unique_ptr<Transport> transport_;
@@ -151,7 +152,9 @@ class Scheduler {
   // come with the same.
   std::map<int, std::string> node_key_of_;
   std::set<std::string> registered_keys_;
-  // Sealed node key -> the id holding it (provisional before the job forms).
+  // Sealed node key -> the id holding it (provisional before the job forms),
+  // or kRetiredKey for a restarted node's earlier key.
+  static constexpr int kRetiredKey = -1;
   std::map<std::string, int> sealed_key_holder_;
   std::map<int, absl::Time> last_seen_;              // by id
   std::map<int, std::map<int, uint64_t>> barriers_;  // group -> id -> request
@@ -229,6 +232,7 @@ class Scheduler {
   absl::CondVar pending_cv_;
   uint64_t pending_asked_ ABSL_GUARDED_BY(pending_mu_) = 0;
   uint64_t pending_made_ ABSL_GUARDED_BY(pending_mu_) = 0;
+  absl::Time pending_made_at_ ABSL_GUARDED_BY(pending_mu_);
   wire::DebugPending pending_ ABSL_GUARDED_BY(pending_mu_);
   DebugPendingRegistry::Section pending_section_;  // last: removed first
 };
