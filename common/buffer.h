@@ -21,7 +21,10 @@ class Buffer {
  public:
   Buffer() = default;
 
-  // Uninitialised, 64-byte aligned memory of `size` bytes.
+  // Uninitialised, 64-byte aligned memory of `size` bytes. From 1 MiB up the
+  // memory is a block reused from earlier large buffers when one of its size
+  // class is free (buffer.cc: BlockPool), so a large message does not pay a
+  // page fault per 4 KiB each time.
   static Buffer Allocate(size_t size);
   // A copy of `size` bytes at `data`.
   static Buffer CopyOf(const void* data, size_t size);
@@ -52,6 +55,9 @@ class Buffer {
   size_t size_ = 0;
   std::shared_ptr<const void> owner_;
 };
+
+// Bytes of freed large blocks Buffer::Allocate keeps for reuse (tests).
+size_t BufferPoolCachedBytesForTesting();
 
 }  // namespace tessera
 

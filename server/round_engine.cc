@@ -119,6 +119,22 @@ void RowRound::Add(int rank, const uint64_t* rows, size_t count,
   ++count_;
 }
 
+void RowRound::Add(int rank, std::vector<uint64_t> rows, Buffer values,
+                   const wire::Header& request) {
+  bool increasing = contributed_.size() == 1;
+  for (size_t k = 1; increasing && k < rows.size(); ++k)
+    increasing = rows[k - 1] < rows[k];
+  if (!increasing || rows.empty()) {
+    Add(rank, rows.data(), rows.size(), values.floats(), request);
+    return;
+  }
+  rows_ = std::move(rows);
+  single_ = std::move(values);
+  contributed_[rank] = true;
+  requests_.push_back(request);
+  ++count_;
+}
+
 void RowRound::ReplaceRequest(int sender, const wire::Header& request) {
   for (wire::Header& h : requests_) {
     if (h.sender() == sender) h = request;
@@ -129,7 +145,12 @@ RowRound::Sum RowRound::Finish() {
   Sum sum;
   sum.rows.swap(rows_);
   slot_.clear();
-  if (mode_ == SyncRound::Mode::kExact) {
+  if (!single_.empty()) {
+    scratch_.clear();
+    sum.values = single_.floats();
+    sum.push = std::move(single_);
+    single_ = Buffer();
+  } else if (mode_ == SyncRound::Mode::kExact) {
     sum.values = sum.rows.empty() ? nullptr : exact_.Finish();
   } else {
     sum.values = arrival_.data();

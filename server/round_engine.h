@@ -116,6 +116,12 @@ class RowRound {
   // values follow one another in `values`. REQUIRES: !Contributed(rank).
   void Add(int rank, const uint64_t* rows, size_t count, const float* values,
            const wire::Header& request);
+  // The same, from a push the round may keep: with one worker and ids in
+  // strictly increasing order the push is the round's sum as it is (no
+  // accumulator, no copy); otherwise as Add. `values` holds rows.size() x
+  // row_length floats.
+  void Add(int rank, std::vector<uint64_t> rows, Buffer values,
+           const wire::Header& request);
   void ReplaceRequest(int sender, const wire::Header& request);
   int count() const { return count_; }
   bool complete() const {
@@ -124,7 +130,8 @@ class RowRound {
   struct Sum {
     std::vector<uint64_t> rows;     // the rows some push touched
     const float* values = nullptr;  // rows.size() x row_length; valid until
-                                    // the next Add
+                                    // the next Add, or while `push` lives
+    Buffer push;  // one worker: its push, which values points into
   };
   // The round's sum; the round is open again, empty. REQUIRES: complete().
   Sum Finish();
@@ -141,6 +148,8 @@ class RowRound {
   ExactSum exact_;                                // Mode::kExact
   std::vector<float> arrival_;                    // Mode::kArrival
   std::vector<float> scratch_;                    // the last Finish's values
+  // One worker: its push, kept as the sum (rows_ holds its ids).
+  Buffer single_;
 };
 
 }  // namespace tessera

@@ -50,7 +50,8 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     Buffer decoded;
     const float* grad = nullptr;
     if (desc->encoding() == wire::DataFrame::FLOAT32) {
-      grad = msg.data[1].floats();
+      decoded = msg.data[1];
+      grad = decoded.floats();
     } else if (desc->encoding() == wire::DataFrame::TWO_BIT &&
                settings.compression == "2bit") {
       decoded = Buffer::Allocate(values * sizeof(float));
@@ -68,8 +69,8 @@ class RowEngine : public RoundSliceEngine<RowRound> {
           "compression set");
     }
     if (key_.sync) {
-      round_.Add(RankOfId(msg.header.sender()), rows->data(), rows->size(),
-                 grad, msg.header);
+      round_.Add(RankOfId(msg.header.sender()), *std::move(rows),
+                 std::move(decoded), msg.header);
       return round_.complete() ? Pushed::kRoundComplete : Pushed::kAdded;
     }
     if (settings.optimizer == nullptr) {

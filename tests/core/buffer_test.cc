@@ -1,6 +1,7 @@
 // Buffer: shared bytes and the check that makes writing them in place safe.
 #include "common/buffer.h"
 
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -43,6 +44,39 @@ TEST(BufferTest, UniqueOrdersAReleasedReaderBeforeTheNextWrite) {
     reader.join();
     EXPECT_EQ(sum, 63 * 64 / 2);
   }
+}
+
+// Large buffers reuse the blocks of freed ones of the same size class (no
+// fresh pages to fault in), and a block of another class never lets the pool
+// hold more than was in use at once: a miss first gives cached blocks back.
+TEST(BufferTest, LargeBlocksAreReusedWithinTheirClassAndNeverPileUp) {
+  const size_t before = BufferPoolCachedBytesForTesting();
+  const void* first;
+  {
+    Buffer a = Buffer::Allocate(3 << 20);
+    first = a.data();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u);
+    std::memset(a.mutable_data(), 7, a.size());
+  }
+  EXPECT_EQ(BufferPoolCachedBytesForTesting(), before + (3 << 20));
+  {
+    // 3 MiB + 1 rounds up to the same class (3.5 MiB is the next): reused.
+    Buffer b = Buffer::Allocate((3 << 20) - 4096);
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(b.data()[100], 7);  // not cleared: Allocate is uninitialised
+    EXPECT_EQ(BufferPoolCachedBytesForTesting(), before);
+  }
+  {
+    // Another class misses, and the cached 3 MiB goes back to the system
+    // first, so in use + cached stays at the peak in use (5 MiB).
+    Buffer c = Buffer::Allocate(5 << 20);
+    EXPECT_NE(c.data(), first);
+    EXPECT_EQ(BufferPoolCachedBytesForTesting(), before);
+  }
+  EXPECT_EQ(BufferPoolCachedBytesForTesting(), before + (5 << 20));
+  // Small buffers are malloc's, never cached.
+  { Buffer small = Buffer::Allocate(4096); }
+  EXPECT_EQ(BufferPoolCachedBytesForTesting(), before + (5 << 20));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/buffer.h"
 #include "gtest/gtest.h"
 #include "proto/tessera.pb.h"
 #include "server/round_engine.h"
@@ -58,6 +59,38 @@ TEST_P(RowRoundTest, SumHoldsOnlyTheRowsPushedAndForgetsThemAfterFinish) {
   round.Add(0, nullptr, 0, nullptr, request);
   round.Add(1, nullptr, 0, nullptr, request);
   EXPECT_TRUE(round.Finish().rows.empty());
+}
+
+// One worker whose ids increase: its push is the round's sum as it came (the
+// sum points into the push's own frame, which the Sum holds), with no
+// accumulator. Ids out of order or repeated go through the sum as before:
+// repeats added, first-push order.
+TEST_P(RowRoundTest, OneWorkersIncreasingPushIsTheSumWithoutACopy) {
+  RowRound round(/*num_workers=*/1, kRowLength, GetParam());
+  const wire::Header request;
+  const std::vector<float> v = Rows({1, 2, 3});
+  Buffer frame = Buffer::CopyOf(v.data(), v.size() * sizeof(float));
+  const float* at = frame.floats();
+  round.Add(0, std::vector<uint64_t>{2, 9, 40}, frame, request);
+  frame = Buffer();
+  ASSERT_TRUE(round.complete());
+  RowRound::Sum sum = round.Finish();
+  EXPECT_EQ(sum.rows, (std::vector<uint64_t>{2, 9, 40}));
+  EXPECT_EQ(sum.values, at);
+  EXPECT_EQ(std::vector<float>(sum.values, sum.values + v.size()), v);
+  EXPECT_FALSE(sum.push.empty());
+  EXPECT_FALSE(round.complete());
+
+  const std::vector<float> w = Rows({10, 20, 30});
+  round.Add(0, std::vector<uint64_t>{9, 2, 9},
+            Buffer::CopyOf(w.data(), w.size() * sizeof(float)), request);
+  RowRound::Sum summed = round.Finish();
+  EXPECT_EQ(summed.rows, (std::vector<uint64_t>{9, 2}));
+  EXPECT_TRUE(summed.push.empty());
+  for (uint64_t j = 0; j < kRowLength; ++j) {
+    EXPECT_EQ(summed.values[0 * kRowLength + j], (10.0f + j) + (30.0f + j));
+    EXPECT_EQ(summed.values[1 * kRowLength + j], 20.0f + j);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, RowRoundTest,

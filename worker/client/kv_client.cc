@@ -433,69 +433,128 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
   }
   return SendPush(
       wire::KV_PUSH, key, nullptr,
-      [&, l](uint64_t, size_t, const KeyPart& part) -> absl::StatusOr<Message> {
-        // This part's rows, in push order; 2-bit: duplicates summed first,
-        // so each row's error feedback sees its whole gradient once.
-        std::vector<uint64_t> ids;
-        std::vector<float> values;
-        absl::flat_hash_map<uint64_t, size_t> seen;
+      [&, l](uint64_t op, size_t,
+             const KeyPart& part) -> absl::StatusOr<Message> {
+        // This part's rows: where each is in the caller's arrays, in push
+        // order.
+        std::vector<size_t> at;
         for (size_t k = 0; k < row_ids.size(); ++k) {
           const uint64_t id = row_ids[k];
-          if (id < part.offset || id >= part.offset + part.length) continue;
-          const float* v = rows.data() + k * l;
-          if (two_bit) {
-            auto [it, added] = seen.try_emplace(id, ids.size());
-            if (!added) {
-              float* at = values.data() + it->second * l;
-              for (uint64_t j = 0; j < l; ++j) at[j] += v[j];
-              continue;
-            }
-          }
-          ids.push_back(id);
-          values.insert(values.end(), v, v + l);
+          if (id >= part.offset && id < part.offset + part.length)
+            at.push_back(k);
         }
+        const size_t n = at.size();
+        // Sorted ids (the usual case) put each server's rows in one run of
+        // the caller's arrays: then the frames borrow them, as a dense push
+        // borrows its gradient, pinned until the push completes.
+        const bool run = n == 0 || at.back() - at.front() + 1 == n;
         Message body;
         wire::DataFrame* d = body.header.add_frames();
         d->set_encoding(wire::DataFrame::RAW);
-        d->set_num_bytes(ids.size() * sizeof(uint64_t));
-        body.data.push_back(
-            Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
+        d->set_num_bytes(n * sizeof(uint64_t));
         if (!two_bit) {
-          AddFloatFrame(&body, Buffer::CopyOf(values.data(),
-                                              values.size() * sizeof(float)));
+          if (run) {
+            const size_t k0 = n == 0 ? 0 : at.front();
+            body.data.push_back(Buffer::Wrap(row_ids.data() + k0,
+                                             n * sizeof(uint64_t),
+                                             tracker_->Pin(op)));
+            AddFloatFrame(&body, Buffer::Wrap(rows.data() + k0 * l,
+                                              n * l * sizeof(float),
+                                              tracker_->Pin(op)));
+            return body;
+          }
+          // Gathered straight into the frames.
+          Buffer ids = Buffer::Allocate(n * sizeof(uint64_t));
+          Buffer values = Buffer::Allocate(n * l * sizeof(float));
+          uint64_t* id_out = reinterpret_cast<uint64_t*>(ids.mutable_data());
+          float* v_out = values.mutable_floats();
+          for (size_t j = 0; j < n; ++j) {
+            id_out[j] = row_ids[at[j]];
+            std::memcpy(v_out + j * l, rows.data() + at[j] * l,
+                        l * sizeof(float));
+          }
+          body.data.push_back(std::move(ids));
+          AddFloatFrame(&body, std::move(values));
           return body;
         }
+        // 2-bit: duplicates summed first (in push order), so each row's error
+        // feedback sees its whole gradient once.
+        std::vector<uint64_t> ids;
+        std::vector<size_t> first;  // ids[j]'s first place in `at`
+        bool repeats = false;
+        {
+          absl::flat_hash_map<uint64_t, size_t> seen;
+          seen.reserve(n);
+          for (size_t j = 0; j < n; ++j) {
+            if (seen.try_emplace(row_ids[at[j]], ids.size()).second) {
+              ids.push_back(row_ids[at[j]]);
+              first.push_back(j);
+            } else {
+              repeats = true;
+            }
+          }
+        }
+        const size_t m = ids.size();
+        const size_t count = m * l;
+        // The values to code: the caller's run as it is, or gathered (and
+        // repeats added in).
+        const float* values = rows.data() + (n == 0 ? 0 : at.front() * l);
+        Buffer gathered;
+        if (!run || repeats) {
+          gathered = Buffer::Allocate(count * sizeof(float));
+          float* g = gathered.mutable_floats();
+          absl::flat_hash_map<uint64_t, size_t> slot;
+          if (repeats) slot.reserve(m);
+          for (size_t j = 0; j < m; ++j) {
+            std::memcpy(g + j * l, rows.data() + at[first[j]] * l,
+                        l * sizeof(float));
+            if (repeats) slot.emplace(ids[j], j);
+          }
+          if (repeats) {
+            std::vector<bool> taken(n, false);
+            for (size_t j = 0; j < m; ++j) taken[first[j]] = true;
+            for (size_t j = 0; j < n; ++j) {
+              if (taken[j]) continue;
+              float* to = g + slot[row_ids[at[j]]] * l;
+              const float* v = rows.data() + at[j] * l;
+              for (uint64_t i = 0; i < l; ++i) to[i] += v[i];
+            }
+          }
+          values = gathered.floats();
+        }
+        body.data.push_back(
+            Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
+        d->set_num_bytes(ids.size() * sizeof(uint64_t));
         // Each row's residual: what earlier pushes of it have not sent yet.
-        std::vector<float> residual(values.size());
+        Buffer residual = Buffer::Allocate(count * sizeof(float));
+        float* r = residual.mutable_floats();
         {
           absl::MutexLock lock(&mu_);
           KeyInfo& info = keys_[key];
-          for (size_t k = 0; k < ids.size(); ++k) {
+          for (size_t k = 0; k < m; ++k) {
             auto [it, added] =
                 info.row_slot.try_emplace(ids[k], info.row_slot.size());
             if (added) info.row_residual.resize(info.row_slot.size() * l, 0.0f);
-            std::memcpy(residual.data() + k * l,
-                        info.row_residual.data() + it->second * l,
+            std::memcpy(r + k * l, info.row_residual.data() + it->second * l,
                         l * sizeof(float));
           }
         }
         trace::Span span("kv", "compress");
         span.Arg("key", static_cast<int64_t>(key));
-        span.Arg("values", static_cast<int64_t>(values.size()));
+        span.Arg("values", static_cast<int64_t>(count));
         Buffer packed =
-            Buffer::Allocate(compression::TwoBitCompressedBytes(values.size()));
+            Buffer::Allocate(compression::TwoBitCompressedBytes(count));
         TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(
-            values.data(), residual.data(), values.size(), threshold,
-            packed.mutable_data()));
+            values, r, count, threshold, packed.mutable_data()));
         {
           absl::MutexLock lock(&mu_);
           KeyInfo& info = keys_[key];
-          for (size_t k = 0; k < ids.size(); ++k) {
+          for (size_t k = 0; k < m; ++k) {
             std::memcpy(info.row_residual.data() + info.row_slot[ids[k]] * l,
-                        residual.data() + k * l, l * sizeof(float));
+                        r + k * l, l * sizeof(float));
           }
         }
-        AddTwoBitFrame(&body, std::move(packed), values.size());
+        AddTwoBitFrame(&body, std::move(packed), count);
         return body;
       });
 }
