@@ -33,6 +33,15 @@ absl::Status CheckFrame(const wire::DataFrame& desc, size_t actual,
             TwoBitBytes(desc.num_values()), " bytes)"));
       }
       break;
+    case wire::DataFrame::BF16:
+      if (desc.num_values() > (uint64_t{1} << 61) ||
+          desc.num_bytes() != 2 * desc.num_values()) {
+        return absl::DataLossError(absl::StrCat("bfloat16 frame ", index,
+                                                " of ", actual,
+                                                " bytes cannot hold ",
+                                                desc.num_values(), " values"));
+      }
+      break;
     case wire::DataFrame::RAW:
       break;
     default:
@@ -48,6 +57,14 @@ void AddFloatFrame(Message* msg, Buffer values) {
   wire::DataFrame* d = msg->header.add_frames();
   d->set_encoding(wire::DataFrame::FLOAT32);
   d->set_num_values(values.size() / sizeof(float));
+  d->set_num_bytes(values.size());
+  msg->data.push_back(std::move(values));
+}
+
+void AddBf16Frame(Message* msg, Buffer values) {
+  wire::DataFrame* d = msg->header.add_frames();
+  d->set_encoding(wire::DataFrame::BF16);
+  d->set_num_values(values.size() / 2);
   d->set_num_bytes(values.size());
   msg->data.push_back(std::move(values));
 }

@@ -53,6 +53,8 @@ struct Message {
 void AddFloatFrame(Message* msg, Buffer values);
 // Appends a 2-bit frame standing for `num_values` values.
 void AddTwoBitFrame(Message* msg, Buffer packed, uint64_t num_values);
+// Appends a bfloat16 frame (2 bytes per value; compression/bf16.h).
+void AddBf16Frame(Message* msg, Buffer values);
 
 struct CodecLimits {
   size_t max_header_bytes = 1 << 20;  // 1 MiB of protobuf

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/compression/two_bit.h"
 #include "common/compression/two_bit_kernels.h"
+#include "common/status_macros.h"
+#include "server/round_kernels.h"
 
 namespace tessera {
 namespace {
@@ -41,24 +43,21 @@ void AddShifted(uint64_t* limb, uint64_t m, int shift, bool negative) {
   }
 }
 
-// sum[i] = a[i] + v[i] for i < n, the additions checked with Knuth's TwoSum:
-// false when any of them rounded or was not finite (its error term is then
-// non-zero or NaN). Written for the vectoriser.
-bool SumBlockExactly(const double* __restrict a, const float* __restrict v,
-                     double* __restrict sum, uint64_t n) {
-  uint64_t bad = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    const double x = a[i];
-    const double y = v[i];
-    const double s = x + y;
-    const double bb = s - x;
-    const double err = (x - (s - bb)) + (y - bb);
-    sum[i] = s;
-    uint64_t bits;
-    std::memcpy(&bits, &err, sizeof(bits));
-    bad |= bits << 1;  // -0 is exact too
+// The 2-bit code of each slot of a payload byte as an int32 (+1, -1, 0), in
+// element order.
+struct CodeTable {
+  int32_t code[256][4];
+  CodeTable() {
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      float v[4];
+      compression::kernels::DequantizeByte(byte, 4, 1.0f, -1.0f, v);
+      for (int k = 0; k < 4; ++k) code[byte][k] = static_cast<int32_t>(v[k]);
+    }
   }
-  return bad == 0;
+};
+const CodeTable& Codes() {
+  static const CodeTable* table = new CodeTable;
+  return *table;
 }
 
 }  // namespace
@@ -150,28 +149,89 @@ float ExactSum::Wide::Round() const {
   return negative ? -magnitude : magnitude;
 }
 
-ExactSum::ExactSum(uint64_t length)
-    : length_(length),
-      acc_(length),
-      wide_bits_((length + kBlock - 1) / kBlock, 0) {}
+ExactSum::ExactSum(uint64_t length) : length_(length) {}
+
+void ExactSum::StartDoubles() {
+  acc_.assign(length_, 0.0);
+  wide_bits_.assign((length_ + kBlock - 1) / kBlock, 0);
+  mode_ = Mode::kDoubles;
+}
+
+void ExactSum::StartCounts(float threshold) {
+  counts_.assign(length_, 0);
+  count_threshold_ = threshold;
+  mode_ = Mode::kCounts;
+}
+
+void ExactSum::CountsToDoubles() {
+  acc_.resize(length_);
+  const double t = count_threshold_;
+  const int32_t* c = counts_.data();
+  double* a = acc_.data();
+  for (uint64_t i = 0; i < length_; ++i) a[i] = static_cast<double>(c[i]) * t;
+  wide_bits_.assign((length_ + kBlock - 1) / kBlock, 0);
+  mode_ = Mode::kDoubles;
+}
 
 void ExactSum::Grow(uint64_t length) {
-  if (empty_) {
-    acc_.assign(length, 0.0);
-    empty_ = false;
-  } else {
-    acc_.resize(length, 0.0);
-  }
   length_ = length;
-  wide_bits_.resize((length + kBlock - 1) / kBlock, 0);
+  if (mode_ == Mode::kDoubles) {
+    acc_.resize(length, 0.0);
+    wide_bits_.resize((length + kBlock - 1) / kBlock, 0);
+  } else if (mode_ == Mode::kCounts) {
+    counts_.resize(length, 0);
+  }
 }
 
 void ExactSum::AddAt(uint64_t begin, const float* values, uint64_t count) {
+  if (mode_ == Mode::kEmpty) StartDoubles();
+  if (mode_ == Mode::kCounts) CountsToDoubles();
   const uint64_t end = begin + count;
   for (uint64_t at = begin; at < end;) {
     const uint64_t block_end = std::min(end, (at / kBlock + 1) * kBlock);
     AddRange(at, block_end, values + (at - begin));
     at = block_end;
+  }
+}
+
+void ExactSum::AddCodes(uint64_t begin, const uint8_t* in, uint64_t first,
+                        uint64_t count) {
+  constexpr uint64_t kWord = compression::kTwoBitElementsPerWord;
+  const CodeTable& table = Codes();
+  int32_t* c = counts_.data() + begin;
+  uint64_t j = 0;
+  // Values before the first whole payload word, one at a time.
+  for (; j < count && (first + j) % kWord != 0; ++j) {
+    const uint64_t v = first + j;
+    c[j] += table.code[in[v / 4]][v % 4];
+  }
+  // Whole words: sixteen counts each.
+  const uint64_t words = (count - j) / kWord;
+  round_kernels::AddCodeWords(c + j, in + (first + j) / 4, words);
+  for (j += kWord * words; j < count; ++j) {
+    const uint64_t v = first + j;
+    c[j] += table.code[in[v / 4]][v % 4];
+  }
+}
+
+void ExactSum::AddTwoBitAt(uint64_t begin, const uint8_t* in, uint64_t first,
+                           uint64_t count, float threshold) {
+  if (mode_ == Mode::kEmpty) StartCounts(threshold);
+  if (mode_ == Mode::kCounts && threshold == count_threshold_) {
+    AddCodes(begin, in, first, count);
+    return;
+  }
+  if (mode_ == Mode::kCounts) CountsToDoubles();
+  // Another threshold: decoded a block at a time and added as floats.
+  const CodeTable& table = Codes();
+  float decoded[kBlock];
+  for (uint64_t at = 0; at < count; at += kBlock) {
+    const uint64_t n = std::min<uint64_t>(kBlock, count - at);
+    for (uint64_t j = 0; j < n; ++j) {
+      const uint64_t v = first + at + j;
+      decoded[j] = static_cast<float>(table.code[in[v / 4]][v % 4]) * threshold;
+    }
+    AddAt(begin + at, decoded, n);
   }
 }
 
@@ -185,9 +245,12 @@ void ExactSum::AddSlow(uint64_t i, float v) {
 }
 
 void ExactSum::AddFloats(const float* v) {
-  double* a = acc_.data();
-  if (empty_) {
-    empty_ = false;
+  if (mode_ == Mode::kCounts) CountsToDoubles();
+  if (mode_ == Mode::kEmpty) {
+    acc_.resize(length_);
+    wide_bits_.assign((length_ + kBlock - 1) / kBlock, 0);
+    mode_ = Mode::kDoubles;
+    double* a = acc_.data();
     for (uint64_t i = 0; i < length_; ++i) {
       if (std::isfinite(v[i])) {
         a[i] = v[i];
@@ -205,11 +268,14 @@ void ExactSum::AddFloats(const float* v) {
 void ExactSum::AddRange(uint64_t begin, uint64_t end, const float* v) {
   double* a = acc_.data();
   if (wide_bits_[begin / kBlock] == 0) {
-    double sum[kBlock];
-    if (SumBlockExactly(a + begin, v, sum, end - begin)) {
-      std::memcpy(a + begin, sum, (end - begin) * sizeof(double));
-      return;
+    uint8_t rounded[kBlock];
+    if (!round_kernels::AddExactly(a + begin, v, rounded, end - begin)) return;
+    // The additions that would have rounded were not made: those elements
+    // move to their exact accumulators.
+    for (uint64_t i = begin; i < end; ++i) {
+      if (rounded[i - begin]) AddSlow(i, v[i - begin]);
     }
+    return;
   }
   for (uint64_t i = begin; i < end; ++i) {
     const float y = v[i - begin];
@@ -231,67 +297,46 @@ void ExactSum::AddRange(uint64_t begin, uint64_t end, const float* v) {
 
 absl::Status ExactSum::AddTwoBit(const uint8_t* in, size_t in_bytes,
                                  float threshold) {
-  namespace k = compression::kernels;
-  if (!(threshold > 0 && std::isfinite(threshold))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "2-bit threshold ", threshold, ": expected a number > 0"));
-  }
-  if (in_bytes != compression::TwoBitCompressedBytes(length_)) {
-    return absl::DataLossError(absl::StrCat(
-        "2-bit payload of ", in_bytes, " bytes for ", length_,
-        " values; expected ", compression::TwoBitCompressedBytes(length_)));
-  }
-  for (size_t b = 0; b < in_bytes; ++b) {
-    const uint32_t bad = k::CheckByte(in[b], k::ElementsInByte(b, length_));
-    if (bad != 0) {
-      return absl::DataLossError(absl::StrCat(
-          "2-bit payload byte ", b,
-          (bad & k::kBadCodeFlag) ? " holds the code 0b01"
-                                  : " sets a bit past the last value"));
-    }
-  }
-  // Decoded a block at a time into floats (four per payload byte, from a
-  // table), then added as any push.
-  float table[256][4];
-  for (uint32_t byte = 0; byte < 256; ++byte)
-    k::DequantizeByte(byte, 4, threshold, -threshold, table[byte]);
-  float decoded[kBlock];
-  for (uint64_t begin = 0; begin < length_; begin += kBlock) {
-    const uint64_t end = std::min(begin + kBlock, length_);
-    const uint64_t bytes = (end - begin + 3) / 4;
-    for (uint64_t b = 0; b < bytes; ++b)
-      std::memcpy(decoded + 4 * b, table[in[begin / 4 + b]], 4 * sizeof(float));
-    if (empty_) {
-      double* a = acc_.data();
-      for (uint64_t i = begin; i < end; ++i) a[i] = decoded[i - begin];
-      if (end == length_) empty_ = false;
-      continue;
-    }
-    AddRange(begin, end, decoded);
-  }
+  TESSERA_RETURN_IF_ERROR(
+      compression::TwoBitValidate(in, in_bytes, length_, threshold));
+  AddTwoBitAt(0, in, 0, length_, threshold);
   return absl::OkStatus();
 }
 
 const float* ExactSum::Finish() {
-  unsigned char* bytes = reinterpret_cast<unsigned char*>(acc_.data());
-  for (uint64_t i = 0; i < length_; ++i) {
-    float r = 0.0f;
-    if (!empty_) {
-      if (IsWide(i)) {
-        r = wide_.at(i).Round();
+  float* out;
+  if (mode_ == Mode::kEmpty) {
+    counts_.assign(length_, 0);  // int32 0 has the bits of +0.0f
+    out = reinterpret_cast<float*>(counts_.data());
+  } else if (mode_ == Mode::kCounts) {
+    // In place: float i over count i.
+    out = reinterpret_cast<float*>(counts_.data());
+    round_kernels::CountsToFloats(counts_.data(), length_, count_threshold_,
+                                  out);
+  } else {
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(acc_.data());
+    out = reinterpret_cast<float*>(bytes);
+    float block[kBlock];
+    for (uint64_t begin = 0; begin < length_; begin += kBlock) {
+      const uint64_t n = std::min(kBlock, length_ - begin);
+      const double* a = acc_.data() + begin;
+      if (wide_bits_[begin / kBlock] == 0) {
+        for (uint64_t j = 0; j < n; ++j) block[j] = static_cast<float>(a[j]);
       } else {
-        double d;
-        std::memcpy(&d, bytes + i * sizeof(double), sizeof(d));
-        r = static_cast<float>(d);
+        for (uint64_t j = 0; j < n; ++j) {
+          block[j] = IsWide(begin + j) ? wide_.at(begin + j).Round()
+                                       : static_cast<float>(a[j]);
+        }
       }
+      // Front to back: block b's floats land on bytes blocks before it (or
+      // itself, read above) held.
+      std::memcpy(bytes + begin * sizeof(float), block, n * sizeof(float));
     }
-    // Front to back: float i lands on bytes the doubles before i held.
-    std::memcpy(bytes + i * sizeof(float), &r, sizeof(r));
+    wide_.clear();
+    std::fill(wide_bits_.begin(), wide_bits_.end(), 0);
   }
-  wide_.clear();
-  std::fill(wide_bits_.begin(), wide_bits_.end(), 0);
-  empty_ = true;
-  return reinterpret_cast<const float*>(bytes);
+  mode_ = Mode::kEmpty;
+  return out;
 }
 
 }  // namespace tessera

@@ -16,14 +16,21 @@
 // then on, to an exact 320-bit fixed-point accumulator (LSB 2^-149, the
 // smallest float32) kept aside for it. Both hold the exact sum, so the final
 // rounding gives the correctly rounded result either way, and which of the two
-// an element used (which can depend on order) cannot show in it. Elements fed
-// only 2-bit pushes (multiples of one threshold) never leave the double.
+// an element used (which can depend on order) cannot show in it.
+//
+// 2-bit pushes are counted, not added: every value of a payload with threshold
+// t is +t, -t or 0, so while a sum has had only 2-bit pushes of one threshold
+// each element's exact sum is c x t for an integer c, kept as an int32 (4
+// bytes per element, half the double), and Finish rounds c x t once (exact in
+// a double: |c| < 2^31, t has 24 bits). A float push or another threshold
+// turns the counts into doubles, exactly, and the sum goes on as above.
 // Special values: a NaN among the inputs, or both infinities, make the element
 // NaN (one quiet NaN); one infinity wins over finite values. An element whose
 // exact sum is zero is +0 unless every input was -0.
 //
-// Memory: 8 bytes per element, plus about 64 bytes per element that left the
-// double (none for gradients whose workers agree within a factor of 5e8).
+// Memory: 4 bytes per element while counting, 8 once doubles are used, plus
+// about 64 bytes per element that left the double (none for gradients whose
+// workers agree within a factor of 5e8).
 //
 // Thread-safety: none; one thread at a time.
 #ifndef TESSERA_SERVER_EXACT_SUM_H_
@@ -48,12 +55,16 @@ class ExactSum {
   uint64_t length() const { return length_; }
 
   // Sparse use (the rows of a row-sparse key): grows the sum to `length`
-  // values, the new ones zero, and makes an empty sum start from zeros.
-  // REQUIRES: length >= length().
+  // values, the new ones zero. REQUIRES: length >= length().
   void Grow(uint64_t length);
   // Adds count values to elements [begin, begin + count). REQUIRES: a Grow
   // since the last Finish covered them.
   void AddAt(uint64_t begin, const float* values, uint64_t count);
+  // Adds values [first, first + count) of a 2-bit payload (`in`, threshold
+  // `threshold`) to elements [begin, begin + count). REQUIRES: the payload
+  // was validated (compression::TwoBitValidate) and threshold > 0, finite.
+  void AddTwoBitAt(uint64_t begin, const uint8_t* in, uint64_t first,
+                   uint64_t count, float threshold);
 
   // Adds `values` (length floats).
   void AddFloats(const float* values);
@@ -64,13 +75,19 @@ class ExactSum {
   absl::Status AddTwoBit(const uint8_t* in, size_t in_bytes, float threshold);
 
   // The sums, correctly rounded to float32, written over the accumulator's
-  // own memory: valid until the next Add. A new, empty sum starts.
+  // own memory: valid until the next Add. A new, empty sum starts (zeros
+  // when nothing was added).
   const float* Finish();
 
   // Elements that left the double in the current sum (for tests and logs).
   size_t wide_elements() const { return wide_.size(); }
-  // Bytes held (the doubles; the exact accumulators aside).
-  uint64_t bytes() const { return acc_.capacity() * sizeof(double); }
+  // Whether the current sum is still counting 2-bit codes (tests).
+  bool counting() const { return mode_ == Mode::kCounts; }
+  // Bytes held (doubles and counts; the exact accumulators aside).
+  uint64_t bytes() const {
+    return acc_.capacity() * sizeof(double) +
+           counts_.capacity() * sizeof(int32_t);
+  }
 
   // An exact accumulator for one element: two's complement fixed point with
   // its least significant bit worth 2^-149, wide enough for 2^40 float32
@@ -87,6 +104,18 @@ class ExactSum {
   };
 
  private:
+  enum class Mode {
+    kEmpty,   // nothing added since the last Finish
+    kCounts,  // counts_ x count_threshold_ (2-bit pushes of one threshold)
+    kDoubles  // acc_, and wide_ for the elements that left it
+  };
+  void StartDoubles();
+  void StartCounts(float threshold);
+  // Turns the counts into doubles, exactly.
+  void CountsToDoubles();
+  // counts_[begin + j] += code of payload value first + j, j < count.
+  void AddCodes(uint64_t begin, const uint8_t* in, uint64_t first,
+                uint64_t count);
   // Element i's next addition does not fit the double: it moves to wide_.
   void AddSlow(uint64_t i, float v);
   // Adds v[0..end-begin) to elements [begin, end) of one block.
@@ -96,8 +125,10 @@ class ExactSum {
   }
 
   uint64_t length_;
+  Mode mode_ = Mode::kEmpty;
   std::vector<double> acc_;  // doubles, or (after Finish) floats
-  bool empty_ = true;               // the next add assigns
+  std::vector<int32_t> counts_;  // counts, or (after Finish) floats
+  float count_threshold_ = 0;
   std::vector<uint64_t> wide_bits_;  // element i has left the double
   absl::flat_hash_map<uint64_t, Wide> wide_;
 };

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/compression/two_bit.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 
@@ -133,6 +134,43 @@ void RowRound::Add(int rank, std::vector<uint64_t> rows, Buffer values,
   contributed_[rank] = true;
   requests_.push_back(request);
   ++count_;
+}
+
+absl::Status RowRound::AddTwoBit(int rank, std::vector<uint64_t> rows,
+                                 const Buffer& packed, float threshold,
+                                 const wire::Header& request) {
+  const uint64_t l = row_length_;
+  const uint64_t values = rows.size() * l;
+  bool increasing = contributed_.size() == 1 && !rows.empty();
+  for (size_t k = 1; increasing && k < rows.size(); ++k)
+    increasing = rows[k - 1] < rows[k];
+  if (increasing || mode_ == SyncRound::Mode::kArrival) {
+    // Decoded: one worker's push is the sum; the arrival mode adds floats.
+    Buffer decoded = Buffer::Allocate(values * sizeof(float));
+    TESSERA_RETURN_IF_ERROR(compression::TwoBitDequantize(
+        packed.data(), packed.size(), values, threshold,
+        decoded.mutable_floats()));
+    if (increasing) {
+      Add(rank, std::move(rows), std::move(decoded), request);
+    } else {
+      Add(rank, rows.data(), rows.size(), decoded.floats(), request);
+    }
+    return absl::OkStatus();
+  }
+  TESSERA_RETURN_IF_ERROR(compression::TwoBitValidate(
+      packed.data(), packed.size(), values, threshold));
+  for (size_t k = 0; k < rows.size(); ++k) {
+    auto [it, added] = slot_.try_emplace(rows[k], rows_.size());
+    if (added) {
+      rows_.push_back(rows[k]);
+      exact_.Grow(rows_.size() * l);
+    }
+    exact_.AddTwoBitAt(it->second * l, packed.data(), k * l, l, threshold);
+  }
+  contributed_[rank] = true;
+  requests_.push_back(request);
+  ++count_;
+  return absl::OkStatus();
 }
 
 void RowRound::ReplaceRequest(int sender, const wire::Header& request) {

@@ -122,6 +122,13 @@ class RowRound {
   // row_length floats.
   void Add(int rank, std::vector<uint64_t> rows, Buffer values,
            const wire::Header& request);
+  // Adds `rank`'s 2-bit push of rows.size() rows: `packed` codes their
+  // values one row after another (MXNet's format, `threshold`), counted
+  // straight into the sum (ExactSum::AddTwoBitAt) without decoding them to
+  // floats first. DataLoss (nothing added) when the payload does not decode.
+  absl::Status AddTwoBit(int rank, std::vector<uint64_t> rows,
+                         const Buffer& packed, float threshold,
+                         const wire::Header& request);
   void ReplaceRequest(int sender, const wire::Header& request);
   int count() const { return count_; }
   bool complete() const {

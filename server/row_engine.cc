@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/compression/bf16.h"
 #include "common/compression/two_bit.h"
 #include "server/key_store.h"
 #include "server/slice_engine.h"
@@ -24,10 +25,20 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(request);
     if (!rows.ok()) return rows.status();
     const uint64_t l = key_.row_length;
+    const float* w = key_.weights.floats();
+    if (request.header.pull_compressed()) {
+      // bfloat16 rows: half the bytes, each value rounded to nearest even.
+      Buffer out = Buffer::Allocate(rows->size() * l * sizeof(uint16_t));
+      uint16_t* h = reinterpret_cast<uint16_t*>(out.mutable_data());
+      for (size_t i = 0; i < rows->size(); ++i)
+        compression::FloatsToBf16(w + (*rows)[i] * l, l, h + i * l);
+      AddBf16Frame(reply, std::move(out));
+      return absl::OkStatus();
+    }
     Buffer out = Buffer::Allocate(rows->size() * l * sizeof(float));
     for (size_t i = 0; i < rows->size(); ++i) {
-      std::memcpy(out.mutable_floats() + i * l,
-                  key_.weights.floats() + (*rows)[i] * l, l * sizeof(float));
+      std::memcpy(out.mutable_floats() + i * l, w + (*rows)[i] * l,
+                  l * sizeof(float));
     }
     AddFloatFrame(reply, std::move(out));  // zero rows: an empty frame
     return absl::OkStatus();
@@ -47,13 +58,31 @@ class RowEngine : public RoundSliceEngine<RowRound> {
           absl::StrCat("row push of key ", key_.key, ": ", rows->size(),
                        " row ids need ", values, " values of ", l, " per row"));
     }
+    const bool two_bit = desc->encoding() == wire::DataFrame::TWO_BIT &&
+                         settings.compression == "2bit";
+    if (desc->encoding() != wire::DataFrame::FLOAT32 && !two_bit) {
+      return absl::InvalidArgumentError(
+          "row push payload must be float32, or 2-bit with gradient "
+          "compression set");
+    }
+    if (key_.sync) {
+      const int rank = RankOfId(msg.header.sender());
+      if (two_bit) {
+        // Counted straight into the round's sum.
+        absl::Status ok = round_.AddTwoBit(rank, *std::move(rows), msg.data[1],
+                                           settings.threshold, msg.header);
+        if (!ok.ok()) {
+          ctx.CountMalformed();
+          return ok;
+        }
+      } else {
+        round_.Add(rank, *std::move(rows), msg.data[1], msg.header);
+      }
+      return round_.complete() ? Pushed::kRoundComplete : Pushed::kAdded;
+    }
     Buffer decoded;
-    const float* grad = nullptr;
-    if (desc->encoding() == wire::DataFrame::FLOAT32) {
-      decoded = msg.data[1];
-      grad = decoded.floats();
-    } else if (desc->encoding() == wire::DataFrame::TWO_BIT &&
-               settings.compression == "2bit") {
+    const float* grad = msg.data[1].floats();
+    if (two_bit) {
       decoded = Buffer::Allocate(values * sizeof(float));
       absl::Status ok = compression::TwoBitDequantize(
           msg.data[1].data(), msg.data[1].size(), values, settings.threshold,
@@ -63,15 +92,6 @@ class RowEngine : public RoundSliceEngine<RowRound> {
         return ok;
       }
       grad = decoded.floats();
-    } else {
-      return absl::InvalidArgumentError(
-          "row push payload must be float32, or 2-bit with gradient "
-          "compression set");
-    }
-    if (key_.sync) {
-      round_.Add(RankOfId(msg.header.sender()), *std::move(rows),
-                 std::move(decoded), msg.header);
-      return round_.complete() ? Pushed::kRoundComplete : Pushed::kAdded;
     }
     if (settings.optimizer == nullptr) {
       return absl::FailedPreconditionError(

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/compression/simd.h"
 #include "common/compression/two_bit_kernels.h"
 #include "common/compression/two_bit_testing.h"
 
@@ -303,6 +304,14 @@ void ForceBaselineSimdForTesting(bool force) {
   force_baseline_simd.store(force, std::memory_order_relaxed);
 #else
   (void)force;
+#endif
+}
+
+bool UseAvx2Loops() {
+#if defined(TESSERA_TWO_BIT_AVX2)
+  return HaveAvx2();
+#else
+  return false;
 #endif
 }
 

@@ -34,8 +34,8 @@ def expected_bytes(mode, fraction):
         return k * (8 + 4 * D) + 4 * dense, 4 * k * D + 4 * dense, 4 * k * D + 4 * dense
     # rows2bit: ids, rows at 2 bits per value (every part's length is a
     # multiple of 16 here, so no padding), dense layers 2-bit both ways (one
-    # version per step), pulled rows float32.
-    return 8 * k + k * D // 4 + dense // 4, 4 * k * D + dense // 4, 4 * k * D + 4 * dense
+    # version per step), pulled rows bfloat16 (2 bytes a value).
+    return 8 * k + k * D // 4 + dense // 4, 2 * k * D + dense // 4, 4 * k * D + 4 * dense
 
 
 class SeedStepSmokeTest(unittest.TestCase):

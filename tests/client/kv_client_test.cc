@@ -991,6 +991,57 @@ TEST(KVClientTest, RowSparseErrorsNameTheKeyAndIdAndApplyNothing) {
   EXPECT_TRUE(cluster.JoinScheduler().ok());
 }
 
+// With pull compression, row pulls travel as bfloat16 (2 bytes a value, no
+// state): each value arrives rounded to the nearest bfloat16, ties to even,
+// from rows spread over two servers, and a row pull's bytes are half the
+// float32 ones.
+TEST(KVClientTest, RowPullsUnderPullCompressionComeAsBfloat16) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/2, /*workers=*/2);
+  InProcessCluster cluster(net, options);
+  // Per row: 1 + 2^-8 (a tie: to 1, the even one), 1 + 3 x 2^-9 (up to
+  // 1 + 2^-7), -3.3 (to -3.296875), 1e-40 (subnormal: to 9.99e-41's bf16).
+  const std::vector<float> values = {1.0f + 0.00390625f, 1.0f + 0.005859375f,
+                                     -3.3f, 1e-40f};
+  std::vector<float> want(values.size());
+  for (size_t j = 0; j < values.size(); ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[j], 4);
+    const uint32_t lsb = (bits >> 16) & 1;
+    bits = ((bits + 0x7fff + lsb) >> 16) << 16;
+    std::memcpy(&want[j], &bits, 4);
+  }
+  EXPECT_EQ(want[0], 1.0f);
+  EXPECT_EQ(want[1], 1.0078125f);
+  EXPECT_EQ(want[2], -3.296875f);
+  std::vector<std::vector<float>> got(2);
+  std::vector<uint64_t> pulled_bytes(2);
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(kv.SetPullCompression("2bit"));
+        std::vector<float> init(kRows * kRowLen);
+        for (uint64_t r = 0; r < kRows; ++r)
+          for (uint64_t j = 0; j < kRowLen; ++j) init[r * kRowLen + j] = values[j];
+        TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, init.data(), kRows, kRowLen));
+        const uint64_t before = kv.stats().bytes_pulled;
+        std::vector<float> out(3 * kRowLen);
+        TESSERA_RETURN_IF_ERROR(
+            kv.PullRows(kRowKey, {299, 0, 150}, absl::MakeSpan(out)));
+        got[kv.rank()] = out;
+        pulled_bytes[kv.rank()] = kv.stats().bytes_pulled - before;
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  for (int r = 0; r < 2; ++r) {
+    for (size_t k = 0; k < 3; ++k) {
+      for (size_t j = 0; j < kRowLen; ++j)
+        EXPECT_EQ(got[r][k * kRowLen + j], want[j]) << r << " " << k << " " << j;
+    }
+    EXPECT_EQ(pulled_bytes[r], 3 * kRowLen * 2) << r;
+  }
+}
+
 TEST(KVClientTest, RowSparseTwoBitPushesKeepErrorFeedbackPerRow) {
   MemoryNetwork net;
   const Options options = JobOptions(/*servers=*/1, /*workers=*/1);

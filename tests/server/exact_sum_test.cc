@@ -207,6 +207,101 @@ TEST(ExactSumTest, TwoBitPushesDecodeStraightInAndBadOnesAddNothing) {
   for (size_t i = 0; i < kLength; ++i) EXPECT_EQ(Bits(a[i]), Bits(b[i])) << i;
 }
 
+// A random 2-bit payload of n values (codes +, -, 0; never 0b01) and what it
+// decodes to with threshold t.
+std::vector<uint8_t> RandomPayload(size_t n, float t, std::mt19937_64* rng,
+                                   std::vector<float>* decoded) {
+  std::vector<float> g(n), residual(n, 0.0f);
+  std::uniform_real_distribution<float> grad(-3.0f * t, 3.0f * t);
+  for (float& v : g) v = grad(*rng);
+  std::vector<uint8_t> wire(compression::TwoBitCompressedBytes(n));
+  EXPECT_TRUE(compression::TwoBitQuantize(g.data(), residual.data(), n, t,
+                                          wire.data())
+                  .ok());
+  decoded->resize(n);
+  EXPECT_TRUE(compression::TwoBitDequantize(wire.data(), wire.size(), n, t,
+                                            decoded->data())
+                  .ok());
+  return wire;
+}
+
+// 2-bit pushes of one threshold are counted (4 bytes an element) and each
+// element rounded once at the end: the bits MPFR gives for the exact sum of
+// the decoded values, also where c x t is not a float (t = 0.1f, 300 pushes)
+// and where a float32 running sum would have rounded on the way.
+TEST(ExactSumTest, TwoBitPushesOfOneThresholdAreCountedAndRoundedOnce) {
+  constexpr size_t kLength = 1003;  // a partial last byte and word
+  std::mt19937_64 rng(11);
+  for (const float t : {0.1f, 0.5f, 3.0e-7f}) {
+    ExactSum sum(kLength);
+    std::vector<std::vector<float>> decoded(300);
+    for (auto& d : decoded) {
+      const std::vector<uint8_t> wire = RandomPayload(kLength, t, &rng, &d);
+      ASSERT_TRUE(sum.AddTwoBit(wire.data(), wire.size(), t).ok());
+      EXPECT_TRUE(sum.counting());
+    }
+    EXPECT_GT(sum.bytes(), 0u);
+    const float* out = sum.Finish();
+    std::vector<float> column;
+    for (size_t i = 0; i < kLength; ++i)
+      ASSERT_EQ(Bits(out[i]), Bits(Column(decoded, i, &column))) << t << " " << i;
+    EXPECT_FALSE(sum.counting());
+  }
+}
+
+// A float push, or a 2-bit push of another threshold, turns the counts into
+// doubles exactly; the sum stays the exact one in any order.
+TEST(ExactSumTest, MixedPushesLeaveTheCountsExactly) {
+  constexpr size_t kLength = 77;
+  std::mt19937_64 rng(5);
+  std::vector<std::vector<float>> decoded(4);
+  const std::vector<uint8_t> a = RandomPayload(kLength, 0.25f, &rng, &decoded[0]);
+  const std::vector<uint8_t> b = RandomPayload(kLength, 0.25f, &rng, &decoded[1]);
+  const std::vector<uint8_t> c = RandomPayload(kLength, 0.3f, &rng, &decoded[2]);
+  decoded[3].resize(kLength);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  for (float& v : decoded[3]) v = u(rng);
+  std::vector<size_t> order = {0, 1, 2, 3};
+  std::vector<uint32_t> first;
+  do {
+    ExactSum sum(kLength);
+    for (size_t k : order) {
+      if (k == 3) {
+        sum.AddFloats(decoded[3].data());
+      } else {
+        const std::vector<uint8_t>& w = k == 0 ? a : (k == 1 ? b : c);
+        ASSERT_TRUE(sum.AddTwoBit(w.data(), w.size(), k == 2 ? 0.3f : 0.25f).ok());
+      }
+    }
+    const float* out = sum.Finish();
+    std::vector<float> column;
+    for (size_t i = 0; i < kLength; ++i)
+      ASSERT_EQ(Bits(out[i]), Bits(Column(decoded, i, &column))) << i;
+  } while (std::next_permutation(order.begin(), order.end()));
+}
+
+// Rows: values [first, first + count) of a payload, counted into elements
+// [begin, begin + count), also where neither starts on a payload byte.
+TEST(ExactSumTest, TwoBitValuesAddAtAnyPlace) {
+  std::mt19937_64 rng(8);
+  std::vector<float> d;
+  const std::vector<uint8_t> wire = RandomPayload(40, 0.5f, &rng, &d);
+  ExactSum sum(0);
+  sum.Grow(30);
+  sum.AddTwoBitAt(3, wire.data(), 5, 11, 0.5f);   // unaligned both ways
+  sum.AddTwoBitAt(16, wire.data(), 20, 14, 0.5f);  // whole bytes, a tail
+  sum.AddTwoBitAt(3, wire.data(), 5, 2, 0.5f);    // again, the first two
+  const float* out = sum.Finish();
+  std::vector<float> want(30, 0.0f);
+  for (int j = 0; j < 11; ++j) want[3 + j] += d[5 + j];
+  for (int j = 0; j < 14; ++j) want[16 + j] += d[20 + j];
+  for (int j = 0; j < 2; ++j) want[3 + j] += d[5 + j];
+  for (size_t i = 0; i < 30; ++i) EXPECT_EQ(out[i], want[i]) << i;
+  // Nothing added: zeros.
+  const float* none = sum.Finish();
+  for (size_t i = 0; i < 30; ++i) EXPECT_EQ(Bits(none[i]), 0u) << i;
+}
+
 TEST(ExactSumTest, ASumStartsAfterFinish) {
   ExactSum sum(3);
   const float a[] = {1, 2, 3}, b[] = {10, 20, 30};

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/buffer.h"
+#include "common/compression/two_bit.h"
 #include "gtest/gtest.h"
 #include "proto/tessera.pb.h"
 #include "server/round_engine.h"
@@ -90,6 +91,47 @@ TEST_P(RowRoundTest, OneWorkersIncreasingPushIsTheSumWithoutACopy) {
   for (uint64_t j = 0; j < kRowLength; ++j) {
     EXPECT_EQ(summed.values[0 * kRowLength + j], (10.0f + j) + (30.0f + j));
     EXPECT_EQ(summed.values[1 * kRowLength + j], 20.0f + j);
+  }
+}
+
+// 2-bit row pushes: counted into the sum (exact mode) or decoded and added
+// (arrival mode); either way the sum of each row is that of the decoded
+// values, rows in first-push order, and a payload that does not decode adds
+// nothing and counts for no one.
+TEST_P(RowRoundTest, TwoBitRowPushesSumTheirDecodedValues) {
+  RowRound round(/*num_workers=*/2, kRowLength, GetParam());
+  const wire::Header request;
+  const float t = 0.5f;
+  auto code = [&](const std::vector<float>& g, std::vector<float>* decoded) {
+    std::vector<float> residual(g.size(), 0.0f);
+    Buffer wire = Buffer::Allocate(compression::TwoBitCompressedBytes(g.size()));
+    EXPECT_TRUE(compression::TwoBitQuantize(g.data(), residual.data(), g.size(),
+                                            t, wire.mutable_data())
+                    .ok());
+    decoded->resize(g.size());
+    EXPECT_TRUE(compression::TwoBitDequantize(wire.data(), wire.size(),
+                                              g.size(), t, decoded->data())
+                    .ok());
+    return wire;
+  };
+  std::vector<float> da, db;
+  const Buffer a = code({1, -1, 0, 2, /**/ -3, 0.1f, 0.7f, -0.6f}, &da);
+  const Buffer b = code({0.6f, 0.6f, -0.6f, 0, /**/ 9, 9, 9, 9, /**/ 1, 1, 1, 1},
+                        &db);
+  Buffer bad = Buffer::CopyOf(a.data(), a.size());
+  bad.mutable_data()[0] = 0x40;  // a 0b01 code
+  EXPECT_EQ(round.AddTwoBit(0, {5, 8}, bad, t, request).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(round.Contributed(0));
+  ASSERT_TRUE(round.AddTwoBit(0, {5, 8}, a, t, request).ok());
+  ASSERT_TRUE(round.AddTwoBit(1, {8, 2, 5}, b, t, request).ok());
+  ASSERT_TRUE(round.complete());
+  RowRound::Sum sum = round.Finish();
+  EXPECT_EQ(sum.rows, (std::vector<uint64_t>{5, 8, 2}));
+  for (uint64_t j = 0; j < kRowLength; ++j) {
+    EXPECT_EQ(sum.values[0 * kRowLength + j], da[j] + db[8 + j]) << j;
+    EXPECT_EQ(sum.values[1 * kRowLength + j], da[4 + j] + db[j]) << j;
+    EXPECT_EQ(sum.values[2 * kRowLength + j], db[4 + j]) << j;
   }
 }
 

@@ -13,8 +13,9 @@
 //             float32
 //   rows2bit  as rows, with 2-bit gradient compression of every push
 //             (SetGradientCompression("2bit", threshold)) and compressed
-//             pulls of the dense keys (SetPullCompression("2bit")); row pulls
-//             travel float32 (docs/compression.md says why)
+//             pulls (SetPullCompression("2bit")): the dense keys' pulls
+//             bring 2-bit changes, the embedding's row pulls bfloat16 rows
+//             (docs/compression.md says why not 2-bit)
 //
 // A batch touches exactly round(fraction * E) distinct rows, drawn by rank
 // from a Zipf law P(rank r) ~ 1 / r^s (--zipf=s) until that many distinct

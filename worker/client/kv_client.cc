@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/compression/bf16.h"
 #include "common/compression/two_bit.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -534,8 +535,7 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
           for (size_t k = 0; k < m; ++k) {
             auto [it, added] =
                 info.row_slot.try_emplace(ids[k], info.row_slot.size());
-            if (added) info.row_residual.resize(info.row_slot.size() * l, 0.0f);
-            std::memcpy(r + k * l, info.row_residual.data() + it->second * l,
+            std::memcpy(r + k * l, info.RowResidual(it->second, l),
                         l * sizeof(float));
           }
         }
@@ -550,8 +550,8 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
           absl::MutexLock lock(&mu_);
           KeyInfo& info = keys_[key];
           for (size_t k = 0; k < m; ++k) {
-            std::memcpy(info.row_residual.data() + info.row_slot[ids[k]] * l,
-                        r + k * l, l * sizeof(float));
+            std::memcpy(info.RowResidual(info.row_slot[ids[k]], l), r + k * l,
+                        l * sizeof(float));
           }
         }
         AddTwoBitFrame(&body, std::move(packed), count);
@@ -571,12 +571,14 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
   }
   std::vector<KeyPart> parts;
   uint64_t total = 0, pushed = 0;
+  bool bf16 = false;
   {
     absl::MutexLock lock(&mu_);
     TESSERA_RETURN_IF_ERROR(keys_.at(key).out_of_step);
     parts = keys_.at(key).parts;
     total = keys_.at(key).length / l;
     pushed = keys_.at(key).next_seq;
+    bf16 = pull_two_bit_;  // pull compression: rows come as bfloat16
     ++stats_.pulls;
   }
   const uint64_t op = tracker_->NewOp();
@@ -593,6 +595,7 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     if (ids.empty()) continue;  // a pull need not visit every server
     Message msg = SliceMessage(wire::KV_PULL, key, part, total, l);
     msg.header.set_push_seq(pushed);  // sees this worker's pushes
+    msg.header.set_pull_compressed(bf16);
     wire::DataFrame* d = msg.header.add_frames();
     d->set_encoding(wire::DataFrame::RAW);
     d->set_num_bytes(ids.size() * sizeof(uint64_t));
@@ -604,13 +607,22 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     request.length = ids.size() * l;
     request.part = {key, i, true};
     float* base = out.data();
-    request.on_reply = [base, at = std::move(at), l](const Message& reply) {
-      if (reply.data.size() != 1 ||
-          reply.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+    const auto want = bf16 ? wire::DataFrame::BF16 : wire::DataFrame::FLOAT32;
+    request.on_reply = [base, at = std::move(at), l,
+                        want](const Message& reply) {
+      if (reply.data.size() != 1 || reply.header.frames(0).encoding() != want ||
           reply.header.frames(0).num_values() != at.size() * l) {
-        return absl::DataLossError(
-            absl::StrCat("row pull reply from node ", reply.header.sender(),
-                         " does not carry ", at.size(), " rows of ", l));
+        return absl::DataLossError(absl::StrCat(
+            "row pull reply from node ", reply.header.sender(),
+            " does not carry ", at.size(), " rows of ", l,
+            want == wire::DataFrame::BF16 ? " as bfloat16" : " as float32"));
+      }
+      if (want == wire::DataFrame::BF16) {
+        const uint16_t* rows =
+            reinterpret_cast<const uint16_t*>(reply.data[0].data());
+        for (size_t k = 0; k < at.size(); ++k)
+          compression::Bf16ToFloats(rows + k * l, l, base + at[k] * l);
+        return absl::OkStatus();
       }
       const float* rows = reply.data[0].floats();
       for (size_t k = 0; k < at.size(); ++k)

@@ -133,7 +133,19 @@ class KVClient : public KVWorker {
     // Row keys with 2-bit pushes: error feedback of the rows pushed so far
     // (row -> its residual in row_residual).
     absl::flat_hash_map<uint64_t, uint64_t> row_slot;
-    std::vector<float> row_residual;
+    // Slot s's residual: row_residual[s / kRowsPerChunk], row s %
+    // kRowsPerChunk. In chunks, so that more rows never move the others (a
+    // vector's growth copied up to the whole key's worth each time).
+    static constexpr uint64_t kRowsPerChunk = 256;
+    std::vector<std::unique_ptr<float[]>> row_residual;
+    float* RowResidual(uint64_t slot, uint64_t row_length) {
+      const uint64_t chunk = slot / kRowsPerChunk;
+      while (row_residual.size() <= chunk) {
+        row_residual.push_back(
+            std::make_unique<float[]>(kRowsPerChunk * row_length));  // zeros
+      }
+      return row_residual[chunk].get() + (slot % kRowsPerChunk) * row_length;
+    }
   };
   // What InitRows and Init share: declares the key, rejoins or stores it,
   // and waits in its init barrier. `value` may be null (row keys: zeros).

@@ -1,0 +1,48 @@
+// The server's per-value loops of a round: the exact sum's additions and
+// counts (ExactSum), and the compressed pulls' change coding (PullShadow).
+// Each has a baseline loop (written for the vectoriser; SSE2 on x86-64) and,
+// on x86-64, an AVX2 loop picked at run time when the CPU has AVX2, as the
+// 2-bit codec picks its own (common/compression/two_bit.cc). The AVX2 loops do
+// the same IEEE operations in the same order, lane by lane, so both give the
+// same bits; round_kernels_test checks them against each other on every
+// target the machine has (compression::ForceBaselineSimdForTesting switches
+// these too).
+//
+// Not part of the public API.
+#ifndef TESSERA_SERVER_ROUND_KERNELS_H_
+#define TESSERA_SERVER_ROUND_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera::round_kernels {
+
+// a[i] += v[i] for i < n where the addition is exact (Knuth's TwoSum: its
+// error term is zero); elsewhere (it rounded, or an input was not finite)
+// a[i] is left as it was and rounded[i] = 1 (else 0). Returns whether any
+// was.
+bool AddExactly(double* a, const float* v, uint8_t* rounded, size_t n);
+
+// counts[j] += the code (+1 for 0b11, -1 for 0b10, 0 for 0b00) of the values
+// of `words` whole 2-bit payload words at `in` (16 values a word, MXNet's
+// layout). The payload was validated.
+void AddCodeWords(int32_t* counts, const uint8_t* in, size_t words);
+
+// out[i] = float(double(counts[i]) * t), correctly rounded once; `out` may be
+// `counts` itself (each float over its count).
+void CountsToFloats(const int32_t* counts, size_t n, float t, float* out);
+
+// mean |w[i] - s[i]| over n > 0 values: each difference in float32, its
+// magnitude added in double to one of eight partial sums (value i to sum
+// i % 8, the rest to sum 0), summed ((0+1)+(2+3))+((4+5)+(6+7)).
+double MeanAbsDifference(const float* w, const float* s, size_t n);
+
+// Codes r = w[i] - s[i] against t (+ when r >= t, - when r <= -t, else 0)
+// into out (TwoBitCompressedBytes(n) bytes, MXNet's layout, padding slots 0)
+// and adds what each code stands for (+t, -t, +0.0f) to s[i] in float32, the
+// addition a worker's TwoBitDequantizeAdd makes.
+void CodeChange(const float* w, float* s, size_t n, float t, uint8_t* out);
+
+}  // namespace tessera::round_kernels
+
+#endif  // TESSERA_SERVER_ROUND_KERNELS_H_
