@@ -17,5 +17,5 @@ cmake --build "$build" -j "$(nproc)" --target tessera-scheduler tessera-server t
 exec python3 tools/launch.py -n 2 -s 1 --launcher local \
   "$build/worker/tessera-worker" \
   --kv-store dist_sync --gc-type 2bit --gc-threshold "${GC_THRESHOLD:-1}" \
-  --lr 0.3 --momentum 0 --lr-step-epochs 12 \
+  --lr 0.3 --momentum 0 --lr-step-epochs 12 --fuse-keys on \
   --epochs "${EPOCHS:-15}" --metrics-out "$build/quickstart-metrics-{rank}.json"

@@ -113,8 +113,9 @@ TESSERA_EXPORT int tessera_kv_set_gradient_compression(TesseraKV* kv,
                                                        const char* type,
                                                        float threshold);
 /* "2bit" or "none" (the default): pulls bring the change of the weights since
- * this worker's last pull, 2-bit coded, into a copy this worker keeps (see
- * KVWorker::SetPullCompression). Before any init. */
+ * this worker's last pull, 2-bit coded, into a copy this worker keeps, and row
+ * pulls bring bfloat16 rows (see KVWorker::SetPullCompression). Before any
+ * init. */
 TESSERA_EXPORT int tessera_kv_set_pull_compression(TesseraKV* kv,
                                                    const char* type);
 

@@ -125,7 +125,9 @@ class TESSERA_EXPORT KVWorker {
   // pull of a key, and any pull after a server or this worker restarted,
   // brings the server's copy whole. A pull therefore returns the weights as
   // the compression has brought them so far, not the server's exact weights.
-  // Pushpull replies stay float32. REQUIRES: before the first Init.
+  // Pushpull replies stay float32. Row pulls (PullRows) bring bfloat16 rows
+  // instead (each value rounded to nearest, ties to even; no state on either
+  // side; docs/compression.md). REQUIRES: before the first Init.
   virtual absl::Status SetPullCompression(const std::string& type) = 0;
 
   // Declares `key` with the length of `value`. Every worker calls Init for the

@@ -448,8 +448,8 @@ class KVStore:
         weights) that the changes are added to. The first pull of a key, and a
         pull after a restart, brings the weights whole. A pull therefore returns
         the weights as compression has brought them so far, not the servers'
-        exact weights; pushpull replies and row-sparse pulls stay float32
-        (docs/compression.md). REQUIRES: before the first init. TesseraError
+        exact weights; pushpull replies stay float32 and row-sparse pulls bring
+        bfloat16 rows (rounded to nearest even; docs/compression.md). REQUIRES: before the first init. TesseraError
         (INVALID_ARGUMENT) for another type, (FAILED_PRECONDITION) after an
         init."""
         if not isinstance(compression, str):

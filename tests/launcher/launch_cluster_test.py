@@ -418,6 +418,30 @@ class LaunchClusterTest(unittest.TestCase):
             # 2-bit: pushes are 16x smaller than the pulled float32 weights.
             self.assertLess(m['bytes_pushed'] * 10, m['bytes_pulled'])
 
+    def test_fused_keys_train_to_the_same_bits_as_a_key_per_tensor(self):
+        # --fuse-keys on: one key, one push and one pull a step. The servers'
+        # sums are exact and SGD is per value, so the run is the same
+        # arithmetic as a key per tensor: the same loss and test accuracy to
+        # the last bit, with 1 round a step instead of 6.
+        results = {}
+        for fuse in ('off', 'on'):
+            metrics = os.path.join(self.tmp.name, 'fuse-%s-{rank}.json' % fuse)
+            code, out, _ = self.launch(['-n', '2', '-s', '1', TRAIN_WORKER, '--kv-store',
+                                        'dist_sync', '--gc-type', '2bit', '--gc-threshold', '1',
+                                        '--lr', '0.3', '--momentum', '0', '--epochs', '1',
+                                        '--train-subset', '3000', '--test-subset', '1000',
+                                        '--fuse-keys', fuse, '--metrics-out', metrics],
+                                       timeout=300)
+            self.assertEqual(code, 0, out)
+            with open(metrics.format(rank=0)) as f:
+                results[fuse] = json.load(f)
+        for field in ('final_loss', 'test_accuracy', 'first_loss'):
+            self.assertEqual(results['on'][field], results['off'][field], field)
+        self.assertGreater(results['on']['test_accuracy'], 0.5)
+        # The same values pushed (2-bit of the same length, one key's padding
+        # to a whole word aside) and pulled.
+        self.assertEqual(results['on']['bytes_pulled'], results['off']['bytes_pulled'])
+
 
 if __name__ == '__main__':
     unittest.main()

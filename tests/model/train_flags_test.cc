@@ -43,7 +43,16 @@ TEST(TrainFlagsTest, Defaults) {
   EXPECT_EQ(f->test_subset, 0);
   EXPECT_EQ(f->log_every, 50);
   EXPECT_EQ(f->metrics_out, "");
+  EXPECT_FALSE(f->fuse_keys);
   EXPECT_FALSE(f->help);
+}
+
+TEST(TrainFlagsTest, FuseKeysIsOnOrOff) {
+  EXPECT_TRUE(Parse({"--fuse-keys", "on"})->fuse_keys);
+  EXPECT_TRUE(Parse({"--fuse-keys=on"})->fuse_keys);
+  EXPECT_FALSE(Parse({"--fuse-keys=off"})->fuse_keys);
+  EXPECT_EQ(Error({"--fuse-keys=yes"}),
+            "--fuse-keys: expected on or off, got 'yes'");
 }
 
 TEST(TrainFlagsTest, ParsesEveryFlagInBothForms) {

@@ -11,6 +11,7 @@
 // on stderr naming the flag); 1 a failure of the cluster (the KV client's
 // error).
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -362,13 +363,34 @@ class Trainer {
   // the steps its earlier life completed.
   MaybeFailure StartFromServerWeights() {
     const std::vector<LayerParams> init = mlp_->GetParams();
-    for (int l = 0; l < mlp_->num_layers(); ++l) {
+    if (flags_.fuse_keys) {
+      // One key: every layer's W then b, in layer order.
+      fused_at_.clear();
+      std::vector<float> all;
+      for (int l = 0; l < mlp_->num_layers(); ++l) {
+        fused_at_.push_back(all.size());
+        all.insert(all.end(), init[l].w.begin(), init[l].w.end());
+        fused_at_.push_back(all.size());
+        all.insert(all.end(), init[l].b.begin(), init[l].b.end());
+      }
+      fused_at_.push_back(all.size());
+      fused_grad_.assign(all.size(), 0.0f);
+      fused_pull_.assign(all.size(), 0.0f);
+      if (absl::Status s = kv_->Init(kFusedKey, all); !s.ok())
+        return KvFailure(absl::StrCat("Init of key ", kFusedKey), s);
+      if (absl::Status s = kv_->Pull(kFusedKey, absl::MakeSpan(fused_pull_));
+          !s.ok()) {
+        return KvFailure(absl::StrCat("Pull of key ", kFusedKey), s);
+      }
+      ScatterFusedPull();
+    }
+    for (int l = 0; !flags_.fuse_keys && l < mlp_->num_layers(); ++l) {
       if (absl::Status s = kv_->Init(MlpWeightKey(l), init[l].w); !s.ok())
         return KvFailure(absl::StrCat("Init of key ", MlpWeightKey(l)), s);
       if (absl::Status s = kv_->Init(MlpBiasKey(l), init[l].b); !s.ok())
         return KvFailure(absl::StrCat("Init of key ", MlpBiasKey(l)), s);
     }
-    for (int l = 0; l < mlp_->num_layers(); ++l) {
+    for (int l = 0; !flags_.fuse_keys && l < mlp_->num_layers(); ++l) {
       if (absl::Status s = kv_->Pull(MlpWeightKey(l), mlp_->WeightStaging(l));
           !s.ok()) {
         return KvFailure(absl::StrCat("Pull of key ", MlpWeightKey(l)), s);
@@ -500,7 +522,11 @@ class Trainer {
           trace::Span span("train", "issue");
           span.Arg("layer", l);
           const Clock::time_point issue = Clock::now();
-          PushPullLayer(*kv_, *mlp_, l, &ops_, &issue_error);
+          if (flags_.fuse_keys) {
+            FuseLayerGrads(l, &issue_error);
+          } else {
+            PushPullLayer(*kv_, *mlp_, l, &ops_, &issue_error);
+          }
           step_issue_s += SecondsSince(issue);
         },
         step_start == 0 ? std::function<void()>() : [&] { phase("forward"); });
@@ -522,6 +548,7 @@ class Trainer {
     phase("comm-wait");
     if (!issue_error.ok()) return KvFailure("KV request", issue_error);
     if (!wait_error.ok()) return KvFailure("KV request", wait_error);
+    if (flags_.fuse_keys) ScatterFusedPull();
     if (absl::Status s = mlp_->CommitStagedParams(); !s.ok())
       return Failure{1, s.ToString()};
     if (step_start != 0) {
@@ -606,6 +633,61 @@ class Trainer {
   int64_t skip_ = 0;  // steps of an earlier life still to skip
   bool resumed_ = false;
   std::vector<OpHandle> ops_;  // the step's pushes and pulls
+
+  // --fuse-keys on: every parameter in one key, each layer's W then b, in
+  // layer order; tensor t (2l: W of layer l, 2l + 1: its b) at fused_at_[t].
+  static constexpr uint64_t kFusedKey = 1000;
+  std::vector<size_t> fused_at_;
+  std::vector<float> fused_grad_, fused_pull_;
+
+  // Layer l's gradients into the fused gradient; after the last layer
+  // backward reaches (layer 0), the fused push and pull are issued.
+  void FuseLayerGrads(int l, absl::Status* error) {
+    if (!error->ok()) return;
+    float* w = fused_grad_.data() + fused_at_[2 * l];
+    float* b = fused_grad_.data() + fused_at_[2 * l + 1];
+    const size_t w_len = fused_at_[2 * l + 1] - fused_at_[2 * l];
+    const size_t b_len = fused_at_[2 * l + 2] - fused_at_[2 * l + 1];
+    if (mlp_->device() == MlpDevice::kCuda) {
+      const LayerParams g = mlp_->GetGrads(l);  // copied to the host
+      std::copy(g.w.begin(), g.w.end(), w);
+      std::copy(g.b.begin(), g.b.end(), b);
+    } else {
+      std::memcpy(w, mlp_->WeightGrad(l), w_len * sizeof(float));
+      std::memcpy(b, mlp_->BiasGrad(l), b_len * sizeof(float));
+    }
+    if (l != 0) return;
+    absl::StatusOr<OpHandle> push =
+        kv_->PushAsync(kFusedKey, absl::MakeConstSpan(fused_grad_));
+    if (!push.ok()) {
+      *error = absl::Status(push.status().code(),
+                            absl::StrCat("push of key ", kFusedKey, ": ",
+                                         push.status().message()));
+      return;
+    }
+    ops_.push_back(*push);
+    absl::StatusOr<OpHandle> pull =
+        kv_->PullAsync(kFusedKey, absl::MakeSpan(fused_pull_));
+    if (!pull.ok()) {
+      *error = absl::Status(pull.status().code(),
+                            absl::StrCat("pull of key ", kFusedKey, ": ",
+                                         pull.status().message()));
+      return;
+    }
+    ops_.push_back(*pull);
+  }
+
+  // The fused pull into every layer's staging.
+  void ScatterFusedPull() {
+    for (int l = 0; l < mlp_->num_layers(); ++l) {
+      const absl::Span<float> w = mlp_->WeightStaging(l);
+      const absl::Span<float> b = mlp_->BiasStaging(l);
+      std::memcpy(w.data(), fused_pull_.data() + fused_at_[2 * l],
+                  w.size() * sizeof(float));
+      std::memcpy(b.data(), fused_pull_.data() + fused_at_[2 * l + 1],
+                  b.size() * sizeof(float));
+    }
+  }
   RunTotals totals_;
   Clock::time_point run_start_;
 };

@@ -75,7 +75,8 @@ bool IsKnownFlag(absl::string_view name) {
       "kv-store",  "batch-size",  "epochs",    "gc-type",       "gc-threshold",
       "lr",        "seed",        "hidden",    "optimizer",     "momentum",
       "wd",        "device",      "data",      "train-subset",  "test-subset",
-      "log-every", "metrics-out", "lr-factor", "lr-step-epochs", "gc-pull"};
+      "log-every", "metrics-out", "lr-factor", "lr-step-epochs", "gc-pull",
+      "fuse-keys"};
   for (absl::string_view f : kFlags) {
     if (name == f) return true;
   }
@@ -134,6 +135,10 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
     } else if (name == "gc-type") {
       s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit",
                       &f.gc_type);
+    } else if (name == "fuse-keys") {
+      std::string choice;
+      s = ParseChoice(name, value, {"on", "off"}, "on or off", &choice);
+      f.fuse_keys = choice == "on";
     } else if (name == "gc-pull") {
       s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit",
                       &f.gc_pull);
@@ -230,6 +235,8 @@ std::string TrainFlagsUsage() {
       "  --gc-threshold X                  2-bit threshold (0.5)\n"
       "  --gc-pull none|2bit               pull compression: the change of the\n"
       "                                    weights, 2-bit coded (none)\n"
+      "  --fuse-keys on|off                one key for every parameter: one\n"
+      "                                    push and pull a step (off)\n"
       "  --seed N                          weights and shuffling (42)\n"
       "  --device auto|cuda|cpu            (auto: cuda when a GPU is present)\n"
       "  --data DIR                        (else $FASHION_MNIST_DIR, else ",

@@ -30,6 +30,9 @@ struct TrainFlags {
   int epochs = 10;
   std::string gc_type = "none";  // none | 2bit
   std::string gc_pull = "none";  // none | 2bit: pull compression
+  // on: every parameter travels in one key (one push and one pull a step,
+  // after backward) instead of a key per tensor pushed as backward reaches it.
+  bool fuse_keys = false;
   float gc_threshold = 0.5f;
   std::string optimizer = "sgd";  // sgd | adam | adamax | adagrad
   // Unless given, the optimizer's usual rate: sgd 0.1, adam 0.001, adamax
