@@ -1,5 +1,7 @@
 #include "common/message.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -67,6 +69,12 @@ void AddBf16Frame(Message* msg, Buffer values) {
   d->set_num_values(values.size() / 2);
   d->set_num_bytes(values.size());
   msg->data.push_back(std::move(values));
+}
+
+size_t RowsPerFrame(size_t rows, size_t row_bytes, size_t frame_bytes) {
+  const size_t by_size = std::max<size_t>(1, frame_bytes / std::max<size_t>(1, row_bytes));
+  const size_t by_count = (rows + kMaxRowFrames - 1) / kMaxRowFrames;
+  return std::max(by_size, by_count);
 }
 
 void AddTwoBitFrame(Message* msg, Buffer packed, uint64_t num_values) {

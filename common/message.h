@@ -56,6 +56,16 @@ void AddTwoBitFrame(Message* msg, Buffer packed, uint64_t num_values);
 // Appends a bfloat16 frame (2 bytes per value; compression/bf16.h).
 void AddBf16Frame(Message* msg, Buffer values);
 
+// Rows a frame of a row push or a row pull reply carries: whole rows of
+// `row_bytes`, at most `frame_bytes` a frame (at least one row), and never so
+// few that `rows` need more than kMaxRowFrames frames. Row messages travel in
+// frames of about a slice (TESSERA_CHUNK_BYTES) rather than one frame of the
+// whole: a receiver then gets memory its allocator reuses (glibc gives blocks
+// over 32 MiB back to the system, and every fresh page costs a fault and a
+// clear), as for a dense key's slices.
+inline constexpr size_t kMaxRowFrames = 48;
+size_t RowsPerFrame(size_t rows, size_t row_bytes, size_t frame_bytes);
+
 struct CodecLimits {
   size_t max_header_bytes = 1 << 20;  // 1 MiB of protobuf
   size_t max_frames = 64;

@@ -55,6 +55,14 @@ void StoredKey::ApplyUpdate(const Optimizer& optimizer, const float* grad) {
 void StoredKey::ApplyRowUpdates(const Optimizer& optimizer,
                                 const std::vector<uint64_t>& rows,
                                 const float* grad) {
+  const uint64_t l = row_length;
+  ApplyRowUpdates(optimizer, rows,
+                  [grad, l](size_t i) { return grad + i * l; });
+}
+
+void StoredKey::ApplyRowUpdates(
+    const Optimizer& optimizer, const std::vector<uint64_t>& rows,
+    const std::function<const float*(size_t)>& row_grad) {
   if (rows.empty()) return;
   if (!weights.unique())
     weights = Buffer::CopyOf(weights.data(), weights.size());
@@ -67,8 +75,7 @@ void StoredKey::ApplyRowUpdates(const Optimizer& optimizer,
   for (size_t i = 0; i < rows.size(); ++i) {
     const uint64_t at = rows[i] * row_length;
     for (int k = 0; k < slots; ++k) state[k] = optimizer_state[k].data() + at;
-    optimizer.Update(w + at, grad + i * row_length, row_length, state.data(),
-                     step);
+    optimizer.Update(w + at, row_grad(i), row_length, state.data(), step);
   }
   WeightsChanged();
 }

@@ -16,6 +16,7 @@
 #define TESSERA_SERVER_KEY_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -58,6 +59,10 @@ struct StoredKey {
   // their gradients one after another. One step of the key.
   void ApplyRowUpdates(const Optimizer& optimizer,
                        const std::vector<uint64_t>& rows, const float* grad);
+  // The same with row i's gradient at row_grad(i).
+  void ApplyRowUpdates(const Optimizer& optimizer,
+                       const std::vector<uint64_t>& rows,
+                       const std::function<const float*(size_t)>& row_grad);
   // The weights were replaced or updated (compressed pulls make a new
   // version).
   void WeightsChanged() { engine->WeightsChanged(); }

@@ -94,8 +94,8 @@ std::vector<wire::Header> SyncRound::TakeRequests() {
   return out;
 }
 
-void RowRound::Add(int rank, const uint64_t* rows, size_t count,
-                   const float* values, const wire::Header& request) {
+void RowRound::AddRows(const uint64_t* rows, size_t count,
+                       const float* values) {
   const uint64_t l = row_length_;
   for (size_t k = 0; k < count; ++k) {
     auto [it, added] = slot_.try_emplace(rows[k], rows_.size());
@@ -115,25 +115,37 @@ void RowRound::Add(int rank, const uint64_t* rows, size_t count,
       for (uint64_t j = 0; j < l; ++j) out[j] += v[j];
     }
   }
+}
+
+void RowRound::Contribute(int rank, const wire::Header& request) {
   contributed_[rank] = true;
   requests_.push_back(request);
   ++count_;
 }
 
-void RowRound::Add(int rank, std::vector<uint64_t> rows, Buffer values,
-                   const wire::Header& request) {
-  bool increasing = contributed_.size() == 1;
+void RowRound::Add(int rank, const uint64_t* rows, size_t count,
+                   const float* values, const wire::Header& request) {
+  AddRows(rows, count, values);
+  Contribute(rank, request);
+}
+
+void RowRound::Add(int rank, std::vector<uint64_t> rows,
+                   std::vector<Buffer> parts, const wire::Header& request) {
+  bool increasing = contributed_.size() == 1 && !rows.empty();
   for (size_t k = 1; increasing && k < rows.size(); ++k)
     increasing = rows[k - 1] < rows[k];
-  if (!increasing || rows.empty()) {
-    Add(rank, rows.data(), rows.size(), values.floats(), request);
-    return;
+  if (!increasing) {
+    size_t first = 0;
+    for (const Buffer& part : parts) {
+      const size_t n = part.num_floats() / row_length_;
+      AddRows(rows.data() + first, n, part.floats());
+      first += n;
+    }
+  } else {
+    rows_ = std::move(rows);
+    single_ = std::move(parts);
   }
-  rows_ = std::move(rows);
-  single_ = std::move(values);
-  contributed_[rank] = true;
-  requests_.push_back(request);
-  ++count_;
+  Contribute(rank, request);
 }
 
 absl::Status RowRound::AddTwoBit(int rank, std::vector<uint64_t> rows,
@@ -151,7 +163,9 @@ absl::Status RowRound::AddTwoBit(int rank, std::vector<uint64_t> rows,
         packed.data(), packed.size(), values, threshold,
         decoded.mutable_floats()));
     if (increasing) {
-      Add(rank, std::move(rows), std::move(decoded), request);
+      std::vector<Buffer> parts;
+      parts.push_back(std::move(decoded));
+      Add(rank, std::move(rows), std::move(parts), request);
     } else {
       Add(rank, rows.data(), rows.size(), decoded.floats(), request);
     }
@@ -167,9 +181,7 @@ absl::Status RowRound::AddTwoBit(int rank, std::vector<uint64_t> rows,
     }
     exact_.AddTwoBitAt(it->second * l, packed.data(), k * l, l, threshold);
   }
-  contributed_[rank] = true;
-  requests_.push_back(request);
-  ++count_;
+  Contribute(rank, request);
   return absl::OkStatus();
 }
 
@@ -185,9 +197,13 @@ RowRound::Sum RowRound::Finish() {
   slot_.clear();
   if (!single_.empty()) {
     scratch_.clear();
-    sum.values = single_.floats();
+    sum.row_values.reserve(sum.rows.size());
+    for (const Buffer& part : single_) {
+      for (size_t at = 0; at < part.num_floats(); at += row_length_)
+        sum.row_values.push_back(part.floats() + at);
+    }
     sum.push = std::move(single_);
-    single_ = Buffer();
+    single_.clear();
   } else if (mode_ == SyncRound::Mode::kExact) {
     sum.values = sum.rows.empty() ? nullptr : exact_.Finish();
   } else {

@@ -118,9 +118,9 @@ class RowRound {
            const wire::Header& request);
   // The same, from a push the round may keep: with one worker and ids in
   // strictly increasing order the push is the round's sum as it is (no
-  // accumulator, no copy); otherwise as Add. `values` holds rows.size() x
-  // row_length floats.
-  void Add(int rank, std::vector<uint64_t> rows, Buffer values,
+  // accumulator, no copy); otherwise as Add. `parts` hold the rows' values
+  // one after another, each part whole rows (a push's frames).
+  void Add(int rank, std::vector<uint64_t> rows, std::vector<Buffer> parts,
            const wire::Header& request);
   // Adds `rank`'s 2-bit push of rows.size() rows: `packed` codes their
   // values one row after another (MXNet's format, `threshold`), counted
@@ -135,16 +135,26 @@ class RowRound {
     return count_ == static_cast<int>(contributed_.size());
   }
   struct Sum {
-    std::vector<uint64_t> rows;     // the rows some push touched
-    const float* values = nullptr;  // rows.size() x row_length; valid until
-                                    // the next Add, or while `push` lives
-    Buffer push;  // one worker: its push, which values points into
+    std::vector<uint64_t> rows;  // the rows some push touched
+    // Row i's row_length values: values + i x row_length (valid until the
+    // next Add), or, for one worker's push kept whole, row_values[i], which
+    // point into `push` (valid while it lives).
+    const float* values = nullptr;
+    std::vector<const float*> row_values;
+    std::vector<Buffer> push;
+    const float* row(size_t i, uint64_t row_length) const {
+      return row_values.empty() ? values + i * row_length : row_values[i];
+    }
   };
   // The round's sum; the round is open again, empty. REQUIRES: complete().
   Sum Finish();
   std::vector<wire::Header> TakeRequests();
 
  private:
+  // Adds count rows (ids relative to the slice) to the sum.
+  void AddRows(const uint64_t* rows, size_t count, const float* values);
+  void Contribute(int rank, const wire::Header& request);
+
   const uint64_t row_length_;
   const SyncRound::Mode mode_;
   std::vector<bool> contributed_;
@@ -156,7 +166,7 @@ class RowRound {
   std::vector<float> arrival_;                    // Mode::kArrival
   std::vector<float> scratch_;                    // the last Finish's values
   // One worker: its push, kept as the sum (rows_ holds its ids).
-  Buffer single_;
+  std::vector<Buffer> single_;
 };
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 // of the whole key, then, for pushes, the rows' values, float32 or 2-bit). A
 // dist_sync round sums the rows pushed (RowRound) and updates only those
 // (MXNet's lazy update); dist_async applies each push to its rows.
+#include <algorithm>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
@@ -17,6 +18,9 @@ namespace {
 
 class RowEngine : public RoundSliceEngine<RowRound> {
  public:
+  // Row pull replies travel in frames of about this many bytes.
+  static constexpr size_t kReplyFrameBytes = size_t{1} << 20;
+
   RowEngine(StoredKey& key, int num_workers, SyncRound::Mode sum_mode)
       : RoundSliceEngine(key, num_workers, key.row_length, sum_mode) {}
 
@@ -26,21 +30,30 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     if (!rows.ok()) return rows.status();
     const uint64_t l = key_.row_length;
     const float* w = key_.weights.floats();
-    if (request.header.pull_compressed()) {
-      // bfloat16 rows: half the bytes, each value rounded to nearest even.
-      Buffer out = Buffer::Allocate(rows->size() * l * sizeof(uint16_t));
-      uint16_t* h = reinterpret_cast<uint16_t*>(out.mutable_data());
-      for (size_t i = 0; i < rows->size(); ++i)
-        compression::FloatsToBf16(w + (*rows)[i] * l, l, h + i * l);
-      AddBf16Frame(reply, std::move(out));
-      return absl::OkStatus();
+    // bfloat16 rows when the pull asks for compression: half the bytes, each
+    // value rounded to nearest even. Frames of whole rows, about 1 MiB each.
+    const bool bf16 = request.header.pull_compressed();
+    const size_t value_bytes = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t n = rows->size();
+    const size_t per_frame = RowsPerFrame(n, l * value_bytes, kReplyFrameBytes);
+    for (size_t first = 0; first < n || first == 0; first += per_frame) {
+      const size_t count = std::min(per_frame, n - first);
+      Buffer out = Buffer::Allocate(count * l * value_bytes);
+      if (bf16) {
+        uint16_t* h = reinterpret_cast<uint16_t*>(out.mutable_data());
+        for (size_t i = 0; i < count; ++i)
+          compression::FloatsToBf16(w + (*rows)[first + i] * l, l, h + i * l);
+        AddBf16Frame(reply, std::move(out));
+      } else {
+        float* f = out.mutable_floats();
+        for (size_t i = 0; i < count; ++i) {
+          std::memcpy(f + i * l, w + (*rows)[first + i] * l,
+                      l * sizeof(float));
+        }
+        AddFloatFrame(reply, std::move(out));  // zero rows: an empty frame
+      }
+      if (n == 0) break;
     }
-    Buffer out = Buffer::Allocate(rows->size() * l * sizeof(float));
-    for (size_t i = 0; i < rows->size(); ++i) {
-      std::memcpy(out.mutable_floats() + i * l, w + (*rows)[i] * l,
-                  l * sizeof(float));
-    }
-    AddFloatFrame(reply, std::move(out));  // zero rows: an empty frame
     return absl::OkStatus();
   }
 
@@ -51,19 +64,31 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     if (!rows.ok()) return rows.status();
     const uint64_t l = key_.row_length;
     const uint64_t values = rows->size() * l;
-    const wire::DataFrame* desc =
-        msg.header.frames_size() == 2 ? &msg.header.frames(1) : nullptr;
-    if (desc == nullptr || desc->num_values() != values) {
+    // The values: one frame (float32 or 2-bit), or several float32 frames of
+    // whole rows one after another.
+    const int frames = msg.header.frames_size();
+    uint64_t given = 0;
+    bool whole_rows = frames >= 2;
+    for (int f = 1; f < frames; ++f) {
+      given += msg.header.frames(f).num_values();
+      whole_rows &= frames == 2 || msg.header.frames(f).num_values() % l == 0;
+    }
+    if (frames < 2 || given != values || !whole_rows) {
       return absl::InvalidArgumentError(
           absl::StrCat("row push of key ", key_.key, ": ", rows->size(),
-                       " row ids need ", values, " values of ", l, " per row"));
+                       " row ids need ", values, " values of ", l, " per row",
+                       frames > 2 ? " in frames of whole rows" : ""));
     }
-    const bool two_bit = desc->encoding() == wire::DataFrame::TWO_BIT &&
+    const wire::DataFrame* desc = &msg.header.frames(1);
+    const bool two_bit = frames == 2 &&
+                         desc->encoding() == wire::DataFrame::TWO_BIT &&
                          settings.compression == "2bit";
-    if (desc->encoding() != wire::DataFrame::FLOAT32 && !two_bit) {
-      return absl::InvalidArgumentError(
-          "row push payload must be float32, or 2-bit with gradient "
-          "compression set");
+    for (int f = 1; f < frames && !two_bit; ++f) {
+      if (msg.header.frames(f).encoding() != wire::DataFrame::FLOAT32) {
+        return absl::InvalidArgumentError(
+            "row push payload must be float32, or 2-bit with gradient "
+            "compression set");
+      }
     }
     if (key_.sync) {
       const int rank = RankOfId(msg.header.sender());
@@ -76,12 +101,16 @@ class RowEngine : public RoundSliceEngine<RowRound> {
           return ok;
         }
       } else {
-        round_.Add(rank, *std::move(rows), msg.data[1], msg.header);
+        round_.Add(rank, *std::move(rows),
+                   std::vector<Buffer>(msg.data.begin() + 1, msg.data.end()),
+                   msg.header);
       }
       return round_.complete() ? Pushed::kRoundComplete : Pushed::kAdded;
     }
+    // Row i's values, wherever its frame put them.
+    std::vector<const float*> row_values;
+    row_values.reserve(rows->size());
     Buffer decoded;
-    const float* grad = msg.data[1].floats();
     if (two_bit) {
       decoded = Buffer::Allocate(values * sizeof(float));
       absl::Status ok = compression::TwoBitDequantize(
@@ -91,7 +120,14 @@ class RowEngine : public RoundSliceEngine<RowRound> {
         ctx.CountMalformed();
         return ok;
       }
-      grad = decoded.floats();
+      for (size_t i = 0; i < rows->size(); ++i)
+        row_values.push_back(decoded.floats() + i * l);
+    } else {
+      for (int f = 1; f < frames; ++f) {
+        const Buffer& part = msg.data[f];
+        for (size_t at = 0; at < part.num_floats(); at += l)
+          row_values.push_back(part.floats() + at);
+      }
     }
     if (settings.optimizer == nullptr) {
       return absl::FailedPreconditionError(
@@ -104,13 +140,14 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     std::vector<float> sum;
     absl::flat_hash_map<uint64_t, size_t> slot;
     for (size_t i = 0; i < rows->size(); ++i) {
+      const float* grad = row_values[i];
       auto [it, added] = slot.try_emplace((*rows)[i], unique.size());
       if (added) {
         unique.push_back((*rows)[i]);
-        sum.insert(sum.end(), grad + i * l, grad + (i + 1) * l);
+        sum.insert(sum.end(), grad, grad + l);
       } else {
         float* at = sum.data() + it->second * l;
-        for (uint64_t j = 0; j < l; ++j) at[j] += grad[i * l + j];
+        for (uint64_t j = 0; j < l; ++j) at[j] += grad[j];
       }
     }
     ctx.TimedUpdate(key_, [&] {
@@ -125,7 +162,8 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     Round done;
     done.update_start = absl::Now();
     if (settings.optimizer != nullptr) {
-      key_.ApplyRowUpdates(*settings.optimizer, sum.rows, sum.values);
+      key_.ApplyRowUpdates(*settings.optimizer, sum.rows,
+                           [&sum, l](size_t i) { return sum.row(i, l); });
     } else if (!sum.rows.empty()) {
       // The rows present become the round's sum; the others keep their
       // values.
@@ -133,7 +171,7 @@ class RowEngine : public RoundSliceEngine<RowRound> {
         key_.weights = Buffer::CopyOf(key_.weights.data(), key_.weights.size());
       float* w = key_.weights.mutable_floats();
       for (size_t i = 0; i < sum.rows.size(); ++i)
-        std::memcpy(w + sum.rows[i] * l, sum.values + i * l, l * sizeof(float));
+        std::memcpy(w + sum.rows[i] * l, sum.row(i, l), l * sizeof(float));
     }
     done.update_end = absl::Now();
     done.requests = round_.TakeRequests();

@@ -63,34 +63,44 @@ TEST_P(RowRoundTest, SumHoldsOnlyTheRowsPushedAndForgetsThemAfterFinish) {
 }
 
 // One worker whose ids increase: its push is the round's sum as it came (the
-// sum points into the push's own frame, which the Sum holds), with no
-// accumulator. Ids out of order or repeated go through the sum as before:
-// repeats added, first-push order.
+// sum's rows point into the push's own frames, which the Sum holds), with no
+// accumulator, whatever the number of frames. Ids out of order or repeated go
+// through the sum as before: repeats added, first-push order, frames or not.
 TEST_P(RowRoundTest, OneWorkersIncreasingPushIsTheSumWithoutACopy) {
   RowRound round(/*num_workers=*/1, kRowLength, GetParam());
   const wire::Header request;
   const std::vector<float> v = Rows({1, 2, 3});
-  Buffer frame = Buffer::CopyOf(v.data(), v.size() * sizeof(float));
-  const float* at = frame.floats();
-  round.Add(0, std::vector<uint64_t>{2, 9, 40}, frame, request);
-  frame = Buffer();
+  std::vector<Buffer> frames = {
+      Buffer::CopyOf(v.data(), 2 * kRowLength * sizeof(float)),
+      Buffer::CopyOf(v.data() + 2 * kRowLength, kRowLength * sizeof(float))};
+  const float* at[3] = {frames[0].floats(), frames[0].floats() + kRowLength,
+                        frames[1].floats()};
+  round.Add(0, std::vector<uint64_t>{2, 9, 40}, std::move(frames), request);
   ASSERT_TRUE(round.complete());
   RowRound::Sum sum = round.Finish();
   EXPECT_EQ(sum.rows, (std::vector<uint64_t>{2, 9, 40}));
-  EXPECT_EQ(sum.values, at);
-  EXPECT_EQ(std::vector<float>(sum.values, sum.values + v.size()), v);
-  EXPECT_FALSE(sum.push.empty());
+  ASSERT_EQ(sum.push.size(), 2u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(sum.row(i, kRowLength), at[i]) << i;
+    EXPECT_EQ(std::vector<float>(sum.row(i, kRowLength),
+                                 sum.row(i, kRowLength) + kRowLength),
+              std::vector<float>(v.begin() + i * kRowLength,
+                                 v.begin() + (i + 1) * kRowLength));
+  }
   EXPECT_FALSE(round.complete());
 
   const std::vector<float> w = Rows({10, 20, 30});
-  round.Add(0, std::vector<uint64_t>{9, 2, 9},
-            Buffer::CopyOf(w.data(), w.size() * sizeof(float)), request);
+  std::vector<Buffer> two = {
+      Buffer::CopyOf(w.data(), kRowLength * sizeof(float)),
+      Buffer::CopyOf(w.data() + kRowLength, 2 * kRowLength * sizeof(float))};
+  round.Add(0, std::vector<uint64_t>{9, 2, 9}, std::move(two), request);
+  ASSERT_TRUE(round.complete());
   RowRound::Sum summed = round.Finish();
   EXPECT_EQ(summed.rows, (std::vector<uint64_t>{9, 2}));
   EXPECT_TRUE(summed.push.empty());
   for (uint64_t j = 0; j < kRowLength; ++j) {
-    EXPECT_EQ(summed.values[0 * kRowLength + j], (10.0f + j) + (30.0f + j));
-    EXPECT_EQ(summed.values[1 * kRowLength + j], 20.0f + j);
+    EXPECT_EQ(summed.row(0, kRowLength)[j], (10.0f + j) + (30.0f + j));
+    EXPECT_EQ(summed.row(1, kRowLength)[j], 20.0f + j);
   }
 }
 

@@ -454,28 +454,37 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
         d->set_encoding(wire::DataFrame::RAW);
         d->set_num_bytes(n * sizeof(uint64_t));
         if (!two_bit) {
+          // The values in frames of whole rows (message.h, RowsPerFrame).
+          const size_t per_frame = RowsPerFrame(
+              n, l * sizeof(float), static_cast<size_t>(options_.chunk_bytes));
           if (run) {
             const size_t k0 = n == 0 ? 0 : at.front();
-            body.data.push_back(Buffer::Wrap(row_ids.data() + k0,
-                                             n * sizeof(uint64_t),
-                                             tracker_->Pin(op)));
-            AddFloatFrame(&body, Buffer::Wrap(rows.data() + k0 * l,
-                                              n * l * sizeof(float),
-                                              tracker_->Pin(op)));
+            body.data.push_back(Buffer::Wrap(
+                row_ids.data() + k0, n * sizeof(uint64_t), tracker_->Pin(op)));
+            for (size_t j = 0; j < n || j == 0; j += per_frame) {
+              const size_t count = std::min(per_frame, n - j);
+              AddFloatFrame(&body, Buffer::Wrap(rows.data() + (k0 + j) * l,
+                                                count * l * sizeof(float),
+                                                tracker_->Pin(op)));
+              if (n == 0) break;
+            }
             return body;
           }
           // Gathered straight into the frames.
           Buffer ids = Buffer::Allocate(n * sizeof(uint64_t));
-          Buffer values = Buffer::Allocate(n * l * sizeof(float));
           uint64_t* id_out = reinterpret_cast<uint64_t*>(ids.mutable_data());
-          float* v_out = values.mutable_floats();
-          for (size_t j = 0; j < n; ++j) {
-            id_out[j] = row_ids[at[j]];
-            std::memcpy(v_out + j * l, rows.data() + at[j] * l,
-                        l * sizeof(float));
-          }
+          for (size_t j = 0; j < n; ++j) id_out[j] = row_ids[at[j]];
           body.data.push_back(std::move(ids));
-          AddFloatFrame(&body, std::move(values));
+          for (size_t j = 0; j < n; j += per_frame) {
+            const size_t count = std::min(per_frame, n - j);
+            Buffer values = Buffer::Allocate(count * l * sizeof(float));
+            float* v_out = values.mutable_floats();
+            for (size_t i = 0; i < count; ++i) {
+              std::memcpy(v_out + i * l, rows.data() + at[j + i] * l,
+                          l * sizeof(float));
+            }
+            AddFloatFrame(&body, std::move(values));
+          }
           return body;
         }
         // 2-bit: duplicates summed first (in push order), so each row's error
@@ -582,54 +591,80 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     ++stats_.pulls;
   }
   const uint64_t op = tracker_->NewOp();
+  const size_t value_bytes = bf16 ? sizeof(uint16_t) : sizeof(float);
   for (size_t i = 0; i < parts.size(); ++i) {
     const KeyPart& part = parts[i];
     // The rows this server holds, and where each goes in `out`.
-    std::vector<uint64_t> ids, at;
+    std::vector<uint64_t> part_ids, part_at;
     for (size_t k = 0; k < row_ids.size(); ++k) {
       if (row_ids[k] < part.offset || row_ids[k] >= part.offset + part.length)
         continue;
-      ids.push_back(row_ids[k]);
-      at.push_back(k);
+      part_ids.push_back(row_ids[k]);
+      part_at.push_back(k);
     }
-    if (ids.empty()) continue;  // a pull need not visit every server
-    Message msg = SliceMessage(wire::KV_PULL, key, part, total, l);
-    msg.header.set_push_seq(pushed);  // sees this worker's pushes
-    msg.header.set_pull_compressed(bf16);
-    wire::DataFrame* d = msg.header.add_frames();
-    d->set_encoding(wire::DataFrame::RAW);
-    d->set_num_bytes(ids.size() * sizeof(uint64_t));
-    msg.data.push_back(
-        Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
-    RequestTracker::Request request;
-    request.op = op;
-    request.server = ServerId(part.server_rank);
-    request.length = ids.size() * l;
-    request.part = {key, i, true};
-    float* base = out.data();
-    const auto want = bf16 ? wire::DataFrame::BF16 : wire::DataFrame::FLOAT32;
-    request.on_reply = [base, at = std::move(at), l,
-                        want](const Message& reply) {
-      if (reply.data.size() != 1 || reply.header.frames(0).encoding() != want ||
-          reply.header.frames(0).num_values() != at.size() * l) {
-        return absl::DataLossError(absl::StrCat(
-            "row pull reply from node ", reply.header.sender(),
-            " does not carry ", at.size(), " rows of ", l,
-            want == wire::DataFrame::BF16 ? " as bfloat16" : " as float32"));
-      }
-      if (want == wire::DataFrame::BF16) {
-        const uint16_t* rows =
-            reinterpret_cast<const uint16_t*>(reply.data[0].data());
-        for (size_t k = 0; k < at.size(); ++k)
-          compression::Bf16ToFloats(rows + k * l, l, base + at[k] * l);
+    // A pull need not visit every server. The rows it asks one server for
+    // go in requests of about a slice each (pulls have no round to keep
+    // whole), so that the server answers the first while the worker asks
+    // for the next and copies the first into place: the stages overlap.
+    const size_t per_request =
+        RowsPerFrame(part_ids.size(), l * value_bytes,
+                     static_cast<size_t>(options_.chunk_bytes));
+    for (size_t first = 0; first < part_ids.size(); first += per_request) {
+      const size_t count = std::min(per_request, part_ids.size() - first);
+      std::vector<uint64_t> ids(part_ids.begin() + first,
+                                part_ids.begin() + first + count);
+      std::vector<uint64_t> at(part_at.begin() + first,
+                               part_at.begin() + first + count);
+      Message msg = SliceMessage(wire::KV_PULL, key, part, total, l);
+      msg.header.set_push_seq(pushed);  // sees this worker's pushes
+      msg.header.set_pull_compressed(bf16);
+      wire::DataFrame* d = msg.header.add_frames();
+      d->set_encoding(wire::DataFrame::RAW);
+      d->set_num_bytes(ids.size() * sizeof(uint64_t));
+      msg.data.push_back(
+          Buffer::CopyOf(ids.data(), ids.size() * sizeof(uint64_t)));
+      RequestTracker::Request request;
+      request.op = op;
+      request.server = ServerId(part.server_rank);
+      request.length = ids.size() * l;
+      request.part = {key, i, true};
+      float* base = out.data();
+      const auto want = bf16 ? wire::DataFrame::BF16 : wire::DataFrame::FLOAT32;
+      request.on_reply = [base, at = std::move(at), l,
+                          want](const Message& reply) {
+        // Frames of whole rows, in order, all of the asked encoding.
+        uint64_t values = 0;
+        bool ok = !reply.data.empty() &&
+                  static_cast<size_t>(reply.header.frames_size()) ==
+                      reply.data.size();
+        for (int f = 0; ok && f < reply.header.frames_size(); ++f) {
+          const wire::DataFrame& d = reply.header.frames(f);
+          ok = d.encoding() == want && d.num_values() % l == 0;
+          values += d.num_values();
+        }
+        if (!ok || values != at.size() * l) {
+          return absl::DataLossError(absl::StrCat(
+              "row pull reply from node ", reply.header.sender(),
+              " does not carry ", at.size(), " rows of ", l,
+              want == wire::DataFrame::BF16 ? " as bfloat16" : " as float32"));
+        }
+        size_t k = 0;
+        for (const Buffer& frame : reply.data) {
+          if (want == wire::DataFrame::BF16) {
+            const uint16_t* rows =
+                reinterpret_cast<const uint16_t*>(frame.data());
+            for (size_t i = 0; i < frame.size() / (2 * l); ++i, ++k)
+              compression::Bf16ToFloats(rows + i * l, l, base + at[k] * l);
+          } else {
+            const float* rows = frame.floats();
+            for (size_t i = 0; i < frame.num_floats() / l; ++i, ++k)
+              std::memcpy(base + at[k] * l, rows + i * l, l * sizeof(float));
+          }
+        }
         return absl::OkStatus();
-      }
-      const float* rows = reply.data[0].floats();
-      for (size_t k = 0; k < at.size(); ++k)
-        std::memcpy(base + at[k] * l, rows + k * l, l * sizeof(float));
-      return absl::OkStatus();
-    };
-    tracker_->Send(request, std::move(msg));
+      };
+      tracker_->Send(request, std::move(msg));
+    }
   }
   return op;
 }
