@@ -991,6 +991,65 @@ TEST(KVClientTest, RowSparseErrorsNameTheKeyAndIdAndApplyNothing) {
   EXPECT_TRUE(cluster.JoinScheduler().ok());
 }
 
+// Row messages in frames of whole rows (RowsPerFrame): a push of many rows
+// in many frames (small TESSERA_CHUNK_BYTES: 13 rows a frame for 600 rows),
+// a pull in many requests, or one request answered in several frames (a
+// slice bigger than the server's 1 MiB reply frames); sorted ids (the push
+// borrows the caller's rows) and unsorted ones with a repeat (gathered). Every
+// row ends as the exact sum of what both workers pushed, both ways.
+TEST(KVClientTest, RowPushesAndPullsInManyFramesKeepEveryRowExact) {
+  constexpr uint64_t kKey = 70, kNumRows = 600, kLen = 1024;
+  for (const int64_t chunk : {int64_t{4096}, int64_t{8} << 20}) {
+    MemoryNetwork net;
+    Options options = JobOptions(/*servers=*/1, /*workers=*/2);
+    options.chunk_bytes = chunk;
+    InProcessCluster cluster(net, options);
+    auto value = [](int rank, uint64_t row, uint64_t j) {
+      return static_cast<float>(rank + 1) + 0.5f * row + 0.25f * (j % 7);
+    };
+    std::vector<std::vector<float>> got(2);
+    std::vector<absl::Status> results = RunWorkers(
+        net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+          const int r = kv.rank();
+          TESSERA_RETURN_IF_ERROR(kv.InitRows(kKey, nullptr, kNumRows, kLen));
+          // Round 1: sorted ids, every even row. Round 2: odd rows from the
+          // top down, row 1 twice.
+          std::vector<uint64_t> even, odd;
+          for (uint64_t row = 0; row < kNumRows; row += 2) even.push_back(row);
+          for (uint64_t row = kNumRows - 1; row < kNumRows; row -= 2)
+            odd.push_back(row);
+          odd.push_back(1);
+          for (const auto* ids : {&even, &odd}) {
+            std::vector<float> rows(ids->size() * kLen);
+            for (size_t k = 0; k < ids->size(); ++k)
+              for (uint64_t j = 0; j < kLen; ++j)
+                rows[k * kLen + j] = value(r, (*ids)[k], j);
+            TESSERA_RETURN_IF_ERROR(kv.PushRows(kKey, *ids, rows));
+          }
+          std::vector<uint64_t> all(kNumRows);
+          for (uint64_t row = 0; row < kNumRows; ++row)
+            all[row] = (row * 7) % kNumRows;  // a permutation: 7 and 600 coprime
+          got[r].assign(kNumRows * kLen, 0.0f);
+          TESSERA_RETURN_IF_ERROR(kv.PullRows(kKey, all, absl::MakeSpan(got[r])));
+          for (uint64_t k = 0; k < kNumRows; ++k) {
+            const uint64_t row = all[k];
+            const int times = row == 1 ? 2 : 1;
+            for (uint64_t j = 0; j < kLen; ++j) {
+              const float want = times * (value(0, row, j) + value(1, row, j));
+              if (got[r][k * kLen + j] != want) {
+                return absl::InternalError(absl::StrCat(
+                    "chunk ", chunk, ": row ", row, " value ", j, " is ",
+                    got[r][k * kLen + j], ", want ", want));
+              }
+            }
+          }
+          return absl::OkStatus();
+        });
+    for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(cluster.JoinScheduler().ok());
+  }
+}
+
 // With pull compression, row pulls travel as bfloat16 (2 bytes a value, no
 // state): each value arrives rounded to the nearest bfloat16, ties to even,
 // from rows spread over two servers, and a row pull's bytes are half the
