@@ -135,10 +135,9 @@ Buffer Buffer::Allocate(size_t size) {
     void* p = BlockPool::Get().Take(bytes);
     if (p == nullptr) throw std::bad_alloc();
     b.data_ = static_cast<const uint8_t*>(p);
-    b.owner_ = std::shared_ptr<const void>(
-        p, [bytes](const void* q) {
-          BlockPool::Get().Give(const_cast<void*>(q), bytes);
-        });
+    b.owner_ = std::shared_ptr<const void>(p, [bytes](const void* q) {
+      BlockPool::Get().Give(const_cast<void*>(q), bytes);
+    });
     return b;
   }
   // malloc and align by hand: glibc's aligned_alloc carves the block out of
@@ -147,8 +146,8 @@ Buffer Buffer::Allocate(size_t size) {
   // unaligned is copied into one).
   void* raw = std::malloc(size + 63);
   if (raw == nullptr) throw std::bad_alloc();
-  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(raw) + 63) &
-                            ~static_cast<uintptr_t>(63);
+  const uintptr_t aligned =
+      (reinterpret_cast<uintptr_t>(raw) + 63) & ~static_cast<uintptr_t>(63);
   b.data_ = reinterpret_cast<const uint8_t*>(aligned);
   b.owner_ = std::shared_ptr<const void>(
       b.data_, [raw](const void*) { std::free(raw); });

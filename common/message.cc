@@ -38,10 +38,9 @@ absl::Status CheckFrame(const wire::DataFrame& desc, size_t actual,
     case wire::DataFrame::BF16:
       if (desc.num_values() > (uint64_t{1} << 61) ||
           desc.num_bytes() != 2 * desc.num_values()) {
-        return absl::DataLossError(absl::StrCat("bfloat16 frame ", index,
-                                                " of ", actual,
-                                                " bytes cannot hold ",
-                                                desc.num_values(), " values"));
+        return absl::DataLossError(
+            absl::StrCat("bfloat16 frame ", index, " of ", actual,
+                         " bytes cannot hold ", desc.num_values(), " values"));
       }
       break;
     case wire::DataFrame::RAW:
@@ -72,7 +71,8 @@ void AddBf16Frame(Message* msg, Buffer values) {
 }
 
 size_t RowsPerFrame(size_t rows, size_t row_bytes, size_t frame_bytes) {
-  const size_t by_size = std::max<size_t>(1, frame_bytes / std::max<size_t>(1, row_bytes));
+  const size_t by_size =
+      std::max<size_t>(1, frame_bytes / std::max<size_t>(1, row_bytes));
   const size_t by_count = (rows + kMaxRowFrames - 1) / kMaxRowFrames;
   return std::max(by_size, by_count);
 }
@@ -101,8 +101,8 @@ absl::StatusOr<size_t> CheckForEncoding(const Message& msg) {
 
 bool SerializeHeader(const Message& msg, void* out, size_t size) {
   // ByteSizeLong was computed by CheckForEncoding and is cached in the header.
-  return msg.header.SerializeWithCachedSizesToArray(static_cast<uint8_t*>(out)) ==
-         static_cast<uint8_t*>(out) + size;
+  return msg.header.SerializeWithCachedSizesToArray(
+             static_cast<uint8_t*>(out)) == static_cast<uint8_t*>(out) + size;
 }
 
 absl::StatusOr<std::vector<Buffer>> EncodeMessage(const Message& msg) {
@@ -189,10 +189,9 @@ absl::Status DecodeHeader(const void* header, size_t header_size,
         absl::StrCat("unknown command ", static_cast<int>(out->command())));
   }
   if (static_cast<size_t>(out->frames_size()) > limits.max_frames) {
-    return absl::DataLossError(absl::StrCat("header describes ",
-                                            out->frames_size(),
-                                            " data frames; at most ",
-                                            limits.max_frames, " are allowed"));
+    return absl::DataLossError(absl::StrCat(
+        "header describes ", out->frames_size(), " data frames; at most ",
+        limits.max_frames, " are allowed"));
   }
   uint64_t total = 0;
   for (int i = 0; i < out->frames_size(); ++i) {

@@ -90,9 +90,9 @@ absl::StatusOr<Message> DecodeMessage(
     std::vector<Buffer> parts, const CodecLimits& limits = CodecLimits());
 // The same, with the header frame's bytes given apart (they are only read
 // during the call) and `data` the data frames.
-absl::StatusOr<Message> DecodeMessage(const void* header, size_t header_size,
-                                      std::vector<Buffer> data,
-                                      const CodecLimits& limits = CodecLimits());
+absl::StatusOr<Message> DecodeMessage(
+    const void* header, size_t header_size, std::vector<Buffer> data,
+    const CodecLimits& limits = CodecLimits());
 
 // Parses a header alone and checks its frame descriptors (consistency,
 // count, sizes) against `limits`, for a receiver that assembles the frames

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/compression/two_bit.h"
 #include "common/status_macros.h"
+#include "common/hashed_spec.h"
 #include "server/key_store.h"
 #include "server/pull_shadow.h"
 #include "server/slice_engine.h"
@@ -150,6 +151,12 @@ std::unique_ptr<SliceEngine> MakeDenseEngine(StoredKey& key, int num_workers,
 
 std::unique_ptr<SliceEngine> MakeSliceEngine(StoredKey& key, int num_workers,
                                              SyncRound::Mode sum_mode) {
+  if (key.hashed()) {
+    // Checked when the key was made (KVServer::Init, KeyStore::Restore).
+    absl::StatusOr<HashedSpec> spec = HashedSpec::Parse(key.hashed_spec);
+    return MakeHashedEngine(key, num_workers, sum_mode,
+                            spec.ok() ? *spec : HashedSpec());
+  }
   return key.row_length != 0 ? MakeRowEngine(key, num_workers, sum_mode)
                              : MakeDenseEngine(key, num_workers, sum_mode);
 }

@@ -85,9 +85,9 @@ void ExactSum::Wide::AddFloat(float v) {
 void ExactSum::Wide::AddDouble(double d) {
   if (d == 0) return;
   int e = 0;
-  const double f = std::frexp(std::fabs(d), &e);  // |d| = f * 2^e
+  const double f = std::frexp(std::fabs(d), &e);          // |d| = f * 2^e
   uint64_t m = static_cast<uint64_t>(std::ldexp(f, 53));  // exact
-  int shift = e - 53 + 149;  // in units of 2^-149
+  int shift = e - 53 + 149;                               // in units of 2^-149
   if (shift < 0) {
     m >>= -shift;  // exact: d is a multiple of 2^-149
     shift = 0;
@@ -143,8 +143,8 @@ float ExactSum::Wide::Round() const {
       }
     }
     // Exact in double; the cast is exact, or infinity past the float range.
-    magnitude = static_cast<float>(std::ldexp(static_cast<double>(keep),
-                                              exponent));
+    magnitude =
+        static_cast<float>(std::ldexp(static_cast<double>(keep), exponent));
   }
   return negative ? -magnitude : magnitude;
 }

@@ -120,13 +120,11 @@ class ExactSum {
   void AddSlow(uint64_t i, float v);
   // Adds v[0..end-begin) to elements [begin, end) of one block.
   void AddRange(uint64_t begin, uint64_t end, const float* v);
-  bool IsWide(uint64_t i) const {
-    return (wide_bits_[i / 64] >> (i % 64)) & 1;
-  }
+  bool IsWide(uint64_t i) const { return (wide_bits_[i / 64] >> (i % 64)) & 1; }
 
   uint64_t length_;
   Mode mode_ = Mode::kEmpty;
-  std::vector<double> acc_;  // doubles, or (after Finish) floats
+  std::vector<double> acc_;      // doubles, or (after Finish) floats
   std::vector<int32_t> counts_;  // counts, or (after Finish) floats
   float count_threshold_ = 0;
   std::vector<uint64_t> wide_bits_;  // element i has left the double

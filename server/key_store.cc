@@ -14,6 +14,7 @@ StoredKey::StoredKey(const wire::KeySlice& slice, bool sync, int num_workers,
              (slice.row_length() == 0 ? 1 : slice.row_length())),
       total_length(slice.total_length()),
       row_length(slice.row_length()),
+      hashed_spec(slice.hashed_spec()),
       sync(sync),
       ledger(num_workers),
       waiting(limits),
@@ -147,6 +148,7 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
   slice.set_length(k.length());
   slice.set_total_length(k.total_length());
   slice.set_row_length(k.row_length());
+  if (k.has_hashed()) slice.set_hashed_spec(k.hashed().spec());
   StoredKey* key = Create(slice, k.sync_mode());
   key->weights = Buffer::CopyOf(k.weights().data(), k.weights().size());
   key->optimizer_state = std::move(state);

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,9 @@ struct StoredKey {
   const uint64_t length;        // values held (rows x row_length)
   const uint64_t total_length;  // rows, for a row-sparse key
   const uint64_t row_length;    // 0: a dense key
+  // A hashed row key (offset, length and total_length 0): its HashedSpec.
+  const std::string hashed_spec;
+  bool hashed() const { return row_length != 0 && total_length == 0; }
   const bool sync;
   Buffer weights;
   std::vector<std::vector<float>> optimizer_state;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/bounded_queue.h"
+#include "common/hashed_spec.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
@@ -575,6 +576,26 @@ void KVServer::Init(Shard* shard, Message&& msg) {
                 "key ", slice.key(), " is already initialised with [",
                 key->offset, ", +", key->length, ") of ", key->total_length)));
     }
+    return;
+  }
+  if (slice.row_length() != 0 && slice.offset() == 0 && slice.length() == 0 &&
+      slice.total_length() == 0) {
+    // A hashed row key: no value; its rows come with its ids.
+    absl::StatusOr<HashedSpec> spec = HashedSpec::Parse(slice.hashed_spec());
+    if (!spec.ok() || !msg.data.empty() ||
+        slice.row_length() > (uint64_t{1} << 24)) {
+      Reply(msg, absl::InvalidArgumentError(
+                     absl::StrCat("init of hashed key ", slice.key(), ": ",
+                                  spec.ok() ? "malformed slice or value"
+                                            : spec.status().message())));
+      return;
+    }
+    StoredKey* key =
+        shard->store.Create(slice, msg.header.kv_options().sync_mode());
+    key->weights = Buffer::Allocate(0);
+    Reply(msg, absl::OkStatus(), Buffer(), key);
+    shard->store.AdoptOrphans(key);
+    Replay(key);
     return;
   }
   // A row-sparse key's init without a value means zeros.

@@ -15,7 +15,8 @@ void PullShadow::Advance(const Buffer& weights) {
   changed_ = false;
   const size_t n = weights.num_floats();
   const float* w = weights.floats();
-  if (!shadow_.unique()) shadow_ = Buffer::CopyOf(shadow_.data(), shadow_.size());
+  if (!shadow_.unique())
+    shadow_ = Buffer::CopyOf(shadow_.data(), shadow_.size());
   float* s = shadow_.mutable_floats();
   const float t = static_cast<float>(round_kernels::MeanAbsDifference(w, s, n));
   if (t == 0) return;  // nothing differs: no new version
@@ -45,8 +46,8 @@ void PullShadow::Answer(const Buffer& weights, const wire::Header& request,
   // version, and workers would fall behind the history).
   if (changed_ && (request.pull_chain() != chain_ || have >= version_))
     Advance(weights);
-  const bool same_chain = request.pull_chain() == chain_ && have >= 1 &&
-                          have <= version_;
+  const bool same_chain =
+      request.pull_chain() == chain_ && have >= 1 && have <= version_;
   const bool reachable =
       same_chain &&
       (have == version_ ||

@@ -17,9 +17,8 @@ void SyncRound::Contribute(int rank, const wire::Header& request) {
 absl::Status SyncRound::AddFloats(int rank, const Buffer& values,
                                   const wire::Header& request) {
   if (values.size() != length_ * sizeof(float)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("push of ", values.size(), " bytes for ", length_,
-                     " float32 values"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push of ", values.size(), " bytes for ", length_, " float32 values"));
   }
   if (contributed_.size() == 1) {
     single_ = values;
@@ -45,9 +44,9 @@ absl::Status SyncRound::AddTwoBit(int rank, const Buffer& packed,
                                   const wire::Header& request) {
   if (contributed_.size() == 1) {
     Buffer decoded = Buffer::Allocate(length_ * sizeof(float));
-    absl::Status s = compression::TwoBitDequantize(
-        packed.data(), packed.size(), length_, threshold,
-        decoded.mutable_floats());
+    absl::Status s =
+        compression::TwoBitDequantize(packed.data(), packed.size(), length_,
+                                      threshold, decoded.mutable_floats());
     if (!s.ok()) return s;
     single_ = std::move(decoded);
   } else if (mode_ == Mode::kArrival) {
@@ -159,9 +158,9 @@ absl::Status RowRound::AddTwoBit(int rank, std::vector<uint64_t> rows,
   if (increasing || mode_ == SyncRound::Mode::kArrival) {
     // Decoded: one worker's push is the sum; the arrival mode adds floats.
     Buffer decoded = Buffer::Allocate(values * sizeof(float));
-    TESSERA_RETURN_IF_ERROR(compression::TwoBitDequantize(
-        packed.data(), packed.size(), values, threshold,
-        decoded.mutable_floats()));
+    TESSERA_RETURN_IF_ERROR(
+        compression::TwoBitDequantize(packed.data(), packed.size(), values,
+                                      threshold, decoded.mutable_floats()));
     if (increasing) {
       std::vector<Buffer> parts;
       parts.push_back(std::move(decoded));

@@ -198,11 +198,13 @@ __attribute__((target("avx2"))) double MeanAbsDifferenceAvx2(const float* w,
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(s + i));
-    lo = _mm256_add_pd(lo, _mm256_andnot_pd(sign, _mm256_cvtps_pd(
-                                                      _mm256_castps256_ps128(d))));
-    hi = _mm256_add_pd(hi, _mm256_andnot_pd(sign, _mm256_cvtps_pd(
-                                                      _mm256_extractf128_ps(d, 1))));
+    const __m256 d =
+        _mm256_sub_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(s + i));
+    lo = _mm256_add_pd(
+        lo, _mm256_andnot_pd(sign, _mm256_cvtps_pd(_mm256_castps256_ps128(d))));
+    hi = _mm256_add_pd(
+        hi,
+        _mm256_andnot_pd(sign, _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1))));
   }
   double part[8];
   _mm256_storeu_pd(part, lo);

@@ -47,8 +47,7 @@ class RowEngine : public RoundSliceEngine<RowRound> {
       } else {
         float* f = out.mutable_floats();
         for (size_t i = 0; i < count; ++i) {
-          std::memcpy(f + i * l, w + (*rows)[first + i] * l,
-                      l * sizeof(float));
+          std::memcpy(f + i * l, w + (*rows)[first + i] * l, l * sizeof(float));
         }
         AddFloatFrame(reply, std::move(out));  // zero rows: an empty frame
       }

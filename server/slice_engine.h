@@ -14,8 +14,9 @@
 //   row-sparse (RowEngine)    num_rows x row_length; pushes and pulls name
 //                             rows; a round sums and updates only the rows
 //                             pushed (MXNet's lazy update)
-//
-// A hashed kind of key would be a third engine.
+//   hashed (HashedEngine)     rows named by any uint64 id, created for the
+//                             ids admitted, at most `capacity`
+//                             (hashed_table.h)
 //
 //   std::unique_ptr<SliceEngine> engine = MakeSliceEngine(key, workers, mode);
 //   absl::StatusOr<SliceEngine::Pushed> p = engine->Push(msg, settings, ctx);
@@ -46,6 +47,8 @@ namespace tessera {
 
 struct StoredKey;
 class PullShadow;
+class HashedTable;
+struct HashedSpec;
 
 // The server-wide settings a push is taken under.
 struct ServerSettings {
@@ -125,6 +128,8 @@ class SliceEngine {
 
   // Tests: the compressed pulls' shadow, when the kind has one and it exists.
   virtual const PullShadow* pull_shadow() const { return nullptr; }
+  // Tests and stats: a hashed key's table.
+  virtual const HashedTable* hashed_table() const { return nullptr; }
 };
 
 // What every engine whose open dist_sync round is an `OpenRound` (SyncRound,
@@ -148,7 +153,8 @@ class RoundSliceEngine : public SliceEngine {
   OpenRound round_;
 };
 
-// The engine of `key`'s kind (a row-sparse slice when key.row_length != 0).
+// The engine of `key`'s kind (a hashed key's when key.hashed(), a row-sparse
+// slice's when key.row_length != 0).
 // `key` outlives it (it is the key's).
 std::unique_ptr<SliceEngine> MakeSliceEngine(StoredKey& key, int num_workers,
                                              SyncRound::Mode sum_mode);
@@ -156,6 +162,9 @@ std::unique_ptr<SliceEngine> MakeDenseEngine(StoredKey& key, int num_workers,
                                              SyncRound::Mode sum_mode);
 std::unique_ptr<SliceEngine> MakeRowEngine(StoredKey& key, int num_workers,
                                            SyncRound::Mode sum_mode);
+std::unique_ptr<SliceEngine> MakeHashedEngine(StoredKey& key, int num_workers,
+                                              SyncRound::Mode sum_mode,
+                                              const HashedSpec& spec);
 
 }  // namespace tessera
 

@@ -51,8 +51,8 @@ inline void FloatsToBf16(const float* in, size_t n, uint16_t* out) {
     std::memcpy(&bits, in + i, sizeof(bits));
     const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
     const uint32_t nan = (bits >> 16) | 0x0040u;
-    out[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan
-                                                                      : rounded);
+    out[i] = static_cast<uint16_t>(
+        (bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
   }
 }
 

@@ -151,6 +151,14 @@ TESSERA_EXPORT void tessera_pulled_free(TesseraPulled* pulled);
 TESSERA_EXPORT int tessera_kv_init_rows(TesseraKV* kv, uint64_t key,
                                         const float* value, size_t num_rows,
                                         size_t row_length);
+/* Hashed row keys (see KVWorker::InitHashed): rows of row_length float32 named
+ * by any uint64 id; push and pull them with tessera_kv_push_rows /
+ * tessera_kv_pull_rows. options: "" or text such as "init=normal std=0.01
+ * seed=7 admit_after=2 expire_after=1000 capacity=1000000"
+ * (docs/embeddings.md). */
+TESSERA_EXPORT int tessera_kv_init_hashed(TesseraKV* kv, uint64_t key,
+                                          size_t row_length,
+                                          const char* options);
 TESSERA_EXPORT int tessera_kv_push_rows(TesseraKV* kv, uint64_t key,
                                         const uint64_t* row_ids, size_t num_ids,
                                         const float* rows);

@@ -193,6 +193,19 @@ class TESSERA_EXPORT KVWorker {
   // TESSERA_BIGARRAY_BOUND values big is split over every server by rows.
   virtual absl::Status InitRows(uint64_t key, const float* value,
                                 uint64_t num_rows, uint64_t row_length) = 0;
+  // Hashed row keys (embeddings for any feature id): rows of row_length
+  // float32 named by arbitrary uint64 ids, spread over the servers by a hash
+  // of the id. A server creates a row for an id when a push names it (pulls
+  // of an id without a row read the row it would be created with), keeps at
+  // most `capacity` rows, admits an id only after `admit_after` pushes named
+  // it and evicts rows not pushed for `expire_after` rounds. `options`: the
+  // text common/hashed_spec.h describes, e.g. "init=normal std=0.01 seed=7
+  // admit_after=2 expire_after=1000 capacity=1000000" ("" for zeros, no
+  // admission filter, no expiry, no bound); InvalidArgument naming a bad
+  // option. Then PushRows / PullRows with any ids. Init as Init does (every
+  // worker, same order).
+  virtual absl::Status InitHashed(uint64_t key, uint64_t row_length,
+                                  const std::string& options) = 0;
   // Pushes the gradients of some rows: `rows` holds row_ids.size() rows of
   // row_length values, one after another; ids may repeat (summed). In
   // dist_sync every worker pushes once per round (an empty set of rows
@@ -206,7 +219,8 @@ class TESSERA_EXPORT KVWorker {
       uint64_t key, absl::Span<const uint64_t> row_ids,
       absl::Span<const float> rows) = 0;
   // Pulls the named rows, in that order (ids may repeat; none is allowed),
-  // into `out` (row_ids.size() * row_length floats). Rows travel float32.
+  // into `out` (row_ids.size() * row_length floats). Rows travel float32
+  // (bfloat16 under pull compression).
   virtual absl::StatusOr<OpHandle> PullRowsAsync(
       uint64_t key, absl::Span<const uint64_t> row_ids,
       absl::Span<float> out) = 0;

@@ -88,6 +88,7 @@ def _declare(lib):
         'tessera_kv_resume_round': [kv, u64_p],
         # Row-sparse keys: ids travel as the address of a uint64 array.
         'tessera_kv_init_rows': [kv, u64, vp, size, size],
+        'tessera_kv_init_hashed': [kv, u64, size, ctypes.c_char_p],
         'tessera_kv_push_rows': [kv, u64, vp, size, vp],
         'tessera_kv_pull_rows': [kv, u64, vp, size, vp],
     }

@@ -175,6 +175,15 @@ def _row_ids(row_ids, what):
         raise TypeError('%s: expected a sequence of ints, got %s %r'
                         % (what, _type_name(row_ids), row_ids))
     ids = np.asarray(row_ids)
+    if ids.dtype.kind in 'fO' and isinstance(row_ids, (list, tuple)) and all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in row_ids):
+        # Python ints past 2**63 (hashed feature ids): NumPy guesses float64 or
+        # object; they are uint64 ids.
+        if any(x < 0 for x in row_ids):
+            raise ValueError('%s: row ids are >= 0, got %d' % (what, min(row_ids)))
+        if any(x > _U64_MAX for x in row_ids):
+            raise ValueError('%s: row ids are < 2**64, got %d' % (what, max(row_ids)))
+        ids = np.array(row_ids, dtype=np.uint64)
     if ids.ndim != 1:
         raise ValueError('%s: expected a 1-D sequence of row ids, got shape %s'
                          % (what, ids.shape))
@@ -619,6 +628,45 @@ class KVStore:
                 raise ValueError('init_rows: value: expected at least one row of at least '
                                  'one value, got shape %s' % (shape,))
         self._call('tessera_kv_init_rows', k, addr, rows, length)
+        with self._lock:
+            self._row_lengths[k] = length
+
+    def init_hashed(self, key, dim, init='zeros', low=None, high=None, mean=None, std=None,
+                    seed=0, admit_after=1, expire_after=0, capacity=0):
+        """Declares a hashed row key: rows of `dim` float32 named by any uint64 id
+        (feature ids, hashed crosses), spread over the servers by a hash of the id;
+        push_rows and pull_rows take any ids. A server creates an id's row when a
+        push names it, from `init` ('zeros', 'uniform' with low/high, 'normal' with
+        mean/std; seeded by `seed`, the same row on every server and run); a pull
+        of an id without a row reads the row it would start as. admit_after=N: an id
+        gets a row once N pushes named it (counted in a compact sketch; before that
+        its gradients are dropped); expire_after=R: rows not pushed for R rounds are
+        evicted (0: never); capacity=C: a server holds at most C rows of the key
+        (the least recently pushed are evicted first; 0: no bound). Every worker
+        calls it for the same keys in the same order (docs/embeddings.md)."""
+        k = _key(key)
+        length = _count('init_hashed: dim', dim)
+        if init not in ('zeros', 'uniform', 'normal'):
+            raise ValueError("init_hashed: init: expected 'zeros', 'uniform' or 'normal', "
+                             "got %r" % (init,))
+        parts = ['init=%s' % init]
+        for name, value in (('low', low), ('high', high), ('mean', mean), ('std', std)):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    raise TypeError('init_hashed: %s: expected a number, got %s %r'
+                                    % (name, _type_name(value), value))
+                parts.append('%s=%r' % (name, float(value)))
+        for name, value, least in (('seed', seed, 0), ('admit_after', admit_after, 1),
+                                   ('expire_after', expire_after, 0),
+                                   ('capacity', capacity, 0)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError('init_hashed: %s: expected an int, got %s %r'
+                                % (name, _type_name(value), value))
+            if value < least:
+                raise ValueError('init_hashed: %s: expected at least %d, got %d'
+                                 % (name, least, value))
+            parts.append('%s=%d' % (name, value))
+        self._call('tessera_kv_init_hashed', k, length, ' '.join(parts).encode())
         with self._lock:
             self._row_lengths[k] = length
 

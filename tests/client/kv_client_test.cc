@@ -19,6 +19,7 @@
 #include "common/node.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
+#include "common/hashed_spec.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/kv_server.h"
@@ -985,6 +986,102 @@ TEST(KVClientTest, RowSparseErrorsNameTheKeyAndIdAndApplyNothing) {
         TESSERA_RETURN_IF_ERROR(kv.PushRows(kRowKey, {3}, RowValues({2})));
         TESSERA_RETURN_IF_ERROR(kv.PullRows(kRowKey, {3}, absl::MakeSpan(out)));
         EXPECT_EQ(out, RowValues({2}));
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(results[0].ok()) << results[0];
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+}
+
+// Hashed row keys over three servers: any 64-bit ids (0, 2^64 - 1, big odd
+// ones), spread by hash; with no optimizer each id's row becomes the exact
+// sum of the round's pushes, rows never pushed read their initial row (the
+// same on every worker), and later rounds change only the ids they name.
+TEST(KVClientTest, HashedKeysSumAnyIdsExactlyAcrossServers) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/3, /*workers=*/2);
+  InProcessCluster cluster(net, options);
+  constexpr uint64_t kKey = 80, kLen = 3;
+  const std::vector<uint64_t> ids = {0, ~uint64_t{0}, 0x8000000000000001ULL,
+                                     12345678901234567ULL, 42, 43, 44};
+  const HashedSpec spec = *HashedSpec::Parse("init=uniform low=-1 high=1 seed=5");
+  std::vector<std::vector<float>> got(2), fresh(2);
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+        const int r = kv.rank();
+        TESSERA_RETURN_IF_ERROR(
+            kv.InitHashed(kKey, kLen, "init=uniform low=-1 high=1 seed=5"));
+        // Round 1: everyone pushes every id (rank 1 in reverse, one twice).
+        std::vector<uint64_t> mine = ids;
+        if (r == 1) {
+          std::reverse(mine.begin(), mine.end());
+          mine.push_back(42);
+        }
+        std::vector<float> rows;
+        for (uint64_t id : mine)
+          for (uint64_t j = 0; j < kLen; ++j)
+            rows.push_back(static_cast<float>(r + 1) * (j + 1) + (id % 7));
+        TESSERA_RETURN_IF_ERROR(kv.PushRows(kKey, mine, rows));
+        // Round 2: rank 0 pushes id 43 only, rank 1 nothing.
+        if (r == 0) {
+          TESSERA_RETURN_IF_ERROR(
+              kv.PushRows(kKey, {43}, std::vector<float>(kLen, 100.0f)));
+        } else {
+          TESSERA_RETURN_IF_ERROR(kv.PushRows(kKey, {}, {}));
+        }
+        got[r].assign(ids.size() * kLen, 0);
+        TESSERA_RETURN_IF_ERROR(kv.PullRows(kKey, ids, absl::MakeSpan(got[r])));
+        fresh[r].assign(2 * kLen, 0);
+        TESSERA_RETURN_IF_ERROR(
+            kv.PullRows(kKey, {7, 1ULL << 63}, absl::MakeSpan(fresh[r])));
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  for (int r = 0; r < 2; ++r) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      for (uint64_t j = 0; j < kLen; ++j) {
+        const float one = 1.0f * (j + 1) + (ids[k] % 7);
+        const float two = 2.0f * (j + 1) + (ids[k] % 7);
+        float want = one + two + (ids[k] == 42 ? two : 0.0f);
+        if (ids[k] == 43) want = 100.0f;
+        EXPECT_EQ(got[r][k * kLen + j], want) << "id " << ids[k] << " col " << j;
+      }
+    }
+    for (uint64_t j = 0; j < kLen; ++j) {
+      EXPECT_EQ(fresh[r][j], spec.InitialValue(7, j));
+      EXPECT_EQ(fresh[r][kLen + j], spec.InitialValue(1ULL << 63, j));
+    }
+  }
+}
+
+TEST(KVClientTest, HashedKeyErrorsNameTheOptionOrTheKey) {
+  MemoryNetwork net;
+  const Options options = JobOptions(/*servers=*/2, /*workers=*/1);
+  InProcessCluster cluster(net, options);
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
+        absl::Status s = kv.InitHashed(90, 4, "admit_after=0");
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_EQ(s.message(),
+                  "init of hashed key 90: hashed key option admit_after: "
+                  "expected a whole number >= 1, got '0'");
+        s = kv.InitHashed(90, 0, "");
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(s.message()), HasSubstr("rows of 0 values"));
+        TESSERA_RETURN_IF_ERROR(kv.InitHashed(90, 4, "capacity=10"));
+        s = kv.PushRows(90, {1ULL << 50}, std::vector<float>(3, 1.0f));
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(s.message()), HasSubstr("need 4 values"));
+        std::vector<float> dense(4);
+        s = kv.Pull(90, absl::MakeSpan(dense));
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+        // The key still serves.
+        TESSERA_RETURN_IF_ERROR(
+            kv.PushRows(90, {1ULL << 50}, std::vector<float>(4, 2.0f)));
+        std::vector<float> out(4);
+        TESSERA_RETURN_IF_ERROR(
+            kv.PullRows(90, {1ULL << 50}, absl::MakeSpan(out)));
+        EXPECT_EQ(out, std::vector<float>(4, 2.0f));
         return absl::OkStatus();
       });
   ASSERT_TRUE(results[0].ok()) << results[0];

@@ -37,9 +37,10 @@ uint16_t Reference(float x) {
   const double dd = FromBits(static_cast<uint32_t>(down) << 16);
   // Past the largest finite value, 'up' is infinity: the overflow threshold
   // is halfway to 2^128.
-  const double du = (up & 0x7fff) == 0x7f80
-                        ? std::copysign(std::ldexp(1.0, 128), dx)
-                        : static_cast<double>(FromBits(static_cast<uint32_t>(up) << 16));
+  const double du =
+      (up & 0x7fff) == 0x7f80
+          ? std::copysign(std::ldexp(1.0, 128), dx)
+          : static_cast<double>(FromBits(static_cast<uint32_t>(up) << 16));
   const double to_down = std::fabs(dx - dd), to_up = std::fabs(du - dx);
   if (to_down < to_up) return down;
   if (to_up < to_down) return up;
@@ -50,7 +51,7 @@ TEST(Bf16Test, RoundsToNearestTiesToEven) {
   EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
   EXPECT_EQ(FloatToBf16(1.0f + 0.00390625f), 0x3f80);  // 1 + 2^-8: tie, even
   EXPECT_EQ(FloatToBf16(1.0f + 3 * 0.00390625f), 0x3f82);  // tie, up to even
-  EXPECT_EQ(FloatToBf16(1.0f + 0.005859375f), 0x3f81);  // above the tie
+  EXPECT_EQ(FloatToBf16(1.0f + 0.005859375f), 0x3f81);     // above the tie
   EXPECT_EQ(FloatToBf16(-3.3f), 0xc053);
   EXPECT_EQ(Bf16ToFloat(0xc053), -3.296875f);
   // A carry out of the fraction moves the exponent: 2 - 2^-23 -> 2.

@@ -437,10 +437,49 @@ def rows():
         print('rows ok: rank %d of %d, %d servers' % (r, n, kv.num_servers))
 
 
+def hashed():
+    """Hashed row keys from Python: any 64-bit ids, sgd lr=-1 (a round adds the sum
+    of the rows pushed), zeros to start. Each rank r pushes rank+1 into ids
+    2**63 + r and 7 (all ranks); after c rounds id 2**63 + r holds c(r+1), id 7
+    c n(n+1)/2, and an id never pushed its initial row (zeros). With
+    admit_after=2 (key 21), an id named by one push a round gets its row at its
+    second round; ids named by every rank at their first."""
+    E = tessera.TesseraError
+    with tessera.KVStore('dist_sync') as kv:
+        n, r = kv.num_workers, kv.rank
+        assert n > 1, 'run the hashed check with 2 or more workers'
+        kv.set_optimizer('sgd lr=-1')
+        kv.init_hashed(20, 4)
+        kv.init_hashed(21, 2, admit_after=2, capacity=100)
+        expect_error(ValueError, "init_hashed: init: expected 'zeros', 'uniform' or "
+                     "'normal', got 'ones'", kv.init_hashed, 22, 4, init='ones')
+        expect_error(ValueError, 'init_hashed: admit_after: expected at least 1, got 0',
+                     kv.init_hashed, 22, 4, admit_after=0)
+        expect_error(TypeError, 'init_hashed: capacity: expected an int',
+                     kv.init_hashed, 22, 4, capacity=1.5)
+        expect_error(ValueError, 'init_hashed: dim: expected at least 1, got 0',
+                     kv.init_hashed, 22, 0)
+        mine = [2 ** 63 + r, 7]
+        for c in range(1, 3):
+            kv.push_rows(20, mine, np.full((2, 4), r + 1, np.float32))
+            kv.push_rows(21, [1000 + r, 5], np.ones((2, 2), np.float32))
+            got = kv.pull_rows(20, [2 ** 63 + q for q in range(n)] + [7, 2 ** 64 - 1])
+            for q in range(n):
+                assert (got[q] == c * (q + 1)).all(), (c, q, got[q])
+            assert (got[n] == c * n * (n + 1) // 2).all(), (c, got[n])
+            assert (got[n + 1] == 0).all(), got[n + 1]
+            lone = kv.pull_rows(21, [1000 + r, 5])
+            want_lone = 0.0 if c == 1 else 1.0  # admitted at its second push
+            assert (lone[0] == want_lone).all(), (c, lone[0], want_lone)
+            assert (lone[1] == c * n).all(), (c, lone[1])
+            kv.barrier()
+        print('hashed ok: rank %d of %d, %d servers' % (r, n, kv.num_servers))
+
+
 MODES = {'nightly': nightly, 'compress': compress, 'pull_compress': pull_compress,
          'forms': forms, 'errors': errors,
          'gil': gil, 'async': async_, 'fail': fail, 'noclose': noclose,
-         'rows': rows}
+         'rows': rows, 'hashed': hashed}
 
 if __name__ == '__main__':
     MODES[sys.argv[1]]()

@@ -57,6 +57,11 @@ def test_row_sparse_keys_sum_rows_by_id_with_three_workers_and_two_servers(job):
     assert 'rank 2 of 3, 2 servers' in out
 
 
+def test_hashed_keys_take_any_64_bit_ids_with_three_workers_and_two_servers(job):
+    out, _ = run_check(job, 'hashed', 3, 2)
+    assert 'hashed ok: rank 2 of 3, 2 servers' in out
+
+
 def test_dist_async_applies_every_push(job):
     run_check(job, 'async', 2, 2)
 

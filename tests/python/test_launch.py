@@ -43,6 +43,22 @@ def test_sparse_bow_example_learns_through_row_sparse_keys(job):
     assert rounds and all(r == 400 for r in rounds), out
 
 
+def test_ctr_example_learns_through_hashed_keys(job):
+    # 2 workers, 2 servers, 1 epoch of 100,000 generated examples over 10^8 possible
+    # ids per feature: the holdout AUC beats chance clearly (0.5) and the logloss the
+    # constant predictor's; the same bits on both workers.
+    code, out, took = job.python(
+        2, 2, os.path.join(EXAMPLES, 'ctr_hashed.py'), '--epochs', '1', '--train', '100000',
+        '--holdout', '10000', timeout=120)
+    assert code == 0, out
+    finals = re.findall(r'rank \d final Validation-logloss=([\d.]+) Validation-auc=([\d.]+)', out)
+    assert len(finals) == 2 and finals[0] == finals[1], out
+    logloss, auc = float(finals[0][0]), float(finals[0][1])
+    constant = float(re.search(r'its constant predictor: logloss ([\d.]+)', out).group(1))
+    assert auc > 0.62 and logloss < constant, out
+    assert len(re.findall(r'distinct ids per feature', out)) == 2, out
+
+
 def test_a_python_worker_that_raises_ends_the_job_at_once_naming_it(job):
     code, out, took = job.python(2, 1, os.path.join(HERE, 'kv_check.py'), 'fail', timeout=60)
     assert code != 0, out

@@ -17,6 +17,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
+#include "common/hashed_spec.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -583,6 +584,91 @@ TEST(KVServerTest, RowKeySnapshotWithAnOpenRoundRestoresBitForBit) {
   EXPECT_EQ(pulled[0][0], 0.0f) << "row 0 never had a gradient";
   EXPECT_EQ(pulled[0][6], 0.0f);
   EXPECT_NE(pulled[0][8], 0.0f);
+}
+
+// A hashed key (key 31, rows of 2; offset, length and total 0).
+Message HashedMessage(wire::Command cmd, int rank, uint64_t seq,
+                      const std::vector<uint64_t>& ids,
+                      const std::vector<float>& values) {
+  Message m = KeyMessage(cmd, rank, 31, 0);
+  m.header.mutable_slice()->set_row_length(2);
+  m.header.set_push_seq(seq);
+  wire::DataFrame* d = m.header.add_frames();
+  d->set_encoding(wire::DataFrame::RAW);
+  d->set_num_bytes(ids.size() * 8);
+  m.data.push_back(Buffer::CopyOf(ids.data(), ids.size() * 8));
+  if (cmd == wire::KV_PUSH) AddFloatFrame(&m, Floats(values));
+  return m;
+}
+
+// A hashed key's table, its recency order and its admission counts survive
+// a checkpoint with a round open: the restored server and the original, fed
+// the same pushes after it, answer every pull with the same bits, and an id
+// seen once before the checkpoint is admitted at its second push after it.
+TEST(KVServerTest, HashedKeySnapshotRestoresTheTableAndItsCountsBitForBit) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().Handle(SetOptimizer("adam lr=0.1"));
+  ExpectOk(h);
+  Message init = KeyMessage(wire::KV_INIT, 0, 31, 0);
+  init.header.mutable_slice()->set_row_length(2);
+  init.header.mutable_slice()->set_hashed_spec(
+      "init=uniform low=-1 high=1 seed=4 admit_after=2 capacity=3");
+  init.header.mutable_kv_options()->set_sync_mode(true);
+  h.server().Handle(std::move(init));
+  ExpectOk(h);
+  const uint64_t big = uint64_t{1} << 60;
+  // Round 1: 7 named by both pushes (admitted), big by one (dropped).
+  h.server().Handle(HashedMessage(wire::KV_PUSH, 0, 0, {big, 7}, {1, 2, 3, 4}));
+  h.server().Handle(HashedMessage(wire::KV_PUSH, 1, 0, {7}, {5, 6}));
+  ExpectOk(h);
+  ExpectOk(h);
+  h.server().Handle(HashedMessage(wire::KV_PUSH, 0, 1, {99}, {7, 8}));  // open
+  absl::Mutex mu;
+  std::optional<wire::ServerCheckpoint> saved;
+  h.server().Snapshot([&](wire::ServerCheckpoint shard) {
+    absl::MutexLock lock(&mu);
+    saved = std::move(shard);
+  });
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](std::optional<wire::ServerCheckpoint>* s) {
+          return s->has_value();
+        },
+        &saved));
+  }
+  ASSERT_EQ(saved->keys_size(), 1);
+  ASSERT_TRUE(saved->keys(0).has_hashed());
+  EXPECT_EQ(saved->keys(0).hashed().ids_size(), 1) << "7 alone has a row";
+  EXPECT_EQ(saved->keys(0).hashed().dropped(), 1u);
+  ServerHarness restored(/*num_workers=*/2);
+  ASSERT_TRUE(restored.server().Restore(*saved).ok());
+  restored.server().Handle(HashedMessage(wire::KV_PUSH, 0, 1, {99}, {7, 8}));
+  for (ServerHarness* s : {&h, &restored}) {
+    // Round 2: big's second push (admitted now), 99 once so far, 5 new.
+    s->server().Handle(HashedMessage(wire::KV_PUSH, 1, 1, {big, 5}, {1, 1, 2, 2}));
+    ExpectOk(*s);
+    ExpectOk(*s);
+  }
+  std::vector<std::vector<float>> pulled;
+  for (ServerHarness* s : {&h, &restored}) {
+    s->server().Handle(
+        HashedMessage(wire::KV_PULL, 0, 0, {7, big, 99, 5, 12345}, {}));
+    std::optional<Message> r = s->NextReply();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+    pulled.push_back(ValuesOf(*r));
+  }
+  ASSERT_EQ(pulled[0].size(), 10u);
+  EXPECT_EQ(std::memcmp(pulled[0].data(), pulled[1].data(), 40), 0);
+  const HashedSpec spec =
+      *HashedSpec::Parse("init=uniform low=-1 high=1 seed=4");
+  // 99 and 5 were named once each: no rows, their initial rows.
+  EXPECT_EQ(pulled[0][4], spec.InitialValue(99, 0));
+  EXPECT_EQ(pulled[0][6], spec.InitialValue(5, 0));
+  EXPECT_EQ(pulled[0][8], spec.InitialValue(12345, 0));
+  // big was admitted in round 2: Adam moved it from its initial row.
+  EXPECT_NE(pulled[0][2], spec.InitialValue(big, 0));
 }
 
 // Checkpoint writes held 3 s, as on a slow disk: pushes keep being answered.

@@ -37,12 +37,24 @@ std::vector<float> AwkwardFloats(size_t n, std::mt19937* rng) {
   std::uniform_int_distribution<int> e(-140, 120);
   for (float& x : v) {
     switch (kind(*rng)) {
-      case 0: x = std::numeric_limits<float>::quiet_NaN(); break;
-      case 1: x = std::numeric_limits<float>::infinity() * (u(*rng) < 0 ? -1 : 1); break;
-      case 2: x = -0.0f; break;
-      case 3: x = std::ldexp(u(*rng), e(*rng)); break;
-      case 4: x = 1e-44f; break;
-      default: x = u(*rng); break;
+      case 0:
+        x = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case 1:
+        x = std::numeric_limits<float>::infinity() * (u(*rng) < 0 ? -1 : 1);
+        break;
+      case 2:
+        x = -0.0f;
+        break;
+      case 3:
+        x = std::ldexp(u(*rng), e(*rng));
+        break;
+      case 4:
+        x = 1e-44f;
+        break;
+      default:
+        x = u(*rng);
+        break;
     }
   }
   return v;
@@ -69,7 +81,8 @@ TEST(RoundKernelsTest, AddExactlyMatchesTwoSumPerValueOnEveryTarget) {
     std::uniform_real_distribution<double> big(-1e20, 1e20);
     const std::vector<float> seeds = AwkwardFloats(n, &rng);
     for (size_t i = 0; i < n; ++i)
-      start[i] = i % 3 == 0 ? big(rng) : (i % 3 == 1 ? 0.0 : seeds[(i + 1) % n]);
+      start[i] =
+          i % 3 == 0 ? big(rng) : (i % 3 == 1 ? 0.0 : seeds[(i + 1) % n]);
     for (double& x : start)
       if (std::isnan(x)) x = 1.0;
     const std::vector<float> v = AwkwardFloats(n, &rng);
@@ -89,7 +102,8 @@ TEST(RoundKernelsTest, AddExactlyMatchesTwoSumPerValueOnEveryTarget) {
       const bool any = AddExactly(a.data(), v.data(), rounded.data(), n);
       bool want_any = false;
       for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(Bits(a[i]), Bits(want[i])) << target << " n=" << n << " i=" << i;
+        ASSERT_EQ(Bits(a[i]), Bits(want[i]))
+            << target << " n=" << n << " i=" << i;
         ASSERT_EQ(rounded[i], want_rounded[i]) << target << " i=" << i;
         want_any |= want_rounded[i] != 0;
       }
@@ -107,7 +121,10 @@ TEST(RoundKernelsTest, CodeWordsAndCountsAgreeOnEveryTarget) {
     uint8_t byte = 0;
     for (int k = 0; k < 4; ++k) {
       const uint32_t pick = rng() % 3;
-      byte |= static_cast<uint8_t>((pick == 0 ? 0b00 : pick == 1 ? 0b10 : 0b11) << (2 * k));
+      byte |= static_cast<uint8_t>((pick == 0   ? 0b00
+                                    : pick == 1 ? 0b10
+                                                : 0b11)
+                                   << (2 * k));
     }
     b = byte;
   }
@@ -116,13 +133,15 @@ TEST(RoundKernelsTest, CodeWordsAndCountsAgreeOnEveryTarget) {
   // The definition: decode with the codec and add.
   std::vector<float> decoded(16 * words);
   ASSERT_TRUE(compression::TwoBitDequantize(payload.data(), payload.size(),
-                                            decoded.size(), 1.0f, decoded.data())
+                                            decoded.size(), 1.0f,
+                                            decoded.data())
                   .ok());
   OnEveryTarget([&](const char* target) {
     std::vector<int32_t> c = start;
     AddCodeWords(c.data(), payload.data(), words);
     for (size_t i = 0; i < c.size(); ++i)
-      ASSERT_EQ(c[i], start[i] + static_cast<int32_t>(decoded[i])) << target << i;
+      ASSERT_EQ(c[i], start[i] + static_cast<int32_t>(decoded[i]))
+          << target << i;
     // Counts to floats: rounded once, in place or not; t = 0.1f makes
     // c x t inexact in float32 for most c.
     for (const float t : {0.1f, 3.0e38f, 1e-45f}) {
@@ -133,7 +152,8 @@ TEST(RoundKernelsTest, CodeWordsAndCountsAgreeOnEveryTarget) {
                      reinterpret_cast<float*>(in_place.data()));
       for (size_t i = 0; i + 3 < c.size(); ++i) {
         const float want = static_cast<float>(static_cast<double>(c[i]) * t);
-        ASSERT_EQ(Bits(out[i]), Bits(want)) << target << " t=" << t << " i=" << i;
+        ASSERT_EQ(Bits(out[i]), Bits(want))
+            << target << " t=" << t << " i=" << i;
         float got;
         std::memcpy(&got, &in_place[i], 4);
         ASSERT_EQ(Bits(got), Bits(want)) << target << " in place, i=" << i;
@@ -149,8 +169,8 @@ TEST(RoundKernelsTest, ChangeCodingMatchesTheWorkersDecodeOnEveryTarget) {
     std::vector<float> w(n), s0(n);
     for (size_t i = 0; i < n; ++i) {
       w[i] = u(rng);
-      s0[i] = i % 5 == 0 ? w[i] : u(rng);  // some unchanged
-      if (i % 7 == 3) s0[i] = w[i] - 0.5f;   // exactly at the threshold below
+      s0[i] = i % 5 == 0 ? w[i] : u(rng);   // some unchanged
+      if (i % 7 == 3) s0[i] = w[i] - 0.5f;  // exactly at the threshold below
       if (i % 11 == 4) s0[i] = -0.0f;
     }
     double mean = 0;
@@ -166,9 +186,11 @@ TEST(RoundKernelsTest, ChangeCodingMatchesTheWorkersDecodeOnEveryTarget) {
       // The definition of the mean: eight partial sums, fixed order.
       double part[8] = {0};
       for (size_t i = 0; i < n; ++i)
-        part[n - n % 8 > i ? i % 8 : 0] += std::fabs(static_cast<double>(w[i] - s0[i]));
+        part[n - n % 8 > i ? i % 8 : 0] +=
+            std::fabs(static_cast<double>(w[i] - s0[i]));
       const double want = (((part[0] + part[1]) + (part[2] + part[3])) +
-                           ((part[4] + part[5]) + (part[6] + part[7]))) / n;
+                           ((part[4] + part[5]) + (part[6] + part[7]))) /
+                          n;
       ASSERT_EQ(Bits(m), Bits(want)) << target;
       const float t = 0.5f;
       std::vector<float> s = s0;
@@ -182,7 +204,8 @@ TEST(RoundKernelsTest, ChangeCodingMatchesTheWorkersDecodeOnEveryTarget) {
                       .ok())
           << target;  // also: padding slots are 0
       for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(Bits(s[i]), Bits(worker[i])) << target << " n=" << n << " i=" << i;
+        ASSERT_EQ(Bits(s[i]), Bits(worker[i]))
+            << target << " n=" << n << " i=" << i;
         const float r = w[i] - s0[i];
         const float want_s = s0[i] + (r >= t ? t : (r <= -t ? -t : 0.0f));
         ASSERT_EQ(Bits(s[i]), Bits(want_s)) << target << " i=" << i;

@@ -117,9 +117,8 @@ int Main(int argc, char** argv) {
     table.push_back({stage, stage_bytes / MedianSeconds(reps, f) / 1e9});
   };
 
-  run("memcpy", bytes, [&] {
-    std::memcpy(out.data(), grad.data(), values * sizeof(float));
-  });
+  run("memcpy", bytes,
+      [&] { std::memcpy(out.data(), grad.data(), values * sizeof(float)); });
   run("gather", bytes, [&] {
     for (size_t k = 0; k < rows; ++k)
       std::memcpy(out.data() + k * l, matrix.data() + ids[k] * l,
@@ -135,8 +134,8 @@ int Main(int argc, char** argv) {
                                       0.5f, packed.data());
   });
   run("decode-add", bytes, [&] {
-    (void)compression::TwoBitDequantizeAdd(packed.data(), packed.size(),
-                                           values, 0.5f, out.data());
+    (void)compression::TwoBitDequantizeAdd(packed.data(), packed.size(), values,
+                                           0.5f, out.data());
   });
   ExactSum sum(values);
   run("sum floats", bytes * workers, [&] {
@@ -157,9 +156,8 @@ int Main(int argc, char** argv) {
     (void)round.TakeRequests();
   });
   std::unique_ptr<Optimizer> sgd = *Optimizer::Create("sgd lr=0.01");
-  run("update sgd", bytes, [&] {
-    sgd->Update(out.data(), grad.data(), values, nullptr, 1);
-  });
+  run("update sgd", bytes,
+      [&] { sgd->Update(out.data(), grad.data(), values, nullptr, 1); });
   Buffer weights = Buffer::CopyOf(grad.data(), values * sizeof(float));
   PullShadow shadow(weights, 1);
   run("shadow", bytes, [&] {
@@ -169,9 +167,10 @@ int Main(int argc, char** argv) {
     shadow.CatchUp(weights);
   });
 
-  std::printf("stages, one thread, %zu MiB of float32 values (%zu rows of %zu "
-              "for the row stages), median of %d\n",
-              static_cast<size_t>(mb), rows, l, static_cast<int>(reps));
+  std::printf(
+      "stages, one thread, %zu MiB of float32 values (%zu rows of %zu "
+      "for the row stages), median of %d\n",
+      static_cast<size_t>(mb), rows, l, static_cast<int>(reps));
   std::printf("%-12s %9s %7s\n", "stage", "GB/s", "x memcpy");
   const double base = table[0].gbps;
   for (const Row& r : table)

@@ -247,6 +247,13 @@ int tessera_kv_init_rows(TesseraKV* kv, uint64_t key, const float* value,
   return Result(kv->worker->InitRows(key, value, num_rows, row_length));
 }
 
+int tessera_kv_init_hashed(TesseraKV* kv, uint64_t key, size_t row_length,
+                           const char* options) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (options == nullptr) return NullArgument("options");
+  return Result(kv->worker->InitHashed(key, row_length, options));
+}
+
 int tessera_kv_push_rows(TesseraKV* kv, uint64_t key, const uint64_t* row_ids,
                          size_t num_ids, const float* rows) {
   if (kv == nullptr) return NullArgument("kv");

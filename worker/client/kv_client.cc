@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/compression/bf16.h"
 #include "common/compression/two_bit.h"
+#include "common/hashed_spec.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
@@ -309,9 +310,31 @@ absl::Status KVClient::InitRows(uint64_t key, const float* value,
                  partitioner_.PartitionRows(key, num_rows, row_length));
 }
 
+absl::Status KVClient::InitHashed(uint64_t key, uint64_t row_length,
+                                  const std::string& options) {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  if (row_length == 0 || row_length > (uint64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("init of hashed key ", key, ": rows of ", row_length,
+                     " values; expected 1..16777216"));
+  }
+  absl::StatusOr<HashedSpec> spec = HashedSpec::Parse(options);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init of hashed key ", key, ": ", spec.status().message()));
+  }
+  // One slice on every server (offset, length and total 0); ids go to
+  // HashedServerOf(id).
+  std::vector<KeyPart> parts;
+  for (int s = 0; s < options_.num_servers; ++s) parts.push_back({s, 0, 0});
+  return InitKey(key, nullptr, 0, row_length, std::move(parts),
+                 spec->ToString());
+}
+
 absl::Status KVClient::InitKey(uint64_t key, const float* value,
                                uint64_t length, uint64_t row_length,
-                               std::vector<KeyPart> parts) {
+                               std::vector<KeyPart> parts,
+                               const std::string& hashed_spec) {
   std::map<int, int> slices_per_server;
   bool windowed = false;
   for (const KeyPart& part : parts)
@@ -328,6 +351,7 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
     info.row_length = row_length;
     info.parts = parts;
     info.windowed = windowed;
+    info.hashed = !hashed_spec.empty();
     if (two_bit_ && row_length == 0) info.residual.assign(length, 0.0f);
     if (pull_two_bit_ && row_length == 0) {
       for (const KeyPart& part : parts)
@@ -371,6 +395,7 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
     for (size_t i = 0; i < parts.size(); ++i) {
       const KeyPart& part = parts[i];
       Message msg = SliceMessage(wire::KV_INIT, key, part, total, row_length);
+      msg.header.mutable_slice()->set_hashed_spec(hashed_spec);
       msg.header.mutable_kv_options()->set_sync_mode(sync_);
       if (value != nullptr) {
         AddFloatFrame(&msg, Buffer::CopyOf(value + part.offset * unit,
@@ -388,9 +413,8 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
   return barrier;
 }
 
-absl::StatusOr<uint64_t> KVClient::CheckRows(uint64_t key,
-                                             absl::Span<const uint64_t> row_ids,
-                                             const char* what) const {
+absl::StatusOr<KVClient::RowKey> KVClient::CheckRows(
+    uint64_t key, absl::Span<const uint64_t> row_ids, const char* what) const {
   absl::MutexLock lock(&mu_);
   auto it = keys_.find(key);
   if (it == keys_.end()) {
@@ -403,6 +427,7 @@ absl::StatusOr<uint64_t> KVClient::CheckRows(uint64_t key,
     return absl::InvalidArgumentError(absl::StrCat(
         what, " of key ", key, ": the key is dense (init, not init_rows)"));
   }
+  if (info.hashed) return RowKey{info.row_length, true};
   const uint64_t num_rows = info.length / info.row_length;
   for (uint64_t id : row_ids) {
     if (id >= num_rows) {
@@ -411,15 +436,33 @@ absl::StatusOr<uint64_t> KVClient::CheckRows(uint64_t key,
                        num_rows, " rows"));
     }
   }
-  return info.row_length;
+  return RowKey{info.row_length, false};
+}
+
+size_t KVClient::PartOfRow(const std::vector<KeyPart>& parts, bool hashed,
+                           uint64_t id) const {
+  if (hashed)
+    return static_cast<size_t>(HashedServerOf(id, options_.num_servers));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (id >= parts[i].offset && id < parts[i].offset + parts[i].length)
+      return i;
+  }
+  return parts.size();  // not reached: CheckRows checked the ids
 }
 
 absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
     uint64_t key, absl::Span<const uint64_t> row_ids,
     absl::Span<const float> rows) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
-  TESSERA_ASSIGN_OR_RETURN(const uint64_t l,
+  TESSERA_ASSIGN_OR_RETURN(const RowKey row_key,
                            CheckRows(key, row_ids, "row push"));
+  const uint64_t l = row_key.row_length;
+  const bool hashed = row_key.hashed;
+  std::vector<KeyPart> row_parts;
+  {
+    absl::MutexLock lock(&mu_);
+    row_parts = keys_.at(key).parts;
+  }
   if (rows.size() != row_ids.size() * l) {
     return absl::InvalidArgumentError(absl::StrCat(
         "row push of key ", key, ": ", row_ids.size(), " row ids need ",
@@ -434,14 +477,13 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
   }
   return SendPush(
       wire::KV_PUSH, key, nullptr,
-      [&, l](uint64_t op, size_t,
-             const KeyPart& part) -> absl::StatusOr<Message> {
+      [&, l](uint64_t op, size_t part_index,
+             const KeyPart&) -> absl::StatusOr<Message> {
         // This part's rows: where each is in the caller's arrays, in push
         // order.
         std::vector<size_t> at;
         for (size_t k = 0; k < row_ids.size(); ++k) {
-          const uint64_t id = row_ids[k];
-          if (id >= part.offset && id < part.offset + part.length)
+          if (PartOfRow(row_parts, hashed, row_ids[k]) == part_index)
             at.push_back(k);
         }
         const size_t n = at.size();
@@ -571,8 +613,9 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
 absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     uint64_t key, absl::Span<const uint64_t> row_ids, absl::Span<float> out) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
-  TESSERA_ASSIGN_OR_RETURN(const uint64_t l,
+  TESSERA_ASSIGN_OR_RETURN(const RowKey row_key,
                            CheckRows(key, row_ids, "row pull"));
+  const uint64_t l = row_key.row_length;
   if (out.size() != row_ids.size() * l) {
     return absl::InvalidArgumentError(absl::StrCat(
         "row pull of key ", key, ": ", row_ids.size(), " row ids need ",
@@ -597,8 +640,7 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     // The rows this server holds, and where each goes in `out`.
     std::vector<uint64_t> part_ids, part_at;
     for (size_t k = 0; k < row_ids.size(); ++k) {
-      if (row_ids[k] < part.offset || row_ids[k] >= part.offset + part.length)
-        continue;
+      if (PartOfRow(parts, row_key.hashed, row_ids[k]) != i) continue;
       part_ids.push_back(row_ids[k]);
       part_at.push_back(k);
     }

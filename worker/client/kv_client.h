@@ -93,6 +93,8 @@ class KVClient : public KVWorker {
                                          PulledValue* out) override;
   absl::Status InitRows(uint64_t key, const float* value, uint64_t num_rows,
                         uint64_t row_length) override;
+  absl::Status InitHashed(uint64_t key, uint64_t row_length,
+                          const std::string& options) override;
   absl::StatusOr<OpHandle> PushRowsAsync(uint64_t key,
                                          absl::Span<const uint64_t> row_ids,
                                          absl::Span<const float> rows) override;
@@ -100,7 +102,9 @@ class KVClient : public KVWorker {
                                          absl::Span<const uint64_t> row_ids,
                                          absl::Span<float> out) override;
   absl::StatusOr<uint64_t> RowLength(uint64_t key) const override {
-    return CheckRows(key, {}, "row call");
+    absl::StatusOr<RowKey> row_key = CheckRows(key, {}, "row call");
+    if (!row_key.ok()) return row_key.status();
+    return row_key->row_length;
   }
   absl::Status Wait(OpHandle handle) override;
   absl::Status Barrier() override;
@@ -133,6 +137,7 @@ class KVClient : public KVWorker {
     // Row keys with 2-bit pushes: error feedback of the rows pushed so far
     // (row -> its residual in row_residual).
     absl::flat_hash_map<uint64_t, uint64_t> row_slot;
+    bool hashed = false;  // InitHashed: ids are any uint64, routed by hash
     // Slot s's residual: row_residual[s / kRowsPerChunk], row s %
     // kRowsPerChunk. In chunks, so that more rows never move the others (a
     // vector's growth copied up to the whole key's worth each time).
@@ -150,12 +155,21 @@ class KVClient : public KVWorker {
   // What InitRows and Init share: declares the key, rejoins or stores it,
   // and waits in its init barrier. `value` may be null (row keys: zeros).
   absl::Status InitKey(uint64_t key, const float* value, uint64_t length,
-                       uint64_t row_length, std::vector<KeyPart> parts);
-  // The row keys' checks: the key exists, is row-sparse, and every id is
-  // below its rows. Returns the row length.
-  absl::StatusOr<uint64_t> CheckRows(uint64_t key,
-                                     absl::Span<const uint64_t> row_ids,
-                                     const char* what) const;
+                       uint64_t row_length, std::vector<KeyPart> parts,
+                       const std::string& hashed_spec = "");
+  // The row keys' checks: the key exists, is row-sparse or hashed, and (not
+  // hashed) every id is below its rows. Returns the row length and whether
+  // the key is hashed.
+  struct RowKey {
+    uint64_t row_length = 0;
+    bool hashed = false;
+  };
+  absl::StatusOr<RowKey> CheckRows(uint64_t key,
+                                   absl::Span<const uint64_t> row_ids,
+                                   const char* what) const;
+  // The part of a row key holding row `id` (an index into `parts`).
+  size_t PartOfRow(const std::vector<KeyPart>& parts, bool hashed,
+                   uint64_t id) const;
   // Makes the data frames of one part of a push (a message with frames and
   // their descriptors only); `op` owns borrowed frames.
   using PayloadFn = std::function<absl::StatusOr<Message>(

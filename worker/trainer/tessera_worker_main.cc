@@ -11,10 +11,10 @@
 // on stderr naming the flag); 1 a failure of the cluster (the KV client's
 // error).
 #include <algorithm>
-#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -256,9 +256,10 @@ class Trainer {
         flags_.data_dir, flags_.train_subset, flags_.test_subset);
     if (!data.ok()) {
       return Failure{
-          2, absl::StrCat("--data: expected the Fashion-MNIST IDX files in '",
-                          flags_.data_dir, "' (set --data or FASHION_MNIST_DIR): ",
-                          data.status().message())};
+          2,
+          absl::StrCat("--data: expected the Fashion-MNIST IDX files in '",
+                       flags_.data_dir, "' (set --data or FASHION_MNIST_DIR): ",
+                       data.status().message())};
     }
     data_ = std::move(*data);
 
@@ -287,9 +288,9 @@ class Trainer {
         KVWorker::Create(flags_.kv_store);
     if (!kv.ok()) {
       // A bad variable or key file is configuration (2); a missing cluster, 1.
-      return Failure{absl::IsInvalidArgument(kv.status()) ? 2 : 1,
-                     absl::StrCat("cannot join the cluster: ",
-                                  kv.status().ToString())};
+      return Failure{
+          absl::IsInvalidArgument(kv.status()) ? 2 : 1,
+          absl::StrCat("cannot join the cluster: ", kv.status().ToString())};
     }
     kv_ = std::move(*kv);
     trace::SetThreadName("main");
@@ -331,9 +332,8 @@ class Trainer {
     // The pushed gradient is the SUM over a batch: dist_sync averages over
     // every worker's samples of a round, dist_async over the one batch of a
     // push.
-    const double rescale_grad =
-        1.0 / (static_cast<double>(flags_.batch_size) *
-               (sync ? kv_->num_workers() : 1));
+    const double rescale_grad = 1.0 / (static_cast<double>(flags_.batch_size) *
+                                       (sync ? kv_->num_workers() : 1));
     if (flags_.gc_pull == "2bit") {
       if (absl::Status s = kv_->SetPullCompression("2bit"); !s.ok())
         return KvFailure("SetPullCompression", s);
@@ -450,7 +450,8 @@ class Trainer {
         counts.samples > 0
             ? static_cast<double>(counts.correct) / counts.samples
             : 0.0;
-    totals_.final_loss = counts.samples > 0 ? counts.loss / counts.samples : 0.0;
+    totals_.final_loss =
+        counts.samples > 0 ? counts.loss / counts.samples : 0.0;
     std::printf("Epoch[%d] Train-accuracy=%.6f\n", epoch,
                 totals_.train_accuracy);
     if (kv_->rank() == 0) {
@@ -534,8 +535,8 @@ class Trainer {
     totals_.time_issue_s += step_issue_s;
     phase("backward");
     if (!step.ok()) {
-      return Failure{
-          1, absl::StrCat("training step: ", step.status().ToString())};
+      return Failure{1,
+                     absl::StrCat("training step: ", step.status().ToString())};
     }
 
     t = Clock::now();
@@ -571,10 +572,10 @@ class Trainer {
     counts->loss += step->loss_sum;
     if ((b + 1) % flags_.log_every == 0) {
       const double secs = SecondsSince(counts->window_start);
-      std::printf("Epoch[%d] Batch[%d] Speed: %.2f samples/sec accuracy=%.6f\n",
-                  epoch, b + 1, secs > 0 ? counts->window_samples / secs : 0.0,
-                  static_cast<double>(counts->window_correct) /
-                      counts->window_samples);
+      std::printf(
+          "Epoch[%d] Batch[%d] Speed: %.2f samples/sec accuracy=%.6f\n", epoch,
+          b + 1, secs > 0 ? counts->window_samples / secs : 0.0,
+          static_cast<double>(counts->window_correct) / counts->window_samples);
       std::fflush(stdout);
       counts->window_start = Clock::now();
       counts->window_samples = counts->window_correct = 0;
@@ -706,6 +707,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   // The CPU path's OpenBLAS kernels (may start this program again).
-  if (flags->device != "cuda") tessera::ChooseBlasKernels("tessera-worker", argv);
+  if (flags->device != "cuda")
+    tessera::ChooseBlasKernels("tessera-worker", argv);
   return tessera::Trainer(*flags).Run();
 }

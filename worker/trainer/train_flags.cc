@@ -72,9 +72,9 @@ absl::Status ParseHidden(absl::string_view value, std::vector<int>* out) {
 
 bool IsKnownFlag(absl::string_view name) {
   static constexpr absl::string_view kFlags[] = {
-      "kv-store",  "batch-size",  "epochs",    "gc-type",       "gc-threshold",
-      "lr",        "seed",        "hidden",    "optimizer",     "momentum",
-      "wd",        "device",      "data",      "train-subset",  "test-subset",
+      "kv-store",  "batch-size",  "epochs",    "gc-type",        "gc-threshold",
+      "lr",        "seed",        "hidden",    "optimizer",      "momentum",
+      "wd",        "device",      "data",      "train-subset",   "test-subset",
       "log-every", "metrics-out", "lr-factor", "lr-step-epochs", "gc-pull",
       "fuse-keys"};
   for (absl::string_view f : kFlags) {
@@ -233,7 +233,8 @@ std::string TrainFlagsUsage() {
       "  --wd X                            weight decay (0.0001)\n"
       "  --gc-type none|2bit               gradient compression (none)\n"
       "  --gc-threshold X                  2-bit threshold (0.5)\n"
-      "  --gc-pull none|2bit               pull compression: the change of the\n"
+      "  --gc-pull none|2bit               pull compression: the change of "
+      "the\n"
       "                                    weights, 2-bit coded (none)\n"
       "  --fuse-keys on|off                one key for every parameter: one\n"
       "                                    push and pull a step (off)\n"
