@@ -1088,8 +1088,9 @@ TEST(KVClientTest, HashedKeyErrorsNameTheOptionOrTheKey) {
   EXPECT_TRUE(cluster.JoinScheduler().ok());
 }
 
-// Row messages in frames of whole rows (RowsPerFrame): a push of many rows
-// in many frames (small TESSERA_CHUNK_BYTES: 13 rows a frame for 600 rows),
+// Row messages in frames of whole rows (RowsPerFrame), a key split over two
+// servers: a push of many rows in many frames (small TESSERA_CHUNK_BYTES: 7
+// rows a frame for a server's 300),
 // a pull in many requests, or one request answered in several frames (a
 // slice bigger than the server's 1 MiB reply frames); sorted ids (the push
 // borrows the caller's rows) and unsorted ones with a repeat (gathered). Every
@@ -1098,7 +1099,8 @@ TEST(KVClientTest, RowPushesAndPullsInManyFramesKeepEveryRowExact) {
   constexpr uint64_t kKey = 70, kNumRows = 600, kLen = 1024;
   for (const int64_t chunk : {int64_t{4096}, int64_t{8} << 20}) {
     MemoryNetwork net;
-    Options options = JobOptions(/*servers=*/1, /*workers=*/2);
+    // Split over both servers by rows (600 x 1024 values >= the bound).
+    Options options = JobOptions(/*servers=*/2, /*workers=*/2);
     options.chunk_bytes = chunk;
     InProcessCluster cluster(net, options);
     auto value = [](int rank, uint64_t row, uint64_t j) {

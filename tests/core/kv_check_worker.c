@@ -15,8 +15,9 @@
  *   kv_check_worker optimizer SPEC ROUNDS  prints the weights after ROUNDS pushes
  *   kv_check_worker soak ROUNDS [SLEEP_MS [DIE_AT RANK]]  the nightly check
  *       over ROUNDS rounds, a small key and one of 5000 values (split when
- *       TESSERA_BIGARRAY_BOUND <= 5000); prints an FNV-1a checksum of the final
- *       weights. For restart tests, rank RANK's first life (TESSERA_RESTART_COUNT
+ *       TESSERA_BIGARRAY_BOUND <= 5000), and a hashed row key (issue #29): each
+ *       rank pushes rank+1 into its own 64-bit id and into one id every rank
+ *       names; prints an FNV-1a checksum of the final weights and rows. For restart tests, rank RANK's first life (TESSERA_RESTART_COUNT
  *       unset or 0) SIGKILLs itself: DIE_AT=init between its two inits (the
  *       others wait in the second init's barrier, or rank 0 has not stored the
  *       second key yet); DIE_AT=close while it waits in close's barrier (the
@@ -268,6 +269,12 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     raise(SIGKILL);
   }
   CHECK_OK(tessera_kv_init(kv, kBig, big, big_len));
+  /* Rows of 3: its own id (past 2^63) and one every rank names. */
+  enum { kHashed = 97 };
+  const uint64_t hashed_ids[2] = {(1ULL << 63) + 1000 + (uint64_t)rank_,
+                                  (1ULL << 40) + 5};
+  float hashed[6] = {0, 0, 0, 0, 0, 0}, hashed_grad[6];
+  CHECK_OK(tessera_kv_init_hashed(kv, kHashed, 3, "capacity=1000"));
   /* A restarted worker (launch.py --restarts) goes on where its pushes stop. */
   uint64_t resume = 0;
   CHECK_OK(tessera_kv_resume_round(kv, &resume));
@@ -279,6 +286,7 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     if (strcmp(die_at, "push") != 0) {
       CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
       CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
+      CHECK_OK(tessera_kv_pull_rows(kv, kHashed, hashed_ids, 2, hashed));
     }
   }
   for (int i = (int)resume; i < rounds; ++i) {
@@ -293,16 +301,24 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     }
     CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
     CHECK_OK(tessera_kv_push(kv, kBig, grad, big_len));
+    Fill(hashed_grad, 6, (float)(rank_ + 1));
+    CHECK_OK(tessera_kv_push_rows(kv, kHashed, hashed_ids, 2, hashed_grad));
     CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
     CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
+    CHECK_OK(tessera_kv_pull_rows(kv, kHashed, hashed_ids, 2, hashed));
     const float want = 1.0f + (float)(n * (n + 1) * (i + 1));
     ExpectAll(small, kSmallLen, want, "small key", i);
     ExpectAll(big, big_len, want, "5000-value key", i);
+    /* sgd lr=-2 from zeros: the own id gains 2(rank+1) a round, the shared
+     * one 2 x (1 + ... + n). */
+    ExpectAll(hashed, 3, (float)(2 * (rank_ + 1) * (i + 1)), "own hashed id", i);
+    ExpectAll(hashed + 3, 3, want - 1.0f, "shared hashed id", i);
     if (sleep_ms > 0) usleep((useconds_t)sleep_ms * 1000);
   }
   uint64_t h = 14695981039346656037ULL;
   h = Fnv1a(h, small, sizeof(small));
   h = Fnv1a(h, big, big_len * sizeof(float));
+  h = Fnv1a(h, hashed + 3, 3 * sizeof(float)); /* the same on every rank */
   if (strcmp(die_at, "close") == 0) {
     if (rank_ == die_rank && first_life) {
       pthread_t killer;

@@ -366,7 +366,7 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
   };
   if (options_.restart_count > 0) {
     uint64_t resume = 0;
-    absl::Status found = RejoinKey(key, total, &resume);
+    absl::Status found = RejoinKey(key, total, row_length, &resume);
     if (found.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -732,10 +732,12 @@ void KVClient::SettleResumeLocked() {
 }
 
 absl::Status KVClient::RejoinKey(uint64_t key, uint64_t total,
-                                 uint64_t* resume) {
+                                 uint64_t row_length, uint64_t* resume) {
   const uint64_t op = tracker_->NewOp();
   for (const KeyPart& part : Parts(key)) {
-    Message msg = SliceMessage(wire::KV_INIT, key, part, total);
+    // The slice as the key was made (a row-sparse or hashed key's row length
+    // too: the server checks it).
+    Message msg = SliceMessage(wire::KV_INIT, key, part, total, row_length);
     msg.header.set_rejoin(true);
     SendPart(op, part, std::move(msg), nullptr);
   }

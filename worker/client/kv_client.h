@@ -222,7 +222,8 @@ class KVClient : public KVWorker {
   // A restarted worker's Init: where this rank's pushes to `key` resume, the
   // smallest count over the key's server parts. NotFound when a server does
   // not hold the key.
-  absl::Status RejoinKey(uint64_t key, uint64_t total, uint64_t* resume);
+  absl::Status RejoinKey(uint64_t key, uint64_t total, uint64_t row_length,
+                         uint64_t* resume);
   // A server restarted (from its checkpoint, or empty): send it again what it
   // may have lost, then the requests still waiting for it, at once.
   void ReplayTo(int server);

@@ -60,7 +60,10 @@ std::vector<ReplayLog::Entry> ReplayLog::For(int server_rank) const {
     out.push_back(Entry{KeyPart{server_rank, 0, 0}, msg, {}});
   for (const auto& [key, log] : keys_) {
     for (size_t i = 0; i < log.parts.size(); ++i) {
-      if (log.parts[i].server_rank != server_rank || log.init[i].data.empty())
+      // An init that was kept (a row-sparse key's zeros and a hashed key's
+      // init carry no data frame: data.empty() is no sign of none).
+      if (log.parts[i].server_rank != server_rank ||
+          log.init[i].header.command() != wire::KV_INIT)
         continue;
       out.push_back(Entry{log.parts[i], log.init[i], {key, i, true}});
     }
