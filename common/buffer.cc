@@ -131,6 +131,7 @@ Buffer Buffer::Allocate(size_t size) {
     return b;
   }
   if (size >= kPooledMin) {
+    if (size > (size_t{1} << 62)) throw std::bad_alloc();  // no class wraps
     const size_t bytes = ClassBytes(size);
     void* p = BlockPool::Get().Take(bytes);
     if (p == nullptr) throw std::bad_alloc();

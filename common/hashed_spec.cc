@@ -103,6 +103,11 @@ absl::StatusOr<HashedSpec> HashedSpec::Parse(const std::string& text) {
     return absl::InvalidArgumentError(absl::StrCat(
         "hashed key options: low=", s.low, " must not exceed high=", s.high));
   }
+  if (s.init == Init::kUniform && !std::isfinite(s.high - s.low)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hashed key options: high - low (", s.high, " - ", s.low,
+                     ") must be a finite float"));
+  }
   return s;
 }
 

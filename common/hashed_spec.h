@@ -21,7 +21,8 @@
 //                                   (0: no bound)
 //
 // An id's initial row is a function of (seed, id, column) alone: the same on
-// every server and in every run (InitialValue).
+// every server and in every run of the same build (InitialValue; normal's
+// Box-Muller goes through libm's log and cos).
 #ifndef TESSERA_COMMON_HASHED_SPEC_H_
 #define TESSERA_COMMON_HASHED_SPEC_H_
 

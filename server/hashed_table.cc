@@ -161,7 +161,8 @@ void HashedTable::ApplyRound(const std::vector<uint64_t>& ids,
   }
   // 3: expire.
   if (spec_.expire_after > 0) {
-    while (tail_ != kNone && last_round_[tail_] + spec_.expire_after <= r) {
+    // r - last >= expire_after (last <= r: no overflow for a huge value).
+    while (tail_ != kNone && r - last_round_[tail_] >= spec_.expire_after) {
       Evict(tail_);
       ++counts_.expired;
     }
@@ -288,7 +289,8 @@ absl::Status HashedTable::Restore(const wire::HashedState& in) {
                   in.optimizer_state(k).data() + i * row_bytes, row_bytes);
     }
   }
-  std::memcpy(sketch_.data(), in.sketch().data(), in.sketch().size());
+  if (!sketch_.empty())
+    std::memcpy(sketch_.data(), in.sketch().data(), in.sketch().size());
   sketch_added_ = in.sketch_added();
   counts_.admitted = in.admitted();
   counts_.evicted = in.evicted();

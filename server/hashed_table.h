@@ -28,7 +28,7 @@
 // Pulls never create rows: an id without one reads its initial row, the row
 // it would be created with.
 //
-// Memory: per row its floats (and the optimizer's state), plus about 40 bytes
+// Memory: per row its floats (and the optimizer's state), plus 55-70 bytes
 // (id, last round, LRU links, index entry); the sketch, only when
 // admit_after > 1, 8 MiB.
 //

@@ -565,6 +565,15 @@ void KVServer::Process(Shard* shard, Message&& msg) {
 void KVServer::Init(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
   if (StoredKey* key = shard->store.Find(slice); key != nullptr) {
+    if (key->hashed() && !msg.header.rejoin() &&
+        slice.hashed_spec() != key->hashed_spec) {
+      // A hashed key made again with other options (rank 0's are the key's;
+      // a restarted rank 0 must bring the same).
+      Reply(msg, absl::AlreadyExistsError(absl::StrCat(
+                     "hashed key ", slice.key(), " exists with options '",
+                     key->hashed_spec, "', not '", slice.hashed_spec(), "'")));
+      return;
+    }
     if (key->CheckSlice(slice).ok()) {
       // A resent init, or one replayed to a server restored from a
       // checkpoint: the key is there; its value is not touched.

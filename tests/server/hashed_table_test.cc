@@ -72,6 +72,8 @@ TEST(HashedSpecTest, ParsesPrintsAndNamesBadOptions) {
             "hashed key option std: expected a finite number, got 'nan'");
   EXPECT_EQ(error("init=uniform low=1 high=0"),
             "hashed key options: low=1 must not exceed high=0");
+  EXPECT_NE(error("init=uniform low=-3e38 high=3e38").find("must be a finite"),
+            std::string::npos);
   EXPECT_NE(error("colour=red").find("unknown option 'colour'"),
             std::string::npos);
   EXPECT_NE(error("seed").find("expected name=value"), std::string::npos);
@@ -140,6 +142,11 @@ TEST(HashedTableTest, ARowExpiresExactlyExpireAfterRoundsAfterItsLastPush) {
   EXPECT_FALSE(t.Has(2));
   EXPECT_TRUE(t.Has(3));
   EXPECT_EQ(Row(t, 2), std::vector<float>(kLen, 0.0f)) << "back to its init";
+  // The largest expire_after means never, not an overflow.
+  HashedTable never(kLen, Spec("expire_after=18446744073709551615"));
+  Round(never, {1});
+  Round(never, {});
+  EXPECT_TRUE(never.Has(1));
 }
 
 TEST(HashedTableTest, AtCapacityTheLeastRecentlyPushedGoesFirst) {

@@ -614,8 +614,21 @@ TEST(KVServerTest, HashedKeySnapshotRestoresTheTableAndItsCountsBitForBit) {
   init.header.mutable_slice()->set_hashed_spec(
       "init=uniform low=-1 high=1 seed=4 admit_after=2 capacity=3");
   init.header.mutable_kv_options()->set_sync_mode(true);
+  Message again = init;
   h.server().Handle(std::move(init));
   ExpectOk(h);
+  // The same init again (a resend) is fine; other options are refused.
+  h.server().Handle(Message(again));
+  ExpectOk(h);
+  again.header.mutable_slice()->set_hashed_spec("capacity=4");
+  h.server().Handle(std::move(again));
+  {
+    std::optional<Message> r = h.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kAlreadyExists);
+    EXPECT_THAT(std::string(StatusOf(*r).message()),
+                ::testing::HasSubstr("exists with options"));
+  }
   const uint64_t big = uint64_t{1} << 60;
   // Round 1: 7 named by both pushes (admitted), big by one (dropped).
   h.server().Handle(HashedMessage(wire::KV_PUSH, 0, 0, {big, 7}, {1, 2, 3, 4}));
@@ -646,7 +659,8 @@ TEST(KVServerTest, HashedKeySnapshotRestoresTheTableAndItsCountsBitForBit) {
   restored.server().Handle(HashedMessage(wire::KV_PUSH, 0, 1, {99}, {7, 8}));
   for (ServerHarness* s : {&h, &restored}) {
     // Round 2: big's second push (admitted now), 99 once so far, 5 new.
-    s->server().Handle(HashedMessage(wire::KV_PUSH, 1, 1, {big, 5}, {1, 1, 2, 2}));
+    s->server().Handle(
+        HashedMessage(wire::KV_PUSH, 1, 1, {big, 5}, {1, 1, 2, 2}));
     ExpectOk(*s);
     ExpectOk(*s);
   }

@@ -1,6 +1,7 @@
 // RowRound: a dist_sync round of a row-sparse key holds, sums and hands to the
 // update only the rows some push named (issue #15: the update of a round
 // touches the rows present, not the whole matrix), in both summing modes.
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -52,7 +53,8 @@ TEST_P(RowRoundTest, SumHoldsOnlyTheRowsPushedAndForgetsThemAfterFinish) {
   EXPECT_EQ(small.rows, (std::vector<uint64_t>{700, 3, 42}));
   for (uint64_t j = 0; j < kRowLength; ++j) {
     EXPECT_EQ(small.values[0 * kRowLength + j], 1.0f + j);
-    EXPECT_EQ(small.values[1 * kRowLength + j], (2.0f + j) + (100.0f + j) + (300.0f + j));
+    EXPECT_EQ(small.values[1 * kRowLength + j],
+              (2.0f + j) + (100.0f + j) + (300.0f + j));
     EXPECT_EQ(small.values[2 * kRowLength + j], 200.0f + j);
   }
 
@@ -114,7 +116,8 @@ TEST_P(RowRoundTest, TwoBitRowPushesSumTheirDecodedValues) {
   const float t = 0.5f;
   auto code = [&](const std::vector<float>& g, std::vector<float>* decoded) {
     std::vector<float> residual(g.size(), 0.0f);
-    Buffer wire = Buffer::Allocate(compression::TwoBitCompressedBytes(g.size()));
+    Buffer wire =
+        Buffer::Allocate(compression::TwoBitCompressedBytes(g.size()));
     EXPECT_TRUE(compression::TwoBitQuantize(g.data(), residual.data(), g.size(),
                                             t, wire.mutable_data())
                     .ok());
@@ -126,8 +129,8 @@ TEST_P(RowRoundTest, TwoBitRowPushesSumTheirDecodedValues) {
   };
   std::vector<float> da, db;
   const Buffer a = code({1, -1, 0, 2, /**/ -3, 0.1f, 0.7f, -0.6f}, &da);
-  const Buffer b = code({0.6f, 0.6f, -0.6f, 0, /**/ 9, 9, 9, 9, /**/ 1, 1, 1, 1},
-                        &db);
+  const Buffer b =
+      code({0.6f, 0.6f, -0.6f, 0, /**/ 9, 9, 9, 9, /**/ 1, 1, 1, 1}, &db);
   Buffer bad = Buffer::CopyOf(a.data(), a.size());
   bad.mutable_data()[0] = 0x40;  // a 0b01 code
   EXPECT_EQ(round.AddTwoBit(0, {5, 8}, bad, t, request).code(),
@@ -142,6 +145,25 @@ TEST_P(RowRoundTest, TwoBitRowPushesSumTheirDecodedValues) {
     EXPECT_EQ(sum.values[0 * kRowLength + j], da[j] + db[8 + j]) << j;
     EXPECT_EQ(sum.values[1 * kRowLength + j], da[4 + j] + db[j]) << j;
     EXPECT_EQ(sum.values[2 * kRowLength + j], db[4 + j]) << j;
+  }
+}
+
+// A row whose values are all -0 sums to -0 in the exact mode, as ExactSum's
+// rule for zeros says (+0 unless every input was -0), also for rows that
+// appear in the middle of a round.
+TEST(RowRoundExactTest, ARowOfNegativeZerosSumsToNegativeZero) {
+  RowRound round(/*num_workers=*/2, kRowLength);
+  const wire::Header request;
+  const std::vector<float> nz(2 * kRowLength, -0.0f);
+  const std::vector<float> mixed = {-0.0f, 0.0f, -0.0f, -0.0f};
+  const uint64_t a[] = {3, 9}, b[] = {9};
+  round.Add(0, a, 2, nz.data(), request);
+  round.Add(1, b, 1, mixed.data(), request);
+  RowRound::Sum sum = round.Finish();
+  ASSERT_EQ(sum.rows, (std::vector<uint64_t>{3, 9}));
+  for (uint64_t j = 0; j < kRowLength; ++j) {
+    EXPECT_TRUE(std::signbit(sum.row(0, kRowLength)[j])) << j;
+    EXPECT_EQ(std::signbit(sum.row(1, kRowLength)[j]), j != 1) << j;
   }
 }
 

@@ -443,11 +443,13 @@ size_t KVClient::PartOfRow(const std::vector<KeyPart>& parts, bool hashed,
                            uint64_t id) const {
   if (hashed)
     return static_cast<size_t>(HashedServerOf(id, options_.num_servers));
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (id >= parts[i].offset && id < parts[i].offset + parts[i].length)
-      return i;
-  }
-  return parts.size();  // not reached: CheckRows checked the ids
+  // Parts are in increasing offset: the last one starting at or before id.
+  auto after = std::upper_bound(
+      parts.begin(), parts.end(), id,
+      [](uint64_t v, const KeyPart& p) { return v < p.offset; });
+  if (after == parts.begin()) return parts.size();  // not reached (CheckRows)
+  const size_t i = static_cast<size_t>(after - parts.begin()) - 1;
+  return id < parts[i].offset + parts[i].length ? i : parts.size();
 }
 
 absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
