@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/compression/two_bit.h"
-#include "common/status_macros.h"
 #include "common/hashed_spec.h"
+#include "common/status_macros.h"
 #include "server/key_store.h"
 #include "server/pull_shadow.h"
 #include "server/slice_engine.h"
@@ -90,6 +90,7 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
       }
       WeightsChanged();
     }
+    round_.Release();
     done.update_end = absl::Now();
     done.requests = round_.TakeRequests();
     return done;

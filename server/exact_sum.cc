@@ -149,26 +149,64 @@ float ExactSum::Wide::Round() const {
   return negative ? -magnitude : magnitude;
 }
 
+template <typename T>
+void ExactSum::Array<T>::Allocate(uint64_t n) {
+  if (n * sizeof(T) > buf_.size()) buf_ = Buffer::Allocate(n * sizeof(T));
+  size_ = n;
+}
+
+template <typename T>
+void ExactSum::Array<T>::Assign(uint64_t n, T fill) {
+  Allocate(n);
+  std::fill(data(), data() + n, fill);
+}
+
+template <typename T>
+void ExactSum::Array<T>::Resize(uint64_t n, T fill) {
+  if (n * sizeof(T) > buf_.size()) {
+    // Grows by half at least, so a sparse sum growing row by row copies each
+    // value a few times, not once per row.
+    const uint64_t grown = std::max(n, size_ + size_ / 2);
+    Buffer bigger = Buffer::Allocate(grown * sizeof(T));
+    if (size_ != 0)
+      std::memcpy(bigger.mutable_data(), buf_.data(), size_ * sizeof(T));
+    buf_ = std::move(bigger);
+  }
+  if (n > size_) std::fill(data() + size_, data() + n, fill);
+  size_ = n;
+}
+
 ExactSum::ExactSum(uint64_t length) : length_(length) {}
 
-void ExactSum::StartDoubles() {
-  acc_.assign(length_, 0.0);
+void ExactSum::StartDoubles(bool fill) {
+  // -0 is addition's identity (-0 + -0 = -0, -0 + x = x): a sum of -0s stays
+  // -0, as the rule for zeros says, where +0 would make it +0.
+  if (fill) {
+    acc_.Assign(length_, -0.0);
+  } else {
+    acc_.Allocate(length_);
+  }
+  lo_.Release();
+  counts_.Release();  // the last Finish's floats, if it counted
   wide_bits_.assign((length_ + kBlock - 1) / kBlock, 0);
   mode_ = Mode::kDoubles;
 }
 
 void ExactSum::StartCounts(float threshold) {
-  counts_.assign(length_, 0);
+  counts_.Assign(length_, 0);
+  acc_.Release();  // the last Finish's floats, if it added doubles
   count_threshold_ = threshold;
   mode_ = Mode::kCounts;
 }
 
 void ExactSum::CountsToDoubles() {
-  acc_.resize(length_);
+  acc_.Allocate(length_);
+  lo_.Release();
   const double t = count_threshold_;
   const int32_t* c = counts_.data();
   double* a = acc_.data();
   for (uint64_t i = 0; i < length_; ++i) a[i] = static_cast<double>(c[i]) * t;
+  counts_.Release();
   wide_bits_.assign((length_ + kBlock - 1) / kBlock, 0);
   mode_ = Mode::kDoubles;
 }
@@ -176,10 +214,11 @@ void ExactSum::CountsToDoubles() {
 void ExactSum::Grow(uint64_t length) {
   length_ = length;
   if (mode_ == Mode::kDoubles) {
-    acc_.resize(length, 0.0);
+    acc_.Resize(length, -0.0);
+    if (!lo_.empty()) lo_.Resize(length, 0.0);
     wide_bits_.resize((length + kBlock - 1) / kBlock, 0);
   } else if (mode_ == Mode::kCounts) {
-    counts_.resize(length, 0);
+    counts_.Resize(length, 0);
   }
 }
 
@@ -236,27 +275,42 @@ void ExactSum::AddTwoBitAt(uint64_t begin, const uint8_t* in, uint64_t first,
 }
 
 void ExactSum::AddSlow(uint64_t i, float v) {
-  Wide& w = wide_[i];
-  if (!IsWide(i)) {
-    w.AddDouble(acc_[i]);
-    wide_bits_[i / kBlock] |= uint64_t{1} << (i % kBlock);
+  double* a = acc_.data();
+  if (std::isfinite(v)) {
+    // hi + v = s + e exactly (TwoSum); the rest e joins lo if that is exact.
+    const double x = a[i];
+    const double s = x + v;
+    const double bb = s - x;
+    const double e = (x - (s - bb)) + (v - bb);
+    if (lo_.empty()) lo_.Assign(length_, 0.0);
+    double* lo = lo_.data();
+    const double l = lo[i];
+    const double t = l + e;
+    const double tb = t - l;
+    if ((l - (t - tb)) + (e - tb) == 0.0) {
+      a[i] = s;
+      lo[i] = t;
+      return;
+    }
   }
+  Wide& w = wide_[i];
+  w.AddDouble(a[i]);
+  if (!lo_.empty()) w.AddDouble(lo_.data()[i]);
+  wide_bits_[i / kBlock] |= uint64_t{1} << (i % kBlock);
   w.AddFloat(v);
 }
 
 void ExactSum::AddFloats(const float* v) {
   if (mode_ == Mode::kCounts) CountsToDoubles();
   if (mode_ == Mode::kEmpty) {
-    acc_.resize(length_);
-    wide_bits_.assign((length_ + kBlock - 1) / kBlock, 0);
-    mode_ = Mode::kDoubles;
+    StartDoubles(/*fill=*/false);
     double* a = acc_.data();
     for (uint64_t i = 0; i < length_; ++i) {
       if (std::isfinite(v[i])) {
         a[i] = v[i];
       } else {
         a[i] = 0;
-        AddSlow(i, v[i]);
+        AddSlow(i, v[i]);  // to wide_: not finite
       }
     }
     return;
@@ -303,10 +357,66 @@ absl::Status ExactSum::AddTwoBit(const uint8_t* in, size_t in_bytes,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The float32 nearest hi + lo (ties to even), or false when a neighbour of
+// the result is not finite (the caller rounds exactly instead).
+bool RoundPair(double hi, double lo, float* out) {
+  // The same value as s + e with |e| <= half an ulp of s (TwoSum).
+  const double s = hi + lo;
+  const double bb = s - hi;
+  const double e = (hi - (s - bb)) + (lo - bb);
+  const float r = static_cast<float>(s);
+  if (e == 0.0 || static_cast<double>(r) == s) {
+    // s is the value, or a float32 itself: e is far below half a float ulp.
+    // s == 0 means hi == -lo: an exact zero, +0.
+    *out = s == 0.0 ? 0.0f : r;
+    return true;
+  }
+  if (!std::isfinite(r)) return false;
+  const float other =
+      std::nextafter(r, s > r ? std::numeric_limits<float>::infinity()
+                              : -std::numeric_limits<float>::infinity());
+  if (!std::isfinite(other)) return false;
+  // Between two floats; e can only matter when s is their midpoint (a
+  // double: 25 significant bits), where it says which side the value is on.
+  const double mid =
+      0.5 * (static_cast<double>(r) + static_cast<double>(other));
+  if (s != mid) {
+    *out = r;
+    return true;
+  }
+  *out = e > 0 ? std::max(r, other) : std::min(r, other);
+  return true;
+}
+
+}  // namespace
+
+float ExactSum::RoundElement(uint64_t i) const {
+  if (IsWide(i)) return wide_.at(i).Round();
+  const double hi = acc_.data()[i];
+  const double lo = lo_.empty() ? 0.0 : lo_.data()[i];
+  if (lo == 0.0) return static_cast<float>(hi);
+  float r;
+  if (RoundPair(hi, lo, &r)) return r;
+  Wide w;
+  w.AddDouble(hi);
+  w.AddDouble(lo);
+  return w.Round();
+}
+
+size_t ExactSum::pair_elements() const {
+  if (mode_ != Mode::kDoubles || lo_.empty()) return 0;
+  size_t n = 0;
+  for (uint64_t i = 0; i < length_; ++i)
+    n += lo_.data()[i] != 0.0 && !IsWide(i);
+  return n;
+}
+
 const float* ExactSum::Finish() {
   float* out;
   if (mode_ == Mode::kEmpty) {
-    counts_.assign(length_, 0);  // int32 0 has the bits of +0.0f
+    counts_.Assign(length_, 0);  // int32 0 has the bits of +0.0f
     out = reinterpret_cast<float*>(counts_.data());
   } else if (mode_ == Mode::kCounts) {
     // In place: float i over count i.
@@ -320,13 +430,10 @@ const float* ExactSum::Finish() {
     for (uint64_t begin = 0; begin < length_; begin += kBlock) {
       const uint64_t n = std::min(kBlock, length_ - begin);
       const double* a = acc_.data() + begin;
-      if (wide_bits_[begin / kBlock] == 0) {
+      if (wide_bits_[begin / kBlock] == 0 && lo_.empty()) {
         for (uint64_t j = 0; j < n; ++j) block[j] = static_cast<float>(a[j]);
       } else {
-        for (uint64_t j = 0; j < n; ++j) {
-          block[j] = IsWide(begin + j) ? wide_.at(begin + j).Round()
-                                       : static_cast<float>(a[j]);
-        }
+        for (uint64_t j = 0; j < n; ++j) block[j] = RoundElement(begin + j);
       }
       // Front to back: block b's floats land on bytes blocks before it (or
       // itself, read above) held.
@@ -334,9 +441,19 @@ const float* ExactSum::Finish() {
     }
     wide_.clear();
     std::fill(wide_bits_.begin(), wide_bits_.end(), 0);
+    lo_.Release();
   }
   mode_ = Mode::kEmpty;
   return out;
+}
+
+void ExactSum::Release() {
+  acc_.Release();
+  lo_.Release();
+  counts_.Release();
+  std::vector<uint64_t>().swap(wide_bits_);
+  absl::flat_hash_map<uint64_t, Wide>().swap(wide_);
+  mode_ = Mode::kEmpty;
 }
 
 }  // namespace tessera

@@ -12,25 +12,33 @@
 // A double holds a sum of float32 values exactly as long as the sum needs at
 // most 53 significant bits, i.e. while the values added to one element stay
 // within about 2^29 of each other in magnitude; every addition is checked
-// (Knuth's TwoSum) and an element whose next addition would round moves, from
-// then on, to an exact 320-bit fixed-point accumulator (LSB 2^-149, the
-// smallest float32) kept aside for it. Both hold the exact sum, so the final
-// rounding gives the correctly rounded result either way, and which of the two
-// an element used (which can depend on order) cannot show in it.
+// (Knuth's TwoSum). An element whose next addition would round keeps the
+// exact rest in a second double (a pair hi + lo, exact while the sum fits two
+// runs of 53 bits: values within about 2^82 of each other); the second
+// doubles are allocated for the whole sum the first time one is needed.
+// Only an element whose rest does not fit the second double either moves to
+// an exact 320-bit fixed-point accumulator (LSB 2^-149, the smallest float32)
+// kept aside for it. All three hold the exact sum, so the final rounding gives
+// the correctly rounded result whichever an element used (which can depend
+// on order, and cannot show in the result).
 //
 // 2-bit pushes are counted, not added: every value of a payload with threshold
 // t is +t, -t or 0, so while a sum has had only 2-bit pushes of one threshold
 // each element's exact sum is c x t for an integer c, kept as an int32 (4
 // bytes per element, half the double), and Finish rounds c x t once (exact in
-// a double: |c| < 2^31, t has 24 bits). A float push or another threshold
+// a double while |c| <= 2^29, t having 24 significant bits: a count moves by
+// one per push naming the element, so that is half a billion pushes in one
+// round). A float push or another threshold
 // turns the counts into doubles, exactly, and the sum goes on as above.
 // Special values: a NaN among the inputs, or both infinities, make the element
 // NaN (one quiet NaN); one infinity wins over finite values. An element whose
 // exact sum is zero is +0 unless every input was -0.
 //
-// Memory: 4 bytes per element while counting, 8 once doubles are used, plus
-// about 64 bytes per element that left the double (none for gradients whose
-// workers agree within a factor of 5e8).
+// Memory: 4 bytes per element while counting, 8 once doubles are used, 16
+// once an element needed the pair, plus about 80 bytes per element that left
+// the pair (values more than about 2^82 apart). Release() gives it all back
+// (to Buffer's pool, where the next sum of that size finds it without page
+// faults), so a server holds accumulators only for its open rounds.
 //
 // Thread-safety: none; one thread at a time.
 #ifndef TESSERA_SERVER_EXACT_SUM_H_
@@ -43,6 +51,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/buffer.h"
 
 namespace tessera {
 
@@ -75,18 +84,24 @@ class ExactSum {
   absl::Status AddTwoBit(const uint8_t* in, size_t in_bytes, float threshold);
 
   // The sums, correctly rounded to float32, written over the accumulator's
-  // own memory: valid until the next Add. A new, empty sum starts (zeros
-  // when nothing was added).
+  // own memory: valid until the next Add or Release. A new, empty sum starts
+  // (zeros when nothing was added).
   const float* Finish();
+  // Gives the memory back; the next Add allocates again (length() is kept).
+  // Invalidates what Finish returned.
+  void Release();
 
-  // Elements that left the double in the current sum (for tests and logs).
+  // Elements that left the pair in the current sum (for tests and logs).
   size_t wide_elements() const { return wide_.size(); }
+  // Elements holding a rest in the second double (tests; a scan).
+  size_t pair_elements() const;
   // Whether the current sum is still counting 2-bit codes (tests).
   bool counting() const { return mode_ == Mode::kCounts; }
-  // Bytes held (doubles and counts; the exact accumulators aside).
+  // Bytes held: doubles, pairs and counts, and the exact accumulators.
   uint64_t bytes() const {
-    return acc_.capacity() * sizeof(double) +
-           counts_.capacity() * sizeof(int32_t);
+    return acc_.capacity_bytes() + lo_.capacity_bytes() +
+           counts_.capacity_bytes() + wide_bits_.capacity() * sizeof(uint64_t) +
+           wide_.capacity() * (sizeof(uint64_t) + sizeof(Wide) + 1);
   }
 
   // An exact accumulator for one element: two's complement fixed point with
@@ -104,30 +119,61 @@ class ExactSum {
   };
 
  private:
+  // A growable array in memory from Buffer's pool (large ones are reused from
+  // earlier sums, not faulted in page by page).
+  template <typename T>
+  class Array {
+   public:
+    T* data() { return reinterpret_cast<T*>(buf_.mutable_data()); }
+    const T* data() const { return reinterpret_cast<const T*>(buf_.data()); }
+    bool empty() const { return size_ == 0; }
+    uint64_t capacity_bytes() const { return buf_.size(); }
+    // n elements, all `fill`.
+    void Assign(uint64_t n, T fill);
+    // n elements, not initialised.
+    void Allocate(uint64_t n);
+    // n elements: the first min(n, old size) kept, the rest `fill`.
+    void Resize(uint64_t n, T fill);
+    void Release() {
+      buf_ = Buffer();
+      size_ = 0;
+    }
+
+   private:
+    Buffer buf_;
+    uint64_t size_ = 0;
+  };
+
   enum class Mode {
     kEmpty,   // nothing added since the last Finish
     kCounts,  // counts_ x count_threshold_ (2-bit pushes of one threshold)
-    kDoubles  // acc_, and wide_ for the elements that left it
+    kDoubles  // acc_ (+ lo_), and wide_ for the elements that left them
   };
-  void StartDoubles();
+  // The doubles start as -0, or (fill false) uninitialised for the caller
+  // to write every one.
+  void StartDoubles(bool fill = true);
   void StartCounts(float threshold);
   // Turns the counts into doubles, exactly.
   void CountsToDoubles();
   // counts_[begin + j] += code of payload value first + j, j < count.
   void AddCodes(uint64_t begin, const uint8_t* in, uint64_t first,
                 uint64_t count);
-  // Element i's next addition does not fit the double: it moves to wide_.
+  // Element i's next addition does not fit its double: the rest goes to the
+  // pair, or the element moves to wide_.
   void AddSlow(uint64_t i, float v);
   // Adds v[0..end-begin) to elements [begin, end) of one block.
   void AddRange(uint64_t begin, uint64_t end, const float* v);
+  // Element i's exact sum, rounded. REQUIRES: mode_ == kDoubles.
+  float RoundElement(uint64_t i) const;
   bool IsWide(uint64_t i) const { return (wide_bits_[i / 64] >> (i % 64)) & 1; }
 
   uint64_t length_;
   Mode mode_ = Mode::kEmpty;
-  std::vector<double> acc_;      // doubles, or (after Finish) floats
-  std::vector<int32_t> counts_;  // counts, or (after Finish) floats
+  Array<double> acc_;      // doubles (hi), or (after Finish) floats
+  Array<double> lo_;       // the pairs' second doubles; empty until needed
+  Array<int32_t> counts_;  // counts, or (after Finish) floats
   float count_threshold_ = 0;
-  std::vector<uint64_t> wide_bits_;  // element i has left the double
+  std::vector<uint64_t> wide_bits_;  // element i has left the pair
   absl::flat_hash_map<uint64_t, Wide> wide_;
 };
 

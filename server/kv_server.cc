@@ -758,8 +758,11 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
             key);
       break;
     case SliceEngine::Pushed::kAdded:
-      // Taken: the worker's window lets its next slice go.
-      if (msg.header.ack_on_receipt()) Acknowledge(msg);
+      // Held until the round completes, whose answer lets the worker's next
+      // slice go: a worker is then at most its window of slices ahead of the
+      // slowest, so a server holds accumulators only for that many slices of
+      // a key, not for all of them (ExactSum::Release). An acknowledgement
+      // on receipt let the fastest worker open every slice of a big key.
       break;
     case SliceEngine::Pushed::kRoundComplete:
       CompleteRound(key, rank);

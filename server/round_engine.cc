@@ -87,6 +87,11 @@ SyncRound::Sum SyncRound::Finish() {
   return sum;
 }
 
+void SyncRound::Release() {
+  if (sum_ != nullptr) sum_->Release();
+  arrival_ = Buffer();
+}
+
 std::vector<wire::Header> SyncRound::TakeRequests() {
   std::vector<wire::Header> out;
   out.swap(requests_);

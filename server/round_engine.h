@@ -17,6 +17,7 @@
 //   if (round.complete()) {
 //     SyncRound::Sum sum = round.Finish();     // opens the next round
 //     ...update with sum.values...
+//     round.Release();                         // the accumulator's memory
 //     for (const wire::Header& h : round.TakeRequests()) ...reply...
 //   }
 //
@@ -74,7 +75,12 @@ class SyncRound {
   // The requests to answer, in the order they arrived.
   std::vector<wire::Header> TakeRequests();
 
-  // Bytes the round holds between rounds (the accumulator).
+  // Gives the accumulator's memory back once the sum Finish returned has been
+  // used, so that a server holds accumulators only for its open rounds (at
+  // most the slices in flight), not for every slice of every key.
+  void Release();
+
+  // Bytes the round holds now (the accumulator).
   uint64_t bytes() const {
     return sum_ != nullptr ? sum_->bytes() : arrival_.size();
   }
@@ -87,7 +93,7 @@ class SyncRound {
   std::vector<bool> contributed_;
   std::vector<wire::Header> requests_;
   int count_ = 0;
-  std::unique_ptr<ExactSum> sum_;  // two or more workers; kept between rounds
+  std::unique_ptr<ExactSum> sum_;  // two or more workers
   Buffer arrival_;                 // Mode::kArrival: the float32 sum so far
   Buffer single_;                  // one worker: its push
 };

@@ -323,14 +323,14 @@ TEST_P(FloodTest, FloodOfPushesNumberedFarAheadKeepsServerMemoryBounded) {
   zmq_setsockopt(raw, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
   if (sealed) {
     if (sealed) {
-    UseJobKey(raw, c.keys(), Role::kWorker, Role::kServer);
-  } else {
-    const JobKeys worker_keys =
-        *ParseKeyFile(FormatKeyFile(c.keys(), Role::kWorker), "test");
-    const std::string password = PlainPassword(worker_keys, Role::kServer);
-    zmq_setsockopt(raw, ZMQ_PLAIN_USERNAME, "worker", 6);
-    zmq_setsockopt(raw, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
-  }
+      UseJobKey(raw, c.keys(), Role::kWorker, Role::kServer);
+    } else {
+      const JobKeys worker_keys =
+          *ParseKeyFile(FormatKeyFile(c.keys(), Role::kWorker), "test");
+      const std::string password = PlainPassword(worker_keys, Role::kServer);
+      zmq_setsockopt(raw, ZMQ_PLAIN_USERNAME, "worker", 6);
+      zmq_setsockopt(raw, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
+    }
   } else {
     const JobKeys worker_keys =
         *ParseKeyFile(FormatKeyFile(c.keys(), Role::kWorker), "test");
@@ -381,8 +381,7 @@ TEST_P(FloodTest, FloodOfPushesNumberedFarAheadKeepsServerMemoryBounded) {
   std::smatch m;
   if (std::regex_search(log, m, std::regex("pushes applied .*")))
     std::cerr << "server 0: " << m[0] << "\n";
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("refused (\\d+)")))
-      << log;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("refused (\\d+)"))) << log;
   if (sealed) {
     EXPECT_EQ(std::stoi(m[1]), 0) << log;
     EXPECT_THAT(log, HasSubstr("sealed drops 1501 (unsealed 1501)"));
@@ -403,27 +402,29 @@ INSTANTIATE_TEST_SUITE_P(Security, FloodTest, ::testing::Values(false, true),
 
 // 16 workers push a 256 MB key (64M float32 values) that one server holds
 // whole, for 3 dist_sync rounds. The server adds each push on arrival into one
-// accumulator (8 bytes per value) instead of keeping every worker's push until
-// the round is complete, and pushes travel in 1 MiB slices, at most 4 in
-// flight per worker: 64 MiB in flight for the 16, a quarter of one push (a
-// key smaller than that would not tell the window from whole pushes).
-// Bound: 3 x 256 MB (weights and accumulator) + 16 x 4 x 1 MiB in flight + as
-// much again for late copies + 48 MB for the process itself = 950 MB; keeping
-// the pushes would take 16 x 256 MB = 4,096 MB on top of the weights.
+// accumulator per slice instead of keeping every worker's push until the
+// round is complete, and pushes travel in 1 MiB slices, at most 4 per worker
+// not yet answered: 64 MiB in flight for the 16, a quarter of one push (a key
+// smaller than that would not tell the window from whole pushes). A slice is
+// answered when its round completes, so no worker is more than 4 slices ahead
+// of the slowest: at most 4 slices are open, and only open slices hold an
+// accumulator (8 bytes per value: 8 MiB for the 4).
+// Bound: 256 MB weights + 8 MiB accumulators + 64 MiB in flight + as much
+// again for late copies + 48 MB for the process itself = 446 MB; keeping the
+// pushes would take 16 x 256 MB = 4,096 MB on top of the weights, and an
+// accumulator for every slice (before 2026-11-26) 512 MB (peaks 864-945 MB).
 //
 // A slice the server has taken waits for the rest of its round, and its
 // worker sends it again, payload and all, after PS_RESEND_TIMEOUT (1 s,
-// doubling), outside the window (which counts only slices not yet taken): the
-// server drops each copy as a duplicate (300-650 a run with the default) but
-// holds it meanwhile. The test holds those resends off (10 s) so that it
-// measures the window; with the default the sealed peak was 969-985 MB.
+// doubling): the server drops each copy as a duplicate but holds it
+// meanwhile. The test holds those resends off (10 s) so that it measures the
+// window.
 //
 // Sealed (the default), what is in flight can be held twice: a slice's
 // records are copies, and the slices a server opens or seals sit beside the
 // records of those still coming or going (its sealing stops 1 MiB ahead of
-// each link's socket). Bound: 950 + 16 x 4 x 1 MiB = 1,017 MB (measured 945
-// MB; 864-865 MB with TESSERA_AUTH_ONLY=1). The 16 round_workers held 12.2 GB
-// together (their gradient and weights, and a pull's frames until the copy).
+// each link's socket). Bound: 446 + 16 x 4 x 1 MiB = 513 MB (measured
+// 2026-11-26: 423 MB with TESSERA_AUTH_ONLY=1, 415 MB sealed).
 class MemoryTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(MemoryTest, SixteenWorkersDoNotMultiplyTheServersMemory) {
@@ -441,7 +442,7 @@ TEST_P(MemoryTest, SixteenWorkersDoNotMultiplyTheServersMemory) {
   ASSERT_TRUE(std::regex_search(log, m, std::regex("peak RSS (\\d+) MB")))
       << log;
   std::cerr << "server 0: " << m[0] << " for a 256 MB key and 16 workers\n";
-  EXPECT_LT(std::stoi(m[1]), sealed ? 1017 : 950) << log;
+  EXPECT_LT(std::stoi(m[1]), sealed ? 513 : 446) << log;
   EXPECT_THAT(log, HasSubstr("pushes applied 48 (key 1: 48), rounds 3"));
 }
 

@@ -66,17 +66,31 @@ TEST(ExactSumTest, CancellationsAndTiesAreExactAndCorrectlyRounded) {
     std::vector<float> values;
     float want;
   } cases[] = {
-      {{big, 1.0f, -big}, 1.0f},               // float32 in order gives 0
+      {{big, 1.0f, -big}, 1.0f},  // float32 in order gives 0
       {{1e30f, 1.0f, -1e30f, 0.5f}, 1.5f},
-      {{max, max, -max}, max},                 // no overflow on the way
+      {{max, max, -max}, max},  // no overflow on the way
       {{max, max}, std::numeric_limits<float>::infinity()},
-      {{tiny, tiny, tiny}, 3 * tiny},          // subnormals
-      {{1.0f, std::ldexp(1.0f, -24)}, 1.0f},   // a tie: to even
+      {{tiny, tiny, tiny}, 3 * tiny},         // subnormals
+      {{1.0f, std::ldexp(1.0f, -24)}, 1.0f},  // a tie: to even
       {{1.0f, std::ldexp(1.0f, -24), std::ldexp(1.0f, -100)},
-       1.0f + std::ldexp(1.0f, -23)},          // just above the tie
-      {{std::ldexp(1.0f, 60), 1.0f, -std::ldexp(1.0f, 60), std::ldexp(1.0f, -30)},
+       1.0f + std::ldexp(1.0f, -23)},  // just above the tie
+      {{std::ldexp(1.0f, 60), 1.0f, -std::ldexp(1.0f, 60),
+        std::ldexp(1.0f, -30)},
        1.0f},
       {{0.1f, 0.2f, -0.3f}, Reference({0.1f, 0.2f, -0.3f})},
+      // The rest in the pair's second double decides a tie either way.
+      {{1.0f, std::ldexp(1.0f, -24), -std::ldexp(1.0f, -100)}, 1.0f},
+      {{-1.0f, -std::ldexp(1.0f, -24), -std::ldexp(1.0f, -100)},
+       -1.0f - std::ldexp(1.0f, -23)},
+      // The midpoint between the largest float and infinity, nudged.
+      {{max, std::ldexp(1.0f, 103), std::ldexp(1.0f, -100)},
+       std::numeric_limits<float>::infinity()},
+      {{max, std::ldexp(1.0f, 103), -std::ldexp(1.0f, -100)}, max},
+      // Cancelling highs leave a subnormal rest; an exact zero is +0.
+      {{tiny, 1.0f, -1.0f}, tiny},
+      {{std::ldexp(1.0f, 40), std::ldexp(1.0f, -40), -std::ldexp(1.0f, 40),
+        -std::ldexp(1.0f, -40)},
+       0.0f},
   };
   for (const Case& c : cases) {
     std::vector<std::vector<float>> vectors;
@@ -106,8 +120,8 @@ TEST(ExactSumTest, AnyArrivalOrderGivesTheSameBitsAsTheExactSum) {
     const bool narrow = i % 3 == 0;
     const int base = exponent(rng);
     for (int w = 0; w < kWorkers; ++w) {
-      const int e = narrow ? std::clamp(base + coin(rng) - 5, -149, 127)
-                           : exponent(rng);
+      const int e =
+          narrow ? std::clamp(base + coin(rng) - 5, -149, 127) : exponent(rng);
       float v = std::ldexp(unit(rng), e);
       if (coin(rng) < 5) v = -v;
       if (!std::isfinite(v)) v = std::numeric_limits<float>::max();
@@ -117,14 +131,16 @@ TEST(ExactSumTest, AnyArrivalOrderGivesTheSameBitsAsTheExactSum) {
     if (i % 7 == 0) pushes[kWorkers - 1][i] = -pushes[0][i];  // cancels
   }
   const std::vector<float> first = Sum(pushes);
-  size_t wide_seen = 0;
+  size_t wide_seen = 0, pair_seen = 0;
   {
     ExactSum probe(kLength);
     for (const auto& p : pushes) probe.AddFloats(p.data());
     wide_seen = probe.wide_elements();
+    pair_seen = probe.pair_elements();
     probe.Finish();
   }
-  EXPECT_GT(wide_seen, kLength / 3) << "the exact accumulator was exercised";
+  EXPECT_GT(wide_seen, kLength / 4) << "the exact accumulator was exercised";
+  EXPECT_GT(pair_seen, 0u) << "the pair was exercised";
   std::vector<size_t> order(kWorkers);
   for (int w = 0; w < kWorkers; ++w) order[w] = w;
   for (int trial = 0; trial < 200; ++trial) {
@@ -154,6 +170,46 @@ TEST(ExactSumTest, GradientLikeValuesStayInTheDouble) {
   std::vector<float> column;
   for (size_t i = 0; i < kLength; i += 97)
     EXPECT_EQ(Bits(out[i]), Bits(Column(pushes, i, &column))) << i;
+}
+
+// Pushes whose magnitudes spread over 2^-30..2^29 (an outlier-heavy
+// gradient): every element needs more than a double, none more than the
+// pair, so the sum stays at 16 bytes per element, and it is still the exact
+// sum in any order. Release gives the memory back.
+TEST(ExactSumTest, WideRangePushesStayInThePair) {
+  std::mt19937_64 rng(20261126);
+  std::uniform_int_distribution<int> exponent(-30, 29);
+  std::uniform_real_distribution<float> unit(1.0f, 2.0f);
+  constexpr size_t kLength = 5000;
+  constexpr int kWorkers = 16;
+  std::vector<std::vector<float>> pushes(kWorkers, std::vector<float>(kLength));
+  for (auto& p : pushes) {
+    for (float& v : p) {
+      v = std::ldexp(unit(rng), exponent(rng));
+      if (rng() & 1) v = -v;
+    }
+  }
+  ExactSum sum(kLength);
+  for (const auto& p : pushes) sum.AddFloats(p.data());
+  EXPECT_EQ(sum.wide_elements(), 0u);
+  EXPECT_GT(sum.pair_elements(), kLength * 9 / 10);
+  EXPECT_LE(sum.bytes(), kLength * 16 + 4096);
+  const float* out = sum.Finish();
+  std::vector<float> column;
+  for (size_t i = 0; i < kLength; ++i)
+    ASSERT_EQ(Bits(out[i]), Bits(Column(pushes, i, &column))) << i;
+  const std::vector<float> first(out, out + kLength);
+  sum.Release();
+  EXPECT_EQ(sum.bytes(), 0u);
+  std::vector<size_t> order(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) order[w] = w;
+  for (int trial = 0; trial < 5; ++trial) {
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t k : order) sum.AddFloats(pushes[k].data());
+    out = sum.Finish();
+    for (size_t i = 0; i < kLength; ++i)
+      ASSERT_EQ(Bits(out[i]), Bits(first[i])) << "trial " << trial << " " << i;
+  }
 }
 
 TEST(ExactSumTest, SpecialValues) {
@@ -188,8 +244,8 @@ TEST(ExactSumTest, TwoBitPushesDecodeStraightInAndBadOnesAddNothing) {
     ASSERT_TRUE(compression::TwoBitQuantize(g.data(), residual.data(), kLength,
                                             0.5f, wire.data())
                     .ok());
-    ASSERT_TRUE(compression::TwoBitDequantize(wire.data(), wire.size(),
-                                              kLength, 0.5f, decoded.data())
+    ASSERT_TRUE(compression::TwoBitDequantize(wire.data(), wire.size(), kLength,
+                                              0.5f, decoded.data())
                     .ok());
     ASSERT_TRUE(packed_sum.AddTwoBit(wire.data(), wire.size(), 0.5f).ok());
     float_sum.AddFloats(decoded.data());
@@ -215,9 +271,9 @@ std::vector<uint8_t> RandomPayload(size_t n, float t, std::mt19937_64* rng,
   std::uniform_real_distribution<float> grad(-3.0f * t, 3.0f * t);
   for (float& v : g) v = grad(*rng);
   std::vector<uint8_t> wire(compression::TwoBitCompressedBytes(n));
-  EXPECT_TRUE(compression::TwoBitQuantize(g.data(), residual.data(), n, t,
-                                          wire.data())
-                  .ok());
+  EXPECT_TRUE(
+      compression::TwoBitQuantize(g.data(), residual.data(), n, t, wire.data())
+          .ok());
   decoded->resize(n);
   EXPECT_TRUE(compression::TwoBitDequantize(wire.data(), wire.size(), n, t,
                                             decoded->data())
@@ -244,7 +300,8 @@ TEST(ExactSumTest, TwoBitPushesOfOneThresholdAreCountedAndRoundedOnce) {
     const float* out = sum.Finish();
     std::vector<float> column;
     for (size_t i = 0; i < kLength; ++i)
-      ASSERT_EQ(Bits(out[i]), Bits(Column(decoded, i, &column))) << t << " " << i;
+      ASSERT_EQ(Bits(out[i]), Bits(Column(decoded, i, &column)))
+          << t << " " << i;
     EXPECT_FALSE(sum.counting());
   }
 }
@@ -255,9 +312,12 @@ TEST(ExactSumTest, MixedPushesLeaveTheCountsExactly) {
   constexpr size_t kLength = 77;
   std::mt19937_64 rng(5);
   std::vector<std::vector<float>> decoded(4);
-  const std::vector<uint8_t> a = RandomPayload(kLength, 0.25f, &rng, &decoded[0]);
-  const std::vector<uint8_t> b = RandomPayload(kLength, 0.25f, &rng, &decoded[1]);
-  const std::vector<uint8_t> c = RandomPayload(kLength, 0.3f, &rng, &decoded[2]);
+  const std::vector<uint8_t> a =
+      RandomPayload(kLength, 0.25f, &rng, &decoded[0]);
+  const std::vector<uint8_t> b =
+      RandomPayload(kLength, 0.25f, &rng, &decoded[1]);
+  const std::vector<uint8_t> c =
+      RandomPayload(kLength, 0.3f, &rng, &decoded[2]);
   decoded[3].resize(kLength);
   std::uniform_real_distribution<float> u(-1e3f, 1e3f);
   for (float& v : decoded[3]) v = u(rng);
@@ -270,7 +330,8 @@ TEST(ExactSumTest, MixedPushesLeaveTheCountsExactly) {
         sum.AddFloats(decoded[3].data());
       } else {
         const std::vector<uint8_t>& w = k == 0 ? a : (k == 1 ? b : c);
-        ASSERT_TRUE(sum.AddTwoBit(w.data(), w.size(), k == 2 ? 0.3f : 0.25f).ok());
+        ASSERT_TRUE(
+            sum.AddTwoBit(w.data(), w.size(), k == 2 ? 0.3f : 0.25f).ok());
       }
     }
     const float* out = sum.Finish();
@@ -288,9 +349,9 @@ TEST(ExactSumTest, TwoBitValuesAddAtAnyPlace) {
   const std::vector<uint8_t> wire = RandomPayload(40, 0.5f, &rng, &d);
   ExactSum sum(0);
   sum.Grow(30);
-  sum.AddTwoBitAt(3, wire.data(), 5, 11, 0.5f);   // unaligned both ways
+  sum.AddTwoBitAt(3, wire.data(), 5, 11, 0.5f);    // unaligned both ways
   sum.AddTwoBitAt(16, wire.data(), 20, 14, 0.5f);  // whole bytes, a tail
-  sum.AddTwoBitAt(3, wire.data(), 5, 2, 0.5f);    // again, the first two
+  sum.AddTwoBitAt(3, wire.data(), 5, 2, 0.5f);     // again, the first two
   const float* out = sum.Finish();
   std::vector<float> want(30, 0.0f);
   for (int j = 0; j < 11; ++j) want[3 + j] += d[5 + j];
@@ -308,7 +369,8 @@ TEST(ExactSumTest, ASumStartsAfterFinish) {
   sum.AddFloats(a);
   sum.AddFloats(b);
   const float* first = sum.Finish();
-  EXPECT_EQ(std::vector<float>(first, first + 3), (std::vector<float>{11, 22, 33}));
+  EXPECT_EQ(std::vector<float>(first, first + 3),
+            (std::vector<float>{11, 22, 33}));
   sum.AddFloats(b);
   const float* second = sum.Finish();
   EXPECT_EQ(std::vector<float>(second, second + 3),

@@ -12,8 +12,12 @@
 //   ExactSum floats   ExactSum::AddFloats (a double per value, TwoSum-checked)
 //   ExactSum 2-bit    ExactSum::AddTwoBit (decoded straight in; GB/s of the
 //                     float32 values the payload stands for)
+//   ExactSum wide     ExactSum::AddFloats of pushes whose magnitudes spread
+//                     over 2^-30..2^29 (sums that do not fit a double), and
+//                     the bytes the sum held, per value
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,8 +74,9 @@ int main(int argc, char** argv) {
     }
   }
   if (!(mb > 0) || pushes < 2 || reps < 1) {
-    std::fprintf(stderr, "exact_sum_bench: expected --mb > 0, --pushes >= 2, "
-                         "--reps >= 1\n");
+    std::fprintf(stderr,
+                 "exact_sum_bench: expected --mb > 0, --pushes >= 2, "
+                 "--reps >= 1\n");
     return 2;
   }
   const size_t n = static_cast<size_t>(mb * 1e6 / 4);
@@ -86,6 +91,17 @@ int main(int argc, char** argv) {
     packed[k].resize(tessera::compression::TwoBitCompressedBytes(n));
     (void)tessera::compression::TwoBitQuantize(push[k].data(), residual.data(),
                                                n, 0.005f, packed[k].data());
+  }
+  std::vector<std::vector<float>> wide(pushes, std::vector<float>(n));
+  {
+    std::uniform_int_distribution<int> exponent(-30, 29);
+    std::uniform_real_distribution<float> unit(1.0f, 2.0f);
+    for (auto& p : wide) {
+      for (float& v : p) {
+        v = std::ldexp(unit(rng), exponent(rng));
+        if (rng() & 1) v = -v;
+      }
+    }
   }
   const double bytes = static_cast<double>(n) * 4 * pushes;
   std::vector<float> sum(n), copy(n);
@@ -122,18 +138,26 @@ int main(int argc, char** argv) {
       (void)exact.AddTwoBit(packed[k].data(), packed[k].size(), 0.005f);
     exact.Finish();
   });
+  uint64_t wide_bytes = 0;
+  const double wide_gbps = MedianGbps(reps, bytes, [&] {
+    for (int k = 0; k < pushes; ++k) exact.AddFloats(wide[k].data());
+    wide_bytes = std::max<uint64_t>(wide_bytes, exact.bytes());
+    exact.Finish();
+  });
   std::printf("exact_sum_bench: %d pushes of %.1f MB (float32), median of %d\n",
               pushes, n * 4 / 1e6, reps);
   std::printf("%-18s %8s %10s\n", "", "GB/s", "x memcpy");
   const struct {
     const char* name;
     double gbps;
-  } rows[] = {{"memcpy", memcpy_gbps},
-              {"float32 add", float_gbps},
-              {"rank-order sum", rank_gbps},
-              {"ExactSum floats", exact_gbps},
-              {"ExactSum 2-bit", two_bit_gbps}};
+  } rows[] = {{"memcpy", memcpy_gbps},          {"float32 add", float_gbps},
+              {"rank-order sum", rank_gbps},    {"ExactSum floats", exact_gbps},
+              {"ExactSum 2-bit", two_bit_gbps}, {"ExactSum wide", wide_gbps}};
   for (const auto& r : rows)
     std::printf("%-18s %8.2f %10.2f\n", r.name, r.gbps, r.gbps / memcpy_gbps);
+  std::printf(
+      "ExactSum wide held %.1f bytes per value (%.0f MB for %.1f MB "
+      "of float32)\n",
+      static_cast<double>(wide_bytes) / n, wide_bytes / 1e6, n * 4 / 1e6);
   return 0;
 }

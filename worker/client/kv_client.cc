@@ -791,7 +791,6 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
         SliceMessage(cmd, key, part, total, row_length).header.slice();
     msg.header.set_command(cmd);
     msg.header.set_push_seq(seq);
-    msg.header.set_ack_on_receipt(windowed);
     SendPart(op, part, std::move(msg),
              out == nullptr ? nullptr : out + part.offset, {key, i, true},
              /*replayed=*/false, windowed);

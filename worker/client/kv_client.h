@@ -123,7 +123,7 @@ class KVClient : public KVWorker {
     uint64_t row_length = 0;     // 0: a dense key
     std::vector<KeyPart> parts;  // slices of at most TESSERA_CHUNK_BYTES
     // More slices on one server than the tracker's window: pushes go a
-    // window at a time, each slice acknowledged once taken.
+    // window at a time, the next slice when an earlier one is answered.
     bool windowed = false;
     uint64_t next_seq = 0;  // push_seq of the next push
     // Not OK once a push of this key was refused by a server (it never took

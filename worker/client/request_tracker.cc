@@ -419,7 +419,10 @@ void RequestTracker::HandleReply(Message&& msg) {
       if (!h.ack_only()) metrics_.duplicate_replies->Increment();
       return;
     }
-    next = TakenLocked(it->second);
+    // The window moves with answers, not acknowledgements: a server answers
+    // a dist_sync slice when its round completes, so a worker is never more
+    // than its window ahead of the slowest (the slices a server has open).
+    if (!h.ack_only()) next = TakenLocked(it->second);
     if (h.ack_only()) {
       // The server has it and is holding it: keep asking, at the current
       // (doubled) interval, in case the final reply is lost.

@@ -75,7 +75,7 @@ class RequestTracker {
     absl::Duration request_timeout = absl::Seconds(600);  // Wait's deadline
     uint64_t first_request_id = 1;
     // Windowed requests of one operation to one server: at most this many are
-    // out before the server has taken them (acknowledged or answered).
+    // out and not yet answered (an acknowledgement does not count).
     int window = 4;
   };
   // Identifies the key part a request is about (for the replay log).
@@ -95,7 +95,7 @@ class RequestTracker {
     bool rejoin = false;  // a restarted worker's KV_INIT: its reply says where
                           // pushes resume
     // Held back while Options::window requests of the same operation to the
-    // same server are out and not yet taken (the slices of one big push).
+    // same server are out and not yet answered (the slices of one big push).
     bool windowed = false;
     // Takes a successful reply in place of `out` (a compressed pull): called
     // on the thread of HandleReply, before the operation completes; its error
@@ -181,16 +181,16 @@ class RequestTracker {
     int unanswered = 0;  // sends in a row without any answer
     int resends = 0;     // sends after the first
     bool sent = true;    // false: held back by its window
-    bool taken = false;  // windowed: the server has taken it
+    bool taken = false;  // windowed: answered, its place in the window freed
   };
   // One operation's windowed requests to one server.
   struct Window {
-    int out = 0;                // sent and not yet taken
+    int out = 0;                // sent and not yet answered
     std::deque<uint64_t> held;  // request ids, in order
   };
 
   void Unpin(uint64_t op);
-  // A windowed request was taken: the next one held back goes out. Returns it
+  // A windowed request was answered: the next one held back goes out. Returns it
   // (server, message) to send unlocked, if any.
   std::optional<std::pair<int, Message>> TakenLocked(Tracked& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
