@@ -323,9 +323,14 @@ void ExactSum::AddRange(uint64_t begin, uint64_t end, const float* v) {
   double* a = acc_.data();
   if (wide_bits_[begin / kBlock] == 0) {
     uint8_t rounded[kBlock];
-    if (!round_kernels::AddExactly(a + begin, v, rounded, end - begin)) return;
-    // The additions that would have rounded were not made: those elements
-    // move to their exact accumulators.
+    const bool any =
+        lo_.empty()
+            ? round_kernels::AddExactly(a + begin, v, rounded, end - begin)
+            : round_kernels::AddPairExactly(a + begin, lo_.data() + begin, v,
+                                            rounded, end - begin);
+    if (!any) return;
+    // The additions that would have rounded (or, with pairs, whose rest did
+    // not fit) were not made: those elements take the slow path.
     for (uint64_t i = begin; i < end; ++i) {
       if (rounded[i - begin]) AddSlow(i, v[i - begin]);
     }

@@ -48,6 +48,40 @@ bool AddExactlyBaseline(double* __restrict a, const float* __restrict v,
   return bad != 0;
 }
 
+inline bool IsZero(double d) {
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof(bits));
+  return (bits << 1) == 0;  // +0 or -0; not NaN
+}
+
+inline bool PairAdd(double* hi, double* lo, float v) {
+  const double x = *hi;
+  const double y = v;
+  const double s = x + y;
+  const double bb = s - x;
+  const double e = (x - (s - bb)) + (y - bb);
+  const double l = *lo;
+  const double t = l + e;
+  const double tb = t - l;
+  const double e2 = (l - (t - tb)) + (e - tb);
+  const bool exact = IsZero(e2);
+  *hi = exact ? s : x;
+  *lo = exact ? t : l;
+  return exact;
+}
+
+bool AddPairExactlyBaseline(double* __restrict hi, double* __restrict lo,
+                            const float* __restrict v,
+                            uint8_t* __restrict rounded, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool exact = PairAdd(hi + i, lo + i, v[i]);
+    rounded[i] = !exact;
+    bad |= !exact;
+  }
+  return bad != 0;
+}
+
 // The code of value j of a word: +1, -1 or 0.
 inline int32_t CodeOf(uint32_t word, size_t j) {
   const uint32_t code = (word >> k::WordShift(j)) & 0b11u;
@@ -143,6 +177,41 @@ __attribute__((target("avx2"))) bool AddExactlyAvx2(double* a, const float* v,
   }
   for (; i < n; ++i) {
     const bool exact = ExactAdd(a + i, v[i]);
+    rounded[i] = !exact;
+    bad |= !exact;
+  }
+  return bad != 0;
+}
+
+__attribute__((target("avx2"))) bool AddPairExactlyAvx2(double* hi, double* lo,
+                                                        const float* v,
+                                                        uint8_t* rounded,
+                                                        size_t n) {
+  const __m256d zero = _mm256_setzero_pd();
+  int bad = 0;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256d x = _mm256_loadu_pd(hi + i);
+    const __m256d y = _mm256_cvtps_pd(_mm_loadu_ps(v + i));
+    const __m256d s = _mm256_add_pd(x, y);
+    const __m256d bb = _mm256_sub_pd(s, x);
+    const __m256d e = _mm256_add_pd(_mm256_sub_pd(x, _mm256_sub_pd(s, bb)),
+                                    _mm256_sub_pd(y, bb));
+    const __m256d l = _mm256_loadu_pd(lo + i);
+    const __m256d t = _mm256_add_pd(l, e);
+    const __m256d tb = _mm256_sub_pd(t, l);
+    const __m256d e2 = _mm256_add_pd(_mm256_sub_pd(l, _mm256_sub_pd(t, tb)),
+                                     _mm256_sub_pd(e, tb));
+    // Ordered equal: true for +0 and -0, false for NaN.
+    const __m256d exact = _mm256_cmp_pd(e2, zero, _CMP_EQ_OQ);
+    _mm256_storeu_pd(hi + i, _mm256_blendv_pd(x, s, exact));
+    _mm256_storeu_pd(lo + i, _mm256_blendv_pd(l, t, exact));
+    const int inexact = ~_mm256_movemask_pd(exact) & 0xf;
+    for (int q = 0; q < 4; ++q) rounded[i + q] = (inexact >> q) & 1;
+    bad |= inexact;
+  }
+  for (; i < n; ++i) {
+    const bool exact = PairAdd(hi + i, lo + i, v[i]);
     rounded[i] = !exact;
     bad |= !exact;
   }
@@ -268,6 +337,15 @@ bool AddExactly(double* a, const float* v, uint8_t* rounded, size_t n) {
   if (compression::UseAvx2Loops()) return AddExactlyAvx2(a, v, rounded, n);
 #endif
   return AddExactlyBaseline(a, v, rounded, n);
+}
+
+bool AddPairExactly(double* hi, double* lo, const float* v, uint8_t* rounded,
+                    size_t n) {
+#if defined(TESSERA_ROUND_AVX2)
+  if (compression::UseAvx2Loops())
+    return AddPairExactlyAvx2(hi, lo, v, rounded, n);
+#endif
+  return AddPairExactlyBaseline(hi, lo, v, rounded, n);
 }
 
 void AddCodeWords(int32_t* counts, const uint8_t* in, size_t words) {

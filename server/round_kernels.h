@@ -23,6 +23,14 @@ namespace tessera::round_kernels {
 // was.
 bool AddExactly(double* a, const float* v, uint8_t* rounded, size_t n);
 
+// The same for pairs (ExactSum's second doubles): hi[i] + v[i] = s + e
+// exactly (TwoSum), and where lo[i] + e is exact too (TwoSum again), hi[i] = s
+// and lo[i] = lo[i] + e; elsewhere (the rest does not fit lo, or an input was
+// not finite) both are left as they were and rounded[i] = 1 (else 0).
+// Returns whether any was.
+bool AddPairExactly(double* hi, double* lo, const float* v, uint8_t* rounded,
+                    size_t n);
+
 // counts[j] += the code (+1 for 0b11, -1 for 0b10, 0 for 0b00) of the values
 // of `words` whole 2-bit payload words at `in` (16 values a word, MXNet's
 // layout). The payload was validated.

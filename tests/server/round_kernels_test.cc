@@ -112,6 +112,63 @@ TEST(RoundKernelsTest, AddExactlyMatchesTwoSumPerValueOnEveryTarget) {
   }
 }
 
+TEST(RoundKernelsTest, AddPairExactlyMatchesTwoTwoSumsPerValueOnEveryTarget) {
+  std::mt19937 rng(2);
+  for (size_t n : {0, 1, 3, 4, 5, 63, 64, 257}) {
+    std::uniform_real_distribution<double> big(-1e20, 1e20);
+    std::uniform_int_distribution<int> tiny_exp(-140, -60);
+    const std::vector<float> seeds = AwkwardFloats(n, &rng);
+    std::vector<double> hi0(n), lo0(n);
+    for (size_t i = 0; i < n; ++i) {
+      // Highs: big, zero, awkward; rests: zero, tiny, or one that already
+      // fills its double (so that another rest does not fit).
+      hi0[i] = i % 3 == 0 ? big(rng) : (i % 3 == 1 ? 0.0 : seeds[(i + 1) % n]);
+      if (!std::isfinite(hi0[i])) hi0[i] = 1.0;
+      lo0[i] = i % 4 == 0   ? 0.0
+               : i % 4 == 1 ? std::ldexp(1.0 + i * 0x1p-40, tiny_exp(rng))
+               : i % 4 == 2 ? std::ldexp(1.0 + 0x1p-52, -20)
+                            : -std::ldexp(1.0, tiny_exp(rng));
+    }
+    const std::vector<float> v = AwkwardFloats(n, &rng);
+    std::vector<double> want_hi = hi0, want_lo = lo0;
+    std::vector<uint8_t> want_rounded(n);
+    size_t taken = 0, refused = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double x = hi0[i], y = v[i], s = x + y, bb = s - x;
+      const double e = (x - (s - bb)) + (y - bb);
+      const double l = lo0[i], t = l + e, tb = t - l;
+      const double e2 = (l - (t - tb)) + (e - tb);
+      const bool exact = e2 == 0.0;  // false for NaN
+      if (exact) {
+        want_hi[i] = s;
+        want_lo[i] = t;
+      }
+      want_rounded[i] = !exact;
+      (exact ? taken : refused) += 1;
+    }
+    if (n >= 64) {
+      EXPECT_GT(taken, n / 4) << n;
+      EXPECT_GT(refused, 0u) << n;
+    }
+    OnEveryTarget([&](const char* target) {
+      std::vector<double> hi = hi0, lo = lo0;
+      std::vector<uint8_t> rounded(n, 7);
+      const bool any =
+          AddPairExactly(hi.data(), lo.data(), v.data(), rounded.data(), n);
+      bool want_any = false;
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(Bits(hi[i]), Bits(want_hi[i]))
+            << target << " n=" << n << " i=" << i;
+        ASSERT_EQ(Bits(lo[i]), Bits(want_lo[i]))
+            << target << " n=" << n << " i=" << i;
+        ASSERT_EQ(rounded[i], want_rounded[i]) << target << " i=" << i;
+        want_any |= want_rounded[i] != 0;
+      }
+      EXPECT_EQ(any, want_any) << target;
+    });
+  }
+}
+
 TEST(RoundKernelsTest, CodeWordsAndCountsAgreeOnEveryTarget) {
   std::mt19937 rng(2);
   const size_t words = 37;
