@@ -16,10 +16,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/compression/two_bit.h"
+#include "common/hashed_spec.h"
 #include "common/node.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
-#include "common/hashed_spec.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/kv_server.h"
@@ -1001,9 +1001,10 @@ TEST(KVClientTest, HashedKeysSumAnyIdsExactlyAcrossServers) {
   const Options options = JobOptions(/*servers=*/3, /*workers=*/2);
   InProcessCluster cluster(net, options);
   constexpr uint64_t kKey = 80, kLen = 3;
-  const std::vector<uint64_t> ids = {0, ~uint64_t{0}, 0x8000000000000001ULL,
-                                     12345678901234567ULL, 42, 43, 44};
-  const HashedSpec spec = *HashedSpec::Parse("init=uniform low=-1 high=1 seed=5");
+  const std::vector<uint64_t> ids = {
+      0, ~uint64_t{0}, 0x8000000000000001ULL, 12345678901234567ULL, 42, 43, 44};
+  const HashedSpec spec =
+      *HashedSpec::Parse("init=uniform low=-1 high=1 seed=5");
   std::vector<std::vector<float>> got(2), fresh(2);
   std::vector<absl::Status> results = RunWorkers(
       net, options, /*sync=*/true, [&](KVClient& kv) -> absl::Status {
@@ -1044,7 +1045,8 @@ TEST(KVClientTest, HashedKeysSumAnyIdsExactlyAcrossServers) {
         const float two = 2.0f * (j + 1) + (ids[k] % 7);
         float want = one + two + (ids[k] == 42 ? two : 0.0f);
         if (ids[k] == 43) want = 100.0f;
-        EXPECT_EQ(got[r][k * kLen + j], want) << "id " << ids[k] << " col " << j;
+        EXPECT_EQ(got[r][k * kLen + j], want)
+            << "id " << ids[k] << " col " << j;
       }
     }
     for (uint64_t j = 0; j < kLen; ++j) {
@@ -1095,6 +1097,8 @@ TEST(KVClientTest, HashedKeyErrorsNameTheOptionOrTheKey) {
 // slice bigger than the server's 1 MiB reply frames); sorted ids (the push
 // borrows the caller's rows) and unsorted ones with a repeat (gathered). Every
 // row ends as the exact sum of what both workers pushed, both ways.
+// With 4 KiB chunks each server's part (300 rows) is cut into slices of 64
+// rows (5 a server, each its own round); with 8 MiB chunks it is one slice.
 TEST(KVClientTest, RowPushesAndPullsInManyFramesKeepEveryRowExact) {
   constexpr uint64_t kKey = 70, kNumRows = 600, kLen = 1024;
   for (const int64_t chunk : {int64_t{4096}, int64_t{8} << 20}) {
@@ -1127,9 +1131,11 @@ TEST(KVClientTest, RowPushesAndPullsInManyFramesKeepEveryRowExact) {
           }
           std::vector<uint64_t> all(kNumRows);
           for (uint64_t row = 0; row < kNumRows; ++row)
-            all[row] = (row * 7) % kNumRows;  // a permutation: 7 and 600 coprime
+            all[row] =
+                (row * 7) % kNumRows;  // a permutation: 7 and 600 coprime
           got[r].assign(kNumRows * kLen, 0.0f);
-          TESSERA_RETURN_IF_ERROR(kv.PullRows(kKey, all, absl::MakeSpan(got[r])));
+          TESSERA_RETURN_IF_ERROR(
+              kv.PullRows(kKey, all, absl::MakeSpan(got[r])));
           for (uint64_t k = 0; k < kNumRows; ++k) {
             const uint64_t row = all[k];
             const int times = row == 1 ? 2 : 1;
@@ -1179,8 +1185,10 @@ TEST(KVClientTest, RowPullsUnderPullCompressionComeAsBfloat16) {
         TESSERA_RETURN_IF_ERROR(kv.SetPullCompression("2bit"));
         std::vector<float> init(kRows * kRowLen);
         for (uint64_t r = 0; r < kRows; ++r)
-          for (uint64_t j = 0; j < kRowLen; ++j) init[r * kRowLen + j] = values[j];
-        TESSERA_RETURN_IF_ERROR(kv.InitRows(kRowKey, init.data(), kRows, kRowLen));
+          for (uint64_t j = 0; j < kRowLen; ++j)
+            init[r * kRowLen + j] = values[j];
+        TESSERA_RETURN_IF_ERROR(
+            kv.InitRows(kRowKey, init.data(), kRows, kRowLen));
         const uint64_t before = kv.stats().bytes_pulled;
         std::vector<float> out(3 * kRowLen);
         TESSERA_RETURN_IF_ERROR(
@@ -1194,7 +1202,8 @@ TEST(KVClientTest, RowPullsUnderPullCompressionComeAsBfloat16) {
   for (int r = 0; r < 2; ++r) {
     for (size_t k = 0; k < 3; ++k) {
       for (size_t j = 0; j < kRowLen; ++j)
-        EXPECT_EQ(got[r][k * kRowLen + j], want[j]) << r << " " << k << " " << j;
+        EXPECT_EQ(got[r][k * kRowLen + j], want[j])
+            << r << " " << k << " " << j;
     }
     EXPECT_EQ(pulled_bytes[r], 3 * kRowLen * 2) << r;
   }

@@ -23,6 +23,14 @@ namespace {
 // many workers push at once.
 constexpr int64_t kServerInflightBytes = int64_t{64} << 20;
 
+// A row-sparse key's part on a server is cut into slices of about this many
+// chunks of rows (64 MiB of rows with the default 1 MiB TESSERA_CHUNK_BYTES):
+// each slice is a round of its own, so a server sums and applies one slice of
+// a push while the next arrives, and the worker copies one slice of a pull
+// while the server gathers the next; a push of a few rows still goes as a few
+// messages.
+constexpr uint64_t kRowSliceChunks = 64;
+
 int PushWindow(const Options& options) {
   const int64_t share =
       kServerInflightBytes /
@@ -304,10 +312,17 @@ absl::Status KVClient::InitRows(uint64_t key, const float* value,
         "init of row-sparse key ", key, ": ", num_rows, " rows of ", row_length,
         " values; expected at least one row and one value"));
   }
-  // Split by rows, so every server holds whole rows; no slices: a push or
-  // pull carries only the rows it names.
-  return InitKey(key, value, num_rows * row_length, row_length,
-                 partitioner_.PartitionRows(key, num_rows, row_length));
+  // Split by rows, so every server holds whole rows, and each server's part
+  // in slices of whole rows (kRowSliceChunks); a push or pull carries only the
+  // rows it names, to each slice (a push: to every slice, which counts it
+  // toward its round even without rows).
+  const uint64_t slice_rows = std::max<uint64_t>(
+      1, kRowSliceChunks * static_cast<uint64_t>(options_.chunk_bytes) /
+             (row_length * sizeof(float)));
+  return InitKey(
+      key, value, num_rows * row_length, row_length,
+      KeyPartitioner::Chunk(
+          partitioner_.PartitionRows(key, num_rows, row_length), slice_rows));
 }
 
 absl::Status KVClient::InitHashed(uint64_t key, uint64_t row_length,
@@ -477,17 +492,20 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
     two_bit = two_bit_;
     threshold = threshold_;
   }
+  // Each part's rows: where each is in the caller's arrays, in push order.
+  std::vector<std::vector<size_t>> at_of(row_parts.size());
+  for (size_t k = 0; k < row_ids.size(); ++k) {
+    const size_t i = PartOfRow(row_parts, hashed, row_ids[k]);
+    if (i >= at_of.size())  // CheckRows let only ids of the key through
+      return absl::InternalError(absl::StrCat(
+          "row push of key ", key, ": no part holds row ", row_ids[k]));
+    at_of[i].push_back(k);
+  }
   return SendPush(
       wire::KV_PUSH, key, nullptr,
       [&, l](uint64_t op, size_t part_index,
              const KeyPart&) -> absl::StatusOr<Message> {
-        // This part's rows: where each is in the caller's arrays, in push
-        // order.
-        std::vector<size_t> at;
-        for (size_t k = 0; k < row_ids.size(); ++k) {
-          if (PartOfRow(row_parts, hashed, row_ids[k]) == part_index)
-            at.push_back(k);
-        }
+        const std::vector<size_t>& at = at_of[part_index];
         const size_t n = at.size();
         // Sorted ids (the usual case) put each server's rows in one run of
         // the caller's arrays: then the frames borrow them, as a dense push
@@ -635,17 +653,22 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
     bf16 = pull_two_bit_;  // pull compression: rows come as bfloat16
     ++stats_.pulls;
   }
+  // Each part's rows, and where each goes in `out`.
+  std::vector<std::vector<uint64_t>> ids_of(parts.size()), at_of(parts.size());
+  for (size_t k = 0; k < row_ids.size(); ++k) {
+    const size_t i = PartOfRow(parts, row_key.hashed, row_ids[k]);
+    if (i >= parts.size())  // CheckRows let only ids of the key through
+      return absl::InternalError(absl::StrCat(
+          "row pull of key ", key, ": no part holds row ", row_ids[k]));
+    ids_of[i].push_back(row_ids[k]);
+    at_of[i].push_back(k);
+  }
   const uint64_t op = tracker_->NewOp();
   const size_t value_bytes = bf16 ? sizeof(uint16_t) : sizeof(float);
   for (size_t i = 0; i < parts.size(); ++i) {
     const KeyPart& part = parts[i];
-    // The rows this server holds, and where each goes in `out`.
-    std::vector<uint64_t> part_ids, part_at;
-    for (size_t k = 0; k < row_ids.size(); ++k) {
-      if (PartOfRow(parts, row_key.hashed, row_ids[k]) != i) continue;
-      part_ids.push_back(row_ids[k]);
-      part_at.push_back(k);
-    }
+    const std::vector<uint64_t>& part_ids = ids_of[i];
+    const std::vector<uint64_t>& part_at = at_of[i];
     // A pull need not visit every server. The rows it asks one server for
     // go in requests of about a slice each (pulls have no round to keep
     // whole), so that the server answers the first while the worker asks
