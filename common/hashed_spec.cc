@@ -10,17 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/split_mix.h"
 
 namespace tessera {
 namespace {
-
-// SplitMix64's finaliser.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 absl::Status Expected(absl::string_view name, absl::string_view what,
                       absl::string_view got) {
@@ -132,15 +125,16 @@ std::string HashedSpec::ToString() const {
 
 float HashedSpec::InitialValue(uint64_t id, uint64_t column) const {
   if (init == Init::kZeros) return 0.0f;
-  const uint64_t h = Mix(Mix(seed ^ 0x5851f42d4c957f2dULL) ^ Mix(id) ^
-                         (column * 0x9e3779b97f4a7c15ULL));
+  const uint64_t h =
+      SplitMix64(SplitMix64(seed ^ 0x5851f42d4c957f2dULL) ^ SplitMix64(id) ^
+                 (column * 0x9e3779b97f4a7c15ULL));
   if (init == Init::kUniform) {
     // 24 random bits: u in [0, 1), then low + (high - low) u in float32.
     const float u = static_cast<float>(h >> 40) * 0x1.0p-24f;
     return low + (high - low) * u;
   }
   // Box-Muller on two 53-bit uniforms in (0, 1) and [0, 1).
-  const uint64_t h2 = Mix(h ^ 0xd1b54a32d192ed03ULL);
+  const uint64_t h2 = SplitMix64(h ^ 0xd1b54a32d192ed03ULL);
   const double u1 = (static_cast<double>(h >> 11) + 0.5) * 0x1.0p-53;
   const double u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;
   const double z =
@@ -150,7 +144,7 @@ float HashedSpec::InitialValue(uint64_t id, uint64_t column) const {
 }
 
 int HashedServerOf(uint64_t id, int num_servers) {
-  return static_cast<int>(Mix(id ^ 0x2545f4914f6cdd1dULL) %
+  return static_cast<int>(SplitMix64(id ^ 0x2545f4914f6cdd1dULL) %
                           static_cast<uint64_t>(num_servers));
 }
 

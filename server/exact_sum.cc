@@ -278,20 +278,8 @@ void ExactSum::AddSlow(uint64_t i, float v) {
   double* a = acc_.data();
   if (std::isfinite(v)) {
     // hi + v = s + e exactly (TwoSum); the rest e joins lo if that is exact.
-    const double x = a[i];
-    const double s = x + v;
-    const double bb = s - x;
-    const double e = (x - (s - bb)) + (v - bb);
     if (lo_.empty()) lo_.Assign(length_, 0.0);
-    double* lo = lo_.data();
-    const double l = lo[i];
-    const double t = l + e;
-    const double tb = t - l;
-    if ((l - (t - tb)) + (e - tb) == 0.0) {
-      a[i] = s;
-      lo[i] = t;
-      return;
-    }
+    if (round_kernels::PairAdd(a + i, lo_.data() + i, v)) return;
   }
   Wide& w = wide_[i];
   w.AddDouble(a[i]);
@@ -342,15 +330,7 @@ void ExactSum::AddRange(uint64_t begin, uint64_t end, const float* v) {
       wide_[i].AddFloat(y);
       continue;
     }
-    const double x = a[i];
-    const double s = x + y;
-    const double bb = s - x;
-    const double err = (x - (s - bb)) + (y - bb);
-    if (err == 0.0) {
-      a[i] = s;
-    } else {
-      AddSlow(i, y);
-    }
+    if (!round_kernels::ExactAdd(a + i, y)) AddSlow(i, y);
   }
 }
 
@@ -368,9 +348,8 @@ namespace {
 // the result is not finite (the caller rounds exactly instead).
 bool RoundPair(double hi, double lo, float* out) {
   // The same value as s + e with |e| <= half an ulp of s (TwoSum).
-  const double s = hi + lo;
-  const double bb = s - hi;
-  const double e = (hi - (s - bb)) + (lo - bb);
+  double s;
+  const double e = round_kernels::TwoSum(hi, lo, &s);
   const float r = static_cast<float>(s);
   if (e == 0.0 || static_cast<double>(r) == s) {
     // s is the value, or a float32 itself: e is far below half a float ulp.

@@ -13,11 +13,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/compression/bf16.h"
-#include "common/compression/two_bit.h"
 #include "common/hashed_spec.h"
 #include "common/metrics.h"
 #include "server/hashed_table.h"
 #include "server/key_store.h"
+#include "server/row_payload.h"
 #include "server/slice_engine.h"
 
 namespace tessera {
@@ -109,35 +109,16 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
     absl::StatusOr<std::vector<uint64_t>> ids = Ids(msg);
     if (!ids.ok()) return ids.status();
     const uint64_t l = key_.row_length;
-    const uint64_t values = ids->size() * l;
-    const int frames = msg.header.frames_size();
-    uint64_t given = 0;
-    bool whole_rows = frames >= 2;
-    for (int f = 1; f < frames; ++f) {
-      given += msg.header.frames(f).num_values();
-      whole_rows &= frames == 2 || msg.header.frames(f).num_values() % l == 0;
-    }
-    if (frames < 2 || given != values || !whole_rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push of hashed key ", key_.key, ": ", ids->size(),
-                       " ids need ", values, " values of ", l, " per row"));
-    }
-    const bool two_bit =
-        frames == 2 &&
-        msg.header.frames(1).encoding() == wire::DataFrame::TWO_BIT &&
-        settings.compression == "2bit";
-    for (int f = 1; f < frames && !two_bit; ++f) {
-      if (msg.header.frames(f).encoding() != wire::DataFrame::FLOAT32) {
-        return absl::InvalidArgumentError(
-            "hashed key push payload must be float32, or 2-bit with gradient "
-            "compression set");
-      }
-    }
+    absl::StatusOr<bool> two_bit =
+        CheckRowPayload(msg, ids->size(), l, settings,
+                        {absl::StrCat("push of hashed key ", key_.key), "ids",
+                         "hashed key push"});
+    if (!two_bit.ok()) return two_bit.status();
     // Each push names an id once for admission, however often it repeats.
     absl::flat_hash_set<uint64_t> named(ids->begin(), ids->end());
     if (key_.sync) {
       const int rank = RankOfId(msg.header.sender());
-      if (two_bit) {
+      if (*two_bit) {
         absl::Status ok = round_.AddTwoBit(rank, *ids, msg.data[1],
                                            settings.threshold, msg.header);
         if (!ok.ok()) {
@@ -158,42 +139,18 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
           "before pushing");
     }
     // One push, one round: repeated ids summed in push order.
-    std::vector<const float*> row_values;
     Buffer decoded;
-    if (two_bit) {
-      decoded = Buffer::Allocate(values * sizeof(float));
-      absl::Status ok = compression::TwoBitDequantize(
-          msg.data[1].data(), msg.data[1].size(), values, settings.threshold,
-          decoded.mutable_floats());
-      if (!ok.ok()) {
-        ctx.CountMalformed();
-        return ok;
-      }
-      for (size_t i = 0; i < ids->size(); ++i)
-        row_values.push_back(decoded.floats() + i * l);
-    } else {
-      for (int f = 1; f < frames; ++f) {
-        for (size_t at = 0; at < msg.data[f].num_floats(); at += l)
-          row_values.push_back(msg.data[f].floats() + at);
-      }
+    absl::StatusOr<std::vector<const float*>> row_values =
+        RowValues(msg, *two_bit, ids->size(), l, settings.threshold, &decoded);
+    if (!row_values.ok()) {
+      ctx.CountMalformed();
+      return row_values.status();
     }
-    std::vector<uint64_t> unique;
-    std::vector<float> sum;
-    absl::flat_hash_map<uint64_t, size_t> slot;
-    for (size_t i = 0; i < ids->size(); ++i) {
-      auto [it, added] = slot.try_emplace((*ids)[i], unique.size());
-      if (added) {
-        unique.push_back((*ids)[i]);
-        sum.insert(sum.end(), row_values[i], row_values[i] + l);
-      } else {
-        float* at = sum.data() + it->second * l;
-        for (uint64_t j = 0; j < l; ++j) at[j] += row_values[i][j];
-      }
-    }
-    const std::vector<uint32_t> once(unique.size(), 1);
+    const RowSums sums = SumRepeatedRows(*ids, *row_values, l);
+    const std::vector<uint32_t> once(sums.ids.size(), 1);
     ctx.TimedUpdate(key_, [&] {
       table_.ApplyRound(
-          unique, once, [&](size_t i) { return sum.data() + i * l; },
+          sums.ids, once, [&](size_t i) { return sums.values.data() + i * l; },
           settings.optimizer.get(), ++key_.steps);
     });
     Report();

@@ -4,16 +4,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/split_mix.h"
 
 namespace tessera {
 namespace {
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 constexpr int kSketchRows = 4;
 
@@ -88,7 +82,7 @@ void HashedTable::Evict(uint32_t slot) {
 }
 
 size_t HashedTable::SketchIndex(int row, uint64_t id) const {
-  const uint64_t h = Mix(id ^ (0x9e3779b97f4a7c15ULL * (row + 1)));
+  const uint64_t h = SplitMix64(id ^ (0x9e3779b97f4a7c15ULL * (row + 1)));
   return static_cast<size_t>(row) * sketch_width_ + (h & (sketch_width_ - 1));
 }
 

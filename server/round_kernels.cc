@@ -24,19 +24,6 @@ inline uint32_t LoadWord(const uint8_t* in) {
   return word;
 }
 
-inline bool ExactAdd(double* a, float v) {
-  const double x = *a;
-  const double y = v;
-  const double s = x + y;
-  const double bb = s - x;
-  const double err = (x - (s - bb)) + (y - bb);
-  uint64_t bits;
-  std::memcpy(&bits, &err, sizeof(bits));
-  const bool exact = (bits << 1) == 0;  // -0 is exact too; NaN is not
-  *a = exact ? s : x;
-  return exact;
-}
-
 bool AddExactlyBaseline(double* __restrict a, const float* __restrict v,
                         uint8_t* __restrict rounded, size_t n) {
   uint32_t bad = 0;
@@ -46,28 +33,6 @@ bool AddExactlyBaseline(double* __restrict a, const float* __restrict v,
     bad |= !exact;
   }
   return bad != 0;
-}
-
-inline bool IsZero(double d) {
-  uint64_t bits;
-  std::memcpy(&bits, &d, sizeof(bits));
-  return (bits << 1) == 0;  // +0 or -0; not NaN
-}
-
-inline bool PairAdd(double* hi, double* lo, float v) {
-  const double x = *hi;
-  const double y = v;
-  const double s = x + y;
-  const double bb = s - x;
-  const double e = (x - (s - bb)) + (y - bb);
-  const double l = *lo;
-  const double t = l + e;
-  const double tb = t - l;
-  const double e2 = (l - (t - tb)) + (e - tb);
-  const bool exact = IsZero(e2);
-  *hi = exact ? s : x;
-  *lo = exact ? t : l;
-  return exact;
 }
 
 bool AddPairExactlyBaseline(double* __restrict hi, double* __restrict lo,
@@ -155,6 +120,16 @@ void CodeWordsBaseline(const float* __restrict w, float* __restrict s,
 }
 
 #if defined(TESSERA_ROUND_AVX2)
+// TwoSum, four lanes: x + y = *sum + the returned error.
+__attribute__((target("avx2"))) inline __m256d TwoSumAvx2(__m256d x, __m256d y,
+                                                          __m256d* sum) {
+  const __m256d s = _mm256_add_pd(x, y);
+  const __m256d bb = _mm256_sub_pd(s, x);
+  *sum = s;
+  return _mm256_add_pd(_mm256_sub_pd(x, _mm256_sub_pd(s, bb)),
+                       _mm256_sub_pd(y, bb));
+}
+
 __attribute__((target("avx2"))) bool AddExactlyAvx2(double* a, const float* v,
                                                     uint8_t* rounded,
                                                     size_t n) {
@@ -164,10 +139,8 @@ __attribute__((target("avx2"))) bool AddExactlyAvx2(double* a, const float* v,
   for (; i + 4 <= n; i += 4) {
     const __m256d x = _mm256_loadu_pd(a + i);
     const __m256d y = _mm256_cvtps_pd(_mm_loadu_ps(v + i));
-    const __m256d s = _mm256_add_pd(x, y);
-    const __m256d bb = _mm256_sub_pd(s, x);
-    const __m256d err = _mm256_add_pd(_mm256_sub_pd(x, _mm256_sub_pd(s, bb)),
-                                      _mm256_sub_pd(y, bb));
+    __m256d s;
+    const __m256d err = TwoSumAvx2(x, y, &s);
     // Ordered equal: true for +0 and -0, false for NaN.
     const __m256d exact = _mm256_cmp_pd(err, zero, _CMP_EQ_OQ);
     _mm256_storeu_pd(a + i, _mm256_blendv_pd(x, s, exact));
@@ -193,15 +166,10 @@ __attribute__((target("avx2"))) bool AddPairExactlyAvx2(double* hi, double* lo,
   for (; i + 4 <= n; i += 4) {
     const __m256d x = _mm256_loadu_pd(hi + i);
     const __m256d y = _mm256_cvtps_pd(_mm_loadu_ps(v + i));
-    const __m256d s = _mm256_add_pd(x, y);
-    const __m256d bb = _mm256_sub_pd(s, x);
-    const __m256d e = _mm256_add_pd(_mm256_sub_pd(x, _mm256_sub_pd(s, bb)),
-                                    _mm256_sub_pd(y, bb));
+    __m256d s, t;
+    const __m256d e = TwoSumAvx2(x, y, &s);
     const __m256d l = _mm256_loadu_pd(lo + i);
-    const __m256d t = _mm256_add_pd(l, e);
-    const __m256d tb = _mm256_sub_pd(t, l);
-    const __m256d e2 = _mm256_add_pd(_mm256_sub_pd(l, _mm256_sub_pd(t, tb)),
-                                     _mm256_sub_pd(e, tb));
+    const __m256d e2 = TwoSumAvx2(l, e, &t);
     // Ordered equal: true for +0 and -0, false for NaN.
     const __m256d exact = _mm256_cmp_pd(e2, zero, _CMP_EQ_OQ);
     _mm256_storeu_pd(hi + i, _mm256_blendv_pd(x, s, exact));

@@ -14,8 +14,45 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace tessera::round_kernels {
+
+// Knuth's TwoSum: x + y = *sum + the returned error, exactly (NaN when an
+// input is not finite).
+inline double TwoSum(double x, double y, double* sum) {
+  const double s = x + y;
+  const double bb = s - x;
+  *sum = s;
+  return (x - (s - bb)) + (y - bb);
+}
+
+inline bool IsZero(double d) {
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof(bits));
+  return (bits << 1) == 0;  // +0 or -0; not NaN
+}
+
+// One value of AddExactly: *a += v when exact; returns whether it was.
+inline bool ExactAdd(double* a, float v) {
+  const double x = *a;
+  double s;
+  const bool exact = IsZero(TwoSum(x, v, &s));
+  *a = exact ? s : x;  // no branch: the baseline loop vectorises
+  return exact;
+}
+
+// One value of AddPairExactly.
+inline bool PairAdd(double* hi, double* lo, float v) {
+  const double x = *hi;
+  const double l = *lo;
+  double s, t;
+  const double e = TwoSum(x, v, &s);
+  const bool exact = IsZero(TwoSum(l, e, &t));
+  *hi = exact ? s : x;
+  *lo = exact ? t : l;
+  return exact;
+}
 
 // a[i] += v[i] for i < n where the addition is exact (Knuth's TwoSum: its
 // error term is zero); elsewhere (it rounded, or an input was not finite)

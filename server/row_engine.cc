@@ -6,11 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/compression/bf16.h"
-#include "common/compression/two_bit.h"
 #include "server/key_store.h"
+#include "server/row_payload.h"
 #include "server/slice_engine.h"
 
 namespace tessera {
@@ -62,36 +61,13 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(msg);
     if (!rows.ok()) return rows.status();
     const uint64_t l = key_.row_length;
-    const uint64_t values = rows->size() * l;
-    // The values: one frame (float32 or 2-bit), or several float32 frames of
-    // whole rows one after another.
-    const int frames = msg.header.frames_size();
-    uint64_t given = 0;
-    bool whole_rows = frames >= 2;
-    for (int f = 1; f < frames; ++f) {
-      given += msg.header.frames(f).num_values();
-      whole_rows &= frames == 2 || msg.header.frames(f).num_values() % l == 0;
-    }
-    if (frames < 2 || given != values || !whole_rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("row push of key ", key_.key, ": ", rows->size(),
-                       " row ids need ", values, " values of ", l, " per row",
-                       frames > 2 ? " in frames of whole rows" : ""));
-    }
-    const wire::DataFrame* desc = &msg.header.frames(1);
-    const bool two_bit = frames == 2 &&
-                         desc->encoding() == wire::DataFrame::TWO_BIT &&
-                         settings.compression == "2bit";
-    for (int f = 1; f < frames && !two_bit; ++f) {
-      if (msg.header.frames(f).encoding() != wire::DataFrame::FLOAT32) {
-        return absl::InvalidArgumentError(
-            "row push payload must be float32, or 2-bit with gradient "
-            "compression set");
-      }
-    }
+    absl::StatusOr<bool> two_bit = CheckRowPayload(
+        msg, rows->size(), l, settings,
+        {absl::StrCat("row push of key ", key_.key), "row ids", "row push"});
+    if (!two_bit.ok()) return two_bit.status();
     if (key_.sync) {
       const int rank = RankOfId(msg.header.sender());
-      if (two_bit) {
+      if (*two_bit) {
         // Counted straight into the round's sum.
         absl::Status ok = round_.AddTwoBit(rank, *std::move(rows), msg.data[1],
                                            settings.threshold, msg.header);
@@ -107,26 +83,12 @@ class RowEngine : public RoundSliceEngine<RowRound> {
       return round_.complete() ? Pushed::kRoundComplete : Pushed::kAdded;
     }
     // Row i's values, wherever its frame put them.
-    std::vector<const float*> row_values;
-    row_values.reserve(rows->size());
     Buffer decoded;
-    if (two_bit) {
-      decoded = Buffer::Allocate(values * sizeof(float));
-      absl::Status ok = compression::TwoBitDequantize(
-          msg.data[1].data(), msg.data[1].size(), values, settings.threshold,
-          decoded.mutable_floats());
-      if (!ok.ok()) {
-        ctx.CountMalformed();
-        return ok;
-      }
-      for (size_t i = 0; i < rows->size(); ++i)
-        row_values.push_back(decoded.floats() + i * l);
-    } else {
-      for (int f = 1; f < frames; ++f) {
-        const Buffer& part = msg.data[f];
-        for (size_t at = 0; at < part.num_floats(); at += l)
-          row_values.push_back(part.floats() + at);
-      }
+    absl::StatusOr<std::vector<const float*>> row_values =
+        RowValues(msg, *two_bit, rows->size(), l, settings.threshold, &decoded);
+    if (!row_values.ok()) {
+      ctx.CountMalformed();
+      return row_values.status();
     }
     if (settings.optimizer == nullptr) {
       return absl::FailedPreconditionError(
@@ -135,22 +97,9 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     }
     // Duplicate ids of one push are summed first (in push order), then each
     // row is updated once.
-    std::vector<uint64_t> unique;
-    std::vector<float> sum;
-    absl::flat_hash_map<uint64_t, size_t> slot;
-    for (size_t i = 0; i < rows->size(); ++i) {
-      const float* grad = row_values[i];
-      auto [it, added] = slot.try_emplace((*rows)[i], unique.size());
-      if (added) {
-        unique.push_back((*rows)[i]);
-        sum.insert(sum.end(), grad, grad + l);
-      } else {
-        float* at = sum.data() + it->second * l;
-        for (uint64_t j = 0; j < l; ++j) at[j] += grad[j];
-      }
-    }
+    const RowSums sums = SumRepeatedRows(*rows, *row_values, l);
     ctx.TimedUpdate(key_, [&] {
-      key_.ApplyRowUpdates(*settings.optimizer, unique, sum.data());
+      key_.ApplyRowUpdates(*settings.optimizer, sums.ids, sums.values.data());
     });
     return Pushed::kApplied;
   }

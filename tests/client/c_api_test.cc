@@ -72,7 +72,8 @@ TEST(CApiTest, CallerMistakesReturnInvalidArgument) {
   EXPECT_EQ(tessera_2bit_dequantize(nullptr, 16, 0.5f, out),
             TESSERA_INVALID_ARGUMENT);
   EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: in is NULL");
-  EXPECT_EQ(tessera_kv_init_hashed(nullptr, 1, 4, ""), TESSERA_INVALID_ARGUMENT);
+  EXPECT_EQ(tessera_kv_init_hashed(nullptr, 1, 4, ""),
+            TESSERA_INVALID_ARGUMENT);
   EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: kv is NULL");
 }
 

@@ -516,11 +516,12 @@ TEST(KVServerTest, SnapshotExcludesTheOpenRoundAndRestoresExactly) {
   EXPECT_EQ(PullNow(h, 0, 9, 3), PullNow(restored, 0, 9, 3));
 }
 
-// A row-sparse key: 6 rows of 2 on this server.
-Message RowMessage(wire::Command cmd, int rank, uint64_t seq,
-                   const std::vector<uint64_t>& ids,
+// A message of key `key` (`length` rows of 2 on this server) naming rows:
+// ids, then for a push their values.
+Message IdsMessage(wire::Command cmd, int rank, uint64_t key, uint64_t length,
+                   uint64_t seq, const std::vector<uint64_t>& ids,
                    const std::vector<float>& values) {
-  Message m = KeyMessage(cmd, rank, 12, 6);
+  Message m = KeyMessage(cmd, rank, key, length);
   m.header.mutable_slice()->set_row_length(2);
   m.header.set_push_seq(seq);
   wire::DataFrame* d = m.header.add_frames();
@@ -529,6 +530,13 @@ Message RowMessage(wire::Command cmd, int rank, uint64_t seq,
   m.data.push_back(Buffer::CopyOf(ids.data(), ids.size() * 8));
   if (cmd == wire::KV_PUSH) AddFloatFrame(&m, Floats(values));
   return m;
+}
+
+// A row-sparse key: 6 rows of 2 on this server.
+Message RowMessage(wire::Command cmd, int rank, uint64_t seq,
+                   const std::vector<uint64_t>& ids,
+                   const std::vector<float>& values) {
+  return IdsMessage(cmd, rank, 12, 6, seq, ids, values);
 }
 
 TEST(KVServerTest, RowKeySnapshotWithAnOpenRoundRestoresBitForBit) {
@@ -590,15 +598,7 @@ TEST(KVServerTest, RowKeySnapshotWithAnOpenRoundRestoresBitForBit) {
 Message HashedMessage(wire::Command cmd, int rank, uint64_t seq,
                       const std::vector<uint64_t>& ids,
                       const std::vector<float>& values) {
-  Message m = KeyMessage(cmd, rank, 31, 0);
-  m.header.mutable_slice()->set_row_length(2);
-  m.header.set_push_seq(seq);
-  wire::DataFrame* d = m.header.add_frames();
-  d->set_encoding(wire::DataFrame::RAW);
-  d->set_num_bytes(ids.size() * 8);
-  m.data.push_back(Buffer::CopyOf(ids.data(), ids.size() * 8));
-  if (cmd == wire::KV_PUSH) AddFloatFrame(&m, Floats(values));
-  return m;
+  return IdsMessage(cmd, rank, 31, 0, seq, ids, values);
 }
 
 // A hashed key's table, its recency order and its admission counts survive

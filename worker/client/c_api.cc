@@ -262,9 +262,8 @@ int tessera_kv_push_rows(TesseraKV* kv, uint64_t key, const uint64_t* row_ids,
   // The row length is the key's: the span below is checked against it.
   absl::StatusOr<size_t> values = RowValues(kv, key, num_ids);
   if (!values.ok()) return Fail(values.status());
-  return Result(kv->worker->PushRows(
-      key, absl::MakeConstSpan(row_ids, num_ids),
-      absl::MakeConstSpan(rows, *values)));
+  return Result(kv->worker->PushRows(key, absl::MakeConstSpan(row_ids, num_ids),
+                                     absl::MakeConstSpan(rows, *values)));
 }
 
 int tessera_kv_pull_rows(TesseraKV* kv, uint64_t key, const uint64_t* row_ids,

@@ -2,19 +2,13 @@
 
 #include <algorithm>
 
+#include "common/split_mix.h"
+
 namespace tessera {
-namespace {
-// SplitMix64's finaliser: a fixed, well-mixed hash, the same in every process.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-}  // namespace
 
 int KeyPartitioner::ServerOf(uint64_t key) const {
-  return static_cast<int>(Mix(key) % static_cast<uint64_t>(num_servers_));
+  return static_cast<int>(SplitMix64(key) %
+                          static_cast<uint64_t>(num_servers_));
 }
 
 std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key,
@@ -35,8 +29,8 @@ std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key,
 }
 
 std::vector<KeyPart> KeyPartitioner::PartitionRows(uint64_t key,
-                                                  uint64_t num_rows,
-                                                  uint64_t row_length) const {
+                                                   uint64_t num_rows,
+                                                   uint64_t row_length) const {
   std::vector<KeyPart> parts;
   if (num_rows == 0) return parts;
   if (num_rows * row_length < bound_ || num_servers_ == 1) {
