@@ -70,6 +70,13 @@ void AddBf16Frame(Message* msg, Buffer values) {
   msg->data.push_back(std::move(values));
 }
 
+void AddRawFrame(Message* msg, Buffer bytes) {
+  wire::DataFrame* d = msg->header.add_frames();
+  d->set_encoding(wire::DataFrame::RAW);
+  d->set_num_bytes(bytes.size());
+  msg->data.push_back(std::move(bytes));
+}
+
 size_t RowsPerFrame(size_t rows, size_t row_bytes, size_t frame_bytes) {
   const size_t by_size =
       std::max<size_t>(1, frame_bytes / std::max<size_t>(1, row_bytes));

@@ -55,6 +55,8 @@ void AddFloatFrame(Message* msg, Buffer values);
 void AddTwoBitFrame(Message* msg, Buffer packed, uint64_t num_values);
 // Appends a bfloat16 frame (2 bytes per value; compression/bf16.h).
 void AddBf16Frame(Message* msg, Buffer values);
+// Appends a frame of opaque bytes (row ids, counts).
+void AddRawFrame(Message* msg, Buffer bytes);
 
 // Rows a frame of a row push or a row pull reply carries: whole rows of
 // `row_bytes`, at most `frame_bytes` a frame (at least one row), and never so

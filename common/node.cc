@@ -206,17 +206,33 @@ void Node::InstallSchedulerIdentity(const wire::NodeTable& table) {
 
 bool Node::WantsLink(int peer_id) const {
   if (peer_id == id_ || peer_id == kSchedulerId) return false;
-  // Workers talk to servers; servers answer workers. Same-role peers need no
-  // link.
-  return options_.role == Role::kWorker ? IsServerId(peer_id)
-                                        : IsWorkerId(peer_id);
+  // Workers talk to servers; servers answer workers and, in a replicated
+  // job, send updates to the servers after them. Workers need no link to
+  // workers.
+  if (options_.role == Role::kWorker) return IsServerId(peer_id);
+  return IsWorkerId(peer_id) || (options_.replicas > 1 && IsServerId(peer_id));
 }
 
 void Node::UpdateTable(const wire::NodeTable& table) {
   std::vector<int> restarted;
+  std::vector<int> died;
+  bool self_dead = false;
   {
     absl::MutexLock lock(&mu_);
     for (const wire::NodeInfo& n : table.nodes()) {
+      if (n.dead()) {
+        if (n.id() == id_) {
+          self_dead = true;
+          continue;
+        }
+        auto known = nodes_.find(n.id());
+        if (known == nodes_.end() || known->second.dead()) continue;
+        known->second.set_dead(true);
+        // Nothing more goes to it: what was queued is dropped.
+        if (WantsLink(n.id())) transport_->Disconnect(n.id());
+        died.push_back(n.id());
+        continue;
+      }
       auto it = nodes_.find(n.id());
       if (it == nodes_.end() || n.generation() <= it->second.generation())
         continue;
@@ -232,6 +248,18 @@ void Node::UpdateTable(const wire::NodeTable& table) {
       }
       restarted.push_back(n.id());
     }
+  }
+  if (self_dead) {
+    Fail(absl::UnavailableError(
+        "the scheduler declared this node dead (silent past "
+        "PS_HEARTBEAT_TIMEOUT); its key slices failed over to their replicas"));
+    return;
+  }
+  for (int peer : died) {
+    TESSERA_LOG(WARNING) << Describe(peer)
+                         << " was declared dead; its key slices fail over to "
+                            "their replicas";
+    if (callbacks_.on_peer_dead) callbacks_.on_peer_dead(peer);
   }
   for (int peer : restarted) {
     TESSERA_LOG(INFO) << Describe(peer) << " restarted (generation " << [&] {
@@ -252,6 +280,18 @@ std::string Node::Describe(int node_id) const {
   return absl::StrCat(n.role() == wire::SERVER ? "server " : "worker ",
                       n.rank(), " (id ", n.id(), " at ", n.host(), ":",
                       n.port(), ")");
+}
+
+std::vector<bool> Node::dead_servers() const {
+  std::vector<bool> dead(options_.num_servers, false);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, n] : nodes_) {
+    if (n.role() == wire::SERVER && n.dead() && n.rank() >= 0 &&
+        n.rank() < options_.num_servers) {
+      dead[n.rank()] = true;
+    }
+  }
+  return dead;
 }
 
 void Node::StartDelivery() {

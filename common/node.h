@@ -67,6 +67,10 @@ class Node {
     // A peer this node talks to restarted (same identity, new generation);
     // called on the receiving thread after the link to it is renewed.
     std::function<void(int peer)> on_peer_restart;
+    // Replicated jobs: the scheduler declared server `peer` dead and its key
+    // slices failed over to their replicas (the job goes on). Called once per
+    // peer, on the receiving thread, after dead_servers() includes it.
+    std::function<void(int peer)> on_peer_dead;
     // The receiver thread stepped aside after a ReceiveOnCaller answered
     // kBusy: a caller may receive now. Called on the receiver thread, with no
     // lock of the node held.
@@ -111,6 +115,8 @@ class Node {
   const Options& options() const { return options_; }
   // "server 1 (id 10 at 127.0.0.1:40123)"
   std::string Describe(int node_id) const;
+  // Replicated jobs: the ranks of the servers declared dead so far.
+  std::vector<bool> dead_servers() const;
 
   // Starts handing data-plane messages to on_data. Until then (from the moment
   // the node is reachable, before Start returns) they are held in arrival

@@ -1,5 +1,6 @@
 #include "common/options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -196,6 +197,11 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
                            ReadInt(env, "TESSERA_RESTART_COUNT", 0, 1000000, 0,
                                    "a whole number >= 0"));
   o.restart_count = static_cast<uint64_t>(restarts);
+  TESSERA_ASSIGN_OR_RETURN(
+      o.replicas,
+      ReadInt(env, "TESSERA_REPLICAS", 1, std::max(o.num_servers, 1), 1,
+              absl::StrCat("a whole number in 1..DMLC_NUM_SERVER (",
+                           o.num_servers, ")")));
   int64_t flag = 0;
   TESSERA_ASSIGN_OR_RETURN(flag, ReadInt(env, "PS_RESEND", 0, 1, 1, "0 or 1"));
   o.resend = flag == 1;

@@ -54,6 +54,12 @@ struct Options {
   uint64_t bigarray_bound = 1000000;
   // TESSERA_RESTART_COUNT: set by the launcher when it restarts a node.
   uint64_t restart_count = 0;
+  // TESSERA_REPLICAS: servers holding each key slice (1..DMLC_NUM_SERVER; 1,
+  // no copies, by default): the slice's primary (the server its partition
+  // names) and the next replicas - 1 servers after it, which hold every
+  // update the primary applied before a worker is answered and take over
+  // when it dies (server/replication.h, docs/faults.md).
+  int replicas = 1;
 
   // Acknowledged delivery (worker requests). PS_RESEND: 1 (default) keeps each
   // request until its reply and sends it again when no reply came within

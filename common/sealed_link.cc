@@ -611,10 +611,13 @@ bool SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,
   // A new link or epoch: a key of its own, kept only if the record opens.
   Key32 secret = peer.secret;
   if (!peer.have_link || prefix.link != peer.link) {
-    if (peer.role == options_.keys->role()) {
+    // Servers link to servers in a replicated job (an update goes to the
+    // slice's backups); workers never link to workers. The link's key binds
+    // both node keys in order, so the two directions never share one.
+    if (peer.role == options_.keys->role() && peer.role != Role::kServer) {
       Drop(&DropCounts::wrong_sender,
            absl::StrCat("a record from ", from(),
-                        ": nodes of one role never link"));
+                        ": workers never link to workers"));
       return false;
     }
     if (!peer.secrets.has_value()) {

@@ -81,7 +81,12 @@ Scheduler::Metrics::Metrics() {
                             "Heartbeats received from servers and workers.");
   dead_nodes = r.GetCounter(
       "tessera_scheduler_dead_nodes_total",
-      "Nodes declared dead for want of heartbeats (each ends the job).");
+      "Nodes declared dead for want of heartbeats (each ends the job, but "
+      "a server of a replicated job whose slices have a live replica).");
+  failovers = r.GetCounter(
+      "tessera_scheduler_failovers_total",
+      "Servers declared dead whose key slices failed over to a replica "
+      "(TESSERA_REPLICAS > 1).");
   barriers_released = r.GetCounter("tessera_scheduler_barriers_released_total",
                                    "Barriers released (once per group).");
   notice_resends = r.GetCounter(
@@ -441,6 +446,18 @@ void Scheduler::Handle(Message&& msg) {
     }
     return;
   }
+  if (nodes_[sender].dead()) {
+    // Declared dead, yet it speaks (it was cut off, not gone): its slices
+    // answer elsewhere now, so it must not go on. Told at each message.
+    if (!acknowledgement) {
+      Message abort = AbortMessage(
+          "this server was declared dead (silent past PS_HEARTBEAT_TIMEOUT) "
+          "and its key slices failed over to their replicas");
+      abort.header.set_recipient(sender);
+      (void)transport_->Send(sender, abort);
+    }
+    return;
+  }
   last_seen_[sender] = absl::Now();
   // A node learns its id from the table, so any message sent under that id
   // confirms the table arrived, even when the NODE_TABLE reply itself was
@@ -479,9 +496,7 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
         absl::InvalidArgumentError(absl::StrCat("bad barrier group ", group)));
     return;
   }
-  int expected = 0;
-  if (group & kGroupServers) expected += options_.num_servers;
-  if (group & kGroupWorkers) expected += options_.num_workers;
+  const int expected = ExpectedInBarrier(group);
   const bool member = (IsServerId(sender) && (group & kGroupServers)) ||
                       (IsWorkerId(sender) && (group & kGroupWorkers));
   if (!member) {
@@ -671,9 +686,7 @@ void Scheduler::HandleWorkerDone(int sender, const wire::Header& h) {
     Message term;
     term.header.set_command(wire::TERMINATE);
     TESSERA_VLOG(1) << "all workers finished; job done";
-    std::vector<int> peers;
-    for (const auto& [id, info] : nodes_) peers.push_back(id);
-    EndJob(absl::OkStatus(), term, peers);
+    EndJob(absl::OkStatus(), term, LivePeers(/*except=*/0));
   }
 }
 
@@ -813,6 +826,19 @@ void Scheduler::HandleRegister(const Message& msg) {
 
 void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   wire::NodeInfo& node = nodes_[id];
+  if (node.dead()) {
+    // Its slices failed over to their replicas; an empty server cannot take
+    // them back (nor yet join as a backup).
+    Message abort = AbortMessage(absl::StrCat(
+        Describe(node), " was declared dead and its key slices failed over to "
+        "their replicas; it cannot rejoin"));
+    const int provisional = ProvisionalId(kFinishedIndex, info.role());
+    if (LinkTo(provisional, info).ok()) {
+      (void)transport_->Send(provisional, abort);
+      transport_->Disconnect(provisional);
+    }
+    return;
+  }
   if (done_workers_.count(id) != 0) {
     // It had finished; a new life would wait in barriers nobody else joins.
     Message abort = AbortMessage(absl::StrCat(
@@ -843,9 +869,11 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   // process gets its whole table.
   const Message change = ChangeMessage(node);
   for (const auto& [peer, n] : nodes_) {
+    if (n.dead()) continue;
     if (peer == id) {
       SendNotice(peer, TableMessage(id));
-    } else if (n.role() != node.role()) {
+    } else if (n.role() != node.role() ||
+               (n.role() == wire::SERVER && options_.replicas > 1)) {
       SendNotice(peer, change);
     }
   }
@@ -885,8 +913,11 @@ Message Scheduler::TableMessage(int for_id) const {
   table.header.mutable_node_table()->set_num_servers(options_.num_servers);
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
   const wire::Role role = nodes_.at(for_id).role();
+  // Replicated jobs: a server sends each update to the next servers.
+  const bool servers_link =
+      role == wire::SERVER && options_.replicas > 1;
   for (const auto& [peer, n] : nodes_) {
-    if (peer == for_id || n.role() != role)
+    if (peer == for_id || n.role() != role || servers_link)
       *table.header.mutable_node_table()->add_nodes() = n;
   }
   return table;
@@ -985,20 +1016,112 @@ void Scheduler::CheckLiveness(absl::Time now) {
         absl::StrCat("stopped heart-beating: nothing heard for ",
                      absl::FormatDuration(silent), " (PS_HEARTBEAT_TIMEOUT=",
                      absl::FormatDuration(options_.heartbeat_timeout), ")");
+    metrics_.dead_nodes->Increment();
+    if (dead.role() == wire::SERVER && options_.replicas > 1) {
+      FailOver(id, reason);
+      return;
+    }
     Message notice;
     notice.header.set_command(wire::NODE_DEAD);
     *notice.header.mutable_node_dead()->mutable_node() = dead;
     notice.header.mutable_node_dead()->set_reason(reason);
-    std::vector<int> peers;
-    for (const auto& [peer, info] : nodes_) {
-      if (peer != id) peers.push_back(peer);
-    }
-    metrics_.dead_nodes->Increment();
     EndJob(absl::UnavailableError(
                absl::StrCat(Describe(dead), " ", reason, "; ending the job")),
-           notice, peers);
+           notice, LivePeers(id));
     return;
   }
+}
+
+std::vector<int> Scheduler::LivePeers(int except) const {
+  std::vector<int> peers;
+  for (const auto& [peer, info] : nodes_) {
+    if (peer != except && !info.dead()) peers.push_back(peer);
+  }
+  return peers;
+}
+
+void Scheduler::FailOver(int id, const std::string& reason) {
+  wire::NodeInfo& dead = nodes_[id];
+  dead.set_dead(true);
+  last_seen_.erase(id);
+  // Its pending notices go nowhere now.
+  auto mine = notices_by_peer_.find(id);
+  if (mine != notices_by_peer_.end()) {
+    const std::set<uint64_t> pending = mine->second;
+    for (uint64_t n : pending) DropNotice(notices_.find(n));
+  }
+  // Server rank r's slices live on ranks r, r+1, ..., r+replicas-1 (mod the
+  // servers): a chain with no live server left has lost its slices.
+  const int servers = options_.num_servers;
+  std::vector<bool> alive(servers, false);
+  for (const auto& [peer, n] : nodes_) {
+    if (n.role() == wire::SERVER && !n.dead() && n.rank() >= 0 &&
+        n.rank() < servers) {
+      alive[n.rank()] = true;
+    }
+  }
+  for (int first = 0; first < servers; ++first) {
+    bool held = false;
+    std::string chain;
+    for (int i = 0; i < options_.replicas; ++i) {
+      const int rank = (first + i) % servers;
+      held = held || alive[rank];
+      absl::StrAppend(&chain, i == 0 ? "" : ", ", rank);
+    }
+    if (held) continue;
+    const std::string why = absl::StrCat(
+        Describe(dead), " ", reason, "; every replica of the key slices placed "
+        "on server ", first, " is gone (servers ", chain, ", TESSERA_REPLICAS=",
+        options_.replicas, "); ending the job");
+    Message notice;
+    notice.header.set_command(wire::NODE_DEAD);
+    *notice.header.mutable_node_dead()->mutable_node() = dead;
+    notice.header.mutable_node_dead()->set_reason(
+        absl::StrCat(reason, "; every replica of the key slices placed on "
+                     "server ", first, " is gone (servers ", chain,
+                     ", TESSERA_REPLICAS=", options_.replicas, ")"));
+    EndJob(absl::UnavailableError(why), notice, LivePeers(id));
+    return;
+  }
+  TESSERA_LOG(WARNING) << Describe(dead) << " " << reason
+                       << "; its key slices fail over to their next replica "
+                          "(TESSERA_REPLICAS="
+                       << options_.replicas << ")";
+  metrics_.failovers->Increment();
+  const Message change = ChangeMessage(dead);
+  for (int peer : LivePeers(id)) SendNotice(peer, change);
+  // A barrier of servers may have waited only for it.
+  ReleaseBarriersWithoutDead();
+}
+
+void Scheduler::ReleaseBarriersWithoutDead() {
+  for (auto& [group, waiting] : barriers_) {
+    if (!(group & kGroupServers) || waiting.empty()) continue;
+    int present = static_cast<int>(waiting.size());
+    if (group & kGroupWorkers) present += static_cast<int>(done_workers_.size());
+    if (present < ExpectedInBarrier(group)) continue;
+    for (const auto& [node, req] : waiting) {
+      released_barrier_[node] = req;
+      wire::Header request;
+      request.set_command(wire::BARRIER);
+      request.set_request_id(req);
+      Reply(node, request, absl::OkStatus());
+    }
+    waiting.clear();
+    barrier_opened_.erase(group);
+    metrics_.barriers_released->Increment();
+  }
+}
+
+int Scheduler::ExpectedInBarrier(int group) const {
+  int expected = 0;
+  if (group & kGroupServers) {
+    expected += options_.num_servers;
+    for (const auto& [id, n] : nodes_)
+      if (n.role() == wire::SERVER && n.dead()) --expected;
+  }
+  if (group & kGroupWorkers) expected += options_.num_workers;
+  return expected;
 }
 
 }  // namespace tessera

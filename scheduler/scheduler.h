@@ -117,6 +117,17 @@ class Scheduler {
   void Broadcast(const Message& msg, int except);
   // Ends the job (NODE_DEAD to the others) when a node stopped heart-beating.
   void CheckLiveness(absl::Time now);
+  // Replicated jobs (TESSERA_REPLICAS > 1): server `id` is dead. When every
+  // chain of servers still has a live member, every live node is told (a
+  // table change marking it dead) and the job goes on; otherwise the job
+  // ends naming the slices that lost every replica.
+  void FailOver(int id, const std::string& reason);
+  // The nodes not declared dead, but `except`.
+  std::vector<int> LivePeers(int except) const;
+  // How many nodes a barrier of `group` waits for (dead servers not).
+  int ExpectedInBarrier(int group) const;
+  // Releases the barriers that a dead server's loss completed.
+  void ReleaseBarriersWithoutDead();
   std::string Describe(const wire::NodeInfo& node) const;
   // "1 of 2 worker(s) and 1 of 1 server(s)": who has not registered yet.
   std::string MissingNodes() const;
@@ -195,6 +206,7 @@ class Scheduler {
     Metrics();
     Counter* heartbeats;
     Counter* dead_nodes;
+    Counter* failovers;
     Counter* barriers_released;
     Counter* notice_resends;
     Counter* ignored_messages;

@@ -53,6 +53,8 @@ class PushLedger {
   uint64_t received(int rank) const { return received_[rank]; }
   uint64_t durable(int rank) const { return durable_[rank]; }
   void set_durable(int rank, uint64_t count) { durable_[rank] = count; }
+  // A backup taking its primary's update: the pushes the weights include.
+  void SetReceived(int rank, uint64_t count) { received_[rank] = count; }
   // After a restore from a checkpoint: both counts are what it holds.
   void Restore(int rank, uint64_t count) {
     received_[rank] = durable_[rank] = count;

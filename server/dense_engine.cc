@@ -67,6 +67,7 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     }
     ctx.TimedUpdate(
         key_, [&] { key_.ApplyUpdate(*settings.optimizer, grad.floats()); });
+    if (key_.replicated) update_ = std::move(grad);
     return Pushed::kApplied;
   }
 
@@ -76,6 +77,9 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     done.update_start = absl::Now();
     if (settings.optimizer != nullptr) {
       key_.ApplyUpdate(*settings.optimizer, sum.values);
+      // The backups apply the same rounded sum.
+      if (key_.replicated)
+        update_ = Buffer::CopyOf(sum.values, key_.length * sizeof(float));
     } else {
       if (!sum.push.empty()) {
         key_.weights =
@@ -89,11 +93,39 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
         key_.weights = Buffer::CopyOf(sum.values, key_.length * sizeof(float));
       }
       WeightsChanged();
+      if (key_.replicated) update_ = key_.weights;  // the new value
     }
     round_.Release();
     done.update_end = absl::Now();
     done.requests = round_.TakeRequests();
     return done;
+  }
+
+  void TakeUpdate(Message* out) override {
+    AddFloatFrame(out, std::move(update_));
+    update_ = Buffer();
+  }
+
+  absl::Status ApplyReplica(const Message& update,
+                            const ServerSettings& settings,
+                            EngineContext& ctx) override {
+    if (update.data.size() != 1 ||
+        update.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+        update.data[0].size() != key_.length * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat(
+          "update of key ", key_.key, " is not ", key_.length, " float32"));
+    }
+    // The primary's rule: the optimizer on the rounded sum (or the async
+    // push), or, with none, the sum as the value.
+    if (settings.optimizer != nullptr) {
+      ctx.TimedUpdate(key_, [&] {
+        key_.ApplyUpdate(*settings.optimizer, update.data[0].floats());
+      });
+    } else {
+      key_.weights = update.data[0];
+      WeightsChanged();
+    }
+    return absl::OkStatus();
   }
 
   void AfterRound() override {
@@ -141,6 +173,8 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
 
   // What workers pulling compressed hold (made on the first such pull).
   std::unique_ptr<PullShadow> shadow_;
+  // Replicated slices: the last update, until TakeUpdate.
+  Buffer update_;
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "common/metrics.h"
 #include "server/hashed_table.h"
 #include "server/key_store.h"
+#include "server/replication.h"
 #include "server/row_payload.h"
 #include "server/slice_engine.h"
 
@@ -153,6 +154,12 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
           sums.ids, once, [&](size_t i) { return sums.values.data() + i * l; },
           settings.optimizer.get(), ++key_.steps);
     });
+    if (key_.replicated) {
+      update_ = Message();
+      AddRowUpdate(
+          &update_, sums.ids, &once,
+          [&sums, l](size_t i) { return sums.values.data() + i * l; }, l);
+    }
     Report();
     return Pushed::kApplied;
   }
@@ -169,6 +176,14 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
     table_.ApplyRound(
         sum.rows, seen, [&sum, l](size_t i) { return sum.row(i, l); },
         settings.optimizer.get(), ++key_.steps);
+    if (key_.replicated) {
+      // The table's round is deterministic in what it is given: the backups
+      // give theirs the same.
+      update_ = Message();
+      AddRowUpdate(
+          &update_, sum.rows, &seen,
+          [&sum, l](size_t i) { return sum.row(i, l); }, l);
+    }
     done.update_end = absl::Now();
     done.requests = round_.TakeRequests();
     Report();
@@ -176,6 +191,27 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
   }
 
   bool AnswersWithWeights(wire::Command) const override { return false; }
+
+  void TakeUpdate(Message* out) override {
+    MoveFrames(std::move(update_), out);
+    update_ = Message();
+  }
+
+  absl::Status ApplyReplica(const Message& update,
+                            const ServerSettings& settings,
+                            EngineContext& ctx) override {
+    const uint64_t l = key_.row_length;
+    absl::StatusOr<RowUpdate> u = ParseRowUpdate(update, l, true);
+    if (!u.ok()) return u.status();
+    ctx.TimedUpdate(key_, [&] {
+      table_.ApplyRound(
+          u->ids, u->sightings,
+          [&u, l](size_t i) { return u->values + i * l; },
+          settings.optimizer.get(), ++key_.steps);
+    });
+    Report();
+    return absl::OkStatus();
+  }
 
   void Snapshot(wire::CheckpointKey* out) const override {
     table_.Snapshot(out->mutable_hashed());
@@ -193,6 +229,9 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
   const HashedTable* hashed_table() const override { return &table_; }
 
  private:
+  // Replicated slices: the last update's frames, until TakeUpdate.
+  Message update_;
+
   // The ids of a push or pull: the first frame, RAW uint64.
   absl::StatusOr<std::vector<uint64_t>> Ids(const Message& msg) const {
     if (msg.data.empty() ||

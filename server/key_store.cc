@@ -92,6 +92,8 @@ void StoredKey::Snapshot(wire::CheckpointKey* out) const {
     out->add_optimizer_state(slot.data(), slot.size() * sizeof(float));
   out->set_steps(steps);
   out->set_row_length(row_length);
+  out->set_replica(replica);
+  out->set_replica_seq(replica_seq);
   for (int r = 0; r < ledger.num_workers(); ++r) {
     const bool open = sync && engine->Contributed(r);
     out->add_received(ledger.received(r) - (open ? 1 : 0));
@@ -118,6 +120,17 @@ StoredKey* KeyStore::Create(const wire::KeySlice& slice, bool sync) {
 bool KeyStore::IsFirstSlice(const StoredKey& key) const {
   auto it = keys_.lower_bound({key.key, 0});
   return it != keys_.end() && it->second.get() == &key;
+}
+
+bool KeyStore::IsFirstSlice(
+    const StoredKey& key,
+    const std::function<bool(const StoredKey&)>& counts) const {
+  for (auto it = keys_.lower_bound({key.key, 0});
+       it != keys_.end() && it->first.first == key.key; ++it) {
+    if (it->second.get() == &key) return true;
+    if (counts(*it->second)) return false;
+  }
+  return false;
 }
 
 absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
@@ -153,6 +166,8 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
   key->weights = Buffer::CopyOf(k.weights().data(), k.weights().size());
   key->optimizer_state = std::move(state);
   key->steps = k.steps();
+  key->replica = k.replica();
+  key->replica_seq = k.replica_seq();
   for (int r = 0; r < num_workers_; ++r) key->ledger.Restore(r, k.received(r));
   return key->engine->Restore(k);
 }

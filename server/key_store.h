@@ -16,6 +16,7 @@
 #define TESSERA_SERVER_KEY_STORE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -31,6 +32,7 @@
 #include "proto/tessera.pb.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
+#include "server/replication.h"
 #include "server/round_engine.h"
 #include "server/slice_engine.h"
 
@@ -95,6 +97,16 @@ struct StoredKey {
   const KeyMetrics* metrics = nullptr;
   absl::Time round_started;     // the open dist_sync round's first push
   size_t reported_waiting = 0;  // waiting.size() as the RoundWatch knows it
+
+  // Replication (server/replication.h); set by KVServer when the job has
+  // TESSERA_REPLICAS > 1. The engine keeps each update for TakeUpdate.
+  bool replicated = false;
+  uint32_t replica = 0;      // this server's place in the slice's chain
+  uint64_t replica_seq = 0;  // updates applied to the slice (and numbered)
+  // As a primary: per place in the chain, the updates that backup holds;
+  // and the updates not yet held by every live backup, oldest first.
+  std::vector<uint64_t> acked;
+  std::deque<PendingUpdate> unacked;
 };
 
 class KeyStore {
@@ -112,6 +124,10 @@ class KeyStore {
   // True for the slice of its key with the lowest offset in this store: a
   // push counts once per key, on that slice.
   bool IsFirstSlice(const StoredKey& key) const;
+  // The same among the slices `counts` accepts (a replicated job's server
+  // counts pushes on the slices it answers for, not those it backs up).
+  bool IsFirstSlice(const StoredKey& key,
+                    const std::function<bool(const StoredKey&)>& counts) const;
   // A key of a checkpoint. DataLoss when it does not fit this job.
   absl::Status Restore(const wire::CheckpointKey& saved);
 

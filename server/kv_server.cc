@@ -66,6 +66,8 @@ struct KVServer::Shard {
   std::atomic<int64_t> phase_since_ns;
   KeyStore store;  // owned by the shard's thread, or by Handle's thread while
                    // pending == 0
+  // Replication, owned as `store` is: the server ranks declared dead.
+  std::vector<bool> dead;
 };
 
 KVServer::KVServer(int num_workers, int num_threads, SendFn send,
@@ -242,6 +244,8 @@ wire::KVStats KVServer::stats() const {
   s.set_duplicates(duplicates_.load());
   s.set_checkpoints_written(checkpoints_.load());
   s.set_refused(refused_.load());
+  s.set_replica_updates(replica_updates_.load());
+  s.set_promoted_slices(promoted_.load());
   absl::MutexLock lock(&key_counts_mu_);
   for (const auto& [key, n] : key_pushes_)
     (*s.mutable_key_pushes_applied())[key] = n;
@@ -318,6 +322,22 @@ uint64_t KVServer::NewChain() {
 
 void KVServer::Handle(Message&& msg) {
   const wire::Header& h = msg.header;
+  if (h.command() == wire::KV_REPLICATE && replicas_ > 1 &&
+      IsServerId(h.sender()) && RankOfId(h.sender()) < num_servers_ &&
+      h.has_slice()) {
+    // Between the servers of a chain: an update, or a backup's answer.
+    Shard* shard = ShardOf(h.slice().key());
+    if (shard->pending.load(std::memory_order_acquire) == 0 &&
+        !stopped_.load() && DataBytes(msg) <= kInlineBytes) {
+      Process(shard, std::move(msg));
+      return;
+    }
+    const uint64_t bytes = DataBytes(msg);
+    shard->pending.fetch_add(1, std::memory_order_relaxed);
+    if (!shard->queue.Push(Shard::Work{std::move(msg), nullptr}, bytes))
+      shard->pending.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
   if (h.is_response()) {
     ++malformed_;
     TESSERA_LOG(WARNING) << "dropped unexpected reply " << DebugString(msg);
@@ -508,6 +528,14 @@ void KVServer::ReportWaiting(StoredKey* key) {
 
 void KVServer::Process(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
+  if (msg.header.command() == wire::KV_REPLICATE) {
+    if (msg.header.is_response()) {
+      ReplicaAnswered(shard, msg);
+    } else {
+      TakeReplica(shard, std::move(msg));
+    }
+    return;
+  }
   if (msg.header.command() == wire::KV_INIT) {
     if (msg.header.rejoin()) {
       Rejoin(shard, std::move(msg));
@@ -548,6 +576,7 @@ void KVServer::Process(Shard* shard, Message&& msg) {
                          msg.header.generation())) {
     ++duplicates_;
     Acknowledge(msg);
+    if (!key->unacked.empty()) ResendUpdates(shard, key);
     return;
   }
   const bool is_push = msg.header.command() == wire::KV_PUSH ||
@@ -560,6 +589,10 @@ void KVServer::Process(Shard* shard, Message&& msg) {
     Hold(key, std::move(msg));
   }
   Replay(key);
+  // A worker asking again may be waiting for an update a backup has not
+  // answered (lost with a connection): send it again, at most once per
+  // PS_RESEND_TIMEOUT, doubling.
+  if (!key->unacked.empty()) ResendUpdates(shard, key);
 }
 
 void KVServer::Init(Shard* shard, Message&& msg) {
@@ -587,7 +620,11 @@ void KVServer::Init(Shard* shard, Message&& msg) {
     }
     return;
   }
-  if (slice.row_length() != 0 && slice.offset() == 0 && slice.length() == 0 &&
+  if (absl::Status placed = CheckReplicaPlace(msg.header); !placed.ok()) {
+    Reply(msg, placed);
+    return;
+  }
+  if (slice.row_length() != 0 && slice.length() == 0 &&
       slice.total_length() == 0) {
     // A hashed row key: no value; its rows come with its ids.
     absl::StatusOr<HashedSpec> spec = HashedSpec::Parse(slice.hashed_spec());
@@ -602,6 +639,7 @@ void KVServer::Init(Shard* shard, Message&& msg) {
     StoredKey* key =
         shard->store.Create(slice, msg.header.kv_options().sync_mode());
     key->weights = Buffer::Allocate(0);
+    MakeReplicated(key, msg.header.replica());
     Reply(msg, absl::OkStatus(), Buffer(), key);
     shard->store.AdoptOrphans(key);
     Replay(key);
@@ -639,6 +677,7 @@ void KVServer::Init(Shard* shard, Message&& msg) {
   }
   StoredKey* key =
       shard->store.Create(slice, msg.header.kv_options().sync_mode());
+  MakeReplicated(key, msg.header.replica());
   if (zeros) {
     key->weights = std::move(zeroed);
   } else {
@@ -688,6 +727,9 @@ void KVServer::Hold(StoredKey* key, Message&& msg) {
 }
 
 bool KVServer::TryProcess(StoredKey* key, Message& msg) {
+  // A backup holds a worker's request until it answers for the slice (the
+  // worker heard of the primary's death before this server did).
+  if (key->replicated && !Active(*ShardOf(key->key), *key)) return false;
   if (msg.header.command() == wire::KV_PULL) {
     const int rank = RankOfId(msg.header.sender());
     // Read your own pushes: a pull waits for the pushes its worker made before
@@ -696,7 +738,7 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
     if (msg.header.push_seq() > key->ledger.received(rank)) return false;
     if (key->sync && key->engine->Contributed(rank))
       return false;  // sees this round's result
-    if (ShardOf(key->key)->store.IsFirstSlice(*key))
+    if (CountsFor(*key))
       MetricsOf(key).pulls->Increment();
     Message reply = NewReply(msg, absl::OkStatus(), key);
     if (absl::Status pulled = key->engine->Pull(msg, &reply, *this);
@@ -718,6 +760,7 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   switch (key->ledger.Classify(rank, seq)) {
     case PushLedger::kDuplicate:
       ++duplicates_;
+      if (JoinPendingUpdate(key, msg)) return true;
       if (key->sync && seq + 1 == key->ledger.received(rank) &&
           key->engine->Contributed(rank)) {
         // In the open round; answered when it completes. The newest copy is
@@ -749,10 +792,14 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   CountPush(*key);
   if (key->sync)
     watch_.PushTaken(key->key, key->offset, rank, key->round_started,
-                     absl::Now(), ShardOf(key->key)->store.IsFirstSlice(*key));
+                     absl::Now(), CountsFor(*key));
   switch (*pushed) {
     case SliceEngine::Pushed::kApplied:
-      if (ShardOf(key->key)->store.IsFirstSlice(*key)) ++async_applied_;
+      if (CountsFor(*key)) ++async_applied_;
+      if (key->replicated) {
+        Replicate(key, {msg.header});
+        break;
+      }
       Reply(msg, absl::OkStatus(),
             key->engine->AnswersWithWeights(cmd) ? key->weights : Buffer(),
             key);
@@ -777,18 +824,22 @@ void KVServer::CompleteRound(StoredKey* key, int last_rank) {
   watch_.RoundDone(key->key, key->offset, key->round_started, round.update_end);
   TraceRound(*key, round.update_start, round.update_end, last_rank);
   // Like pushes, a round of a key counts once, on its first slice here.
-  if (ShardOf(key->key)->store.IsFirstSlice(*key)) {
+  if (CountsFor(*key)) {
     ++rounds_applied_;
     MetricsOf(key).rounds->Increment();
     round_duration_->ObserveDuration(round.update_end - key->round_started);
   }
-  for (const wire::Header& h : round.requests) {
-    Message request;
-    request.header = h;
-    Reply(
-        request, absl::OkStatus(),
-        key->engine->AnswersWithWeights(h.command()) ? key->weights : Buffer(),
-        key);
+  if (key->replicated) {
+    Replicate(key, std::move(round.requests));
+  } else {
+    for (const wire::Header& h : round.requests) {
+      Message request;
+      request.header = h;
+      Reply(request, absl::OkStatus(),
+            key->engine->AnswersWithWeights(h.command()) ? key->weights
+                                                         : Buffer(),
+            key);
+    }
   }
   key->engine->AfterRound();
   key->progress = true;
@@ -807,7 +858,7 @@ void KVServer::Replay(StoredKey* key) {
 
 void KVServer::CountPush(StoredKey& key) {
   // A push comes in one slice per TESSERA_CHUNK_BYTES: it counts once.
-  if (!ShardOf(key.key)->store.IsFirstSlice(key)) return;
+  if (!CountsFor(key)) return;
   ++pushes_applied_;
   MetricsOf(&key).pushes->Increment();
   absl::MutexLock lock(&key_counts_mu_);
@@ -906,6 +957,15 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
     if (!added && k.offset() < it->second.first)
       it->second = {k.offset(), total};
   }
+  if (replicas_ > 1) {
+    for (auto& shard : shards_) {
+      for (const auto& [id, key] : shard->store.keys()) {
+        const uint64_t seq = key->replica_seq;
+        MakeReplicated(key.get(), key->replica);
+        key->replica_seq = seq;
+      }
+    }
+  }
   for (const auto& [key, at] : first)
     SeriesFor(key)->pushes->Increment(at.second);
   {
@@ -914,6 +974,286 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
   }
   recovering_.store(true);
   return absl::OkStatus();
+}
+
+void KVServer::set_replication(int rank, int num_servers, int replicas,
+                               absl::Duration resend_timeout) {
+  rank_ = rank;
+  num_servers_ = std::max(num_servers, 1);
+  replicas_ = std::clamp(replicas, 1, num_servers_);
+  replica_resend_ = resend_timeout;
+  for (auto& shard : shards_) shard->dead.assign(num_servers_, false);
+}
+
+void KVServer::MakeReplicated(StoredKey* key, uint32_t replica) {
+  if (replicas_ <= 1) return;
+  key->replicated = true;
+  key->replica = replica;
+  key->acked.assign(replicas_, 0);
+}
+
+absl::Status KVServer::CheckReplicaPlace(const wire::Header& init) const {
+  if (init.replica() == 0) return absl::OkStatus();
+  if (replicas_ <= 1 || init.replica() >= static_cast<uint32_t>(replicas_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init of key ", init.slice().key(), " as replica ", init.replica(),
+        ", but this server holds ", replicas_,
+        " replica(s) of a slice (TESSERA_REPLICAS)"));
+  }
+  if (!init.kv_options().sync_mode() && replicas_ > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dist_async key ", init.slice().key(), " with TESSERA_REPLICAS=",
+        replicas_, ": an async key has at most 2 replicas (two backups could "
+        "each hold a different last update when the primary dies)"));
+  }
+  return absl::OkStatus();
+}
+
+bool KVServer::CountsFor(const StoredKey& key) const {
+  const Shard& shard = *ShardOf(key.key);
+  if (replicas_ <= 1) return shard.store.IsFirstSlice(key);
+  // Of the slices this server answers for.
+  return Active(shard, key) &&
+         shard.store.IsFirstSlice(
+             key, [&](const StoredKey& k) { return Active(shard, k); });
+}
+
+bool KVServer::Active(const Shard& shard, const StoredKey& key) const {
+  if (!key.replicated) return true;
+  const int first = (rank_ - static_cast<int>(key.replica) + num_servers_) %
+                    num_servers_;
+  for (int i = 0; i < replicas_; ++i) {
+    const int rank = (first + i) % num_servers_;
+    if (!shard.dead[rank]) return rank == rank_;
+  }
+  return false;
+}
+
+std::vector<int> KVServer::LiveBackups(const Shard& shard,
+                                       const StoredKey& key) const {
+  std::vector<int> backups;
+  for (int i = static_cast<int>(key.replica) + 1; i < replicas_; ++i) {
+    const int rank =
+        (rank_ + i - static_cast<int>(key.replica)) % num_servers_;
+    if (!shard.dead[rank]) backups.push_back(rank);
+  }
+  return backups;
+}
+
+void KVServer::SendUpdate(int rank, const Message& update) {
+  Message copy = update;  // shares the frames
+  absl::Status sent = send_(ServerId(rank), std::move(copy));
+  if (!sent.ok()) {
+    TESSERA_VLOG(1) << "update of key " << update.header.slice().key()
+                    << " to server " << rank << ": " << sent.message();
+  }
+}
+
+void KVServer::Replicate(StoredKey* key, std::vector<wire::Header> requests) {
+  Shard* shard = ShardOf(key->key);
+  PendingUpdate p;
+  p.seq = key->replica_seq++;
+  p.update.header.set_command(wire::KV_REPLICATE);
+  p.update.header.mutable_slice()->set_key(key->key);
+  p.update.header.mutable_slice()->set_offset(key->offset);
+  p.update.header.set_replica_seq(p.seq);
+  for (int r = 0; r < key->ledger.num_workers(); ++r)
+    p.update.header.add_replica_counts(key->ledger.received(r));
+  key->engine->TakeUpdate(&p.update);
+  for (const wire::Header& h : requests) {
+    if (key->engine->AnswersWithWeights(h.command())) p.weights = key->weights;
+  }
+  p.requests = std::move(requests);
+  p.sent = absl::Now();
+  p.wait = replica_resend_;
+  const std::vector<int> backups = LiveBackups(*shard, *key);
+  for (int rank : backups) SendUpdate(rank, p.update);
+  key->unacked.push_back(std::move(p));
+  // With no live backup left the update is answered at once.
+  AnswerReplicated(shard, key);
+}
+
+bool KVServer::JoinPendingUpdate(StoredKey* key, const Message& msg) {
+  if (key->unacked.empty()) return false;
+  const int rank = RankOfId(msg.header.sender());
+  for (PendingUpdate& p : key->unacked) {
+    if (msg.header.push_seq() >= p.update.header.replica_counts(rank))
+      continue;
+    // The push's update: answered with it, once the backups hold it.
+    for (const wire::Header& h : p.requests) {
+      if (h.sender() == msg.header.sender() &&
+          h.request_id() == msg.header.request_id()) {
+        Acknowledge(msg);
+        return true;
+      }
+    }
+    p.requests.push_back(msg.header);
+    if (key->engine->AnswersWithWeights(msg.header.command()) &&
+        p.weights.empty()) {
+      p.weights = key->weights;  // newer than the update's at worst
+    }
+    Acknowledge(msg);
+    return true;
+  }
+  return false;
+}
+
+void KVServer::AnswerReplicated(Shard* shard, StoredKey* key) {
+  const std::vector<int> backups = LiveBackups(*shard, *key);
+  while (!key->unacked.empty()) {
+    PendingUpdate& p = key->unacked.front();
+    bool held = true;
+    for (int rank : backups) {
+      const int place = (rank - rank_ + static_cast<int>(key->replica) +
+                         num_servers_) %
+                        num_servers_;
+      if (key->acked[place] <= p.seq) {
+        held = false;
+        break;
+      }
+    }
+    if (!held) return;
+    for (const wire::Header& h : p.requests) {
+      Message request;
+      request.header = h;
+      Reply(request, absl::OkStatus(),
+            key->engine->AnswersWithWeights(h.command()) ? p.weights : Buffer(),
+            key);
+    }
+    key->unacked.pop_front();
+  }
+}
+
+void KVServer::TakeReplica(Shard* shard, Message&& msg) {
+  const wire::Header& h = msg.header;
+  StoredKey* key = shard->store.Find(h.slice().key(), h.slice().offset());
+  if (key == nullptr || !key->replicated) {
+    // Its init (sent by the workers to every replica) has not come: the
+    // primary sends the update again.
+    TESSERA_VLOG(1) << "update of key " << h.slice().key() << " offset "
+                    << h.slice().offset() << " for a slice not held here";
+    return;
+  }
+  // Only from the slice's primary as this server sees the chain: a server
+  // declared dead must not change what its successor now answers for.
+  const int from = RankOfId(h.sender());
+  const int first = (rank_ - static_cast<int>(key->replica) + num_servers_) %
+                    num_servers_;
+  int primary = -1;
+  for (int i = 0; i < replicas_; ++i) {
+    const int rank = (first + i) % num_servers_;
+    if (!shard->dead[rank]) {
+      primary = rank;
+      break;
+    }
+  }
+  if (from != primary || primary == rank_) {
+    TESSERA_VLOG(1) << "ignored update of key " << h.slice().key()
+                    << " from server " << from << " (primary " << primary
+                    << ")";
+    return;
+  }
+  auto answer = [&](const absl::Status& status) {
+    Message reply = NewReply(msg, status, nullptr);
+    reply.header.set_replica_seq(h.replica_seq());
+    SendReply(msg, std::move(reply));
+  };
+  if (h.replica_seq() < key->replica_seq) {
+    answer(absl::OkStatus());  // held already; the answer was lost
+    return;
+  }
+  if (h.replica_seq() > key->replica_seq) return;  // resent in order
+  if (h.replica_counts_size() != key->ledger.num_workers()) {
+    ++malformed_;
+    answer(absl::DataLossError(absl::StrCat(
+        "update of key ", key->key, " carries ", h.replica_counts_size(),
+        " push counts for ", key->ledger.num_workers(), " workers")));
+    return;
+  }
+  if (absl::Status applied = key->engine->ApplyReplica(msg, settings(), *this);
+      !applied.ok()) {
+    ++malformed_;
+    answer(applied);
+    return;
+  }
+  for (int r = 0; r < key->ledger.num_workers(); ++r)
+    key->ledger.SetReceived(r, h.replica_counts(r));
+  ++key->replica_seq;
+  ++replica_updates_;
+  answer(absl::OkStatus());
+}
+
+void KVServer::ReplicaAnswered(Shard* shard, const Message& msg) {
+  const wire::Header& h = msg.header;
+  StoredKey* key = shard->store.Find(h.slice().key(), h.slice().offset());
+  if (key == nullptr || !key->replicated) return;
+  if (!FromWire(h.status()).ok()) {
+    TESSERA_LOG(WARNING) << "server " << RankOfId(h.sender())
+                         << " refused update " << h.replica_seq() << " of key "
+                         << key->key << ": " << h.status().message();
+    return;
+  }
+  const int place = (RankOfId(h.sender()) - rank_ +
+                     static_cast<int>(key->replica) + num_servers_) %
+                    num_servers_;
+  if (place <= static_cast<int>(key->replica) || place >= replicas_) return;
+  key->acked[place] = std::max(key->acked[place], h.replica_seq() + 1);
+  AnswerReplicated(shard, key);
+}
+
+void KVServer::ResendUpdates(Shard* shard, StoredKey* key) {
+  if (key->unacked.empty()) return;
+  const absl::Time now = absl::Now();
+  const std::vector<int> backups = LiveBackups(*shard, *key);
+  for (PendingUpdate& p : key->unacked) {
+    if (now - p.sent < p.wait) continue;
+    for (int rank : backups) {
+      const int place = (rank - rank_ + static_cast<int>(key->replica) +
+                         num_servers_) %
+                        num_servers_;
+      if (key->acked[place] > p.seq) continue;
+      SendUpdate(rank, p.update);
+      ++replica_resends_;
+    }
+    p.sent = now;
+    p.wait = std::min(p.wait * 2, replica_resend_ * 8);
+  }
+}
+
+void KVServer::ServerDied(int rank) {
+  if (replicas_ <= 1 || rank < 0 || rank >= num_servers_) return;
+  for (auto& shard : shards_) {
+    Post(shard.get(), [this, rank](Shard* s) {
+      if (s->dead[rank]) return;
+      std::vector<bool> before = s->dead;
+      s->dead[rank] = true;
+      uint64_t promoted = 0;
+      for (const auto& [id, owned] : s->store.keys()) {
+        StoredKey* key = owned.get();
+        if (!key->replicated) continue;
+        const bool was_active = [&] {
+          std::swap(s->dead, before);
+          const bool a = Active(*s, *key);
+          std::swap(s->dead, before);
+          return a;
+        }();
+        if (Active(*s, *key)) {
+          if (!was_active) {
+            ++promoted;
+            key->progress = true;  // what it held for the dead primary
+          }
+          AnswerReplicated(s, key);  // no longer waits for the dead one
+          Replay(key);
+        }
+      }
+      if (promoted != 0) {
+        promoted_ += promoted;
+        TESSERA_LOG(WARNING) << "server " << rank << " died: this server now "
+                             << "answers for " << promoted
+                             << " of its key slices";
+      }
+    });
+  }
 }
 
 }  // namespace tessera

@@ -99,6 +99,17 @@ class KVServer : private EngineContext {
   // A restarted server with nothing to restore: it holds requests for keys
   // that the workers' replay has not initialised yet.
   void set_recovering() { recovering_.store(true); }
+  // Replication (server/replication.h): this server's rank among
+  // `num_servers`, each slice held by `replicas` of them; unanswered updates
+  // are sent to a backup again after `resend_timeout` (doubling up to 8x)
+  // when a worker asks again for an answer that waits for them.
+  // Before the first Handle.
+  void set_replication(int rank, int num_servers, int replicas,
+                       absl::Duration resend_timeout);
+  // The scheduler declared server `rank` dead: its slices' next live
+  // replicas answer for them, and updates no longer wait for it. From
+  // Handle's thread.
+  void ServerDied(int rank);
   // Called once, on Handle's thread, when every worker has said it finished
   // with this server (KV_FINISH, after its last barrier).
   void set_on_workers_finished(std::function<void()> callback) {
@@ -146,11 +157,42 @@ class KVServer : private EngineContext {
   // This server's part of /debug/pending: open rounds, waiting messages,
   // rank lags, the update threads' phases.
   void FillPending(wire::DebugPending* out) const;
+  // Replication. A new slice's part in it: `replica`, this server's place in
+  // its chain (KV_INIT's).
+  void MakeReplicated(StoredKey* key, uint32_t replica);
+  // InvalidArgument when an init's place in the chain cannot be this
+  // server's (or an async key would have more than 2 replicas).
+  absl::Status CheckReplicaPlace(const wire::Header& init) const;
+  // Whether this server answers for `key` now (the first live
+  // member of its chain; always for an unreplicated slice).
+  bool Active(const Shard& shard, const StoredKey& key) const;
+  // The live members of `key`'s chain after this server.
+  std::vector<int> LiveBackups(const Shard& shard, const StoredKey& key) const;
+  // After an update of a replicated slice: numbers it, sends it to the live
+  // backups and holds `requests` (answered with `weights` where their
+  // command carries them) until every one of them holds it.
+  void Replicate(StoredKey* key, std::vector<wire::Header> requests);
+  // Sends `update` to the backup of rank `rank`.
+  void SendUpdate(int rank, const Message& update);
+  // A backup's side: applies a KV_REPLICATE in order and answers it.
+  void TakeReplica(Shard* shard, Message&& msg);
+  // A primary's side: a backup holds updates up to the answered one.
+  void ReplicaAnswered(Shard* shard, const Message& msg);
+  // Answers the held updates every live backup holds, oldest first.
+  void AnswerReplicated(Shard* shard, StoredKey* key);
+  // Sends again `key`'s updates a backup has not answered in time.
+  void ResendUpdates(Shard* shard, StoredKey* key);
+  // A push of `key` already taken whose update is not yet held by every
+  // backup: true when `msg` was joined to that update's answers.
+  bool JoinPendingUpdate(StoredKey* key, const Message& msg);
   // Holds `msg` among `key`'s waiting messages, or answers it with the error
   // when the limits are reached.
   void Hold(StoredKey* key, Message&& msg);
   // Offers the waiting messages again while that makes progress.
   void Replay(StoredKey* key);
+  // Whether a push or round of `key` counts here: on the first slice of its
+  // key this server answers for (a key comes in slices; it counts once).
+  bool CountsFor(const StoredKey& key) const;
   // Counts a push taken (once per key: on its first slice here).
   void CountPush(StoredKey& key);
   void HandleSettings(Message&& msg);
@@ -203,6 +245,14 @@ class KVServer : private EngineContext {
   std::atomic<bool> stopped_{false};
   absl::Mutex chain_mu_;
   std::mt19937_64 chain_rng_ ABSL_GUARDED_BY(chain_mu_);
+  // Replication: set before the first Handle (set_replication).
+  int rank_ = 0;
+  int num_servers_ = 1;
+  int replicas_ = 1;
+  absl::Duration replica_resend_ = absl::Seconds(1);
+  std::atomic<uint64_t> replica_updates_{0};
+  std::atomic<uint64_t> promoted_{0};
+  std::atomic<uint64_t> replica_resends_{0};
   std::function<void()> on_workers_finished_;
   std::set<int> finished_workers_;  // ranks; Handle's thread only
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/compression/bf16.h"
 #include "server/key_store.h"
+#include "server/replication.h"
 #include "server/row_payload.h"
 #include "server/slice_engine.h"
 
@@ -101,6 +102,12 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     ctx.TimedUpdate(key_, [&] {
       key_.ApplyRowUpdates(*settings.optimizer, sums.ids, sums.values.data());
     });
+    if (key_.replicated) {
+      update_ = Message();
+      AddRowUpdate(
+          &update_, sums.ids, nullptr,
+          [&sums, l](size_t i) { return sums.values.data() + i * l; }, l);
+    }
     return Pushed::kApplied;
   }
 
@@ -121,6 +128,13 @@ class RowEngine : public RoundSliceEngine<RowRound> {
       for (size_t i = 0; i < sum.rows.size(); ++i)
         std::memcpy(w + sum.rows[i] * l, sum.row(i, l), l * sizeof(float));
     }
+    if (key_.replicated) {
+      // The backups apply the same summed rows by the same rule.
+      update_ = Message();
+      AddRowUpdate(
+          &update_, sum.rows, nullptr,
+          [&sum, l](size_t i) { return sum.row(i, l); }, l);
+    }
     done.update_end = absl::Now();
     done.requests = round_.TakeRequests();
     return done;
@@ -128,7 +142,41 @@ class RowEngine : public RoundSliceEngine<RowRound> {
 
   bool AnswersWithWeights(wire::Command) const override { return false; }
 
+  void TakeUpdate(Message* out) override {
+    MoveFrames(std::move(update_), out);
+    update_ = Message();
+  }
+
+  absl::Status ApplyReplica(const Message& update,
+                            const ServerSettings& settings,
+                            EngineContext& ctx) override {
+    const uint64_t l = key_.row_length;
+    absl::StatusOr<RowUpdate> u = ParseRowUpdate(update, l, false);
+    if (!u.ok()) return u.status();
+    for (uint64_t row : u->ids) {
+      if (row >= key_.rows())
+        return absl::DataLossError(absl::StrCat(
+            "update of key ", key_.key, " names row ", row, " of ",
+            key_.rows()));
+    }
+    if (settings.optimizer != nullptr) {
+      ctx.TimedUpdate(key_, [&] {
+        key_.ApplyRowUpdates(*settings.optimizer, u->ids, u->values);
+      });
+    } else if (!u->ids.empty()) {
+      if (!key_.weights.unique())
+        key_.weights = Buffer::CopyOf(key_.weights.data(), key_.weights.size());
+      float* w = key_.weights.mutable_floats();
+      for (size_t i = 0; i < u->ids.size(); ++i)
+        std::memcpy(w + u->ids[i] * l, u->values + i * l, l * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
  private:
+  // Replicated slices: the last update's frames, until TakeUpdate.
+  Message update_;
+
   // The row ids of a push or pull as rows of this slice; InvalidArgument
   // naming the key and the id when one is outside it.
   absl::StatusOr<std::vector<uint64_t>> LocalRows(const Message& msg) const {

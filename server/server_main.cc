@@ -167,7 +167,9 @@ void LogSummary(const tessera::KVServer& server, const tessera::Node& node) {
                     << per_key << "), rounds " << stats.rounds_applied()
                     << ", duplicates " << stats.duplicates() << ", checkpoints "
                     << stats.checkpoints_written() << ", refused "
-                    << stats.refused() << ", malformed "
+                    << stats.refused() << ", replica updates "
+                    << stats.replica_updates() << ", promoted slices "
+                    << stats.promoted_slices() << ", malformed "
                     << stats.malformed_messages() + node.malformed_count()
                     << ", wrong sender " << node.wrong_sender_count()
                     << ", refused connections "
@@ -201,6 +203,9 @@ int Serve(const Flags& flags, const tessera::Options& options) {
     if (checkpointer != nullptr) checkpointer->MaybeWrite();
     server.Handle(std::move(msg));
   };
+  callbacks.on_peer_dead = [&server](int peer) {
+    if (tessera::IsServerId(peer)) server.ServerDied(tessera::RankOfId(peer));
+  };
   absl::StatusOr<std::unique_ptr<tessera::Node>> started =
       tessera::Node::Start(options, std::move(callbacks));
   if (!started.ok()) {
@@ -209,6 +214,8 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   }
   node = *std::move(started);
   server.set_on_workers_finished([&node] { node->MarkPartDone(); });
+  server.set_replication(node->rank(), options.num_servers, options.replicas,
+                         options.resend_timeout);
   if (absl::Status prepared = PrepareCheckpoints(flags, options, *node, server,
                                                  &store, &checkpointer);
       !prepared.ok()) {

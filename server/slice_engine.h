@@ -118,6 +118,17 @@ class SliceEngine {
   // The weights were replaced or updated.
   virtual void WeightsChanged() {}
 
+  // Replication (server/replication.h). After an update of a slice whose
+  // StoredKey::replicated is set (a FinishRound, or a Push that answered
+  // kApplied), the update's frames for the backups, appended to `out` (a
+  // KV_REPLICATE the server addresses).
+  virtual void TakeUpdate(Message* out) = 0;
+  // A backup applies its primary's update: the same weights, optimizer state
+  // and steps after it as the primary has. DataLoss for a malformed update.
+  virtual absl::Status ApplyReplica(const Message& update,
+                                    const ServerSettings& settings,
+                                    EngineContext& ctx) = 0;
+
   // What a checkpoint holds of the kind's own, and its restore (dense and
   // row-sparse slices have nothing of their own: open rounds are not saved,
   // their pushes are sent again).

@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from .binaries import SOURCE_TREE_SCRIPT, check_command, find_binary, own_build_dirs
-from .config import build_config, metrics_urls
+from .config import build_config, metrics_urls, replicas_of
 from .hosts import interface_ipv4, parse_hostfile, scheduler_address
 from .keys import find_keygen, job_security, prepare_keys
 from .local import local_nodes
@@ -100,7 +100,8 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
         except UsageError as e:
             sys.stderr.write('%s: error: %s\n' % (PROG, e))
             return 2
-        job = Job(nodes, args.timeout, args.restarts, args.verbose, args.quiet_notice)
+        job = Job(nodes, args.timeout, args.restarts, args.verbose, args.quiet_notice,
+                  replicas=replicas_of(cfg))
         install_signal_handlers(job)
         if args.verbose:
             say('%s job: scheduler at %s:%d, %d server(s), %d worker(s)'

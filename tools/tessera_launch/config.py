@@ -131,11 +131,27 @@ def build_config(args, environ, cluster, root_uri, remote):
     node_ports = None
     if args.restarts and args.launcher != 'mpi':
         node_ports = pick_node_ports(args.num_servers + args.num_workers, {port})
+    env_all = parse_env_specs(args.env, '--env', environ)
+    if args.replicas is not None:
+        env_all['TESSERA_REPLICAS'] = str(args.replicas)
     return JobConfig(
         cluster=cluster, root_uri=root_uri, port=port, node_ports=node_ports,
         metrics_port=args.metrics_port,
         num_servers=args.num_servers, num_workers=args.num_workers,
         forwarded=forwarded_env(environ, remote, args.interface),
-        env_all=parse_env_specs(args.env, '--env', environ),
+        env_all=env_all,
         env_server=parse_env_specs(args.env_server, '--env-server', environ),
         env_worker=parse_env_specs(args.env_worker, '--env-worker', environ))
+
+
+def replicas_of(cfg):
+    """TESSERA_REPLICAS as the servers get it (--replicas, --env, --env-server or
+    the launcher's environment); 1 when unset or not a number (the servers then
+    say what is wrong with it)."""
+    value = cfg.forwarded.get('TESSERA_REPLICAS')
+    value = cfg.env_all.get('TESSERA_REPLICAS', value)
+    value = cfg.env_server.get('TESSERA_REPLICAS', value)
+    try:
+        return max(1, int(value)) if value is not None else 1
+    except ValueError:
+        return 1

@@ -117,6 +117,10 @@ def build_parser():
                         'finished (default: 30)')
     p.add_argument('--restarts', type=_int_arg(0, 'a non-negative integer'), default=0,
                    metavar='N', help='restart a failed server or worker up to N times')
+    p.add_argument('--replicas', type=_int_arg(1, 'a whole number >= 1'), default=None,
+                   metavar='R', help='servers holding each key slice (TESSERA_REPLICAS, default '
+                   '1): a server that dies is replaced by the next replica of each of its '
+                   'slices and the job goes on (docs/faults.md)')
     p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
                    help='when the job has printed nothing for this long, say which of its '
                         'processes still run (default: 60; again every SECONDS)')
@@ -148,6 +152,7 @@ _VALUE_FLAGS = frozenset([
     '-n', '--num-workers', '-s', '--num-servers', '--launcher', '-H', '--hostfile',
     '--sync-dst-dir', '--env', '--env-server', '--env-worker', '--scheduler-binary',
     '--server-binary', '--interface', '--port', '--timeout', '--restarts', '--metrics-port',
+    '--replicas',
 ])
 
 
@@ -185,6 +190,9 @@ def parse_args(argv):
     if args.launcher == 'mpi' and args.restarts:
         raise UsageError('--restarts: not supported with --launcher mpi (mpirun stops the '
                          'whole job when a rank fails)')
+    if args.replicas is not None and args.replicas > args.num_servers:
+        raise UsageError('--replicas %d: expected at most the number of servers (%d)'
+                         % (args.replicas, args.num_servers))
     if args.metrics_port is not None:
         last = args.metrics_port + args.num_servers + args.num_workers
         if last > 65535:

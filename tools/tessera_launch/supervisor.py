@@ -79,6 +79,7 @@ class Node(object):
         self.readers = []
         self.restarts = 0
         self.returncode = None
+        self.lost = False  # a server that died in a replicated job
         self.remote_pid = None
         self.pgids = []  # every process group this node ever had
         self.tag_map = None  # mpirun: rank -> prefix bytes
@@ -123,12 +124,16 @@ class Job(object):
     only write output under `_out_lock`. Signal handlers only set `stop_signal`.
     """
 
-    def __init__(self, nodes, timeout, restarts, verbose, quiet_notice=60.0):
+    def __init__(self, nodes, timeout, restarts, verbose, quiet_notice=60.0, replicas=1):
         self.nodes = nodes
         self.timeout = timeout
         self.quiet_notice = quiet_notice
         self.last_output = time.monotonic()  # under _out_lock
         self.max_restarts = restarts
+        # TESSERA_REPLICAS > 1: a server that dies is survived when each of its
+        # slices has a live replica; the scheduler decides, and ends the job
+        # (non-zero) when one has none.
+        self.replicas = replicas
         self.verbose = verbose
         self.stop_signal = None
         self._out_lock = threading.Lock()
@@ -379,9 +384,16 @@ class Job(object):
                     if error:
                         return self._stop('%s; stopping the job' % error, 1)
                     continue
+                if node.role == 'server' and self.replicas > 1:
+                    if not node.lost:
+                        node.lost = True
+                        self.say('%s; TESSERA_REPLICAS=%d: its key slices fail over to their '
+                                 'replicas and the job goes on (the scheduler ends it if a '
+                                 'slice has none left)' % (what, self.replicas))
+                    continue
                 return self._stop('%s; stopping the job' % what, self._exit_status(node, rc))
             primaries_done = all(n.returncode == 0 for n in primaries)
-            daemons_done = all(n.returncode == 0 for n in daemons)
+            daemons_done = all(n.returncode == 0 or n.lost for n in daemons)
             if primaries_done and daemons_done:
                 return 0
             if primaries_done or daemons_done:

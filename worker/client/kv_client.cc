@@ -76,10 +76,12 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   tracking.request_timeout = options_.request_timeout;
   tracking.first_request_id = FirstRequestId(options_.restart_count);
   tracking.window = PushWindow(options_);
+  tracking.replicated = options_.replicas > 1;
   tracker_ = std::make_unique<RequestTracker>(
       tracking,
       [this](int server, Message msg) {
-        return node_->Send(server, std::move(msg));
+        const int to = Route(server, &msg);
+        return node_->Send(to, std::move(msg));
       },
       [this](int node) { return node_->Describe(node); },
       [this](const RequestTracker::Answered& answered,
@@ -100,6 +102,7 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
     tracker_->FailAll(status);
   };
   callbacks.on_peer_restart = [this](int peer) { ReplayTo(peer); };
+  callbacks.on_peer_dead = [this](int peer) { FailOver(peer); };
   callbacks.on_receiver_free = [this] { tracker_->ReceiverFree(); };
   TESSERA_ASSIGN_OR_RETURN(
       node_, Node::Start(options_, std::move(callbacks), std::move(transport)));
@@ -144,7 +147,9 @@ absl::StatusOr<std::vector<wire::KVStats>> KVClient::ServerStats() {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
   std::vector<wire::KVStats> stats(options_.num_servers);
   const uint64_t op = tracker_->NewOp();
+  const std::vector<bool> dead = node_->dead_servers();
   for (int s = 0; s < options_.num_servers; ++s) {
+    if (dead[s]) continue;  // failed over: its stats went with it
     Message msg;
     msg.header.set_command(wire::KV_STATS);
     RequestTracker::Request request;
@@ -338,10 +343,11 @@ absl::Status KVClient::InitHashed(uint64_t key, uint64_t row_length,
     return absl::InvalidArgumentError(absl::StrCat(
         "init of hashed key ", key, ": ", spec.status().message()));
   }
-  // One slice on every server (offset, length and total 0); ids go to
-  // HashedServerOf(id).
+  // One slice on every server (offset: the server's rank, length and total
+  // 0); ids go to HashedServerOf(id).
   std::vector<KeyPart> parts;
-  for (int s = 0; s < options_.num_servers; ++s) parts.push_back({s, 0, 0});
+  for (int s = 0; s < options_.num_servers; ++s)
+    parts.push_back({s, static_cast<uint64_t>(s), 0});
   return InitKey(key, nullptr, 0, row_length, std::move(parts),
                  spec->ToString());
 }
@@ -415,6 +421,14 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
       if (value != nullptr) {
         AddFloatFrame(&msg, Buffer::CopyOf(value + part.offset * unit,
                                            part.length * unit * sizeof(float)));
+      }
+      // Replicated jobs: every server of the slice's chain holds it.
+      for (int j = 1; j < options_.replicas; ++j) {
+        Message copy = msg;
+        copy.header.set_replica(j);
+        KeyPart backup = part;
+        backup.server_rank = (part.server_rank + j) % options_.num_servers;
+        SendPart(op, backup, std::move(copy), nullptr);
       }
       SendPart(op, part, std::move(msg), nullptr, {key, i, true});
     }
@@ -1063,6 +1077,39 @@ KVWorkerStats KVClient::stats() const {
   s.bytes_pulled_float32 = tracker_->bytes_pulled_float32();
   s.resends = tracker_->resends();
   return s;
+}
+
+int KVClient::Route(int server, Message* msg) const {
+  if (options_.replicas <= 1 || !IsServerId(server)) return server;
+  // A slice's chain: its primary p, then p+1, ..., p+replicas-1. A request
+  // goes to the first live member (an init for place j to the first live
+  // one from j on), which learns its place from the init.
+  const int servers = options_.num_servers;
+  const bool init = msg->header.command() == wire::KV_INIT;
+  const int place = init ? static_cast<int>(msg->header.replica()) : 0;
+  const int first = (RankOfId(server) - place + servers) % servers;
+  absl::MutexLock lock(&dead_mu_);
+  if (dead_.empty()) return server;
+  for (int n = 0; n < options_.replicas; ++n) {
+    const int i = (place + n) % options_.replicas;
+    const int rank = (first + i) % servers;
+    if (dead_[rank]) continue;
+    if (init) msg->header.set_replica(i);
+    return ServerId(rank);
+  }
+  return server;  // none left: the scheduler ends the job
+}
+
+void KVClient::FailOver(int server) {
+  if (!IsServerId(server)) return;
+  {
+    absl::MutexLock lock(&dead_mu_);
+    dead_ = node_->dead_servers();
+  }
+  TESSERA_LOG(WARNING) << node_->Describe(server)
+                       << " died; its key slices' next replicas answer for "
+                          "them, and what waited for it is sent to them now";
+  tracker_->ResendNowTo(server, absl::InfiniteFuture());
 }
 
 void KVClient::ReplayTo(int server) {

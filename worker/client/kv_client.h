@@ -227,6 +227,13 @@ class KVClient : public KVWorker {
   // A server restarted (from its checkpoint, or empty): send it again what it
   // may have lost, then the requests still waiting for it, at once.
   void ReplayTo(int server);
+  // Replicated jobs (TESSERA_REPLICAS > 1, server/replication.h): the server
+  // a request for `server`'s slices goes to now, the first live one of the
+  // slice's chain (an init's place in the chain is set in `msg`).
+  int Route(int server, Message* msg) const;
+  // The scheduler declared `server` dead: what waited for it goes to its
+  // slices' next replicas at once.
+  void FailOver(int server);
 
   const Options options_;
   const bool sync_;
@@ -236,6 +243,10 @@ class KVClient : public KVWorker {
   std::unique_ptr<RequestTracker> tracker_;
   DevicePushStager device_;
   std::atomic<bool> closed_{false};
+
+  // Replicated jobs: the server ranks declared dead (empty: none yet).
+  mutable absl::Mutex dead_mu_;
+  std::vector<bool> dead_ ABSL_GUARDED_BY(dead_mu_);
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, KeyInfo> keys_ ABSL_GUARDED_BY(mu_);

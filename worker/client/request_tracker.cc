@@ -433,7 +433,7 @@ void RequestTracker::HandleReply(Message&& msg) {
       answered.msg = std::move(it->second.msg);
       requests_.erase(it);
       op_id = answered.request.op;
-      if (h.sender() != answered.request.server) {
+      if (h.sender() != answered.request.server && !options_.replicated) {
         TESSERA_LOG(WARNING)
             << "reply to request " << h.request_id() << " came from node "
             << h.sender() << ", not " << answered.request.server;

@@ -77,6 +77,9 @@ class RequestTracker {
     // Windowed requests of one operation to one server: at most this many are
     // out and not yet answered (an acknowledgement does not count).
     int window = 4;
+    // Replicated servers (TESSERA_REPLICAS > 1): a request's answer may come
+    // from the next replica of its server's slices, after a failover.
+    bool replicated = false;
   };
   // Identifies the key part a request is about (for the replay log).
   struct PartRef {

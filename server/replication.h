@@ -1,0 +1,91 @@
+// Replication of key slices (TESSERA_REPLICAS = R > 1, issue #28).
+//
+// Every key slice has a chain of R servers: its primary, the server rank p
+// that the key's partition names (KeyPartitioner, HashedServerOf), then ranks
+// p+1, ..., p+R-1 (mod the servers), its backups. A worker sends a slice's
+// KV_INIT to every member (header.replica: its place in the chain) and every
+// other request to the first member still alive: the primary, or after it
+// died the next replica.
+//
+// Replicate after aggregation. The primary sums a round as it always did;
+// after applying it, it sends the update to every live backup as a
+// KV_REPLICATE numbered replica_seq (the slice's updates, from 0), carrying
+// what the update was (the kind's engine decides: the rounded sum a dense
+// slice's optimizer took, or with no optimizer the new value; a row slice's
+// ids and summed rows; a hashed slice's ids, sightings and rows) and the
+// exactly-once counts the slice holds after it (per worker rank). A backup
+// applies updates in order with the same optimizer, so it holds the same
+// bits, and answers each. The primary answers the round's pushes only when
+// every live backup holds the update: what a worker saw answered is on every
+// live replica. Pulls are not held: a round's result is a function of its
+// pushes, and a worker whose push was not answered sends it again.
+//
+// dist_async: each applied push is an update; it is answered once every live
+// backup holds it. Two backups (R > 2) could each hold a different last
+// update when the primary dies, and in dist_async nothing recomputes it the
+// same way; R > 2 therefore needs dist_sync keys (an async key's init is
+// refused otherwise).
+//
+// Failover. The scheduler declares a server dead (heartbeats) and tells every
+// live node in a table change (NodeInfo.dead). For each slice the first live
+// member of its chain answers from then on: a backup that becomes it
+// ("promoted") replays the requests it held, and workers resend what was
+// outstanding to it. Its state is that of the last update it holds; a push
+// of a later round is not in its counts, so the resent pushes are taken and
+// the round is summed again, exactly, to the same bits; a push it holds is a
+// duplicate and answered. Losing every member of a chain ends the job, naming
+// the slices (scheduler).
+//
+// This file: the update's wire form for row slices, and what a primary keeps
+// of an update until its backups hold it.
+#ifndef TESSERA_SERVER_REPLICATION_H_
+#define TESSERA_SERVER_REPLICATION_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/buffer.h"
+#include "common/message.h"
+#include "proto/tessera.pb.h"
+
+namespace tessera {
+
+// The chain of a slice: the ranks holding it, primary first.
+std::vector<int> ChainOf(int first_rank, int num_servers, int replicas);
+
+// An update of rows as a KV_REPLICATE carries it: a RAW frame of uint64 row
+// ids (the slice's own rows, or a hashed key's ids), with `sightings` a RAW
+// frame of uint32 (hashed keys: how many pushes named each), then one
+// float32 frame of the rows, row_length values each, in the ids' order.
+void AddRowUpdate(Message* out, const std::vector<uint64_t>& ids,
+                  const std::vector<uint32_t>* sightings,
+                  const std::function<const float*(size_t)>& row,
+                  uint64_t row_length);
+// Appends `from`'s data frames and their descriptors to `to`.
+void MoveFrames(Message&& from, Message* to);
+struct RowUpdate {
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> sightings;  // hashed keys
+  const float* values = nullptr;    // ids.size() x row_length, in `msg`
+};
+// DataLoss when `msg` is not such an update.
+absl::StatusOr<RowUpdate> ParseRowUpdate(const Message& msg,
+                                         uint64_t row_length,
+                                         bool with_sightings);
+
+// What a primary keeps of one update until every live backup holds it.
+struct PendingUpdate {
+  uint64_t seq = 0;
+  Message update;                      // KV_REPLICATE, kept for resends
+  std::vector<wire::Header> requests;  // the pushes it answers
+  Buffer weights;  // the value a KV_PUSHPULL answer carries (dense)
+  absl::Time sent;
+  absl::Duration wait;  // until the next resend
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_REPLICATION_H_
