@@ -442,6 +442,93 @@ class LaunchClusterTest(unittest.TestCase):
         # to a whole word aside) and pulled.
         self.assertEqual(results['on']['bytes_pulled'], results['off']['bytes_pulled'])
 
+    def replicated_training_job(self, epochs):
+        """The quick-start training with 2-bit pushes and momentum (optimizer state on
+        the servers), every key split over 3 servers (TESSERA_BIGARRAY_BOUND)."""
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000', PS_HEARTBEAT_INTERVAL='0.25',
+                        PS_HEARTBEAT_TIMEOUT='2', PS_RESEND_TIMEOUT='200')
+        return ['-n', '2', '-s', '3', TRAIN_WORKER, '--kv-store', 'dist_sync', '--gc-type',
+                '2bit', '--gc-threshold', '1', '--lr', '0.1', '--momentum', '0.5',
+                '--epochs', str(epochs), '--test-subset', '1000']
+
+    def test_replicated_server_killed_mid_training_fails_over_to_the_same_bits(self):
+        # --replicas 2: every slice on its primary and the next server. A server
+        # SIGKILLed mid-training and not restarted: its slices' backups take over, the
+        # workers resend what was outstanding, and the job ends 0 with the final
+        # weights of a fault-free, unreplicated run, bit for bit (every push applied
+        # once: a push lost or applied twice changes the exact sums).
+        job = self.replicated_training_job(epochs=3)
+        code, out, _ = self.launch(job, timeout=300)
+        self.assertEqual(code, 0, out)
+        want = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
+        self.assertEqual(len(want), 2, out)
+        self.assertEqual(want[0], want[1], out)
+
+        self.start(['--replicas', '2'] + job)
+        deadline = time.monotonic() + 60
+        victim = None
+        while time.monotonic() < deadline and victim is None:
+            victim = node_pid(self.mark, 'worker', 4)  # DMLC_TASK_ID of worker 1
+            time.sleep(0.01)
+        self.assertIsNotNone(victim, 'worker 1 never started')
+        delay = random.uniform(1.0, 2.5)  # inside the first epoch (about 2-4 s)
+        sys.stderr.write('killing server 1 %.3f s after the workers started\n' % delay)
+        time.sleep(delay)
+        victim = node_pid(self.mark, 'server', 1)
+        self.assertIsNotNone(victim, 'server 1 is not running')
+        self.assertIsNone(self.proc.poll(), 'the job ended before the kill')
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        try:
+            out, _ = self.proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            self.fail('the job did not end within 240 s of the kill:\n' + out)
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertIn('launch.py: server 1 (pid %d) killed by signal SIGKILL; TESSERA_REPLICAS=2: '
+                      'its key slices fail over to their replicas' % victim, out)
+        self.assertRegex(out, r'\[scheduler\] .*stopped heart-beating.*; its key slices fail '
+                              r'over to their next replica \(TESSERA_REPLICAS=2\)')
+        promoted = [int(n) for n in re.findall(r'promoted slices (\d+)', out)]
+        self.assertEqual(len(promoted), 2, out)  # the two survivors' summaries
+        self.assertGreater(sum(promoted), 0, out)
+        self.assertEqual(re.findall(r'Final weights checksum=([0-9a-f]{16})', out), want,
+                         out)
+        self.assertLess(time.monotonic() - killed, 200)
+        self.assertEqual(marked_pids(self.mark), [])
+
+    def test_both_replicas_of_a_slice_killed_end_the_job_naming_the_slices(self):
+        # 3 servers, 2 replicas: any two servers are a whole chain. Both SIGKILLed at
+        # once: the job ends non-zero within the heartbeat time-out (2 s) and a few
+        # seconds, saying which servers' slices lost every replica.
+        self.start(['--replicas', '2'] + self.replicated_training_job(epochs=3))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 4) is None:
+            time.sleep(0.01)
+        time.sleep(1.0)
+        victims = [node_pid(self.mark, 'server', i) for i in (0, 2)]
+        self.assertNotIn(None, victims)
+        self.assertIsNone(self.proc.poll(), 'the job ended before the kill')
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        try:
+            out, _ = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            self.fail('the job did not end within 120 s of the kills:\n' + out)
+        took = time.monotonic() - killed
+        self.assertNotEqual(self.proc.returncode, 0, out)
+        self.assertRegex(out, r'\[scheduler\] .*every replica of the key slices placed on '
+                              r'server \d is gone \(servers \d, \d, TESSERA_REPLICAS=2\); '
+                              r'ending the job')
+        self.assertRegex(out, r'\[worker \d\] .*every replica of the key slices placed on '
+                              r'server \d is gone')
+        self.assertLess(took, 15, out)  # the heartbeat time-out (2 s) and the teardown
+        self.assertEqual(marked_pids(self.mark), [])
+
 
 if __name__ == '__main__':
     unittest.main()

@@ -94,6 +94,9 @@ struct RunTotals {
   int64_t steps = 0;
   double first_loss = -1;  // mean loss of the first batch
   double final_loss = -1;  // mean training loss of the last epoch
+  // FNV-1a of the servers' final weights (WeightsChecksum: as float32
+  // bytes): two dist_sync runs that end with the same bits agree.
+  uint64_t weights_fnv1a = 0;
   double train_accuracy = 0;
   double test_accuracy = -1;
   std::vector<EpochRecord> epochs;
@@ -123,6 +126,8 @@ std::string MetricsJson(const TrainFlags& flags, MlpDevice device,
   absl::StrAppendFormat(&json, ", \"steps\": %d", t.steps);
   absl::StrAppendFormat(&json, ", \"first_loss\": %.6f", t.first_loss);
   absl::StrAppendFormat(&json, ", \"final_loss\": %.6f", t.final_loss);
+  absl::StrAppendFormat(&json, ", \"weights_fnv1a\": \"%016x\"",
+                        t.weights_fnv1a);
   absl::StrAppendFormat(&json, ", \"num_workers\": %d", kv.num_workers());
   absl::StrAppendFormat(&json, ", \"rank\": %d", kv.rank());
   absl::StrAppendFormat(&json, ", \"time_compute_s\": %.3f", t.time_compute_s);
@@ -608,6 +613,13 @@ class Trainer {
       totals_.test_accuracy = *acc;
     }
     totals_.wall_seconds = SecondsSince(run_start_);
+    absl::StatusOr<uint64_t> checksum = WeightsChecksum();
+    if (!checksum.ok())
+      return KvFailure("Pull of the final weights", checksum.status());
+    totals_.weights_fnv1a = *checksum;
+    std::printf("Final weights checksum=%016llx\n",
+                static_cast<unsigned long long>(*checksum));
+    std::fflush(stdout);
 
     if (absl::Status s = kv_->Close(); !s.ok()) return KvFailure("Close", s);
     if (!flags_.metrics_out.empty()) {
@@ -620,6 +632,36 @@ class Trainer {
       }
     }
     return std::nullopt;
+  }
+
+  // The servers' final weights, pulled key by key (layer by layer, W then
+  // b; or the fused key), hashed.
+  absl::StatusOr<uint64_t> WeightsChecksum() {
+    uint64_t h = 14695981039346656037ULL;
+    auto add = [&h](const std::vector<float>& v) {
+      const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+      for (size_t i = 0; i < v.size() * sizeof(float); ++i) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+      }
+    };
+    auto pull = [&](uint64_t key, size_t n) -> absl::Status {
+      std::vector<float> v(n);
+      absl::Status pulled = kv_->Pull(key, absl::MakeSpan(v));
+      if (pulled.ok()) add(v);
+      return pulled;
+    };
+    if (flags_.fuse_keys) {
+      absl::Status s = pull(kFusedKey, fused_pull_.size());
+      if (!s.ok()) return s;
+      return h;
+    }
+    for (int l = 0; l < mlp_->num_layers(); ++l) {
+      absl::Status s = pull(MlpWeightKey(l), mlp_->WeightStaging(l).size());
+      if (s.ok()) s = pull(MlpBiasKey(l), mlp_->BiasStaging(l).size());
+      if (!s.ok()) return s;
+    }
+    return h;
   }
 
   const TrainFlags& flags_;
