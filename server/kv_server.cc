@@ -134,6 +134,17 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
           "(KV_STATS malformed_messages; the transport's are "
           "tessera_transport_malformed_messages_total).",
           &malformed_);
+  counter("tessera_server_replica_updates_total",
+          "Updates applied as a backup of a slice (KV_REPLICATE; "
+          "TESSERA_REPLICAS > 1; KV_STATS replica_updates).",
+          &replica_updates_);
+  counter("tessera_server_promoted_slices_total",
+          "Slices this server took over from a dead primary (KV_STATS "
+          "promoted_slices).",
+          &promoted_);
+  counter("tessera_server_replica_resends_total",
+          "Updates sent again to a backup that had not answered them.",
+          &replica_resends_);
   counter("tessera_server_checkpoints_written_total",
           "Checkpoints written and made durable (KV_STATS "
           "checkpoints_written).",

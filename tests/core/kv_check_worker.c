@@ -24,7 +24,8 @@
  *       others come 1 s later, and its next life 1.5 s later still, after they
  *       have finished); DIE_AT=push inside its push of the small key in round
  *       5, whose round stays open (the others come 1 s later); its next life
- *       does not pull before it pushes again.
+ *       does not pull before it pushes again. With SOAK_PRINT_ROUNDS=1 it
+ *       prints "round I done at UNIX_SECONDS" after each round.
  */
 #include <math.h>
 #include <pthread.h>
@@ -33,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tessera/c_api.h"
@@ -253,6 +255,8 @@ static void* KillSelfSoon(void* unused) {
 static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
   const char* restarts = getenv("TESSERA_RESTART_COUNT");
   const int first_life = restarts == NULL || atoi(restarts) == 0;
+  const char* rounds_env = getenv("SOAK_PRINT_ROUNDS");
+  const int print_rounds = rounds_env != NULL && strcmp(rounds_env, "1") == 0;
   TesseraKV* kv = Create("dist_sync");
   int n = 0;
   CHECK_OK(tessera_kv_num_workers(kv, &n));
@@ -313,6 +317,14 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
      * one 2 x (1 + ... + n). */
     ExpectAll(hashed, 3, (float)(2 * (rank_ + 1) * (i + 1)), "own hashed id", i);
     ExpectAll(hashed + 3, 3, want - 1.0f, "shared hashed id", i);
+    if (print_rounds) {
+      /* tools/bench/failover.py: when each round was complete here. */
+      struct timespec now;
+      clock_gettime(CLOCK_REALTIME, &now);
+      printf("round %d done at %lld.%06ld\n", i, (long long)now.tv_sec,
+             now.tv_nsec / 1000);
+      fflush(stdout);
+    }
     if (sleep_ms > 0) usleep((useconds_t)sleep_ms * 1000);
   }
   uint64_t h = 14695981039346656037ULL;

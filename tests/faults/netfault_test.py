@@ -35,6 +35,10 @@ Tests:
       and the workers' checksums must equal the fault-free run's. A job still
       running at the bound is killed and the test fails with each process's
       last lines.
+  test_3_replicated_servers_under_the_same_faults: the same with
+      TESSERA_REPLICAS=2 (each server the other's backup: every update also
+      crosses a server-to-server link); same checksums, every server applied
+      updates as a backup.
 
 Why the delay is on input, not output: a packet held on the sender's output
 hook still belongs to its socket, and TCP Small Queues then lets only about two
@@ -545,8 +549,8 @@ class NetFaultTest(unittest.TestCase):
                             % (proc.label, text, proc.tail()))
             time.sleep(0.05)
 
-    def run_job(self, timeout, faults=None):
-        job = Job(self.topo)
+    def run_job(self, timeout, faults=None, extra_env=None):
+        job = Job(self.topo, extra_env)
         self.addCleanup(job.end)
         codes, why = job.wait(timeout, watch=faults.dead_delayer if faults else None)
         name = self.id().rsplit('.', 1)[-1]
@@ -639,6 +643,21 @@ class NetFaultTest(unittest.TestCase):
     # -- loss, delay, killed connections
 
     def test_2_loss_delay_and_killed_connections(self):
+        self.faulted_run()
+
+    def test_3_replicated_servers_under_the_same_faults(self):
+        # TESSERA_REPLICAS=2: each server is the other's backup, so every round's
+        # update also crosses a server-to-server link under the loss, the delay and
+        # the killed connections; same checksums as the unreplicated fault-free run.
+        job = self.faulted_run({'TESSERA_REPLICAS': '2'})
+        updates = [int(n) for p in job.procs if p.label.startswith('server')
+                   for n in re.findall(r'replica updates (\d+)', p.output())]
+        self.assertEqual(len(updates), NUM_SERVERS, job.report())
+        self.assertTrue(all(n > 0 for n in updates), updates)
+
+    def faulted_run(self, extra_env=None):
+        """The job under loss, delay and killed connections; checks it against the
+        fault-free run and returns it."""
         want = self.baseline()
         self._no_leftovers()
         hosts = list(range(len(HOSTS)))
@@ -646,7 +665,7 @@ class NetFaultTest(unittest.TestCase):
         faults.add_loss(hosts, DROP_PERCENT)
         faults.add_delay(hosts, DELAY_MS)
         faults.start_killer(hosts, KILL_EVERY_S)
-        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults)
+        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults, extra_env)
         faults.stop_killer()
         dropped = faults.loss_counters()
         counters = faults.remove()
@@ -667,6 +686,7 @@ class NetFaultTest(unittest.TestCase):
         self.assertGreater(total_killed, 0, 'the killer never killed a connection:\n%s'
                            % summary)
         self.assertFalse(faults.kill_errors, summary)
+        return job
 
 
 if __name__ == '__main__':

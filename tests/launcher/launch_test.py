@@ -31,7 +31,7 @@ LAUNCH = os.path.join(SOURCE_DIR, 'tools', 'launch.py')
 sys.path.insert(0, os.path.dirname(LAUNCH))
 from tessera_launch.binaries import find_binary, own_build_dirs  # noqa: E402
 from tessera_launch.config import (  # noqa: E402
-    JobConfig, build_config, forwarded_env, metrics_urls, node_env)
+    JobConfig, build_config, forwarded_env, metrics_urls, node_env, replicas_of)
 from tessera_launch.hosts import (  # noqa: E402
     Host, distinct_hosts, interface_ipv4, parse_hostfile_text, pick_port, place,
     scheduler_address)
@@ -488,6 +488,23 @@ class EnvTest(unittest.TestCase):
                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
         self.assertIsNone(plain.node_ports)
 
+    def test_replicas_reach_every_process_and_the_supervisor(self):
+        args = parse_args(['-n', '2', '-s', '3', '--replicas', '2', '/bin/true'])
+        cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        for role, task_id in (('scheduler', None), ('server', 1), ('worker', 3)):
+            self.assertEqual(node_env(cfg, role, task_id=task_id)['TESSERA_REPLICAS'], '2')
+        self.assertEqual(replicas_of(cfg), 2)
+        # Set in the launcher's environment or with --env-server, the supervisor
+        # reads the same value; unset it is 1.
+        plain = parse_args(['-n', '2', '-s', '3', '--env-server', 'TESSERA_REPLICAS:3',
+                            '/bin/true'])
+        self.assertEqual(replicas_of(build_config(plain, self.ENVIRON, 'local', '127.0.0.1',
+                                                  remote=False)), 3)
+        none = build_config(parse_args(['-n', '2', '/bin/true']), self.ENVIRON, 'local',
+                            '127.0.0.1', remote=False)
+        self.assertEqual(replicas_of(none), 1)
+        self.assertNotIn('TESSERA_REPLICAS', node_env(none, 'server', task_id=0))
+
     def test_metrics_port_gives_each_process_base_plus_its_index(self):
         args = parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])
         cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
@@ -781,6 +798,9 @@ class CommandLineTest(FakeJobTest):
              '1..65531', '5 ports'),
             (['-n', '2', '--metrics-port', '0', w], '--metrics-port', "'0'"),
             (['--status'], '--status: expected HOST:PORT', '--metrics-port BASE'),
+            (['-n', '2', '-s', '2', '--replicas', '3', w], '--replicas 3',
+             'at most the number of servers (2)'),
+            (['-n', '2', '--replicas', '0', w], '--replicas', "'0'"),
         ]
         for args, *needles in cases:
             with self.subTest(args=args):

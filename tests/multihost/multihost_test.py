@@ -483,6 +483,55 @@ class MultiHostTest(unittest.TestCase):
                          r'exited with status 137)' % (re.escape(v4(3)), victim[1]))
         # _no_leftovers (cleanup) then checks every namespace within 15 s.
 
+    def test_replicated_job_survives_the_loss_of_a_whole_host(self):
+        # 3 servers and 2 workers round-robin over h1..h3 put server 2 alone on h3.
+        # With --replicas 2 every slice also lives on the next server, so taking h3
+        # away mid-training (its link down, every Tessera process in it killed) is
+        # survived: the other servers take over its slices and the job ends 0, both
+        # workers with the same final weights.
+        trainer = os.path.join(BUILD_DIR, 'worker', 'tessera-worker')
+        if not (os.access(trainer, os.X_OK) and os.path.isdir(DATA_DIR)):
+            self.skipTest('needs tessera-worker and Fashion-MNIST')
+        argv = [trainer, '--kv-store', 'dist_sync', '--gc-type', '2bit', '--gc-threshold',
+                '1', '--momentum', '0.5', '--lr', '0.1', '--epochs', '300',
+                '--train-subset', '1000', '--test-subset', '100', '--batch-size', '100',
+                '--log-every', '1000', '--data', DATA_DIR]
+        env = {'PS_HEARTBEAT_INTERVAL': '0.5', 'PS_HEARTBEAT_TIMEOUT': '3',
+               'TESSERA_BIGARRAY_BOUND': '1000'}
+        ns = self.topo.namespaces[3]
+        job = Job(self.topo, ['--launcher', 'ssh', '-s', '3', '--replicas', '2'], argv,
+                  env=env)
+        self.addCleanup(run, ['ip', 'link', 'set', 'eth0', 'up'], ns=ns, check=False)
+        victims = []
+        deadline = time.monotonic() + 60
+        try:
+            while not victims and time.monotonic() < deadline:
+                self.assertIsNone(job.proc.poll(), 'the job ended early:\n%s' % job.tail())
+                if job.output.count('joined as') >= 5:
+                    victims = [(n, pid, program) for n, pid, program in self.topo.processes()
+                               if n == ns and program in TESSERA_BINARIES]
+                time.sleep(0.2)
+            self.assertEqual([v[2] for v in victims], ['tessera-server'],
+                             'h3 should hold server 2 alone:\n%s' % job.tail())
+            time.sleep(1.0)  # let it train a little
+            run(['ip', 'link', 'set', 'eth0', 'down'], ns=ns)
+            for _, pid, _ in victims:
+                run(['kill', '-9', str(pid)], ns=ns, check=False)
+            killed_at = time.monotonic()
+            rc = job.wait(JOB_TIMEOUT_S)
+            took = time.monotonic() - killed_at
+        finally:
+            if job.proc.poll() is None:
+                os.killpg(job.proc.pid, signal.SIGKILL)
+        sys.stderr.write('multihost_test: took h3 away (server pid %d); launch.py exit %s '
+                         '%.1f s later\n' % (victims[0][1], rc, took))
+        self.assertEqual(rc, 0, job.tail(120))
+        self.assertRegex(job.output, r'\[scheduler\] .*stopped heart-beating.*; its key '
+                         r'slices fail over to their next replica \(TESSERA_REPLICAS=2\)')
+        sums = re.findall(r'Final weights checksum=([0-9a-f]{16})', job.output)
+        self.assertEqual(len(sums), 2, job.tail(120))
+        self.assertEqual(sums[0], sums[1], job.tail(120))
+
     # -- (5) hostname root URI, DMLC_NODE_HOST over DMLC_INTERFACE, IPv6
 
     def test_hostname_root_uri_and_node_host_over_interface(self):

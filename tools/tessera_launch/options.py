@@ -120,7 +120,8 @@ def build_parser():
     p.add_argument('--replicas', type=_int_arg(1, 'a whole number >= 1'), default=None,
                    metavar='R', help='servers holding each key slice (TESSERA_REPLICAS, default '
                    '1): a server that dies is replaced by the next replica of each of its '
-                   'slices and the job goes on (docs/faults.md)')
+                   'slices and the job goes on (docs/faults.md); with --restarts only '
+                   'workers are restarted')
     p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
                    help='when the job has printed nothing for this long, say which of its '
                         'processes still run (default: 60; again every SECONDS)')

@@ -373,7 +373,12 @@ class Job(object):
                     continue
                 what = '%s %s' % (node.label(), describe_status(rc, node.remote,
                                                                 node.transport))
-                if node.restartable and node.restarts < self.max_restarts:
+                # A replicated job's server is not restarted: its slices fail over, and
+                # an empty server cannot take them back (a replacement joining as a
+                # backup is not built yet).
+                restartable = node.restartable and not (node.role == 'server'
+                                                        and self.replicas > 1)
+                if restartable and node.restarts < self.max_restarts:
                     node.restarts += 1
                     self.say('%s; restarting it (restart %d of %d)'
                              % (what, node.restarts, self.max_restarts))
