@@ -24,6 +24,10 @@ namespace {
 // their shard is idle.
 constexpr size_t kInlineBytes = 64 << 10;
 
+// Updates from a slice's primary up to this many data bytes are applied on
+// Handle's thread when their shard is idle.
+constexpr size_t kInlineReplicaBytes = 4 << 20;
+
 // What an update thread's queue holds at most: messages and their bytes.
 constexpr size_t kShardQueueMessages = 4096;
 constexpr uint64_t kShardQueueBytes = uint64_t{128} << 20;
@@ -336,10 +340,13 @@ void KVServer::Handle(Message&& msg) {
   if (h.command() == wire::KV_REPLICATE && replicas_ > 1 &&
       IsServerId(h.sender()) && RankOfId(h.sender()) < num_servers_ &&
       h.has_slice()) {
-    // Between the servers of a chain: an update, or a backup's answer.
+    // Between the servers of a chain: an update, or a backup's answer. An
+    // update is applied on this thread when its shard is idle, up to
+    // kInlineReplicaBytes: its primary's answers wait for it, so the hand-off
+    // to the update thread would be on every round's path.
     Shard* shard = ShardOf(h.slice().key());
     if (shard->pending.load(std::memory_order_acquire) == 0 &&
-        !stopped_.load() && DataBytes(msg) <= kInlineBytes) {
+        !stopped_.load() && DataBytes(msg) <= kInlineReplicaBytes) {
       Process(shard, std::move(msg));
       return;
     }
