@@ -1,0 +1,304 @@
+// Replication (server/replication.h) between two KVServers in one process:
+// rank 0 the primary of key 7, rank 1 its backup (TESSERA_REPLICAS=2 of 2
+// servers). Messages between the servers are held in outboxes and delivered
+// by the test, so it decides what is lost, late or out of order.
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/wire_status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/kv_server.h"
+
+namespace tessera {
+namespace {
+
+constexpr int kWorkers = 2;
+constexpr uint64_t kKey = 7;
+
+// One server and what it sent: replies to workers, messages to servers.
+class Box {
+ public:
+  explicit Box(int rank)
+      : rank_(rank),
+        server_(kWorkers, /*num_threads=*/2, [this](int peer, Message msg) {
+          absl::MutexLock lock(&mu_);
+          msg.header.set_sender(ServerId(rank_));
+          msg.header.set_recipient(peer);
+          (IsServerId(peer) ? to_servers_ : to_workers_)
+              .push_back(std::move(msg));
+          return absl::OkStatus();
+        }) {
+    server_.set_replication(rank, /*num_servers=*/2, /*replicas=*/2,
+                            absl::Milliseconds(1));
+  }
+
+  KVServer& server() { return server_; }
+
+  // The next message to a worker that is not an acknowledgement (up to 5 s).
+  std::optional<Message> NextReply(absl::Duration wait = absl::Seconds(5)) {
+    return Next(&to_workers_, wait, /*skip_acks=*/true);
+  }
+  // The next message to the other server (up to 5 s).
+  std::optional<Message> NextToServer(absl::Duration wait = absl::Seconds(5)) {
+    return Next(&to_servers_, wait, /*skip_acks=*/false);
+  }
+  // Worker replies (not acknowledgements) now, after a short settle.
+  size_t RepliesNow() {
+    absl::SleepFor(absl::Milliseconds(50));
+    absl::MutexLock lock(&mu_);
+    size_t n = 0;
+    for (const Message& m : to_workers_) n += m.header.ack_only() ? 0 : 1;
+    return n;
+  }
+
+ private:
+  std::optional<Message> Next(std::deque<Message>* q, absl::Duration wait,
+                              bool skip_acks) {
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + wait;
+    while (true) {
+      auto ready = [q]() { return !q->empty(); };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline))
+        return std::nullopt;
+      Message m = std::move(q->front());
+      q->pop_front();
+      if (skip_acks && m.header.ack_only()) continue;
+      return m;
+    }
+  }
+
+  const int rank_;
+  absl::Mutex mu_;
+  std::deque<Message> to_workers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Message> to_servers_ ABSL_GUARDED_BY(mu_);
+  KVServer server_;
+};
+
+uint64_t next_request = 1;
+
+Message KeyMessage(wire::Command cmd, int rank, uint64_t length) {
+  Message m;
+  m.header.set_command(cmd);
+  m.header.set_sender(WorkerId(rank));
+  m.header.set_request_id(next_request++);
+  m.header.set_plane(wire::DATA);
+  wire::KeySlice* s = m.header.mutable_slice();
+  s->set_key(kKey);
+  s->set_length(length);
+  s->set_total_length(length);
+  return m;
+}
+
+Message Init(const std::vector<float>& value, uint32_t replica, bool sync) {
+  Message m = KeyMessage(wire::KV_INIT, 0, value.size());
+  m.header.set_replica(replica);
+  m.header.mutable_kv_options()->set_sync_mode(sync);
+  AddFloatFrame(&m, Buffer::CopyOf(value.data(), value.size() * sizeof(float)));
+  return m;
+}
+
+Message Push(int rank, uint64_t seq, const std::vector<float>& grad) {
+  Message m = KeyMessage(wire::KV_PUSH, rank, grad.size());
+  m.header.set_push_seq(seq);
+  AddFloatFrame(&m, Buffer::CopyOf(grad.data(), grad.size() * sizeof(float)));
+  return m;
+}
+
+Message Pull(int rank, uint64_t seq, uint64_t length) {
+  Message m = KeyMessage(wire::KV_PULL, rank, length);
+  m.header.set_push_seq(seq);
+  return m;
+}
+
+std::vector<float> ValuesOf(const Message& m) {
+  if (m.data.size() != 1) return {};
+  return std::vector<float>(m.data[0].floats(),
+                            m.data[0].floats() + m.data[0].num_floats());
+}
+
+// Two servers with SGD (lr = -1: the weights gain each round's sum) and
+// momentum (state the backup must hold too), and key 7 on both.
+class ReplicationTest : public ::testing::Test {
+ protected:
+  void SetUpChain(bool sync) {
+    for (Box* b : {&primary_, &backup_}) {
+      Message opt;
+      opt.header.set_command(wire::KV_SET_OPTIMIZER);
+      opt.header.set_sender(WorkerId(0));
+      opt.header.set_request_id(next_request++);
+      opt.header.mutable_kv_options()->set_optimizer_spec(
+          "sgd lr=-1 momentum=0.5");
+      b->server().Handle(std::move(opt));
+      ASSERT_TRUE(b->NextReply().has_value());
+    }
+    primary_.server().Handle(Init({1, 2, 3}, /*replica=*/0, sync));
+    backup_.server().Handle(Init({1, 2, 3}, /*replica=*/1, sync));
+    for (Box* b : {&primary_, &backup_}) {
+      std::optional<Message> r = b->NextReply();
+      ASSERT_TRUE(r.has_value());
+      ASSERT_TRUE(FromWire(r->header.status()).ok()) << r->header.status().message();
+    }
+  }
+  // Hands the primary's next message to the backup and the answer back.
+  void DeliverUpdateAndAnswer() {
+    std::optional<Message> update = primary_.NextToServer();
+    ASSERT_TRUE(update.has_value());
+    ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
+    backup_.server().Handle(*std::move(update));
+    std::optional<Message> answer = backup_.NextToServer();
+    ASSERT_TRUE(answer.has_value());
+    ASSERT_TRUE(answer->header.is_response());
+    primary_.server().Handle(*std::move(answer));
+  }
+
+  Box primary_{0};
+  Box backup_{1};
+};
+
+TEST_F(ReplicationTest, PushesAreAnsweredOnlyOnceTheBackupHoldsTheUpdate) {
+  SetUpChain(/*sync=*/true);
+  primary_.server().Handle(Push(0, 0, {1, 1, 1}));
+  primary_.server().Handle(Push(1, 0, {2, 0, 4}));
+  std::optional<Message> update = primary_.NextToServer();
+  ASSERT_TRUE(update.has_value());
+  EXPECT_EQ(update->header.replica_seq(), 0u);
+  EXPECT_THAT(update->header.replica_counts(), ::testing::ElementsAre(1, 1));
+  EXPECT_EQ(primary_.RepliesNow(), 0u) << "answered before the backup holds it";
+  backup_.server().Handle(*std::move(update));
+  std::optional<Message> answer = backup_.NextToServer();
+  ASSERT_TRUE(answer.has_value());
+  primary_.server().Handle(*std::move(answer));
+  for (int i = 0; i < kWorkers; ++i) {
+    std::optional<Message> r = primary_.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_TRUE(FromWire(r->header.status()).ok());
+  }
+  EXPECT_EQ(backup_.server().stats().replica_updates(), 1u);
+  EXPECT_EQ(backup_.server().stats().pushes_applied(), 0u);
+}
+
+TEST_F(ReplicationTest, BackupTakesOverWithTheSameBitsAndCounts) {
+  SetUpChain(/*sync=*/true);
+  // Round 0, held by both.
+  primary_.server().Handle(Push(0, 0, {0.1f, 1, 1}));
+  primary_.server().Handle(Push(1, 0, {0.2f, 0, 4}));
+  DeliverUpdateAndAnswer();
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  // Round 1 completes on the primary, whose update is lost with it.
+  primary_.server().Handle(Push(0, 1, {0.3f, 1, 1}));
+  primary_.server().Handle(Push(1, 1, {0.7f, 2, 2}));
+  ASSERT_TRUE(primary_.NextToServer().has_value());  // lost
+  primary_.server().Handle(Pull(0, 2, 3));
+  std::optional<Message> on_primary = primary_.NextReply();
+  ASSERT_TRUE(on_primary.has_value());
+
+  // A pull sent to the backup before it heard of the death waits.
+  backup_.server().Handle(Pull(1, 2, 3));
+  EXPECT_EQ(backup_.RepliesNow(), 0u);
+  backup_.server().ServerDied(0);
+  // The workers resend round 0 (answered: a duplicate, not applied again)
+  // and round 1 (taken: its sum is made again, exactly).
+  backup_.server().Handle(Push(0, 0, {0.1f, 1, 1}));
+  backup_.server().Handle(Push(0, 1, {0.3f, 1, 1}));
+  backup_.server().Handle(Push(1, 1, {0.7f, 2, 2}));
+  std::vector<Message> replies;
+  for (int i = 0; i < 4; ++i) {
+    std::optional<Message> r = backup_.NextReply();
+    ASSERT_TRUE(r.has_value()) << i;
+    replies.push_back(*std::move(r));
+  }
+  // The held pull waited for rank 1's round-1 push (its push_seq 2).
+  const Message* pull = nullptr;
+  for (const Message& r : replies)
+    if (r.header.command() == wire::KV_PULL) pull = &r;
+  ASSERT_NE(pull, nullptr);
+  EXPECT_EQ(ValuesOf(*pull), ValuesOf(*on_primary));
+  EXPECT_EQ(backup_.server().stats().duplicates(), 1u);
+  EXPECT_EQ(backup_.server().stats().promoted_slices(), 1u);
+  EXPECT_EQ(backup_.server().stats().rounds_applied(), 1u);  // round 1 only
+}
+
+TEST_F(ReplicationTest, UpdatesApplyInOrderAndAResentOneIsAnsweredOnce) {
+  SetUpChain(/*sync=*/true);
+  primary_.server().Handle(Push(0, 0, {1, 1, 1}));
+  primary_.server().Handle(Push(1, 0, {1, 1, 1}));
+  std::optional<Message> first = primary_.NextToServer();
+  primary_.server().Handle(Push(0, 1, {2, 2, 2}));
+  primary_.server().Handle(Push(1, 1, {2, 2, 2}));
+  std::optional<Message> second = primary_.NextToServer();
+  ASSERT_TRUE(first.has_value() && second.has_value());
+  EXPECT_EQ(second->header.replica_seq(), 1u);
+  // The second before the first: not applied, not answered.
+  backup_.server().Handle(Message(*second));
+  EXPECT_FALSE(backup_.NextToServer(absl::Milliseconds(100)).has_value());
+  backup_.server().Handle(Message(*first));
+  backup_.server().Handle(Message(*second));
+  backup_.server().Handle(Message(*first));  // a resent copy
+  std::vector<uint64_t> answered;
+  for (int i = 0; i < 3; ++i) {
+    std::optional<Message> a = backup_.NextToServer();
+    ASSERT_TRUE(a.has_value());
+    EXPECT_TRUE(FromWire(a->header.status()).ok());
+    answered.push_back(a->header.replica_seq());
+    primary_.server().Handle(*std::move(a));
+  }
+  EXPECT_THAT(answered, ::testing::ElementsAre(0, 1, 0));
+  EXPECT_EQ(backup_.server().stats().replica_updates(), 2u);
+  EXPECT_EQ(primary_.RepliesNow(), 4u);  // both rounds, both workers
+}
+
+TEST_F(ReplicationTest, AResentPushOfAnUnheldUpdateWaitsForIt) {
+  // A worker's resend reaches the primary while the round's update is not
+  // yet on the backup: it is not answered before (the primary could die
+  // and the backup would then wait for that push for ever); it is answered
+  // with the round, and the update goes to the backup again.
+  SetUpChain(/*sync=*/true);
+  primary_.server().Handle(Push(0, 0, {1, 1, 1}));
+  Message push = Push(1, 0, {1, 1, 1});
+  Message resent = push;
+  primary_.server().Handle(std::move(push));
+  ASSERT_TRUE(primary_.NextToServer().has_value());  // lost
+  absl::SleepFor(absl::Milliseconds(5));  // past the 1 ms resend time-out
+  primary_.server().Handle(std::move(resent));
+  EXPECT_EQ(primary_.RepliesNow(), 0u);
+  DeliverUpdateAndAnswer();  // the resent update
+  EXPECT_EQ(primary_.RepliesNow(), 2u);
+}
+
+TEST_F(ReplicationTest, AsyncPushIsAnsweredOnceTheBackupAppliedIt) {
+  SetUpChain(/*sync=*/false);
+  primary_.server().Handle(Push(0, 0, {1, 2, 3}));
+  EXPECT_EQ(primary_.RepliesNow(), 0u);
+  DeliverUpdateAndAnswer();
+  EXPECT_EQ(primary_.RepliesNow(), 1u);
+  backup_.server().ServerDied(0);
+  primary_.server().Handle(Pull(0, 1, 3));
+  std::optional<Message> a = primary_.NextReply();
+  std::optional<Message> b = primary_.NextReply();  // the push's answer first
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  const Message& on_primary = a->header.command() == wire::KV_PULL ? *a : *b;
+  backup_.server().Handle(Pull(0, 1, 3));
+  std::optional<Message> on_backup = backup_.NextReply();
+  ASSERT_TRUE(on_backup.has_value());
+  EXPECT_EQ(ValuesOf(*on_backup), ValuesOf(on_primary));
+  EXPECT_EQ(ValuesOf(*on_backup), (std::vector<float>{2, 4, 6}));
+}
+
+TEST(ReplicationInitTest, APlaceOutsideTheChainIsRefused) {
+  Box box(1);
+  Message init = Init({1}, /*replica=*/2, /*sync=*/true);
+  box.server().Handle(std::move(init));
+  std::optional<Message> r = box.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(absl::IsInvalidArgument(FromWire(r->header.status())));
+  EXPECT_THAT(r->header.status().message(),
+              ::testing::HasSubstr("as replica 2, but this server holds 2"));
+}
+
+}  // namespace
+}  // namespace tessera
