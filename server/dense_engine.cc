@@ -3,6 +3,7 @@
 // whole slice, or (compressed) the changes since the worker's copy as 2-bit
 // frames against a chain of versions (PullShadow).
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/compression/two_bit.h"
@@ -10,6 +11,7 @@
 #include "common/status_macros.h"
 #include "server/key_store.h"
 #include "server/pull_shadow.h"
+#include "server/round_kernels.h"
 #include "server/slice_engine.h"
 
 namespace tessera {
@@ -72,14 +74,22 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
   }
 
   Round FinishRound(const ServerSettings& settings) override {
-    SyncRound::Sum sum = round_.Finish();
+    // The backups apply the same rounded sum: a round of 2-bit pushes goes
+    // to them as its counts (a byte a value, exact), any other as float32.
+    const bool with_optimizer = settings.optimizer != nullptr;
+    SyncRound::Sum sum = round_.Finish(key_.replicated && with_optimizer);
     Round done;
     done.update_start = absl::Now();
-    if (settings.optimizer != nullptr) {
+    if (with_optimizer) {
       key_.ApplyUpdate(*settings.optimizer, sum.values);
-      // The backups apply the same rounded sum.
-      if (key_.replicated)
-        update_ = Buffer::CopyOf(sum.values, key_.length * sizeof(float));
+      if (key_.replicated) {
+        if (!sum.counts.empty()) {
+          update_ = std::move(sum.counts);
+          update_threshold_ = sum.threshold;
+        } else {
+          update_ = Buffer::CopyOf(sum.values, key_.length * sizeof(float));
+        }
+      }
     } else {
       if (!sum.push.empty()) {
         key_.weights =
@@ -102,13 +112,36 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
   }
 
   void TakeUpdate(Message* out) override {
-    AddFloatFrame(out, std::move(update_));
+    if (update_threshold_ != 0) {
+      wire::DataFrame* d = out->header.add_frames();
+      d->set_encoding(wire::DataFrame::COUNTS8);
+      d->set_num_values(update_.size());
+      d->set_num_bytes(update_.size());
+      d->set_threshold(update_threshold_);
+      out->data.push_back(std::move(update_));
+    } else {
+      AddFloatFrame(out, std::move(update_));
+    }
     update_ = Buffer();
+    update_threshold_ = 0;
   }
 
   absl::Status ApplyReplica(const Message& update,
                             const ServerSettings& settings,
                             EngineContext& ctx) override {
+    if (update.data.size() == 1 &&
+        update.header.frames(0).encoding() == wire::DataFrame::COUNTS8 &&
+        update.data[0].size() == key_.length && settings.optimizer != nullptr) {
+      // The primary's rounding of the same counts: the same floats.
+      const float t = update.header.frames(0).threshold();
+      const int8_t* c = reinterpret_cast<const int8_t*>(update.data[0].data());
+      std::vector<int32_t> wide(c, c + key_.length);
+      std::vector<float> sum(key_.length);
+      round_kernels::CountsToFloats(wide.data(), key_.length, t, sum.data());
+      ctx.TimedUpdate(key_,
+                      [&] { key_.ApplyUpdate(*settings.optimizer, sum.data()); });
+      return absl::OkStatus();
+    }
     if (update.data.size() != 1 ||
         update.header.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
         update.data[0].size() != key_.length * sizeof(float)) {
@@ -173,8 +206,10 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
 
   // What workers pulling compressed hold (made on the first such pull).
   std::unique_ptr<PullShadow> shadow_;
-  // Replicated slices: the last update, until TakeUpdate.
+  // Replicated slices: the last update, until TakeUpdate (counts of
+  // update_threshold_ when that is not 0, else float32).
   Buffer update_;
+  float update_threshold_ = 0;
 };
 
 }  // namespace

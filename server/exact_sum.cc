@@ -397,6 +397,19 @@ size_t ExactSum::pair_elements() const {
   return n;
 }
 
+bool ExactSum::PackCounts(int8_t* out, float* threshold) const {
+  if (mode_ != Mode::kCounts) return false;
+  const int32_t* c = counts_.data();
+  int32_t lo = 0, hi = 0;
+  for (uint64_t i = 0; i < length_; ++i) {
+    lo = std::min(lo, c[i]);
+    hi = std::max(hi, c[i]);
+    out[i] = static_cast<int8_t>(c[i]);
+  }
+  *threshold = count_threshold_;
+  return lo >= -127 && hi <= 127;
+}
+
 const float* ExactSum::Finish() {
   float* out;
   if (mode_ == Mode::kEmpty) {

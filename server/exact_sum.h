@@ -97,6 +97,12 @@ class ExactSum {
   size_t pair_elements() const;
   // Whether the current sum is still counting 2-bit codes (tests).
   bool counting() const { return mode_ == Mode::kCounts; }
+  // While counting (before Finish): the counts as int8 into `out` (length
+  // values) and the threshold they count, when every count is within
+  // -127..127. False otherwise (out is then unspecified). Finish turns the
+  // same counts into the same floats as round_kernels::CountsToFloats of
+  // them widened to int32 (a replicated update, server/replication.h).
+  bool PackCounts(int8_t* out, float* threshold) const;
   // Bytes held: doubles, pairs and counts, and the exact accumulators.
   uint64_t bytes() const {
     return acc_.capacity_bytes() + lo_.capacity_bytes() +

@@ -71,8 +71,16 @@ void SyncRound::ReplaceRequest(int sender, const wire::Header& request) {
   }
 }
 
-SyncRound::Sum SyncRound::Finish() {
+SyncRound::Sum SyncRound::Finish(bool want_counts) {
   Sum sum;
+  if (want_counts && sum_ != nullptr && sum_->counting() &&
+      contributed_.size() > 1) {
+    sum.counts = Buffer::Allocate(length_);
+    if (!sum_->PackCounts(reinterpret_cast<int8_t*>(sum.counts.mutable_data()),
+                          &sum.threshold)) {
+      sum.counts = Buffer();
+    }
+  }
   if (contributed_.size() == 1) {
     sum.push = std::move(single_);
     single_ = Buffer();

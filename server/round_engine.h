@@ -69,9 +69,14 @@ class SyncRound {
     // keep it instead of copying. Empty otherwise (values is the
     // accumulator's, valid until the next Add).
     Buffer push;
+    // Finish(true) of a round of 2-bit pushes whose counts fit int8: one
+    // count per value (the value is CountsToFloats of it and `threshold`).
+    Buffer counts;
+    float threshold = 0;
   };
   // The round's sum; the round is open again, empty. REQUIRES: complete().
-  Sum Finish();
+  // `want_counts`: also the counts, when the round counted 2-bit pushes.
+  Sum Finish(bool want_counts = false);
   // The requests to answer, in the order they arrived.
   std::vector<wire::Header> TakeRequests();
 

@@ -15,6 +15,7 @@
 
 #include "common/compression/two_bit.h"
 #include "gtest/gtest.h"
+#include "server/round_kernels.h"
 
 namespace tessera {
 namespace {
@@ -304,6 +305,47 @@ TEST(ExactSumTest, TwoBitPushesOfOneThresholdAreCountedAndRoundedOnce) {
           << t << " " << i;
     EXPECT_FALSE(sum.counting());
   }
+}
+
+// The counts as int8 (a replicated round's update): widened and rounded by
+// CountsToFloats they are Finish's floats, bit for bit; past 127 pushes that
+// agree on a value's sign they no longer fit and PackCounts says so.
+TEST(ExactSumTest, PackedCountsRoundToFinishsFloats) {
+  constexpr size_t kLength = 1003;
+  std::mt19937_64 rng(12);
+  for (const int pushes : {3, 127}) {
+    ExactSum sum(kLength);
+    std::vector<std::vector<float>> decoded(pushes);
+    for (auto& d : decoded) {
+      const std::vector<uint8_t> wire = RandomPayload(kLength, 0.1f, &rng, &d);
+      ASSERT_TRUE(sum.AddTwoBit(wire.data(), wire.size(), 0.1f).ok());
+    }
+    std::vector<int8_t> packed(kLength);
+    float t = 0;
+    ASSERT_TRUE(sum.PackCounts(packed.data(), &t)) << pushes;
+    EXPECT_EQ(t, 0.1f);
+    std::vector<int32_t> wide(packed.begin(), packed.end());
+    std::vector<float> again(kLength);
+    round_kernels::CountsToFloats(wide.data(), kLength, t, again.data());
+    const float* out = sum.Finish();
+    for (size_t i = 0; i < kLength; ++i)
+      ASSERT_EQ(Bits(out[i]), Bits(again[i])) << pushes << " " << i;
+    EXPECT_FALSE(sum.PackCounts(packed.data(), &t)) << "not counting any more";
+  }
+  // 128 pushes of +t on every value: a count of 128.
+  ExactSum sum(5);
+  std::vector<float> ones(5, 1.0f), residual(5, 0.0f);
+  std::vector<uint8_t> wire(compression::TwoBitCompressedBytes(5));
+  for (int i = 0; i < 128; ++i) {
+    std::fill(residual.begin(), residual.end(), 0.0f);
+    ASSERT_TRUE(compression::TwoBitQuantize(ones.data(), residual.data(), 5, 0.5f,
+                                            wire.data())
+                    .ok());
+    ASSERT_TRUE(sum.AddTwoBit(wire.data(), wire.size(), 0.5f).ok());
+  }
+  std::vector<int8_t> packed(5);
+  float t = 0;
+  EXPECT_FALSE(sum.PackCounts(packed.data(), &t));
 }
 
 // A float push, or a 2-bit push of another threshold, turns the counts into

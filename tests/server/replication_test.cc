@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/compression/two_bit.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -287,6 +288,61 @@ TEST_F(ReplicationTest, AsyncPushIsAnsweredOnceTheBackupAppliedIt) {
   ASSERT_TRUE(on_backup.has_value());
   EXPECT_EQ(ValuesOf(*on_backup), ValuesOf(on_primary));
   EXPECT_EQ(ValuesOf(*on_backup), (std::vector<float>{2, 4, 6}));
+}
+
+// 2-bit pushes of `grad` (a residual per worker, threshold 0.5).
+Message TwoBitPush(int rank, uint64_t seq, const std::vector<float>& grad,
+                   std::vector<float>* residual) {
+  Message m = KeyMessage(wire::KV_PUSH, rank, grad.size());
+  m.header.set_push_seq(seq);
+  Buffer packed = Buffer::Allocate(compression::TwoBitCompressedBytes(grad.size()));
+  EXPECT_TRUE(compression::TwoBitQuantize(grad.data(), residual->data(),
+                                          grad.size(), 0.5f,
+                                          packed.mutable_data())
+                  .ok());
+  AddTwoBitFrame(&m, std::move(packed), grad.size());
+  return m;
+}
+
+TEST_F(ReplicationTest, TwoBitRoundsTravelAsCountsAndGiveTheSameBits) {
+  for (Box* b : {&primary_, &backup_}) {
+    Message c;
+    c.header.set_command(wire::KV_SET_COMPRESSION);
+    c.header.set_sender(WorkerId(0));
+    c.header.set_request_id(next_request++);
+    c.header.mutable_kv_options()->set_compression_type("2bit");
+    c.header.mutable_kv_options()->set_compression_threshold(0.5f);
+    b->server().Handle(std::move(c));
+    ASSERT_TRUE(b->NextReply().has_value());
+  }
+  SetUpChain(/*sync=*/true);
+  std::vector<std::vector<float>> residual(kWorkers, std::vector<float>(3, 0));
+  const std::vector<std::vector<float>> grads = {{0.6f, -0.7f, 0.1f},
+                                                 {0.9f, -0.2f, 0.4f}};
+  for (int round = 0; round < 3; ++round) {
+    for (int w = 0; w < kWorkers; ++w)
+      primary_.server().Handle(TwoBitPush(w, round, grads[w], &residual[w]));
+    std::optional<Message> update = primary_.NextToServer();
+    ASSERT_TRUE(update.has_value());
+    ASSERT_EQ(update->header.frames_size(), 1);
+    EXPECT_EQ(update->header.frames(0).encoding(), wire::DataFrame::COUNTS8);
+    EXPECT_EQ(update->data[0].size(), 3u);  // a byte a value
+    backup_.server().Handle(*std::move(update));
+    std::optional<Message> answer = backup_.NextToServer();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_TRUE(FromWire(answer->header.status()).ok());
+    primary_.server().Handle(*std::move(answer));
+    for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(primary_.NextReply().has_value());
+  }
+  primary_.server().Handle(Pull(0, 3, 3));
+  std::optional<Message> on_primary = primary_.NextReply();
+  ASSERT_TRUE(on_primary.has_value());
+  backup_.server().ServerDied(0);
+  backup_.server().Handle(Pull(0, 3, 3));
+  std::optional<Message> on_backup = backup_.NextReply();
+  ASSERT_TRUE(on_backup.has_value());
+  EXPECT_EQ(ValuesOf(*on_backup), ValuesOf(*on_primary));
+  EXPECT_NE(ValuesOf(*on_primary), (std::vector<float>{1, 2, 3}));
 }
 
 TEST(ReplicationInitTest, APlaceOutsideTheChainIsRefused) {
