@@ -499,8 +499,10 @@ class MultiHostTest(unittest.TestCase):
         env = {'PS_HEARTBEAT_INTERVAL': '0.5', 'PS_HEARTBEAT_TIMEOUT': '3',
                'TESSERA_BIGARRAY_BOUND': '1000'}
         ns = self.topo.namespaces[3]
-        job = Job(self.topo, ['--launcher', 'ssh', '-s', '3', '--replicas', '2'], argv,
-                  env=env)
+        # --timeout 5: the ssh session to h3 never ends (its link is down); once the
+        # job ended OK the launcher takes it for lost after that grace.
+        job = Job(self.topo, ['--launcher', 'ssh', '-s', '3', '--replicas', '2',
+                              '--timeout', '5'], argv, env=env)
         self.addCleanup(run, ['ip', 'link', 'set', 'eth0', 'up'], ns=ns, check=False)
         victims = []
         deadline = time.monotonic() + 60
@@ -528,6 +530,7 @@ class MultiHostTest(unittest.TestCase):
         self.assertEqual(rc, 0, job.tail(120))
         self.assertRegex(job.output, r'\[scheduler\] .*stopped heart-beating.*; its key '
                          r'slices fail over to their next replica \(TESSERA_REPLICAS=2\)')
+        self.assertIn('launch.py: server 2 on %s' % v4(3), job.output)
         sums = re.findall(r'Final weights checksum=([0-9a-f]{16})', job.output)
         self.assertEqual(len(sums), 2, job.tail(120))
         self.assertEqual(sums[0], sums[1], job.tail(120))

@@ -406,6 +406,18 @@ class Job(object):
                 grace_since = grace_since or now
                 if now - grace_since > self.timeout:
                     late = [n for n in self.nodes if n.running]
+                    scheduler_ok = any(n.role == 'scheduler' and n.returncode == 0
+                                       for n in self.nodes)
+                    if (primaries_done and scheduler_ok and self.replicas > 1
+                            and late and all(n.role == 'server' for n in late)):
+                        # The scheduler ended the job OK without them: servers it
+                        # declared dead whose processes (or ssh sessions to a host
+                        # that is gone) never ended. Their slices had failed over.
+                        return self._stop('%s still running %g s after the job ended OK; '
+                                          'TESSERA_REPLICAS=%d: taken for lost (its key '
+                                          'slices failed over); stopping it'
+                                          % (', '.join(n.label() for n in late),
+                                             self.timeout, self.replicas), 0)
                     after = ('all workers finished' if primaries_done
                              else 'the scheduler and servers exited')
                     for node in late[1:]:
