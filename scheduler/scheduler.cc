@@ -530,23 +530,26 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
   int present = static_cast<int>(waiting.size());
   if (group & kGroupWorkers) present += static_cast<int>(done_workers_.size());
   TESSERA_VLOG(1) << "barrier " << group << ": " << present << "/" << expected;
-  if (present >= expected) {
-    for (const auto& [id, req] : waiting) {
-      released_barrier_[id] = req;
-      wire::Header request;
-      request.set_command(wire::BARRIER);
-      request.set_request_id(req);
-      Reply(id, request, absl::OkStatus());
-    }
-    waiting.clear();
-    metrics_.barriers_released->Increment();
-    auto opened = barrier_opened_.find(group);
-    if (opened != barrier_opened_.end()) {
-      std::deque<absl::Duration>& recent = barrier_recent_[group];
-      recent.push_back(absl::Now() - opened->second);
-      if (recent.size() > kRecentBarriers) recent.pop_front();
-      barrier_opened_.erase(opened);
-    }
+  if (present >= expected) ReleaseBarrier(group);
+}
+
+void Scheduler::ReleaseBarrier(int group) {
+  std::map<int, uint64_t>& waiting = barriers_[group];
+  for (const auto& [id, req] : waiting) {
+    released_barrier_[id] = req;
+    wire::Header request;
+    request.set_command(wire::BARRIER);
+    request.set_request_id(req);
+    Reply(id, request, absl::OkStatus());
+  }
+  waiting.clear();
+  metrics_.barriers_released->Increment();
+  auto opened = barrier_opened_.find(group);
+  if (opened != barrier_opened_.end()) {
+    std::deque<absl::Duration>& recent = barrier_recent_[group];
+    recent.push_back(absl::Now() - opened->second);
+    if (recent.size() > kRecentBarriers) recent.pop_front();
+    barrier_opened_.erase(opened);
   }
 }
 
@@ -1099,17 +1102,7 @@ void Scheduler::ReleaseBarriersWithoutDead() {
     if (!(group & kGroupServers) || waiting.empty()) continue;
     int present = static_cast<int>(waiting.size());
     if (group & kGroupWorkers) present += static_cast<int>(done_workers_.size());
-    if (present < ExpectedInBarrier(group)) continue;
-    for (const auto& [node, req] : waiting) {
-      released_barrier_[node] = req;
-      wire::Header request;
-      request.set_command(wire::BARRIER);
-      request.set_request_id(req);
-      Reply(node, request, absl::OkStatus());
-    }
-    waiting.clear();
-    barrier_opened_.erase(group);
-    metrics_.barriers_released->Increment();
+    if (present >= ExpectedInBarrier(group)) ReleaseBarrier(group);
   }
 }
 

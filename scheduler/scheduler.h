@@ -128,6 +128,8 @@ class Scheduler {
   int ExpectedInBarrier(int group) const;
   // Releases the barriers that a dead server's loss completed.
   void ReleaseBarriersWithoutDead();
+  // Answers every node waiting in `group`'s barrier.
+  void ReleaseBarrier(int group);
   std::string Describe(const wire::NodeInfo& node) const;
   // "1 of 2 worker(s) and 1 of 1 server(s)": who has not registered yet.
   std::string MissingNodes() const;

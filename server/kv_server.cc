@@ -350,10 +350,7 @@ void KVServer::Handle(Message&& msg) {
       Process(shard, std::move(msg));
       return;
     }
-    const uint64_t bytes = DataBytes(msg);
-    shard->pending.fetch_add(1, std::memory_order_relaxed);
-    if (!shard->queue.Push(Shard::Work{std::move(msg), nullptr}, bytes))
-      shard->pending.fetch_sub(1, std::memory_order_relaxed);
+    Enqueue(shard, std::move(msg));
     return;
   }
   if (h.is_response()) {
@@ -408,6 +405,10 @@ void KVServer::Handle(Message&& msg) {
     Process(shard, std::move(msg));
     return;
   }
+  Enqueue(shard, std::move(msg));
+}
+
+void KVServer::Enqueue(Shard* shard, Message&& msg) {
   const uint64_t bytes = DataBytes(msg);
   shard->pending.fetch_add(1, std::memory_order_relaxed);
   if (!shard->queue.Push(Shard::Work{std::move(msg), nullptr}, bytes))

@@ -136,6 +136,9 @@ class KVServer : private EngineContext {
   using Settings = ServerSettings;
 
   Shard* ShardOf(uint64_t key) const;
+  // Queues `msg` for `shard`'s update thread (blocks while its queue is
+  // full).
+  void Enqueue(Shard* shard, Message&& msg);
   // Queues `task` for `shard`'s update thread, behind its messages.
   void Post(Shard* shard, std::function<void(Shard*)> task);
   void Run(Shard* shard);
