@@ -139,9 +139,10 @@ class Node {
   // the barrier. `tag` says what the barrier is for (the owner's words, e.g.
   // "init 3"); the scheduler only compares tags.
   absl::Status Barrier(int group, const std::string& tag = "");
-  // For a node restarted into a running job: joins the group's waiting
-  // barrier if it has the same tag (the others wait there for this node's
-  // earlier life), and returns at once otherwise.
+  // For a node restarted into a running job: returns at once when the
+  // group's barrier of this tag was released already (the earlier life, or
+  // the others without it, passed it); otherwise joins it as Barrier does
+  // (the others wait there for this node, or will).
   absl::Status JoinBarrierIfOpen(int group, const std::string& tag);
 
   // Tells the scheduler this node has finished its work (a worker, after its

@@ -511,8 +511,13 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
   }
   auto& waiting = barriers_[group];
   if (h.barrier().join_if_open() &&
-      (waiting.empty() || barrier_tag_[group] != h.barrier().tag())) {
-    // A restarted node: no one waits for it in a barrier of this tag.
+      released_tags_[group].count(h.barrier().tag()) != 0) {
+    // A restarted node whose earlier life passed this barrier with the
+    // others (or whom they passed: a finished worker): nobody waits for it
+    // there. Otherwise it joins as anyone does, whether the others wait
+    // there already or have yet to come (they may still be storing the key
+    // whose barrier it is: answering at once then left them waiting in it
+    // for ever).
     Reply(sender, h, absl::OkStatus());
     return;
   }
@@ -535,6 +540,7 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
 
 void Scheduler::ReleaseBarrier(int group) {
   std::map<int, uint64_t>& waiting = barriers_[group];
+  if (!barrier_tag_[group].empty()) released_tags_[group].insert(barrier_tag_[group]);
   for (const auto& [id, req] : waiting) {
     released_barrier_[id] = req;
     wire::Header request;

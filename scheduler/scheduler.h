@@ -174,6 +174,9 @@ class Scheduler {
   std::map<int, uint64_t> released_barrier_;  // id -> its last released request
   std::map<int, std::string>
       barrier_tag_;  // group -> its waiting barrier's tag
+  // group -> the tags of its barriers released so far (a restarted node's
+  // join_if_open request for one of them is answered at once).
+  std::map<int, std::set<std::string>> released_tags_;
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;
