@@ -45,9 +45,9 @@ absl::Status CheckFrame(const wire::DataFrame& desc, size_t actual,
       break;
     case wire::DataFrame::COUNTS8:
       if (desc.num_bytes() != desc.num_values()) {
-        return absl::DataLossError(
-            absl::StrCat("count frame ", index, " of ", actual,
-                         " bytes cannot hold ", desc.num_values(), " values"));
+        return absl::DataLossError(absl::StrCat("count frame ", index, " of ",
+                                                actual, " bytes cannot hold ",
+                                                desc.num_values(), " values"));
       }
       break;
     case wire::DataFrame::RAW:

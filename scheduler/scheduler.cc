@@ -540,7 +540,8 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
 
 void Scheduler::ReleaseBarrier(int group) {
   std::map<int, uint64_t>& waiting = barriers_[group];
-  if (!barrier_tag_[group].empty()) released_tags_[group].insert(barrier_tag_[group]);
+  if (!barrier_tag_[group].empty())
+    released_tags_[group].insert(barrier_tag_[group]);
   for (const auto& [id, req] : waiting) {
     released_barrier_[id] = req;
     wire::Header request;
@@ -838,9 +839,10 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   if (node.dead()) {
     // Its slices failed over to their replicas; an empty server cannot take
     // them back (nor yet join as a backup).
-    Message abort = AbortMessage(absl::StrCat(
-        Describe(node), " was declared dead and its key slices failed over to "
-        "their replicas; it cannot rejoin"));
+    Message abort = AbortMessage(
+        absl::StrCat(Describe(node),
+                     " was declared dead and its key slices failed over to "
+                     "their replicas; it cannot rejoin"));
     const int provisional = ProvisionalId(kFinishedIndex, info.role());
     if (LinkTo(provisional, info).ok()) {
       (void)transport_->Send(provisional, abort);
@@ -923,8 +925,7 @@ Message Scheduler::TableMessage(int for_id) const {
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
   const wire::Role role = nodes_.at(for_id).role();
   // Replicated jobs: a server sends each update to the next servers.
-  const bool servers_link =
-      role == wire::SERVER && options_.replicas > 1;
+  const bool servers_link = role == wire::SERVER && options_.replicas > 1;
   for (const auto& [peer, n] : nodes_) {
     if (peer == for_id || n.role() != role || servers_link)
       *table.header.mutable_node_table()->add_nodes() = n;
@@ -1079,15 +1080,19 @@ void Scheduler::FailOver(int id, const std::string& reason) {
     }
     if (held) continue;
     const std::string why = absl::StrCat(
-        Describe(dead), " ", reason, "; every replica of the key slices placed "
-        "on server ", first, " is gone (servers ", chain, ", TESSERA_REPLICAS=",
-        options_.replicas, "); ending the job");
+        Describe(dead), " ", reason,
+        "; every replica of the key slices placed "
+        "on server ",
+        first, " is gone (servers ", chain,
+        ", TESSERA_REPLICAS=", options_.replicas, "); ending the job");
     Message notice;
     notice.header.set_command(wire::NODE_DEAD);
     *notice.header.mutable_node_dead()->mutable_node() = dead;
     notice.header.mutable_node_dead()->set_reason(
-        absl::StrCat(reason, "; every replica of the key slices placed on "
-                     "server ", first, " is gone (servers ", chain,
+        absl::StrCat(reason,
+                     "; every replica of the key slices placed on "
+                     "server ",
+                     first, " is gone (servers ", chain,
                      ", TESSERA_REPLICAS=", options_.replicas, ")"));
     EndJob(absl::UnavailableError(why), notice, LivePeers(id));
     return;
@@ -1107,7 +1112,8 @@ void Scheduler::ReleaseBarriersWithoutDead() {
   for (auto& [group, waiting] : barriers_) {
     if (!(group & kGroupServers) || waiting.empty()) continue;
     int present = static_cast<int>(waiting.size());
-    if (group & kGroupWorkers) present += static_cast<int>(done_workers_.size());
+    if (group & kGroupWorkers)
+      present += static_cast<int>(done_workers_.size());
     if (present >= ExpectedInBarrier(group)) ReleaseBarrier(group);
   }
 }

@@ -138,8 +138,8 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
       std::vector<int32_t> wide(c, c + key_.length);
       std::vector<float> sum(key_.length);
       round_kernels::CountsToFloats(wide.data(), key_.length, t, sum.data());
-      ctx.TimedUpdate(key_,
-                      [&] { key_.ApplyUpdate(*settings.optimizer, sum.data()); });
+      ctx.TimedUpdate(
+          key_, [&] { key_.ApplyUpdate(*settings.optimizer, sum.data()); });
       return absl::OkStatus();
     }
     if (update.data.size() != 1 ||

@@ -205,8 +205,7 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
     if (!u.ok()) return u.status();
     ctx.TimedUpdate(key_, [&] {
       table_.ApplyRound(
-          u->ids, u->sightings,
-          [&u, l](size_t i) { return u->values + i * l; },
+          u->ids, u->sightings, [&u, l](size_t i) { return u->values + i * l; },
           settings.optimizer.get(), ++key_.steps);
     });
     Report();

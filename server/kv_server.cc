@@ -757,8 +757,7 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
     if (msg.header.push_seq() > key->ledger.received(rank)) return false;
     if (key->sync && key->engine->Contributed(rank))
       return false;  // sees this round's result
-    if (CountsFor(*key))
-      MetricsOf(key).pulls->Increment();
+    if (CountsFor(*key)) MetricsOf(key).pulls->Increment();
     Message reply = NewReply(msg, absl::OkStatus(), key);
     if (absl::Status pulled = key->engine->Pull(msg, &reply, *this);
         !pulled.ok()) {
@@ -1014,15 +1013,16 @@ void KVServer::MakeReplicated(StoredKey* key, uint32_t replica) {
 absl::Status KVServer::CheckReplicaPlace(const wire::Header& init) const {
   if (init.replica() == 0) return absl::OkStatus();
   if (replicas_ <= 1 || init.replica() >= static_cast<uint32_t>(replicas_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "init of key ", init.slice().key(), " as replica ", init.replica(),
-        ", but this server holds ", replicas_,
-        " replica(s) of a slice (TESSERA_REPLICAS)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("init of key ", init.slice().key(), " as replica ",
+                     init.replica(), ", but this server holds ", replicas_,
+                     " replica(s) of a slice (TESSERA_REPLICAS)"));
   }
   if (!init.kv_options().sync_mode() && replicas_ > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dist_async key ", init.slice().key(), " with TESSERA_REPLICAS=",
-        replicas_, ": an async key has at most 2 replicas (two backups could "
+        "dist_async key ", init.slice().key(),
+        " with TESSERA_REPLICAS=", replicas_,
+        ": an async key has at most 2 replicas (two backups could "
         "each hold a different last update when the primary dies)"));
   }
   return absl::OkStatus();
@@ -1039,8 +1039,8 @@ bool KVServer::CountsFor(const StoredKey& key) const {
 
 bool KVServer::Active(const Shard& shard, const StoredKey& key) const {
   if (!key.replicated) return true;
-  const int first = (rank_ - static_cast<int>(key.replica) + num_servers_) %
-                    num_servers_;
+  const int first =
+      (rank_ - static_cast<int>(key.replica) + num_servers_) % num_servers_;
   for (int i = 0; i < replicas_; ++i) {
     const int rank = (first + i) % num_servers_;
     if (!shard.dead[rank]) return rank == rank_;
@@ -1052,8 +1052,7 @@ std::vector<int> KVServer::LiveBackups(const Shard& shard,
                                        const StoredKey& key) const {
   std::vector<int> backups;
   for (int i = static_cast<int>(key.replica) + 1; i < replicas_; ++i) {
-    const int rank =
-        (rank_ + i - static_cast<int>(key.replica)) % num_servers_;
+    const int rank = (rank_ + i - static_cast<int>(key.replica)) % num_servers_;
     if (!shard.dead[rank]) backups.push_back(rank);
   }
   return backups;
@@ -1096,8 +1095,7 @@ bool KVServer::JoinPendingUpdate(StoredKey* key, const Message& msg) {
   if (key->unacked.empty()) return false;
   const int rank = RankOfId(msg.header.sender());
   for (PendingUpdate& p : key->unacked) {
-    if (msg.header.push_seq() >= p.update.header.replica_counts(rank))
-      continue;
+    if (msg.header.push_seq() >= p.update.header.replica_counts(rank)) continue;
     // The push's update: answered with it, once the backups hold it.
     for (const wire::Header& h : p.requests) {
       if (h.sender() == msg.header.sender() &&
@@ -1123,9 +1121,9 @@ void KVServer::AnswerReplicated(Shard* shard, StoredKey* key) {
     PendingUpdate& p = key->unacked.front();
     bool held = true;
     for (int rank : backups) {
-      const int place = (rank - rank_ + static_cast<int>(key->replica) +
-                         num_servers_) %
-                        num_servers_;
+      const int place =
+          (rank - rank_ + static_cast<int>(key->replica) + num_servers_) %
+          num_servers_;
       if (key->acked[place] <= p.seq) {
         held = false;
         break;
@@ -1156,8 +1154,8 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
   // Only from the slice's primary as this server sees the chain: a server
   // declared dead must not change what its successor now answers for.
   const int from = RankOfId(h.sender());
-  const int first = (rank_ - static_cast<int>(key->replica) + num_servers_) %
-                    num_servers_;
+  const int first =
+      (rank_ - static_cast<int>(key->replica) + num_servers_) % num_servers_;
   int primary = -1;
   for (int i = 0; i < replicas_; ++i) {
     const int rank = (first + i) % num_servers_;
@@ -1227,9 +1225,9 @@ void KVServer::ResendUpdates(Shard* shard, StoredKey* key) {
   for (PendingUpdate& p : key->unacked) {
     if (now - p.sent < p.wait) continue;
     for (int rank : backups) {
-      const int place = (rank - rank_ + static_cast<int>(key->replica) +
-                         num_servers_) %
-                        num_servers_;
+      const int place =
+          (rank - rank_ + static_cast<int>(key->replica) + num_servers_) %
+          num_servers_;
       if (key->acked[place] > p.seq) continue;
       SendUpdate(rank, p.update);
       ++replica_resends_;
@@ -1267,9 +1265,9 @@ void KVServer::ServerDied(int rank) {
       }
       if (promoted != 0) {
         promoted_ += promoted;
-        TESSERA_LOG(WARNING) << "server " << rank << " died: this server now "
-                             << "answers for " << promoted
-                             << " of its key slices";
+        TESSERA_LOG(WARNING)
+            << "server " << rank << " died: this server now "
+            << "answers for " << promoted << " of its key slices";
       }
     });
   }

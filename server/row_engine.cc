@@ -155,9 +155,9 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     if (!u.ok()) return u.status();
     for (uint64_t row : u->ids) {
       if (row >= key_.rows())
-        return absl::DataLossError(absl::StrCat(
-            "update of key ", key_.key, " names row ", row, " of ",
-            key_.rows()));
+        return absl::DataLossError(absl::StrCat("update of key ", key_.key,
+                                                " names row ", row, " of ",
+                                                key_.rows()));
     }
     if (settings.optimizer != nullptr) {
       ctx.TimedUpdate(key_, [&] {

@@ -338,8 +338,8 @@ TEST(ExactSumTest, PackedCountsRoundToFinishsFloats) {
   std::vector<uint8_t> wire(compression::TwoBitCompressedBytes(5));
   for (int i = 0; i < 128; ++i) {
     std::fill(residual.begin(), residual.end(), 0.0f);
-    ASSERT_TRUE(compression::TwoBitQuantize(ones.data(), residual.data(), 5, 0.5f,
-                                            wire.data())
+    ASSERT_TRUE(compression::TwoBitQuantize(ones.data(), residual.data(), 5,
+                                            0.5f, wire.data())
                     .ok());
     ASSERT_TRUE(sum.AddTwoBit(wire.data(), wire.size(), 0.5f).ok());
   }

@@ -141,7 +141,8 @@ class ReplicationTest : public ::testing::Test {
     for (Box* b : {&primary_, &backup_}) {
       std::optional<Message> r = b->NextReply();
       ASSERT_TRUE(r.has_value());
-      ASSERT_TRUE(FromWire(r->header.status()).ok()) << r->header.status().message();
+      ASSERT_TRUE(FromWire(r->header.status()).ok())
+          << r->header.status().message();
     }
   }
   // Hands the primary's next message to the backup and the answer back.
@@ -295,7 +296,8 @@ Message TwoBitPush(int rank, uint64_t seq, const std::vector<float>& grad,
                    std::vector<float>* residual) {
   Message m = KeyMessage(wire::KV_PUSH, rank, grad.size());
   m.header.set_push_seq(seq);
-  Buffer packed = Buffer::Allocate(compression::TwoBitCompressedBytes(grad.size()));
+  Buffer packed =
+      Buffer::Allocate(compression::TwoBitCompressedBytes(grad.size()));
   EXPECT_TRUE(compression::TwoBitQuantize(grad.data(), residual->data(),
                                           grad.size(), 0.5f,
                                           packed.mutable_data())
@@ -332,7 +334,8 @@ TEST_F(ReplicationTest, TwoBitRoundsTravelAsCountsAndGiveTheSameBits) {
     ASSERT_TRUE(answer.has_value());
     EXPECT_TRUE(FromWire(answer->header.status()).ok());
     primary_.server().Handle(*std::move(answer));
-    for (int w = 0; w < kWorkers; ++w) ASSERT_TRUE(primary_.NextReply().has_value());
+    for (int w = 0; w < kWorkers; ++w)
+      ASSERT_TRUE(primary_.NextReply().has_value());
   }
   primary_.server().Handle(Pull(0, 3, 3));
   std::optional<Message> on_primary = primary_.NextReply();
