@@ -42,6 +42,8 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..', '..', 'tools'))
+from tessera_launch.hosts import free_port_run  # noqa: E402
 ROOT = os.path.normpath(os.path.join(HERE, '..', '..'))
 MARK = 0x5ea1      # the proxy's own connections, which nftables lets through
 SO_ORIGINAL_DST = 80
@@ -211,9 +213,8 @@ class Proxy:
 # --- The jobs ----------------------------------------------------------------
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (tessera_launch.hosts.free_port_run)."""
+    return free_port_run(1)
 
 
 def run_job(build, tmp, name, secure=True):

@@ -33,8 +33,8 @@ from tessera_launch.binaries import find_binary, own_build_dirs  # noqa: E402
 from tessera_launch.config import (  # noqa: E402
     JobConfig, build_config, forwarded_env, metrics_urls, node_env, replicas_of)
 from tessera_launch.hosts import (  # noqa: E402
-    Host, distinct_hosts, interface_ipv4, parse_hostfile_text, pick_port, place,
-    scheduler_address)
+    Host, distinct_hosts, ephemeral_range, free_port_run, interface_ipv4, parse_hostfile_text,
+    pick_node_ports, pick_port, place, scheduler_address)
 from tessera_launch.keys import (  # noqa: E402
     job_security, make_job_keys, prepare_keys, write_job_keys)
 from tessera_launch.options import (  # noqa: E402
@@ -772,6 +772,23 @@ class AddressTest(unittest.TestCase):
             with self.assertRaisesRegex(UsageError, '--port %d' % s.getsockname()[1]):
                 pick_port(s.getsockname()[1])
         self.assertGreater(pick_port(None), 0)
+
+    def test_chosen_ports_lie_below_the_ephemeral_range(self):
+        # A port in that range can be a connecting client's own source port: a
+        # test polling it before the daemon bound it once held it (CI).
+        low, high = ephemeral_range()
+        self.assertLess(low, high)
+        for _ in range(20):
+            first = free_port_run(4)
+            self.assertGreaterEqual(first, 10000)
+            self.assertLess(first + 3, low)
+            for port in range(first, first + 4):
+                with socket.socket() as s:
+                    s.bind(('', port))  # free: raises if not
+        chosen = pick_node_ports(6, {pick_port(None)})
+        self.assertEqual(len(set(chosen)), 6)
+        self.assertTrue(all(p < low for p in chosen), chosen)
+        self.assertNotIn(free_port_run(1, taken=range(10000, low - 1001)), range(10000, low - 1001))
 
 
 class CommandLineTest(FakeJobTest):

@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +44,8 @@ SOURCE = os.environ.get('TESSERA_SOURCE_DIR',
                             os.path.abspath(__file__)))))
 BUILD = os.environ.get('TESSERA_BUILD_DIR', os.path.join(SOURCE, 'build'))
 LAUNCH = os.path.join(SOURCE, 'tools', 'launch.py')
+sys.path.insert(0, os.path.join(SOURCE, 'tools'))
+from tessera_launch.hosts import free_port_run  # noqa: E402  (below the ephemeral range)
 WORKER = os.path.join(BUILD, 'tests', 'core', 'kv_check_worker')
 
 ROUNDS = 30
@@ -70,27 +71,6 @@ def seconds(text):
     return total
 
 
-def free_base(count):
-    """A port BASE with BASE..BASE+count-1 free on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(('127.0.0.1', 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as s:
-                try:
-                    s.bind(('127.0.0.1', port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError('no %d free ports in a row' % count)
-
-
 def pending(base, index):
     with urllib.request.urlopen('http://127.0.0.1:%d/debug/pending' % (base + index),
                                 timeout=5) as r:
@@ -102,7 +82,7 @@ class HangDoctorTest(unittest.TestCase):
         promtool = shutil.which('promtool')
         if promtool is None:
             self.fail('promtool is not installed: run tools/install-deps.sh')
-        base = free_base(4)  # scheduler, server 0, worker 0, worker 1
+        base = free_port_run(4)  # scheduler, server 0, worker 0, worker 1
         env = dict(os.environ, TESSERA_LATE_MIN=str(LATE_MIN))
         proc = subprocess.Popen(
             [sys.executable, LAUNCH, '-n', '2', '-s', '1', '--launcher', 'local',

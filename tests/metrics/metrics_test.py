@@ -34,6 +34,9 @@ SOURCE = os.environ.get('TESSERA_SOURCE_DIR',
 BUILD = os.environ.get('TESSERA_BUILD_DIR', os.path.join(SOURCE, 'build'))
 LAUNCH = os.path.join(SOURCE, 'tools', 'launch.py')
 WORKER = os.path.join(BUILD, 'tests', 'metrics', 'metrics_worker')
+sys.path.insert(0, os.path.join(SOURCE, 'tools'))
+from tessera_launch.hosts import free_port_run  # noqa: E402
+
 
 ROUNDS = 6
 # Key lengths of metrics_worker; key 3 is split over the two servers.
@@ -89,9 +92,8 @@ class Scrape:
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (tessera_launch.hosts.free_port_run)."""
+    return free_port_run(1)
 
 
 class LiveJobTest(unittest.TestCase):

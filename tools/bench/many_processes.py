@@ -38,13 +38,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, '..'))
 from tessera_launch import keys as job_keys  # noqa: E402  (the job keys)
+from tessera_launch.hosts import free_port_run  # noqa: E402
 
 
 def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (tessera_launch.hosts.free_port_run)."""
+    return free_port_run(1)
 
 
 def sample(pid):

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,12 +36,13 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, '..'))
+from tessera_launch.hosts import free_port_run  # noqa: E402
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (tessera_launch.hosts.free_port_run)."""
+    return free_port_run(1)
 
 
 def peak_kb(pid):

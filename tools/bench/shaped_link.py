@@ -95,7 +95,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -108,6 +107,7 @@ sys.path.insert(0, os.path.join(SOURCE_DIR, 'tests', 'support'))
 import netns  # noqa: E402  (namespaces on a bridge, processes, clean-up with a guard)
 from netns import Proc, run, tail_of  # noqa: E402
 from tessera_launch import keys as job_keys  # noqa: E402  (the job keys)
+from tessera_launch.hosts import free_port_run  # noqa: E402
 PROG = 'shaped_link'
 
 EXIT_JOB_FAILED = 1
@@ -246,9 +246,8 @@ def job_env(tag, role, root_uri, root_port, node_host, servers, workers):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (tessera_launch.hosts.free_port_run)."""
+    return free_port_run(1)
 
 
 class Job(object):

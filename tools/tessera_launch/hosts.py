@@ -8,6 +8,7 @@ Errors: UsageError naming the flag, file and line, or address at fault.
 """
 
 import fcntl
+import random
 import re
 import socket
 import struct
@@ -165,11 +166,68 @@ def scheduler_address(interface, environ, first_host):
                          % (first_host.address, getattr(e, 'strerror', None) or e))
 
 
-def pick_port(requested):
-    """A port the scheduler can bind. Raises UsageError if --port is busy."""
+def ephemeral_range():
+    """The kernel's ephemeral port range (32768-60999 when it cannot be read)."""
+    try:
+        with open('/proc/sys/net/ipv4/ip_local_port_range') as f:
+            low, high = (int(x) for x in f.read().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_LOWEST_PORT = 10000
+
+
+def _binds(port):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind(('', requested or 0))
+            s.bind(('', port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port_run(count, taken=()):
+    """The first of `count` consecutive ports, all free now, none in `taken`.
+
+    Chosen below the kernel's ephemeral range. A port in that range (what a bind to
+    port 0 returns) can be taken between this check and the daemon's bind by any
+    outgoing connection; worse, a client that keeps connecting to a port nobody
+    listens on yet can connect to itself (TCP simultaneous open: the kernel may give
+    the client that very port as its source) and then holds the port, so the daemon
+    fails with "Address already in use" (seen in CI: a test polling a worker's
+    metrics port before the worker bound it). Below the range neither can happen.
+    Falls back to the kernel's choice when there is no room below the range.
+    """
+    low, _ = ephemeral_range()
+    if low - _LOWEST_PORT >= 1000 + count:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            first = rng.randrange(_LOWEST_PORT, low - count)
+            run = range(first, first + count)
+            if any(p in taken for p in run):
+                continue
+            if all(_binds(p) for p in run):
+                return first
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(('', 0))
+            first = s.getsockname()[1]
+        run = range(first, first + count)
+        if first + count <= 65536 and not any(p in taken for p in run) and all(
+                _binds(p) for p in run):
+            return first
+    raise UsageError('cannot find %d free consecutive ports on this host' % count)
+
+
+def pick_port(requested, taken=()):
+    """A port the scheduler can bind. Raises UsageError if --port is busy."""
+    if not requested:
+        return free_port_run(1, taken)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(('', requested))
         except OSError as e:
             raise UsageError('--port %d: cannot be used on this host (%s); is an earlier job '
                              'still running?' % (requested, e.strerror or e))
@@ -184,7 +242,7 @@ def pick_node_ports(count, taken):
     """
     ports = []
     while len(ports) < count:
-        port = pick_port(None)
-        if port not in ports and port not in taken:
+        port = free_port_run(1, taken)
+        if port not in ports:
             ports.append(port)
     return ports
