@@ -141,6 +141,7 @@ Message Node::RegisterMessage() const {
   info->set_host(address_);
   info->set_port(port_);
   info->set_generation(options_.restart_count);
+  reg.header.mutable_register_()->set_spare(options_.spare);
   // Secured jobs: the key this process seals with and where its peers'
   // sealed records go (the scheduler hands both on in the node table).
   info->set_node_key(transport_->node_key());
@@ -159,10 +160,14 @@ absl::Status Node::RegisterAndAwaitTable() {
   TESSERA_RETURN_IF_ERROR(transport_->Send(kSchedulerId, reg));
   // The scheduler gives up at its own start deadline and tells us (when it can
   // reach us); wait a moment longer so its reason arrives first.
-  const absl::Duration wait = options_.start_timeout + absl::Seconds(1);
+  // A spare waits until a server dies or the job ends (the scheduler tells
+  // it either way).
+  const absl::Duration wait = options_.spare
+                                  ? absl::InfiniteDuration()
+                                  : options_.start_timeout + absl::Seconds(1);
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return have_table_ || !failure_.ok();
+    return have_table_ || !failure_.ok() || terminated_;
   };
   // The table can be lost with a connection that broke; the scheduler sends
   // it again to a node that registers again.
@@ -171,6 +176,10 @@ absl::Status Node::RegisterAndAwaitTable() {
     (void)transport_->Send(kSchedulerId, reg);
   });
   if (!failure_.ok()) return failure_;
+  if (!have_table_ && terminated_) {
+    return absl::CancelledError(
+        "the job ended before this spare server was needed");
+  }
   if (!have_table_) {
     return absl::DeadlineExceededError(absl::StrCat(
         "no node table from the scheduler at ", scheduler_address_, " within ",
@@ -216,17 +225,30 @@ bool Node::WantsLink(int peer_id) const {
 void Node::UpdateTable(const wire::NodeTable& table) {
   std::vector<int> restarted;
   std::vector<int> died;
+  std::vector<int> changed;  // replacements taking a rank, or caught up
   bool self_dead = false;
   {
     absl::MutexLock lock(&mu_);
     for (const wire::NodeInfo& n : table.nodes()) {
+      if (n.id() == id_ && !n.dead()) {
+        auto self = nodes_.find(id_);
+        if (self != nodes_.end() &&
+            n.generation() >= self->second.generation()) {
+          self->second = n;
+          if (!n.catching_up()) report_caught_up_ = false;
+        }
+        continue;
+      }
       if (n.dead()) {
         if (n.id() == id_) {
           self_dead = true;
           continue;
         }
         auto known = nodes_.find(n.id());
-        if (known == nodes_.end() || known->second.dead()) continue;
+        if (known == nodes_.end() || known->second.dead() ||
+            n.generation() < known->second.generation()) {
+          continue;  // known, or an earlier life's death (since replaced)
+        }
         known->second.set_dead(true);
         // Nothing more goes to it: what was queued is dropped.
         if (WantsLink(n.id())) transport_->Disconnect(n.id());
@@ -234,9 +256,28 @@ void Node::UpdateTable(const wire::NodeTable& table) {
         continue;
       }
       auto it = nodes_.find(n.id());
-      if (it == nodes_.end() || n.generation() <= it->second.generation())
+      if (it == nodes_.end() || n.generation() < it->second.generation())
         continue;
+      if (n.generation() == it->second.generation()) {
+        // The same process: a replacement that caught up.
+        if (n.catching_up() != it->second.catching_up()) {
+          it->second = n;
+          changed.push_back(n.id());
+        }
+        continue;
+      }
+      // A replacement server in a replicated job (a new process under a
+      // dead server's rank) is a state change, not a restart: nothing is
+      // replayed to it.
+      const bool replacement =
+          n.role() == wire::SERVER && n.joined() != it->second.joined();
+      if (replacement && !it->second.dead()) {
+        // Its death's notice was replaced by this one: it died first.
+        if (WantsLink(n.id())) transport_->Disconnect(n.id());
+        died.push_back(n.id());
+      }
       it->second = n;
+      if (replacement) changed.push_back(n.id());
       if (!WantsLink(n.id())) continue;
       InstallIdentity(n);
       // A fresh socket: what was queued for the old process is dropped (the
@@ -246,7 +287,7 @@ void Node::UpdateTable(const wire::NodeTable& table) {
         TESSERA_LOG(WARNING) << "cannot reconnect to restarted node " << n.id()
                              << ": " << linked.message();
       }
-      restarted.push_back(n.id());
+      if (!replacement) restarted.push_back(n.id());
     }
   }
   if (self_dead) {
@@ -260,6 +301,17 @@ void Node::UpdateTable(const wire::NodeTable& table) {
                          << " was declared dead; its key slices fail over to "
                             "their replicas";
     if (callbacks_.on_peer_dead) callbacks_.on_peer_dead(peer);
+  }
+  for (int peer : changed) {
+    const bool catching = [&] {
+      absl::MutexLock lock(&mu_);
+      return nodes_[peer].catching_up();
+    }();
+    TESSERA_LOG(INFO) << Describe(peer)
+                      << (catching ? " replaces a dead server; it catches up "
+                                     "on the key slices of its rank"
+                                   : " caught up: it holds its key slices");
+    if (callbacks_.on_server_change) callbacks_.on_server_change(peer);
   }
   for (int peer : restarted) {
     TESSERA_LOG(INFO) << Describe(peer) << " restarted (generation " << [&] {
@@ -292,6 +344,41 @@ std::vector<bool> Node::dead_servers() const {
     }
   }
   return dead;
+}
+
+std::vector<ServerState> Node::server_states() const {
+  std::vector<ServerState> states(options_.num_servers);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, n] : nodes_) {
+    if (n.role() != wire::SERVER || n.rank() < 0 ||
+        n.rank() >= options_.num_servers) {
+      continue;
+    }
+    ServerState& s = states[n.rank()];
+    s.dead = n.dead();
+    s.catching_up = n.catching_up();
+    s.joined = n.joined();
+  }
+  return states;
+}
+
+bool Node::catching_up() const {
+  absl::MutexLock lock(&mu_);
+  auto self = nodes_.find(id_);
+  return self != nodes_.end() && self->second.catching_up();
+}
+
+void Node::ReportCaughtUp() {
+  {
+    absl::MutexLock lock(&mu_);
+    auto self = nodes_.find(id_);
+    if (self == nodes_.end() || !self->second.catching_up()) return;
+    report_caught_up_ = true;
+  }
+  Message msg;
+  msg.header.set_command(wire::CAUGHT_UP);
+  msg.header.set_request_id(next_request_.fetch_add(1));
+  (void)SendControl(std::move(msg));
 }
 
 void Node::StartDelivery() {
@@ -768,6 +855,18 @@ void Node::HeartbeatLoop() {
       hb.header.set_command(wire::HEARTBEAT);
       hb.header.set_request_id(next_request_.fetch_add(1));
       if (SendControl(std::move(hb)).ok()) heartbeats_sent_->Increment();
+      bool report = false;
+      {
+        absl::MutexLock lock(&mu_);
+        report = report_caught_up_;
+      }
+      if (report) {
+        // Until the table says so: the first report may have been lost.
+        Message caught_up;
+        caught_up.header.set_command(wire::CAUGHT_UP);
+        caught_up.header.set_request_id(next_request_.fetch_add(1));
+        (void)SendControl(std::move(caught_up));
+      }
     }
   }
 }

@@ -48,6 +48,7 @@
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/options.h"
+#include "common/replica_chain.h"
 #include "common/transport.h"
 
 namespace tessera {
@@ -71,6 +72,10 @@ class Node {
     // slices failed over to their replicas (the job goes on). Called once per
     // peer, on the receiving thread, after dead_servers() includes it.
     std::function<void(int peer)> on_peer_dead;
+    // Replicated jobs: a server's state changed without it dying: a
+    // replacement took a dead server's rank (catching up), or caught up.
+    // Called on the receiving thread, after server_states() says so.
+    std::function<void(int peer)> on_server_change;
     // The receiver thread stepped aside after a ReceiveOnCaller answered
     // kBusy: a caller may receive now. Called on the receiver thread, with no
     // lock of the node held.
@@ -117,6 +122,14 @@ class Node {
   std::string Describe(int node_id) const;
   // Replicated jobs: the ranks of the servers declared dead so far.
   std::vector<bool> dead_servers() const;
+  // Replicated jobs: per server rank, its state in the node table
+  // (common/replica_chain.h).
+  std::vector<ServerState> server_states() const;
+  // A replacement server: whether it is still catching up (its own entry).
+  bool catching_up() const;
+  // A replacement server holds every slice of its chains: tells the
+  // scheduler, again with each heartbeat until the table says so.
+  void ReportCaughtUp();
 
   // Starts handing data-plane messages to on_data. Until then (from the moment
   // the node is reachable, before Start returns) they are held in arrival
@@ -254,6 +267,7 @@ class Node {
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool terminated_ ABSL_GUARDED_BY(mu_) = false;
   bool part_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool report_caught_up_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_scheduler_contact_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool deliver_ ABSL_GUARDED_BY(mu_) = false;

@@ -203,6 +203,14 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
               absl::StrCat("a whole number in 1..DMLC_NUM_SERVER (",
                            o.num_servers, ")")));
   int64_t flag = 0;
+  TESSERA_ASSIGN_OR_RETURN(flag,
+                           ReadInt(env, "TESSERA_SPARE", 0, 1, 0, "0 or 1"));
+  o.spare = flag == 1;
+  if (o.spare && (o.role != Role::kServer || o.replicas < 2)) {
+    return absl::InvalidArgumentError(
+        "TESSERA_SPARE=1: a spare is a server of a job with TESSERA_REPLICAS "
+        ">= 2 (it takes the rank of a dead server)");
+  }
   TESSERA_ASSIGN_OR_RETURN(flag, ReadInt(env, "PS_RESEND", 0, 1, 1, "0 or 1"));
   o.resend = flag == 1;
   int64_t ms = 0;

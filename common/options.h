@@ -60,6 +60,11 @@ struct Options {
   // update the primary applied before a worker is answered and take over
   // when it dies (server/replication.h, docs/faults.md).
   int replicas = 1;
+  // TESSERA_SPARE=1 (servers of a replicated job): a spare, held by the
+  // scheduler until a server dies and then given its rank; it waits for that
+  // without TESSERA_START_TIMEOUT's deadline (the scheduler ends it with the
+  // job).
+  bool spare = false;
 
   // Acknowledged delivery (worker requests). PS_RESEND: 1 (default) keeps each
   // request until its reply and sends it again when no reply came within

@@ -43,6 +43,8 @@ int ProvisionalId(int index, wire::Role role) {
 // Indexes of the provisional ids used for a moment to turn a node away.
 constexpr int kLateIndex = 499998;
 constexpr int kFinishedIndex = 499999;
+// Spares' provisional ids count down from here (one per spare of the job).
+constexpr int kSpareIndex = 499997;
 
 Message AbortMessage(const std::string& reason) {
   Message abort;
@@ -87,6 +89,13 @@ Scheduler::Metrics::Metrics() {
       "tessera_scheduler_failovers_total",
       "Servers declared dead whose key slices failed over to a replica "
       "(TESSERA_REPLICAS > 1).");
+  replacements = r.GetCounter(
+      "tessera_scheduler_replacements_total",
+      "Dead servers whose rank a spare or a restarted server took "
+      "(TESSERA_REPLICAS > 1; it then catches up by state transfer).");
+  spares = r.GetGauge("tessera_scheduler_spare_servers",
+                      "Spare servers (TESSERA_SPARE=1) waiting for a server "
+                      "to die.");
   barriers_released = r.GetCounter("tessera_scheduler_barriers_released_total",
                                    "Barriers released (once per group).");
   notice_resends = r.GetCounter(
@@ -379,6 +388,22 @@ void Scheduler::EndJob(const absl::Status& result, const Message& end,
   notices_by_peer_.clear();
   next_resend_ = absl::InfiniteFuture();
   for (int peer : peers) SendNotice(peer, end);
+  // Spares never joined: told once over a link of a moment (a spare that
+  // misses it is stopped by its launcher).
+  for (const Registration& spare : spares_) {
+    if (!LinkTo(spare.provisional_id, spare.info).ok()) continue;
+    Message told = end.header.command() == wire::TERMINATE
+                       ? end
+                       : AbortMessage(end_reason_);
+    if (end.header.command() == wire::TERMINATE) {
+      told.header.set_recipient(spare.provisional_id);
+      told.header.set_sender(kSchedulerId);
+      told.header.set_plane(wire::CONTROL);
+    }
+    (void)transport_->Send(spare.provisional_id, told);
+  }
+  spares_.clear();
+  metrics_.spares->Set(0);
 }
 
 bool Scheduler::Ending(absl::Time now) {
@@ -471,6 +496,9 @@ void Scheduler::Handle(Message&& msg) {
       if (!acknowledgement && h.request_id() != 0) {
         TESSERA_VLOG(1) << "a repeated acknowledgement: " << DebugString(msg);
       }
+      return;
+    case wire::CAUGHT_UP:
+      CaughtUp(sender);
       return;
     case wire::HEARTBEAT:
       ++heartbeats_;
@@ -786,7 +814,11 @@ void Scheduler::HandleRegister(const Message& msg) {
   r.info = info;
   r.key = key;
   r.provisional_id =
-      ProvisionalId(static_cast<int>(registered_.size()), info.role());
+      reg.spare()
+          ? ProvisionalId(kSpareIndex - static_cast<int>(spares_.size()) -
+                              static_cast<int>(replacements_),
+                          info.role())
+          : ProvisionalId(static_cast<int>(registered_.size()), info.role());
   r.hostname = reg.hostname();
   r.pid = reg.pid();
   // A node turned away is told over a link of a moment; one that stays is
@@ -802,6 +834,29 @@ void Scheduler::HandleRegister(const Message& msg) {
     (void)transport_->Send(r.provisional_id, AbortMessage(why));
     transport_->Disconnect(r.provisional_id);
   };
+  if (reg.spare()) {
+    if (info.role() != wire::SERVER || options_.replicas < 2) {
+      turn_away(
+          "a spare (TESSERA_SPARE=1) is a server of a job with "
+          "TESSERA_REPLICAS >= 2; this job has TESSERA_REPLICAS=" +
+          std::to_string(options_.replicas));
+      return;
+    }
+    for (const Registration& held : spares_) {
+      if (held.info.host() == info.host() && held.info.port() == info.port())
+        return;  // it asks again
+    }
+    TESSERA_LOG(INFO) << "spare server at " << info.host() << ":" << info.port()
+                      << " (host " << r.hostname << ", pid " << r.pid
+                      << ") waits for a server to die";
+    if (!key.empty()) registered_keys_.insert(key);
+    if (!info.node_key().empty())
+      sealed_key_holder_[info.node_key()] = r.provisional_id;
+    spares_.push_back(r);
+    metrics_.spares->Set(static_cast<double>(spares_.size()));
+    if (formed_) PlaceSpares();
+    return;
+  }
   if (formed_) {
     turn_away("the job is already formed; no node of this role is missing");
     return;
@@ -836,6 +891,32 @@ void Scheduler::HandleRegister(const Message& msg) {
 
 void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   wire::NodeInfo& node = nodes_[id];
+  if (node.role() == wire::SERVER && options_.replicas > 1) {
+    // A replicated server's new process holds none of its slices: its old
+    // life is dead (its slices fail over, or the job ends), and the new one
+    // takes the rank back as a replacement and catches up, unless a spare
+    // took it first.
+    if (!node.dead()) {
+      FailOver(id, absl::StrCat("restarted (generation ", info.generation(),
+                                ") without its key slices"));
+      if (ended_) return;
+    }
+    if (!nodes_[id].dead()) {
+      Message abort = AbortMessage(absl::StrCat(
+          "a spare took the rank of ", Describe(node), "; not needed"));
+      const int provisional = ProvisionalId(kFinishedIndex, info.role());
+      if (LinkTo(provisional, info).ok()) {
+        (void)transport_->Send(provisional, abort);
+        transport_->Disconnect(provisional);
+      }
+      return;
+    }
+    Registration r;
+    r.info = info;
+    r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
+    Replace(id, r);
+    return;
+  }
   if (node.dead()) {
     // Its slices failed over to their replicas; an empty server cannot take
     // them back (nor yet join as a backup).
@@ -1065,9 +1146,10 @@ void Scheduler::FailOver(int id, const std::string& reason) {
   const int servers = options_.num_servers;
   std::vector<bool> alive(servers, false);
   for (const auto& [peer, n] : nodes_) {
-    if (n.role() == wire::SERVER && !n.dead() && n.rank() >= 0 &&
-        n.rank() < servers) {
-      alive[n.rank()] = true;
+    if (n.role() == wire::SERVER && !n.dead() && !n.catching_up() &&
+        n.rank() >= 0 && n.rank() < servers) {
+      alive[n.rank()] =
+          true;  // holds its slices (a replacement once caught up)
     }
   }
   for (int first = 0; first < servers; ++first) {
@@ -1106,6 +1188,67 @@ void Scheduler::FailOver(int id, const std::string& reason) {
   for (int peer : LivePeers(id)) SendNotice(peer, change);
   // A barrier of servers may have waited only for it.
   ReleaseBarriersWithoutDead();
+  PlaceSpares();
+}
+
+void Scheduler::PlaceSpares() {
+  if (ended_) return;
+  for (auto& [id, n] : nodes_) {
+    if (spares_.empty()) break;
+    if (n.role() != wire::SERVER || !n.dead()) continue;
+    Registration spare = spares_.front();
+    spares_.pop_front();
+    metrics_.spares->Set(static_cast<double>(spares_.size()));
+    Replace(id, spare);
+  }
+}
+
+void Scheduler::Replace(int id, const Registration& with) {
+  wire::NodeInfo& node = nodes_[id];
+  const wire::NodeInfo before = node;
+  node.set_host(with.info.host());
+  node.set_port(with.info.port());
+  node.set_generation(
+      std::max(before.generation() + 1, with.info.generation()));
+  node.set_dead(false);
+  node.set_catching_up(true);
+  node.set_joined(++replacements_);
+  node.set_metrics_port(with.info.metrics_port());
+  if (!node.node_key().empty())
+    sealed_key_holder_[node.node_key()] = kRetiredKey;
+  node.set_node_key(with.info.node_key());
+  if (!with.info.node_key().empty())
+    sealed_key_holder_[with.info.node_key()] = id;
+  node.set_sealed_port(with.info.sealed_port());
+  if (!with.key.empty()) node_key_of_[id] = with.key;
+  registered_at_.insert({with.info.host(), with.info.port()});
+  last_seen_[id] = absl::Now();
+  metrics_.replacements->Increment();
+  (void)LinkTo(id, node);
+  TESSERA_LOG(WARNING) << Describe(node) << " (host "
+                       << (with.hostname.empty() ? with.info.host()
+                                                 : with.hostname)
+                       << ") replaces the dead server of rank " << node.rank()
+                       << " (replacement " << node.joined()
+                       << "); it catches up on the rank's key slices from "
+                          "their replicas";
+  const Message change = ChangeMessage(node);
+  for (const auto& [peer, n] : nodes_) {
+    if (n.dead()) continue;
+    SendNotice(peer, peer == id ? TableMessage(id) : change);
+  }
+}
+
+void Scheduler::CaughtUp(int id) {
+  wire::NodeInfo& node = nodes_[id];
+  if (node.role() != wire::SERVER || !node.catching_up()) return;  // repeated
+  node.set_catching_up(false);
+  TESSERA_LOG(INFO) << Describe(node)
+                    << " caught up: it holds the key slices of rank "
+                    << node.rank() << " again (replacement " << node.joined()
+                    << ")";
+  const Message change = ChangeMessage(node);
+  for (int peer : LivePeers(-1)) SendNotice(peer, change);
 }
 
 void Scheduler::ReleaseBarriersWithoutDead() {

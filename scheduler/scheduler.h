@@ -67,6 +67,7 @@ class Scheduler {
   absl::Status Run();
 
  private:
+  struct Registration;
   // A message kept until its node acknowledges it (a response with the same
   // command and request id).
   struct Notice {
@@ -122,6 +123,14 @@ class Scheduler {
   // table change marking it dead) and the job goes on; otherwise the job
   // ends naming the slices that lost every replica.
   void FailOver(int id, const std::string& reason);
+  // Replicated jobs: a spare (or the dead server restarted) takes dead
+  // server `id`'s rank: new generation, catching_up, the next `joined`;
+  // every live node is told, the replacement gets its table.
+  void Replace(int id, const Registration& with);
+  // A held spare, if any, replaces a dead server whose rank is free.
+  void PlaceSpares();
+  // CAUGHT_UP from replacement `id`: it holds its slices; everyone is told.
+  void CaughtUp(int id);
   // The nodes not declared dead, but `except`.
   std::vector<int> LivePeers(int except) const;
   // How many nodes a barrier of `group` waits for (dead servers not).
@@ -155,6 +164,10 @@ class Scheduler {
     std::string key;  // the node's own key it registered with (empty: none)
   };
   std::vector<Registration> registered_;
+  // Spares (TESSERA_SPARE=1) waiting for a server to die, oldest first, and
+  // the replacements made so far (NodeInfo.joined of the next is one more).
+  std::deque<Registration> spares_;
+  uint32_t replacements_ = 0;
   // Index of registered_ (a registration is checked against all before it).
   std::set<std::pair<std::string, int>> registered_at_;  // host, port
   std::map<int, int> registered_by_role_;                // wire::Role -> count
@@ -212,6 +225,8 @@ class Scheduler {
     Counter* heartbeats;
     Counter* dead_nodes;
     Counter* failovers;
+    Counter* replacements;
+    Gauge* spares;
     Counter* barriers_released;
     Counter* notice_resends;
     Counter* ignored_messages;

@@ -1,6 +1,7 @@
 #include "server/key_store.h"
 
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -134,8 +135,16 @@ bool KeyStore::IsFirstSlice(
 }
 
 absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
-  const uint64_t values =
-      k.length() * (k.row_length() == 0 ? 1 : k.row_length());
+  // A checkpoint file or a peer's state transfer: sizes checked without
+  // overflow before anything is taken from it.
+  const uint64_t per_row = k.row_length() == 0 ? 1 : k.row_length();
+  if (k.length() >
+      (std::numeric_limits<uint64_t>::max() / sizeof(float)) / per_row) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint of key ", k.key(), ": ", k.length(), " x ",
+                     per_row, " values is more than this machine can address"));
+  }
+  const uint64_t values = k.length() * per_row;
   if (k.weights().size() != values * sizeof(float) ||
       k.received_size() != num_workers_) {
     return absl::DataLossError(absl::StrCat(

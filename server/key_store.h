@@ -107,6 +107,10 @@ struct StoredKey {
   // and the updates not yet held by every live backup, oldest first.
   std::vector<uint64_t> acked;
   std::deque<PendingUpdate> unacked;
+  // As a primary, per place: the state transfer to a replacement there
+  // (kNoTransfer: none, it is an old member or not asked yet).
+  enum Transfer : uint8_t { kNoTransfer = 0, kTransferSent, kTransferHeld };
+  std::vector<uint8_t> transfer;
 };
 
 class KeyStore {
@@ -121,6 +125,8 @@ class KeyStore {
   StoredKey* Find(uint64_t key, uint64_t offset);
   // REQUIRES: Find(slice) == nullptr.
   StoredKey* Create(const wire::KeySlice& slice, bool sync);
+  // Forgets a slice (a replacement's transfer replaces what it held).
+  void Erase(uint64_t key, uint64_t offset) { keys_.erase({key, offset}); }
   // True for the slice of its key with the lowest offset in this store: a
   // push counts once per key, on that slice.
   bool IsFirstSlice(const StoredKey& key) const;

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/bounded_queue.h"
 #include "common/hashed_spec.h"
@@ -70,8 +71,8 @@ struct KVServer::Shard {
   std::atomic<int64_t> phase_since_ns;
   KeyStore store;  // owned by the shard's thread, or by Handle's thread while
                    // pending == 0
-  // Replication, owned as `store` is: the server ranks declared dead.
-  std::vector<bool> dead;
+  // Replication, owned as `store` is: the node table's server states.
+  std::vector<ServerState> states;
 };
 
 KVServer::KVServer(int num_workers, int num_threads, SendFn send,
@@ -246,6 +247,11 @@ KVServer::~KVServer() { Stop(); }
 
 void KVServer::Stop() {
   if (stopped_.exchange(true)) return;
+  {
+    absl::MutexLock lock(&catch_up_mu_);
+    catch_up_cv_.SignalAll();
+  }
+  if (catch_up_thread_.joinable()) catch_up_thread_.join();
   for (auto& shard : shards_) shard->queue.Close();
   for (std::thread& t : threads_) t.join();
 }
@@ -337,6 +343,19 @@ uint64_t KVServer::NewChain() {
 
 void KVServer::Handle(Message&& msg) {
   const wire::Header& h = msg.header;
+  if (h.command() == wire::KV_TRANSFER && replicas_ > 1 &&
+      IsServerId(h.sender()) && RankOfId(h.sender()) < num_servers_ &&
+      RankOfId(h.sender()) != rank_) {
+    if (h.has_slice()) {
+      Enqueue(ShardOf(h.slice().key()),
+              std::move(msg));  // a slice, or its answer
+    } else if (h.is_response()) {
+      TransferCounted(RankOfId(h.sender()), h.transfer_total());
+    } else {
+      TransferRequested(RankOfId(h.sender()), h);
+    }
+    return;
+  }
   if (h.command() == wire::KV_REPLICATE && replicas_ > 1 &&
       IsServerId(h.sender()) && RankOfId(h.sender()) < num_servers_ &&
       h.has_slice()) {
@@ -552,6 +571,14 @@ void KVServer::Process(Shard* shard, Message&& msg) {
       ReplicaAnswered(shard, msg);
     } else {
       TakeReplica(shard, std::move(msg));
+    }
+    return;
+  }
+  if (msg.header.command() == wire::KV_TRANSFER) {
+    if (msg.header.is_response()) {
+      TransferAnswered(shard, msg);
+    } else {
+      TakeTransfer(shard, std::move(msg));
     }
     return;
   }
@@ -1000,7 +1027,7 @@ void KVServer::set_replication(int rank, int num_servers, int replicas,
   num_servers_ = std::max(num_servers, 1);
   replicas_ = std::clamp(replicas, 1, num_servers_);
   replica_resend_ = resend_timeout;
-  for (auto& shard : shards_) shard->dead.assign(num_servers_, false);
+  for (auto& shard : shards_) shard->states.assign(num_servers_, ServerState());
 }
 
 void KVServer::MakeReplicated(StoredKey* key, uint32_t replica) {
@@ -1008,6 +1035,7 @@ void KVServer::MakeReplicated(StoredKey* key, uint32_t replica) {
   key->replicated = true;
   key->replica = replica;
   key->acked.assign(replicas_, 0);
+  key->transfer.assign(replicas_, StoredKey::kNoTransfer);
 }
 
 absl::Status KVServer::CheckReplicaPlace(const wire::Header& init) const {
@@ -1037,25 +1065,47 @@ bool KVServer::CountsFor(const StoredKey& key) const {
              key, [&](const StoredKey& k) { return Active(shard, k); });
 }
 
+int KVServer::RankAt(const StoredKey& key, int place) const {
+  return (rank_ - static_cast<int>(key.replica) + place + 2 * num_servers_) %
+         num_servers_;
+}
+
+int KVServer::PlaceOf(const StoredKey& key, int rank) const {
+  const int place =
+      (rank - rank_ + static_cast<int>(key.replica) + 2 * num_servers_) %
+      num_servers_;
+  return place < replicas_ ? place : -1;
+}
+
 bool KVServer::Active(const Shard& shard, const StoredKey& key) const {
   if (!key.replicated) return true;
-  const int first =
-      (rank_ - static_cast<int>(key.replica) + num_servers_) % num_servers_;
-  for (int i = 0; i < replicas_; ++i) {
-    const int rank = (first + i) % num_servers_;
-    if (!shard.dead[rank]) return rank == rank_;
-  }
-  return false;
+  return ActingPrimary(RankAt(key, 0), num_servers_, replicas_, shard.states) ==
+         rank_;
 }
 
 std::vector<int> KVServer::LiveBackups(const Shard& shard,
                                        const StoredKey& key) const {
+  // Every other member that holds the slice, or receives it (a replacement
+  // this server sent it to): the order of the chain does not matter here.
   std::vector<int> backups;
-  for (int i = static_cast<int>(key.replica) + 1; i < replicas_; ++i) {
-    const int rank = (rank_ + i - static_cast<int>(key.replica)) % num_servers_;
-    if (!shard.dead[rank]) backups.push_back(rank);
+  for (int place = 0; place < replicas_; ++place) {
+    if (place == static_cast<int>(key.replica)) continue;
+    const int rank = RankAt(key, place);
+    const ServerState& state = shard.states[rank];
+    if (state.dead) continue;
+    if (state.catching_up && key.transfer[place] == StoredKey::kNoTransfer)
+      continue;
+    backups.push_back(rank);
   }
   return backups;
+}
+
+bool KVServer::AnswerWaitsFor(const Shard& shard, const StoredKey& key,
+                              int place) const {
+  // A replacement counts once it holds the slice (its transfer answered).
+  return key.transfer[place] != StoredKey::kTransferSent &&
+         !(shard.states[RankAt(key, place)].catching_up &&
+           key.transfer[place] != StoredKey::kTransferHeld);
 }
 
 void KVServer::SendUpdate(int rank, const Message& update) {
@@ -1095,6 +1145,7 @@ bool KVServer::JoinPendingUpdate(StoredKey* key, const Message& msg) {
   if (key->unacked.empty()) return false;
   const int rank = RankOfId(msg.header.sender());
   for (PendingUpdate& p : key->unacked) {
+    if (p.answered) continue;
     if (msg.header.push_seq() >= p.update.header.replica_counts(rank)) continue;
     // The push's update: answered with it, once the backups hold it.
     for (const wire::Header& h : p.requests) {
@@ -1117,19 +1168,20 @@ bool KVServer::JoinPendingUpdate(StoredKey* key, const Message& msg) {
 
 void KVServer::AnswerReplicated(Shard* shard, StoredKey* key) {
   const std::vector<int> backups = LiveBackups(*shard, *key);
-  while (!key->unacked.empty()) {
-    PendingUpdate& p = key->unacked.front();
-    bool held = true;
+  // Answered in order once every backup holding the slice holds the update;
+  // kept until every backup it was sent to holds it (a replacement
+  // receiving the slice may miss one and wait for its resend).
+  bool answering = true;
+  for (PendingUpdate& p : key->unacked) {
+    if (p.answered) continue;
     for (int rank : backups) {
-      const int place =
-          (rank - rank_ + static_cast<int>(key->replica) + num_servers_) %
-          num_servers_;
-      if (key->acked[place] <= p.seq) {
-        held = false;
+      const int place = PlaceOf(*key, rank);
+      if (AnswerWaitsFor(*shard, *key, place) && key->acked[place] <= p.seq) {
+        answering = false;
         break;
       }
     }
-    if (!held) return;
+    if (!answering) break;
     for (const wire::Header& h : p.requests) {
       Message request;
       request.header = h;
@@ -1137,6 +1189,20 @@ void KVServer::AnswerReplicated(Shard* shard, StoredKey* key) {
             key->engine->AnswersWithWeights(h.command()) ? p.weights : Buffer(),
             key);
     }
+    p.requests.clear();
+    p.weights = Buffer();
+    p.answered = true;
+  }
+  while (!key->unacked.empty() && key->unacked.front().answered) {
+    const uint64_t seq = key->unacked.front().seq;
+    bool held = true;
+    for (int rank : backups) {
+      if (key->acked[PlaceOf(*key, rank)] <= seq) {
+        held = false;
+        break;
+      }
+    }
+    if (!held) break;
     key->unacked.pop_front();
   }
 }
@@ -1154,16 +1220,8 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
   // Only from the slice's primary as this server sees the chain: a server
   // declared dead must not change what its successor now answers for.
   const int from = RankOfId(h.sender());
-  const int first =
-      (rank_ - static_cast<int>(key->replica) + num_servers_) % num_servers_;
-  int primary = -1;
-  for (int i = 0; i < replicas_; ++i) {
-    const int rank = (first + i) % num_servers_;
-    if (!shard->dead[rank]) {
-      primary = rank;
-      break;
-    }
-  }
+  const int primary =
+      ActingPrimary(RankAt(*key, 0), num_servers_, replicas_, shard->states);
   if (from != primary || primary == rank_) {
     TESSERA_VLOG(1) << "ignored update of key " << h.slice().key()
                     << " from server " << from << " (primary " << primary
@@ -1210,10 +1268,8 @@ void KVServer::ReplicaAnswered(Shard* shard, const Message& msg) {
                          << key->key << ": " << h.status().message();
     return;
   }
-  const int place = (RankOfId(h.sender()) - rank_ +
-                     static_cast<int>(key->replica) + num_servers_) %
-                    num_servers_;
-  if (place <= static_cast<int>(key->replica) || place >= replicas_) return;
+  const int place = PlaceOf(*key, RankOfId(h.sender()));
+  if (place < 0 || place == static_cast<int>(key->replica)) return;
   key->acked[place] = std::max(key->acked[place], h.replica_seq() + 1);
   AnswerReplicated(shard, key);
 }
@@ -1225,10 +1281,7 @@ void KVServer::ResendUpdates(Shard* shard, StoredKey* key) {
   for (PendingUpdate& p : key->unacked) {
     if (now - p.sent < p.wait) continue;
     for (int rank : backups) {
-      const int place =
-          (rank - rank_ + static_cast<int>(key->replica) + num_servers_) %
-          num_servers_;
-      if (key->acked[place] > p.seq) continue;
+      if (key->acked[PlaceOf(*key, rank)] > p.seq) continue;
       SendUpdate(rank, p.update);
       ++replica_resends_;
     }
@@ -1241,36 +1294,322 @@ void KVServer::ServerDied(int rank) {
   if (replicas_ <= 1 || rank < 0 || rank >= num_servers_) return;
   for (auto& shard : shards_) {
     Post(shard.get(), [this, rank](Shard* s) {
-      if (s->dead[rank]) return;
-      std::vector<bool> before = s->dead;
-      s->dead[rank] = true;
-      uint64_t promoted = 0;
-      for (const auto& [id, owned] : s->store.keys()) {
-        StoredKey* key = owned.get();
-        if (!key->replicated) continue;
-        const bool was_active = [&] {
-          std::swap(s->dead, before);
-          const bool a = Active(*s, *key);
-          std::swap(s->dead, before);
-          return a;
-        }();
-        if (Active(*s, *key)) {
-          if (!was_active) {
-            ++promoted;
-            key->progress = true;  // what it held for the dead primary
-          }
-          AnswerReplicated(s, key);  // no longer waits for the dead one
-          Replay(key);
-        }
+      std::vector<ServerState> states = s->states;
+      if (rank >= static_cast<int>(states.size())) return;
+      states[rank].dead = true;
+      ApplyStates(s, std::move(states));
+    });
+  }
+}
+
+void KVServer::UpdateServers(std::vector<ServerState> states) {
+  if (replicas_ <= 1 || static_cast<int>(states.size()) != num_servers_) return;
+  for (auto& shard : shards_) {
+    Post(shard.get(), [this, states](Shard* s) { ApplyStates(s, states); });
+  }
+  CheckCaughtUp();  // a dead server's slices are no longer waited for
+}
+
+void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
+  std::vector<ServerState> before = std::move(s->states);
+  if (before.size() != states.size())
+    before.assign(states.size(), ServerState());
+  s->states = std::move(states);
+  std::vector<int> died, replaced;
+  for (int r = 0; r < num_servers_; ++r) {
+    if (s->states[r].dead && !before[r].dead) died.push_back(r);
+    if (s->states[r].joined != before[r].joined) replaced.push_back(r);
+  }
+  uint64_t promoted = 0;
+  for (const auto& [id, owned] : s->store.keys()) {
+    StoredKey* key = owned.get();
+    if (!key->replicated) continue;
+    for (int r : replaced) {
+      // A new process at that place: it holds nothing of what was sent.
+      const int place = PlaceOf(*key, r);
+      if (place < 0 || place == static_cast<int>(key->replica)) continue;
+      key->transfer[place] = StoredKey::kNoTransfer;
+      key->acked[place] = 0;
+    }
+    const bool was_active = [&] {
+      std::swap(s->states, before);
+      const bool a = Active(*s, *key);
+      std::swap(s->states, before);
+      return a;
+    }();
+    if (Active(*s, *key)) {
+      if (!was_active) {
+        ++promoted;
+        key->progress = true;  // what it held for the dead primary
       }
-      if (promoted != 0) {
-        promoted_ += promoted;
-        TESSERA_LOG(WARNING)
-            << "server " << rank << " died: this server now "
-            << "answers for " << promoted << " of its key slices";
+      AnswerReplicated(s, key);  // no longer waits for the dead one
+      Replay(key);
+    }
+  }
+  if (promoted != 0) {
+    promoted_ += promoted;
+    TESSERA_LOG(WARNING) << "server(s) " << absl::StrJoin(died, ", ")
+                         << " died: this server now answers for " << promoted
+                         << " of their key slices";
+  }
+}
+
+// --- State transfer to a replacement (server/replication.h) ---------------
+
+void KVServer::TransferRequested(int rank, const wire::Header& request) {
+  struct Job {
+    absl::Mutex mu;
+    uint64_t total ABSL_GUARDED_BY(mu) = 0;
+    size_t remaining ABSL_GUARDED_BY(mu) = 0;
+  };
+  auto job = std::make_shared<Job>();
+  {
+    absl::MutexLock lock(&job->mu);
+    job->remaining = shards_.size();
+  }
+  const uint64_t request_id = request.request_id();
+  for (auto& shard : shards_) {
+    Post(shard.get(), [this, job, rank, request_id](Shard* s) {
+      // Only a rank this server knows as a replacement: one asking before
+      // the table change reached here asks again.
+      uint64_t mine = 0;
+      if (s->states[rank].catching_up && !s->states[rank].dead) {
+        for (const auto& [id, owned] : s->store.keys()) {
+          StoredKey* key = owned.get();
+          if (!key->replicated || !Active(*s, *key)) continue;
+          const int place = PlaceOf(*key, rank);
+          if (place < 0 || place == static_cast<int>(key->replica)) continue;
+          ++mine;
+          if (key->transfer[place] != StoredKey::kTransferHeld)
+            SendTransfer(s, key, place);
+        }
+      } else {
+        mine = 0;
+      }
+      absl::MutexLock lock(&job->mu);
+      job->total += mine;
+      if (--job->remaining != 0) return;
+      if (!s->states[rank].catching_up) return;  // not (yet) known as one
+      Message count;
+      count.header.set_command(wire::KV_TRANSFER);
+      count.header.set_is_response(true);
+      count.header.set_request_id(request_id);
+      count.header.set_transfer_total(job->total);
+      absl::Status sent = send_(ServerId(rank), std::move(count));
+      if (!sent.ok()) {
+        TESSERA_VLOG(1) << "transfer count to server " << rank << ": "
+                        << sent.message();
       }
     });
   }
+}
+
+void KVServer::SendTransfer(Shard* shard, StoredKey* key, int place) {
+  (void)shard;
+  wire::ServerCheckpoint saved;
+  {
+    const Settings set = settings();
+    saved.set_optimizer_spec(set.optimizer_spec);
+    saved.set_compression_type(set.compression);
+    saved.set_compression_threshold(set.threshold);
+  }
+  wire::CheckpointKey* k = saved.add_keys();
+  key->Snapshot(k);
+  k->set_replica(static_cast<uint32_t>(place));
+  std::string bytes = saved.SerializeAsString();
+  Message msg;
+  msg.header.set_command(wire::KV_TRANSFER);
+  msg.header.mutable_slice()->set_key(key->key);
+  msg.header.mutable_slice()->set_offset(key->offset);
+  msg.header.set_replica_seq(key->replica_seq);
+  msg.header.set_replica(static_cast<uint32_t>(place));
+  const size_t size = bytes.size();
+  AddRawFrame(&msg, Buffer::CopyOf(bytes.data(), bytes.size()));
+  key->transfer[place] = StoredKey::kTransferSent;
+  ++transfers_sent_;
+  transfer_bytes_sent_ += size;
+  const int rank = RankAt(*key, place);
+  absl::Status sent = send_(ServerId(rank), std::move(msg));
+  TESSERA_VLOG(1) << "sent key " << key->key << " offset " << key->offset
+                  << " (" << size << " bytes, update " << key->replica_seq
+                  << ") to replacement server " << rank
+                  << (sent.ok() ? "" : ": " + std::string(sent.message()));
+}
+
+void KVServer::TransferAnswered(Shard* shard, const Message& msg) {
+  const wire::Header& h = msg.header;
+  StoredKey* key = shard->store.Find(h.slice().key(), h.slice().offset());
+  if (key == nullptr || !key->replicated) return;
+  const int place = PlaceOf(*key, RankOfId(h.sender()));
+  if (place < 0 || place == static_cast<int>(key->replica)) return;
+  if (!FromWire(h.status()).ok()) {
+    TESSERA_LOG(WARNING) << "server " << RankOfId(h.sender())
+                         << " refused the transfer of key " << key->key << ": "
+                         << h.status().message();
+    key->transfer[place] = StoredKey::kNoTransfer;  // sent again when asked
+    return;
+  }
+  if (key->transfer[place] != StoredKey::kTransferSent) return;
+  key->transfer[place] = StoredKey::kTransferHeld;
+  key->acked[place] = std::max(key->acked[place], h.replica_seq());
+  AnswerReplicated(shard, key);
+}
+
+void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
+  const wire::Header& h = msg.header;
+  const int from = RankOfId(h.sender());
+  auto answer = [&](const absl::Status& status) {
+    Message reply = NewReply(msg, status, nullptr);
+    reply.header.set_replica_seq(h.replica_seq());
+    SendReply(msg, std::move(reply));
+  };
+  wire::ServerCheckpoint saved;
+  if (msg.data.size() != 1 ||
+      !saved.ParseFromArray(msg.data[0].data(),
+                            static_cast<int>(msg.data[0].size())) ||
+      saved.keys_size() != 1 || saved.keys(0).key() != h.slice().key() ||
+      saved.keys(0).offset() != h.slice().offset() ||
+      saved.keys(0).replica_seq() != h.replica_seq() ||
+      saved.keys(0).replica() >= static_cast<uint32_t>(replicas_)) {
+    ++malformed_;
+    answer(absl::DataLossError(absl::StrCat("malformed transfer of key ",
+                                            h.slice().key(), " offset ",
+                                            h.slice().offset())));
+    return;
+  }
+  const wire::CheckpointKey& k = saved.keys(0);
+  // Only from the slice's acting primary as this server sees the chain.
+  const int first =
+      (rank_ - static_cast<int>(k.replica()) + num_servers_) % num_servers_;
+  const int primary =
+      ActingPrimary(first, num_servers_, replicas_, shard->states);
+  if (from != primary) {
+    TESSERA_VLOG(1) << "ignored transfer of key " << k.key() << " from server "
+                    << from << " (primary " << primary << ")";
+    return;
+  }
+  StoredKey* key = shard->store.Find(k.key(), k.offset());
+  if (key == nullptr || !key->replicated ||
+      key->replica_seq < k.replica_seq()) {
+    absl::StatusOr<std::unique_ptr<Optimizer>> opt =
+        Optimizer::Create(saved.optimizer_spec());
+    if (!opt.ok()) {
+      ++malformed_;
+      answer(absl::DataLossError(absl::StrCat("transfer names optimizer '",
+                                              saved.optimizer_spec(),
+                                              "': ", opt.status().message())));
+      return;
+    }
+    {
+      absl::MutexLock lock(&settings_mu_);
+      settings_.optimizer = std::shared_ptr<const Optimizer>(std::move(*opt));
+      settings_.optimizer_spec =
+          settings_.optimizer ? settings_.optimizer->spec() : "none";
+      settings_.compression =
+          saved.compression_type().empty() ? "none" : saved.compression_type();
+      settings_.threshold = saved.compression_threshold();
+    }
+    const bool added = key == nullptr;
+    if (!added) shard->store.Erase(k.key(), k.offset());
+    if (absl::Status restored = shard->store.Restore(k); !restored.ok()) {
+      ++malformed_;
+      answer(restored);
+      return;
+    }
+    key = shard->store.Find(k.key(), k.offset());
+    MakeReplicated(key, k.replica());
+    key->replica_seq = k.replica_seq();
+    if (added) num_keys_.fetch_add(1);
+  }
+  {
+    absl::MutexLock lock(&catch_up_mu_);
+    if (catch_up_ != nullptr) {
+      if (catch_up_->taken[from].insert({k.key(), k.offset()}).second)
+        catch_up_->bytes += msg.data[0].size();
+    }
+  }
+  answer(absl::OkStatus());
+  CheckCaughtUp();
+}
+
+void KVServer::TransferCounted(int rank, uint64_t total) {
+  {
+    absl::MutexLock lock(&catch_up_mu_);
+    if (catch_up_ == nullptr) return;
+    catch_up_->counted[rank] = total;
+  }
+  CheckCaughtUp();
+}
+
+void KVServer::StartCatchUp(std::function<std::vector<ServerState>()> states,
+                            std::function<void()> caught_up) {
+  {
+    absl::MutexLock lock(&catch_up_mu_);
+    if (catch_up_ != nullptr || replicas_ <= 1) return;
+    catch_up_ = std::make_unique<CatchUp>();
+    catch_up_->states = std::move(states);
+    catch_up_->caught_up = std::move(caught_up);
+    catch_up_->started = absl::Now();
+  }
+  TESSERA_LOG(INFO) << "this server replaces a dead one (rank " << rank_
+                    << "): asking the live servers for its key slices";
+  catch_up_thread_ = std::thread([this] { CatchUpLoop(); });
+}
+
+void KVServer::CatchUpLoop() {
+  uint64_t asked = 0;
+  absl::MutexLock lock(&catch_up_mu_);
+  while (!stopped_.load() && !catch_up_->done) {
+    const std::vector<ServerState> states = catch_up_->states();
+    std::vector<int> ask;
+    for (int r = 0; r < num_servers_ && r < static_cast<int>(states.size());
+         ++r) {
+      if (r == rank_ || states[r].dead) continue;
+      auto counted = catch_up_->counted.find(r);
+      if (counted != catch_up_->counted.end() &&
+          catch_up_->taken[r].size() >= counted->second) {
+        continue;
+      }
+      ask.push_back(r);
+    }
+    catch_up_mu_.Unlock();
+    for (int r : ask) {
+      Message request;
+      request.header.set_command(wire::KV_TRANSFER);
+      request.header.set_request_id(++asked);
+      (void)send_(ServerId(r), std::move(request));
+    }
+    catch_up_mu_.Lock();
+    if (catch_up_->done || stopped_.load()) break;
+    catch_up_cv_.WaitWithTimeout(&catch_up_mu_, replica_resend_);
+  }
+}
+
+void KVServer::CheckCaughtUp() {
+  std::function<void()> report;
+  {
+    absl::MutexLock lock(&catch_up_mu_);
+    if (catch_up_ == nullptr || catch_up_->done) return;
+    const std::vector<ServerState> states = catch_up_->states();
+    uint64_t slices = 0;
+    for (int r = 0; r < num_servers_ && r < static_cast<int>(states.size());
+         ++r) {
+      if (r == rank_ || states[r].dead) continue;
+      auto counted = catch_up_->counted.find(r);
+      if (counted == catch_up_->counted.end() ||
+          catch_up_->taken[r].size() < counted->second) {
+        return;
+      }
+      slices += counted->second;
+    }
+    catch_up_->done = true;
+    catch_up_cv_.SignalAll();
+    TESSERA_LOG(INFO) << "caught up: " << slices << " key slice(s), "
+                      << catch_up_->bytes << " bytes, in "
+                      << absl::FormatDuration(absl::Now() - catch_up_->started);
+    report = catch_up_->caught_up;
+  }
+  if (report) report();
 }
 
 }  // namespace tessera

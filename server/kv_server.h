@@ -51,6 +51,7 @@
 #include "common/debug_pending.h"
 #include "common/message.h"
 #include "common/metrics.h"
+#include "common/replica_chain.h"
 #include "proto/tessera.pb.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
@@ -110,6 +111,16 @@ class KVServer : private EngineContext {
   // replicas answer for them, and updates no longer wait for it. From
   // Handle's thread.
   void ServerDied(int rank);
+  // The node table's server states changed (a death, a replacement taking a
+  // rank, a replacement caught up): every slice follows them. From
+  // Handle's thread.
+  void UpdateServers(std::vector<ServerState> states);
+  // A replacement server (its own entry catching_up): asks every live server
+  // for the slices of its chains (KV_TRANSFER) every PS_RESEND_TIMEOUT until
+  // each has sent all it counted, then calls `caught_up` once. `states`
+  // gives the table's current view. Stop ends it.
+  void StartCatchUp(std::function<std::vector<ServerState>()> states,
+                    std::function<void()> caught_up);
   // Called once, on Handle's thread, when every worker has said it finished
   // with this server (KV_FINISH, after its last barrier).
   void set_on_workers_finished(std::function<void()> callback) {
@@ -183,6 +194,27 @@ class KVServer : private EngineContext {
   void ReplicaAnswered(Shard* shard, const Message& msg);
   // Answers the held updates every live backup holds, oldest first.
   void AnswerReplicated(Shard* shard, StoredKey* key);
+  // Applies the table's server states to `shard`'s slices.
+  void ApplyStates(Shard* shard, std::vector<ServerState> states);
+  // The rank at place `place` of `key`'s chain.
+  int RankAt(const StoredKey& key, int place) const;
+  // `key`'s place of server `rank`, or -1 when it is not in the chain.
+  int PlaceOf(const StoredKey& key, int rank) const;
+  // Whether the answers of `key`'s updates wait for the member at `place`.
+  bool AnswerWaitsFor(const Shard& shard, const StoredKey& key,
+                      int place) const;
+  // State transfer (KV_TRANSFER). A server's side: what replacement `rank`
+  // asked for (every slice it answers for whose chain holds `rank`, then
+  // the count); one slice's snapshot to it; its answer.
+  void TransferRequested(int rank, const wire::Header& request);
+  void SendTransfer(Shard* shard, StoredKey* key, int place);
+  void TransferAnswered(Shard* shard, const Message& msg);
+  // The replacement's side: a slice's snapshot; a server's count.
+  void TakeTransfer(Shard* shard, Message&& msg);
+  void TransferCounted(int rank, uint64_t total);
+  // Calls the catch-up callback when every live server's slices are here.
+  void CheckCaughtUp();
+  void CatchUpLoop();
   // Sends again `key`'s updates a backup has not answered in time.
   void ResendUpdates(Shard* shard, StoredKey* key);
   // A push of `key` already taken whose update is not yet held by every
@@ -256,6 +288,23 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> replica_updates_{0};
   std::atomic<uint64_t> promoted_{0};
   std::atomic<uint64_t> replica_resends_{0};
+  std::atomic<uint64_t> transfers_sent_{0};
+  std::atomic<uint64_t> transfer_bytes_sent_{0};
+  // A replacement's catch-up (StartCatchUp).
+  struct CatchUp {
+    std::function<std::vector<ServerState>()> states;
+    std::function<void()> caught_up;
+    absl::Time started;
+    // Per server rank: the slices it said it sends, and those taken from it.
+    std::map<int, uint64_t> counted;
+    std::map<int, std::set<std::pair<uint64_t, uint64_t>>> taken;
+    uint64_t bytes = 0;
+    bool done = false;
+  };
+  absl::Mutex catch_up_mu_;
+  std::unique_ptr<CatchUp> catch_up_ ABSL_GUARDED_BY(catch_up_mu_);
+  absl::CondVar catch_up_cv_;
+  std::thread catch_up_thread_;
   std::function<void()> on_workers_finished_;
   std::set<int> finished_workers_;  // ranks; Handle's thread only
 

@@ -82,6 +82,9 @@ struct PendingUpdate {
   Message update;                      // KV_REPLICATE, kept for resends
   std::vector<wire::Header> requests;  // the pushes it answers
   Buffer weights;  // the value a KV_PUSHPULL answer carries (dense)
+  // The requests were answered (every backup that holds the slice holds
+  // it); kept until a replacement receiving the slice holds it too.
+  bool answered = false;
   absl::Time sent;
   absl::Duration wait;  // until the next resend
 };

@@ -11,6 +11,7 @@
 //
 // Exit codes: 0 job done, 1 job failed (a peer died, the scheduler gave up or
 // vanished, a restart found no checkpoint to resume from), 2 bad configuration.
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -203,11 +204,28 @@ int Serve(const Flags& flags, const tessera::Options& options) {
     if (checkpointer != nullptr) checkpointer->MaybeWrite();
     server.Handle(std::move(msg));
   };
-  callbacks.on_peer_dead = [&server](int peer) {
-    if (tessera::IsServerId(peer)) server.ServerDied(tessera::RankOfId(peer));
+  // Table changes can come before `node` is set (they are read on the
+  // receiving thread from Start on); UpdateServers below covers those.
+  std::atomic<tessera::Node*> live_node{nullptr};
+  callbacks.on_peer_dead = [&server, &live_node](int peer) {
+    if (!tessera::IsServerId(peer)) return;
+    if (tessera::Node* n = live_node.load()) {
+      server.UpdateServers(n->server_states());
+    } else {
+      server.ServerDied(tessera::RankOfId(peer));
+    }
+  };
+  callbacks.on_server_change = [&server, &live_node](int peer) {
+    if (!tessera::IsServerId(peer)) return;
+    if (tessera::Node* n = live_node.load())
+      server.UpdateServers(n->server_states());
   };
   absl::StatusOr<std::unique_ptr<tessera::Node>> started =
       tessera::Node::Start(options, std::move(callbacks));
+  if (!started.ok() && options.spare && absl::IsCancelled(started.status())) {
+    TESSERA_LOG(INFO) << started.status().message();
+    return 0;
+  }
   if (!started.ok()) {
     return tessera::ExitWith(kProgram, started.status(),
                              absl::IsInvalidArgument(started.status()) ? 2 : 1);
@@ -216,12 +234,21 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   server.set_on_workers_finished([&node] { node->MarkPartDone(); });
   server.set_replication(node->rank(), options.num_servers, options.replicas,
                          options.resend_timeout);
+  live_node.store(node.get());
+  server.UpdateServers(node->server_states());
   if (absl::Status prepared = PrepareCheckpoints(flags, options, *node, server,
                                                  &store, &checkpointer);
       !prepared.ok()) {
     return tessera::ExitWith(kProgram, prepared, 1);
   }
   node->StartDelivery();
+  if (node->catching_up()) {
+    // A replacement (a spare, or this rank's dead server restarted): the
+    // live servers send it the slices of its chains.
+    tessera::Node* n = node.get();
+    server.StartCatchUp([n] { return n->server_states(); },
+                        [n] { n->ReportCaughtUp(); });
+  }
   TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
   const absl::Status result = node->WaitForTerminate();
   LogSummary(server, *node);

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import uuid
@@ -496,6 +497,77 @@ class LaunchClusterTest(unittest.TestCase):
         self.assertEqual(re.findall(r'Final weights checksum=([0-9a-f]{16})', out), want,
                          out)
         self.assertLess(time.monotonic() - killed, 200)
+        self.assertEqual(marked_pids(self.mark), [])
+
+    def test_spare_replaces_a_killed_server_and_a_second_kill_is_survived(self):
+        # --replicas 2 --spare-servers 1, 3 servers. launch.py's server 1 SIGKILLed
+        # mid-training: its slices fail over, the spare takes its rank, the live servers
+        # send it the slices of that rank's chains (state transfer) while training goes
+        # on, and it reports caught up. Then launch.py's server 2, which shares chains
+        # with it, is SIGKILLed too: the replacement answers for their slices. The job ends 0 with the
+        # final weights of a fault-free, unreplicated run, bit for bit.
+        job = self.replicated_training_job(epochs=4)
+        code, out, _ = self.launch(job, timeout=300)
+        self.assertEqual(code, 0, out)
+        want = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
+        self.assertEqual(len(want), 2, out)
+
+        self.start(['--replicas', '2', '--spare-servers', '1'] + job)
+        lines = []
+        caught_up = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                lines.append(line)
+                if re.search(r'\[scheduler\] .*server (\d) \(id \d+ at [0-9.:]+\) caught up: '
+                             r'it holds the key slices of rank \1 again \(replacement 1\)',
+                             line):
+                    caught_up.set()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 4) is None:
+            time.sleep(0.01)
+        time.sleep(random.uniform(1.0, 2.0))
+        first = node_pid(self.mark, 'server', 1)
+        self.assertIsNotNone(first, 'server 1 is not running')
+        self.assertIsNone(self.proc.poll(), 'the job ended before the first kill')
+        os.kill(first, signal.SIGKILL)
+        self.assertTrue(caught_up.wait(30), ''.join(lines))
+        # Either other server holds some of the replaced rank's slices with it (3
+        # servers, chains of 2); launch.py's server 2 is one of them.
+        second = node_pid(self.mark, 'server', 2)
+        self.assertIsNotNone(second, 'server 2 is not running')
+        self.assertIsNone(self.proc.poll(), 'the job ended before the second kill:\n'
+                          + ''.join(lines))
+        os.kill(second, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            reader.join(10)
+            self.fail('the job did not end within 240 s of the kills:\n' + ''.join(lines))
+        reader.join(10)
+        self.proc.stdout.close()
+        out = ''.join(lines)
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertRegex(out, r'\[scheduler\] .*spare server at [0-9.:]+ .*waits for a server '
+                              r'to die')
+        self.assertRegex(out, r'\[scheduler\] .*server (\d) \(id \d+ at [0-9.:]+\) \(host .*\) '
+                              r'replaces the dead server of rank \1 \(replacement 1\)')
+        m = re.search(r'\[spare 0\] .*caught up: (\d+) key slice\(s\), (\d+) bytes', out)
+        self.assertIsNotNone(m, out)
+        self.assertGreater(int(m.group(1)), 0, out)
+        self.assertGreater(int(m.group(2)), 0, out)
+        # Both kills failed over (the second to the replacement among others).
+        self.assertEqual(len(re.findall(r'\[scheduler\] .*stopped heart-beating.*; its key '
+                                        r'slices fail over to their next replica', out)), 2,
+                         out)
+        spare_summary = re.search(r'\[spare 0\] .*promoted slices (\d+)', out)
+        self.assertIsNotNone(spare_summary, out)
+        self.assertGreater(int(spare_summary.group(1)), 0, out)  # it answered after kill 2
+        self.assertEqual(re.findall(r'Final weights checksum=([0-9a-f]{16})', out), want, out)
         self.assertEqual(marked_pids(self.mark), [])
 
     def test_both_replicas_of_a_slice_killed_end_the_job_naming_the_slices(self):

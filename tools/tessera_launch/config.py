@@ -19,7 +19,8 @@ class JobConfig(object):
     """What every process of one job shares."""
 
     def __init__(self, cluster, root_uri, port, num_servers, num_workers, forwarded,
-                 env_all, env_server, env_worker, node_ports=None, metrics_port=None):
+                 env_all, env_server, env_worker, node_ports=None, metrics_port=None,
+                 spare_servers=0):
         self.cluster = cluster
         # By role: the variables that tell its processes where their keys are
         # (set once the keys are written); none for remote ssh processes, whose
@@ -35,6 +36,7 @@ class JobConfig(object):
         # on, the same on every start (the scheduler knows a restarted node by its
         # address). None: any port.
         self.node_ports = node_ports
+        self.spare_servers = spare_servers  # servers with TESSERA_SPARE=1, after the workers
         # --metrics-port: the scheduler's metrics port; process i gets this + i.
         self.metrics_port = metrics_port
         self.root_uri = root_uri
@@ -67,7 +69,11 @@ def node_env(cfg, role, task_id=None, restart_count=0):
     """The variables one process gets on top of its base environment.
 
     Precedence: forwarded < --env < --env-server/--env-worker < launcher's own.
+    Spare servers (role 'spare') have task ids after the workers'.
     """
+    spare = role == 'spare'
+    if spare:
+        role = 'server'
     env = dict(cfg.forwarded)
     env.update(cfg.env_all)
     if role == 'server':
@@ -86,6 +92,8 @@ def node_env(cfg, role, task_id=None, restart_count=0):
     env.update(cfg.key_env.get(role, {}))
     if task_id is not None and role in ('server', 'worker'):
         index = task_id if role == 'server' else task_id - cfg.num_servers
+        if spare:  # its node key: the servers' keys after the N ranks'
+            index = cfg.num_servers + task_id - cfg.num_servers - cfg.num_workers
         env.update(cfg.node_key_env.get((role, index), {}))
     if cfg.metrics_port is not None:
         env['TESSERA_METRICS_PORT'] = str(metrics_port_of(cfg, task_id))
@@ -93,6 +101,8 @@ def node_env(cfg, role, task_id=None, restart_count=0):
         env['DMLC_TASK_ID'] = str(task_id)
         if cfg.node_ports:
             env['PORT'] = str(cfg.node_ports[task_id])
+    if spare:
+        env['TESSERA_SPARE'] = '1'
     return env
 
 
@@ -119,6 +129,8 @@ def metrics_urls(cfg, nodes):
             task_id = node.index
         elif node.role == 'worker':
             task_id = cfg.num_servers + node.index
+        elif node.role == 'spare':
+            task_id = cfg.num_servers + cfg.num_workers + node.index
         host = node.host.name if node.host is not None else cfg.root_uri
         out.append((node.name, host, metrics_port_of(cfg, task_id)))
     return [(name, 'http://%s/metrics' % (('[%s]:%d' if ':' in host else '%s:%d')
@@ -130,13 +142,14 @@ def build_config(args, environ, cluster, root_uri, remote):
     port = pick_port(args.port)
     node_ports = None
     if args.restarts and args.launcher != 'mpi':
-        node_ports = pick_node_ports(args.num_servers + args.num_workers, {port})
+        node_ports = pick_node_ports(args.num_servers + args.num_workers
+                                     + args.spare_servers, {port})
     env_all = parse_env_specs(args.env, '--env', environ)
     if args.replicas is not None:
         env_all['TESSERA_REPLICAS'] = str(args.replicas)
     return JobConfig(
         cluster=cluster, root_uri=root_uri, port=port, node_ports=node_ports,
-        metrics_port=args.metrics_port,
+        metrics_port=args.metrics_port, spare_servers=args.spare_servers,
         num_servers=args.num_servers, num_workers=args.num_workers,
         forwarded=forwarded_env(environ, remote, args.interface),
         env_all=env_all,

@@ -113,8 +113,9 @@ def prepare_keys(cfg, args, hosts, tmpdir, keygen=None):
     if args.launcher != 'mpi':
         # Every process its own key (mpi ranks read one folder per host, by
         # role: they keep their role's keys).
-        run_keygen(tmpdir, keygen, cfg.num_servers, cfg.num_workers)
-        for role, count in (('server', cfg.num_servers), ('worker', cfg.num_workers)):
+        servers = cfg.num_servers + getattr(cfg, 'spare_servers', 0)
+        run_keygen(tmpdir, keygen, servers, cfg.num_workers)
+        for role, count in (('server', servers), ('worker', cfg.num_workers)):
             for index in range(count):
                 node_texts[(role, index)] = _read(
                     os.path.join(tmpdir, '%s-%d.key' % (role, index)))

@@ -32,4 +32,8 @@ def local_nodes(cfg, args, scheduler_bin, server_bin, environ):
         nodes.append(Node('worker', i, _local_spawn(cfg, 'worker', cfg.num_servers + i,
                                                     args.command, environ),
                           primary=True, restartable=True))
+    for j in range(getattr(cfg, 'spare_servers', 0)):
+        task_id = cfg.num_servers + cfg.num_workers + j
+        nodes.append(Node('spare', j, _local_spawn(cfg, 'spare', task_id, [server_bin] +
+                                                   args.server_argv_extra, environ)))
     return nodes

@@ -120,8 +120,12 @@ def build_parser():
     p.add_argument('--replicas', type=_int_arg(1, 'a whole number >= 1'), default=None,
                    metavar='R', help='servers holding each key slice (TESSERA_REPLICAS, default '
                    '1): a server that dies is replaced by the next replica of each of its '
-                   'slices and the job goes on (docs/faults.md); with --restarts only '
-                   'workers are restarted')
+                   'slices and the job goes on (docs/faults.md); with --restarts a dead '
+                   'server is restarted and rejoins as a replacement')
+    p.add_argument('--spare-servers', type=_int_arg(0, 'a non-negative integer'), default=0,
+                   metavar='K', help='start K spare servers (TESSERA_SPARE=1, --launcher local): '
+                   'each waits until a server dies, takes its rank and catches up on its '
+                   'key slices from their replicas (needs --replicas R >= 2)')
     p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
                    help='when the job has printed nothing for this long, say which of its '
                         'processes still run (default: 60; again every SECONDS)')
@@ -153,7 +157,7 @@ _VALUE_FLAGS = frozenset([
     '-n', '--num-workers', '-s', '--num-servers', '--launcher', '-H', '--hostfile',
     '--sync-dst-dir', '--env', '--env-server', '--env-worker', '--scheduler-binary',
     '--server-binary', '--interface', '--port', '--timeout', '--restarts', '--metrics-port',
-    '--replicas',
+    '--replicas', '--spare-servers',
 ])
 
 
@@ -194,13 +198,23 @@ def parse_args(argv):
     if args.replicas is not None and args.replicas > args.num_servers:
         raise UsageError('--replicas %d: expected at most the number of servers (%d)'
                          % (args.replicas, args.num_servers))
+    if args.spare_servers:
+        if args.replicas is None or args.replicas < 2:
+            raise UsageError('--spare-servers %d: needs --replicas R >= 2 (a spare takes the '
+                             'rank of a dead server and catches up from its slices\' '
+                             'replicas)' % args.spare_servers)
+        if args.launcher != 'local':
+            raise UsageError('--spare-servers: only with --launcher local so far (spares on '
+                             'other hosts: start tessera-server with TESSERA_SPARE=1 there)')
     if args.metrics_port is not None:
-        last = args.metrics_port + args.num_servers + args.num_workers
+        last = args.metrics_port + args.num_servers + args.num_workers + args.spare_servers
         if last > 65535:
             raise UsageError('--metrics-port %d: expected a port in 1..%d (this job needs %d '
                              'ports from it)' % (args.metrics_port,
-                                                 65535 - args.num_servers - args.num_workers,
-                                                 1 + args.num_servers + args.num_workers))
+                                                 65535 - args.num_servers - args.num_workers
+                                                 - args.spare_servers,
+                                                 1 + args.num_servers + args.num_workers
+                                                 + args.spare_servers))
     if args.interface is not None and not re.match(r'^[A-Za-z0-9_.:@-]{1,15}$', args.interface):
         raise UsageError('--interface %r: expected a network interface name such as eth0'
                          % args.interface)

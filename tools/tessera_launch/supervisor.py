@@ -373,12 +373,9 @@ class Job(object):
                     continue
                 what = '%s %s' % (node.label(), describe_status(rc, node.remote,
                                                                 node.transport))
-                # A replicated job's server is not restarted: its slices fail over, and
-                # an empty server cannot take them back (a replacement joining as a
-                # backup is not built yet).
-                restartable = node.restartable and not (node.role == 'server'
-                                                        and self.replicas > 1)
-                if restartable and node.restarts < self.max_restarts:
+                # A replicated job's restarted server takes its rank back as a
+                # replacement and catches up from its slices' replicas.
+                if node.restartable and node.restarts < self.max_restarts:
                     node.restarts += 1
                     self.say('%s; restarting it (restart %d of %d)'
                              % (what, node.restarts, self.max_restarts))
@@ -389,7 +386,7 @@ class Job(object):
                     if error:
                         return self._stop('%s; stopping the job' % error, 1)
                     continue
-                if node.role == 'server' and self.replicas > 1:
+                if node.role in ('server', 'spare') and self.replicas > 1:
                     if not node.lost:
                         node.lost = True
                         self.say('%s; TESSERA_REPLICAS=%d: its key slices fail over to their '
@@ -409,7 +406,7 @@ class Job(object):
                     scheduler_ok = any(n.role == 'scheduler' and n.returncode == 0
                                        for n in self.nodes)
                     if (primaries_done and scheduler_ok and self.replicas > 1
-                            and late and all(n.role == 'server' for n in late)):
+                            and late and all(n.role in ('server', 'spare') for n in late)):
                         # The scheduler ended the job OK without them: servers it
                         # declared dead whose processes (or ssh sessions to a host
                         # that is gone) never ended. Their slices had failed over.

@@ -103,6 +103,9 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   };
   callbacks.on_peer_restart = [this](int peer) { ReplayTo(peer); };
   callbacks.on_peer_dead = [this](int peer) { FailOver(peer); };
+  callbacks.on_server_change = [this](int peer) {
+    if (IsServerId(peer)) ServersChanged();
+  };
   callbacks.on_receiver_free = [this] { tracker_->ReceiverFree(); };
   TESSERA_ASSIGN_OR_RETURN(
       node_, Node::Start(options_, std::move(callbacks), std::move(transport)));
@@ -1089,22 +1092,33 @@ int KVClient::Route(int server, Message* msg) const {
   const int place = init ? static_cast<int>(msg->header.replica()) : 0;
   const int first = (RankOfId(server) - place + servers) % servers;
   absl::MutexLock lock(&dead_mu_);
-  if (dead_.empty()) return server;
+  if (states_.empty()) return server;
+  if (!init) {
+    // The acting primary (common/replica_chain.h).
+    const int primary =
+        ActingPrimary(first, servers, options_.replicas, states_);
+    return primary < 0 ? server : ServerId(primary);
+  }
   for (int n = 0; n < options_.replicas; ++n) {
     const int i = (place + n) % options_.replicas;
     const int rank = (first + i) % servers;
-    if (dead_[rank]) continue;
-    if (init) msg->header.set_replica(i);
+    if (states_[rank].dead) continue;
+    msg->header.set_replica(i);
     return ServerId(rank);
   }
   return server;  // none left: the scheduler ends the job
+}
+
+void KVClient::ServersChanged() {
+  absl::MutexLock lock(&dead_mu_);
+  states_ = node_->server_states();
 }
 
 void KVClient::FailOver(int server) {
   if (!IsServerId(server)) return;
   {
     absl::MutexLock lock(&dead_mu_);
-    dead_ = node_->dead_servers();
+    states_ = node_->server_states();
   }
   TESSERA_LOG(WARNING) << node_->Describe(server)
                        << " died; its key slices' next replicas answer for "

@@ -234,6 +234,8 @@ class KVClient : public KVWorker {
   // The scheduler declared `server` dead: what waited for it goes to its
   // slices' next replicas at once.
   void FailOver(int server);
+  // Replicated jobs: a replacement took a server's rank, or caught up.
+  void ServersChanged();
 
   const Options options_;
   const bool sync_;
@@ -246,7 +248,8 @@ class KVClient : public KVWorker {
 
   // Replicated jobs: the server ranks declared dead (empty: none yet).
   mutable absl::Mutex dead_mu_;
-  std::vector<bool> dead_ ABSL_GUARDED_BY(dead_mu_);
+  // Replicated jobs: the table's server states (empty until a change).
+  std::vector<ServerState> states_ ABSL_GUARDED_BY(dead_mu_);
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, KeyInfo> keys_ ABSL_GUARDED_BY(mu_);
