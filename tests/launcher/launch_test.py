@@ -505,6 +505,32 @@ class EnvTest(unittest.TestCase):
         self.assertEqual(replicas_of(none), 1)
         self.assertNotIn('TESSERA_REPLICAS', node_env(none, 'server', task_id=0))
 
+    def test_spare_servers_get_their_own_keys_ports_and_tessera_spare(self):
+        args = parse_args(['-n', '2', '-s', '3', '--replicas', '2', '--spare-servers', '2',
+                           '--metrics-port', '9100', '--restarts', '1', '/bin/true'])
+        cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(cfg.spare_servers, 2)
+        self.assertEqual(len(cfg.node_ports), 7)  # 3 servers, 2 workers, 2 spares
+        cfg.node_key_env = dict(((r, i), {'TESSERA_KEY_FILE': '%s-%d.key' % (r, i)})
+                                for r, n in (('server', 5), ('worker', 2)) for i in range(n))
+        for j in range(2):
+            env = node_env(cfg, 'spare', task_id=5 + j)
+            self.assertEqual(env['DMLC_ROLE'], 'server')
+            self.assertEqual(env['TESSERA_SPARE'], '1')
+            self.assertEqual(env['DMLC_TASK_ID'], str(5 + j))
+            self.assertEqual(env['TESSERA_METRICS_PORT'], str(9106 + j))
+            self.assertEqual(env['TESSERA_KEY_FILE'], 'server-%d.key' % (3 + j))
+            self.assertEqual(env['PORT'], str(cfg.node_ports[5 + j]))
+        self.assertNotIn('TESSERA_SPARE', node_env(cfg, 'server', task_id=0))
+        for argv, message in (
+                (['-s', '3', '--spare-servers', '1'], '--spare-servers 1: needs --replicas R >= 2'),
+                (['-s', '3', '--replicas', '1', '--spare-servers', '1'], 'needs --replicas'),
+                (['-s', '3', '--spare-servers', '-1'], '--spare-servers'),
+                (['-s', '3', '--replicas', '2', '--spare-servers', '1', '--launcher', 'ssh',
+                  '-H', '/dev/null'], 'only with --launcher local')):
+            with self.assertRaisesRegex(UsageError, message):
+                parse_args(['-n', '1'] + argv + ['/bin/true'])
+
     def test_metrics_port_gives_each_process_base_plus_its_index(self):
         args = parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])
         cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)

@@ -9,6 +9,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
+#include "common/replica_chain.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -357,6 +358,35 @@ TEST(ReplicationInitTest, APlaceOutsideTheChainIsRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(FromWire(r->header.status())));
   EXPECT_THAT(r->header.status().message(),
               ::testing::HasSubstr("as replica 2, but this server holds 2"));
+}
+
+// common/replica_chain.h: members answer in chain order, replacements after
+// the members that held the slice before them, in the order they joined.
+TEST(ReplicaChainTest, ReplacementsAnswerLastAndOnlyOnceCaughtUp) {
+  std::vector<ServerState> states(4);
+  EXPECT_EQ(ChainOrder(3, 4, 3, states), (std::vector<int>{3, 0, 1}));
+  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 3);
+  states[3].dead = true;
+  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 0);
+  // Rank 3 replaced (catching up): rank 0 keeps answering.
+  states[3] = ServerState{false, true, 1};
+  EXPECT_EQ(ChainOrder(3, 4, 3, states), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 0);
+  // Rank 0 dies, then rank 1: rank 3 is still catching up, so nobody holds.
+  states[0].dead = true;
+  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 1);
+  states[1].dead = true;
+  EXPECT_EQ(ActingPrimary(3, 4, 3, states), -1);
+  // Caught up, it answers; a later replacement of rank 0 comes after it.
+  states[3].catching_up = false;
+  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 3);
+  states[0] = ServerState{false, false, 2};
+  EXPECT_EQ(ChainOrder(3, 4, 3, states), (std::vector<int>{1, 3, 0}));
+  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 3);
+  // Missing states count as members since the start; R larger than the
+  // servers stops at the servers.
+  EXPECT_EQ(ChainOrder(1, 2, 3, {}), (std::vector<int>{1, 0}));
+  EXPECT_EQ(ActingPrimary(1, 2, 2, {}), 1);
 }
 
 }  // namespace
