@@ -145,6 +145,12 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
                      per_row, " values is more than this machine can address"));
   }
   const uint64_t values = k.length() * per_row;
+  if (!k.has_hashed() && (k.offset() > k.total_length() ||
+                          k.length() > k.total_length() - k.offset())) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint of key ", k.key(), ": slice ", k.offset(), "+",
+                     k.length(), " outside its array of ", k.total_length()));
+  }
   if (k.weights().size() != values * sizeof(float) ||
       k.received_size() != num_workers_) {
     return absl::DataLossError(absl::StrCat(

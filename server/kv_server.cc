@@ -1237,7 +1237,20 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
     answer(absl::OkStatus());  // held already; the answer was lost
     return;
   }
-  if (h.replica_seq() > key->replica_seq) return;  // resent in order
+  if (h.replica_seq() > key->replica_seq) {
+    // A gap: an earlier update was lost, or this backup missed updates its
+    // primary no longer keeps (a promotion with R >= 3). Saying how many it
+    // holds makes the primary resend the next one, or send the slice whole.
+    Message reply = NewReply(
+        msg,
+        absl::FailedPreconditionError(absl::StrCat(
+            "update ", h.replica_seq(), " of key ", key->key,
+            " is ahead of this server, which holds ", key->replica_seq)),
+        nullptr);
+    reply.header.set_replica_seq(key->replica_seq);
+    SendReply(msg, std::move(reply));
+    return;
+  }
   if (h.replica_counts_size() != key->ledger.num_workers()) {
     ++malformed_;
     answer(absl::DataLossError(absl::StrCat(
@@ -1262,14 +1275,42 @@ void KVServer::ReplicaAnswered(Shard* shard, const Message& msg) {
   const wire::Header& h = msg.header;
   StoredKey* key = shard->store.Find(h.slice().key(), h.slice().offset());
   if (key == nullptr || !key->replicated) return;
-  if (!FromWire(h.status()).ok()) {
-    TESSERA_LOG(WARNING) << "server " << RankOfId(h.sender())
-                         << " refused update " << h.replica_seq() << " of key "
-                         << key->key << ": " << h.status().message();
+  const int rank = RankOfId(h.sender());
+  const int place = PlaceOf(*key, rank);
+  if (place < 0 || place == static_cast<int>(key->replica)) return;
+  const absl::Status status = FromWire(h.status());
+  if (absl::IsFailedPrecondition(status)) {
+    // The backup holds h.replica_seq() updates and got a later one.
+    const uint64_t held = h.replica_seq();
+    if (held >= key->replica_seq) return;
+    key->acked[place] = std::max(key->acked[place], held);
+    if (!key->unacked.empty() && key->unacked.front().seq <= held) {
+      for (PendingUpdate& p : key->unacked) {
+        if (p.seq != held) continue;
+        const absl::Time now = absl::Now();
+        if (now - p.sent < absl::Milliseconds(10)) break;  // just sent
+        SendUpdate(rank, p.update);
+        ++replica_resends_;
+        p.sent = now;
+        break;
+      }
+    } else if (key->transfer[place] != StoredKey::kTransferSent) {
+      TESSERA_LOG(WARNING) << "server " << rank << " holds " << held
+                           << " updates of key " << key->key << " offset "
+                           << key->offset << ", fewer than this server keeps "
+                           << "for resending: sending it the slice whole";
+      SendTransfer(shard, key, place);
+    }
     return;
   }
-  const int place = PlaceOf(*key, RankOfId(h.sender()));
-  if (place < 0 || place == static_cast<int>(key->replica)) return;
+  if (!status.ok()) {
+    TESSERA_LOG(WARNING) << "server " << rank << " refused update "
+                         << h.replica_seq() << " of key " << key->key << ": "
+                         << status.message();
+    return;
+  }
+  // It cannot hold an update not made yet.
+  if (h.replica_seq() >= key->replica_seq) return;
   key->acked[place] = std::max(key->acked[place], h.replica_seq() + 1);
   AnswerReplicated(shard, key);
 }

@@ -1,5 +1,6 @@
 #include "server/replication.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,13 @@ absl::StatusOr<RowUpdate> ParseRowUpdate(const Message& msg,
   const size_t n = msg.data[0].size() / sizeof(uint64_t);
   u.ids.resize(n);
   std::memcpy(u.ids.data(), msg.data[0].data(), n * sizeof(uint64_t));
+  {
+    // Each row once: a hashed table would admit a repeated id twice.
+    std::vector<uint64_t> sorted = u.ids;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      return absl::DataLossError("malformed row update: a row id repeats");
+  }
   if (with_sightings) {
     if (msg.data[1].size() != n * sizeof(uint32_t))
       return absl::DataLossError("malformed row update: sightings");

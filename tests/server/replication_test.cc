@@ -236,9 +236,20 @@ TEST_F(ReplicationTest, UpdatesApplyInOrderAndAResentOneIsAnsweredOnce) {
   std::optional<Message> second = primary_.NextToServer();
   ASSERT_TRUE(first.has_value() && second.has_value());
   EXPECT_EQ(second->header.replica_seq(), 1u);
-  // The second before the first: not applied, not answered.
+  // The second before the first: not applied; answered with what the backup
+  // holds (none), so the primary resends the first at once.
   backup_.server().Handle(Message(*second));
-  EXPECT_FALSE(backup_.NextToServer(absl::Milliseconds(100)).has_value());
+  std::optional<Message> gap = backup_.NextToServer();
+  ASSERT_TRUE(gap.has_value());
+  EXPECT_TRUE(absl::IsFailedPrecondition(FromWire(gap->header.status())));
+  EXPECT_EQ(gap->header.replica_seq(), 0u);
+  EXPECT_EQ(backup_.server().stats().replica_updates(), 0u);
+  absl::SleepFor(absl::Milliseconds(20));  // resends are at most every 10 ms
+  primary_.server().Handle(*std::move(gap));
+  std::optional<Message> resent = primary_.NextToServer();
+  ASSERT_TRUE(resent.has_value());
+  EXPECT_EQ(resent->header.command(), wire::KV_REPLICATE);
+  EXPECT_EQ(resent->header.replica_seq(), 0u);
   backup_.server().Handle(Message(*first));
   backup_.server().Handle(Message(*second));
   backup_.server().Handle(Message(*first));  // a resent copy
@@ -358,6 +369,167 @@ TEST(ReplicationInitTest, APlaceOutsideTheChainIsRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(FromWire(r->header.status())));
   EXPECT_THAT(r->header.status().message(),
               ::testing::HasSubstr("as replica 2, but this server holds 2"));
+}
+
+// A replacement of rank 1 (a spare, catching up) gets the slice whole by
+// state transfer while the primary goes on, then holds every later update,
+// and takes over after the primary dies with the same bits and counts.
+TEST_F(ReplicationTest, AReplacementCatchesUpByTransferAndTakesOver) {
+  SetUpChain(/*sync=*/true);
+  // Rank 1 dies before round 0: the primary answers alone.
+  primary_.server().ServerDied(1);
+  absl::SleepFor(absl::Milliseconds(20));
+  primary_.server().Handle(Push(0, 0, {0.1f, 1, 1}));
+  primary_.server().Handle(Push(1, 0, {0.2f, 0, 4}));
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+
+  // A new process takes rank 1.
+  std::vector<ServerState> states(2);
+  states[1] = ServerState{false, true, 1};
+  primary_.server().UpdateServers(states);
+  Box spare(1);
+  spare.server().UpdateServers(states);
+  absl::Mutex mu;
+  std::vector<ServerState> table = states;
+  bool caught_up = false;
+  spare.server().StartCatchUp(
+      [&] {
+        absl::MutexLock lock(&mu);
+        return table;
+      },
+      [&] {
+        absl::MutexLock lock(&mu);
+        caught_up = true;
+      });
+  // Round 1 is taken while the transfer runs.
+  primary_.server().Handle(Push(0, 1, {0.3f, 1, 1}));
+  primary_.server().Handle(Push(1, 1, {0.7f, 2, 2}));
+  int transfers = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&mu);
+      if (caught_up) break;
+    }
+    while (std::optional<Message> m = spare.NextToServer(absl::ZeroDuration()))
+      primary_.server().Handle(*std::move(m));
+    while (std::optional<Message> m =
+               primary_.NextToServer(absl::Milliseconds(5))) {
+      if (m->header.command() == wire::KV_TRANSFER && m->header.has_slice())
+        ++transfers;
+      spare.server().Handle(*std::move(m));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(caught_up);
+    table[1].catching_up = false;
+  }
+  // The last transfer's answer (sent before it reported).
+  while (std::optional<Message> m =
+             spare.NextToServer(absl::Milliseconds(50))) {
+    primary_.server().Handle(*std::move(m));
+  }
+  EXPECT_GE(transfers, 1);
+  // Round 1's answers (held for nobody: the transfer may have come first).
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  states[1].catching_up = false;
+  primary_.server().UpdateServers(states);
+  spare.server().UpdateServers(states);
+  absl::SleepFor(absl::Milliseconds(20));
+
+  // Round 2 waits for the replacement, a holder now.
+  primary_.server().Handle(Push(0, 2, {0.5f, 1, 1}));
+  primary_.server().Handle(Push(1, 2, {0.25f, 1, 1}));
+  EXPECT_EQ(primary_.RepliesNow(), 0u);
+  while (std::optional<Message> m =
+             primary_.NextToServer(absl::Milliseconds(100))) {
+    spare.server().Handle(*std::move(m));
+    while (std::optional<Message> a =
+               spare.NextToServer(absl::Milliseconds(100)))
+      primary_.server().Handle(*std::move(a));
+  }
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  primary_.server().Handle(Pull(0, 3, 3));
+  std::optional<Message> on_primary = primary_.NextReply();
+  ASSERT_TRUE(on_primary.has_value());
+
+  // The primary dies: the replacement answers, with the same bits, and
+  // knows every push it holds (a resent one is a duplicate).
+  spare.server().ServerDied(0);
+  spare.server().Handle(Push(1, 2, {0.25f, 1, 1}));
+  spare.server().Handle(Pull(0, 3, 3));
+  std::vector<Message> replies;
+  for (int i = 0; i < 2; ++i) {
+    std::optional<Message> r = spare.NextReply();
+    ASSERT_TRUE(r.has_value()) << i;
+    replies.push_back(*std::move(r));
+  }
+  const Message* pull = nullptr;
+  for (const Message& r : replies)
+    if (r.header.command() == wire::KV_PULL) pull = &r;
+  ASSERT_NE(pull, nullptr);
+  EXPECT_EQ(ValuesOf(*pull), ValuesOf(*on_primary));
+  EXPECT_EQ(spare.server().stats().duplicates(), 1u);
+  EXPECT_EQ(spare.server().stats().promoted_slices(), 1u);
+  EXPECT_EQ(spare.server().stats().rounds_applied(), 0u);
+}
+
+// A backup that misses updates its primary no longer keeps (answered: the
+// other replicas held them) is sent the slice whole when it says so.
+TEST_F(ReplicationTest, ABackupBehindWhatIsKeptGetsTheSliceWhole) {
+  SetUpChain(/*sync=*/true);
+  primary_.server().Handle(Push(0, 0, {1, 1, 1}));
+  primary_.server().Handle(Push(1, 0, {1, 1, 1}));
+  ASSERT_TRUE(primary_.NextToServer().has_value());  // lost
+  primary_.server().ServerDied(1);  // answered alone, no longer kept
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  // It was not dead after all (as a third replica would see it): round 1's
+  // update reaches it, a gap.
+  std::vector<ServerState> states(2);
+  primary_.server().UpdateServers(states);
+  primary_.server().Handle(Push(0, 1, {2, 2, 2}));
+  primary_.server().Handle(Push(1, 1, {2, 2, 2}));
+  std::optional<Message> update = primary_.NextToServer();
+  ASSERT_TRUE(update.has_value());
+  EXPECT_EQ(update->header.replica_seq(), 1u);
+  backup_.server().Handle(*std::move(update));
+  std::optional<Message> gap = backup_.NextToServer();
+  ASSERT_TRUE(gap.has_value());
+  EXPECT_EQ(gap->header.replica_seq(), 0u);
+  primary_.server().Handle(*std::move(gap));
+  std::optional<Message> whole = primary_.NextToServer();
+  // Skips a resend of update 1 (PS_RESEND_TIMEOUT is 1 ms here: the second
+  // push of round 1 can come that late on a loaded machine).
+  while (whole.has_value() && whole->header.command() == wire::KV_REPLICATE &&
+         whole->header.replica_seq() == 1) {
+    whole = primary_.NextToServer();
+  }
+  ASSERT_TRUE(whole.has_value());
+  ASSERT_EQ(whole->header.command(), wire::KV_TRANSFER)
+      << whole->header.ShortDebugString();
+  EXPECT_EQ(whole->header.replica_seq(), 2u);
+  backup_.server().Handle(*std::move(whole));
+  std::optional<Message> held = backup_.NextToServer();
+  ASSERT_TRUE(held.has_value());
+  EXPECT_TRUE(FromWire(held->header.status()).ok());
+  primary_.server().Handle(*std::move(held));
+  // Round 1 was answered without it (in transfer); both pulls agree.
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  primary_.server().Handle(Pull(0, 2, 3));
+  std::optional<Message> on_primary = primary_.NextReply();
+  ASSERT_TRUE(on_primary.has_value());
+  backup_.server().ServerDied(0);
+  backup_.server().Handle(Pull(0, 2, 3));
+  std::optional<Message> on_backup = backup_.NextReply();
+  ASSERT_TRUE(on_backup.has_value());
+  EXPECT_EQ(ValuesOf(*on_backup), ValuesOf(*on_primary));
+  EXPECT_EQ(ValuesOf(*on_backup), (std::vector<float>{8, 9, 10}));
 }
 
 // common/replica_chain.h: members answer in chain order, replacements after
