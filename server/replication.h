@@ -36,6 +36,31 @@
 // duplicate and answered. Losing every member of a chain ends the job, naming
 // the slices (scheduler).
 //
+// Replacements. A server that takes a dead server's rank (a spare,
+// TESSERA_SPARE=1, held by the scheduler until then; or the dead server
+// restarted) is marked catching_up in a table change, with `joined` the
+// number of replacements so far. Chains answer in their order with the
+// replacements last, in the order they joined (common/replica_chain.h): the
+// server answering for a slice keeps answering until it dies. The
+// replacement asks every live server for the slices of its chains
+// (KV_TRANSFER without a slice, again every PS_RESEND_TIMEOUT until done); a
+// server sends one KV_TRANSFER per slice it answers for whose chain holds
+// the replacement (a ServerCheckpoint of that slice: weights, optimizer
+// state, exactly-once counts, its replica_seq) and then the count. From the
+// transfer on it sends that replacement the slice's updates too, but its
+// answers to workers wait for it only once the replacement answered the
+// transfer (holds the slice). When every live server's count is in, the
+// replacement reports CAUGHT_UP and the scheduler tells everyone: it holds
+// its slices and counts for their survival again (a second death of the
+// chain's other member fails over to it). Until then a death that leaves
+// only the replacement ends the job.
+//
+// Gaps. A backup that gets an update past the next one answers with what it
+// holds (FailedPrecondition, replica_seq: its count): the primary resends
+// the next update if it still keeps it, or else sends the slice whole, as
+// to a replacement (a backup that missed updates every other replica
+// answered, e.g. after a promotion with R >= 3).
+//
 // This file: the update's wire form for row slices, and what a primary keeps
 // of an update until its backups hold it.
 #ifndef TESSERA_SERVER_REPLICATION_H_

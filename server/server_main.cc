@@ -117,8 +117,11 @@ absl::Status PrepareCheckpoints(
     std::unique_ptr<tessera::Checkpointer>* checkpointer) {
   const std::string restarted = absl::StrCat(
       "restarted (TESSERA_RESTART_COUNT=", options.restart_count, ")");
+  // A replacement in a replicated job (a spare, or this rank restarted) gets
+  // its slices from their replicas (KV_TRANSFER), newer than any checkpoint.
+  const bool replacement = node.catching_up();
   if (flags.checkpoint_dir.empty()) {
-    if (options.restart_count == 0) return absl::OkStatus();
+    if (options.restart_count == 0 || replacement) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
         restarted,
         " without --checkpoint-dir: this server's weights are lost and the "
@@ -126,7 +129,7 @@ absl::Status PrepareCheckpoints(
   }
   *store = std::make_unique<tessera::CheckpointStore>(flags.checkpoint_dir,
                                                       node.rank(), flags.keep);
-  if (options.restart_count > 0) {
+  if (options.restart_count > 0 && !replacement) {
     auto latest = (*store)->LoadLatest();
     absl::Status restored = latest.status();
     if (restored.ok() && latest->has_value()) {

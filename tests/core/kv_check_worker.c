@@ -25,7 +25,8 @@
  *       have finished); DIE_AT=push inside its push of the small key in round
  *       5, whose round stays open (the others come 1 s later); its next life
  *       does not pull before it pushes again. With SOAK_PRINT_ROUNDS=1 it
- *       prints "round I done at UNIX_SECONDS" after each round.
+ *       prints "round I done at UNIX_SECONDS" after each round; SOAK_BIG_VALUES
+ *       sets the big key's length (5000).
  */
 #include <math.h>
 #include <pthread.h>
@@ -261,7 +262,11 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
   int n = 0;
   CHECK_OK(tessera_kv_num_workers(kv, &n));
   CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
-  const size_t big_len = 5000;
+  /* SOAK_BIG_VALUES: the big key's length (5000 by default; the catch-up
+   * benchmark, tools/bench/failover.py --spare, makes it a shard of 1 GB). */
+  const char* big_env = getenv("SOAK_BIG_VALUES");
+  const size_t big_len =
+      big_env != NULL && atoll(big_env) > 0 ? (size_t)atoll(big_env) : 5000;
   float small[6];
   float* big = malloc(big_len * sizeof(float));
   float* grad = malloc(big_len * sizeof(float));

@@ -570,6 +570,44 @@ class LaunchClusterTest(unittest.TestCase):
         self.assertEqual(re.findall(r'Final weights checksum=([0-9a-f]{16})', out), want, out)
         self.assertEqual(marked_pids(self.mark), [])
 
+    def test_replicated_server_restarted_rejoins_as_a_replacement(self):
+        # --replicas 2 --restarts 1: launch.py restarts a SIGKILLed server at once, before
+        # the heartbeats declare it dead. Its new process holds none of its slices: the
+        # scheduler fails the old one over at the registration and gives the rank back
+        # as a replacement, which catches up; same weights bit for bit, job ends 0.
+        job = self.replicated_training_job(epochs=3)
+        code, out, _ = self.launch(job, timeout=300)
+        self.assertEqual(code, 0, out)
+        want = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
+        self.assertEqual(len(want), 2, out)
+
+        self.start(['--replicas', '2', '--restarts', '1'] + job)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 4) is None:
+            time.sleep(0.01)
+        time.sleep(random.uniform(1.0, 2.0))
+        victim = node_pid(self.mark, 'server', 1)
+        self.assertIsNotNone(victim, 'server 1 is not running')
+        self.assertIsNone(self.proc.poll(), 'the job ended before the kill')
+        os.kill(victim, signal.SIGKILL)
+        try:
+            out, _ = self.proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            self.fail('the job did not end within 240 s of the kill:\n' + out)
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertIn('launch.py: server 1 (pid %d) killed by signal SIGKILL; restarting it '
+                      '(restart 1 of 1)' % victim, out)
+        self.assertRegex(out, r'\[scheduler\] .*restarted \(generation 1\) without its key '
+                              r'slices; its key slices fail over to their next replica')
+        self.assertRegex(out, r'\[scheduler\] .*server (\d) \(id \d+ at [0-9.:]+\) \(host .*\) '
+                              r'replaces the dead server of rank \1 \(replacement 1\)')
+        self.assertRegex(out, r'\[scheduler\] .*caught up: it holds the key slices of rank '
+                              r'\d again \(replacement 1\)')
+        self.assertEqual(re.findall(r'Final weights checksum=([0-9a-f]{16})', out), want, out)
+        self.assertEqual(marked_pids(self.mark), [])
+
     def test_both_replicas_of_a_slice_killed_end_the_job_naming_the_slices(self):
         # 3 servers, 2 replicas: any two servers are a whole chain. Both SIGKILLed at
         # once: the job ends non-zero within the heartbeat time-out (2 s) and a few
