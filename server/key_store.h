@@ -111,6 +111,7 @@ struct StoredKey {
   // (kNoTransfer: none, it is an old member or not asked yet).
   enum Transfer : uint8_t { kNoTransfer = 0, kTransferSent, kTransferHeld };
   std::vector<uint8_t> transfer;
+  std::vector<absl::Time> transfer_sent;  // when, for kTransferSent
 };
 
 class KeyStore {

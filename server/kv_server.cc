@@ -974,23 +974,27 @@ std::pair<std::vector<float>, uint64_t> KVServer::ShadowForTesting(
   return out;
 }
 
-absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
+absl::Status KVServer::InstallSettings(const wire::ServerCheckpoint& saved,
+                                       const char* what) {
   absl::StatusOr<std::unique_ptr<Optimizer>> opt =
       Optimizer::Create(saved.optimizer_spec());
   if (!opt.ok()) {
-    return absl::DataLossError(absl::StrCat("checkpoint names optimizer '",
+    return absl::DataLossError(absl::StrCat(what, " names optimizer '",
                                             saved.optimizer_spec(),
                                             "': ", opt.status().message()));
   }
-  {
-    absl::MutexLock lock(&settings_mu_);
-    settings_.optimizer = std::shared_ptr<const Optimizer>(std::move(*opt));
-    settings_.optimizer_spec =
-        settings_.optimizer ? settings_.optimizer->spec() : "none";
-    settings_.compression =
-        saved.compression_type().empty() ? "none" : saved.compression_type();
-    settings_.threshold = saved.compression_threshold();
-  }
+  absl::MutexLock lock(&settings_mu_);
+  settings_.optimizer = std::shared_ptr<const Optimizer>(std::move(*opt));
+  settings_.optimizer_spec =
+      settings_.optimizer ? settings_.optimizer->spec() : "none";
+  settings_.compression =
+      saved.compression_type().empty() ? "none" : saved.compression_type();
+  settings_.threshold = saved.compression_threshold();
+  return absl::OkStatus();
+}
+
+absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
+  TESSERA_RETURN_IF_ERROR(InstallSettings(saved, "checkpoint"));
   std::map<uint64_t, std::pair<uint64_t, uint64_t>>
       first;  // key: offset, pushes
   for (const wire::CheckpointKey& k : saved.keys()) {
@@ -1036,6 +1040,7 @@ void KVServer::MakeReplicated(StoredKey* key, uint32_t replica) {
   key->replica = replica;
   key->acked.assign(replicas_, 0);
   key->transfer.assign(replicas_, StoredKey::kNoTransfer);
+  key->transfer_sent.assign(replicas_, absl::InfinitePast());
 }
 
 absl::Status KVServer::CheckReplicaPlace(const wire::Header& init) const {
@@ -1102,10 +1107,11 @@ std::vector<int> KVServer::LiveBackups(const Shard& shard,
 
 bool KVServer::AnswerWaitsFor(const Shard& shard, const StoredKey& key,
                               int place) const {
-  // A replacement counts once it holds the slice (its transfer answered).
-  return key.transfer[place] != StoredKey::kTransferSent &&
-         !(shard.states[RankAt(key, place)].catching_up &&
-           key.transfer[place] != StoredKey::kTransferHeld);
+  // A replacement counts once it holds the slice (its transfer answered); a
+  // member that holds its slices always counts, also while a slice is being
+  // sent to it whole (a gap): answers wait for it.
+  return !shard.states[RankAt(key, place)].catching_up ||
+         key.transfer[place] == StoredKey::kTransferHeld;
 }
 
 void KVServer::SendUpdate(int rank, const Message& update) {
@@ -1285,21 +1291,20 @@ void KVServer::ReplicaAnswered(Shard* shard, const Message& msg) {
     if (held >= key->replica_seq) return;
     key->acked[place] = std::max(key->acked[place], held);
     if (!key->unacked.empty() && key->unacked.front().seq <= held) {
-      for (PendingUpdate& p : key->unacked) {
-        if (p.seq != held) continue;
-        const absl::Time now = absl::Now();
-        if (now - p.sent < absl::Milliseconds(10)) break;  // just sent
+      // Kept updates are consecutive: the next one it needs is at this index.
+      PendingUpdate& p = key->unacked[held - key->unacked.front().seq];
+      const absl::Time now = absl::Now();
+      if (now - p.sent >= absl::Milliseconds(10)) {  // not just sent
         SendUpdate(rank, p.update);
         ++replica_resends_;
         p.sent = now;
-        break;
       }
     } else if (key->transfer[place] != StoredKey::kTransferSent) {
       TESSERA_LOG(WARNING) << "server " << rank << " holds " << held
                            << " updates of key " << key->key << " offset "
                            << key->offset << ", fewer than this server keeps "
                            << "for resending: sending it the slice whole";
-      SendTransfer(shard, key, place);
+      SendTransfer(key, place);
     }
     return;
   }
@@ -1348,7 +1353,15 @@ void KVServer::UpdateServers(std::vector<ServerState> states) {
   for (auto& shard : shards_) {
     Post(shard.get(), [this, states](Shard* s) { ApplyStates(s, states); });
   }
-  CheckCaughtUp();  // a dead server's slices are no longer waited for
+  {
+    // A catch-up in progress: a death moves slices to other servers, so the
+    // counts given so far are stale; the live servers are asked again.
+    absl::MutexLock lock(&catch_up_mu_);
+    if (catch_up_ != nullptr && !catch_up_->done) {
+      catch_up_->counted.clear();
+      catch_up_cv_.SignalAll();
+    }
+  }
 }
 
 void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
@@ -1421,11 +1434,15 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
           const int place = PlaceOf(*key, rank);
           if (place < 0 || place == static_cast<int>(key->replica)) continue;
           ++mine;
-          if (key->transfer[place] != StoredKey::kTransferHeld)
-            SendTransfer(s, key, place);
+          // Not answered yet: sent again only when it may have been lost
+          // (a re-ask every PS_RESEND_TIMEOUT must not resend a slice in
+          // flight, gigabytes for a big shard).
+          if (key->transfer[place] == StoredKey::kNoTransfer ||
+              (key->transfer[place] == StoredKey::kTransferSent &&
+               absl::Now() - key->transfer_sent[place] > 8 * replica_resend_)) {
+            SendTransfer(key, place);
+          }
         }
-      } else {
-        mine = 0;
       }
       absl::MutexLock lock(&job->mu);
       job->total += mine;
@@ -1445,8 +1462,7 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
   }
 }
 
-void KVServer::SendTransfer(Shard* shard, StoredKey* key, int place) {
-  (void)shard;
+void KVServer::SendTransfer(StoredKey* key, int place) {
   wire::ServerCheckpoint saved;
   {
     const Settings set = settings();
@@ -1457,16 +1473,19 @@ void KVServer::SendTransfer(Shard* shard, StoredKey* key, int place) {
   wire::CheckpointKey* k = saved.add_keys();
   key->Snapshot(k);
   k->set_replica(static_cast<uint32_t>(place));
-  std::string bytes = saved.SerializeAsString();
+  // Serialized straight into the frame (no intermediate string).
+  const size_t size = saved.ByteSizeLong();
+  Buffer bytes = Buffer::Allocate(size);
+  saved.SerializeWithCachedSizesToArray(bytes.mutable_data());
   Message msg;
   msg.header.set_command(wire::KV_TRANSFER);
   msg.header.mutable_slice()->set_key(key->key);
   msg.header.mutable_slice()->set_offset(key->offset);
   msg.header.set_replica_seq(key->replica_seq);
   msg.header.set_replica(static_cast<uint32_t>(place));
-  const size_t size = bytes.size();
-  AddRawFrame(&msg, Buffer::CopyOf(bytes.data(), bytes.size()));
+  AddRawFrame(&msg, std::move(bytes));
   key->transfer[place] = StoredKey::kTransferSent;
+  key->transfer_sent[place] = absl::Now();
   ++transfers_sent_;
   transfer_bytes_sent_ += size;
   const int rank = RankAt(*key, place);
@@ -1530,25 +1549,29 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
     return;
   }
   StoredKey* key = shard->store.Find(k.key(), k.offset());
-  if (key == nullptr || !key->replicated ||
-      key->replica_seq < k.replica_seq()) {
-    absl::StatusOr<std::unique_ptr<Optimizer>> opt =
-        Optimizer::Create(saved.optimizer_spec());
-    if (!opt.ok()) {
-      ++malformed_;
-      answer(absl::DataLossError(absl::StrCat("transfer names optimizer '",
-                                              saved.optimizer_spec(),
-                                              "': ", opt.status().message())));
-      return;
-    }
-    {
-      absl::MutexLock lock(&settings_mu_);
-      settings_.optimizer = std::shared_ptr<const Optimizer>(std::move(*opt));
-      settings_.optimizer_spec =
-          settings_.optimizer ? settings_.optimizer->spec() : "none";
-      settings_.compression =
-          saved.compression_type().empty() ? "none" : saved.compression_type();
-      settings_.threshold = saved.compression_threshold();
+  bool catching_up = false;
+  {
+    absl::MutexLock lock(&catch_up_mu_);
+    catching_up = catch_up_ != nullptr && !catch_up_->done;
+  }
+  // A slice new here only while catching up; one held here only at the
+  // place it holds it (the sender names the place, and with it the chain).
+  if ((key == nullptr && !catching_up) ||
+      (key != nullptr && (!key->replicated || key->replica != k.replica()))) {
+    ++malformed_;
+    answer(absl::FailedPreconditionError(absl::StrCat(
+        "transfer of key ", k.key(), " offset ", k.offset(), " as place ",
+        k.replica(), ": not a slice this server receives there")));
+    return;
+  }
+  if (key == nullptr || key->replica_seq < k.replica_seq()) {
+    // The job's optimizer and compression: a replacement has none yet.
+    if (catching_up) {
+      if (absl::Status set = InstallSettings(saved, "transfer"); !set.ok()) {
+        ++malformed_;
+        answer(set);
+        return;
+      }
     }
     const bool added = key == nullptr;
     if (!added) shard->store.Erase(k.key(), k.offset());
@@ -1605,13 +1628,8 @@ void KVServer::CatchUpLoop() {
     std::vector<int> ask;
     for (int r = 0; r < num_servers_ && r < static_cast<int>(states.size());
          ++r) {
-      if (r == rank_ || states[r].dead) continue;
-      auto counted = catch_up_->counted.find(r);
-      if (counted != catch_up_->counted.end() &&
-          catch_up_->taken[r].size() >= counted->second) {
-        continue;
-      }
-      ask.push_back(r);
+      if (r != rank_ && !states[r].dead && !catch_up_->SentAll(r))
+        ask.push_back(r);
     }
     catch_up_mu_.Unlock();
     for (int r : ask) {
@@ -1636,12 +1654,8 @@ void KVServer::CheckCaughtUp() {
     for (int r = 0; r < num_servers_ && r < static_cast<int>(states.size());
          ++r) {
       if (r == rank_ || states[r].dead) continue;
-      auto counted = catch_up_->counted.find(r);
-      if (counted == catch_up_->counted.end() ||
-          catch_up_->taken[r].size() < counted->second) {
-        return;
-      }
-      slices += counted->second;
+      if (!catch_up_->SentAll(r)) return;
+      slices += catch_up_->counted[r];
     }
     catch_up_->done = true;
     catch_up_cv_.SignalAll();

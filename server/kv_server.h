@@ -194,6 +194,10 @@ class KVServer : private EngineContext {
   void ReplicaAnswered(Shard* shard, const Message& msg);
   // Answers the held updates every live backup holds, oldest first.
   void AnswerReplicated(Shard* shard, StoredKey* key);
+  // A checkpoint's or a transfer's optimizer and compression settings
+  // become this server's; DataLoss naming `what` for an unknown optimizer.
+  absl::Status InstallSettings(const wire::ServerCheckpoint& saved,
+                               const char* what);
   // Applies the table's server states to `shard`'s slices.
   void ApplyStates(Shard* shard, std::vector<ServerState> states);
   // The rank at place `place` of `key`'s chain.
@@ -207,7 +211,7 @@ class KVServer : private EngineContext {
   // asked for (every slice it answers for whose chain holds `rank`, then
   // the count); one slice's snapshot to it; its answer.
   void TransferRequested(int rank, const wire::Header& request);
-  void SendTransfer(Shard* shard, StoredKey* key, int place);
+  void SendTransfer(StoredKey* key, int place);
   void TransferAnswered(Shard* shard, const Message& msg);
   // The replacement's side: a slice's snapshot; a server's count.
   void TakeTransfer(Shard* shard, Message&& msg);
@@ -300,6 +304,13 @@ class KVServer : private EngineContext {
     std::map<int, std::set<std::pair<uint64_t, uint64_t>>> taken;
     uint64_t bytes = 0;
     bool done = false;
+    // Server `rank` said how many slices it sends, and all of them came.
+    bool SentAll(int rank) const {
+      auto c = counted.find(rank);
+      auto t = taken.find(rank);
+      const size_t got = t == taken.end() ? 0 : t->second.size();
+      return c != counted.end() && got >= c->second;
+    }
   };
   absl::Mutex catch_up_mu_;
   std::unique_ptr<CatchUp> catch_up_ ABSL_GUARDED_BY(catch_up_mu_);

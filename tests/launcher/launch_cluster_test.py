@@ -452,6 +452,23 @@ class LaunchClusterTest(unittest.TestCase):
                 '2bit', '--gc-threshold', '1', '--lr', '0.1', '--momentum', '0.5',
                 '--epochs', str(epochs), '--test-subset', '1000']
 
+    def fault_free_checksums(self, job):
+        """Runs `job` unreplicated and without faults: both workers' final weights
+        checksums (equal), what a faulted replicated run must end with."""
+        code, out, _ = self.launch(job, timeout=300)
+        self.assertEqual(code, 0, out)
+        want = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
+        self.assertEqual(len(want), 2, out)
+        self.assertEqual(want[0], want[1], out)
+        return want
+
+    def wait_for_workers(self):
+        """Waits (up to 60 s) until the started job's worker 1 runs."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 4) is None:
+            time.sleep(0.01)  # DMLC_TASK_ID 4: worker 1 of 3 servers and 2 workers
+        self.assertIsNotNone(node_pid(self.mark, 'worker', 4), 'worker 1 never started')
+
     def test_replicated_server_killed_mid_training_fails_over_to_the_same_bits(self):
         # --replicas 2: every slice on its primary and the next server. A server
         # SIGKILLed mid-training and not restarted: its slices' backups take over, the
@@ -459,19 +476,10 @@ class LaunchClusterTest(unittest.TestCase):
         # weights of a fault-free, unreplicated run, bit for bit (every push applied
         # once: a push lost or applied twice changes the exact sums).
         job = self.replicated_training_job(epochs=3)
-        code, out, _ = self.launch(job, timeout=300)
-        self.assertEqual(code, 0, out)
-        want = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
-        self.assertEqual(len(want), 2, out)
-        self.assertEqual(want[0], want[1], out)
+        want = self.fault_free_checksums(job)
 
         self.start(['--replicas', '2'] + job)
-        deadline = time.monotonic() + 60
-        victim = None
-        while time.monotonic() < deadline and victim is None:
-            victim = node_pid(self.mark, 'worker', 4)  # DMLC_TASK_ID of worker 1
-            time.sleep(0.01)
-        self.assertIsNotNone(victim, 'worker 1 never started')
+        self.wait_for_workers()
         delay = random.uniform(1.0, 2.5)  # inside the first epoch (about 2-4 s)
         sys.stderr.write('killing server 1 %.3f s after the workers started\n' % delay)
         time.sleep(delay)
@@ -507,10 +515,7 @@ class LaunchClusterTest(unittest.TestCase):
         # with it, is SIGKILLed too: the replacement answers for their slices. The job ends 0 with the
         # final weights of a fault-free, unreplicated run, bit for bit.
         job = self.replicated_training_job(epochs=4)
-        code, out, _ = self.launch(job, timeout=300)
-        self.assertEqual(code, 0, out)
-        want = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
-        self.assertEqual(len(want), 2, out)
+        want = self.fault_free_checksums(job)
 
         self.start(['--replicas', '2', '--spare-servers', '1'] + job)
         lines = []
@@ -525,9 +530,7 @@ class LaunchClusterTest(unittest.TestCase):
                     caught_up.set()
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 4) is None:
-            time.sleep(0.01)
+        self.wait_for_workers()
         time.sleep(random.uniform(1.0, 2.0))
         first = node_pid(self.mark, 'server', 1)
         self.assertIsNotNone(first, 'server 1 is not running')
@@ -576,15 +579,10 @@ class LaunchClusterTest(unittest.TestCase):
         # scheduler fails the old one over at the registration and gives the rank back
         # as a replacement, which catches up; same weights bit for bit, job ends 0.
         job = self.replicated_training_job(epochs=3)
-        code, out, _ = self.launch(job, timeout=300)
-        self.assertEqual(code, 0, out)
-        want = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
-        self.assertEqual(len(want), 2, out)
+        want = self.fault_free_checksums(job)
 
         self.start(['--replicas', '2', '--restarts', '1'] + job)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 4) is None:
-            time.sleep(0.01)
+        self.wait_for_workers()
         time.sleep(random.uniform(1.0, 2.0))
         victim = node_pid(self.mark, 'server', 1)
         self.assertIsNotNone(victim, 'server 1 is not running')
@@ -613,9 +611,7 @@ class LaunchClusterTest(unittest.TestCase):
         # once: the job ends non-zero within the heartbeat time-out (2 s) and a few
         # seconds, saying which servers' slices lost every replica.
         self.start(['--replicas', '2'] + self.replicated_training_job(epochs=3))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 4) is None:
-            time.sleep(0.01)
+        self.wait_for_workers()
         time.sleep(1.0)
         victims = [node_pid(self.mark, 'server', i) for i in (0, 2)]
         self.assertNotIn(None, victims)

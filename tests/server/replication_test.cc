@@ -518,7 +518,7 @@ TEST_F(ReplicationTest, ABackupBehindWhatIsKeptGetsTheSliceWhole) {
   ASSERT_TRUE(held.has_value());
   EXPECT_TRUE(FromWire(held->header.status()).ok());
   primary_.server().Handle(*std::move(held));
-  // Round 1 was answered without it (in transfer); both pulls agree.
+  // Round 1 is answered once it holds the slice; both pulls agree.
   ASSERT_TRUE(primary_.NextReply().has_value());
   ASSERT_TRUE(primary_.NextReply().has_value());
   primary_.server().Handle(Pull(0, 2, 3));
@@ -530,6 +530,54 @@ TEST_F(ReplicationTest, ABackupBehindWhatIsKeptGetsTheSliceWhole) {
   ASSERT_TRUE(on_backup.has_value());
   EXPECT_EQ(ValuesOf(*on_backup), ValuesOf(*on_primary));
   EXPECT_EQ(ValuesOf(*on_backup), (std::vector<float>{8, 9, 10}));
+}
+
+// A transfer is taken only at the place the receiver holds the slice, and a
+// slice new to it only while it catches up: the sender names the place (and
+// so the chain), so a server could otherwise overwrite or move any slice.
+TEST_F(ReplicationTest, ATransferAtAnotherPlaceOrOfANewSliceIsRefused) {
+  SetUpChain(/*sync=*/true);
+  auto transfer = [](uint64_t key, uint32_t place) {
+    wire::ServerCheckpoint saved;
+    saved.set_optimizer_spec("sgd lr=-1 momentum=0.5");
+    wire::CheckpointKey* k = saved.add_keys();
+    k->set_key(key);
+    k->set_length(3);
+    k->set_total_length(3);
+    k->set_sync_mode(true);
+    const float w[3] = {100, 100, 100};
+    k->set_weights(w, sizeof(w));
+    k->add_optimizer_state(std::string(sizeof(w), '\0'));
+    for (int r = 0; r < kWorkers; ++r) k->add_received(7);
+    k->set_replica(place);
+    k->set_replica_seq(9);
+    const std::string bytes = saved.SerializeAsString();
+    Message m;
+    m.header.set_command(wire::KV_TRANSFER);
+    m.header.set_sender(ServerId(0));
+    m.header.set_request_id(next_request++);
+    m.header.mutable_slice()->set_key(key);
+    m.header.set_replica_seq(9);
+    AddRawFrame(&m, Buffer::CopyOf(bytes.data(), bytes.size()));
+    return m;
+  };
+  // The backup holds key 7 at place 1; at place 0 its chain would start at
+  // rank 1, whose acting primary is itself: ignored.
+  backup_.server().Handle(transfer(kKey, 0));
+  // Key 8 is not held and the backup is not catching up.
+  backup_.server().Handle(transfer(kKey + 1, 1));
+  std::optional<Message> refused = backup_.NextToServer();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_TRUE(absl::IsFailedPrecondition(FromWire(refused->header.status())))
+      << refused->header.status().message();
+  EXPECT_FALSE(backup_.NextToServer(absl::Milliseconds(100)).has_value());
+  // Key 7 is what it was: the backup, promoted, answers a pull with it.
+  backup_.server().ServerDied(0);
+  backup_.server().Handle(Pull(0, 0, 3));
+  std::optional<Message> pulled = backup_.NextReply();
+  ASSERT_TRUE(pulled.has_value());
+  EXPECT_EQ(ValuesOf(*pulled), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(backup_.server().stats().replica_updates(), 0u);
 }
 
 // common/replica_chain.h: members answer in chain order, replacements after
