@@ -250,6 +250,7 @@ void Node::UpdateTable(const wire::NodeTable& table) {
           continue;  // known, or an earlier life's death (since replaced)
         }
         known->second.set_dead(true);
+        known->second.set_left(n.left());
         // Nothing more goes to it: what was queued is dropped.
         if (WantsLink(n.id())) transport_->Disconnect(n.id());
         died.push_back(n.id());
@@ -297,9 +298,21 @@ void Node::UpdateTable(const wire::NodeTable& table) {
     return;
   }
   for (int peer : died) {
-    TESSERA_LOG(WARNING) << Describe(peer)
-                         << " was declared dead; its key slices fail over to "
-                            "their replicas";
+    const wire::NodeInfo gone = [&] {
+      absl::MutexLock lock(&mu_);
+      return nodes_[peer];
+    }();
+    if (gone.role() == wire::WORKER) {
+      TESSERA_LOG(WARNING) << Describe(peer)
+                           << (gone.left() ? " left the job"
+                                           : " was declared dead")
+                           << "; the rounds it has not pushed to complete "
+                              "without it (TESSERA_ELASTIC)";
+    } else {
+      TESSERA_LOG(WARNING) << Describe(peer)
+                           << " was declared dead; its key slices fail over "
+                              "to their replicas";
+    }
     if (callbacks_.on_peer_dead) callbacks_.on_peer_dead(peer);
   }
   for (int peer : changed) {
@@ -507,6 +520,14 @@ absl::Status Node::Finish() {
     return absl::OkStatus();
   }
   if (!failure_.ok()) return failure_;
+  return absl::OkStatus();
+}
+
+absl::Status Node::Leave() {
+  TESSERA_RETURN_IF_ERROR(CallScheduler(wire::WORKER_LEAVE, wire::Header(),
+                                        options_.request_timeout,
+                                        "leaving the elastic job"));
+  MarkPartDone();
   return absl::OkStatus();
 }
 
@@ -762,6 +783,7 @@ void Node::HandleControl(Message&& msg) {
       return;
     case wire::BARRIER:
     case wire::WORKER_DONE:
+    case wire::WORKER_LEAVE:
     case wire::HEARTBEAT: {
       if (!h.is_response()) return;
       absl::MutexLock lock(&mu_);

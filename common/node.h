@@ -164,6 +164,13 @@ class Node {
   // counted this node done, unless the job failed meanwhile (a node died).
   absl::Status Finish();
 
+  // Elastic jobs (TESSERA_ELASTIC), a worker: leaves the job before its end
+  // (after its last step; every reply to its pushes came). The scheduler
+  // takes it out of the membership and tells the servers, which complete
+  // later rounds without it; returns once the scheduler took the goodbye.
+  // The node may stop then. FailedPrecondition in a job that is not elastic.
+  absl::Status Leave();
+
   // This node's part of the job is complete (Finish does it; a server calls it
   // once every worker has said goodbye). From then
   // on, a scheduler that goes silent ends the node without failure: the job's

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 
 namespace tessera {
@@ -210,6 +211,23 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
     return absl::InvalidArgumentError(
         "TESSERA_SPARE=1: a spare is a server of a job with TESSERA_REPLICAS "
         ">= 2 (it takes the rank of a dead server)");
+  }
+  if (const std::string elastic = ReadString(env, "TESSERA_ELASTIC");
+      !elastic.empty()) {
+    const std::string expected = absl::StrCat(
+        "MIN:MAX, whole numbers with 1 <= MIN <= DMLC_NUM_WORKER (",
+        o.num_workers,
+        ") = MAX (workers joining a running job are not taken "
+        "yet)");
+    std::vector<std::string> parts = absl::StrSplit(elastic, ':');
+    int min = 0, max = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &min) ||
+        !absl::SimpleAtoi(parts[1], &max) || min < 1 || min > max ||
+        max != o.num_workers) {
+      return BadValue("TESSERA_ELASTIC", elastic, expected);
+    }
+    o.elastic_min = min;
+    o.elastic_max = max;
   }
   TESSERA_ASSIGN_OR_RETURN(flag, ReadInt(env, "PS_RESEND", 0, 1, 1, "0 or 1"));
   o.resend = flag == 1;

@@ -65,6 +65,16 @@ struct Options {
   // without TESSERA_START_TIMEOUT's deadline (the scheduler ends it with the
   // job).
   bool spare = false;
+  // TESSERA_ELASTIC=MIN:MAX (launch.py --elastic): workers may leave while the
+  // job runs (docs/faults.md, "Elastic jobs"). A worker that says goodbye
+  // (SIGTERM) or is declared dead leaves the membership of every dist_sync
+  // round that it has not pushed to yet, and the job goes on while at least
+  // MIN workers have not left; MAX bounds the workers of the job (joins are
+  // not taken yet, so MAX is DMLC_NUM_WORKER). 0:0 (unset): not elastic, a
+  // worker's death ends the job.
+  int elastic_min = 0;
+  int elastic_max = 0;
+  bool elastic() const { return elastic_min > 0; }
 
   // Acknowledged delivery (worker requests). PS_RESEND: 1 (default) keeps each
   // request until its reply and sends it again when no reply came within

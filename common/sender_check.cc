@@ -17,7 +17,8 @@ bool IsSchedulerNotice(wire::Command command) {
 
 bool IsNodeRequest(wire::Command command) {
   return command == wire::REGISTER || command == wire::BARRIER ||
-         command == wire::HEARTBEAT || command == wire::WORKER_DONE;
+         command == wire::HEARTBEAT || command == wire::WORKER_DONE ||
+         command == wire::WORKER_LEAVE;
 }
 
 absl::Status Denied(Role key_role, const std::string& why) {
@@ -31,8 +32,9 @@ absl::Status CheckClaimedSender(const wire::Header& h, Role key_role) {
   const int sender = h.sender();
   if (sender == 0) {
     if (key_role == Role::kScheduler) {
-      return Denied(key_role, "it claims no sender id (a node not yet in the "
-                              "job)");
+      return Denied(key_role,
+                    "it claims no sender id (a node not yet in the "
+                    "job)");
     }
   } else {
     std::optional<Role> claimed = RoleOfNodeId(sender);
@@ -41,9 +43,8 @@ absl::Status CheckClaimedSender(const wire::Header& h, Role key_role) {
                                            ", which no node can have"));
     }
     if (*claimed != key_role) {
-      return Denied(key_role,
-                    absl::StrCat("it claims sender ", sender, " (a ",
-                                 RoleName(*claimed), ")"));
+      return Denied(key_role, absl::StrCat("it claims sender ", sender, " (a ",
+                                           RoleName(*claimed), ")"));
     }
   }
   if (h.plane() == wire::CONTROL) {
@@ -54,17 +55,15 @@ absl::Status CheckClaimedSender(const wire::Header& h, Role key_role) {
     const bool from_node = (IsSchedulerNotice(command) && h.is_response()) ||
                            (IsNodeRequest(command) && !h.is_response());
     if (from_scheduler && key_role != Role::kScheduler) {
-      return Denied(key_role,
-                    absl::StrCat("only the scheduler sends ",
-                                 wire::Command_Name(command),
-                                 h.is_response() ? " answers" : ""));
+      return Denied(key_role, absl::StrCat("only the scheduler sends ",
+                                           wire::Command_Name(command),
+                                           h.is_response() ? " answers" : ""));
     }
     if (from_node && key_role == Role::kScheduler) {
-      return Denied(key_role,
-                    absl::StrCat("the scheduler never sends ",
-                                 wire::Command_Name(command),
-                                 h.is_response() ? " acknowledgements"
-                                                 : " requests"));
+      return Denied(key_role, absl::StrCat("the scheduler never sends ",
+                                           wire::Command_Name(command),
+                                           h.is_response() ? " acknowledgements"
+                                                           : " requests"));
     }
     if (command == wire::REGISTER && !h.is_response()) {
       const wire::Role role = h.register_().node().role();
@@ -72,8 +71,8 @@ absl::Status CheckClaimedSender(const wire::Header& h, Role key_role) {
           (role == wire::SERVER && key_role == Role::kServer) ||
           (role == wire::WORKER && key_role == Role::kWorker);
       if (!matches) {
-        return Denied(key_role, absl::StrCat("it registers as ",
-                                             wire::Role_Name(role)));
+        return Denied(key_role,
+                      absl::StrCat("it registers as ", wire::Role_Name(role)));
       }
     }
   }

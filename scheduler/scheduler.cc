@@ -117,6 +117,14 @@ Scheduler::Metrics::Metrics() {
                  "Nodes registered, by role.", {{"role", "worker"}});
   finished_workers = r.GetGauge("tessera_scheduler_finished_workers",
                                 "Workers that have finished their work.");
+  workers_in_job = r.GetGauge(
+      "tessera_scheduler_workers_in_job",
+      "Workers in the job's membership: registered and not left (an elastic "
+      "job's workers leave by goodbye or death, TESSERA_ELASTIC).");
+  workers_left = r.GetCounter(
+      "tessera_scheduler_workers_left_total",
+      "Workers of an elastic job (TESSERA_ELASTIC) that left while it ran: "
+      "said goodbye or were declared dead.");
   formed = r.GetGauge("tessera_scheduler_job_formed",
                       "1 once every node registered and got the node table.");
   oldest_heartbeat_age = r.GetGauge(
@@ -472,12 +480,23 @@ void Scheduler::Handle(Message&& msg) {
     return;
   }
   if (nodes_[sender].dead()) {
+    if (nodes_[sender].left() && h.command() == wire::WORKER_LEAVE) {
+      // Its goodbye was taken; the answer was lost.
+      Reply(sender, h, absl::OkStatus());
+      return;
+    }
     // Declared dead, yet it speaks (it was cut off, not gone): its slices
-    // answer elsewhere now, so it must not go on. Told at each message.
+    // answer elsewhere now (its rounds go on without it), so it must not go
+    // on. Told at each message.
     if (!acknowledgement) {
       Message abort = AbortMessage(
-          "this server was declared dead (silent past PS_HEARTBEAT_TIMEOUT) "
-          "and its key slices failed over to their replicas");
+          nodes_[sender].role() == wire::WORKER
+              ? "this worker was declared dead (silent past "
+                "PS_HEARTBEAT_TIMEOUT) and left the job (TESSERA_ELASTIC); "
+                "the rounds go on without it"
+              : "this server was declared dead (silent past "
+                "PS_HEARTBEAT_TIMEOUT) and its key slices failed over to "
+                "their replicas");
       abort.header.set_recipient(sender);
       (void)transport_->Send(sender, abort);
     }
@@ -510,6 +529,21 @@ void Scheduler::Handle(Message&& msg) {
       return;
     case wire::WORKER_DONE:
       HandleWorkerDone(sender, h);
+      return;
+    case wire::WORKER_LEAVE:
+      if (!IsWorkerId(sender) || !options_.elastic()) {
+        Reply(sender, h,
+              absl::FailedPreconditionError(
+                  "only a worker of an elastic job (TESSERA_ELASTIC) leaves "
+                  "before the job's end"));
+        return;
+      }
+      if (done_workers_.count(sender) != 0) {
+        Reply(sender, h, absl::OkStatus());  // finished: nothing to leave
+        return;
+      }
+      WorkerLeaves(sender, /*goodbye=*/true, "left the job (it said goodbye)");
+      if (!ended_) Reply(sender, h, absl::OkStatus());
       return;
     default:
       TESSERA_LOG(WARNING) << "ignored unexpected message " << DebugString(msg);
@@ -719,8 +753,7 @@ void Scheduler::HandleWorkerDone(int sender, const wire::Header& h) {
   Reply(sender, h, absl::OkStatus());
   TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
                   << done_workers_.size() << "/" << options_.num_workers << ")";
-  if (!ended_ &&
-      static_cast<int>(done_workers_.size()) == options_.num_workers) {
+  if (!ended_ && AllWorkersDone()) {
     Message term;
     term.header.set_command(wire::TERMINATE);
     TESSERA_VLOG(1) << "all workers finished; job done";
@@ -919,11 +952,19 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   }
   if (node.dead()) {
     // Its slices failed over to their replicas; an empty server cannot take
-    // them back (nor yet join as a backup).
-    Message abort = AbortMessage(
-        absl::StrCat(Describe(node),
-                     " was declared dead and its key slices failed over to "
-                     "their replicas; it cannot rejoin"));
+    // them back (nor yet join as a backup). A worker of an elastic job left
+    // the rounds, which went on without it.
+    Message abort = AbortMessage(absl::StrCat(
+        Describe(node),
+        node.role() == wire::WORKER
+            ? (node.left() ? " left the job"
+                           : " was declared dead and left the job")
+            : " was declared dead and its key slices failed over to their "
+              "replicas",
+        node.role() == wire::WORKER
+            ? " (TESSERA_ELASTIC); joining a running job is not supported "
+              "yet"
+            : "; it cannot rejoin"));
     const int provisional = ProvisionalId(kFinishedIndex, info.role());
     if (LinkTo(provisional, info).ok()) {
       (void)transport_->Send(provisional, abort);
@@ -1054,6 +1095,7 @@ void Scheduler::FormJob() {
   formed_ = true;
   formed_at_ = absl::Now();
   metrics_.formed->Set(1);
+  metrics_.workers_in_job->Set(WorkersInJob());
   for (const auto& [id, info] : nodes_) {
     absl::Status sent = transport_->Send(id, TableMessage(id));
     if (!sent.ok())
@@ -1110,6 +1152,10 @@ void Scheduler::CheckLiveness(absl::Time now) {
     metrics_.dead_nodes->Increment();
     if (dead.role() == wire::SERVER && options_.replicas > 1) {
       FailOver(id, reason);
+      return;
+    }
+    if (dead.role() == wire::WORKER && options_.elastic()) {
+      WorkerLeaves(id, /*goodbye=*/false, reason);
       return;
     }
     Message notice;
@@ -1191,6 +1237,69 @@ void Scheduler::FailOver(int id, const std::string& reason) {
   PlaceSpares();
 }
 
+bool Scheduler::AllWorkersDone() const {
+  for (const auto& [id, n] : nodes_) {
+    if (n.role() == wire::WORKER && !n.dead() && done_workers_.count(id) == 0)
+      return false;
+  }
+  return formed_;
+}
+
+int Scheduler::WorkersInJob() const {
+  int count = 0;
+  for (const auto& [id, n] : nodes_)
+    if (n.role() == wire::WORKER && !n.dead()) ++count;
+  return count;
+}
+
+void Scheduler::WorkerLeaves(int id, bool goodbye, const std::string& reason) {
+  wire::NodeInfo& node = nodes_[id];
+  node.set_dead(true);
+  node.set_left(goodbye);
+  last_seen_.erase(id);
+  auto mine = notices_by_peer_.find(id);
+  if (mine != notices_by_peer_.end()) {
+    const std::set<uint64_t> pending = mine->second;
+    for (uint64_t n : pending) DropNotice(notices_.find(n));
+  }
+  for (auto& [group, waiting] : barriers_) waiting.erase(id);
+  metrics_.workers_left->Increment();
+  const int remaining = WorkersInJob();
+  metrics_.workers_in_job->Set(remaining);
+  const std::string bounds =
+      absl::StrCat(options_.elastic_min, ":", options_.elastic_max);
+  if (remaining < options_.elastic_min) {
+    const std::string why = absl::StrCat(
+        reason, "; ", remaining, " worker(s) left in the job, fewer than ",
+        "TESSERA_ELASTIC's minimum of ", options_.elastic_min, " (", bounds,
+        ")");
+    Message notice;
+    notice.header.set_command(wire::NODE_DEAD);
+    *notice.header.mutable_node_dead()->mutable_node() = node;
+    notice.header.mutable_node_dead()->set_reason(why);
+    EndJob(absl::UnavailableError(
+               absl::StrCat(Describe(node), " ", why, "; ending the job")),
+           notice, LivePeers(id));
+    return;
+  }
+  TESSERA_LOG(WARNING) << Describe(node) << " " << reason
+                       << "; the job goes on with " << remaining << " of "
+                       << options_.num_workers
+                       << " worker(s) (TESSERA_ELASTIC=" << bounds
+                       << "): the rounds it has not pushed to complete "
+                          "without it";
+  const Message change = ChangeMessage(node);
+  for (int peer : LivePeers(id)) SendNotice(peer, change);
+  // A barrier of workers may have waited only for it.
+  ReleaseBarriersWithoutDead();
+  if (!ended_ && AllWorkersDone()) {
+    Message term;
+    term.header.set_command(wire::TERMINATE);
+    TESSERA_VLOG(1) << "every worker still in the job finished; job done";
+    EndJob(absl::OkStatus(), term, LivePeers(/*except=*/0));
+  }
+}
+
 void Scheduler::PlaceSpares() {
   if (ended_) return;
   for (auto& [id, n] : nodes_) {
@@ -1253,7 +1362,7 @@ void Scheduler::CaughtUp(int id) {
 
 void Scheduler::ReleaseBarriersWithoutDead() {
   for (auto& [group, waiting] : barriers_) {
-    if (!(group & kGroupServers) || waiting.empty()) continue;
+    if (waiting.empty()) continue;
     int present = static_cast<int>(waiting.size());
     if (group & kGroupWorkers)
       present += static_cast<int>(done_workers_.size());
@@ -1268,7 +1377,7 @@ int Scheduler::ExpectedInBarrier(int group) const {
     for (const auto& [id, n] : nodes_)
       if (n.role() == wire::SERVER && n.dead()) --expected;
   }
-  if (group & kGroupWorkers) expected += options_.num_workers;
+  if (group & kGroupWorkers) expected += WorkersInJob();
   return expected;
 }
 

@@ -127,6 +127,15 @@ class Scheduler {
   // server `id`'s rank: new generation, catching_up, the next `joined`;
   // every live node is told, the replacement gets its table.
   void Replace(int id, const Registration& with);
+  // Elastic jobs (TESSERA_ELASTIC): worker `id` leaves the job, by goodbye
+  // (WORKER_LEAVE) or declared dead. Every live node is told (a table change
+  // marking it dead, and left for a goodbye), so the servers complete its
+  // rounds without it; fewer than the minimum left ends the job naming it.
+  void WorkerLeaves(int id, bool goodbye, const std::string& reason);
+  // Workers in the job: formed and not dead (nor left).
+  int WorkersInJob() const;
+  // Every worker in the job has finished (the job is done).
+  bool AllWorkersDone() const;
   // A held spare, if any, replaces a dead server whose rank is free.
   void PlaceSpares();
   // CAUGHT_UP from replacement `id`: it holds its slices; everyone is told.
@@ -135,7 +144,8 @@ class Scheduler {
   std::vector<int> LivePeers(int except) const;
   // How many nodes a barrier of `group` waits for (dead servers not).
   int ExpectedInBarrier(int group) const;
-  // Releases the barriers that a dead server's loss completed.
+  // Releases the barriers that a dead server's or a left worker's loss
+  // completed.
   void ReleaseBarriersWithoutDead();
   // Answers every node waiting in `group`'s barrier.
   void ReleaseBarrier(int group);
@@ -234,6 +244,8 @@ class Scheduler {
     Gauge* registered_servers;
     Gauge* registered_workers;
     Gauge* finished_workers;
+    Gauge* workers_in_job;
+    Counter* workers_left;
     Gauge* formed;
     Gauge* oldest_heartbeat_age;
   };

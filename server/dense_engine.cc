@@ -77,7 +77,8 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     // The backups apply the same rounded sum: a round of 2-bit pushes goes
     // to them as its counts (a byte a value, exact), any other as float32.
     const bool with_optimizer = settings.optimizer != nullptr;
-    SyncRound::Sum sum = round_.Finish(key_.replicated && with_optimizer);
+    SyncRound::Sum sum =
+        round_.Finish(key_.replicated && with_optimizer, with_optimizer);
     Round done;
     done.update_start = absl::Now();
     if (with_optimizer) {

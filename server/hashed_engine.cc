@@ -165,7 +165,7 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
   }
 
   Round FinishRound(const ServerSettings& settings) override {
-    RowRound::Sum sum = round_.Finish();
+    RowRound::Sum sum = round_.Finish(settings.optimizer != nullptr);
     const uint64_t l = key_.row_length;
     std::vector<uint32_t> seen(sum.rows.size());
     for (size_t i = 0; i < sum.rows.size(); ++i)

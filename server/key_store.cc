@@ -115,7 +115,16 @@ StoredKey* KeyStore::Create(const wire::KeySlice& slice, bool sync) {
   auto& slot = keys_[{slice.key(), slice.offset()}];
   slot = std::make_unique<StoredKey>(slice, sync, num_workers_, limits_,
                                      sum_mode_);
+  for (int r = 0; r < static_cast<int>(left_.size()); ++r)
+    if (left_[r]) slot->engine->Leave(r);
   return slot.get();
+}
+
+void KeyStore::WorkerLeft(int rank) {
+  if (rank < 0 || rank >= num_workers_) return;
+  left_.resize(num_workers_, false);
+  left_[rank] = true;
+  for (auto& [id, key] : keys_) key->engine->Leave(rank);
 }
 
 bool KeyStore::IsFirstSlice(const StoredKey& key) const {

@@ -126,6 +126,12 @@ class KeyStore {
   StoredKey* Find(uint64_t key, uint64_t offset);
   // REQUIRES: Find(slice) == nullptr.
   StoredKey* Create(const wire::KeySlice& slice, bool sync);
+  // Elastic jobs: worker `rank` left the job; the rounds of every slice, held
+  // now or created later, go on without it (SliceEngine::Leave).
+  void WorkerLeft(int rank);
+  bool Left(int rank) const {
+    return rank >= 0 && rank < static_cast<int>(left_.size()) && left_[rank];
+  }
   // Forgets a slice (a replacement's transfer replaces what it held).
   void Erase(uint64_t key, uint64_t offset) { keys_.erase({key, offset}); }
   // True for the slice of its key with the lowest offset in this store: a
@@ -158,6 +164,7 @@ class KeyStore {
   const SyncRound::Mode sum_mode_;
   std::map<SliceId, std::unique_ptr<StoredKey>> keys_;
   std::map<SliceId, WaitingMessages> orphans_;
+  std::vector<bool> left_;  // by worker rank
 };
 
 }  // namespace tessera

@@ -383,6 +383,14 @@ void KVServer::Handle(Message&& msg) {
                          << h.sender() << ": " << DebugString(msg);
     return;
   }
+  if (!left_workers_.empty() &&
+      left_workers_.count(RankOfId(h.sender())) != 0) {
+    Reply(msg, absl::FailedPreconditionError(
+                   absl::StrCat("worker ", RankOfId(h.sender()),
+                                " left the job (TESSERA_ELASTIC): its rounds "
+                                "went on without it")));
+    return;
+  }
   switch (h.command()) {
     case wire::KV_SET_OPTIMIZER:
     case wire::KV_SET_COMPRESSION:
@@ -392,10 +400,7 @@ void KVServer::Handle(Message&& msg) {
     case wire::KV_FINISH: {
       const bool first = finished_workers_.insert(RankOfId(h.sender())).second;
       Reply(msg, absl::OkStatus());
-      if (first && static_cast<int>(finished_workers_.size()) == num_workers_) {
-        TESSERA_VLOG(1) << "every worker finished with this server";
-        if (on_workers_finished_) on_workers_finished_();
-      }
+      if (first) CheckWorkersFinished();
       return;
     }
     case wire::KV_INIT:
@@ -776,6 +781,14 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   // A backup holds a worker's request until it answers for the slice (the
   // worker heard of the primary's death before this server did).
   if (key->replicated && !Active(*ShardOf(key->key), *key)) return false;
+  if (key->engine->Left(RankOfId(msg.header.sender()))) {
+    // Held before its worker left the job (elastic): not taken now.
+    Reply(msg, absl::FailedPreconditionError(absl::StrCat(
+                   "worker ", RankOfId(msg.header.sender()),
+                   " left the job (TESSERA_ELASTIC): its rounds went on "
+                   "without it")));
+    return true;
+  }
   if (msg.header.command() == wire::KV_PULL) {
     const int rank = RankOfId(msg.header.sender());
     // Read your own pushes: a pull waits for the pushes its worker made before
@@ -1334,6 +1347,31 @@ void KVServer::ResendUpdates(Shard* shard, StoredKey* key) {
     p.sent = now;
     p.wait = std::min(p.wait * 2, replica_resend_ * 8);
   }
+}
+
+void KVServer::CheckWorkersFinished() {
+  int done = static_cast<int>(finished_workers_.size());
+  for (int r : left_workers_) done += finished_workers_.count(r) == 0 ? 1 : 0;
+  if (done != num_workers_ || workers_finished_reported_) return;
+  workers_finished_reported_ = true;
+  TESSERA_VLOG(1) << "every worker finished with this server (or left)";
+  if (on_workers_finished_) on_workers_finished_();
+}
+
+void KVServer::WorkerLeft(int rank) {
+  if (rank < 0 || rank >= num_workers_ || !left_workers_.insert(rank).second)
+    return;
+  for (auto& shard : shards_) {
+    Post(shard.get(), [this, rank](Shard* s) {
+      s->store.WorkerLeft(rank);
+      for (auto& [id, key] : s->store.keys()) {
+        StoredKey* k = key.get();
+        if (k->sync && k->engine->RoundComplete()) CompleteRound(k, -1);
+        Replay(k);
+      }
+    });
+  }
+  CheckWorkersFinished();
 }
 
 void KVServer::ServerDied(int rank) {

@@ -115,6 +115,11 @@ class KVServer : private EngineContext {
   // rank, a replacement caught up): every slice follows them. From
   // Handle's thread.
   void UpdateServers(std::vector<ServerState> states);
+  // Elastic jobs (TESSERA_ELASTIC): worker `rank` left the job (goodbye or
+  // declared dead). Every slice's open round that it has not pushed to, and
+  // every later round, completes without it; what it sends from now on is
+  // refused (FailedPrecondition). From Handle's thread.
+  void WorkerLeft(int rank);
   // A replacement server (its own entry catching_up): asks every live server
   // for the slices of its chains (KV_TRANSFER) every PS_RESEND_TIMEOUT until
   // each has sent all it counted, then calls `caught_up` once. `states`
@@ -318,6 +323,11 @@ class KVServer : private EngineContext {
   std::thread catch_up_thread_;
   std::function<void()> on_workers_finished_;
   std::set<int> finished_workers_;  // ranks; Handle's thread only
+  std::set<int> left_workers_;      // elastic jobs; Handle's thread only
+  bool workers_finished_reported_ = false;  // Handle's thread only
+  // Called when a worker finished or left: on_workers_finished_ once every
+  // worker has done one or the other.
+  void CheckWorkersFinished();
 
   std::map<uint64_t, std::unique_ptr<KeyMetrics>> key_series_
       ABSL_GUARDED_BY(key_counts_mu_);

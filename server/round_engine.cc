@@ -1,5 +1,6 @@
 #include "server/round_engine.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -71,9 +72,11 @@ void SyncRound::ReplaceRequest(int sender, const wire::Header& request) {
   }
 }
 
-SyncRound::Sum SyncRound::Finish(bool want_counts) {
+SyncRound::Sum SyncRound::Finish(bool want_counts, bool rescale) {
   Sum sum;
-  if (want_counts && sum_ != nullptr && sum_->counting() &&
+  const int workers = static_cast<int>(contributed_.size());
+  const bool partial = rescale && count_ > 0 && count_ < workers;
+  if (want_counts && !partial && sum_ != nullptr && sum_->counting() &&
       contributed_.size() > 1) {
     sum.counts = Buffer::Allocate(length_);
     if (!sum_->PackCounts(reinterpret_cast<int8_t*>(sum.counts.mutable_data()),
@@ -90,14 +93,24 @@ SyncRound::Sum SyncRound::Finish(bool want_counts) {
   } else {
     sum.values = sum_->Finish();
   }
+  if (partial) {
+    scaled_ = Buffer::Allocate(length_ * sizeof(float));
+    float* out = scaled_.mutable_floats();
+    const float factor =
+        static_cast<float>(workers) / static_cast<float>(count_);
+    for (uint64_t i = 0; i < length_; ++i) out[i] = sum.values[i] * factor;
+    sum.values = out;
+  }
   contributed_.assign(contributed_.size(), false);
   count_ = 0;
+  members_ = static_cast<int>(std::count(left_.begin(), left_.end(), false));
   return sum;
 }
 
 void SyncRound::Release() {
   if (sum_ != nullptr) sum_->Release();
   arrival_ = Buffer();
+  scaled_ = Buffer();
 }
 
 std::vector<wire::Header> SyncRound::TakeRequests() {
@@ -203,8 +216,10 @@ void RowRound::ReplaceRequest(int sender, const wire::Header& request) {
   }
 }
 
-RowRound::Sum RowRound::Finish() {
+RowRound::Sum RowRound::Finish(bool rescale) {
   Sum sum;
+  const int workers = static_cast<int>(contributed_.size());
+  const bool partial = rescale && count_ > 0 && count_ < workers;
   sum.rows.swap(rows_);
   slot_.clear();
   if (!single_.empty()) {
@@ -224,8 +239,21 @@ RowRound::Sum RowRound::Finish() {
     arrival_.clear();
     sum.values = scratch_.data();
   }
+  if (partial && sum.values != nullptr) {
+    // Workers left: the sum of m pushes times workers / m (a kept push is
+    // never partial: it is one worker's of a one-worker job).
+    const size_t n = sum.rows.size() * row_length_;
+    const float factor =
+        static_cast<float>(workers) / static_cast<float>(count_);
+    if (sum.values != scratch_.data()) {
+      scratch_.assign(sum.values, sum.values + n);
+    }
+    for (size_t i = 0; i < n; ++i) scratch_[i] *= factor;
+    sum.values = scratch_.data();
+  }
   contributed_.assign(contributed_.size(), false);
   count_ = 0;
+  members_ = static_cast<int>(std::count(left_.begin(), left_.end(), false));
   return sum;
 }
 

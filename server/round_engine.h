@@ -41,7 +41,21 @@ class SyncRound {
  public:
   enum class Mode { kExact, kArrival };
   SyncRound(int num_workers, uint64_t length, Mode mode = Mode::kExact)
-      : length_(length), mode_(mode), contributed_(num_workers, false) {}
+      : length_(length),
+        mode_(mode),
+        contributed_(num_workers, false),
+        left_(num_workers, false),
+        members_(num_workers) {}
+
+  // Elastic jobs: `rank` left the job. It leaves the open round unless it
+  // has pushed to it (its push counts), and every later round; complete()
+  // may then hold. Idempotent.
+  void Leave(int rank) {
+    if (left_[rank]) return;
+    left_[rank] = true;
+    if (!contributed_[rank]) --members_;
+  }
+  bool Left(int rank) const { return left_[rank]; }
 
   // True when `rank` has contributed to the open round.
   bool Contributed(int rank) const { return contributed_[rank]; }
@@ -59,9 +73,9 @@ class SyncRound {
   void ReplaceRequest(int sender, const wire::Header& request);
 
   int count() const { return count_; }
-  bool complete() const {
-    return count_ == static_cast<int>(contributed_.size());
-  }
+  // Every member of the round has pushed (a round with no push is never
+  // complete, even when every worker left).
+  bool complete() const { return count_ > 0 && count_ >= members_; }
 
   struct Sum {
     const float* values = nullptr;  // length floats
@@ -76,7 +90,11 @@ class SyncRound {
   };
   // The round's sum; the round is open again, empty. REQUIRES: complete().
   // `want_counts`: also the counts, when the round counted 2-bit pushes.
-  Sum Finish(bool want_counts = false);
+  // `rescale`: a round of m pushes out of num_workers (workers left an
+  // elastic job) gives its sum times num_workers / m (the rounded sum
+  // multiplied in float32, no counts), so that an optimizer's rescale_grad
+  // set for num_workers workers still takes the mean.
+  Sum Finish(bool want_counts = false, bool rescale = false);
   // The requests to answer, in the order they arrived.
   std::vector<wire::Header> TakeRequests();
 
@@ -96,8 +114,11 @@ class SyncRound {
   const uint64_t length_;
   const Mode mode_;
   std::vector<bool> contributed_;
+  std::vector<bool> left_;  // elastic jobs: out of every later round
+  int members_;             // ranks the open round waits for
   std::vector<wire::Header> requests_;
   int count_ = 0;
+  Buffer scaled_;                  // Finish(_, true) of a partial round
   std::unique_ptr<ExactSum> sum_;  // two or more workers
   Buffer arrival_;                 // Mode::kArrival: the float32 sum so far
   Buffer single_;                  // one worker: its push
@@ -120,7 +141,17 @@ class RowRound {
       : row_length_(row_length),
         mode_(mode),
         contributed_(num_workers, false),
+        left_(num_workers, false),
+        members_(num_workers),
         exact_(0) {}
+
+  // As SyncRound's.
+  void Leave(int rank) {
+    if (left_[rank]) return;
+    left_[rank] = true;
+    if (!contributed_[rank]) --members_;
+  }
+  bool Left(int rank) const { return left_[rank]; }
 
   bool Contributed(int rank) const { return contributed_[rank]; }
   // Adds `rank`'s push: `count` rows (ids relative to the slice) whose
@@ -142,9 +173,7 @@ class RowRound {
                          const wire::Header& request);
   void ReplaceRequest(int sender, const wire::Header& request);
   int count() const { return count_; }
-  bool complete() const {
-    return count_ == static_cast<int>(contributed_.size());
-  }
+  bool complete() const { return count_ > 0 && count_ >= members_; }
   struct Sum {
     std::vector<uint64_t> rows;  // the rows some push touched
     // Row i's row_length values: values + i x row_length (valid until the
@@ -158,7 +187,8 @@ class RowRound {
     }
   };
   // The round's sum; the round is open again, empty. REQUIRES: complete().
-  Sum Finish();
+  // `rescale` as SyncRound::Finish's.
+  Sum Finish(bool rescale = false);
   std::vector<wire::Header> TakeRequests();
 
  private:
@@ -169,6 +199,8 @@ class RowRound {
   const uint64_t row_length_;
   const SyncRound::Mode mode_;
   std::vector<bool> contributed_;
+  std::vector<bool> left_;
+  int members_;
   std::vector<wire::Header> requests_;
   int count_ = 0;
   absl::flat_hash_map<uint64_t, uint64_t> slot_;  // row -> slot

@@ -112,7 +112,7 @@ class RowEngine : public RoundSliceEngine<RowRound> {
   }
 
   Round FinishRound(const ServerSettings& settings) override {
-    RowRound::Sum sum = round_.Finish();
+    RowRound::Sum sum = round_.Finish(settings.optimizer != nullptr);
     const uint64_t l = key_.row_length;
     Round done;
     done.update_start = absl::Now();

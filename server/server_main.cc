@@ -211,6 +211,10 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   // receiving thread from Start on); UpdateServers below covers those.
   std::atomic<tessera::Node*> live_node{nullptr};
   callbacks.on_peer_dead = [&server, &live_node](int peer) {
+    if (tessera::IsWorkerId(peer)) {
+      server.WorkerLeft(tessera::RankOfId(peer));  // an elastic job's
+      return;
+    }
     if (!tessera::IsServerId(peer)) return;
     if (tessera::Node* n = live_node.load()) {
       server.UpdateServers(n->server_states());

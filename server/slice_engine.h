@@ -81,6 +81,11 @@ class SliceEngine {
   virtual bool Contributed(int rank) const = 0;
   virtual void ReplaceRequest(int sender, const wire::Header& request) = 0;
   virtual bool RoundEmpty() const = 0;
+  // Elastic jobs: `rank` left the job (SyncRound::Leave); whether it has;
+  // and whether the open round is complete (it may be, once a rank left).
+  virtual void Leave(int rank) {}
+  virtual bool Left(int rank) const { return false; }
+  virtual bool RoundComplete() const { return false; }
 
   // Answers a pull: fills `reply` (made by the server: its header answers
   // `request`). An error is the pull's reply instead. The server has checked
@@ -153,6 +158,9 @@ class RoundSliceEngine : public SliceEngine {
     round_.ReplaceRequest(sender, request);
   }
   bool RoundEmpty() const override { return round_.count() == 0; }
+  void Leave(int rank) override { round_.Leave(rank); }
+  bool Left(int rank) const override { return round_.Left(rank); }
+  bool RoundComplete() const override { return round_.complete(); }
 
  protected:
   // `round_args` make the round.

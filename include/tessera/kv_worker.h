@@ -248,6 +248,16 @@ class TESSERA_EXPORT KVWorker {
   // leaves. Further calls fail with FailedPrecondition.
   virtual absl::Status Close() = 0;
 
+  // Elastic jobs (TESSERA_ELASTIC, launch.py --elastic): leaves the job
+  // before its end, without the workers' barrier, e.g. on SIGTERM after the
+  // step in progress. REQUIRES: every operation of this worker was waited
+  // for (its pushes then count in their rounds). The scheduler takes it out
+  // of the membership and the servers complete every later round without
+  // it; the others go on while at least the minimum remain. Further calls
+  // fail with FailedPrecondition; FailedPrecondition too in a job that is
+  // not elastic.
+  virtual absl::Status Leave() = 0;
+
   virtual KVWorkerStats stats() const = 0;
 };
 

@@ -766,5 +766,112 @@ TEST(KVServerTest, SlowCheckpointWriteIsLoggedWithItsSizeAndDuration) {
   std::filesystem::remove_all(dir);
 }
 
+// Elastic jobs (TESSERA_ELASTIC): a worker that left is out of the open round
+// unless it pushed to it, and out of every later one; what it sends after is
+// refused.
+TEST(KVServerTest, ARoundCompletesWithoutAWorkerThatLeft) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  h.server().Handle(Push(0, 7, 0, {1, 10}));
+  h.server().Handle(Push(1, 7, 0, {2, 20}));
+  EXPECT_EQ(h.Pending(), 0u) << "two of three pushed: nobody is answered";
+  h.server().WorkerLeft(2);
+  ExpectOk(h);
+  ExpectOk(h);
+  // No optimizer: the value is the sum of the pushes the round got.
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{3, 30}));
+  // The next round waits for the two left in the job only.
+  h.server().Handle(Push(1, 7, 1, {4, 40}));
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Push(0, 7, 1, {8, 80}));
+  ExpectOk(h);
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 1, 7, 2), (std::vector<float>{12, 120}));
+  EXPECT_EQ(h.server().stats().rounds_applied(), 2u);
+  // The worker that left is refused, naming why.
+  h.server().Handle(Push(2, 7, 0, {100, 100}));
+  std::optional<Message> refused = h.NextReply();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(StatusOf(*refused).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(StatusOf(*refused).message()),
+              HasSubstr("worker 2 left the job (TESSERA_ELASTIC)"));
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{12, 120}));
+}
+
+TEST(KVServerTest, APushMadeBeforeItsWorkerLeftCountsInItsRound) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  h.server().Handle(Push(2, 7, 0, {4, 40}));
+  h.server().WorkerLeft(2);
+  h.server().Handle(Push(0, 7, 0, {1, 10}));
+  EXPECT_EQ(h.Pending(), 0u) << "worker 1 is still in the job";
+  h.server().Handle(Push(1, 7, 0, {2, 20}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{7, 70}));
+  // Its membership ends with that round.
+  h.server().Handle(Push(0, 7, 1, {1, 1}));
+  h.server().Handle(Push(1, 7, 1, {1, 1}));
+  ExpectOk(h);
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{2, 2}));
+}
+
+// With an optimizer, a round of m pushes out of n workers updates with its
+// sum times n / m: rescale_grad, set for n workers, still takes the mean.
+TEST(KVServerTest, AnOptimizerGetsTheSumScaledToTheWorkersOfTheJob) {
+  ServerHarness h(/*num_workers=*/4);
+  h.server().Handle(SetOptimizer("sgd lr=1 rescale_grad=0.25"));
+  ExpectOk(h);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  h.server().WorkerLeft(3);
+  h.server().Handle(Push(0, 7, 0, {1, 2}));
+  h.server().Handle(Push(1, 7, 0, {2, 4}));
+  h.server().Handle(Push(2, 7, 0, {3, 6}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  // w = 0 - 1 x 0.25 x (sum x 4/3) = -(mean of the three pushes).
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{-2, -4}));
+}
+
+TEST(KVServerTest, RowRoundsCompleteWithoutAWorkerThatLeft) {
+  ServerHarness h(/*num_workers=*/3);
+  Message init = KeyMessage(wire::KV_INIT, 0, 12, 6);
+  init.header.mutable_slice()->set_row_length(2);
+  init.header.mutable_kv_options()->set_sync_mode(true);
+  h.server().Handle(std::move(init));  // no value: zeros
+  ExpectOk(h);
+  h.server().Handle(RowMessage(wire::KV_PUSH, 0, 0, {1, 4}, {1, 2, 3, 4}));
+  h.server().Handle(RowMessage(wire::KV_PUSH, 1, 0, {4}, {5, 6}));
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().WorkerLeft(2);
+  ExpectOk(h);
+  ExpectOk(h);
+  h.server().Handle(RowMessage(wire::KV_PULL, 0, 0, {1, 4}, {}));
+  std::optional<Message> r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  ASSERT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+  EXPECT_EQ(ValuesOf(*r), (std::vector<float>{1, 2, 8, 10}));
+}
+
+// Every worker finished or left: the server's part is done.
+TEST(KVServerTest, WorkersFinishedCountsThoseThatLeft) {
+  ServerHarness h(/*num_workers=*/3);
+  int finished = 0;
+  h.server().set_on_workers_finished([&finished] { ++finished; });
+  Message bye = KeyMessage(wire::KV_FINISH, 0, 0, 0);
+  bye.header.clear_slice();
+  h.server().Handle(std::move(bye));
+  h.server().WorkerLeft(1);
+  EXPECT_EQ(finished, 0);
+  bye = KeyMessage(wire::KV_FINISH, 2, 0, 0);
+  bye.header.clear_slice();
+  h.server().Handle(std::move(bye));
+  EXPECT_EQ(finished, 1);
+  h.server().WorkerLeft(1);  // told again: nothing changes
+  EXPECT_EQ(finished, 1);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from .binaries import SOURCE_TREE_SCRIPT, check_command, find_binary, own_build_dirs
-from .config import build_config, metrics_urls, replicas_of
+from .config import build_config, elastic_of, metrics_urls, replicas_of
 from .hosts import interface_ipv4, parse_hostfile, scheduler_address
 from .keys import find_keygen, job_security, prepare_keys
 from .local import local_nodes
@@ -101,7 +101,7 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
             sys.stderr.write('%s: error: %s\n' % (PROG, e))
             return 2
         job = Job(nodes, args.timeout, args.restarts, args.verbose, args.quiet_notice,
-                  replicas=replicas_of(cfg))
+                  replicas=replicas_of(cfg), elastic=elastic_of(cfg))
         install_signal_handlers(job)
         if args.verbose:
             say('%s job: scheduler at %s:%d, %d server(s), %d worker(s)'

@@ -147,6 +147,8 @@ def build_config(args, environ, cluster, root_uri, remote):
     env_all = parse_env_specs(args.env, '--env', environ)
     if args.replicas is not None:
         env_all['TESSERA_REPLICAS'] = str(args.replicas)
+    if getattr(args, 'elastic', None) is not None:
+        env_all['TESSERA_ELASTIC'] = args.elastic
     return JobConfig(
         cluster=cluster, root_uri=root_uri, port=port, node_ports=node_ports,
         metrics_port=args.metrics_port, spare_servers=args.spare_servers,
@@ -155,6 +157,12 @@ def build_config(args, environ, cluster, root_uri, remote):
         env_all=env_all,
         env_server=parse_env_specs(args.env_server, '--env-server', environ),
         env_worker=parse_env_specs(args.env_worker, '--env-worker', environ))
+
+
+def elastic_of(cfg):
+    """TESSERA_ELASTIC as the nodes get it ('' when unset)."""
+    value = cfg.forwarded.get('TESSERA_ELASTIC', '')
+    return cfg.env_all.get('TESSERA_ELASTIC', value)
 
 
 def replicas_of(cfg):

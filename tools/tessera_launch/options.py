@@ -126,6 +126,11 @@ def build_parser():
                    metavar='K', help='start K spare servers (TESSERA_SPARE=1, --launcher local): '
                    'each waits until a server dies, takes its rank and catches up on its '
                    'key slices from their replicas (needs --replicas R >= 2)')
+    p.add_argument('--elastic', default=None, metavar='MIN:MAX',
+                   help='an elastic job (TESSERA_ELASTIC): a worker that dies or leaves '
+                   '(SIGTERM: after its step) no longer ends the job while at least MIN '
+                   'workers remain; the rounds go on without it (docs/faults.md). MAX is '
+                   '-n for now (workers joining a running job are not taken yet)')
     p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
                    help='when the job has printed nothing for this long, say which of its '
                         'processes still run (default: 60; again every SECONDS)')
@@ -157,7 +162,7 @@ _VALUE_FLAGS = frozenset([
     '-n', '--num-workers', '-s', '--num-servers', '--launcher', '-H', '--hostfile',
     '--sync-dst-dir', '--env', '--env-server', '--env-worker', '--scheduler-binary',
     '--server-binary', '--interface', '--port', '--timeout', '--restarts', '--metrics-port',
-    '--replicas', '--spare-servers',
+    '--replicas', '--spare-servers', '--elastic',
 ])
 
 
@@ -206,6 +211,13 @@ def parse_args(argv):
         if args.launcher != 'local':
             raise UsageError('--spare-servers: only with --launcher local so far (spares on '
                              'other hosts: start tessera-server with TESSERA_SPARE=1 there)')
+    if args.elastic is not None:
+        m = re.match(r'^(\d+):(\d+)$', args.elastic)
+        low, high = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+        if not m or low < 1 or low > high or high != args.num_workers:
+            raise UsageError('--elastic %r: expected MIN:MAX with 1 <= MIN <= MAX = -n (%d); '
+                             'workers joining a running job are not taken yet'
+                             % (args.elastic, args.num_workers))
     if args.metrics_port is not None:
         last = args.metrics_port + args.num_servers + args.num_workers + args.spare_servers
         if last > 65535:

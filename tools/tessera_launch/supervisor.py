@@ -124,7 +124,8 @@ class Job(object):
     only write output under `_out_lock`. Signal handlers only set `stop_signal`.
     """
 
-    def __init__(self, nodes, timeout, restarts, verbose, quiet_notice=60.0, replicas=1):
+    def __init__(self, nodes, timeout, restarts, verbose, quiet_notice=60.0, replicas=1,
+                 elastic=''):
         self.nodes = nodes
         self.timeout = timeout
         self.quiet_notice = quiet_notice
@@ -134,6 +135,11 @@ class Job(object):
         # slices has a live replica; the scheduler decides, and ends the job
         # (non-zero) when one has none.
         self.replicas = replicas
+        # TESSERA_ELASTIC=MIN:MAX: a worker that dies is survived while at
+        # least MIN remain; the scheduler decides, and ends the job (non-zero)
+        # when fewer do. A worker that left is not restarted (it could not
+        # rejoin).
+        self.elastic = elastic
         self.verbose = verbose
         self.stop_signal = None
         self._out_lock = threading.Lock()
@@ -375,7 +381,9 @@ class Job(object):
                                                                 node.transport))
                 # A replicated job's restarted server takes its rank back as a
                 # replacement and catches up from its slices' replicas.
-                if node.restartable and node.restarts < self.max_restarts:
+                elastic_worker = node.role == 'worker' and self.elastic
+                if (node.restartable and node.restarts < self.max_restarts
+                        and not elastic_worker):
                     node.restarts += 1
                     self.say('%s; restarting it (restart %d of %d)'
                              % (what, node.restarts, self.max_restarts))
@@ -386,6 +394,13 @@ class Job(object):
                     if error:
                         return self._stop('%s; stopping the job' % error, 1)
                     continue
+                if elastic_worker:
+                    if not node.lost:
+                        node.lost = True
+                        self.say('%s; TESSERA_ELASTIC=%s: the job goes on without it (the '
+                                 'scheduler ends it if fewer than the minimum remain)'
+                                 % (what, self.elastic))
+                    continue
                 if node.role in ('server', 'spare') and self.replicas > 1:
                     if not node.lost:
                         node.lost = True
@@ -394,7 +409,7 @@ class Job(object):
                                  'slice has none left)' % (what, self.replicas))
                     continue
                 return self._stop('%s; stopping the job' % what, self._exit_status(node, rc))
-            primaries_done = all(n.returncode == 0 for n in primaries)
+            primaries_done = all(n.returncode == 0 or n.lost for n in primaries)
             daemons_done = all(n.returncode == 0 or n.lost for n in daemons)
             if primaries_done and daemons_done:
                 return 0

@@ -1070,6 +1070,23 @@ absl::Status KVClient::Close() {
   return done;
 }
 
+absl::Status KVClient::Leave() {
+  TESSERA_RETURN_IF_ERROR(CheckOpen());
+  if (!options_.elastic()) {
+    return absl::FailedPreconditionError(
+        "Leave: the job is not elastic (TESSERA_ELASTIC is unset); a worker "
+        "that stops early ends the job");
+  }
+  closed_ = true;
+  absl::Status left = node_->Leave();
+  node_->Stop();
+  if (left.ok()) {
+    TESSERA_LOG(INFO) << "left the job (TESSERA_ELASTIC): the rounds go on "
+                         "without this worker";
+  }
+  return left;
+}
+
 KVWorkerStats KVClient::stats() const {
   KVWorkerStats s;
   {

@@ -109,6 +109,7 @@ class KVClient : public KVWorker {
   absl::Status Wait(OpHandle handle) override;
   absl::Status Barrier() override;
   absl::Status Close() override;
+  absl::Status Leave() override;
   KVWorkerStats stats() const override;
 
   // Every server's KV_STATS (by server rank), for tests and tools that check

@@ -11,7 +11,9 @@
 // on stderr naming the flag); 1 a failure of the cluster (the KV client's
 // error).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +40,10 @@
 
 namespace tessera {
 namespace {
+
+// Elastic jobs: SIGTERM asks this worker to leave after its step in progress.
+std::atomic<bool> leave_requested{false};
+extern "C" void RequestLeave(int) { leave_requested.store(true); }
 
 using Clock = std::chrono::steady_clock;
 
@@ -236,8 +242,24 @@ class Trainer {
     if (MaybeFailure f = JoinJob()) return f;
     if (MaybeFailure f = ConfigureServers()) return f;
     if (MaybeFailure f = StartFromServerWeights()) return f;
+    // An elastic job's worker leaves on SIGTERM after its step in progress;
+    // in other jobs SIGTERM ends the process as it always did.
+    const char* elastic = std::getenv("TESSERA_ELASTIC");
+    if (elastic != nullptr && *elastic != '\0')
+      std::signal(SIGTERM, RequestLeave);
     if (MaybeFailure f = TrainEpochs()) return f;
+    if (left_) return LeaveJob();
     return Finish();
+  }
+
+  // SIGTERM in an elastic job: the steps so far count, the rest of the job
+  // goes on without this worker.
+  MaybeFailure LeaveJob() {
+    if (absl::Status s = kv_->Leave(); !s.ok()) return KvFailure("Leave", s);
+    std::printf("Left the job after %lld step(s) (SIGTERM, TESSERA_ELASTIC)\n",
+                static_cast<long long>(totals_.steps));
+    std::fflush(stdout);
+    return std::nullopt;
   }
 
   // The device, the data and --metrics-out, before joining the cluster: a
@@ -424,7 +446,7 @@ class Trainer {
   MaybeFailure TrainEpochs() {
     loader_ = std::make_unique<BatchLoader>(&data_.train, loader_options_);
     run_start_ = Clock::now();
-    for (int epoch = 0; epoch < flags_.epochs; ++epoch) {
+    for (int epoch = 0; epoch < flags_.epochs && !left_; ++epoch) {
       if (MaybeFailure f = TrainEpoch(epoch)) return f;
     }
     return std::nullopt;
@@ -445,6 +467,10 @@ class Trainer {
     EpochCounts counts;
     counts.window_start = epoch_start;
     for (int b = 0;; ++b) {
+      if (leave_requested.load()) {
+        left_ = true;  // between steps: every push of this one was answered
+        return std::nullopt;
+      }
       bool done = false;
       if (MaybeFailure f = Step(epoch, b, &counts, &done)) return f;
       if (done) break;
@@ -733,6 +759,7 @@ class Trainer {
   }
   RunTotals totals_;
   Clock::time_point run_start_;
+  bool left_ = false;  // SIGTERM in an elastic job: leaving after this step
 };
 
 }  // namespace
