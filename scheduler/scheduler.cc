@@ -84,7 +84,8 @@ Scheduler::Metrics::Metrics() {
   dead_nodes = r.GetCounter(
       "tessera_scheduler_dead_nodes_total",
       "Nodes declared dead for want of heartbeats (each ends the job, but "
-      "a server of a replicated job whose slices have a live replica).");
+      "a server of a replicated job whose slices have a live replica and a "
+      "worker of an elastic job while enough remain).");
   failovers = r.GetCounter(
       "tessera_scheduler_failovers_total",
       "Servers declared dead whose key slices failed over to a replica "

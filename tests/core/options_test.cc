@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -70,6 +71,29 @@ TEST(OptionsTest, ReadsEveryVariable) {
   EXPECT_EQ(o->resend_retries, 3);
   EXPECT_EQ(o->drop_percent, 20);
   EXPECT_EQ(o->max_frame_bytes, 2097152);
+}
+
+TEST(OptionsTest, ElasticBoundsAreReadAndChecked) {
+  auto env = Base();
+  absl::StatusOr<Options> o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->elastic());
+  env["TESSERA_ELASTIC"] = "2:3";
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->elastic());
+  EXPECT_EQ(o->elastic_min, 2);
+  EXPECT_EQ(o->elastic_max, 3);
+  for (const char* bad : {"0:3", "3:2", "2:4", "2", "x:3", "1:3:5"}) {
+    env["TESSERA_ELASTIC"] = bad;
+    o = Parse(env);
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_EQ(o.status().message(),
+              absl::StrCat("TESSERA_ELASTIC='", bad,
+                           "': expected MIN:MAX, whole numbers with 1 <= MIN "
+                           "<= DMLC_NUM_WORKER (3) = MAX (workers joining a "
+                           "running job are not taken yet)"));
+  }
 }
 
 TEST(OptionsTest, DefaultsAreHeartbeatsOnAndSixtySecondStart) {

@@ -31,7 +31,7 @@ LAUNCH = os.path.join(SOURCE_DIR, 'tools', 'launch.py')
 sys.path.insert(0, os.path.dirname(LAUNCH))
 from tessera_launch.binaries import find_binary, own_build_dirs  # noqa: E402
 from tessera_launch.config import (  # noqa: E402
-    JobConfig, build_config, forwarded_env, metrics_urls, node_env, replicas_of)
+    JobConfig, build_config, elastic_of, forwarded_env, metrics_urls, node_env, replicas_of)
 from tessera_launch.hosts import (  # noqa: E402
     Host, distinct_hosts, ephemeral_range, free_port_run, interface_ipv4, parse_hostfile_text,
     pick_node_ports, pick_port, place, scheduler_address)
@@ -530,6 +530,21 @@ class EnvTest(unittest.TestCase):
                   '-H', '/dev/null'], 'only with --launcher local')):
             with self.assertRaisesRegex(UsageError, message):
                 parse_args(['-n', '1'] + argv + ['/bin/true'])
+
+    def test_elastic_sets_tessera_elastic_for_every_node_and_checks_its_bounds(self):
+        args = parse_args(['-n', '4', '-s', '1', '--elastic', '2:4', '/bin/true'])
+        cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(elastic_of(cfg), '2:4')
+        for role, task_id in (('scheduler', None), ('server', 0), ('worker', 1)):
+            self.assertEqual(node_env(cfg, role, task_id=task_id)['TESSERA_ELASTIC'], '2:4')
+        plain = build_config(parse_args(['-n', '2', '/bin/true']), self.ENVIRON, 'local',
+                             '127.0.0.1', remote=False)
+        self.assertEqual(elastic_of(plain), '')
+        self.assertNotIn('TESSERA_ELASTIC', node_env(plain, 'worker', task_id=1))
+        for bounds in ('0:4', '3:2', '2:5', '2', 'a:b', '2:4:6'):
+            with self.assertRaisesRegex(UsageError, r"--elastic '%s': expected MIN:MAX with "
+                                        r'1 <= MIN <= MAX = -n \(4\)' % bounds):
+                parse_args(['-n', '4', '--elastic', bounds, '/bin/true'])
 
     def test_metrics_port_gives_each_process_base_plus_its_index(self):
         args = parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])
