@@ -168,6 +168,10 @@ TESSERA_EXPORT int tessera_kv_pull_rows(TesseraKV* kv, uint64_t key,
 /* Barrier of the workers, then leaves the job and frees kv (also on failure).
  */
 TESSERA_EXPORT int tessera_kv_close(TesseraKV* kv);
+/* Elastic jobs (TESSERA_ELASTIC): leaves the job before its end, without the
+ * workers' barrier, once every operation was waited for; the rounds go on
+ * without this worker (KVWorker::Leave). Frees kv (also on failure). */
+TESSERA_EXPORT int tessera_kv_leave(TesseraKV* kv);
 TESSERA_EXPORT const char* tessera_last_error(void);
 
 /* Tessera's addition for restarted workers (tools/launch.py --restarts). In a

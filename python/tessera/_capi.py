@@ -85,6 +85,7 @@ def _declare(lib):
         'tessera_kv_set_gradient_compression': [kv, ctypes.c_char_p, ctypes.c_float],
         'tessera_kv_set_pull_compression': [kv, ctypes.c_char_p],
         'tessera_kv_close': [kv],
+        'tessera_kv_leave': [kv],
         'tessera_kv_resume_round': [kv, u64_p],
         # Row-sparse keys: ids travel as the address of a uint64 array.
         'tessera_kv_init_rows': [kv, u64, vp, size, size],

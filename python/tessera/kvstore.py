@@ -743,6 +743,18 @@ class KVStore:
         """Waits for operations not yet waited for and for calls in flight, then
         a barrier of the workers, then leaves the job. A second close() does
         nothing; any other call after close() raises TesseraError."""
+        self._end('tessera_kv_close')
+
+    def leave(self):
+        """Elastic jobs (TESSERA_ELASTIC, launch.py --elastic): waits for operations
+        not yet waited for, then leaves the job before its end, without the workers'
+        barrier (e.g. on SIGTERM, between steps). The scheduler takes this worker out
+        of the job and the servers complete every later round without it. A second
+        leave() or close() does nothing; TesseraError (FailedPrecondition) in a job
+        that is not elastic."""
+        self._end('tessera_kv_leave')
+
+    def _end(self, how):
         with self._lock:
             if self._handle is None or self._closing:
                 return
@@ -761,8 +773,8 @@ class KVStore:
                 self._lock.wait()
             handle, self._handle = self._handle, None
         _open_stores.discard(self)
-        if self._lib.tessera_kv_close(handle) != 0:
-            _raise_last('tessera_kv_close')
+        if getattr(self._lib, how)(handle) != 0:
+            _raise_last(how)
         if first_error is not None:
             raise first_error
 

@@ -34,6 +34,13 @@ so a loss averaged over the local batch keeps its single-process meaning. Only
 parameters are kept in the store: buffers such as BatchNorm's running
 statistics stay per worker.
 
+Elastic jobs (TESSERA_ELASTIC, launch.py --elastic MIN:MAX): a worker may leave
+between steps with kv.leave() (e.g. when it gets SIGTERM; install the handler
+yourself) or die; the other workers' rounds then complete without it and the
+servers scale each round's sum by num_workers / pushes, so the update is still
+the mean gradient of the workers that pushed. Which data each worker reads stays
+the script's business: a worker that left takes its shard with it.
+
 Errors: TypeError / ValueError for parameters that are not contiguous float32
 CPU tensors; tessera.TesseraError from the store.
 """

@@ -26,7 +26,11 @@
  *       5, whose round stays open (the others come 1 s later); its next life
  *       does not pull before it pushes again. With SOAK_PRINT_ROUNDS=1 it
  *       prints "round I done at UNIX_SECONDS" after each round; SOAK_BIG_VALUES
- *       sets the big key's length (5000).
+ *       sets the big key's length (5000). Elastic jobs (TESSERA_ELASTIC):
+ *       with SOAK_LEAVE=R:K rank R leaves the job (tessera_kv_leave) after
+ *       round K, printing "soak left: rank R after round K", and every rank
+ *       expects the rounds after K to sum the others' pushes only, scaled by
+ *       n / (n - 1) (the servers' rescaling of a partial round).
  */
 #include <math.h>
 #include <pthread.h>
@@ -261,6 +265,15 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
   TesseraKV* kv = Create("dist_sync");
   int n = 0;
   CHECK_OK(tessera_kv_num_workers(kv, &n));
+  int leave_rank = -1, leave_round = -1;
+  const char* leave_env = getenv("SOAK_LEAVE");
+  if (leave_env != NULL &&
+      (sscanf(leave_env, "%d:%d", &leave_rank, &leave_round) != 2 ||
+       leave_rank < 0 || leave_rank >= n || leave_round < 0 || n < 2)) {
+    fprintf(stderr, "SOAK_LEAVE='%s': expected RANK:ROUND, RANK < %d\n",
+            leave_env, n);
+    return 2;
+  }
   CHECK_OK(tessera_kv_set_optimizer(kv, "sgd lr=-2"));
   /* SOAK_BIG_VALUES: the big key's length (5000 by default; the catch-up
    * benchmark, tools/bench/failover.py --spare, makes it a shard of 1 GB). */
@@ -298,7 +311,23 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
       CHECK_OK(tessera_kv_pull_rows(kv, kHashed, hashed_ids, 2, hashed));
     }
   }
+  /* What each round adds (sgd lr=-2: twice the round's sum, as the servers
+   * round it): every rank's pushes, or after SOAK_LEAVE's round the others',
+   * scaled by n / (n - 1) in float32. */
+  float want = 1.0f, want_own = 0.0f;
+  for (int i = 0; i < (int)resume; ++i) {
+    want += (float)(n * (n + 1));
+    want_own += (float)(2 * (rank_ + 1));
+  }
+  const float scale = n > 1 ? (float)n / (float)(n - 1) : 1.0f;
   for (int i = (int)resume; i < rounds; ++i) {
+    if (leave_round >= 0 && i > leave_round) {
+      want += 2.0f * ((float)(n * (n + 1) / 2 - (leave_rank + 1)) * scale);
+      want_own += 2.0f * ((float)(rank_ + 1) * scale);
+    } else {
+      want += (float)(n * (n + 1));
+      want_own += (float)(2 * (rank_ + 1));
+    }
     Fill(grad, big_len, (float)(rank_ + 1));
     if (strcmp(die_at, "push") == 0 && i == 5) {
       if (rank_ == die_rank && first_life) {
@@ -315,12 +344,11 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
     CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
     CHECK_OK(tessera_kv_pull_rows(kv, kHashed, hashed_ids, 2, hashed));
-    const float want = 1.0f + (float)(n * (n + 1) * (i + 1));
     ExpectAll(small, kSmallLen, want, "small key", i);
     ExpectAll(big, big_len, want, "5000-value key", i);
     /* sgd lr=-2 from zeros: the own id gains 2(rank+1) a round, the shared
      * one 2 x (1 + ... + n). */
-    ExpectAll(hashed, 3, (float)(2 * (rank_ + 1) * (i + 1)), "own hashed id", i);
+    ExpectAll(hashed, 3, want_own, "own hashed id", i);
     ExpectAll(hashed + 3, 3, want - 1.0f, "shared hashed id", i);
     if (print_rounds) {
       /* tools/bench/failover.py: when each round was complete here. */
@@ -331,6 +359,13 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
       fflush(stdout);
     }
     if (sleep_ms > 0) usleep((useconds_t)sleep_ms * 1000);
+    if (rank_ == leave_rank && i == leave_round) {
+      CHECK_OK(tessera_kv_leave(kv));
+      printf("soak left: rank %d after round %d\n", rank_, i);
+      free(big);
+      free(grad);
+      return 0;
+    }
   }
   uint64_t h = 14695981039346656037ULL;
   h = Fnv1a(h, small, sizeof(small));

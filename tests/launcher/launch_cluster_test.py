@@ -727,5 +727,23 @@ class LaunchClusterTest(unittest.TestCase):
         self.assertEqual(marked_pids(self.mark), [])
 
 
+    def test_worker_leaving_an_elastic_soak_counts_its_pushes_until_it_left(self):
+        # 3 workers, 2 servers, --elastic 2:3, SOAK_LEAVE=2:10: rank 2 leaves after
+        # round 10; the soak checks every round's exact values on every rank (the
+        # rounds after 10 sum ranks 0 and 1, scaled by 3/2) and the servers applied
+        # each key's pushes 3 x 11 + 2 x 19 times.
+        self.env.update(SOAK_LEAVE='2:10', TESSERA_BIGARRAY_BOUND='1000')
+        code, out, _ = self.launch(['-n', '3', '-s', '2', '--elastic', '2:3', CHECK_WORKER,
+                                    'soak', '30'], timeout=120)
+        self.assertEqual(code, 0, out)
+        self.assertIn('soak left: rank 2 after round 10', out)
+        self.assertRegex(out, r'\[scheduler\] .*left the job \(it said goodbye\); the job goes '
+                              r'on with 2 of 3 worker\(s\) \(TESSERA_ELASTIC=2:3\)')
+        sums = soak_checksums(out)
+        self.assertEqual(len(sums), 2, out)
+        self.assertEqual(sums[0], sums[1], out)
+        self.assert_each_key_applied(out, 3 * 11 + 2 * 19)
+
+
 if __name__ == '__main__':
     unittest.main()

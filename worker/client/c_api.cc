@@ -284,6 +284,13 @@ int tessera_kv_close(TesseraKV* kv) {
   return Result(status);
 }
 
+int tessera_kv_leave(TesseraKV* kv) {
+  if (kv == nullptr) return NullArgument("kv");
+  const absl::Status status = kv->worker->Leave();
+  delete kv;
+  return Result(status);
+}
+
 const char* tessera_last_error(void) { return last_error.c_str(); }
 
 size_t tessera_2bit_compressed_bytes(size_t len) {
