@@ -22,6 +22,7 @@ Node::Node(const Options& options, Callbacks callbacks,
       callbacks_(std::move(callbacks)),
       transport_(std::move(transport)),
       next_request_(FirstRequestId(options.restart_count)),
+      generation_(options.restart_count),
       heartbeats_sent_(MetricsRegistry::Global().GetCounter(
           "tessera_node_heartbeats_sent_total",
           "Heartbeats this node sent to the scheduler.")),
@@ -226,6 +227,7 @@ void Node::UpdateTable(const wire::NodeTable& table) {
   std::vector<int> restarted;
   std::vector<int> died;
   std::vector<int> changed;  // replacements taking a rank, or caught up
+  std::vector<int> joined;   // elastic jobs: workers joining
   bool self_dead = false;
   {
     absl::MutexLock lock(&mu_);
@@ -257,6 +259,20 @@ void Node::UpdateTable(const wire::NodeTable& table) {
         continue;
       }
       auto it = nodes_.find(n.id());
+      if (it == nodes_.end() && n.role() == wire::WORKER && n.joined() != 0) {
+        // Elastic jobs: a worker joined under a rank never used before.
+        nodes_[n.id()] = n;
+        if (WantsLink(n.id())) {
+          InstallIdentity(n);
+          absl::Status linked = transport_->Connect(n.id(), n.host(), n.port());
+          if (!linked.ok()) {
+            TESSERA_LOG(WARNING) << "cannot connect to joining worker "
+                                 << n.id() << ": " << linked.message();
+          }
+        }
+        joined.push_back(n.id());
+        continue;
+      }
       if (it == nodes_.end() || n.generation() < it->second.generation())
         continue;
       if (n.generation() == it->second.generation()) {
@@ -272,6 +288,9 @@ void Node::UpdateTable(const wire::NodeTable& table) {
       // replayed to it.
       const bool replacement =
           n.role() == wire::SERVER && n.joined() != it->second.joined();
+      // Elastic jobs: a new worker under the rank of one that left.
+      const bool worker_join =
+          n.role() == wire::WORKER && n.joined() != it->second.joined();
       if (replacement && !it->second.dead()) {
         // Its death's notice was replaced by this one: it died first.
         if (WantsLink(n.id())) transport_->Disconnect(n.id());
@@ -288,7 +307,11 @@ void Node::UpdateTable(const wire::NodeTable& table) {
         TESSERA_LOG(WARNING) << "cannot reconnect to restarted node " << n.id()
                              << ": " << linked.message();
       }
-      if (!replacement) restarted.push_back(n.id());
+      if (worker_join) {
+        joined.push_back(n.id());
+      } else if (!replacement) {
+        restarted.push_back(n.id());
+      }
     }
   }
   if (self_dead) {
@@ -325,6 +348,12 @@ void Node::UpdateTable(const wire::NodeTable& table) {
                                      "on the key slices of its rank"
                                    : " caught up: it holds its key slices");
     if (callbacks_.on_server_change) callbacks_.on_server_change(peer);
+  }
+  for (int peer : joined) {
+    TESSERA_LOG(INFO) << Describe(peer)
+                      << " joined the job (TESSERA_ELASTIC): a member of the "
+                         "rounds from the next one";
+    if (callbacks_.on_peer_join) callbacks_.on_peer_join(peer);
   }
   for (int peer : restarted) {
     TESSERA_LOG(INFO) << Describe(peer) << " restarted (generation " << [&] {
@@ -402,7 +431,7 @@ void Node::StartDelivery() {
 absl::Status Node::Send(int peer, Message msg) {
   msg.header.set_sender(id_);
   msg.header.set_recipient(peer);
-  msg.header.set_generation(options_.restart_count);
+  msg.header.set_generation(generation_.load(std::memory_order_relaxed));
   msg.header.set_plane(wire::DATA);
   return transport_->Send(peer, msg);
 }
@@ -410,7 +439,7 @@ absl::Status Node::Send(int peer, Message msg) {
 absl::Status Node::SendControl(Message msg) {
   msg.header.set_sender(id_);
   msg.header.set_recipient(kSchedulerId);
-  msg.header.set_generation(options_.restart_count);
+  msg.header.set_generation(generation_.load(std::memory_order_relaxed));
   msg.header.set_plane(wire::CONTROL);
   return transport_->Send(kSchedulerId, msg);
 }
@@ -768,6 +797,11 @@ void Node::HandleControl(Message&& msg) {
       }
       id_ = my_id;
       rank_ = my_rank;
+      // A worker joining an elastic job gets a generation of its own (its
+      // rank's earlier life, if any, had a lower one): its messages are told
+      // from that life's by it, as a restarted node's are.
+      generation_.store(std::max<uint64_t>(options_.restart_count,
+                                           nodes_[my_id].generation()));
       // The peers' node keys go to the transport before anything is sent
       // under this id (the acknowledgement below is sealed with them) and
       // before Join connects to the peers.

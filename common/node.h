@@ -76,6 +76,10 @@ class Node {
     // replacement took a dead server's rank (catching up), or caught up.
     // Called on the receiving thread, after server_states() says so.
     std::function<void(int peer)> on_server_change;
+    // Elastic jobs (TESSERA_ELASTIC): a worker joined the job (a new process
+    // under a rank that left, or one never used). Called on the receiving
+    // thread, after the link to it is made.
+    std::function<void(int peer)> on_peer_join;
     // The receiver thread stepped aside after a ReceiveOnCaller answered
     // kBusy: a caller may receive now. Called on the receiver thread, with no
     // lock of the node held.
@@ -114,6 +118,11 @@ class Node {
 
   int id() const { return id_; }
   int rank() const { return rank_; }
+  // The generation this process's messages carry: TESSERA_RESTART_COUNT, or
+  // the one the scheduler gave a worker joining an elastic job (> 0: this
+  // process continues a rank whose pushes the servers may hold, and must not
+  // wait in barriers the others passed).
+  uint64_t generation() const { return generation_.load(); }
   Role role() const { return options_.role; }
   int num_servers() const { return options_.num_servers; }
   int num_workers() const { return options_.num_workers; }
@@ -262,6 +271,7 @@ class Node {
   int id_ = 0;
   int rank_ = -1;
   std::atomic<uint64_t> next_request_;
+  std::atomic<uint64_t> generation_;
 
   mutable absl::Mutex mu_;
   bool have_table_ ABSL_GUARDED_BY(mu_) = false;

@@ -69,9 +69,10 @@ struct Options {
   // job runs (docs/faults.md, "Elastic jobs"). A worker that says goodbye
   // (SIGTERM) or is declared dead leaves the membership of every dist_sync
   // round that it has not pushed to yet, and the job goes on while at least
-  // MIN workers have not left; MAX bounds the workers of the job (joins are
-  // not taken yet, so MAX is DMLC_NUM_WORKER). 0:0 (unset): not elastic, a
-  // worker's death ends the job.
+  // MIN workers have not left. A worker may join while fewer than MAX are in
+  // the job: it takes the lowest rank not in it (one that left, or one of
+  // DMLC_NUM_WORKER..MAX-1) and is a member of the rounds from the next one.
+  // 0:0 (unset): not elastic, a worker's death ends the job.
   int elastic_min = 0;
   int elastic_max = 0;
   bool elastic() const { return elastic_min > 0; }

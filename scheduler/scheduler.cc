@@ -122,6 +122,9 @@ Scheduler::Metrics::Metrics() {
       "tessera_scheduler_workers_in_job",
       "Workers in the job's membership: registered and not left (an elastic "
       "job's workers leave by goodbye or death, TESSERA_ELASTIC).");
+  workers_joined = r.GetCounter(
+      "tessera_scheduler_workers_joined_total",
+      "Workers that joined an elastic job (TESSERA_ELASTIC) while it ran.");
   workers_left = r.GetCounter(
       "tessera_scheduler_workers_left_total",
       "Workers of an elastic job (TESSERA_ELASTIC) that left while it ran: "
@@ -381,8 +384,107 @@ bool Scheduler::Acknowledged(const wire::Header& h) {
   // without an id.
   if (it->second.peer != h.sender() && it->second.peer < kProvisionalBase)
     return false;
+  std::vector<int> ready;
+  if (!join_waits_.empty() && h.command() == wire::NODE_TABLE) {
+    // A server holding a joining worker's entry (this change, or a later one
+    // that replaced it): the joiner's table may go once every server does.
+    for (const wire::NodeInfo& n : it->second.msg.header.node_table().nodes()) {
+      auto waiting = join_waits_.find(n.id());
+      auto node = nodes_.find(n.id());
+      if (waiting == join_waits_.end() || node == nodes_.end() ||
+          n.generation() < node->second.generation()) {
+        continue;
+      }
+      if (waiting->second.erase(h.sender()) != 0 && waiting->second.empty())
+        ready.push_back(n.id());
+    }
+  }
   DropNotice(it);
+  for (int joiner : ready) SendJoinerTable(joiner);
   return true;
+}
+
+void Scheduler::SendJoinerTable(int joiner) {
+  join_waits_.erase(joiner);
+  auto node = nodes_.find(joiner);
+  if (ended_ || node == nodes_.end() || node->second.dead()) return;
+  TESSERA_VLOG(1) << "every server knows " << Describe(node->second)
+                  << "; sending it its table";
+  SendNotice(joiner, TableMessage(joiner));
+}
+
+void Scheduler::JoinWorker(const Registration& r, int id) {
+  const std::string bounds =
+      absl::StrCat(options_.elastic_min, ":", options_.elastic_max);
+  if (id < 0) {
+    for (int rank = 0; rank < options_.elastic_max && id < 0; ++rank) {
+      auto it = nodes_.find(WorkerId(rank));
+      if (it == nodes_.end() || it->second.dead()) id = WorkerId(rank);
+    }
+  }
+  if (id < 0 || WorkersInJob() >= options_.elastic_max) {
+    const std::string why =
+        absl::StrCat("the job already has its most workers, ",
+                     options_.elastic_max, " (TESSERA_ELASTIC=", bounds, ")");
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "turned away a worker at " << r.info.host() << ":"
+                         << r.info.port() << ": " << why;
+    const int provisional = ProvisionalId(kLateIndex, r.info.role());
+    if (LinkTo(provisional, r.info).ok()) {
+      (void)transport_->Send(provisional, AbortMessage(why));
+      transport_->Disconnect(provisional);
+    }
+    return;
+  }
+  wire::NodeInfo& node = nodes_[id];
+  const bool reused = node.id() == id;  // a rank that left
+  if (reused && !node.node_key().empty())
+    sealed_key_holder_[node.node_key()] = kRetiredKey;
+  const uint64_t generation = std::max<uint64_t>(
+      reused ? node.generation() + 1 : 1, r.info.generation());
+  node = r.info;
+  node.set_id(id);
+  node.set_rank(RankOfId(id));
+  node.set_generation(generation);
+  node.set_dead(false);
+  node.set_left(false);
+  node.set_catching_up(false);
+  node.set_joined(++worker_joins_);
+  if (!node.node_key().empty()) sealed_key_holder_[node.node_key()] = id;
+  if (!r.key.empty()) {
+    node_key_of_[id] = r.key;
+    registered_keys_.insert(r.key);
+  }
+  registered_at_.insert({node.host(), node.port()});
+  last_seen_[id] = absl::Now();
+  done_workers_.erase(id);
+  released_barrier_.erase(id);
+  for (auto& [group, waiting] : barriers_) waiting.erase(id);
+  (void)LinkTo(id, node);
+  metrics_.workers_joined->Increment();
+  metrics_.workers_in_job->Set(WorkersInJob());
+  TESSERA_LOG(INFO) << Describe(node) << " (host "
+                    << (r.hostname.empty() ? node.host() : r.hostname)
+                    << ", pid " << r.pid << ") joins the job (join "
+                    << node.joined() << "): " << WorkersInJob()
+                    << " of at most " << options_.elastic_max
+                    << " worker(s) in it (TESSERA_ELASTIC=" << bounds
+                    << "); it is in the rounds from the next one";
+  // The servers first: the joiner's table (and so its first request) goes
+  // once every live server holds its entry, so that no server refuses it
+  // as a worker out of the job.
+  const Message change = ChangeMessage(node);
+  std::set<int> servers;
+  for (const auto& [peer, n] : nodes_) {
+    if (n.dead() || n.role() != wire::SERVER) continue;
+    servers.insert(peer);
+    SendNotice(peer, change);
+  }
+  if (servers.empty()) {
+    SendNotice(id, TableMessage(id));
+  } else {
+    join_waits_[id] = std::move(servers);
+  }
 }
 
 void Scheduler::EndJob(const absl::Status& result, const Message& end,
@@ -891,6 +993,10 @@ void Scheduler::HandleRegister(const Message& msg) {
     if (formed_) PlaceSpares();
     return;
   }
+  if (formed_ && options_.elastic() && info.role() == wire::WORKER) {
+    JoinWorker(r, /*id=*/-1);
+    return;
+  }
   if (formed_) {
     turn_away("the job is already formed; no node of this role is missing");
     return;
@@ -949,6 +1055,15 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
     r.info = info;
     r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
     Replace(id, r);
+    return;
+  }
+  if (node.dead() && node.role() == wire::WORKER && options_.elastic()) {
+    // A worker of an elastic job that left, started again: it joins anew
+    // under its old rank (if still free).
+    Registration r;
+    r.info = info;
+    r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
+    JoinWorker(r, id);
     return;
   }
   if (node.dead()) {
@@ -1233,6 +1348,12 @@ void Scheduler::FailOver(int id, const std::string& reason) {
   metrics_.failovers->Increment();
   const Message change = ChangeMessage(dead);
   for (int peer : LivePeers(id)) SendNotice(peer, change);
+  // A joining worker's table no longer waits for it.
+  std::vector<int> ready;
+  for (auto& [joiner, servers] : join_waits_) {
+    if (servers.erase(id) != 0 && servers.empty()) ready.push_back(joiner);
+  }
+  for (int joiner : ready) SendJoinerTable(joiner);
   // A barrier of servers may have waited only for it.
   ReleaseBarriersWithoutDead();
   PlaceSpares();
@@ -1258,6 +1379,7 @@ void Scheduler::WorkerLeaves(int id, bool goodbye, const std::string& reason) {
   node.set_dead(true);
   node.set_left(goodbye);
   last_seen_.erase(id);
+  join_waits_.erase(id);
   auto mine = notices_by_peer_.find(id);
   if (mine != notices_by_peer_.end()) {
     const std::set<uint64_t> pending = mine->second;

@@ -132,6 +132,13 @@ class Scheduler {
   // marking it dead, and left for a goodbye), so the servers complete its
   // rounds without it; fewer than the minimum left ends the job naming it.
   void WorkerLeaves(int id, bool goodbye, const std::string& reason);
+  // Elastic jobs: a worker registering after the job formed (or a dead one's
+  // new process, id its old id) joins under the lowest rank not in the job
+  // (`id`, or picked when -1), while fewer than MAX are in it: a new
+  // generation and `joined`; every live server is told (a notice), and the
+  // joiner gets its table once all of them acknowledged.
+  void JoinWorker(const Registration& r, int id);
+  void SendJoinerTable(int joiner);
   // Workers in the job: formed and not dead (nor left).
   int WorkersInJob() const;
   // Every worker in the job has finished (the job is done).
@@ -178,6 +185,10 @@ class Scheduler {
   // the replacements made so far (NodeInfo.joined of the next is one more).
   std::deque<Registration> spares_;
   uint32_t replacements_ = 0;
+  // Elastic jobs: workers joined so far (NodeInfo.joined of the next is one
+  // more), and the servers each joiner's table still waits for.
+  uint32_t worker_joins_ = 0;
+  std::map<int, std::set<int>> join_waits_;
   // Index of registered_ (a registration is checked against all before it).
   std::set<std::pair<std::string, int>> registered_at_;  // host, port
   std::map<int, int> registered_by_role_;                // wire::Role -> count
@@ -246,6 +257,7 @@ class Scheduler {
     Gauge* finished_workers;
     Gauge* workers_in_job;
     Counter* workers_left;
+    Counter* workers_joined;
     Gauge* formed;
     Gauge* oldest_heartbeat_age;
   };

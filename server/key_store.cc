@@ -115,9 +115,27 @@ StoredKey* KeyStore::Create(const wire::KeySlice& slice, bool sync) {
   auto& slot = keys_[{slice.key(), slice.offset()}];
   slot = std::make_unique<StoredKey>(slice, sync, num_workers_, limits_,
                                      sum_mode_);
+  if (nominal_ != 0) slot->engine->SetNominal(nominal_);
   for (int r = 0; r < static_cast<int>(left_.size()); ++r)
     if (left_[r]) slot->engine->Leave(r);
   return slot.get();
+}
+
+void KeyStore::SetElastic(int nominal) {
+  nominal_ = nominal;
+  left_.resize(num_workers_, false);
+  for (int r = nominal; r < num_workers_; ++r) left_[r] = true;
+  for (auto& [id, key] : keys_) {
+    key->engine->SetNominal(nominal);
+    for (int r = nominal; r < num_workers_; ++r) key->engine->Leave(r);
+  }
+}
+
+void KeyStore::WorkerJoined(int rank) {
+  if (rank < 0 || rank >= num_workers_) return;
+  left_.resize(num_workers_, false);
+  left_[rank] = false;
+  for (auto& [id, key] : keys_) key->engine->Join(rank);
 }
 
 void KeyStore::WorkerLeft(int rank) {

@@ -126,9 +126,14 @@ class KeyStore {
   StoredKey* Find(uint64_t key, uint64_t offset);
   // REQUIRES: Find(slice) == nullptr.
   StoredKey* Create(const wire::KeySlice& slice, bool sync);
-  // Elastic jobs: worker `rank` left the job; the rounds of every slice, held
-  // now or created later, go on without it (SliceEngine::Leave).
+  // Elastic jobs: worker `rank` left the job, or joined it; the rounds of
+  // every slice, held now or created later, go on without it, or take it
+  // from the next round (SliceEngine::Leave, Join). `nominal` is the job's
+  // own number of workers (DMLC_NUM_WORKER), which a round's sum is scaled
+  // to; ranks from it on are out of the job until they join.
   void WorkerLeft(int rank);
+  void WorkerJoined(int rank);
+  void SetElastic(int nominal);
   bool Left(int rank) const {
     return rank >= 0 && rank < static_cast<int>(left_.size()) && left_[rank];
   }
@@ -165,6 +170,7 @@ class KeyStore {
   std::map<SliceId, std::unique_ptr<StoredKey>> keys_;
   std::map<SliceId, WaitingMessages> orphans_;
   std::vector<bool> left_;  // by worker rank
+  int nominal_ = 0;         // 0: num_workers_
 };
 
 }  // namespace tessera

@@ -75,6 +75,18 @@ struct KVServer::Shard {
   std::vector<ServerState> states;
 };
 
+namespace {
+
+// Elastic jobs: what a worker out of the job is told.
+absl::Status NotInJob(int rank) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("worker ", rank,
+                   " is not in the job (TESSERA_ELASTIC: it left, or has not "
+                   "joined); the rounds go on without it"));
+}
+
+}  // namespace
+
 KVServer::KVServer(int num_workers, int num_threads, SendFn send,
                    WaitingLimits limits, SyncRound::Mode sum_mode,
                    RoundWatch::Options watch)
@@ -385,10 +397,7 @@ void KVServer::Handle(Message&& msg) {
   }
   if (!left_workers_.empty() &&
       left_workers_.count(RankOfId(h.sender())) != 0) {
-    Reply(msg, absl::FailedPreconditionError(
-                   absl::StrCat("worker ", RankOfId(h.sender()),
-                                " left the job (TESSERA_ELASTIC): its rounds "
-                                "went on without it")));
+    Reply(msg, NotInJob(RankOfId(h.sender())));
     return;
   }
   switch (h.command()) {
@@ -398,8 +407,10 @@ void KVServer::Handle(Message&& msg) {
       HandleSettings(std::move(msg));
       return;
     case wire::KV_FINISH: {
-      const bool first = finished_workers_.insert(RankOfId(h.sender())).second;
+      const int rank = RankOfId(h.sender());
+      const bool first = finished_workers_.insert(rank).second;
       Reply(msg, absl::OkStatus());
+      if (first && elastic_) LeaveRounds(rank);
       if (first) CheckWorkersFinished();
       return;
     }
@@ -783,10 +794,7 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   if (key->replicated && !Active(*ShardOf(key->key), *key)) return false;
   if (key->engine->Left(RankOfId(msg.header.sender()))) {
     // Held before its worker left the job (elastic): not taken now.
-    Reply(msg, absl::FailedPreconditionError(absl::StrCat(
-                   "worker ", RankOfId(msg.header.sender()),
-                   " left the job (TESSERA_ELASTIC): its rounds went on "
-                   "without it")));
+    Reply(msg, NotInJob(RankOfId(msg.header.sender())));
     return true;
   }
   if (msg.header.command() == wire::KV_PULL) {
@@ -838,6 +846,8 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   }
   if (key->sync && key->engine->Contributed(rank))
     return false;  // belongs to the next round
+  if (key->sync && !key->engine->InRound(rank))
+    return false;  // joined the job while this round was under way
   key->ledger.Take(rank);
   key->progress = true;
   if (key->sync && key->engine->RoundEmpty()) key->round_started = absl::Now();
@@ -1358,9 +1368,34 @@ void KVServer::CheckWorkersFinished() {
   if (on_workers_finished_) on_workers_finished_();
 }
 
+void KVServer::set_elastic(int nominal) {
+  elastic_ = true;
+  for (int r = nominal; r < num_workers_; ++r) left_workers_.insert(r);
+  for (auto& shard : shards_) {
+    Post(shard.get(), [nominal](Shard* s) { s->store.SetElastic(nominal); });
+  }
+}
+
+void KVServer::WorkerJoined(int rank) {
+  if (rank < 0 || rank >= num_workers_) return;
+  left_workers_.erase(rank);
+  finished_workers_.erase(rank);
+  for (auto& shard : shards_) {
+    Post(shard.get(), [this, rank](Shard* s) {
+      s->store.WorkerJoined(rank);
+      for (auto& [id, key] : s->store.keys()) Replay(key.get());
+    });
+  }
+}
+
 void KVServer::WorkerLeft(int rank) {
   if (rank < 0 || rank >= num_workers_ || !left_workers_.insert(rank).second)
     return;
+  LeaveRounds(rank);
+  CheckWorkersFinished();
+}
+
+void KVServer::LeaveRounds(int rank) {
   for (auto& shard : shards_) {
     Post(shard.get(), [this, rank](Shard* s) {
       s->store.WorkerLeft(rank);
@@ -1371,7 +1406,6 @@ void KVServer::WorkerLeft(int rank) {
       }
     });
   }
-  CheckWorkersFinished();
 }
 
 void KVServer::ServerDied(int rank) {

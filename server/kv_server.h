@@ -120,6 +120,18 @@ class KVServer : private EngineContext {
   // every later round, completes without it; what it sends from now on is
   // refused (FailedPrecondition). From Handle's thread.
   void WorkerLeft(int rank);
+  // Elastic jobs: worker `rank` joined the job (a new process; a rank that
+  // left before, or one never used): a member of every slice's rounds from
+  // the next one on (the open one if nobody pushed to it yet); its pushes
+  // wait until then. From Handle's thread.
+  void WorkerJoined(int rank);
+  // Elastic jobs, before the first Handle: the server was made for the most
+  // workers the job may have (num_workers); `nominal` of them
+  // (DMLC_NUM_WORKER) are in it at the start, the ranks after join later. A
+  // round of m pushes with an optimizer is scaled by nominal / m. A worker's
+  // goodbye (KV_FINISH) takes it out of the rounds, so that the others'
+  // rounds go on without it while they train longer than it did.
+  void set_elastic(int nominal);
   // A replacement server (its own entry catching_up): asks every live server
   // for the slices of its chains (KV_TRANSFER) every PS_RESEND_TIMEOUT until
   // each has sent all it counted, then calls `caught_up` once. `states`
@@ -325,9 +337,12 @@ class KVServer : private EngineContext {
   std::set<int> finished_workers_;  // ranks; Handle's thread only
   std::set<int> left_workers_;      // elastic jobs; Handle's thread only
   bool workers_finished_reported_ = false;  // Handle's thread only
+  bool elastic_ = false;                    // set_elastic
   // Called when a worker finished or left: on_workers_finished_ once every
   // worker has done one or the other.
   void CheckWorkersFinished();
+  // Elastic jobs: `rank` is out of every slice's rounds (see WorkerLeft).
+  void LeaveRounds(int rank);
 
   std::map<uint64_t, std::unique_ptr<KeyMetrics>> key_series_
       ABSL_GUARDED_BY(key_counts_mu_);

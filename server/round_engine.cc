@@ -74,8 +74,8 @@ void SyncRound::ReplaceRequest(int sender, const wire::Header& request) {
 
 SyncRound::Sum SyncRound::Finish(bool want_counts, bool rescale) {
   Sum sum;
-  const int workers = static_cast<int>(contributed_.size());
-  const bool partial = rescale && count_ > 0 && count_ < workers;
+  const float factor = rescale ? members_.Scale(count_) : 1.0f;
+  const bool partial = factor != 1.0f;
   if (want_counts && !partial && sum_ != nullptr && sum_->counting() &&
       contributed_.size() > 1) {
     sum.counts = Buffer::Allocate(length_);
@@ -96,14 +96,12 @@ SyncRound::Sum SyncRound::Finish(bool want_counts, bool rescale) {
   if (partial) {
     scaled_ = Buffer::Allocate(length_ * sizeof(float));
     float* out = scaled_.mutable_floats();
-    const float factor =
-        static_cast<float>(workers) / static_cast<float>(count_);
     for (uint64_t i = 0; i < length_; ++i) out[i] = sum.values[i] * factor;
     sum.values = out;
   }
   contributed_.assign(contributed_.size(), false);
   count_ = 0;
-  members_ = static_cast<int>(std::count(left_.begin(), left_.end(), false));
+  members_.NextRound();
   return sum;
 }
 
@@ -218,8 +216,8 @@ void RowRound::ReplaceRequest(int sender, const wire::Header& request) {
 
 RowRound::Sum RowRound::Finish(bool rescale) {
   Sum sum;
-  const int workers = static_cast<int>(contributed_.size());
-  const bool partial = rescale && count_ > 0 && count_ < workers;
+  const float factor = rescale ? members_.Scale(count_) : 1.0f;
+  const bool partial = factor != 1.0f;
   sum.rows.swap(rows_);
   slot_.clear();
   if (!single_.empty()) {
@@ -240,11 +238,9 @@ RowRound::Sum RowRound::Finish(bool rescale) {
     sum.values = scratch_.data();
   }
   if (partial && sum.values != nullptr) {
-    // Workers left: the sum of m pushes times workers / m (a kept push is
-    // never partial: it is one worker's of a one-worker job).
+    // Workers left or joined: the sum of m pushes times n / m (a kept push
+    // is never partial: it is one worker's of a one-worker job).
     const size_t n = sum.rows.size() * row_length_;
-    const float factor =
-        static_cast<float>(workers) / static_cast<float>(count_);
     if (sum.values != scratch_.data()) {
       scratch_.assign(sum.values, sum.values + n);
     }
@@ -253,7 +249,7 @@ RowRound::Sum RowRound::Finish(bool rescale) {
   }
   contributed_.assign(contributed_.size(), false);
   count_ = 0;
-  members_ = static_cast<int>(std::count(left_.begin(), left_.end(), false));
+  members_.NextRound();
   return sum;
 }
 

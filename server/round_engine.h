@@ -25,6 +25,7 @@
 #ifndef TESSERA_SERVER_ROUND_ENGINE_H_
 #define TESSERA_SERVER_ROUND_ENGINE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -37,6 +38,62 @@
 
 namespace tessera {
 
+// Elastic jobs (TESSERA_ELASTIC): which worker ranks a dist_sync round waits
+// for. A rank in the job is a member of every round from the one after it
+// joined (of the open one, if nobody has pushed to it yet); a rank that
+// leaves stays a member of the open round only if it pushed to it. Without
+// elastic changes every rank is a member of every round.
+class RoundMembers {
+ public:
+  explicit RoundMembers(int num_workers)
+      : in_job_(num_workers, true),
+        in_round_(num_workers, true),
+        members_(num_workers),
+        nominal_(num_workers) {}
+
+  void Leave(int rank, bool pushed) {
+    if (!in_job_[rank]) return;
+    in_job_[rank] = false;
+    if (!pushed && in_round_[rank]) {
+      in_round_[rank] = false;
+      --members_;
+    }
+  }
+  void Join(int rank, bool round_empty) {
+    if (in_job_[rank]) return;
+    in_job_[rank] = true;
+    if (round_empty && !in_round_[rank]) {
+      in_round_[rank] = true;
+      ++members_;
+    }
+  }
+  bool InJob(int rank) const { return in_job_[rank]; }
+  bool InRound(int rank) const { return in_round_[rank]; }
+  // Ranks the open round waits for.
+  int count() const { return members_; }
+  // The round is over: the next one's members are the ranks in the job.
+  void NextRound() {
+    in_round_ = in_job_;
+    members_ =
+        static_cast<int>(std::count(in_job_.begin(), in_job_.end(), true));
+  }
+  // The job's own number of workers (DMLC_NUM_WORKER), which an optimizer's
+  // rescale_grad is set for; a round of `pushes` is scaled by nominal / pushes
+  // (1 when they are equal).
+  void set_nominal(int nominal) { nominal_ = nominal; }
+  float Scale(int pushes) const {
+    return pushes > 0 && pushes != nominal_
+               ? static_cast<float>(nominal_) / static_cast<float>(pushes)
+               : 1.0f;
+  }
+
+ private:
+  std::vector<bool> in_job_;
+  std::vector<bool> in_round_;
+  int members_;
+  int nominal_;
+};
+
 class SyncRound {
  public:
   enum class Mode { kExact, kArrival };
@@ -44,18 +101,15 @@ class SyncRound {
       : length_(length),
         mode_(mode),
         contributed_(num_workers, false),
-        left_(num_workers, false),
         members_(num_workers) {}
 
-  // Elastic jobs: `rank` left the job. It leaves the open round unless it
-  // has pushed to it (its push counts), and every later round; complete()
-  // may then hold. Idempotent.
-  void Leave(int rank) {
-    if (left_[rank]) return;
-    left_[rank] = true;
-    if (!contributed_[rank]) --members_;
-  }
-  bool Left(int rank) const { return left_[rank]; }
+  // Elastic jobs (RoundMembers): `rank` left the job (it stays in the open
+  // round only if it pushed to it; complete() may then hold), or joined it (a
+  // member of the open round if nobody pushed to it yet, else of the next).
+  void Leave(int rank) { members_.Leave(rank, contributed_[rank]); }
+  void Join(int rank) { members_.Join(rank, count_ == 0); }
+  RoundMembers& members() { return members_; }
+  const RoundMembers& members() const { return members_; }
 
   // True when `rank` has contributed to the open round.
   bool Contributed(int rank) const { return contributed_[rank]; }
@@ -75,7 +129,7 @@ class SyncRound {
   int count() const { return count_; }
   // Every member of the round has pushed (a round with no push is never
   // complete, even when every worker left).
-  bool complete() const { return count_ > 0 && count_ >= members_; }
+  bool complete() const { return count_ > 0 && count_ >= members_.count(); }
 
   struct Sum {
     const float* values = nullptr;  // length floats
@@ -90,10 +144,11 @@ class SyncRound {
   };
   // The round's sum; the round is open again, empty. REQUIRES: complete().
   // `want_counts`: also the counts, when the round counted 2-bit pushes.
-  // `rescale`: a round of m pushes out of num_workers (workers left an
-  // elastic job) gives its sum times num_workers / m (the rounded sum
-  // multiplied in float32, no counts), so that an optimizer's rescale_grad
-  // set for num_workers workers still takes the mean.
+  // `rescale`: a round of m pushes in a job of n workers (DMLC_NUM_WORKER,
+  // RoundMembers::set_nominal; workers left or joined an elastic job) gives
+  // its sum times n / m (the rounded sum multiplied in float32, no counts),
+  // so that an optimizer's rescale_grad set for n workers still takes the
+  // mean.
   Sum Finish(bool want_counts = false, bool rescale = false);
   // The requests to answer, in the order they arrived.
   std::vector<wire::Header> TakeRequests();
@@ -114,8 +169,7 @@ class SyncRound {
   const uint64_t length_;
   const Mode mode_;
   std::vector<bool> contributed_;
-  std::vector<bool> left_;  // elastic jobs: out of every later round
-  int members_;             // ranks the open round waits for
+  RoundMembers members_;
   std::vector<wire::Header> requests_;
   int count_ = 0;
   Buffer scaled_;                  // Finish(_, true) of a partial round
@@ -141,17 +195,14 @@ class RowRound {
       : row_length_(row_length),
         mode_(mode),
         contributed_(num_workers, false),
-        left_(num_workers, false),
         members_(num_workers),
         exact_(0) {}
 
   // As SyncRound's.
-  void Leave(int rank) {
-    if (left_[rank]) return;
-    left_[rank] = true;
-    if (!contributed_[rank]) --members_;
-  }
-  bool Left(int rank) const { return left_[rank]; }
+  void Leave(int rank) { members_.Leave(rank, contributed_[rank]); }
+  void Join(int rank) { members_.Join(rank, count_ == 0); }
+  RoundMembers& members() { return members_; }
+  const RoundMembers& members() const { return members_; }
 
   bool Contributed(int rank) const { return contributed_[rank]; }
   // Adds `rank`'s push: `count` rows (ids relative to the slice) whose
@@ -173,7 +224,7 @@ class RowRound {
                          const wire::Header& request);
   void ReplaceRequest(int sender, const wire::Header& request);
   int count() const { return count_; }
-  bool complete() const { return count_ > 0 && count_ >= members_; }
+  bool complete() const { return count_ > 0 && count_ >= members_.count(); }
   struct Sum {
     std::vector<uint64_t> rows;  // the rows some push touched
     // Row i's row_length values: values + i x row_length (valid until the
@@ -199,8 +250,7 @@ class RowRound {
   const uint64_t row_length_;
   const SyncRound::Mode mode_;
   std::vector<bool> contributed_;
-  std::vector<bool> left_;
-  int members_;
+  RoundMembers members_;
   std::vector<wire::Header> requests_;
   int count_ = 0;
   absl::flat_hash_map<uint64_t, uint64_t> slot_;  // row -> slot

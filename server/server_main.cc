@@ -193,8 +193,10 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   tessera::RoundWatch::Options watch;
   watch.late_factor = options.late_factor;
   watch.late_min = options.late_min;
+  // An elastic job's server is made for its most workers (TESSERA_ELASTIC's
+  // MAX); the ranks past DMLC_NUM_WORKER join later.
   tessera::KVServer server(
-      options.num_workers, threads,
+      options.elastic() ? options.elastic_max : options.num_workers, threads,
       [&node](int peer, tessera::Message msg) {
         return node->Send(peer, std::move(msg));
       },
@@ -202,6 +204,7 @@ int Serve(const Flags& flags, const tessera::Options& options) {
       options.exact_sync_sum ? tessera::SyncRound::Mode::kExact
                              : tessera::SyncRound::Mode::kArrival,
       watch);
+  if (options.elastic()) server.set_elastic(options.num_workers);
   tessera::Node::Callbacks callbacks;
   callbacks.on_data = [&server, &checkpointer](tessera::Message&& msg) {
     if (checkpointer != nullptr) checkpointer->MaybeWrite();
@@ -221,6 +224,9 @@ int Serve(const Flags& flags, const tessera::Options& options) {
     } else {
       server.ServerDied(tessera::RankOfId(peer));
     }
+  };
+  callbacks.on_peer_join = [&server](int peer) {
+    if (tessera::IsWorkerId(peer)) server.WorkerJoined(tessera::RankOfId(peer));
   };
   callbacks.on_server_change = [&server, &live_node](int peer) {
     if (!tessera::IsServerId(peer)) return;

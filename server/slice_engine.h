@@ -81,11 +81,17 @@ class SliceEngine {
   virtual bool Contributed(int rank) const = 0;
   virtual void ReplaceRequest(int sender, const wire::Header& request) = 0;
   virtual bool RoundEmpty() const = 0;
-  // Elastic jobs: `rank` left the job (SyncRound::Leave); whether it has;
-  // and whether the open round is complete (it may be, once a rank left).
+  // Elastic jobs (RoundMembers): `rank` left or joined the job; whether it
+  // is out of it; whether it is a member of the open round (a joiner's push
+  // waits for the next round otherwise); whether the open round is complete
+  // (it may be, once a rank left); the job's own number of workers, which a
+  // partial round's sum is scaled to.
   virtual void Leave(int rank) {}
+  virtual void Join(int rank) {}
   virtual bool Left(int rank) const { return false; }
+  virtual bool InRound(int rank) const { return true; }
   virtual bool RoundComplete() const { return false; }
+  virtual void SetNominal(int workers) {}
 
   // Answers a pull: fills `reply` (made by the server: its header answers
   // `request`). An error is the pull's reply instead. The server has checked
@@ -159,8 +165,15 @@ class RoundSliceEngine : public SliceEngine {
   }
   bool RoundEmpty() const override { return round_.count() == 0; }
   void Leave(int rank) override { round_.Leave(rank); }
-  bool Left(int rank) const override { return round_.Left(rank); }
+  void Join(int rank) override { round_.Join(rank); }
+  bool Left(int rank) const override { return !round_.members().InJob(rank); }
+  bool InRound(int rank) const override {
+    return round_.members().InRound(rank);
+  }
   bool RoundComplete() const override { return round_.complete(); }
+  void SetNominal(int workers) override {
+    round_.members().set_nominal(workers);
+  }
 
  protected:
   // `round_args` make the round.

@@ -30,7 +30,11 @@
  *       with SOAK_LEAVE=R:K rank R leaves the job (tessera_kv_leave) after
  *       round K, printing "soak left: rank R after round K", and every rank
  *       expects the rounds after K to sum the others' pushes only, scaled by
- *       n / (n - 1) (the servers' rescaling of a partial round).
+ *       n / (n - 1) (the servers' rescaling of a partial round). With
+ *       SOAK_JOINER=J the ranks of the job expect a worker to join as rank J
+ *       at some round (each value's increments then include its pushes,
+ *       scaled by n / (n + 1)); the joiner itself runs with SOAK_JOIN=1,
+ *       checks nothing and prints "soak joined: rank J, ROUNDS rounds".
  */
 #include <math.h>
 #include <pthread.h>
@@ -112,6 +116,31 @@ static void ExpectAll(const float* v, size_t n, float want, const char* what,
   }
 }
 
+/* Elastic joins (soak, SOAK_JOINER): each value is its last one plus the
+ * round's increment without the joiner or with it; once a value has seen the
+ * joiner's pushes it sees them in every later round (slices of one key may
+ * take the joiner from different rounds). */
+static void ExpectJoin(const float* v, size_t n, float* last,
+                       unsigned char* joined, float without, float with,
+                       const char* what, int round) {
+  for (size_t i = 0; i < n; ++i) {
+    const float a = last[i] + without, b = last[i] + with;
+    if (!joined[i] && v[i] == a) {
+      last[i] = a;
+    } else if (v[i] == b) {
+      joined[i] = 1;
+      last[i] = b;
+    } else {
+      fprintf(stderr,
+              "rank %d: %s round %d: element %zu is %.9g, expected %.9g "
+              "%s%.9g (with the joiner's push)\n",
+              rank_, what, round, i, v[i], a,
+              joined[i] ? "(no more) or " : "or ", b);
+      exit(1);
+    }
+  }
+}
+
 static TesseraKV* Create(const char* type) {
   TesseraKV* kv = NULL;
   CHECK_OK(tessera_kv_create(type, &kv));
@@ -160,8 +189,8 @@ static int Nightly(void) {
     size_t offset = 0, len = 0;
     const float* part = tessera_pulled_part(view, p, &offset, &len);
     if (part == NULL || offset != covered) {
-      fprintf(stderr, "FAIL: pull_view part %zu at %zu, want %zu\n", p,
-              offset, covered);
+      fprintf(stderr, "FAIL: pull_view part %zu at %zu, want %zu\n", p, offset,
+              covered);
       return 1;
     }
     ExpectAll(part, len, 1.0f + (float)(n * (n + 1) * 7), "pull_view part",
@@ -169,16 +198,16 @@ static int Nightly(void) {
     covered += len;
   }
   if (covered != kBigLen || tessera_pulled_part(view, parts, NULL, NULL)) {
-    fprintf(stderr, "FAIL: pull_view parts cover %zu of %zu values\n",
-            covered, kBigLen);
+    fprintf(stderr, "FAIL: pull_view parts cover %zu of %zu values\n", covered,
+            kBigLen);
     return 1;
   }
   tessera_pulled_free(view);
   CHECK_FAILS(tessera_kv_pull_view(kv, 42, &view), TESSERA_NOT_FOUND,
               "never initialised");
   CHECK_OK(Close(kv));
-  printf("nightly ok: rank %d of %d, 7 rounds, pull_view in %zu parts\n",
-         rank_, n, parts);
+  printf("nightly ok: rank %d of %d, 7 rounds, pull_view in %zu parts\n", rank_,
+         n, parts);
   free(small);
   free(big);
   free(grad);
@@ -320,6 +349,21 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     want_own += (float)(2 * (rank_ + 1));
   }
   const float scale = n > 1 ? (float)n / (float)(n - 1) : 1.0f;
+  const char* join_env = getenv("SOAK_JOIN");
+  const int joiner = join_env != NULL && strcmp(join_env, "1") == 0;
+  const char* joiner_env = getenv("SOAK_JOINER");
+  const int joiner_rank = joiner_env != NULL ? atoi(joiner_env) : -1;
+  /* With a joiner: each value's last expected value and whether it has seen
+   * the joiner (small key, big key, own id row, shared id row). */
+  const float join_scale = (float)n / (float)(n + 1);
+  const float inc_with =
+      2.0f * ((float)(n * (n + 1) / 2 + joiner_rank + 1) * join_scale);
+  const float own_with = 2.0f * ((float)(rank_ + 1) * join_scale);
+  const size_t tracked = kSmallLen + big_len + 6;
+  float* last = malloc(tracked * sizeof(float));
+  unsigned char* seen = calloc(tracked, 1);
+  for (size_t k = 0; k < tracked; ++k)
+    last[k] = k < kSmallLen + big_len ? 1.0f : 0.0f;
   for (int i = (int)resume; i < rounds; ++i) {
     if (leave_round >= 0 && i > leave_round) {
       want += 2.0f * ((float)(n * (n + 1) / 2 - (leave_rank + 1)) * scale);
@@ -344,12 +388,27 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
     CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
     CHECK_OK(tessera_kv_pull_rows(kv, kHashed, hashed_ids, 2, hashed));
-    ExpectAll(small, kSmallLen, want, "small key", i);
-    ExpectAll(big, big_len, want, "5000-value key", i);
-    /* sgd lr=-2 from zeros: the own id gains 2(rank+1) a round, the shared
-     * one 2 x (1 + ... + n). */
-    ExpectAll(hashed, 3, want_own, "own hashed id", i);
-    ExpectAll(hashed + 3, 3, want - 1.0f, "shared hashed id", i);
+    if (joiner) {
+      /* Joined a running job: nothing here to check against. */
+    } else if (joiner_rank >= 0) {
+      const float inc = (float)(n * (n + 1));
+      ExpectJoin(small, kSmallLen, last, seen, inc, inc_with, "small key", i);
+      ExpectJoin(big, big_len, last + kSmallLen, seen + kSmallLen, inc,
+                 inc_with, "5000-value key", i);
+      ExpectJoin(hashed, 3, last + kSmallLen + big_len,
+                 seen + kSmallLen + big_len, (float)(2 * (rank_ + 1)), own_with,
+                 "own hashed id", i);
+      ExpectJoin(hashed + 3, 3, last + kSmallLen + big_len + 3,
+                 seen + kSmallLen + big_len + 3, inc, inc_with,
+                 "shared hashed id", i);
+    } else {
+      ExpectAll(small, kSmallLen, want, "small key", i);
+      ExpectAll(big, big_len, want, "5000-value key", i);
+      /* sgd lr=-2 from zeros: the own id gains 2(rank+1) a round, the shared
+       * one 2 x (1 + ... + n). */
+      ExpectAll(hashed, 3, want_own, "own hashed id", i);
+      ExpectAll(hashed + 3, 3, want - 1.0f, "shared hashed id", i);
+    }
     if (print_rounds) {
       /* tools/bench/failover.py: when each round was complete here. */
       struct timespec now;
@@ -364,8 +423,29 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
       printf("soak left: rank %d after round %d\n", rank_, i);
       free(big);
       free(grad);
+      free(last);
+      free(seen);
       return 0;
     }
+  }
+  if (joiner_rank >= 0 && !joiner) {
+    /* Every value saw the joiner's pushes (it joined before the end). */
+    size_t without = 0;
+    for (size_t k = 0; k < tracked; ++k) without += seen[k] ? 0 : 1;
+    if (without != 0) {
+      fprintf(stderr, "rank %d: %zu value(s) never saw the joiner's pushes\n",
+              rank_, without);
+      return 1;
+    }
+  }
+  free(last);
+  free(seen);
+  if (joiner) {
+    CHECK_OK(Close(kv));
+    printf("soak joined: rank %d, %d rounds\n", rank_, rounds);
+    free(big);
+    free(grad);
+    return 0;
   }
   uint64_t h = 14695981039346656037ULL;
   h = Fnv1a(h, small, sizeof(small));

@@ -25,6 +25,9 @@ SOURCE = os.environ.get('TESSERA_SOURCE_DIR', os.path.join(os.path.dirname(__fil
 BUILD = os.environ.get('TESSERA_BUILD_DIR', os.path.join(SOURCE, 'build'))
 LAUNCH = os.path.join(SOURCE, 'tools', 'launch.py')
 CHECK_WORKER = os.path.join(BUILD, 'tests', 'core', 'kv_check_worker')
+sys.path.insert(0, os.path.join(SOURCE, 'tools'))
+from tessera_launch import hosts as launch_hosts  # noqa: E402
+from tessera_launch import keys as launch_keys  # noqa: E402
 TRAIN_WORKER = os.path.join(BUILD, 'worker', 'tessera-worker')
 DATA = os.environ.get('FASHION_MNIST_DIR', '/usr/share/datasets/fashion-mnist')
 
@@ -743,6 +746,51 @@ class LaunchClusterTest(unittest.TestCase):
         self.assertEqual(len(sums), 2, out)
         self.assertEqual(sums[0], sums[1], out)
         self.assert_each_key_applied(out, 3 * 11 + 2 * 19)
+
+
+    def test_worker_started_by_hand_joins_an_elastic_job_and_its_pushes_count(self):
+        # A job of 2 workers with --elastic 2:3 and the user's keys (TESSERA_KEY_DIR);
+        # a third kv_check_worker started by hand with those keys and the
+        # scheduler's address joins as rank 2 while the soak runs. The others check
+        # every round exactly: each value gains the joiner's pushes (scaled by 2/3)
+        # from some round on, and every value saw them before the end. A fourth
+        # worker is turned away (the job has its most workers). The servers apply
+        # each key's pushes 2 x 250 + 600 times.
+        key_dir = os.path.join(self.tmp.name, 'keys')
+        launch_keys.write_job_keys(key_dir, keygen=os.path.join(BUILD, 'tools', 'keygen',
+                                                                'tessera-keygen'))
+        port = launch_hosts.free_port_run(1)
+        self.env.update(TESSERA_KEY_DIR=key_dir, TESSERA_BIGARRAY_BOUND='1000')
+        self.start(['-n', '2', '-s', '2', '--elastic', '2:3', '--port', str(port),
+                    '--env-worker', 'SOAK_JOINER:2', CHECK_WORKER, 'soak', '250', '20'])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 3) is None:
+            time.sleep(0.01)  # DMLC_TASK_ID 3: worker 1 of 2 servers and 2 workers
+        self.assertIsNotNone(node_pid(self.mark, 'worker', 3), 'worker 1 never started')
+        joiner_env = dict(self.env, DMLC_ROLE='worker', DMLC_PS_ROOT_URI='127.0.0.1',
+                          DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER='2',
+                          DMLC_NUM_SERVER='2', TESSERA_ELASTIC='2:3')
+        joiner = subprocess.Popen([CHECK_WORKER, 'soak', '600'],
+                                  env=dict(joiner_env, SOAK_JOIN='1'),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(1.0)
+        extra = subprocess.run([CHECK_WORKER, 'soak', '10'], env=dict(joiner_env, SOAK_JOIN='1'),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=60)
+        joined_out, _ = joiner.communicate(timeout=120)
+        out, _ = self.proc.communicate(timeout=120)
+        self.assertEqual(joiner.returncode, 0, joined_out + out)
+        self.assertIn('soak joined: rank 2, 600 rounds', joined_out)
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertRegex(out, r'\[scheduler\] .*joins the job \(join 1\): 3 of at most 3 '
+                              r'worker\(s\) in it \(TESSERA_ELASTIC=2:3\)')
+        self.assertNotEqual(extra.returncode, 0, extra.stdout)
+        self.assertIn('the job already has its most workers, 3 (TESSERA_ELASTIC=2:3)',
+                      extra.stdout)
+        sums = soak_checksums(out)
+        self.assertEqual(len(sums), 2, out)
+        self.assertEqual(sums[0], sums[1], out)
+        self.assert_each_key_applied(out, 2 * 250 + 600)
 
 
 if __name__ == '__main__':

@@ -795,7 +795,8 @@ TEST(KVServerTest, ARoundCompletesWithoutAWorkerThatLeft) {
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(StatusOf(*refused).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(StatusOf(*refused).message()),
-              HasSubstr("worker 2 left the job (TESSERA_ELASTIC)"));
+              HasSubstr("worker 2 is not in the job (TESSERA_ELASTIC: it "
+                        "left, or has not joined)"));
   EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{12, 120}));
 }
 
@@ -853,6 +854,78 @@ TEST(KVServerTest, RowRoundsCompleteWithoutAWorkerThatLeft) {
   ASSERT_TRUE(r.has_value());
   ASSERT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
   EXPECT_EQ(ValuesOf(*r), (std::vector<float>{1, 2, 8, 10}));
+}
+
+// A server made for at most 3 workers of a job of 2 (TESSERA_ELASTIC=_:3):
+// rank 2 is out until it joins; it joins the round after the one under way
+// (its push waits), and a later round of 3 pushes is scaled to 2 workers.
+TEST(KVServerTest, AJoiningWorkerIsInTheRoundsFromTheNextOne) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().set_elastic(/*nominal=*/2);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  h.server().Handle(Push(2, 7, 0, {100, 100}));
+  std::optional<Message> refused = h.NextReply();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(StatusOf(*refused).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(StatusOf(*refused).message()),
+              HasSubstr("worker 2 is not in the job"));
+  h.server().Handle(Push(0, 7, 0, {1, 10}));
+  h.server().Handle(Push(1, 7, 0, {2, 20}));
+  ExpectOk(h);
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{3, 30}));
+  // Round 2 is under way (rank 0 pushed) when rank 2 joins: its push waits
+  // for round 3.
+  h.server().Handle(Push(0, 7, 1, {1, 1}));
+  h.server().WorkerJoined(2);
+  h.server().Handle(Push(2, 7, 0, {4, 4}));
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Push(1, 7, 1, {1, 1}));
+  ExpectOk(h);
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 1, 7, 2), (std::vector<float>{2, 2}))
+      << "no optimizer: the value is round 2's sum, ranks 0 and 1 only";
+  // Round 3 holds rank 2's push and waits for all three.
+  h.server().Handle(Push(0, 7, 2, {1, 1}));
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Push(1, 7, 2, {1, 1}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 2, 7, 2), (std::vector<float>{6, 6}))
+      << "no optimizer: the plain sum of the three pushes";
+}
+
+TEST(KVServerTest, AJoiningWorkerTakesTheOpenRoundWhenNobodyPushedToIt) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().set_elastic(/*nominal=*/2);
+  h.server().Handle(SetOptimizer("sgd lr=1 rescale_grad=0.5"));
+  ExpectOk(h);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  h.server().WorkerJoined(2);
+  h.server().Handle(Push(0, 7, 0, {3, 6}));
+  h.server().Handle(Push(1, 7, 0, {3, 6}));
+  EXPECT_EQ(h.Pending(), 0u) << "the round waits for the joiner";
+  h.server().Handle(Push(2, 7, 0, {6, 12}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  // w = 0 - 1 x 0.5 x (12 x 2/3) = -(mean of the three pushes).
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{-4, -8}));
+}
+
+// A worker of an elastic job that finished (KV_FINISH) is out of the rounds:
+// the others go on training without it.
+TEST(KVServerTest, AFinishedWorkerOfAnElasticJobIsOutOfTheRounds) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().set_elastic(/*nominal=*/2);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  Message bye = KeyMessage(wire::KV_FINISH, 1, 0, 0);
+  bye.header.clear_slice();
+  h.server().Handle(std::move(bye));
+  ExpectOk(h);
+  h.server().Handle(Push(0, 7, 0, {1, 2}));
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{1, 2}));
 }
 
 // Every worker finished or left: the server's part is done.

@@ -388,7 +388,10 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
     absl::MutexLock lock(&mu_);
     keys_.erase(key);
   };
-  if (options_.restart_count > 0) {
+  // A restarted worker, or one joining an elastic job (generation > 0): its
+  // rank's pushes may be on the servers already, and the others have passed
+  // the init barriers.
+  if (node_->generation() > 0) {
     uint64_t resume = 0;
     absl::Status found = RejoinKey(key, total, row_length, &resume);
     if (found.ok()) {
@@ -768,9 +771,9 @@ void KVClient::SettleResumeLocked() {
   if (keys_.empty()) resume = 0;
   for (auto& [key, info] : keys_) info.next_seq = resume;
   resume_round_ = resume;
-  TESSERA_LOG(INFO) << "restarted (TESSERA_RESTART_COUNT="
-                    << options_.restart_count << "): resuming at round "
-                    << resume;
+  TESSERA_LOG(INFO) << (options_.restart_count > 0 ? "restarted" : "joined")
+                    << " (generation " << node_->generation()
+                    << "): resuming at round " << resume;
 }
 
 absl::Status KVClient::RejoinKey(uint64_t key, uint64_t total,
@@ -1056,8 +1059,18 @@ absl::Status KVClient::Barrier() {
 absl::Status KVClient::Close() {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
   closed_ = true;
+  if (options_.elastic()) {
+    // An elastic job's workers need not push the same number of rounds (one
+    // that joined later trains later): the goodbye goes first, so that the
+    // servers' rounds go on without this worker while it waits in the
+    // barrier for the others.
+    Message bye;
+    bye.header.set_command(wire::KV_FINISH);
+    absl::Status said = Broadcast(bye, "goodbye to the servers");
+    if (!said.ok()) TESSERA_LOG(WARNING) << said.message();
+  }
   absl::Status barrier = node_->Barrier(kGroupWorkers, "close");
-  if (barrier.ok()) {
+  if (barrier.ok() && !options_.elastic()) {
     // Tells each server this worker is done with it; one that heard it from
     // every worker ends without failure should the scheduler then vanish.
     Message bye;
