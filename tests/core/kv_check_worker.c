@@ -35,6 +35,7 @@
  *       at some round (each value's increments then include its pushes,
  *       scaled by n / (n + 1)); the joiner itself runs with SOAK_JOIN=1,
  *       checks nothing and prints "soak joined: rank J, ROUNDS rounds".
+ *       SOAK_CHECK=0 checks no value (a benchmark's worker killed at random).
  */
 #include <math.h>
 #include <pthread.h>
@@ -349,6 +350,8 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     want_own += (float)(2 * (rank_ + 1));
   }
   const float scale = n > 1 ? (float)n / (float)(n - 1) : 1.0f;
+  const char* check_env = getenv("SOAK_CHECK");
+  const int no_checks = check_env != NULL && strcmp(check_env, "0") == 0;
   const char* join_env = getenv("SOAK_JOIN");
   const int joiner = join_env != NULL && strcmp(join_env, "1") == 0;
   const char* joiner_env = getenv("SOAK_JOINER");
@@ -388,8 +391,9 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
     CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
     CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
     CHECK_OK(tessera_kv_pull_rows(kv, kHashed, hashed_ids, 2, hashed));
-    if (joiner) {
-      /* Joined a running job: nothing here to check against. */
+    if (joiner || no_checks) {
+      /* Joined a running job, or SOAK_CHECK=0 (tools/bench/elastic.py kills a
+       * worker at a moment nobody can predict): nothing to check against. */
     } else if (joiner_rank >= 0) {
       const float inc = (float)(n * (n + 1));
       ExpectJoin(small, kSmallLen, last, seen, inc, inc_with, "small key", i);
@@ -428,7 +432,7 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
       return 0;
     }
   }
-  if (joiner_rank >= 0 && !joiner) {
+  if (joiner_rank >= 0 && !joiner && !no_checks) {
     /* Every value saw the joiner's pushes (it joined before the end). */
     size_t without = 0;
     for (size_t k = 0; k < tracked; ++k) without += seen[k] ? 0 : 1;

@@ -771,9 +771,14 @@ void KVClient::SettleResumeLocked() {
   if (keys_.empty()) resume = 0;
   for (auto& [key, info] : keys_) info.next_seq = resume;
   resume_round_ = resume;
-  TESSERA_LOG(INFO) << (options_.restart_count > 0 ? "restarted" : "joined")
-                    << " (generation " << node_->generation()
-                    << "): resuming at round " << resume;
+  if (options_.restart_count > 0) {
+    TESSERA_LOG(INFO) << "restarted (TESSERA_RESTART_COUNT="
+                      << options_.restart_count << "): resuming at round "
+                      << resume;
+  } else {
+    TESSERA_LOG(INFO) << "joined the job (generation " << node_->generation()
+                      << "): resuming at round " << resume;
+  }
 }
 
 absl::Status KVClient::RejoinKey(uint64_t key, uint64_t total,

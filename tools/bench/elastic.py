@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""What a change of an elastic job's membership costs the workers that stay: the
+time from a worker's death, goodbye or arrival to the rounds going on.
+
+Runs `launch.py -n 3 -s 2 --elastic 2:4 kv_check_worker soak ROUNDS SLEEP_MS` (every
+key split over both servers: TESSERA_BIGARRAY_BOUND=1000; SOAK_PRINT_ROUNDS=1: each
+worker prints when each of its rounds was complete), with the job's keys in a folder of
+its own (TESSERA_KEY_DIR) so that a worker started by hand can join. Three scenes, each
+--runs times:
+
+  death    launch.py's worker 2 SIGKILLed after --kill-after s (SOAK_CHECK=0: nobody
+           knows which rounds it reached): from the kill to the scheduler declaring it
+           dead (its log line) and to the first round a survivor completed after that;
+  goodbye  rank 2 leaves after round 100 (SOAK_LEAVE, every round checked exactly):
+           the survivors' round after the goodbye against their median round;
+  join     a fourth worker started by hand after --kill-after s (SOAK_JOIN=1; the
+           others check every round exactly, SOAK_JOINER): from its start to the
+           scheduler's line, to its first round, and the survivors' longest round
+           around the join against their median.
+
+    tools/bench/elastic.py --build /abs/build [--runs 3] [--heartbeat-timeout 2]
+        [--security default|none]
+"""
+import argparse
+import datetime
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SOURCE, 'tools'))
+from tessera_launch import hosts as launch_hosts  # noqa: E402
+from tessera_launch import keys as launch_keys  # noqa: E402
+from failover import log_time, marked_pid  # noqa: E402
+
+
+def rounds_by_worker(out):
+    """{launch.py worker index: [(round, unix time)]}."""
+    done = {}
+    for w, i, t in re.findall(r'^\[worker (\d+)\] round (\d+) done at (\d+\.\d+)$', out, re.M):
+        done.setdefault(int(w), []).append((int(i), float(t)))
+    return done
+
+
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2] if values else float('nan')
+
+
+def one_run(args, scene, mark, key_dir):
+    env = dict(os.environ, TESSERA_TEST_MARK=mark, TESSERA_BIGARRAY_BOUND='1000',
+               SOAK_PRINT_ROUNDS='1', PS_HEARTBEAT_INTERVAL=str(args.heartbeat_timeout / 4),
+               PS_HEARTBEAT_TIMEOUT=str(args.heartbeat_timeout))
+    if args.security == 'none':
+        env['TESSERA_INSECURE'] = '1'
+    else:
+        env['TESSERA_KEY_DIR'] = key_dir
+    worker = os.path.join(args.build, 'tests', 'core', 'kv_check_worker')
+    port = launch_hosts.free_port_run(1)
+    extra = {'death': ['--env-worker', 'SOAK_CHECK:0'],
+             'goodbye': ['--env-worker', 'SOAK_LEAVE:2:100'],
+             'join': ['--env-worker', 'SOAK_JOINER:3']}[scene]
+    cmd = [sys.executable, os.path.join(SOURCE, 'tools', 'launch.py'), '-n', '3', '-s', '2',
+           '--elastic', '2:4', '--port', str(port)] + extra + [
+               worker, 'soak', str(args.rounds), str(args.sleep_ms)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while marked_pid(mark, 'worker', 4) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(args.kill_after)
+    event = time.time()
+    joiner = None
+    if scene == 'death':
+        victim = marked_pid(mark, 'worker', 4)
+        if victim is None or proc.poll() is not None:
+            proc.kill()
+            sys.exit('elastic.py: worker 2 is not running (job ended early?)')
+        os.kill(victim, 9)
+    elif scene == 'join':
+        joiner = subprocess.Popen(
+            [worker, 'soak', str(args.rounds * 2), str(args.sleep_ms)],
+            env=dict(env, SOAK_JOIN='1', DMLC_ROLE='worker', DMLC_PS_ROOT_URI='127.0.0.1',
+                     DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER='3', DMLC_NUM_SERVER='2',
+                     TESSERA_ELASTIC='2:4'),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=600)
+    joined_out = joiner.communicate(timeout=600)[0] if joiner else ''
+    if proc.returncode != 0 or (joiner and joiner.returncode != 0):
+        sys.exit('elastic.py: %s: the job exited %d (joiner %s):\n%s\n%s'
+                 % (scene, proc.returncode, joiner and joiner.returncode, out[-4000:],
+                    joined_out[-2000:]))
+    sums = re.findall(r'soak ok: .* checksum=([0-9a-f]{16})', out)
+    if len(set(sums)) != 1:
+        sys.exit('elastic.py: soak checksums %s:\n%s' % (sums, out[-4000:]))
+    day = datetime.date.today()
+    done = rounds_by_worker(out)
+    gone = {'death': 2, 'join': None}.get(scene)
+    if scene == 'goodbye':
+        left = re.search(r'^\[worker (\d+)\] soak left: rank 2 after round 100$', out, re.M)
+        gone = int(left.group(1)) if left else None
+    survivors = [w for w in done if w != gone]
+    gaps = [b - a for w in survivors for (_, a), (_, b) in zip(done[w], done[w][1:])]
+    result = {'median_round_ms': 1000 * median(gaps), 'checksum': sums[0]}
+    if scene == 'death':
+        declared = None
+        for line in out.splitlines():
+            if line.startswith('[scheduler]') and 'stopped heart-beating' in line:
+                declared = log_time(line, day)
+        after = min(t for w in survivors for _, t in done[w] if declared and t > declared)
+        result.update(declared_s=declared - event, next_round_s=after - event)
+    elif scene == 'goodbye':
+        steps = []
+        for w in survivors:
+            at = dict(done[w])
+            if 100 in at and 101 in at:
+                steps.append(at[101] - at[100])
+        result.update(round_after_ms=1000 * max(steps))
+    else:
+        line = [x for x in out.splitlines() if x.startswith('[scheduler]') and
+                'joins the job' in x]
+        first = re.search(r'^round 0 done at (\d+\.\d+)$', joined_out, re.M)
+        window = [b - a for w in survivors for (_, a), (_, b) in zip(done[w], done[w][1:])
+                  if event - 1 < b < event + 3]
+        result.update(scheduler_s=log_time(line[0], day) - event if line else float('nan'),
+                      first_round_s=float(first.group(1)) - event if first else float('nan'),
+                      longest_round_ms=1000 * max(window) if window else float('nan'))
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--build', required=True, help='the CMake build folder (absolute)')
+    p.add_argument('--runs', type=int, default=3)
+    p.add_argument('--rounds', type=int, default=400)
+    p.add_argument('--sleep-ms', type=int, default=10)
+    p.add_argument('--kill-after', type=float, default=1.5)
+    p.add_argument('--heartbeat-timeout', type=float, default=2.0)
+    p.add_argument('--security', choices=('default', 'none'), default='default')
+    p.add_argument('--scenes', default='death,goodbye,join')
+    args = p.parse_args()
+    print('elastic.py: 3 workers, 2 servers, --elastic 2:4, soak %d rounds (%d ms apart), '
+          'PS_HEARTBEAT_TIMEOUT=%gs, security %s; uptime: %s'
+          % (args.rounds, args.sleep_ms, args.heartbeat_timeout, args.security,
+             subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()))
+    with tempfile.TemporaryDirectory(prefix='elastic-bench-') as tmp:
+        key_dir = os.path.join(tmp, 'keys')
+        launch_keys.write_job_keys(key_dir, keygen=os.path.join(args.build, 'tools', 'keygen',
+                                                                'tessera-keygen'))
+        for scene in args.scenes.split(','):
+            results = [one_run(args, scene, 'elastic-%d-%s-%d' % (os.getpid(), scene, i),
+                               key_dir) for i in range(args.runs)]
+            for i, r in enumerate(results):
+                print('%s run %d: %s' % (scene, i, ', '.join(
+                    '%s %s' % (k, ('%.3f' % v) if isinstance(v, float) else v)
+                    for k, v in sorted(r.items()))))
+            for k in sorted(results[0]):
+                if k != 'checksum':
+                    print('%s median %s %.3f' % (scene, k, median([r[k] for r in results])))
+
+
+if __name__ == '__main__':
+    main()
