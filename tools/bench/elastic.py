@@ -88,8 +88,17 @@ def one_run(args, scene, mark, key_dir):
                      DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER='3', DMLC_NUM_SERVER='2',
                      TESSERA_ELASTIC='2:4'),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = proc.communicate(timeout=600)
-    joined_out = joiner.communicate(timeout=600)[0] if joiner else ''
+    try:
+        out, _ = proc.communicate(timeout=args.job_timeout)
+        joined_out = joiner.communicate(timeout=60)[0] if joiner else ''
+    except subprocess.TimeoutExpired:
+        for p in (proc, joiner):
+            if p is not None:
+                p.kill()
+        out = proc.communicate()[0]
+        joined_out = joiner.communicate()[0] if joiner else ''
+        sys.exit('elastic.py: %s: the job did not end within %d s:\n%s\n--- joiner:\n%s'
+                 % (scene, args.job_timeout, out[-6000:], joined_out[-3000:]))
     if proc.returncode != 0 or (joiner and joiner.returncode != 0):
         sys.exit('elastic.py: %s: the job exited %d (joiner %s):\n%s\n%s'
                  % (scene, proc.returncode, joiner and joiner.returncode, out[-4000:],
@@ -142,6 +151,7 @@ def main():
     p.add_argument('--heartbeat-timeout', type=float, default=2.0)
     p.add_argument('--security', choices=('default', 'none'), default='default')
     p.add_argument('--scenes', default='death,goodbye,join')
+    p.add_argument('--job-timeout', type=int, default=120)
     args = p.parse_args()
     print('elastic.py: 3 workers, 2 servers, --elastic 2:4, soak %d rounds (%d ms apart), '
           'PS_HEARTBEAT_TIMEOUT=%gs, security %s; uptime: %s'

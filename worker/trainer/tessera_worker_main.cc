@@ -323,9 +323,14 @@ class Trainer {
     trace::SetThreadName("main");
 
     loader_options_.batch_size = flags_.batch_size;
-    loader_options_.rank = kv_->rank();
-    loader_options_.num_workers = kv_->num_workers();
-    loader_options_.seed = flags_.seed;
+    // A worker that joined an elastic job under a rank past DMLC_NUM_WORKER
+    // has no shard of its own: it trains on rank mod DMLC_NUM_WORKER's, in an
+    // order of its own.
+    const int ranks = kv_->num_workers();
+    loader_options_.rank = kv_->rank() % ranks;
+    loader_options_.num_workers = ranks;
+    loader_options_.seed =
+        flags_.seed + static_cast<uint64_t>(kv_->rank() / ranks) * 0x9e3779b9u;
     loader_options_.epochs = flags_.epochs;
     if (absl::Status s =
             BatchLoader::Validate(loader_options_, data_.train.count);
