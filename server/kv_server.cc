@@ -1370,7 +1370,10 @@ void KVServer::CheckWorkersFinished() {
 
 void KVServer::set_elastic(int nominal) {
   elastic_ = true;
-  for (int r = nominal; r < num_workers_; ++r) left_workers_.insert(r);
+  for (int r = nominal; r < num_workers_; ++r) {
+    left_workers_.insert(r);
+    watch_.SetInJob(r, false);
+  }
   for (auto& shard : shards_) {
     Post(shard.get(), [nominal](Shard* s) { s->store.SetElastic(nominal); });
   }
@@ -1380,6 +1383,7 @@ void KVServer::WorkerJoined(int rank) {
   if (rank < 0 || rank >= num_workers_) return;
   left_workers_.erase(rank);
   finished_workers_.erase(rank);
+  watch_.SetInJob(rank, true);
   for (auto& shard : shards_) {
     Post(shard.get(), [this, rank](Shard* s) {
       s->store.WorkerJoined(rank);
@@ -1396,6 +1400,7 @@ void KVServer::WorkerLeft(int rank) {
 }
 
 void KVServer::LeaveRounds(int rank) {
+  watch_.SetInJob(rank, false);
   for (auto& shard : shards_) {
     Post(shard.get(), [this, rank](Shard* s) {
       s->store.WorkerLeft(rank);

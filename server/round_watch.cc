@@ -39,11 +39,18 @@ std::string RankList(const std::vector<int>& ranks) {
 
 }  // namespace
 
+void RoundWatch::SetInJob(int rank, bool in_job) {
+  if (rank < 0 || rank >= num_workers_) return;
+  absl::MutexLock lock(&mu_);
+  in_job_[rank] = in_job;
+}
+
 RoundWatch::RoundWatch(int num_workers, Options options)
     : num_workers_(num_workers), options_(options) {
   {
     absl::MutexLock lock(&mu_);
     lag_.resize(num_workers);
+    in_job_.assign(num_workers, true);
   }
   MetricsRegistry& r = MetricsRegistry::Global();
   auto slowest = [this](bool lag) {
@@ -166,7 +173,7 @@ void RoundWatch::Fill(wire::DebugPending* out, absl::Time now) const {
     for (int rank = 0; rank < num_workers_; ++rank) {
       if (o.in[rank]) {
         r->add_ranks_in(rank);
-      } else {
+      } else if (in_job_[rank]) {
         r->add_ranks_missing(rank);
       }
     }
@@ -239,8 +246,13 @@ std::vector<std::string> RoundWatch::CheckLate(absl::Time now) {
     const absl::Duration age = found.age;
     const Open& o = open_.at(slice);
     std::vector<int> in, missing;
-    for (int rank = 0; rank < num_workers_; ++rank)
-      (o.in[rank] ? in : missing).push_back(rank);
+    for (int rank = 0; rank < num_workers_; ++rank) {
+      if (o.in[rank]) {
+        in.push_back(rank);
+      } else if (in_job_[rank]) {
+        missing.push_back(rank);
+      }
+    }
     const absl::Duration median = MedianLocked(slice);
     const std::string why =
         median == absl::ZeroDuration()

@@ -71,6 +71,9 @@ class RoundWatch {
   // The slice's open round completed.
   void RoundDone(uint64_t key, uint64_t offset, absl::Time round_started,
                  absl::Time now);
+  // Elastic jobs: whether `rank` is in the job. A rank out of it is never
+  // named as missing from a round.
+  void SetInJob(int rank, bool in_job);
   // The slice holds `count` waiting messages (reported when it changed).
   void Waiting(uint64_t key, uint64_t offset, size_t count);
 
@@ -107,6 +110,7 @@ class RoundWatch {
   std::map<Slice, std::deque<absl::Duration>> recent_ ABSL_GUARDED_BY(mu_);
   std::map<Slice, size_t> waiting_ ABSL_GUARDED_BY(mu_);
   std::vector<Lag> lag_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> in_job_ ABSL_GUARDED_BY(mu_);  // by rank
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
   CollectorHandles metric_handles_;  // last: removed first

@@ -44,6 +44,17 @@ TEST(RoundWatchTest, BeforeAnyRoundCompletedARoundIsLateAfterTenTimesLateMin) {
   EXPECT_THAT(w.CheckLate(t0 + absl::Seconds(100)), IsEmpty());
 }
 
+// Elastic jobs: a rank out of the job is never named as missing.
+TEST(RoundWatchTest, ARankOutOfTheJobIsNotMissing) {
+  RoundWatch w(4, NoThread(absl::Seconds(1)));
+  w.SetInJob(3, false);
+  w.PushTaken(7, 0, 0, t0, t0);
+  EXPECT_THAT(w.CheckLate(t0 + absl::Seconds(10)),
+              ElementsAre("dist_sync round of key 7 has waited 10s for ranks "
+                          "1, 2 (no round of the key has completed here yet; "
+                          "ranks in: 0)"));
+}
+
 TEST(RoundWatchTest, AfterRoundsTheThresholdIsTheFactorTimesTheirMedian) {
   RoundWatch w(2, NoThread(absl::Milliseconds(100), 10));
   absl::Time t = t0;
