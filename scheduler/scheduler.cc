@@ -646,7 +646,9 @@ void Scheduler::Handle(Message&& msg) {
         return;
       }
       WorkerLeaves(sender, /*goodbye=*/true, "left the job (it said goodbye)");
-      if (!ended_) Reply(sender, h, absl::OkStatus());
+      // Its part is done, even when the others' job ends for want of
+      // workers now.
+      Reply(sender, h, absl::OkStatus());
       return;
     default:
       TESSERA_LOG(WARNING) << "ignored unexpected message " << DebugString(msg);
@@ -1004,6 +1006,20 @@ void Scheduler::HandleRegister(const Message& msg) {
   const int count = registered_by_role_[info.role()];
   const int wanted =
       info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
+  if (count >= wanted && options_.elastic() && info.role() == wire::WORKER) {
+    // An elastic job's worker past DMLC_NUM_WORKER before the job formed:
+    // it joins once the job has formed (its registrations again are held
+    // once).
+    for (const Registration& held : early_joiners_) {
+      if (held.info.host() == info.host() && held.info.port() == info.port())
+        return;
+    }
+    TESSERA_LOG(INFO) << "worker at " << info.host() << ":" << info.port()
+                      << " came before the job formed, past DMLC_NUM_WORKER ("
+                      << wanted << "); it joins once the job has formed";
+    early_joiners_.push_back(r);
+    return;
+  }
   if (count >= wanted) {
     turn_away(absl::StrCat("too many ",
                            info.role() == wire::SERVER ? "servers" : "workers",
@@ -1221,6 +1237,9 @@ void Scheduler::FormJob() {
   TESSERA_VLOG(1) << "job formed: " << options_.num_servers << " server(s), "
                   << options_.num_workers << " worker(s)";
   for (const wire::NodeInfo& n : infos) TESSERA_VLOG(1) << "  " << Describe(n);
+  std::vector<Registration> early;
+  early.swap(early_joiners_);
+  for (const Registration& r : early) JoinWorker(r, /*id=*/-1);
 }
 
 void Scheduler::Reply(int peer, const wire::Header& request,

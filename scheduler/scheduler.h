@@ -189,6 +189,9 @@ class Scheduler {
   // more), and the servers each joiner's table still waits for.
   uint32_t worker_joins_ = 0;
   std::map<int, std::set<int>> join_waits_;
+  // Workers of an elastic job that registered before it formed, past
+  // DMLC_NUM_WORKER: they join once it has.
+  std::vector<Registration> early_joiners_;
   // Index of registered_ (a registration is checked against all before it).
   std::set<std::pair<std::string, int>> registered_at_;  // host, port
   std::map<int, int> registered_by_role_;                // wire::Role -> count
