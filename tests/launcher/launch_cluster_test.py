@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
 import uuid
 
 SOURCE = os.environ.get('TESSERA_SOURCE_DIR', os.path.join(os.path.dirname(__file__), '..', '..'))
@@ -760,13 +761,24 @@ class LaunchClusterTest(unittest.TestCase):
         launch_keys.write_job_keys(key_dir, keygen=os.path.join(BUILD, 'tools', 'keygen',
                                                                 'tessera-keygen'))
         port = launch_hosts.free_port_run(1)
+        metrics = launch_hosts.free_port_run(5, taken={port})
         self.env.update(TESSERA_KEY_DIR=key_dir, TESSERA_BIGARRAY_BOUND='1000')
         self.start(['-n', '2', '-s', '2', '--elastic', '2:3', '--port', str(port),
-                    '--env-worker', 'SOAK_JOINER:2', CHECK_WORKER, 'soak', '250', '20'])
+                    '--metrics-port', str(metrics), '--env-worker', 'SOAK_JOINER:2',
+                    CHECK_WORKER, 'soak', '250', '20'])
+        # Once the job has formed (the scheduler's metric): a worker started
+        # earlier would be taken for one of the job's own two.
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and node_pid(self.mark, 'worker', 3) is None:
-            time.sleep(0.01)  # DMLC_TASK_ID 3: worker 1 of 2 servers and 2 workers
-        self.assertIsNotNone(node_pid(self.mark, 'worker', 3), 'worker 1 never started')
+        formed = False
+        while time.monotonic() < deadline and not formed:
+            try:
+                with urllib.request.urlopen('http://127.0.0.1:%d/metrics' % metrics,
+                                            timeout=1) as r:
+                    formed = 'tessera_scheduler_job_formed 1' in r.read().decode()
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.assertTrue(formed, 'the job never formed')
         joiner_env = dict(self.env, DMLC_ROLE='worker', DMLC_PS_ROOT_URI='127.0.0.1',
                           DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER='2',
                           DMLC_NUM_SERVER='2', TESSERA_ELASTIC='2:3')
