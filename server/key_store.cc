@@ -116,14 +116,19 @@ StoredKey* KeyStore::Create(const wire::KeySlice& slice, bool sync) {
   slot = std::make_unique<StoredKey>(slice, sync, num_workers_, limits_,
                                      sum_mode_);
   if (nominal_ != 0) slot->engine->SetNominal(nominal_);
-  for (int r = 0; r < static_cast<int>(left_.size()); ++r)
-    if (left_[r]) slot->engine->Leave(r);
+  for (int r = 0; r < static_cast<int>(left_.size()); ++r) {
+    if (left_[r] || joined_[r]) slot->engine->Leave(r);
+    // A joiner is waited for from its first push to the slice on, whenever
+    // the slice was made.
+    if (joined_[r]) slot->engine->Join(r);
+  }
   return slot.get();
 }
 
 void KeyStore::SetElastic(int nominal) {
   nominal_ = nominal;
   left_.resize(num_workers_, false);
+  joined_.resize(num_workers_, false);
   for (int r = nominal; r < num_workers_; ++r) left_[r] = true;
   for (auto& [id, key] : keys_) {
     key->engine->SetNominal(nominal);
@@ -134,14 +139,18 @@ void KeyStore::SetElastic(int nominal) {
 void KeyStore::WorkerJoined(int rank) {
   if (rank < 0 || rank >= num_workers_) return;
   left_.resize(num_workers_, false);
+  joined_.resize(num_workers_, false);
   left_[rank] = false;
+  joined_[rank] = true;
   for (auto& [id, key] : keys_) key->engine->Join(rank);
 }
 
 void KeyStore::WorkerLeft(int rank) {
   if (rank < 0 || rank >= num_workers_) return;
   left_.resize(num_workers_, false);
+  joined_.resize(num_workers_, false);
   left_[rank] = true;
+  joined_[rank] = false;
   for (auto& [id, key] : keys_) key->engine->Leave(rank);
 }
 

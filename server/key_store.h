@@ -169,8 +169,10 @@ class KeyStore {
   const SyncRound::Mode sum_mode_;
   std::map<SliceId, std::unique_ptr<StoredKey>> keys_;
   std::map<SliceId, WaitingMessages> orphans_;
-  std::vector<bool> left_;  // by worker rank
-  int nominal_ = 0;         // 0: num_workers_
+  std::vector<bool> left_;    // by worker rank
+  std::vector<bool> joined_;  // joined the job (elastic): waited for once it
+                              // pushed to a slice
+  int nominal_ = 0;           // 0: num_workers_
 };
 
 }  // namespace tessera

@@ -845,9 +845,8 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
       break;
   }
   if (key->sync && key->engine->Contributed(rank))
-    return false;  // belongs to the next round
-  if (key->sync && !key->engine->InRound(rank))
-    return false;  // joined the job while this round was under way
+    return false;                           // belongs to the next round
+  if (key->sync) key->engine->Enter(rank);  // a joiner's first push
   key->ledger.Take(rank);
   key->progress = true;
   if (key->sync && key->engine->RoundEmpty()) key->round_started = absl::Now();

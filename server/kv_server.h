@@ -121,9 +121,9 @@ class KVServer : private EngineContext {
   // refused (FailedPrecondition). From Handle's thread.
   void WorkerLeft(int rank);
   // Elastic jobs: worker `rank` joined the job (a new process; a rank that
-  // left before, or one never used): a member of every slice's rounds from
-  // the next one on (the open one if nobody pushed to it yet); its pushes
-  // wait until then. From Handle's thread.
+  // left before, or one never used): its first push to a slice enters the
+  // round under way, and the slice's later rounds wait for it. From
+  // Handle's thread.
   void WorkerJoined(int rank);
   // Elastic jobs, before the first Handle: the server was made for the most
   // workers the job may have (num_workers); `nominal` of them

@@ -39,19 +39,24 @@
 namespace tessera {
 
 // Elastic jobs (TESSERA_ELASTIC): which worker ranks a dist_sync round waits
-// for. A rank in the job is a member of every round from the one after it
-// joined (of the open one, if nobody has pushed to it yet); a rank that
-// leaves stays a member of the open round only if it pushed to it. Without
-// elastic changes every rank is a member of every round.
+// for. A rank that joined the job is waited for from its first push to the
+// slice on: that push enters the round under way, and every later round
+// waits for the rank. (Entering at the next round instead deadlocked workers
+// that push key after key, each push waiting for its round: the joiner could
+// enter one key's rounds a step later than another's.) A rank that leaves
+// stays a member of the open round only if it pushed to it. Without elastic
+// changes every rank is a member of every round.
 class RoundMembers {
  public:
   explicit RoundMembers(int num_workers)
       : in_job_(num_workers, true),
+        joining_(num_workers, false),
         in_round_(num_workers, true),
         members_(num_workers),
         nominal_(num_workers) {}
 
   void Leave(int rank, bool pushed) {
+    joining_[rank] = false;
     if (!in_job_[rank]) return;
     in_job_[rank] = false;
     if (!pushed && in_round_[rank]) {
@@ -59,16 +64,23 @@ class RoundMembers {
       --members_;
     }
   }
-  void Join(int rank, bool round_empty) {
-    if (in_job_[rank]) return;
+  // `rank` joined the job: it may push, and is waited for once it did.
+  void Join(int rank) {
+    if (!in_job_[rank]) joining_[rank] = true;
+  }
+  // `rank` pushes to the open round: a joining rank becomes a member of it
+  // (and of every later round).
+  void Enter(int rank) {
+    if (!joining_[rank]) return;
+    joining_[rank] = false;
     in_job_[rank] = true;
-    if (round_empty && !in_round_[rank]) {
+    if (!in_round_[rank]) {
       in_round_[rank] = true;
       ++members_;
     }
   }
-  bool InJob(int rank) const { return in_job_[rank]; }
-  bool InRound(int rank) const { return in_round_[rank]; }
+  // Out of the job: left, or not joined (its pushes are refused).
+  bool Out(int rank) const { return !in_job_[rank] && !joining_[rank]; }
   // Ranks the open round waits for.
   int count() const { return members_; }
   // The round is over: the next one's members are the ranks in the job.
@@ -89,6 +101,7 @@ class RoundMembers {
 
  private:
   std::vector<bool> in_job_;
+  std::vector<bool> joining_;
   std::vector<bool> in_round_;
   int members_;
   int nominal_;
@@ -105,9 +118,9 @@ class SyncRound {
 
   // Elastic jobs (RoundMembers): `rank` left the job (it stays in the open
   // round only if it pushed to it; complete() may then hold), or joined it (a
-  // member of the open round if nobody pushed to it yet, else of the next).
+  // member from its first push on).
   void Leave(int rank) { members_.Leave(rank, contributed_[rank]); }
-  void Join(int rank) { members_.Join(rank, count_ == 0); }
+  void Join(int rank) { members_.Join(rank); }
   RoundMembers& members() { return members_; }
   const RoundMembers& members() const { return members_; }
 
@@ -200,7 +213,7 @@ class RowRound {
 
   // As SyncRound's.
   void Leave(int rank) { members_.Leave(rank, contributed_[rank]); }
-  void Join(int rank) { members_.Join(rank, count_ == 0); }
+  void Join(int rank) { members_.Join(rank); }
   RoundMembers& members() { return members_; }
   const RoundMembers& members() const { return members_; }
 

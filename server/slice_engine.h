@@ -82,14 +82,14 @@ class SliceEngine {
   virtual void ReplaceRequest(int sender, const wire::Header& request) = 0;
   virtual bool RoundEmpty() const = 0;
   // Elastic jobs (RoundMembers): `rank` left or joined the job; whether it
-  // is out of it; whether it is a member of the open round (a joiner's push
-  // waits for the next round otherwise); whether the open round is complete
-  // (it may be, once a rank left); the job's own number of workers, which a
-  // partial round's sum is scaled to.
+  // is out of it; its push about to be taken (a joiner's first makes it a
+  // member of the open round); whether the open round is complete (it may
+  // be, once a rank left); the job's own number of workers, which a partial
+  // round's sum is scaled to.
   virtual void Leave(int rank) {}
   virtual void Join(int rank) {}
   virtual bool Left(int rank) const { return false; }
-  virtual bool InRound(int rank) const { return true; }
+  virtual void Enter(int rank) {}
   virtual bool RoundComplete() const { return false; }
   virtual void SetNominal(int workers) {}
 
@@ -166,10 +166,8 @@ class RoundSliceEngine : public SliceEngine {
   bool RoundEmpty() const override { return round_.count() == 0; }
   void Leave(int rank) override { round_.Leave(rank); }
   void Join(int rank) override { round_.Join(rank); }
-  bool Left(int rank) const override { return !round_.members().InJob(rank); }
-  bool InRound(int rank) const override {
-    return round_.members().InRound(rank);
-  }
+  bool Left(int rank) const override { return round_.members().Out(rank); }
+  void Enter(int rank) override { round_.members().Enter(rank); }
   bool RoundComplete() const override { return round_.complete(); }
   void SetNominal(int workers) override {
     round_.members().set_nominal(workers);

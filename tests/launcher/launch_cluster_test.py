@@ -19,16 +19,12 @@ import tempfile
 import threading
 import time
 import unittest
-import urllib.request
 import uuid
 
 SOURCE = os.environ.get('TESSERA_SOURCE_DIR', os.path.join(os.path.dirname(__file__), '..', '..'))
 BUILD = os.environ.get('TESSERA_BUILD_DIR', os.path.join(SOURCE, 'build'))
 LAUNCH = os.path.join(SOURCE, 'tools', 'launch.py')
 CHECK_WORKER = os.path.join(BUILD, 'tests', 'core', 'kv_check_worker')
-sys.path.insert(0, os.path.join(SOURCE, 'tools'))
-from tessera_launch import hosts as launch_hosts  # noqa: E402
-from tessera_launch import keys as launch_keys  # noqa: E402
 TRAIN_WORKER = os.path.join(BUILD, 'worker', 'tessera-worker')
 DATA = os.environ.get('FASHION_MNIST_DIR', '/usr/share/datasets/fashion-mnist')
 
@@ -74,7 +70,9 @@ def soak_checksums(out):
     return re.findall(r'soak ok: rank \d of \d+, \d+ rounds checksum=([0-9a-f]{16})', out)
 
 
-class LaunchClusterTest(unittest.TestCase):
+class ClusterTestBase(unittest.TestCase):
+    """What the whole-job tests share (elastic_cluster_test.py's too): a mark in
+    every process's environment, launch.py run or started, and the clean-up."""
 
     def setUp(self):
         self.mark = uuid.uuid4().hex
@@ -133,6 +131,10 @@ class LaunchClusterTest(unittest.TestCase):
         for line in lines:
             for key, n in re.findall(r'key (\d+): (\d+)', line):
                 self.assertEqual(int(n), times, 'key %s: %s' % (key, line))
+
+
+
+class LaunchClusterTest(ClusterTestBase):
 
     def test_job_of_three_workers_and_two_servers_forms_barriers_and_exits(self):
         code, out, took = self.launch(['-n', '3', '-s', '2', '--launcher', 'local',
@@ -638,171 +640,6 @@ class LaunchClusterTest(unittest.TestCase):
                               r'server \d is gone')
         self.assertLess(took, 15, out)  # the heartbeat time-out (2 s) and the teardown
         self.assertEqual(marked_pids(self.mark), [])
-
-
-    def elastic_training_job(self):
-        """The quick-start training (2-bit pushes, fused keys) with 4 workers and 1
-        server, 3 epochs."""
-        return ['-n', '4', '-s', '1', TRAIN_WORKER, '--kv-store', 'dist_sync', '--gc-type',
-                '2bit', '--gc-threshold', '1', '--lr', '0.3', '--momentum', '0',
-                '--fuse-keys', 'on', '--epochs', '3']
-
-    def run_acting_on(self, args, pattern, act, timeout):
-        """Runs launch.py with `args`, calling act(match) on the first output line
-        that matches `pattern` (once). Returns the exit status and the output."""
-        self.start(args)
-        lines = []
-        acted = False
-        deadline = time.monotonic() + timeout
-        timer = threading.Timer(timeout, self.proc.kill)
-        timer.start()
-        try:
-            for line in self.proc.stdout:
-                lines.append(line)
-                m = re.search(pattern, line)
-                if m and not acted:
-                    acted = True
-                    act(m)
-            self.proc.wait()
-        finally:
-            timer.cancel()
-            self.proc.stdout.close()
-        out = ''.join(lines)
-        self.assertLess(time.monotonic(), deadline, 'launch.py did not end within %ss:\n%s'
-                        % (timeout, out))
-        self.assertTrue(acted, 'never saw %r:\n%s' % (pattern, out))
-        return self.proc.returncode, out
-
-    def kill_after_first_epoch(self, signals):
-        """An act for run_acting_on: sends signals[i] to the i-th worker of launch.py
-        that is not rank 0 (the worker that printed the match), in order."""
-        def act(m):
-            evaluator = int(m.group(1))  # launch.py's index of rank 0
-            others = [k for k in range(4) if k != evaluator]
-            for k, sig in zip(others, signals):
-                pid = node_pid(self.mark, 'worker', 1 + k)  # 1 server first
-                self.assertIsNotNone(pid, 'worker %d is not running' % k)
-                sys.stderr.write('sending %s to worker %d (pid %d)\n'
-                                 % (signal.Signals(sig).name, k, pid))
-                os.kill(pid, sig)
-        return act
-
-    def test_elastic_job_goes_on_after_a_killed_and_a_departing_worker(self):
-        # --elastic 2:4: after the first epoch one worker is SIGKILLed (declared dead)
-        # and another SIGTERMed (it finishes its step and says goodbye). The rounds go
-        # on with the two left, whose pushes are scaled to the mean; the job ends 0 and
-        # rank 0's validation accuracy is within 1 point of the fixed-size run's.
-        job = self.elastic_training_job()
-        code, out, _ = self.launch(job, timeout=300)
-        self.assertEqual(code, 0, out)
-        fixed = float(re.findall(r'Epoch\[2\] Validation-accuracy=([\d.]+)', out)[-1])
-
-        code, out = self.run_acting_on(
-            ['--elastic', '2:4'] + job, r'\[worker (\d)\] Epoch\[0\] Validation-accuracy=',
-            self.kill_after_first_epoch([signal.SIGKILL, signal.SIGTERM]), timeout=300)
-        self.assertEqual(code, 0, out)
-        self.assertRegex(out, r'launch.py: worker \d \(pid \d+\) killed by signal SIGKILL; '
-                              r'TESSERA_ELASTIC=2:4: the job goes on without it')
-        self.assertRegex(out, r'\[scheduler\] .*stopped heart-beating.*; the job goes on with '
-                              r'[23] of 4 worker\(s\) \(TESSERA_ELASTIC=2:4\)')
-        self.assertRegex(out, r'\[scheduler\] .*left the job \(it said goodbye\); the job '
-                              r'goes on with [23] of 4 worker\(s\)')
-        self.assertRegex(out, r'\[worker \d\] Left the job after \d+ step\(s\) \(SIGTERM')
-        checksums = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
-        self.assertEqual(len(checksums), 2, out)
-        self.assertEqual(checksums[0], checksums[1], out)
-        elastic = float(re.findall(r'Epoch\[2\] Validation-accuracy=([\d.]+)', out)[-1])
-        sys.stderr.write('validation accuracy: fixed-size %.4f, elastic %.4f\n'
-                         % (fixed, elastic))
-        self.assertLess(abs(elastic - fixed), 0.01, out)
-        self.assertEqual(marked_pids(self.mark), [])
-
-    def test_elastic_job_below_its_minimum_ends_naming_it(self):
-        # --elastic 3:4 and two workers SIGKILLed: the second death leaves 2, fewer
-        # than the minimum; the job ends non-zero saying so.
-        code, out = self.run_acting_on(
-            ['--elastic', '3:4'] + self.elastic_training_job(),
-            r'\[worker (\d)\] Epoch\[0\] Validation-accuracy=',
-            self.kill_after_first_epoch([signal.SIGKILL, signal.SIGKILL]), timeout=120)
-        self.assertNotEqual(code, 0, out)
-        self.assertRegex(out, r'\[scheduler\] .*stopped heart-beating.*; 2 worker\(s\) left in '
-                              r"the job, fewer than TESSERA_ELASTIC's minimum of 3 \(3:4\); "
-                              r'ending the job')
-        self.assertEqual(marked_pids(self.mark), [])
-
-
-    def test_worker_leaving_an_elastic_soak_counts_its_pushes_until_it_left(self):
-        # 3 workers, 2 servers, --elastic 2:3, SOAK_LEAVE=2:10: rank 2 leaves after
-        # round 10; the soak checks every round's exact values on every rank (the
-        # rounds after 10 sum ranks 0 and 1, scaled by 3/2) and the servers applied
-        # each key's pushes 3 x 11 + 2 x 19 times.
-        self.env.update(SOAK_LEAVE='2:10', TESSERA_BIGARRAY_BOUND='1000')
-        code, out, _ = self.launch(['-n', '3', '-s', '2', '--elastic', '2:3', CHECK_WORKER,
-                                    'soak', '30'], timeout=120)
-        self.assertEqual(code, 0, out)
-        self.assertIn('soak left: rank 2 after round 10', out)
-        self.assertRegex(out, r'\[scheduler\] .*left the job \(it said goodbye\); the job goes '
-                              r'on with 2 of 3 worker\(s\) \(TESSERA_ELASTIC=2:3\)')
-        sums = soak_checksums(out)
-        self.assertEqual(len(sums), 2, out)
-        self.assertEqual(sums[0], sums[1], out)
-        self.assert_each_key_applied(out, 3 * 11 + 2 * 19)
-
-
-    def test_worker_started_by_hand_joins_an_elastic_job_and_its_pushes_count(self):
-        # A job of 2 workers with --elastic 2:3 and the user's keys (TESSERA_KEY_DIR);
-        # a third kv_check_worker started by hand with those keys and the
-        # scheduler's address joins as rank 2 while the soak runs. The others check
-        # every round exactly: each value gains the joiner's pushes (scaled by 2/3)
-        # from some round on, and every value saw them before the end. A fourth
-        # worker is turned away (the job has its most workers). The servers apply
-        # each key's pushes 2 x 250 + 600 times.
-        key_dir = os.path.join(self.tmp.name, 'keys')
-        launch_keys.write_job_keys(key_dir, keygen=os.path.join(BUILD, 'tools', 'keygen',
-                                                                'tessera-keygen'))
-        port = launch_hosts.free_port_run(1)
-        metrics = launch_hosts.free_port_run(5, taken={port})
-        self.env.update(TESSERA_KEY_DIR=key_dir, TESSERA_BIGARRAY_BOUND='1000')
-        self.start(['-n', '2', '-s', '2', '--elastic', '2:3', '--port', str(port),
-                    '--metrics-port', str(metrics), '--env-worker', 'SOAK_JOINER:2',
-                    CHECK_WORKER, 'soak', '250', '20'])
-        # Once the job has formed (the scheduler's metric): a worker started
-        # earlier would be taken for one of the job's own two.
-        deadline = time.monotonic() + 60
-        formed = False
-        while time.monotonic() < deadline and not formed:
-            try:
-                with urllib.request.urlopen('http://127.0.0.1:%d/metrics' % metrics,
-                                            timeout=1) as r:
-                    formed = 'tessera_scheduler_job_formed 1' in r.read().decode()
-            except OSError:
-                pass
-            time.sleep(0.02)
-        self.assertTrue(formed, 'the job never formed')
-        joiner_env = dict(self.env, DMLC_ROLE='worker', DMLC_PS_ROOT_URI='127.0.0.1',
-                          DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER='2',
-                          DMLC_NUM_SERVER='2', TESSERA_ELASTIC='2:3')
-        joiner = subprocess.Popen([CHECK_WORKER, 'soak', '600'],
-                                  env=dict(joiner_env, SOAK_JOIN='1'),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(1.0)
-        extra = subprocess.run([CHECK_WORKER, 'soak', '10'], env=dict(joiner_env, SOAK_JOIN='1'),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               timeout=60)
-        joined_out, _ = joiner.communicate(timeout=120)
-        out, _ = self.proc.communicate(timeout=120)
-        self.assertEqual(joiner.returncode, 0, joined_out + out)
-        self.assertIn('soak joined: rank 2, 600 rounds', joined_out)
-        self.assertEqual(self.proc.returncode, 0, out)
-        self.assertRegex(out, r'\[scheduler\] .*joins the job \(join 1\): 3 of at most 3 '
-                              r'worker\(s\) in it \(TESSERA_ELASTIC=2:3\)')
-        self.assertNotEqual(extra.returncode, 0, extra.stdout)
-        self.assertIn('the job already has its most workers, 3 (TESSERA_ELASTIC=2:3)',
-                      extra.stdout)
-        sums = soak_checksums(out)
-        self.assertEqual(len(sums), 2, out)
-        self.assertEqual(sums[0], sums[1], out)
-        self.assert_each_key_applied(out, 2 * 250 + 600)
 
 
 if __name__ == '__main__':

@@ -857,9 +857,10 @@ TEST(KVServerTest, RowRoundsCompleteWithoutAWorkerThatLeft) {
 }
 
 // A server made for at most 3 workers of a job of 2 (TESSERA_ELASTIC=_:3):
-// rank 2 is out until it joins; it joins the round after the one under way
-// (its push waits), and a later round of 3 pushes is scaled to 2 workers.
-TEST(KVServerTest, AJoiningWorkerIsInTheRoundsFromTheNextOne) {
+// rank 2 is out until it joins; a round does not wait for it before its
+// first push to the slice, which enters the round under way; later rounds
+// wait for it.
+TEST(KVServerTest, AJoiningWorkerEntersTheRoundsWithItsFirstPush) {
   ServerHarness h(/*num_workers=*/3);
   h.server().set_elastic(/*nominal=*/2);
   h.server().Handle(Init(7, {0, 0}));
@@ -870,32 +871,33 @@ TEST(KVServerTest, AJoiningWorkerIsInTheRoundsFromTheNextOne) {
   EXPECT_EQ(StatusOf(*refused).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(StatusOf(*refused).message()),
               HasSubstr("worker 2 is not in the job"));
+  h.server().WorkerJoined(2);
+  // Not pushed yet: round 1 does not wait for it.
   h.server().Handle(Push(0, 7, 0, {1, 10}));
   h.server().Handle(Push(1, 7, 0, {2, 20}));
   ExpectOk(h);
   ExpectOk(h);
   EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{3, 30}));
-  // Round 2 is under way (rank 0 pushed) when rank 2 joins: its push waits
-  // for round 3.
+  // Round 2 is under way (rank 0 pushed) when rank 2 pushes: it enters it.
   h.server().Handle(Push(0, 7, 1, {1, 1}));
-  h.server().WorkerJoined(2);
   h.server().Handle(Push(2, 7, 0, {4, 4}));
-  EXPECT_EQ(h.Pending(), 0u);
+  EXPECT_EQ(h.Pending(), 0u) << "rank 1 is still to push";
   h.server().Handle(Push(1, 7, 1, {1, 1}));
-  ExpectOk(h);
-  ExpectOk(h);
-  EXPECT_EQ(PullNow(h, 1, 7, 2), (std::vector<float>{2, 2}))
-      << "no optimizer: the value is round 2's sum, ranks 0 and 1 only";
-  // Round 3 holds rank 2's push and waits for all three.
-  h.server().Handle(Push(0, 7, 2, {1, 1}));
-  EXPECT_EQ(h.Pending(), 0u);
-  h.server().Handle(Push(1, 7, 2, {1, 1}));
   for (int i = 0; i < 3; ++i) ExpectOk(h);
-  EXPECT_EQ(PullNow(h, 2, 7, 2), (std::vector<float>{6, 6}))
-      << "no optimizer: the plain sum of the three pushes";
+  EXPECT_EQ(PullNow(h, 1, 7, 2), (std::vector<float>{6, 6}))
+      << "no optimizer: the value is round 2's sum of the three pushes";
+  // Round 3 waits for all three.
+  h.server().Handle(Push(0, 7, 2, {1, 1}));
+  h.server().Handle(Push(1, 7, 2, {1, 1}));
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Push(2, 7, 1, {1, 1}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 2, 7, 2), (std::vector<float>{3, 3}));
 }
 
-TEST(KVServerTest, AJoiningWorkerTakesTheOpenRoundWhenNobodyPushedToIt) {
+// With an optimizer, rounds are scaled to the job's own 2 workers: 2 pushes
+// as they are, 3 (the joiner's in) by 2/3.
+TEST(KVServerTest, RoundsWithAJoinerAreScaledToTheJobsWorkers) {
   ServerHarness h(/*num_workers=*/3);
   h.server().set_elastic(/*nominal=*/2);
   h.server().Handle(SetOptimizer("sgd lr=1 rescale_grad=0.5"));
@@ -903,10 +905,10 @@ TEST(KVServerTest, AJoiningWorkerTakesTheOpenRoundWhenNobodyPushedToIt) {
   h.server().Handle(Init(7, {0, 0}));
   ExpectOk(h);
   h.server().WorkerJoined(2);
-  h.server().Handle(Push(0, 7, 0, {3, 6}));
-  h.server().Handle(Push(1, 7, 0, {3, 6}));
-  EXPECT_EQ(h.Pending(), 0u) << "the round waits for the joiner";
   h.server().Handle(Push(2, 7, 0, {6, 12}));
+  h.server().Handle(Push(0, 7, 0, {3, 6}));
+  EXPECT_EQ(h.Pending(), 0u) << "rank 1 is still to push";
+  h.server().Handle(Push(1, 7, 0, {3, 6}));
   for (int i = 0; i < 3; ++i) ExpectOk(h);
   // w = 0 - 1 x 0.5 x (12 x 2/3) = -(mean of the three pushes).
   EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{-4, -8}));

@@ -109,6 +109,9 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   callbacks.on_receiver_free = [this] { tracker_->ReceiverFree(); };
   TESSERA_ASSIGN_OR_RETURN(
       node_, Node::Start(options_, std::move(callbacks), std::move(transport)));
+  live_node_.store(node_.get(), std::memory_order_release);
+  // Server states that changed while Start ran (its callbacks saw no node).
+  ServersChanged();
   node_->StartDelivery();
   MetricsRegistry& r = MetricsRegistry::Global();
   auto counter = [&](const char* name, const char* help,
@@ -1145,17 +1148,23 @@ int KVClient::Route(int server, Message* msg) const {
 }
 
 void KVClient::ServersChanged() {
+  Node* node = live_node_.load(std::memory_order_acquire);
+  if (node == nullptr) return;  // Start reads the states once it has the node
   absl::MutexLock lock(&dead_mu_);
-  states_ = node_->server_states();
+  states_ = node->server_states();
 }
 
 void KVClient::FailOver(int server) {
   if (!IsServerId(server)) return;
+  // A table change can come while Node::Start still runs (node_ is not set
+  // yet): Start reads the states then, and nothing was sent to replay.
+  Node* node = live_node_.load(std::memory_order_acquire);
+  if (node == nullptr) return;
   {
     absl::MutexLock lock(&dead_mu_);
-    states_ = node_->server_states();
+    states_ = node->server_states();
   }
-  TESSERA_LOG(WARNING) << node_->Describe(server)
+  TESSERA_LOG(WARNING) << node->Describe(server)
                        << " died; its key slices' next replicas answer for "
                           "them, and what waited for it is sent to them now";
   tracker_->ResendNowTo(server, absl::InfiniteFuture());
@@ -1164,7 +1173,9 @@ void KVClient::FailOver(int server) {
 void KVClient::ReplayTo(int server) {
   if (!IsServerId(server)) return;
   std::vector<ReplayLog::Entry> replay = replay_log_.For(RankOfId(server));
-  TESSERA_LOG(INFO) << node_->Describe(server) << " restarted; replaying "
+  Node* node = live_node_.load(std::memory_order_acquire);
+  if (node == nullptr) return;  // during Start: nothing sent yet
+  TESSERA_LOG(INFO) << node->Describe(server) << " restarted; replaying "
                     << replay.size() << " message(s) to it";
   // The replay goes first, then what was in flight: a pull in flight must
   // reach the restarted server after the pushes it follows, or it is answered

@@ -242,6 +242,9 @@ class KVClient : public KVWorker {
   const bool sync_;
   const KeyPartitioner partitioner_;
   std::unique_ptr<Node> node_;
+  // node_ once Start has it: the node's callbacks read this one (they can run
+  // on its receiver thread while Node::Start still runs).
+  std::atomic<Node*> live_node_{nullptr};
   ReplayLog replay_log_;
   std::unique_ptr<RequestTracker> tracker_;
   DevicePushStager device_;

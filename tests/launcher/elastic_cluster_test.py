@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Elastic jobs (TESSERA_ELASTIC, launch.py --elastic) with the real daemons and
+workers on loopback: workers that die or say goodbye while the job goes on, the
+minimum, and a worker that leaves a soak (exact sums) (docs/faults.md, "Elastic
+jobs"). Its own ctest entry, apart from
+launcher_cluster: two of these train the quick-start model with 4 workers, which
+takes long under tools/tsan.sh.
+
+Needs TESSERA_BUILD_DIR (the CMake build folder) and TESSERA_SOURCE_DIR.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launch_cluster_test as base  # noqa: E402
+from launch_cluster_test import (  # noqa: E402
+    CHECK_WORKER, TRAIN_WORKER, marked_pids, node_pid, soak_checksums)
+
+
+class ElasticClusterTest(base.ClusterTestBase):
+
+    def elastic_training_job(self):
+        """The quick-start training (2-bit pushes, fused keys) with 4 workers and 1
+        server, 3 epochs."""
+        return ['-n', '4', '-s', '1', TRAIN_WORKER, '--kv-store', 'dist_sync', '--gc-type',
+                '2bit', '--gc-threshold', '1', '--lr', '0.3', '--momentum', '0',
+                '--fuse-keys', 'on', '--epochs', '3']
+
+    def run_acting_on(self, args, pattern, act, timeout):
+        """Runs launch.py with `args`, calling act(match) on the first output line
+        that matches `pattern` (once). Returns the exit status and the output."""
+        self.start(args)
+        lines = []
+        acted = False
+        deadline = time.monotonic() + timeout
+        timer = threading.Timer(timeout, self.proc.kill)
+        timer.start()
+        try:
+            for line in self.proc.stdout:
+                lines.append(line)
+                m = re.search(pattern, line)
+                if m and not acted:
+                    acted = True
+                    act(m)
+            self.proc.wait()
+        finally:
+            timer.cancel()
+            self.proc.stdout.close()
+        out = ''.join(lines)
+        self.assertLess(time.monotonic(), deadline, 'launch.py did not end within %ss:\n%s'
+                        % (timeout, out))
+        self.assertTrue(acted, 'never saw %r:\n%s' % (pattern, out))
+        return self.proc.returncode, out
+
+    def kill_after_first_epoch(self, signals):
+        """An act for run_acting_on: sends signals[i] to the i-th worker of launch.py
+        that is not rank 0 (the worker that printed the match), in order."""
+        def act(m):
+            evaluator = int(m.group(1))  # launch.py's index of rank 0
+            others = [k for k in range(4) if k != evaluator]
+            for k, sig in zip(others, signals):
+                pid = node_pid(self.mark, 'worker', 1 + k)  # 1 server first
+                self.assertIsNotNone(pid, 'worker %d is not running' % k)
+                sys.stderr.write('sending %s to worker %d (pid %d)\n'
+                                 % (signal.Signals(sig).name, k, pid))
+                os.kill(pid, sig)
+        return act
+
+    def test_elastic_job_goes_on_after_a_killed_and_a_departing_worker(self):
+        # --elastic 2:4: after the first epoch one worker is SIGKILLed (declared dead)
+        # and another SIGTERMed (it finishes its step and says goodbye). The rounds go
+        # on with the two left, whose pushes are scaled to the mean; the job ends 0 and
+        # rank 0's validation accuracy is within 1 point of the fixed-size run's.
+        job = self.elastic_training_job()
+        code, out, _ = self.launch(job, timeout=300)
+        self.assertEqual(code, 0, out)
+        fixed = float(re.findall(r'Epoch\[2\] Validation-accuracy=([\d.]+)', out)[-1])
+
+        code, out = self.run_acting_on(
+            ['--elastic', '2:4'] + job, r'\[worker (\d)\] Epoch\[0\] Validation-accuracy=',
+            self.kill_after_first_epoch([signal.SIGKILL, signal.SIGTERM]), timeout=300)
+        self.assertEqual(code, 0, out)
+        self.assertRegex(out, r'launch.py: worker \d \(pid \d+\) killed by signal SIGKILL; '
+                              r'TESSERA_ELASTIC=2:4: the job goes on without it')
+        self.assertRegex(out, r'\[scheduler\] .*stopped heart-beating.*; the job goes on with '
+                              r'[23] of 4 worker\(s\) \(TESSERA_ELASTIC=2:4\)')
+        self.assertRegex(out, r'\[scheduler\] .*left the job \(it said goodbye\); the job '
+                              r'goes on with [23] of 4 worker\(s\)')
+        self.assertRegex(out, r'\[worker \d\] Left the job after \d+ step\(s\) \(SIGTERM')
+        checksums = re.findall(r'Final weights checksum=([0-9a-f]{16})', out)
+        self.assertEqual(len(checksums), 2, out)
+        self.assertEqual(checksums[0], checksums[1], out)
+        elastic = float(re.findall(r'Epoch\[2\] Validation-accuracy=([\d.]+)', out)[-1])
+        sys.stderr.write('validation accuracy: fixed-size %.4f, elastic %.4f\n'
+                         % (fixed, elastic))
+        self.assertLess(abs(elastic - fixed), 0.01, out)
+        self.assertEqual(marked_pids(self.mark), [])
+
+    def test_elastic_job_below_its_minimum_ends_naming_it(self):
+        # --elastic 3:4 and two workers SIGKILLed: the second death leaves 2, fewer
+        # than the minimum; the job ends non-zero saying so.
+        code, out = self.run_acting_on(
+            ['--elastic', '3:4'] + self.elastic_training_job(),
+            r'\[worker (\d)\] Epoch\[0\] Validation-accuracy=',
+            self.kill_after_first_epoch([signal.SIGKILL, signal.SIGKILL]), timeout=120)
+        self.assertNotEqual(code, 0, out)
+        self.assertRegex(out, r'\[scheduler\] .*stopped heart-beating.*; 2 worker\(s\) left in '
+                              r"the job, fewer than TESSERA_ELASTIC's minimum of 3 \(3:4\); "
+                              r'ending the job')
+        self.assertEqual(marked_pids(self.mark), [])
+
+
+    def test_worker_leaving_an_elastic_soak_counts_its_pushes_until_it_left(self):
+        # 3 workers, 2 servers, --elastic 2:3, SOAK_LEAVE=2:10: rank 2 leaves after
+        # round 10; the soak checks every round's exact values on every rank (the
+        # rounds after 10 sum ranks 0 and 1, scaled by 3/2) and the servers applied
+        # each key's pushes 3 x 11 + 2 x 19 times.
+        self.env.update(SOAK_LEAVE='2:10', TESSERA_BIGARRAY_BOUND='1000')
+        code, out, _ = self.launch(['-n', '3', '-s', '2', '--elastic', '2:3', CHECK_WORKER,
+                                    'soak', '30'], timeout=120)
+        self.assertEqual(code, 0, out)
+        self.assertIn('soak left: rank 2 after round 10', out)
+        self.assertRegex(out, r'\[scheduler\] .*left the job \(it said goodbye\); the job goes '
+                              r'on with 2 of 3 worker\(s\) \(TESSERA_ELASTIC=2:3\)')
+        sums = soak_checksums(out)
+        self.assertEqual(len(sums), 2, out)
+        self.assertEqual(sums[0], sums[1], out)
+        self.assert_each_key_applied(out, 3 * 11 + 2 * 19)
+
+
+if __name__ == '__main__':
+    unittest.main()
