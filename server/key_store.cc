@@ -127,8 +127,6 @@ StoredKey* KeyStore::Create(const wire::KeySlice& slice, bool sync) {
 
 void KeyStore::SetElastic(int nominal) {
   nominal_ = nominal;
-  left_.resize(num_workers_, false);
-  joined_.resize(num_workers_, false);
   for (int r = nominal; r < num_workers_; ++r) left_[r] = true;
   for (auto& [id, key] : keys_) {
     key->engine->SetNominal(nominal);
@@ -138,8 +136,6 @@ void KeyStore::SetElastic(int nominal) {
 
 void KeyStore::WorkerJoined(int rank) {
   if (rank < 0 || rank >= num_workers_) return;
-  left_.resize(num_workers_, false);
-  joined_.resize(num_workers_, false);
   left_[rank] = false;
   joined_[rank] = true;
   for (auto& [id, key] : keys_) key->engine->Join(rank);
@@ -147,8 +143,6 @@ void KeyStore::WorkerJoined(int rank) {
 
 void KeyStore::WorkerLeft(int rank) {
   if (rank < 0 || rank >= num_workers_) return;
-  left_.resize(num_workers_, false);
-  joined_.resize(num_workers_, false);
   left_[rank] = true;
   joined_[rank] = false;
   for (auto& [id, key] : keys_) key->engine->Leave(rank);

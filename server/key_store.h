@@ -118,7 +118,11 @@ class KeyStore {
  public:
   KeyStore(int num_workers, WaitingLimits limits,
            SyncRound::Mode sum_mode = SyncRound::Mode::kExact)
-      : num_workers_(num_workers), limits_(limits), sum_mode_(sum_mode) {}
+      : num_workers_(num_workers),
+        limits_(limits),
+        sum_mode_(sum_mode),
+        left_(num_workers, false),
+        joined_(num_workers, false) {}
 
   // nullptr when this store does not hold the slice of `slice.key()` that
   // starts at `slice.offset()`.
