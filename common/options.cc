@@ -216,13 +216,12 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
       !elastic.empty()) {
     const std::string expected = absl::StrCat(
         "MIN:MAX, whole numbers with 1 <= MIN <= DMLC_NUM_WORKER (",
-        o.num_workers,
-        ") = MAX (workers joining a running job are not taken yet)");
+        o.num_workers, ") <= MAX <= 100000");
     std::vector<std::string> parts = absl::StrSplit(elastic, ':');
     int min = 0, max = 0;
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &min) ||
         !absl::SimpleAtoi(parts[1], &max) || min < 1 || min > o.num_workers ||
-        max != o.num_workers) {
+        max < o.num_workers || max > 100000) {
       return BadValue("TESSERA_ELASTIC", elastic, expected);
     }
     o.elastic_min = min;

@@ -469,7 +469,8 @@ void Scheduler::JoinWorker(const Registration& r, int id) {
                     << node.joined() << "): " << WorkersInJob()
                     << " of at most " << options_.elastic_max
                     << " worker(s) in it (TESSERA_ELASTIC=" << bounds
-                    << "); it is in the rounds from the next one";
+                    << "); it enters every key's rounds at the same round, before its first "
+                       "push";
   // The servers first: the joiner's table (and so its first request) goes
   // once every live server holds its entry, so that no server refuses it
   // as a worker out of the job.
@@ -996,13 +997,7 @@ void Scheduler::HandleRegister(const Message& msg) {
     return;
   }
   if (formed_ && options_.elastic() && info.role() == wire::WORKER) {
-    // JoinWorker admits it once a joiner's first pushes enter every key's
-    // rounds at the same step: entering each slice's round under way (or the
-    // next) could put it a step ahead in one key and not in another, and the
-    // workers then waited for each other (seen in launcher tests).
-    turn_away(
-        "the job is already formed; workers joining a running job are not "
-        "taken yet (TESSERA_ELASTIC)");
+    JoinWorker(r, /*id=*/-1);
     return;
   }
   if (formed_) {
@@ -1012,6 +1007,20 @@ void Scheduler::HandleRegister(const Message& msg) {
   const int count = registered_by_role_[info.role()];
   const int wanted =
       info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
+  if (count >= wanted && options_.elastic() && info.role() == wire::WORKER) {
+    // An elastic job's worker past DMLC_NUM_WORKER before the job formed:
+    // it joins once the job has formed (its registrations again are held
+    // once).
+    for (const Registration& held : early_joiners_) {
+      if (held.info.host() == info.host() && held.info.port() == info.port())
+        return;
+    }
+    TESSERA_LOG(INFO) << "worker at " << info.host() << ":" << info.port()
+                      << " came before the job formed, past DMLC_NUM_WORKER ("
+                      << wanted << "); it joins once the job has formed";
+    early_joiners_.push_back(r);
+    return;
+  }
   if (count >= wanted) {
     turn_away(absl::StrCat("too many ",
                            info.role() == wire::SERVER ? "servers" : "workers",
@@ -1063,6 +1072,15 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
     r.info = info;
     r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
     Replace(id, r);
+    return;
+  }
+  if (node.dead() && node.role() == wire::WORKER && options_.elastic()) {
+    // A worker of an elastic job that left, started again: it joins anew
+    // under its old rank (if still free).
+    Registration r;
+    r.info = info;
+    r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
+    JoinWorker(r, id);
     return;
   }
   if (node.dead()) {
@@ -1220,6 +1238,9 @@ void Scheduler::FormJob() {
   TESSERA_VLOG(1) << "job formed: " << options_.num_servers << " server(s), "
                   << options_.num_workers << " worker(s)";
   for (const wire::NodeInfo& n : infos) TESSERA_VLOG(1) << "  " << Describe(n);
+  std::vector<Registration> early;
+  early.swap(early_joiners_);
+  for (const Registration& r : early) JoinWorker(r, /*id=*/-1);
 }
 
 void Scheduler::Reply(int peer, const wire::Header& request,

@@ -136,9 +136,7 @@ class Scheduler {
   // new process, id its old id) joins under the lowest rank not in the job
   // (`id`, or picked when -1), while fewer than MAX are in it: a new
   // generation and `joined`; every live server is told (a notice), and the
-  // joiner gets its table once all of them acknowledged. NOT CALLED YET:
-  // HandleRegister turns joiners away until a joiner's first pushes enter
-  // every key's rounds at the same step (see the issue #30 notes).
+  // joiner gets its table once all of them acknowledged.
   void JoinWorker(const Registration& r, int id);
   void SendJoinerTable(int joiner);
   // Workers in the job: formed and not dead (nor left).
@@ -191,6 +189,9 @@ class Scheduler {
   // more), and the servers each joiner's table still waits for.
   uint32_t worker_joins_ = 0;
   std::map<int, std::set<int>> join_waits_;
+  // Workers of an elastic job that registered before it formed, past
+  // DMLC_NUM_WORKER: they join once it has.
+  std::vector<Registration> early_joiners_;
   // Index of registered_ (a registration is checked against all before it).
   std::set<std::pair<std::string, int>> registered_at_;  // host, port
   std::map<int, int> registered_by_role_;                // wire::Role -> count

@@ -312,6 +312,13 @@ Message KVServer::NewReply(const Message& request, const absl::Status& status,
   reply.header.set_push_seq(request.header.push_seq());
   if (request.header.has_slice())
     *reply.header.mutable_slice() = request.header.slice();
+  if (request.header.rejoin()) {
+    // Elastic joins: the entry asked, and where the slice's rounds are.
+    reply.header.set_enter(request.header.enter());
+    reply.header.set_enter_round(request.header.enter_round());
+    reply.header.set_open_round(request.header.open_round());
+    reply.header.set_joining(request.header.joining());
+  }
   if (key != nullptr && checkpointing_.load()) {
     reply.header.set_checkpointing(true);
     reply.header.set_durable_seq(
@@ -766,12 +773,21 @@ void KVServer::Rejoin(Shard* shard, Message&& msg) {
     Reply(msg, same);
     return;
   }
+  const int rank = RankOfId(msg.header.sender());
+  if (msg.header.enter()) {
+    EnterRounds(key, std::move(msg));
+    return;
+  }
   // What the earlier life left waiting here (a pull, a push behind a missing
   // one) is dropped: nobody waits for its reply, and the new life pushes again
   // from the count reported now.
   const size_t dropped = key->waiting.DropEarlierLives(msg.header.sender(),
                                                        msg.header.generation());
-  msg.header.set_push_seq(key->ledger.received(RankOfId(msg.header.sender())));
+  msg.header.set_push_seq(key->ledger.received(rank));
+  // A worker joining an elastic job learns where the rounds are, to choose
+  // the round it enters every slice at.
+  msg.header.set_open_round(key->engine->RoundNumber());
+  msg.header.set_joining(key->sync && key->engine->Joining(rank));
   Reply(msg, absl::OkStatus());
   if (dropped != 0) {
     TESSERA_VLOG(1) << "key " << slice.key() << ": dropped " << dropped
@@ -780,6 +796,37 @@ void KVServer::Rejoin(Shard* shard, Message&& msg) {
     key->progress = true;  // what waited behind them may go now
     Replay(key);
   }
+}
+
+void KVServer::EnterRounds(StoredKey* key, Message&& msg) {
+  // A worker joining an elastic job enters the slice's rounds at the round it
+  // names, the same in every slice (RoundMembers::EnterAt).
+  const int rank = RankOfId(msg.header.sender());
+  if (key->engine->Left(rank)) {
+    Reply(msg, NotInJob(rank));
+    return;
+  }
+  const bool joining = key->engine->Joining(rank);
+  const bool taken =
+      !key->sync || key->engine->EnterAt(rank, msg.header.enter_round());
+  // Its pushes are numbered from push_seq here (the largest count of its rank
+  // among the key's slices: a worker that left may have pushed to some
+  // slices of a key and not others before it went).
+  if (taken && joining && msg.header.push_seq() > key->ledger.received(rank))
+    key->ledger.SetReceived(rank, msg.header.push_seq());
+  msg.header.set_open_round(key->engine->RoundNumber());
+  msg.header.set_joining(key->sync && key->engine->Joining(rank));
+  TESSERA_VLOG(1) << "key " << key->key << " offset " << key->offset
+                  << ": worker " << rank << " enters at round "
+                  << msg.header.enter_round() << " (open round "
+                  << key->engine->RoundNumber() << "): "
+                  << (taken ? "taken" : "too late");
+  Reply(msg, absl::OkStatus());
+  // An earlier entry at the open round, moved later: the round may be
+  // complete without it.
+  if (key->sync && key->engine->RoundComplete()) CompleteRound(key, -1);
+  key->progress = true;
+  Replay(key);
 }
 
 void KVServer::Hold(StoredKey* key, Message&& msg) {
@@ -846,7 +893,11 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   }
   if (key->sync && key->engine->Contributed(rank))
     return false;                           // belongs to the next round
-  if (key->sync) key->engine->Enter(rank);  // a joiner's first push
+  // A joiner's push before the round it entered at waits for it; its first
+  // push in the rounds makes it a member (one that announced no round enters
+  // the round under way).
+  if (key->sync && key->engine->Early(rank)) return false;
+  if (key->sync) key->engine->Enter(rank);
   key->ledger.Take(rank);
   key->progress = true;
   if (key->sync && key->engine->RoundEmpty()) key->round_started = absl::Now();

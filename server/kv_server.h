@@ -176,6 +176,9 @@ class KVServer : private EngineContext {
   void Process(Shard* shard, Message&& msg);
   void Init(Shard* shard, Message&& msg);
   void Rejoin(Shard* shard, Message&& msg);
+  // A joining worker's entry into a slice's rounds (KV_INIT with rejoin and
+  // enter).
+  void EnterRounds(StoredKey* key, Message&& msg);
   // Returns false when `msg` must wait (for the open round, or for an earlier
   // push of its sender). The slice's kind is its engine's business.
   bool TryProcess(StoredKey* key, Message& msg);

@@ -39,55 +39,104 @@
 namespace tessera {
 
 // Elastic jobs (TESSERA_ELASTIC): which worker ranks a dist_sync round waits
-// for. A rank that joined the job is waited for from its first push to the
-// slice on: that push enters the round under way, and every later round
-// waits for the rank. (Entering at the next round instead deadlocked workers
-// that push key after key, each push waiting for its round: the joiner could
-// enter one key's rounds a step later than another's.) A rank that leaves
-// stays a member of the open round only if it pushed to it. Without elastic
-// changes every rank is a member of every round.
+// for. Rounds are numbered from 0 (round() is the open one's number, the
+// rounds completed).
+//
+// A rank that joins the job enters every slice at the same round number, so
+// that it is at the same step in every key (entering each slice's round under
+// way put a joiner a step ahead in one key and not in another, and workers
+// that push key after key then waited for each other): it announces the
+// round (EnterAt), which each slice takes when its open round is not past
+// it; the slice waits for the rank from that round on, and its pushes wait
+// until then (Early). A joiner that announced nothing (a slice made after
+// it entered) is a member from its first push, which enters the round under
+// way (Enter). A rank that leaves stays a member of the open round only if
+// it pushed to it. Without elastic changes every rank is a member of every
+// round.
 class RoundMembers {
  public:
+  static constexpr uint64_t kNoEntry = UINT64_MAX;
+
   explicit RoundMembers(int num_workers)
       : in_job_(num_workers, true),
         joining_(num_workers, false),
         in_round_(num_workers, true),
+        enter_at_(num_workers, kNoEntry),
         members_(num_workers),
         nominal_(num_workers) {}
 
   void Leave(int rank, bool pushed) {
+    const bool member = in_job_[rank] || joining_[rank];
     joining_[rank] = false;
-    if (!in_job_[rank]) return;
+    enter_at_[rank] = kNoEntry;
     in_job_[rank] = false;
-    if (!pushed && in_round_[rank]) {
+    if (member && !pushed && in_round_[rank]) {
       in_round_[rank] = false;
       --members_;
     }
   }
-  // `rank` joined the job: it may push, and is waited for once it did.
+  // `rank` joined the job: it may push, and is waited for from the round it
+  // enters at (EnterAt), or from its first push.
   void Join(int rank) {
-    if (!in_job_[rank]) joining_[rank] = true;
+    if (in_job_[rank]) return;
+    joining_[rank] = true;
+    enter_at_[rank] = kNoEntry;
+  }
+  // A joining `rank` enters at round `at`: true when taken (the open round
+  // is not past it; the open round waits for it when it is `at`), false when
+  // the open round is already past it. A later call with another round
+  // replaces the earlier (before the rank pushed). `pushed`: the open round
+  // holds a push of the rank (its earlier holder's, who left), so it cannot
+  // be entered. True for a rank already in the rounds (a resent
+  // announcement), false for one out of the job.
+  bool EnterAt(int rank, uint64_t at, bool pushed) {
+    if (!joining_[rank]) return in_job_[rank];
+    if (at < round_ || (at == round_ && pushed)) return false;
+    if (enter_at_[rank] == round_ && at != round_ && in_round_[rank]) {
+      in_round_[rank] = false;  // it announced the open round, now a later one
+      --members_;
+    }
+    enter_at_[rank] = at;
+    if (at == round_ && !in_round_[rank]) {
+      in_round_[rank] = true;
+      ++members_;
+    }
+    return true;
+  }
+  // A joining rank's push comes before the round it entered at: it waits.
+  bool Early(int rank) const {
+    return joining_[rank] && enter_at_[rank] != kNoEntry &&
+           round_ < enter_at_[rank];
   }
   // `rank` pushes to the open round: a joining rank becomes a member of it
   // (and of every later round).
   void Enter(int rank) {
     if (!joining_[rank]) return;
     joining_[rank] = false;
+    enter_at_[rank] = kNoEntry;
     in_job_[rank] = true;
     if (!in_round_[rank]) {
       in_round_[rank] = true;
       ++members_;
     }
   }
+  // Joined the job and not yet in its rounds.
+  bool Joining(int rank) const { return joining_[rank]; }
   // Out of the job: left, or not joined (its pushes are refused).
   bool Out(int rank) const { return !in_job_[rank] && !joining_[rank]; }
   // Ranks the open round waits for.
   int count() const { return members_; }
-  // The round is over: the next one's members are the ranks in the job.
+  // The open round's number: rounds completed.
+  uint64_t round() const { return round_; }
+  // The round is over: the next one's members are the ranks in the job and
+  // the joiners that entered at it.
   void NextRound() {
-    in_round_ = in_job_;
-    members_ =
-        static_cast<int>(std::count(in_job_.begin(), in_job_.end(), true));
+    ++round_;
+    members_ = 0;
+    for (size_t r = 0; r < in_job_.size(); ++r) {
+      in_round_[r] = in_job_[r] || (joining_[r] && enter_at_[r] == round_);
+      members_ += in_round_[r] ? 1 : 0;
+    }
   }
   // The job's own number of workers (DMLC_NUM_WORKER), which an optimizer's
   // rescale_grad is set for; a round of `pushes` is scaled by nominal / pushes
@@ -103,8 +152,10 @@ class RoundMembers {
   std::vector<bool> in_job_;
   std::vector<bool> joining_;
   std::vector<bool> in_round_;
+  std::vector<uint64_t> enter_at_;  // joining ranks: the announced round
   int members_;
   int nominal_;
+  uint64_t round_ = 0;
 };
 
 class SyncRound {
@@ -121,6 +172,9 @@ class SyncRound {
   // member from its first push on).
   void Leave(int rank) { members_.Leave(rank, contributed_[rank]); }
   void Join(int rank) { members_.Join(rank); }
+  bool EnterAt(int rank, uint64_t at) {
+    return members_.EnterAt(rank, at, contributed_[rank]);
+  }
   RoundMembers& members() { return members_; }
   const RoundMembers& members() const { return members_; }
 
@@ -214,6 +268,9 @@ class RowRound {
   // As SyncRound's.
   void Leave(int rank) { members_.Leave(rank, contributed_[rank]); }
   void Join(int rank) { members_.Join(rank); }
+  bool EnterAt(int rank, uint64_t at) {
+    return members_.EnterAt(rank, at, contributed_[rank]);
+  }
   RoundMembers& members() { return members_; }
   const RoundMembers& members() const { return members_; }
 

@@ -91,6 +91,14 @@ class SliceEngine {
   virtual bool Left(int rank) const { return false; }
   virtual void Enter(int rank) {}
   virtual bool RoundComplete() const { return false; }
+  // A joining rank's entry (RoundMembers::EnterAt): whether the slice takes
+  // round `at` (its open round is not past it); whether its push comes
+  // before that round (and waits); whether it is joining and not yet in the
+  // rounds; the open round's number (rounds completed).
+  virtual bool EnterAt(int rank, uint64_t at) { return true; }
+  virtual bool Early(int rank) const { return false; }
+  virtual bool Joining(int rank) const { return false; }
+  virtual uint64_t RoundNumber() const { return 0; }
   virtual void SetNominal(int workers) {}
 
   // Answers a pull: fills `reply` (made by the server: its header answers
@@ -169,6 +177,14 @@ class RoundSliceEngine : public SliceEngine {
   bool Left(int rank) const override { return round_.members().Out(rank); }
   void Enter(int rank) override { round_.members().Enter(rank); }
   bool RoundComplete() const override { return round_.complete(); }
+  bool EnterAt(int rank, uint64_t at) override {
+    return round_.EnterAt(rank, at);
+  }
+  bool Early(int rank) const override { return round_.members().Early(rank); }
+  bool Joining(int rank) const override {
+    return round_.members().Joining(rank);
+  }
+  uint64_t RoundNumber() const override { return round_.members().round(); }
   void SetNominal(int workers) override {
     round_.members().set_nominal(workers);
   }

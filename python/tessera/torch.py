@@ -38,8 +38,14 @@ Elastic jobs (TESSERA_ELASTIC, launch.py --elastic MIN:MAX): a worker may leave
 between steps with kv.leave() (e.g. when it gets SIGTERM; install the handler
 yourself) or die; the other workers' rounds then complete without it and the
 servers scale each round's sum by num_workers / pushes, so the update is still
-the mean gradient of the workers that pushed. Which data each worker reads stays
-the script's business: a worker that left takes its shard with it.
+the mean gradient of the workers that pushed. A worker started with the job's
+keys and the scheduler's address while the job runs joins it (below MAX):
+Trainer's pull of the parameters gives it the current weights, and its first
+step's pushes enter every key's rounds at one round (its rank, kv.rank, may be
+one that left or one from DMLC_NUM_WORKER up). Which data each worker reads
+stays the script's business: a worker that left takes its shard with it, and a
+joiner should pick a shard from its rank (e.g. rank % DMLC_NUM_WORKER with its
+own shuffling seed, as tessera-worker does).
 
 Errors: TypeError / ValueError for parameters that are not contiguous float32
 CPU tensors; tessera.TesseraError from the store.

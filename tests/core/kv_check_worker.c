@@ -119,8 +119,11 @@ static void ExpectAll(const float* v, size_t n, float want, const char* what,
 
 /* Elastic joins (soak, SOAK_JOINER): each value is its last one plus the
  * round's increment without the joiner or with it; once a value has seen the
- * joiner's pushes it sees them in every later round (slices of one key may
- * take the joiner from different rounds). */
+ * joiner's pushes it sees them in every later round, and every value sees
+ * them first in the same round (the joiner enters every slice's rounds at
+ * one round). */
+static int join_first_round_ = -1;
+
 static void ExpectJoin(const float* v, size_t n, float* last,
                        unsigned char* joined, float without, float with,
                        const char* what, int round) {
@@ -129,6 +132,16 @@ static void ExpectJoin(const float* v, size_t n, float* last,
     if (!joined[i] && v[i] == a) {
       last[i] = a;
     } else if (v[i] == b) {
+      if (!joined[i]) {
+        if (join_first_round_ < 0) join_first_round_ = round;
+        if (round != join_first_round_) {
+          fprintf(stderr,
+                  "rank %d: %s element %zu saw the joiner's push first in "
+                  "round %d, other values in round %d\n",
+                  rank_, what, i, round, join_first_round_);
+          exit(1);
+        }
+      }
       joined[i] = 1;
       last[i] = b;
     } else {
@@ -384,24 +397,10 @@ static int Soak(int rounds, int sleep_ms, const char* die_at, int die_rank) {
         usleep(1000 * 1000);
       }
     }
+    CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
+    CHECK_OK(tessera_kv_push(kv, kBig, grad, big_len));
     Fill(hashed_grad, 6, (float)(rank_ + 1));
-    if (joiner) {
-      /* A joiner's first push to a slice enters the round under way, which
-       * may be a step ahead for one key than for another: it issues the
-       * step's pushes before it waits for any (as tessera-worker does), or
-       * the others, pushing key after key, would wait for it in one key while
-       * it waits for them in another. */
-      uint64_t small_op = 0, big_op = 0;
-      CHECK_OK(tessera_kv_push_async(kv, kSmall, grad, kSmallLen, &small_op));
-      CHECK_OK(tessera_kv_push_async(kv, kBig, grad, big_len, &big_op));
-      CHECK_OK(tessera_kv_push_rows(kv, kHashed, hashed_ids, 2, hashed_grad));
-      CHECK_OK(tessera_kv_wait(kv, small_op));
-      CHECK_OK(tessera_kv_wait(kv, big_op));
-    } else {
-      CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));
-      CHECK_OK(tessera_kv_push(kv, kBig, grad, big_len));
-      CHECK_OK(tessera_kv_push_rows(kv, kHashed, hashed_ids, 2, hashed_grad));
-    }
+    CHECK_OK(tessera_kv_push_rows(kv, kHashed, hashed_ids, 2, hashed_grad));
     CHECK_OK(tessera_kv_pull(kv, kSmall, small, kSmallLen));
     CHECK_OK(tessera_kv_pull(kv, kBig, big, big_len));
     CHECK_OK(tessera_kv_pull_rows(kv, kHashed, hashed_ids, 2, hashed));

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Elastic jobs (TESSERA_ELASTIC, launch.py --elastic) with the real daemons and
 workers on loopback: workers that die or say goodbye while the job goes on, the
-minimum, and a worker that leaves a soak (exact sums) (docs/faults.md, "Elastic
-jobs"). Its own ctest entry, apart from
+minimum, a worker that leaves a soak and one that joins it (exact sums)
+(docs/faults.md, "Elastic jobs"). Its own ctest entry, apart from
 launcher_cluster: two of these train the quick-start model with 4 workers, which
 takes long under tools/tsan.sh.
 
@@ -16,11 +16,16 @@ import sys
 import threading
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_cluster_test as base  # noqa: E402
 from launch_cluster_test import (  # noqa: E402
-    CHECK_WORKER, TRAIN_WORKER, marked_pids, node_pid, soak_checksums)
+    BUILD, CHECK_WORKER, SOURCE, TRAIN_WORKER, marked_pids, node_pid, soak_checksums)
+
+sys.path.insert(0, os.path.join(SOURCE, 'tools'))
+from tessera_launch import hosts as launch_hosts  # noqa: E402
+from tessera_launch import keys as launch_keys  # noqa: E402
 
 
 class ElasticClusterTest(base.ClusterTestBase):
@@ -132,6 +137,77 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertEqual(len(sums), 2, out)
         self.assertEqual(sums[0], sums[1], out)
         self.assert_each_key_applied(out, 3 * 11 + 2 * 19)
+
+    def wait_formed(self, metrics_port):
+        """Waits until the scheduler's metric says the job formed."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen('http://127.0.0.1:%d/metrics' % metrics_port,
+                                            timeout=1) as r:
+                    # The sample's line (the HELP line starts "... 1 once").
+                    if re.search(r'^tessera_scheduler_job_formed 1$', r.read().decode(),
+                                 re.MULTILINE):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.fail('the job never formed')
+
+    def test_worker_started_by_hand_joins_an_elastic_soak_and_its_pushes_count(self):
+        # A job of 2 workers with --elastic 2:3 and the user's keys (TESSERA_KEY_DIR);
+        # a third kv_check_worker started by hand with those keys and the
+        # scheduler's address joins as rank 2 while the soak runs. The others check
+        # every round exactly: each value gains the joiner's pushes (scaled by 2/3)
+        # from one round on, the same round for every value (the joiner enters every
+        # slice at one round), and every value saw them before the end. A fourth
+        # worker is turned away (the job has its most workers). The servers apply
+        # each key's pushes 2 x 250 + 600 times.
+        key_dir = os.path.join(self.tmp.name, 'keys')
+        launch_keys.write_job_keys(key_dir, keygen=os.path.join(BUILD, 'tools', 'keygen',
+                                                                'tessera-keygen'))
+        port = launch_hosts.free_port_run(1)
+        metrics = launch_hosts.free_port_run(5, taken={port})
+        self.env.update(TESSERA_KEY_DIR=key_dir, TESSERA_BIGARRAY_BOUND='1000')
+        self.start(['-n', '2', '-s', '2', '--elastic', '2:3', '--port', str(port),
+                    '--metrics-port', str(metrics), '--env-worker', 'SOAK_JOINER:2',
+                    CHECK_WORKER, 'soak', '250', '20'])
+        # Once the job has formed: a worker started earlier would be taken for
+        # one of the job's own two.
+        self.wait_formed(metrics)
+        joiner_env = dict(self.env, DMLC_ROLE='worker', DMLC_PS_ROOT_URI='127.0.0.1',
+                          DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER='2',
+                          DMLC_NUM_SERVER='2', TESSERA_ELASTIC='2:3', SOAK_JOIN='1')
+        joiner = subprocess.Popen([CHECK_WORKER, 'soak', '600'], env=joiner_env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(1.0)
+        extra = subprocess.run([CHECK_WORKER, 'soak', '10'], env=joiner_env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=60)
+        try:
+            joined_out, _ = joiner.communicate(timeout=120)
+            out, _ = self.proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            joiner.kill()
+            self.proc.kill()
+            joined_out, _ = joiner.communicate()
+            out, _ = self.proc.communicate()
+            self.fail('the job or the joiner did not end within 120 s:\n%s\n%s'
+                      % (joined_out, out))
+        self.assertEqual(joiner.returncode, 0, joined_out + out)
+        self.assertIn('soak joined: rank 2, 600 rounds', joined_out)
+        self.assertRegex(joined_out, r"joined the job \(generation \d+\): in every key's "
+                                     r'rounds from round \d+ \(3 key\(s\)')
+        self.assertEqual(self.proc.returncode, 0, out)
+        self.assertRegex(out, r'\[scheduler\] .*joins the job \(join 1\): 3 of at most 3 '
+                              r'worker\(s\) in it \(TESSERA_ELASTIC=2:3\)')
+        self.assertNotEqual(extra.returncode, 0, extra.stdout)
+        self.assertIn('the job already has its most workers, 3 (TESSERA_ELASTIC=2:3)',
+                      extra.stdout)
+        sums = soak_checksums(out)
+        self.assertEqual(len(sums), 2, out)
+        self.assertEqual(sums[0], sums[1], out)
+        self.assert_each_key_applied(out, 2 * 250 + 600)
 
 
 if __name__ == '__main__':

@@ -541,9 +541,10 @@ class EnvTest(unittest.TestCase):
                              '127.0.0.1', remote=False)
         self.assertEqual(elastic_of(plain), '')
         self.assertNotIn('TESSERA_ELASTIC', node_env(plain, 'worker', task_id=1))
-        for bounds in ('0:4', '5:6', '2:3', '2:5', '2', 'a:b', '2:4:6'):
+        self.assertEqual(parse_args(['-n', '4', '--elastic', '1:9', '/bin/true']).elastic, '1:9')
+        for bounds in ('0:4', '5:6', '2:3', '2', 'a:b', '2:4:6'):
             with self.assertRaisesRegex(UsageError, r"--elastic '%s': expected MIN:MAX with "
-                                        r'1 <= MIN <= MAX = -n \(4\)' % bounds):
+                                        r'1 <= MIN <= -n \(4\) <= MAX' % bounds):
                 parse_args(['-n', '4', '--elastic', bounds, '/bin/true'])
 
     def test_metrics_port_gives_each_process_base_plus_its_index(self):

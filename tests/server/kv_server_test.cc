@@ -895,6 +895,131 @@ TEST(KVServerTest, AJoiningWorkerEntersTheRoundsWithItsFirstPush) {
   EXPECT_EQ(PullNow(h, 2, 7, 2), (std::vector<float>{3, 3}));
 }
 
+// A joiner's rejoin learns where the slice's rounds are; its entry names a
+// round, and the slice waits for it from that round on, holding its pushes
+// until then.
+Message Rejoin(int rank, uint64_t key, uint64_t length) {
+  Message m = KeyMessage(wire::KV_INIT, rank, key, length);
+  m.header.set_rejoin(true);
+  return m;
+}
+
+Message Entry(int rank, uint64_t key, uint64_t length, uint64_t at,
+              uint64_t first_push) {
+  Message m = Rejoin(rank, key, length);
+  m.header.set_enter(true);
+  m.header.set_enter_round(at);
+  m.header.set_push_seq(first_push);
+  return m;
+}
+
+TEST(KVServerTest, AJoinerEntersAtTheRoundItNamesAndItsPushWaitsForIt) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().set_elastic(/*nominal=*/2);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  h.server().WorkerJoined(2);
+  // Round 0.
+  h.server().Handle(Push(0, 7, 0, {1, 1}));
+  h.server().Handle(Push(1, 7, 0, {1, 1}));
+  ExpectOk(h);
+  ExpectOk(h);
+  h.server().Handle(Rejoin(2, 7, 2));
+  std::optional<Message> where = h.NextReply();
+  ASSERT_TRUE(where.has_value());
+  EXPECT_TRUE(StatusOf(*where).ok());
+  EXPECT_EQ(where->header.open_round(), 1u);
+  EXPECT_TRUE(where->header.joining());
+  h.server().Handle(Entry(2, 7, 2, /*at=*/2, /*first_push=*/0));
+  std::optional<Message> entered = h.NextReply();
+  ASSERT_TRUE(entered.has_value());
+  EXPECT_TRUE(StatusOf(*entered).ok());
+  EXPECT_EQ(entered->header.open_round(), 1u) << "taken: not past round 2";
+  // Its first push comes early: it waits for round 2, and round 1 completes
+  // without it.
+  h.server().Handle(Push(2, 7, 0, {100, 100}));
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Push(0, 7, 1, {2, 2}));
+  h.server().Handle(Push(1, 7, 1, {2, 2}));
+  ExpectOk(h);
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{4, 4}));
+  // Round 2 has the held push and waits for the others.
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Push(0, 7, 2, {3, 3}));
+  EXPECT_EQ(h.Pending(), 0u) << "rank 1 is still to push";
+  h.server().Handle(Push(1, 7, 2, {3, 3}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 1, 7, 2), (std::vector<float>{106, 106}));
+  // And every later round waits for it.
+  h.server().Handle(Push(0, 7, 3, {1, 1}));
+  h.server().Handle(Push(1, 7, 3, {1, 1}));
+  EXPECT_EQ(h.Pending(), 0u) << "rank 2 is in the rounds";
+  h.server().Handle(Push(2, 7, 1, {1, 1}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+}
+
+// A slice past the round named refuses the entry (its reply's open round is
+// past it); an entry at the open round, moved later before the joiner
+// pushed, lets that round complete without it.
+TEST(KVServerTest, AnEntryPastTheOpenRoundIsRefusedAndALaterOneReplacesIt) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().set_elastic(/*nominal=*/2);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  h.server().WorkerJoined(2);
+  for (uint64_t r = 0; r < 2; ++r) {
+    h.server().Handle(Push(0, 7, r, {1, 1}));
+    h.server().Handle(Push(1, 7, r, {1, 1}));
+    ExpectOk(h);
+    ExpectOk(h);
+  }
+  h.server().Handle(Entry(2, 7, 2, /*at=*/1, /*first_push=*/0));
+  std::optional<Message> late = h.NextReply();
+  ASSERT_TRUE(late.has_value());
+  EXPECT_TRUE(StatusOf(*late).ok());
+  EXPECT_EQ(late->header.open_round(), 2u) << "refused: past round 1";
+  EXPECT_EQ(late->header.enter_round(), 1u);
+  EXPECT_TRUE(late->header.joining());
+  h.server().Handle(Entry(2, 7, 2, /*at=*/2, /*first_push=*/0));
+  ExpectOk(h);
+  h.server().Handle(Push(0, 7, 2, {1, 1}));
+  h.server().Handle(Push(1, 7, 2, {1, 1}));
+  EXPECT_EQ(h.Pending(), 0u) << "round 2 waits for the joiner";
+  // The joiner moves its entry to round 3: round 2 completes without it.
+  h.server().Handle(Entry(2, 7, 2, /*at=*/3, /*first_push=*/0));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{2, 2}));
+}
+
+// A joiner taking the rank of a worker that left numbers its pushes from the
+// count it names (the largest over the key's slices): what the earlier
+// holder sent is not taken for the joiner's.
+TEST(KVServerTest, AJoinerNumbersItsPushesFromTheCountItNames) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().set_elastic(/*nominal=*/3);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  for (int rank = 0; rank < 3; ++rank) h.server().Handle(Push(rank, 7, 0, {1, 1}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  h.server().WorkerLeft(2);
+  h.server().WorkerJoined(2);
+  h.server().Handle(Rejoin(2, 7, 2));
+  std::optional<Message> where = h.NextReply();
+  ASSERT_TRUE(where.has_value());
+  EXPECT_EQ(where->header.push_seq(), 1u) << "its rank's earlier holder's";
+  h.server().Handle(Entry(2, 7, 2, /*at=*/1, /*first_push=*/4));
+  ExpectOk(h);
+  h.server().Handle(Push(0, 7, 1, {1, 1}));
+  h.server().Handle(Push(1, 7, 1, {1, 1}));
+  h.server().Handle(Push(2, 7, 1, {50, 50}));
+  EXPECT_EQ(h.Pending(), 1u) << "push 1 is below 4: answered, not applied";
+  ExpectOk(h);
+  h.server().Handle(Push(2, 7, 4, {7, 7}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{9, 9}));
+}
+
 // With an optimizer, rounds are scaled to the job's own 2 workers: 2 pushes
 // as they are, 3 (the joiner's in) by 2/3.
 TEST(KVServerTest, RoundsWithAJoinerAreScaledToTheJobsWorkers) {

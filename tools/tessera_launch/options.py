@@ -129,9 +129,9 @@ def build_parser():
     p.add_argument('--elastic', default=None, metavar='MIN:MAX',
                    help='an elastic job (TESSERA_ELASTIC): a worker that dies or leaves '
                    '(SIGTERM: after its step) no longer ends the job while at least MIN '
-                   'workers remain; the rounds go on without it (docs/faults.md, '
-                   '"Elastic jobs"). MAX is -n for now: workers joining a running job are '
-                   'not taken yet')
+                   'workers remain; the rounds go on without it; while fewer than MAX are '
+                   'in the job, a worker started with its keys and the scheduler\'s '
+                   'address joins it (docs/faults.md, "Elastic jobs")')
     p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
                    help='when the job has printed nothing for this long, say which of its '
                         'processes still run (default: 60; again every SECONDS)')
@@ -215,9 +215,8 @@ def parse_args(argv):
     if args.elastic is not None:
         m = re.match(r'^(\d+):(\d+)$', args.elastic)
         low, high = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-        if not m or low < 1 or low > args.num_workers or high != args.num_workers:
-            raise UsageError('--elastic %r: expected MIN:MAX with 1 <= MIN <= MAX = -n (%d); '
-                             'workers joining a running job are not taken yet'
+        if not m or low < 1 or low > args.num_workers or high < args.num_workers:
+            raise UsageError('--elastic %r: expected MIN:MAX with 1 <= MIN <= -n (%d) <= MAX'
                              % (args.elastic, args.num_workers))
     if args.metrics_port is not None:
         last = args.metrics_port + args.num_servers + args.num_workers + args.spare_servers

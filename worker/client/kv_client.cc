@@ -391,22 +391,36 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
     absl::MutexLock lock(&mu_);
     keys_.erase(key);
   };
+  // Joining an elastic job: the key's pushes are numbered from the largest
+  // count of the rank's earlier holder over its slices (the entry makes every
+  // slice agree), and the key's rounds are entered before the first push
+  // (EnterRounds).
+  auto enter_later = [&](const RequestTracker::RejoinReplies& rejoin) {
+    absl::MutexLock lock(&mu_);
+    keys_[key].next_seq = rejoin.resume_max;
+    entering_.push_back(key);
+    open_round_max_ = std::max(open_round_max_, rejoin.open_round_max);
+  };
   // A restarted worker, or one joining an elastic job (generation > 0): its
   // rank's pushes may be on the servers already, and the others have passed
   // the init barriers.
+  bool ask_after_init = false;
   if (node_->generation() > 0) {
-    uint64_t resume = 0;
-    absl::Status found = RejoinKey(key, total, row_length, &resume);
+    RequestTracker::RejoinReplies rejoin;
+    absl::Status found = RejoinKey(key, total, row_length, &rejoin);
     if (found.ok()) {
-      {
+      if (rejoin.joining) {
+        enter_later(rejoin);
+      } else {
         absl::MutexLock lock(&mu_);
-        keys_[key].next_seq = resume;
-        // Before the first push all keys resume together (SettleResumeLocked);
-        // a key declared after that keeps its own count.
+        keys_[key].next_seq = rejoin.resume_min;
+        // Before the first push all keys resume together
+        // (SettleResumeLocked); a key declared after that keeps its own count.
         if (resume_ != Resume::kSettled) resume_ = Resume::kPending;
       }
-      TESSERA_VLOG(1) << "key " << key << ": the servers took " << resume
-                      << " push(es) of this rank before the restart";
+      TESSERA_VLOG(1) << "key " << key << ": the servers took "
+                      << rejoin.resume_min << " push(es) of this rank before"
+                      << (rejoin.joining ? " it joined" : " the restart");
       // The others may wait for this rank in this key's init barrier (it died
       // before reaching it); the scheduler joins it only then.
       return node_->JoinBarrierIfOpen(kGroupWorkers, InitBarrier(key));
@@ -416,7 +430,9 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
       return found;
     }
     // Not (wholly) on the servers: this worker died while the job was still
-    // initialising; do what a first life does.
+    // initialising, or joined it then; do what a first life does. A joiner
+    // asks again once the key is stored, to enter its rounds.
+    ask_after_init = true;
   }
   absl::Status stored = absl::OkStatus();
   if (rank() == 0) {
@@ -447,6 +463,11 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
   if (!stored.ok()) {
     forget();
     return stored;
+  }
+  if (barrier.ok() && ask_after_init) {
+    RequestTracker::RejoinReplies rejoin;
+    TESSERA_RETURN_IF_ERROR(RejoinKey(key, total, row_length, &rejoin));
+    if (rejoin.joining) enter_later(rejoin);
   }
   return barrier;
 }
@@ -785,7 +806,8 @@ void KVClient::SettleResumeLocked() {
 }
 
 absl::Status KVClient::RejoinKey(uint64_t key, uint64_t total,
-                                 uint64_t row_length, uint64_t* resume) {
+                                 uint64_t row_length,
+                                 RequestTracker::RejoinReplies* replies) {
   const uint64_t op = tracker_->NewOp();
   for (const KeyPart& part : Parts(key)) {
     // The slice as the key was made (a row-sparse or hashed key's row length
@@ -794,13 +816,79 @@ absl::Status KVClient::RejoinKey(uint64_t key, uint64_t total,
     msg.header.set_rejoin(true);
     SendPart(op, part, std::move(msg), nullptr);
   }
-  return tracker_->Wait(op, absl::StrCat("rejoin of key ", key), resume);
+  return tracker_->Wait(op, absl::StrCat("rejoin of key ", key), replies);
+}
+
+absl::Status KVClient::EnterRounds() {
+  // One thread announces; a push on another waits for it here.
+  absl::MutexLock entering(&enter_mu_);
+  struct Entering {
+    uint64_t key, total, row_length, seq;
+    std::vector<KeyPart> parts;
+  };
+  std::vector<Entering> keys;
+  uint64_t at = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (entering_.empty()) return absl::OkStatus();
+    for (uint64_t key : entering_) {
+      const KeyInfo& info = keys_.at(key);
+      const uint64_t total =
+          info.row_length == 0 ? info.length : info.length / info.row_length;
+      keys.push_back({key, total, info.row_length, info.next_seq, info.parts});
+    }
+    // Two rounds past the furthest slice the rejoins saw: the slices most
+    // likely have not passed it by the time the entry reaches them.
+    at = open_round_max_ + 2;
+  }
+  // Every slice is entered at the same round, so that this worker is at the
+  // same step in every key; a slice already past it refuses, and the entry
+  // goes again, later, to all (a slice that took the earlier round takes
+  // the later one instead: nothing was pushed yet).
+  constexpr int kTries = 10;
+  for (int attempt = 1;; ++attempt) {
+    const uint64_t op = tracker_->NewOp();
+    for (const Entering& k : keys) {
+      for (const KeyPart& part : k.parts) {
+        Message msg = SliceMessage(wire::KV_INIT, k.key, part, k.total,
+                                   k.row_length);
+        msg.header.set_rejoin(true);
+        msg.header.set_enter(true);
+        msg.header.set_enter_round(at);
+        msg.header.set_push_seq(k.seq);
+        SendPart(op, part, std::move(msg), nullptr);
+      }
+    }
+    RequestTracker::RejoinReplies replies;
+    TESSERA_RETURN_IF_ERROR(
+        tracker_->Wait(op, "entry into the job's rounds", &replies));
+    if (!replies.entry_refused) {
+      TESSERA_LOG(INFO) << "joined the job (generation "
+                        << node_->generation() << "): in every key's rounds "
+                        << "from round " << at << " (" << keys.size()
+                        << " key(s)" << (attempt > 1 ? ", entry try " : "")
+                        << (attempt > 1 ? absl::StrCat(attempt) : "") << ")";
+      absl::MutexLock lock(&mu_);
+      entering_.clear();
+      return absl::OkStatus();
+    }
+    if (attempt == kTries) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "joining the job: the servers' rounds passed the round this worker "
+          "entered at ",
+          kTries, " times (last ", at, ", the furthest slice at ",
+          replies.open_round_max, ")"));
+    }
+    at = replies.open_round_max + 2;
+  }
 }
 
 absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
                                             float* out,
                                             const PayloadFn& payload) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
+  // A worker joining an elastic job enters the rounds before its first push.
+  TESSERA_RETURN_IF_ERROR(EnterRounds());
   std::vector<KeyPart> parts;
   uint64_t total = 0, row_length = 0;
   {

@@ -224,7 +224,13 @@ class KVClient : public KVWorker {
   // smallest count over the key's server parts. NotFound when a server does
   // not hold the key.
   absl::Status RejoinKey(uint64_t key, uint64_t total, uint64_t row_length,
-                         uint64_t* resume);
+                         RequestTracker::RejoinReplies* replies);
+  // A worker joining an elastic job, before its first push: enters every
+  // dist_sync slice of the keys it declared at the same round (two past the
+  // furthest open round its rejoins saw, later while a slice refuses), and
+  // numbers its pushes to each key from the largest count of its rank's
+  // earlier holder. Once; OK at once when not joining.
+  absl::Status EnterRounds() ABSL_LOCKS_EXCLUDED(enter_mu_, mu_);
   // A server restarted (from its checkpoint, or empty): send it again what it
   // may have lost, then the requests still waiting for it, at once.
   void ReplayTo(int server);
@@ -268,6 +274,11 @@ class KVClient : public KVWorker {
   enum class Resume { kNone, kPending, kSettled };
   Resume resume_ ABSL_GUARDED_BY(mu_) = Resume::kNone;
   uint64_t resume_round_ ABSL_GUARDED_BY(mu_) = 0;
+  // Joining an elastic job: the keys whose rounds it has yet to enter, and
+  // the furthest open round their rejoins saw (EnterRounds).
+  absl::Mutex enter_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::vector<uint64_t> entering_ ABSL_GUARDED_BY(mu_);
+  uint64_t open_round_max_ ABSL_GUARDED_BY(mu_) = 0;
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);
   // tessera_worker_* counters of stats() (docs/metrics.md); first to go.
   CollectorHandles metric_handles_;

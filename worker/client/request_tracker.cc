@@ -461,8 +461,15 @@ void RequestTracker::HandleReply(Message&& msg) {
     if (found != ops_.end()) {  // gone: its Wait gave up at the deadline
       Op& op = found->second;
       absl::Status status = reply_status;
-      if (status.ok() && answered.request.rejoin)
-        op.resume_seq = std::min(op.resume_seq, h.push_seq());
+      if (status.ok() && answered.request.rejoin) {
+        RejoinReplies& r = op.rejoin;
+        r.resume_min = std::min(r.resume_min, h.push_seq());
+        r.resume_max = std::max(r.resume_max, h.push_seq());
+        r.open_round_max = std::max(r.open_round_max, h.open_round());
+        r.joining = r.joining || h.joining();
+        if (h.enter() && h.open_round() > h.enter_round())
+          r.entry_refused = true;
+      }
       if (status.ok() && answered.request.out != nullptr) {
         if (msg.data.size() != 1 ||
             h.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
@@ -485,7 +492,7 @@ void RequestTracker::HandleReply(Message&& msg) {
 }
 
 absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
-                                  uint64_t* resume_seq) {
+                                  RejoinReplies* rejoin) {
   trace::Span span("kv", "wait");
   span.Arg("op", static_cast<int64_t>(op_id));
   const absl::Time wait_start = absl::Now();
@@ -536,7 +543,7 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
         status = failure_;
       } else {
         pulled = std::move(result.pulled);
-        if (resume_seq != nullptr) *resume_seq = result.resume_seq;
+        if (rejoin != nullptr) *rejoin = result.rejoin;
         switch (result.command) {
           case wire::KV_PUSH:
             latency = metrics_.push;

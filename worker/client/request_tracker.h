@@ -141,13 +141,21 @@ class RequestTracker {
   // receiving (Node's on_receiver_free): such a waiter may receive now.
   void ReceiverFree();
 
+  // What the replies to a rejoin (KV_INIT with rejoin) said, over the slices.
+  struct RejoinReplies {
+    uint64_t resume_min = UINT64_MAX;  // smallest push count replied
+    uint64_t resume_max = 0;           // largest push count replied
+    uint64_t open_round_max = 0;       // the furthest open round
+    bool joining = false;        // the sender joins a slice's rounds (elastic)
+    bool entry_refused = false;  // an entry's round was past a slice's
+  };
   // Waits (at most Options::request_timeout) for `op`, then copies its pulled
-  // frames to the callers' buffers. `resume_seq`, when given, receives the
-  // smallest push count that rejoin replies carried. Errors: the first error
-  // of its requests; DeadlineExceeded naming the silent servers and `what`;
-  // the job's failure after FailAll.
+  // frames to the callers' buffers. `rejoin`, when given, receives what the
+  // rejoin replies said. Errors: the first error of its requests;
+  // DeadlineExceeded naming the silent servers and `what`; the job's failure
+  // after FailAll.
   absl::Status Wait(uint64_t op, const std::string& what,
-                    uint64_t* resume_seq = nullptr);
+                    RejoinReplies* rejoin = nullptr);
 
   // The job failed: every operation fails with `status`, now and later.
   void FailAll(const absl::Status& status);
@@ -173,7 +181,7 @@ class RequestTracker {
     absl::Time done;     // the last reply (pending reached 0)
     absl::Status status;
     std::vector<PulledFrame> pulled;   // replies not yet copied to the caller
-    uint64_t resume_seq = UINT64_MAX;  // rejoin: smallest push count replied
+    RejoinReplies rejoin;  // rejoin: what the replies said
   };
   struct Tracked {
     Request request;
