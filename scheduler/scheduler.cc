@@ -463,14 +463,14 @@ void Scheduler::JoinWorker(const Registration& r, int id) {
   (void)LinkTo(id, node);
   metrics_.workers_joined->Increment();
   metrics_.workers_in_job->Set(WorkersInJob());
-  TESSERA_LOG(INFO) << Describe(node) << " (host "
-                    << (r.hostname.empty() ? node.host() : r.hostname)
-                    << ", pid " << r.pid << ") joins the job (join "
-                    << node.joined() << "): " << WorkersInJob()
-                    << " of at most " << options_.elastic_max
-                    << " worker(s) in it (TESSERA_ELASTIC=" << bounds
-                    << "); it enters every key's rounds at the same round, before its first "
-                       "push";
+  TESSERA_LOG(INFO)
+      << Describe(node) << " (host "
+      << (r.hostname.empty() ? node.host() : r.hostname) << ", pid " << r.pid
+      << ") joins the job (join " << node.joined() << "): " << WorkersInJob()
+      << " of at most " << options_.elastic_max
+      << " worker(s) in it (TESSERA_ELASTIC=" << bounds
+      << "); it enters every key's rounds at the same round, before its first "
+         "push";
   // The servers first: the joiner's table (and so its first request) goes
   // once every live server holds its entry, so that no server refuses it
   // as a worker out of the job.

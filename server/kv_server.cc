@@ -819,8 +819,8 @@ void KVServer::EnterRounds(StoredKey* key, Message&& msg) {
   TESSERA_VLOG(1) << "key " << key->key << " offset " << key->offset
                   << ": worker " << rank << " enters at round "
                   << msg.header.enter_round() << " (open round "
-                  << key->engine->RoundNumber() << "): "
-                  << (taken ? "taken" : "too late");
+                  << key->engine->RoundNumber()
+                  << "): " << (taken ? "taken" : "too late");
   Reply(msg, absl::OkStatus());
   // An earlier entry at the open round, moved later: the round may be
   // complete without it.
@@ -892,7 +892,7 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
       break;
   }
   if (key->sync && key->engine->Contributed(rank))
-    return false;                           // belongs to the next round
+    return false;  // belongs to the next round
   // A joiner's push before the round it entered at waits for it; its first
   // push in the rounds makes it a member (one that announced no round enters
   // the round under way).

@@ -209,6 +209,52 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertEqual(sums[0], sums[1], out)
         self.assert_each_key_applied(out, 2 * 250 + 600)
 
+    def test_launch_add_workers_joins_a_running_elastic_job(self):
+        # launch.py --elastic names its job file when it starts; a second launch.py
+        # with --add-workers 1 --join FILE starts a worker that joins the running
+        # soak (its keys and address come from the file) and trains to its end:
+        # exact values every round on the job's workers, as with a joiner started
+        # by hand. A bad --join names itself.
+        metrics = launch_hosts.free_port_run(5)
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000')
+        adder = []
+
+        def add(m):
+            self.wait_formed(metrics)
+            adder.append(subprocess.Popen(
+                [sys.executable, base.LAUNCH, '--add-workers', '1', '--join', m.group(1),
+                 '--env', 'SOAK_JOIN:1', CHECK_WORKER, 'soak', '400'],
+                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+        code, out = self.run_acting_on(
+            ['-n', '2', '-s', '2', '--elastic', '2:3', '--metrics-port', str(metrics),
+             '--env-worker', 'SOAK_JOINER:2', CHECK_WORKER, 'soak', '200', '20'],
+            r'to add workers while it runs: launch.py --add-workers N --join (\S+) COMMAND',
+            add, timeout=150)
+        self.assertEqual(len(adder), 1, out)
+        try:
+            added_out, _ = adder[0].communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            adder[0].kill()
+            added_out, _ = adder[0].communicate()
+            self.fail('launch.py --add-workers did not end:\n' + added_out)
+        self.assertEqual(code, 0, out + added_out)
+        self.assertEqual(adder[0].returncode, 0, added_out + out)
+        self.assertIn('launch.py: adding 1 worker(s) to the elastic job of', added_out)
+        self.assertIn('[added worker 0] soak joined: rank 2, 400 rounds', added_out)
+        self.assertRegex(out, r'\[scheduler\] .*joins the job \(join 1\): 3 of at most 3 '
+                              r'worker\(s\) in it')
+        sums = soak_checksums(out)
+        self.assertEqual(len(sums), 2, out)
+        self.assertEqual(sums[0], sums[1], out)
+        self.assert_each_key_applied(out, 2 * 200 + 400)
+        bad = subprocess.run([sys.executable, base.LAUNCH, '--add-workers', '1', '--join',
+                              os.path.join(self.tmp.name, 'none.json'), CHECK_WORKER, 'soak'],
+                             env=self.env, capture_output=True, text=True, timeout=30)
+        self.assertEqual(bad.returncode, 2, bad.stderr)
+        self.assertIn('--join %s: cannot read the job file' %
+                      os.path.join(self.tmp.name, 'none.json'), bad.stderr)
+
 
 if __name__ == '__main__':
     unittest.main()

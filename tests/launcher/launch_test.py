@@ -35,8 +35,10 @@ from tessera_launch.config import (  # noqa: E402
 from tessera_launch.hosts import (  # noqa: E402
     Host, distinct_hosts, ephemeral_range, free_port_run, interface_ipv4, parse_hostfile_text,
     pick_node_ports, pick_port, place, scheduler_address)
+from tessera_launch.joining import (  # noqa: E402
+    added_worker_nodes, read_job_file, write_job_file)
 from tessera_launch.keys import (  # noqa: E402
-    job_security, make_job_keys, prepare_keys, write_job_keys)
+    job_security, joiner_keys, make_job_keys, prepare_keys, write_job_keys)
 from tessera_launch.options import (  # noqa: E402
     MPI_SPEC_VAR, UsageError, parse_args, parse_env_specs)
 from tessera_launch.remote import (  # noqa: E402
@@ -546,6 +548,58 @@ class EnvTest(unittest.TestCase):
             with self.assertRaisesRegex(UsageError, r"--elastic '%s': expected MIN:MAX with "
                                         r'1 <= MIN <= -n \(4\) <= MAX' % bounds):
                 parse_args(['-n', '4', '--elastic', bounds, '/bin/true'])
+
+    def test_elastic_job_file_gives_added_workers_the_jobs_variables_and_own_keys(self):
+        # launch.py --elastic 2:3 makes 2 + 3 worker keys; its job file holds the
+        # workers' variables (nothing per process) and the 3 joiner keys; each
+        # added worker claims one never claimed before, and a fourth finds none.
+        args = parse_args(['-n', '2', '-s', '1', '--elastic', '2:3', '--metrics-port', '9100',
+                           '--env-worker', 'A:1', '/bin/true'])
+        cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            prepare_keys(cfg, args, None, tmp)
+            self.assertEqual(joiner_keys(cfg), 3)
+            path = write_job_file(tmp, cfg)
+            self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+            env, keys = read_job_file(path)
+            self.assertEqual(env['DMLC_ROLE'], 'worker')
+            self.assertEqual(env['DMLC_PS_ROOT_PORT'], str(cfg.port))
+            self.assertEqual(env['DMLC_NUM_WORKER'], '2')
+            self.assertEqual(env['TESSERA_ELASTIC'], '2:3')
+            self.assertEqual(env['A'], '1')
+            for name in ('TESSERA_METRICS_PORT', 'DMLC_TASK_ID', 'TESSERA_RESTART_COUNT'):
+                self.assertNotIn(name, env)
+            self.assertEqual(keys, [os.path.join(tmp, 'worker-%d.key' % i) for i in (2, 3, 4)])
+            added = parse_args(['--add-workers', '2', '--join', path, '--env', 'B:2',
+                                '/bin/true', 'x'])
+            nodes = added_worker_nodes(added, {'PATH': '/bin'})
+            self.assertEqual([n.name for n in nodes], ['added worker 0', 'added worker 1'])
+            argv, first, _ = nodes[0].spawn(0)
+            _, second, _ = nodes[1].spawn(0)
+            self.assertEqual(argv, ['/bin/true', 'x'])
+            self.assertEqual((first['B'], first['TESSERA_ELASTIC']), ('2', '2:3'))
+            self.assertEqual([first['TESSERA_KEY_FILE'], second['TESSERA_KEY_FILE']], keys[:2])
+            self.assertEqual(added_worker_nodes(
+                parse_args(['--add-workers', '1', '--join', path, '/bin/true']),
+                {})[0].spawn(0)[1]['TESSERA_KEY_FILE'], keys[2])
+            with self.assertRaisesRegex(UsageError, r'every worker key the job made for '
+                                        r'joiners \(3\) is taken'):
+                added_worker_nodes(parse_args(['--add-workers', '1', '--join', path,
+                                               '/bin/true']), {})
+            with open(os.path.join(tmp, 'other.json'), 'w') as f:
+                f.write('{"worker_env": {}}')
+            with self.assertRaisesRegex(UsageError, r'not a job file of an elastic job'):
+                read_job_file(os.path.join(tmp, 'other.json'))
+        for argv, message in (
+                (['--add-workers', '1', '/bin/true'], 'go together'),
+                (['--join', 'f', '/bin/true'], 'go together'),
+                (['--add-workers', '1', '--join', 'f'], 'missing COMMAND'),
+                (['--add-workers', '1', '--join', 'f', '-n', '2', '/bin/true'],
+                 '-n: not with --add-workers'),
+                (['--add-workers', '1', '--join', 'f', '--launcher', 'ssh', '/bin/true'],
+                 'only with --launcher local')):
+            with self.assertRaisesRegex(UsageError, message):
+                parse_args(argv)
 
     def test_metrics_port_gives_each_process_base_plus_its_index(self):
         args = parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])

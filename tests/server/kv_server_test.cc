@@ -1000,7 +1000,8 @@ TEST(KVServerTest, AJoinerNumbersItsPushesFromTheCountItNames) {
   h.server().set_elastic(/*nominal=*/3);
   h.server().Handle(Init(7, {0, 0}));
   ExpectOk(h);
-  for (int rank = 0; rank < 3; ++rank) h.server().Handle(Push(rank, 7, 0, {1, 1}));
+  for (int rank = 0; rank < 3; ++rank)
+    h.server().Handle(Push(rank, 7, 0, {1, 1}));
   for (int i = 0; i < 3; ++i) ExpectOk(h);
   h.server().WorkerLeft(2);
   h.server().WorkerJoined(2);

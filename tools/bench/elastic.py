@@ -2,7 +2,8 @@
 """What a change of an elastic job's membership costs the workers that stay: the
 time from a worker's death, goodbye or arrival to the rounds going on.
 
-Runs `launch.py -n 3 -s 2 --elastic 2:3 kv_check_worker soak ROUNDS SLEEP_MS` (every
+Runs `launch.py -n 3 -s 2 --elastic 2:3 kv_check_worker soak ROUNDS SLEEP_MS` (2:4 for
+the join; every
 key split over both servers: TESSERA_BIGARRAY_BOUND=1000; SOAK_PRINT_ROUNDS=1: each
 worker prints when each of its rounds was complete), with the job's keys in a folder of
 its own (TESSERA_KEY_DIR) so that a worker started by hand can join. Three scenes, each
@@ -64,8 +65,9 @@ def one_run(args, scene, mark, key_dir):
     extra = {'death': ['--env-worker', 'SOAK_CHECK:0'],
              'goodbye': ['--env-worker', 'SOAK_LEAVE:2:100'],
              'join': ['--env-worker', 'SOAK_JOINER:3']}[scene]
+    bounds = '2:4' if scene == 'join' else '2:3'
     cmd = [sys.executable, os.path.join(SOURCE, 'tools', 'launch.py'), '-n', '3', '-s', '2',
-           '--elastic', '2:3', '--port', str(port)] + extra + [
+           '--elastic', bounds, '--port', str(port)] + extra + [
                worker, 'soak', str(args.rounds), str(args.sleep_ms)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -150,12 +152,10 @@ def main():
     p.add_argument('--kill-after', type=float, default=1.5)
     p.add_argument('--heartbeat-timeout', type=float, default=2.0)
     p.add_argument('--security', choices=('default', 'none'), default='default')
-    p.add_argument('--scenes', default='death,goodbye',
-                   help='comma-separated; "join" needs a build that takes joiners (this one '
-                   'turns them away, docs/faults.md "Elastic jobs")')
+    p.add_argument('--scenes', default='death,goodbye,join', help='comma-separated')
     p.add_argument('--job-timeout', type=int, default=120)
     args = p.parse_args()
-    print('elastic.py: 3 workers, 2 servers, --elastic 2:3, soak %d rounds (%d ms apart), '
+    print('elastic.py: 3 workers, 2 servers, --elastic 2:3 (join: 2:4), soak %d rounds (%d ms apart), '
           'PS_HEARTBEAT_TIMEOUT=%gs, security %s; uptime: %s'
           % (args.rounds, args.sleep_ms, args.heartbeat_timeout, args.security,
              subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()))

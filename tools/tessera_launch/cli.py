@@ -14,6 +14,7 @@ import tempfile
 from .binaries import SOURCE_TREE_SCRIPT, check_command, find_binary, own_build_dirs
 from .config import build_config, elastic_of, metrics_urls, replicas_of
 from .hosts import interface_ipv4, parse_hostfile, scheduler_address
+from .joining import added_worker_nodes, write_job_file
 from .keys import find_keygen, job_security, prepare_keys
 from .local import local_nodes
 from .mpi import install_mpi_keys, mpi_child, mpi_nodes, remove_mpi_keys
@@ -22,6 +23,18 @@ from .slurm import slurm_hosts, slurm_node_address, slurm_nodes
 from .ssh import ssh_nodes, sync_hosts
 from .supervisor import Job, install_signal_handlers
 from . import status
+
+
+def add_workers(args, nodes):
+    """launch.py --add-workers N --join FILE: runs the N workers that join the
+    running elastic job to their end. Returns their exit status (the first
+    failure's, which stops the others)."""
+    sys.stderr.write('%s: adding %d worker(s) to the elastic job of %s\n'
+                     % (PROG, args.add_workers, args.join))
+    sys.stderr.flush()
+    job = Job(nodes, args.timeout, 0, args.verbose, args.quiet_notice)
+    install_signal_handlers(job)
+    return job.run()
 
 
 def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
@@ -36,6 +49,9 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
         if args.status is not None:
             return status.main(args.status, sys.stdout)
         path_env = environ.get('PATH', os.defpath)
+        if args.add_workers is not None:
+            check_command(args.command, path_env)
+            return add_workers(args, added_worker_nodes(args, environ))
         if args.interface:
             interface_ipv4(args.interface)  # fails early for a wrong name
         hosts = None
@@ -103,6 +119,15 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
         job = Job(nodes, args.timeout, args.restarts, args.verbose, args.quiet_notice,
                   replicas=replicas_of(cfg), elastic=elastic_of(cfg))
         install_signal_handlers(job)
+        if elastic_of(cfg) and args.launcher == 'local':
+            try:
+                job_file = write_job_file(tmpdir, cfg)
+            except OSError as e:
+                say('cannot write the job file: %s' % e)
+                return 1
+            say('elastic job (TESSERA_ELASTIC=%s); to add workers while it runs: '
+                'launch.py --add-workers N --join %s COMMAND [ARGS...]'
+                % (elastic_of(cfg), job_file))
         if args.verbose:
             say('%s job: scheduler at %s:%d, %d server(s), %d worker(s)'
                 % (cfg.cluster, cfg.root_uri, cfg.port, cfg.num_servers, cfg.num_workers))

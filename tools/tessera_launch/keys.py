@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 
 from .binaries import SOURCE_TREE_SCRIPT, own_build_dirs
+from .config import elastic_of
 from .options import SetupError, UsageError
 
 
@@ -105,6 +106,23 @@ def job_security(environ):
     return 'generate'
 
 
+# Keys made for workers joining an elastic job (launch.py --add-workers), at
+# most: each joiner needs a key no worker used before (the scheduler retires
+# the key of a worker that left).
+MAX_JOINER_KEYS = 256
+
+
+def joiner_keys(cfg):
+    """Node keys an elastic job makes for joiners beyond its own workers: MAX of
+    TESSERA_ELASTIC=MIN:MAX (every rank may be taken again once), at most
+    MAX_JOINER_KEYS; 0 for other jobs. Worker keys -n .. -n + this - 1."""
+    bounds = elastic_of(cfg).split(':')
+    try:
+        return min(int(bounds[1]), MAX_JOINER_KEYS) if len(bounds) == 2 else 0
+    except ValueError:
+        return 0
+
+
 def prepare_keys(cfg, args, hosts, tmpdir, keygen=None):
     """Writes fresh job keys into tmpdir (0700) with tessera-keygen and says where
     every process finds its own (cfg.key_env, cfg.key_text). Returns the folder
@@ -114,8 +132,9 @@ def prepare_keys(cfg, args, hosts, tmpdir, keygen=None):
         # Every process its own key (mpi ranks read one folder per host, by
         # role: they keep their role's keys).
         servers = cfg.num_servers + getattr(cfg, 'spare_servers', 0)
-        run_keygen(tmpdir, keygen, servers, cfg.num_workers)
-        for role, count in (('server', servers), ('worker', cfg.num_workers)):
+        workers = cfg.num_workers + joiner_keys(cfg)
+        run_keygen(tmpdir, keygen, servers, workers)
+        for role, count in (('server', servers), ('worker', workers)):
             for index in range(count):
                 node_texts[(role, index)] = _read(
                     os.path.join(tmpdir, '%s-%d.key' % (role, index)))

@@ -132,6 +132,13 @@ def build_parser():
                    'workers remain; the rounds go on without it; while fewer than MAX are '
                    'in the job, a worker started with its keys and the scheduler\'s '
                    'address joins it (docs/faults.md, "Elastic jobs")')
+    p.add_argument('--add-workers', type=_int_arg(1, 'a positive integer'), default=None,
+                   metavar='N', help='add N workers (this COMMAND) to a running elastic job '
+                   'instead of starting one: needs --join FILE, the job file that job named '
+                   'when it started; -n, -s and the job\'s other settings come from it')
+    p.add_argument('--join', default=None, metavar='FILE',
+                   help='with --add-workers: the running elastic job\'s job file (launch.py '
+                   '--elastic prints its path)')
     p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
                    help='when the job has printed nothing for this long, say which of its '
                         'processes still run (default: 60; again every SECONDS)')
@@ -163,7 +170,7 @@ _VALUE_FLAGS = frozenset([
     '-n', '--num-workers', '-s', '--num-servers', '--launcher', '-H', '--hostfile',
     '--sync-dst-dir', '--env', '--env-server', '--env-worker', '--scheduler-binary',
     '--server-binary', '--interface', '--port', '--timeout', '--restarts', '--metrics-port',
-    '--replicas', '--spare-servers', '--elastic',
+    '--replicas', '--spare-servers', '--elastic', '--add-workers', '--join',
 ])
 
 
@@ -180,6 +187,22 @@ def parse_args(argv):
                 raise UsageError('--status: expected HOST:PORT (the scheduler\'s metrics '
                                  'address) or --metrics-port BASE')
             args.status = '127.0.0.1:%d' % args.metrics_port
+        return args
+    if args.add_workers is not None or args.join is not None:
+        if args.add_workers is None or not args.join:
+            raise UsageError('--add-workers N and --join FILE go together (N workers join '
+                             'the running elastic job of the job file FILE)')
+        if not args.command:
+            raise UsageError('missing COMMAND: expected the worker program (and its '
+                             'arguments) after the flags')
+        if args.launcher != 'local':
+            raise UsageError('--add-workers: only with --launcher local so far (the workers '
+                             'start on this host)')
+        for flag, value in (('-n', args.num_workers), ('-s', args.num_servers),
+                            ('--elastic', args.elastic), ('--replicas', args.replicas)):
+            if value is not None:
+                raise UsageError('%s: not with --add-workers (the job file says the job\'s '
+                                 'settings)' % flag)
         return args
     if args.num_workers is None:
         raise UsageError('argument -n/--num-workers: required (the number of workers)')

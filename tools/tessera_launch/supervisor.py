@@ -334,7 +334,7 @@ class Job(object):
         return status
 
     def _exit_status(self, node, rc):
-        if node.role in ('worker', 'mpirun') and rc > 0:
+        if node.role in ('worker', 'added worker', 'mpirun') and rc > 0:
             return rc
         return 1
 

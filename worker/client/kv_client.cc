@@ -850,8 +850,8 @@ absl::Status KVClient::EnterRounds() {
     const uint64_t op = tracker_->NewOp();
     for (const Entering& k : keys) {
       for (const KeyPart& part : k.parts) {
-        Message msg = SliceMessage(wire::KV_INIT, k.key, part, k.total,
-                                   k.row_length);
+        Message msg =
+            SliceMessage(wire::KV_INIT, k.key, part, k.total, k.row_length);
         msg.header.set_rejoin(true);
         msg.header.set_enter(true);
         msg.header.set_enter_round(at);
@@ -863,8 +863,8 @@ absl::Status KVClient::EnterRounds() {
     TESSERA_RETURN_IF_ERROR(
         tracker_->Wait(op, "entry into the job's rounds", &replies));
     if (!replies.entry_refused) {
-      TESSERA_LOG(INFO) << "joined the job (generation "
-                        << node_->generation() << "): in every key's rounds "
+      TESSERA_LOG(INFO) << "joined the job (generation " << node_->generation()
+                        << "): in every key's rounds "
                         << "from round " << at << " (" << keys.size()
                         << " key(s)" << (attempt > 1 ? ", entry try " : "")
                         << (attempt > 1 ? absl::StrCat(attempt) : "") << ")";

@@ -180,8 +180,8 @@ class RequestTracker {
     absl::Time started;  // NewOp
     absl::Time done;     // the last reply (pending reached 0)
     absl::Status status;
-    std::vector<PulledFrame> pulled;   // replies not yet copied to the caller
-    RejoinReplies rejoin;  // rejoin: what the replies said
+    std::vector<PulledFrame> pulled;  // replies not yet copied to the caller
+    RejoinReplies rejoin;             // rejoin: what the replies said
   };
   struct Tracked {
     Request request;
