@@ -282,6 +282,7 @@ class Job(object):
         }
         base.update(DAEMON_ENV)
         base.update(extra_env or {})
+        self.base = base
         counts = {}
         self.started = time.monotonic()
         for i, (role, _) in enumerate(HOSTS):
@@ -295,6 +296,15 @@ class Job(object):
 
     def workers(self):
         return [p for p in self.procs if p.label.startswith('worker')]
+
+    def add_worker(self, host, label, extra_env):
+        """Starts one more worker in HOSTS[host]'s namespace (a joiner of an elastic
+        job); wait() waits for it too."""
+        env = dict(self.base, DMLC_ROLE='worker', DMLC_NODE_HOST=addr(host))
+        env.update(extra_env)
+        proc = Proc(self.topo, self.topo.namespaces[host], label, self.worker_argv, env)
+        self.procs.append(proc)
+        return proc
 
     def wait(self, timeout, watch=None):
         """Waits for every process to exit. Returns (return codes by label, why)
@@ -549,10 +559,15 @@ class NetFaultTest(unittest.TestCase):
                             % (proc.label, text, proc.tail()))
             time.sleep(0.05)
 
-    def run_job(self, timeout, faults=None, extra_env=None):
+    def run_job(self, timeout, faults=None, extra_env=None, on_poll=None):
         job = Job(self.topo, extra_env)
         self.addCleanup(job.end)
-        codes, why = job.wait(timeout, watch=faults.dead_delayer if faults else None)
+
+        def watch():
+            if on_poll is not None:
+                on_poll(job)
+            return faults.dead_delayer() if faults else None
+        codes, why = job.wait(timeout, watch=watch)
         name = self.id().rsplit('.', 1)[-1]
         sys.stderr.write('\nnetfault_test: %s: worker mode %s; exits %s after %.1f s\n'
                          % (name, ' '.join(job.worker_argv[1:]), codes, job.elapsed))
@@ -674,10 +689,38 @@ class NetFaultTest(unittest.TestCase):
         self.assertRegex(outputs, r'left the job \(it said goodbye\); the job goes on with '
                                   r'%d of %d worker' % (NUM_WORKERS - 1, NUM_WORKERS))
 
-    def faulted_run(self, extra_env=None, want=True):
+    def test_5_elastic_worker_joining_under_the_same_faults(self):
+        # TESSERA_ELASTIC=N:N+1 and SOAK_JOINER=N: once the job formed, one more
+        # worker started in worker 0's host joins it under the loss, the delay and
+        # the killed connections. It enters every key's rounds at one round; the
+        # job's workers check every round exactly (from that round on every value
+        # gains its pushes, scaled by N / (N + 1)). Every process exits 0.
+        joiner = []
+
+        def start_joiner(job):
+            if not joiner and 'job formed' in job.procs[0].output():
+                joiner.append(job.add_worker(len(HOSTS) - NUM_WORKERS, 'joiner',
+                                             {'SOAK_JOIN': '1'}))
+        job = self.faulted_run({'TESSERA_ELASTIC': '%d:%d' % (NUM_WORKERS, NUM_WORKERS + 1),
+                                'SOAK_JOINER': str(NUM_WORKERS)}, want=None,
+                               on_poll=start_joiner)
+        if job.mode != 'soak':
+            self.skipTest('the worker build has no soak mode')
+        self.assertEqual(len(joiner), 1, job.report())
+        results = worker_results(job)
+        self.assertEqual(sorted(results), list(range(NUM_WORKERS)), job.report())
+        self.assertEqual(len(set(results.values())), 1, results)
+        self.assertIn('soak joined: rank %d, %d rounds' % (NUM_WORKERS, ROUNDS),
+                      joiner[0].output(), job.report())
+        self.assertRegex(joiner[0].output(), r"in every key's rounds from round \d+")
+        outputs = ''.join(p.output() for p in job.procs)
+        self.assertRegex(outputs, r'joins the job \(join 1\): %d of at most %d worker'
+                         % (NUM_WORKERS + 1, NUM_WORKERS + 1))
+
+    def faulted_run(self, extra_env=None, want=True, on_poll=None):
         """The job under loss, delay and killed connections; checks it against the
         fault-free run (want=True; None: every process exits 0, the caller checks the
-        rest) and returns it."""
+        rest) and returns it. on_poll(job) is called while it runs."""
         want = self.baseline() if want else None
         self._no_leftovers()
         hosts = list(range(len(HOSTS)))
@@ -685,7 +728,7 @@ class NetFaultTest(unittest.TestCase):
         faults.add_loss(hosts, DROP_PERCENT)
         faults.add_delay(hosts, DELAY_MS)
         faults.start_killer(hosts, KILL_EVERY_S)
-        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults, extra_env)
+        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults, extra_env, on_poll)
         faults.stop_killer()
         dropped = faults.loss_counters()
         counters = faults.remove()
