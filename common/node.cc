@@ -553,6 +553,15 @@ absl::Status Node::Finish() {
 }
 
 absl::Status Node::Leave() {
+  if (options_.role == Role::kServer) {
+    TESSERA_RETURN_IF_ERROR(CallScheduler(wire::SERVER_LEAVE, wire::Header(),
+                                          options_.request_timeout,
+                                          "leaving the replicated job"));
+    absl::MutexLock lock(&mu_);
+    part_done_ = true;
+    left_ = true;  // WaitForTerminate returns
+    return absl::OkStatus();
+  }
   TESSERA_RETURN_IF_ERROR(CallScheduler(wire::WORKER_LEAVE, wire::Header(),
                                         options_.request_timeout,
                                         "leaving the elastic job"));
@@ -569,11 +578,11 @@ absl::Status Node::WaitForTerminate() {
   WakeReceiver();
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return terminated_ || !failure_.ok() || stopping_;
+    return terminated_ || left_ || !failure_.ok() || stopping_;
   };
   mu_.Await(absl::Condition(&ready));
   if (!failure_.ok()) return failure_;
-  if (terminated_) return absl::OkStatus();
+  if (terminated_ || left_) return absl::OkStatus();
   return absl::CancelledError("node stopped");
 }
 
@@ -818,6 +827,7 @@ void Node::HandleControl(Message&& msg) {
     case wire::BARRIER:
     case wire::WORKER_DONE:
     case wire::WORKER_LEAVE:
+    case wire::SERVER_LEAVE:
     case wire::HEARTBEAT: {
       if (!h.is_response()) return;
       absl::MutexLock lock(&mu_);

@@ -178,6 +178,10 @@ class Node {
   // takes it out of the membership and tells the servers, which complete
   // later rounds without it; returns once the scheduler took the goodbye.
   // The node may stop then. FailedPrecondition in a job that is not elastic.
+  // A server of a replicated job (TESSERA_REPLICAS >= 2) leaves the same way
+  // (SERVER_LEAVE): the scheduler takes it when every key slice it holds
+  // keeps a live replica (FailedPrecondition naming the slices otherwise),
+  // and its slices fail over to them; WaitForTerminate then returns OK.
   absl::Status Leave();
 
   // This node's part of the job is complete (Finish does it; a server calls it
@@ -283,6 +287,7 @@ class Node {
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool terminated_ ABSL_GUARDED_BY(mu_) = false;
+  bool left_ ABSL_GUARDED_BY(mu_) = false;  // a server's Leave was taken
   bool part_done_ ABSL_GUARDED_BY(mu_) = false;
   bool report_caught_up_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_scheduler_contact_ ABSL_GUARDED_BY(mu_);

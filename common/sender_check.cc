@@ -18,7 +18,7 @@ bool IsSchedulerNotice(wire::Command command) {
 bool IsNodeRequest(wire::Command command) {
   return command == wire::REGISTER || command == wire::BARRIER ||
          command == wire::HEARTBEAT || command == wire::WORKER_DONE ||
-         command == wire::WORKER_LEAVE;
+         command == wire::WORKER_LEAVE || command == wire::SERVER_LEAVE;
 }
 
 absl::Status Denied(Role key_role, const std::string& why) {

@@ -88,8 +88,12 @@ Scheduler::Metrics::Metrics() {
       "worker of an elastic job while enough remain).");
   failovers = r.GetCounter(
       "tessera_scheduler_failovers_total",
-      "Servers declared dead whose key slices failed over to a replica "
-      "(TESSERA_REPLICAS > 1).");
+      "Servers declared dead (or that left) whose key slices failed over to "
+      "a replica (TESSERA_REPLICAS > 1).");
+  servers_left = r.GetCounter(
+      "tessera_scheduler_servers_left_total",
+      "Servers of a replicated job that left it (SIGTERM: SERVER_LEAVE), "
+      "their key slices failing over to a replica.");
   replacements = r.GetCounter(
       "tessera_scheduler_replacements_total",
       "Dead servers whose rank a spare or a restarted server took "
@@ -584,9 +588,14 @@ void Scheduler::Handle(Message&& msg) {
     return;
   }
   if (nodes_[sender].dead()) {
-    if (nodes_[sender].left() && h.command() == wire::WORKER_LEAVE) {
-      // Its goodbye was taken; the answer was lost.
-      Reply(sender, h, absl::OkStatus());
+    if (nodes_[sender].left()) {
+      // Its goodbye was taken: a repeat of it (the answer was lost) is
+      // answered again; what else it sends while it stops (a heartbeat) is
+      // not its business any more, nor an abort's.
+      if (h.command() == wire::WORKER_LEAVE ||
+          h.command() == wire::SERVER_LEAVE) {
+        Reply(sender, h, absl::OkStatus());
+      }
       return;
     }
     // Declared dead, yet it speaks (it was cut off, not gone): its slices
@@ -651,9 +660,44 @@ void Scheduler::Handle(Message&& msg) {
       // workers now.
       Reply(sender, h, absl::OkStatus());
       return;
+    case wire::SERVER_LEAVE:
+      HandleServerLeave(sender, h);
+      return;
     default:
       TESSERA_LOG(WARNING) << "ignored unexpected message " << DebugString(msg);
   }
+}
+
+void Scheduler::HandleServerLeave(int sender, const wire::Header& h) {
+  if (!IsServerId(sender) || options_.replicas < 2) {
+    Reply(sender, h,
+          absl::FailedPreconditionError(
+              "only a server of a replicated job (TESSERA_REPLICAS >= 2) "
+              "leaves before the job's end: its key slices fail over to "
+              "their replicas"));
+    return;
+  }
+  if (nodes_[sender].catching_up()) {
+    Reply(sender, h,
+          absl::FailedPreconditionError(
+              "a replacement server leaves once it has caught up (its key "
+              "slices are not all here yet)"));
+    return;
+  }
+  if (std::optional<std::pair<int, std::string>> lost = LostChain(sender)) {
+    Reply(sender, h,
+          absl::FailedPreconditionError(absl::StrCat(
+              Describe(nodes_[sender]),
+              " cannot leave: the key slices placed "
+              "on server ",
+              lost->first,
+              " would have no live replica left "
+              "(servers ",
+              lost->second, ", TESSERA_REPLICAS=", options_.replicas, ")")));
+    return;
+  }
+  FailOver(sender, "left the job (it said goodbye)", /*goodbye=*/true);
+  Reply(sender, h, absl::OkStatus());
 }
 
 void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
@@ -1313,23 +1357,15 @@ std::vector<int> Scheduler::LivePeers(int except) const {
   return peers;
 }
 
-void Scheduler::FailOver(int id, const std::string& reason) {
-  wire::NodeInfo& dead = nodes_[id];
-  dead.set_dead(true);
-  last_seen_.erase(id);
-  // Its pending notices go nowhere now.
-  auto mine = notices_by_peer_.find(id);
-  if (mine != notices_by_peer_.end()) {
-    const std::set<uint64_t> pending = mine->second;
-    for (uint64_t n : pending) DropNotice(notices_.find(n));
-  }
+std::optional<std::pair<int, std::string>> Scheduler::LostChain(
+    int without) const {
   // Server rank r's slices live on ranks r, r+1, ..., r+replicas-1 (mod the
   // servers): a chain with no live server left has lost its slices.
   const int servers = options_.num_servers;
   std::vector<bool> alive(servers, false);
   for (const auto& [peer, n] : nodes_) {
-    if (n.role() == wire::SERVER && !n.dead() && !n.catching_up() &&
-        n.rank() >= 0 && n.rank() < servers) {
+    if (peer != without && n.role() == wire::SERVER && !n.dead() &&
+        !n.catching_up() && n.rank() >= 0 && n.rank() < servers) {
       alive[n.rank()] =
           true;  // holds its slices (a replacement once caught up)
     }
@@ -1342,23 +1378,34 @@ void Scheduler::FailOver(int id, const std::string& reason) {
       held = held || alive[rank];
       absl::StrAppend(&chain, i == 0 ? "" : ", ", rank);
     }
-    if (held) continue;
-    const std::string why = absl::StrCat(
-        Describe(dead), " ", reason,
-        "; every replica of the key slices placed "
-        "on server ",
-        first, " is gone (servers ", chain,
-        ", TESSERA_REPLICAS=", options_.replicas, "); ending the job");
+    if (!held) return std::make_pair(first, chain);
+  }
+  return std::nullopt;
+}
+
+void Scheduler::FailOver(int id, const std::string& reason, bool goodbye) {
+  wire::NodeInfo& dead = nodes_[id];
+  dead.set_dead(true);
+  dead.set_left(goodbye);
+  last_seen_.erase(id);
+  // Its pending notices go nowhere now.
+  auto mine = notices_by_peer_.find(id);
+  if (mine != notices_by_peer_.end()) {
+    const std::set<uint64_t> pending = mine->second;
+    for (uint64_t n : pending) DropNotice(notices_.find(n));
+  }
+  if (std::optional<std::pair<int, std::string>> lost = LostChain(id)) {
+    const std::string gone =
+        absl::StrCat("; every replica of the key slices placed on server ",
+                     lost->first, " is gone (servers ", lost->second,
+                     ", TESSERA_REPLICAS=", options_.replicas, ")");
     Message notice;
     notice.header.set_command(wire::NODE_DEAD);
     *notice.header.mutable_node_dead()->mutable_node() = dead;
-    notice.header.mutable_node_dead()->set_reason(
-        absl::StrCat(reason,
-                     "; every replica of the key slices placed on "
-                     "server ",
-                     first, " is gone (servers ", chain,
-                     ", TESSERA_REPLICAS=", options_.replicas, ")"));
-    EndJob(absl::UnavailableError(why), notice, LivePeers(id));
+    notice.header.mutable_node_dead()->set_reason(absl::StrCat(reason, gone));
+    EndJob(absl::UnavailableError(absl::StrCat(Describe(dead), " ", reason,
+                                               gone, "; ending the job")),
+           notice, LivePeers(id));
     return;
   }
   TESSERA_LOG(WARNING) << Describe(dead) << " " << reason
@@ -1366,6 +1413,7 @@ void Scheduler::FailOver(int id, const std::string& reason) {
                           "(TESSERA_REPLICAS="
                        << options_.replicas << ")";
   metrics_.failovers->Increment();
+  if (goodbye) metrics_.servers_left->Increment();
   const Message change = ChangeMessage(dead);
   for (int peer : LivePeers(id)) SendNotice(peer, change);
   // A joining worker's table no longer waits for it.

@@ -122,7 +122,15 @@ class Scheduler {
   // chain of servers still has a live member, every live node is told (a
   // table change marking it dead) and the job goes on; otherwise the job
   // ends naming the slices that lost every replica.
-  void FailOver(int id, const std::string& reason);
+  // `goodbye`: it left (SERVER_LEAVE), marked `left`.
+  void FailOver(int id, const std::string& reason, bool goodbye = false);
+  // A server's SERVER_LEAVE: taken (FailOver) when every chain keeps a live
+  // member without it, refused naming the chain otherwise.
+  void HandleServerLeave(int sender, const wire::Header& h);
+  // The first chain of servers (its first rank, and its ranks as text) with
+  // no live member once server `without` is gone too; nullopt when every
+  // chain keeps one.
+  std::optional<std::pair<int, std::string>> LostChain(int without) const;
   // Replicated jobs: a spare (or the dead server restarted) takes dead
   // server `id`'s rank: new generation, catching_up, the next `joined`;
   // every live node is told, the replacement gets its table.
@@ -249,6 +257,7 @@ class Scheduler {
     Counter* heartbeats;
     Counter* dead_nodes;
     Counter* failovers;
+    Counter* servers_left;
     Counter* replacements;
     Gauge* spares;
     Counter* barriers_released;

@@ -99,6 +99,7 @@ void StoredKey::Snapshot(wire::CheckpointKey* out) const {
     const bool open = sync && engine->Contributed(r);
     out->add_received(ledger.received(r) - (open ? 1 : 0));
   }
+  if (sync) out->set_rounds(engine->RoundNumber());
   engine->Snapshot(out);
 }
 
@@ -214,6 +215,7 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
   key->replica = k.replica();
   key->replica_seq = k.replica_seq();
   for (int r = 0; r < num_workers_; ++r) key->ledger.Restore(r, k.received(r));
+  if (k.sync_mode()) key->engine->SetRoundNumber(k.rounds());
   return key->engine->Restore(k);
 }
 

@@ -814,7 +814,11 @@ void KVServer::EnterRounds(StoredKey* key, Message&& msg) {
   // slices of a key and not others before it went).
   if (taken && joining && msg.header.push_seq() > key->ledger.received(rank))
     key->ledger.SetReceived(rank, msg.header.push_seq());
-  msg.header.set_open_round(key->engine->RoundNumber());
+  // Refused: the reply's open round is past the round asked (the open round
+  // itself when a push of the rank's earlier holder is in it).
+  msg.header.set_open_round(taken ? key->engine->RoundNumber()
+                                  : std::max(key->engine->RoundNumber(),
+                                             msg.header.enter_round() + 1));
   msg.header.set_joining(key->sync && key->engine->Joining(rank));
   TESSERA_VLOG(1) << "key " << key->key << " offset " << key->offset
                   << ": worker " << rank << " enters at round "
@@ -1345,6 +1349,9 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
   }
   for (int r = 0; r < key->ledger.num_workers(); ++r)
     key->ledger.SetReceived(r, h.replica_counts(r));
+  // A dist_sync slice's update is one of its primary's rounds: a backup
+  // promoted later numbers its rounds as the primary did.
+  if (key->sync) key->engine->SetRoundNumber(key->engine->RoundNumber() + 1);
   ++key->replica_seq;
   ++replica_updates_;
   answer(absl::OkStatus());

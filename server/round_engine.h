@@ -91,6 +91,8 @@ class RoundMembers {
   // announcement), false for one out of the job.
   bool EnterAt(int rank, uint64_t at, bool pushed) {
     if (!joining_[rank]) return in_job_[rank];
+    // Entries only move later: a late copy of an earlier try changes nothing.
+    if (enter_at_[rank] != kNoEntry && at < enter_at_[rank]) return true;
     if (at < round_ || (at == round_ && pushed)) return false;
     if (enter_at_[rank] == round_ && at != round_ && in_round_[rank]) {
       in_round_[rank] = false;  // it announced the open round, now a later one
@@ -126,8 +128,10 @@ class RoundMembers {
   bool Out(int rank) const { return !in_job_[rank] && !joining_[rank]; }
   // Ranks the open round waits for.
   int count() const { return members_; }
-  // The open round's number: rounds completed.
+  // The open round's number: rounds completed. A backup counts the rounds
+  // its primary completed, a restored slice those its checkpoint holds.
   uint64_t round() const { return round_; }
+  void set_round(uint64_t round) { round_ = round; }
   // The round is over: the next one's members are the ranks in the job and
   // the joiners that entered at it.
   void NextRound() {

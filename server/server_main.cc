@@ -12,6 +12,8 @@
 // Exit codes: 0 job done, 1 job failed (a peer died, the scheduler gave up or
 // vanished, a restart found no checkpoint to resume from), 2 bad configuration.
 #include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -29,6 +31,10 @@
 #include "server/kv_server.h"
 
 namespace {
+
+// Replicated jobs: SIGTERM asks this server to leave (see Serve).
+std::atomic<bool> leave_requested{false};
+extern "C" void RequestLeave(int) { leave_requested.store(true); }
 
 struct Flags {
   std::string checkpoint_dir;
@@ -263,7 +269,36 @@ int Serve(const Flags& flags, const tessera::Options& options) {
                         [n] { n->ReportCaughtUp(); });
   }
   TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
+  // A replicated job's server leaves it on SIGTERM when every key slice it
+  // holds keeps a live replica (the scheduler decides; its slices fail over
+  // to them); refused, it goes on serving. In other jobs SIGTERM ends the
+  // process as it always did.
+  std::atomic<bool> serving{true};
+  std::thread leaver;
+  if (options.replicas > 1) {
+    std::signal(SIGTERM, RequestLeave);
+    leaver = std::thread([&node, &serving] {
+      while (serving.load()) {
+        if (!leave_requested.exchange(false)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          continue;
+        }
+        TESSERA_LOG(INFO) << "SIGTERM: asking the scheduler to leave the job "
+                             "(TESSERA_REPLICAS)";
+        if (absl::Status left = node->Leave(); !left.ok()) {
+          TESSERA_LOG(WARNING)
+              << "not leaving: " << left.message() << "; serving on";
+          continue;
+        }
+        TESSERA_LOG(INFO) << "left the job (SIGTERM): its key slices fail "
+                             "over to their replicas";
+        return;
+      }
+    });
+  }
   const absl::Status result = node->WaitForTerminate();
+  serving.store(false);
+  if (leaver.joinable()) leaver.join();
   LogSummary(server, *node);
   node->Stop();
   server.Stop();

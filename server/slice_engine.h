@@ -99,6 +99,7 @@ class SliceEngine {
   virtual bool Early(int rank) const { return false; }
   virtual bool Joining(int rank) const { return false; }
   virtual uint64_t RoundNumber() const { return 0; }
+  virtual void SetRoundNumber(uint64_t round) {}
   virtual void SetNominal(int workers) {}
 
   // Answers a pull: fills `reply` (made by the server: its header answers
@@ -185,6 +186,9 @@ class RoundSliceEngine : public SliceEngine {
     return round_.members().Joining(rank);
   }
   uint64_t RoundNumber() const override { return round_.members().round(); }
+  void SetRoundNumber(uint64_t round) override {
+    round_.members().set_round(round);
+  }
   void SetNominal(int workers) override {
     round_.members().set_nominal(workers);
   }

@@ -40,19 +40,23 @@ class ElasticClusterTest(base.ClusterTestBase):
     def run_acting_on(self, args, pattern, act, timeout):
         """Runs launch.py with `args`, calling act(match) on the first output line
         that matches `pattern` (once). Returns the exit status and the output."""
+        return self.run_acting_on_each(args, [(pattern, act)], timeout)
+
+    def run_acting_on_each(self, args, actions, timeout):
+        """run_acting_on with several (pattern, act) pairs, each acted on once, in
+        order: the second pattern is looked for from the line after the first's."""
         self.start(args)
         lines = []
-        acted = False
+        pending = list(actions)
         deadline = time.monotonic() + timeout
         timer = threading.Timer(timeout, self.proc.kill)
         timer.start()
         try:
             for line in self.proc.stdout:
                 lines.append(line)
-                m = re.search(pattern, line)
-                if m and not acted:
-                    acted = True
-                    act(m)
+                m = re.search(pending[0][0], line) if pending else None
+                if m:
+                    pending.pop(0)[1](m)
             self.proc.wait()
         finally:
             timer.cancel()
@@ -60,7 +64,8 @@ class ElasticClusterTest(base.ClusterTestBase):
         out = ''.join(lines)
         self.assertLess(time.monotonic(), deadline, 'launch.py did not end within %ss:\n%s'
                         % (timeout, out))
-        self.assertTrue(acted, 'never saw %r:\n%s' % (pattern, out))
+        self.assertFalse(pending, 'never saw %r:\n%s' % (pending[0][0] if pending else '',
+                                                          out))
         return self.proc.returncode, out
 
     def kill_after_first_epoch(self, signals):
@@ -140,19 +145,22 @@ class ElasticClusterTest(base.ClusterTestBase):
 
     def wait_formed(self, metrics_port):
         """Waits until the scheduler's metric says the job formed."""
+        # The sample's line (the HELP line starts "1 once ...").
+        self.wait_metric(metrics_port, r'^tessera_scheduler_job_formed 1$')
+
+    def wait_metric(self, metrics_port, pattern):
+        """Waits (at most 60 s) until a line of the scheduler's metrics matches."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen('http://127.0.0.1:%d/metrics' % metrics_port,
                                             timeout=1) as r:
-                    # The sample's line (the HELP line starts "... 1 once").
-                    if re.search(r'^tessera_scheduler_job_formed 1$', r.read().decode(),
-                                 re.MULTILINE):
+                    if re.search(pattern, r.read().decode(), re.MULTILINE):
                         return
             except OSError:
                 pass
             time.sleep(0.02)
-        self.fail('the job never formed')
+        self.fail('the scheduler\'s metrics never matched %r' % pattern)
 
     def test_worker_started_by_hand_joins_an_elastic_soak_and_its_pushes_count(self):
         # A job of 2 workers with --elastic 2:3 and the user's keys (TESSERA_KEY_DIR);
@@ -180,7 +188,8 @@ class ElasticClusterTest(base.ClusterTestBase):
                           DMLC_NUM_SERVER='2', TESSERA_ELASTIC='2:3', SOAK_JOIN='1')
         joiner = subprocess.Popen([CHECK_WORKER, 'soak', '600'], env=joiner_env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(1.0)
+        # The fourth once the third joined (else it could take the third's place).
+        self.wait_metric(metrics, r'^tessera_scheduler_workers_joined_total 1$')
         extra = subprocess.run([CHECK_WORKER, 'soak', '10'], env=joiner_env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                timeout=60)
@@ -254,6 +263,48 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertEqual(bad.returncode, 2, bad.stderr)
         self.assertIn('--join %s: cannot read the job file' %
                       os.path.join(self.tmp.name, 'none.json'), bad.stderr)
+
+    def test_replicated_server_leaving_on_sigterm_hands_its_slices_to_their_replicas(self):
+        # 3 servers, --replicas 2 (every slice on two servers), 2 workers in a soak
+        # checked exactly every round. After round 40, launch.py's server 1 gets
+        # SIGTERM: the scheduler takes its goodbye (each slice keeps a live
+        # replica), its slices fail over, and it exits 0. Then server 2 gets
+        # SIGTERM: without it a chain would have no live replica, so it is refused
+        # and serves on. The job ends 0 with equal checksums: no push was lost or
+        # applied twice.
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000', SOAK_PRINT_ROUNDS='1')
+        pids = {}
+
+        def sigterm(task_id):
+            def act(m):
+                pid = node_pid(self.mark, 'server', task_id)
+                self.assertIsNotNone(pid, 'server %d is not running' % task_id)
+                pids[task_id] = pid
+                sys.stderr.write('SIGTERM to server %d (pid %d)\n' % (task_id, pid))
+                os.kill(pid, signal.SIGTERM)
+            return act
+
+        code, out = self.run_acting_on_each(
+            ['-n', '2', '-s', '3', '--replicas', '2', CHECK_WORKER, 'soak', '250', '10'],
+            [(r'^\[worker \d\] round 40 done at', sigterm(1)),
+             (r'left the job \(it said goodbye\); its key slices fail over', sigterm(2))],
+            timeout=150)
+        self.assertEqual(code, 0, out)
+        self.assertRegex(out, r'\[scheduler\] .*server \d \(id \d+ at [^)]*\) left the job '
+                              r'\(it said goodbye\); its key slices fail over to their next '
+                              r'replica \(TESSERA_REPLICAS=2\)')
+        self.assertRegex(out, r'\[server \d\] .*left the job \(SIGTERM\): its key slices fail '
+                              r'over to their replicas')
+        self.assertRegex(out, r"\[server \d\] .*not leaving: server \d \(id \d+ at [^)]*\) "
+                              r'cannot leave: the key slices placed on server \d would have no '
+                              r'live replica left \(servers \d, \d, TESSERA_REPLICAS=2\); '
+                              r'serving on')
+        self.assertEqual(len(re.findall(r'left the job \(it said goodbye\)', out)), 1, out)
+        self.assertNotIn('launch.py: server 1', out)  # exited 0: nothing to say
+        sums = soak_checksums(out)
+        self.assertEqual(len(sums), 2, out)
+        self.assertEqual(sums[0], sums[1], out)
+        self.assertEqual(marked_pids(self.mark), [])
 
 
 if __name__ == '__main__':

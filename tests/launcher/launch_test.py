@@ -583,7 +583,8 @@ class EnvTest(unittest.TestCase):
                 parse_args(['--add-workers', '1', '--join', path, '/bin/true']),
                 {})[0].spawn(0)[1]['TESSERA_KEY_FILE'], keys[2])
             with self.assertRaisesRegex(UsageError, r'every worker key the job made for '
-                                        r'joiners \(3\) is taken'):
+                                        r'joiners \(3: MAX of --elastic MIN:MAX, at most '
+                                        r'256\) is taken'):
                 added_worker_nodes(parse_args(['--add-workers', '1', '--join', path,
                                                '/bin/true']), {})
             with open(os.path.join(tmp, 'other.json'), 'w') as f:

@@ -497,6 +497,7 @@ TEST(KVServerTest, SnapshotExcludesTheOpenRoundAndRestoresExactly) {
   ASSERT_EQ(saved->keys_size(), 1);
   const wire::CheckpointKey& k = saved->keys(0);
   EXPECT_EQ(k.steps(), 1u);
+  EXPECT_EQ(k.rounds(), 1u) << "rounds completed: a joiner's entry counts them";
   EXPECT_EQ(k.received(0), 1u) << "its push of the open round is not in it";
   EXPECT_EQ(k.received(1), 1u);
   EXPECT_THAT(saved->optimizer_spec(), HasSubstr("lr=0.5"));
@@ -1019,6 +1020,46 @@ TEST(KVServerTest, AJoinerNumbersItsPushesFromTheCountItNames) {
   h.server().Handle(Push(2, 7, 4, {7, 7}));
   for (int i = 0; i < 3; ++i) ExpectOk(h);
   EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{9, 9}));
+}
+
+// A late copy of an earlier entry changes nothing (entries only move later);
+// an open round holding a push of the rank's earlier holder cannot be
+// entered, and the refusal says so (its open round past the one asked).
+TEST(KVServerTest, EntriesOnlyMoveLaterAndARoundWithTheRanksPushIsRefused) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().set_elastic(/*nominal=*/3);
+  h.server().Handle(Init(7, {0, 0}));
+  ExpectOk(h);
+  h.server().Handle(Push(2, 7, 0, {5, 5}));  // rank 2's earlier holder
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().WorkerLeft(2);
+  h.server().WorkerJoined(2);
+  h.server().Handle(Entry(2, 7, 2, /*at=*/0, /*first_push=*/1));
+  std::optional<Message> refused = h.NextReply();
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->header.open_round(), 1u)
+      << "refused: round 0 holds a push";
+  h.server().Handle(Entry(2, 7, 2, /*at=*/3, /*first_push=*/1));
+  ExpectOk(h);
+  h.server().Handle(Entry(2, 7, 2, /*at=*/1, /*first_push=*/1));  // late copy
+  ExpectOk(h);
+  // Rounds 0, 1 and 2 complete without the joiner (round 0 with the earlier
+  // holder's push), round 3 waits for it.
+  h.server().Handle(Push(0, 7, 0, {1, 1}));
+  h.server().Handle(Push(1, 7, 0, {1, 1}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  for (uint64_t r = 1; r < 3; ++r) {
+    h.server().Handle(Push(0, 7, r, {1, 1}));
+    h.server().Handle(Push(1, 7, r, {1, 1}));
+    ExpectOk(h);
+    ExpectOk(h);
+  }
+  h.server().Handle(Push(0, 7, 3, {1, 1}));
+  h.server().Handle(Push(1, 7, 3, {1, 1}));
+  EXPECT_EQ(h.Pending(), 0u) << "round 3 waits for the joiner";
+  h.server().Handle(Push(2, 7, 1, {1, 1}));
+  for (int i = 0; i < 3; ++i) ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{3, 3}));
 }
 
 // With an optimizer, rounds are scaled to the job's own 2 workers: 2 pushes

@@ -224,6 +224,14 @@ TEST_F(ReplicationTest, BackupTakesOverWithTheSameBitsAndCounts) {
   EXPECT_EQ(backup_.server().stats().duplicates(), 1u);
   EXPECT_EQ(backup_.server().stats().promoted_slices(), 1u);
   EXPECT_EQ(backup_.server().stats().rounds_applied(), 1u);  // round 1 only
+  // It numbers the slice's rounds as the primary did (an elastic joiner's
+  // entry round counts them): round 0 by the update, round 1 its own.
+  Message rejoin = KeyMessage(wire::KV_INIT, 1, 3);
+  rejoin.header.set_rejoin(true);
+  backup_.server().Handle(std::move(rejoin));
+  std::optional<Message> where = backup_.NextReply();
+  ASSERT_TRUE(where.has_value());
+  EXPECT_EQ(where->header.open_round(), 2u);
 }
 
 TEST_F(ReplicationTest, UpdatesApplyInOrderAndAResentOneIsAnsweredOnce) {

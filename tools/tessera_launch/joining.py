@@ -21,7 +21,7 @@ import json
 import os
 
 from .config import node_env
-from .keys import joiner_keys
+from .keys import MAX_JOINER_KEYS, joiner_keys
 from .options import UsageError, parse_env_specs
 from .supervisor import Node
 
@@ -61,9 +61,10 @@ def claim_key(keys, path):
             return key
         except FileExistsError:
             continue
-    raise UsageError('--join %s: every worker key the job made for joiners (%d) is taken; '
-                     'start the job with a larger MAX in --elastic MIN:MAX, or with your own '
-                     'keys (TESSERA_KEY_DIR)' % (path, len(keys)))
+    raise UsageError('--join %s: every worker key the job made for joiners (%d: MAX of '
+                     '--elastic MIN:MAX, at most %d) is taken; start such a job with your own '
+                     'keys (TESSERA_KEY_DIR: any worker may use the role key)'
+                     % (path, len(keys), MAX_JOINER_KEYS))
 
 
 def read_job_file(path):

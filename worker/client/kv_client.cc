@@ -395,11 +395,21 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
   // count of the rank's earlier holder over its slices (the entry makes every
   // slice agree), and the key's rounds are entered before the first push
   // (EnterRounds).
+  // Until then its pulls carry the smallest count (a pull waits for the
+  // pushes it names).
   auto enter_later = [&](const RequestTracker::RejoinReplies& rejoin) {
     absl::MutexLock lock(&mu_);
-    keys_[key].next_seq = rejoin.resume_max;
+    KeyInfo& info = keys_[key];
+    info.next_seq = rejoin.resume_min;
+    if (entered_) {
+      // Declared after this worker entered the others (a key made while the
+      // job runs): its first push enters the round under way.
+      return;
+    }
+    info.enter_seq = rejoin.resume_max;
+    info.open_round = rejoin.open_round_max;
     entering_.push_back(key);
-    open_round_max_ = std::max(open_round_max_, rejoin.open_round_max);
+    entering_pending_.store(true, std::memory_order_release);
   };
   // A restarted worker, or one joining an elastic job (generation > 0): its
   // rank's pushes may be on the servers already, and the others have passed
@@ -415,8 +425,10 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
         absl::MutexLock lock(&mu_);
         keys_[key].next_seq = rejoin.resume_min;
         // Before the first push all keys resume together
-        // (SettleResumeLocked); a key declared after that keeps its own count.
-        if (resume_ != Resume::kSettled) resume_ = Resume::kPending;
+        // (SettleResumeLocked); a key declared after that keeps its own count,
+        // and so does every key of a worker that joined.
+        if (resume_ != Resume::kSettled && !entered_ && entering_.empty())
+          resume_ = Resume::kPending;
       }
       TESSERA_VLOG(1) << "key " << key << ": the servers took "
                       << rejoin.resume_min << " push(es) of this rank before"
@@ -466,7 +478,11 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
   }
   if (barrier.ok() && ask_after_init) {
     RequestTracker::RejoinReplies rejoin;
-    TESSERA_RETURN_IF_ERROR(RejoinKey(key, total, row_length, &rejoin));
+    if (absl::Status asked = RejoinKey(key, total, row_length, &rejoin);
+        !asked.ok()) {
+      forget();
+      return asked;
+    }
     if (rejoin.joining) enter_later(rejoin);
   }
   return barrier;
@@ -789,6 +805,8 @@ uint64_t KVClient::ResumeRound() {
 void KVClient::SettleResumeLocked() {
   if (resume_ != Resume::kPending) return;
   resume_ = Resume::kSettled;
+  // A worker that joined numbers each key's pushes on its own (EnterRounds).
+  if (entered_ || !entering_.empty()) return;
   uint64_t resume = UINT64_MAX;
   for (const auto& [key, info] : keys_)
     resume = std::min(resume, info.next_seq);
@@ -820,6 +838,8 @@ absl::Status KVClient::RejoinKey(uint64_t key, uint64_t total,
 }
 
 absl::Status KVClient::EnterRounds() {
+  if (!entering_pending_.load(std::memory_order_acquire))
+    return absl::OkStatus();
   // One thread announces; a push on another waits for it here.
   absl::MutexLock entering(&enter_mu_);
   struct Entering {
@@ -831,15 +851,29 @@ absl::Status KVClient::EnterRounds() {
   {
     absl::MutexLock lock(&mu_);
     if (entering_.empty()) return absl::OkStatus();
+    uint64_t low = UINT64_MAX, high = 0, low_key = 0, high_key = 0;
     for (uint64_t key : entering_) {
       const KeyInfo& info = keys_.at(key);
       const uint64_t total =
           info.row_length == 0 ? info.length : info.length / info.row_length;
-      keys.push_back({key, total, info.row_length, info.next_seq, info.parts});
+      keys.push_back({key, total, info.row_length, info.enter_seq, info.parts});
+      if (info.open_round < low) low = info.open_round, low_key = key;
+      if (info.open_round >= high) high = info.open_round, high_key = key;
+    }
+    // The round numbers are each slice's own count of its rounds: they name
+    // one step in every key when every key was pushed once a step from the
+    // job's start (keys still in a step differ by one).
+    if (high > low + 2) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "joining the job: the keys' rounds are too far apart to enter them "
+          "at one step (key ",
+          low_key, " at round ", low, ", key ", high_key, " at round ", high,
+          "); a worker joins a job whose keys were all pushed once a step "
+          "from its start (docs/faults.md, \"Workers join\")"));
     }
     // Two rounds past the furthest slice the rejoins saw: the slices most
     // likely have not passed it by the time the entry reaches them.
-    at = open_round_max_ + 2;
+    at = high + 2;
   }
   // Every slice is entered at the same round, so that this worker is at the
   // same step in every key; a slice already past it refuses, and the entry
@@ -869,7 +903,16 @@ absl::Status KVClient::EnterRounds() {
                         << " key(s)" << (attempt > 1 ? ", entry try " : "")
                         << (attempt > 1 ? absl::StrCat(attempt) : "") << ")";
       absl::MutexLock lock(&mu_);
-      entering_.clear();
+      // Its pushes are numbered from where the slices now count them. Only
+      // the keys entered: one declared meanwhile waits for the next push.
+      for (const Entering& k : keys) {
+        KeyInfo& info = keys_.at(k.key);
+        info.next_seq = k.seq;
+        entering_.erase(std::remove(entering_.begin(), entering_.end(), k.key),
+                        entering_.end());
+      }
+      entered_ = true;
+      entering_pending_.store(!entering_.empty(), std::memory_order_release);
       return absl::OkStatus();
     }
     if (attempt == kTries) {
@@ -879,7 +922,8 @@ absl::Status KVClient::EnterRounds() {
           kTries, " times (last ", at, ", the furthest slice at ",
           replies.open_round_max, ")"));
     }
-    at = replies.open_round_max + 2;
+    // Later each time: a job whose rounds are fast needs a wider margin.
+    at = std::max(at, replies.open_round_max) + 2 + attempt;
   }
 }
 

@@ -127,6 +127,11 @@ class KVClient : public KVWorker {
     // window at a time, the next slice when an earlier one is answered.
     bool windowed = false;
     uint64_t next_seq = 0;  // push_seq of the next push
+    // Joining an elastic job, before its entry (EnterRounds): the count its
+    // pushes start at (the largest over the key's slices) and the furthest
+    // open round of its slices.
+    uint64_t enter_seq = 0;
+    uint64_t open_round = 0;
     // Not OK once a push of this key was refused by a server (it never took
     // it, so this worker's count is ahead of the server's): later pushes
     // and pulls of the key fail at once with it instead of waiting for that
@@ -274,11 +279,14 @@ class KVClient : public KVWorker {
   enum class Resume { kNone, kPending, kSettled };
   Resume resume_ ABSL_GUARDED_BY(mu_) = Resume::kNone;
   uint64_t resume_round_ ABSL_GUARDED_BY(mu_) = 0;
-  // Joining an elastic job: the keys whose rounds it has yet to enter, and
-  // the furthest open round their rejoins saw (EnterRounds).
+  // Joining an elastic job: the keys whose rounds it has yet to enter
+  // (EnterRounds), whether there are any (read without a lock on every
+  // push), and whether it entered (keys declared later enter with their
+  // first push).
   absl::Mutex enter_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::vector<uint64_t> entering_ ABSL_GUARDED_BY(mu_);
-  uint64_t open_round_max_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> entering_pending_{false};
+  bool entered_ ABSL_GUARDED_BY(mu_) = false;
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);
   // tessera_worker_* counters of stats() (docs/metrics.md); first to go.
   CollectorHandles metric_handles_;
