@@ -237,15 +237,16 @@ def tearDownModule():
 # Processes, jobs and faults
 
 
-def worker_argv():
-    """(argv, mode): `soak ROUNDS` when the build has it, else `nightly`."""
+def worker_argv(rounds=None):
+    """(argv, mode): `soak ROUNDS` (or `rounds`) when the build has it, else
+    `nightly`."""
     try:
         with open(WORKER, 'rb') as f:
             has_soak = b'soak ok: rank' in f.read()
     except OSError:
         has_soak = False
     if has_soak:
-        return [WORKER, 'soak', str(ROUNDS)], 'soak'
+        return [WORKER, 'soak', str(rounds or ROUNDS)], 'soak'
     return [WORKER, 'nightly'], 'nightly'
 
 
@@ -262,10 +263,10 @@ def make_key_dir(parent):
 class Job(object):
     """Scheduler, servers and workers, each in its host namespace."""
 
-    def __init__(self, topo, extra_env=None):
+    def __init__(self, topo, extra_env=None, rounds=None):
         self.topo = topo
         self.procs = []
-        self.worker_argv, self.mode = worker_argv()
+        self.worker_argv, self.mode = worker_argv(rounds)
         base = {
             'PATH': os.environ['PATH'], 'HOME': os.environ.get('HOME', '/root'),
             'LANG': 'C.UTF-8',
@@ -559,8 +560,8 @@ class NetFaultTest(unittest.TestCase):
                             % (proc.label, text, proc.tail()))
             time.sleep(0.05)
 
-    def run_job(self, timeout, faults=None, extra_env=None, on_poll=None):
-        job = Job(self.topo, extra_env)
+    def run_job(self, timeout, faults=None, extra_env=None, on_poll=None, rounds=None):
+        job = Job(self.topo, extra_env, rounds)
         self.addCleanup(job.end)
 
         def watch():
@@ -694,7 +695,9 @@ class NetFaultTest(unittest.TestCase):
         # worker started in worker 0's host joins it under the loss, the delay and
         # the killed connections. It enters every key's rounds at one round; the
         # job's workers check every round exactly (from that round on every value
-        # gains its pushes, scaled by N / (N + 1)). Every process exits 0.
+        # gains its pushes, scaled by N / (N + 1)). Every process exits 0. Half
+        # the rounds of the other faulted runs (the suite's time).
+        rounds = max(10, ROUNDS // 2)
         joiner = []
 
         def start_joiner(job):
@@ -703,24 +706,25 @@ class NetFaultTest(unittest.TestCase):
                                              {'SOAK_JOIN': '1'}))
         job = self.faulted_run({'TESSERA_ELASTIC': '%d:%d' % (NUM_WORKERS, NUM_WORKERS + 1),
                                 'SOAK_JOINER': str(NUM_WORKERS)}, want=None,
-                               on_poll=start_joiner)
+                               on_poll=start_joiner, rounds=rounds)
         if job.mode != 'soak':
             self.skipTest('the worker build has no soak mode')
         self.assertEqual(len(joiner), 1, job.report())
         results = worker_results(job)
         self.assertEqual(sorted(results), list(range(NUM_WORKERS)), job.report())
         self.assertEqual(len(set(results.values())), 1, results)
-        self.assertIn('soak joined: rank %d, %d rounds' % (NUM_WORKERS, ROUNDS),
+        self.assertIn('soak joined: rank %d, %d rounds' % (NUM_WORKERS, rounds),
                       joiner[0].output(), job.report())
         self.assertRegex(joiner[0].output(), r"in every key's rounds from round \d+")
         outputs = ''.join(p.output() for p in job.procs)
         self.assertRegex(outputs, r'joins the job \(join 1\): %d of at most %d worker'
                          % (NUM_WORKERS + 1, NUM_WORKERS + 1))
 
-    def faulted_run(self, extra_env=None, want=True, on_poll=None):
+    def faulted_run(self, extra_env=None, want=True, on_poll=None, rounds=None):
         """The job under loss, delay and killed connections; checks it against the
         fault-free run (want=True; None: every process exits 0, the caller checks the
-        rest) and returns it. on_poll(job) is called while it runs."""
+        rest) and returns it. on_poll(job) is called while it runs; `rounds`: the
+        soak's (ROUNDS)."""
         want = self.baseline() if want else None
         self._no_leftovers()
         hosts = list(range(len(HOSTS)))
@@ -728,7 +732,7 @@ class NetFaultTest(unittest.TestCase):
         faults.add_loss(hosts, DROP_PERCENT)
         faults.add_delay(hosts, DELAY_MS)
         faults.start_killer(hosts, KILL_EVERY_S)
-        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults, extra_env, on_poll)
+        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults, extra_env, on_poll, rounds)
         faults.stop_killer()
         dropped = faults.loss_counters()
         counters = faults.remove()
