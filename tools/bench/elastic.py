@@ -18,6 +18,11 @@ its own (TESSERA_KEY_DIR) so that a worker started by hand can join. Three scene
            others check every round exactly, SOAK_JOINER): from its start to the
            scheduler's line, to its first round, and the survivors' longest round
            around the join against their median.
+  server-leave  3 servers, --replicas 2 (no --elastic): launch.py's server 1 gets
+           SIGTERM after --kill-after s and leaves, its slices failing over (every
+           round checked exactly): from the signal to the scheduler's line, to the
+           first round completed after that, and the workers' longest round
+           around it against their median.
 
     tools/bench/elastic.py --build /abs/build [--runs 3] [--heartbeat-timeout 2]
         [--security default|none]
@@ -64,15 +69,19 @@ def one_run(args, scene, mark, key_dir):
     port = launch_hosts.free_port_run(1)
     extra = {'death': ['--env-worker', 'SOAK_CHECK:0'],
              'goodbye': ['--env-worker', 'SOAK_LEAVE:2:100'],
-             'join': ['--env-worker', 'SOAK_JOINER:3']}[scene]
+             'join': ['--env-worker', 'SOAK_JOINER:3'],
+             'server-leave': []}[scene]
     bounds = '2:4' if scene == 'join' else '2:3'
-    cmd = [sys.executable, os.path.join(SOURCE, 'tools', 'launch.py'), '-n', '3', '-s', '2',
-           '--elastic', bounds, '--port', str(port)] + extra + [
+    shape = (['-s', '3', '--replicas', '2'] if scene == 'server-leave'
+             else ['-s', '2', '--elastic', bounds])
+    cmd = [sys.executable, os.path.join(SOURCE, 'tools', 'launch.py'), '-n', '3'] + shape + [
+           '--port', str(port)] + extra + [
                worker, 'soak', str(args.rounds), str(args.sleep_ms)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+    first_worker = 5 if scene == 'server-leave' else 4  # task ids: servers first
     deadline = time.monotonic() + 60
-    while marked_pid(mark, 'worker', 4) is None and time.monotonic() < deadline:
+    while marked_pid(mark, 'worker', first_worker) is None and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(args.kill_after)
     event = time.time()
@@ -83,6 +92,12 @@ def one_run(args, scene, mark, key_dir):
             proc.kill()
             sys.exit('elastic.py: worker 2 is not running (job ended early?)')
         os.kill(victim, 9)
+    elif scene == 'server-leave':
+        leaver = marked_pid(mark, 'server', 1)
+        if leaver is None or proc.poll() is not None:
+            proc.kill()
+            sys.exit('elastic.py: server 1 is not running (job ended early?)')
+        os.kill(leaver, 15)
     elif scene == 'join':
         joiner = subprocess.Popen(
             [worker, 'soak', str(args.rounds * 2), str(args.sleep_ms)],
@@ -110,7 +125,7 @@ def one_run(args, scene, mark, key_dir):
         sys.exit('elastic.py: soak checksums %s:\n%s' % (sums, out[-4000:]))
     day = datetime.date.today()
     done = rounds_by_worker(out)
-    gone = {'death': 2, 'join': None}.get(scene)
+    gone = {'death': 2}.get(scene)
     if scene == 'goodbye':
         left = re.search(r'^\[worker (\d+)\] soak left: rank 2 after round 100$', out, re.M)
         gone = int(left.group(1)) if left else None
@@ -124,6 +139,19 @@ def one_run(args, scene, mark, key_dir):
                 declared = log_time(line, day)
         after = min(t for w in survivors for _, t in done[w] if declared and t > declared)
         result.update(declared_s=declared - event, next_round_s=after - event)
+    elif scene == 'server-leave':
+        left = None
+        for line in out.splitlines():
+            if line.startswith('[scheduler]') and 'left the job (it said goodbye)' in line:
+                left = log_time(line, day)
+        if left is None:
+            sys.exit('elastic.py: server-leave: the scheduler never took the leave:\n'
+                     + out[-4000:])
+        after = min(t for w in survivors for _, t in done[w] if t > left)
+        window = [b - a for w in survivors for (_, a), (_, b) in zip(done[w], done[w][1:])
+                  if event - 1 < b < event + 3]
+        result.update(left_s=left - event, next_round_s=after - event,
+                      longest_round_ms=1000 * max(window) if window else float('nan'))
     elif scene == 'goodbye':
         steps = []
         for w in survivors:
@@ -152,10 +180,12 @@ def main():
     p.add_argument('--kill-after', type=float, default=1.5)
     p.add_argument('--heartbeat-timeout', type=float, default=2.0)
     p.add_argument('--security', choices=('default', 'none'), default='default')
-    p.add_argument('--scenes', default='death,goodbye,join', help='comma-separated')
+    p.add_argument('--scenes', default='death,goodbye,join,server-leave',
+                   help='comma-separated')
     p.add_argument('--job-timeout', type=int, default=120)
     args = p.parse_args()
-    print('elastic.py: 3 workers, 2 servers, --elastic 2:3 (join: 2:4), soak %d rounds (%d ms apart), '
+    print('elastic.py: 3 workers, 2 servers, --elastic 2:3 (join: 2:4; server-leave: '
+          '3 servers, --replicas 2), soak %d rounds (%d ms apart), '
           'PS_HEARTBEAT_TIMEOUT=%gs, security %s; uptime: %s'
           % (args.rounds, args.sleep_ms, args.heartbeat_timeout, args.security,
              subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()))
