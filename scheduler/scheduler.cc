@@ -305,6 +305,13 @@ absl::Status Scheduler::Run() {
   }
 }
 
+void Scheduler::DropNoticesTo(int peer) {
+  auto mine = notices_by_peer_.find(peer);
+  if (mine == notices_by_peer_.end()) return;
+  const std::set<uint64_t> pending = mine->second;  // DropNotice edits it
+  for (uint64_t n : pending) DropNotice(notices_.find(n));
+}
+
 void Scheduler::SendNotice(int peer, Message msg) {
   if (msg.header.command() == wire::NODE_TABLE) {
     // A newer table replaces one the node has not acknowledged yet when it
@@ -1388,12 +1395,7 @@ void Scheduler::FailOver(int id, const std::string& reason, bool goodbye) {
   dead.set_dead(true);
   dead.set_left(goodbye);
   last_seen_.erase(id);
-  // Its pending notices go nowhere now.
-  auto mine = notices_by_peer_.find(id);
-  if (mine != notices_by_peer_.end()) {
-    const std::set<uint64_t> pending = mine->second;
-    for (uint64_t n : pending) DropNotice(notices_.find(n));
-  }
+  DropNoticesTo(id);
   if (std::optional<std::pair<int, std::string>> lost = LostChain(id)) {
     const std::string gone =
         absl::StrCat("; every replica of the key slices placed on server ",
@@ -1448,11 +1450,7 @@ void Scheduler::WorkerLeaves(int id, bool goodbye, const std::string& reason) {
   node.set_left(goodbye);
   last_seen_.erase(id);
   join_waits_.erase(id);
-  auto mine = notices_by_peer_.find(id);
-  if (mine != notices_by_peer_.end()) {
-    const std::set<uint64_t> pending = mine->second;
-    for (uint64_t n : pending) DropNotice(notices_.find(n));
-  }
+  DropNoticesTo(id);
   for (auto& [group, waiting] : barriers_) waiting.erase(id);
   metrics_.workers_left->Increment();
   const int remaining = WorkersInJob();

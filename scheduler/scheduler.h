@@ -83,6 +83,8 @@ class Scheduler {
   void SendNotice(int peer, Message msg);
   // Forgets a notice (acknowledged or replaced).
   void DropNotice(std::map<uint64_t, Notice>::iterator it);
+  // Forgets every notice to `peer` (it died or left: they go nowhere now).
+  void DropNoticesTo(int peer);
   void ResendNotices(absl::Time now);
   // An acknowledgement of a notice; false when `h` acknowledges none.
   bool Acknowledged(const wire::Header& h);

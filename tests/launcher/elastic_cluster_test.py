@@ -37,6 +37,12 @@ class ElasticClusterTest(base.ClusterTestBase):
                 '2bit', '--gc-threshold', '1', '--lr', '0.3', '--momentum', '0',
                 '--fuse-keys', 'on', '--epochs', '3']
 
+    def assert_soak_checksums_agree(self, out, workers):
+        """`workers` soak ok lines in `out`, all with the same checksum."""
+        sums = soak_checksums(out)
+        self.assertEqual(len(sums), workers, out)
+        self.assertEqual(len(set(sums)), 1, out)
+
     def run_acting_on(self, args, pattern, act, timeout):
         """Runs launch.py with `args`, calling act(match) on the first output line
         that matches `pattern` (once). Returns the exit status and the output."""
@@ -138,9 +144,7 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertIn('soak left: rank 2 after round 10', out)
         self.assertRegex(out, r'\[scheduler\] .*left the job \(it said goodbye\); the job goes '
                               r'on with 2 of 3 worker\(s\) \(TESSERA_ELASTIC=2:3\)')
-        sums = soak_checksums(out)
-        self.assertEqual(len(sums), 2, out)
-        self.assertEqual(sums[0], sums[1], out)
+        self.assert_soak_checksums_agree(out, 2)
         self.assert_each_key_applied(out, 3 * 11 + 2 * 19)
 
     def wait_formed(self, metrics_port):
@@ -213,9 +217,7 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertNotEqual(extra.returncode, 0, extra.stdout)
         self.assertIn('the job already has its most workers, 3 (TESSERA_ELASTIC=2:3)',
                       extra.stdout)
-        sums = soak_checksums(out)
-        self.assertEqual(len(sums), 2, out)
-        self.assertEqual(sums[0], sums[1], out)
+        self.assert_soak_checksums_agree(out, 2)
         self.assert_each_key_applied(out, 2 * 250 + 600)
 
     def test_launch_add_workers_joins_a_running_elastic_job(self):
@@ -253,9 +255,7 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertIn('[added worker 0] soak joined: rank 2, 400 rounds', added_out)
         self.assertRegex(out, r'\[scheduler\] .*joins the job \(join 1\): 3 of at most 3 '
                               r'worker\(s\) in it')
-        sums = soak_checksums(out)
-        self.assertEqual(len(sums), 2, out)
-        self.assertEqual(sums[0], sums[1], out)
+        self.assert_soak_checksums_agree(out, 2)
         self.assert_each_key_applied(out, 2 * 200 + 400)
         bad = subprocess.run([sys.executable, base.LAUNCH, '--add-workers', '1', '--join',
                               os.path.join(self.tmp.name, 'none.json'), CHECK_WORKER, 'soak'],
@@ -301,9 +301,7 @@ class ElasticClusterTest(base.ClusterTestBase):
                               r'serving on')
         self.assertEqual(len(re.findall(r'left the job \(it said goodbye\)', out)), 1, out)
         self.assertNotIn('launch.py: server 1', out)  # exited 0: nothing to say
-        sums = soak_checksums(out)
-        self.assertEqual(len(sums), 2, out)
-        self.assertEqual(sums[0], sums[1], out)
+        self.assert_soak_checksums_agree(out, 2)
         self.assertEqual(marked_pids(self.mark), [])
 
 

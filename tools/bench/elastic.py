@@ -86,18 +86,15 @@ def one_run(args, scene, mark, key_dir):
     time.sleep(args.kill_after)
     event = time.time()
     joiner = None
-    if scene == 'death':
-        victim = marked_pid(mark, 'worker', 4)
-        if victim is None or proc.poll() is not None:
+    if scene in ('death', 'server-leave'):
+        # launch.py's worker 2 (task id 4) SIGKILLed, or its server 1 SIGTERMed.
+        role, task_id, sig = (('worker', 4, 9) if scene == 'death' else ('server', 1, 15))
+        pid = marked_pid(mark, role, task_id)
+        if pid is None or proc.poll() is not None:
             proc.kill()
-            sys.exit('elastic.py: worker 2 is not running (job ended early?)')
-        os.kill(victim, 9)
-    elif scene == 'server-leave':
-        leaver = marked_pid(mark, 'server', 1)
-        if leaver is None or proc.poll() is not None:
-            proc.kill()
-            sys.exit('elastic.py: server 1 is not running (job ended early?)')
-        os.kill(leaver, 15)
+            sys.exit('elastic.py: %s (task id %d) is not running (job ended early?)'
+                     % (role, task_id))
+        os.kill(pid, sig)
     elif scene == 'join':
         joiner = subprocess.Popen(
             [worker, 'soak', str(args.rounds * 2), str(args.sleep_ms)],
