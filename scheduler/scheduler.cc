@@ -676,6 +676,10 @@ void Scheduler::Handle(Message&& msg) {
 }
 
 void Scheduler::HandleServerLeave(int sender, const wire::Header& h) {
+  if (ended_) {
+    Reply(sender, h, absl::OkStatus());  // the job is over: nothing to leave
+    return;
+  }
   if (!IsServerId(sender) || options_.replicas < 2) {
     Reply(sender, h,
           absl::FailedPreconditionError(
@@ -985,6 +989,10 @@ void Scheduler::HandleRegister(const Message& msg) {
   }
   if (registered_at_.count({info.host(), info.port()}) != 0)
     return;  // duplicate
+  for (const Registration& held : early_joiners_) {
+    if (held.info.host() == info.host() && held.info.port() == info.port())
+      return;  // held until the job forms; it asks again
+  }
   if (!key.empty() && registered_keys_.count(key) != 0) {
     metrics_.ignored_messages->Increment();
     TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
@@ -1060,15 +1068,23 @@ void Scheduler::HandleRegister(const Message& msg) {
       info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
   if (count >= wanted && options_.elastic() && info.role() == wire::WORKER) {
     // An elastic job's worker past DMLC_NUM_WORKER before the job formed:
-    // it joins once the job has formed (its registrations again are held
-    // once).
-    for (const Registration& held : early_joiners_) {
-      if (held.info.host() == info.host() && held.info.port() == info.port())
-        return;
+    // it joins once the job has formed (at most MAX - DMLC_NUM_WORKER are
+    // held).
+    if (static_cast<int>(early_joiners_.size()) >=
+        options_.elastic_max - options_.num_workers) {
+      turn_away(absl::StrCat("the job will have its most workers, ",
+                             options_.elastic_max,
+                             " (TESSERA_ELASTIC=", options_.elastic_min, ":",
+                             options_.elastic_max, "), once it formed"));
+      return;
     }
     TESSERA_LOG(INFO) << "worker at " << info.host() << ":" << info.port()
                       << " came before the job formed, past DMLC_NUM_WORKER ("
                       << wanted << "); it joins once the job has formed";
+    // Its keys are taken now, as any registration's: one key, one node.
+    if (!key.empty()) registered_keys_.insert(key);
+    if (!info.node_key().empty())
+      sealed_key_holder_[info.node_key()] = r.provisional_id;
     early_joiners_.push_back(r);
     return;
   }
@@ -1509,6 +1525,7 @@ void Scheduler::Replace(int id, const Registration& with) {
   node.set_generation(
       std::max(before.generation() + 1, with.info.generation()));
   node.set_dead(false);
+  node.set_left(false);  // a server that left: its rank taken again
   node.set_catching_up(true);
   node.set_joined(++replacements_);
   node.set_metrics_port(with.info.metrics_port());

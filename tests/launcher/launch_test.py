@@ -587,10 +587,16 @@ class EnvTest(unittest.TestCase):
                                         r'256\) is taken'):
                 added_worker_nodes(parse_args(['--add-workers', '1', '--join', path,
                                                '/bin/true']), {})
-            with open(os.path.join(tmp, 'other.json'), 'w') as f:
+            other = os.path.join(tmp, 'other.json')
+            with open(other, 'w') as f:
                 f.write('{"worker_env": {}}')
+            os.chmod(other, 0o600)
             with self.assertRaisesRegex(UsageError, r'not a job file of an elastic job'):
-                read_job_file(os.path.join(tmp, 'other.json'))
+                read_job_file(other)
+            os.chmod(path, 0o620)  # others may write it: its variables are not trusted
+            with self.assertRaisesRegex(UsageError, r'not trusted: a job file must be your '
+                                        r'own and writable by you only'):
+                read_job_file(path)
         for argv, message in (
                 (['--add-workers', '1', '/bin/true'], 'go together'),
                 (['--join', 'f', '/bin/true'], 'go together'),

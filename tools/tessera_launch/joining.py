@@ -68,8 +68,14 @@ def claim_key(keys, path):
 
 
 def read_job_file(path):
-    """The worker variables of the job file at `path`. Raises UsageError."""
+    """The worker variables and joiner keys of the job file at `path`. Raises
+    UsageError, also for a file another user owns or others may write (its
+    variables go into the workers' environment)."""
     try:
+        info = os.stat(path)
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise UsageError('--join %s: not trusted: a job file must be your own and '
+                             'writable by you only (launch.py writes it 0600)' % path)
         with open(path) as f:
             job = json.load(f)
     except (OSError, ValueError) as e:
