@@ -787,7 +787,10 @@ void KVServer::Rejoin(Shard* shard, Message&& msg) {
   // A worker joining an elastic job learns where the rounds are, to choose
   // the round it enters every slice at.
   msg.header.set_open_round(key->engine->RoundNumber());
-  msg.header.set_joining(key->sync && key->engine->Joining(rank));
+  // dist_async slices too: a joiner reusing the rank of a worker that left
+  // mid-push numbers its pushes from the largest count (its entry), or its
+  // first push to a slice that counted more would be taken as a duplicate.
+  msg.header.set_joining(key->engine->Joining(rank));
   Reply(msg, absl::OkStatus());
   if (dropped != 0) {
     TESSERA_VLOG(1) << "key " << slice.key() << ": dropped " << dropped
@@ -819,7 +822,7 @@ void KVServer::EnterRounds(StoredKey* key, Message&& msg) {
   msg.header.set_open_round(taken ? key->engine->RoundNumber()
                                   : std::max(key->engine->RoundNumber(),
                                              msg.header.enter_round() + 1));
-  msg.header.set_joining(key->sync && key->engine->Joining(rank));
+  msg.header.set_joining(key->engine->Joining(rank));
   TESSERA_VLOG(1) << "key " << key->key << " offset " << key->offset
                   << ": worker " << rank << " enters at round "
                   << msg.header.enter_round() << " (open round "

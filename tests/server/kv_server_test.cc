@@ -1022,6 +1022,37 @@ TEST(KVServerTest, AJoinerNumbersItsPushesFromTheCountItNames) {
   EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{9, 9}));
 }
 
+// dist_async: a joiner reusing the rank of a worker that pushed to this slice
+// less often than to another (it left mid-push) is told it is joining, and
+// its entry moves the slice's count up, so its first push is applied, and a
+// push numbered below the entry is a duplicate.
+TEST(KVServerTest, AnAsyncJoinerNumbersItsPushesFromTheCountItNames) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().set_elastic(/*nominal=*/2);
+  h.server().Handle(SetOptimizer("sgd lr=1"));
+  ExpectOk(h);
+  h.server().Handle(Init(7, {0, 0}, /*sync=*/false));
+  ExpectOk(h);
+  h.server().Handle(Push(1, 7, 0, {1, 1}));  // rank 1's earlier holder
+  ExpectOk(h);
+  h.server().WorkerLeft(1);
+  h.server().WorkerJoined(1);
+  h.server().Handle(Rejoin(1, 7, 2));
+  std::optional<Message> where = h.NextReply();
+  ASSERT_TRUE(where.has_value());
+  EXPECT_EQ(where->header.push_seq(), 1u);
+  EXPECT_TRUE(where->header.joining());
+  h.server().Handle(Entry(1, 7, 2, /*at=*/2, /*first_push=*/3));
+  std::optional<Message> entered = h.NextReply();
+  ASSERT_TRUE(entered.has_value());
+  EXPECT_TRUE(StatusOf(*entered).ok()) << StatusOf(*entered);
+  h.server().Handle(Push(1, 7, 1, {50, 50}));
+  ExpectOk(h);  // below 3: answered as a duplicate, not applied
+  h.server().Handle(Push(1, 7, 3, {2, 2}));
+  ExpectOk(h);
+  EXPECT_EQ(PullNow(h, 0, 7, 2), (std::vector<float>{-3, -3}));
+}
+
 // A late copy of an earlier entry changes nothing (entries only move later);
 // an open round holding a push of the rank's earlier holder cannot be
 // entered, and the refusal says so (its open round past the one asked).
