@@ -145,6 +145,9 @@ def summarize(metrics, job_s):
         'bytes_pulled_float32': sum(m['bytes_pulled_float32_per_step'] for m in metrics) / n,
         'memcpy_ms': max(m['memcpy_ms_per_step'] for m in metrics),
         'job_s': job_s,
+        # Hash of every value rank 0 pulled in the timed steps: equal with and
+        # without --overlap (the same rounds, pulled after the same pushes).
+        'pulled_fnv': metrics[0].get('pulled_fnv'),
     }
 
 
@@ -247,9 +250,10 @@ def main(argv):
                 fig = summarize(metrics, job_s)
                 fig.update(uptime_before=load, worker_metrics=metrics)
                 rows.append(fig)
-                sl.say('job %s: step %.1f ms, %.2f MB pushed, %.2f MB pulled per worker'
+                sl.say('job %s: step %.1f ms, %.2f MB pushed, %.2f MB pulled per worker, '
+                       'pulled values hash %s'
                        % (name, fig['step_ms'], fig['bytes_pushed'] / 1e6,
-                          fig['bytes_pulled'] / 1e6))
+                          fig['bytes_pulled'] / 1e6, fig['pulled_fnv']))
         okrows = None
         if args.okrows:
             argv_w = [binaries['bench'], '--okrows=' + args.okrows,
@@ -261,7 +265,9 @@ def main(argv):
             if metrics is None:
                 return sl.EXIT_JOB_FAILED
             okrows = metrics[0]['okrows']
-            record['okrows'] = {'uptime_before': load, 'results': okrows}
+            record['okrows'] = {'uptime_before': load, 'results': okrows,
+                                'pulled_fnv': metrics[0].get('pulled_fnv')}
+            sl.say('job okrows: pulled values hash %s' % metrics[0].get('pulled_fnv'))
         if not args.no_baseline:
             zmq.append(raw_baseline(binaries['bench']))
         record['raw_baseline'] = zmq

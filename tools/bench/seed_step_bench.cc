@@ -47,6 +47,13 @@
 // With --okrows (one worker, one server) it reports per row-sparse key of
 // --ok-keys rows and per k of --okrows (k <= rows) the median time of a
 // blocking PushRows then PullRows of k distinct uniformly random rows.
+// --overlap issues each pull right after the pushes instead of after they
+// completed (the server holds a pull until its worker's push of that slice is
+// in the round's result, so a step's pulls start slice by slice as rounds
+// complete): what a training loop that calls push then pull without waiting
+// (MXNet's kv.push; kv.pull) gets. The JSON's `pulled_fnv` hashes every
+// pulled value of the timed steps, so a run with and without --overlap can be
+// checked for the same values.
 // --raw-baseline measures raw ZeroMQ (1 MB messages, one-way stream between two
 // processes on loopback, tessera-bench's baseline), plain and with CURVE on the
 // sockets (jobs are CURVE-encrypted unless TESSERA_INSECURE=1 or
@@ -96,6 +103,8 @@ constexpr char kUsage[] = R"(usage: seed_step_bench [flags]   (as a worker of a 
   --okrows=K1,K2,...          instead: time PushRows+PullRows of K random rows
   --ok-keys=N1,N2,...         ... on row-sparse keys of N rows (of --emb-dim)
   --ok-reps=7                 ... timed repetitions per (key, K), after 2 untimed
+  --overlap                   issue the pulls right after the pushes, without
+                              waiting for them (the server orders them)
   --raw-baseline              no job: raw ZeroMQ 1 MB stream (plain, CURVE) and
                               memcpy, JSON
 )";
@@ -118,7 +127,19 @@ struct Flags {
   std::vector<uint64_t> ok_keys;
   int ok_reps = 7;
   bool raw_baseline = false;
+  bool overlap = false;
 };
+
+// FNV-1a over bytes, continuing from `h` (kFnvOffset to start).
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+uint64_t Fnv1a(const void* data, size_t n, uint64_t h) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
 
 bool TakeFlag(const std::string& arg, const std::string& name,
               std::string* value) {
@@ -153,6 +174,8 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
     const char* expected = "";
     if (a == "--raw-baseline") {
       f.raw_baseline = true;
+    } else if (a == "--overlap") {
+      f.overlap = true;
     } else if (a == "--metrics-out" && i + 1 < args.size()) {
       f.metrics_out = args[++i];  // as tools/bench/shaped_link.py passes it
     } else if (TakeFlag(a, "mode", &v)) {
@@ -391,6 +414,7 @@ int RunStep(const Flags& flags) {
   SEED_RETURN_IF_ERROR(kv->Barrier(), "Barrier");
 
   std::vector<double> step_ms, push_ms;
+  uint64_t pulled_fnv = kFnvOffset;
   KVWorkerStats before;
   std::vector<absl::StatusOr<OpHandle>> ops;
   for (int step = 0; step < total_steps; ++step) {
@@ -403,9 +427,14 @@ int RunStep(const Flags& flags) {
     }
     ops.push_back(kv->PushAsync(1, g1));
     ops.push_back(kv->PushAsync(2, g2));
-    SEED_RETURN_IF_ERROR(WaitAll(kv, &ops),
-                         absl::StrCat("step ", step, ": push"));
-    const double pushed_at = NowSeconds();
+    std::vector<absl::StatusOr<OpHandle>> pushes;
+    if (flags.overlap) {
+      pushes.swap(ops);  // waited for after the pulls are issued
+    } else {
+      SEED_RETURN_IF_ERROR(WaitAll(kv, &ops),
+                           absl::StrCat("step ", step, ": push"));
+    }
+    double pushed_at = NowSeconds();
     if (rows) {
       ops.push_back(kv->PullRowsAsync(0, batches[step + 1], absl::MakeSpan(emb_w)));
     } else {
@@ -413,9 +442,17 @@ int RunStep(const Flags& flags) {
     }
     ops.push_back(kv->PullAsync(1, absl::MakeSpan(w1)));
     ops.push_back(kv->PullAsync(2, absl::MakeSpan(w2)));
+    if (flags.overlap) {
+      SEED_RETURN_IF_ERROR(WaitAll(kv, &pushes),
+                           absl::StrCat("step ", step, ": push"));
+      pushed_at = NowSeconds();
+    }
     SEED_RETURN_IF_ERROR(WaitAll(kv, &ops),
                          absl::StrCat("step ", step, ": pull"));
     if (step >= flags.warmup) {
+      pulled_fnv = Fnv1a(emb_w.data(), emb_w.size() * sizeof(float), pulled_fnv);
+      pulled_fnv = Fnv1a(w1.data(), w1.size() * sizeof(float), pulled_fnv);
+      pulled_fnv = Fnv1a(w2.data(), w2.size() * sizeof(float), pulled_fnv);
       step_ms.push_back((NowSeconds() - t0) * 1e3);
       push_ms.push_back((pushed_at - t0) * 1e3);
     }
@@ -441,7 +478,8 @@ int RunStep(const Flags& flags) {
            "\"push_ms\":%s,\"median_push_ms\":%.3f,"
            "\"bytes_pushed_per_step\":%.1f,\"bytes_pulled_per_step\":%.1f,"
            "\"bytes_pulled_float32_per_step\":%.1f,"
-           "\"memcpy_ms_per_step\":%.3f}\n",
+           "\"memcpy_ms_per_step\":%.3f,\"overlap\":%s,"
+           "\"pulled_fnv\":\"%016x\"}\n",
            rank, kv->num_workers(), kv->num_servers(), flags.mode,
            flags.fraction, flags.zipf, E, D, flags.hidden, flags.outputs,
            rows ? k : 0,
@@ -449,7 +487,8 @@ int RunStep(const Flags& flags) {
            draw_seconds, flags.optimizer, flags.threshold, flags.steps,
            flags.warmup, JsonList(step_ms), Median(step_ms), JsonList(push_ms),
            Median(push_ms), pushed, pulled,
-           pulled_f32, memcpy_ms));
+           pulled_f32, memcpy_ms, flags.overlap ? "true" : "false",
+           pulled_fnv));
   return 0;
 }
 
@@ -492,6 +531,7 @@ int RunOkRows(const Flags& flags) {
   std::mt19937_64 rng(flags.seed);
   std::vector<std::string> results;
   std::vector<uint64_t> scratch;
+  uint64_t pulled_fnv = kFnvOffset;
   for (size_t i = 0; i < flags.ok_keys.size(); ++i) {
     const uint64_t n = flags.ok_keys[i];
     for (uint64_t k : flags.okrows) {
@@ -502,10 +542,22 @@ int RunOkRows(const Flags& flags) {
         const absl::Span<const float> g(grad.data(), k * D);
         const absl::Span<float> o(out.data(), k * D);
         const double t0 = NowSeconds();
-        SEED_RETURN_IF_ERROR(kv->PushRows(10 + i, ids, g), "PushRows");
-        const double t1 = NowSeconds();
-        SEED_RETURN_IF_ERROR(kv->PullRows(10 + i, ids, o), "PullRows");
+        double t1;
+        if (flags.overlap) {
+          absl::StatusOr<OpHandle> push = kv->PushRowsAsync(10 + i, ids, g);
+          absl::StatusOr<OpHandle> pull = kv->PullRowsAsync(10 + i, ids, o);
+          SEED_RETURN_IF_ERROR(push.ok() ? kv->Wait(*push) : push.status(),
+                               "PushRowsAsync");
+          t1 = NowSeconds();
+          SEED_RETURN_IF_ERROR(pull.ok() ? kv->Wait(*pull) : pull.status(),
+                               "PullRowsAsync");
+        } else {
+          SEED_RETURN_IF_ERROR(kv->PushRows(10 + i, ids, g), "PushRows");
+          t1 = NowSeconds();
+          SEED_RETURN_IF_ERROR(kv->PullRows(10 + i, ids, o), "PullRows");
+        }
         const double t2 = NowSeconds();
+        if (rep >= 2) pulled_fnv = Fnv1a(o.data(), o.size() * sizeof(float), pulled_fnv);
         if (rep >= 2) {
           ms.push_back((t2 - t0) * 1e3);
           push_ms.push_back((t1 - t0) * 1e3);
@@ -528,7 +580,10 @@ int RunOkRows(const Flags& flags) {
   SEED_RETURN_IF_ERROR(kv->Close(), "Close");
   Emit(flags, 0,
        absl::StrCat("{\"rank\":0,\"okrows\":[", absl::StrJoin(results, ","),
-                    "],\"optimizer\":\"", flags.optimizer, "\"}\n"));
+                    "],\"optimizer\":\"", flags.optimizer,
+                    "\",\"overlap\":", flags.overlap ? "true" : "false",
+                    ",\"pulled_fnv\":\"", absl::StrFormat("%016x", pulled_fnv),
+                    "\"}\n"));
   return 0;
 }
 
