@@ -34,7 +34,12 @@ namespace {
 
 // Replicated jobs: SIGTERM asks this server to leave (see Serve).
 std::atomic<bool> leave_requested{false};
-extern "C" void RequestLeave(int) { leave_requested.store(true); }
+// The first SIGTERM asks; the default comes back, so a second one ends the
+// process (launch.py's teardown, or a user whose leave was refused).
+extern "C" void RequestLeave(int) {
+  leave_requested.store(true);
+  std::signal(SIGTERM, SIG_DFL);
+}
 
 struct Flags {
   std::string checkpoint_dir;
@@ -271,8 +276,8 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
   // A replicated job's server leaves it on SIGTERM when every key slice it
   // holds keeps a live replica (the scheduler decides; its slices fail over
-  // to them); refused, it goes on serving. In other jobs SIGTERM ends the
-  // process as it always did.
+  // to them); refused, it goes on serving, and a second SIGTERM ends it. In
+  // other jobs SIGTERM ends the process as it always did.
   std::atomic<bool> serving{true};
   std::thread leaver;
   if (options.replicas > 1) {
@@ -287,7 +292,8 @@ int Serve(const Flags& flags, const tessera::Options& options) {
                              "(TESSERA_REPLICAS)";
         if (absl::Status left = node->Leave(); !left.ok()) {
           TESSERA_LOG(WARNING)
-              << "not leaving: " << left.message() << "; serving on";
+              << "not leaving: " << left.message()
+              << "; serving on (a second SIGTERM ends this server)";
           continue;
         }
         TESSERA_LOG(INFO) << "left the job (SIGTERM): its key slices fail "
