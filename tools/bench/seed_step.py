@@ -28,7 +28,11 @@ Printed per rate, a Markdown table with one row per job:
         [--fractions 0.01,0.05,0.2] [--workers 2] [--servers 2] [--steps 5]
         [--warmup 1] [--zipf 1.0] [--okrows 2500,25000,250000]
         [--ok-keys 25000,250000] [--security sealed|auth|none] [--build build]
-        [--json FILE] [-- bench flags]
+        [--overlap] [--json FILE] [-- bench flags]
+
+--overlap: every step (and the --okrows push + pull) issues its pulls right
+after its pushes instead of after they completed; the pulled values are the
+same (the jobs print a hash of them), only the waiting differs.
 
 PS_RESEND_TIMEOUT is set to --resend-timeout-ms (60000) for every job: with the
 default 1 s, a dense step (1.4 GB per worker each way) on a loaded 2-core
@@ -80,6 +84,10 @@ def parse_args(argv):
     p.add_argument('--resend-timeout-ms', type=int, default=60000)
     p.add_argument('--bigarray-bound', type=int,
                    help='TESSERA_BIGARRAY_BOUND for every job (default: the library\'s)')
+    p.add_argument('--overlap', action='store_true',
+                   help='each step issues its pulls right after its pushes, without '
+                        'waiting for them (as a training loop calling push then pull '
+                        'does); the server orders them')
     p.add_argument('--no-baseline', action='store_true', help='skip raw ZeroMQ')
     p.add_argument('--no-link-check', action='store_true')
     p.add_argument('--burst', default=str(sl.BURST_BYTES))
@@ -89,7 +97,7 @@ def parse_args(argv):
     p.add_argument('--tag', default='ss%d' % (os.getpid() % 10000))
     p.add_argument('--timeout', type=int, default=900, help='seconds per job')
     args = p.parse_args(argv)
-    args.extra = extra
+    args.extra = extra + (['--overlap'] if args.overlap else [])
     args.rates = [r for r in args.rates.split(',') if r]
     args.modes = [m for m in args.modes.split(',') if m]
     args.fractions = [float(f) for f in args.fractions.split(',') if f]
@@ -275,8 +283,9 @@ def main(argv):
         zmq_gbps = statistics.mean(z[raw_key] for z in zmq) if zmq else None
         record['uptime_after'] = sl.uptime()
         print('## seed_step: %d workers, %d servers, %d timed steps after %d, Zipf s=%g, '
-              'security %s\n' % (args.workers, args.servers, args.steps, args.warmup,
-                                 args.zipf, args.security))
+              'security %s%s\n' % (args.workers, args.servers, args.steps, args.warmup,
+                                   args.zipf, args.security,
+                                   ', pulls overlapping the pushes' if args.overlap else ''))
         print('command: %s  ' % record['command'])
         print('started: %s  ' % record['started'])
         print('uptime before: %s  ' % record['uptime_before'])
