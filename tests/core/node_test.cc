@@ -2,6 +2,7 @@
 // and a scheduler with a server and workers that barrier and end.
 #include "common/node.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <thread>
@@ -755,6 +756,77 @@ TEST(NodeTest, ARegistrationClaimingAnotherNodesSealedKeyIsIgnored) {
   EXPECT_TRUE((*c)->Finish().ok());
   fa.join();
   EXPECT_TRUE((*second)->WaitForTerminate().ok());
+  scheduler_thread.join();
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+}
+
+// An elastic job's workers past DMLC_NUM_WORKER that come before the job
+// formed: at most MAX - DMLC_NUM_WORKER are held, and they join once it
+// formed; the next is turned away, saying why; a held worker's sealed key is
+// taken at once (another registration claiming it is ignored).
+TEST(NodeTest, EarlyElasticWorkersAreHeldUpToMaxAndJoinOnceTheJobFormed) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.elastic_min = 1;
+  options.elastic_max = 3;  // DMLC_NUM_WORKER 2: one may be held
+  Scheduler scheduler(
+      options, std::make_unique<KeyedTransport>(net.NewTransport(), 'S'));
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  auto start = [&](Role role, int port, char key, absl::Duration timeout) {
+    Options mine = options;
+    mine.role = role;
+    mine.port = port;
+    mine.start_timeout = timeout;
+    return Node::Start(
+        mine, Node::Callbacks(),
+        std::make_unique<KeyedTransport>(net.NewTransport(), key));
+  };
+  absl::StatusOr<std::unique_ptr<Node>> a, b, c;
+  std::thread ta(
+      [&] { a = start(Role::kWorker, 30001, 'A', absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(300));
+  std::thread tb(
+      [&] { b = start(Role::kWorker, 30002, 'B', absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(300));
+  std::thread tc(
+      [&] { c = start(Role::kWorker, 30003, 'C', absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(500));
+  // The job has its two workers and one held: the next is turned away.
+  const absl::Time d_start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Node>> d =
+      start(Role::kWorker, 30004, 'D', absl::Seconds(10));
+  EXPECT_LT(absl::Now() - d_start, absl::Seconds(5)) << "told at once";
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(std::string(d.status().message()),
+              ::testing::HasSubstr("the job will have its most workers, 3 "
+                                   "(TESSERA_ELASTIC=1:3), once it formed"));
+  // Claiming the held worker's key: ignored (not held, not turned away).
+  absl::StatusOr<std::unique_ptr<Node>> e =
+      start(Role::kWorker, 30005, 'C', absl::Seconds(1));
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << e.status();
+  absl::StatusOr<std::unique_ptr<Node>> server =
+      start(Role::kServer, 30000, 'V', absl::Seconds(20));
+  ta.join();
+  tb.join();
+  tc.join();
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(c.ok()) << c.status();
+  // Ranks 0 and 1 go to the job's two workers, 2 to the held one (which of
+  // them came third depends on the threads' timing).
+  std::vector<int> ranks = {(*a)->rank(), (*b)->rank(), (*c)->rank()};
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2}));
+  std::thread fa([&] { EXPECT_TRUE((*a)->Finish().ok()); });
+  std::thread fb([&] { EXPECT_TRUE((*b)->Finish().ok()); });
+  EXPECT_TRUE((*c)->Finish().ok());
+  fa.join();
+  fb.join();
+  EXPECT_TRUE((*server)->WaitForTerminate().ok());
   scheduler_thread.join();
   EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
 }
