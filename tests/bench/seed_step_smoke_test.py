@@ -79,6 +79,43 @@ class SeedStepSmokeTest(unittest.TestCase):
         for r in ok:
             self.assertEqual(r['bytes'], 2 * r['k'] * (8 + 4 * D))
 
+    def test_pulls_overlapping_the_pushes_pull_the_same_values(self):
+        """--overlap issues each step's pulls before its pushes completed: the
+        server holds each pull until the worker's push of that slice is in the
+        round's result, so every pulled value (hashed over the timed steps) is
+        what the blocking step pulls."""
+        hashes = {}
+        for overlap in (False, True):
+            with tempfile.TemporaryDirectory(prefix='seed-step-overlap-') as tmp:
+                out = os.path.join(tmp, 'figures.json')
+                argv = [sys.executable, os.path.join(SOURCE, 'tools', 'bench', 'seed_step.py'),
+                        '--build', BUILD, '--steps', '3', '--warmup', '1',
+                        '--modes', 'dense,rows,rows2bit', '--fractions', '0.05',
+                        '--okrows', '100', '--ok-keys', '1000', '--ok-reps', '2',
+                        '--bigarray-bound', '1000', '--tag', 'so%d' % (os.getpid() % 10000),
+                        '--no-baseline', '--json', out] + \
+                    (['--overlap'] if overlap else []) + \
+                    ['--', '--emb-rows=%d' % E, '--emb-dim=%d' % D, '--hidden=%d' % H,
+                     '--outputs=%d' % O]
+                run = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     timeout=240)
+                text = run.stdout.decode('utf-8', 'replace')
+                self.assertEqual(run.returncode, 0, text)
+                with open(out) as f:
+                    record = json.load(f)
+            got = {}
+            for job in record['rates']['loopback']:
+                for m in job['worker_metrics']:
+                    self.assertEqual(m['overlap'], overlap)
+                    got[(job['mode'], m['rank'])] = m['pulled_fnv']
+            got['okrows'] = record['okrows']['pulled_fnv']
+            self.assertEqual(len(got), 7, got)
+            hashes[overlap] = got
+        self.assertEqual(hashes[True], hashes[False])
+        # The ranks pull the same weights of the dense layers but their own
+        # rows: the hashes differ between modes (a hash of nothing would not).
+        self.assertNotEqual(hashes[True][('dense', 0)], hashes[True][('rows2bit', 0)])
+
 
 if __name__ == '__main__':
     unittest.main()
