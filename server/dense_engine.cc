@@ -82,20 +82,7 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     Round done;
     done.update_start = absl::Now();
     if (with_optimizer) {
-      if (shadow_ != nullptr && key_.length > 0) {
-        // The next compressed version's mean |weights - shadow|, block by
-        // block while the update has the new weights in cache.
-        double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        const float* s = shadow_->shadow().floats();
-        key_.ApplyUpdate(*settings.optimizer, sum.values,
-                         [&part, s](const float* w, size_t from, size_t n) {
-                           round_kernels::MeanAbsAccumulate(w + from, s + from,
-                                                            n, part);
-                         });
-        shadow_->SetMean(round_kernels::MeanOfParts(part, key_.length));
-      } else {
-        key_.ApplyUpdate(*settings.optimizer, sum.values);
-      }
+      key_.ApplyUpdate(*settings.optimizer, sum.values);
       if (key_.replicated) {
         if (!sum.counts.empty()) {
           update_ = std::move(sum.counts);

@@ -1,6 +1,5 @@
 #include "server/key_store.h"
 
-#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -42,26 +41,16 @@ absl::Status StoredKey::CheckSlice(const wire::KeySlice& slice) const {
       offset, ", +", held, ") of ", total_length));
 }
 
-void StoredKey::ApplyUpdate(const Optimizer& optimizer, const float* grad,
-                            const BlockFn& after_block) {
+void StoredKey::ApplyUpdate(const Optimizer& optimizer, const float* grad) {
   if (!weights.unique())
     weights = Buffer::CopyOf(weights.data(), weights.size());
   const int slots = optimizer.state_slots();
   if (static_cast<int>(optimizer_state.size()) != slots)
     optimizer_state.assign(slots, std::vector<float>(length, 0.0f));
-  const uint64_t step = ++steps;
-  float* w = weights.mutable_floats();
-  // 64 KiB of weights a block: with the gradient and the state, in L2.
-  constexpr size_t kBlock = 16 * 1024;
-  static_assert(kBlock % 8 == 0);
-  const size_t block = after_block ? kBlock : std::max<size_t>(length, 1);
-  std::vector<float*> state(slots);
-  for (size_t from = 0; from < length; from += block) {
-    const size_t n = std::min<size_t>(block, length - from);
-    for (int j = 0; j < slots; ++j) state[j] = optimizer_state[j].data() + from;
-    optimizer.Update(w + from, grad + from, n, state.data(), step);
-    if (after_block) after_block(w, from, n);
-  }
+  std::vector<float*> state;
+  for (auto& v : optimizer_state) state.push_back(v.data());
+  optimizer.Update(weights.mutable_floats(), grad, length, state.data(),
+                   ++steps);
   WeightsChanged();
 }
 

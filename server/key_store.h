@@ -56,13 +56,7 @@ struct StoredKey {
   absl::Status CheckSlice(const wire::KeySlice& slice) const;
   // Applies `optimizer` with `grad` (length floats): weights, state, steps.
   // Copy on write: a pull reply may still be sending the current weights.
-  // With `after_block`, the update goes block by block (every optimizer is
-  // element-wise, so the same bits) and after_block(w, from, n) sees each
-  // block's new weights, w[from .. from + n), while they are in cache; every
-  // block but the last holds a multiple of 8 values.
-  using BlockFn = std::function<void(const float* w, size_t from, size_t n)>;
-  void ApplyUpdate(const Optimizer& optimizer, const float* grad,
-                   const BlockFn& after_block = nullptr);
+  void ApplyUpdate(const Optimizer& optimizer, const float* grad);
   // Applies `optimizer` to the given rows only (MXNet's lazy update: the
   // others, weights and optimizer state alike, are untouched); `grad` holds
   // their gradients one after another. One step of the key.

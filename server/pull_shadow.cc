@@ -18,9 +18,7 @@ void PullShadow::Advance(const Buffer& weights) {
   if (!shadow_.unique())
     shadow_ = Buffer::CopyOf(shadow_.data(), shadow_.size());
   float* s = shadow_.mutable_floats();
-  const float t = static_cast<float>(
-      has_mean_ ? mean_ : round_kernels::MeanAbsDifference(w, s, n));
-  has_mean_ = false;
+  const float t = static_cast<float>(round_kernels::MeanAbsDifference(w, s, n));
   if (t == 0) return;  // nothing differs: no new version
   ++version_;
   if (!std::isfinite(t)) {

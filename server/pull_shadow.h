@@ -47,18 +47,7 @@ class PullShadow {
   PullShadow(const Buffer& weights, uint64_t chain);
 
   // The weights changed: the next pull makes a new version.
-  void MarkChanged() {
-    changed_ = true;
-    has_mean_ = false;
-  }
-  // After MarkChanged: mean |weights - shadow| of the weights now, computed
-  // by the caller (round_kernels::MeanOfParts of the update's blocks) so the
-  // next version need not read both arrays once more for it. Dropped by the
-  // next MarkChanged.
-  void SetMean(double mean) {
-    mean_ = mean;
-    has_mean_ = true;
-  }
+  void MarkChanged() { changed_ = true; }
   // Makes that version now (when pulls are sure to follow: the end of a
   // dist_sync round), so the pulls find it ready.
   void CatchUp(const Buffer& weights);
@@ -86,8 +75,6 @@ class PullShadow {
   Buffer shadow_;  // float32; copy on write (replies share it)
   std::deque<Change> history_;
   bool changed_ = false;
-  bool has_mean_ = false;
-  double mean_ = 0;
 };
 
 }  // namespace tessera

@@ -84,15 +84,16 @@ void MeanAbsTail(const float* w, const float* s, size_t from, size_t n,
     part[0] += std::fabs(static_cast<double>(w[i] - s[i]));
 }
 
-void MeanAbsAccumulateBaseline(const float* __restrict w,
-                               const float* __restrict s, size_t n,
-                               double part[8]) {
+double MeanAbsDifferenceBaseline(const float* __restrict w,
+                                 const float* __restrict s, size_t n) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     for (size_t j = 0; j < 8; ++j)
       part[j] += std::fabs(static_cast<double>(w[i + j] - s[i + j]));
   }
   MeanAbsTail(w, s, i, n, part);
+  return SumParts(part, n);
 }
 
 // Codes value i of the change; adds its code's value to s[i].
@@ -227,12 +228,11 @@ __attribute__((target("avx2"))) void CountsToFloatsAvx2(const int32_t* counts,
   CountsToFloatsBaseline(counts + i, n - i, t, out + i);
 }
 
-__attribute__((target("avx2"))) void MeanAbsAccumulateAvx2(const float* w,
-                                                           const float* s,
-                                                           size_t n,
-                                                           double part[8]) {
+__attribute__((target("avx2"))) double MeanAbsDifferenceAvx2(const float* w,
+                                                             const float* s,
+                                                             size_t n) {
   const __m256d sign = _mm256_set1_pd(-0.0);
-  __m256d lo = _mm256_loadu_pd(part), hi = _mm256_loadu_pd(part + 4);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 d =
@@ -243,9 +243,11 @@ __attribute__((target("avx2"))) void MeanAbsAccumulateAvx2(const float* w,
         hi,
         _mm256_andnot_pd(sign, _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1))));
   }
+  double part[8];
   _mm256_storeu_pd(part, lo);
   _mm256_storeu_pd(part + 4, hi);
   MeanAbsTail(w, s, i, n, part);
+  return SumParts(part, n);
 }
 
 // Bit i of an 8-bit lane mask placed at element i's low code bit in a word.
@@ -328,22 +330,11 @@ void CountsToFloats(const int32_t* counts, size_t n, float t, float* out) {
   CountsToFloatsBaseline(counts, n, t, out);
 }
 
-void MeanAbsAccumulate(const float* w, const float* s, size_t n,
-                       double part[8]) {
-#if defined(TESSERA_ROUND_AVX2)
-  if (compression::UseAvx2Loops()) return MeanAbsAccumulateAvx2(w, s, n, part);
-#endif
-  MeanAbsAccumulateBaseline(w, s, n, part);
-}
-
-double MeanOfParts(const double part[8], size_t total) {
-  return SumParts(part, total);
-}
-
 double MeanAbsDifference(const float* w, const float* s, size_t n) {
-  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  MeanAbsAccumulate(w, s, n, part);
-  return SumParts(part, n);
+#if defined(TESSERA_ROUND_AVX2)
+  if (compression::UseAvx2Loops()) return MeanAbsDifferenceAvx2(w, s, n);
+#endif
+  return MeanAbsDifferenceBaseline(w, s, n);
 }
 
 void CodeChange(const float* w, float* s, size_t n, float t, uint8_t* out) {

@@ -81,14 +81,6 @@ void CountsToFloats(const int32_t* counts, size_t n, float t, float* out);
 // magnitude added in double to one of eight partial sums (value i to sum
 // i % 8, the rest to sum 0), summed ((0+1)+(2+3))+((4+5)+(6+7)).
 double MeanAbsDifference(const float* w, const float* s, size_t n);
-// The same, in pieces: MeanAbsAccumulate adds the magnitudes of n values to
-// `part` (zeros to start), calls following one another along the array, each
-// but the last with n a multiple of 8; MeanOfParts then gives the mean of all
-// `total` values, bit for bit MeanAbsDifference of the whole array. (The
-// server adds a slice's piece while the update has it in cache.)
-void MeanAbsAccumulate(const float* w, const float* s, size_t n,
-                       double part[8]);
-double MeanOfParts(const double part[8], size_t total);
 
 // Codes r = w[i] - s[i] against t (+ when r >= t, - when r <= -t, else 0)
 // into out (TwoBitCompressedBytes(n) bytes, MXNet's layout, padding slots 0)

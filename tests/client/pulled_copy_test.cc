@@ -82,53 +82,13 @@ TEST(PulledCopyTest, CopiesFollowTheShadowBitForBitThroughManyChanges) {
   // approach the weights (here within a few steps' size).
   double err = 0;
   const std::vector<float> got = Values(every_round, kN);
-  for (size_t i = 0; i < kN; ++i)
-    err = std::max<double>(err, std::fabs(got[i] - w[i]));
+  for (size_t i = 0; i < kN; ++i) err = std::max<double>(err, std::fabs(got[i] - w[i]));
   EXPECT_LT(err, 0.1);
   // A copy that never pulled gets the shadow whole, then changes again.
   Message whole = Ask(shadow, weights, late);
   ASSERT_EQ(whole.header.pull_from_version(), 0u);
   ASSERT_TRUE(late.Apply(whole).ok());
   EXPECT_TRUE(SameBits(Values(late, kN), shadow.shadow()));
-}
-
-// Apply(reply, out) writes the copy to `out` block by block as it applies
-// the codes: the same bits as Apply then CopyTo, over several blocks and a
-// partial code word, with one frame and with several, and for the shadow sent
-// whole.
-TEST(PulledCopyTest, ApplyingIntoTheCallersArrayGivesTheCopysBits) {
-  constexpr size_t kN = 2 * 16 * 1024 + 37;
-  std::mt19937 rng(9);
-  std::normal_distribution<float> step(0.0f, 1e-2f);
-  std::vector<float> w(kN);
-  for (float& v : w) v = step(rng) * 100;
-  Buffer weights = Floats(w);
-  PullShadow shadow(weights, /*chain=*/78);
-  PulledCopy fused(kN), plain(kN), behind(kN);
-  std::vector<float> out(kN, -1.0f);
-  ASSERT_TRUE(fused.Apply(Ask(shadow, weights, fused), out.data()).ok());
-  ASSERT_TRUE(SameBits(out, shadow.shadow())) << "the shadow whole";
-  ASSERT_TRUE(plain.Apply(Ask(shadow, weights, plain)).ok());
-  ASSERT_TRUE(behind.Apply(Ask(shadow, weights, behind)).ok());
-  for (int round = 0; round < 6; ++round) {
-    for (float& v : w) v += step(rng);
-    weights = Floats(w);
-    shadow.MarkChanged();
-    ASSERT_TRUE(fused.Apply(Ask(shadow, weights, fused), out.data()).ok());
-    ASSERT_TRUE(plain.Apply(Ask(shadow, weights, plain)).ok());
-    ASSERT_TRUE(SameBits(out, shadow.shadow())) << "round " << round;
-    EXPECT_EQ(Values(plain, kN), out) << "round " << round;
-  }
-  // Six versions behind: six frames applied block by block.
-  Message six = Ask(shadow, weights, behind);
-  ASSERT_EQ(six.data.size(), 6u);
-  std::vector<float> out6(kN, -1.0f);
-  ASSERT_TRUE(behind.Apply(six, out6.data()).ok());
-  ASSERT_TRUE(SameBits(out6, shadow.shadow()));
-  // A reply whose versions it holds already still fills `out`.
-  std::vector<float> again(kN, -1.0f);
-  ASSERT_TRUE(behind.Apply(six, again.data()).ok());
-  ASSERT_TRUE(SameBits(again, shadow.shadow()));
 }
 
 TEST(PulledCopyTest, AReplyDeliveredTwiceIsAppliedOnce) {

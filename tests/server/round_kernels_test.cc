@@ -4,7 +4,6 @@
 // additions that round, subnormals, ties of the threshold).
 #include "server/round_kernels.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -250,15 +249,6 @@ TEST(RoundKernelsTest, ChangeCodingMatchesTheWorkersDecodeOnEveryTarget) {
                            ((part[4] + part[5]) + (part[6] + part[7]))) /
                           n;
       ASSERT_EQ(Bits(m), Bits(want)) << target;
-      // In pieces of 8, 16 and 24 values (the last what is left): the same.
-      for (size_t piece : {8, 16, 24}) {
-        double acc[8] = {0};
-        for (size_t at = 0; at < n; at += piece)
-          MeanAbsAccumulate(w.data() + at, s0.data() + at,
-                            std::min(piece, n - at), acc);
-        ASSERT_EQ(Bits(MeanOfParts(acc, n)), Bits(want))
-            << target << " n=" << n << " pieces of " << piece;
-      }
       const float t = 0.5f;
       std::vector<float> s = s0;
       std::vector<uint8_t> out(compression::TwoBitCompressedBytes(n), 0xff);

@@ -1064,8 +1064,7 @@ absl::StatusOr<OpHandle> KVClient::PushDeviceAsync(uint64_t key,
 absl::StatusOr<OpHandle> KVClient::StartPull(uint64_t key, uint64_t length,
                                              const PlainReplyFn& plain,
                                              const CopiedFn& copied,
-                                             const PrepareFn& prepare,
-                                             const IntoFn& into) {
+                                             const PrepareFn& prepare) {
   std::vector<KeyPart> parts;
   std::vector<std::shared_ptr<PulledCopy>> copies;
   uint64_t pushed;
@@ -1097,17 +1096,11 @@ absl::StatusOr<OpHandle> KVClient::StartPull(uint64_t key, uint64_t length,
       msg.header.set_pull_compressed(true);
       msg.header.set_pull_chain(copy->chain());
       msg.header.set_pull_version(copy->version());
-      if (into) {
-        request.on_reply = [copy, out = into(i, part)](const Message& reply) {
-          return copy->Apply(reply, out);
-        };
-      } else {
-        request.on_reply = [copy, copied, i, part](const Message& reply) {
-          absl::Status applied = copy->Apply(reply);
-          if (applied.ok()) copied(i, part, *copy);
-          return applied;
-        };
-      }
+      request.on_reply = [copy, copied, i, part](const Message& reply) {
+        absl::Status applied = copy->Apply(reply);
+        if (applied.ok()) copied(i, part, *copy);
+        return applied;
+      };
     }
     tracker_->Send(request, std::move(msg));
   }
@@ -1126,9 +1119,7 @@ absl::StatusOr<OpHandle> KVClient::PullAsync(uint64_t key,
       },
       [base](size_t, const KeyPart& part, const PulledCopy& copy) {
         copy.CopyTo(base + part.offset);
-      },
-      /*prepare=*/nullptr,
-      [base](size_t, const KeyPart& part) { return base + part.offset; });
+      });
 }
 
 absl::StatusOr<OpHandle> KVClient::PullViewAsync(uint64_t key,

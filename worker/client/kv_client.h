@@ -192,20 +192,16 @@ class KVClient : public KVWorker {
   // `key` (`length` values) as a new operation. `prepare` sees the slices
   // before any request goes. An uncompressed slice's request is completed by
   // `plain` (where its reply goes); with pull compression the reply brings
-  // this worker's copy of slice i forward and `copied` then takes it, or,
-  // with `into`, the reply is applied and copied to into(i, part) in one pass
-  // (`copied` is not called).
+  // this worker's copy of slice i forward and `copied` then takes it.
   using PlainReplyFn =
       std::function<void(size_t, const KeyPart&, RequestTracker::Request*)>;
   using CopiedFn =
       std::function<void(size_t, const KeyPart&, const PulledCopy&)>;
   using PrepareFn = std::function<void(const std::vector<KeyPart>&)>;
-  using IntoFn = std::function<float*(size_t, const KeyPart&)>;
   absl::StatusOr<OpHandle> StartPull(uint64_t key, uint64_t length,
                                      const PlainReplyFn& plain,
                                      const CopiedFn& copied,
-                                     const PrepareFn& prepare = nullptr,
-                                     const IntoFn& into = nullptr);
+                                     const PrepareFn& prepare = nullptr);
   // `total`: values of a dense key, rows of a row-sparse one.
   static Message SliceMessage(wire::Command cmd, uint64_t key,
                               const KeyPart& part, uint64_t total,

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/compression/two_bit.h"
@@ -20,15 +19,15 @@ uint64_t PulledCopy::version() const {
   return version_;
 }
 
-absl::Status PulledCopy::Apply(const Message& reply, float* out) {
+absl::Status PulledCopy::Apply(const Message& reply) {
   const wire::Header& h = reply.header;
   absl::MutexLock lock(&mu_);
   // The analysis does not see that a lambda runs under the caller's lock.
   auto bad = [&](const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     chain_ = 0;  // the next pull asks for the shadow whole
     version_ = 0;
-    return absl::DataLossError(absl::StrCat("compressed pull reply from node ",
-                                            h.sender(), ": ", why));
+    return absl::DataLossError(
+        absl::StrCat("compressed pull reply from node ", h.sender(), ": ", why));
   };
   if (reply.data.size() != static_cast<size_t>(h.frames_size()))
     return bad("frames do not match their descriptors");
@@ -43,8 +42,6 @@ absl::Status PulledCopy::Apply(const Message& reply, float* out) {
       return bad(absl::StrCat("expected ", length_, " float32 values"));
     }
     values_.assign(reply.data[0].floats(), reply.data[0].floats() + length_);
-    if (out != nullptr)
-      std::memcpy(out, reply.data[0].data(), length_ * sizeof(float));
     chain_ = h.pull_chain();
     version_ = h.pull_version();
     return absl::OkStatus();
@@ -62,30 +59,17 @@ absl::Status PulledCopy::Apply(const Message& reply, float* out) {
   for (size_t i = 0; i < reply.data.size(); ++i) {
     const wire::DataFrame& d = h.frames(static_cast<int>(i));
     if (d.encoding() != wire::DataFrame::TWO_BIT || d.num_values() != length_)
-      return bad(
-          absl::StrCat("frame ", i, " is not 2-bit for ", length_, " values"));
+      return bad(absl::StrCat("frame ", i, " is not 2-bit for ", length_,
+                              " values"));
     absl::Status ok = compression::TwoBitValidate(
         reply.data[i].data(), reply.data[i].size(), length_, d.threshold());
     if (!ok.ok()) return bad(absl::StrCat("frame ", i, ": ", ok.message()));
   }
-  std::vector<size_t> todo;  // frames an overlapping pull did not apply
-  for (size_t i = 0; i < reply.data.size(); ++i)
-    if (from + 1 + i > version_) todo.push_back(i);
-  // Block by block, whole code words each: every frame's codes added to the
-  // block, then the block (still in cache) copied out.
-  constexpr size_t kBlock = 16 * 1024;
-  static_assert(kBlock % compression::kTwoBitElementsPerWord == 0);
-  const size_t block = out == nullptr ? length_ : kBlock;
-  for (size_t at = 0; at < length_; at += block) {
-    const size_t n = std::min(block, length_ - at);
-    for (size_t i : todo) {
-      (void)compression::TwoBitDequantizeAdd(
-          reply.data[i].data() + at / compression::kTwoBitElementsPerWord * 4,
-          compression::TwoBitCompressedBytes(n), n,
-          h.frames(static_cast<int>(i)).threshold(), values_.data() + at);
-    }
-    if (out != nullptr)
-      std::memcpy(out + at, values_.data() + at, n * sizeof(float));
+  for (size_t i = 0; i < reply.data.size(); ++i) {
+    if (from + 1 + i <= version_) continue;  // an overlapping pull applied it
+    (void)compression::TwoBitDequantizeAdd(
+        reply.data[i].data(), reply.data[i].size(), length_,
+        h.frames(static_cast<int>(i)).threshold(), values_.data());
   }
   version_ = std::max(version_, to);
   return absl::OkStatus();

@@ -9,7 +9,6 @@
 //   request.header: copy.chain(), copy.version()
 //   absl::Status s = copy.Apply(reply);   // DataLoss: nothing applied
 //   copy.CopyTo(out);
-//   copy.Apply(reply, out);               // the same in one pass
 //
 // Replies can arrive in any order when pulls of the same slice overlap: a
 // version the copy already has is skipped, so nothing is applied twice.
@@ -40,10 +39,7 @@ class PulledCopy {
   // shadow whole) for a malformed reply: frames that do not match the header
   // or the slice, a bad 2-bit payload or threshold, codes for another chain,
   // or a reply that assumes a version this copy does not hold.
-  // With `out` (length floats), the copy is also written there, block by
-  // block as each is brought forward (one pass instead of Apply then CopyTo);
-  // on an error `out` is untouched.
-  absl::Status Apply(const Message& reply, float* out = nullptr);
+  absl::Status Apply(const Message& reply);
   // Writes the copy (length floats). REQUIRES: a successful Apply.
   void CopyTo(float* out) const;
 
@@ -51,7 +47,7 @@ class PulledCopy {
   const uint64_t length_;
   mutable absl::Mutex mu_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
-  uint64_t chain_ ABSL_GUARDED_BY(mu_) = 0;  // 0: holds nothing
+  uint64_t chain_ ABSL_GUARDED_BY(mu_) = 0;    // 0: holds nothing
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
