@@ -234,27 +234,42 @@ void ExactSum::AddAt(uint64_t begin, const float* values, uint64_t count) {
 }
 
 void ExactSum::AddCodes(uint64_t begin, const uint8_t* in, uint64_t first,
-                        uint64_t count) {
+                        uint64_t count, bool set) {
   constexpr uint64_t kWord = compression::kTwoBitElementsPerWord;
   const CodeTable& table = Codes();
   int32_t* c = counts_.data() + begin;
+  // `set`: the counts are written, not added to (the round's first push over
+  // counts not zeroed).
+  auto one = [&](uint64_t j) {
+    const uint64_t v = first + j;
+    const int32_t code = table.code[in[v / 4]][v % 4];
+    c[j] = set ? code : c[j] + code;
+  };
   uint64_t j = 0;
   // Values before the first whole payload word, one at a time.
-  for (; j < count && (first + j) % kWord != 0; ++j) {
-    const uint64_t v = first + j;
-    c[j] += table.code[in[v / 4]][v % 4];
-  }
+  for (; j < count && (first + j) % kWord != 0; ++j) one(j);
   // Whole words: sixteen counts each.
   const uint64_t words = (count - j) / kWord;
-  round_kernels::AddCodeWords(c + j, in + (first + j) / 4, words);
-  for (j += kWord * words; j < count; ++j) {
-    const uint64_t v = first + j;
-    c[j] += table.code[in[v / 4]][v % 4];
+  if (set) {
+    round_kernels::SetCodeWords(c + j, in + (first + j) / 4, words);
+  } else {
+    round_kernels::AddCodeWords(c + j, in + (first + j) / 4, words);
   }
+  for (j += kWord * words; j < count; ++j) one(j);
 }
 
 void ExactSum::AddTwoBitAt(uint64_t begin, const uint8_t* in, uint64_t first,
                            uint64_t count, float threshold) {
+  if (mode_ == Mode::kEmpty && begin == 0 && count == length_) {
+    // The round's first push covers every value: its codes are the counts
+    // (no pass to zero them first).
+    counts_.Allocate(length_);
+    acc_.Release();  // the last Finish's floats, if it added doubles
+    count_threshold_ = threshold;
+    mode_ = Mode::kCounts;
+    AddCodes(0, in, first, count, /*set=*/true);
+    return;
+  }
   if (mode_ == Mode::kEmpty) StartCounts(threshold);
   if (mode_ == Mode::kCounts && threshold == count_threshold_) {
     AddCodes(begin, in, first, count);

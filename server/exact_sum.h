@@ -161,9 +161,10 @@ class ExactSum {
   void StartCounts(float threshold);
   // Turns the counts into doubles, exactly.
   void CountsToDoubles();
-  // counts_[begin + j] += code of payload value first + j, j < count.
+  // counts_[begin + j] += code of payload value first + j, j < count (with
+  // `set`: = code).
   void AddCodes(uint64_t begin, const uint8_t* in, uint64_t first,
-                uint64_t count);
+                uint64_t count, bool set = false);
   // Element i's next addition does not fit its double: the rest goes to the
   // pair, or the element moves to wide_.
   void AddSlow(uint64_t i, float v);

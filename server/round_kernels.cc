@@ -54,12 +54,19 @@ inline int32_t CodeOf(uint32_t word, size_t j) {
          static_cast<int32_t>(code == k::kCodeMinus);
 }
 
-void AddCodeWordsBaseline(int32_t* __restrict counts,
-                          const uint8_t* __restrict in, size_t words) {
+template <bool kAdd>
+void CodeWordsToCountsBaseline(int32_t* __restrict counts,
+                               const uint8_t* __restrict in, size_t words) {
   for (size_t w = 0; w < words; ++w) {
     const uint32_t word = LoadWord(in + 4 * w);
     int32_t* c = counts + w * kWord;
-    for (size_t j = 0; j < kWord; ++j) c[j] += CodeOf(word, j);
+    for (size_t j = 0; j < kWord; ++j) {
+      if (kAdd) {
+        c[j] += CodeOf(word, j);
+      } else {
+        c[j] = CodeOf(word, j);
+      }
+    }
   }
 }
 
@@ -186,9 +193,10 @@ __attribute__((target("avx2"))) bool AddPairExactlyAvx2(double* hi, double* lo,
   return bad != 0;
 }
 
-__attribute__((target("avx2"))) void AddCodeWordsAvx2(int32_t* counts,
-                                                      const uint8_t* in,
-                                                      size_t words) {
+template <bool kAdd>
+__attribute__((target("avx2"))) void CodeWordsToCountsAvx2(int32_t* counts,
+                                                           const uint8_t* in,
+                                                           size_t words) {
   const __m256i three = _mm256_set1_epi32(0b11);
   const __m256i two = _mm256_set1_epi32(0b10);
   const __m256i shifts[2] = {
@@ -209,7 +217,8 @@ __attribute__((target("avx2"))) void AddCodeWordsAvx2(int32_t* counts,
       const __m256i delta = _mm256_sub_epi32(_mm256_cmpeq_epi32(code, two),
                                              _mm256_cmpeq_epi32(code, three));
       __m256i* at = reinterpret_cast<__m256i*>(c + 8 * h);
-      _mm256_storeu_si256(at, _mm256_add_epi32(_mm256_loadu_si256(at), delta));
+      _mm256_storeu_si256(
+          at, kAdd ? _mm256_add_epi32(_mm256_loadu_si256(at), delta) : delta);
     }
   }
 }
@@ -318,9 +327,18 @@ bool AddPairExactly(double* hi, double* lo, const float* v, uint8_t* rounded,
 
 void AddCodeWords(int32_t* counts, const uint8_t* in, size_t words) {
 #if defined(TESSERA_ROUND_AVX2)
-  if (compression::UseAvx2Loops()) return AddCodeWordsAvx2(counts, in, words);
+  if (compression::UseAvx2Loops())
+    return CodeWordsToCountsAvx2<true>(counts, in, words);
 #endif
-  AddCodeWordsBaseline(counts, in, words);
+  CodeWordsToCountsBaseline<true>(counts, in, words);
+}
+
+void SetCodeWords(int32_t* counts, const uint8_t* in, size_t words) {
+#if defined(TESSERA_ROUND_AVX2)
+  if (compression::UseAvx2Loops())
+    return CodeWordsToCountsAvx2<false>(counts, in, words);
+#endif
+  CodeWordsToCountsBaseline<false>(counts, in, words);
 }
 
 void CountsToFloats(const int32_t* counts, size_t n, float t, float* out) {

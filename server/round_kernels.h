@@ -72,6 +72,9 @@ bool AddPairExactly(double* hi, double* lo, const float* v, uint8_t* rounded,
 // of `words` whole 2-bit payload words at `in` (16 values a word, MXNet's
 // layout). The payload was validated.
 void AddCodeWords(int32_t* counts, const uint8_t* in, size_t words);
+// The same with counts[j] = the code: a round's first push, written over
+// whatever the counts held (no pass to zero them first).
+void SetCodeWords(int32_t* counts, const uint8_t* in, size_t words);
 
 // out[i] = float(double(counts[i]) * t), correctly rounded once; `out` may be
 // `counts` itself (each float over its count).

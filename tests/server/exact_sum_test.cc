@@ -307,6 +307,36 @@ TEST(ExactSumTest, TwoBitPushesOfOneThresholdAreCountedAndRoundedOnce) {
   }
 }
 
+// One sum over many rounds, as a slice's round uses it: each round's first
+// push writes its codes over what the buffer held (the last round's floats),
+// and every round still gives MPFR's bits; a round started by a float push or
+// by a push to part of the values starts from zeros as before.
+TEST(ExactSumTest, EachRoundsFirstTwoBitPushWritesOverTheLastRoundsSum) {
+  constexpr size_t kLength = 1003;
+  std::mt19937_64 rng(13);
+  ExactSum sum(kLength);
+  for (int round = 0; round < 6; ++round) {
+    std::vector<std::vector<float>> decoded(3);
+    for (auto& d : decoded) {
+      const std::vector<uint8_t> wire = RandomPayload(kLength, 0.1f, &rng, &d);
+      ASSERT_TRUE(sum.AddTwoBit(wire.data(), wire.size(), 0.1f).ok());
+    }
+    if (round % 2 == 1) {
+      // A float push joins: the counts become doubles, exactly.
+      std::vector<float> f(kLength);
+      for (size_t i = 0; i < kLength; ++i) f[i] = static_cast<float>(i) * 0.25f;
+      sum.AddFloats(f.data());
+      decoded.push_back(f);
+    }
+    const float* out = sum.Finish();
+    std::vector<float> column;
+    for (size_t i = 0; i < kLength; ++i)
+      ASSERT_EQ(Bits(out[i]), Bits(Column(decoded, i, &column)))
+          << "round " << round << " value " << i;
+    if (round == 3) sum.Release();  // as a slice's round does after its update
+  }
+}
+
 // The counts as int8 (a replicated round's update): widened and rounded by
 // CountsToFloats they are Finish's floats, bit for bit; past 127 pushes that
 // agree on a value's sign they no longer fit and PackCounts says so.

@@ -199,6 +199,11 @@ TEST(RoundKernelsTest, CodeWordsAndCountsAgreeOnEveryTarget) {
     for (size_t i = 0; i < c.size(); ++i)
       ASSERT_EQ(c[i], start[i] + static_cast<int32_t>(decoded[i]))
           << target << i;
+    // Set: the codes themselves, whatever the counts held.
+    std::vector<int32_t> set = start;
+    SetCodeWords(set.data(), payload.data(), words);
+    for (size_t i = 0; i < set.size(); ++i)
+      ASSERT_EQ(set[i], static_cast<int32_t>(decoded[i])) << target << i;
     // Counts to floats: rounded once, in place or not; t = 0.1f makes
     // c x t inexact in float32 for most c.
     for (const float t : {0.1f, 3.0e38f, 1e-45f}) {
