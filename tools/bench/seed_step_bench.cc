@@ -74,13 +74,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/types/span.h"
 #include "tessera/kv_worker.h"
 #include "tools/bench/bench_util.h"
@@ -89,7 +89,8 @@
 namespace tessera::bench {
 namespace {
 
-constexpr char kUsage[] = R"(usage: seed_step_bench [flags]   (as a worker of a job)
+constexpr char kUsage[] =
+    R"(usage: seed_step_bench [flags]   (as a worker of a job)
   --mode=dense|rows|rows2bit  what the step sends (default rows)
   --fraction=0.05             share of the embedding's rows a batch touches
   --zipf=1.0                  exponent s of the rows' Zipf law, P(rank r) ~ 1/r^s
@@ -192,8 +193,8 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
       ok = v == "dense" || v == "rows" || v == "rows2bit";
       expected = "dense, rows or rows2bit";
     } else if (TakeFlag(a, "fraction", &v)) {
-      ok = absl::SimpleAtod(v, &f.fraction) && f.fraction > 0 &&
-           f.fraction <= 1;
+      ok =
+          absl::SimpleAtod(v, &f.fraction) && f.fraction > 0 && f.fraction <= 1;
       expected = "a number in (0, 1]";
     } else if (TakeFlag(a, "zipf", &v)) {
       ok = absl::SimpleAtod(v, &f.zipf) && f.zipf >= 0 && f.zipf <= 4;
@@ -295,11 +296,9 @@ class ZipfRows {
     *draws = 0;
     while (ids.size() < k) {
       ++*draws;
-      const uint64_t rank =
-          std::min<uint64_t>(std::upper_bound(cdf_.begin(), cdf_.end(),
-                                              u(*rng)) -
-                                 cdf_.begin(),
-                             cdf_.size() - 1);
+      const uint64_t rank = std::min<uint64_t>(
+          std::upper_bound(cdf_.begin(), cdf_.end(), u(*rng)) - cdf_.begin(),
+          cdf_.size() - 1);
       if (!seen[rank]) {
         seen[rank] = 1;
         ids.push_back(row_of_rank_[rank]);
@@ -318,12 +317,11 @@ void Emit(const Flags& flags, int rank, const std::string& json) {
   std::fputs(json.c_str(), stdout);
   std::fflush(stdout);
   if (flags.metrics_out.empty()) return;
-  const std::string path =
-      absl::StrReplaceAll(flags.metrics_out, {{"{rank}", std::to_string(rank)}});
+  const std::string path = absl::StrReplaceAll(
+      flags.metrics_out, {{"{rank}", std::to_string(rank)}});
   FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
-    std::cerr << "seed_step_bench: cannot write --metrics-out " << path
-              << "\n";
+    std::cerr << "seed_step_bench: cannot write --metrics-out " << path << "\n";
     return;
   }
   std::fputs(json.c_str(), f);
@@ -345,13 +343,13 @@ double MemcpyMs(uint64_t bytes) {
   return Median(ms);
 }
 
-#define SEED_RETURN_IF_ERROR(expr, what)                         \
-  do {                                                           \
-    absl::Status _s = (expr);                                    \
-    if (!_s.ok()) {                                              \
+#define SEED_RETURN_IF_ERROR(expr, what)                              \
+  do {                                                                \
+    absl::Status _s = (expr);                                         \
+    if (!_s.ok()) {                                                   \
       std::cerr << "seed_step_bench: " << what << ": " << _s << "\n"; \
-      return 1;                                                  \
-    }                                                            \
+      return 1;                                                       \
+    }                                                                 \
   } while (0)
 
 // Waits for every handle; the first failure wins.
@@ -366,7 +364,8 @@ absl::Status WaitAll(KVWorker* kv, std::vector<absl::StatusOr<OpHandle>>* ops) {
 }
 
 int RunStep(const Flags& flags) {
-  absl::StatusOr<std::unique_ptr<KVWorker>> made = KVWorker::Create("dist_sync");
+  absl::StatusOr<std::unique_ptr<KVWorker>> made =
+      KVWorker::Create("dist_sync");
   SEED_RETURN_IF_ERROR(made.status(), "joining the job");
   KVWorker* kv = made->get();
   const int rank = kv->rank();
@@ -374,9 +373,8 @@ int RunStep(const Flags& flags) {
   const bool two_bit = flags.mode == "rows2bit";
   SEED_RETURN_IF_ERROR(kv->SetOptimizer(flags.optimizer), "SetOptimizer");
   if (two_bit) {
-    SEED_RETURN_IF_ERROR(
-        kv->SetGradientCompression("2bit", flags.threshold),
-        "SetGradientCompression");
+    SEED_RETURN_IF_ERROR(kv->SetGradientCompression("2bit", flags.threshold),
+                         "SetGradientCompression");
     SEED_RETURN_IF_ERROR(kv->SetPullCompression("2bit"), "SetPullCompression");
   }
   const uint64_t E = flags.emb_rows, D = flags.emb_dim;
@@ -445,7 +443,8 @@ int RunStep(const Flags& flags) {
     }
     double pushed_at = NowSeconds();
     if (rows) {
-      ops.push_back(kv->PullRowsAsync(0, batches[step + 1], absl::MakeSpan(emb_w)));
+      ops.push_back(
+          kv->PullRowsAsync(0, batches[step + 1], absl::MakeSpan(emb_w)));
     } else {
       ops.push_back(kv->PullAsync(0, absl::MakeSpan(emb_w)));
     }
@@ -461,7 +460,8 @@ int RunStep(const Flags& flags) {
     const double done_at = NowSeconds();
     if (step >= flags.warmup) {
       // After the step's time is taken.
-      pulled_fnv = Fnv1a(emb_w.data(), emb_w.size() * sizeof(float), pulled_fnv);
+      pulled_fnv =
+          Fnv1a(emb_w.data(), emb_w.size() * sizeof(float), pulled_fnv);
       pulled_fnv = Fnv1a(w1.data(), w1.size() * sizeof(float), pulled_fnv);
       pulled_fnv = Fnv1a(w2.data(), w2.size() * sizeof(float), pulled_fnv);
       step_ms.push_back((done_at - t0) * 1e3);
@@ -497,9 +497,8 @@ int RunStep(const Flags& flags) {
            rows ? static_cast<double>(draws) / batches.size() : 0.0,
            draw_seconds, flags.optimizer, flags.threshold, flags.steps,
            flags.warmup, JsonList(step_ms), Median(step_ms), JsonList(push_ms),
-           Median(push_ms), pushed, pulled,
-           pulled_f32, memcpy_ms, flags.overlap ? "true" : "false",
-           pulled_fnv));
+           Median(push_ms), pushed, pulled, pulled_f32, memcpy_ms,
+           flags.overlap ? "true" : "false", pulled_fnv));
   return 0;
 }
 
@@ -520,7 +519,8 @@ std::vector<uint64_t> RandomRows(uint64_t n, uint64_t k, std::mt19937_64* rng,
 }
 
 int RunOkRows(const Flags& flags) {
-  absl::StatusOr<std::unique_ptr<KVWorker>> made = KVWorker::Create("dist_sync");
+  absl::StatusOr<std::unique_ptr<KVWorker>> made =
+      KVWorker::Create("dist_sync");
   SEED_RETURN_IF_ERROR(made.status(), "joining the job");
   KVWorker* kv = made->get();
   if (kv->num_workers() != 1 || kv->num_servers() != 1) {
@@ -536,7 +536,8 @@ int RunOkRows(const Flags& flags) {
     SEED_RETURN_IF_ERROR(kv->InitRows(10 + i, nullptr, flags.ok_keys[i], D),
                          "InitRows");
   }
-  const uint64_t kmax = *std::max_element(flags.okrows.begin(), flags.okrows.end());
+  const uint64_t kmax =
+      *std::max_element(flags.okrows.begin(), flags.okrows.end());
   std::vector<float> grad(kmax * D), out(kmax * D);
   FillGradient(&grad, flags.seed);
   std::mt19937_64 rng(flags.seed);
@@ -568,7 +569,8 @@ int RunOkRows(const Flags& flags) {
           SEED_RETURN_IF_ERROR(kv->PullRows(10 + i, ids, o), "PullRows");
         }
         const double t2 = NowSeconds();
-        if (rep >= 2) pulled_fnv = Fnv1a(o.data(), o.size() * sizeof(float), pulled_fnv);
+        if (rep >= 2)
+          pulled_fnv = Fnv1a(o.data(), o.size() * sizeof(float), pulled_fnv);
         if (rep >= 2) {
           ms.push_back((t2 - t0) * 1e3);
           push_ms.push_back((t1 - t0) * 1e3);
@@ -591,10 +593,9 @@ int RunOkRows(const Flags& flags) {
   SEED_RETURN_IF_ERROR(kv->Close(), "Close");
   Emit(flags, 0,
        absl::StrCat("{\"rank\":0,\"okrows\":[", absl::StrJoin(results, ","),
-                    "],\"optimizer\":\"", flags.optimizer,
-                    "\",\"overlap\":", flags.overlap ? "true" : "false",
-                    ",\"pulled_fnv\":\"", absl::StrFormat("%016x", pulled_fnv),
-                    "\"}\n"));
+                    "],\"optimizer\":\"", flags.optimizer, "\",\"overlap\":",
+                    flags.overlap ? "true" : "false", ",\"pulled_fnv\":\"",
+                    absl::StrFormat("%016x", pulled_fnv), "\"}\n"));
   return 0;
 }
 
