@@ -1,7 +1,7 @@
 #include "server/delivery.h"
 
+#include <algorithm>
 #include <map>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -72,27 +72,31 @@ void WaitingMessages::Replay(const std::function<bool(Message&)>& try_process) {
   std::deque<Message> offered;
   offered.swap(messages_);
   bytes_ = 0;
-  std::set<int> blocked;
-  // A sender whose first declined message is a pull: its pushes numbered
-  // below the pull's push_seq (those it was sent after, which it may wait
-  // for) are still offered; everything else of it waits behind the pull.
-  std::map<int, uint64_t> behind_pull;
+  // Behind a sender's first declined message, only its pushes numbered below
+  // that message's push_seq are still offered: they were sent before it, and
+  // it may wait for them (a pull for the pushes it follows, a push that
+  // overtook its predecessors for them: a restarted server holds a push that
+  // a worker resent before it learned of the restart ahead of the replayed
+  // ones). Everything else of the sender waits behind it, in order.
+  std::map<int, uint64_t> below;
   while (!offered.empty()) {
     Message m = std::move(offered.front());
     offered.pop_front();
     const int sender = m.header.sender();
     const wire::Command cmd = m.header.command();
     const bool is_push = cmd == wire::KV_PUSH || cmd == wire::KV_PUSHPULL;
-    bool offer = blocked.count(sender) == 0;
-    auto pull = behind_pull.find(sender);
-    if (offer && pull != behind_pull.end())
-      offer = is_push && m.header.push_seq() < pull->second;
+    auto declined = below.find(sender);
+    const bool offer = declined == below.end() ||
+                       (is_push && m.header.push_seq() < declined->second);
     if (offer && try_process(m)) continue;
     if (offer) {
-      if (cmd == wire::KV_PULL && pull == behind_pull.end()) {
-        behind_pull[sender] = m.header.push_seq();
+      // A later declined push only narrows what may pass.
+      const uint64_t bound =
+          is_push || cmd == wire::KV_PULL ? m.header.push_seq() : 0;
+      if (declined == below.end()) {
+        below.emplace(sender, bound);
       } else {
-        blocked.insert(sender);
+        declined->second = std::min(declined->second, bound);
       }
     }
     bytes_ += SizeOf(m);

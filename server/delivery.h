@@ -101,8 +101,9 @@ class WaitingMessages {
 
   // Offers every waiting message to `try_process`, in order, once; a message
   // it declines (returns false) waits on, and so do its sender's later ones,
-  // except, behind a declined pull, the sender's pushes numbered below the
-  // pull's push_seq: the pull was sent after them and may wait for them.
+  // except the sender's pushes numbered below the declined message's
+  // push_seq: they were sent before it, and it may wait for them (a pull for
+  // the pushes it follows; a push for the ones it overtook).
   void Replay(const std::function<bool(Message&)>& try_process);
 
  private:
