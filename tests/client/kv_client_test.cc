@@ -1098,7 +1098,9 @@ TEST(KVClientTest, HashedKeyErrorsNameTheOptionOrTheKey) {
 // borrows the caller's rows) and unsorted ones with a repeat (gathered). Every
 // row ends as the exact sum of what both workers pushed, both ways.
 // With 4 KiB chunks each server's part (300 rows) is cut into slices of 64
-// rows (5 a server, each its own round); with 8 MiB chunks it is one slice.
+// rows (5 a server, each its own round), and a push's slices of 32 rows
+// (128 KiB) go two at a time (RowPushWindows: 16 chunks over the largest
+// slice, at least 2); with 8 MiB chunks it is one slice.
 TEST(KVClientTest, RowPushesAndPullsInManyFramesKeepEveryRowExact) {
   constexpr uint64_t kKey = 70, kNumRows = 600, kLen = 1024;
   for (const int64_t chunk : {int64_t{4096}, int64_t{8} << 20}) {

@@ -27,7 +27,8 @@ Printed per rate, a Markdown table with one row per job:
     tools/bench/seed_step.py [--rates loopback,1gbit] [--modes dense,rows,rows2bit]
         [--fractions 0.01,0.05,0.2] [--workers 2] [--servers 2] [--steps 5]
         [--warmup 1] [--zipf 1.0] [--okrows 2500,25000,250000]
-        [--ok-keys 25000,250000] [--security sealed|auth|none] [--build build]
+        [--ok-keys 25000,250000] [--ok-rate loopback|RATE] [--security sealed|auth|none]
+        [--build build]
         [--overlap] [--json FILE] [-- bench flags]
 
 --overlap: every step (and the --okrows push + pull) issues its pulls right
@@ -76,6 +77,9 @@ def parse_args(argv):
     p.add_argument('--okrows', default='', help='k list for the O(k) job (none: skip it)')
     p.add_argument('--ok-keys', default='25000,250000')
     p.add_argument('--ok-reps', type=int, default=7)
+    p.add_argument('--ok-rate', default='loopback',
+                   help='the --okrows job\'s link: loopback, or a tc rate such as 1gbit '
+                        '(worker and server in their own namespaces, shaped both ways)')
     p.add_argument('--build', default=os.path.join(sl.SOURCE_DIR, 'build'))
     p.add_argument('--json', help='write every figure there')
     p.add_argument('--security', default='sealed', choices=('sealed', 'auth', 'none'),
@@ -107,6 +111,8 @@ def parse_args(argv):
     for r in args.rates:
         if r != sl.LOOPBACK and sl.parse_rate(r) is None:
             p.error('--rates: %s is neither loopback nor a tc rate' % r)
+    if args.ok_rate != sl.LOOPBACK and sl.parse_rate(args.ok_rate) is None:
+        p.error('--ok-rate: %s is neither loopback nor a tc rate' % args.ok_rate)
     b = args.burst.lower()
     args.burst = int(b[:-1]) * {'k': 1024, 'm': 1 << 20}[b[-1]] if b[-1] in 'km' else int(b)
     return args
@@ -195,13 +201,14 @@ def main(argv):
             sl.say('%s not built (--build %s)' % (path, b))
             return sl.EXIT_USAGE
     shaped = [r for r in args.rates if r != sl.LOOPBACK]
+    ok_shaped = bool(args.okrows) and args.ok_rate != sl.LOOPBACK
     os.environ['PATH'] = os.environ.get('PATH', '') + ':/usr/sbin:/sbin'
     os.environ['PS_RESEND_TIMEOUT'] = str(args.resend_timeout_ms)
     os.environ['TESSERA_INSECURE'] = '1' if args.security == 'none' else '0'
     os.environ['TESSERA_AUTH_ONLY'] = '1' if args.security == 'auth' else '0'
     if args.bigarray_bound:
         os.environ['TESSERA_BIGARRAY_BOUND'] = str(args.bigarray_bound)
-    if shaped:
+    if shaped or ok_shaped:
         why = sl.missing_prerequisite(args.tag)
         if why:
             sl.say('cannot build shaped links: %s' % why)
@@ -222,7 +229,7 @@ def main(argv):
         if not args.no_baseline:
             zmq.append(raw_baseline(binaries['bench']))
         topo = None
-        if shaped:
+        if shaped or ok_shaped:
             topo = sl.Topology(res, args.servers, args.workers, args.burst, args.latency)
             topo.setup()
             for rate in shaped:
@@ -267,13 +274,19 @@ def main(argv):
             argv_w = [binaries['bench'], '--okrows=' + args.okrows,
                       '--ok-keys=' + args.ok_keys, '--ok-reps=%d' % args.ok_reps] + args.extra
             load = sl.uptime()
-            sl.say('job okrows: started (%s)' % load)
-            metrics, _ = run_job(res, None, binaries, argv_w, 1, 1, 'okrows',
-                                 sl.free_port(), args.timeout)
+            sl.say('job okrows: started at %s (%s)' % (args.ok_rate, load))
+            if ok_shaped:
+                topo.shape(args.ok_rate)
+                ok_topo, ok_port = topo, sl.ROOT_PORT + (n + 1) % 500
+            else:
+                ok_topo, ok_port = None, sl.free_port()
+            metrics, _ = run_job(res, ok_topo, binaries, argv_w, 1, 1, 'okrows',
+                                 ok_port, args.timeout)
             if metrics is None:
                 return sl.EXIT_JOB_FAILED
             okrows = metrics[0]['okrows']
             record['okrows'] = {'uptime_before': load, 'results': okrows,
+                                'rate': args.ok_rate,
                                 'pulled_fnv': metrics[0].get('pulled_fnv')}
             sl.say('job okrows: pulled values hash %s' % metrics[0].get('pulled_fnv'))
         if not args.no_baseline:
@@ -301,8 +314,8 @@ def main(argv):
         for rate in args.rates:
             print_table(rate, record['rates'][rate], args, zmq_gbps)
         if okrows:
-            print('\n### push+pull of k random rows, 1 worker, 1 server (median of %d)\n'
-                  % args.ok_reps)
+            print('\n### push+pull of k random rows, 1 worker, 1 server, %s (median of %d)\n'
+                  % (args.ok_rate, args.ok_reps))
             print('| key rows | k | ms | push ms | us per row | MB moved | memcpy ms |')
             print('|---:|---:|---:|---:|---:|---:|---:|')
             for r in okrows:

@@ -123,8 +123,9 @@ class KVClient : public KVWorker {
     uint64_t length = 0;         // values (rows x row_length for row keys)
     uint64_t row_length = 0;     // 0: a dense key
     std::vector<KeyPart> parts;  // slices of at most TESSERA_CHUNK_BYTES
-    // More slices on one server than the tracker's window: pushes go a
-    // window at a time, the next slice when an earlier one is answered.
+    // A dense key with more slices on one server than PushWindow: pushes go
+    // a window at a time, the next slice when an earlier one is answered.
+    // (Row pushes size their window by their bytes: RowPushWindows.)
     bool windowed = false;
     uint64_t next_seq = 0;  // push_seq of the next push
     // Joining an elastic job, before its entry (EnterRounds): the count its
@@ -208,7 +209,11 @@ class KVClient : public KVWorker {
                               uint64_t row_length = 0);
   void SendPart(uint64_t op, const KeyPart& part, Message msg, float* out,
                 RequestTracker::PartRef ref = {}, bool replayed = false,
-                bool windowed = false);
+                int window = 0);
+  // A row push's window per server rank (kRowPushInflightChunks): how many of
+  // its slices to that server are out at once, by the largest one's bytes.
+  std::map<int, int> RowPushWindows(const std::vector<KeyPart>& parts,
+                                    const std::vector<Message>& bodies) const;
   // Sends `msg` to every server and waits for all the answers.
   absl::Status Broadcast(const Message& msg, const std::string& what);
 

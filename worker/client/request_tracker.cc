@@ -204,9 +204,9 @@ void RequestTracker::Send(Request request, Message msg) {
       ++o.pending;
       if (o.command == 0) o.command = msg.header.command();
     }
-    if (request.windowed) {
+    if (request.window > 0) {
       Window& w = windows_[{op, server}];
-      if (w.out >= options_.window) {
+      if (w.out >= request.window) {
         t.sent = false;  // goes when an earlier one is taken
         t.next_send = absl::InfiniteFuture();
         w.held.push_back(id);
@@ -231,7 +231,7 @@ void RequestTracker::Send(Request request, Message msg) {
 }
 
 std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(Tracked& t) {
-  if (!t.request.windowed || t.taken || !t.sent) return std::nullopt;
+  if (t.request.window == 0 || t.taken || !t.sent) return std::nullopt;
   t.taken = true;
   const std::pair<uint64_t, int> id{t.request.op, t.request.server};
   auto w = windows_.find(id);
@@ -352,7 +352,7 @@ void RequestTracker::ResendLoop() {
             --o.pending;
             if (o.status.ok()) o.status = failed;
           }
-          if (t.request.windowed) {
+          if (t.request.window > 0) {
             // What its window still holds back will never go: it fails too.
             auto w = windows_.find({t.request.op, t.request.server});
             if (w != windows_.end()) {

@@ -74,9 +74,6 @@ class RequestTracker {
     int resend_retries = 8;
     absl::Duration request_timeout = absl::Seconds(600);  // Wait's deadline
     uint64_t first_request_id = 1;
-    // Windowed requests of one operation to one server: at most this many are
-    // out and not yet answered (an acknowledgement does not count).
-    int window = 4;
     // Replicated servers (TESSERA_REPLICAS > 1): a request's answer may come
     // from the next replica of its server's slices, after a failover.
     bool replicated = false;
@@ -97,9 +94,11 @@ class RequestTracker {
     bool replayed = false;
     bool rejoin = false;  // a restarted worker's KV_INIT: its reply says where
                           // pushes resume
-    // Held back while Options::window requests of the same operation to the
-    // same server are out and not yet answered (the slices of one big push).
-    bool windowed = false;
+    // > 0: held back while this many requests of the same operation to the
+    // same server are out and not yet answered (an acknowledgement does not
+    // count): the slices of one big push. Every request of an operation to a
+    // server names the same window.
+    int window = 0;
     // Takes a successful reply in place of `out` (a compressed pull): called
     // on the thread of HandleReply, before the operation completes; its error
     // is the request's.

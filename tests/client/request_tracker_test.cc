@@ -1,0 +1,90 @@
+#include "worker/client/request_tracker.h"
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+// Records what the tracker sends: (server, request id) in order.
+class Sent {
+ public:
+  RequestTracker::SendFn Fn() {
+    return [this](int server, Message msg) {
+      absl::MutexLock lock(&mu_);
+      sent_.emplace_back(server, msg.header.request_id());
+      return absl::OkStatus();
+    };
+  }
+  std::vector<std::pair<int, uint64_t>> Take() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(sent_, {});
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<int, uint64_t>> sent_ ABSL_GUARDED_BY(mu_);
+};
+
+Message Reply(int server, uint64_t request_id, bool ack_only = false) {
+  Message m;
+  m.header.set_is_response(true);
+  m.header.set_sender(server);
+  m.header.set_request_id(request_id);
+  m.header.set_ack_only(ack_only);
+  return m;
+}
+
+RequestTracker::Request Req(uint64_t op, int server, int window) {
+  RequestTracker::Request r;
+  r.op = op;
+  r.server = server;
+  r.window = window;
+  return r;
+}
+
+using ::testing::ElementsAre;
+using ::testing::Pair;
+
+// A push's slices to one server go `window` at a time; the next one leaves
+// when an earlier one is answered (an acknowledgement does not free a place),
+// each server's window counts apart, and a request without a window is never
+// held (a pull issued right after the push goes out at once: row pushes keep
+// their window small so that it is not queued behind the whole push).
+TEST(RequestTrackerTest, WindowedRequestsGoAsEarlierOnesAreAnswered) {
+  RequestTracker::Options options;
+  options.resend = false;
+  Sent sent;
+  RequestTracker tracker(options, sent.Fn(),
+                         [](int node) { return std::to_string(node); });
+  const uint64_t push = tracker.NewOp();
+  for (int i = 0; i < 4; ++i) tracker.Send(Req(push, 8, 2), Message());
+  tracker.Send(Req(push, 10, 2), Message());
+  const uint64_t pull = tracker.NewOp();
+  tracker.Send(Req(pull, 8, 0), Message());
+  // Request ids are numbered in Send order from 1: 1-4 to server 8, 5 to
+  // server 10, 6 (the pull) to server 8.
+  EXPECT_THAT(sent.Take(),
+              ElementsAre(Pair(8, 1), Pair(8, 2), Pair(10, 5), Pair(8, 6)));
+
+  tracker.HandleReply(Reply(8, 1, /*ack_only=*/true));
+  EXPECT_THAT(sent.Take(), ElementsAre()) << "an acknowledgement frees nothing";
+  tracker.HandleReply(Reply(8, 2));
+  EXPECT_THAT(sent.Take(), ElementsAre(Pair(8, 3)));
+  tracker.HandleReply(Reply(8, 1));
+  EXPECT_THAT(sent.Take(), ElementsAre(Pair(8, 4)));
+  tracker.HandleReply(Reply(8, 6));
+  EXPECT_TRUE(tracker.Wait(pull, "pull").ok());
+  for (uint64_t id : {3, 4}) tracker.HandleReply(Reply(8, id));
+  tracker.HandleReply(Reply(10, 5));
+  EXPECT_THAT(sent.Take(), ElementsAre());
+  EXPECT_TRUE(tracker.Wait(push, "push").ok());
+}
+
+}  // namespace
+}  // namespace tessera
