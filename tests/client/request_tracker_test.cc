@@ -86,5 +86,36 @@ TEST(RequestTrackerTest, WindowedRequestsGoAsEarlierOnesAreAnswered) {
   EXPECT_TRUE(tracker.Wait(push, "push").ok());
 }
 
+// Without resends (PS_RESEND=0) a request whose send fails is gone, also one
+// its window let out after an answer; the slices the window still held back
+// fail with it instead of waiting for an answer that cannot come (Wait
+// returned only at its deadline, 600 s by default).
+TEST(RequestTrackerTest, AFailedSendWithoutResendsFailsWhatItsWindowHolds) {
+  RequestTracker::Options options;
+  options.resend = false;
+  options.request_timeout = absl::Seconds(30);
+  int sends = 0;
+  RequestTracker tracker(
+      options,
+      [&sends](int, Message) {
+        return ++sends == 3 ? absl::UnavailableError("peer gone")
+                            : absl::OkStatus();
+      },
+      [](int node) { return std::to_string(node); });
+  const uint64_t push = tracker.NewOp();
+  for (int i = 0; i < 4; ++i) tracker.Send(Req(push, 8, 2), Message());
+  EXPECT_EQ(sends, 2) << "the third and fourth are held by the window";
+  // An answer lets the third out, and its send fails.
+  tracker.HandleReply(Reply(8, 2));
+  EXPECT_EQ(sends, 3);
+  tracker.HandleReply(Reply(8, 1));
+  EXPECT_EQ(sends, 3) << "the fourth failed with the third's window";
+  const absl::Time start = absl::Now();
+  const absl::Status done = tracker.Wait(push, "push");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(done.code(), absl::StatusCode::kUnavailable) << done;
+  EXPECT_THAT(std::string(done.message()), ::testing::HasSubstr("peer gone"));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -215,19 +215,44 @@ void RequestTracker::Send(Request request, Message msg) {
       ++w.out;
     }
   }
+  SendOnce(server, std::move(msg));
+}
+
+void RequestTracker::SendOnce(int server, Message msg) {
+  const uint64_t id = msg.header.request_id();
   absl::Status sent = send_(server, std::move(msg));
   if (sent.ok() || options_.resend) return;
-  Message dropped;  // released unlocked: may unpin an op
+  std::vector<Message> dropped;  // released unlocked: may unpin an op
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  dropped = std::move(it->second.msg);
+  const Request request = it->second.request;
+  dropped.push_back(std::move(it->second.msg));
   requests_.erase(it);
-  TraceRequestEnd(dropped, 0, false);
-  if (op == 0) return;
-  Op& o = ops_[op];
-  --o.pending;
-  if (o.status.ok()) o.status = sent;
+  TraceRequestEnd(dropped.back(), 0, false);
+  // Not sent and never resent: what its window holds back would wait for an
+  // answer that cannot come.
+  if (request.window > 0)
+    DropWindowLocked(request.op, request.server, &dropped);
+  auto o = request.op == 0 ? ops_.end() : ops_.find(request.op);
+  if (o == ops_.end()) return;  // none, or its Wait gave up
+  --o->second.pending;
+  if (o->second.status.ok()) o->second.status = sent;
+}
+
+void RequestTracker::DropWindowLocked(uint64_t op, int server,
+                                      std::vector<Message>* dead) {
+  auto w = windows_.find({op, server});
+  if (w == windows_.end()) return;
+  for (uint64_t held : w->second.held) {
+    auto h = requests_.find(held);
+    if (h == requests_.end()) continue;
+    if (op != 0) --ops_[op].pending;
+    TraceRequestEnd(h->second.msg, 0, false);
+    dead->push_back(std::move(h->second.msg));
+    requests_.erase(h);
+  }
+  windows_.erase(w);
 }
 
 std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(Tracked& t) {
@@ -352,21 +377,8 @@ void RequestTracker::ResendLoop() {
             --o.pending;
             if (o.status.ok()) o.status = failed;
           }
-          if (t.request.window > 0) {
-            // What its window still holds back will never go: it fails too.
-            auto w = windows_.find({t.request.op, t.request.server});
-            if (w != windows_.end()) {
-              for (uint64_t held : w->second.held) {
-                auto h = requests_.find(held);
-                if (h == requests_.end()) continue;
-                if (t.request.op != 0) --ops_[t.request.op].pending;
-                TraceRequestEnd(h->second.msg, 0, false);
-                dead.push_back(std::move(h->second.msg));
-                requests_.erase(h);
-              }
-              windows_.erase(w);
-            }
-          }
+          if (t.request.window > 0)
+            DropWindowLocked(t.request.op, t.request.server, &dead);
           TraceRequestEnd(t.msg, 0, false);
           dead.push_back(std::move(t.msg));
           it = requests_.erase(it);
@@ -440,7 +452,7 @@ void RequestTracker::HandleReply(Message&& msg) {
       }
     }
   }
-  if (next.has_value()) (void)send_(next->first, std::move(next->second));
+  if (next.has_value()) SendOnce(next->first, std::move(next->second));
   if (h.ack_only()) return;
   if (trace::Enabled())
     TraceRequestEnd(answered.msg, DataBytes(msg), h.status().code() == 0);

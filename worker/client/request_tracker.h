@@ -204,6 +204,14 @@ class RequestTracker {
   // (server, message) to send unlocked, if any.
   std::optional<std::pair<int, Message>> TakenLocked(Tracked& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a tracked request (its first send, or a windowed one let out);
+  // without resends a failed send fails the request and its operation.
+  void SendOnce(int server, Message msg);
+  // A windowed request of `op` to `server` failed for good: the requests its
+  // window still holds back fail with it (moved to `dead`, to be released
+  // unlocked) and the window is forgotten.
+  void DropWindowLocked(uint64_t op, int server, std::vector<Message>* dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until `op` has all its replies and no borrowed frame is held, or the
   // job failed (true), or until `deadline` (false); receives on this thread
   // when it can (see the class comment).
