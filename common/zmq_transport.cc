@@ -301,7 +301,14 @@ class ZmqTransport : public Transport {
 
   ~ZmqTransport() override {
     Close();
-    zmq_ctx_term(context_);
+    // zmq_ctx_term waits in poll() for the context's threads, and a signal
+    // (a handler's, or a stop and continue: SIGSTOP/SIGCONT make poll fail
+    // with EINTR even without one) interrupts it with EINTR; it is to be
+    // called again (zmq_ctx_term(3)). Returning then left the reaper and I/O
+    // threads unjoined and the context undeleted (ThreadSanitizer reported
+    // the reaper as a leaked thread of an exiting tessera-server).
+    while (zmq_ctx_term(context_) != 0 && zmq_errno() == EINTR) {
+    }
   }
 
   absl::StatusOr<int> Bind(const std::string& ip, int port) override {
