@@ -229,6 +229,7 @@ void Node::UpdateTable(const wire::NodeTable& table) {
   std::vector<int> changed;  // replacements taking a rank, or caught up
   std::vector<int> joined;   // elastic jobs: workers joining
   bool self_dead = false;
+  bool self_changed = false;
   {
     absl::MutexLock lock(&mu_);
     for (const wire::NodeInfo& n : table.nodes()) {
@@ -236,8 +237,12 @@ void Node::UpdateTable(const wire::NodeTable& table) {
         auto self = nodes_.find(id_);
         if (self != nodes_.end() &&
             n.generation() >= self->second.generation()) {
+          const bool state_changed =
+              n.catching_up() != self->second.catching_up() ||
+              n.restored() != self->second.restored();
           self->second = n;
           if (!n.catching_up()) report_caught_up_ = false;
+          if (state_changed && n.role() == wire::SERVER) self_changed = true;
         }
         continue;
       }
@@ -276,8 +281,10 @@ void Node::UpdateTable(const wire::NodeTable& table) {
       if (it == nodes_.end() || n.generation() < it->second.generation())
         continue;
       if (n.generation() == it->second.generation()) {
-        // The same process: a replacement that caught up.
-        if (n.catching_up() != it->second.catching_up()) {
+        // The same process: a replacement that caught up, or took back its
+        // place (hand-back).
+        if (n.catching_up() != it->second.catching_up() ||
+            n.restored() != it->second.restored()) {
           it->second = n;
           changed.push_back(n.id());
         }
@@ -314,6 +321,16 @@ void Node::UpdateTable(const wire::NodeTable& table) {
       }
     }
   }
+  {
+    // A change of the servers ends this server's part of a hand-back (done,
+    // or given up by the scheduler).
+    bool servers_changed = self_changed || !changed.empty();
+    for (int peer : died) servers_changed |= IsServerId(peer);
+    if (servers_changed) {
+      absl::MutexLock lock(&mu_);
+      report_handback_ = 0;
+    }
+  }
   if (self_dead) {
     Fail(absl::UnavailableError(
         "the scheduler declared this node dead (silent past "
@@ -339,16 +356,22 @@ void Node::UpdateTable(const wire::NodeTable& table) {
     if (callbacks_.on_peer_dead) callbacks_.on_peer_dead(peer);
   }
   for (int peer : changed) {
-    const bool catching = [&] {
+    const wire::NodeInfo info = [&] {
       absl::MutexLock lock(&mu_);
-      return nodes_[peer].catching_up();
+      return nodes_[peer];
     }();
     TESSERA_LOG(INFO) << Describe(peer)
-                      << (catching ? " replaces a dead server; it catches up "
-                                     "on the key slices of its rank"
-                                   : " caught up: it holds its key slices");
+                      << (info.catching_up()
+                              ? " replaces a dead server; it catches up on "
+                                "the key slices of its rank"
+                          : info.restored()
+                              ? " took back its place in its key slices' "
+                                "chains (hand-back)"
+                              : " caught up: it holds its key slices");
     if (callbacks_.on_server_change) callbacks_.on_server_change(peer);
   }
+  if (self_changed && callbacks_.on_server_change)
+    callbacks_.on_server_change(id_);
   for (int peer : joined) {
     TESSERA_LOG(INFO) << Describe(peer)
                       << " joined the job (TESSERA_ELASTIC): a member of the "
@@ -400,6 +423,7 @@ std::vector<ServerState> Node::server_states() const {
     s.dead = n.dead();
     s.catching_up = n.catching_up();
     s.joined = n.joined();
+    s.restored = n.restored();
   }
   return states;
 }
@@ -420,6 +444,18 @@ void Node::ReportCaughtUp() {
   Message msg;
   msg.header.set_command(wire::CAUGHT_UP);
   msg.header.set_request_id(next_request_.fetch_add(1));
+  (void)SendControl(std::move(msg));
+}
+
+void Node::ReportHandback(uint64_t epoch) {
+  {
+    absl::MutexLock lock(&mu_);
+    report_handback_ = epoch;
+  }
+  Message msg;
+  msg.header.set_command(wire::HANDBACK);
+  msg.header.set_request_id(next_request_.fetch_add(1));
+  msg.header.set_handback_epoch(epoch);
   (void)SendControl(std::move(msg));
 }
 
@@ -853,6 +889,11 @@ void Node::HandleControl(Message&& msg) {
       Fail(absl::AbortedError(
           absl::StrCat("the scheduler ended the job: ", h.abort().reason())));
       return;
+    case wire::HANDBACK:
+      acknowledge();
+      if (callbacks_.on_handback)
+        callbacks_.on_handback(h.handback_rank(), h.handback_epoch());
+      return;
     case wire::TERMINATE: {
       // Acknowledge first: the thread waiting for the end may close the
       // transport as soon as it sees terminated_, and the acknowledgement
@@ -922,9 +963,18 @@ void Node::HeartbeatLoop() {
       hb.header.set_request_id(next_request_.fetch_add(1));
       if (SendControl(std::move(hb)).ok()) heartbeats_sent_->Increment();
       bool report = false;
+      uint64_t handback = 0;
       {
         absl::MutexLock lock(&mu_);
         report = report_caught_up_;
+        handback = report_handback_;
+      }
+      if (handback != 0) {
+        Message done;
+        done.header.set_command(wire::HANDBACK);
+        done.header.set_request_id(next_request_.fetch_add(1));
+        done.header.set_handback_epoch(handback);
+        (void)SendControl(std::move(done));
       }
       if (report) {
         // Until the table says so: the first report may have been lost.

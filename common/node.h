@@ -73,9 +73,14 @@ class Node {
     // peer, on the receiving thread, after dead_servers() includes it.
     std::function<void(int peer)> on_peer_dead;
     // Replicated jobs: a server's state changed without it dying: a
-    // replacement took a dead server's rank (catching up), or caught up.
+    // replacement took a dead server's rank (catching up), caught up, or
+    // took back its place (restored); also for this node's own entry.
     // Called on the receiving thread, after server_states() says so.
     std::function<void(int peer)> on_server_change;
+    // Replicated jobs, servers: the scheduler's HANDBACK notice: server rank
+    // `rank` takes back its slices; the owner calls ReportHandback(epoch)
+    // once its part is done. Called on the receiving thread.
+    std::function<void(int rank, uint64_t epoch)> on_handback;
     // Elastic jobs (TESSERA_ELASTIC): a worker joined the job (a new process
     // under a rank that left, or one never used). Called on the receiving
     // thread, after the link to it is made.
@@ -139,6 +144,10 @@ class Node {
   // A replacement server holds every slice of its chains: tells the
   // scheduler, again with each heartbeat until the table says so.
   void ReportCaughtUp();
+  // A server done with its part of hand-back `epoch` (HANDBACK): tells the
+  // scheduler, again with each heartbeat until the next table change (the
+  // hand-back's end, or a change that gave it up).
+  void ReportHandback(uint64_t epoch);
 
   // Starts handing data-plane messages to on_data. Until then (from the moment
   // the node is reachable, before Start returns) they are held in arrival
@@ -290,6 +299,7 @@ class Node {
   bool left_ ABSL_GUARDED_BY(mu_) = false;  // a server's Leave was taken
   bool part_done_ ABSL_GUARDED_BY(mu_) = false;
   bool report_caught_up_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t report_handback_ ABSL_GUARDED_BY(mu_) = 0;  // epoch; 0: none
   absl::Time last_scheduler_contact_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool deliver_ ABSL_GUARDED_BY(mu_) = false;

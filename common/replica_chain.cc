@@ -11,7 +11,9 @@ std::vector<int> ChainOrder(int first_rank, int num_servers, int replicas,
   for (int i = 0; i < replicas && i < num_servers; ++i)
     chain.push_back((first_rank + i) % num_servers);
   auto joined = [&](int rank) {
-    return rank < static_cast<int>(states.size()) ? states[rank].joined : 0u;
+    if (rank >= static_cast<int>(states.size()) || states[rank].restored)
+      return 0u;
+    return states[rank].joined;
   };
   std::stable_sort(chain.begin(), chain.end(),
                    [&](int a, int b) { return joined(a) < joined(b); });

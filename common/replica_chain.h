@@ -10,7 +10,9 @@
 // for the slice keeps answering until it dies (no hand-back in the middle
 // of a round). The first member that is neither dead nor catching up is the
 // slice's acting primary; every server and worker computes it from the same
-// table.
+// table. A replacement that caught up is then given its place back at a
+// round boundary (`restored`, after the hand-back the scheduler runs; see
+// server/replication.h): from then on it orders as a member since the start.
 #ifndef TESSERA_COMMON_REPLICA_CHAIN_H_
 #define TESSERA_COMMON_REPLICA_CHAIN_H_
 
@@ -23,6 +25,7 @@ struct ServerState {
   bool dead = false;
   bool catching_up = false;
   uint32_t joined = 0;
+  bool restored = false;  // a replacement whose hand-back completed
 
   // Holds its slices: may answer for them, and counts for their survival.
   bool holds() const { return !dead && !catching_up; }

@@ -98,6 +98,11 @@ Scheduler::Metrics::Metrics() {
       "tessera_scheduler_replacements_total",
       "Dead servers whose rank a spare or a restarted server took "
       "(TESSERA_REPLICAS > 1; it then catches up by state transfer).");
+  handbacks = r.GetCounter(
+      "tessera_scheduler_handbacks_total",
+      "Replacement servers that took back their place in their key slices' "
+      "chains once caught up (a hand-back at a round boundary; "
+      "TESSERA_REPLICAS > 1).");
   spares = r.GetGauge("tessera_scheduler_spare_servers",
                       "Spare servers (TESSERA_SPARE=1) waiting for a server "
                       "to die.");
@@ -638,6 +643,10 @@ void Scheduler::Handle(Message&& msg) {
       return;
     case wire::CAUGHT_UP:
       CaughtUp(sender);
+      return;
+    case wire::HANDBACK:
+      if (!acknowledgement && !h.is_response())
+        HandbackDone(sender, h.handback_epoch());
       return;
     case wire::HEARTBEAT:
       ++heartbeats_;
@@ -1407,6 +1416,7 @@ std::optional<std::pair<int, std::string>> Scheduler::LostChain(
 }
 
 void Scheduler::FailOver(int id, const std::string& reason, bool goodbye) {
+  GiveUpHandback();
   wire::NodeInfo& dead = nodes_[id];
   dead.set_dead(true);
   dead.set_left(goodbye);
@@ -1443,6 +1453,7 @@ void Scheduler::FailOver(int id, const std::string& reason, bool goodbye) {
   // A barrier of servers may have waited only for it.
   ReleaseBarriersWithoutDead();
   PlaceSpares();
+  MaybeHandBack();
 }
 
 bool Scheduler::AllWorkersDone() const {
@@ -1518,6 +1529,7 @@ void Scheduler::PlaceSpares() {
 }
 
 void Scheduler::Replace(int id, const Registration& with) {
+  GiveUpHandback();
   wire::NodeInfo& node = nodes_[id];
   const wire::NodeInfo before = node;
   node.set_host(with.info.host());
@@ -1527,6 +1539,7 @@ void Scheduler::Replace(int id, const Registration& with) {
   node.set_dead(false);
   node.set_left(false);  // a server that left: its rank taken again
   node.set_catching_up(true);
+  node.set_restored(false);
   node.set_joined(++replacements_);
   node.set_metrics_port(with.info.metrics_port());
   if (!node.node_key().empty())
@@ -1552,11 +1565,13 @@ void Scheduler::Replace(int id, const Registration& with) {
     if (n.dead()) continue;
     SendNotice(peer, peer == id ? TableMessage(id) : change);
   }
+  MaybeHandBack();
 }
 
 void Scheduler::CaughtUp(int id) {
   wire::NodeInfo& node = nodes_[id];
   if (node.role() != wire::SERVER || !node.catching_up()) return;  // repeated
+  GiveUpHandback();
   node.set_catching_up(false);
   TESSERA_LOG(INFO) << Describe(node)
                     << " caught up: it holds the key slices of rank "
@@ -1564,6 +1579,78 @@ void Scheduler::CaughtUp(int id) {
                     << ")";
   const Message change = ChangeMessage(node);
   for (int peer : LivePeers(-1)) SendNotice(peer, change);
+  MaybeHandBack();
+}
+
+void Scheduler::GiveUpHandback() {
+  if (!handback_) return;
+  // Every server gives up its part at the table change that follows.
+  TESSERA_VLOG(1) << "hand-back " << handback_->epoch << " of "
+                  << Describe(nodes_[handback_->id])
+                  << " given up: the servers changed; it starts again";
+  handback_.reset();
+  // Its notices are not sent again (a server takes a late one only while
+  // the rank it names still waits for its place).
+  std::vector<uint64_t> stale;
+  for (const auto& [n, notice] : notices_)
+    if (notice.msg.header.command() == wire::HANDBACK) stale.push_back(n);
+  for (uint64_t n : stale) DropNotice(notices_.find(n));
+}
+
+void Scheduler::MaybeHandBack() {
+  if (ended_ || handback_ || options_.replicas < 2) return;
+  for (const auto& [id, n] : nodes_) {
+    if (n.role() != wire::SERVER || n.dead() || n.catching_up() ||
+        n.joined() == 0 || n.restored()) {
+      continue;
+    }
+    Handback h;
+    h.id = id;
+    h.epoch = ++handback_epochs_;
+    h.started = absl::Now();
+    Message notice;
+    notice.header.set_command(wire::HANDBACK);
+    notice.header.set_handback_rank(n.rank());
+    notice.header.set_handback_epoch(h.epoch);
+    for (const auto& [peer, other] : nodes_) {
+      // A replacement still catching up answers for nothing: no part.
+      if (peer == id || other.role() != wire::SERVER || other.dead() ||
+          other.catching_up()) {
+        continue;
+      }
+      h.waiting.insert(peer);
+      SendNotice(peer, notice);
+    }
+    TESSERA_VLOG(1) << "hand-back " << h.epoch << ": " << Describe(n)
+                    << " takes back its place; waiting for " << h.waiting.size()
+                    << " server(s)";
+    const bool none = h.waiting.empty();
+    handback_ = std::move(h);
+    if (none) HandbackDone(-1, handback_->epoch);
+    return;
+  }
+}
+
+void Scheduler::HandbackDone(int sender, uint64_t epoch) {
+  if (!handback_ || handback_->epoch != epoch) return;  // given up, or late
+  handback_->waiting.erase(sender);
+  if (!handback_->waiting.empty()) return;
+  const int id = handback_->id;
+  const absl::Duration took = absl::Now() - handback_->started;
+  handback_.reset();
+  wire::NodeInfo& node = nodes_[id];
+  node.set_restored(true);
+  metrics_.handbacks->Increment();
+  TESSERA_LOG(INFO) << Describe(node)
+                    << " took back its place in the chains of its key slices "
+                       "(replacement "
+                    << node.joined() << ", hand-back in "
+                    << absl::FormatDuration(took)
+                    << "): it answers for the slices of rank " << node.rank()
+                    << " again";
+  const Message change = ChangeMessage(node);
+  for (int peer : LivePeers(-1)) SendNotice(peer, change);
+  MaybeHandBack();
 }
 
 void Scheduler::ReleaseBarriersWithoutDead() {

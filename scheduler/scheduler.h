@@ -155,8 +155,18 @@ class Scheduler {
   bool AllWorkersDone() const;
   // A held spare, if any, replaces a dead server whose rank is free.
   void PlaceSpares();
-  // CAUGHT_UP from replacement `id`: it holds its slices; everyone is told.
+  // CAUGHT_UP from replacement `id`: it holds its slices; everyone is told,
+  // and its hand-back starts.
   void CaughtUp(int id);
+  // Hand-backs (server/replication.h): when none runs, starts one for the
+  // first live server that caught up and is not restored yet: a HANDBACK
+  // notice to every other live server. A server change (death, leave,
+  // replacement, catch-up) gives up the one running first (`GiveUpHandback`).
+  void MaybeHandBack();
+  void GiveUpHandback();
+  // HANDBACK from server `sender`: done with hand-back `epoch`. The last one
+  // completes it (the rank restored, everyone told).
+  void HandbackDone(int sender, uint64_t epoch);
   // The nodes not declared dead, but `except`.
   std::vector<int> LivePeers(int except) const;
   // How many nodes a barrier of `group` waits for (dead servers not).
@@ -195,6 +205,16 @@ class Scheduler {
   // the replacements made so far (NodeInfo.joined of the next is one more).
   std::deque<Registration> spares_;
   uint32_t replacements_ = 0;
+  // The hand-back running: the server taking back its place, the attempt's
+  // number, and the servers whose part is not done yet.
+  struct Handback {
+    int id = 0;
+    uint64_t epoch = 0;
+    std::set<int> waiting;
+    absl::Time started;
+  };
+  std::optional<Handback> handback_;
+  uint64_t handback_epochs_ = 0;
   // Elastic jobs: workers joined so far (NodeInfo.joined of the next is one
   // more), and the servers each joiner's table still waits for.
   uint32_t worker_joins_ = 0;
@@ -261,6 +281,7 @@ class Scheduler {
     Counter* failovers;
     Counter* servers_left;
     Counter* replacements;
+    Counter* handbacks;
     Gauge* spares;
     Counter* barriers_released;
     Counter* notice_resends;

@@ -112,6 +112,11 @@ struct StoredKey {
   enum Transfer : uint8_t { kNoTransfer = 0, kTransferSent, kTransferHeld };
   std::vector<uint8_t> transfer;
   std::vector<absl::Time> transfer_sent;  // when, for kTransferSent
+  // A hand-back (KVServer::HandBack): the slice stops taking pushes at its
+  // next round boundary (kYielding), then holds them (kYielded) until the
+  // table changes.
+  enum Yield : uint8_t { kNotYielding = 0, kYielding, kYielded };
+  uint8_t yield = kNotYielding;
 };
 
 class KeyStore {

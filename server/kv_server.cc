@@ -73,6 +73,17 @@ struct KVServer::Shard {
                    // pending == 0
   // Replication, owned as `store` is: the node table's server states.
   std::vector<ServerState> states;
+  // A hand-back in progress (HandBack): the slices that stop, and the job
+  // (null once this shard's part is done, or none runs).
+  std::vector<StoredKey*> yielding;
+  std::shared_ptr<HandbackJob> handback;
+};
+
+struct KVServer::HandbackJob {
+  uint64_t epoch = 0;
+  std::function<void(uint64_t)> ready;
+  absl::Mutex mu;
+  size_t remaining ABSL_GUARDED_BY(mu) = 0;  // shards not done yet
 };
 
 namespace {
@@ -157,8 +168,12 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
           &replica_updates_);
   counter("tessera_server_promoted_slices_total",
           "Slices this server took over from a dead primary (KV_STATS "
-          "promoted_slices).",
+          "promoted_slices; a hand-back's slices taken back count too).",
           &promoted_);
+  counter("tessera_server_handed_back_slices_total",
+          "Slices this server stopped answering for at a hand-back: a "
+          "replacement that caught up took back its place in their chains.",
+          &slices_handed_back_);
   counter("tessera_server_replica_resends_total",
           "Updates sent again to a backup that had not answered them.",
           &replica_resends_);
@@ -385,7 +400,7 @@ void KVServer::Handle(Message&& msg) {
     Shard* shard = ShardOf(h.slice().key());
     if (shard->pending.load(std::memory_order_acquire) == 0 &&
         !stopped_.load() && DataBytes(msg) <= kInlineReplicaBytes) {
-      Process(shard, std::move(msg));
+      ProcessMessage(shard, std::move(msg));
       return;
     }
     Enqueue(shard, std::move(msg));
@@ -444,7 +459,7 @@ void KVServer::Handle(Message&& msg) {
   // this shard is queued or being processed.
   if (shard->pending.load(std::memory_order_acquire) == 0 && !stopped_.load() &&
       ProcessInline(msg)) {
-    Process(shard, std::move(msg));
+    ProcessMessage(shard, std::move(msg));
     return;
   }
   Enqueue(shard, std::move(msg));
@@ -549,7 +564,7 @@ void KVServer::Run(Shard* shard) {
       shard->phase_key.store(work->msg.header.slice().key(),
                              std::memory_order_relaxed);
       shard->phase.store(work->msg.header.command(), std::memory_order_relaxed);
-      Process(shard, std::move(work->msg));
+      ProcessMessage(shard, std::move(work->msg));
     }
     shard->phase.store(0, std::memory_order_relaxed);
     shard->phase_since_ns.store(absl::GetCurrentTimeNanos(),
@@ -846,6 +861,12 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   // A backup holds a worker's request until it answers for the slice (the
   // worker heard of the primary's death before this server did).
   if (key->replicated && !Active(*ShardOf(key->key), *key)) return false;
+  // A hand-back: past its round boundary the slice takes no push (the
+  // server taking it back will); pulls are still answered.
+  if (key->yield == StoredKey::kYielded &&
+      msg.header.command() != wire::KV_PULL) {
+    return false;
+  }
   if (key->engine->Left(RankOfId(msg.header.sender()))) {
     // Held before its worker left the job (elastic): not taken now.
     Reply(msg, NotInJob(RankOfId(msg.header.sender())));
@@ -968,6 +989,8 @@ void KVServer::CompleteRound(StoredKey* key, int last_rank) {
   }
   key->engine->AfterRound();
   key->progress = true;
+  // A hand-back waited for this boundary: no later push is taken here.
+  if (key->yield == StoredKey::kYielding) key->yield = StoredKey::kYielded;
 }
 
 void KVServer::Replay(StoredKey* key) {
@@ -1502,6 +1525,7 @@ void KVServer::UpdateServers(std::vector<ServerState> states) {
 }
 
 void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
+  EndYield(s);
   std::vector<ServerState> before = std::move(s->states);
   if (before.size() != states.size())
     before.assign(states.size(), ServerState());
@@ -1511,7 +1535,7 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
     if (s->states[r].dead && !before[r].dead) died.push_back(r);
     if (s->states[r].joined != before[r].joined) replaced.push_back(r);
   }
-  uint64_t promoted = 0;
+  uint64_t promoted = 0, handed_back = 0;
   for (const auto& [id, owned] : s->store.keys()) {
     StoredKey* key = owned.get();
     if (!key->replicated) continue;
@@ -1528,6 +1552,7 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
       std::swap(s->states, before);
       return a;
     }();
+    if (was_active && !Active(*s, *key)) ++handed_back;
     if (Active(*s, *key)) {
       if (!was_active) {
         ++promoted;
@@ -1537,12 +1562,97 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
       Replay(key);
     }
   }
+  if (handed_back != 0) {
+    slices_handed_back_ += handed_back;
+    TESSERA_LOG(INFO) << "hand-back: " << handed_back
+                      << " key slice(s) of this server's are answered by the "
+                         "replacement that took back its place";
+  }
   if (promoted != 0) {
     promoted_ += promoted;
-    TESSERA_LOG(WARNING) << "server(s) " << absl::StrJoin(died, ", ")
-                         << " died: this server now answers for " << promoted
-                         << " of their key slices";
+    if (died.empty()) {
+      TESSERA_LOG(INFO) << "hand-back: this server answers for " << promoted
+                        << " key slice(s) of its chains again";
+    } else {
+      TESSERA_LOG(WARNING) << "server(s) " << absl::StrJoin(died, ", ")
+                           << " died: this server now answers for " << promoted
+                           << " of their key slices";
+    }
   }
+}
+
+void KVServer::HandBack(int rank, uint64_t epoch,
+                        std::function<void(uint64_t epoch)> ready) {
+  if (replicas_ <= 1 || rank < 0 || rank >= num_servers_ || rank == rank_ ||
+      epoch <= handback_seen_) {
+    return;
+  }
+  handback_seen_ = epoch;
+  auto job = std::make_shared<HandbackJob>();
+  job->epoch = epoch;
+  job->ready = std::move(ready);
+  {
+    absl::MutexLock lock(&job->mu);
+    job->remaining = shards_.size();
+  }
+  for (auto& shard : shards_) {
+    Post(shard.get(),
+         [this, rank, job](Shard* s) { StartYield(s, rank, job); });
+  }
+}
+
+void KVServer::StartYield(Shard* s, int rank,
+                          const std::shared_ptr<HandbackJob>& job) {
+  EndYield(s);  // an earlier one's, replaced
+  if (rank >= static_cast<int>(s->states.size())) return;
+  // A late notice of a hand-back given up: the rank no longer waits for its
+  // place (it died, or has it), and no answer is due.
+  if (!s->states[rank].holds() || s->states[rank].restored) return;
+  std::vector<ServerState> after = s->states;
+  after[rank].restored = true;
+  for (const auto& [id, owned] : s->store.keys()) {
+    StoredKey* key = owned.get();
+    if (!key->replicated || !Active(*s, *key)) continue;
+    if (ActingPrimary(RankAt(*key, 0), num_servers_, replicas_, after) ==
+        rank_) {
+      continue;
+    }
+    key->yield = !key->sync || key->engine->RoundEmpty() ? StoredKey::kYielded
+                                                         : StoredKey::kYielding;
+    s->yielding.push_back(key);
+  }
+  s->handback = job;
+  CheckYield(s);
+}
+
+void KVServer::CheckYield(Shard* s) {
+  if (s->handback == nullptr) return;
+  for (StoredKey* key : s->yielding) {
+    if (key->yield != StoredKey::kYielded || !key->unacked.empty()) return;
+  }
+  std::shared_ptr<HandbackJob> job = std::move(s->handback);
+  s->handback = nullptr;
+  bool last = false;
+  {
+    absl::MutexLock lock(&job->mu);
+    last = --job->remaining == 0;
+  }
+  if (last) job->ready(job->epoch);
+}
+
+void KVServer::EndYield(Shard* s) {
+  for (StoredKey* key : s->yielding) {
+    if (key->yield == StoredKey::kYielded)
+      key->progress = true;  // its held pushes, if it still answers
+    key->yield = StoredKey::kNotYielding;
+  }
+  s->yielding.clear();
+  s->handback = nullptr;
+}
+
+void KVServer::ProcessMessage(Shard* shard, Message&& msg) {
+  Process(shard, std::move(msg));
+  if (shard->handback != nullptr) CheckYield(shard);
 }
 
 // --- State transfer to a replacement (server/replication.h) ---------------

@@ -115,6 +115,17 @@ class KVServer : private EngineContext {
   // rank, a replacement caught up): every slice follows them. From
   // Handle's thread.
   void UpdateServers(std::vector<ServerState> states);
+  // Hand-back (server/replication.h): server `rank`, a replacement that
+  // caught up, takes back its place in its chains. Every slice this server
+  // answers for that `rank` will answer for stops taking pushes at its next
+  // round boundary (they wait, and go to `rank` once the table says so);
+  // once all did and their backups hold every update made, `ready(epoch)`
+  // runs (on an update thread). The next change of the servers' states
+  // (UpdateServers) ends it: the slices follow the new table. A repeated or
+  // older epoch, or a rank that does not wait for its place, is ignored.
+  // From Handle's thread.
+  void HandBack(int rank, uint64_t epoch,
+                std::function<void(uint64_t epoch)> ready);
   // Elastic jobs (TESSERA_ELASTIC): worker `rank` left the job (goodbye or
   // declared dead). Every slice's open round that it has not pushed to, and
   // every later round, completes without it; what it sends from now on is
@@ -220,6 +231,17 @@ class KVServer : private EngineContext {
                                const char* what);
   // Applies the table's server states to `shard`'s slices.
   void ApplyStates(Shard* shard, std::vector<ServerState> states);
+  // Hand-back, on a shard's thread: its slices that `rank` will answer for
+  // stop at their round boundary; the shard's part is done when they all
+  // did and no update of theirs waits for a backup; a change of the states
+  // ends it (the slices take pushes again, if they still answer).
+  struct HandbackJob;
+  void StartYield(Shard* shard, int rank,
+                  const std::shared_ptr<HandbackJob>& job);
+  void CheckYield(Shard* shard);
+  void EndYield(Shard* shard);
+  // Process, then the shard's part of a hand-back, if any, is looked at.
+  void ProcessMessage(Shard* shard, Message&& msg);
   // The rank at place `place` of `key`'s chain.
   int RankAt(const StoredKey& key, int place) const;
   // `key`'s place of server `rank`, or -1 when it is not in the chain.
@@ -313,6 +335,8 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> promoted_{0};
   std::atomic<uint64_t> replica_resends_{0};
   std::atomic<uint64_t> transfers_sent_{0};
+  std::atomic<uint64_t> slices_handed_back_{0};
+  uint64_t handback_seen_ = 0;  // the last epoch taken; Handle's thread only
   std::atomic<uint64_t> transfer_bytes_sent_{0};
   // A replacement's catch-up (StartCatchUp).
   struct CatchUp {

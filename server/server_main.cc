@@ -244,6 +244,12 @@ int Serve(const Flags& flags, const tessera::Options& options) {
     if (tessera::Node* n = live_node.load())
       server.UpdateServers(n->server_states());
   };
+  callbacks.on_handback = [&server, &live_node](int rank, uint64_t epoch) {
+    tessera::Node* n = live_node.load();
+    if (n == nullptr) return;  // not sent before this server holds slices
+    server.HandBack(rank, epoch,
+                    [n](uint64_t done) { n->ReportHandback(done); });
+  };
   absl::StatusOr<std::unique_ptr<tessera::Node>> started =
       tessera::Node::Start(options, std::move(callbacks));
   if (!started.ok() && options.spare && absl::IsCancelled(started.status())) {

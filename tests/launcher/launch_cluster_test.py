@@ -517,9 +517,11 @@ class LaunchClusterTest(ClusterTestBase):
         # --replicas 2 --spare-servers 1, 3 servers. launch.py's server 1 SIGKILLed
         # mid-training: its slices fail over, the spare takes its rank, the live servers
         # send it the slices of that rank's chains (state transfer) while training goes
-        # on, and it reports caught up. Then launch.py's server 2, which shares chains
-        # with it, is SIGKILLed too: the replacement answers for their slices. The job ends 0 with the
-        # final weights of a fault-free, unreplicated run, bit for bit.
+        # on, and it reports caught up. Then it takes back its place in its chains (a
+        # hand-back at a round boundary: it answers for rank 1's slices again). Then
+        # launch.py's server 2, which shares chains with it, is SIGKILLed too: the
+        # replacement answers for their slices. The job ends 0 with the final weights of
+        # a fault-free, unreplicated run, bit for bit.
         job = self.replicated_training_job(epochs=4)
         want = self.fault_free_checksums(job)
 
@@ -530,9 +532,10 @@ class LaunchClusterTest(ClusterTestBase):
         def read():
             for line in self.proc.stdout:
                 lines.append(line)
-                if re.search(r'\[scheduler\] .*server (\d) \(id \d+ at [0-9.:]+\) caught up: '
-                             r'it holds the key slices of rank \1 again \(replacement 1\)',
-                             line):
+                if re.search(r'\[scheduler\] .*server (\d) \(id \d+ at [0-9.:]+\) took back '
+                             r'its place in the chains of its key slices \(replacement 1, '
+                             r'hand-back in [0-9.]+m?s\): it answers for the slices of rank '
+                             r'\1 again', line):
                     caught_up.set()
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
@@ -565,8 +568,13 @@ class LaunchClusterTest(ClusterTestBase):
                               r'to die')
         self.assertRegex(out, r'\[scheduler\] .*server (\d) \(id \d+ at [0-9.:]+\) \(host .*\) '
                               r'replaces the dead server of rank \1 \(replacement 1\)')
+        self.assertRegex(out, r'\[scheduler\] .*server (\d) \(id \d+ at [0-9.:]+\) caught up: '
+                              r'it holds the key slices of rank \1 again \(replacement 1\)')
         m = re.search(r'\[spare 0\] .*caught up: (\d+) key slice\(s\), (\d+) bytes', out)
         self.assertIsNotNone(m, out)
+        # The hand-back: the spare answers for slices again before the second kill.
+        self.assertRegex(out, r'\[spare 0\] .*hand-back: this server answers for \d+ key '
+                              r'slice\(s\) of its chains again')
         self.assertGreater(int(m.group(1)), 0, out)
         self.assertGreater(int(m.group(2)), 0, out)
         # Both kills failed over (the second to the replacement among others).

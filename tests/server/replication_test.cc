@@ -2,6 +2,7 @@
 // rank 0 the primary of key 7, rank 1 its backup (TESSERA_REPLICAS=2 of 2
 // servers). Messages between the servers are held in outboxes and delivered
 // by the test, so it decides what is lost, late or out of order.
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -160,6 +161,8 @@ class ReplicationTest : public ::testing::Test {
 
   Box primary_{0};
   Box backup_{1};
+  absl::Mutex ref_mu_;
+  std::vector<Message> ref_replies_ ABSL_GUARDED_BY(ref_mu_);
 };
 
 TEST_F(ReplicationTest, PushesAreAnsweredOnlyOnceTheBackupHoldsTheUpdate) {
@@ -484,6 +487,191 @@ TEST_F(ReplicationTest, AReplacementCatchesUpByTransferAndTakesOver) {
   EXPECT_EQ(spare.server().stats().duplicates(), 1u);
   EXPECT_EQ(spare.server().stats().promoted_slices(), 1u);
   EXPECT_EQ(spare.server().stats().rounds_applied(), 0u);
+}
+
+// A replacement that caught up takes back its place (hand-back): the server
+// answering for the slice stops at its round boundary, once its backups hold
+// every update it made; after the table change the replacement answers, and
+// the pushes the other held go to it, with the bits a single server gives.
+TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
+  // Key 7 placed on rank 1 (backup_), its chain 1, 0.
+  for (Box* b : {&primary_, &backup_}) {
+    Message opt;
+    opt.header.set_command(wire::KV_SET_OPTIMIZER);
+    opt.header.set_sender(WorkerId(0));
+    opt.header.set_request_id(next_request++);
+    opt.header.mutable_kv_options()->set_optimizer_spec(
+        "sgd lr=-1 momentum=0.5");
+    b->server().Handle(std::move(opt));
+    ASSERT_TRUE(b->NextReply().has_value());
+  }
+  backup_.server().Handle(Init({1, 2, 3}, /*replica=*/0, true));
+  primary_.server().Handle(Init({1, 2, 3}, /*replica=*/1, true));
+  ASSERT_TRUE(backup_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  // The reference: one server without replicas, the same pushes.
+  KVServer reference(kWorkers, 1, [&](int, Message m) {
+    absl::MutexLock lock(&ref_mu_);
+    if (!m.header.ack_only()) ref_replies_.push_back(std::move(m));
+    return absl::OkStatus();
+  });
+  {
+    Message opt;
+    opt.header.set_command(wire::KV_SET_OPTIMIZER);
+    opt.header.set_sender(WorkerId(0));
+    opt.header.set_request_id(next_request++);
+    opt.header.mutable_kv_options()->set_optimizer_spec(
+        "sgd lr=-1 momentum=0.5");
+    reference.Handle(std::move(opt));
+    reference.Handle(Init({1, 2, 3}, 0, true));
+  }
+  auto push_all = [&](KVServer& to, int rank, uint64_t seq,
+                      const std::vector<float>& g) {
+    to.Handle(Push(rank, seq, g));
+    reference.Handle(Push(rank, seq, g));
+  };
+
+  // Rank 1 dies: rank 0 answers; round 0 there.
+  primary_.server().ServerDied(1);
+  absl::SleepFor(absl::Milliseconds(20));
+  push_all(primary_.server(), 0, 0, {0.1f, 1, 1});
+  push_all(primary_.server(), 1, 0, {0.2f, 0, 4});
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+
+  // A new process takes rank 1 and catches up.
+  std::vector<ServerState> states(2);
+  states[1] = ServerState{false, true, 1};
+  primary_.server().UpdateServers(states);
+  Box spare(1);
+  spare.server().UpdateServers(states);
+  absl::Mutex mu;
+  std::vector<ServerState> table = states;
+  bool caught_up = false;
+  spare.server().StartCatchUp(
+      [&] {
+        absl::MutexLock lock(&mu);
+        return table;
+      },
+      [&] {
+        absl::MutexLock lock(&mu);
+        caught_up = true;
+      });
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&mu);
+      if (caught_up) break;
+    }
+    while (std::optional<Message> m = spare.NextToServer(absl::ZeroDuration()))
+      primary_.server().Handle(*std::move(m));
+    while (std::optional<Message> m =
+               primary_.NextToServer(absl::Milliseconds(5))) {
+      spare.server().Handle(*std::move(m));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_TRUE(caught_up);
+    table[1].catching_up = false;
+  }
+  while (std::optional<Message> m =
+             spare.NextToServer(absl::Milliseconds(50))) {
+    primary_.server().Handle(*std::move(m));
+  }
+  states[1].catching_up = false;
+  primary_.server().UpdateServers(states);
+  spare.server().UpdateServers(states);
+  absl::SleepFor(absl::Milliseconds(20));
+  // Caught up, rank 1 comes last in its own chain: rank 0 still answers.
+  EXPECT_EQ(ActingPrimary(1, 2, 2, states), 0);
+
+  // Round 1 is open (one push of two) when the hand-back starts: rank 0's
+  // part waits for the round and for the replacement to hold its update.
+  push_all(primary_.server(), 0, 1, {0.3f, 1, 1});
+  std::atomic<uint64_t> ready{0};
+  primary_.server().HandBack(1, /*epoch=*/1,
+                             [&](uint64_t epoch) { ready.store(epoch); });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(ready.load(), 0u);
+  push_all(primary_.server(), 1, 1, {0.7f, 2, 2});
+  // Round 2's first push comes past the boundary: held, not taken.
+  push_all(primary_.server(), 0, 2, {0.5f, 1, 1});
+  std::optional<Message> update = primary_.NextToServer();
+  ASSERT_TRUE(update.has_value());
+  ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
+  EXPECT_EQ(update->header.replica_seq(), 1u);  // round 0 was update 0
+  EXPECT_EQ(ready.load(), 0u);  // its backup does not hold it yet
+  spare.server().Handle(*std::move(update));
+  std::optional<Message> answer = spare.NextToServer();
+  ASSERT_TRUE(answer.has_value());
+  primary_.server().Handle(*std::move(answer));
+  ASSERT_TRUE(primary_.NextReply().has_value());  // round 1's two pushes
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  for (int i = 0; i < 100 && ready.load() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(ready.load(), 1u);
+  EXPECT_EQ(primary_.RepliesNow(), 0u);  // round 2's push is held
+  // A repeat of the notice is not taken again.
+  primary_.server().HandBack(1, 1, [&](uint64_t) { ready.store(99); });
+
+  // The table change: rank 1 is restored and answers; the pushes of round
+  // 2 go to it (the worker sends again what waited at rank 0).
+  states[1].restored = true;
+  EXPECT_EQ(ActingPrimary(1, 2, 2, states), 1);
+  primary_.server().UpdateServers(states);
+  spare.server().UpdateServers(states);
+  absl::SleepFor(absl::Milliseconds(20));
+  spare.server().Handle(Push(0, 2, {0.5f, 1, 1}));
+  push_all(spare.server(), 1, 2, {0.25f, 1, 1});
+  update = spare.NextToServer();
+  ASSERT_TRUE(update.has_value());
+  ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
+  EXPECT_EQ(update->header.replica_seq(), 2u);
+  primary_.server().Handle(*std::move(update));
+  answer = primary_.NextToServer();
+  ASSERT_TRUE(answer.has_value());
+  ASSERT_TRUE(FromWire(answer->header.status()).ok())
+      << answer->header.status().message();
+  spare.server().Handle(*std::move(answer));
+  ASSERT_TRUE(spare.NextReply().has_value());
+  ASSERT_TRUE(spare.NextReply().has_value());
+  EXPECT_EQ(ready.load(), 1u);
+  EXPECT_EQ(primary_.RepliesNow(), 0u);  // rank 0 answers nothing now
+
+  spare.server().Handle(Pull(0, 3, 3));
+  std::optional<Message> pulled = spare.NextReply();
+  ASSERT_TRUE(pulled.has_value());
+  reference.Handle(Pull(0, 3, 3));
+  std::vector<float> expected;
+  for (int i = 0; i < 200 && expected.empty(); ++i) {
+    {
+      absl::MutexLock lock(&ref_mu_);
+      for (const Message& m : ref_replies_)
+        if (m.header.command() == wire::KV_PULL) expected = ValuesOf(m);
+    }
+    if (expected.empty()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(expected.size(), 3u);
+  EXPECT_EQ(ValuesOf(*pulled), expected);
+  EXPECT_EQ(spare.server().stats().rounds_applied(), 1u);  // round 2
+  EXPECT_EQ(spare.server().stats().promoted_slices(), 1u);
+  EXPECT_EQ(primary_.server().stats().replica_updates(), 1u);
+  reference.Stop();
+
+  // Rank 1 dies now: rank 0 answers with the same bits, and the push it
+  // held since the boundary is a duplicate (rank 1's update counted it).
+  primary_.server().ServerDied(1);
+  primary_.server().Handle(Pull(1, 3, 3));
+  std::optional<Message> held = primary_.NextReply();
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->header.command(), wire::KV_PUSH);
+  EXPECT_TRUE(FromWire(held->header.status()).ok());
+  std::optional<Message> on_backup = primary_.NextReply();
+  ASSERT_TRUE(on_backup.has_value());
+  EXPECT_EQ(on_backup->header.command(), wire::KV_PULL);
+  EXPECT_EQ(ValuesOf(*on_backup), expected);
+  EXPECT_EQ(primary_.server().stats().duplicates(), 1u);
 }
 
 // A backup that misses updates its primary no longer keeps (answered: the

@@ -1320,8 +1320,25 @@ int KVClient::Route(int server, Message* msg) const {
 void KVClient::ServersChanged() {
   Node* node = live_node_.load(std::memory_order_acquire);
   if (node == nullptr) return;  // Start reads the states once it has the node
-  absl::MutexLock lock(&dead_mu_);
-  states_ = node->server_states();
+  std::vector<int> moved;       // first ranks whose acting primary changed
+  {
+    absl::MutexLock lock(&dead_mu_);
+    std::vector<ServerState> before = std::move(states_);
+    states_ = node->server_states();
+    const int servers = options_.num_servers;
+    if (options_.replicas > 1 && before.size() == states_.size()) {
+      for (int first = 0; first < servers; ++first) {
+        if (ActingPrimary(first, servers, options_.replicas, before) !=
+            ActingPrimary(first, servers, options_.replicas, states_)) {
+          moved.push_back(first);
+        }
+      }
+    }
+  }
+  // A hand-back: the server that answered these slices holds what was sent
+  // to it since it stopped taking pushes; it goes to the one answering now.
+  for (int first : moved)
+    tracker_->ResendNowTo(ServerId(first), absl::InfiniteFuture());
 }
 
 void KVClient::FailOver(int server) {
