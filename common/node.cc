@@ -191,7 +191,9 @@ absl::Status Node::RegisterAndAwaitTable() {
         "TESSERA_AUTH_ONLY, TESSERA_INSECURE?)"));
   }
   for (const auto& [peer_id, info] : nodes_) {
-    if (!WantsLink(peer_id)) continue;
+    // A dead peer gets nothing (a server rank of a TESSERA_MAX_SERVERS job
+    // that has no server yet has no address either).
+    if (!WantsLink(peer_id) || info.dead()) continue;
     TESSERA_RETURN_IF_ERROR(
         transport_->Connect(peer_id, info.host(), info.port()));
   }
@@ -852,7 +854,7 @@ void Node::HandleControl(Message&& msg) {
       // before Join connects to the peers.
       InstallSchedulerIdentity(h.node_table());
       for (const auto& [peer, info] : nodes_) {
-        if (WantsLink(peer)) InstallIdentity(info);
+        if (WantsLink(peer) && !info.dead()) InstallIdentity(info);
       }
       have_table_ = true;
     }

@@ -203,6 +203,33 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
       ReadInt(env, "TESSERA_REPLICAS", 1, std::max(o.num_servers, 1), 1,
               absl::StrCat("a whole number in 1..DMLC_NUM_SERVER (",
                            o.num_servers, ")")));
+  if (const std::string max = ReadString(env, "TESSERA_MAX_SERVERS");
+      !max.empty()) {
+    // Every chain of `replicas` ranks must hold a server at the start: the
+    // job's servers take ranks spread evenly over the most.
+    const int most = o.num_servers * o.replicas;
+    int value = 0;
+    if (!absl::SimpleAtoi(max, &value) || value < o.num_servers ||
+        value > most || value > 100000) {
+      return BadValue(
+          "TESSERA_MAX_SERVERS", max,
+          absl::StrCat("a whole number of server ranks from DMLC_NUM_SERVER (",
+                       o.num_servers,
+                       ") to DMLC_NUM_SERVER x TESSERA_REPLICAS (", most,
+                       "): each chain of TESSERA_REPLICAS ranks needs a server "
+                       "at the start"));
+    }
+    if (o.replicas < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TESSERA_MAX_SERVERS=", max,
+          ": servers join a replicated job only (TESSERA_REPLICAS >= 2): the "
+          "slices of a rank without a server are answered by their replicas"));
+    }
+    if (value > o.num_servers) {
+      o.initial_servers = o.num_servers;
+      o.num_servers = value;
+    }
+  }
   int64_t flag = 0;
   TESSERA_ASSIGN_OR_RETURN(flag,
                            ReadInt(env, "TESSERA_SPARE", 0, 1, 0, "0 or 1"));

@@ -29,8 +29,17 @@ struct Options {
   Role role = Role::kWorker;
   std::string root_uri;  // DMLC_PS_ROOT_URI: IP (v4 or v6) or hostname
   int root_port = 0;     // DMLC_PS_ROOT_PORT: 1..65535
-  int num_servers = 0;   // DMLC_NUM_SERVER: >= 1
-  int num_workers = 0;   // DMLC_NUM_WORKER: >= 1
+  // Server ranks: the key partition's servers, DMLC_NUM_SERVER, or
+  // TESSERA_MAX_SERVERS when that is set (a replicated job that servers may
+  // join: it forms with DMLC_NUM_SERVER of them, `initial_servers`, and the
+  // other ranks wait for servers while their slices' replicas answer for
+  // them; docs/faults.md, "Servers join").
+  int num_servers = 0;
+  int initial_servers = 0;  // 0: num_servers
+  int servers_at_start() const {
+    return initial_servers > 0 ? initial_servers : num_servers;
+  }
+  int num_workers = 0;  // DMLC_NUM_WORKER: >= 1
   std::string
       interface;  // DMLC_INTERFACE: network interface to take the address of
   std::string

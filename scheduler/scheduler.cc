@@ -191,7 +191,7 @@ absl::StatusOr<int> Scheduler::Bind() {
       [this](wire::DebugPending* out) { FillPending(out); });
   InstallPendingDump();
   TESSERA_VLOG(1) << "scheduler listening on " << bound_address_
-                  << ", waiting for " << options_.num_servers
+                  << ", waiting for " << options_.servers_at_start()
                   << " server(s) and " << options_.num_workers << " worker(s)";
   return port;
 }
@@ -212,10 +212,10 @@ std::string Scheduler::MissingNodes() const {
     absl::StrAppend(&missing, options_.num_workers - workers, " of ",
                     options_.num_workers, " worker(s)");
   }
-  if (servers < options_.num_servers) {
+  if (servers < options_.servers_at_start()) {
     absl::StrAppend(&missing, missing.empty() ? "" : " and ",
-                    options_.num_servers - servers, " of ",
-                    options_.num_servers, " server(s)");
+                    options_.servers_at_start() - servers, " of ",
+                    options_.servers_at_start(), " server(s)");
   }
   return missing;
 }
@@ -276,7 +276,7 @@ absl::Status Scheduler::Run() {
                         << absl::FormatDuration(options_.start_timeout)
                         << ", TESSERA_START_TIMEOUT)";
     }
-    if (formed_ && confirmed_.size() < nodes_.size() &&
+    if (formed_ && confirmed_.size() < nodes_.size() - absent_ranks_ &&
         now > std::max(start + options_.start_timeout,
                        formed_at_ + absl::Seconds(2))) {
       // A node registered, so it reaches us; we never heard it confirm the
@@ -284,7 +284,7 @@ absl::Status Scheduler::Run() {
       // this network.
       std::string unconfirmed;
       for (const auto& [id, info] : nodes_) {
-        if (confirmed_.count(id) == 0) {
+        if (confirmed_.count(id) == 0 && !Absent(info)) {
           absl::StrAppend(&unconfirmed, unconfirmed.empty() ? "" : ", ",
                           Describe(info));
         }
@@ -798,7 +798,7 @@ std::vector<std::string> Scheduler::MissingFromBarrier(int group) const {
   for (const auto& [id, n] : nodes_) {
     const bool member = (n.role() == wire::SERVER && (group & kGroupServers)) ||
                         (n.role() == wire::WORKER && (group & kGroupWorkers));
-    if (!member || done_workers_.count(id) != 0) continue;
+    if (!member || done_workers_.count(id) != 0 || n.dead()) continue;
     if (waiting != barriers_.end() && waiting->second.count(id) != 0) continue;
     missing.push_back(Describe(n));
   }
@@ -1073,8 +1073,8 @@ void Scheduler::HandleRegister(const Message& msg) {
     return;
   }
   const int count = registered_by_role_[info.role()];
-  const int wanted =
-      info.role() == wire::SERVER ? options_.num_servers : options_.num_workers;
+  const int wanted = info.role() == wire::SERVER ? options_.servers_at_start()
+                                                 : options_.num_workers;
   if (count >= wanted && options_.elastic() && info.role() == wire::WORKER) {
     // An elastic job's worker past DMLC_NUM_WORKER before the job formed:
     // it joins once the job has formed (at most MAX - DMLC_NUM_WORKER are
@@ -1117,7 +1117,7 @@ void Scheduler::HandleRegister(const Message& msg) {
                                : metrics_.registered_workers)
       ->Add(1);
   if (static_cast<int>(registered_.size()) ==
-      options_.num_servers + options_.num_workers) {
+      options_.servers_at_start() + options_.num_workers) {
     FormJob();
   }
 }
@@ -1287,6 +1287,34 @@ void Scheduler::FormJob() {
     if (!r.key.empty()) keys[{r.info.host(), r.info.port()}] = r.key;
   }
   infos = AssignIds(std::move(infos));
+  std::vector<int> waiting_ranks;
+  if (options_.servers_at_start() < options_.num_servers) {
+    // TESSERA_MAX_SERVERS: the servers take ranks spread over the most, so
+    // that every chain holds one; the other ranks wait for servers (dead in
+    // the table, their slices answered by their replicas).
+    const int most = options_.num_servers,
+              present = options_.servers_at_start();
+    std::vector<bool> taken(most, false);
+    for (wire::NodeInfo& n : infos) {
+      if (n.role() != wire::SERVER) continue;
+      const int rank =
+          static_cast<int>(static_cast<int64_t>(n.rank()) * most / present);
+      n.set_rank(rank);
+      n.set_id(ServerId(rank));
+      taken[rank] = true;
+    }
+    for (int rank = 0; rank < most; ++rank) {
+      if (taken[rank]) continue;
+      wire::NodeInfo absent;
+      absent.set_id(ServerId(rank));
+      absent.set_role(wire::SERVER);
+      absent.set_rank(rank);
+      absent.set_dead(true);
+      infos.push_back(absent);
+      waiting_ranks.push_back(rank);
+    }
+    absent_ranks_ = waiting_ranks.size();
+  }
   for (const wire::NodeInfo& n : infos) {
     auto it = keys.find({n.host(), n.port()});
     if (it != keys.end()) node_key_of_[n.id()] = it->second;
@@ -1294,8 +1322,9 @@ void Scheduler::FormJob() {
   const absl::Time now = absl::Now();
   sealed_key_holder_.clear();  // by id now, not provisional id
   for (const wire::NodeInfo& n : infos) {
-    if (!n.node_key().empty()) sealed_key_holder_[n.node_key()] = n.id();
     nodes_[n.id()] = n;
+    if (Absent(n)) continue;
+    if (!n.node_key().empty()) sealed_key_holder_[n.node_key()] = n.id();
     last_seen_[n.id()] = now;
     (void)LinkTo(n.id(), n);
   }
@@ -1306,17 +1335,28 @@ void Scheduler::FormJob() {
   metrics_.formed->Set(1);
   metrics_.workers_in_job->Set(WorkersInJob());
   for (const auto& [id, info] : nodes_) {
+    if (Absent(info)) continue;
     absl::Status sent = transport_->Send(id, TableMessage(id));
     if (!sent.ok())
       TESSERA_LOG(WARNING) << "send to " << Describe(info) << ": "
                            << sent.message();
   }
-  TESSERA_VLOG(1) << "job formed: " << options_.num_servers << " server(s), "
-                  << options_.num_workers << " worker(s)";
+  TESSERA_VLOG(1) << "job formed: " << options_.servers_at_start()
+                  << " server(s), " << options_.num_workers << " worker(s)";
   for (const wire::NodeInfo& n : infos) TESSERA_VLOG(1) << "  " << Describe(n);
+  if (!waiting_ranks.empty()) {
+    TESSERA_LOG(INFO) << "job formed with " << options_.servers_at_start()
+                      << " of at most " << options_.num_servers
+                      << " server(s) (TESSERA_MAX_SERVERS): server rank(s) "
+                      << absl::StrJoin(waiting_ranks, ", ")
+                      << " wait for a server (TESSERA_SPARE=1, launch.py "
+                         "--add-servers); their key slices' replicas answer "
+                         "for them until then";
+  }
   std::vector<Registration> early;
   early.swap(early_joiners_);
   for (const Registration& r : early) JoinWorker(r, /*id=*/-1);
+  PlaceSpares();  // servers that came early for ranks without one
 }
 
 void Scheduler::Reply(int peer, const wire::Header& request,
@@ -1336,7 +1376,7 @@ void Scheduler::Reply(int peer, const wire::Header& request,
 
 void Scheduler::Broadcast(const Message& msg, int except) {
   for (const auto& [id, info] : nodes_) {
-    if (id == except) continue;
+    if (id == except || Absent(info)) continue;
     Message copy = msg;
     copy.header.set_recipient(id);
     absl::Status sent = transport_->Send(id, copy);
@@ -1553,10 +1593,15 @@ void Scheduler::Replace(int id, const Registration& with) {
   last_seen_[id] = absl::Now();
   metrics_.replacements->Increment();
   (void)LinkTo(id, node);
+  const bool had_none = before.port() == 0;
+  if (had_none) absent_ranks_ -= absent_ranks_ > 0 ? 1 : 0;
   TESSERA_LOG(WARNING) << Describe(node) << " (host "
                        << (with.hostname.empty() ? with.info.host()
                                                  : with.hostname)
-                       << ") replaces the dead server of rank " << node.rank()
+                       << (had_none ? ") takes server rank "
+                                    : ") replaces the dead server of rank ")
+                       << node.rank()
+                       << (had_none ? ", which had no server" : "")
                        << " (replacement " << node.joined()
                        << "); it catches up on the rank's key slices from "
                           "their replicas";

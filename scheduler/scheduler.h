@@ -205,6 +205,12 @@ class Scheduler {
   // the replacements made so far (NodeInfo.joined of the next is one more).
   std::deque<Registration> spares_;
   uint32_t replacements_ = 0;
+  // TESSERA_MAX_SERVERS: server ranks that had no server when the job
+  // formed (in nodes_, dead, with no address until a server takes one).
+  size_t absent_ranks_ = 0;
+  static bool Absent(const wire::NodeInfo& n) {
+    return n.role() == wire::SERVER && n.dead() && n.port() == 0;
+  }
   // The hand-back running: the server taking back its place, the attempt's
   // number, and the servers whose part is not done yet.
   struct Handback {

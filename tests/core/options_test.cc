@@ -100,6 +100,44 @@ TEST(OptionsTest, ElasticBoundsAreReadAndChecked) {
   }
 }
 
+TEST(OptionsTest, MaxServersAreRanksOfAReplicatedJobFormedWithFewer) {
+  auto env = Base();  // DMLC_NUM_SERVER=2
+  absl::StatusOr<Options> o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->num_servers, 2);
+  EXPECT_EQ(o->servers_at_start(), 2);
+  env["TESSERA_REPLICAS"] = "2";
+  env["TESSERA_MAX_SERVERS"] = "4";
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->num_servers, 4);  // the partition's ranks
+  EXPECT_EQ(o->servers_at_start(), 2);
+  env["TESSERA_MAX_SERVERS"] = "2";  // as many as at the start: no change
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->num_servers, 2);
+  EXPECT_EQ(o->servers_at_start(), 2);
+  for (const char* bad : {"1", "5", "x", "3.5", "-4"}) {
+    env["TESSERA_MAX_SERVERS"] = bad;
+    o = Parse(env);
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_EQ(
+        o.status().message(),
+        absl::StrCat("TESSERA_MAX_SERVERS='", bad,
+                     "': expected a whole number of server ranks from "
+                     "DMLC_NUM_SERVER (2) to DMLC_NUM_SERVER x "
+                     "TESSERA_REPLICAS (4): each chain of "
+                     "TESSERA_REPLICAS ranks needs a server at the start"));
+  }
+  env.erase("TESSERA_REPLICAS");
+  env["TESSERA_MAX_SERVERS"] = "2";
+  o = Parse(env);
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(o.status().message(),
+              HasSubstr("TESSERA_MAX_SERVERS=2: servers join a replicated job "
+                        "only (TESSERA_REPLICAS >= 2)"));
+}
+
 TEST(OptionsTest, DefaultsAreHeartbeatsOnAndSixtySecondStart) {
   absl::StatusOr<Options> o = Parse(Base());
   ASSERT_TRUE(o.ok()) << o.status();

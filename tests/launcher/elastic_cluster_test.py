@@ -304,6 +304,78 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assert_soak_checksums_agree(out, 2)
         self.assertEqual(marked_pids(self.mark), [])
 
+    def test_servers_added_to_a_running_job_take_ranks_and_their_slices(self):
+        # 2 servers of at most 4 (--max-servers 4, --replicas 2): the servers take
+        # ranks 0 and 2, and ranks 1 and 3 have their slices answered by their
+        # replicas. A second launch.py with --add-servers 2 --join FILE starts two
+        # servers while the soak runs: each takes a rank without a server, catches up
+        # by state transfer and takes back its place in its chains (a hand-back at a
+        # round boundary), so it answers for its rank's slices. Then launch.py's
+        # server 0 leaves (SIGTERM): its slices fail over to their replicas. The
+        # workers check every round's values exactly; the job and the adder end 0.
+        metrics = launch_hosts.free_port_run(5)
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000', SOAK_PRINT_ROUNDS='1')
+        adder = []
+
+        def add(m):
+            self.wait_formed(metrics)
+            adder.append(subprocess.Popen(
+                [sys.executable, base.LAUNCH, '--add-servers', '2', '--join', m.group(1)],
+                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+        def sigterm(m):
+            pid = node_pid(self.mark, 'server', 0)
+            self.assertIsNotNone(pid, 'server 0 is not running')
+            sys.stderr.write('SIGTERM to server 0 (pid %d)\n' % pid)
+            os.kill(pid, signal.SIGTERM)
+
+        code, out = self.run_acting_on_each(
+            ['-n', '2', '-s', '2', '--replicas', '2', '--max-servers', '4',
+             '--metrics-port', str(metrics), CHECK_WORKER, 'soak', '600', '20'],
+            [(r'to add servers while it runs: launch.py --add-servers N --join (\S+)$', add),
+             (r'\[scheduler\] .*\(replacement 2, hand-back in [^)]*\): it answers for '
+              r'the slices of rank [13] again', sigterm)],
+            timeout=180)
+        self.assertEqual(len(adder), 1, out)
+        try:
+            added_out, _ = adder[0].communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            adder[0].kill()
+            added_out, _ = adder[0].communicate()
+            self.fail('launch.py --add-servers did not end:\n' + added_out)
+        self.assertEqual(code, 0, out + added_out)
+        self.assertEqual(adder[0].returncode, 0, added_out + out)
+        self.assertIn('replicated job (TESSERA_REPLICAS=2, 2 of 4 server rank(s) with a '
+                      'server)', out)
+        self.assertRegex(out, r'\[scheduler\] .*job formed with 2 of at most 4 server\(s\) '
+                              r'\(TESSERA_MAX_SERVERS\): server rank\(s\) 1, 3 wait for a '
+                              r'server')
+        self.assertIn('launch.py: adding 2 server(s) to the replicated job of', added_out)
+        taken = re.findall(r'\[scheduler\] .*server ([13]) \(id \d+ at [^)]*\) \(host [^)]*\) '
+                           r'takes server rank \1, which had no server \(replacement [12]\)',
+                           out)
+        self.assertEqual(sorted(taken), ['1', '3'], out)
+        self.assertEqual(len(re.findall(r'\[scheduler\] .*took back its place in the chains '
+                                        r'of its key slices', out)), 2, out)
+        # Each added server answered for slices of its own (and applied pushes).
+        for i in range(2):
+            self.assertRegex(added_out, r'\[added server %d\] .*hand-back: this server '
+                                        r'answers for \d+ key slice\(s\) of its chains '
+                                        r'again' % i)
+            m = re.search(r'\[added server %d\] .*pushes applied (\d+)' % i, added_out)
+            self.assertIsNotNone(m, added_out)
+            self.assertGreater(int(m.group(1)), 0, added_out)
+        self.assertRegex(out, r'\[scheduler\] .*server 0 \(id \d+ at [^)]*\) left the job '
+                              r'\(it said goodbye\); its key slices fail over')
+        self.assert_soak_checksums_agree(out, 2)
+        self.assertEqual(marked_pids(self.mark), [])
+        bad = subprocess.run([sys.executable, base.LAUNCH, '--add-servers', '1', '--join',
+                              os.path.join(self.tmp.name, 'none.json')],
+                             env=self.env, capture_output=True, text=True, timeout=30)
+        self.assertEqual(bad.returncode, 2, bad.stderr)
+        self.assertIn('--join %s: cannot read the job file' %
+                      os.path.join(self.tmp.name, 'none.json'), bad.stderr)
+
 
 if __name__ == '__main__':
     unittest.main()

@@ -31,14 +31,17 @@ LAUNCH = os.path.join(SOURCE_DIR, 'tools', 'launch.py')
 sys.path.insert(0, os.path.dirname(LAUNCH))
 from tessera_launch.binaries import find_binary, own_build_dirs  # noqa: E402
 from tessera_launch.config import (  # noqa: E402
-    JobConfig, build_config, elastic_of, forwarded_env, metrics_urls, node_env, replicas_of)
+    JobConfig, build_config, elastic_of, forwarded_env, max_servers_of, metrics_urls, node_env,
+    replicas_of)
 from tessera_launch.hosts import (  # noqa: E402
     Host, distinct_hosts, ephemeral_range, free_port_run, interface_ipv4, parse_hostfile_text,
     pick_node_ports, pick_port, place, scheduler_address)
 from tessera_launch.joining import (  # noqa: E402
-    added_worker_nodes, read_job_file, write_job_file)
+    added_server_nodes, added_worker_nodes, read_job_file, read_server_job_file,
+    write_job_file)
 from tessera_launch.keys import (  # noqa: E402
-    job_security, joiner_keys, make_job_keys, prepare_keys, write_job_keys)
+    job_security, joiner_keys, make_job_keys, prepare_keys, server_joiner_keys,
+    write_job_keys)
 from tessera_launch.options import (  # noqa: E402
     MPI_SPEC_VAR, UsageError, parse_args, parse_env_specs)
 from tessera_launch.remote import (  # noqa: E402
@@ -607,6 +610,69 @@ class EnvTest(unittest.TestCase):
                  'only with --launcher local')):
             with self.assertRaisesRegex(UsageError, message):
                 parse_args(argv)
+
+    def test_max_servers_job_file_gives_added_servers_the_servers_variables_and_keys(self):
+        # --max-servers 4 with -s 2 --replicas 2: TESSERA_MAX_SERVERS for every
+        # process, 2 + 4 server keys (one per rank for joiners); the job file holds
+        # the server program, the servers' variables with TESSERA_SPARE=1 and the 4
+        # joiner keys, each claimed once by an added server.
+        args = parse_args(['-n', '2', '-s', '2', '--replicas', '2', '--max-servers', '4',
+                           '--env-server', 'S:1', '/bin/true'])
+        cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(max_servers_of(cfg), 4)
+        for role, task_id in (('scheduler', None), ('server', 1), ('worker', 3)):
+            self.assertEqual(node_env(cfg, role, task_id=task_id)['TESSERA_MAX_SERVERS'], '4')
+        with tempfile.TemporaryDirectory() as tmp:
+            prepare_keys(cfg, args, None, tmp)
+            self.assertEqual(server_joiner_keys(cfg), 4)
+            path = write_job_file(tmp, cfg, ['/x/tessera-server', '--flag'])
+            argv, env, keys = read_server_job_file(path)
+            self.assertEqual(argv, ['/x/tessera-server', '--flag'])
+            self.assertEqual((env['DMLC_ROLE'], env['TESSERA_SPARE'], env['DMLC_NUM_SERVER'],
+                              env['TESSERA_MAX_SERVERS'], env['S']),
+                             ('server', '1', '2', '4', '1'))
+            for name in ('TESSERA_METRICS_PORT', 'DMLC_TASK_ID', 'TESSERA_RESTART_COUNT'):
+                self.assertNotIn(name, env)
+            self.assertEqual(keys, [os.path.join(tmp, 'server-%d.key' % i) for i in range(2, 6)])
+            nodes = added_server_nodes(parse_args(['--add-servers', '3', '--join', path,
+                                                   '--env', 'B:2', '--metrics-port', '9300']),
+                                       {'PATH': '/bin'})
+            self.assertEqual([n.name for n in nodes],
+                             ['added server 0', 'added server 1', 'added server 2'])
+            spawned = [n.spawn(0) for n in nodes]
+            self.assertEqual(spawned[0][0], ['/x/tessera-server', '--flag'])
+            self.assertEqual([e['TESSERA_KEY_FILE'] for _, e, _ in spawned], keys[:3])
+            self.assertEqual([e['TESSERA_METRICS_PORT'] for _, e, _ in spawned],
+                             ['9300', '9301', '9302'])
+            self.assertEqual(spawned[1][1]['B'], '2')
+            added_server_nodes(parse_args(['--add-servers', '1', '--join', path]), {})
+            with self.assertRaisesRegex(UsageError, r'every server key the job made for '
+                                        r'joiners \(4: one per server rank, at most 256\) '
+                                        r'is taken'):
+                added_server_nodes(parse_args(['--add-servers', '1', '--join', path]), {})
+            # An unreplicated job's file has nothing for servers.
+            plain = build_config(parse_args(['-n', '2', '--elastic', '2:3', '/bin/true']),
+                                 self.ENVIRON, 'local', '127.0.0.1', remote=False)
+            self.assertEqual(server_joiner_keys(plain), 0)
+            os.mkdir(os.path.join(tmp, 'plain'))
+            other = write_job_file(os.path.join(tmp, 'plain'), plain, ['/x/tessera-server'])
+            with self.assertRaisesRegex(UsageError, r'not a job file of a replicated job'):
+                read_server_job_file(other)
+        for argv, message in (
+                (['-s', '2', '--max-servers', '4'], '--max-servers 4: needs --replicas R >= 2'),
+                (['-s', '2', '--replicas', '2', '--max-servers', '5'],
+                 r'--max-servers 5: expected -s \(2\) <= M <= -s x --replicas \(4\)'),
+                (['-s', '3', '--replicas', '2', '--max-servers', '2'], 'expected -s'),
+                (['--add-servers', '1', '/bin/true'], 'go together'),
+                (['--add-servers', '1', '--join', 'f', '/bin/true'], 'no COMMAND'),
+                (['--add-servers', '1', '--join', 'f', '-s', '2'],
+                 '-s: not with --add-servers'),
+                (['--add-servers', '1', '--add-workers', '1', '--join', 'f'], 'one at a time'),
+                (['--add-servers', '1', '--join', 'f', '--launcher', 'ssh'],
+                 'only with --launcher local')):
+            with self.assertRaisesRegex(UsageError, message):
+                parse_args((['-n', '1'] if argv[0] == '-s' else []) + argv
+                           + (['/bin/true'] if argv[0] == '-s' else []))
 
     def test_metrics_port_gives_each_process_base_plus_its_index(self):
         args = parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])

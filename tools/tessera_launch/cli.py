@@ -12,9 +12,9 @@ import sys
 import tempfile
 
 from .binaries import SOURCE_TREE_SCRIPT, check_command, find_binary, own_build_dirs
-from .config import build_config, elastic_of, metrics_urls, replicas_of
+from .config import build_config, elastic_of, max_servers_of, metrics_urls, replicas_of
 from .hosts import interface_ipv4, parse_hostfile, scheduler_address
-from .joining import added_worker_nodes, write_job_file
+from .joining import added_server_nodes, added_worker_nodes, write_job_file
 from .keys import find_keygen, job_security, prepare_keys
 from .local import local_nodes
 from .mpi import install_mpi_keys, mpi_child, mpi_nodes, remove_mpi_keys
@@ -25,12 +25,13 @@ from .supervisor import Job, install_signal_handlers
 from . import status
 
 
-def add_workers(args, nodes):
-    """launch.py --add-workers N --join FILE: runs the N workers that join the
-    running elastic job to their end. Returns their exit status (the first
-    failure's, which stops the others)."""
-    sys.stderr.write('%s: adding %d worker(s) to the elastic job of %s\n'
-                     % (PROG, args.add_workers, args.join))
+def add_nodes(args, nodes, what):
+    """launch.py --add-workers N (or --add-servers N) --join FILE: runs the N
+    workers (servers) that join the running job to their end. Returns their
+    exit status (the first failure's, which stops the others)."""
+    sys.stderr.write('%s: adding %d %s to the %s job of %s\n'
+                     % (PROG, len(nodes), what,
+                        'elastic' if what.startswith('worker') else 'replicated', args.join))
     sys.stderr.flush()
     job = Job(nodes, args.timeout, 0, args.verbose, args.quiet_notice)
     install_signal_handlers(job)
@@ -49,9 +50,11 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
         if args.status is not None:
             return status.main(args.status, sys.stdout)
         path_env = environ.get('PATH', os.defpath)
+        if args.add_servers is not None:
+            return add_nodes(args, added_server_nodes(args, environ), 'server(s)')
         if args.add_workers is not None:
             check_command(args.command, path_env)
-            return add_workers(args, added_worker_nodes(args, environ))
+            return add_nodes(args, added_worker_nodes(args, environ), 'worker(s)')
         if args.interface:
             interface_ipv4(args.interface)  # fails early for a wrong name
         hosts = None
@@ -119,15 +122,24 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
         job = Job(nodes, args.timeout, args.restarts, args.verbose, args.quiet_notice,
                   replicas=replicas_of(cfg), elastic=elastic_of(cfg))
         install_signal_handlers(job)
-        if elastic_of(cfg) and args.launcher == 'local':
+        servers_join = replicas_of(cfg) >= 2 and server_bin is not None
+        if (elastic_of(cfg) or servers_join) and args.launcher == 'local':
             try:
-                job_file = write_job_file(tmpdir, cfg)
+                job_file = write_job_file(
+                    tmpdir, cfg, [server_bin] + args.server_argv_extra if servers_join
+                    else None)
             except OSError as e:
                 say('cannot write the job file: %s' % e)
                 return 1
-            say('elastic job (TESSERA_ELASTIC=%s); to add workers while it runs: '
-                'launch.py --add-workers N --join %s COMMAND [ARGS...]'
-                % (elastic_of(cfg), job_file))
+            if elastic_of(cfg):
+                say('elastic job (TESSERA_ELASTIC=%s); to add workers while it runs: '
+                    'launch.py --add-workers N --join %s COMMAND [ARGS...]'
+                    % (elastic_of(cfg), job_file))
+            if servers_join:
+                ranks = max_servers_of(cfg)
+                say('replicated job (TESSERA_REPLICAS=%d, %d of %d server rank(s) with a '
+                    'server); to add servers while it runs: launch.py --add-servers N '
+                    '--join %s' % (replicas_of(cfg), cfg.num_servers, ranks, job_file))
         if args.verbose:
             say('%s job: scheduler at %s:%d, %d server(s), %d worker(s)'
                 % (cfg.cluster, cfg.root_uri, cfg.port, cfg.num_servers, cfg.num_workers))

@@ -149,6 +149,8 @@ def build_config(args, environ, cluster, root_uri, remote):
         env_all['TESSERA_REPLICAS'] = str(args.replicas)
     if getattr(args, 'elastic', None) is not None:
         env_all['TESSERA_ELASTIC'] = args.elastic
+    if getattr(args, 'max_servers', None) is not None:
+        env_all['TESSERA_MAX_SERVERS'] = str(args.max_servers)
     return JobConfig(
         cluster=cluster, root_uri=root_uri, port=port, node_ports=node_ports,
         metrics_port=args.metrics_port, spare_servers=args.spare_servers,
@@ -163,6 +165,18 @@ def elastic_of(cfg):
     """TESSERA_ELASTIC as the nodes get it ('' when unset)."""
     value = cfg.forwarded.get('TESSERA_ELASTIC', '')
     return cfg.env_all.get('TESSERA_ELASTIC', value)
+
+
+def max_servers_of(cfg):
+    """The server ranks of the job: TESSERA_MAX_SERVERS as the servers get it, or
+    -s when unset or not a number."""
+    value = cfg.forwarded.get('TESSERA_MAX_SERVERS')
+    value = cfg.env_all.get('TESSERA_MAX_SERVERS', value)
+    value = cfg.env_server.get('TESSERA_MAX_SERVERS', value)
+    try:
+        return max(int(value), cfg.num_servers) if value else cfg.num_servers
+    except ValueError:
+        return cfg.num_servers
 
 
 def replicas_of(cfg):

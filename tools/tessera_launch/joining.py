@@ -1,4 +1,5 @@
-"""Workers added to a running elastic job (launch.py --add-workers N --join FILE).
+"""Workers added to a running elastic job (launch.py --add-workers N --join FILE),
+and servers added to a running replicated job (--add-servers N --join FILE).
 
 An elastic job started by the local launcher writes a job file into its private
 folder (0700, with its keys) and prints how to add workers. The file holds what a
@@ -11,8 +12,14 @@ worker program with those variables; each registers with the scheduler, which
 gives it a rank while fewer than MAX workers are in the job (docs/faults.md,
 "Elastic jobs").
 
-    write_job_file(tmpdir, cfg)          # the running job's side; returns the path
+A replicated job's file also holds what an added server needs: the server
+program (with --server-args), the servers' variables (TESSERA_SPARE=1: the
+scheduler gives it a server rank without a live server, docs/faults.md,
+"Servers join") and the server keys made for joiners.
+
+    write_job_file(tmpdir, cfg, server_argv)    # the running job's side; the path
     nodes = added_worker_nodes(args, environ)   # the adding launch.py's side
+    nodes = added_server_nodes(args, environ)
 
 Errors: UsageError for a job file that cannot be read or is not one.
 """
@@ -20,8 +27,8 @@ Errors: UsageError for a job file that cannot be read or is not one.
 import json
 import os
 
-from .config import node_env
-from .keys import MAX_JOINER_KEYS, joiner_keys
+from .config import node_env, replicas_of
+from .keys import MAX_JOINER_KEYS, joiner_keys, server_joiner_keys
 from .options import UsageError, parse_env_specs
 from .supervisor import Node
 
@@ -31,46 +38,68 @@ _VERSION = 1
 _PER_PROCESS = ('TESSERA_METRICS_PORT', 'DMLC_TASK_ID', 'PORT', 'TESSERA_RESTART_COUNT')
 
 
-def write_job_file(folder, cfg):
-    """Writes folder/job.json (0600) for workers that join the running job `cfg`;
-    returns its path. With fresh keys it lists the worker keys made for joiners
-    (keys.joiner_keys): each added worker claims one."""
-    env = node_env(cfg, 'worker')
+def _shared_env(cfg, role):
+    env = node_env(cfg, role)
     for name in _PER_PROCESS:
         env.pop(name, None)
+    return env
+
+
+def _key_files(cfg, role, first, count):
     keys = []
-    for index in range(cfg.num_workers, cfg.num_workers + joiner_keys(cfg)):
-        key_env = cfg.node_key_env.get(('worker', index), {})
+    for index in range(first, first + count):
+        key_env = cfg.node_key_env.get((role, index), {})
         if 'TESSERA_KEY_FILE' in key_env:
             keys.append(key_env['TESSERA_KEY_FILE'])
+    return keys
+
+
+def write_job_file(folder, cfg, server_argv=None):
+    """Writes folder/job.json (0600) for workers (an elastic job) and servers (a
+    replicated job, `server_argv` the server program) that join the running job
+    `cfg`; returns its path. With fresh keys it lists the node keys made for
+    joiners (keys.joiner_keys, keys.server_joiner_keys): each joiner claims one."""
+    job = {'tessera_job': _VERSION, 'scheduler': '%s:%d' % (cfg.root_uri, cfg.port),
+           'worker_env': _shared_env(cfg, 'worker'),
+           'joiner_keys': _key_files(cfg, 'worker', cfg.num_workers, joiner_keys(cfg))}
+    if server_argv and replicas_of(cfg) >= 2:
+        job['server_argv'] = list(server_argv)
+        job['server_env'] = _shared_env(cfg, 'spare')
+        job['server_keys'] = _key_files(
+            cfg, 'server', cfg.num_servers + getattr(cfg, 'spare_servers', 0),
+            server_joiner_keys(cfg))
     path = os.path.join(folder, JOB_FILE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, 'w') as f:
-        json.dump({'tessera_job': _VERSION, 'scheduler': '%s:%d' % (cfg.root_uri, cfg.port),
-                   'worker_env': env, 'joiner_keys': keys}, f, indent=1, sort_keys=True)
+        json.dump(job, f, indent=1, sort_keys=True)
     return path
 
 
-def claim_key(keys, path):
-    """The first key file of `keys` no added worker claimed yet (claimed by
-    creating KEY.claimed, which fails when it exists). Raises UsageError when
-    none is left."""
+def claim_key(keys, path, role='worker'):
+    """The first key file of `keys` no added worker (or server) claimed yet
+    (claimed by creating KEY.claimed, which fails when it exists). Raises
+    UsageError when none is left."""
     for key in keys:
         try:
             os.close(os.open(key + '.claimed', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             return key
         except FileExistsError:
             continue
+    if role == 'server':
+        raise UsageError('--join %s: every server key the job made for joiners (%d: one per '
+                         'server rank, at most %d) is taken; start such a job with your own '
+                         'keys (TESSERA_KEY_DIR: any server may use the role key)'
+                         % (path, len(keys), MAX_JOINER_KEYS))
     raise UsageError('--join %s: every worker key the job made for joiners (%d: MAX of '
                      '--elastic MIN:MAX, at most %d) is taken; start such a job with your own '
                      'keys (TESSERA_KEY_DIR: any worker may use the role key)'
                      % (path, len(keys), MAX_JOINER_KEYS))
 
 
-def read_job_file(path):
-    """The worker variables and joiner keys of the job file at `path`. Raises
-    UsageError, also for a file another user owns or others may write (its
-    variables go into the workers' environment)."""
+def _load_job_file(path):
+    """The job file at `path` as a dict. Raises UsageError, also for a file
+    another user owns or others may write (its variables go into the joiners'
+    environment)."""
     try:
         info = os.stat(path)
         if info.st_uid != os.getuid() or info.st_mode & 0o022:
@@ -82,6 +111,14 @@ def read_job_file(path):
         raise UsageError('--join %s: cannot read the job file (%s); it is the file an '
                          'elastic job started by launch.py names when it starts, and it '
                          'goes away when that job ends' % (path, e))
+    return job
+
+
+def read_job_file(path):
+    """The worker variables and joiner keys of the job file at `path`. Raises
+    UsageError, also for a file another user owns or others may write (its
+    variables go into the workers' environment)."""
+    job = _load_job_file(path)
     env = job.get('worker_env') if isinstance(job, dict) else None
     keys = job.get('joiner_keys', []) if isinstance(job, dict) else None
     if (job.get('tessera_job') != _VERSION if isinstance(job, dict) else True) or \
@@ -113,4 +150,44 @@ def added_worker_nodes(args, environ):
                 env['TESSERA_METRICS_PORT'] = str(args.metrics_port + i)
             return list(args.command), env, None
         nodes.append(Node('added worker', i, spawn, primary=True))
+    return nodes
+
+
+def read_server_job_file(path):
+    """The server program, variables and joiner keys of the job file at `path`.
+    Raises UsageError, also for a job that servers cannot join (not replicated)."""
+    job = _load_job_file(path)
+    ok = isinstance(job, dict) and job.get('tessera_job') == _VERSION
+    argv = job.get('server_argv') if ok else None
+    env = job.get('server_env') if ok else None
+    keys = job.get('server_keys', []) if ok else None
+    if not isinstance(argv, list) or not argv or \
+            not all(isinstance(a, str) for a in argv) or not isinstance(env, dict) or \
+            not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()) or \
+            not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise UsageError('--join %s: not a job file of a replicated job (expected what '
+                         'launch.py --replicas R >= 2 writes: {"tessera_job": %d, '
+                         '"server_argv": [...], "server_env": {...}}); servers join '
+                         'replicated jobs only' % (path, _VERSION))
+    return argv, env, keys
+
+
+def added_server_nodes(args, environ):
+    """The N servers of --add-servers: the job's server program with the job
+    file's variables (TESSERA_SPARE=1), then --env and --env-server on top."""
+    argv, job_env, keys = read_server_job_file(args.join)
+    job_env.update(parse_env_specs(args.env, '--env', environ))
+    job_env.update(parse_env_specs(args.env_server, '--env-server', environ))
+    nodes = []
+    for i in range(args.add_servers):
+        own = {'TESSERA_KEY_FILE': claim_key(keys, args.join, 'server')} if keys else {}
+
+        def spawn(restart_count, i=i, own=own):
+            env = dict(environ)
+            env.update(job_env)
+            env.update(own)
+            if args.metrics_port is not None:
+                env['TESSERA_METRICS_PORT'] = str(args.metrics_port + i)
+            return list(argv), env, None
+        nodes.append(Node('added server', i, spawn, primary=True))
     return nodes

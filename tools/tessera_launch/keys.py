@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 
 from .binaries import SOURCE_TREE_SCRIPT, own_build_dirs
-from .config import elastic_of
+from .config import elastic_of, max_servers_of, replicas_of
 from .options import SetupError, UsageError
 
 
@@ -123,6 +123,14 @@ def joiner_keys(cfg):
         return 0
 
 
+def server_joiner_keys(cfg):
+    """Node keys a replicated job makes for servers added while it runs
+    (launch.py --add-servers): one per server rank (every rank may be taken
+    again once), at most MAX_JOINER_KEYS; 0 for other jobs. Server keys after
+    the job's own servers' and spares'."""
+    return min(max_servers_of(cfg), MAX_JOINER_KEYS) if replicas_of(cfg) >= 2 else 0
+
+
 def prepare_keys(cfg, args, hosts, tmpdir, keygen=None):
     """Writes fresh job keys into tmpdir (0700) with tessera-keygen and says where
     every process finds its own (cfg.key_env, cfg.key_text). Returns the folder
@@ -131,7 +139,8 @@ def prepare_keys(cfg, args, hosts, tmpdir, keygen=None):
     if args.launcher != 'mpi':
         # Every process its own key (mpi ranks read one folder per host, by
         # role: they keep their role's keys).
-        servers = cfg.num_servers + getattr(cfg, 'spare_servers', 0)
+        servers = (cfg.num_servers + getattr(cfg, 'spare_servers', 0)
+                   + server_joiner_keys(cfg))
         workers = cfg.num_workers + joiner_keys(cfg)
         run_keygen(tmpdir, keygen, servers, workers)
         for role, count in (('server', servers), ('worker', workers)):

@@ -126,6 +126,17 @@ def build_parser():
                    metavar='K', help='start K spare servers (TESSERA_SPARE=1, --launcher local): '
                    'each waits until a server dies, takes its rank and catches up on its '
                    'key slices from their replicas (needs --replicas R >= 2)')
+    p.add_argument('--max-servers', type=_int_arg(1, 'a positive integer'), default=None,
+                   metavar='M', help='servers may join the running job up to M '
+                   '(TESSERA_MAX_SERVERS, needs --replicas R >= 2 and -s <= M <= -s x R): '
+                   'the key slices are placed over M server ranks, the -s servers take '
+                   'ranks spread over them, and a server added later (--add-servers) '
+                   'takes a rank without one, catches up and answers for its slices '
+                   '(docs/faults.md, "Servers join")')
+    p.add_argument('--add-servers', type=_int_arg(1, 'a positive integer'), default=None,
+                   metavar='N', help='add N servers to a running replicated job instead of '
+                   'starting one: needs --join FILE, the job file that job named when it '
+                   'started; each takes a server rank that has no live server')
     p.add_argument('--elastic', default=None, metavar='MIN:MAX',
                    help='an elastic job (TESSERA_ELASTIC): a worker that dies or leaves '
                    '(SIGTERM: after its step) no longer ends the job while at least MIN '
@@ -137,8 +148,8 @@ def build_parser():
                    'instead of starting one: needs --join FILE, the job file that job named '
                    'when it started; -n, -s and the job\'s other settings come from it')
     p.add_argument('--join', default=None, metavar='FILE',
-                   help='with --add-workers: the running elastic job\'s job file (launch.py '
-                   '--elastic prints its path)')
+                   help='with --add-workers or --add-servers: the running job\'s job file '
+                   '(launch.py --elastic or --replicas prints its path)')
     p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
                    help='when the job has printed nothing for this long, say which of its '
                         'processes still run (default: 60; again every SECONDS)')
@@ -171,6 +182,7 @@ _VALUE_FLAGS = frozenset([
     '--sync-dst-dir', '--env', '--env-server', '--env-worker', '--scheduler-binary',
     '--server-binary', '--interface', '--port', '--timeout', '--restarts', '--metrics-port',
     '--replicas', '--spare-servers', '--elastic', '--add-workers', '--join',
+    '--max-servers', '--add-servers',
 ])
 
 
@@ -188,6 +200,26 @@ def parse_args(argv):
                                  'address) or --metrics-port BASE')
             args.status = '127.0.0.1:%d' % args.metrics_port
         return args
+    if args.add_servers is not None:
+        if args.add_workers is not None:
+            raise UsageError('--add-servers and --add-workers: one at a time (each is a '
+                             'launch.py of its own)')
+        if not args.join:
+            raise UsageError('--add-servers N and --join FILE go together (N servers join '
+                             'the running replicated job of the job file FILE)')
+        if args.command:
+            raise UsageError('--add-servers: no COMMAND (the servers run the job\'s '
+                             'tessera-server, which the job file names)')
+        if args.launcher != 'local':
+            raise UsageError('--add-servers: only with --launcher local so far (the servers '
+                             'start on this host)')
+        for flag, value in (('-n', args.num_workers), ('-s', args.num_servers),
+                            ('--elastic', args.elastic), ('--replicas', args.replicas),
+                            ('--max-servers', args.max_servers)):
+            if value is not None:
+                raise UsageError('%s: not with --add-servers (the job file says the job\'s '
+                                 'settings)' % flag)
+        return args
     if args.add_workers is not None or args.join is not None:
         if args.add_workers is None or not args.join:
             raise UsageError('--add-workers N and --join FILE go together (N workers join '
@@ -199,7 +231,8 @@ def parse_args(argv):
             raise UsageError('--add-workers: only with --launcher local so far (the workers '
                              'start on this host)')
         for flag, value in (('-n', args.num_workers), ('-s', args.num_servers),
-                            ('--elastic', args.elastic), ('--replicas', args.replicas)):
+                            ('--elastic', args.elastic), ('--replicas', args.replicas),
+                            ('--max-servers', args.max_servers)):
             if value is not None:
                 raise UsageError('%s: not with --add-workers (the job file says the job\'s '
                                  'settings)' % flag)
@@ -235,6 +268,17 @@ def parse_args(argv):
         if args.launcher != 'local':
             raise UsageError('--spare-servers: only with --launcher local so far (spares on '
                              'other hosts: start tessera-server with TESSERA_SPARE=1 there)')
+    if args.max_servers is not None:
+        replicas = args.replicas or 1
+        if replicas < 2:
+            raise UsageError('--max-servers %d: needs --replicas R >= 2 (the slices of a '
+                             'server rank without a server are answered by their replicas)'
+                             % args.max_servers)
+        if not args.num_servers <= args.max_servers <= args.num_servers * replicas:
+            raise UsageError('--max-servers %d: expected -s (%d) <= M <= -s x --replicas '
+                             '(%d): every chain of R ranks needs a server at the start'
+                             % (args.max_servers, args.num_servers,
+                                args.num_servers * replicas))
     if args.elastic is not None:
         m = re.match(r'^(\d+):(\d+)$', args.elastic)
         low, high = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
