@@ -38,10 +38,12 @@
 //
 // Replacements. A server that takes a dead server's rank (a spare,
 // TESSERA_SPARE=1, held by the scheduler until then; or the dead server
-// restarted) is marked catching_up in a table change, with `joined` the
+// restarted; or, with TESSERA_MAX_SERVERS, a server added to a rank that had
+// none) is marked catching_up in a table change, with `joined` the
 // number of replacements so far. Chains answer in their order with the
 // replacements last, in the order they joined (common/replica_chain.h): the
-// server answering for a slice keeps answering until it dies. The
+// server answering for a slice keeps answering until it dies or hands the
+// slice back (below). The
 // replacement asks every live server for the slices of its chains
 // (KV_TRANSFER without a slice, again every PS_RESEND_TIMEOUT until done); a
 // server sends one KV_TRANSFER per slice it answers for whose chain holds
@@ -54,6 +56,21 @@
 // its slices and counts for their survival again (a second death of the
 // chain's other member fails over to it). Until then a death that leaves
 // only the replacement ends the job.
+//
+// Hand-back. Once a replacement caught up, the scheduler gives it back its
+// place in its chains' order (HANDBACK, one at a time): every live server
+// computes the slices whose acting primary the replacement becomes
+// (ServerState.restored) and that it answers for now; each such slice stops
+// taking pushes at its next round boundary (at once when its round is empty,
+// or for a dist_async slice) and holds later ones, still answering pulls.
+// When every such slice stopped and its backups hold every update it made,
+// the server tells the scheduler; when all did, the scheduler marks the
+// replacement restored in a table change. The replacement, holding every
+// update, answers from then on; the old server is a backup, and the workers
+// send what waited there to the replacement (a push it counted already is a
+// duplicate). A change of the servers before that (a death, a leave, another
+// replacement) gives the hand-back up: the slices take pushes again, and the
+// scheduler starts it anew. Only the moving slices pause, for about a round.
 //
 // Gaps. A backup that gets an update past the next one answers with what it
 // holds (FailedPrecondition, replica_seq: its count): the primary resends

@@ -307,6 +307,15 @@ class Job(object):
         self.procs.append(proc)
         return proc
 
+    def add_server(self, host, label, extra_env):
+        """Starts one more server in HOSTS[host]'s namespace (one added to a
+        replicated job); wait() waits for it too."""
+        env = dict(self.base, DMLC_ROLE='server', DMLC_NODE_HOST=addr(host))
+        env.update(extra_env)
+        proc = Proc(self.topo, self.topo.namespaces[host], label, [SERVER], env)
+        self.procs.append(proc)
+        return proc
+
     def wait(self, timeout, watch=None):
         """Waits for every process to exit. Returns (return codes by label, why)
         where why is None when all exited by themselves. After the first
@@ -719,6 +728,30 @@ class NetFaultTest(unittest.TestCase):
         outputs = ''.join(p.output() for p in job.procs)
         self.assertRegex(outputs, r'joins the job \(join 1\): %d of at most %d worker'
                          % (NUM_WORKERS + 1, NUM_WORKERS + 1))
+
+    def test_6_server_joining_under_the_same_faults(self):
+        # TESSERA_REPLICAS=2 and TESSERA_MAX_SERVERS=N+1: the job forms with its N
+        # servers on N of N+1 ranks; after round 5, one more server (TESSERA_SPARE=1)
+        # started in server 0's host takes the rank without one under the loss, the
+        # delay and the killed connections: it catches up by state transfer and takes
+        # back its place (a hand-back), answering for its rank's slices. Same
+        # checksums as the fault-free run; every process exits 0.
+        added = []
+
+        def start_server(job):
+            if not added and 'round 5 done' in job.workers()[0].output():
+                added.append(job.add_server(1, 'added server', {'TESSERA_SPARE': '1'}))
+        job = self.faulted_run({'TESSERA_REPLICAS': '2',
+                                'TESSERA_MAX_SERVERS': str(NUM_SERVERS + 1),
+                                'SOAK_PRINT_ROUNDS': '1'},
+                               on_poll=start_server)
+        self.assertEqual(len(added), 1, job.report())
+        out = added[0].output()
+        self.assertRegex(out, r'caught up: \d+ key slice\(s\)', job.report())
+        self.assertRegex(out, r'hand-back: this server answers for \d+ key slice\(s\) of '
+                              r'its chains again', job.report())
+        self.assertRegex(job.procs[0].output(), r'takes server rank \d+, which had no server '
+                                                r'\(replacement 1\)')
 
     def faulted_run(self, extra_env=None, want=True, on_poll=None, rounds=None):
         """The job under loss, delay and killed connections; checks it against the

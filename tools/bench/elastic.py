@@ -23,6 +23,13 @@ its own (TESSERA_KEY_DIR) so that a worker started by hand can join. Three scene
            round checked exactly): from the signal to the scheduler's line, to the
            first round completed after that, and the workers' longest round
            around it against their median.
+  server-join  2 servers of at most 3 (--replicas 2 --max-servers 3; rank 2 has no
+           server): a third server started by hand (TESSERA_SPARE=1) after
+           --kill-after s takes rank 2, catches up by state transfer and takes back
+           its place (hand-back; every round checked exactly): from its start to
+           the scheduler placing it and to the hand-back's end, the hand-back's own
+           duration (the most a moving slice's pushes wait), the bytes moved per
+           slice, and the workers' longest round around it against their median.
 
     tools/bench/elastic.py --build /abs/build [--runs 3] [--heartbeat-timeout 2]
         [--security default|none]
@@ -70,10 +77,13 @@ def one_run(args, scene, mark, key_dir):
     extra = {'death': ['--env-worker', 'SOAK_CHECK:0'],
              'goodbye': ['--env-worker', 'SOAK_LEAVE:2:100'],
              'join': ['--env-worker', 'SOAK_JOINER:3'],
-             'server-leave': []}[scene]
+             'server-leave': [], 'server-join': []}[scene]
     bounds = '2:4' if scene == 'join' else '2:3'
-    shape = (['-s', '3', '--replicas', '2'] if scene == 'server-leave'
-             else ['-s', '2', '--elastic', bounds])
+    shape = {'server-leave': ['-s', '3', '--replicas', '2'],
+             'server-join': ['-s', '2', '--replicas', '2', '--max-servers', '3']}.get(
+                 scene, ['-s', '2', '--elastic', bounds])
+    if args.big_values:
+        env['SOAK_BIG_VALUES'] = str(args.big_values)
     cmd = [sys.executable, os.path.join(SOURCE, 'tools', 'launch.py'), '-n', '3'] + shape + [
            '--port', str(port)] + extra + [
                worker, 'soak', str(args.rounds), str(args.sleep_ms)]
@@ -95,6 +105,13 @@ def one_run(args, scene, mark, key_dir):
             sys.exit('elastic.py: %s (task id %d) is not running (job ended early?)'
                      % (role, task_id))
         os.kill(pid, sig)
+    elif scene == 'server-join':
+        joiner = subprocess.Popen(
+            [os.path.join(args.build, 'server', 'tessera-server')],
+            env=dict(env, TESSERA_SPARE='1', DMLC_ROLE='server', DMLC_PS_ROOT_URI='127.0.0.1',
+                     DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER='3', DMLC_NUM_SERVER='2',
+                     TESSERA_REPLICAS='2', TESSERA_MAX_SERVERS='3'),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     elif scene == 'join':
         joiner = subprocess.Popen(
             [worker, 'soak', str(args.rounds * 2), str(args.sleep_ms)],
@@ -149,6 +166,32 @@ def one_run(args, scene, mark, key_dir):
                   if event - 1 < b < event + 3]
         result.update(left_s=left - event, next_round_s=after - event,
                       longest_round_ms=1000 * max(window) if window else float('nan'))
+    elif scene == 'server-join':
+        placed = handed = None
+        took = float('nan')
+        for line in out.splitlines():
+            if not line.startswith('[scheduler]'):
+                continue
+            if 'which had no server' in line:
+                placed = log_time(line, day)
+            m = re.search(r'hand-back in ([0-9.]+)(us|ms|s)\)', line)
+            if m:
+                handed = log_time(line, day)
+                took = float(m.group(1)) * {'us': 1e-3, 'ms': 1.0, 's': 1e3}[m.group(2)]
+        caught = re.search(r'caught up: (\d+) key slice\(s\), (\d+) bytes, in ([0-9.]+)(us|ms|s)',
+                           joined_out)
+        if placed is None or handed is None or caught is None:
+            sys.exit('elastic.py: server-join: no placement, catch-up or hand-back:\n%s\n%s'
+                     % (out[-4000:], joined_out[-2000:]))
+        slices, moved = int(caught.group(1)), int(caught.group(2))
+        window = [b - a for w in survivors for (_, a), (_, b) in zip(done[w], done[w][1:])
+                  if event - 1 < b < handed + 2]
+        result.update(placed_s=placed - event, handed_back_s=handed - event,
+                      handback_ms=took, slices=float(slices),
+                      bytes_per_slice=float(moved) / max(slices, 1),
+                      catch_up_ms=float(caught.group(3)) * {'us': 1e-3, 'ms': 1.0,
+                                                            's': 1e3}[caught.group(4)],
+                      longest_round_ms=1000 * max(window) if window else float('nan'))
     elif scene == 'goodbye':
         steps = []
         for w in survivors:
@@ -177,14 +220,18 @@ def main():
     p.add_argument('--kill-after', type=float, default=1.5)
     p.add_argument('--heartbeat-timeout', type=float, default=2.0)
     p.add_argument('--security', choices=('default', 'none'), default='default')
-    p.add_argument('--scenes', default='death,goodbye,join,server-leave',
+    p.add_argument('--big-values', type=int, default=0,
+                   help='the soak\'s big key\'s length (SOAK_BIG_VALUES; 0: its 5000)')
+    p.add_argument('--scenes', default='death,goodbye,join,server-leave,server-join',
                    help='comma-separated')
     p.add_argument('--job-timeout', type=int, default=120)
     args = p.parse_args()
     print('elastic.py: 3 workers, 2 servers, --elastic 2:3 (join: 2:4; server-leave: '
-          '3 servers, --replicas 2), soak %d rounds (%d ms apart), '
+          '3 servers, --replicas 2; server-join: --replicas 2 --max-servers 3), soak %d '
+          'rounds (%d ms apart, big key %s values), '
           'PS_HEARTBEAT_TIMEOUT=%gs, security %s; uptime: %s'
-          % (args.rounds, args.sleep_ms, args.heartbeat_timeout, args.security,
+          % (args.rounds, args.sleep_ms, args.big_values or 5000, args.heartbeat_timeout,
+             args.security,
              subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()))
     with tempfile.TemporaryDirectory(prefix='elastic-bench-') as tmp:
         key_dir = os.path.join(tmp, 'keys')
