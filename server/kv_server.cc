@@ -77,6 +77,7 @@ struct KVServer::Shard {
   // (null once this shard's part is done, or none runs).
   std::vector<StoredKey*> yielding;
   std::shared_ptr<HandbackJob> handback;
+  int handback_rank = -1;  // the rank taking its place back; -1: none
 };
 
 struct KVServer::HandbackJob {
@@ -1144,6 +1145,14 @@ void KVServer::MakeReplicated(StoredKey* key, uint32_t replica) {
   key->acked.assign(replicas_, 0);
   key->transfer.assign(replicas_, StoredKey::kNoTransfer);
   key->transfer_sent.assign(replicas_, absl::InfinitePast());
+  // A slice made while a hand-back runs (its shard's part may be done
+  // already): one that moves takes no push from the start (its round is
+  // empty), as the others past their boundary.
+  Shard* shard = ShardOf(key->key);
+  if (Moves(*shard, *key)) {
+    key->yield = StoredKey::kYielded;
+    shard->yielding.push_back(key);
+  }
 }
 
 absl::Status KVServer::CheckReplicaPlace(const wire::Header& init) const {
@@ -1608,21 +1617,23 @@ void KVServer::StartYield(Shard* s, int rank,
   // A late notice of a hand-back given up: the rank no longer waits for its
   // place (it died, or has it), and no answer is due.
   if (!s->states[rank].holds() || s->states[rank].restored) return;
-  std::vector<ServerState> after = s->states;
-  after[rank].restored = true;
+  s->handback_rank = rank;
   for (const auto& [id, owned] : s->store.keys()) {
     StoredKey* key = owned.get();
-    if (!key->replicated || !Active(*s, *key)) continue;
-    if (ActingPrimary(RankAt(*key, 0), num_servers_, replicas_, after) ==
-        rank_) {
-      continue;
-    }
+    if (!Moves(*s, *key)) continue;
     key->yield = !key->sync || key->engine->RoundEmpty() ? StoredKey::kYielded
                                                          : StoredKey::kYielding;
     s->yielding.push_back(key);
   }
   s->handback = job;
   CheckYield(s);
+}
+
+bool KVServer::Moves(const Shard& s, const StoredKey& key) const {
+  if (s.handback_rank < 0 || !key.replicated || !Active(s, key)) return false;
+  std::vector<ServerState> after = s.states;
+  after[s.handback_rank].restored = true;
+  return ActingPrimary(RankAt(key, 0), num_servers_, replicas_, after) != rank_;
 }
 
 void KVServer::CheckYield(Shard* s) {
@@ -1648,6 +1659,7 @@ void KVServer::EndYield(Shard* s) {
   }
   s->yielding.clear();
   s->handback = nullptr;
+  s->handback_rank = -1;
 }
 
 void KVServer::ProcessMessage(Shard* shard, Message&& msg) {

@@ -239,6 +239,9 @@ class KVServer : private EngineContext {
   void StartYield(Shard* shard, int rank,
                   const std::shared_ptr<HandbackJob>& job);
   void CheckYield(Shard* shard);
+  // Whether `key` is one this server answers for now and the rank of the
+  // hand-back running on `shard` will.
+  bool Moves(const Shard& shard, const StoredKey& key) const;
   void EndYield(Shard* shard);
   // Process, then the shard's part of a hand-back, if any, is looked at.
   void ProcessMessage(Shard* shard, Message&& msg);
