@@ -39,6 +39,13 @@ Tests:
       TESSERA_REPLICAS=2 (each server the other's backup: every update also
       crosses a server-to-server link); same checksums, every server applied
       updates as a backup.
+  test_4_elastic_worker_leaving_under_the_same_faults, test_5_elastic_worker_
+      joining_under_the_same_faults: a worker leaves, or one more joins, an
+      elastic job (TESSERA_ELASTIC); every round checked exactly.
+  test_6_server_joining_under_the_same_faults: TESSERA_REPLICAS=2 and
+      TESSERA_MAX_SERVERS=3: a third server (TESSERA_SPARE=1) added after round
+      5 takes the rank without one, catches up and takes back its place; then
+      server 0 leaves (SIGTERM); same checksums as the fault-free run.
 
 Why the delay is on input, not output: a packet held on the sender's output
 hook still belongs to its socket, and TCP Small Queues then lets only about two
@@ -734,13 +741,20 @@ class NetFaultTest(unittest.TestCase):
         # servers on N of N+1 ranks; after round 5, one more server (TESSERA_SPARE=1)
         # started in server 0's host takes the rank without one under the loss, the
         # delay and the killed connections: it catches up by state transfer and takes
-        # back its place (a hand-back), answering for its rank's slices. Same
+        # back its place (a hand-back), answering for its rank's slices. Then server
+        # 0 leaves (SIGTERM), its slices failing over to their replicas. Same
         # checksums as the fault-free run; every process exits 0.
         added = []
+        left = []
 
         def start_server(job):
             if not added and 'round 5 done' in job.workers()[0].output():
                 added.append(job.add_server(1, 'added server', {'TESSERA_SPARE': '1'}))
+            if added and not left and 'hand-back: this server answers for' in \
+                    added[0].output():
+                leaver = [p for p in job.procs if p.label == 'server 0'][0]
+                os.kill(leaver.pid, signal.SIGTERM)
+                left.append(leaver)
         job = self.faulted_run({'TESSERA_REPLICAS': '2',
                                 'TESSERA_MAX_SERVERS': str(NUM_SERVERS + 1),
                                 'SOAK_PRINT_ROUNDS': '1'},
@@ -752,6 +766,11 @@ class NetFaultTest(unittest.TestCase):
                               r'its chains again', job.report())
         self.assertRegex(job.procs[0].output(), r'takes server rank \d+, which had no server '
                                                 r'\(replacement 1\)')
+        self.assertEqual(len(left), 1, job.report())
+        self.assertIn('left the job (SIGTERM): its key slices fail over to their replicas',
+                      left[0].output(), job.report())
+        self.assertRegex(job.procs[0].output(), r'left the job \(it said goodbye\); its key '
+                                                r'slices fail over')
 
     def faulted_run(self, extra_env=None, want=True, on_poll=None, rounds=None):
         """The job under loss, delay and killed connections; checks it against the
