@@ -276,18 +276,17 @@ absl::Status Scheduler::Run() {
                         << absl::FormatDuration(options_.start_timeout)
                         << ", TESSERA_START_TIMEOUT)";
     }
-    if (formed_ && confirmed_.size() < nodes_.size() - absent_ranks_ &&
+    if (formed_ && !unconfirmed_at_formation_.empty() &&
         now > std::max(start + options_.start_timeout,
                        formed_at_ + absl::Seconds(2))) {
       // A node registered, so it reaches us; we never heard it confirm the
       // table, so we do not reach it: the address it advertises is wrong for
-      // this network.
+      // this network. (The nodes of the formed job only: one that joins or
+      // takes a rank later is not held to the start-up deadline.)
       std::string unconfirmed;
-      for (const auto& [id, info] : nodes_) {
-        if (confirmed_.count(id) == 0 && !Absent(info)) {
-          absl::StrAppend(&unconfirmed, unconfirmed.empty() ? "" : ", ",
-                          Describe(info));
-        }
+      for (int id : unconfirmed_at_formation_) {
+        absl::StrAppend(&unconfirmed, unconfirmed.empty() ? "" : ", ",
+                        Describe(nodes_[id]));
       }
       const std::string reason = absl::StrCat(
           "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
@@ -632,6 +631,7 @@ void Scheduler::Handle(Message&& msg) {
   // confirms the table arrived, even when the NODE_TABLE reply itself was
   // lost with a connection that `ss -K` or a partition broke.
   confirmed_.insert(sender);
+  unconfirmed_at_formation_.erase(sender);
   switch (h.command()) {
     case wire::NODE_TABLE:
     case wire::TERMINATE:
@@ -1313,7 +1313,6 @@ void Scheduler::FormJob() {
       infos.push_back(absent);
       waiting_ranks.push_back(rank);
     }
-    absent_ranks_ = waiting_ranks.size();
   }
   for (const wire::NodeInfo& n : infos) {
     auto it = keys.find({n.host(), n.port()});
@@ -1324,6 +1323,7 @@ void Scheduler::FormJob() {
   for (const wire::NodeInfo& n : infos) {
     nodes_[n.id()] = n;
     if (Absent(n)) continue;
+    if (confirmed_.count(n.id()) == 0) unconfirmed_at_formation_.insert(n.id());
     if (!n.node_key().empty()) sealed_key_holder_[n.node_key()] = n.id();
     last_seen_[n.id()] = now;
     (void)LinkTo(n.id(), n);
@@ -1594,7 +1594,6 @@ void Scheduler::Replace(int id, const Registration& with) {
   metrics_.replacements->Increment();
   (void)LinkTo(id, node);
   const bool had_none = before.port() == 0;
-  if (had_none) absent_ranks_ -= absent_ranks_ > 0 ? 1 : 0;
   TESSERA_LOG(WARNING) << Describe(node) << " (host "
                        << (with.hostname.empty() ? with.info.host()
                                                  : with.hostname)

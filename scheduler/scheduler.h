@@ -205,9 +205,11 @@ class Scheduler {
   // the replacements made so far (NodeInfo.joined of the next is one more).
   std::deque<Registration> spares_;
   uint32_t replacements_ = 0;
-  // TESSERA_MAX_SERVERS: server ranks that had no server when the job
-  // formed (in nodes_, dead, with no address until a server takes one).
-  size_t absent_ranks_ = 0;
+  // The nodes of the job as it formed that have not confirmed its table yet
+  // (the start-up deadline's check).
+  std::set<int> unconfirmed_at_formation_;
+  // TESSERA_MAX_SERVERS: server ranks without a server are in nodes_ as dead,
+  // with no address until a server takes one.
   static bool Absent(const wire::NodeInfo& n) {
     return n.role() == wire::SERVER && n.dead() && n.port() == 0;
   }

@@ -1534,7 +1534,6 @@ void KVServer::UpdateServers(std::vector<ServerState> states) {
 }
 
 void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
-  EndYield(s);
   std::vector<ServerState> before = std::move(s->states);
   if (before.size() != states.size())
     before.assign(states.size(), ServerState());
@@ -1588,6 +1587,7 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
                            << " of their key slices";
     }
   }
+  HandbackAfterChange(s);
 }
 
 void KVServer::HandBack(int rank, uint64_t epoch,
@@ -1612,21 +1612,54 @@ void KVServer::HandBack(int rank, uint64_t epoch,
 
 void KVServer::StartYield(Shard* s, int rank,
                           const std::shared_ptr<HandbackJob>& job) {
-  EndYield(s);  // an earlier one's, replaced
+  // A later attempt replaces an earlier one (its slices that still move stay
+  // stopped).
   if (rank >= static_cast<int>(s->states.size())) return;
-  // A late notice of a hand-back given up: the rank no longer waits for its
-  // place (it died, or has it), and no answer is due.
-  if (!s->states[rank].holds() || s->states[rank].restored) return;
   s->handback_rank = rank;
-  for (const auto& [id, owned] : s->store.keys()) {
-    StoredKey* key = owned.get();
-    if (!Moves(*s, *key)) continue;
-    key->yield = !key->sync || key->engine->RoundEmpty() ? StoredKey::kYielded
-                                                         : StoredKey::kYielding;
-    s->yielding.push_back(key);
-  }
   s->handback = job;
+  Reyield(s);
+}
+
+bool KVServer::Waiting(const Shard& s) const {
+  // The table as this shard knows it says the rank holds its slices and has
+  // not its place back (a notice can come before the change it follows).
+  const ServerState& r = s.states[s.handback_rank];
+  return r.holds() && !r.restored;
+}
+
+void KVServer::Reyield(Shard* s) {
+  std::vector<StoredKey*> before = std::move(s->yielding);
+  s->yielding.clear();
+  if (Waiting(*s)) {
+    for (const auto& [id, owned] : s->store.keys()) {
+      StoredKey* key = owned.get();
+      if (!Moves(*s, *key)) continue;
+      if (key->yield == StoredKey::kNotYielding) {
+        key->yield = !key->sync || key->engine->RoundEmpty()
+                         ? StoredKey::kYielded
+                         : StoredKey::kYielding;
+      }
+      s->yielding.push_back(key);
+    }
+  }
+  // Slices that no longer move take their held pushes.
+  for (StoredKey* key : before) {
+    if (std::find(s->yielding.begin(), s->yielding.end(), key) !=
+        s->yielding.end()) {
+      continue;
+    }
+    ReleaseYield(s, key);
+  }
   CheckYield(s);
+}
+
+void KVServer::ReleaseYield(Shard* s, StoredKey* key) {
+  const bool held = key->yield == StoredKey::kYielded;
+  key->yield = StoredKey::kNotYielding;
+  if (held && Active(*s, *key)) {
+    key->progress = true;
+    Replay(key);
+  }
 }
 
 bool KVServer::Moves(const Shard& s, const StoredKey& key) const {
@@ -1637,12 +1670,18 @@ bool KVServer::Moves(const Shard& s, const StoredKey& key) const {
 }
 
 void KVServer::CheckYield(Shard* s) {
-  if (s->handback == nullptr) return;
+  if (s->handback == nullptr || s->handback_rank < 0 || !Waiting(*s)) return;
+  bool done = true;
   for (StoredKey* key : s->yielding) {
-    if (key->yield != StoredKey::kYielded || !key->unacked.empty()) return;
+    if (key->yield != StoredKey::kYielded) done = false;
+    if (!key->unacked.empty()) {
+      done = false;
+      ResendUpdates(s, key);  // due ones only: the hand-back waits for them
+    }
   }
+  if (!done) return;
   std::shared_ptr<HandbackJob> job = std::move(s->handback);
-  s->handback = nullptr;
+  s->handback = nullptr;  // reported; the slices stay stopped until the end
   bool last = false;
   {
     absl::MutexLock lock(&job->mu);
@@ -1652,14 +1691,27 @@ void KVServer::CheckYield(Shard* s) {
 }
 
 void KVServer::EndYield(Shard* s) {
-  for (StoredKey* key : s->yielding) {
-    if (key->yield == StoredKey::kYielded)
-      key->progress = true;  // its held pushes, if it still answers
-    key->yield = StoredKey::kNotYielding;
-  }
+  std::vector<StoredKey*> yielding = std::move(s->yielding);
   s->yielding.clear();
   s->handback = nullptr;
   s->handback_rank = -1;
+  for (StoredKey* key : yielding) ReleaseYield(s, key);
+}
+
+void KVServer::HandbackAfterChange(Shard* s) {
+  if (s->handback_rank < 0) return;
+  const ServerState& r = s->states[s->handback_rank];
+  if (r.restored || r.dead) {
+    // Done (the rank answers now), or given up (it died): the scheduler
+    // starts another, if any, with a new notice.
+    EndYield(s);
+    return;
+  }
+  // Otherwise the hand-back goes on over the new table: a death may change
+  // which slices move; a notice that came before the change it follows
+  // starts now. A change the scheduler made after starting it gives it up
+  // there, and a new notice replaces it here.
+  Reyield(s);
 }
 
 void KVServer::ProcessMessage(Shard* shard, Message&& msg) {

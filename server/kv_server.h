@@ -120,10 +120,11 @@ class KVServer : private EngineContext {
   // answers for that `rank` will answer for stops taking pushes at its next
   // round boundary (they wait, and go to `rank` once the table says so);
   // once all did and their backups hold every update made, `ready(epoch)`
-  // runs (on an update thread). The next change of the servers' states
-  // (UpdateServers) ends it: the slices follow the new table. A repeated or
-  // older epoch, or a rank that does not wait for its place, is ignored.
-  // From Handle's thread.
+  // runs (on an update thread). It ends when the table says the rank has its
+  // place, or died; a later epoch replaces it; other changes of the states
+  // (UpdateServers) recompute which slices stop. A repeated or older epoch
+  // is ignored; one that comes before the table says the rank caught up
+  // waits for that change. From Handle's thread.
   void HandBack(int rank, uint64_t epoch,
                 std::function<void(uint64_t epoch)> ready);
   // Elastic jobs (TESSERA_ELASTIC): worker `rank` left the job (goodbye or
@@ -238,11 +239,20 @@ class KVServer : private EngineContext {
   struct HandbackJob;
   void StartYield(Shard* shard, int rank,
                   const std::shared_ptr<HandbackJob>& job);
+  // (Re)computes the slices that stop over the shard's table; those that no
+  // longer move take their held pushes again.
+  void Reyield(Shard* shard);
+  void ReleaseYield(Shard* shard, StoredKey* key);
+  // Whether the shard's table says the hand-back's rank waits for its place.
+  bool Waiting(const Shard& shard) const;
   void CheckYield(Shard* shard);
   // Whether `key` is one this server answers for now and the rank of the
   // hand-back running on `shard` will.
   bool Moves(const Shard& shard, const StoredKey& key) const;
   void EndYield(Shard* shard);
+  // After a change of the states: the hand-back ends (the rank has its place,
+  // or died) or goes on over the new table.
+  void HandbackAfterChange(Shard* shard);
   // Process, then the shard's part of a hand-back, if any, is looked at.
   void ProcessMessage(Shard* shard, Message&& msg);
   // The rank at place `place` of `key`'s chain.

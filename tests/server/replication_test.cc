@@ -493,6 +493,62 @@ TEST_F(ReplicationTest, AReplacementCatchesUpByTransferAndTakesOver) {
 // answering for the slice stops at its round boundary, once its backups hold
 // every update it made; after the table change the replacement answers, and
 // the pushes the other held go to it, with the bits a single server gives.
+// A hand-back's notice can come before the table change it follows (the
+// change's notice was lost and comes again later): it waits for it. A death
+// of the rank taking its place back ends it, and the held pushes are taken.
+TEST_F(ReplicationTest, AHandBackWaitsForItsChangeAndEndsWhenTheRankDies) {
+  Message opt;
+  opt.header.set_command(wire::KV_SET_OPTIMIZER);
+  opt.header.set_sender(WorkerId(0));
+  opt.header.set_request_id(next_request++);
+  opt.header.mutable_kv_options()->set_optimizer_spec("sgd lr=-1");
+  primary_.server().Handle(std::move(opt));
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  // Key 7 placed on rank 1, held here as its backup (chain 1, 0); rank 1 is
+  // a replacement still catching up, so this server answers.
+  std::vector<ServerState> states(2);
+  states[1] = ServerState{false, true, 1};
+  primary_.server().UpdateServers(states);
+  primary_.server().Handle(Init({1, 2, 3}, /*replica=*/1, true));
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  std::atomic<uint64_t> ready{0};
+  primary_.server().HandBack(1, /*epoch=*/3,
+                             [&](uint64_t epoch) { ready.store(epoch); });
+  primary_.server().Handle(Push(0, 0, {1, 1, 1}));
+  primary_.server().Handle(Push(1, 0, {1, 1, 1}));
+  EXPECT_EQ(primary_.RepliesNow(), 2u);  // taken: the notice waits
+  EXPECT_EQ(ready.load(), 0u);
+
+  // The change comes: the slice stops (its round is empty) and the part is
+  // done at once.
+  states[1].catching_up = false;
+  primary_.server().UpdateServers(states);
+  for (int i = 0; i < 100 && ready.load() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(ready.load(), 3u);
+  primary_.server().Handle(Push(0, 1, {2, 2, 2}));
+  EXPECT_EQ(primary_.RepliesNow(), 2u);  // held
+  // An older epoch is ignored.
+  primary_.server().HandBack(1, 2, [&](uint64_t) { ready.store(99); });
+
+  // Rank 1 dies before the hand-back ended: the slice takes its pushes.
+  states[1].dead = true;
+  primary_.server().UpdateServers(states);
+  primary_.server().Handle(Push(1, 1, {2, 2, 2}));
+  EXPECT_EQ(primary_.RepliesNow(), 4u);
+  primary_.server().Handle(Pull(0, 2, 3));
+  std::optional<Message> pulled;
+  for (int i = 0; i < 5 && !pulled; ++i) {
+    std::optional<Message> r = primary_.NextReply();
+    ASSERT_TRUE(r.has_value());
+    if (r->header.command() == wire::KV_PULL) pulled = std::move(r);
+  }
+  ASSERT_TRUE(pulled.has_value());
+  // lr = -1: each round adds its sum (2, then 4).
+  EXPECT_EQ(ValuesOf(*pulled), (std::vector<float>{7, 8, 9}));
+  EXPECT_EQ(ready.load(), 3u);
+}
+
 TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   // Key 7 placed on rank 1 (backup_), its chain 1, 0.
   for (Box* b : {&primary_, &backup_}) {
