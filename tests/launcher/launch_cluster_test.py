@@ -534,7 +534,7 @@ class LaunchClusterTest(ClusterTestBase):
                 lines.append(line)
                 if re.search(r'\[scheduler\] .*server (\d) \(id \d+ at [0-9.:]+\) took back '
                              r'its place in the chains of its key slices \(replacement 1, '
-                             r'hand-back in [0-9.]+m?s\): it answers for the slices of rank '
+                             r'hand-back in [^)]*\): it answers for the slices of rank '
                              r'\1 again', line):
                     caught_up.set()
         reader = threading.Thread(target=read, daemon=True)
