@@ -69,8 +69,13 @@
 // update, answers from then on; the old server is a backup, and the workers
 // send what waited there to the replacement (a push it counted already is a
 // duplicate). A change of the servers before that (a death, a leave, another
-// replacement) gives the hand-back up: the slices take pushes again, and the
-// scheduler starts it anew. Only the moving slices pause, for about a round.
+// replacement) makes the scheduler start a new attempt, which replaces the
+// old one on every server; a server recomputes its moving slices at each
+// change (one that no longer moves takes its held pushes), a notice that
+// overtook its change waits for it, and the rank's death ends it. From its
+// report to the end a server keeps its moving slices stopped, so no slice
+// is answered by two servers. Only the moving slices pause, for about a
+// round.
 //
 // Gaps. A backup that gets an update past the next one answers with what it
 // holds (FailedPrecondition, replica_seq: its count): the primary resends
