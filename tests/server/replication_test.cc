@@ -159,6 +159,56 @@ class ReplicationTest : public ::testing::Test {
     primary_.server().Handle(*std::move(answer));
   }
 
+  // A replacement of rank 1 (`spare`) catching up from primary_: its
+  // catch-up reads `table`; the test carries the servers' messages.
+  struct CatchUp {
+    absl::Mutex mu;
+    std::vector<ServerState> table ABSL_GUARDED_BY(mu);
+    bool caught_up ABSL_GUARDED_BY(mu) = false;
+  };
+  void StartCatchUp(Box& spare, CatchUp& c,
+                    const std::vector<ServerState>& states) {
+    {
+      absl::MutexLock lock(&c.mu);
+      c.table = states;
+    }
+    spare.server().StartCatchUp(
+        [&c] {
+          absl::MutexLock lock(&c.mu);
+          return c.table;
+        },
+        [&c] {
+          absl::MutexLock lock(&c.mu);
+          c.caught_up = true;
+        });
+  }
+  // Carries messages until the spare reported (up to 5 s); returns the
+  // slices' KV_TRANSFERs it was sent. The table then says it caught up.
+  int CarryUntilCaughtUp(Box& spare, CatchUp& c) {
+    int transfers = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < deadline) {
+      {
+        absl::MutexLock lock(&c.mu);
+        if (c.caught_up) break;
+      }
+      while (std::optional<Message> m =
+                 spare.NextToServer(absl::ZeroDuration())) {
+        primary_.server().Handle(*std::move(m));
+      }
+      while (std::optional<Message> m =
+                 primary_.NextToServer(absl::Milliseconds(5))) {
+        if (m->header.command() == wire::KV_TRANSFER && m->header.has_slice())
+          ++transfers;
+        spare.server().Handle(*std::move(m));
+      }
+    }
+    absl::MutexLock lock(&c.mu);
+    EXPECT_TRUE(c.caught_up);
+    c.table[1].catching_up = false;
+    return transfers;
+  }
+
   Box primary_{0};
   Box backup_{1};
   absl::Mutex ref_mu_;
@@ -401,42 +451,13 @@ TEST_F(ReplicationTest, AReplacementCatchesUpByTransferAndTakesOver) {
   primary_.server().UpdateServers(states);
   Box spare(1);
   spare.server().UpdateServers(states);
-  absl::Mutex mu;
-  std::vector<ServerState> table = states;
-  bool caught_up = false;
-  spare.server().StartCatchUp(
-      [&] {
-        absl::MutexLock lock(&mu);
-        return table;
-      },
-      [&] {
-        absl::MutexLock lock(&mu);
-        caught_up = true;
-      });
+  CatchUp catch_up;
+  StartCatchUp(spare, catch_up, states);
   // Round 1 is taken while the transfer runs.
   primary_.server().Handle(Push(0, 1, {0.3f, 1, 1}));
   primary_.server().Handle(Push(1, 1, {0.7f, 2, 2}));
-  int transfers = 0;
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (absl::Now() < deadline) {
-    {
-      absl::MutexLock lock(&mu);
-      if (caught_up) break;
-    }
-    while (std::optional<Message> m = spare.NextToServer(absl::ZeroDuration()))
-      primary_.server().Handle(*std::move(m));
-    while (std::optional<Message> m =
-               primary_.NextToServer(absl::Milliseconds(5))) {
-      if (m->header.command() == wire::KV_TRANSFER && m->header.has_slice())
-        ++transfers;
-      spare.server().Handle(*std::move(m));
-    }
-  }
-  {
-    absl::MutexLock lock(&mu);
-    ASSERT_TRUE(caught_up);
-    table[1].catching_up = false;
-  }
+  const int transfers = CarryUntilCaughtUp(spare, catch_up);
+  ASSERT_FALSE(HasFailure());
   // The last transfer's answer (sent before it reported).
   while (std::optional<Message> m =
              spare.NextToServer(absl::Milliseconds(50))) {
@@ -601,36 +622,10 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   primary_.server().UpdateServers(states);
   Box spare(1);
   spare.server().UpdateServers(states);
-  absl::Mutex mu;
-  std::vector<ServerState> table = states;
-  bool caught_up = false;
-  spare.server().StartCatchUp(
-      [&] {
-        absl::MutexLock lock(&mu);
-        return table;
-      },
-      [&] {
-        absl::MutexLock lock(&mu);
-        caught_up = true;
-      });
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (absl::Now() < deadline) {
-    {
-      absl::MutexLock lock(&mu);
-      if (caught_up) break;
-    }
-    while (std::optional<Message> m = spare.NextToServer(absl::ZeroDuration()))
-      primary_.server().Handle(*std::move(m));
-    while (std::optional<Message> m =
-               primary_.NextToServer(absl::Milliseconds(5))) {
-      spare.server().Handle(*std::move(m));
-    }
-  }
-  {
-    absl::MutexLock lock(&mu);
-    ASSERT_TRUE(caught_up);
-    table[1].catching_up = false;
-  }
+  CatchUp catch_up;
+  StartCatchUp(spare, catch_up, states);
+  EXPECT_GE(CarryUntilCaughtUp(spare, catch_up), 1);
+  ASSERT_FALSE(HasFailure());
   while (std::optional<Message> m =
              spare.NextToServer(absl::Milliseconds(50))) {
     primary_.server().Handle(*std::move(m));
