@@ -596,6 +596,11 @@ class EnvTest(unittest.TestCase):
             os.chmod(other, 0o600)
             with self.assertRaisesRegex(UsageError, r'not a job file of an elastic job'):
                 read_job_file(other)
+            link = os.path.join(tmp, 'link.json')
+            os.symlink(path, link)  # read through one descriptor: no link followed
+            with self.assertRaisesRegex(UsageError, r'--join %s: cannot read the job file'
+                                        % re.escape(link)):
+                read_job_file(link)
             os.chmod(path, 0o620)  # others may write it: its variables are not trusted
             with self.assertRaisesRegex(UsageError, r'not trusted: a job file must be your '
                                         r'own and writable by you only'):

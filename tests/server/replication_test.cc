@@ -117,6 +117,15 @@ Message Pull(int rank, uint64_t seq, uint64_t length) {
   return m;
 }
 
+Message SetOptimizer(const char* spec) {
+  Message opt;
+  opt.header.set_command(wire::KV_SET_OPTIMIZER);
+  opt.header.set_sender(WorkerId(0));
+  opt.header.set_request_id(next_request++);
+  opt.header.mutable_kv_options()->set_optimizer_spec(spec);
+  return opt;
+}
+
 std::vector<float> ValuesOf(const Message& m) {
   if (m.data.size() != 1) return {};
   return std::vector<float>(m.data[0].floats(),
@@ -129,13 +138,7 @@ class ReplicationTest : public ::testing::Test {
  protected:
   void SetUpChain(bool sync) {
     for (Box* b : {&primary_, &backup_}) {
-      Message opt;
-      opt.header.set_command(wire::KV_SET_OPTIMIZER);
-      opt.header.set_sender(WorkerId(0));
-      opt.header.set_request_id(next_request++);
-      opt.header.mutable_kv_options()->set_optimizer_spec(
-          "sgd lr=-1 momentum=0.5");
-      b->server().Handle(std::move(opt));
+      b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
       ASSERT_TRUE(b->NextReply().has_value());
     }
     primary_.server().Handle(Init({1, 2, 3}, /*replica=*/0, sync));
@@ -518,12 +521,7 @@ TEST_F(ReplicationTest, AReplacementCatchesUpByTransferAndTakesOver) {
 // change's notice was lost and comes again later): it waits for it. A death
 // of the rank taking its place back ends it, and the held pushes are taken.
 TEST_F(ReplicationTest, AHandBackWaitsForItsChangeAndEndsWhenTheRankDies) {
-  Message opt;
-  opt.header.set_command(wire::KV_SET_OPTIMIZER);
-  opt.header.set_sender(WorkerId(0));
-  opt.header.set_request_id(next_request++);
-  opt.header.mutable_kv_options()->set_optimizer_spec("sgd lr=-1");
-  primary_.server().Handle(std::move(opt));
+  primary_.server().Handle(SetOptimizer("sgd lr=-1"));
   ASSERT_TRUE(primary_.NextReply().has_value());
   // Key 7 placed on rank 1, held here as its backup (chain 1, 0); rank 1 is
   // a replacement still catching up, so this server answers.
@@ -573,13 +571,7 @@ TEST_F(ReplicationTest, AHandBackWaitsForItsChangeAndEndsWhenTheRankDies) {
 TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   // Key 7 placed on rank 1 (backup_), its chain 1, 0.
   for (Box* b : {&primary_, &backup_}) {
-    Message opt;
-    opt.header.set_command(wire::KV_SET_OPTIMIZER);
-    opt.header.set_sender(WorkerId(0));
-    opt.header.set_request_id(next_request++);
-    opt.header.mutable_kv_options()->set_optimizer_spec(
-        "sgd lr=-1 momentum=0.5");
-    b->server().Handle(std::move(opt));
+    b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
     ASSERT_TRUE(b->NextReply().has_value());
   }
   backup_.server().Handle(Init({1, 2, 3}, /*replica=*/0, true));
@@ -592,16 +584,8 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
     if (!m.header.ack_only()) ref_replies_.push_back(std::move(m));
     return absl::OkStatus();
   });
-  {
-    Message opt;
-    opt.header.set_command(wire::KV_SET_OPTIMIZER);
-    opt.header.set_sender(WorkerId(0));
-    opt.header.set_request_id(next_request++);
-    opt.header.mutable_kv_options()->set_optimizer_spec(
-        "sgd lr=-1 momentum=0.5");
-    reference.Handle(std::move(opt));
-    reference.Handle(Init({1, 2, 3}, 0, true));
-  }
+  reference.Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
+  reference.Handle(Init({1, 2, 3}, 0, true));
   auto push_all = [&](KVServer& to, int rank, uint64_t seq,
                       const std::vector<float>& g) {
     to.Handle(Push(rank, seq, g));

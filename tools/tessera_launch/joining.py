@@ -101,11 +101,14 @@ def _load_job_file(path):
     another user owns or others may write (its variables go into the joiners'
     environment)."""
     try:
-        info = os.stat(path)
-        if info.st_uid != os.getuid() or info.st_mode & 0o022:
-            raise UsageError('--join %s: not trusted: a job file must be your own and '
-                             'writable by you only (launch.py writes it 0600)' % path)
-        with open(path) as f:
+        # Checked and read through one descriptor (no symbolic link): the file
+        # read is the file checked, whatever happens to the path between.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            info = os.fstat(f.fileno())
+            if info.st_uid != os.getuid() or info.st_mode & 0o022:
+                raise UsageError('--join %s: not trusted: a job file must be your own and '
+                                 'writable by you only (launch.py writes it 0600)' % path)
             job = json.load(f)
     except (OSError, ValueError) as e:
         raise UsageError('--join %s: cannot read the job file (%s); it is the file an '
@@ -137,10 +140,16 @@ def added_worker_nodes(args, environ):
     job_env, keys = read_job_file(args.join)
     job_env.update(parse_env_specs(args.env, '--env', environ))
     job_env.update(parse_env_specs(args.env_worker, '--env-worker', environ))
+    return _joiner_nodes(args, environ, 'worker', args.add_workers, args.command, job_env,
+                         keys)
+
+
+def _joiner_nodes(args, environ, role, count, argv, job_env, keys):
+    """`count` processes running `argv` with the job file's variables `job_env`;
+    with fresh keys each claims its own, never used before."""
     nodes = []
-    for i in range(args.add_workers):
-        # A job with fresh keys: each worker its own, never used before.
-        own = {'TESSERA_KEY_FILE': claim_key(keys, args.join)} if keys else {}
+    for i in range(count):
+        own = {'TESSERA_KEY_FILE': claim_key(keys, args.join, role)} if keys else {}
 
         def spawn(restart_count, i=i, own=own):
             env = dict(environ)
@@ -148,8 +157,8 @@ def added_worker_nodes(args, environ):
             env.update(own)
             if args.metrics_port is not None:
                 env['TESSERA_METRICS_PORT'] = str(args.metrics_port + i)
-            return list(args.command), env, None
-        nodes.append(Node('added worker', i, spawn, primary=True))
+            return list(argv), env, None
+        nodes.append(Node('added ' + role, i, spawn, primary=True))
     return nodes
 
 
@@ -178,16 +187,4 @@ def added_server_nodes(args, environ):
     argv, job_env, keys = read_server_job_file(args.join)
     job_env.update(parse_env_specs(args.env, '--env', environ))
     job_env.update(parse_env_specs(args.env_server, '--env-server', environ))
-    nodes = []
-    for i in range(args.add_servers):
-        own = {'TESSERA_KEY_FILE': claim_key(keys, args.join, 'server')} if keys else {}
-
-        def spawn(restart_count, i=i, own=own):
-            env = dict(environ)
-            env.update(job_env)
-            env.update(own)
-            if args.metrics_port is not None:
-                env['TESSERA_METRICS_PORT'] = str(args.metrics_port + i)
-            return list(argv), env, None
-        nodes.append(Node('added server', i, spawn, primary=True))
-    return nodes
+    return _joiner_nodes(args, environ, 'server', args.add_servers, argv, job_env, keys)
