@@ -354,7 +354,6 @@ void Scheduler::SendNotice(int peer, Message msg) {
   }
   Notice& notice = notices_[id];
   notice.peer = peer;
-  notice.ends_job = msg.header.command() != wire::NODE_TABLE;
   notice.msg = std::move(msg);
   notice.wait = options_.resend_timeout;
   notice.next_send = absl::Now() + notice.wait;

@@ -75,7 +75,6 @@ class Scheduler {
     Message msg;
     absl::Time next_send;
     absl::Duration wait;
-    bool ends_job = false;  // TERMINATE, ABORT, NODE_DEAD
   };
 
   void Handle(Message&& msg);
