@@ -74,6 +74,11 @@ struct Options {
   // without TESSERA_START_TIMEOUT's deadline (the scheduler ends it with the
   // job).
   bool spare = false;
+  // Replicated jobs, the scheduler: a hand-back still waiting for a server's
+  // report this long after it started is started again (a new attempt; each
+  // server reports once more when its part is done). Not an environment
+  // variable: a bound on a lost report, not a tuning knob.
+  absl::Duration handback_retry = absl::Seconds(10);
   // TESSERA_ELASTIC=MIN:MAX (launch.py --elastic): workers may leave while the
   // job runs (docs/faults.md, "Elastic jobs"). A worker that says goodbye
   // (SIGTERM) or is declared dead leaves the membership of every dist_sync

@@ -103,6 +103,10 @@ Scheduler::Metrics::Metrics() {
       "Replacement servers that took back their place in their key slices' "
       "chains once caught up (a hand-back at a round boundary; "
       "TESSERA_REPLICAS > 1).");
+  handback_retries = r.GetCounter(
+      "tessera_scheduler_handback_retries_total",
+      "Hand-backs started again because a server had not reported its part "
+      "within 10 s (a lost report, or a round boundary that did not come).");
   spares = r.GetGauge("tessera_scheduler_spare_servers",
                       "Spare servers (TESSERA_SPARE=1) waiting for a server "
                       "to die.");
@@ -300,6 +304,8 @@ absl::Status Scheduler::Run() {
     if (formed_ && now - last_late_check_ >= kLivenessEvery) {
       last_late_check_ = now;
       CheckLateBarriers(now);
+      if (handback_ && now - handback_->started >= options_.handback_retry)
+        RetryHandback(now);
     }
     if (formed_ && options_.heartbeat_interval > absl::ZeroDuration() &&
         now - last_liveness_check_ >= kLivenessEvery) {
@@ -1638,6 +1644,21 @@ void Scheduler::GiveUpHandback() {
   for (const auto& [n, notice] : notices_)
     if (notice.msg.header.command() == wire::HANDBACK) stale.push_back(n);
   for (uint64_t n : stale) DropNotice(notices_.find(n));
+}
+
+void Scheduler::RetryHandback(absl::Time now) {
+  std::string waiting;
+  for (int id : handback_->waiting)
+    absl::StrAppend(&waiting, waiting.empty() ? "" : ", ",
+                    Describe(nodes_[id]));
+  TESSERA_LOG(WARNING) << "hand-back " << handback_->epoch << " of "
+                       << Describe(nodes_[handback_->id]) << " has waited "
+                       << absl::FormatDuration(absl::Trunc(
+                              now - handback_->started, absl::Milliseconds(1)))
+                       << " for " << waiting << "; it starts again";
+  metrics_.handback_retries->Increment();
+  GiveUpHandback();
+  MaybeHandBack();
 }
 
 void Scheduler::MaybeHandBack() {

@@ -163,6 +163,9 @@ class Scheduler {
   // replacement, catch-up) gives up the one running first (`GiveUpHandback`).
   void MaybeHandBack();
   void GiveUpHandback();
+  // A hand-back running for options.handback_retry: logged, naming the
+  // servers it waits for, and started again (GiveUpHandback, MaybeHandBack).
+  void RetryHandback(absl::Time now);
   // HANDBACK from server `sender`: done with hand-back `epoch`. The last one
   // completes it (the rank restored, everyone told).
   void HandbackDone(int sender, uint64_t epoch);
@@ -289,6 +292,7 @@ class Scheduler {
     Counter* servers_left;
     Counter* replacements;
     Counter* handbacks;
+    Counter* handback_retries;
     Gauge* spares;
     Counter* barriers_released;
     Counter* notice_resends;

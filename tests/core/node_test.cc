@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -875,6 +876,107 @@ TEST(NodeTest,
               ::testing::HasSubstr("cannot reach the address"));
   EXPECT_THAT(std::string(server_result.message()),
               ::testing::HasSubstr("this node advertises 127.0.0.1:"));
+}
+
+TEST(NodeTest, AHandBackMissingAReportStartsAgainAndCompletes) {
+  // A replicated job of 2 servers on 3 ranks (rank 2 without one) and a
+  // spare that takes rank 2. Server A never reports its part of the first
+  // hand-back attempt (a report lost for good); the scheduler starts the
+  // hand-back again after options.handback_retry, and the second attempt,
+  // which both report, restores rank 2.
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.num_workers = 1;
+  options.num_servers = 3;
+  options.initial_servers = 2;
+  options.replicas = 2;
+  options.handback_retry = absl::Milliseconds(500);
+  Scheduler scheduler(options, net.NewTransport());
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+
+  // Notices are recorded on the receiving thread and answered from this one.
+  absl::Mutex mu;
+  std::vector<std::pair<int, uint64_t>> notices;  // (server 0 or 1, epoch)
+  std::vector<int> notice_ranks;
+  auto start = [&](Role role, int port, int server, bool spare) {
+    Options mine = options;
+    mine.role = role;
+    mine.port = port;
+    mine.spare = spare;
+    Node::Callbacks callbacks;
+    if (server >= 0) {
+      callbacks.on_handback = [&, server](int rank, uint64_t epoch) {
+        absl::MutexLock lock(&mu);
+        notices.emplace_back(server, epoch);
+        notice_ranks.push_back(rank);
+      };
+    }
+    return Node::Start(mine, std::move(callbacks), net.NewTransport());
+  };
+  absl::StatusOr<std::unique_ptr<Node>> a, b, worker;
+  std::thread ta([&] { a = start(Role::kServer, 31001, 0, false); });
+  std::thread tb([&] { b = start(Role::kServer, 31002, 1, false); });
+  worker = start(Role::kWorker, 31003, -1, false);
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  absl::StatusOr<std::unique_ptr<Node>> spare =
+      start(Role::kServer, 31004, -1, true);
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  EXPECT_EQ((*spare)->rank(), 2);
+  EXPECT_TRUE((*spare)->catching_up());
+  const absl::Time caught_up = absl::Now();
+  (*spare)->ReportCaughtUp();
+
+  Node* servers[2] = {a->get(), b->get()};
+  size_t answered = 0;
+  bool restored = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!restored && absl::Now() < deadline) {
+    std::vector<std::pair<int, uint64_t>> fresh;
+    {
+      absl::MutexLock lock(&mu);
+      fresh.assign(notices.begin() + answered, notices.end());
+      answered = notices.size();
+    }
+    for (const auto& [server, epoch] : fresh) {
+      if (server == 0 && epoch == 1) continue;  // "lost"
+      servers[server]->ReportHandback(epoch);
+    }
+    restored = (*spare)->server_states()[2].restored;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const absl::Duration took = absl::Now() - caught_up;
+  ASSERT_TRUE(restored) << "rank 2 never restored";
+  EXPECT_GE(took, options.handback_retry);
+  {
+    absl::MutexLock lock(&mu);
+    // Both servers heard attempts 1 and 2 (a repeated notice is not
+    // recorded twice: a node acknowledges it and calls back once per send,
+    // so count distinct pairs), always about rank 2.
+    std::set<std::pair<int, uint64_t>> distinct(notices.begin(), notices.end());
+    EXPECT_TRUE(distinct.count({0, 1}) && distinct.count({0, 2}) &&
+                distinct.count({1, 1}) && distinct.count({1, 2}));
+    for (int rank : notice_ranks) EXPECT_EQ(rank, 2);
+  }
+  // Everyone hears it (the table change is resent until acknowledged).
+  for (Node* n : {a->get(), b->get(), worker->get()}) {
+    while (!n->server_states()[2].restored && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(20));
+    EXPECT_TRUE(n->server_states()[2].restored) << n->Describe(n->id());
+  }
+  EXPECT_TRUE((*worker)->Finish().ok());
+  std::thread ea([&] { EXPECT_TRUE((*a)->WaitForTerminate().ok()); });
+  std::thread eb([&] { EXPECT_TRUE((*b)->WaitForTerminate().ok()); });
+  EXPECT_TRUE((*spare)->WaitForTerminate().ok());
+  ea.join();
+  eb.join();
+  scheduler_thread.join();
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
 }
 
 }  // namespace

@@ -61,7 +61,10 @@ xtables NFQUEUE target is, hence iptables for that one rule.
 
 Knobs (environment): NETFAULT_ROUNDS (soak rounds, 50), NETFAULT_JOB_TIMEOUT_S
 (240), NETFAULT_DELAY_MS (50), NETFAULT_DROP_PERCENT (5), NETFAULT_KILL_EVERY_S
-("2-3"), NETFAULT_HEARTBEAT_TIMEOUT_S (30), NETFAULT_KEEP_LOGS=1 (keep the log
+("2-3"), NETFAULT_HEARTBEAT_TIMEOUT_S (30), NETFAULT_STALL_S (45: a faulted job whose
+workers finish no round for that long gets SIGUSR1, each process logging what it has
+pending, and a failed one appends a digest to $TESSERA_FAILURE_DIGEST, which .ci/run prints
+last), NETFAULT_KEEP_LOGS=1 (keep the log
 folder even when every test passes; it is always kept, and named, after a failure), NETFAULT_DAEMON_ENV="K=V,K=V" (more environment for every daemon and
 worker, e.g. PS_RESEND=0). The daemons also get TESSERA_BIGARRAY_BOUND=4096 so that the soak's
 5000-value key is split over both servers, and fresh job keys (TESSERA_KEY_DIR, as
@@ -82,6 +85,7 @@ SIGKILLed (a ctest time-out), by a guard process that waits for this one's pipe
 to close.
 """
 
+import json
 import os
 import random
 import re
@@ -155,6 +159,10 @@ DAEMON_ENV = dict(kv.split('=', 1) for kv in os.environ.get('NETFAULT_DAEMON_ENV
                   if '=' in kv)
 # After one process fails, how long the others get to notice and exit.
 FAILURE_GRACE_S = 15
+# A faulted job whose workers finish no round for this long is asked what it has
+# pending (SIGUSR1 to every process: each writes one line `pending: {...}` to its
+# log, docs/debugging.md), and again each STALL_S while it lasts.
+STALL_S = _env_int('NETFAULT_STALL_S', 45)
 
 
 def ns_name(i):
@@ -345,6 +353,85 @@ class Job(object):
             parts.append('--- %s in %s (pid %d, exit %s), last lines of %s:\n%s'
                          % (p.label, p.ns, p.pid, p.proc.returncode, p.log, p.tail(n)))
         return '\n'.join(parts)
+
+
+class StallWatch(object):
+    """Counts the workers' `round I done` lines (SOAK_PRINT_ROUNDS=1); when none
+    came for STALL_S, sends SIGUSR1 to every process still running (each logs
+    what it has pending), then again each STALL_S. `asked` lists the times."""
+
+    def __init__(self, job):
+        self.job = job
+        self.rounds = 0
+        self.last = self.looked = time.monotonic()
+        self.asked = []
+
+    def check(self):
+        now = time.monotonic()
+        if now - self.looked < 1.0:
+            return  # the logs are read at most once a second
+        self.looked = now
+        done = sum(p.output().count(' done at ') for p in self.job.workers())
+        if done != self.rounds:
+            self.rounds, self.last = done, now
+            return
+        if now - self.last < STALL_S:
+            return
+        self.last = now
+        self.asked.append(now - self.job.started)
+        sys.stderr.write('netfault_test: no worker finished a round for %d s (at %.0f s, '
+                         '%d round(s) done): SIGUSR1 to every process\n'
+                         % (STALL_S, now - self.job.started, done))
+        for p in self.job.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+
+
+def condensed_pending(line):
+    """One `pending: {...}` log line (docs/debugging.md) in a few words."""
+    try:
+        p = json.loads(line.split('pending: ', 1)[1])
+    except (IndexError, ValueError):
+        return 'pending: (unreadable)'
+    parts = []
+    for r in p.get('requests', [])[:3]:
+        parts.append('%s key %s+%s to %s for %.0fs (%s resends)'
+                     % (r.get('command'), r.get('key'), r.get('offset', 0),
+                        r.get('server_name'), r.get('age_s', 0), r.get('resends', 0)))
+    for r in p.get('open_rounds', [])[:3]:
+        parts.append('round of key %s+%s open %.0fs, in %s, missing %s'
+                     % (r.get('key'), r.get('offset', 0), r.get('age_s', 0),
+                        r.get('ranks_in', []), r.get('ranks_missing', [])))
+    for w in p.get('waiting', [])[:3]:
+        parts.append('key %s+%s holds %s' % (w.get('key'), w.get('offset', 0), w.get('count')))
+    for b in p.get('barriers', [])[:2]:
+        parts.append('barrier %s waits for %s' % (b.get('group'), b.get('missing')))
+    return 'pending (%s requests, %s open rounds, %s holding): %s' % (
+        p.get('requests_total', 0), p.get('open_rounds_total', 0), p.get('waiting_total', 0),
+        '; '.join(parts) or 'nothing')
+
+
+def write_digest(name, job, codes, why):
+    """A few lines on a failed faulted job, appended to $TESSERA_FAILURE_DIGEST when
+    set (.ci/run prints that file last, where a CI log's tail shows it): each
+    process's exit code, last pending dump and last lines (heartbeats left out)."""
+    path = os.environ.get('TESSERA_FAILURE_DIGEST')
+    if not path:
+        return
+    lines = ['netfault_test %s: %s; exits %s' % (name, why or 'a process failed', codes)]
+    for p in job.procs:
+        out = p.output().splitlines()
+        pending = [l for l in out if 'pending: {' in l]
+        quiet_lines = [l for l in out if 'pending: {' not in l and 'HEARTBEAT' not in l]
+        lines.append('  %s (exit %s)%s' % (p.label, codes.get(p.label),
+                                           (': ' + condensed_pending(pending[-1])[:400])
+                                           if pending else ''))
+        lines.extend('    ' + l[:220] for l in quiet_lines[-4:])
+    with open(path, 'a') as f:
+        f.write('\n'.join(lines) + '\n')
 
 
 def worker_results(job):
@@ -580,9 +667,13 @@ class NetFaultTest(unittest.TestCase):
         job = Job(self.topo, extra_env, rounds)
         self.addCleanup(job.end)
 
+        stall = StallWatch(job) if faults else None
+
         def watch():
             if on_poll is not None:
                 on_poll(job)
+            if stall is not None:
+                stall.check()
             return faults.dead_delayer() if faults else None
         codes, why = job.wait(timeout, watch=watch)
         name = self.id().rsplit('.', 1)[-1]
@@ -784,6 +875,8 @@ class NetFaultTest(unittest.TestCase):
         faults.add_loss(hosts, DROP_PERCENT)
         faults.add_delay(hosts, DELAY_MS)
         faults.start_killer(hosts, KILL_EVERY_S)
+        # Each round's line lets StallWatch see a job that stopped.
+        extra_env = dict({'SOAK_PRINT_ROUNDS': '1'}, **(extra_env or {}))
         job, codes, why = self.run_job(JOB_TIMEOUT_S, faults, extra_env, on_poll, rounds)
         faults.stop_killer()
         dropped = faults.loss_counters()
@@ -795,6 +888,8 @@ class NetFaultTest(unittest.TestCase):
                       (' (errors: %s)' % faults.kill_errors) if faults.kill_errors else '',
                       '\n  '.join(counters)))
         sys.stderr.write('netfault_test: %s\n' % summary)
+        if why is not None or any(codes.values()):
+            write_digest(self.id().rsplit('.', 1)[-1], job, codes, why)
         self.assertIsNone(why, 'job under faults: %s\n%s\n%s' % (why, summary, job.report()))
         self.assertEqual(codes, dict((p.label, 0) for p in job.procs),
                          'job under faults: not every process exited 0\n%s\n%s'

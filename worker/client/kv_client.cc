@@ -1317,27 +1317,29 @@ int KVClient::Route(int server, Message* msg) const {
   return server;  // none left: the scheduler ends the job
 }
 
-void KVClient::ServersChanged() {
-  Node* node = live_node_.load(std::memory_order_acquire);
-  if (node == nullptr) return;  // Start reads the states once it has the node
-  std::vector<int> moved;       // first ranks whose acting primary changed
-  {
-    absl::MutexLock lock(&dead_mu_);
-    std::vector<ServerState> before = std::move(states_);
-    states_ = node->server_states();
-    const int servers = options_.num_servers;
-    if (options_.replicas > 1 && before.size() == states_.size()) {
-      for (int first = 0; first < servers; ++first) {
-        if (ActingPrimary(first, servers, options_.replicas, before) !=
-            ActingPrimary(first, servers, options_.replicas, states_)) {
-          moved.push_back(first);
-        }
+std::vector<int> KVClient::RefreshServerStates(Node* node) {
+  std::vector<int> moved;  // first ranks whose acting primary changed
+  absl::MutexLock lock(&dead_mu_);
+  std::vector<ServerState> before = std::move(states_);
+  states_ = node->server_states();
+  const int servers = options_.num_servers;
+  if (options_.replicas > 1 && before.size() == states_.size()) {
+    for (int first = 0; first < servers; ++first) {
+      if (ActingPrimary(first, servers, options_.replicas, before) !=
+          ActingPrimary(first, servers, options_.replicas, states_)) {
+        moved.push_back(first);
       }
     }
   }
+  return moved;
+}
+
+void KVClient::ServersChanged() {
+  Node* node = live_node_.load(std::memory_order_acquire);
+  if (node == nullptr) return;  // Start reads the states once it has the node
   // A hand-back: the server that answered these slices holds what was sent
   // to it since it stopped taking pushes; it goes to the one answering now.
-  for (int first : moved)
+  for (int first : RefreshServerStates(node))
     tracker_->ResendNowTo(ServerId(first), absl::InfiniteFuture());
 }
 
@@ -1347,14 +1349,18 @@ void KVClient::FailOver(int server) {
   // yet): Start reads the states then, and nothing was sent to replay.
   Node* node = live_node_.load(std::memory_order_acquire);
   if (node == nullptr) return;
-  {
-    absl::MutexLock lock(&dead_mu_);
-    states_ = node->server_states();
-  }
+  // The table read here may already hold later changes (a hand-back that
+  // came in the same table): the slices whose acting primary moved are
+  // resent too, not only what waited for the dead server.
+  const std::vector<int> moved = RefreshServerStates(node);
   TESSERA_LOG(WARNING) << node->Describe(server)
                        << " died; its key slices' next replicas answer for "
                           "them, and what waited for it is sent to them now";
   tracker_->ResendNowTo(server, absl::InfiniteFuture());
+  for (int first : moved) {
+    if (ServerId(first) != server)
+      tracker_->ResendNowTo(ServerId(first), absl::InfiniteFuture());
+  }
 }
 
 void KVClient::ReplayTo(int server) {

@@ -253,6 +253,9 @@ class KVClient : public KVWorker {
   void FailOver(int server);
   // Replicated jobs: a replacement took a server's rank, or caught up.
   void ServersChanged();
+  // Reads the servers' states from the node's table; returns the first ranks
+  // of the chains whose acting primary changed since the last read.
+  std::vector<int> RefreshServerStates(Node* node);
 
   const Options options_;
   const bool sync_;
