@@ -46,6 +46,10 @@ Tests:
       TESSERA_MAX_SERVERS=3: a third server (TESSERA_SPARE=1) added after round
       5 takes the rank without one, catches up and takes back its place; then
       server 0 leaves (SIGTERM); same checksums as the fault-free run.
+  test_7_elastic_worker_killed_under_the_same_faults: TESSERA_ELASTIC=1:2, the last
+      worker SIGKILLed after round 10: declared dead past PS_HEARTBEAT_TIMEOUT, the
+      job goes on; the other processes exit 0 (SOAK_CHECK=0: which round last holds
+      the killed worker's pushes cannot be foreseen).
 
 Why the delay is on input, not output: a packet held on the sender's output
 hook still belongs to its socket, and TCP Small Queues then lets only about two
@@ -331,7 +335,7 @@ class Job(object):
         self.procs.append(proc)
         return proc
 
-    def wait(self, timeout, watch=None):
+    def wait(self, timeout, watch=None, expected=None):
         """Waits for every process to exit. Returns (return codes by label, why)
         where why is None when all exited by themselves. After the first
         non-zero exit the others get FAILURE_GRACE_S; at `timeout` (or when
@@ -339,7 +343,8 @@ class Job(object):
         why, ended = netns.wait_all(
             self.procs, self.started + timeout, FAILURE_GRACE_S,
             'the job was still running %d s after it started (the bound; '
-            'NETFAULT_JOB_TIMEOUT_S for the faults test)' % timeout, watch=watch, poll_s=0.2)
+            'NETFAULT_JOB_TIMEOUT_S for the faults test)' % timeout, watch=watch, poll_s=0.2,
+            expected=expected)
         self.elapsed = ended - self.started
         return dict((p.label, p.proc.returncode) for p in self.procs), why
 
@@ -663,7 +668,8 @@ class NetFaultTest(unittest.TestCase):
                             % (proc.label, text, proc.tail()))
             time.sleep(0.05)
 
-    def run_job(self, timeout, faults=None, extra_env=None, on_poll=None, rounds=None):
+    def run_job(self, timeout, faults=None, extra_env=None, on_poll=None, rounds=None,
+                expected=None):
         job = Job(self.topo, extra_env, rounds)
         self.addCleanup(job.end)
 
@@ -675,7 +681,7 @@ class NetFaultTest(unittest.TestCase):
             if stall is not None:
                 stall.check()
             return faults.dead_delayer() if faults else None
-        codes, why = job.wait(timeout, watch=watch)
+        codes, why = job.wait(timeout, watch=watch, expected=expected)
         name = self.id().rsplit('.', 1)[-1]
         sys.stderr.write('\nnetfault_test: %s: worker mode %s; exits %s after %.1f s\n'
                          % (name, ' '.join(job.worker_argv[1:]), codes, job.elapsed))
@@ -863,11 +869,41 @@ class NetFaultTest(unittest.TestCase):
         self.assertRegex(job.procs[0].output(), r'left the job \(it said goodbye\); its key '
                                                 r'slices fail over')
 
-    def faulted_run(self, extra_env=None, want=True, on_poll=None, rounds=None):
+    def test_7_elastic_worker_killed_under_the_same_faults(self):
+        # TESSERA_ELASTIC=1:N: the last worker is SIGKILLed after its round 10 under
+        # the loss, the delay and the killed connections. Nothing says goodbye: the
+        # scheduler declares it dead once it is silent past PS_HEARTBEAT_TIMEOUT
+        # (NETFAULT_HEARTBEAT_TIMEOUT_S) and the others' rounds go on without it.
+        # Which round last holds its pushes cannot be foreseen, so the soak checks no
+        # value (SOAK_CHECK=0); every other process exits 0, the survivors print their
+        # ok lines, and the scheduler names the death.
+        victim = 'worker %d' % (NUM_WORKERS - 1)
+        killed = []
+
+        def kill_worker(job):
+            proc = [p for p in job.procs if p.label == victim][0]
+            if not killed and 'round 10 done' in proc.output():
+                os.kill(proc.pid, signal.SIGKILL)
+                killed.append(proc)
+        job = self.faulted_run({'TESSERA_ELASTIC': '1:%d' % NUM_WORKERS, 'SOAK_CHECK': '0'},
+                               want=None, on_poll=kill_worker, expected={victim: -9})
+        if job.mode != 'soak':
+            self.skipTest('the worker build has no soak mode')
+        self.assertEqual(len(killed), 1, job.report())
+        results = worker_results(job)
+        self.assertEqual(sorted(results), list(range(NUM_WORKERS - 1)), job.report())
+        self.assertRegex(job.procs[0].output(),
+                         r'worker %d \(id \d+ at [0-9.:]+\) stopped heart-beating: nothing '
+                         r'heard for [^;]*; the job goes on with %d of %d worker'
+                         % (NUM_WORKERS - 1, NUM_WORKERS - 1, NUM_WORKERS), job.report())
+
+    def faulted_run(self, extra_env=None, want=True, on_poll=None, rounds=None,
+                    expected=None):
         """The job under loss, delay and killed connections; checks it against the
         fault-free run (want=True; None: every process exits 0, the caller checks the
         rest) and returns it. on_poll(job) is called while it runs; `rounds`: the
-        soak's (ROUNDS)."""
+        soak's (ROUNDS); `expected`: exit codes other than 0 by label (a process the
+        test kills)."""
         want = self.baseline() if want else None
         self._no_leftovers()
         hosts = list(range(len(HOSTS)))
@@ -877,7 +913,8 @@ class NetFaultTest(unittest.TestCase):
         faults.start_killer(hosts, KILL_EVERY_S)
         # Each round's line lets StallWatch see a job that stopped.
         extra_env = dict({'SOAK_PRINT_ROUNDS': '1'}, **(extra_env or {}))
-        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults, extra_env, on_poll, rounds)
+        job, codes, why = self.run_job(JOB_TIMEOUT_S, faults, extra_env, on_poll, rounds,
+                                       expected)
         faults.stop_killer()
         dropped = faults.loss_counters()
         counters = faults.remove()
@@ -888,12 +925,13 @@ class NetFaultTest(unittest.TestCase):
                       (' (errors: %s)' % faults.kill_errors) if faults.kill_errors else '',
                       '\n  '.join(counters)))
         sys.stderr.write('netfault_test: %s\n' % summary)
-        if why is not None or any(codes.values()):
+        want_codes = dict((p.label, (expected or {}).get(p.label, 0)) for p in job.procs)
+        if why is not None or codes != want_codes:
             write_digest(self.id().rsplit('.', 1)[-1], job, codes, why)
         self.assertIsNone(why, 'job under faults: %s\n%s\n%s' % (why, summary, job.report()))
-        self.assertEqual(codes, dict((p.label, 0) for p in job.procs),
-                         'job under faults: not every process exited 0\n%s\n%s'
-                         % (summary, job.report()))
+        self.assertEqual(codes, want_codes,
+                         'job under faults: not every process exited as expected (0 '
+                         'but %s)\n%s\n%s' % (expected, summary, job.report()))
         got = worker_results(job)
         if want is not None:
             self.assertEqual(got, want, 'workers\' results under faults differ from the '

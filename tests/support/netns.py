@@ -443,10 +443,12 @@ class Proc(object):
         return tail_of(self.log, n)
 
 
-def wait_all(procs, deadline, grace_s, timeout_why, watch=None, poll_s=0.1):
+def wait_all(procs, deadline, grace_s, timeout_why, watch=None, poll_s=0.1, expected=None):
     """Waits for every Proc of a job to exit: until `deadline` (a time.monotonic()),
-    until grace_s after the first one failed (exited non-zero), or until watch(),
-    called every poll, returns a reason. Then SIGKILLs by pid whatever still runs.
+    until grace_s after the first one failed (exited non-zero, other than the code
+    `expected` gives its label, e.g. {'worker 1': -9} for one the test killed), or
+    until watch(), called every poll, returns a reason. Then SIGKILLs by pid whatever
+    still runs.
 
     Returns (why, ended): why is None when every process exited by itself, else
     what ended the wait (timeout_why at the deadline) and which processes were
@@ -458,7 +460,9 @@ def wait_all(procs, deadline, grace_s, timeout_why, watch=None, poll_s=0.1):
         if all(c is not None for c in codes):
             break
         now = time.monotonic()
-        if first_failure is None and any(c not in (None, 0) for c in codes):
+        expected = expected or {}
+        if first_failure is None and any(
+                c not in (None, 0, expected.get(p.label)) for p, c in zip(procs, codes)):
             first_failure = now
         if watch is not None:
             why = watch()
