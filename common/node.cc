@@ -842,6 +842,20 @@ void Node::HandleControl(Message&& msg) {
                              << address_ << ":" << port_ << "); ignored";
         return;
       }
+      // The key partition has one part per server rank: a node counting
+      // other ranks than the job would send keys to the wrong servers.
+      const int job_servers = h.node_table().num_servers();
+      if (job_servers != 0 && job_servers != options_.num_servers) {
+        failure_ = absl::InvalidArgumentError(absl::StrCat(
+            "the job has ", job_servers,
+            " server rank(s) but this node was "
+            "started with ",
+            options_.num_servers,
+            " (DMLC_NUM_SERVER, and TESSERA_MAX_SERVERS when set, must be the "
+            "scheduler's on every node)"));
+        TESSERA_LOG(ERROR) << failure_.message();
+        return;
+      }
       id_ = my_id;
       rank_ = my_rank;
       // A worker joining an elastic job gets a generation of its own (its

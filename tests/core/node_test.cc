@@ -979,5 +979,52 @@ TEST(NodeTest, AHandBackMissingAReportStartsAgainAndCompletes) {
   EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
 }
 
+TEST(NodeTest, ANodeCountingOtherServerRanksThanTheJobStopsNamingTheVariables) {
+  // A spare started without the job's TESSERA_MAX_SERVERS (2 ranks where the
+  // job has 3) would place keys on the wrong servers: it stops at its table.
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.num_workers = 1;
+  options.num_servers = 3;
+  options.initial_servers = 2;
+  options.replicas = 2;
+  Scheduler scheduler(options, net.NewTransport());
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  auto start = [&](Role role, int port, int num_servers, bool spare) {
+    Options mine = options;
+    mine.role = role;
+    mine.port = port;
+    mine.num_servers = num_servers;
+    mine.initial_servers = 0;
+    mine.spare = spare;
+    return Node::Start(mine, Node::Callbacks(), net.NewTransport());
+  };
+  absl::StatusOr<std::unique_ptr<Node>> a, b, worker;
+  std::thread ta([&] { a = start(Role::kServer, 32001, 3, false); });
+  std::thread tb([&] { b = start(Role::kServer, 32002, 3, false); });
+  worker = start(Role::kWorker, 32003, 3, false);
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  absl::StatusOr<std::unique_ptr<Node>> spare =
+      start(Role::kServer, 32004, 2, true);
+  ASSERT_FALSE(spare.ok());
+  EXPECT_EQ(spare.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spare.status().message(),
+            "the job has 3 server rank(s) but this node was started with 2 "
+            "(DMLC_NUM_SERVER, and TESSERA_MAX_SERVERS when set, must be the "
+            "scheduler's on every node)");
+  EXPECT_TRUE((*worker)->Finish().ok());
+  std::thread ea([&] { EXPECT_TRUE((*a)->WaitForTerminate().ok()); });
+  EXPECT_TRUE((*b)->WaitForTerminate().ok());
+  ea.join();
+  scheduler_thread.join();
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+}
+
 }  // namespace
 }  // namespace tessera
