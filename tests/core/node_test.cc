@@ -878,6 +878,33 @@ TEST(NodeTest,
               ::testing::HasSubstr("this node advertises 127.0.0.1:"));
 }
 
+// A replicated job (TESSERA_REPLICAS=2) of one worker and 2 servers on 3
+// server ranks (TESSERA_MAX_SERVERS=3: rank 2 starts without a server).
+Options TwoOfThreeServerRanks() {
+  Options options = EndOptions(Role::kScheduler);
+  options.num_workers = 1;
+  options.num_servers = 3;
+  options.initial_servers = 2;
+  options.replicas = 2;
+  return options;
+}
+
+using StartNode =
+    std::function<absl::StatusOr<std::unique_ptr<Node>>(Role, int port)>;
+
+// Starts such a job's servers (ports `port`, `port` + 1) and its worker
+// (`port` + 2) with `start`, which the job waits for all together.
+void StartTwoServersAndAWorker(const StartNode& start, int port,
+                               absl::StatusOr<std::unique_ptr<Node>>* a,
+                               absl::StatusOr<std::unique_ptr<Node>>* b,
+                               absl::StatusOr<std::unique_ptr<Node>>* worker) {
+  std::thread ta([&] { *a = start(Role::kServer, port); });
+  std::thread tb([&] { *b = start(Role::kServer, port + 1); });
+  *worker = start(Role::kWorker, port + 2);
+  ta.join();
+  tb.join();
+}
+
 TEST(NodeTest, AHandBackMissingAReportStartsAgainAndCompletes) {
   // A replicated job of 2 servers on 3 ranks (rank 2 without one) and a
   // spare that takes rank 2. Server A never reports its part of the first
@@ -885,11 +912,7 @@ TEST(NodeTest, AHandBackMissingAReportStartsAgainAndCompletes) {
   // hand-back again after options.handback_retry, and the second attempt,
   // which both report, restores rank 2.
   MemoryNetwork net;
-  Options options = EndOptions(Role::kScheduler);
-  options.num_workers = 1;
-  options.num_servers = 3;
-  options.initial_servers = 2;
-  options.replicas = 2;
+  Options options = TwoOfThreeServerRanks();
   options.handback_retry = absl::Milliseconds(500);
   Scheduler scheduler(options, net.NewTransport());
   ASSERT_TRUE(scheduler.Bind().ok());
@@ -916,11 +939,12 @@ TEST(NodeTest, AHandBackMissingAReportStartsAgainAndCompletes) {
     return Node::Start(mine, std::move(callbacks), net.NewTransport());
   };
   absl::StatusOr<std::unique_ptr<Node>> a, b, worker;
-  std::thread ta([&] { a = start(Role::kServer, 31001, 0, false); });
-  std::thread tb([&] { b = start(Role::kServer, 31002, 1, false); });
-  worker = start(Role::kWorker, 31003, -1, false);
-  ta.join();
-  tb.join();
+  StartTwoServersAndAWorker(
+      [&](Role role, int port) {
+        return start(role, port, role == Role::kServer ? port - 31001 : -1,
+                     false);
+      },
+      31001, &a, &b, &worker);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE(worker.ok()) << worker.status();
@@ -983,11 +1007,7 @@ TEST(NodeTest, ANodeCountingOtherServerRanksThanTheJobStopsNamingTheVariables) {
   // A spare started without the job's TESSERA_MAX_SERVERS (2 ranks where the
   // job has 3) would place keys on the wrong servers: it stops at its table.
   MemoryNetwork net;
-  Options options = EndOptions(Role::kScheduler);
-  options.num_workers = 1;
-  options.num_servers = 3;
-  options.initial_servers = 2;
-  options.replicas = 2;
+  const Options options = TwoOfThreeServerRanks();
   Scheduler scheduler(options, net.NewTransport());
   ASSERT_TRUE(scheduler.Bind().ok());
   absl::Status scheduler_result;
@@ -1002,11 +1022,9 @@ TEST(NodeTest, ANodeCountingOtherServerRanksThanTheJobStopsNamingTheVariables) {
     return Node::Start(mine, Node::Callbacks(), net.NewTransport());
   };
   absl::StatusOr<std::unique_ptr<Node>> a, b, worker;
-  std::thread ta([&] { a = start(Role::kServer, 32001, 3, false); });
-  std::thread tb([&] { b = start(Role::kServer, 32002, 3, false); });
-  worker = start(Role::kWorker, 32003, 3, false);
-  ta.join();
-  tb.join();
+  StartTwoServersAndAWorker(
+      [&](Role role, int port) { return start(role, port, 3, false); }, 32001,
+      &a, &b, &worker);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE(worker.ok()) << worker.status();
