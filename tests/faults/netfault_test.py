@@ -362,8 +362,9 @@ class Job(object):
 
 class StallWatch(object):
     """Counts the workers' `round I done` lines (SOAK_PRINT_ROUNDS=1); when none
-    came for STALL_S, sends SIGUSR1 to every process still running (each logs
-    what it has pending), then again each STALL_S. `asked` lists the times."""
+    came for STALL_S after the first, sends SIGUSR1 to every process still running
+    (each logs what it has pending), then again each STALL_S. `asked` lists the
+    times."""
 
     def __init__(self, job):
         self.job = job
@@ -379,6 +380,10 @@ class StallWatch(object):
         done = sum(p.output().count(' done at ') for p in self.job.workers())
         if done != self.rounds:
             self.rounds, self.last = done, now
+            return
+        if done == 0:
+            # A worker handles SIGUSR1 (and is not ended by it) from its first
+            # table on, and every worker had that before any round ended.
             return
         if now - self.last < STALL_S:
             return
