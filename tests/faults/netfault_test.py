@@ -363,14 +363,12 @@ class Job(object):
 class StallWatch(object):
     """Counts the workers' `round I done` lines (SOAK_PRINT_ROUNDS=1); when none
     came for STALL_S after the first, sends SIGUSR1 to every process still running
-    (each logs what it has pending), then again each STALL_S. `asked` lists the
-    times."""
+    (each logs what it has pending), then again each STALL_S."""
 
     def __init__(self, job):
         self.job = job
         self.rounds = 0
         self.last = self.looked = time.monotonic()
-        self.asked = []
 
     def check(self):
         now = time.monotonic()
@@ -388,7 +386,6 @@ class StallWatch(object):
         if now - self.last < STALL_S:
             return
         self.last = now
-        self.asked.append(now - self.job.started)
         sys.stderr.write('netfault_test: no worker finished a round for %d s (at %.0f s, '
                          '%d round(s) done): SIGUSR1 to every process\n'
                          % (STALL_S, now - self.job.started, done))

@@ -455,12 +455,12 @@ def wait_all(procs, deadline, grace_s, timeout_why, watch=None, poll_s=0.1, expe
     killed; ended is the time.monotonic() at which the wait ended."""
     why = None
     first_failure = None
+    expected = expected or {}
     while True:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             break
         now = time.monotonic()
-        expected = expected or {}
         if first_failure is None and any(
                 c not in (None, 0, expected.get(p.label)) for p, c in zip(procs, codes)):
             first_failure = now
