@@ -413,6 +413,20 @@ std::vector<bool> Node::dead_servers() const {
   return dead;
 }
 
+Node::WorkerChanges Node::worker_changes() const {
+  WorkerChanges changes;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, n] : nodes_) {
+    if (n.role() != wire::WORKER || n.rank() < 0) continue;
+    if (n.dead()) {
+      changes.out.push_back(n.rank());
+    } else if (n.joined() != 0) {
+      changes.joined.push_back(n.rank());
+    }
+  }
+  return changes;
+}
+
 std::vector<ServerState> Node::server_states() const {
   std::vector<ServerState> states(options_.num_servers);
   absl::MutexLock lock(&mu_);

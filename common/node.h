@@ -136,6 +136,15 @@ class Node {
   std::string Describe(int node_id) const;
   // Replicated jobs: the ranks of the servers declared dead so far.
   std::vector<bool> dead_servers() const;
+  // Elastic jobs: the workers of the node table that are out of the job
+  // (left, or declared dead) and those that joined it after it formed and
+  // are in it. A server that starts later (a replacement, a restart) learns
+  // from these what the notices told the others.
+  struct WorkerChanges {
+    std::vector<int> out;     // ranks
+    std::vector<int> joined;  // ranks
+  };
+  WorkerChanges worker_changes() const;
   // Replicated jobs: per server rank, its state in the node table
   // (common/replica_chain.h).
   std::vector<ServerState> server_states() const;

@@ -1245,6 +1245,8 @@ void KVServer::Replicate(StoredKey* key, std::vector<wire::Header> requests) {
   p.update.header.set_replica_seq(p.seq);
   for (int r = 0; r < key->ledger.num_workers(); ++r)
     p.update.header.add_replica_counts(key->ledger.received(r));
+  if (elastic_ && key->sync)
+    key->engine->MemberStates(p.update.header.mutable_replica_members());
   key->engine->TakeUpdate(&p.update);
   for (const wire::Header& h : requests) {
     if (key->engine->AnswersWithWeights(h.command())) p.weights = key->weights;
@@ -1387,9 +1389,30 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
   // A dist_sync slice's update is one of its primary's rounds: a backup
   // promoted later numbers its rounds as the primary did.
   if (key->sync) key->engine->SetRoundNumber(key->engine->RoundNumber() + 1);
+  TakeMembers(key, h.replica_members(), "update");
   ++key->replica_seq;
   ++replica_updates_;
   answer(absl::OkStatus());
+}
+
+void KVServer::TakeMembers(
+    StoredKey* key, const google::protobuf::RepeatedField<uint64_t>& states,
+    const char* what) {
+  if (states.empty() || !key->sync) return;
+  if (states.size() != key->ledger.num_workers()) {
+    ++malformed_;
+    TESSERA_LOG(WARNING) << what << " of key " << key->key << " offset "
+                         << key->offset << " carries " << states.size()
+                         << " worker states for " << key->ledger.num_workers()
+                         << " workers: ignored";
+    return;
+  }
+  for (int r = 0; r < states.size(); ++r) {
+    // A rank this server heard leave stays out: the scheduler's word on a
+    // leave may reach the primary after this server.
+    if (key->engine->Left(r) && states[r] != RoundMembers::kStateOut) continue;
+    key->engine->SetMemberState(r, states[r]);
+  }
 }
 
 void KVServer::ReplicaAnswered(Shard* shard, const Message& msg) {
@@ -1784,6 +1807,9 @@ void KVServer::SendTransfer(StoredKey* key, int place) {
   wire::CheckpointKey* k = saved.add_keys();
   key->Snapshot(k);
   k->set_replica(static_cast<uint32_t>(place));
+  // Which workers its rounds wait for: a replacement may have come after a
+  // worker joined, and the joiner's entry round is known here only.
+  if (elastic_ && key->sync) key->engine->MemberStates(k->mutable_members());
   // Serialized straight into the frame (no intermediate string).
   const size_t size = saved.ByteSizeLong();
   Buffer bytes = Buffer::Allocate(size);
@@ -1894,6 +1920,7 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
     key = shard->store.Find(k.key(), k.offset());
     MakeReplicated(key, k.replica());
     key->replica_seq = k.replica_seq();
+    TakeMembers(key, k.members(), "transfer");
     if (added) num_keys_.fetch_add(1);
   }
   {

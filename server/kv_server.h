@@ -222,6 +222,12 @@ class KVServer : private EngineContext {
   void SendUpdate(int rank, const Message& update);
   // A backup's side: applies a KV_REPLICATE in order and answers it.
   void TakeReplica(Shard* shard, Message&& msg);
+  // Elastic jobs: takes the primary's worker states of a dist_sync slice
+  // (an update's or a transfer's, named by `what`), except that a rank
+  // this server heard leave stays out. Counts a wrong-sized list malformed.
+  void TakeMembers(StoredKey* key,
+                   const google::protobuf::RepeatedField<uint64_t>& states,
+                   const char* what);
   // A primary's side: a backup holds updates up to the answered one.
   void ReplicaAnswered(Shard* shard, const Message& msg);
   // Answers the held updates every live backup holds, oldest first.

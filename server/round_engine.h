@@ -122,6 +122,34 @@ class RoundMembers {
       ++members_;
     }
   }
+  // Replication: a rank's place in the slice's rounds as one number, which
+  // a backup or a replacement takes from the slice's primary: out of the
+  // job, in its rounds, joining without a round named, or joining at round
+  // k (kEnterAtBase + k).
+  static constexpr uint64_t kStateOut = 0;
+  static constexpr uint64_t kStateIn = 1;
+  static constexpr uint64_t kStateJoining = 2;
+  static constexpr uint64_t kEnterAtBase = 3;
+  uint64_t State(int rank) const {
+    if (in_job_[rank]) return kStateIn;
+    if (!joining_[rank]) return kStateOut;
+    return enter_at_[rank] == kNoEntry ? kStateJoining
+                                       : kEnterAtBase + enter_at_[rank];
+  }
+  // Takes a State of the primary's for the rounds from the open one on (a
+  // backup's open round holds no push; a replacement's neither).
+  void SetState(int rank, uint64_t state) {
+    in_job_[rank] = state == kStateIn;
+    joining_[rank] = state >= kStateJoining;
+    enter_at_[rank] = state >= kEnterAtBase ? state - kEnterAtBase : kNoEntry;
+    const bool in =
+        in_job_[rank] || (joining_[rank] && enter_at_[rank] == round_);
+    if (in != in_round_[rank]) {
+      in_round_[rank] = in;
+      members_ += in ? 1 : -1;
+    }
+  }
+  int size() const { return static_cast<int>(in_job_.size()); }
   // Joined the job and not yet in its rounds.
   bool Joining(int rank) const { return joining_[rank]; }
   // Out of the job: left, or not joined (its pushes are refused).

@@ -266,6 +266,13 @@ int Serve(const Flags& flags, const tessera::Options& options) {
                          options.resend_timeout);
   live_node.store(node.get());
   server.UpdateServers(node->server_states());
+  if (options.elastic()) {
+    // Workers that left or joined before this server started (it is a
+    // replacement, or restarted): the notices went to the others only.
+    const tessera::Node::WorkerChanges workers = node->worker_changes();
+    for (int rank : workers.out) server.WorkerLeft(rank);
+    for (int rank : workers.joined) server.WorkerJoined(rank);
+  }
   if (absl::Status prepared = PrepareCheckpoints(flags, options, *node, server,
                                                  &store, &checkpointer);
       !prepared.ok()) {

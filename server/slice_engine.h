@@ -149,6 +149,13 @@ class SliceEngine {
                                     const ServerSettings& settings,
                                     EngineContext& ctx) = 0;
 
+  // Replicated elastic jobs: each worker rank's place in the open and later
+  // rounds of a dist_sync slice (RoundMembers::State), which the slice's
+  // backups and replacements take from its primary; nothing for others.
+  virtual void MemberStates(
+      google::protobuf::RepeatedField<uint64_t>* out) const {}
+  virtual void SetMemberState(int rank, uint64_t state) {}
+
   // What a checkpoint holds of the kind's own, and its restore (dense and
   // row-sparse slices have nothing of their own: open rounds are not saved,
   // their pushes are sent again).
@@ -191,6 +198,14 @@ class RoundSliceEngine : public SliceEngine {
   }
   void SetNominal(int workers) override {
     round_.members().set_nominal(workers);
+  }
+  void MemberStates(
+      google::protobuf::RepeatedField<uint64_t>* out) const override {
+    const RoundMembers& m = round_.members();
+    for (int r = 0; r < m.size(); ++r) out->Add(m.State(r));
+  }
+  void SetMemberState(int rank, uint64_t state) override {
+    round_.members().SetState(rank, state);
   }
 
  protected:

@@ -34,8 +34,8 @@ from tessera_launch.config import (  # noqa: E402
     JobConfig, build_config, elastic_of, forwarded_env, max_servers_of, metrics_urls, node_env,
     replicas_of)
 from tessera_launch.hosts import (  # noqa: E402
-    Host, distinct_hosts, ephemeral_range, free_port_run, interface_ipv4, parse_hostfile_text,
-    pick_node_ports, pick_port, place, scheduler_address)
+    Host, distinct_hosts, ephemeral_range, free_port_run, interface_ipv4, parse_hostfile,
+    parse_hostfile_text, pick_node_ports, pick_port, place, scheduler_address)
 from tessera_launch.joining import (  # noqa: E402
     added_server_nodes, added_worker_nodes, read_job_file, read_server_job_file,
     write_job_file)
@@ -45,7 +45,7 @@ from tessera_launch.keys import (  # noqa: E402
 from tessera_launch.options import (  # noqa: E402
     MPI_SPEC_VAR, UsageError, parse_args, parse_env_specs)
 from tessera_launch.remote import (  # noqa: E402
-    KEY_END_MARKER, KEY_FROM_STDIN, REMOTE_PID_MARKER, REMOTE_WRAPPER)
+    KEY_END_MARKER, KEY_FROM_STDIN, REMOTE_PID_MARKER, REMOTE_WRAPPER, key_stdin)
 from tessera_launch.slurm import parse_tasks_per_node, slurm_hosts, slurm_nodes  # noqa: E402
 from tessera_launch.ssh import remote_path, rsync_argv, ssh_argv  # noqa: E402
 from tessera_launch.supervisor import Node, describe_status  # noqa: E402
@@ -612,7 +612,11 @@ class EnvTest(unittest.TestCase):
                 (['--add-workers', '1', '--join', 'f', '-n', '2', '/bin/true'],
                  '-n: not with --add-workers'),
                 (['--add-workers', '1', '--join', 'f', '--launcher', 'ssh', '/bin/true'],
-                 'only with --launcher local')):
+                 r'--add-workers --launcher ssh: expected -H/--hostfile HOSTFILE'),
+                (['--add-workers', '1', '--join', 'f', '--launcher', 'mpi', '/bin/true'],
+                 r'--add-workers: with --launcher local \(on this host\) or ssh'),
+                (['--add-workers', '1', '--join', 'f', '-H', 'h', '/bin/true'],
+                 r'-H/--hostfile: only with --launcher ssh')):
             with self.assertRaisesRegex(UsageError, message):
                 parse_args(argv)
 
@@ -674,10 +678,75 @@ class EnvTest(unittest.TestCase):
                  '-s: not with --add-servers'),
                 (['--add-servers', '1', '--add-workers', '1', '--join', 'f'], 'one at a time'),
                 (['--add-servers', '1', '--join', 'f', '--launcher', 'ssh'],
-                 'only with --launcher local')):
+                 r'--add-servers --launcher ssh: expected -H/--hostfile HOSTFILE'),
+                (['--add-servers', '1', '--join', 'f', '--launcher', 'ssh', '-H', 'h',
+                  '--sync-dst-dir', '/d'], r'--sync-dst-dir: not with --add-servers')):
             with self.assertRaisesRegex(UsageError, message):
                 parse_args((['-n', '1'] if argv[0] == '-s' else []) + argv
                            + (['/bin/true'] if argv[0] == '-s' else []))
+
+    def test_ssh_job_file_starts_added_processes_on_the_hosts_with_keys_on_stdin(self):
+        # An elastic, replicated ssh job's file says where its processes run on the
+        # hosts; launch.py --add-workers/--add-servers --launcher ssh -H starts the
+        # joiners there over ssh, round-robin over the hostfile, each with a joiner
+        # key of its own on the channel's stdin (never a local path in its
+        # variables). A job of the local launcher cannot take joiners from other
+        # hosts, and an ssh job's file needs --launcher ssh.
+        with tempfile.TemporaryDirectory() as tmp:
+            hostfile = os.path.join(tmp, 'hosts')
+            with open(hostfile, 'w') as f:
+                f.write('hostA\nhostB:2222\n')
+            args = parse_args(['-n', '2', '-s', '2', '--launcher', 'ssh', '-H', hostfile,
+                               '--elastic', '2:3', '--replicas', '2', '--max-servers', '3',
+                               '/bin/true'])
+            cfg = build_config(args, self.ENVIRON, 'ssh', '10.0.0.1', remote=True)
+            hosts = parse_hostfile(hostfile)
+            prepare_keys(cfg, args, hosts, tmp)
+            path = write_job_file(tmp, cfg, ['/x/tessera-server'], workdir='/w')
+            env, keys = read_job_file(path)
+            self.assertEqual(env['DMLC_PS_ROOT_URI'], '10.0.0.1')
+            self.assertNotIn('TESSERA_KEY_FILE', env)
+            self.assertEqual(keys, [os.path.join(tmp, 'worker-%d.key' % i) for i in (2, 3, 4)])
+            workers = added_worker_nodes(
+                parse_args(['--add-workers', '2', '--join', path, '--launcher', 'ssh', '-H',
+                            hostfile, 'run.sh', 'x']), {'PATH': '/bin'})
+            self.assertEqual([(n.name, n.host.name, n.remote) for n in workers],
+                             [('added worker 0', 'hostA', True),
+                              ('added worker 1', 'hostB', True)])
+            argv, local_env, _ = workers[1].spawn(0)
+            self.assertEqual(argv[:2], ['ssh', '-o'])
+            self.assertEqual(argv[argv.index('-p') + 1], '2222')
+            self.assertEqual(argv[-2], 'hostB')
+            self.assertIn('cd /w && exec bash -c', argv[-1])
+            self.assertIn('--tessera-key-from-stdin', argv[-1])
+            self.assertIn('DMLC_ROLE=worker', argv[-1])
+            self.assertTrue(argv[-1].endswith(' run.sh x'), argv[-1])
+            self.assertNotIn('TESSERA_KEY_FILE=', argv[-1].split('tessera-launch ', 1)[1])
+            self.assertEqual(local_env, {'PATH': '/bin'})
+            with open(keys[1]) as f:
+                self.assertEqual(workers[1].stdin_data, key_stdin(f.read()))
+            servers = added_server_nodes(
+                parse_args(['--add-servers', '1', '--join', path, '--launcher', 'ssh', '-H',
+                            hostfile]), {})
+            argv, _, _ = servers[0].spawn(0)
+            self.assertIn('TESSERA_SPARE=1', argv[-1])
+            self.assertTrue(argv[-1].endswith(' /x/tessera-server'), argv[-1])
+            self.assertIsNotNone(servers[0].stdin_data)
+            with self.assertRaisesRegex(UsageError, r'the job runs on other hosts '
+                                        r'\(--launcher ssh\); add processes there with '
+                                        r'--launcher ssh -H HOSTFILE'):
+                added_worker_nodes(parse_args(['--add-workers', '1', '--join', path,
+                                               '/bin/true']), {})
+            os.mkdir(os.path.join(tmp, 'local'))
+            local_cfg = build_config(parse_args(['-n', '2', '--elastic', '2:3', '/bin/true']),
+                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
+            local = write_job_file(os.path.join(tmp, 'local'), local_cfg)
+            with self.assertRaisesRegex(UsageError, r'the job was started by the local '
+                                        r'launcher, whose scheduler listens on 127.0.0.1 '
+                                        r'only'):
+                added_worker_nodes(parse_args(['--add-workers', '1', '--join', local,
+                                               '--launcher', 'ssh', '-H', hostfile,
+                                               '/bin/true']), {})
 
     def test_metrics_port_gives_each_process_base_plus_its_index(self):
         args = parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])

@@ -25,7 +25,10 @@ hostname DMLC_PS_ROOT_URI (/etc/netns/<ns>/hosts) with DMLC_NODE_HOST winning
 over DMLC_INTERFACE; IPv6 hosts and root URI; and, with IPv4 between hosts
 dropped, DMLC_INTERFACE with an IPv6 scheduler advertising IPv6. After every
 test no process but the sshds may remain in any namespace. PS_VERBOSE=1 logs
-("<role> advertises ADDR:PORT") show where each node ran.
+("<role> advertises ADDR:PORT") show where each node ran. Also: a worker and a
+server added over ssh (launch.py --add-workers/--add-servers --launcher ssh) to
+a running elastic, replicated ssh job (MULTIHOST_DUMP=FILE writes that test's
+whole output there).
 
 The namespaces share the file system, so the build folder has the same path on
 every host; --sync-dst-dir is exercised anyway (a worker wrapper script is
@@ -259,6 +262,7 @@ class LaunchRun(object):
 
     def __init__(self, argv, env, cwd):
         self.argv = argv
+        self.proc_env = env
         self.started = time.monotonic()
         self.proc = subprocess.Popen(self.argv, env=env, cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -534,6 +538,96 @@ class MultiHostTest(unittest.TestCase):
         sums = re.findall(r'Final weights checksum=([0-9a-f]{16})', job.output)
         self.assertEqual(len(sums), 2, job.tail(120))
         self.assertEqual(sums[0], sums[1], job.tail(120))
+
+    def wait_line(self, run, pattern, timeout=60):
+        """The first match of `pattern` in the output of `run` (a LaunchRun),
+        waiting at most `timeout` seconds while it runs."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, run.output, re.M)
+            if m:
+                return m
+            self.assertIsNone(run.proc.poll(), 'ended before %r:\n%s' % (pattern, run.tail()))
+            time.sleep(0.1)
+        self.fail('no line matched %r within %d s:\n%s' % (pattern, timeout, run.tail()))
+
+    def test_workers_and_servers_added_over_ssh_join_a_running_job(self):
+        # An elastic, replicated ssh job (--elastic 2:3, --replicas 2, 2 of at most 3
+        # server ranks) over h1..h3 names its job file and how to add processes on
+        # other hosts. Two more launch.py runs in h0 add a worker and a server on h3
+        # over ssh (--launcher ssh -H with h3 only): each gets a joiner's node key on
+        # its ssh channel, registers with the scheduler at h0's address and advertises
+        # h3's. The worker joins the soak as rank 2 and its pushes count (the job's
+        # two workers check every round exactly, SOAK_JOINER=2); the server takes
+        # rank 2, catches up and takes back its place. Everything ends 0, secured,
+        # with no key folder left on a host.
+        checker = os.path.join(BUILD_DIR, 'tests', 'core', 'kv_check_worker')
+        folders = self.key_folders()
+        # Only PS_* and TESSERA_* variables reach other hosts by themselves.
+        job = Job(self.topo, ['--launcher', 'ssh', '--elastic', '2:3', '--replicas', '2',
+                              '--max-servers', '3', '--env-worker', 'SOAK_JOINER:2',
+                              '--env-worker', 'SOAK_PRINT_ROUNDS:1'],
+                  [checker, 'soak', '500', '20'], env={'TESSERA_BIGARRAY_BOUND': '1000'})
+        adders = []
+        try:
+            files = [self.wait_line(job, r'to add workers while it runs: launch.py '
+                                         r'--add-workers N --join (\S+) --launcher ssh '
+                                         r'-H HOSTFILE COMMAND'),
+                     self.wait_line(job, r'to add servers while it runs: launch.py '
+                                         r'--add-servers N --join (\S+) --launcher ssh '
+                                         r'-H HOSTFILE$')]
+            self.assertEqual(files[0].group(1), files[1].group(1))
+            self.wait_line(job, r'^\[worker \d\] round 10 done at')
+            h3 = os.path.join(self.topo.tmp, 'hostfile-h3')
+            with open(h3, 'w') as f:
+                f.write('%s\n' % v4(3))
+            base = ['ip', 'netns', 'exec', self.topo.namespaces[0], sys.executable,
+                    LAUNCH_PY, '--launcher', 'ssh', '-H', h3, '--join', files[0].group(1)]
+            # The worker first: the server that comes after it must learn from
+            # the slices it takes which rounds wait for the joiner. The joiner
+            # outlives the job's two (their rounds after its last would lack
+            # its pushes).
+            adders.append(LaunchRun(base + ['--add-workers', '1', '--env', 'SOAK_JOIN:1',
+                                            checker, 'soak', '700'],
+                                    job.proc_env, self.topo.tmp))
+            self.wait_line(adders[0], r"joined the job \(generation \d+\): in every key's "
+                                      r'rounds from round \d+')
+            adders.append(LaunchRun(base + ['--add-servers', '1'], job.proc_env,
+                                    self.topo.tmp))
+            rc = job.wait(JOB_TIMEOUT_S)
+            codes = [a.wait(60) for a in adders]
+        finally:
+            for run_ in [job] + adders:
+                if run_.proc.poll() is None:
+                    os.killpg(run_.proc.pid, signal.SIGKILL)
+        everything = job.output + ''.join(a.output for a in adders)
+        if os.environ.get('MULTIHOST_DUMP'):
+            with open(os.environ['MULTIHOST_DUMP'], 'w') as f:
+                f.write(everything)
+        self.assertEqual(rc, 0, job.tail(120) + ''.join(a.tail() for a in adders))
+        self.assertEqual(codes, [0, 0], ''.join(a.tail() for a in adders))
+        worker_out, server_out = adders[0].output, adders[1].output
+        self.assertIn('launch.py: adding 1 server(s) to the replicated job of', server_out)
+        self.assertRegex(server_out, r'(?m)^\[added server 0\] .*server advertises '
+                                     r'%s:\d+;' % re.escape(v4(3)))
+        self.assertRegex(worker_out, r'(?m)^\[added worker 0\] .*worker advertises '
+                                     r'%s:\d+;' % re.escape(v4(3)))
+        for out, role in ((server_out, 'server'), (worker_out, 'worker')):
+            self.assertRegex(out, r'(?m)^\[added %s 0\] .*connections authenticated and '
+                                  r'encrypted \(CURVE\) with the %s key ' % (role, role))
+        self.assertIn('[added worker 0] soak joined: rank 2, 700 rounds', worker_out)
+        self.assertRegex(job.output, r'\[scheduler\] .*joins the job \(join 1\): 3 of at '
+                                     r'most 3 worker\(s\) in it')
+        self.assertRegex(job.output, r'\[scheduler\] .*takes server rank 2, which had no '
+                                     r'server')
+        self.assertRegex(job.output, r'\[scheduler\] .*hand-back in [^)]*\): it answers for '
+                                     r'the slices of rank 2 again')
+        sums = re.findall(r'soak ok: rank \d of \d+, \d+ rounds checksum=([0-9a-f]{16})',
+                          everything)
+        self.assertEqual(len(sums), 2, job.tail(120))
+        self.assertEqual(sums[0], sums[1], job.tail(120))
+        self.assertEqual(self.key_folders() - folders, set(),
+                         'key folders left behind on the hosts')
 
     # -- (5) hostname root URI, DMLC_NODE_HOST over DMLC_INTERFACE, IPv6
 

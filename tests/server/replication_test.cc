@@ -26,9 +26,10 @@ constexpr uint64_t kKey = 7;
 class Box {
  public:
   // `resend`: PS_RESEND_TIMEOUT of the servers' updates and catch-up asks.
-  explicit Box(int rank, absl::Duration resend = absl::Milliseconds(1))
+  explicit Box(int rank, absl::Duration resend = absl::Milliseconds(1),
+               int workers = kWorkers)
       : rank_(rank),
-        server_(kWorkers, /*num_threads=*/2, [this](int peer, Message msg) {
+        server_(workers, /*num_threads=*/2, [this](int peer, Message msg) {
           absl::MutexLock lock(&mu_);
           msg.header.set_sender(ServerId(rank_));
           msg.header.set_recipient(peer);
@@ -847,6 +848,71 @@ TEST_F(ReplicationTest, ATransferAtAnotherPlaceOrOfANewSliceIsRefused) {
 
 // common/replica_chain.h: members answer in chain order, replacements after
 // the members that held the slice before them, in the order they joined.
+TEST(ReplicationElasticTest, APromotedBackupWaitsForAJoinerAsItsPrimaryDid) {
+  // An elastic job (TESSERA_ELASTIC=2:3): worker 2 joins and names round 1
+  // as its entry into key 7, which only the primary hears. The update of
+  // round 0 carries each rank's place in the rounds; the backup, promoted
+  // when the primary dies, waits in round 1 for the joiner's push as the
+  // primary would have (without it, round 1 completed with ranks 0 and 1).
+  Box primary(0, absl::Seconds(30), /*workers=*/3);
+  Box backup(1, absl::Seconds(30), /*workers=*/3);
+  for (Box* b : {&primary, &backup}) {
+    b->server().set_elastic(/*nominal=*/2);
+    b->server().WorkerJoined(2);
+    b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0"));
+    ASSERT_TRUE(b->NextReply().has_value());
+  }
+  primary.server().Handle(Init({1, 2, 3}, /*replica=*/0, true));
+  backup.server().Handle(Init({1, 2, 3}, /*replica=*/1, true));
+  ASSERT_TRUE(primary.NextReply().has_value());
+  ASSERT_TRUE(backup.NextReply().has_value());
+
+  Message enter = KeyMessage(wire::KV_INIT, 2, 3);
+  enter.header.set_rejoin(true);
+  enter.header.set_enter(true);
+  enter.header.set_enter_round(1);
+  primary.server().Handle(std::move(enter));
+  std::optional<Message> entered = primary.NextReply();
+  ASSERT_TRUE(entered.has_value());
+  ASSERT_TRUE(FromWire(entered->header.status()).ok());
+  EXPECT_EQ(entered->header.open_round(), 0u);  // taken: 0 is not past 1
+
+  // Round 0: ranks 0 and 1 only.
+  primary.server().Handle(Push(0, 0, {1, 1, 1}));
+  primary.server().Handle(Push(1, 0, {2, 2, 2}));
+  std::optional<Message> update = primary.NextToServer();
+  ASSERT_TRUE(update.has_value());
+  ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
+  EXPECT_THAT(
+      update->header.replica_members(),
+      ::testing::ElementsAre(RoundMembers::kStateIn, RoundMembers::kStateIn,
+                             RoundMembers::kEnterAtBase + 1));
+  backup.server().Handle(*std::move(update));
+  std::optional<Message> answer = backup.NextToServer();
+  ASSERT_TRUE(answer.has_value());
+  ASSERT_TRUE(FromWire(answer->header.status()).ok());
+  primary.server().Handle(*std::move(answer));
+  ASSERT_TRUE(primary.NextReply().has_value());
+  ASSERT_TRUE(primary.NextReply().has_value());
+
+  // The primary dies; round 1 at the backup waits for all three.
+  backup.server().ServerDied(0);
+  backup.server().Handle(Push(0, 1, {1, 1, 1}));
+  backup.server().Handle(Push(1, 1, {2, 2, 2}));
+  EXPECT_EQ(backup.RepliesNow(), 0u);
+  backup.server().Handle(Push(2, 0, {4, 4, 4}));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(backup.NextReply().has_value());
+  backup.server().Handle(Pull(0, 2, 3));
+  std::optional<Message> pulled = backup.NextReply();
+  ASSERT_TRUE(pulled.has_value());
+  // lr = -1 adds each round's sum: 3 (round 0, two of the job's two workers)
+  // and 7 x 2/3 (round 1, three pushes scaled to the job's two).
+  const float round1 = 7.0f * (2.0f / 3.0f);
+  EXPECT_THAT(
+      ValuesOf(*pulled),
+      ::testing::ElementsAre(1 + 3 + round1, 2 + 3 + round1, 3 + 3 + round1));
+}
+
 TEST(ReplicaChainTest, ReplacementsAnswerLastAndOnlyOnceCaughtUp) {
   std::vector<ServerState> states(4);
   EXPECT_EQ(ChainOrder(3, 4, 3, states), (std::vector<int>{3, 0, 1}));

@@ -20,7 +20,7 @@ from .local import local_nodes
 from .mpi import install_mpi_keys, mpi_child, mpi_nodes, remove_mpi_keys
 from .options import PROG, SCHEDULER_BINARY, SERVER_BINARY, SetupError, UsageError, parse_args
 from .slurm import slurm_hosts, slurm_node_address, slurm_nodes
-from .ssh import ssh_nodes, sync_hosts
+from .ssh import remote_path, ssh_nodes, sync_hosts
 from .supervisor import Job, install_signal_handlers
 from . import status
 
@@ -123,23 +123,29 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
                   replicas=replicas_of(cfg), elastic=elastic_of(cfg))
         install_signal_handlers(job)
         servers_join = replicas_of(cfg) >= 2 and server_bin is not None
-        if (elastic_of(cfg) or servers_join) and args.launcher == 'local':
+        if (elastic_of(cfg) or servers_join) and args.launcher in ('local', 'ssh'):
+            workdir = None
+            server_argv = [server_bin] + args.server_argv_extra
+            if args.launcher == 'ssh':  # as ssh_nodes runs them on the hosts
+                workdir = args.sync_dst_dir or os.getcwd()
+                server_argv[0] = remote_path(server_bin, os.getcwd(), args.sync_dst_dir)
             try:
-                job_file = write_job_file(
-                    tmpdir, cfg, [server_bin] + args.server_argv_extra if servers_join
-                    else None)
+                job_file = write_job_file(tmpdir, cfg,
+                                          server_argv if servers_join else None, workdir)
             except OSError as e:
                 say('cannot write the job file: %s' % e)
                 return 1
+            on_hosts = ' --launcher ssh -H HOSTFILE' if workdir is not None else ''
             if elastic_of(cfg):
                 say('elastic job (TESSERA_ELASTIC=%s); to add workers while it runs: '
-                    'launch.py --add-workers N --join %s COMMAND [ARGS...]'
-                    % (elastic_of(cfg), job_file))
+                    'launch.py --add-workers N --join %s%s COMMAND [ARGS...]'
+                    % (elastic_of(cfg), job_file, on_hosts))
             if servers_join:
                 ranks = max_servers_of(cfg)
                 say('replicated job (TESSERA_REPLICAS=%d, %d of %d server rank(s) with a '
                     'server); to add servers while it runs: launch.py --add-servers N '
-                    '--join %s' % (replicas_of(cfg), cfg.num_servers, ranks, job_file))
+                    '--join %s%s' % (replicas_of(cfg), cfg.num_servers, ranks, job_file,
+                                     on_hosts))
         if args.verbose:
             say('%s job: scheduler at %s:%d, %d server(s), %d worker(s)'
                 % (cfg.cluster, cfg.root_uri, cfg.port, cfg.num_servers, cfg.num_workers))

@@ -1,7 +1,7 @@
 """Workers added to a running elastic job (launch.py --add-workers N --join FILE),
 and servers added to a running replicated job (--add-servers N --join FILE).
 
-An elastic job started by the local launcher writes a job file into its private
+An elastic job started by the local or ssh launcher writes a job file into its private
 folder (0700, with its keys) and prints how to add workers. The file holds what a
 joining worker needs: the scheduler's address and the job's worker variables
 (DMLC_*, TESSERA_ELASTIC, where keys are, what launch.py forwarded) and, when
@@ -11,6 +11,10 @@ A second launch.py started with --add-workers N --join FILE runs N copies of the
 worker program with those variables; each registers with the scheduler, which
 gives it a rank while fewer than MAX workers are in the job (docs/faults.md,
 "Elastic jobs").
+
+A job of the ssh launcher writes the same file (its "workdir": the folder its
+processes run in on the hosts); its joiners start on the hosts of the adding
+launch.py's -H, over ssh, each key sent down its channel's stdin.
 
 A replicated job's file also holds what an added server needs: the server
 program (with --server-args), the servers' variables (TESSERA_SPARE=1: the
@@ -28,8 +32,11 @@ import json
 import os
 
 from .config import node_env, replicas_of
+from .hosts import parse_hostfile
 from .keys import MAX_JOINER_KEYS, joiner_keys, server_joiner_keys
 from .options import UsageError, parse_env_specs
+from .remote import key_stdin
+from .ssh import ssh_argv, ssh_base_argv
 from .supervisor import Node
 
 JOB_FILE = 'job.json'
@@ -45,29 +52,40 @@ def _shared_env(cfg, role):
     return env
 
 
-def _key_files(cfg, role, first, count):
+def _key_files(cfg, role, first, count, folder):
+    """The node key files made for joiners: those of this host's processes
+    (cfg.node_key_env), or for an ssh job, whose keys travel on stdin, the files
+    tessera-keygen wrote into the job's folder."""
     keys = []
     for index in range(first, first + count):
         key_env = cfg.node_key_env.get((role, index), {})
         if 'TESSERA_KEY_FILE' in key_env:
             keys.append(key_env['TESSERA_KEY_FILE'])
+        elif (role, index) in cfg.node_key_text:
+            keys.append(os.path.join(folder, '%s-%d.key' % (role, index)))
     return keys
 
 
-def write_job_file(folder, cfg, server_argv=None):
+def write_job_file(folder, cfg, server_argv=None, workdir=None):
     """Writes folder/job.json (0600) for workers (an elastic job) and servers (a
     replicated job, `server_argv` the server program) that join the running job
     `cfg`; returns its path. With fresh keys it lists the node keys made for
-    joiners (keys.joiner_keys, keys.server_joiner_keys): each joiner claims one."""
+    joiners (keys.joiner_keys, keys.server_joiner_keys): each joiner claims one.
+    An ssh job (`workdir`: the folder its processes run in on the hosts) says
+    so: joiners start there over ssh, their keys on the channel's stdin."""
     job = {'tessera_job': _VERSION, 'scheduler': '%s:%d' % (cfg.root_uri, cfg.port),
            'worker_env': _shared_env(cfg, 'worker'),
-           'joiner_keys': _key_files(cfg, 'worker', cfg.num_workers, joiner_keys(cfg))}
+           'joiner_keys': _key_files(cfg, 'worker', cfg.num_workers, joiner_keys(cfg),
+                                     folder)}
+    if workdir is not None:
+        job['launcher'] = 'ssh'
+        job['workdir'] = workdir
     if server_argv and replicas_of(cfg) >= 2:
         job['server_argv'] = list(server_argv)
         job['server_env'] = _shared_env(cfg, 'spare')
         job['server_keys'] = _key_files(
             cfg, 'server', cfg.num_servers + getattr(cfg, 'spare_servers', 0),
-            server_joiner_keys(cfg))
+            server_joiner_keys(cfg), folder)
     path = os.path.join(folder, JOB_FILE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, 'w') as f:
@@ -117,6 +135,26 @@ def _load_job_file(path):
     return job
 
 
+def _where(job, path, args):
+    """The folder the joiners run in on the hosts (an ssh job), or None (a job
+    of this host). Raises UsageError when --launcher does not fit the job."""
+    ssh_job = isinstance(job, dict) and job.get('launcher') == 'ssh'
+    if args.launcher == 'ssh' and not ssh_job:
+        raise UsageError('--join %s --launcher ssh: the job was started by the local '
+                         'launcher, whose scheduler listens on 127.0.0.1 only: other hosts '
+                         'cannot reach it (start the job with --launcher ssh to add '
+                         'processes on other hosts)' % path)
+    if not ssh_job:
+        return None
+    workdir = job.get('workdir')
+    if not isinstance(workdir, str) or not workdir:
+        raise UsageError('--join %s: the job file of an ssh job names no "workdir"' % path)
+    if args.launcher != 'ssh':
+        raise UsageError('--join %s: the job runs on other hosts (--launcher ssh); add '
+                         'processes there with --launcher ssh -H HOSTFILE' % path)
+    return workdir
+
+
 def read_job_file(path):
     """The worker variables and joiner keys of the job file at `path`. Raises
     UsageError, also for a file another user owns or others may write (its
@@ -138,27 +176,54 @@ def added_worker_nodes(args, environ):
     """The N workers of --add-workers: the worker program with the job file's
     variables, then --env and --env-worker on top."""
     job_env, keys = read_job_file(args.join)
+    workdir = _where(_load_job_file(args.join), args.join, args)
     job_env.update(parse_env_specs(args.env, '--env', environ))
     job_env.update(parse_env_specs(args.env_worker, '--env-worker', environ))
     return _joiner_nodes(args, environ, 'worker', args.add_workers, args.command, job_env,
-                         keys)
+                         keys, workdir)
 
 
-def _joiner_nodes(args, environ, role, count, argv, job_env, keys):
+def _read_key(path, join):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise UsageError('--join %s: cannot read the joiner key %s (%s); the job\'s keys go '
+                         'away when it ends' % (join, path, e.strerror or e))
+
+
+def _joiner_nodes(args, environ, role, count, argv, job_env, keys, workdir=None):
     """`count` processes running `argv` with the job file's variables `job_env`;
-    with fresh keys each claims its own, never used before."""
+    with fresh keys each claims its own, never used before. With `workdir` (an
+    ssh job) they start there on the hosts of -H, round-robin, over ssh, each
+    key on its channel's stdin (ssh.REMOTE_WRAPPER), never in a file there
+    that outlives the process."""
+    hosts = parse_hostfile(args.hostfile) if workdir is not None else None
     nodes = []
     for i in range(count):
-        own = {'TESSERA_KEY_FILE': claim_key(keys, args.join, role)} if keys else {}
+        key = claim_key(keys, args.join, role) if keys else None
+        own = {'TESSERA_KEY_FILE': key} if key else {}
+        env_here = dict(job_env)
+        if args.metrics_port is not None:
+            env_here['TESSERA_METRICS_PORT'] = str(args.metrics_port + i)
+        if hosts is None:
+            def spawn(restart_count, env_here=env_here, own=own):
+                env = dict(environ)
+                env.update(env_here)
+                env.update(own)
+                return list(argv), env, None
+            nodes.append(Node('added ' + role, i, spawn, primary=True))
+            continue
+        host = hosts[i % len(hosts)]
+        ssh_base_argv(host, environ)  # checks TESSERA_SSH_OPTS now
 
-        def spawn(restart_count, i=i, own=own):
-            env = dict(environ)
-            env.update(job_env)
-            env.update(own)
-            if args.metrics_port is not None:
-                env['TESSERA_METRICS_PORT'] = str(args.metrics_port + i)
-            return list(argv), env, None
-        nodes.append(Node('added ' + role, i, spawn, primary=True))
+        def remote_spawn(restart_count, host=host, env_here=env_here, keyed=key is not None):
+            return (ssh_argv(host, workdir, env_here, argv, environ, key_from_stdin=keyed),
+                    dict(environ), None)
+        node = Node('added ' + role, i, remote_spawn, host=host, remote=True, primary=True)
+        if key is not None:
+            node.stdin_data = key_stdin(_read_key(key, args.join))
+        nodes.append(node)
     return nodes
 
 
@@ -185,6 +250,8 @@ def added_server_nodes(args, environ):
     """The N servers of --add-servers: the job's server program with the job
     file's variables (TESSERA_SPARE=1), then --env and --env-server on top."""
     argv, job_env, keys = read_server_job_file(args.join)
+    workdir = _where(_load_job_file(args.join), args.join, args)
     job_env.update(parse_env_specs(args.env, '--env', environ))
     job_env.update(parse_env_specs(args.env_server, '--env-server', environ))
-    return _joiner_nodes(args, environ, 'server', args.add_servers, argv, job_env, keys)
+    return _joiner_nodes(args, environ, 'server', args.add_servers, argv, job_env, keys,
+                         workdir)

@@ -149,7 +149,9 @@ def build_parser():
                    'when it started; -n, -s and the job\'s other settings come from it')
     p.add_argument('--join', default=None, metavar='FILE',
                    help='with --add-workers or --add-servers: the running job\'s job file '
-                   '(launch.py --elastic or --replicas prints its path)')
+                   '(launch.py --elastic or --replicas prints its path); for a job of the '
+                   'ssh launcher add --launcher ssh -H HOSTFILE: the added processes start '
+                   'on those hosts')
     p.add_argument('--quiet-notice', type=_seconds_arg, default=60.0, metavar='SECONDS',
                    help='when the job has printed nothing for this long, say which of its '
                         'processes still run (default: 60; again every SECONDS)')
@@ -158,6 +160,23 @@ def build_parser():
     p.add_argument('command', nargs=argparse.REMAINDER, metavar='COMMAND [ARGS...]',
                    help='the worker program and its arguments')
     return p
+
+
+def _check_adder_launcher(args, flag):
+    """--add-workers/--add-servers start their processes on this host (--launcher
+    local) or on the hosts of -H over ssh (--launcher ssh)."""
+    if args.launcher not in ('local', 'ssh'):
+        raise UsageError('%s: with --launcher local (on this host) or ssh (on the hosts of '
+                         '-H), not %s' % (flag, args.launcher))
+    if args.launcher == 'ssh' and not args.hostfile:
+        raise UsageError('%s --launcher ssh: expected -H/--hostfile HOSTFILE (the hosts the '
+                         'added processes start on, round-robin)' % flag)
+    if args.launcher == 'local' and args.hostfile:
+        raise UsageError('-H/--hostfile: only with --launcher ssh (%s starts its processes '
+                         'on this host with --launcher local)' % flag)
+    if args.sync_dst_dir:
+        raise UsageError('--sync-dst-dir: not with %s (the added processes run in the '
+                         'job\'s own folder on the hosts, which the job file names)' % flag)
 
 
 def _join_server_args(argv):
@@ -210,9 +229,7 @@ def parse_args(argv):
         if args.command:
             raise UsageError('--add-servers: no COMMAND (the servers run the job\'s '
                              'tessera-server, which the job file names)')
-        if args.launcher != 'local':
-            raise UsageError('--add-servers: only with --launcher local so far (the servers '
-                             'start on this host)')
+        _check_adder_launcher(args, '--add-servers')
         for flag, value in (('-n', args.num_workers), ('-s', args.num_servers),
                             ('--elastic', args.elastic), ('--replicas', args.replicas),
                             ('--max-servers', args.max_servers)):
@@ -227,9 +244,7 @@ def parse_args(argv):
         if not args.command:
             raise UsageError('missing COMMAND: expected the worker program (and its '
                              'arguments) after the flags')
-        if args.launcher != 'local':
-            raise UsageError('--add-workers: only with --launcher local so far (the workers '
-                             'start on this host)')
+        _check_adder_launcher(args, '--add-workers')
         for flag, value in (('-n', args.num_workers), ('-s', args.num_servers),
                             ('--elastic', args.elastic), ('--replicas', args.replicas),
                             ('--max-servers', args.max_servers)):
