@@ -146,6 +146,11 @@ class KeyStore {
   bool Left(int rank) const {
     return rank >= 0 && rank < static_cast<int>(left_.size()) && left_[rank];
   }
+  // This server heard `rank` join the job (and not leave since).
+  bool Joined(int rank) const {
+    return rank >= 0 && rank < static_cast<int>(joined_.size()) &&
+           joined_[rank];
+  }
   // Forgets a slice (a replacement's transfer replaces what it held).
   void Erase(uint64_t key, uint64_t offset) { keys_.erase({key, offset}); }
   // True for the slice of its key with the lowest offset in this store: a

@@ -1407,10 +1407,13 @@ void KVServer::TakeMembers(
                          << " workers: ignored";
     return;
   }
+  const KeyStore& store = ShardOf(key->key)->store;
   for (int r = 0; r < states.size(); ++r) {
-    // A rank this server heard leave stays out: the scheduler's word on a
-    // leave may reach the primary after this server.
-    if (key->engine->Left(r) && states[r] != RoundMembers::kStateOut) continue;
+    // The scheduler's word on a worker may reach the primary after this
+    // server: a rank this server heard leave stays out, and one it heard
+    // join is not put out (a joiner not waited for yet is safe either way).
+    if (store.Left(r) && states[r] != RoundMembers::kStateOut) continue;
+    if (store.Joined(r) && states[r] == RoundMembers::kStateOut) continue;
     key->engine->SetMemberState(r, states[r]);
   }
 }

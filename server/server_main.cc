@@ -22,6 +22,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/daemon.h"
 #include "common/logging.h"
 #include "common/node.h"
@@ -198,6 +199,12 @@ void LogSummary(const tessera::KVServer& server, const tessera::Node& node) {
 int Serve(const Flags& flags, const tessera::Options& options) {
   constexpr char kProgram[] = "tessera-server";
   const int threads = UpdateThreads(options);
+  // Elastic jobs: the worker notices (receiving thread) and the first
+  // table's workers (this thread, once: see below) one at a time. A notice
+  // before that read is in the table it reads. Made before `node`, whose
+  // threads call back until it is destroyed.
+  absl::Mutex workers_mu;
+  bool workers_read = !options.elastic();  // guarded by workers_mu
   std::unique_ptr<tessera::Node> node;
   std::unique_ptr<tessera::CheckpointStore> store;
   std::unique_ptr<tessera::Checkpointer> checkpointer;
@@ -224,9 +231,11 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   // Table changes can come before `node` is set (they are read on the
   // receiving thread from Start on); UpdateServers below covers those.
   std::atomic<tessera::Node*> live_node{nullptr};
-  callbacks.on_peer_dead = [&server, &live_node](int peer) {
+  callbacks.on_peer_dead = [&server, &live_node, &workers_mu,
+                            &workers_read](int peer) {
     if (tessera::IsWorkerId(peer)) {
-      server.WorkerLeft(tessera::RankOfId(peer));  // an elastic job's
+      absl::MutexLock lock(&workers_mu);
+      if (workers_read) server.WorkerLeft(tessera::RankOfId(peer));
       return;
     }
     if (!tessera::IsServerId(peer)) return;
@@ -236,8 +245,10 @@ int Serve(const Flags& flags, const tessera::Options& options) {
       server.ServerDied(tessera::RankOfId(peer));
     }
   };
-  callbacks.on_peer_join = [&server](int peer) {
-    if (tessera::IsWorkerId(peer)) server.WorkerJoined(tessera::RankOfId(peer));
+  callbacks.on_peer_join = [&server, &workers_mu, &workers_read](int peer) {
+    if (!tessera::IsWorkerId(peer)) return;
+    absl::MutexLock lock(&workers_mu);
+    if (workers_read) server.WorkerJoined(tessera::RankOfId(peer));
   };
   callbacks.on_server_change = [&server, &live_node](int peer) {
     if (!tessera::IsServerId(peer)) return;
@@ -266,17 +277,22 @@ int Serve(const Flags& flags, const tessera::Options& options) {
                          options.resend_timeout);
   live_node.store(node.get());
   server.UpdateServers(node->server_states());
-  if (options.elastic()) {
-    // Workers that left or joined before this server started (it is a
-    // replacement, or restarted): the notices went to the others only.
-    const tessera::Node::WorkerChanges workers = node->worker_changes();
-    for (int rank : workers.out) server.WorkerLeft(rank);
-    for (int rank : workers.joined) server.WorkerJoined(rank);
-  }
   if (absl::Status prepared = PrepareCheckpoints(flags, options, *node, server,
                                                  &store, &checkpointer);
       !prepared.ok()) {
     return tessera::ExitWith(kProgram, prepared, 1);
+  }
+  if (options.elastic()) {
+    // Workers that left or joined before this server started (it is a
+    // replacement, or restarted): the notices went to the others only. After
+    // the checkpoint's restore (which fills the stores on this thread), and
+    // before any request is delivered; the notices of later tables wait for
+    // this, or are in the table read here.
+    absl::MutexLock lock(&workers_mu);
+    const tessera::Node::WorkerChanges workers = node->worker_changes();
+    for (int rank : workers.out) server.WorkerLeft(rank);
+    for (int rank : workers.joined) server.WorkerJoined(rank);
+    workers_read = true;
   }
   node->StartDelivery();
   if (node->catching_up()) {

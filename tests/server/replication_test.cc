@@ -913,6 +913,66 @@ TEST(ReplicationElasticTest, APromotedBackupWaitsForAJoinerAsItsPrimaryDid) {
       ::testing::ElementsAre(1 + 3 + round1, 2 + 3 + round1, 3 + 3 + round1));
 }
 
+TEST(ReplicationElasticTest,
+     ABackupThatHeardAJoinFirstIsNotPutOutByItsPrimary) {
+  // The scheduler's notice of worker 2's join reaches the backup before the
+  // primary: round 0's update says rank 2 is out, which the backup does not
+  // take (it heard the join); round 1's, after the primary heard it and the
+  // joiner named round 2, says so, and the backup promoted then waits for
+  // the joiner in round 2.
+  Box primary(0, absl::Seconds(30), /*workers=*/3);
+  Box backup(1, absl::Seconds(30), /*workers=*/3);
+  for (Box* b : {&primary, &backup}) {
+    b->server().set_elastic(/*nominal=*/2);
+    b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0"));
+    ASSERT_TRUE(b->NextReply().has_value());
+  }
+  backup.server().WorkerJoined(2);
+  primary.server().Handle(Init({0, 0, 0}, /*replica=*/0, true));
+  backup.server().Handle(Init({0, 0, 0}, /*replica=*/1, true));
+  ASSERT_TRUE(primary.NextReply().has_value());
+  ASSERT_TRUE(backup.NextReply().has_value());
+  auto round = [&](uint64_t seq) {
+    primary.server().Handle(Push(0, seq, {1, 1, 1}));
+    primary.server().Handle(Push(1, seq, {1, 1, 1}));
+    std::optional<Message> update = primary.NextToServer();
+    ASSERT_TRUE(update.has_value());
+    ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
+    backup.server().Handle(*std::move(update));
+    std::optional<Message> answer = backup.NextToServer();
+    ASSERT_TRUE(answer.has_value());
+    ASSERT_TRUE(FromWire(answer->header.status()).ok());
+    primary.server().Handle(*std::move(answer));
+    ASSERT_TRUE(primary.NextReply().has_value());
+    ASSERT_TRUE(primary.NextReply().has_value());
+  };
+  round(0);  // its update: rank 2 out
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  primary.server().WorkerJoined(2);
+  Message enter = KeyMessage(wire::KV_INIT, 2, 3);
+  enter.header.set_rejoin(true);
+  enter.header.set_enter(true);
+  enter.header.set_enter_round(2);
+  primary.server().Handle(std::move(enter));
+  std::optional<Message> entered = primary.NextReply();
+  ASSERT_TRUE(entered.has_value());
+  ASSERT_TRUE(FromWire(entered->header.status()).ok());
+  round(1);  // its update: rank 2 enters at round 2
+  ASSERT_FALSE(::testing::Test::HasFailure());
+
+  backup.server().ServerDied(0);
+  backup.server().Handle(Push(0, 2, {1, 1, 1}));
+  backup.server().Handle(Push(1, 2, {1, 1, 1}));
+  EXPECT_EQ(backup.RepliesNow(), 0u);  // round 2 waits for the joiner
+  backup.server().Handle(Push(2, 0, {1, 1, 1}));
+  for (int i = 0; i < 3; ++i) {
+    std::optional<Message> r = backup.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_TRUE(FromWire(r->header.status()).ok())
+        << r->header.status().message();
+  }
+}
+
 TEST(ReplicaChainTest, ReplacementsAnswerLastAndOnlyOnceCaughtUp) {
   std::vector<ServerState> states(4);
   EXPECT_EQ(ChainOrder(3, 4, 3, states), (std::vector<int>{3, 0, 1}));
