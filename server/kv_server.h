@@ -223,8 +223,9 @@ class KVServer : private EngineContext {
   // A backup's side: applies a KV_REPLICATE in order and answers it.
   void TakeReplica(Shard* shard, Message&& msg);
   // Elastic jobs: takes the primary's worker states of a dist_sync slice
-  // (an update's or a transfer's, named by `what`), except that a rank
-  // this server heard leave stays out. Counts a wrong-sized list malformed.
+  // (an update's or a transfer's, named by `what`), except where this server
+  // heard the scheduler first: a rank it heard leave stays out, one it heard
+  // join is not put out. Counts a wrong-sized list malformed.
   void TakeMembers(StoredKey* key,
                    const google::protobuf::RepeatedField<uint64_t>& states,
                    const char* what);
