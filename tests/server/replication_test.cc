@@ -848,62 +848,89 @@ TEST_F(ReplicationTest, ATransferAtAnotherPlaceOrOfANewSliceIsRefused) {
 
 // common/replica_chain.h: members answer in chain order, replacements after
 // the members that held the slice before them, in the order they joined.
-TEST(ReplicationElasticTest, APromotedBackupWaitsForAJoinerAsItsPrimaryDid) {
-  // An elastic job (TESSERA_ELASTIC=2:3): worker 2 joins and names round 1
-  // as its entry into key 7, which only the primary hears. The update of
-  // round 0 carries each rank's place in the rounds; the backup, promoted
-  // when the primary dies, waits in round 1 for the joiner's push as the
-  // primary would have (without it, round 1 completed with ranks 0 and 1).
-  Box primary(0, absl::Seconds(30), /*workers=*/3);
-  Box backup(1, absl::Seconds(30), /*workers=*/3);
-  for (Box* b : {&primary, &backup}) {
-    b->server().set_elastic(/*nominal=*/2);
-    b->server().WorkerJoined(2);
-    b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0"));
-    ASSERT_TRUE(b->NextReply().has_value());
+// An elastic job (TESSERA_ELASTIC=2:3) of two servers, key 7 on rank 0
+// with rank 1 its backup; no resends (each message is carried by the test).
+class ReplicationElasticTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (Box* b : {&primary_, &backup_}) {
+      b->server().set_elastic(/*nominal=*/2);
+      b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0"));
+      ASSERT_TRUE(b->NextReply().has_value());
+    }
   }
-  primary.server().Handle(Init({1, 2, 3}, /*replica=*/0, true));
-  backup.server().Handle(Init({1, 2, 3}, /*replica=*/1, true));
-  ASSERT_TRUE(primary.NextReply().has_value());
-  ASSERT_TRUE(backup.NextReply().has_value());
+  void InitBoth(const std::vector<float>& value) {
+    primary_.server().Handle(Init(value, /*replica=*/0, true));
+    backup_.server().Handle(Init(value, /*replica=*/1, true));
+    ASSERT_TRUE(primary_.NextReply().has_value());
+    ASSERT_TRUE(backup_.NextReply().has_value());
+  }
+  // Worker 2 names `round` as its entry at the primary; returns the reply.
+  std::optional<Message> Enter(uint64_t round) {
+    Message enter = KeyMessage(wire::KV_INIT, 2, 3);
+    enter.header.set_rejoin(true);
+    enter.header.set_enter(true);
+    enter.header.set_enter_round(round);
+    primary_.server().Handle(std::move(enter));
+    return primary_.NextReply();
+  }
+  // Ranks 0 and 1 push round `seq` at the primary; its update is carried
+  // to the backup and answered. Returns the update's header.
+  wire::Header Round(uint64_t seq, const std::vector<float>& g0,
+                     const std::vector<float>& g1) {
+    primary_.server().Handle(Push(0, seq, g0));
+    primary_.server().Handle(Push(1, seq, g1));
+    std::optional<Message> update = primary_.NextToServer();
+    EXPECT_TRUE(update.has_value());
+    if (!update.has_value()) return wire::Header();
+    EXPECT_EQ(update->header.command(), wire::KV_REPLICATE);
+    const wire::Header header = update->header;
+    backup_.server().Handle(*std::move(update));
+    std::optional<Message> answer = backup_.NextToServer();
+    EXPECT_TRUE(answer.has_value());
+    if (!answer.has_value()) return header;
+    EXPECT_TRUE(FromWire(answer->header.status()).ok());
+    primary_.server().Handle(*std::move(answer));
+    EXPECT_TRUE(primary_.NextReply().has_value());
+    EXPECT_TRUE(primary_.NextReply().has_value());
+    return header;
+  }
 
-  Message enter = KeyMessage(wire::KV_INIT, 2, 3);
-  enter.header.set_rejoin(true);
-  enter.header.set_enter(true);
-  enter.header.set_enter_round(1);
-  primary.server().Handle(std::move(enter));
-  std::optional<Message> entered = primary.NextReply();
+  Box primary_{0, absl::Seconds(30), /*workers=*/3};
+  Box backup_{1, absl::Seconds(30), /*workers=*/3};
+};
+
+TEST_F(ReplicationElasticTest, APromotedBackupWaitsForAJoinerAsItsPrimaryDid) {
+  // Worker 2 joins and names round 1 as its entry into key 7, which only
+  // the primary hears. The update of round 0 carries each rank's place in
+  // the rounds; the backup, promoted when the primary dies, waits in round
+  // 1 for the joiner's push as the primary would have (without it, round 1
+  // completed with ranks 0 and 1).
+  for (Box* b : {&primary_, &backup_}) b->server().WorkerJoined(2);
+  InitBoth({1, 2, 3});
+  ASSERT_FALSE(HasFailure());
+  std::optional<Message> entered = Enter(1);
   ASSERT_TRUE(entered.has_value());
   ASSERT_TRUE(FromWire(entered->header.status()).ok());
   EXPECT_EQ(entered->header.open_round(), 0u);  // taken: 0 is not past 1
 
   // Round 0: ranks 0 and 1 only.
-  primary.server().Handle(Push(0, 0, {1, 1, 1}));
-  primary.server().Handle(Push(1, 0, {2, 2, 2}));
-  std::optional<Message> update = primary.NextToServer();
-  ASSERT_TRUE(update.has_value());
-  ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
+  const wire::Header update = Round(0, {1, 1, 1}, {2, 2, 2});
+  ASSERT_FALSE(HasFailure());
   EXPECT_THAT(
-      update->header.replica_members(),
+      update.replica_members(),
       ::testing::ElementsAre(RoundMembers::kStateIn, RoundMembers::kStateIn,
                              RoundMembers::kEnterAtBase + 1));
-  backup.server().Handle(*std::move(update));
-  std::optional<Message> answer = backup.NextToServer();
-  ASSERT_TRUE(answer.has_value());
-  ASSERT_TRUE(FromWire(answer->header.status()).ok());
-  primary.server().Handle(*std::move(answer));
-  ASSERT_TRUE(primary.NextReply().has_value());
-  ASSERT_TRUE(primary.NextReply().has_value());
 
   // The primary dies; round 1 at the backup waits for all three.
-  backup.server().ServerDied(0);
-  backup.server().Handle(Push(0, 1, {1, 1, 1}));
-  backup.server().Handle(Push(1, 1, {2, 2, 2}));
-  EXPECT_EQ(backup.RepliesNow(), 0u);
-  backup.server().Handle(Push(2, 0, {4, 4, 4}));
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(backup.NextReply().has_value());
-  backup.server().Handle(Pull(0, 2, 3));
-  std::optional<Message> pulled = backup.NextReply();
+  backup_.server().ServerDied(0);
+  backup_.server().Handle(Push(0, 1, {1, 1, 1}));
+  backup_.server().Handle(Push(1, 1, {2, 2, 2}));
+  EXPECT_EQ(backup_.RepliesNow(), 0u);
+  backup_.server().Handle(Push(2, 0, {4, 4, 4}));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(backup_.NextReply().has_value());
+  backup_.server().Handle(Pull(0, 2, 3));
+  std::optional<Message> pulled = backup_.NextReply();
   ASSERT_TRUE(pulled.has_value());
   // lr = -1 adds each round's sum: 3 (round 0, two of the job's two workers)
   // and 7 x 2/3 (round 1, three pushes scaled to the job's two).
@@ -913,60 +940,32 @@ TEST(ReplicationElasticTest, APromotedBackupWaitsForAJoinerAsItsPrimaryDid) {
       ::testing::ElementsAre(1 + 3 + round1, 2 + 3 + round1, 3 + 3 + round1));
 }
 
-TEST(ReplicationElasticTest,
-     ABackupThatHeardAJoinFirstIsNotPutOutByItsPrimary) {
+TEST_F(ReplicationElasticTest,
+       ABackupThatHeardAJoinFirstIsNotPutOutByItsPrimary) {
   // The scheduler's notice of worker 2's join reaches the backup before the
   // primary: round 0's update says rank 2 is out, which the backup does not
   // take (it heard the join); round 1's, after the primary heard it and the
   // joiner named round 2, says so, and the backup promoted then waits for
   // the joiner in round 2.
-  Box primary(0, absl::Seconds(30), /*workers=*/3);
-  Box backup(1, absl::Seconds(30), /*workers=*/3);
-  for (Box* b : {&primary, &backup}) {
-    b->server().set_elastic(/*nominal=*/2);
-    b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0"));
-    ASSERT_TRUE(b->NextReply().has_value());
-  }
-  backup.server().WorkerJoined(2);
-  primary.server().Handle(Init({0, 0, 0}, /*replica=*/0, true));
-  backup.server().Handle(Init({0, 0, 0}, /*replica=*/1, true));
-  ASSERT_TRUE(primary.NextReply().has_value());
-  ASSERT_TRUE(backup.NextReply().has_value());
-  auto round = [&](uint64_t seq) {
-    primary.server().Handle(Push(0, seq, {1, 1, 1}));
-    primary.server().Handle(Push(1, seq, {1, 1, 1}));
-    std::optional<Message> update = primary.NextToServer();
-    ASSERT_TRUE(update.has_value());
-    ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
-    backup.server().Handle(*std::move(update));
-    std::optional<Message> answer = backup.NextToServer();
-    ASSERT_TRUE(answer.has_value());
-    ASSERT_TRUE(FromWire(answer->header.status()).ok());
-    primary.server().Handle(*std::move(answer));
-    ASSERT_TRUE(primary.NextReply().has_value());
-    ASSERT_TRUE(primary.NextReply().has_value());
-  };
-  round(0);  // its update: rank 2 out
-  ASSERT_FALSE(::testing::Test::HasFailure());
-  primary.server().WorkerJoined(2);
-  Message enter = KeyMessage(wire::KV_INIT, 2, 3);
-  enter.header.set_rejoin(true);
-  enter.header.set_enter(true);
-  enter.header.set_enter_round(2);
-  primary.server().Handle(std::move(enter));
-  std::optional<Message> entered = primary.NextReply();
+  backup_.server().WorkerJoined(2);
+  InitBoth({0, 0, 0});
+  ASSERT_FALSE(HasFailure());
+  Round(0, {1, 1, 1}, {1, 1, 1});  // its update: rank 2 out
+  ASSERT_FALSE(HasFailure());
+  primary_.server().WorkerJoined(2);
+  std::optional<Message> entered = Enter(2);
   ASSERT_TRUE(entered.has_value());
   ASSERT_TRUE(FromWire(entered->header.status()).ok());
-  round(1);  // its update: rank 2 enters at round 2
-  ASSERT_FALSE(::testing::Test::HasFailure());
+  Round(1, {1, 1, 1}, {1, 1, 1});  // its update: rank 2 enters at round 2
+  ASSERT_FALSE(HasFailure());
 
-  backup.server().ServerDied(0);
-  backup.server().Handle(Push(0, 2, {1, 1, 1}));
-  backup.server().Handle(Push(1, 2, {1, 1, 1}));
-  EXPECT_EQ(backup.RepliesNow(), 0u);  // round 2 waits for the joiner
-  backup.server().Handle(Push(2, 0, {1, 1, 1}));
+  backup_.server().ServerDied(0);
+  backup_.server().Handle(Push(0, 2, {1, 1, 1}));
+  backup_.server().Handle(Push(1, 2, {1, 1, 1}));
+  EXPECT_EQ(backup_.RepliesNow(), 0u);  // round 2 waits for the joiner
+  backup_.server().Handle(Push(2, 0, {1, 1, 1}));
   for (int i = 0; i < 3; ++i) {
-    std::optional<Message> r = backup.NextReply();
+    std::optional<Message> r = backup_.NextReply();
     ASSERT_TRUE(r.has_value());
     EXPECT_TRUE(FromWire(r->header.status()).ok())
         << r->header.status().message();

@@ -159,7 +159,10 @@ def read_job_file(path):
     """The worker variables and joiner keys of the job file at `path`. Raises
     UsageError, also for a file another user owns or others may write (its
     variables go into the workers' environment)."""
-    job = _load_job_file(path)
+    return _worker_part(_load_job_file(path), path)
+
+
+def _worker_part(job, path):
     env = job.get('worker_env') if isinstance(job, dict) else None
     keys = job.get('joiner_keys', []) if isinstance(job, dict) else None
     if (job.get('tessera_job') != _VERSION if isinstance(job, dict) else True) or \
@@ -175,8 +178,9 @@ def read_job_file(path):
 def added_worker_nodes(args, environ):
     """The N workers of --add-workers: the worker program with the job file's
     variables, then --env and --env-worker on top."""
-    job_env, keys = read_job_file(args.join)
-    workdir = _where(_load_job_file(args.join), args.join, args)
+    job = _load_job_file(args.join)
+    job_env, keys = _worker_part(job, args.join)
+    workdir = _where(job, args.join, args)
     job_env.update(parse_env_specs(args.env, '--env', environ))
     job_env.update(parse_env_specs(args.env_worker, '--env-worker', environ))
     return _joiner_nodes(args, environ, 'worker', args.add_workers, args.command, job_env,
@@ -230,7 +234,10 @@ def _joiner_nodes(args, environ, role, count, argv, job_env, keys, workdir=None)
 def read_server_job_file(path):
     """The server program, variables and joiner keys of the job file at `path`.
     Raises UsageError, also for a job that servers cannot join (not replicated)."""
-    job = _load_job_file(path)
+    return _server_part(_load_job_file(path), path)
+
+
+def _server_part(job, path):
     ok = isinstance(job, dict) and job.get('tessera_job') == _VERSION
     argv = job.get('server_argv') if ok else None
     env = job.get('server_env') if ok else None
@@ -249,8 +256,9 @@ def read_server_job_file(path):
 def added_server_nodes(args, environ):
     """The N servers of --add-servers: the job's server program with the job
     file's variables (TESSERA_SPARE=1), then --env and --env-server on top."""
-    argv, job_env, keys = read_server_job_file(args.join)
-    workdir = _where(_load_job_file(args.join), args.join, args)
+    job = _load_job_file(args.join)
+    argv, job_env, keys = _server_part(job, args.join)
+    workdir = _where(job, args.join, args)
     job_env.update(parse_env_specs(args.env, '--env', environ))
     job_env.update(parse_env_specs(args.env_server, '--env-server', environ))
     return _joiner_nodes(args, environ, 'server', args.add_servers, argv, job_env, keys,
