@@ -222,7 +222,8 @@ bool Node::WantsLink(int peer_id) const {
   // job, send updates to the servers after them. Workers need no link to
   // workers.
   if (options_.role == Role::kWorker) return IsServerId(peer_id);
-  return IsWorkerId(peer_id) || (options_.replicas > 1 && IsServerId(peer_id));
+  return IsWorkerId(peer_id) ||
+         (options_.chain_length() > 1 && IsServerId(peer_id));
 }
 
 void Node::UpdateTable(const wire::NodeTable& table) {
@@ -350,10 +351,15 @@ void Node::UpdateTable(const wire::NodeTable& table) {
                                            : " was declared dead")
                            << "; the rounds it has not pushed to complete "
                               "without it (TESSERA_ELASTIC)";
+    } else if (gone.left() && options_.single_copy) {
+      TESSERA_LOG(INFO) << Describe(peer)
+                        << " left the job; its key slices moved to the next "
+                           "server first";
     } else {
       TESSERA_LOG(WARNING) << Describe(peer)
-                           << " was declared dead; its key slices fail over "
-                              "to their replicas";
+                           << (gone.left() ? " left the job"
+                                           : " was declared dead")
+                           << "; its key slices fail over to their replicas";
     }
     if (callbacks_.on_peer_dead) callbacks_.on_peer_dead(peer);
   }
@@ -608,7 +614,7 @@ absl::Status Node::Leave() {
   if (options_.role == Role::kServer) {
     TESSERA_RETURN_IF_ERROR(CallScheduler(wire::SERVER_LEAVE, wire::Header(),
                                           options_.request_timeout,
-                                          "leaving the replicated job"));
+                                          "leaving the job"));
     absl::MutexLock lock(&mu_);
     part_done_ = true;
     left_ = true;  // WaitForTerminate returns
@@ -922,7 +928,8 @@ void Node::HandleControl(Message&& msg) {
     case wire::HANDBACK:
       acknowledge();
       if (callbacks_.on_handback)
-        callbacks_.on_handback(h.handback_rank(), h.handback_epoch());
+        callbacks_.on_handback(h.handback_rank(), h.handback_epoch(),
+                               h.handback_leave());
       return;
     case wire::TERMINATE: {
       // Acknowledge first: the thread waiting for the end may close the

@@ -80,7 +80,9 @@ class Node {
     // Replicated jobs, servers: the scheduler's HANDBACK notice: server rank
     // `rank` takes back its slices; the owner calls ReportHandback(epoch)
     // once its part is done. Called on the receiving thread.
-    std::function<void(int rank, uint64_t epoch)> on_handback;
+    // `leave`: the rank leaves a job with one copy of each slice instead
+    // (its slices move to the servers answering for them without it).
+    std::function<void(int rank, uint64_t epoch, bool leave)> on_handback;
     // Elastic jobs (TESSERA_ELASTIC): a worker joined the job (a new process
     // under a rank that left, or one never used). Called on the receiving
     // thread, after the link to it is made.

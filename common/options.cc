@@ -205,26 +205,30 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
                            o.num_servers, ")")));
   if (const std::string max = ReadString(env, "TESSERA_MAX_SERVERS");
       !max.empty()) {
-    // Every chain of `replicas` ranks must hold a server at the start: the
-    // job's servers take ranks spread evenly over the most.
-    const int most = o.num_servers * o.replicas;
+    // Replicated: every chain of `replicas` ranks must hold a server at the
+    // start (the job's servers take ranks spread evenly over the most). One
+    // copy of each slice: a slice of a rank without a server is answered by
+    // the next rank that has one, so any number of ranks will do.
+    const bool single = o.replicas < 2;
+    const int most =
+        single ? 100000 : std::min(o.num_servers * o.replicas, 100000);
     int value = 0;
     if (!absl::SimpleAtoi(max, &value) || value < o.num_servers ||
-        value > most || value > 100000) {
+        value > most) {
       return BadValue(
           "TESSERA_MAX_SERVERS", max,
-          absl::StrCat("a whole number of server ranks from DMLC_NUM_SERVER (",
-                       o.num_servers,
-                       ") to DMLC_NUM_SERVER x TESSERA_REPLICAS (", most,
-                       "): each chain of TESSERA_REPLICAS ranks needs a server "
-                       "at the start"));
+          single
+              ? absl::StrCat("a whole number of server ranks from "
+                             "DMLC_NUM_SERVER (",
+                             o.num_servers, ") to ", most)
+              : absl::StrCat("a whole number of server ranks from "
+                             "DMLC_NUM_SERVER (",
+                             o.num_servers,
+                             ") to DMLC_NUM_SERVER x TESSERA_REPLICAS (", most,
+                             "): each chain of TESSERA_REPLICAS ranks "
+                             "needs a server at the start"));
     }
-    if (o.replicas < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TESSERA_MAX_SERVERS=", max,
-          ": servers join a replicated job only (TESSERA_REPLICAS >= 2): the "
-          "slices of a rank without a server are answered by their replicas"));
-    }
+    o.single_copy = single;
     if (value > o.num_servers) {
       o.initial_servers = o.num_servers;
       o.num_servers = value;
@@ -234,10 +238,11 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
   TESSERA_ASSIGN_OR_RETURN(flag,
                            ReadInt(env, "TESSERA_SPARE", 0, 1, 0, "0 or 1"));
   o.spare = flag == 1;
-  if (o.spare && (o.role != Role::kServer || o.replicas < 2)) {
+  if (o.spare && (o.role != Role::kServer || o.chain_length() < 2)) {
     return absl::InvalidArgumentError(
         "TESSERA_SPARE=1: a spare is a server of a job with TESSERA_REPLICAS "
-        ">= 2 (it takes the rank of a dead server)");
+        ">= 2 or TESSERA_MAX_SERVERS (it takes the rank of a dead server, or "
+        "of one that has none)");
   }
   if (const std::string elastic = ReadString(env, "TESSERA_ELASTIC");
       !elastic.empty()) {

@@ -69,6 +69,16 @@ struct Options {
   // update the primary applied before a worker is answered and take over
   // when it dies (server/replication.h, docs/faults.md).
   int replicas = 1;
+  // TESSERA_MAX_SERVERS with TESSERA_REPLICAS=1: servers join and leave a
+  // job whose slices have one copy each. A slice's placement follows the
+  // chain rules over every server rank (common/replica_chain.h): it is
+  // answered by the first rank from its own on that holds its slices, and
+  // moves by state transfer and a hand-back, but no server copies another's
+  // updates (server/replication.h, "One copy").
+  bool single_copy = false;
+  // The chain the replication machinery places a slice on: `replicas`
+  // ranks, or with one copy every rank (1: no machinery at all).
+  int chain_length() const { return single_copy ? num_servers : replicas; }
   // TESSERA_SPARE=1 (servers of a replicated job): a spare, held by the
   // scheduler until a server dies and then given its rank; it waits for that
   // without TESSERA_START_TIMEOUT's deadline (the scheduler ends it with the

@@ -694,12 +694,46 @@ void Scheduler::HandleServerLeave(int sender, const wire::Header& h) {
     Reply(sender, h, absl::OkStatus());  // the job is over: nothing to leave
     return;
   }
-  if (!IsServerId(sender) || options_.replicas < 2) {
+  if (!IsServerId(sender) || options_.chain_length() < 2) {
     Reply(sender, h,
           absl::FailedPreconditionError(
-              "only a server of a replicated job (TESSERA_REPLICAS >= 2) "
-              "leaves before the job's end: its key slices fail over to "
-              "their replicas"));
+              "only a server of a replicated job (TESSERA_REPLICAS >= 2) or "
+              "of one started with TESSERA_MAX_SERVERS leaves before the "
+              "job's end: its key slices fail over to their replicas, or "
+              "move to the other servers"));
+    return;
+  }
+  if (options_.single_copy) {
+    const wire::NodeInfo& n = nodes_[sender];
+    if (n.catching_up() || (n.joined() != 0 && !n.restored())) {
+      // A server added that answers for nothing yet: nothing moves.
+      FailOver(sender, "left the job (it said goodbye)", /*goodbye=*/true,
+               /*moved=*/true);
+      Reply(sender, h, absl::OkStatus());
+      return;
+    }
+    int others = 0;
+    for (const auto& [peer, other] : nodes_) {
+      if (peer != sender && other.role() == wire::SERVER && !other.dead() &&
+          !other.catching_up() && leaving_.count(peer) == 0) {
+        ++others;
+      }
+    }
+    if (others == 0 && leaving_.count(sender) == 0) {
+      Reply(sender, h,
+            absl::FailedPreconditionError(absl::StrCat(
+                Describe(n),
+                " cannot leave: it is the last server that holds key slices, "
+                "and they would have nowhere to go (TESSERA_REPLICAS=1)")));
+      return;
+    }
+    // Answered once its slices moved (a repeat of the request waits too).
+    if (leaving_.emplace(sender, h).second) {
+      TESSERA_LOG(INFO) << Describe(n)
+                        << " asks to leave the job: its key slices move to "
+                           "the next server first (TESSERA_REPLICAS=1)";
+    }
+    MaybeHandBack();
     return;
   }
   if (nodes_[sender].catching_up()) {
@@ -1047,11 +1081,12 @@ void Scheduler::HandleRegister(const Message& msg) {
     transport_->Disconnect(r.provisional_id);
   };
   if (reg.spare()) {
-    if (info.role() != wire::SERVER || options_.replicas < 2) {
+    if (info.role() != wire::SERVER || options_.chain_length() < 2) {
       turn_away(
           "a spare (TESSERA_SPARE=1) is a server of a job with "
-          "TESSERA_REPLICAS >= 2; this job has TESSERA_REPLICAS=" +
-          std::to_string(options_.replicas));
+          "TESSERA_REPLICAS >= 2 or TESSERA_MAX_SERVERS; this job has "
+          "TESSERA_REPLICAS=" +
+          std::to_string(options_.replicas) + " and no TESSERA_MAX_SERVERS");
       return;
     }
     for (const Registration& held : spares_) {
@@ -1129,7 +1164,7 @@ void Scheduler::HandleRegister(const Message& msg) {
 
 void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   wire::NodeInfo& node = nodes_[id];
-  if (node.role() == wire::SERVER && options_.replicas > 1) {
+  if (node.role() == wire::SERVER && options_.chain_length() > 1) {
     // A replicated server's new process holds none of its slices: its old
     // life is dead (its slices fail over, or the job ends), and the new one
     // takes the rank back as a replacement and catches up, unless a spare
@@ -1220,7 +1255,7 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
     if (peer == id) {
       SendNotice(peer, TableMessage(id));
     } else if (n.role() != node.role() ||
-               (n.role() == wire::SERVER && options_.replicas > 1)) {
+               (n.role() == wire::SERVER && options_.chain_length() > 1)) {
       SendNotice(peer, change);
     }
   }
@@ -1261,7 +1296,7 @@ Message Scheduler::TableMessage(int for_id) const {
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
   const wire::Role role = nodes_.at(for_id).role();
   // Replicated jobs: a server sends each update to the next servers.
-  const bool servers_link = role == wire::SERVER && options_.replicas > 1;
+  const bool servers_link = role == wire::SERVER && options_.chain_length() > 1;
   for (const auto& [peer, n] : nodes_) {
     if (peer == for_id || n.role() != role || servers_link)
       *table.header.mutable_node_table()->add_nodes() = n;
@@ -1355,8 +1390,12 @@ void Scheduler::FormJob() {
                       << " server(s) (TESSERA_MAX_SERVERS): server rank(s) "
                       << absl::StrJoin(waiting_ranks, ", ")
                       << " wait for a server (TESSERA_SPARE=1, launch.py "
-                         "--add-servers); their key slices' replicas answer "
-                         "for them until then";
+                         "--add-servers); "
+                      << (options_.single_copy
+                              ? "the next rank with a server answers for "
+                                "their key slices until then"
+                              : "their key slices' replicas answer for them "
+                                "until then");
   }
   std::vector<Registration> early;
   early.swap(early_joiners_);
@@ -1407,7 +1446,7 @@ void Scheduler::CheckLiveness(absl::Time now) {
                      absl::FormatDuration(silent), " (PS_HEARTBEAT_TIMEOUT=",
                      absl::FormatDuration(options_.heartbeat_timeout), ")");
     metrics_.dead_nodes->Increment();
-    if (dead.role() == wire::SERVER && options_.replicas > 1) {
+    if (dead.role() == wire::SERVER && options_.chain_length() > 1) {
       FailOver(id, reason);
       return;
     }
@@ -1460,18 +1499,31 @@ std::optional<std::pair<int, std::string>> Scheduler::LostChain(
   return std::nullopt;
 }
 
-void Scheduler::FailOver(int id, const std::string& reason, bool goodbye) {
+void Scheduler::FailOver(int id, const std::string& reason, bool goodbye,
+                         bool moved) {
   GiveUpHandback();
   wire::NodeInfo& dead = nodes_[id];
   dead.set_dead(true);
   dead.set_left(goodbye);
   last_seen_.erase(id);
   DropNoticesTo(id);
-  if (std::optional<std::pair<int, std::string>> lost = LostChain(id)) {
-    const std::string gone =
-        absl::StrCat("; every replica of the key slices placed on server ",
-                     lost->first, " is gone (servers ", lost->second,
-                     ", TESSERA_REPLICAS=", options_.replicas, ")");
+  std::string gone;
+  if (options_.single_copy) {
+    // One copy: a server that answers for slices holds their only copy; a
+    // replacement not yet in its place holds nothing the others lack.
+    if (!moved && !dead.catching_up() &&
+        (dead.joined() == 0 || dead.restored())) {
+      gone = absl::StrCat(
+          "; it held the only copy of the key slices it answered for "
+          "(TESSERA_REPLICAS=1; a server leaves such a job by SIGTERM, which "
+          "moves them first)");
+    }
+  } else if (std::optional<std::pair<int, std::string>> lost = LostChain(id)) {
+    gone = absl::StrCat("; every replica of the key slices placed on server ",
+                        lost->first, " is gone (servers ", lost->second,
+                        ", TESSERA_REPLICAS=", options_.replicas, ")");
+  }
+  if (!gone.empty()) {
     Message notice;
     notice.header.set_command(wire::NODE_DEAD);
     *notice.header.mutable_node_dead()->mutable_node() = dead;
@@ -1481,10 +1533,20 @@ void Scheduler::FailOver(int id, const std::string& reason, bool goodbye) {
            notice, LivePeers(id));
     return;
   }
-  TESSERA_LOG(WARNING) << Describe(dead) << " " << reason
-                       << "; its key slices fail over to their next replica "
-                          "(TESSERA_REPLICAS="
-                       << options_.replicas << ")";
+  if (!options_.single_copy) {
+    TESSERA_LOG(WARNING) << Describe(dead) << " " << reason
+                         << "; its key slices fail over to their next replica "
+                            "(TESSERA_REPLICAS="
+                         << options_.replicas << ")";
+  } else if (moved) {
+    TESSERA_LOG(INFO) << Describe(dead) << " " << reason
+                      << "; the next server answers for its key slices, "
+                         "which moved there first";
+  } else {
+    TESSERA_LOG(WARNING) << Describe(dead) << " " << reason
+                         << "; it answered for no key slice yet (its slices "
+                            "stay where they are)";
+  }
   metrics_.failovers->Increment();
   if (goodbye) metrics_.servers_left->Increment();
   const Message change = ChangeMessage(dead);
@@ -1607,8 +1669,11 @@ void Scheduler::Replace(int id, const Registration& with) {
                        << node.rank()
                        << (had_none ? ", which had no server" : "")
                        << " (replacement " << node.joined()
-                       << "); it catches up on the rank's key slices from "
-                          "their replicas";
+                       << (options_.single_copy
+                               ? "); the servers answering for the key slices "
+                                 "it will answer for send them to it"
+                               : "); it catches up on the rank's key slices "
+                                 "from their replicas");
   const Message change = ChangeMessage(node);
   for (const auto& [peer, n] : nodes_) {
     if (n.dead()) continue;
@@ -1662,7 +1727,7 @@ void Scheduler::RetryHandback(absl::Time now) {
 }
 
 void Scheduler::MaybeHandBack() {
-  if (ended_ || handback_ || options_.replicas < 2) return;
+  if (ended_ || handback_ || options_.chain_length() < 2) return;
   for (const auto& [id, n] : nodes_) {
     if (n.role() != wire::SERVER || n.dead() || n.catching_up() ||
         n.joined() == 0 || n.restored()) {
@@ -1693,6 +1758,38 @@ void Scheduler::MaybeHandBack() {
     if (none) HandbackDone(-1, handback_->epoch);
     return;
   }
+  // One copy: a leave, once no server is catching up (one at a time, after
+  // the replacements' hand-backs).
+  for (const auto& [id, n] : nodes_) {
+    if (n.role() == wire::SERVER && !n.dead() && n.catching_up()) return;
+  }
+  for (auto it = leaving_.begin(); it != leaving_.end();) {
+    const wire::NodeInfo& n = nodes_[it->first];
+    if (n.dead()) {
+      it = leaving_.erase(it);  // died meanwhile: the job ended
+      continue;
+    }
+    Handback h;
+    h.id = it->first;
+    h.leave = true;
+    h.epoch = ++handback_epochs_;
+    h.started = absl::Now();
+    Message notice;
+    notice.header.set_command(wire::HANDBACK);
+    notice.header.set_handback_rank(n.rank());
+    notice.header.set_handback_epoch(h.epoch);
+    notice.header.set_handback_leave(true);
+    for (const auto& [peer, other] : nodes_) {
+      if (other.role() != wire::SERVER || other.dead()) continue;
+      h.waiting.insert(peer);  // the leaver too: it sends its slices
+      SendNotice(peer, notice);
+    }
+    TESSERA_VLOG(1) << "leave " << h.epoch << ": " << Describe(n)
+                    << " moves its key slices; waiting for " << h.waiting.size()
+                    << " server(s)";
+    handback_ = std::move(h);
+    return;
+  }
 }
 
 void Scheduler::HandbackDone(int sender, uint64_t epoch) {
@@ -1701,17 +1798,40 @@ void Scheduler::HandbackDone(int sender, uint64_t epoch) {
   if (!handback_->waiting.empty()) return;
   const int id = handback_->id;
   const absl::Duration took = absl::Now() - handback_->started;
+  const bool leave = handback_->leave;
   handback_.reset();
+  if (leave) {
+    auto it = leaving_.find(id);
+    if (it == leaving_.end()) return;
+    const wire::Header request = it->second;
+    leaving_.erase(it);
+    metrics_.handbacks->Increment();
+    FailOver(id,
+             absl::StrCat("left the job (it said goodbye; its key slices "
+                          "moved in ",
+                          absl::FormatDuration(took), ")"),
+             /*goodbye=*/true, /*moved=*/true);
+    Reply(id, request, absl::OkStatus());
+    return;
+  }
   wire::NodeInfo& node = nodes_[id];
   node.set_restored(true);
   metrics_.handbacks->Increment();
-  TESSERA_LOG(INFO) << Describe(node)
-                    << " took back its place in the chains of its key slices "
-                       "(replacement "
-                    << node.joined() << ", hand-back in "
-                    << absl::FormatDuration(took)
-                    << "): it answers for the slices of rank " << node.rank()
-                    << " again";
+  if (options_.single_copy) {
+    TESSERA_LOG(INFO) << Describe(node)
+                      << " answers for the key slices moved to it (server "
+                      << node.rank() << " of " << options_.num_servers
+                      << ", replacement " << node.joined() << ", hand-back in "
+                      << absl::FormatDuration(took) << ")";
+  } else {
+    TESSERA_LOG(INFO) << Describe(node)
+                      << " took back its place in the chains of its key "
+                         "slices (replacement "
+                      << node.joined() << ", hand-back in "
+                      << absl::FormatDuration(took)
+                      << "): it answers for the slices of rank " << node.rank()
+                      << " again";
+  }
   const Message change = ChangeMessage(node);
   for (int peer : LivePeers(-1)) SendNotice(peer, change);
   MaybeHandBack();

@@ -124,7 +124,9 @@ class Scheduler {
   // table change marking it dead) and the job goes on; otherwise the job
   // ends naming the slices that lost every replica.
   // `goodbye`: it left (SERVER_LEAVE), marked `left`.
-  void FailOver(int id, const std::string& reason, bool goodbye = false);
+  // `moved`: one copy, and the leaver's slices moved before (a leave).
+  void FailOver(int id, const std::string& reason, bool goodbye = false,
+                bool moved = false);
   // A server's SERVER_LEAVE: taken (FailOver) when every chain keeps a live
   // member without it, refused naming the chain otherwise.
   void HandleServerLeave(int sender, const wire::Header& h);
@@ -219,11 +221,16 @@ class Scheduler {
   // number, and the servers whose part is not done yet.
   struct Handback {
     int id = 0;
+    bool leave = false;  // one copy: the server leaves (SERVER_LEAVE)
     uint64_t epoch = 0;
     std::set<int> waiting;
     absl::Time started;
   };
   std::optional<Handback> handback_;
+  // One copy of each slice (TESSERA_MAX_SERVERS, TESSERA_REPLICAS=1): servers
+  // that asked to leave, with the request to answer once their slices moved
+  // (a hand-back with `leave`, after any replacement's).
+  std::map<int, wire::Header> leaving_;
   uint64_t handback_epochs_ = 0;
   // Elastic jobs: workers joined so far (NodeInfo.joined of the next is one
   // more), and the servers each joiner's table still waits for.

@@ -77,7 +77,8 @@ struct KVServer::Shard {
   // (null once this shard's part is done, or none runs).
   std::vector<StoredKey*> yielding;
   std::shared_ptr<HandbackJob> handback;
-  int handback_rank = -1;  // the rank taking its place back; -1: none
+  int handback_rank = -1;       // the rank taking its place back; -1: none
+  bool handback_leave = false;  // one copy: the rank leaves instead
 };
 
 struct KVServer::HandbackJob {
@@ -709,6 +710,15 @@ void KVServer::Init(Shard* shard, Message&& msg) {
     Reply(msg, placed);
     return;
   }
+  if (single_copy_ && InitMoves(*shard, msg.header)) {
+    // One copy, and the slice is moving to another server: not made here
+    // (this server may have reported its part, and the new one would never
+    // get it). The worker sends the init again, and after the move it goes
+    // there.
+    TESSERA_VLOG(1) << "init of key " << slice.key() << " offset "
+                    << slice.offset() << " not taken: the slice moves";
+    return;
+  }
   if (slice.row_length() != 0 && slice.length() == 0 &&
       slice.total_length() == 0) {
     // A hashed row key: no value; its rows come with its ids.
@@ -726,6 +736,7 @@ void KVServer::Init(Shard* shard, Message&& msg) {
     key->weights = Buffer::Allocate(0);
     MakeReplicated(key, msg.header.replica());
     Reply(msg, absl::OkStatus(), Buffer(), key);
+    OfferSlice(shard, key);
     shard->store.AdoptOrphans(key);
     Replay(key);
     return;
@@ -771,6 +782,7 @@ void KVServer::Init(Shard* shard, Message&& msg) {
   // With the key: a checkpointing server's reply tells the worker to keep the
   // init for a replay.
   Reply(msg, absl::OkStatus(), Buffer(), key);
+  OfferSlice(shard, key);
   // Messages a recovering server held for this key go next, in order.
   shard->store.AdoptOrphans(key);
   Replay(key);
@@ -1130,10 +1142,12 @@ absl::Status KVServer::Restore(const wire::ServerCheckpoint& saved) {
 }
 
 void KVServer::set_replication(int rank, int num_servers, int replicas,
-                               absl::Duration resend_timeout) {
+                               absl::Duration resend_timeout,
+                               bool single_copy) {
   rank_ = rank;
   num_servers_ = std::max(num_servers, 1);
   replicas_ = std::clamp(replicas, 1, num_servers_);
+  single_copy_ = single_copy && replicas_ > 1;
   replica_resend_ = resend_timeout;
   for (auto& shard : shards_) shard->states.assign(num_servers_, ServerState());
 }
@@ -1163,7 +1177,7 @@ absl::Status KVServer::CheckReplicaPlace(const wire::Header& init) const {
                      init.replica(), ", but this server holds ", replicas_,
                      " replica(s) of a slice (TESSERA_REPLICAS)"));
   }
-  if (!init.kv_options().sync_mode() && replicas_ > 2) {
+  if (!init.kv_options().sync_mode() && replicas_ > 2 && !single_copy_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dist_async key ", init.slice().key(),
         " with TESSERA_REPLICAS=", replicas_,
@@ -1210,8 +1224,11 @@ std::vector<int> KVServer::LiveBackups(const Shard& shard,
     const int rank = RankAt(key, place);
     const ServerState& state = shard.states[rank];
     if (state.dead) continue;
-    if (state.catching_up && key.transfer[place] == StoredKey::kNoTransfer)
+    // With one copy only a server the slice is moving to receives it.
+    if ((state.catching_up || single_copy_) &&
+        key.transfer[place] == StoredKey::kNoTransfer) {
       continue;
+    }
     backups.push_back(rank);
   }
   return backups;
@@ -1222,7 +1239,8 @@ bool KVServer::AnswerWaitsFor(const Shard& shard, const StoredKey& key,
   // A replacement counts once it holds the slice (its transfer answered); a
   // member that holds its slices always counts, also while a slice is being
   // sent to it whole (a gap): answers wait for it.
-  return !shard.states[RankAt(key, place)].catching_up ||
+  // With one copy a member receives only slices moving to it: the same.
+  return (!shard.states[RankAt(key, place)].catching_up && !single_copy_) ||
          key.transfer[place] == StoredKey::kTransferHeld;
 }
 
@@ -1598,15 +1616,26 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
   }
   if (handed_back != 0) {
     slices_handed_back_ += handed_back;
-    TESSERA_LOG(INFO) << "hand-back: " << handed_back
-                      << " key slice(s) of this server's are answered by the "
-                         "replacement that took back its place";
+    TESSERA_LOG(INFO)
+        << "hand-back: " << handed_back
+        << (single_copy_
+                ? " key slice(s) of this server's moved to the server that "
+                  "joined (this server keeps a stale copy, not updated)"
+                : " key slice(s) of this server's are answered by the "
+                  "replacement that took back its place");
   }
   if (promoted != 0) {
     promoted_ += promoted;
     if (died.empty()) {
       TESSERA_LOG(INFO) << "hand-back: this server answers for " << promoted
-                        << " key slice(s) of its chains again";
+                        << (single_copy_ ? " key slice(s) moved to it"
+                                         : " key slice(s) of its chains again");
+    } else if (single_copy_) {
+      // One copy: a server that held slices leaves only once they moved
+      // (a death ends the job).
+      TESSERA_LOG(INFO) << "server(s) " << absl::StrJoin(died, ", ")
+                        << " left: this server now answers for " << promoted
+                        << " key slice(s) that moved here";
     } else {
       TESSERA_LOG(WARNING) << "server(s) " << absl::StrJoin(died, ", ")
                            << " died: this server now answers for " << promoted
@@ -1617,10 +1646,15 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
 }
 
 void KVServer::HandBack(int rank, uint64_t epoch,
-                        std::function<void(uint64_t epoch)> ready) {
-  if (replicas_ <= 1 || rank < 0 || rank >= num_servers_ || rank == rank_ ||
+                        std::function<void(uint64_t epoch)> ready, bool leave) {
+  if (replicas_ <= 1 || rank < 0 || rank >= num_servers_ ||
+      (rank == rank_ && !leave) || (leave && !single_copy_) ||
       epoch <= handback_seen_) {
     return;
+  }
+  if (leave && rank == rank_) {
+    TESSERA_LOG(INFO) << "leaving: moving this server's key slices to the "
+                         "servers that answer for them without it";
   }
   handback_seen_ = epoch;
   auto job = std::make_shared<HandbackJob>();
@@ -1631,17 +1665,19 @@ void KVServer::HandBack(int rank, uint64_t epoch,
     job->remaining = shards_.size();
   }
   for (auto& shard : shards_) {
-    Post(shard.get(),
-         [this, rank, job](Shard* s) { StartYield(s, rank, job); });
+    Post(shard.get(), [this, rank, job, leave](Shard* s) {
+      StartYield(s, rank, leave, job);
+    });
   }
 }
 
-void KVServer::StartYield(Shard* s, int rank,
+void KVServer::StartYield(Shard* s, int rank, bool leave,
                           const std::shared_ptr<HandbackJob>& job) {
   // A later attempt replaces an earlier one (its slices that still move stay
   // stopped).
   if (rank >= static_cast<int>(s->states.size())) return;
   s->handback_rank = rank;
+  s->handback_leave = leave;
   s->handback = job;
   Reyield(s);
 }
@@ -1650,7 +1686,18 @@ bool KVServer::Waiting(const Shard& s) const {
   // The table as this shard knows it says the rank holds its slices and has
   // not its place back (a notice can come before the change it follows).
   const ServerState& r = s.states[s.handback_rank];
+  if (s.handback_leave) return r.holds();  // not left yet
   return r.holds() && !r.restored;
+}
+
+std::vector<ServerState> KVServer::StatesAfter(const Shard& s) const {
+  std::vector<ServerState> after = s.states;
+  if (s.handback_leave) {
+    after[s.handback_rank].dead = true;
+  } else {
+    after[s.handback_rank].restored = true;
+  }
+  return after;
 }
 
 void KVServer::Reyield(Shard* s) {
@@ -1690,9 +1737,35 @@ void KVServer::ReleaseYield(Shard* s, StoredKey* key) {
 
 bool KVServer::Moves(const Shard& s, const StoredKey& key) const {
   if (s.handback_rank < 0 || !key.replicated || !Active(s, key)) return false;
+  return ActingPrimary(RankAt(key, 0), num_servers_, replicas_,
+                       StatesAfter(s)) != rank_;
+}
+
+bool KVServer::InitMoves(const Shard& s, const wire::Header& init) const {
+  if (s.handback_rank < 0 || !Waiting(s)) return false;
+  const int first =
+      (rank_ - static_cast<int>(init.replica()) + num_servers_) % num_servers_;
+  return ActingPrimary(first, num_servers_, replicas_, s.states) == rank_ &&
+         ActingPrimary(first, num_servers_, replicas_, StatesAfter(s)) != rank_;
+}
+
+bool KVServer::MovesTo(const Shard& s, const StoredKey& key, int rank) const {
+  // Replacement `rank` once it has its place back.
   std::vector<ServerState> after = s.states;
-  after[s.handback_rank].restored = true;
-  return ActingPrimary(RankAt(key, 0), num_servers_, replicas_, after) != rank_;
+  after[rank].catching_up = false;
+  after[rank].restored = true;
+  return ActingPrimary(RankAt(key, 0), num_servers_, replicas_, after) == rank;
+}
+
+void KVServer::OfferSlice(Shard* s, StoredKey* key) {
+  // One copy: a slice made while a replacement is on its way to answering
+  // for it goes to it at once (the workers send its init to one server).
+  if (!single_copy_ || !key->replicated || !Active(*s, *key)) return;
+  for (int rank = 0; rank < num_servers_; ++rank) {
+    const ServerState& r = s->states[rank];
+    if (rank == rank_ || r.dead || r.joined == 0 || r.restored) continue;
+    if (MovesTo(*s, *key, rank)) SendTransfer(key, PlaceOf(*key, rank));
+  }
 }
 
 void KVServer::CheckYield(Shard* s) {
@@ -1700,6 +1773,20 @@ void KVServer::CheckYield(Shard* s) {
   bool done = true;
   for (StoredKey* key : s->yielding) {
     if (key->yield != StoredKey::kYielded) done = false;
+    if (single_copy_) {
+      // The one copy must be where it moves before it moves (the leaver
+      // sends it; an old primary sends a slice made after the catch-up).
+      const int to = ActingPrimary(RankAt(*key, 0), num_servers_, replicas_,
+                                   StatesAfter(*s));
+      const int place = to < 0 ? -1 : PlaceOf(*key, to);
+      if (place >= 0 && key->transfer[place] != StoredKey::kTransferHeld) {
+        done = false;
+        if (key->transfer[place] == StoredKey::kNoTransfer ||
+            absl::Now() - key->transfer_sent[place] > 8 * replica_resend_) {
+          SendTransfer(key, place);
+        }
+      }
+    }
     if (!key->unacked.empty()) {
       done = false;
       ResendUpdates(s, key);  // due ones only: the hand-back waits for them
@@ -1721,6 +1808,7 @@ void KVServer::EndYield(Shard* s) {
   s->yielding.clear();
   s->handback = nullptr;
   s->handback_rank = -1;
+  s->handback_leave = false;
   for (StoredKey* key : yielding) ReleaseYield(s, key);
 }
 
@@ -1770,6 +1858,8 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
           if (!key->replicated || !Active(*s, *key)) continue;
           const int place = PlaceOf(*key, rank);
           if (place < 0 || place == static_cast<int>(key->replica)) continue;
+          // One copy: only the slices it will answer for.
+          if (single_copy_ && !MovesTo(*s, *key, rank)) continue;
           ++mine;
           // Not answered yet: sent again only when it may have been lost
           // (a re-ask every PS_RESEND_TIMEOUT must not resend a slice in
@@ -1896,7 +1986,7 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
   }
   // A slice new here only while catching up; one held here only at the
   // place it holds it (the sender names the place, and with it the chain).
-  if ((key == nullptr && !catching_up) ||
+  if ((key == nullptr && !catching_up && !single_copy_) ||
       (key != nullptr && (!key->replicated || key->replica != k.replica()))) {
     ++malformed_;
     answer(absl::FailedPreconditionError(absl::StrCat(
@@ -1905,8 +1995,9 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
     return;
   }
   if (key == nullptr || key->replica_seq < k.replica_seq()) {
-    // The job's optimizer and compression: a replacement has none yet.
-    if (catching_up) {
+    // The job's optimizer and compression: a replacement has none yet (with
+    // one copy a slice can come after the catch-up, or be its first).
+    if (catching_up || (single_copy_ && key == nullptr)) {
       if (absl::Status set = InstallSettings(saved, "transfer"); !set.ok()) {
         ++malformed_;
         answer(set);
@@ -1956,8 +2047,14 @@ void KVServer::StartCatchUp(std::function<std::vector<ServerState>()> states,
     catch_up_->caught_up = std::move(caught_up);
     catch_up_->started = absl::Now();
   }
-  TESSERA_LOG(INFO) << "this server replaces a dead one (rank " << rank_
-                    << "): asking the live servers for its key slices";
+  if (single_copy_) {
+    TESSERA_LOG(INFO) << "this server takes rank " << rank_
+                      << ": asking the live servers for the key slices it "
+                         "will answer for";
+  } else {
+    TESSERA_LOG(INFO) << "this server replaces a dead one (rank " << rank_
+                      << "): asking the live servers for its key slices";
+  }
   catch_up_thread_ = std::thread([this] { CatchUpLoop(); });
 }
 

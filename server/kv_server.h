@@ -105,8 +105,11 @@ class KVServer : private EngineContext {
   // are sent to a backup again after `resend_timeout` (doubling up to 8x)
   // when a worker asks again for an answer that waits for them.
   // Before the first Handle.
+  // With `single_copy` (TESSERA_MAX_SERVERS, TESSERA_REPLICAS=1) the chain
+  // only places a slice: its acting primary holds the one copy and sends
+  // updates only to a server it is moving the slice to.
   void set_replication(int rank, int num_servers, int replicas,
-                       absl::Duration resend_timeout);
+                       absl::Duration resend_timeout, bool single_copy = false);
   // The scheduler declared server `rank` dead: its slices' next live
   // replicas answer for them, and updates no longer wait for it. From
   // Handle's thread.
@@ -125,8 +128,12 @@ class KVServer : private EngineContext {
   // (UpdateServers) recompute which slices stop. A repeated or older epoch
   // is ignored; one that comes before the table says the rank caught up
   // waits for that change. From Handle's thread.
+  // With `leave` (one copy, set_replication's `single_copy`): the rank,
+  // this server's or another's, leaves instead; the slices it answers for
+  // stop at their boundaries once the servers answering for them without it
+  // hold them (it sends them), and the rest is as above.
   void HandBack(int rank, uint64_t epoch,
-                std::function<void(uint64_t epoch)> ready);
+                std::function<void(uint64_t epoch)> ready, bool leave = false);
   // Elastic jobs (TESSERA_ELASTIC): worker `rank` left the job (goodbye or
   // declared dead). Every slice's open round that it has not pushed to, and
   // every later round, completes without it; what it sends from now on is
@@ -244,7 +251,9 @@ class KVServer : private EngineContext {
   // did and no update of theirs waits for a backup; a change of the states
   // ends it (the slices take pushes again, if they still answer).
   struct HandbackJob;
-  void StartYield(Shard* shard, int rank,
+  // The states once the hand-back running on `shard` completed.
+  std::vector<ServerState> StatesAfter(const Shard& shard) const;
+  void StartYield(Shard* shard, int rank, bool leave,
                   const std::shared_ptr<HandbackJob>& job);
   // (Re)computes the slices that stop over the shard's table; those that no
   // longer move take their held pushes again.
@@ -256,6 +265,13 @@ class KVServer : private EngineContext {
   // Whether `key` is one this server answers for now and the rank of the
   // hand-back running on `shard` will.
   bool Moves(const Shard& shard, const StoredKey& key) const;
+  // Whether the slice of `init` is one that the hand-back running on `shard`
+  // moves away from this server.
+  bool InitMoves(const Shard& shard, const wire::Header& init) const;
+  // Whether replacement `rank` answers for `key` once it has its place back.
+  bool MovesTo(const Shard& shard, const StoredKey& key, int rank) const;
+  // One copy: sends a new slice to a replacement that will answer for it.
+  void OfferSlice(Shard* shard, StoredKey* key);
   void EndYield(Shard* shard);
   // After a change of the states: the hand-back ends (the rank has its place,
   // or died) or goes on over the new table.
@@ -349,7 +365,8 @@ class KVServer : private EngineContext {
   // Replication: set before the first Handle (set_replication).
   int rank_ = 0;
   int num_servers_ = 1;
-  int replicas_ = 1;
+  int replicas_ = 1;  // the chain's length
+  bool single_copy_ = false;
   absl::Duration replica_resend_ = absl::Seconds(1);
   std::atomic<uint64_t> replica_updates_{0};
   std::atomic<uint64_t> promoted_{0};

@@ -255,11 +255,12 @@ int Serve(const Flags& flags, const tessera::Options& options) {
     if (tessera::Node* n = live_node.load())
       server.UpdateServers(n->server_states());
   };
-  callbacks.on_handback = [&server, &live_node](int rank, uint64_t epoch) {
+  callbacks.on_handback = [&server, &live_node](int rank, uint64_t epoch,
+                                                bool leave) {
     tessera::Node* n = live_node.load();
     if (n == nullptr) return;  // not sent before this server holds slices
-    server.HandBack(rank, epoch,
-                    [n](uint64_t done) { n->ReportHandback(done); });
+    server.HandBack(
+        rank, epoch, [n](uint64_t done) { n->ReportHandback(done); }, leave);
   };
   absl::StatusOr<std::unique_ptr<tessera::Node>> started =
       tessera::Node::Start(options, std::move(callbacks));
@@ -273,8 +274,9 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   }
   node = *std::move(started);
   server.set_on_workers_finished([&node] { node->MarkPartDone(); });
-  server.set_replication(node->rank(), options.num_servers, options.replicas,
-                         options.resend_timeout);
+  server.set_replication(node->rank(), options.num_servers,
+                         options.chain_length(), options.resend_timeout,
+                         options.single_copy);
   live_node.store(node.get());
   server.UpdateServers(node->server_states());
   if (absl::Status prepared = PrepareCheckpoints(flags, options, *node, server,
@@ -309,24 +311,29 @@ int Serve(const Flags& flags, const tessera::Options& options) {
   // other jobs SIGTERM ends the process as it always did.
   std::atomic<bool> serving{true};
   std::thread leaver;
-  if (options.replicas > 1) {
+  if (options.chain_length() > 1) {
     std::signal(SIGTERM, RequestLeave);
-    leaver = std::thread([&node, &serving] {
+    const bool single_copy = options.single_copy;
+    leaver = std::thread([&node, &serving, single_copy] {
       while (serving.load()) {
         if (!leave_requested.exchange(false)) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
           continue;
         }
         TESSERA_LOG(INFO) << "SIGTERM: asking the scheduler to leave the job "
-                             "(TESSERA_REPLICAS)";
+                          << (single_copy ? "(TESSERA_MAX_SERVERS)"
+                                          : "(TESSERA_REPLICAS)");
         if (absl::Status left = node->Leave(); !left.ok()) {
           TESSERA_LOG(WARNING)
               << "not leaving: " << left.message()
               << "; serving on (a second SIGTERM ends this server)";
           continue;
         }
-        TESSERA_LOG(INFO) << "left the job (SIGTERM): its key slices fail "
-                             "over to their replicas";
+        TESSERA_LOG(INFO) << (single_copy
+                                  ? "left the job (SIGTERM): its key slices "
+                                    "moved to the other servers"
+                                  : "left the job (SIGTERM): its key slices "
+                                    "fail over to their replicas");
         return;
       }
     });

@@ -930,7 +930,7 @@ TEST(NodeTest, AHandBackMissingAReportStartsAgainAndCompletes) {
     mine.spare = spare;
     Node::Callbacks callbacks;
     if (server >= 0) {
-      callbacks.on_handback = [&, server](int rank, uint64_t epoch) {
+      callbacks.on_handback = [&, server](int rank, uint64_t epoch, bool) {
         absl::MutexLock lock(&mu);
         notices.emplace_back(server, epoch);
         notice_ranks.push_back(rank);

@@ -129,13 +129,32 @@ TEST(OptionsTest, MaxServersAreRanksOfAReplicatedJobFormedWithFewer) {
                      "TESSERA_REPLICAS (4): each chain of "
                      "TESSERA_REPLICAS ranks needs a server at the start"));
   }
+  // One copy of each slice: any number of ranks from DMLC_NUM_SERVER on,
+  // placed over every rank (the chain is the ring of them).
   env.erase("TESSERA_REPLICAS");
-  env["TESSERA_MAX_SERVERS"] = "2";
+  env["TESSERA_MAX_SERVERS"] = "7";
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->single_copy);
+  EXPECT_EQ(o->num_servers, 7);
+  EXPECT_EQ(o->servers_at_start(), 2);
+  EXPECT_EQ(o->replicas, 1);
+  EXPECT_EQ(o->chain_length(), 7);
+  env["TESSERA_MAX_SERVERS"] = "2";  // leaves only
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->chain_length(), 2);
+  env["TESSERA_MAX_SERVERS"] = "1";
   o = Parse(env);
   ASSERT_FALSE(o.ok());
-  EXPECT_THAT(o.status().message(),
-              HasSubstr("TESSERA_MAX_SERVERS=2: servers join a replicated job "
-                        "only (TESSERA_REPLICAS >= 2)"));
+  EXPECT_EQ(o.status().message(),
+            "TESSERA_MAX_SERVERS='1': expected a whole number of server ranks "
+            "from DMLC_NUM_SERVER (2) to 100000");
+  env.erase("TESSERA_MAX_SERVERS");
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->single_copy);
+  EXPECT_EQ(o->chain_length(), 1);
 }
 
 TEST(OptionsTest, DefaultsAreHeartbeatsOnAndSixtySecondStart) {

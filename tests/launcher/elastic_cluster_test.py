@@ -354,7 +354,7 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertRegex(out, r'\[scheduler\] .*job formed with 2 of at most 4 server\(s\) '
                               r'\(TESSERA_MAX_SERVERS\): server rank\(s\) 1, 3 wait for a '
                               r'server')
-        self.assertIn('launch.py: adding 2 server(s) to the replicated job of', added_out)
+        self.assertIn('launch.py: adding 2 server(s) to the running job of', added_out)
         taken = re.findall(r'\[scheduler\] .*server ([13]) \(id \d+ at [^)]*\) \(host [^)]*\) '
                            r'takes server rank \1, which had no server \(replacement [12]\)',
                            out)
@@ -382,6 +382,122 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertEqual(bad.returncode, 2, bad.stderr)
         self.assertIn('--join %s: cannot read the job file' %
                       os.path.join(self.tmp.name, 'none.json'), bad.stderr)
+
+
+    def test_servers_join_and_leave_a_job_with_one_copy_of_each_slice(self):
+        # No replicas: --max-servers 4 with -s 2 places the slices over 4 server
+        # ranks; launch.py's servers take ranks 0 and 2, and ranks 1 and 3 have
+        # their slices answered by the next rank with a server. launch.py
+        # --add-servers 2 starts two servers while the soak runs: each receives the
+        # slices it will answer for from the server answering for them (state
+        # transfer, rounds going on), then takes them at a round boundary. Then
+        # launch.py's two servers leave on SIGTERM, one after the other: each
+        # sends its slices to the next server and stops them at their boundaries,
+        # and only then is it marked left. The two added servers end holding every
+        # slice. The workers check every round's values exactly.
+        metrics = launch_hosts.free_port_run(5)
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000', SOAK_PRINT_ROUNDS='1',
+                        TESSERA_START_TIMEOUT='2')
+        adder = []
+
+        def add(m):
+            self.wait_formed(metrics)
+            time.sleep(2)
+            adder.append(subprocess.Popen(
+                [sys.executable, base.LAUNCH, '--add-servers', '2', '--join', m.group(1)],
+                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+        def sigterm(task_id):
+            def act(m):
+                pid = node_pid(self.mark, 'server', task_id)
+                self.assertIsNotNone(pid, 'server %d is not running' % task_id)
+                sys.stderr.write('SIGTERM to server %d (pid %d)\n' % (task_id, pid))
+                os.kill(pid, signal.SIGTERM)
+            return act
+
+        code, out = self.run_acting_on_each(
+            ['-n', '2', '-s', '2', '--max-servers', '4', '--metrics-port', str(metrics),
+             CHECK_WORKER, 'soak', '700', '20'],
+            [(r'to add servers while it runs: launch.py --add-servers N --join (\S+)$', add),
+             (r'\[scheduler\] .*answers for the key slices moved to it \(server [13] of 4, '
+              r'replacement 2,', sigterm(0)),
+             (r'\[scheduler\] .*left the job \(it said goodbye; its key slices moved in',
+              sigterm(1))],
+            timeout=180)
+        self.assertEqual(len(adder), 1, out)
+        try:
+            added_out, _ = adder[0].communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            adder[0].kill()
+            added_out, _ = adder[0].communicate()
+            self.fail('launch.py --add-servers did not end:\n' + added_out)
+        self.assertEqual(code, 0, out + added_out)
+        self.assertEqual(adder[0].returncode, 0, added_out + out)
+        self.assertIn('job with one copy of each key slice (TESSERA_MAX_SERVERS=4, 2 of 4 '
+                      'server rank(s) with a server); to add servers', out)
+        self.assertRegex(out, r'\[scheduler\] .*job formed with 2 of at most 4 server\(s\) '
+                              r'\(TESSERA_MAX_SERVERS\): server rank\(s\) 1, 3 wait for a '
+                              r'server .*the next rank with a server answers for their key '
+                              r'slices until then')
+        self.assertEqual(len(re.findall(r'\[scheduler\] .*answers for the key slices moved '
+                                        r'to it \(server [13] of 4', out)), 2, out)
+        # Both of launch.py's servers left after their slices moved, and the added
+        # servers took them; nothing failed over and nothing was declared dead.
+        self.assertEqual(len(re.findall(r'\[scheduler\] .*server [02] \(id \d+ at [^)]*\) '
+                                        r'left the job \(it said goodbye; its key slices '
+                                        r'moved in [^)]*\); the next server answers for its '
+                                        r'key slices', out)), 2, out)
+        for i in range(2):
+            self.assertRegex(out, r'\[server %d\] .*left the job \(SIGTERM\): its key '
+                                  r'slices moved to the other servers' % i)
+        self.assertEqual(len(re.findall(r'\[added server \d\] .*server\(s\) [02] left: this '
+                                        r'server now answers for \d+ key slice\(s\) that '
+                                        r'moved here', added_out)), 2, added_out)
+        for i in range(2):
+            m = re.search(r'\[added server %d\] .*pushes applied (\d+)' % i, added_out)
+            self.assertIsNotNone(m, added_out)
+            self.assertGreater(int(m.group(1)), 0, added_out)
+        self.assertNotIn('declared dead', out + added_out)
+        self.assertNotIn('fail over', out + added_out)
+        self.assert_soak_checksums_agree(out, 2)
+        self.assertEqual(marked_pids(self.mark), [])
+
+    def test_one_copy_last_server_stays_and_a_death_ends_the_job_naming_it(self):
+        # --max-servers 2 with -s 2 and no replicas: server 0 leaves on SIGTERM
+        # (its slices move to server 1); server 1, the last one, is refused and
+        # serves on; stopped (SIGSTOP: silent, as a machine that is gone), it is
+        # declared dead with the only copy of every slice and the scheduler ends
+        # the job non-zero, saying so.
+        self.env.update(TESSERA_BIGARRAY_BOUND='1000', SOAK_PRINT_ROUNDS='1',
+                        PS_HEARTBEAT_INTERVAL='0.5', PS_HEARTBEAT_TIMEOUT='2')
+
+        def signal_server(task_id, sig):
+            def act(m):
+                pid = node_pid(self.mark, 'server', task_id)
+                self.assertIsNotNone(pid, 'server %d is not running' % task_id)
+                sys.stderr.write('%s to server %d (pid %d)\n'
+                                 % (signal.Signals(sig).name, task_id, pid))
+                os.kill(pid, sig)
+            return act
+
+        code, out = self.run_acting_on_each(
+            ['-n', '2', '-s', '2', '--max-servers', '2', CHECK_WORKER, 'soak', '3000', '10'],
+            [(r'^\[worker \d\] round 40 done at', signal_server(0, signal.SIGTERM)),
+             (r'left the job \(it said goodbye; its key slices moved in',
+              signal_server(1, signal.SIGTERM)),
+             (r'not leaving: .*cannot leave', signal_server(1, signal.SIGSTOP))],
+            timeout=120)
+        self.assertNotEqual(code, 0, out)
+        self.assertRegex(out, r'\[server 1\] .*not leaving: server \d \(id \d+ at [^)]*\) '
+                              r'cannot leave: it is the last server that holds key slices, '
+                              r'and they would have nowhere to go \(TESSERA_REPLICAS=1\); '
+                              r'serving on')
+        self.assertRegex(out, r'\[scheduler\] .*server \d \(id \d+ at [^)]*\) stopped '
+                              r'heart-beating: .*; it held the only copy of the key slices it '
+                              r'answered for \(TESSERA_REPLICAS=1; a server leaves such a job '
+                              r'by SIGTERM, which moves them first\); ending the job')
+        self.assertEqual(soak_checksums(out), [])  # no worker finished
+        self.assertEqual(marked_pids(self.mark), [])
 
 
 if __name__ == '__main__':

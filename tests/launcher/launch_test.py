@@ -665,10 +665,10 @@ class EnvTest(unittest.TestCase):
             self.assertEqual(server_joiner_keys(plain), 0)
             os.mkdir(os.path.join(tmp, 'plain'))
             other = write_job_file(os.path.join(tmp, 'plain'), plain, ['/x/tessera-server'])
-            with self.assertRaisesRegex(UsageError, r'not a job file of a replicated job'):
+            with self.assertRaisesRegex(UsageError, r'not a job file of a job servers may join'):
                 read_server_job_file(other)
         for argv, message in (
-                (['-s', '2', '--max-servers', '4'], '--max-servers 4: needs --replicas R >= 2'),
+                (['-s', '3', '--max-servers', '2'], r'--max-servers 2: expected -s \(3\) <= M$'),
                 (['-s', '2', '--replicas', '2', '--max-servers', '5'],
                  r'--max-servers 5: expected -s \(2\) <= M <= -s x --replicas \(4\)'),
                 (['-s', '3', '--replicas', '2', '--max-servers', '2'], 'expected -s'),

@@ -607,7 +607,7 @@ class MultiHostTest(unittest.TestCase):
         self.assertEqual(rc, 0, job.tail(120) + ''.join(a.tail() for a in adders))
         self.assertEqual(codes, [0, 0], ''.join(a.tail() for a in adders))
         worker_out, server_out = adders[0].output, adders[1].output
-        self.assertIn('launch.py: adding 1 server(s) to the replicated job of', server_out)
+        self.assertIn('launch.py: adding 1 server(s) to the running job of', server_out)
         self.assertRegex(server_out, r'(?m)^\[added server 0\] .*server advertises '
                                      r'%s:\d+;' % re.escape(v4(3)))
         self.assertRegex(worker_out, r'(?m)^\[added worker 0\] .*worker advertises '

@@ -12,7 +12,8 @@ import sys
 import tempfile
 
 from .binaries import SOURCE_TREE_SCRIPT, check_command, find_binary, own_build_dirs
-from .config import build_config, elastic_of, max_servers_of, metrics_urls, replicas_of
+from .config import (build_config, elastic_of, max_servers_of, metrics_urls, replicas_of,
+                     servers_change)
 from .hosts import interface_ipv4, parse_hostfile, scheduler_address
 from .joining import added_server_nodes, added_worker_nodes, write_job_file
 from .keys import find_keygen, job_security, prepare_keys
@@ -31,7 +32,7 @@ def add_nodes(args, nodes, what):
     exit status (the first failure's, which stops the others)."""
     sys.stderr.write('%s: adding %d %s to the %s job of %s\n'
                      % (PROG, len(nodes), what,
-                        'elastic' if what.startswith('worker') else 'replicated', args.join))
+                        'elastic' if what.startswith('worker') else 'running', args.join))
     sys.stderr.flush()
     job = Job(nodes, args.timeout, 0, args.verbose, args.quiet_notice)
     install_signal_handlers(job)
@@ -122,7 +123,7 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
         job = Job(nodes, args.timeout, args.restarts, args.verbose, args.quiet_notice,
                   replicas=replicas_of(cfg), elastic=elastic_of(cfg))
         install_signal_handlers(job)
-        servers_join = replicas_of(cfg) >= 2 and server_bin is not None
+        servers_join = servers_change(cfg) and server_bin is not None
         if (elastic_of(cfg) or servers_join) and args.launcher in ('local', 'ssh'):
             workdir = None
             server_argv = [server_bin] + args.server_argv_extra
@@ -142,10 +143,13 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
                     % (elastic_of(cfg), job_file, on_hosts))
             if servers_join:
                 ranks = max_servers_of(cfg)
-                say('replicated job (TESSERA_REPLICAS=%d, %d of %d server rank(s) with a '
-                    'server); to add servers while it runs: launch.py --add-servers N '
-                    '--join %s%s' % (replicas_of(cfg), cfg.num_servers, ranks, job_file,
-                                     on_hosts))
+                kind = ('replicated job (TESSERA_REPLICAS=%d' % replicas_of(cfg)
+                        if replicas_of(cfg) >= 2
+                        else 'job with one copy of each key slice (TESSERA_MAX_SERVERS=%d'
+                        % ranks)
+                say('%s, %d of %d server rank(s) with a server); to add servers while it '
+                    'runs: launch.py --add-servers N --join %s%s'
+                    % (kind, cfg.num_servers, ranks, job_file, on_hosts))
         if args.verbose:
             say('%s job: scheduler at %s:%d, %d server(s), %d worker(s)'
                 % (cfg.cluster, cfg.root_uri, cfg.port, cfg.num_servers, cfg.num_workers))

@@ -179,6 +179,16 @@ def max_servers_of(cfg):
         return cfg.num_servers
 
 
+def servers_change(cfg):
+    """Whether servers may join and leave the running job: a replicated one, or
+    one started with TESSERA_MAX_SERVERS (one copy of each key slice, moved to
+    the server that joins or away from the one that leaves)."""
+    value = cfg.forwarded.get('TESSERA_MAX_SERVERS')
+    value = cfg.env_all.get('TESSERA_MAX_SERVERS', value)
+    value = cfg.env_server.get('TESSERA_MAX_SERVERS', value)
+    return replicas_of(cfg) >= 2 or bool(value)
+
+
 def replicas_of(cfg):
     """TESSERA_REPLICAS as the servers get it (--replicas, --env, --env-server or
     the launcher's environment); 1 when unset or not a number (the servers then

@@ -31,7 +31,7 @@ Errors: UsageError for a job file that cannot be read or is not one.
 import json
 import os
 
-from .config import node_env, replicas_of
+from .config import node_env, servers_change
 from .hosts import parse_hostfile
 from .keys import MAX_JOINER_KEYS, joiner_keys, server_joiner_keys
 from .options import UsageError, parse_env_specs
@@ -80,7 +80,7 @@ def write_job_file(folder, cfg, server_argv=None, workdir=None):
     if workdir is not None:
         job['launcher'] = 'ssh'
         job['workdir'] = workdir
-    if server_argv and replicas_of(cfg) >= 2:
+    if server_argv and servers_change(cfg):
         job['server_argv'] = list(server_argv)
         job['server_env'] = _shared_env(cfg, 'spare')
         job['server_keys'] = _key_files(
@@ -246,10 +246,11 @@ def _server_part(job, path):
             not all(isinstance(a, str) for a in argv) or not isinstance(env, dict) or \
             not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()) or \
             not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise UsageError('--join %s: not a job file of a replicated job (expected what '
-                         'launch.py --replicas R >= 2 writes: {"tessera_job": %d, '
-                         '"server_argv": [...], "server_env": {...}}); servers join '
-                         'replicated jobs only' % (path, _VERSION))
+        raise UsageError('--join %s: not a job file of a job servers may join (expected '
+                         'what launch.py --replicas R >= 2 or --max-servers M writes: '
+                         '{"tessera_job": %d, "server_argv": [...], "server_env": {...}}); '
+                         'servers join replicated jobs and jobs started with --max-servers '
+                         'only' % (path, _VERSION))
     return argv, env, keys
 
 

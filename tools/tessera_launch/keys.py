@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 
 from .binaries import SOURCE_TREE_SCRIPT, own_build_dirs
-from .config import elastic_of, max_servers_of, replicas_of
+from .config import elastic_of, max_servers_of, servers_change
 from .options import SetupError, UsageError
 
 
@@ -124,11 +124,11 @@ def joiner_keys(cfg):
 
 
 def server_joiner_keys(cfg):
-    """Node keys a replicated job makes for servers added while it runs
+    """Node keys a job whose servers may change makes for servers added while it runs
     (launch.py --add-servers): one per server rank (every rank may be taken
     again once), at most MAX_JOINER_KEYS; 0 for other jobs. Server keys after
     the job's own servers' and spares'."""
-    return min(max_servers_of(cfg), MAX_JOINER_KEYS) if replicas_of(cfg) >= 2 else 0
+    return min(max_servers_of(cfg), MAX_JOINER_KEYS) if servers_change(cfg) else 0
 
 
 def prepare_keys(cfg, args, hosts, tmpdir, keygen=None):

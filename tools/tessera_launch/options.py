@@ -127,11 +127,13 @@ def build_parser():
                    'each waits until a server dies, takes its rank and catches up on its '
                    'key slices from their replicas (needs --replicas R >= 2)')
     p.add_argument('--max-servers', type=_int_arg(1, 'a positive integer'), default=None,
-                   metavar='M', help='servers may join the running job up to M '
-                   '(TESSERA_MAX_SERVERS, needs --replicas R >= 2 and -s <= M <= -s x R): '
+                   metavar='M', help='servers may join the running job up to M, and leave '
+                   'it (TESSERA_MAX_SERVERS, -s <= M, with --replicas R >= 2 also M <= -s x R): '
                    'the key slices are placed over M server ranks, the -s servers take '
                    'ranks spread over them, and a server added later (--add-servers) '
-                   'takes a rank without one, catches up and answers for its slices '
+                   'takes a rank without one, catches up and answers for its slices; '
+                   'without --replicas each slice has one copy, moved to a server that '
+                   'joins and away from one that leaves on SIGTERM '
                    '(docs/faults.md, "Servers join")')
     p.add_argument('--add-servers', type=_int_arg(1, 'a positive integer'), default=None,
                    metavar='N', help='add N servers to a running replicated job instead of '
@@ -285,11 +287,11 @@ def parse_args(argv):
                              'other hosts: start tessera-server with TESSERA_SPARE=1 there)')
     if args.max_servers is not None:
         replicas = args.replicas or 1
-        if replicas < 2:
-            raise UsageError('--max-servers %d: needs --replicas R >= 2 (the slices of a '
-                             'server rank without a server are answered by their replicas)'
-                             % args.max_servers)
-        if not args.num_servers <= args.max_servers <= args.num_servers * replicas:
+        if replicas < 2 and args.max_servers < args.num_servers:
+            raise UsageError('--max-servers %d: expected -s (%d) <= M'
+                             % (args.max_servers, args.num_servers))
+        if replicas >= 2 and not (args.num_servers <= args.max_servers
+                                  <= args.num_servers * replicas):
             raise UsageError('--max-servers %d: expected -s (%d) <= M <= -s x --replicas '
                              '(%d): every chain of R ranks needs a server at the start'
                              % (args.max_servers, args.num_servers,

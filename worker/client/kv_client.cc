@@ -85,7 +85,7 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   tracking.resend_retries = options_.resend_retries;
   tracking.request_timeout = options_.request_timeout;
   tracking.first_request_id = FirstRequestId(options_.restart_count);
-  tracking.replicated = options_.replicas > 1;
+  tracking.replicated = options_.chain_length() > 1;
   tracker_ = std::make_unique<RequestTracker>(
       tracking,
       [this](int server, Message msg) {
@@ -1291,8 +1291,9 @@ KVWorkerStats KVClient::stats() const {
 }
 
 int KVClient::Route(int server, Message* msg) const {
-  if (options_.replicas <= 1 || !IsServerId(server)) return server;
-  // A slice's chain: its primary p, then p+1, ..., p+replicas-1. A request
+  const int chain = options_.chain_length();
+  if (chain <= 1 || !IsServerId(server)) return server;
+  // A slice's chain: its primary p, then p+1, ..., p+chain-1. A request
   // goes to the first live member (an init for place j to the first live
   // one from j on), which learns its place from the init.
   const int servers = options_.num_servers;
@@ -1301,14 +1302,16 @@ int KVClient::Route(int server, Message* msg) const {
   const int first = (RankOfId(server) - place + servers) % servers;
   absl::MutexLock lock(&dead_mu_);
   if (states_.empty()) return server;
-  if (!init) {
-    // The acting primary (common/replica_chain.h).
-    const int primary =
-        ActingPrimary(first, servers, options_.replicas, states_);
-    return primary < 0 ? server : ServerId(primary);
+  if (!init || options_.single_copy) {
+    // The acting primary (common/replica_chain.h); with one copy it holds
+    // the slice's only copy, and its init goes there too.
+    const int primary = ActingPrimary(first, servers, chain, states_);
+    if (primary < 0) return server;
+    if (init) msg->header.set_replica((primary - first + servers) % servers);
+    return ServerId(primary);
   }
-  for (int n = 0; n < options_.replicas; ++n) {
-    const int i = (place + n) % options_.replicas;
+  for (int n = 0; n < chain; ++n) {
+    const int i = (place + n) % chain;
     const int rank = (first + i) % servers;
     if (states_[rank].dead) continue;
     msg->header.set_replica(i);
@@ -1323,10 +1326,11 @@ std::vector<int> KVClient::RefreshServerStates(Node* node) {
   std::vector<ServerState> before = std::move(states_);
   states_ = node->server_states();
   const int servers = options_.num_servers;
-  if (options_.replicas > 1 && before.size() == states_.size()) {
+  const int chain = options_.chain_length();
+  if (chain > 1 && before.size() == states_.size()) {
     for (int first = 0; first < servers; ++first) {
-      if (ActingPrimary(first, servers, options_.replicas, before) !=
-          ActingPrimary(first, servers, options_.replicas, states_)) {
+      if (ActingPrimary(first, servers, chain, before) !=
+          ActingPrimary(first, servers, chain, states_)) {
         moved.push_back(first);
       }
     }
@@ -1353,9 +1357,17 @@ void KVClient::FailOver(int server) {
   // came in the same table): the slices whose acting primary moved are
   // resent too, not only what waited for the dead server.
   const std::vector<int> moved = RefreshServerStates(node);
-  TESSERA_LOG(WARNING) << node->Describe(server)
-                       << " died; its key slices' next replicas answer for "
-                          "them, and what waited for it is sent to them now";
+  if (options_.single_copy) {
+    // One copy: a server that answered for slices is gone only after they
+    // moved (a death ends the job).
+    TESSERA_LOG(INFO) << node->Describe(server)
+                      << " left; its key slices moved to the next server, and "
+                         "what waited for it is sent there now";
+  } else {
+    TESSERA_LOG(WARNING) << node->Describe(server)
+                         << " died; its key slices' next replicas answer for "
+                            "them, and what waited for it is sent to them now";
+  }
   tracker_->ResendNowTo(server, absl::InfiniteFuture());
   for (int first : moved) {
     if (ServerId(first) != server)
