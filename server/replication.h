@@ -77,6 +77,22 @@
 // is answered by two servers. Only the moving slices pause, for about a
 // round.
 //
+// One copy (TESSERA_MAX_SERVERS with TESSERA_REPLICAS=1; set_replication's
+// `single_copy`). The chain of a slice is every server rank from its own on,
+// and places the slice only: its acting primary holds the one copy, a
+// worker sends the slice's init there alone, and the primary sends updates
+// only to a server it is moving the slice to (a transfer in flight or held),
+// whose answers count once it holds the slice. A server that joins catches
+// up as a replacement does, on the slices it will answer for only
+// (MovesTo), and takes them in a hand-back; the old primary keeps a stale
+// copy that no update reaches (a later transfer with a higher replica_seq
+// replaces it). A server leaves (SIGTERM) in a hand-back marked `leave`: it
+// sends each slice it answers for to the server that answers for it without
+// it, stops it at its round boundary, and reports once that server holds the
+// slice and every update; then the scheduler marks it left. An init of a
+// slice that is moving is not taken (the worker sends it again). A death of
+// a server that answers for slices ends the job.
+//
 // Gaps. A backup that gets an update past the next one answers with what it
 // holds (FailedPrecondition, replica_seq: its count): the primary resends
 // the next update if it still keeps it, or else sends the slice whole, as

@@ -899,6 +899,43 @@ class NetFaultTest(unittest.TestCase):
                          r'heard for [^;]*; the job goes on with %d of %d worker'
                          % (NUM_WORKERS - 1, NUM_WORKERS - 1, NUM_WORKERS), job.report())
 
+    def test_8_servers_joining_and_leaving_a_job_with_one_copy_under_the_same_faults(self):
+        # No replicas (TESSERA_REPLICAS=1) and TESSERA_MAX_SERVERS=N+1: each key
+        # slice has one copy. After round 5 one more server (TESSERA_SPARE=1) in
+        # server 0's host takes the rank without one under the loss, the delay and
+        # the killed connections: the servers answering for the slices it will
+        # answer for send them (state transfer, rounds going on) and stop them at a
+        # round boundary (a hand-back). Then server 0 leaves (SIGTERM): it sends
+        # its slices to the next server, stops them at their boundaries, and only
+        # then is marked left. Same checksums as the fault-free run; every process
+        # exits 0.
+        added = []
+        left = []
+
+        def join_then_leave(job):
+            if not added and 'round 5 done' in job.workers()[0].output():
+                added.append(job.add_server(1, 'added server', {'TESSERA_SPARE': '1'}))
+            if added and not left and 'hand-back: this server answers for' in \
+                    added[0].output():
+                leaver = [p for p in job.procs if p.label == 'server 0'][0]
+                os.kill(leaver.pid, signal.SIGTERM)
+                left.append(leaver)
+        job = self.faulted_run({'TESSERA_MAX_SERVERS': str(NUM_SERVERS + 1),
+                                'SOAK_PRINT_ROUNDS': '1'},
+                               on_poll=join_then_leave)
+        self.assertEqual(len(added), 1, job.report())
+        self.assertRegex(added[0].output(), r'hand-back: this server answers for \d+ key '
+                                            r'slice\(s\) moved to it', job.report())
+        self.assertRegex(job.procs[0].output(), r'answers for the key slices moved to it '
+                                                r'\(server \d+ of %d, replacement 1,'
+                                                % (NUM_SERVERS + 1))
+        self.assertEqual(len(left), 1, job.report())
+        self.assertIn('left the job (SIGTERM): its key slices moved to the other servers',
+                      left[0].output(), job.report())
+        self.assertRegex(job.procs[0].output(), r'left the job \(it said goodbye; its key '
+                                                r'slices moved in [^)]*\); the next server')
+        self.assertNotIn('declared dead', job.procs[0].output(), job.report())
+
     def faulted_run(self, extra_env=None, want=True, on_poll=None, rounds=None,
                     expected=None):
         """The job under loss, delay and killed connections; checks it against the
