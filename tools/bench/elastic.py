@@ -31,8 +31,14 @@ its own (TESSERA_KEY_DIR) so that a worker started by hand can join. Three scene
            duration (the most a moving slice's pushes wait), the bytes moved per
            slice, and the workers' longest round around it against their median.
 
+  With --one-copy the two server scenes run without replicas, each key slice
+  having one copy (TESSERA_MAX_SERVERS, docs/faults.md "One copy"): server-leave
+  with -s 3 --max-servers 3 (the leaver sends its slices to the next server first;
+  also the move's own time from the scheduler's line), server-join with -s 2
+  --max-servers 3.
+
     tools/bench/elastic.py --build /abs/build [--runs 3] [--heartbeat-timeout 2]
-        [--security default|none]
+        [--security default|none] [--one-copy]
 """
 import argparse
 import datetime
@@ -79,8 +85,10 @@ def one_run(args, scene, mark, key_dir):
              'join': ['--env-worker', 'SOAK_JOINER:3'],
              'server-leave': [], 'server-join': []}[scene]
     bounds = '2:4' if scene == 'join' else '2:3'
-    shape = {'server-leave': ['-s', '3', '--replicas', '2'],
-             'server-join': ['-s', '2', '--replicas', '2', '--max-servers', '3']}.get(
+    copies = ['--max-servers', '3'] if args.one_copy else ['--replicas', '2']
+    shape = {'server-leave': ['-s', '3'] + copies,
+             'server-join': ['-s', '2', '--max-servers', '3'] + (
+                 [] if args.one_copy else ['--replicas', '2'])}.get(
                  scene, ['-s', '2', '--elastic', bounds])
     if args.big_values:
         env['SOAK_BIG_VALUES'] = str(args.big_values)
@@ -110,7 +118,8 @@ def one_run(args, scene, mark, key_dir):
             [os.path.join(args.build, 'server', 'tessera-server')],
             env=dict(env, TESSERA_SPARE='1', DMLC_ROLE='server', DMLC_PS_ROOT_URI='127.0.0.1',
                      DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER='3', DMLC_NUM_SERVER='2',
-                     TESSERA_REPLICAS='2', TESSERA_MAX_SERVERS='3'),
+                     TESSERA_REPLICAS='1' if args.one_copy else '2',
+                     TESSERA_MAX_SERVERS='3'),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     elif scene == 'join':
         joiner = subprocess.Popen(
@@ -155,16 +164,21 @@ def one_run(args, scene, mark, key_dir):
         result.update(declared_s=declared - event, next_round_s=after - event)
     elif scene == 'server-leave':
         left = None
+        moved_ms = float('nan')
         for line in out.splitlines():
-            if line.startswith('[scheduler]') and 'left the job (it said goodbye)' in line:
+            if line.startswith('[scheduler]') and 'left the job (it said goodbye' in line:
                 left = log_time(line, day)
+                m = re.search(r'its key slices moved in ([0-9.]+)(us|ms|s)\)', line)
+                if m:
+                    moved_ms = float(m.group(1)) * {'us': 1e-3, 'ms': 1.0,
+                                                    's': 1e3}[m.group(2)]
         if left is None:
             sys.exit('elastic.py: server-leave: the scheduler never took the leave:\n'
                      + out[-4000:])
         after = min(t for w in survivors for _, t in done[w] if t > left)
         window = [b - a for w in survivors for (_, a), (_, b) in zip(done[w], done[w][1:])
                   if event - 1 < b < event + 3]
-        result.update(left_s=left - event, next_round_s=after - event,
+        result.update(left_s=left - event, next_round_s=after - event, moved_ms=moved_ms,
                       longest_round_ms=1000 * max(window) if window else float('nan'))
     elif scene == 'server-join':
         placed = handed = None
@@ -225,12 +239,16 @@ def main():
     p.add_argument('--scenes', default='death,goodbye,join,server-leave,server-join',
                    help='comma-separated')
     p.add_argument('--job-timeout', type=int, default=120)
+    p.add_argument('--one-copy', action='store_true',
+                   help='server scenes without replicas (TESSERA_MAX_SERVERS)')
     args = p.parse_args()
+    copies = '--max-servers 3, one copy' if args.one_copy else '--replicas 2'
     print('elastic.py: 3 workers, 2 servers, --elastic 2:3 (join: 2:4; server-leave: '
-          '3 servers, --replicas 2; server-join: --replicas 2 --max-servers 3), soak %d '
+          '3 servers, %s; server-join: --max-servers 3%s), soak %d '
           'rounds (%d ms apart, big key %s values), '
           'PS_HEARTBEAT_TIMEOUT=%gs, security %s; uptime: %s'
-          % (args.rounds, args.sleep_ms, args.big_values or 5000, args.heartbeat_timeout,
+          % (copies, ', one copy' if args.one_copy else ' --replicas 2', args.rounds,
+             args.sleep_ms, args.big_values or 5000, args.heartbeat_timeout,
              args.security,
              subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()))
     with tempfile.TemporaryDirectory(prefix='elastic-bench-') as tmp:
