@@ -746,6 +746,125 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
 
 // A backup that misses updates its primary no longer keeps (answered: the
 // other replicas held them) is sent the slice whole when it says so.
+// One copy (TESSERA_MAX_SERVERS, TESSERA_REPLICAS=1; server/replication.h):
+// key 7 lives on rank 0 alone, which sends no update anywhere. Rank 0 leaves
+// (a hand-back marked leave): it sends the slice to rank 1 at once, while
+// its round goes on; it reports only once the round ended, rank 1 holds the
+// slice and the round's update; an init of a new slice meanwhile is not
+// taken. Once the table says rank 0 left, rank 1 answers with the bits a
+// single server gives, and a push rank 0 held goes there.
+TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
+  for (Box* b : {&primary_, &backup_}) {
+    b->server().set_replication(b == &primary_ ? 0 : 1, 2, 2, absl::Seconds(30),
+                                /*single_copy=*/true);
+    b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
+    ASSERT_TRUE(b->NextReply().has_value());
+  }
+  primary_.server().Handle(Init({1, 2, 3}, /*replica=*/0, true));
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  KVServer reference(kWorkers, 1, [&](int, Message m) {
+    absl::MutexLock lock(&ref_mu_);
+    if (!m.header.ack_only()) ref_replies_.push_back(std::move(m));
+    return absl::OkStatus();
+  });
+  reference.Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
+  reference.Handle(Init({1, 2, 3}, 0, true));
+  auto push_both = [&](KVServer& to, int rank, uint64_t seq,
+                       const std::vector<float>& g) {
+    to.Handle(Push(rank, seq, g));
+    reference.Handle(Push(rank, seq, g));
+  };
+
+  // Round 0: answered at once, nothing sent to the other server.
+  push_both(primary_.server(), 0, 0, {1, 1, 1});
+  push_both(primary_.server(), 1, 0, {0.5f, 2, 4});
+  EXPECT_EQ(primary_.RepliesNow(), 2u);
+  EXPECT_FALSE(primary_.NextToServer(absl::Milliseconds(50)).has_value());
+
+  // Round 1 opens; rank 0 leaves: its slice goes to rank 1 now.
+  push_both(primary_.server(), 0, 1, {2, 2, 2});
+  std::atomic<uint64_t> ready{0};
+  primary_.server().HandBack(
+      0, /*epoch=*/1, [&](uint64_t epoch) { ready.store(epoch); },
+      /*leave=*/true);
+  backup_.server().HandBack(
+      0, 1, [](uint64_t) {}, /*leave=*/true);
+  std::optional<Message> transfer = primary_.NextToServer();
+  ASSERT_TRUE(transfer.has_value());
+  ASSERT_EQ(transfer->header.command(), wire::KV_TRANSFER);
+  EXPECT_EQ(transfer->header.slice().key(), kKey);
+  // A new slice placed on rank 0 moves too: not made here, no answer.
+  Message other = Init({5, 6}, 0, true);
+  other.header.mutable_slice()->set_key(8);
+  other.header.mutable_slice()->set_length(2);
+  other.header.mutable_slice()->set_total_length(2);
+  primary_.server().Handle(std::move(other));
+  EXPECT_EQ(primary_.RepliesNow(), 2u);
+  backup_.server().Handle(*std::move(transfer));
+  std::optional<Message> held = backup_.NextToServer();
+  ASSERT_TRUE(held.has_value());
+  ASSERT_TRUE(FromWire(held->header.status()).ok())
+      << held->header.status().message();
+  primary_.server().Handle(*std::move(held));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(ready.load(), 0u);  // its round is still open
+
+  // The round completes: its update goes to rank 1, which now holds the
+  // slice, and the answers wait for it; then the part is done.
+  push_both(primary_.server(), 1, 1, {1, 0, -1});
+  EXPECT_EQ(primary_.RepliesNow(), 2u);
+  DeliverUpdateAndAnswer();
+  EXPECT_EQ(primary_.RepliesNow(), 4u);
+  for (int i = 0; i < 100 && ready.load() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(ready.load(), 1u);
+  push_both(primary_.server(), 0, 2, {4, 4, 4});
+  EXPECT_EQ(primary_.RepliesNow(), 4u);  // held: the slice has moved
+
+  // The table: rank 0 left. Rank 1 answers, with the pushes sent again.
+  std::vector<ServerState> states(2);
+  states[0].dead = true;
+  backup_.server().UpdateServers(states);
+  backup_.server().Handle(Push(0, 2, {4, 4, 4}));
+  push_both(backup_.server(), 1, 2, {0, 1, 0});
+  backup_.server().Handle(Pull(0, 3, 3));
+  reference.Handle(Pull(0, 3, 3));
+  std::optional<Message> pulled;
+  for (int i = 0; i < 5 && !pulled; ++i) {
+    std::optional<Message> r = backup_.NextReply();
+    ASSERT_TRUE(r.has_value());
+    if (r->header.command() == wire::KV_PULL) pulled = std::move(r);
+  }
+  ASSERT_TRUE(pulled.has_value());
+  std::vector<float> want;
+  for (int i = 0; i < 100 && want.empty(); ++i) {
+    {
+      absl::MutexLock lock(&ref_mu_);
+      for (const Message& m : ref_replies_)
+        if (m.header.command() == wire::KV_PULL) want = ValuesOf(m);
+    }
+    if (want.empty()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(want.size(), 3u);
+  EXPECT_EQ(ValuesOf(*pulled), want);
+  EXPECT_EQ(backup_.server().stats().promoted_slices(), 1u);
+  // Rank 1 never got key 8: its init comes again, to rank 1.
+  Message again = Init({5, 6}, 1, true);
+  again.header.mutable_slice()->set_key(8);
+  again.header.mutable_slice()->set_length(2);
+  again.header.mutable_slice()->set_total_length(2);
+  backup_.server().Handle(std::move(again));
+  std::optional<Message> made;
+  for (int i = 0; i < 5 && !made; ++i) {
+    std::optional<Message> r = backup_.NextReply();
+    ASSERT_TRUE(r.has_value());
+    if (r->header.command() == wire::KV_INIT) made = std::move(r);
+  }
+  ASSERT_TRUE(made.has_value());
+  EXPECT_TRUE(FromWire(made->header.status()).ok())
+      << made->header.status().message();
+}
+
 TEST_F(ReplicationTest, ABackupBehindWhatIsKeptGetsTheSliceWhole) {
   SetUpChain(/*sync=*/true);
   primary_.server().Handle(Push(0, 0, {1, 1, 1}));
