@@ -79,6 +79,10 @@ struct KVServer::Shard {
   std::shared_ptr<HandbackJob> handback;
   int handback_rank = -1;       // the rank taking its place back; -1: none
   bool handback_leave = false;  // one copy: the rank leaves instead
+  // One copy: slices this shard gave to a server that joined and dropped;
+  // a request for one that still comes here is dropped (the worker sends
+  // it again to the new server once its table says so).
+  std::set<std::pair<uint64_t, uint64_t>> moved_away;
 };
 
 struct KVServer::HandbackJob {
@@ -176,6 +180,11 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
           "Slices this server stopped answering for at a hand-back: a "
           "replacement that caught up took back its place in their chains.",
           &slices_handed_back_);
+  counter("tessera_server_moved_away_slices_total",
+          "One copy (TESSERA_MAX_SERVERS without replicas): slices this "
+          "server gave to a server that joined and then dropped (KV_STATS "
+          "moved_away_slices).",
+          &moved_away_);
   counter("tessera_server_replica_resends_total",
           "Updates sent again to a backup that had not answered them.",
           &replica_resends_);
@@ -296,6 +305,7 @@ wire::KVStats KVServer::stats() const {
   s.set_refused(refused_.load());
   s.set_replica_updates(replica_updates_.load());
   s.set_promoted_slices(promoted_.load());
+  s.set_moved_away_slices(moved_away_.load());
   absl::MutexLock lock(&key_counts_mu_);
   for (const auto& [key, n] : key_pushes_)
     (*s.mutable_key_pushes_applied())[key] = n;
@@ -632,6 +642,13 @@ void KVServer::Process(Shard* shard, Message&& msg) {
   }
   StoredKey* key = shard->store.Find(slice);
   if (key == nullptr) {
+    if (shard->moved_away.count({slice.key(), slice.offset()}) != 0) {
+      TESSERA_VLOG(1) << "dropped " << wire::Command_Name(msg.header.command())
+                      << " of key " << slice.key() << " offset "
+                      << slice.offset()
+                      << ": the slice moved to another server";
+      return;
+    }
     if (recovering_.load()) {
       // Restarted: the worker replaying this may be ahead of the init that
       // recreates the key. Hold it (once per request) and say so.
@@ -710,15 +727,19 @@ void KVServer::Init(Shard* shard, Message&& msg) {
     Reply(msg, placed);
     return;
   }
-  if (single_copy_ && InitMoves(*shard, msg.header)) {
+  if (single_copy_ &&
+      (!InitHere(*shard, msg.header) || InitMoves(*shard, msg.header))) {
     // One copy, and the slice is moving to another server: not made here
     // (this server may have reported its part, and the new one would never
     // get it). The worker sends the init again, and after the move it goes
     // there.
     TESSERA_VLOG(1) << "init of key " << slice.key() << " offset "
-                    << slice.offset() << " not taken: the slice moves";
+                    << slice.offset()
+                    << " not taken: another server answers for the slice, or "
+                       "will";
     return;
   }
+  shard->moved_away.erase({slice.key(), slice.offset()});
   if (slice.row_length() != 0 && slice.length() == 0 &&
       slice.total_length() == 0) {
     // A hashed row key: no value; its rows come with its ids.
@@ -1588,6 +1609,7 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
     if (s->states[r].joined != before[r].joined) replaced.push_back(r);
   }
   uint64_t promoted = 0, handed_back = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> gone;  // one copy: given away
   for (const auto& [id, owned] : s->store.keys()) {
     StoredKey* key = owned.get();
     if (!key->replicated) continue;
@@ -1604,7 +1626,10 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
       std::swap(s->states, before);
       return a;
     }();
-    if (was_active && !Active(*s, *key)) ++handed_back;
+    if (was_active && !Active(*s, *key)) {
+      ++handed_back;
+      if (single_copy_) gone.push_back({key->key, key->offset});
+    }
     if (Active(*s, *key)) {
       if (!was_active) {
         ++promoted;
@@ -1620,7 +1645,7 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
         << "hand-back: " << handed_back
         << (single_copy_
                 ? " key slice(s) of this server's moved to the server that "
-                  "joined (this server keeps a stale copy, not updated)"
+                  "joined (this server drops its copy)"
                 : " key slice(s) of this server's are answered by the "
                   "replacement that took back its place");
   }
@@ -1642,7 +1667,15 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
                            << " of their key slices";
     }
   }
-  HandbackAfterChange(s);
+  HandbackAfterChange(s);  // before the erase: it releases yielding slices
+  // One copy: the new server holds every update (the hand-back waited for
+  // it) and no update comes here any more: the copy is dropped, and with it
+  // the requests it held (their workers send them to the new server).
+  for (const auto& [key, offset] : gone) {
+    s->store.Erase(key, offset);
+    s->moved_away.insert({key, offset});
+    ++moved_away_;
+  }
 }
 
 void KVServer::HandBack(int rank, uint64_t epoch,
@@ -1739,6 +1772,12 @@ bool KVServer::Moves(const Shard& s, const StoredKey& key) const {
   if (s.handback_rank < 0 || !key.replicated || !Active(s, key)) return false;
   return ActingPrimary(RankAt(key, 0), num_servers_, replicas_,
                        StatesAfter(s)) != rank_;
+}
+
+bool KVServer::InitHere(const Shard& s, const wire::Header& init) const {
+  const int first =
+      (rank_ - static_cast<int>(init.replica()) + num_servers_) % num_servers_;
+  return ActingPrimary(first, num_servers_, replicas_, s.states) == rank_;
 }
 
 bool KVServer::InitMoves(const Shard& s, const wire::Header& init) const {
@@ -2012,6 +2051,7 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
       return;
     }
     key = shard->store.Find(k.key(), k.offset());
+    shard->moved_away.erase({k.key(), k.offset()});
     MakeReplicated(key, k.replica());
     key->replica_seq = k.replica_seq();
     TakeMembers(key, k.members(), "transfer");

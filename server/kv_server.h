@@ -268,6 +268,8 @@ class KVServer : private EngineContext {
   // Whether the slice of `init` is one that the hand-back running on `shard`
   // moves away from this server.
   bool InitMoves(const Shard& shard, const wire::Header& init) const;
+  // Whether the table says this server answers for the slice of `init`.
+  bool InitHere(const Shard& shard, const wire::Header& init) const;
   // Whether replacement `rank` answers for `key` once it has its place back.
   bool MovesTo(const Shard& shard, const StoredKey& key, int rank) const;
   // One copy: sends a new slice to a replacement that will answer for it.
@@ -373,6 +375,7 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> replica_resends_{0};
   std::atomic<uint64_t> transfers_sent_{0};
   std::atomic<uint64_t> slices_handed_back_{0};
+  std::atomic<uint64_t> moved_away_{0};
   uint64_t handback_seen_ = 0;  // the last epoch taken; Handle's thread only
   std::atomic<uint64_t> transfer_bytes_sent_{0};
   // A replacement's catch-up (StartCatchUp).

@@ -84,9 +84,10 @@
 // only to a server it is moving the slice to (a transfer in flight or held),
 // whose answers count once it holds the slice. A server that joins catches
 // up as a replacement does, on the slices it will answer for only
-// (MovesTo), and takes them in a hand-back; the old primary keeps a stale
-// copy that no update reaches (a later transfer with a higher replica_seq
-// replaces it). A server leaves (SIGTERM) in a hand-back marked `leave`: it
+// (MovesTo), and takes them in a hand-back; the old primary then drops its
+// copy (a request for it that still comes is dropped: the worker sends it
+// to the new primary), and takes an init only for a slice it answers for.
+// A server leaves (SIGTERM) in a hand-back marked `leave`: it
 // sends each slice it answers for to the server that answers for it without
 // it, stops it at its round boundary, and reports once that server holds the
 // slice and every update; then the scheduler marks it left. An init of a

@@ -457,6 +457,9 @@ class ElasticClusterTest(base.ClusterTestBase):
             m = re.search(r'\[added server %d\] .*pushes applied (\d+)' % i, added_out)
             self.assertIsNotNone(m, added_out)
             self.assertGreater(int(m.group(1)), 0, added_out)
+        # What they gave to the added servers they dropped (memory given back).
+        self.assertRegex(out, r'\[server [01]\] .*key slice\(s\) of this server\'s moved to '
+                              r'the server that joined \(this server drops its copy\)')
         self.assertNotIn('declared dead', out + added_out)
         self.assertNotIn('fail over', out + added_out)
         self.assert_soak_checksums_agree(out, 2)

@@ -865,6 +865,112 @@ TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
       << made->header.status().message();
 }
 
+// One copy: rank 1 has no server, so rank 0 answers for key 7 (placed on
+// rank 1) as well as for its own key 9. A server joins at rank 1: it is sent
+// key 7 only, takes it at a hand-back, and rank 0 drops its copy (a request
+// that still comes is dropped: its worker sends it to rank 1). Rank 1 then
+// answers with a single server's bits.
+TEST_F(ReplicationTest,
+       OneCopyJoinerGetsOnlyItsSlicesAndTheOldServerDropsThem) {
+  Box spare(1);
+  std::vector<ServerState> states(2);
+  states[1].dead = true;  // no server yet
+  for (Box* b : {&primary_, &spare}) {
+    b->server().set_replication(b == &primary_ ? 0 : 1, 2, 2, absl::Seconds(30),
+                                /*single_copy=*/true);
+    b->server().UpdateServers(states);
+  }
+  primary_.server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  primary_.server().Handle(Init({1, 2, 3}, /*replica=*/1, true));
+  Message own = Init({5, 6}, /*replica=*/0, true);
+  own.header.mutable_slice()->set_key(9);
+  own.header.mutable_slice()->set_length(2);
+  own.header.mutable_slice()->set_total_length(2);
+  primary_.server().Handle(std::move(own));
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  ASSERT_TRUE(primary_.NextReply().has_value());
+  KVServer reference(kWorkers, 1, [&](int, Message m) {
+    absl::MutexLock lock(&ref_mu_);
+    if (!m.header.ack_only()) ref_replies_.push_back(std::move(m));
+    return absl::OkStatus();
+  });
+  reference.Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
+  reference.Handle(Init({1, 2, 3}, 0, true));
+  auto push_both = [&](KVServer& to, int rank, uint64_t seq,
+                       const std::vector<float>& g) {
+    to.Handle(Push(rank, seq, g));
+    reference.Handle(Push(rank, seq, g));
+  };
+  push_both(primary_.server(), 0, 0, {1, 1, 1});
+  push_both(primary_.server(), 1, 0, {0.5f, 2, 4});
+  EXPECT_EQ(primary_.RepliesNow(), 2u);
+  EXPECT_FALSE(primary_.NextToServer(absl::Milliseconds(50)).has_value());
+
+  // The joiner catches up: one slice, key 7 (key 9 stays on rank 0).
+  states[1] = ServerState{false, true, 1};
+  for (Box* b : {&primary_, &spare}) b->server().UpdateServers(states);
+  CatchUp c;
+  StartCatchUp(spare, c, states);
+  EXPECT_EQ(CarryUntilCaughtUp(spare, c), 1);
+  while (std::optional<Message> m = spare.NextToServer(absl::Milliseconds(50)))
+    primary_.server().Handle(*std::move(m));  // its answer to the transfer
+  states[1].catching_up = false;
+  for (Box* b : {&primary_, &spare}) b->server().UpdateServers(states);
+  std::atomic<uint64_t> ready{0};
+  primary_.server().HandBack(1, /*epoch=*/1,
+                             [&](uint64_t epoch) { ready.store(epoch); });
+  for (int i = 0; i < 100 && ready.load() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(ready.load(), 1u);
+
+  // The table: rank 1 has its place. Rank 0 drops key 7.
+  states[1].restored = true;
+  for (Box* b : {&primary_, &spare}) b->server().UpdateServers(states);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(primary_.server().stats().moved_away_slices(), 1u);
+  primary_.server().Handle(Push(0, 1, {2, 2, 2}));
+  primary_.server().Handle(Pull(1, 1, 3));
+  EXPECT_EQ(primary_.RepliesNow(), 2u);  // dropped, not answered
+  push_both(spare.server(), 0, 1, {2, 2, 2});
+  push_both(spare.server(), 1, 1, {1, 0, -1});
+  spare.server().Handle(Pull(0, 2, 3));
+  reference.Handle(Pull(0, 2, 3));
+  std::optional<Message> pulled;
+  for (int i = 0; i < 5 && !pulled; ++i) {
+    std::optional<Message> r = spare.NextReply();
+    ASSERT_TRUE(r.has_value());
+    if (r->header.command() == wire::KV_PULL) pulled = std::move(r);
+  }
+  ASSERT_TRUE(pulled.has_value());
+  std::vector<float> want;
+  for (int i = 0; i < 100 && want.empty(); ++i) {
+    {
+      absl::MutexLock lock(&ref_mu_);
+      for (const Message& m : ref_replies_)
+        if (m.header.command() == wire::KV_PULL) want = ValuesOf(m);
+    }
+    if (want.empty()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(want.size(), 3u);
+  EXPECT_EQ(ValuesOf(*pulled), want);
+  // Rank 0 still answers for its own key.
+  Message pull9 = Pull(0, 0, 2);
+  pull9.header.mutable_slice()->set_key(9);
+  pull9.header.mutable_slice()->set_length(2);
+  pull9.header.mutable_slice()->set_total_length(2);
+  primary_.server().Handle(std::move(pull9));
+  std::optional<Message> r9;
+  for (int i = 0; i < 5 && !r9; ++i) {
+    std::optional<Message> r = primary_.NextReply();
+    ASSERT_TRUE(r.has_value());
+    if (r->header.command() == wire::KV_PULL) r9 = std::move(r);
+  }
+  ASSERT_TRUE(r9.has_value());
+  EXPECT_EQ(r9->header.slice().key(), 9u);
+  EXPECT_EQ(ValuesOf(*r9), (std::vector<float>{5, 6}));
+}
+
 TEST_F(ReplicationTest, ABackupBehindWhatIsKeptGetsTheSliceWhole) {
   SetUpChain(/*sync=*/true);
   primary_.server().Handle(Push(0, 0, {1, 1, 1}));
