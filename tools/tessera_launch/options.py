@@ -136,9 +136,10 @@ def build_parser():
                    'joins and away from one that leaves on SIGTERM '
                    '(docs/faults.md, "Servers join")')
     p.add_argument('--add-servers', type=_int_arg(1, 'a positive integer'), default=None,
-                   metavar='N', help='add N servers to a running replicated job instead of '
-                   'starting one: needs --join FILE, the job file that job named when it '
-                   'started; each takes a server rank that has no live server')
+                   metavar='N', help='add N servers to a running job (replicated, or '
+                   'started with --max-servers) instead of starting one: needs --join '
+                   'FILE, the job file that job named when it started; each takes a '
+                   'server rank that has no live server')
     p.add_argument('--elastic', default=None, metavar='MIN:MAX',
                    help='an elastic job (TESSERA_ELASTIC): a worker that dies or leaves '
                    '(SIGTERM: after its step) no longer ends the job while at least MIN '
@@ -227,7 +228,7 @@ def parse_args(argv):
                              'launch.py of its own)')
         if not args.join:
             raise UsageError('--add-servers N and --join FILE go together (N servers join '
-                             'the running replicated job of the job file FILE)')
+                             'the running job of the job file FILE)')
         if args.command:
             raise UsageError('--add-servers: no COMMAND (the servers run the job\'s '
                              'tessera-server, which the job file names)')
