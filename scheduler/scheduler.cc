@@ -1729,34 +1729,11 @@ void Scheduler::RetryHandback(absl::Time now) {
 void Scheduler::MaybeHandBack() {
   if (ended_ || handback_ || options_.chain_length() < 2) return;
   for (const auto& [id, n] : nodes_) {
-    if (n.role() != wire::SERVER || n.dead() || n.catching_up() ||
-        n.joined() == 0 || n.restored()) {
-      continue;
+    if (n.role() == wire::SERVER && !n.dead() && !n.catching_up() &&
+        n.joined() != 0 && !n.restored()) {
+      StartHandback(id, /*leave=*/false);
+      return;
     }
-    Handback h;
-    h.id = id;
-    h.epoch = ++handback_epochs_;
-    h.started = absl::Now();
-    Message notice;
-    notice.header.set_command(wire::HANDBACK);
-    notice.header.set_handback_rank(n.rank());
-    notice.header.set_handback_epoch(h.epoch);
-    for (const auto& [peer, other] : nodes_) {
-      // A replacement still catching up answers for nothing: no part.
-      if (peer == id || other.role() != wire::SERVER || other.dead() ||
-          other.catching_up()) {
-        continue;
-      }
-      h.waiting.insert(peer);
-      SendNotice(peer, notice);
-    }
-    TESSERA_VLOG(1) << "hand-back " << h.epoch << ": " << Describe(n)
-                    << " takes back its place; waiting for " << h.waiting.size()
-                    << " server(s)";
-    const bool none = h.waiting.empty();
-    handback_ = std::move(h);
-    if (none) HandbackDone(-1, handback_->epoch);
-    return;
   }
   // One copy: a leave, once no server is catching up (one at a time, after
   // the replacements' hand-backs).
@@ -1764,32 +1741,44 @@ void Scheduler::MaybeHandBack() {
     if (n.role() == wire::SERVER && !n.dead() && n.catching_up()) return;
   }
   for (auto it = leaving_.begin(); it != leaving_.end();) {
-    const wire::NodeInfo& n = nodes_[it->first];
-    if (n.dead()) {
+    if (nodes_[it->first].dead()) {
       it = leaving_.erase(it);  // died meanwhile: the job ended
       continue;
     }
-    Handback h;
-    h.id = it->first;
-    h.leave = true;
-    h.epoch = ++handback_epochs_;
-    h.started = absl::Now();
-    Message notice;
-    notice.header.set_command(wire::HANDBACK);
-    notice.header.set_handback_rank(n.rank());
-    notice.header.set_handback_epoch(h.epoch);
-    notice.header.set_handback_leave(true);
-    for (const auto& [peer, other] : nodes_) {
-      if (other.role() != wire::SERVER || other.dead()) continue;
-      h.waiting.insert(peer);  // the leaver too: it sends its slices
-      SendNotice(peer, notice);
-    }
-    TESSERA_VLOG(1) << "leave " << h.epoch << ": " << Describe(n)
-                    << " moves its key slices; waiting for " << h.waiting.size()
-                    << " server(s)";
-    handback_ = std::move(h);
+    StartHandback(it->first, /*leave=*/true);
     return;
   }
+}
+
+void Scheduler::StartHandback(int id, bool leave) {
+  const wire::NodeInfo& n = nodes_[id];
+  Handback h;
+  h.id = id;
+  h.leave = leave;
+  h.epoch = ++handback_epochs_;
+  h.started = absl::Now();
+  Message notice;
+  notice.header.set_command(wire::HANDBACK);
+  notice.header.set_handback_rank(n.rank());
+  notice.header.set_handback_epoch(h.epoch);
+  notice.header.set_handback_leave(leave);
+  for (const auto& [peer, other] : nodes_) {
+    // A replacement still catching up answers for nothing: no part; nor has
+    // the rank taking back its place, but a leaver has (it sends its slices).
+    if ((peer == id && !leave) || other.role() != wire::SERVER ||
+        other.dead() || other.catching_up()) {
+      continue;
+    }
+    h.waiting.insert(peer);
+    SendNotice(peer, notice);
+  }
+  TESSERA_VLOG(1) << (leave ? "leave " : "hand-back ") << h.epoch << ": "
+                  << Describe(n)
+                  << (leave ? " moves its key slices" : " takes back its place")
+                  << "; waiting for " << h.waiting.size() << " server(s)";
+  const bool none = h.waiting.empty();
+  handback_ = std::move(h);
+  if (none) HandbackDone(-1, handback_->epoch);
 }
 
 void Scheduler::HandbackDone(int sender, uint64_t epoch) {

@@ -164,6 +164,9 @@ class Scheduler {
   // notice to every other live server. A server change (death, leave,
   // replacement, catch-up) gives up the one running first (`GiveUpHandback`).
   void MaybeHandBack();
+  // Sends the notices of a hand-back of server `id` (or with `leave`, its
+  // leave) and waits for the servers' reports.
+  void StartHandback(int id, bool leave);
   void GiveUpHandback();
   // A hand-back running for options.handback_retry: logged, naming the
   // servers it waits for, and started again (GiveUpHandback, MaybeHandBack).

@@ -631,6 +631,21 @@ except OSError as e:
 '''
 
 
+def join_then_leave(added, left):
+    """An on_poll for faulted_run: after the first worker's round 5 a server
+    (TESSERA_SPARE=1) is added in server 0's host, appended to `added`; once it
+    answers for slices of its own, server 0 gets SIGTERM (appended to `left`)."""
+    def poll(job):
+        if not added and 'round 5 done' in job.workers()[0].output():
+            added.append(job.add_server(1, 'added server', {'TESSERA_SPARE': '1'}))
+        if added and not left and 'hand-back: this server answers for' in \
+                added[0].output():
+            leaver = [p for p in job.procs if p.label == 'server 0'][0]
+            os.kill(leaver.pid, signal.SIGTERM)
+            left.append(leaver)
+    return poll
+
+
 class NetFaultTest(unittest.TestCase):
 
     BASELINE = None  # (results, job seconds), from the first fault-free run
@@ -845,19 +860,10 @@ class NetFaultTest(unittest.TestCase):
         # checksums as the fault-free run; every process exits 0.
         added = []
         left = []
-
-        def start_server(job):
-            if not added and 'round 5 done' in job.workers()[0].output():
-                added.append(job.add_server(1, 'added server', {'TESSERA_SPARE': '1'}))
-            if added and not left and 'hand-back: this server answers for' in \
-                    added[0].output():
-                leaver = [p for p in job.procs if p.label == 'server 0'][0]
-                os.kill(leaver.pid, signal.SIGTERM)
-                left.append(leaver)
         job = self.faulted_run({'TESSERA_REPLICAS': '2',
                                 'TESSERA_MAX_SERVERS': str(NUM_SERVERS + 1),
                                 'SOAK_PRINT_ROUNDS': '1'},
-                               on_poll=start_server)
+                               on_poll=join_then_leave(added, left))
         self.assertEqual(len(added), 1, job.report())
         out = added[0].output()
         self.assertRegex(out, r'caught up: \d+ key slice\(s\)', job.report())
@@ -911,18 +917,9 @@ class NetFaultTest(unittest.TestCase):
         # exits 0.
         added = []
         left = []
-
-        def join_then_leave(job):
-            if not added and 'round 5 done' in job.workers()[0].output():
-                added.append(job.add_server(1, 'added server', {'TESSERA_SPARE': '1'}))
-            if added and not left and 'hand-back: this server answers for' in \
-                    added[0].output():
-                leaver = [p for p in job.procs if p.label == 'server 0'][0]
-                os.kill(leaver.pid, signal.SIGTERM)
-                left.append(leaver)
         job = self.faulted_run({'TESSERA_MAX_SERVERS': str(NUM_SERVERS + 1),
                                 'SOAK_PRINT_ROUNDS': '1'},
-                               on_poll=join_then_leave)
+                               on_poll=join_then_leave(added, left))
         self.assertEqual(len(added), 1, job.report())
         self.assertRegex(added[0].output(), r'hand-back: this server answers for \d+ key '
                                             r'slice\(s\) moved to it', job.report())

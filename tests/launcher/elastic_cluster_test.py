@@ -166,6 +166,43 @@ class ElasticClusterTest(base.ClusterTestBase):
             time.sleep(0.02)
         self.fail('the scheduler\'s metrics never matched %r' % pattern)
 
+    def adding_servers(self, metrics_port, count, adder):
+        """An act for run_acting_on_each on the job's `--add-servers N --join FILE`
+        line: once the job formed (and 2 s more), starts launch.py --add-servers
+        `count` --join FILE, appended to `adder`."""
+        def act(m):
+            self.wait_formed(metrics_port)
+            time.sleep(2)
+            adder.append(subprocess.Popen(
+                [sys.executable, base.LAUNCH, '--add-servers', str(count), '--join',
+                 m.group(1)],
+                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        return act
+
+    def signalling_server(self, task_id, sig=signal.SIGTERM):
+        """An act for run_acting_on_each: sends `sig` to launch.py's server
+        `task_id`."""
+        def act(m):
+            pid = node_pid(self.mark, 'server', task_id)
+            self.assertIsNotNone(pid, 'server %d is not running' % task_id)
+            sys.stderr.write('%s to server %d (pid %d)\n'
+                             % (signal.Signals(sig).name, task_id, pid))
+            os.kill(pid, sig)
+        return act
+
+    def adder_output(self, adder, out):
+        """The output of the one adding launch.py in `adder`, which must end 0
+        within 60 s (`out`: the job's, for the failure message)."""
+        self.assertEqual(len(adder), 1, out)
+        try:
+            added_out, _ = adder[0].communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            adder[0].kill()
+            added_out, _ = adder[0].communicate()
+            self.fail('launch.py --add-servers did not end:\n' + added_out)
+        self.assertEqual(adder[0].returncode, 0, added_out + out)
+        return added_out
+
     def test_worker_started_by_hand_joins_an_elastic_soak_and_its_pushes_count(self):
         # A job of 2 workers with --elastic 2:3 and the user's keys (TESSERA_KEY_DIR);
         # a third kv_check_worker started by hand with those keys and the
@@ -273,17 +310,7 @@ class ElasticClusterTest(base.ClusterTestBase):
         # and serves on. The job ends 0 with equal checksums: no push was lost or
         # applied twice.
         self.env.update(TESSERA_BIGARRAY_BOUND='1000', SOAK_PRINT_ROUNDS='1')
-        pids = {}
-
-        def sigterm(task_id):
-            def act(m):
-                pid = node_pid(self.mark, 'server', task_id)
-                self.assertIsNotNone(pid, 'server %d is not running' % task_id)
-                pids[task_id] = pid
-                sys.stderr.write('SIGTERM to server %d (pid %d)\n' % (task_id, pid))
-                os.kill(pid, signal.SIGTERM)
-            return act
-
+        sigterm = self.signalling_server
         code, out = self.run_acting_on_each(
             ['-n', '2', '-s', '3', '--replicas', '2', CHECK_WORKER, 'soak', '250', '10'],
             [(r'^\[worker \d\] round 40 done at', sigterm(1)),
@@ -320,13 +347,6 @@ class ElasticClusterTest(base.ClusterTestBase):
                         TESSERA_START_TIMEOUT='2')
         adder = []
 
-        def add(m):
-            self.wait_formed(metrics)
-            time.sleep(3)
-            adder.append(subprocess.Popen(
-                [sys.executable, base.LAUNCH, '--add-servers', '2', '--join', m.group(1)],
-                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-
         def sigterm(m):
             pid = node_pid(self.mark, 'server', 0)
             self.assertIsNotNone(pid, 'server 0 is not running')
@@ -336,19 +356,13 @@ class ElasticClusterTest(base.ClusterTestBase):
         code, out = self.run_acting_on_each(
             ['-n', '2', '-s', '2', '--replicas', '2', '--max-servers', '4',
              '--metrics-port', str(metrics), CHECK_WORKER, 'soak', '600', '20'],
-            [(r'to add servers while it runs: launch.py --add-servers N --join (\S+)$', add),
+            [(r'to add servers while it runs: launch.py --add-servers N --join (\S+)$',
+              self.adding_servers(metrics, 2, adder)),
              (r'\[scheduler\] .*\(replacement 2, hand-back in [^)]*\): it answers for '
               r'the slices of rank [13] again', sigterm)],
             timeout=180)
-        self.assertEqual(len(adder), 1, out)
-        try:
-            added_out, _ = adder[0].communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            adder[0].kill()
-            added_out, _ = adder[0].communicate()
-            self.fail('launch.py --add-servers did not end:\n' + added_out)
+        added_out = self.adder_output(adder, out)
         self.assertEqual(code, 0, out + added_out)
-        self.assertEqual(adder[0].returncode, 0, added_out + out)
         self.assertIn('replicated job (TESSERA_REPLICAS=2, 2 of 4 server rank(s) with a '
                       'server)', out)
         self.assertRegex(out, r'\[scheduler\] .*job formed with 2 of at most 4 server\(s\) '
@@ -399,40 +413,19 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.env.update(TESSERA_BIGARRAY_BOUND='1000', SOAK_PRINT_ROUNDS='1',
                         TESSERA_START_TIMEOUT='2')
         adder = []
-
-        def add(m):
-            self.wait_formed(metrics)
-            time.sleep(2)
-            adder.append(subprocess.Popen(
-                [sys.executable, base.LAUNCH, '--add-servers', '2', '--join', m.group(1)],
-                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-
-        def sigterm(task_id):
-            def act(m):
-                pid = node_pid(self.mark, 'server', task_id)
-                self.assertIsNotNone(pid, 'server %d is not running' % task_id)
-                sys.stderr.write('SIGTERM to server %d (pid %d)\n' % (task_id, pid))
-                os.kill(pid, signal.SIGTERM)
-            return act
-
+        sigterm = self.signalling_server
         code, out = self.run_acting_on_each(
             ['-n', '2', '-s', '2', '--max-servers', '4', '--metrics-port', str(metrics),
              CHECK_WORKER, 'soak', '700', '20'],
-            [(r'to add servers while it runs: launch.py --add-servers N --join (\S+)$', add),
+            [(r'to add servers while it runs: launch.py --add-servers N --join (\S+)$',
+              self.adding_servers(metrics, 2, adder)),
              (r'\[scheduler\] .*answers for the key slices moved to it \(server [13] of 4, '
               r'replacement 2,', sigterm(0)),
              (r'\[scheduler\] .*left the job \(it said goodbye; its key slices moved in',
               sigterm(1))],
             timeout=180)
-        self.assertEqual(len(adder), 1, out)
-        try:
-            added_out, _ = adder[0].communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            adder[0].kill()
-            added_out, _ = adder[0].communicate()
-            self.fail('launch.py --add-servers did not end:\n' + added_out)
+        added_out = self.adder_output(adder, out)
         self.assertEqual(code, 0, out + added_out)
-        self.assertEqual(adder[0].returncode, 0, added_out + out)
         self.assertIn('job with one copy of each key slice (TESSERA_MAX_SERVERS=4, 2 of 4 '
                       'server rank(s) with a server); to add servers', out)
         self.assertRegex(out, r'\[scheduler\] .*job formed with 2 of at most 4 server\(s\) '
@@ -473,15 +466,7 @@ class ElasticClusterTest(base.ClusterTestBase):
         # the job non-zero, saying so.
         self.env.update(TESSERA_BIGARRAY_BOUND='1000', SOAK_PRINT_ROUNDS='1',
                         PS_HEARTBEAT_INTERVAL='0.5', PS_HEARTBEAT_TIMEOUT='2')
-
-        def signal_server(task_id, sig):
-            def act(m):
-                pid = node_pid(self.mark, 'server', task_id)
-                self.assertIsNotNone(pid, 'server %d is not running' % task_id)
-                sys.stderr.write('%s to server %d (pid %d)\n'
-                                 % (signal.Signals(sig).name, task_id, pid))
-                os.kill(pid, sig)
-            return act
+        signal_server = self.signalling_server
 
         code, out = self.run_acting_on_each(
             ['-n', '2', '-s', '2', '--max-servers', '2', CHECK_WORKER, 'soak', '3000', '10'],

@@ -213,10 +213,53 @@ class ReplicationTest : public ::testing::Test {
     return transfers;
   }
 
+  // The reference: one server without replicas (SGD lr = -1, momentum
+  // 0.5, key 7 = {1, 2, 3}), given the same pushes (PushBoth): its pulls are
+  // the bits a replicated or moved slice must give.
+  void StartReference() {
+    reference_ = std::make_unique<KVServer>(kWorkers, 1, [&](int, Message m) {
+      absl::MutexLock lock(&ref_mu_);
+      if (!m.header.ack_only()) ref_replies_.push_back(std::move(m));
+      return absl::OkStatus();
+    });
+    reference_->Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
+    reference_->Handle(Init({1, 2, 3}, 0, true));
+  }
+  void PushBoth(KVServer& to, int rank, uint64_t seq,
+                const std::vector<float>& g) {
+    to.Handle(Push(rank, seq, g));
+    reference_->Handle(Push(rank, seq, g));
+  }
+  // The reference's answer to a pull of key 7 by `rank` after `seq` pushes.
+  std::vector<float> ReferencePull(int rank, uint64_t seq) {
+    reference_->Handle(Pull(rank, seq, 3));
+    std::vector<float> values;
+    for (int i = 0; i < 200 && values.empty(); ++i) {
+      {
+        absl::MutexLock lock(&ref_mu_);
+        for (const Message& m : ref_replies_)
+          if (m.header.command() == wire::KV_PULL) values = ValuesOf(m);
+      }
+      if (values.empty()) absl::SleepFor(absl::Milliseconds(10));
+    }
+    return values;
+  }
+  // The next of `box`'s replies to a worker that answers `cmd` (up to five
+  // replies are skipped).
+  static std::optional<Message> NextReplyTo(Box& box, wire::Command cmd) {
+    for (int i = 0; i < 5; ++i) {
+      std::optional<Message> r = box.NextReply();
+      if (!r.has_value()) break;
+      if (r->header.command() == cmd) return r;
+    }
+    return std::nullopt;
+  }
+
   Box primary_{0};
   Box backup_{1};
   absl::Mutex ref_mu_;
   std::vector<Message> ref_replies_ ABSL_GUARDED_BY(ref_mu_);
+  std::unique_ptr<KVServer> reference_;  // after what its callback uses
 };
 
 TEST_F(ReplicationTest, PushesAreAnsweredOnlyOnceTheBackupHoldsTheUpdate) {
@@ -583,25 +626,13 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   primary_.server().Handle(Init({1, 2, 3}, /*replica=*/1, true));
   ASSERT_TRUE(backup_.NextReply().has_value());
   ASSERT_TRUE(primary_.NextReply().has_value());
-  // The reference: one server without replicas, the same pushes.
-  KVServer reference(kWorkers, 1, [&](int, Message m) {
-    absl::MutexLock lock(&ref_mu_);
-    if (!m.header.ack_only()) ref_replies_.push_back(std::move(m));
-    return absl::OkStatus();
-  });
-  reference.Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
-  reference.Handle(Init({1, 2, 3}, 0, true));
-  auto push_all = [&](KVServer& to, int rank, uint64_t seq,
-                      const std::vector<float>& g) {
-    to.Handle(Push(rank, seq, g));
-    reference.Handle(Push(rank, seq, g));
-  };
+  StartReference();
 
   // Rank 1 dies: rank 0 answers; round 0 there.
   primary_.server().ServerDied(1);
   absl::SleepFor(absl::Milliseconds(20));
-  push_all(primary_.server(), 0, 0, {0.1f, 1, 1});
-  push_all(primary_.server(), 1, 0, {0.2f, 0, 4});
+  PushBoth(primary_.server(), 0, 0, {0.1f, 1, 1});
+  PushBoth(primary_.server(), 1, 0, {0.2f, 0, 4});
   ASSERT_TRUE(primary_.NextReply().has_value());
   ASSERT_TRUE(primary_.NextReply().has_value());
 
@@ -628,15 +659,15 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
 
   // Round 1 is open (one push of two) when the hand-back starts: rank 0's
   // part waits for the round and for the replacement to hold its update.
-  push_all(primary_.server(), 0, 1, {0.3f, 1, 1});
+  PushBoth(primary_.server(), 0, 1, {0.3f, 1, 1});
   std::atomic<uint64_t> ready{0};
   primary_.server().HandBack(1, /*epoch=*/1,
                              [&](uint64_t epoch) { ready.store(epoch); });
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(ready.load(), 0u);
-  push_all(primary_.server(), 1, 1, {0.7f, 2, 2});
+  PushBoth(primary_.server(), 1, 1, {0.7f, 2, 2});
   // Round 2's first push comes past the boundary: held, not taken.
-  push_all(primary_.server(), 0, 2, {0.5f, 1, 1});
+  PushBoth(primary_.server(), 0, 2, {0.5f, 1, 1});
   std::optional<Message> update = primary_.NextToServer();
   ASSERT_TRUE(update.has_value());
   ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
@@ -682,7 +713,7 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   spare.server().UpdateServers(states);
   absl::SleepFor(absl::Milliseconds(20));
   spare.server().Handle(Push(0, 2, {0.5f, 1, 1}));
-  push_all(spare.server(), 1, 2, {0.25f, 1, 1});
+  PushBoth(spare.server(), 1, 2, {0.25f, 1, 1});
   update = spare.NextToServer();
   ASSERT_TRUE(update.has_value());
   ASSERT_EQ(update->header.command(), wire::KV_REPLICATE);
@@ -701,22 +732,13 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   spare.server().Handle(Pull(0, 3, 3));
   std::optional<Message> pulled = spare.NextReply();
   ASSERT_TRUE(pulled.has_value());
-  reference.Handle(Pull(0, 3, 3));
-  std::vector<float> expected;
-  for (int i = 0; i < 200 && expected.empty(); ++i) {
-    {
-      absl::MutexLock lock(&ref_mu_);
-      for (const Message& m : ref_replies_)
-        if (m.header.command() == wire::KV_PULL) expected = ValuesOf(m);
-    }
-    if (expected.empty()) absl::SleepFor(absl::Milliseconds(10));
-  }
+  const std::vector<float> expected = ReferencePull(0, 3);
   ASSERT_EQ(expected.size(), 3u);
   EXPECT_EQ(ValuesOf(*pulled), expected);
   EXPECT_EQ(spare.server().stats().rounds_applied(), 1u);  // round 2
   EXPECT_EQ(spare.server().stats().promoted_slices(), 1u);
   EXPECT_EQ(primary_.server().stats().replica_updates(), 1u);
-  reference.Stop();
+  reference_->Stop();
 
   // Rank 1 dies now: rank 0 answers with the same bits, and the push of key
   // 7 it held since the boundary is a duplicate (rank 1's update counted
@@ -762,27 +784,16 @@ TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
   }
   primary_.server().Handle(Init({1, 2, 3}, /*replica=*/0, true));
   ASSERT_TRUE(primary_.NextReply().has_value());
-  KVServer reference(kWorkers, 1, [&](int, Message m) {
-    absl::MutexLock lock(&ref_mu_);
-    if (!m.header.ack_only()) ref_replies_.push_back(std::move(m));
-    return absl::OkStatus();
-  });
-  reference.Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
-  reference.Handle(Init({1, 2, 3}, 0, true));
-  auto push_both = [&](KVServer& to, int rank, uint64_t seq,
-                       const std::vector<float>& g) {
-    to.Handle(Push(rank, seq, g));
-    reference.Handle(Push(rank, seq, g));
-  };
+  StartReference();
 
   // Round 0: answered at once, nothing sent to the other server.
-  push_both(primary_.server(), 0, 0, {1, 1, 1});
-  push_both(primary_.server(), 1, 0, {0.5f, 2, 4});
+  PushBoth(primary_.server(), 0, 0, {1, 1, 1});
+  PushBoth(primary_.server(), 1, 0, {0.5f, 2, 4});
   EXPECT_EQ(primary_.RepliesNow(), 2u);
   EXPECT_FALSE(primary_.NextToServer(absl::Milliseconds(50)).has_value());
 
   // Round 1 opens; rank 0 leaves: its slice goes to rank 1 now.
-  push_both(primary_.server(), 0, 1, {2, 2, 2});
+  PushBoth(primary_.server(), 0, 1, {2, 2, 2});
   std::atomic<uint64_t> ready{0};
   primary_.server().HandBack(
       0, /*epoch=*/1, [&](uint64_t epoch) { ready.store(epoch); },
@@ -811,14 +822,14 @@ TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
 
   // The round completes: its update goes to rank 1, which now holds the
   // slice, and the answers wait for it; then the part is done.
-  push_both(primary_.server(), 1, 1, {1, 0, -1});
+  PushBoth(primary_.server(), 1, 1, {1, 0, -1});
   EXPECT_EQ(primary_.RepliesNow(), 2u);
   DeliverUpdateAndAnswer();
   EXPECT_EQ(primary_.RepliesNow(), 4u);
   for (int i = 0; i < 100 && ready.load() == 0; ++i)
     absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(ready.load(), 1u);
-  push_both(primary_.server(), 0, 2, {4, 4, 4});
+  PushBoth(primary_.server(), 0, 2, {4, 4, 4});
   EXPECT_EQ(primary_.RepliesNow(), 4u);  // held: the slice has moved
 
   // The table: rank 0 left. Rank 1 answers, with the pushes sent again.
@@ -826,25 +837,11 @@ TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
   states[0].dead = true;
   backup_.server().UpdateServers(states);
   backup_.server().Handle(Push(0, 2, {4, 4, 4}));
-  push_both(backup_.server(), 1, 2, {0, 1, 0});
+  PushBoth(backup_.server(), 1, 2, {0, 1, 0});
   backup_.server().Handle(Pull(0, 3, 3));
-  reference.Handle(Pull(0, 3, 3));
-  std::optional<Message> pulled;
-  for (int i = 0; i < 5 && !pulled; ++i) {
-    std::optional<Message> r = backup_.NextReply();
-    ASSERT_TRUE(r.has_value());
-    if (r->header.command() == wire::KV_PULL) pulled = std::move(r);
-  }
+  std::optional<Message> pulled = NextReplyTo(backup_, wire::KV_PULL);
   ASSERT_TRUE(pulled.has_value());
-  std::vector<float> want;
-  for (int i = 0; i < 100 && want.empty(); ++i) {
-    {
-      absl::MutexLock lock(&ref_mu_);
-      for (const Message& m : ref_replies_)
-        if (m.header.command() == wire::KV_PULL) want = ValuesOf(m);
-    }
-    if (want.empty()) absl::SleepFor(absl::Milliseconds(10));
-  }
+  const std::vector<float> want = ReferencePull(0, 3);
   ASSERT_EQ(want.size(), 3u);
   EXPECT_EQ(ValuesOf(*pulled), want);
   EXPECT_EQ(backup_.server().stats().promoted_slices(), 1u);
@@ -854,12 +851,7 @@ TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
   again.header.mutable_slice()->set_length(2);
   again.header.mutable_slice()->set_total_length(2);
   backup_.server().Handle(std::move(again));
-  std::optional<Message> made;
-  for (int i = 0; i < 5 && !made; ++i) {
-    std::optional<Message> r = backup_.NextReply();
-    ASSERT_TRUE(r.has_value());
-    if (r->header.command() == wire::KV_INIT) made = std::move(r);
-  }
+  std::optional<Message> made = NextReplyTo(backup_, wire::KV_INIT);
   ASSERT_TRUE(made.has_value());
   EXPECT_TRUE(FromWire(made->header.status()).ok())
       << made->header.status().message();
@@ -890,20 +882,9 @@ TEST_F(ReplicationTest,
   primary_.server().Handle(std::move(own));
   ASSERT_TRUE(primary_.NextReply().has_value());
   ASSERT_TRUE(primary_.NextReply().has_value());
-  KVServer reference(kWorkers, 1, [&](int, Message m) {
-    absl::MutexLock lock(&ref_mu_);
-    if (!m.header.ack_only()) ref_replies_.push_back(std::move(m));
-    return absl::OkStatus();
-  });
-  reference.Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
-  reference.Handle(Init({1, 2, 3}, 0, true));
-  auto push_both = [&](KVServer& to, int rank, uint64_t seq,
-                       const std::vector<float>& g) {
-    to.Handle(Push(rank, seq, g));
-    reference.Handle(Push(rank, seq, g));
-  };
-  push_both(primary_.server(), 0, 0, {1, 1, 1});
-  push_both(primary_.server(), 1, 0, {0.5f, 2, 4});
+  StartReference();
+  PushBoth(primary_.server(), 0, 0, {1, 1, 1});
+  PushBoth(primary_.server(), 1, 0, {0.5f, 2, 4});
   EXPECT_EQ(primary_.RepliesNow(), 2u);
   EXPECT_FALSE(primary_.NextToServer(absl::Milliseconds(50)).has_value());
 
@@ -932,26 +913,12 @@ TEST_F(ReplicationTest,
   primary_.server().Handle(Push(0, 1, {2, 2, 2}));
   primary_.server().Handle(Pull(1, 1, 3));
   EXPECT_EQ(primary_.RepliesNow(), 2u);  // dropped, not answered
-  push_both(spare.server(), 0, 1, {2, 2, 2});
-  push_both(spare.server(), 1, 1, {1, 0, -1});
+  PushBoth(spare.server(), 0, 1, {2, 2, 2});
+  PushBoth(spare.server(), 1, 1, {1, 0, -1});
   spare.server().Handle(Pull(0, 2, 3));
-  reference.Handle(Pull(0, 2, 3));
-  std::optional<Message> pulled;
-  for (int i = 0; i < 5 && !pulled; ++i) {
-    std::optional<Message> r = spare.NextReply();
-    ASSERT_TRUE(r.has_value());
-    if (r->header.command() == wire::KV_PULL) pulled = std::move(r);
-  }
+  std::optional<Message> pulled = NextReplyTo(spare, wire::KV_PULL);
   ASSERT_TRUE(pulled.has_value());
-  std::vector<float> want;
-  for (int i = 0; i < 100 && want.empty(); ++i) {
-    {
-      absl::MutexLock lock(&ref_mu_);
-      for (const Message& m : ref_replies_)
-        if (m.header.command() == wire::KV_PULL) want = ValuesOf(m);
-    }
-    if (want.empty()) absl::SleepFor(absl::Milliseconds(10));
-  }
+  const std::vector<float> want = ReferencePull(0, 2);
   ASSERT_EQ(want.size(), 3u);
   EXPECT_EQ(ValuesOf(*pulled), want);
   // Rank 0 still answers for its own key.
@@ -960,12 +927,7 @@ TEST_F(ReplicationTest,
   pull9.header.mutable_slice()->set_length(2);
   pull9.header.mutable_slice()->set_total_length(2);
   primary_.server().Handle(std::move(pull9));
-  std::optional<Message> r9;
-  for (int i = 0; i < 5 && !r9; ++i) {
-    std::optional<Message> r = primary_.NextReply();
-    ASSERT_TRUE(r.has_value());
-    if (r->header.command() == wire::KV_PULL) r9 = std::move(r);
-  }
+  std::optional<Message> r9 = NextReplyTo(primary_, wire::KV_PULL);
   ASSERT_TRUE(r9.has_value());
   EXPECT_EQ(r9->header.slice().key(), 9u);
   EXPECT_EQ(ValuesOf(*r9), (std::vector<float>{5, 6}));
