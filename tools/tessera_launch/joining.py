@@ -1,5 +1,6 @@
 """Workers added to a running elastic job (launch.py --add-workers N --join FILE),
-and servers added to a running replicated job (--add-servers N --join FILE).
+and servers added to a running job whose servers may change (replicated, or started
+with --max-servers: --add-servers N --join FILE).
 
 An elastic job started by the local or ssh launcher writes a job file into its private
 folder (0700, with its keys) and prints how to add workers. The file holds what a
@@ -16,10 +17,10 @@ A job of the ssh launcher writes the same file (its "workdir": the folder its
 processes run in on the hosts); its joiners start on the hosts of the adding
 launch.py's -H, over ssh, each key sent down its channel's stdin.
 
-A replicated job's file also holds what an added server needs: the server
+The file of a job whose servers may change also holds what an added server needs: the server
 program (with --server-args), the servers' variables (TESSERA_SPARE=1: the
 scheduler gives it a server rank without a live server, docs/faults.md,
-"Servers join") and the server keys made for joiners.
+"Servers join", "One copy") and the server keys made for joiners.
 
     write_job_file(tmpdir, cfg, server_argv)    # the running job's side; the path
     nodes = added_worker_nodes(args, environ)   # the adding launch.py's side
@@ -68,7 +69,7 @@ def _key_files(cfg, role, first, count, folder):
 
 def write_job_file(folder, cfg, server_argv=None, workdir=None):
     """Writes folder/job.json (0600) for workers (an elastic job) and servers (a
-    replicated job, `server_argv` the server program) that join the running job
+    job whose servers may change, `server_argv` the server program) that join the running job
     `cfg`; returns its path. With fresh keys it lists the node keys made for
     joiners (keys.joiner_keys, keys.server_joiner_keys): each joiner claims one.
     An ssh job (`workdir`: the folder its processes run in on the hosts) says
