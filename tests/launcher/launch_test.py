@@ -614,7 +614,10 @@ class EnvTest(unittest.TestCase):
                 (['--add-workers', '1', '--join', 'f', '--launcher', 'ssh', '/bin/true'],
                  r'--add-workers --launcher ssh: expected -H/--hostfile HOSTFILE'),
                 (['--add-workers', '1', '--join', 'f', '--launcher', 'mpi', '/bin/true'],
-                 r'--add-workers: with --launcher local \(on this host\) or ssh'),
+                 r'--add-workers: with --launcher local \(on this host\), ssh \(on the hosts '
+                 r'of -H\) or slurm \(on the Slurm job\'s nodes\), not mpi'),
+                (['--add-workers', '1', '--join', 'f', '--launcher', 'slurm', '-H', 'h',
+                  '/bin/true'], r'-H/--hostfile: only with --launcher ssh'),
                 (['--add-workers', '1', '--join', 'f', '-H', 'h', '/bin/true'],
                  r'-H/--hostfile: only with --launcher ssh')):
             with self.assertRaisesRegex(UsageError, message):
@@ -747,6 +750,59 @@ class EnvTest(unittest.TestCase):
                 added_worker_nodes(parse_args(['--add-workers', '1', '--join', local,
                                                '--launcher', 'ssh', '-H', hostfile,
                                                '/bin/true']), {})
+
+    def test_slurm_job_file_starts_added_processes_as_steps_of_its_allocation(self):
+        # An elastic Slurm job's file names its allocation, its nodes and its folder;
+        # launch.py --add-workers/--add-servers --launcher slurm starts each joiner as
+        # a step of that allocation (srun --jobid, --overlap) on its nodes,
+        # round-robin, in that folder, its joiner key on the step's stdin. A Slurm
+        # job's file needs --launcher slurm, and --launcher slurm a Slurm job's file.
+        with tempfile.TemporaryDirectory() as tmp:
+            args = parse_args(['-n', '2', '-s', '2', '--launcher', 'slurm', '--elastic',
+                               '2:3', '--max-servers', '3', '/bin/true'])
+            cfg = build_config(args, self.ENVIRON, 'slurm', '10.0.0.1', remote=True)
+            prepare_keys(cfg, args, [], tmp)
+            path = write_job_file(tmp, cfg, ['/x/tessera-server'], workdir='/w',
+                                  slurm=('4711', ['n1', 'n2']))
+            workers = added_worker_nodes(
+                parse_args(['--add-workers', '3', '--join', path, '--launcher', 'slurm',
+                            'run.sh', 'x']), {'PATH': '/bin', 'DMLC_NODE_HOST': 'login'})
+            self.assertEqual([(n.name, n.host.name, n.remote, n.transport) for n in workers],
+                             [('added worker 0', 'n1', True, 'srun'),
+                              ('added worker 1', 'n2', True, 'srun'),
+                              ('added worker 2', 'n1', True, 'srun')])
+            argv, env, _ = workers[1].spawn(0)
+            self.assertEqual(argv[0], 'srun')
+            for flag in ('--nodelist=n2', '--overlap', '--jobid=4711', '--chdir=/w',
+                         '--job-name=tessera-added-worker-1'):
+                self.assertIn(flag, argv)
+            self.assertEqual(argv[-3:-2], ['--tessera-key-from-stdin'])
+            self.assertEqual(argv[-2:], ['run.sh', 'x'])
+            self.assertEqual(env['DMLC_ROLE'], 'worker')
+            self.assertEqual(env['DMLC_PS_ROOT_URI'], '10.0.0.1')
+            self.assertEqual(env['PATH'], '/bin')
+            self.assertNotIn('DMLC_NODE_HOST', env)  # the login node's, not a node's
+            self.assertNotIn('TESSERA_KEY_FILE', env)
+            with open(os.path.join(tmp, 'worker-3.key')) as f:
+                self.assertEqual(workers[1].stdin_data, key_stdin(f.read()))
+            servers = added_server_nodes(
+                parse_args(['--add-servers', '1', '--join', path, '--launcher', 'slurm']), {})
+            argv, env, _ = servers[0].spawn(0)
+            self.assertEqual(argv[-1], '/x/tessera-server')
+            self.assertEqual(env['TESSERA_SPARE'], '1')
+            self.assertEqual(env['TESSERA_MAX_SERVERS'], '3')
+            with self.assertRaisesRegex(UsageError, r'the job was started by the slurm '
+                                        r'launcher; add processes with --launcher slurm'):
+                added_worker_nodes(parse_args(['--add-workers', '1', '--join', path,
+                                               '/bin/true']), {})
+            os.mkdir(os.path.join(tmp, 'local'))
+            local_cfg = build_config(parse_args(['-n', '2', '--elastic', '2:3', '/bin/true']),
+                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
+            local = write_job_file(os.path.join(tmp, 'local'), local_cfg)
+            with self.assertRaisesRegex(UsageError, r'the job was started by the local '
+                                        r'launcher; add processes with --launcher local'):
+                added_worker_nodes(parse_args(['--add-workers', '1', '--join', local,
+                                               '--launcher', 'slurm', '/bin/true']), {})
 
     def test_metrics_port_gives_each_process_base_plus_its_index(self):
         args = parse_args(['-n', '2', '-s', '3', '--metrics-port', '9100', '/bin/true'])

@@ -52,6 +52,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -385,6 +386,82 @@ class SlurmLauncherTest(unittest.TestCase):
             self.assertRegex(job.output, r'(?m)^\[%s\] srun: error: %sn\d: task 0: Exited '
                              r'with exit code (143|137)$' % (name, TAG), job.tail())
         # _no_leftovers (clean-up) then checks the namespaces, steps and key folders.
+
+    def test_worker_and_server_added_to_a_running_elastic_job(self):
+        # An elastic Slurm job of 2 of at most 3 servers, one copy of each slice
+        # (--elastic 2:3 --max-servers 3, no replicas), names its job file and how
+        # to add processes. Two launch.py runs on the login node (outside salloc)
+        # add a worker and then a server with --launcher slurm: each starts as a
+        # step of the job's allocation (srun --jobid) on its first node, with a
+        # joiner's node key on the step's stdin. The worker joins the soak as rank 2
+        # and its pushes count (the job's workers check every round exactly,
+        # SOAK_JOINER=2); the server takes rank 2 and the slices it will answer for.
+        # Everything ends 0, with no step, process or key folder left.
+        checker = os.path.join(BUILD_DIR, 'tests', 'core', 'kv_check_worker')
+        job = SlurmJob(self.cluster, ['--elastic', '2:3', '--max-servers', '3',
+                                      '--env-worker', 'SOAK_JOINER:2', '--env-worker',
+                                      'SOAK_PRINT_ROUNDS:1', checker, 'soak', '600', '20'],
+                       extra_env={'TESSERA_BIGARRAY_BOUND': '1000'})
+        adders = []
+        try:
+            m = self.wait_line(job, r'to add workers while it runs: launch.py --add-workers N '
+                                    r'--join (\S+) --launcher slurm COMMAND')
+            self.wait_line(job, r'to add servers while it runs: launch.py --add-servers N '
+                                r'--join %s --launcher slurm$' % re.escape(m.group(1)))
+            self.wait_line(job, r'^\[worker \d\] round 10 done at')
+            base = in_ns(0, [sys.executable, LAUNCH_PY, '--launcher', 'slurm', '--join',
+                             m.group(1)])
+            env = job.proc_env  # salloc's: outside the allocation, the file names it
+            # The worker first (it outlives the job's two: their rounds after its
+            # last would lack its pushes).
+            adders.append(mh.LaunchRun(base + ['--add-workers', '1', '--env', 'SOAK_JOIN:1',
+                                               checker, 'soak', '800'],
+                                       env, self.cluster.tmp))
+            self.wait_line(adders[0], r"joined the job \(generation \d+\): in every key's "
+                                      r'rounds from round \d+')
+            adders.append(mh.LaunchRun(base + ['--add-servers', '1'], env, self.cluster.tmp))
+            rc = job.wait(JOB_TIMEOUT_S)
+            codes = [a.wait(60) for a in adders]
+        finally:
+            for run_ in [job] + adders:
+                if run_.proc.poll() is None:
+                    os.killpg(run_.proc.pid, signal.SIGKILL)
+        everything = job.output + ''.join(a.output for a in adders)
+        self.assertEqual(rc, 0, job.tail(120) + ''.join(a.tail() for a in adders))
+        self.assertEqual(codes, [0, 0], ''.join(a.tail() for a in adders))
+        worker_out, server_out = adders[0].output, adders[1].output
+        self.assertIn('launch.py: adding 1 worker(s) to the elastic job of', worker_out)
+        self.assertIn('launch.py: adding 1 server(s) to the running job of', server_out)
+        self.assertRegex(worker_out, r'(?m)^\[added worker 0\] .*worker advertises '
+                                     r'%s:\d+;' % re.escape(v4(1)))
+        self.assertRegex(server_out, r'(?m)^\[added server 0\] .*server advertises '
+                                     r'%s:\d+;' % re.escape(v4(1)))
+        for out, role in ((server_out, 'server'), (worker_out, 'worker')):
+            self.assertRegex(out, r'(?m)^\[added %s 0\] .*connections authenticated and '
+                                  r'encrypted \(CURVE\) with the %s key ' % (role, role))
+        self.assertIn('[added worker 0] soak joined: rank 2, 800 rounds', worker_out)
+        self.assertRegex(job.output, r'\[scheduler\] .*joins the job \(join 1\): 3 of at '
+                                     r'most 3 worker\(s\) in it')
+        self.assertRegex(job.output, r'\[scheduler\] .*takes server rank \d, which had no '
+                                     r'server')
+        self.assertRegex(job.output, r'\[scheduler\] .*answers for the key slices moved to '
+                                     r'it \(server \d of 3')
+        sums = re.findall(r'soak ok: rank \d of \d+, \d+ rounds checksum=([0-9a-f]{16})',
+                          everything)
+        self.assertEqual(len(sums), 2, job.tail(120))
+        self.assertEqual(sums[0], sums[1], job.tail(120))
+
+    def wait_line(self, run_, pattern, timeout=60):
+        """The first match of `pattern` in the output of `run_` (a LaunchRun),
+        waiting at most `timeout` seconds while it runs."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, run_.output, re.M)
+            if m:
+                return m
+            self.assertIsNone(run_.proc.poll(), 'ended before %r:\n%s' % (pattern, run_.tail()))
+            time.sleep(0.1)
+        self.fail('no line matched %r within %d s:\n%s' % (pattern, timeout, run_.tail()))
 
     def test_sbatch_example_as_a_user_submits_it(self):
         # tools/slurm/tessera.sbatch unchanged but for its variables: 2 nodes, 2 task

@@ -124,19 +124,25 @@ def main(argv=None, environ=None, script=SOURCE_TREE_SCRIPT):
                   replicas=replicas_of(cfg), elastic=elastic_of(cfg))
         install_signal_handlers(job)
         servers_join = servers_change(cfg) and server_bin is not None
-        if (elastic_of(cfg) or servers_join) and args.launcher in ('local', 'ssh'):
-            workdir = None
+        if (elastic_of(cfg) or servers_join) and args.launcher in ('local', 'ssh', 'slurm'):
+            workdir = slurm = None
             server_argv = [server_bin] + args.server_argv_extra
             if args.launcher == 'ssh':  # as ssh_nodes runs them on the hosts
                 workdir = args.sync_dst_dir or os.getcwd()
                 server_argv[0] = remote_path(server_bin, os.getcwd(), args.sync_dst_dir)
+            elif args.launcher == 'slurm':  # steps of this allocation, as slurm_nodes
+                workdir = os.getcwd()
+                slurm = (environ.get('SLURM_JOB_ID') or environ.get('SLURM_JOBID'),
+                         [h.name for h in hosts])
             try:
                 job_file = write_job_file(tmpdir, cfg,
-                                          server_argv if servers_join else None, workdir)
+                                          server_argv if servers_join else None, workdir,
+                                          slurm)
             except OSError as e:
                 say('cannot write the job file: %s' % e)
                 return 1
-            on_hosts = ' --launcher ssh -H HOSTFILE' if workdir is not None else ''
+            on_hosts = {'ssh': ' --launcher ssh -H HOSTFILE',
+                        'slurm': ' --launcher slurm'}.get(args.launcher, '')
             if elastic_of(cfg):
                 say('elastic job (TESSERA_ELASTIC=%s); to add workers while it runs: '
                     'launch.py --add-workers N --join %s%s COMMAND [ARGS...]'

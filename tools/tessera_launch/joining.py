@@ -15,7 +15,10 @@ gives it a rank while fewer than MAX workers are in the job (docs/faults.md,
 
 A job of the ssh launcher writes the same file (its "workdir": the folder its
 processes run in on the hosts); its joiners start on the hosts of the adding
-launch.py's -H, over ssh, each key sent down its channel's stdin.
+launch.py's -H, over ssh, each key sent down its channel's stdin. A job of the
+Slurm launcher names its allocation and nodes too ("slurm_job", "slurm_nodes"):
+its joiners start as steps of that allocation (srun --jobid) on those nodes,
+round-robin, each key on the step's stdin.
 
 The file of a job whose servers may change also holds what an added server needs: the server
 program (with --server-args), the servers' variables (TESSERA_SPARE=1: the
@@ -33,10 +36,11 @@ import json
 import os
 
 from .config import node_env, servers_change
-from .hosts import parse_hostfile
+from .hosts import Host, parse_hostfile
 from .keys import MAX_JOINER_KEYS, joiner_keys, server_joiner_keys
-from .options import UsageError, parse_env_specs
-from .remote import key_stdin
+from .options import MPI_SPEC_VAR, UsageError, parse_env_specs
+from .remote import KEY_FROM_STDIN, REMOTE_WRAPPER, key_stdin
+from .slurm import srun_argv
 from .ssh import ssh_argv, ssh_base_argv
 from .supervisor import Node
 
@@ -67,20 +71,24 @@ def _key_files(cfg, role, first, count, folder):
     return keys
 
 
-def write_job_file(folder, cfg, server_argv=None, workdir=None):
+def write_job_file(folder, cfg, server_argv=None, workdir=None, slurm=None):
     """Writes folder/job.json (0600) for workers (an elastic job) and servers (a
     job whose servers may change, `server_argv` the server program) that join the running job
     `cfg`; returns its path. With fresh keys it lists the node keys made for
     joiners (keys.joiner_keys, keys.server_joiner_keys): each joiner claims one.
     An ssh job (`workdir`: the folder its processes run in on the hosts) says
-    so: joiners start there over ssh, their keys on the channel's stdin."""
+    so: joiners start there over ssh, their keys on the channel's stdin. A
+    Slurm job (`slurm`: (job id, node names)) says so too: joiners start as
+    steps of its allocation on its nodes, their keys on the step's stdin."""
     job = {'tessera_job': _VERSION, 'scheduler': '%s:%d' % (cfg.root_uri, cfg.port),
            'worker_env': _shared_env(cfg, 'worker'),
            'joiner_keys': _key_files(cfg, 'worker', cfg.num_workers, joiner_keys(cfg),
                                      folder)}
     if workdir is not None:
-        job['launcher'] = 'ssh'
+        job['launcher'] = 'ssh' if slurm is None else 'slurm'
         job['workdir'] = workdir
+    if slurm is not None:
+        job['slurm_job'], job['slurm_nodes'] = slurm[0], list(slurm[1])
     if server_argv and servers_change(cfg):
         job['server_argv'] = list(server_argv)
         job['server_env'] = _shared_env(cfg, 'spare')
@@ -137,9 +145,24 @@ def _load_job_file(path):
 
 
 def _where(job, path, args):
-    """The folder the joiners run in on the hosts (an ssh job), or None (a job
-    of this host). Raises UsageError when --launcher does not fit the job."""
-    ssh_job = isinstance(job, dict) and job.get('launcher') == 'ssh'
+    """Where the joiners run: None (a job of this host), or a dict with the
+    "workdir" they run in on the hosts and, for a Slurm job, "slurm_job" and
+    "slurm_nodes". Raises UsageError when --launcher does not fit the job."""
+    kind = job.get('launcher', 'local') if isinstance(job, dict) else 'local'
+    if kind == 'slurm' or args.launcher == 'slurm':
+        if kind != 'slurm' or args.launcher != 'slurm':
+            raise UsageError('--join %s --launcher %s: the job was started by the %s '
+                             'launcher; add processes with --launcher %s'
+                             % (path, args.launcher, kind, kind))
+        nodes = job.get('slurm_nodes')
+        if not isinstance(job.get('workdir'), str) or not job.get('workdir') or \
+                not isinstance(job.get('slurm_job'), str) or not job.get('slurm_job') or \
+                not isinstance(nodes, list) or not nodes or \
+                not all(isinstance(n, str) and n for n in nodes):
+            raise UsageError('--join %s: the job file of a Slurm job names no "workdir", '
+                             '"slurm_job" or "slurm_nodes"' % path)
+        return job
+    ssh_job = kind == 'ssh'
     if args.launcher == 'ssh' and not ssh_job:
         raise UsageError('--join %s --launcher ssh: the job was started by the local '
                          'launcher, whose scheduler listens on 127.0.0.1 only: other hosts '
@@ -153,7 +176,7 @@ def _where(job, path, args):
     if args.launcher != 'ssh':
         raise UsageError('--join %s: the job runs on other hosts (--launcher ssh); add '
                          'processes there with --launcher ssh -H HOSTFILE' % path)
-    return workdir
+    return {'workdir': workdir}
 
 
 def read_job_file(path):
@@ -181,11 +204,11 @@ def added_worker_nodes(args, environ):
     variables, then --env and --env-worker on top."""
     job = _load_job_file(args.join)
     job_env, keys = _worker_part(job, args.join)
-    workdir = _where(job, args.join, args)
+    where = _where(job, args.join, args)
     job_env.update(parse_env_specs(args.env, '--env', environ))
     job_env.update(parse_env_specs(args.env_worker, '--env-worker', environ))
     return _joiner_nodes(args, environ, 'worker', args.add_workers, args.command, job_env,
-                         keys, workdir)
+                         keys, where)
 
 
 def _read_key(path, join):
@@ -197,13 +220,21 @@ def _read_key(path, join):
                          'away when it ends' % (join, path, e.strerror or e))
 
 
-def _joiner_nodes(args, environ, role, count, argv, job_env, keys, workdir=None):
+def _joiner_nodes(args, environ, role, count, argv, job_env, keys, where=None):
     """`count` processes running `argv` with the job file's variables `job_env`;
-    with fresh keys each claims its own, never used before. With `workdir` (an
-    ssh job) they start there on the hosts of -H, round-robin, over ssh, each
-    key on its channel's stdin (ssh.REMOTE_WRAPPER), never in a file there
-    that outlives the process."""
-    hosts = parse_hostfile(args.hostfile) if workdir is not None else None
+    with fresh keys each claims its own, never used before. With `where` (an
+    ssh or Slurm job, _where) they start in its "workdir" on other hosts,
+    round-robin: those of -H over ssh, or the Slurm job's nodes as steps of its
+    allocation (srun --jobid); each key goes down the channel's or the step's
+    stdin (remote.REMOTE_WRAPPER), never into a file there that outlives the
+    process."""
+    slurm = where is not None and 'slurm_job' in where
+    if slurm:
+        hosts = [Host(name, None, 1) for name in where['slurm_nodes']]
+    elif where is not None:
+        hosts = parse_hostfile(args.hostfile)
+    else:
+        hosts = None
     nodes = []
     for i in range(count):
         key = claim_key(keys, args.join, role) if keys else None
@@ -220,13 +251,32 @@ def _joiner_nodes(args, environ, role, count, argv, job_env, keys, workdir=None)
             nodes.append(Node('added ' + role, i, spawn, primary=True))
             continue
         host = hosts[i % len(hosts)]
+        keyed = key is not None
+        if slurm:
+            def remote_spawn(restart_count, host=host, env_here=env_here, keyed=keyed,
+                             index=i):
+                env = {k: v for k, v in environ.items()
+                       if k not in ('DMLC_NODE_HOST', MPI_SPEC_VAR)}
+                env.update(env_here)
+                step = srun_argv(host, 'added-' + role, index) + [
+                    '--jobid=%s' % where['slurm_job'], '--chdir=%s' % where['workdir']]
+                wrapper = (['bash', '-c', REMOTE_WRAPPER, 'tessera-launch'] +
+                           ([KEY_FROM_STDIN] if keyed else []))
+                return step + wrapper + list(argv), env, None
+            node = Node('added ' + role, i, remote_spawn, host=host, remote=True,
+                        primary=True)
+            node.transport = 'srun'
+            node.stdin_data = key_stdin(_read_key(key, args.join)) if keyed else b''
+            nodes.append(node)
+            continue
         ssh_base_argv(host, environ)  # checks TESSERA_SSH_OPTS now
 
-        def remote_spawn(restart_count, host=host, env_here=env_here, keyed=key is not None):
-            return (ssh_argv(host, workdir, env_here, argv, environ, key_from_stdin=keyed),
+        def remote_spawn(restart_count, host=host, env_here=env_here, keyed=keyed):
+            return (ssh_argv(host, where['workdir'], env_here, argv, environ,
+                             key_from_stdin=keyed),
                     dict(environ), None)
         node = Node('added ' + role, i, remote_spawn, host=host, remote=True, primary=True)
-        if key is not None:
+        if keyed:
             node.stdin_data = key_stdin(_read_key(key, args.join))
         nodes.append(node)
     return nodes
@@ -260,8 +310,8 @@ def added_server_nodes(args, environ):
     file's variables (TESSERA_SPARE=1), then --env and --env-server on top."""
     job = _load_job_file(args.join)
     argv, job_env, keys = _server_part(job, args.join)
-    workdir = _where(job, args.join, args)
+    where = _where(job, args.join, args)
     job_env.update(parse_env_specs(args.env, '--env', environ))
     job_env.update(parse_env_specs(args.env_server, '--env-server', environ))
     return _joiner_nodes(args, environ, 'server', args.add_servers, argv, job_env, keys,
-                         workdir)
+                         where)

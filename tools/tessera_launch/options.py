@@ -167,16 +167,19 @@ def build_parser():
 
 def _check_adder_launcher(args, flag):
     """--add-workers/--add-servers start their processes on this host (--launcher
-    local) or on the hosts of -H over ssh (--launcher ssh)."""
-    if args.launcher not in ('local', 'ssh'):
-        raise UsageError('%s: with --launcher local (on this host) or ssh (on the hosts of '
-                         '-H), not %s' % (flag, args.launcher))
+    local), on the hosts of -H over ssh (--launcher ssh), or as steps of a Slurm
+    job's allocation on its nodes (--launcher slurm: the job file names them)."""
+    if args.launcher not in ('local', 'ssh', 'slurm'):
+        raise UsageError('%s: with --launcher local (on this host), ssh (on the hosts of '
+                         '-H) or slurm (on the Slurm job\'s nodes), not %s'
+                         % (flag, args.launcher))
     if args.launcher == 'ssh' and not args.hostfile:
         raise UsageError('%s --launcher ssh: expected -H/--hostfile HOSTFILE (the hosts the '
                          'added processes start on, round-robin)' % flag)
-    if args.launcher == 'local' and args.hostfile:
+    if args.launcher in ('local', 'slurm') and args.hostfile:
         raise UsageError('-H/--hostfile: only with --launcher ssh (%s starts its processes '
-                         'on this host with --launcher local)' % flag)
+                         'on this host with --launcher local, and on the Slurm job\'s nodes '
+                         'with --launcher slurm)' % flag)
     if args.sync_dst_dir:
         raise UsageError('--sync-dst-dir: not with %s (the added processes run in the '
                          'job\'s own folder on the hosts, which the job file names)' % flag)
