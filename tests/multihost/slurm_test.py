@@ -26,6 +26,10 @@ Tests (salloc -N 2 -n 2, then launch.py --launcher slurm -n 2 -s 2):
     key folder, process or job step left afterwards;
   - worker 1 exiting 3 makes launch.py exit 3 naming it and its node, within
     seconds, and leaves no Tessera process, slurmstepd or step behind.
+  - an elastic job with one copy of each slice (--elastic 2:3 --max-servers 3)
+    takes a worker and then a server added from the login node by launch.py
+    --add-workers/--add-servers --launcher slurm (steps of the job's
+    allocation), every soak round checked exactly;
   - tools/slurm/tessera.sbatch, submitted with `sbatch --wait` as a user would
     (only its variables set: TESSERA_DIR, TESSERA_BUILD_DIR), exits 0 with both
     servers on n1 and both workers on n2 (2 task slots per node).
