@@ -707,8 +707,7 @@ void Scheduler::HandleServerLeave(int sender, const wire::Header& h) {
     const wire::NodeInfo& n = nodes_[sender];
     if (n.catching_up() || (n.joined() != 0 && !n.restored())) {
       // A server added that answers for nothing yet: nothing moves.
-      FailOver(sender, "left the job (it said goodbye)", /*goodbye=*/true,
-               /*moved=*/true);
+      FailOver(sender, "left the job (it said goodbye)", /*goodbye=*/true);
       Reply(sender, h, absl::OkStatus());
       return;
     }
