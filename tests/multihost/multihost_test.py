@@ -256,6 +256,19 @@ def long_worker_program():
             '20']
 
 
+def wait_line(test, run, pattern, timeout=60):
+    """The first match of `pattern` in the output of `run` (a LaunchRun),
+    waiting at most `timeout` seconds while it runs; fails `test` otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, run.output, re.M)
+        if m:
+            return m
+        test.assertIsNone(run.proc.poll(), 'ended before %r:\n%s' % (pattern, run.tail()))
+        time.sleep(0.1)
+    test.fail('no line matched %r within %d s:\n%s' % (pattern, timeout, run.tail()))
+
+
 class LaunchRun(object):
     """One launch.py run started by `argv` (through `ip netns exec` here, salloc in
     slurm_test), its output collected by a thread."""
@@ -540,16 +553,7 @@ class MultiHostTest(unittest.TestCase):
         self.assertEqual(sums[0], sums[1], job.tail(120))
 
     def wait_line(self, run, pattern, timeout=60):
-        """The first match of `pattern` in the output of `run` (a LaunchRun),
-        waiting at most `timeout` seconds while it runs."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(pattern, run.output, re.M)
-            if m:
-                return m
-            self.assertIsNone(run.proc.poll(), 'ended before %r:\n%s' % (pattern, run.tail()))
-            time.sleep(0.1)
-        self.fail('no line matched %r within %d s:\n%s' % (pattern, timeout, run.tail()))
+        return wait_line(self, run, pattern, timeout)
 
     def test_workers_and_servers_added_over_ssh_join_a_running_job(self):
         # An elastic, replicated ssh job (--elastic 2:3, --replicas 2, 2 of at most 3

@@ -456,16 +456,7 @@ class SlurmLauncherTest(unittest.TestCase):
         self.assertEqual(sums[0], sums[1], job.tail(120))
 
     def wait_line(self, run_, pattern, timeout=60):
-        """The first match of `pattern` in the output of `run_` (a LaunchRun),
-        waiting at most `timeout` seconds while it runs."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(pattern, run_.output, re.M)
-            if m:
-                return m
-            self.assertIsNone(run_.proc.poll(), 'ended before %r:\n%s' % (pattern, run_.tail()))
-            time.sleep(0.1)
-        self.fail('no line matched %r within %d s:\n%s' % (pattern, timeout, run_.tail()))
+        return mh.wait_line(self, run_, pattern, timeout)
 
     def test_sbatch_example_as_a_user_submits_it(self):
         # tools/slurm/tessera.sbatch unchanged but for its variables: 2 nodes, 2 task
