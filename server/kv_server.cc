@@ -727,8 +727,7 @@ void KVServer::Init(Shard* shard, Message&& msg) {
     Reply(msg, placed);
     return;
   }
-  if (single_copy_ &&
-      (!InitHere(*shard, msg.header) || InitMoves(*shard, msg.header))) {
+  if (single_copy_ && !TakesInit(*shard, msg.header)) {
     // One copy, and the slice is moving to another server: not made here
     // (this server may have reported its part, and the new one would never
     // get it). The worker sends the init again, and after the move it goes
@@ -1774,18 +1773,14 @@ bool KVServer::Moves(const Shard& s, const StoredKey& key) const {
                        StatesAfter(s)) != rank_;
 }
 
-bool KVServer::InitHere(const Shard& s, const wire::Header& init) const {
+bool KVServer::TakesInit(const Shard& s, const wire::Header& init) const {
   const int first =
       (rank_ - static_cast<int>(init.replica()) + num_servers_) % num_servers_;
-  return ActingPrimary(first, num_servers_, replicas_, s.states) == rank_;
-}
-
-bool KVServer::InitMoves(const Shard& s, const wire::Header& init) const {
-  if (s.handback_rank < 0 || !Waiting(s)) return false;
-  const int first =
-      (rank_ - static_cast<int>(init.replica()) + num_servers_) % num_servers_;
-  return ActingPrimary(first, num_servers_, replicas_, s.states) == rank_ &&
-         ActingPrimary(first, num_servers_, replicas_, StatesAfter(s)) != rank_;
+  if (ActingPrimary(first, num_servers_, replicas_, s.states) != rank_)
+    return false;
+  // And it stays here through the hand-back running on the shard.
+  return s.handback_rank < 0 || !Waiting(s) ||
+         ActingPrimary(first, num_servers_, replicas_, StatesAfter(s)) == rank_;
 }
 
 bool KVServer::MovesTo(const Shard& s, const StoredKey& key, int rank) const {
@@ -1810,13 +1805,15 @@ void KVServer::OfferSlice(Shard* s, StoredKey* key) {
 void KVServer::CheckYield(Shard* s) {
   if (s->handback == nullptr || s->handback_rank < 0 || !Waiting(*s)) return;
   bool done = true;
+  const std::vector<ServerState> after =
+      single_copy_ ? StatesAfter(*s) : std::vector<ServerState>();
   for (StoredKey* key : s->yielding) {
     if (key->yield != StoredKey::kYielded) done = false;
     if (single_copy_) {
       // The one copy must be where it moves before it moves (the leaver
       // sends it; an old primary sends a slice made after the catch-up).
-      const int to = ActingPrimary(RankAt(*key, 0), num_servers_, replicas_,
-                                   StatesAfter(*s));
+      const int to =
+          ActingPrimary(RankAt(*key, 0), num_servers_, replicas_, after);
       const int place = to < 0 ? -1 : PlaceOf(*key, to);
       if (place >= 0 && key->transfer[place] != StoredKey::kTransferHeld) {
         done = false;

@@ -101,7 +101,7 @@ class KVServer : private EngineContext {
   // that the workers' replay has not initialised yet.
   void set_recovering() { recovering_.store(true); }
   // Replication (server/replication.h): this server's rank among
-  // `num_servers`, each slice held by `replicas` of them; unanswered updates
+  // `num_servers`, each slice's chain `replicas` of them; unanswered updates
   // are sent to a backup again after `resend_timeout` (doubling up to 8x)
   // when a worker asks again for an answer that waits for them.
   // Before the first Handle.
@@ -265,11 +265,9 @@ class KVServer : private EngineContext {
   // Whether `key` is one this server answers for now and the rank of the
   // hand-back running on `shard` will.
   bool Moves(const Shard& shard, const StoredKey& key) const;
-  // Whether the slice of `init` is one that the hand-back running on `shard`
-  // moves away from this server.
-  bool InitMoves(const Shard& shard, const wire::Header& init) const;
-  // Whether the table says this server answers for the slice of `init`.
-  bool InitHere(const Shard& shard, const wire::Header& init) const;
+  // One copy: whether the table says this server answers for the slice of
+  // `init`, and the hand-back running on `shard` does not move it away.
+  bool TakesInit(const Shard& shard, const wire::Header& init) const;
   // Whether replacement `rank` answers for `key` once it has its place back.
   bool MovesTo(const Shard& shard, const StoredKey& key, int rank) const;
   // One copy: sends a new slice to a replacement that will answer for it.

@@ -190,16 +190,16 @@ class ElasticClusterTest(base.ClusterTestBase):
             os.kill(pid, sig)
         return act
 
-    def adder_output(self, adder, out):
+    def adder_output(self, adder, out, timeout=60):
         """The output of the one adding launch.py in `adder`, which must end 0
-        within 60 s (`out`: the job's, for the failure message)."""
+        within `timeout` s (`out`: the job's, for the failure message)."""
         self.assertEqual(len(adder), 1, out)
         try:
-            added_out, _ = adder[0].communicate(timeout=60)
+            added_out, _ = adder[0].communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             adder[0].kill()
             added_out, _ = adder[0].communicate()
-            self.fail('launch.py --add-servers did not end:\n' + added_out)
+            self.fail('launch.py %s did not end:\n%s' % (adder[0].args[2], added_out))
         self.assertEqual(adder[0].returncode, 0, added_out + out)
         return added_out
 
@@ -279,15 +279,8 @@ class ElasticClusterTest(base.ClusterTestBase):
              '--env-worker', 'SOAK_JOINER:2', CHECK_WORKER, 'soak', '200', '20'],
             r'to add workers while it runs: launch.py --add-workers N --join (\S+) COMMAND',
             add, timeout=150)
-        self.assertEqual(len(adder), 1, out)
-        try:
-            added_out, _ = adder[0].communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            adder[0].kill()
-            added_out, _ = adder[0].communicate()
-            self.fail('launch.py --add-workers did not end:\n' + added_out)
+        added_out = self.adder_output(adder, out, timeout=120)
         self.assertEqual(code, 0, out + added_out)
-        self.assertEqual(adder[0].returncode, 0, added_out + out)
         self.assertIn('launch.py: adding 1 worker(s) to the elastic job of', added_out)
         self.assertIn('[added worker 0] soak joined: rank 2, 400 rounds', added_out)
         self.assertRegex(out, r'\[scheduler\] .*joins the job \(join 1\): 3 of at most 3 '

@@ -688,6 +688,13 @@ class EnvTest(unittest.TestCase):
                 parse_args((['-n', '1'] if argv[0] == '-s' else []) + argv
                            + (['/bin/true'] if argv[0] == '-s' else []))
 
+    def local_elastic_job_file(self, tmp):
+        """The job file of an elastic job of the local launcher, in tmp/local."""
+        os.mkdir(os.path.join(tmp, 'local'))
+        cfg = build_config(parse_args(['-n', '2', '--elastic', '2:3', '/bin/true']),
+                           self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        return write_job_file(os.path.join(tmp, 'local'), cfg)
+
     def test_ssh_job_file_starts_added_processes_on_the_hosts_with_keys_on_stdin(self):
         # An elastic, replicated ssh job's file says where its processes run on the
         # hosts; launch.py --add-workers/--add-servers --launcher ssh -H starts the
@@ -740,10 +747,7 @@ class EnvTest(unittest.TestCase):
                                         r'--launcher ssh -H HOSTFILE'):
                 added_worker_nodes(parse_args(['--add-workers', '1', '--join', path,
                                                '/bin/true']), {})
-            os.mkdir(os.path.join(tmp, 'local'))
-            local_cfg = build_config(parse_args(['-n', '2', '--elastic', '2:3', '/bin/true']),
-                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
-            local = write_job_file(os.path.join(tmp, 'local'), local_cfg)
+            local = self.local_elastic_job_file(tmp)
             with self.assertRaisesRegex(UsageError, r'the job was started by the local '
                                         r'launcher, whose scheduler listens on 127.0.0.1 '
                                         r'only'):
@@ -795,10 +799,7 @@ class EnvTest(unittest.TestCase):
                                         r'launcher; add processes with --launcher slurm'):
                 added_worker_nodes(parse_args(['--add-workers', '1', '--join', path,
                                                '/bin/true']), {})
-            os.mkdir(os.path.join(tmp, 'local'))
-            local_cfg = build_config(parse_args(['-n', '2', '--elastic', '2:3', '/bin/true']),
-                                     self.ENVIRON, 'local', '127.0.0.1', remote=False)
-            local = write_job_file(os.path.join(tmp, 'local'), local_cfg)
+            local = self.local_elastic_job_file(tmp)
             with self.assertRaisesRegex(UsageError, r'the job was started by the local '
                                         r'launcher; add processes with --launcher local'):
                 added_worker_nodes(parse_args(['--add-workers', '1', '--join', local,

@@ -105,6 +105,16 @@ Message Init(const std::vector<float>& value, uint32_t replica, bool sync) {
   return m;
 }
 
+// A dist_sync init of another key than 7, at chain place `replica`.
+Message InitKey(uint64_t key, const std::vector<float>& value,
+                uint32_t replica) {
+  Message m = Init(value, replica, true);
+  m.header.mutable_slice()->set_key(key);
+  m.header.mutable_slice()->set_length(value.size());
+  m.header.mutable_slice()->set_total_length(value.size());
+  return m;
+}
+
 Message Push(int rank, uint64_t seq, const std::vector<float>& grad) {
   Message m = KeyMessage(wire::KV_PUSH, rank, grad.size());
   m.header.set_push_seq(seq);
@@ -213,6 +223,12 @@ class ReplicationTest : public ::testing::Test {
     return transfers;
   }
 
+  // One copy of each slice over the 2 ranks (TESSERA_MAX_SERVERS without
+  // replicas); nothing resent within a test.
+  static void MakeOneCopy(Box& b, int rank) {
+    b.server().set_replication(rank, 2, 2, absl::Seconds(30),
+                               /*single_copy=*/true);
+  }
   // The reference: one server without replicas (SGD lr = -1, momentum
   // 0.5, key 7 = {1, 2, 3}), given the same pushes (PushBoth): its pulls are
   // the bits a replicated or moved slice must give.
@@ -777,8 +793,7 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
 // single server gives, and a push rank 0 held goes there.
 TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
   for (Box* b : {&primary_, &backup_}) {
-    b->server().set_replication(b == &primary_ ? 0 : 1, 2, 2, absl::Seconds(30),
-                                /*single_copy=*/true);
+    MakeOneCopy(*b, b == &primary_ ? 0 : 1);
     b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
     ASSERT_TRUE(b->NextReply().has_value());
   }
@@ -805,10 +820,7 @@ TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
   ASSERT_EQ(transfer->header.command(), wire::KV_TRANSFER);
   EXPECT_EQ(transfer->header.slice().key(), kKey);
   // A new slice placed on rank 0 moves too: not made here, no answer.
-  Message other = Init({5, 6}, 0, true);
-  other.header.mutable_slice()->set_key(8);
-  other.header.mutable_slice()->set_length(2);
-  other.header.mutable_slice()->set_total_length(2);
+  Message other = InitKey(8, {5, 6}, 0);
   primary_.server().Handle(std::move(other));
   EXPECT_EQ(primary_.RepliesNow(), 2u);
   backup_.server().Handle(*std::move(transfer));
@@ -846,10 +858,7 @@ TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
   EXPECT_EQ(ValuesOf(*pulled), want);
   EXPECT_EQ(backup_.server().stats().promoted_slices(), 1u);
   // Rank 1 never got key 8: its init comes again, to rank 1.
-  Message again = Init({5, 6}, 1, true);
-  again.header.mutable_slice()->set_key(8);
-  again.header.mutable_slice()->set_length(2);
-  again.header.mutable_slice()->set_total_length(2);
+  Message again = InitKey(8, {5, 6}, 1);
   backup_.server().Handle(std::move(again));
   std::optional<Message> made = NextReplyTo(backup_, wire::KV_INIT);
   ASSERT_TRUE(made.has_value());
@@ -868,17 +877,13 @@ TEST_F(ReplicationTest,
   std::vector<ServerState> states(2);
   states[1].dead = true;  // no server yet
   for (Box* b : {&primary_, &spare}) {
-    b->server().set_replication(b == &primary_ ? 0 : 1, 2, 2, absl::Seconds(30),
-                                /*single_copy=*/true);
+    MakeOneCopy(*b, b == &primary_ ? 0 : 1);
     b->server().UpdateServers(states);
   }
   primary_.server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
   ASSERT_TRUE(primary_.NextReply().has_value());
   primary_.server().Handle(Init({1, 2, 3}, /*replica=*/1, true));
-  Message own = Init({5, 6}, /*replica=*/0, true);
-  own.header.mutable_slice()->set_key(9);
-  own.header.mutable_slice()->set_length(2);
-  own.header.mutable_slice()->set_total_length(2);
+  Message own = InitKey(9, {5, 6}, 0);
   primary_.server().Handle(std::move(own));
   ASSERT_TRUE(primary_.NextReply().has_value());
   ASSERT_TRUE(primary_.NextReply().has_value());
