@@ -210,8 +210,10 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
     // copy of each slice: a slice of a rank without a server is answered by
     // the next rank that has one, so any number of ranks will do.
     const bool single = o.replicas < 2;
-    const int most =
-        single ? 100000 : std::min(o.num_servers * o.replicas, 100000);
+    // One copy: each slice keeps a few bytes per server rank (transfers in
+    // flight), so the ranks are bounded.
+    const int most = single ? std::max(o.num_servers, 256)
+                            : std::min(o.num_servers * o.replicas, 100000);
     int value = 0;
     if (!absl::SimpleAtoi(max, &value) || value < o.num_servers ||
         value > most) {

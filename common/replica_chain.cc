@@ -22,11 +22,26 @@ std::vector<int> ChainOrder(int first_rank, int num_servers, int replicas,
 
 int ActingPrimary(int first_rank, int num_servers, int replicas,
                   const std::vector<ServerState>& states) {
-  for (int rank : ChainOrder(first_rank, num_servers, replicas, states)) {
-    if (rank >= static_cast<int>(states.size()) || states[rank].holds())
-      return rank;
+  // ChainOrder's first member that holds the slice, without building it (a
+  // worker routes every request through this; with one copy the chain is
+  // every server rank): the holder that joined first, members since the
+  // start (or given their place back) before replacements, ties in chain
+  // order.
+  int best = -1;
+  uint32_t best_joined = 0;
+  for (int i = 0; i < replicas && i < num_servers; ++i) {
+    const int rank = (first_rank + i) % num_servers;
+    if (rank >= static_cast<int>(states.size())) return rank;
+    const ServerState& s = states[rank];
+    if (!s.holds()) continue;
+    const uint32_t joined = s.restored ? 0u : s.joined;
+    if (joined == 0) return rank;
+    if (best < 0 || joined < best_joined) {
+      best = rank;
+      best_joined = joined;
+    }
   }
-  return -1;
+  return best;
 }
 
 }  // namespace tessera

@@ -711,20 +711,11 @@ void Scheduler::HandleServerLeave(int sender, const wire::Header& h) {
       Reply(sender, h, absl::OkStatus());
       return;
     }
-    int others = 0;
-    for (const auto& [peer, other] : nodes_) {
-      if (peer != sender && other.role() == wire::SERVER && !other.dead() &&
-          !other.catching_up() && leaving_.count(peer) == 0) {
-        ++others;
+    if (leaving_.count(sender) == 0) {
+      if (absl::Status alone = LastHolder(sender); !alone.ok()) {
+        Reply(sender, h, alone);
+        return;
       }
-    }
-    if (others == 0 && leaving_.count(sender) == 0) {
-      Reply(sender, h,
-            absl::FailedPreconditionError(absl::StrCat(
-                Describe(n),
-                " cannot leave: it is the last server that holds key slices, "
-                "and they would have nowhere to go (TESSERA_REPLICAS=1)")));
-      return;
     }
     // Answered once its slices moved (a repeat of the request waits too).
     if (leaving_.emplace(sender, h).second) {
@@ -1744,9 +1735,30 @@ void Scheduler::MaybeHandBack() {
       it = leaving_.erase(it);  // died meanwhile: the job ended
       continue;
     }
+    // The server that was to take its slices (one added, not yet in its
+    // place) may have gone since it asked.
+    if (absl::Status alone = LastHolder(it->first); !alone.ok()) {
+      Reply(it->first, it->second, alone);
+      it = leaving_.erase(it);
+      continue;
+    }
     StartHandback(it->first, /*leave=*/true);
     return;
   }
+}
+
+absl::Status Scheduler::LastHolder(int id) const {
+  // Another live server that holds, or will hold, key slices and stays.
+  for (const auto& [peer, other] : nodes_) {
+    if (peer != id && other.role() == wire::SERVER && !other.dead() &&
+        !other.catching_up() && leaving_.count(peer) == 0) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      Describe(nodes_.at(id)),
+      " cannot leave: it is the last server that holds key slices, and they "
+      "would have nowhere to go (TESSERA_REPLICAS=1)"));
 }
 
 void Scheduler::StartHandback(int id, bool leave) {

@@ -167,6 +167,9 @@ class Scheduler {
   // Sends the notices of a hand-back of server `id` (or with `leave`, its
   // leave) and waits for the servers' reports.
   void StartHandback(int id, bool leave);
+  // One copy: an error naming server `id` when no other live server that
+  // holds key slices (or will, once in its place) stays to take its slices.
+  absl::Status LastHolder(int id) const;
   void GiveUpHandback();
   // A hand-back running for options.handback_retry: logged, naming the
   // servers it waits for, and started again (GiveUpHandback, MaybeHandBack).

@@ -1815,7 +1815,9 @@ void KVServer::CheckYield(Shard* s) {
       const int to =
           ActingPrimary(RankAt(*key, 0), num_servers_, replicas_, after);
       const int place = to < 0 ? -1 : PlaceOf(*key, to);
-      if (place >= 0 && key->transfer[place] != StoredKey::kTransferHeld) {
+      if (place < 0) {
+        done = false;  // no server to take it: never reported as moved
+      } else if (key->transfer[place] != StoredKey::kTransferHeld) {
         done = false;
         if (key->transfer[place] == StoredKey::kNoTransfer ||
             absl::Now() - key->transfer_sent[place] > 8 * replica_resend_) {
@@ -1851,7 +1853,9 @@ void KVServer::EndYield(Shard* s) {
 void KVServer::HandbackAfterChange(Shard* s) {
   if (s->handback_rank < 0) return;
   const ServerState& r = s->states[s->handback_rank];
-  if (r.restored || r.dead) {
+  // A leave ends when its rank left (a leaver may have been given its place
+  // back long before); a hand-back when the rank has its place, or died.
+  if (r.dead || (r.restored && !s->handback_leave)) {
     // Done (the rank answers now), or given up (it died): the scheduler
     // starts another, if any, with a new notice.
     EndYield(s);

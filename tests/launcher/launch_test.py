@@ -671,7 +671,9 @@ class EnvTest(unittest.TestCase):
             with self.assertRaisesRegex(UsageError, r'not a job file of a job servers may join'):
                 read_server_job_file(other)
         for argv, message in (
-                (['-s', '3', '--max-servers', '2'], r'--max-servers 2: expected -s \(3\) <= M$'),
+                (['-s', '3', '--max-servers', '2'],
+                 r'--max-servers 2: expected -s \(3\) <= M <= 256 \(one copy of each slice\)$'),
+                (['-s', '3', '--max-servers', '257'], r'expected -s \(3\) <= M <= 256'),
                 (['-s', '2', '--replicas', '2', '--max-servers', '5'],
                  r'--max-servers 5: expected -s \(2\) <= M <= -s x --replicas \(4\)'),
                 (['-s', '3', '--replicas', '2', '--max-servers', '2'], 'expected -s'),

@@ -36,7 +36,7 @@ import json
 import os
 
 from .config import node_env, servers_change
-from .hosts import Host, parse_hostfile
+from .hosts import HOST_NAME_RE, Host, parse_hostfile
 from .keys import MAX_JOINER_KEYS, joiner_keys, server_joiner_keys
 from .options import MPI_SPEC_VAR, UsageError, parse_env_specs
 from .remote import KEY_FROM_STDIN, REMOTE_WRAPPER, key_stdin
@@ -158,9 +158,10 @@ def _where(job, path, args):
         if not isinstance(job.get('workdir'), str) or not job.get('workdir') or \
                 not isinstance(job.get('slurm_job'), str) or not job.get('slurm_job') or \
                 not isinstance(nodes, list) or not nodes or \
-                not all(isinstance(n, str) and n for n in nodes):
+                not all(isinstance(n, str) and HOST_NAME_RE.match(n) and
+                        not n.startswith('-') for n in nodes):
             raise UsageError('--join %s: the job file of a Slurm job names no "workdir", '
-                             '"slurm_job" or "slurm_nodes"' % path)
+                             '"slurm_job" or "slurm_nodes" (node names)' % path)
         return job
     ssh_job = kind == 'ssh'
     if args.launcher == 'ssh' and not ssh_job:

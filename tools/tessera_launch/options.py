@@ -291,9 +291,10 @@ def parse_args(argv):
                              'other hosts: start tessera-server with TESSERA_SPARE=1 there)')
     if args.max_servers is not None:
         replicas = args.replicas or 1
-        if replicas < 2 and args.max_servers < args.num_servers:
-            raise UsageError('--max-servers %d: expected -s (%d) <= M'
-                             % (args.max_servers, args.num_servers))
+        most = max(args.num_servers, 256)  # as the servers read TESSERA_MAX_SERVERS
+        if replicas < 2 and not args.num_servers <= args.max_servers <= most:
+            raise UsageError('--max-servers %d: expected -s (%d) <= M <= %d (one copy of '
+                             'each slice)' % (args.max_servers, args.num_servers, most))
         if replicas >= 2 and not (args.num_servers <= args.max_servers
                                   <= args.num_servers * replicas):
             raise UsageError('--max-servers %d: expected -s (%d) <= M <= -s x --replicas '
