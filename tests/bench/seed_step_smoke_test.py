@@ -78,6 +78,11 @@ class SeedStepSmokeTest(unittest.TestCase):
                          [(100, 10), (100, 100), (1000, 10), (1000, 100)])
         for r in ok:
             self.assertEqual(r['bytes'], 2 * r['k'] * (8 + 4 * D))
+            # The worker's CPU for an operation: some, and no more than its
+            # threads (the caller and ZeroMQ's I/O thread, at most a few
+            # more) could spend in its time.
+            self.assertGreater(r['median_cpu_ms'], 0)
+            self.assertLess(r['median_cpu_ms'], 8 * max(r['ms']) + 1)
 
     def test_pulls_overlapping_the_pushes_pull_the_same_values(self):
         """--overlap issues each step's pulls before its pushes completed: the

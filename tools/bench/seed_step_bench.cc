@@ -46,7 +46,8 @@
 //                      (same process, after the steps): a same-run baseline
 // With --okrows (one worker, one server) it reports per row-sparse key of
 // --ok-keys rows and per k of --okrows (k <= rows) the median time of a
-// blocking PushRows then PullRows of k distinct uniformly random rows.
+// blocking PushRows then PullRows of k distinct uniformly random rows, and
+// the median CPU time the worker process (all its threads) spent on one.
 // --overlap issues each pull right after the pushes instead of after they
 // completed (the server holds a pull until its worker's push of that slice is
 // in the round's result, so a step's pulls start slice by slice as rounds
@@ -65,6 +66,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <memory>
 #include <numeric>
@@ -135,6 +137,13 @@ struct Flags {
 // (kFnvOffset to start): a check that two runs pulled the same bits, not a
 // cryptographic hash. Taken outside the timed part of a step.
 constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+// This process's CPU time, all its threads (ZeroMQ's I/O thread too).
+double ProcessCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 uint64_t Fnv1a(const void* data, size_t n, uint64_t h) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
   size_t i = 0;
@@ -548,12 +557,12 @@ int RunOkRows(const Flags& flags) {
     const uint64_t n = flags.ok_keys[i];
     for (uint64_t k : flags.okrows) {
       if (k > n) continue;
-      std::vector<double> ms, push_ms;
+      std::vector<double> ms, push_ms, cpu_ms;
       for (int rep = 0; rep < flags.ok_reps + 2; ++rep) {
         const std::vector<uint64_t> ids = RandomRows(n, k, &rng, &scratch);
         const absl::Span<const float> g(grad.data(), k * D);
         const absl::Span<float> o(out.data(), k * D);
-        const double t0 = NowSeconds();
+        const double c0 = ProcessCpuSeconds(), t0 = NowSeconds();
         double t1;
         if (flags.overlap) {
           absl::StatusOr<OpHandle> push = kv->PushRowsAsync(10 + i, ids, g);
@@ -568,12 +577,13 @@ int RunOkRows(const Flags& flags) {
           t1 = NowSeconds();
           SEED_RETURN_IF_ERROR(kv->PullRows(10 + i, ids, o), "PullRows");
         }
-        const double t2 = NowSeconds();
+        const double t2 = NowSeconds(), c2 = ProcessCpuSeconds();
         if (rep >= 2)
           pulled_fnv = Fnv1a(o.data(), o.size() * sizeof(float), pulled_fnv);
         if (rep >= 2) {
           ms.push_back((t2 - t0) * 1e3);
           push_ms.push_back((t1 - t0) * 1e3);
+          cpu_ms.push_back((c2 - c0) * 1e3);
         }
       }
       // Bytes that cross: ids and rows in the push, ids out and rows back in
@@ -582,9 +592,10 @@ int RunOkRows(const Flags& flags) {
       results.push_back(absl::StrFormat(
           "{\"key_rows\":%d,\"k\":%d,\"row_length\":%d,\"reps\":%d,"
           "\"median_ms\":%.3f,\"median_push_ms\":%.3f,\"ms\":%s,"
+          "\"median_cpu_ms\":%.3f,"
           "\"us_per_row\":%.3f,\"bytes\":%d,\"memcpy_ms\":%.3f}",
           n, k, D, flags.ok_reps, Median(ms), Median(push_ms), JsonList(ms),
-          Median(ms) * 1e3 / k, bytes, MemcpyMs(bytes)));
+          Median(cpu_ms), Median(ms) * 1e3 / k, bytes, MemcpyMs(bytes)));
       std::fprintf(stderr, "okrows: key %lu rows, k=%lu: median %.2f ms\n",
                    static_cast<unsigned long>(n), static_cast<unsigned long>(k),
                    Median(ms));
