@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Smoke test of tools/bench/seed_step.py and seed_step_bench (issue #15).
+"""Smoke test of tools/bench/seed_step.py and seed_step_bench (issue #15), and
+of ps_bound_bench (issue #27).
 
 Runs every mode on loopback with tiny shapes (a 1000 x 16 embedding, 16 x 8 and
 8 x 1000 dense layers, 2 workers, 2 servers, one timed step after one warm-up)
@@ -10,6 +11,7 @@ the sums over parts are checked too. No figure of time is asserted.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -120,6 +122,44 @@ class SeedStepSmokeTest(unittest.TestCase):
         # The ranks pull the same weights of the dense layers but their own
         # rows: the hashes differ between modes (a hash of nothing would not).
         self.assertNotEqual(hashes[True][('dense', 0)], hashes[True][('rows2bit', 0)])
+
+
+class PsBoundBenchTest(unittest.TestCase):
+    """ps_bound_bench: a bad flag names itself and what was expected; a tiny
+    run prints one row of rates whose ratios are the rates' quotients, and the
+    medians. No figure of time is asserted."""
+
+    BENCH = os.path.join(BUILD, 'tools', 'bench', 'ps_bound_bench')
+
+    def test_a_bad_flag_names_itself(self):
+        for flag in ('--window=0', '--row-length=3', '--optimizer=nesterov', '--span'):
+            run = subprocess.run([self.BENCH, flag], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, timeout=30)
+            self.assertEqual(run.returncode, 2, flag)
+            err = run.stderr.decode()
+            self.assertIn('bad flag %s (expected' % flag, err)
+            self.assertIn('--window=N>0', err)
+
+    def test_a_tiny_run_prints_its_rates_and_ratios(self):
+        run = subprocess.run([self.BENCH, '--mb=8', '--runs=2', '--span-mb=64'],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        out = run.stdout.decode()
+        self.assertEqual(run.returncode, 0, out + run.stderr.decode())
+        rows = re.findall(r'^\| (\d) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) '
+                          r'\| ([\d.]+) \|$', out, re.M)
+        self.assertEqual([r[0] for r in rows], ['1', '2'], out)
+        for _, raw, ideal, ideal_x, rows_gbps, rows_x in rows:
+            raw, ideal, rows_gbps = float(raw), float(ideal), float(rows_gbps)
+            self.assertGreater(raw, 0)
+            self.assertGreater(ideal, 0)
+            self.assertGreater(rows_gbps, 0)
+            # Printed to two places from the unrounded rates.
+            self.assertAlmostEqual(float(ideal_x), ideal / raw, delta=0.01 + 0.01 * ideal / raw)
+            self.assertAlmostEqual(float(rows_x), rows_gbps / raw,
+                                   delta=0.01 + 0.01 * rows_gbps / raw)
+        self.assertRegex(out, r'\nmedian: ideal [\d.]+x raw, rows [\d.]+x raw\n')
+        self.assertIn('8 MB moved per run, 1 MiB messages, window 16, store 64 MiB, '
+                      'rows of 1024, optimizer "sgd lr=0.1"', out)
 
 
 if __name__ == '__main__':
