@@ -100,11 +100,16 @@ void Send(void* socket, const void* data, size_t size, int flags) {
     Die(absl::StrCat("send: ", zmq_strerror(zmq_errno())));
 }
 
-// Receives one message part into `m` (initialised by the caller); gives up
-// after 60 s (a peer that died).
-void Receive(void* socket, zmq_msg_t* m) {
+// A PULL socket whose receives give up after 60 s (a peer that died).
+void* PullSocket(void* context) {
+  void* socket = zmq_socket(context, ZMQ_PULL);
   const int timeout_ms = 60 * 1000;
   zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms));
+  return socket;
+}
+
+// Receives one message part into `m` (initialised by the caller).
+void Receive(void* socket, zmq_msg_t* m) {
   if (zmq_msg_recv(m, socket, 0) < 0)
     Die(absl::StrCat("receive: ", zmq_strerror(zmq_errno())));
 }
@@ -129,7 +134,7 @@ void Serve(const Flags& flags, Mode mode, size_t messages, int to_parent,
   float* weights =
       static_cast<float*>(Touched(mode == Mode::kRaw ? 4 : span, 0.5f));
   void* context = zmq_ctx_new();
-  void* in = zmq_socket(context, ZMQ_PULL);
+  void* in = PullSocket(context);
   void* out = zmq_socket(context, ZMQ_PUSH);
   WriteInt(to_parent, BindPull(in));
   Connect(out, ReadInt(from_parent));
@@ -181,6 +186,7 @@ double RunOnce(const Flags& flags, Mode mode) {
       1, mode == Mode::kRaw ? bytes / kMessage : bytes / 2 / kMessage);
   int up[2], down[2];
   if (pipe(up) != 0 || pipe(down) != 0) Die("pipe");
+  std::fflush(stdout);  // the child must not print the parent's lines again
   const pid_t pid = fork();
   if (pid < 0) Die("fork");
   if (pid == 0) {
@@ -188,7 +194,7 @@ double RunOnce(const Flags& flags, Mode mode) {
     std::_Exit(0);
   }
   void* context = zmq_ctx_new();
-  void* in = zmq_socket(context, ZMQ_PULL);
+  void* in = PullSocket(context);
   void* out = zmq_socket(context, ZMQ_PUSH);
   const int server_port = ReadInt(up[0]);
   WriteInt(down[1], BindPull(in));
