@@ -148,15 +148,18 @@ class PsBoundBenchTest(unittest.TestCase):
         rows = re.findall(r'^\| (\d) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) '
                           r'\| ([\d.]+) \|$', out, re.M)
         self.assertEqual([r[0] for r in rows], ['1', '2'], out)
+        h = 0.005  # every figure is printed to two places
         for _, raw, ideal, ideal_x, rows_gbps, rows_x in rows:
-            raw, ideal, rows_gbps = float(raw), float(ideal), float(rows_gbps)
-            self.assertGreater(raw, 0)
-            self.assertGreater(ideal, 0)
-            self.assertGreater(rows_gbps, 0)
-            # Printed to two places from the unrounded rates.
-            self.assertAlmostEqual(float(ideal_x), ideal / raw, delta=0.01 + 0.01 * ideal / raw)
-            self.assertAlmostEqual(float(rows_x), rows_gbps / raw,
-                                   delta=0.01 + 0.01 * rows_gbps / raw)
+            raw = float(raw)
+            self.assertGreater(raw, h, out)
+            for rate, ratio in ((float(ideal), float(ideal_x)),
+                                (float(rows_gbps), float(rows_x))):
+                self.assertGreater(rate, 0, out)
+                # The ratio of the unrounded rates, rounded: within what the
+                # printed rates' rounding allows.
+                lo = max(rate - h, 0) / (raw + h) - h
+                hi = (rate + h) / (raw - h) + h
+                self.assertTrue(lo <= ratio <= hi, (rate, raw, ratio, out))
         self.assertRegex(out, r'\nmedian: ideal [\d.]+x raw, rows [\d.]+x raw\n')
         self.assertIn('8 MB moved per run, 1 MiB messages, window 16, store 64 MiB, '
                       'rows of 1024, optimizer "sgd lr=0.1"', out)
