@@ -132,8 +132,8 @@ absl::Status CheckpointStore::Write(wire::ServerCheckpoint& shard) {
 
   const std::string final_path = FileName(next);
   const std::string tmp_path = final_path + ".tmp";
-  const int fd = ::open(tmp_path.c_str(),
-                        O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+  const int fd =
+      ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
   if (fd < 0) return OsError("cannot create", tmp_path);
   // An earlier life's leftover keeps its mode through O_TRUNC.
   absl::Status written = ::fchmod(fd, 0600) == 0
@@ -276,7 +276,9 @@ Checkpointer::Checkpointer(CheckpointStore* store, CheckpointPolicy policy,
   metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
       "tessera_server_checkpoint_in_progress",
       "1 while a checkpoint is being taken or written.", MetricType::kGauge,
-      [this](MetricSamples* out) { out->push_back({{}, busy() ? 1.0 : 0.0}); }));
+      [this](MetricSamples* out) {
+        out->push_back({{}, busy() ? 1.0 : 0.0});
+      }));
 }
 
 Checkpointer::~Checkpointer() {
@@ -321,11 +323,10 @@ void Checkpointer::MaybeWrite() {
   Collect();
   const uint64_t updates = server_->updates_applied();
   if (updates == last_updates_) return;  // nothing new to save
-  const bool due =
-      (policy_.every_updates > 0 &&
-       updates - last_updates_ >= policy_.every_updates) ||
-      (policy_.every > absl::ZeroDuration() &&
-       absl::Now() - last_time_ >= policy_.every);
+  const bool due = (policy_.every_updates > 0 &&
+                    updates - last_updates_ >= policy_.every_updates) ||
+                   (policy_.every > absl::ZeroDuration() &&
+                    absl::Now() - last_time_ >= policy_.every);
   if (!due) return;
   {
     absl::MutexLock lock(&mu_);
@@ -389,9 +390,8 @@ void Checkpointer::WriterLoop() {
       writing_keys_ = shard.keys_size();
       writing_reported_ = absl::InfinitePast();
       if (write_delay_ > absl::ZeroDuration()) {
-        auto stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-          return stop_;
-        };
+        auto stopped = [this]()
+                           ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
         if (mu_.AwaitWithTimeout(absl::Condition(&stopped), write_delay_))
           return;
       }
@@ -422,7 +422,8 @@ void Checkpointer::WriterLoop() {
     }
     writing_since_ = absl::InfiniteFuture();
     if (status.ok()) {
-      written_ = std::make_shared<const wire::ServerCheckpoint>(std::move(shard));
+      written_ =
+          std::make_shared<const wire::ServerCheckpoint>(std::move(shard));
     } else {
       written_ = status;
     }

@@ -20,9 +20,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <thread>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -67,7 +67,7 @@ class CheckpointStore {
 // round of one key, or one dist_async push, counts as one update), or every so
 // many seconds.
 struct CheckpointPolicy {
-  uint64_t every_updates = 0;  // 0: not by updates
+  uint64_t every_updates = 0;                   // 0: not by updates
   absl::Duration every = absl::ZeroDuration();  // zero: not by time
 
   // "100" (updates) or "30s" (seconds). InvalidArgument naming the flag and
