@@ -38,6 +38,14 @@ absl::StatusOr<size_t> ParseSize(const std::string& text);
 // 4096 -> "4 KB", 1048576 -> "1 MB".
 std::string SizeName(size_t bytes);
 
+// The median of `v` (the mean of the two middle values for an even count; 0
+// when empty).
+double Median(std::vector<double> v);
+
+// True when `arg` is --name=VALUE; then *value is VALUE.
+bool TakeFlag(const std::string& arg, const std::string& name,
+              std::string* value);
+
 // Splits "a,b,c" (empty items dropped).
 std::vector<std::string> SplitList(const std::string& text);
 

@@ -42,6 +42,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "server/optimizer.h"
+#include "tools/bench/bench_util.h"
 
 namespace tessera::bench {
 namespace {
@@ -261,35 +262,23 @@ double RunOnce(const Flags& flags, Mode mode) {
   return messages * kMessage * (mode == Mode::kRaw ? 1 : 2) / seconds / 1e9;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-bool Take(const char* arg, const char* name, std::string* value) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  if (std::strncmp(arg, prefix.c_str(), prefix.size()) != 0) return false;
-  *value = arg + prefix.size();
-  return true;
-}
-
 int Main(int argc, char** argv) {
   Flags flags;
   for (int i = 1; i < argc; ++i) {
     std::string v;
     bool ok = true;
-    if (Take(argv[i], "mb", &v)) {
+    if (TakeFlag(argv[i], "mb", &v)) {
       ok = absl::SimpleAtod(v, &flags.mb) && flags.mb >= 2;
-    } else if (Take(argv[i], "runs", &v)) {
+    } else if (TakeFlag(argv[i], "runs", &v)) {
       ok = absl::SimpleAtoi(v, &flags.runs) && flags.runs > 0;
-    } else if (Take(argv[i], "window", &v)) {
+    } else if (TakeFlag(argv[i], "window", &v)) {
       ok = absl::SimpleAtoi(v, &flags.window) && flags.window > 0;
-    } else if (Take(argv[i], "span-mb", &v)) {
+    } else if (TakeFlag(argv[i], "span-mb", &v)) {
       ok = absl::SimpleAtoi(v, &flags.span_mb) && flags.span_mb >= 64;
-    } else if (Take(argv[i], "row-length", &v)) {
+    } else if (TakeFlag(argv[i], "row-length", &v)) {
       ok = absl::SimpleAtoi(v, &flags.row_length) && flags.row_length > 0 &&
            kMessage % (flags.row_length * sizeof(float)) == 0;
-    } else if (Take(argv[i], "optimizer", &v)) {
+    } else if (TakeFlag(argv[i], "optimizer", &v)) {
       flags.optimizer = v;
       ok = Optimizer::Create(v).ok();
     } else {

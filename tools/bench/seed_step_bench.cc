@@ -160,14 +160,6 @@ uint64_t Fnv1a(const void* data, size_t n, uint64_t h) {
   return h;
 }
 
-bool TakeFlag(const std::string& arg, const std::string& name,
-              std::string* value) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  if (!absl::StartsWith(arg, prefix)) return false;
-  *value = arg.substr(prefix.size());
-  return true;
-}
-
 absl::Status ParseU64List(const std::string& name, const std::string& text,
                           std::vector<uint64_t>* out) {
   out->clear();
@@ -258,12 +250,6 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
   return f;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 std::string JsonList(const std::vector<double>& v) {
   std::vector<std::string> s;

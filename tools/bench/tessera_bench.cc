@@ -137,14 +137,6 @@ std::string JobName(const JobSpec& j) {
                       ", security ", j.security);
 }
 
-bool TakeFlag(const std::string& arg, const std::string& name,
-              std::string* value) {
-  const std::string prefix = absl::StrCat("--", name, "=");
-  if (!absl::StartsWith(arg, prefix)) return false;
-  *value = arg.substr(prefix.size());
-  return true;
-}
-
 absl::StatusOr<std::vector<size_t>> ParseSizes(const std::string& text) {
   std::vector<size_t> sizes;
   for (const std::string& s : SplitList(text)) {
