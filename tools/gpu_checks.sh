@@ -4,13 +4,16 @@
 # host twins, the CUDA tests under compute-sanitizer's memcheck, tessera-codec-bench (its
 # GPU half: the 2-bit kernels beside a device-to-device copy, and a gradient's trip to
 # the host with and without compression), and the training job on the GPU beside the
-# same job on the CPU, on the same machine.
+# same job on the CPU, on the same machine; then tools/bench/cpu_checks.sh, the CPU-bound
+# targets two cores cannot settle (sealed 1 MB push/pull and the 4 KB round trip beside
+# raw ZeroMQ, a row push + pull per byte beside raw ZeroMQ), on the machine's 16 cores.
 #
 #   source .device/activate.sh && tools/gpu_checks.sh      # on the GPU machine
 #
 # Writes its log and the figures under $OUT (or /tmp/tessera-gpu). Exits non-zero when
 # the build or a test fails; the benchmarks only print. GPU_CHECKS=train builds the
-# daemons and the worker only and runs the training jobs alone.
+# daemons and the worker only and runs the training jobs alone; GPU_CHECKS=cpu the CPU
+# measurements alone (cpu_checks.sh, RUNS of each comparison: 3).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -49,6 +52,7 @@ tests=(two_bit_gpu_test model_mlp_cuda_test gpu_codec_bench_test two_bit_kernels
 stamp "build"
 targets=(tessera-worker tessera-server tessera-scheduler tessera-keygen)
 [ "${GPU_CHECKS:-all}" = all ] && targets+=("${tests[@]}" tessera-codec-bench)
+case "${GPU_CHECKS:-all}" in all | cpu) targets+=(tessera-bench seed_step_bench ps_bound_bench) ;; esac
 cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1 ||
   { grep -B2 -A8 -m5 'error' "$out/build.log"; tail -20 "$out/build.log"; exit 1; }
 
@@ -72,6 +76,13 @@ stamp "tessera-codec-bench"
 "$build/tests/compression/tessera-codec-bench" --max-mb=256
 
 fi  # GPU_CHECKS=all
+
+if [ "${GPU_CHECKS:-all}" = all ] || [ "${GPU_CHECKS:-all}" = cpu ]; then
+  stamp "CPU-bound targets on $(nproc) cores (tools/bench/cpu_checks.sh; log in cpu.log)"
+  BUILD_DIR="$build" tools/bench/cpu_checks.sh 2>&1 | tee "$out/cpu.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  [ "${GPU_CHECKS:-all}" = cpu ] && { stamp "done, status $status"; exit "$status"; }
+fi
 
 stamp "training: 2 workers, 1 server, 3 epochs, secured (launch.py's default)"
 export TESSERA_BUILD_DIR="$root/$build"
