@@ -13,6 +13,11 @@ import shutil
 
 from .options import UsageError
 
+# The CMake target that builds every program a job needs (the daemons, the worker
+# and tessera-keygen); errors about a missing program name it.
+RUNTIME_TARGET = 'tessera-runtime'
+BUILD_HINT = 'build them with: cmake --build build --target %s' % RUNTIME_TARGET
+
 # The launch.py of the source tree this package sits in (tools/launch.py):
 # what own_build_dirs assumes when the entry point does not say which script ran.
 SOURCE_TREE_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -75,8 +80,8 @@ def find_binary(name, flag, explicit, worker_command, path_env, fallback_dirs=()
             return os.path.abspath(os.path.join(d, name))
     where = 'next to the worker command (%s) or ' % ', '.join(looked) if looked else ''
     last = ' and in %s' % ', '.join(fallback_dirs) if fallback_dirs else ''
-    raise UsageError('cannot find %s: looked %son PATH%s; build it or pass %s PATH'
-                     % (name, where, last, flag))
+    raise UsageError('cannot find %s: looked %son PATH%s; %s, or pass %s PATH'
+                     % (name, where, last, BUILD_HINT, flag))
 
 
 def check_command(command, path_env):
