@@ -894,11 +894,20 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   // A backup holds a worker's request until it answers for the slice (the
   // worker heard of the primary's death before this server did).
   if (key->replicated && !Active(*ShardOf(key->key), *key)) return false;
-  // A hand-back: past its round boundary the slice takes no push (the
-  // server taking it back will); pulls are still answered.
+  // A hand-back: past its round boundary the slice takes no new push (the
+  // server taking it back will); pulls are still answered, and so is a push
+  // taken before the boundary that comes again (its answer was lost with a
+  // connection). Held, that copy would keep its worker from its pushes to
+  // the slices still waiting for their boundary, and the hand-back would
+  // wait for them for ever (a one-copy leave under killed connections).
   if (key->yield == StoredKey::kYielded &&
       msg.header.command() != wire::KV_PULL) {
-    return false;
+    const bool taken_before =
+        (msg.header.command() == wire::KV_PUSH ||
+         msg.header.command() == wire::KV_PUSHPULL) &&
+        key->ledger.Classify(RankOfId(msg.header.sender()),
+                             msg.header.push_seq()) == PushLedger::kDuplicate;
+    if (!taken_before) return false;
   }
   if (key->engine->Left(RankOfId(msg.header.sender()))) {
     // Held before its worker left the job (elastic): not taken now.
