@@ -95,6 +95,12 @@ function(tessera_fuzzer)
     message(STATUS "Tessera: TESSERA_SANITIZE=thread; fuzzer ${F_NAME} and test fuzz_${F_NAME} skipped")
     return()
   endif()
+  # The thread-safety build checks the project's code; a fuzzer is compiled without the
+  # analysis's flags (its own command line above), the same as in the main build.
+  if(TESSERA_THREAD_SAFETY)
+    message(STATUS "Tessera: TESSERA_THREAD_SAFETY; fuzzer ${F_NAME} left to the main build")
+    return()
+  endif()
   tessera_collect_link_files(libs ${F_LIBS})
   set(absl_includes "$<TARGET_PROPERTY:absl::status,INTERFACE_INCLUDE_DIRECTORIES>")
   set(binary ${CMAKE_CURRENT_BINARY_DIR}/${F_NAME}_fuzzer)
