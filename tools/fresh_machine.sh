@@ -161,6 +161,7 @@ packages() { chroot "$dir" dpkg-query -W -f='${db:Status-Abbrev}\n' | grep -c '^
 # --- The quick start ---------------------------------------------------------------
 before=$(packages)
 record "packages before" "$before (debootstrap minbase)"
+record "load average before" "$(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) cores; other work on the host shares them)"
 say "EPOCHS=$epochs tools/quickstart.sh (in the root; log: $log_dir/quickstart.log)"
 export EPOCHS=$epochs
 t0=$(now)
@@ -172,6 +173,9 @@ in_root tools/quickstart.sh 3>&- 4>&- 2>&1 | {
     printf '%s\n' "$line"
     printf '%s\n' "$line" >&3
     case "$line" in
+      "quickstart: installing"*) echo "$(now) install" >&4 ;;
+      "quickstart: configuring"*) echo "$(now) configure" >&4 ;;
+      "quickstart: building"*) echo "$(now) build" >&4 ;;
       "quickstart: training"*) echo "$(now) train" >&4 ;;
       *"Epoch["*"Batch["*) [ "$progress" = 1 ] || { echo "$(now) progress" >&4; progress=1; } ;;
     esac
@@ -185,6 +189,7 @@ t_train=$(awk '$2 == "train" { print $1; exit }' "$log_dir/marks")
 t_progress=$(awk '$2 == "progress" { print $1; exit }' "$log_dir/marks")
 after=$(packages)
 record "quickstart exit" "$rc"
+record "load average after" "$(cut -d' ' -f1-3 /proc/loadavg)"
 record "packages installed" "$((after - before)) by tools/quickstart.sh ($before before, $after after)"
 if [ -n "$t_train" ]; then
   record "to training start" "$(secs "$t0" "$t_train") s ($(mmss "$(secs "$t0" "$t_train")")) to 'quickstart: training'"
@@ -194,6 +199,13 @@ fi
 if [ -n "$t_progress" ]; then
   record "to first progress line" "$(secs "$t0" "$t_progress") s (the first Epoch[0] Batch line)"
 fi
+# Each step's time: from its 'quickstart: ...' line to the next one's.
+steps=$(awk -v t0="$t0" -v t1="$t1" '
+  BEGIN { n = 0 }
+  $2 != "progress" { name[n] = $2; at[n++] = $1 }
+  END { for (i = 0; i < n; i++) { end = (i + 1 < n) ? at[i + 1] : t1
+          printf "%s%s %.0f s", (i ? ", " : ""), name[i], end - at[i] } }' "$log_dir/marks")
+record "steps" "${steps:-none}"
 record "quickstart total" "$(secs "$t0" "$t1") s ($(mmss "$(secs "$t0" "$t1")")), EPOCHS=$epochs"
 acc=$(grep -o 'Validation-accuracy=[0-9.]*' "$log_dir/quickstart.log" | tail -1 | cut -d= -f2 || true)
 record "final validation accuracy" "${acc:-none}"
