@@ -138,7 +138,10 @@ Message Node::RegisterMessage() const {
   reg.header.set_generation(options_.restart_count);
   wire::NodeInfo* info = reg.header.mutable_register_()->mutable_node();
   info->set_role(options_.role == Role::kServer ? wire::SERVER : wire::WORKER);
-  info->set_rank(-1);
+  // No rank yet: the scheduler gives it. What it carries instead is the
+  // process's place in its launcher's start order (DMLC_TASK_ID, -1: none),
+  // by which the scheduler ranks it (AssignIds).
+  info->set_rank(options_.task_id);
   info->set_host(address_);
   info->set_port(port_);
   info->set_generation(options_.restart_count);

@@ -117,6 +117,10 @@ absl::Status ParseCluster(const EnvLookup& env, Options& o) {
   o.node_host = ReadString(env, "DMLC_NODE_HOST");
   TESSERA_ASSIGN_OR_RETURN(
       o.port, ReadInt(env, "PORT", 0, 65535, 0, "a port number in 0..65535"));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.task_id, ReadInt(env, "DMLC_TASK_ID", 0, 1 << 30, -1,
+                         "a whole number >= 0 (the process's place in its "
+                         "launcher's start order)"));
   return absl::OkStatus();
 }
 

@@ -43,8 +43,13 @@ struct Options {
   std::string
       interface;  // DMLC_INTERFACE: network interface to take the address of
   std::string
-      node_host;    // DMLC_NODE_HOST: advertised address; wins over interface
-  int port = 0;     // PORT: port to bind (0: any free one)
+      node_host;  // DMLC_NODE_HOST: advertised address; wins over interface
+  int port = 0;   // PORT: port to bind (0: any free one)
+  // DMLC_TASK_ID (set by launch.py: servers 0..S-1, workers S..S+W-1): this
+  // process's place in its launcher's start order; -1 when unset. The
+  // scheduler ranks each role in this order (nodes without one after those
+  // with one, by address), so that launch.py's "worker 1" is rank 1.
+  int task_id = -1;
   int verbose = 0;  // PS_VERBOSE: 0, 1 or 2
   // PS_HEARTBEAT_INTERVAL / PS_HEARTBEAT_TIMEOUT, seconds (fractions allowed);
   // an interval of 0 turns heartbeats off. On by default, unlike ps-lite.

@@ -58,12 +58,18 @@ Message AbortMessage(const std::string& reason) {
 }  // namespace
 
 std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
-  std::stable_sort(
-      nodes.begin(), nodes.end(),
-      [](const wire::NodeInfo& a, const wire::NodeInfo& b) {
-        return std::make_tuple(static_cast<int>(a.role()), a.host(), a.port()) <
-               std::make_tuple(static_cast<int>(b.role()), b.host(), b.port());
-      });
+  // A registration's rank is its place in its launcher's start order
+  // (DMLC_TASK_ID), or negative when it has none: those come after, by
+  // address (a job started by hand ranks by address alone).
+  auto key = [](const wire::NodeInfo& n) {
+    const bool ordered = n.rank() >= 0;
+    return std::make_tuple(static_cast<int>(n.role()), !ordered,
+                           ordered ? n.rank() : 0, n.host(), n.port());
+  };
+  std::stable_sort(nodes.begin(), nodes.end(),
+                   [&key](const wire::NodeInfo& a, const wire::NodeInfo& b) {
+                     return key(a) < key(b);
+                   });
   int server_rank = 0, worker_rank = 0;
   for (wire::NodeInfo& n : nodes) {
     if (n.role() == wire::SERVER) {
@@ -1651,16 +1657,17 @@ void Scheduler::Replace(int id, const Registration& with) {
   metrics_.replacements->Increment();
   (void)LinkTo(id, node);
   const bool had_none = before.port() == 0;
-  TESSERA_LOG(WARNING) << Describe(node) << " (host "
-                       << (with.hostname.empty() ? with.info.host()
-                                                 : with.hostname)
-                       << (had_none ? ") takes server rank "
-                                    : ") replaces the dead server of rank ")
-                       << node.rank()
-                       << (had_none ? ", which had no server" : "")
-                       << " (replacement " << node.joined()
-                       << (options_.single_copy
-                               ? "); the servers answering for the key slices "
+  // The pid ties a spare's or an added server's name in launch.py ("spare
+  // 0 (pid 42)") to the rank it now has.
+  TESSERA_LOG(WARNING)
+      << Describe(node) << " (host "
+      << (with.hostname.empty() ? with.info.host() : with.hostname)
+      << (with.pid > 0 ? absl::StrCat(", pid ", with.pid) : std::string())
+      << (had_none ? ") takes server rank "
+                   : ") replaces the dead server of rank ")
+      << node.rank() << (had_none ? ", which had no server" : "")
+      << " (replacement " << node.joined()
+      << (options_.single_copy ? "); the servers answering for the key slices "
                                  "it will answer for send them to it"
                                : "); it catches up on the rank's key slices "
                                  "from their replicas");

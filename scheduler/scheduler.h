@@ -41,7 +41,11 @@
 namespace tessera {
 
 // Gives ids and ranks to registered nodes: servers get ids 8, 10, ... and
-// workers 9, 11, ..., each role ranked 0..n-1 in order of (host, port).
+// workers 9, 11, ..., each role ranked 0..n-1 in the order of the rank each
+// registered with (its launcher's start order, DMLC_TASK_ID: launch.py's
+// "worker 1" is rank 1), then of (host, port). Nodes registered with a
+// negative rank (none: started without a launcher) come after those with
+// one, in order of (host, port).
 std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes);
 
 class Scheduler {

@@ -20,7 +20,9 @@ What every process gets in its environment:
   DMLC_ROLE              scheduler | server | worker
   DMLC_PS_ROOT_URI/PORT  where the scheduler listens
   DMLC_NUM_SERVER/WORKER how many of each the scheduler waits for
-  DMLC_TASK_ID           servers 0..S-1, workers S..S+W-1 (as in dmlc-core)
+  DMLC_TASK_ID           servers 0..S-1, workers S..S+W-1 (as in dmlc-core):
+                         the start order, which the scheduler ranks each role
+                         in (see Names below)
   DMLC_JOB_CLUSTER       local | ssh | mpi | slurm
   TESSERA_RESTART_COUNT  0 on the first start, k on the k-th restart (--restarts)
   TESSERA_KEY_FILE       this process's role key file (see Security below), or
@@ -46,6 +48,17 @@ process is stopped (SIGTERM, SIGKILL 3 s later), one line names it:
 and the launcher exits with that worker's status (1 for anything else). Every
 process runs in its own session, so stopping it stops what it started. Usage
 errors are one line and exit 2.
+
+Names: a process is named by its rank, the same name the daemons' logs give
+it. Each process registers with its DMLC_TASK_ID and the scheduler ranks the
+servers and the workers in that order (not by address, as it does for nodes
+started without one), so launch.py's [worker 1] is the scheduler's "worker 1
+(id 11 at HOST:PORT)" and the worker's own "[worker 1]" log tag; a process
+restarted by --restarts takes its rank back. With --max-servers M above -s S
+the servers take ranks spread over the M, i x M / S, and are named by them
+(server 0, server 2 for -s 2 --max-servers 4). Spares (spare j) and processes
+added later (added worker j, added server j) get a rank only when they take
+one: the scheduler's line saying so names their pid.
 
 Security (docs/security.md): every job gets fresh CURVE keys, one key pair per
 role; each process is given its own role's secret key and the public keys,

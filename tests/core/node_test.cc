@@ -51,6 +51,44 @@ TEST(AssignIdsTest, RanksFollowAddressesNotArrivalOrder) {
   EXPECT_EQ(find("10.0.0.2", 100).rank(), 2);
 }
 
+// launch.py's start order (DMLC_TASK_ID, registered as the rank) wins over the
+// address: its "worker 0" is rank 0 wherever it listens. Nodes without one
+// (rank -1) come after, by address.
+TEST(AssignIdsTest, RanksFollowTheLaunchersStartOrderBeforeAddresses) {
+  auto ordered = [](wire::Role role, const std::string& host, int port,
+                    int order) {
+    wire::NodeInfo n = Info(role, host, port);
+    n.set_rank(order);
+    return n;
+  };
+  std::vector<wire::NodeInfo> arrival = {
+      ordered(wire::WORKER, "127.0.0.1", 300, 3),
+      ordered(wire::SERVER, "127.0.0.9", 1, 0),
+      ordered(wire::WORKER, "127.0.0.3", 100, 2),
+      ordered(wire::SERVER, "127.0.0.2", 5, 1),
+      ordered(wire::WORKER, "127.0.0.0", 50, -1),
+      ordered(wire::WORKER, "127.0.0.2", 200, 4)};
+  std::vector<wire::NodeInfo> a = AssignIds(arrival);
+  std::reverse(arrival.begin(), arrival.end());
+  std::vector<wire::NodeInfo> b = AssignIds(arrival);
+  ASSERT_EQ(a.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].SerializeAsString(), b[i].SerializeAsString());
+  }
+  auto rank_at = [&a](const std::string& host, int port) {
+    for (const auto& n : a) {
+      if (n.host() == host && n.port() == port) return n.rank();
+    }
+    return -100;
+  };
+  EXPECT_EQ(rank_at("127.0.0.9", 1), 0);  // task 0: server 0
+  EXPECT_EQ(rank_at("127.0.0.2", 5), 1);
+  EXPECT_EQ(rank_at("127.0.0.3", 100), 0);  // task 2: launch.py's worker 0
+  EXPECT_EQ(rank_at("127.0.0.1", 300), 1);
+  EXPECT_EQ(rank_at("127.0.0.2", 200), 2);
+  EXPECT_EQ(rank_at("127.0.0.0", 50), 3);  // none: after those with one
+}
+
 Options TestOptions(Role role) {
   Options o;
   o.role = role;

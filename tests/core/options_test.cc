@@ -33,6 +33,7 @@ TEST(OptionsTest, ReadsEveryVariable) {
   env["DMLC_INTERFACE"] = "eth1";
   env["DMLC_NODE_HOST"] = "node-7";
   env["PORT"] = "4567";
+  env["DMLC_TASK_ID"] = "4";
   env["TESSERA_SEALED_PORT"] = "4568";
   env["PS_VERBOSE"] = "2";
   env["PS_HEARTBEAT_INTERVAL"] = "0.5";
@@ -57,6 +58,7 @@ TEST(OptionsTest, ReadsEveryVariable) {
   EXPECT_EQ(o->interface, "eth1");
   EXPECT_EQ(o->node_host, "node-7");
   EXPECT_EQ(o->port, 4567);
+  EXPECT_EQ(o->task_id, 4);
   EXPECT_EQ(o->sealed_port, 4568);
   EXPECT_EQ(o->verbose, 2);
   EXPECT_EQ(o->heartbeat_interval, absl::Milliseconds(500));
@@ -161,6 +163,7 @@ TEST(OptionsTest, DefaultsAreHeartbeatsOnAndSixtySecondStart) {
   absl::StatusOr<Options> o = Parse(Base());
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->port, 0);
+  EXPECT_EQ(o->task_id, -1);  // DMLC_TASK_ID unset: ranked by address
   EXPECT_EQ(o->verbose, 0);
   EXPECT_GT(o->heartbeat_interval, absl::ZeroDuration());
   EXPECT_EQ(o->start_timeout, absl::Seconds(60));
@@ -237,6 +240,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "DMLC_NUM_WORKER='2.5': expected a whole number >= 1"},
         BadCase{"PORT", "99999",
                 "PORT='99999': expected a port number in 0..65535"},
+        BadCase{"DMLC_TASK_ID", "-1",
+                "DMLC_TASK_ID='-1': expected a whole number >= 0 (the "
+                "process's place in its launcher's start order)"},
         BadCase{"TESSERA_SEALED_PORT", "-1",
                 "TESSERA_SEALED_PORT='-1': expected a port number in 0..65535 "
                 "(0: any free port)"},

@@ -78,7 +78,7 @@ class ElasticClusterTest(base.ClusterTestBase):
         """An act for run_acting_on: sends signals[i] to the i-th worker of launch.py
         that is not rank 0 (the worker that printed the match), in order."""
         def act(m):
-            evaluator = int(m.group(1))  # launch.py's index of rank 0
+            evaluator = int(m.group(1))  # rank 0 (launch.py names it by rank)
             others = [k for k in range(4) if k != evaluator]
             for k, sig in zip(others, signals):
                 pid = node_pid(self.mark, 'worker', 1 + k)  # 1 server first
@@ -181,11 +181,11 @@ class ElasticClusterTest(base.ClusterTestBase):
 
     def signalling_server(self, task_id, sig=signal.SIGTERM):
         """An act for run_acting_on_each: sends `sig` to launch.py's server
-        `task_id`."""
+        `task_id` in start order (DMLC_TASK_ID; its name is its rank)."""
         def act(m):
             pid = node_pid(self.mark, 'server', task_id)
-            self.assertIsNotNone(pid, 'server %d is not running' % task_id)
-            sys.stderr.write('%s to server %d (pid %d)\n'
+            self.assertIsNotNone(pid, 'server of DMLC_TASK_ID %d is not running' % task_id)
+            sys.stderr.write('%s to the server of DMLC_TASK_ID %d (pid %d)\n'
                              % (signal.Signals(sig).name, task_id, pid))
             os.kill(pid, sig)
         return act
@@ -376,8 +376,8 @@ class ElasticClusterTest(base.ClusterTestBase):
             m = re.search(r'\[added server %d\] .*pushes applied (\d+)' % i, added_out)
             self.assertIsNotNone(m, added_out)
             self.assertGreater(int(m.group(1)), 0, added_out)
-        # launch.py's server 0, whichever rank it has (0 or 2).
-        self.assertRegex(out, r'\[scheduler\] .*server [02] \(id \d+ at [^)]*\) left the job '
+        # launch.py's server 0 (start order 0: rank 0).
+        self.assertRegex(out, r'\[scheduler\] .*server 0 \(id \d+ at [^)]*\) left the job '
                               r'\(it said goodbye\); its key slices fail over')
         self.assertRegex(out, r'\[server 0\] .*left the job \(SIGTERM\): its key slices fail '
                               r'over to their replicas')
@@ -393,9 +393,9 @@ class ElasticClusterTest(base.ClusterTestBase):
 
     def test_servers_join_and_leave_a_job_with_one_copy_of_each_slice(self):
         # No replicas: --max-servers 4 with -s 2 places the slices over 4 server
-        # ranks; launch.py's servers take ranks 0 and 2, and ranks 1 and 3 have
-        # their slices answered by the next rank with a server. launch.py
-        # --add-servers 2 starts two servers while the soak runs: each receives the
+        # ranks; launch.py's servers take ranks 0 and 2 (and it names them so), and
+        # ranks 1 and 3 have their slices answered by the next rank with a server.
+        # launch.py --add-servers 2 starts two servers while the soak runs: each receives the
         # slices it will answer for from the server answering for them (state
         # transfer, rounds going on), then takes them at a round boundary. Then
         # launch.py's two servers leave on SIGTERM, one after the other: each
@@ -433,9 +433,9 @@ class ElasticClusterTest(base.ClusterTestBase):
                                         r'left the job \(it said goodbye; its key slices '
                                         r'moved in [^)]*\); the next server answers for its '
                                         r'key slices', out)), 2, out)
-        for i in range(2):
+        for rank in (0, 2):  # launch.py names its servers by their ranks
             self.assertRegex(out, r'\[server %d\] .*left the job \(SIGTERM\): its key '
-                                  r'slices moved to the other servers' % i)
+                                  r'slices moved to the other servers' % rank)
         self.assertEqual(len(re.findall(r'\[added server \d\] .*server\(s\) [02] left: this '
                                         r'server now answers for \d+ key slice\(s\) that '
                                         r'moved here', added_out)), 2, added_out)
@@ -444,7 +444,7 @@ class ElasticClusterTest(base.ClusterTestBase):
             self.assertIsNotNone(m, added_out)
             self.assertGreater(int(m.group(1)), 0, added_out)
         # What they gave to the added servers they dropped (memory given back).
-        self.assertRegex(out, r'\[server [01]\] .*key slice\(s\) of this server\'s moved to '
+        self.assertRegex(out, r'\[server [02]\] .*key slice\(s\) of this server\'s moved to '
                               r'the server that joined \(this server drops its copy\)')
         self.assertNotIn('declared dead', out + added_out)
         self.assertNotIn('fail over', out + added_out)

@@ -192,6 +192,67 @@ class LaunchClusterTest(ClusterTestBase):
         time.sleep(0.2)
         self.assertEqual(marked_pids(self.mark), [], 'processes left behind')
 
+    def test_launcher_and_daemons_name_a_killed_worker_alike(self):
+        # launch.py names its processes in start order; the scheduler must rank them
+        # in that order too, not by address. Here launch.py's worker 0 listens on
+        # 127.0.0.3 and worker 1 on 127.0.0.2 (DMLC_NODE_HOST), so that address
+        # order would make worker 1 rank 0. Worker 0 is SIGKILLed in an elastic job,
+        # which goes on without it: launch.py's line, the scheduler's and the
+        # workers' own log tags ([worker R] after launch.py's prefix) all name each
+        # process the same way.
+        script = os.path.join(self.tmp.name, 'worker.sh')
+        with open(script, 'w') as f:
+            f.write('#!/bin/sh\n'
+                    '# -s 1: DMLC_TASK_ID 1 (worker 0) on 127.0.0.3, 2 (worker 1) on '
+                    '127.0.0.2\n'
+                    'DMLC_NODE_HOST=127.0.0.$((4 - DMLC_TASK_ID)); export DMLC_NODE_HOST\n'
+                    'echo $$ > %s/pid.$DMLC_TASK_ID\nexec %s barrier 100000 20\n'
+                    % (self.tmp.name, CHECK_WORKER))
+        os.chmod(script, 0o755)
+        self.env['PS_VERBOSE'] = '1'  # each node says the id and rank it joined as
+        self.start(['-n', '2', '-s', '1', '--elastic', '1:2', script])
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(self.proc.stdout), daemon=True)
+        reader.start()
+
+        def wait_for(pattern, what, timeout=30):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                for line in list(lines):
+                    m = re.search(pattern, line)
+                    if m:
+                        return m
+                self.assertIsNone(self.proc.poll(), 'the job ended early:\n' + ''.join(lines))
+                time.sleep(0.05)
+            self.fail('never saw %s:\n%s' % (what, ''.join(lines)))
+
+        for task in (1, 2):  # both joined: the job formed
+            wait_for(r'^\[worker %d\] .*joined as id \d+ rank' % (task - 1),
+                     'worker %d joining' % (task - 1))
+        victim = int(read(os.path.join(self.tmp.name, 'pid.1')))  # launch.py's worker 0
+        os.kill(victim, signal.SIGKILL)
+        dead = wait_for(r'^\[scheduler\] .*WARNING worker (\d) \(id \d+ at ([0-9.]+):\d+\) '
+                        r'stopped heart-beating', 'the scheduler declaring it dead')
+        self.proc.send_signal(signal.SIGTERM)  # the survivor would barrier for long
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.fail('launch.py did not stop on SIGTERM:\n' + ''.join(lines))
+        reader.join(10)
+        self.proc.stdout.close()
+        out = ''.join(lines)
+        self.assertIn('launch.py: worker 0 (pid %d) killed by signal SIGKILL; '
+                      'TESSERA_ELASTIC=1:2: the job goes on without it' % victim, out)
+        self.assertEqual(dead.groups(), ('0', '127.0.0.3'), out)
+        # Every line a worker logs carries its own tag: the rank it joined as.
+        tagged = re.findall(r'(?m)^\[worker (\d)\] \S+ \[worker (\d)\]', out)
+        self.assertTrue(tagged, out)
+        for prefix, tag in tagged:
+            self.assertEqual(prefix, tag, out)
+        joined = dict(re.findall(r'(?m)^\[worker (\d)\] .*joined as id \d+ rank (\d)', out))
+        self.assertEqual(joined, {'0': '0', '1': '1'}, out)
+        self.assertEqual(marked_pids(self.mark), [])
+
     def test_missing_node_ends_at_the_start_deadline(self):
         never = os.path.join(self.tmp.name, 'never-server')
         with open(never, 'w') as f:

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(LAUNCH))
 from tessera_launch.binaries import find_binary, own_build_dirs  # noqa: E402
 from tessera_launch.config import (  # noqa: E402
     JobConfig, build_config, elastic_of, forwarded_env, max_servers_of, metrics_urls, node_env,
-    replicas_of)
+    replicas_of, server_rank)
 from tessera_launch.hosts import (  # noqa: E402
     Host, distinct_hosts, ephemeral_range, free_port_run, interface_ipv4, parse_hostfile,
     parse_hostfile_text, pick_node_ports, pick_port, place, scheduler_address)
@@ -46,6 +46,8 @@ from tessera_launch.options import (  # noqa: E402
     MPI_SPEC_VAR, UsageError, parse_args, parse_env_specs)
 from tessera_launch.remote import (  # noqa: E402
     KEY_END_MARKER, KEY_FROM_STDIN, REMOTE_PID_MARKER, REMOTE_WRAPPER, key_stdin)
+from tessera_launch.local import local_nodes  # noqa: E402
+from tessera_launch.mpi import mpi_nodes  # noqa: E402
 from tessera_launch.slurm import parse_tasks_per_node, slurm_hosts, slurm_nodes  # noqa: E402
 from tessera_launch.ssh import remote_path, rsync_argv, ssh_argv  # noqa: E402
 from tessera_launch.supervisor import Node, describe_status  # noqa: E402
@@ -828,6 +830,52 @@ class EnvTest(unittest.TestCase):
             ('server 2', 'http://127.0.0.1:9103/metrics'),
             ('worker 0', 'http://127.0.0.1:9104/metrics'),
             ('worker 1', 'http://127.0.0.1:9105/metrics')])
+
+    def test_processes_are_named_by_the_ranks_the_scheduler_gives_them(self):
+        # The scheduler ranks each role in start order (DMLC_TASK_ID): launch.py's
+        # worker i is rank i whatever its address, and so named. With --max-servers
+        # M above -s S the servers take ranks spread over the M, i x M / S
+        # (scheduler.cc, FormJob), and are named by them in every launcher, their
+        # DMLC_TASK_ID and metrics port still by start order.
+        plain = build_config(parse_args(['-n', '2', '-s', '3', '/bin/true']),
+                             self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual([server_rank(plain, i) for i in range(3)], [0, 1, 2])
+        args = parse_args(['-n', '2', '-s', '2', '--replicas', '2', '--max-servers', '4',
+                           '--spare-servers', '1', '--metrics-port', '9100', '/bin/true'])
+        cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual([server_rank(cfg, i) for i in range(2)], [0, 2])
+        nodes = local_nodes(cfg, args, '/b/sched', '/b/server', self.ENVIRON)
+        self.assertEqual([n.name for n in nodes],
+                         ['scheduler', 'server 0', 'server 2', 'worker 0', 'worker 1',
+                          'spare 0'])
+        self.assertEqual([n.spawn(0)[1].get('DMLC_TASK_ID') for n in nodes],
+                         [None, '0', '1', '2', '3', '4'])
+        self.assertEqual(nodes[2].prefix, b'[server 2] ')
+        self.assertEqual([name for name, _ in metrics_urls(cfg, nodes)],
+                         [n.name for n in nodes])
+        self.assertEqual(metrics_urls(cfg, nodes)[2],
+                         ('server 2', 'http://127.0.0.1:9102/metrics'))
+        three = build_config(parse_args(['-n', '1', '-s', '3', '--max-servers', '8',
+                                         '/bin/true']),
+                             self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual([server_rank(three, i) for i in range(3)], [0, 2, 5])
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        slurm_args = parse_args(['-n', '2', '-s', '2', '--max-servers', '4', '--launcher',
+                                 'slurm', '/w'])
+        slurm_cfg = build_config(slurm_args, {'PATH': '/bin'}, 'slurm', '10.0.0.1',
+                                 remote=True)
+        steps = slurm_nodes(slurm_cfg, slurm_args, [Host('n1', slots=4)], '/b/sched',
+                            '/b/server', {'PATH': '/bin'})
+        self.assertEqual([n.name for n in steps],
+                         ['scheduler', 'server 0', 'server 2', 'worker 0', 'worker 1'])
+        mpi_args = parse_args(['-n', '2', '-s', '2', '--max-servers', '4', '--launcher',
+                               'mpi', '/w'])
+        mpi_cfg = build_config(mpi_args, {'PATH': '/bin'}, 'mpi', '127.0.0.1', remote=False)
+        mpirun = mpi_nodes(mpi_cfg, mpi_args, None, '/b/sched', '/b/server', {'PATH': '/bin'},
+                           tmp, LAUNCH)[1]
+        self.assertEqual([mpirun.tag_map(rank) for rank in range(4)],
+                         [b'[server 0] ', b'[server 2] ', b'[worker 0] ', b'[worker 1] '])
 
     def test_env_specs(self):
         parse = parse_env_specs

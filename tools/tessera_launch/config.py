@@ -106,6 +106,17 @@ def node_env(cfg, role, task_id=None, restart_count=0):
     return env
 
 
+def server_rank(cfg, index):
+    """The rank the scheduler gives launch.py's server `index` (start order, as
+    DMLC_TASK_ID): `index` itself, but in a job with TESSERA_MAX_SERVERS = M
+    above -s = S the S servers take ranks spread over the M, index x M / S
+    (scheduler.cc, FormJob), and are named by them."""
+    most = max_servers_of(cfg)
+    if cfg.num_servers <= 0 or most <= cfg.num_servers:
+        return index
+    return index * most // cfg.num_servers
+
+
 def metrics_port_of(cfg, task_id):
     """--metrics-port: the scheduler's is BASE, a node's BASE + DMLC_TASK_ID + 1."""
     return cfg.metrics_port + (0 if task_id is None else task_id + 1)
@@ -118,7 +129,7 @@ def metrics_urls(cfg, nodes):
         if node.role == 'mpirun':
             # Ranks: servers first, then workers, on the hosts of the placement.
             for rank in range(cfg.num_servers + cfg.num_workers):
-                name = ('server %d' % rank if rank < cfg.num_servers
+                name = ('server %d' % server_rank(cfg, rank) if rank < cfg.num_servers
                         else 'worker %d' % (rank - cfg.num_servers))
                 host = (cfg.mpi_hosts[rank] if getattr(cfg, 'mpi_hosts', None)
                         else cfg.root_uri)

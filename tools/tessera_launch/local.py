@@ -4,7 +4,7 @@ mpi launchers too.
     nodes = local_nodes(cfg, args, scheduler_bin, server_bin, os.environ)
 """
 
-from .config import node_env
+from .config import node_env, server_rank
 from .options import MPI_SPEC_VAR
 from .supervisor import Node
 
@@ -27,7 +27,7 @@ def local_nodes(cfg, args, scheduler_bin, server_bin, environ):
     for i in range(cfg.num_servers):
         nodes.append(Node('server', i, _local_spawn(cfg, 'server', i, [server_bin] +
                                                     args.server_argv_extra, environ),
-                          restartable=True))
+                          restartable=True, rank=server_rank(cfg, i)))
     for i in range(cfg.num_workers):
         nodes.append(Node('worker', i, _local_spawn(cfg, 'worker', cfg.num_servers + i,
                                                     args.command, environ),

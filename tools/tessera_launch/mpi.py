@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 
-from .config import node_env
+from .config import node_env, server_rank
 from .hosts import distinct_hosts, place
 from .local import scheduler_node
 from .options import MPI_SPEC_VAR, PROG, SetupError, UsageError
@@ -87,10 +87,13 @@ def mpi_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ, tmpdir, scri
 
     mpirun = Node('mpirun', None, spawn, primary=True)
     num_servers = cfg.num_servers
+    # An MPI rank's DMLC_TASK_ID is the rank itself: the scheduler ranks the
+    # servers and the workers in that order (config.server_rank).
+    server_ranks = [server_rank(cfg, i) for i in range(num_servers)]
 
     def tag(rank):
         if rank < num_servers:
-            return b'[server %d] ' % rank
+            return b'[server %d] ' % server_ranks[rank]
         return b'[worker %d] ' % (rank - num_servers)
     mpirun.tag_map = tag
     mpirun.split_stderr = True  # mpirun writes a line's text and newline separately

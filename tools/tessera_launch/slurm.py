@@ -11,7 +11,7 @@ Errors: UsageError (outside an allocation, or scontrol failing).
 import re
 import subprocess
 
-from .config import node_env
+from .config import node_env, server_rank
 from .hosts import HOST_NAME_RE, Host, place
 from .options import MPI_SPEC_VAR, UsageError
 from .remote import KEY_FROM_STDIN, REMOTE_WRAPPER, key_stdin
@@ -125,7 +125,7 @@ def slurm_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ):
     nodes = [step('scheduler', None, None, hosts[0], [scheduler_bin])]
     for i, host in enumerate(server_hosts):
         nodes.append(step('server', i, i, host, [server_bin] + args.server_argv_extra,
-                          restartable=True))
+                          restartable=True, rank=server_rank(cfg, i)))
     for i, host in enumerate(worker_hosts):
         nodes.append(step('worker', i, cfg.num_servers + i, host, args.command,
                           primary=True, restartable=True))

@@ -12,7 +12,7 @@ import posixpath
 import shlex
 import subprocess
 
-from .config import node_env
+from .config import node_env, server_rank
 from .hosts import distinct_hosts, place
 from .local import scheduler_node
 from .options import SetupError, UsageError
@@ -109,7 +109,8 @@ def ssh_nodes(cfg, args, hosts, scheduler_bin, server_bin, environ):
     for i, host in enumerate(server_hosts):
         nodes.append(keyed(Node('server', i, remote_spawn('server', i, host,
                                                           [server_bin] + args.server_argv_extra),
-                                host=host, remote=True, restartable=True)))
+                                host=host, remote=True, restartable=True,
+                                rank=server_rank(cfg, i))))
     for i, host in enumerate(worker_hosts):
         nodes.append(keyed(Node('worker', i, remote_spawn('worker', cfg.num_servers + i, host,
                                                           args.command),

@@ -64,12 +64,19 @@ def describe_status(rc, remote, transport='ssh'):
 
 
 class Node(object):
-    """One process of the job. `spawn(restart_count)` returns (argv, env, cwd)."""
+    """One process of the job. `spawn(restart_count)` returns (argv, env, cwd).
+
+    Its name ('worker 1') is the rank the scheduler gives it, so that the
+    launcher's lines and the daemons' name a process the same way: the
+    scheduler ranks each role in start order (DMLC_TASK_ID), so that is
+    `index`, unless `rank` says otherwise (the servers of a job with
+    TESSERA_MAX_SERVERS take ranks spread over the most, config.server_rank)."""
 
     def __init__(self, role, index, spawn, host=None, remote=False, primary=False,
-                 restartable=False):
+                 restartable=False, rank=None):
         self.role = role
-        self.index = index
+        self.index = index  # start order within the role
+        self.rank = index if rank is None else rank
         self.spawn = spawn
         self.host = host
         self.remote = remote
@@ -92,7 +99,7 @@ class Node(object):
 
     @property
     def name(self):
-        return self.role if self.index is None else '%s %d' % (self.role, self.index)
+        return self.role if self.rank is None else '%s %d' % (self.role, self.rank)
 
     @property
     def prefix(self):
