@@ -68,13 +68,25 @@ cleanup() {
     r=$(readlink "$p/root" 2>/dev/null) || continue
     if [ "$r" = "$dir" ]; then kill -KILL "${p#/proc/}" 2>/dev/null; fi
   done
-  local i
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
-    umount "${mounted[i]}" 2>/dev/null || umount -l "${mounted[i]}" 2>/dev/null ||
-      echo "fresh_machine: could not unmount ${mounted[i]}" >&2
+  # Ours, and what the tests mounted inside (ip netns: /run/netns and its
+  # namespaces), deepest first; the root's own bind mount last.
+  local m pass
+  for pass in 1 2 3; do  # stacked mounts take one pass each
+    for m in $( (printf '%s\n' "${mounted[@]}"
+                 awk -v d="$dir/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts) |
+               sort -u -r); do
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+    done
+    if grep -q " $dir " /proc/self/mounts; then
+      umount "$dir" 2>/dev/null || umount -l "$dir" 2>/dev/null
+    fi
+    grep -q " $dir[/ ]" /proc/self/mounts || break
+  done
+  grep " $dir[/ ]" /proc/self/mounts | while read -r _ m _; do
+    echo "fresh_machine: could not unmount $m" >&2
   done
   if [ "$keep" = 0 ] && [ -d "$dir" ]; then
-    if grep -q " $dir/" /proc/self/mounts; then
+    if grep -q " $dir[/ ]" /proc/self/mounts; then
       echo "fresh_machine: something is still mounted under $dir; left it there" >&2
     else
       rm -rf --one-file-system "$dir"
@@ -137,6 +149,11 @@ bind() {  # bind TYPE-or-bind SOURCE TARGET
   if [ "$1" = bind ]; then mount --bind "$2" "$3"; else mount -t "$1" "$2" "$3"; fi
   mounted+=("$3")
 }
+# The root is a mount point of its own, as / is on a machine: `ip netns exec`
+# (the namespace tests) remounts / as a slave, which fails on a plain folder.
+# Private: nothing mounted inside propagates to the host's view of the folder.
+mount --bind "$dir" "$dir"
+mount --make-private "$dir"
 bind proc proc "$dir/proc"
 bind sysfs sysfs "$dir/sys"
 bind bind /dev "$dir/dev"
