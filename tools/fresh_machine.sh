@@ -156,6 +156,13 @@ mount --bind "$dir" "$dir"
 mount --make-private "$dir"
 bind proc proc "$dir/proc"
 bind sysfs sysfs "$dir/sys"
+# The cgroup hierarchies (slurmd's cgroup plugin needs them: slurm_test), as slaves so
+# that nothing done in the root, unmounting included, reaches the host's.
+if grep -q ' /sys/fs/cgroup ' /proc/self/mounts; then
+  mount --rbind /sys/fs/cgroup "$dir/sys/fs/cgroup"
+  mount --make-rslave "$dir/sys/fs/cgroup"
+  mounted+=("$dir/sys/fs/cgroup")
+fi
 bind bind /dev "$dir/dev"
 bind bind /dev/pts "$dir/dev/pts"
 [ -d /dev/shm ] && bind bind /dev/shm "$dir/dev/shm"
