@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tempfile
 
-from .binaries import SOURCE_TREE_SCRIPT, own_build_dirs
+from .binaries import RUNTIME_TARGET, SOURCE_TREE_SCRIPT, own_build_dirs
 from .config import elastic_of, max_servers_of, servers_change
 from .options import SetupError, UsageError
 
@@ -53,8 +53,9 @@ def find_keygen(environ, near=None, script=SOURCE_TREE_SCRIPT):
     if found:
         return os.path.abspath(found)
     raise UsageError('cannot find %s (it makes the job\'s keys): looked in %s and on PATH; '
-                     'build it, or set TESSERA_BUILD_DIR to the build folder'
-                     % (KEYGEN, ', '.join(seen)))
+                     'build it with: cmake --build build --target %s, or set '
+                     'TESSERA_BUILD_DIR to the build folder'
+                     % (KEYGEN, ', '.join(seen), RUNTIME_TARGET))
 
 
 def run_keygen(folder, keygen=None, num_servers=None, num_workers=None):
