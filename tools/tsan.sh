@@ -262,7 +262,10 @@ if [ -n "$gtest_filter" ]; then
 fi
 ctest_rc=0
 # shellcheck disable=SC2086
-(cd "$build" && ctest --output-on-failure --timeout 900 -j "$jobs" \
+# One test at a time: under TSan two at once slowed the jobs past their resend and
+# start-up budgets (fault_test, sealed_cluster_test failed so in a fresh-clone run) and
+# reached a registration path with a lock-order report (issue #44's note).
+(cd "$build" && ctest --output-on-failure --timeout 900 \
   -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$" ${CTEST_ARGS:-}) || ctest_rc=$?
 t_tests=$(now)
 
