@@ -24,23 +24,40 @@ wire::NodeInfo Info(wire::Role role, const std::string& host, int port) {
   return n;
 }
 
+// AssignIds of `arrival`, checked to give the same table whatever the order the
+// registrations came in (here: as given, and reversed).
+std::vector<wire::NodeInfo> AssignedInAnyOrder(
+    std::vector<wire::NodeInfo> arrival) {
+  std::vector<wire::NodeInfo> a = AssignIds(arrival);
+  std::reverse(arrival.begin(), arrival.end());
+  std::vector<wire::NodeInfo> b = AssignIds(arrival);
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    EXPECT_EQ(a[i].SerializeAsString(), b[i].SerializeAsString());
+  }
+  return a;
+}
+
+// The node of `table` at host:port; id 0 and rank -100 when none is.
+wire::NodeInfo Find(const std::vector<wire::NodeInfo>& table,
+                    const std::string& host, int port) {
+  for (const auto& n : table) {
+    if (n.host() == host && n.port() == port) return n;
+  }
+  wire::NodeInfo none;
+  none.set_rank(-100);
+  return none;
+}
+
 TEST(AssignIdsTest, RanksFollowAddressesNotArrivalOrder) {
   std::vector<wire::NodeInfo> arrival = {
       Info(wire::WORKER, "10.0.0.2", 100), Info(wire::SERVER, "10.0.0.9", 1),
       Info(wire::WORKER, "10.0.0.1", 200), Info(wire::SERVER, "10.0.0.3", 5),
       Info(wire::WORKER, "10.0.0.1", 150)};
-  std::vector<wire::NodeInfo> a = AssignIds(arrival);
-  std::reverse(arrival.begin(), arrival.end());
-  std::vector<wire::NodeInfo> b = AssignIds(arrival);
+  std::vector<wire::NodeInfo> a = AssignedInAnyOrder(arrival);
   ASSERT_EQ(a.size(), 5u);
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].SerializeAsString(), b[i].SerializeAsString());
-  }
   auto find = [&a](const std::string& host, int port) {
-    for (const auto& n : a) {
-      if (n.host() == host && n.port() == port) return n;
-    }
-    return wire::NodeInfo();
+    return Find(a, host, port);
   };
   EXPECT_EQ(find("10.0.0.3", 5).id(), 8);
   EXPECT_EQ(find("10.0.0.3", 5).rank(), 0);
@@ -68,18 +85,10 @@ TEST(AssignIdsTest, RanksFollowTheLaunchersStartOrderBeforeAddresses) {
       ordered(wire::SERVER, "127.0.0.2", 5, 1),
       ordered(wire::WORKER, "127.0.0.0", 50, -1),
       ordered(wire::WORKER, "127.0.0.2", 200, 4)};
-  std::vector<wire::NodeInfo> a = AssignIds(arrival);
-  std::reverse(arrival.begin(), arrival.end());
-  std::vector<wire::NodeInfo> b = AssignIds(arrival);
+  std::vector<wire::NodeInfo> a = AssignedInAnyOrder(arrival);
   ASSERT_EQ(a.size(), 6u);
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].SerializeAsString(), b[i].SerializeAsString());
-  }
   auto rank_at = [&a](const std::string& host, int port) {
-    for (const auto& n : a) {
-      if (n.host() == host && n.port() == port) return n.rank();
-    }
-    return -100;
+    return Find(a, host, port).rank();
   };
   EXPECT_EQ(rank_at("127.0.0.9", 1), 0);  // task 0: server 0
   EXPECT_EQ(rank_at("127.0.0.2", 5), 1);
