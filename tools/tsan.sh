@@ -165,24 +165,22 @@ cmake -S . -B "$build" -DTESSERA_BUILD_TESTS=ON -DTESSERA_WERROR=ON -DTESSERA_SA
 # tracker, the daemons). The single-threaded logic (codecs, optimizers, options, exact
 # sums, tables, the model's kernels, the launcher's unit test) runs in the plain build
 # only: TSan has nothing to find in one thread.
-tsan_tests=(
+# Test programs (each its ctest name and its build target)...
+tsan_programs=(
   # in-process, several threads
   node_test kv_server_test replication_test request_tracker_test kv_client_test c_api_test
   pulled_copy_test curve_keys_test sealed_link_test message_test buffer_test
   metrics_registry_test trace_recorder_test round_watch_test model_batch_loader_test
-  sim_test
   # real daemons and workers
-  cluster_test fault_test security_test sealed_cluster_test hang_doctor metrics_job
-  trace_job launcher_cluster launcher_elastic netfault_test sealed_tamper_test
+  cluster_test fault_test security_test sealed_cluster_test
 )
-# The test programs and every program those tests start.
-tsan_targets=(
-  node_test kv_server_test replication_test request_tracker_test kv_client_test c_api_test
-  pulled_copy_test curve_keys_test sealed_link_test message_test buffer_test
-  metrics_registry_test trace_recorder_test round_watch_test model_batch_loader_test
-  tessera-sim cluster_test fault_test security_test sealed_cluster_test
-  tessera-runtime kv_check_worker metrics_worker round_worker nfq_delay tessera
-)
+# ...the tests that run other programs (sim_test runs tessera-sim; the others are
+# Python, with real daemons and workers)...
+tsan_tests=("${tsan_programs[@]}" sim_test hang_doctor metrics_job trace_job launcher_cluster
+  launcher_elastic netfault_test sealed_tamper_test)
+# ...and every program those tests start.
+tsan_targets=("${tsan_programs[@]}" tessera-sim tessera-runtime kv_check_worker metrics_worker
+  round_worker nfq_delay tessera)
 cmake --build "$build" -j "$jobs" --target "${tsan_targets[@]}"
 t_build=$(now)
 
