@@ -66,6 +66,16 @@ absl::Status CheckClaimedSender(const wire::Header& h, Role key_role) {
                                                            : " requests"));
     }
     if (command == wire::REGISTER && !h.is_response()) {
+      // Only a node not yet in the job registers, unsealed, over a connection
+      // of its own key, which the scheduler checks against its roster. A
+      // sealed registration (its seal binds it to a node id) would pass by
+      // the roster (issue #46).
+      if (sender != 0) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "it claims sender ", sender,
+            "; a registration claims no sender (it comes unsealed, from a "
+            "node not yet in the job)"));
+      }
       const wire::Role role = h.register_().node().role();
       const bool matches =
           (role == wire::SERVER && key_role == Role::kServer) ||

@@ -91,6 +91,10 @@ class Transport {
   // port of its sealed lane (0 when it has none, as the scheduler); a node
   // registers both, and the scheduler's goes into node tables.
   virtual std::string node_key() const { return std::string(); }
+  // True when every node of the job has a node key of its own and the
+  // scheduler a list of them (launch.py's jobs): a registration then comes
+  // with its connection's key (Message::connection_key).
+  virtual bool nodes_have_own_keys() const { return false; }
   virtual int sealed_port() const { return 0; }
   // What the node table says of `peer`. Call before Connect(peer): a link
   // to a worker or server goes to its sealed lane, sealed for its key. Records

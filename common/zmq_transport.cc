@@ -507,6 +507,10 @@ class ZmqTransport : public Transport {
     return std::string(reinterpret_cast<const char*>(k.data()), k.size());
   }
   int sealed_port() const override { return sealed_port_.load(); }
+  bool nodes_have_own_keys() const override {
+    return options_.security != nullptr &&
+           !options_.security->keys.node_keys.empty();
+  }
 
   void SetPeerIdentity(int peer, const PeerIdentity& identity) override {
     if (!Sealed()) return;

@@ -996,6 +996,16 @@ void Scheduler::HandleRegister(const Message& msg) {
   // A node registers with a key of its own (launch.py's), or with its
   // role's, which the transport allows only when the job has no roster.
   const std::string& key = msg.connection_key;
+  if (key.empty() && transport_->nodes_have_own_keys()) {
+    // The transport lets no such registration through (a role key's is
+    // dropped, a sealed one too); should one come, it names no node.
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port()
+                         << " without a connection key: every node of this "
+                            "job registers with a key of its own";
+    return;
+  }
   if (formed_) {
     for (auto& [id, node] : nodes_) {
       if (node.role() != info.role() || node.host() != info.host() ||

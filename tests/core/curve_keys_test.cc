@@ -288,6 +288,15 @@ TEST(SenderCheckTest, AKeySpeaksForItsOwnRoleOnly) {
   EXPECT_EQ(posing.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(posing.message(),
             "it registers as WORKER, but it came with the server key");
+  // A registration comes from a node not yet in the job: one claiming an id
+  // (as a sealed one must) is refused whatever its key (issue #46).
+  wire::Header registered = reg;
+  registered.set_sender(9);
+  absl::Status sealed_reg = CheckClaimedSender(registered, W);
+  EXPECT_EQ(sealed_reg.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sealed_reg.message(),
+            "it claims sender 9; a registration claims no sender (it comes "
+            "unsealed, from a node not yet in the job)");
   EXPECT_EQ(CheckClaimedSender(Header(1, wire::ABORT), W).message(),
             "it claims sender 1 (a scheduler), but it came with the worker "
             "key");

@@ -808,6 +808,43 @@ TEST(NodeTest, ARegistrationClaimingAnotherNodesSealedKeyIsIgnored) {
   EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
 }
 
+// Says every node of the job has a key of its own (launch.py's jobs) while
+// carrying no connection key, as a registration that got past the
+// transport's checks would (the in-memory network has no keys).
+class RosterTransport : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  bool nodes_have_own_keys() const override { return true; }
+};
+
+// Where every node has a key of its own, a registration without its
+// connection's key names no node: it is ignored and takes no place in the
+// job (issue #46; the transport drops such registrations before, so this is
+// the scheduler's own check).
+TEST(NodeTest, ARegistrationWithoutAConnectionKeyTakesNoPlaceInARosterJob) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.num_workers = 1;
+  options.start_timeout = absl::Seconds(1);
+  Scheduler scheduler(options,
+                      std::make_unique<RosterTransport>(net.NewTransport()));
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status result;
+  std::thread scheduler_thread([&] { result = scheduler.Run(); });
+  Options mine = options;
+  mine.role = Role::kWorker;
+  mine.port = 30020;
+  mine.start_timeout = absl::Seconds(3);
+  absl::StatusOr<std::unique_ptr<Node>> worker =
+      Node::Start(mine, Node::Callbacks(), net.NewTransport());
+  scheduler_thread.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kDeadlineExceeded) << result;
+  EXPECT_THAT(std::string(result.message()),
+              ::testing::HasSubstr("1 of 1 worker(s) and 1 of 1 server(s) never "
+                        "registered"));
+  EXPECT_FALSE(worker.ok());
+}
+
 // An elastic job's workers past DMLC_NUM_WORKER that come before the job
 // formed: at most MAX - DMLC_NUM_WORKER are held, and they join once it
 // formed; the next is turned away, saying why; a held worker's sealed key is

@@ -40,17 +40,21 @@ int64_t SummaryCount(const std::string& log, const std::string& name) {
   return n;
 }
 
-// B's options: a worker of the cluster's job with the workers' key file.
-Options WorkerOptions(ProcessCluster& c) {
+// B's options: a worker of the cluster's job with the workers' key file (or
+// `key_file`), plus `extra`.
+Options WorkerOptions(ProcessCluster& c, const std::string& key_file = "",
+                      const std::map<std::string, std::string>& extra = {}) {
   std::map<std::string, std::string> env = {
       {"DMLC_ROLE", "worker"},
       {"DMLC_PS_ROOT_URI", "127.0.0.1"},
       {"DMLC_PS_ROOT_PORT", std::to_string(c.port())},
       {"DMLC_NUM_SERVER", "1"},
       {"DMLC_NUM_WORKER", "2"},
-      {"TESSERA_KEY_FILE", c.KeyFile(Role::kWorker)},
+      {"TESSERA_KEY_FILE",
+       key_file.empty() ? c.KeyFile(Role::kWorker) : key_file},
       {"TESSERA_START_TIMEOUT", "30"},
   };
+  for (const auto& [name, value] : extra) env[name] = value;
   absl::StatusOr<Options> o =
       ParseOptions([&](const std::string& name) -> std::optional<std::string> {
         auto it = env.find(name);
@@ -70,6 +74,71 @@ Message Forged(wire::Command command, int sender, int recipient,
   m.header.set_plane(plane);
   m.header.set_request_id((uint64_t{1} << 44) + 1);
   return m;
+}
+
+// Key files as launch.py writes them: each node's holds its role's keys plus
+// a node key of its own; the scheduler's lists every node key (the roster).
+class Roster {
+ public:
+  struct NodeKeys {
+    std::string name, role, file;
+    CurveKeyPair pair;
+  };
+
+  // `names`: "server 0", "worker 1", ... (the role is the first word).
+  Roster(ProcessCluster& c, const std::vector<std::string>& names) {
+    std::string roster;
+    for (const std::string& name : names) {
+      NodeKeys n;
+      n.name = name;
+      n.role = name.substr(0, name.find(' '));
+      char pub[41], sec[41];
+      EXPECT_EQ(zmq_curve_keypair(pub, sec), 0);
+      n.pair = {pub, sec};
+      n.file = c.dir() + "/" + n.role + "-" + name.substr(n.role.size() + 1) +
+               ".key";
+      Write(n.file, Read(c.KeyFile(n.role == "server" ? Role::kServer
+                                                       : Role::kWorker)) +
+                        "node-secret-key " + n.pair.secret_key + "\n");
+      roster += "node-key " + n.role + " " + n.pair.public_key + "\n";
+      nodes_.push_back(n);
+    }
+    scheduler_file_ = c.dir() + "/scheduler-roster.key";
+    Write(scheduler_file_, Read(c.KeyFile(Role::kScheduler)) + roster);
+  }
+
+  const NodeKeys& operator[](size_t i) const { return nodes_[i]; }
+  const std::string& scheduler_file() const { return scheduler_file_; }
+
+ private:
+  static std::string Read(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  static void Write(const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+    EXPECT_EQ(chmod(path.c_str(), 0600), 0);
+  }
+
+  std::vector<NodeKeys> nodes_;
+  std::string scheduler_file_;
+};
+
+// A registration as a user's node sends it: a worker at host:port.
+Message Registration(int port, uint64_t generation) {
+  Message reg;
+  reg.header.set_command(wire::REGISTER);
+  reg.header.set_plane(wire::CONTROL);
+  reg.header.set_generation(generation);
+  wire::NodeInfo* info = reg.header.mutable_register_()->mutable_node();
+  info->set_role(wire::WORKER);
+  info->set_rank(-1);
+  info->set_host("127.0.0.1");
+  info->set_port(port);
+  info->set_generation(generation);
+  info->set_node_key(std::string(32, '\x07'));
+  info->set_sealed_port(1);
+  return reg;
 }
 
 TEST(SealedClusterTest, AWorkersKeysCannotSpeakForAnotherWorker) {
@@ -160,35 +229,8 @@ TEST(SealedClusterTest, AWorkersOwnKeyCannotRegisterAsAnotherWorkersRestart) {
   ProcessCluster c;
   c.Env("DMLC_NUM_SERVER", "1");
   c.Env("DMLC_NUM_WORKER", "2");
-  // Key files as launch.py writes them: the role's, plus a node key.
-  auto read = [](const std::string& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  auto write = [](const std::string& path, const std::string& text) {
-    std::ofstream(path) << text;
-    ASSERT_EQ(chmod(path.c_str(), 0600), 0);
-  };
-  struct NodeKeys {
-    std::string name, role, file;
-    CurveKeyPair pair;
-  };
-  std::vector<NodeKeys> nodes = {{"server 0", "server", "", {}},
-                                 {"worker 0", "worker", "", {}},
-                                 {"worker 1", "worker", "", {}}};
-  std::string roster;
-  for (NodeKeys& n : nodes) {
-    char pub[41], sec[41];
-    ASSERT_EQ(zmq_curve_keypair(pub, sec), 0);
-    n.pair = {pub, sec};
-    n.file = c.dir() + "/" + n.role + "-" + n.name.substr(7) + ".key";
-    write(n.file, read(c.KeyFile(n.role == "server" ? Role::kServer
-                                                     : Role::kWorker)) +
-                      "node-secret-key " + n.pair.secret_key + "\n");
-    roster += "node-key " + n.role + " " + n.pair.public_key + "\n";
-  }
-  const std::string scheduler_file = c.dir() + "/scheduler-roster.key";
-  write(scheduler_file, read(c.KeyFile(Role::kScheduler)) + roster);
+  const Roster nodes(c, {"server 0", "worker 0", "worker 1"});
+  const std::string scheduler_file = nodes.scheduler_file();
   const int worker1_port = FreePort();
   c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
           {{"DMLC_ROLE", "scheduler"}, {"TESSERA_KEY_FILE", scheduler_file}});
@@ -206,19 +248,8 @@ TEST(SealedClusterTest, AWorkersOwnKeyCannotRegisterAsAnotherWorkersRestart) {
 
   // Worker 0's keys (its own and the workers'), registering as worker 1's
   // next life.
-  Message reg;
-  reg.header.set_command(wire::REGISTER);
-  reg.header.set_plane(wire::CONTROL);
-  reg.header.set_generation(1);
-  wire::NodeInfo* info = reg.header.mutable_register_()->mutable_node();
-  info->set_role(wire::WORKER);
-  info->set_rank(-1);
-  info->set_host("127.0.0.1");
-  info->set_port(worker1_port);
-  info->set_generation(1);
-  info->set_node_key(std::string(32, '\x07'));
-  info->set_sealed_port(1);
-  absl::StatusOr<std::vector<Buffer>> parts = EncodeMessage(reg);
+  absl::StatusOr<std::vector<Buffer>> parts =
+      EncodeMessage(Registration(worker1_port, 1));
   ASSERT_TRUE(parts.ok());
   void* context = zmq_ctx_new();
   const std::string scheduler = absl::StrCat("tcp://127.0.0.1:", c.port());
@@ -259,6 +290,64 @@ TEST(SealedClusterTest, AWorkersOwnKeyCannotRegisterAsAnotherWorkersRestart) {
   for (const char* w : {"worker 0", "worker 1"}) {
     EXPECT_THAT(ProcessCluster::Log(c.Find(w)), HasSubstr("barrier ok"));
   }
+}
+
+// A compromised worker of an elastic job with per-process keys seals a
+// registration over its own link to the scheduler, for a worker of its own
+// making (issue #46): sealed messages carry no connection key, so the roster
+// never saw it. A registration comes only unsealed, claiming no sender, over
+// a connection of its node's own key: the sealed one is dropped and counted,
+// no rank is taken, and the job ends as an undisturbed one.
+TEST(SealedClusterTest, ASealedRegistrationTakesNoRank) {
+  ProcessCluster c;
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "2");
+  c.Env("TESSERA_ELASTIC", "2:3");
+  const Roster nodes(c, {"server 0", "worker 0", "worker 1"});
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"},
+           {"TESSERA_KEY_FILE", nodes.scheduler_file()}});
+  c.Spawn("server 0", {BinaryPath("server/tessera-server")},
+          {{"DMLC_ROLE", "server"}, {"TESSERA_KEY_FILE", nodes[0].file}});
+  c.Spawn("worker A",
+          {BinaryPath("tests/core/kv_check_worker"), "barrier", "4", "300"},
+          {{"DMLC_ROLE", "worker"}, {"TESSERA_KEY_FILE", nodes[1].file}});
+  const Options options =
+      WorkerOptions(c, nodes[2].file, {{"TESSERA_ELASTIC", "2:3"}});
+  absl::StatusOr<std::unique_ptr<Transport>> made =
+      NewZmqTransportForNode(options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Transport* transport = made->get();
+  absl::StatusOr<std::unique_ptr<KVClient>> b =
+      KVClient::Create(options, /*sync=*/true, *std::move(made));
+  ASSERT_TRUE(b.ok()) << b.status() << c.AllLogs();
+  const int b_id = WorkerId((*b)->rank());
+  ASSERT_TRUE((*b)->Barrier().ok());
+
+  // Sealed with B's node key, in B's name (the only sender its seal allows),
+  // and in no one's: a third worker at a port nobody listens on.
+  const int rogue_port = FreePort();
+  for (int sender : {b_id, 0}) {
+    Message reg = Registration(rogue_port, 0);
+    reg.header.set_sender(sender);
+    ASSERT_TRUE(transport->Send(kSchedulerId, reg).ok());
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*b)->Barrier().ok());
+  ASSERT_TRUE((*b)->Close().ok());
+  b->reset();
+  ExpectAllExitZero(c, absl::Seconds(60));
+
+  const std::string log = ProcessCluster::Log(c.Find("scheduler"));
+  EXPECT_THAT(log, HasSubstr("a registration claims no sender (it comes "
+                             "unsealed, from a node not yet in the job)"));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(
+                       "it claims sender 0, but it was sealed with the node "
+                       "key of worker id ",
+                       b_id)));
+  EXPECT_THAT(log, Not(HasSubstr("joins the job")));
+  EXPECT_THAT(log, Not(HasSubstr(absl::StrCat(":", rogue_port))));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("worker A")),
+              HasSubstr("barrier ok: rank"));
 }
 
 }  // namespace
