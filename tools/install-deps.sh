@@ -12,8 +12,10 @@
 set -euo pipefail
 
 runtime_packages=(
-  # Compilers, make, CMake; pkg-config for the pkg_check_modules below.
-  build-essential cmake pkg-config
+  # Compilers, make, CMake; pkg-config for the pkg_check_modules below; ccache, through
+  # which CMakeLists.txt compiles when it is there (a rebuild, or a second build folder,
+  # compiles only what changed).
+  build-essential cmake pkg-config ccache
   # tools/launch.py (the standard library only).
   python3
   # What CMakeLists.txt requires: ZeroMQ, libsodium, OpenSSL 3 (libcrypto),

@@ -57,12 +57,15 @@ fi
 
 if [ "${TESSERA_THREAD_SAFETY_BUILD:-1}" != 0 ]; then
   # Every ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_REQUIRED is a checked claim.
-  # The analysis is clang's front end: no optimisation or debug information is needed
-  # (-O0 -g0), and the fuzzers (compiled without the analysis) are left to the main build.
+  # The analysis is clang's front end: each file is compiled with -fsyntax-only
+  # (tools/thread_safety_check.py), nothing is generated or linked but the protobuf
+  # headers; the fuzzers (compiled without the analysis) are left to the main build.
   CC=clang CXX=clang++ cmake -S . -B "$build-thread-safety" -DTESSERA_BUILD_TESTS=ON \
     -DTESSERA_THREAD_SAFETY=ON -DTESSERA_WERROR=ON -DTESSERA_ENABLE_CUDA=OFF \
+    -DTESSERA_CCACHE=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
     -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O0 -g0" -DCMAKE_CXX_FLAGS="-O0 -g0"
-  cmake --build "$build-thread-safety" -j "$jobs"
+  cmake --build "$build-thread-safety" -j "$jobs" --target tessera_proto
+  python3 tools/thread_safety_check.py "$build-thread-safety" -j "$jobs"
   echo "test.sh: thread-safety analysis (clang -Wthread-safety) passed"
   phase "thread-safety build"
 fi
