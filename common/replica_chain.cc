@@ -44,4 +44,16 @@ int ActingPrimary(int first_rank, int num_servers, int replicas,
   return best;
 }
 
+int ChainFirst(int rank, int place, int num_servers) {
+  if (num_servers <= 0) return rank;
+  return ((rank - place) % num_servers + num_servers) % num_servers;
+}
+
+bool InChain(int first_rank, int num_servers, int replicas, int member) {
+  if (num_servers <= 0 || member < 0 || member >= num_servers) return false;
+  const int offset =
+      ((member - first_rank) % num_servers + num_servers) % num_servers;
+  return offset < replicas;
+}
+
 }  // namespace tessera

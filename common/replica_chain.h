@@ -41,6 +41,14 @@ std::vector<int> ChainOrder(int first_rank, int num_servers, int replicas,
 int ActingPrimary(int first_rank, int num_servers, int replicas,
                   const std::vector<ServerState>& states);
 
+// The first rank of the chain in which server rank `rank` has place `place`
+// (0: the chain's first member; a worker's init names the place it is for).
+int ChainFirst(int rank, int place, int num_servers);
+
+// Whether server rank `member` belongs to the chain whose first member is
+// `first_rank` (its `replicas` ranks; every rank when replicas >= servers).
+bool InChain(int first_rank, int num_servers, int replicas, int member);
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_REPLICA_CHAIN_H_

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/message.h"
+#include "common/metrics.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -115,6 +117,57 @@ TEST(RequestTrackerTest, AFailedSendWithoutResendsFailsWhatItsWindowHolds) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(done.code(), absl::StatusCode::kUnavailable) << done;
   EXPECT_THAT(std::string(done.message()), ::testing::HasSubstr("peer gone"));
+}
+
+// A reply comes from the server a request was sent to, or, where a slice
+// has a chain (TESSERA_REPLICAS > 1), from a server of that chain (after a
+// fail-over or a hand-back). A reply or an acknowledgement from any other
+// node (a compromised server answering for another, issue #46) is dropped
+// and counted: it neither answers the request nor keeps it alive, and the
+// right server's answer still completes it.
+TEST(RequestTrackerTest, OnlyTheAddressedServerOrItsChainAnswers) {
+  MetricsRegistry& metrics = MetricsRegistry::Global();
+  Counter* wrong = metrics.GetCounter("tessera_worker_wrong_server_replies_total", "");
+  const uint64_t wrong_before = wrong->value();
+  {
+    RequestTracker::Options options;
+    options.resend = false;
+    Sent sent;
+    RequestTracker tracker(options, sent.Fn(),
+                           [](int node) { return std::to_string(node); });
+    const uint64_t pull = tracker.NewOp();
+    tracker.Send(Req(pull, ServerId(0), 0), Message());
+    tracker.HandleReply(Reply(ServerId(1), 1));
+    tracker.HandleReply(Reply(WorkerId(0), 1));
+    tracker.HandleReply(Reply(kSchedulerId, 1, /*ack_only=*/true));
+    EXPECT_EQ(wrong->value() - wrong_before, 3u);
+    tracker.HandleReply(Reply(ServerId(0), 1));
+    EXPECT_TRUE(tracker.Wait(pull, "pull").ok());
+  }
+  // 4 servers, chains of 2: a slice first on rank 3 has the chain 3, 0; an
+  // init for place 1 sent to rank 1 is for the chain 0, 1.
+  RequestTracker::Options options;
+  options.resend = false;
+  options.chain_length = 2;
+  options.num_servers = 4;
+  Sent sent;
+  RequestTracker tracker(options, sent.Fn(),
+                         [](int node) { return std::to_string(node); });
+  const uint64_t push = tracker.NewOp();
+  tracker.Send(Req(push, ServerId(3), 0), Message());  // request 1
+  Message init;
+  init.header.set_command(wire::KV_INIT);
+  init.header.set_replica(1);
+  tracker.Send(Req(push, ServerId(1), 0), std::move(init));  // request 2
+  const uint64_t before = wrong->value();
+  for (int rank : {1, 2}) tracker.HandleReply(Reply(ServerId(rank), 1));
+  tracker.HandleReply(Reply(ServerId(2), 2));
+  tracker.HandleReply(Reply(ServerId(3), 2, /*ack_only=*/true));
+  EXPECT_EQ(wrong->value() - before, 4u);
+  tracker.HandleReply(Reply(ServerId(0), 1));  // the chain's next server
+  tracker.HandleReply(Reply(ServerId(0), 2));  // the init's chain's first
+  EXPECT_TRUE(tracker.Wait(push, "push").ok());
+  EXPECT_EQ(wrong->value() - before, 4u);
 }
 
 }  // namespace

@@ -85,7 +85,8 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   tracking.resend_retries = options_.resend_retries;
   tracking.request_timeout = options_.request_timeout;
   tracking.first_request_id = FirstRequestId(options_.restart_count);
-  tracking.replicated = options_.chain_length() > 1;
+  tracking.chain_length = options_.chain_length();
+  tracking.num_servers = options_.num_servers;
   tracker_ = std::make_unique<RequestTracker>(
       tracking,
       [this](int server, Message msg) {
@@ -1299,7 +1300,7 @@ int KVClient::Route(int server, Message* msg) const {
   const int servers = options_.num_servers;
   const bool init = msg->header.command() == wire::KV_INIT;
   const int place = init ? static_cast<int>(msg->header.replica()) : 0;
-  const int first = (RankOfId(server) - place + servers) % servers;
+  const int first = ChainFirst(RankOfId(server), place, servers);
   absl::MutexLock lock(&dead_mu_);
   if (states_.empty()) return server;
   if (!init || options_.single_copy) {

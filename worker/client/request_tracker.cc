@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/replica_chain.h"
 #include "common/trace.h"
 #include "common/wire_status.h"
 
@@ -87,6 +88,10 @@ RequestTracker::Metrics::Metrics() {
       "tessera_worker_duplicate_replies_total",
       "Replies dropped because their request was already answered (a "
       "resent request answered twice).");
+  wrong_server_replies = r.GetCounter(
+      "tessera_worker_wrong_server_replies_total",
+      "Replies dropped because they came from a node that may not answer "
+      "their request (neither its server nor a server of its chain).");
   failed_requests = r.GetCounter(
       "tessera_worker_failed_requests_total",
       "Requests that failed after TESSERA_RESEND_RETRIES unanswered sends.");
@@ -431,6 +436,23 @@ void RequestTracker::HandleReply(Message&& msg) {
       if (!h.ack_only()) metrics_.duplicate_replies->Increment();
       return;
     }
+    if (!MayAnswer(it->second, h.sender())) {
+      // A compromised or confused node answering for another server: its
+      // reply (or acknowledgement) neither completes nor keeps alive a
+      // request; the real server's answer still counts.
+      metrics_.wrong_server_replies->Increment();
+      const uint64_t n = ++wrong_server_replies_;
+      if (n <= 20 || (n & (n - 1)) == 0) {
+        TESSERA_LOG(WARNING)
+            << "dropped reply #" << n << " to request " << h.request_id()
+            << " from " << describe_(h.sender())
+            << ": it was sent to " << describe_(it->second.request.server)
+            << (options_.chain_length > 1 ? ", whose chain it is not in"
+                                          : "")
+            << ": " << DebugString(msg);
+      }
+      return;
+    }
     // The window moves with answers, not acknowledgements: a server answers
     // a dist_sync slice when its round completes, so a worker is never more
     // than its window ahead of the slowest (the slices a server has open).
@@ -445,11 +467,6 @@ void RequestTracker::HandleReply(Message&& msg) {
       answered.msg = std::move(it->second.msg);
       requests_.erase(it);
       op_id = answered.request.op;
-      if (h.sender() != answered.request.server && !options_.replicated) {
-        TESSERA_LOG(WARNING)
-            << "reply to request " << h.request_id() << " came from node "
-            << h.sender() << ", not " << answered.request.server;
-      }
     }
   }
   if (next.has_value()) SendOnce(next->first, std::move(next->second));
@@ -501,6 +518,22 @@ void RequestTracker::HandleReply(Message&& msg) {
     }
   }
   // `answered` goes here, unlocked: it may unpin the operation.
+}
+
+bool RequestTracker::MayAnswer(const Tracked& t, int sender) const {
+  const int server = t.request.server;
+  if (sender == server) return true;
+  if (options_.chain_length <= 1 || !IsServerId(server) ||
+      !IsServerId(sender)) {
+    return false;
+  }
+  // An init names the chain place it is for (KVClient::Route).
+  const int place = t.msg.header.command() == wire::KV_INIT
+                        ? static_cast<int>(t.msg.header.replica())
+                        : 0;
+  const int first = ChainFirst(RankOfId(server), place, options_.num_servers);
+  return InChain(first, options_.num_servers, options_.chain_length,
+                 RankOfId(sender));
 }
 
 absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,

@@ -74,9 +74,13 @@ class RequestTracker {
     int resend_retries = 8;
     absl::Duration request_timeout = absl::Seconds(600);  // Wait's deadline
     uint64_t first_request_id = 1;
-    // Replicated servers (TESSERA_REPLICAS > 1): a request's answer may come
-    // from the next replica of its server's slices, after a failover.
-    bool replicated = false;
+    // Who may answer a request to server S: S itself, and with a chain
+    // longer than 1 (TESSERA_REPLICAS > 1, or one copy that moves between
+    // the servers) any server of S's chain (common/replica_chain.h), which
+    // answers after a fail-over or a hand-back. A reply from any other node
+    // is dropped and counted: it cannot be the answer.
+    int chain_length = 1;
+    int num_servers = 0;
   };
   // Identifies the key part a request is about (for the replay log).
   struct PartRef {
@@ -218,6 +222,8 @@ class RequestTracker {
   bool AwaitOp(uint64_t op, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResendLoop();
+  // Whether `sender` may answer `t` (Options::chain_length).
+  bool MayAnswer(const Tracked& t, int sender) const;
   // Describes a request for errors: "push of key 3".
   static std::string What(const Message& msg);
 
@@ -230,6 +236,7 @@ class RequestTracker {
   std::atomic<uint64_t> resends_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<uint64_t> bytes_pulled_float32_{0};
+  std::atomic<uint64_t> wrong_server_replies_{0};
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
@@ -254,6 +261,7 @@ class RequestTracker {
     Histogram* pushpull;
     Histogram* wait;
     Counter* duplicate_replies;
+    Counter* wrong_server_replies;
     Counter* failed_requests;
   };
   const Metrics metrics_;
