@@ -99,6 +99,30 @@ std::optional<Key32> KeyFromZ85(const std::string& z85) {
   return key;
 }
 
+std::string NodeKeyProblem(const std::string& key) {
+  if (key.size() != 32)
+    return absl::StrCat("it has ", key.size(), " bytes, not 32");
+  const auto* b = reinterpret_cast<const uint8_t*>(key.data());
+  if ((b[31] & 0x80) != 0) {
+    return "its bit 255 is set (X25519 ignores it: the key is a twin of the "
+           "one without it)";
+  }
+  // 2^255 - 19, little-endian: ed ff ... ff 7f.
+  bool at_least_p = b[31] == 0x7f && b[0] >= 0xed;
+  for (int i = 1; i < 31 && at_least_p; ++i) at_least_p = b[i] == 0xff;
+  if (at_least_p) {
+    return "it is not below 2^255 - 19 (X25519 reduces it: the key is a twin "
+           "of a smaller one)";
+  }
+  // Any clamped scalar is a multiple of 8: a point of small order gives 0.
+  Key32 scalar;
+  scalar.fill(0x5a);
+  Key32 product;
+  if (crypto_scalarmult(product.data(), scalar.data(), b) != 0)
+    return "it is of small order (every key agreement with it gives zero)";
+  return std::string();
+}
+
 std::optional<LinkKeys> LinkKeys::Make(
     NodeKey node_key, Role role, const Key32& role_secret,
     const std::array<Key32, 3>& role_publics) {

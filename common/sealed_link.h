@@ -118,6 +118,14 @@ class NodeKey {
 // A 32-byte key from its Z85 text (key files); nullopt when it is not one.
 std::optional<Key32> KeyFromZ85(const std::string& z85);
 
+// Why `key` (raw bytes, as a registration carries it) cannot be a node key,
+// or empty when it can: 32 bytes, canonical (bit 255 clear and below
+// 2^255 - 19) and not of small order. X25519 ignores bit 255 and reduces
+// mod 2^255 - 19, so a non-canonical key is a byte-different twin of a
+// canonical one (the same secrets), and a key of small order agrees zero
+// with everyone. Node keys made by NodeKey::Generate are canonical.
+std::string NodeKeyProblem(const std::string& key);
+
 // X25519 of one process's keys with one peer's node key, which both
 // directions of their links use: ee = X25519(e_own, E_peer) and
 // se = X25519(s_own, E_peer).

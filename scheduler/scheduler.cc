@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/message_counters.h"
 #include "common/net_util.h"
+#include "common/sealed_link.h"
 #include "common/trace.h"
 #include "common/wire_status.h"
 
@@ -1006,6 +1007,19 @@ void Scheduler::HandleRegister(const Message& msg) {
                             "job registers with a key of its own";
     return;
   }
+  if (!transport_->node_key().empty()) {
+    // A sealed job: the key its peers will seal to it with. Stored keys are
+    // canonical, so that comparing bytes compares keys.
+    if (std::string problem = sealed::NodeKeyProblem(info.node_key());
+        !problem.empty()) {
+      metrics_.ignored_messages->Increment();
+      TESSERA_LOG(WARNING) << "ignored a registration at " << info.host()
+                           << ":" << info.port() << ": its sealed node key "
+                           << SealedKeyText(info.node_key())
+                           << " cannot be a node key: " << problem;
+      return;
+    }
+  }
   if (formed_) {
     for (auto& [id, node] : nodes_) {
       if (node.role() != info.role() || node.host() != info.host() ||
@@ -1365,7 +1379,15 @@ void Scheduler::FormJob() {
     if (it != keys.end()) node_key_of_[n.id()] = it->second;
   }
   const absl::Time now = absl::Now();
-  sealed_key_holder_.clear();  // by id now, not provisional id
+  // By id now, not provisional id; the spares and the early joiners keep
+  // theirs until they have a rank: every registered key stays in the index.
+  sealed_key_holder_.clear();
+  auto keep = [&](const Registration& r) {
+    if (!r.info.node_key().empty())
+      sealed_key_holder_[r.info.node_key()] = r.provisional_id;
+  };
+  for (const Registration& r : spares_) keep(r);
+  for (const Registration& r : early_joiners_) keep(r);
   for (const wire::NodeInfo& n : infos) {
     nodes_[n.id()] = n;
     if (Absent(n)) continue;

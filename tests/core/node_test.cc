@@ -713,6 +713,8 @@ class KeyedTransport : public ForwardingTransport {
  public:
   KeyedTransport(std::unique_ptr<Transport> inner, char fill)
       : ForwardingTransport(std::move(inner)), key_(32, fill) {}
+  KeyedTransport(std::unique_ptr<Transport> inner, std::string key)
+      : ForwardingTransport(std::move(inner)), key_(std::move(key)) {}
   std::string node_key() const override { return key_; }
 
  private:
@@ -804,6 +806,131 @@ TEST(NodeTest, ARegistrationClaimingAnotherNodesSealedKeyIsIgnored) {
   EXPECT_TRUE((*c)->Finish().ok());
   fa.join();
   EXPECT_TRUE((*second)->WaitForTerminate().ok());
+  scheduler_thread.join();
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+}
+
+// A sealed node key is 32 bytes, canonical and not of small order: X25519
+// ignores bit 255 and reduces mod 2^255 - 19, so a byte-different twin of a
+// node's key would agree the same secrets, and a key of small order agrees
+// zero with everyone. Registrations with such keys are ignored (issue #46);
+// the job forms with the nodes whose keys are sound.
+TEST(NodeTest, ANonCanonicalOrSmallOrderNodeKeyTakesNoPlace) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  Scheduler scheduler(
+      options, std::make_unique<KeyedTransport>(net.NewTransport(), 'S'));
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  auto start = [&](Role role, int port, const std::string& key,
+                   absl::Duration timeout) {
+    Options mine = options;
+    mine.role = role;
+    mine.port = port;
+    mine.start_timeout = timeout;
+    return Node::Start(
+        mine, Node::Callbacks(),
+        std::make_unique<KeyedTransport>(net.NewTransport(), key));
+  };
+  const std::string a(32, 'A');
+  std::string twin = a;  // bit 255 set
+  twin[31] = static_cast<char>(0x41 | 0x80);
+  std::string p(32, '\xff');  // 2^255 - 19
+  p[0] = '\xed';
+  p[31] = '\x7f';
+  const std::string zero(32, '\0');  // of small order
+  absl::StatusOr<std::unique_ptr<Node>> server, worker_a, worker_c;
+  std::thread ts([&] {
+    server = start(Role::kServer, 30030, std::string(32, 'V'),
+                   absl::Seconds(10));
+  });
+  std::thread ta([&] {
+    worker_a = start(Role::kWorker, 30031, a, absl::Seconds(10));
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  int port = 30032;
+  for (const std::string& bad : {twin, p, zero, std::string(31, 'B')}) {
+    absl::StatusOr<std::unique_ptr<Node>> rogue =
+        start(Role::kWorker, port++, bad, absl::Milliseconds(700));
+    EXPECT_EQ(rogue.status().code(), absl::StatusCode::kDeadlineExceeded)
+        << "key of " << bad.size() << " bytes ending in "
+        << static_cast<int>(static_cast<uint8_t>(bad.back())) << ": "
+        << rogue.status();
+  }
+  worker_c = start(Role::kWorker, 30040, std::string(32, 'C'),
+                   absl::Seconds(10));
+  ts.join();
+  ta.join();
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(worker_a.ok()) << worker_a.status();
+  ASSERT_TRUE(worker_c.ok()) << worker_c.status();
+  std::thread fa([&] { EXPECT_TRUE((*worker_a)->Finish().ok()); });
+  EXPECT_TRUE((*worker_c)->Finish().ok());
+  fa.join();
+  EXPECT_TRUE((*server)->WaitForTerminate().ok());
+  scheduler_thread.join();
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+}
+
+// A spare's key stays its own after the job forms (the index of sealed keys
+// was rebuilt from the job's nodes only, dropping waiting spares' keys): a
+// later registration claiming it is ignored, not merely turned away as late.
+TEST(NodeTest, AWaitingSparesKeyStaysItsOwnAfterTheJobForms) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.num_servers = 2;
+  options.replicas = 2;
+  options.num_workers = 1;
+  Scheduler scheduler(
+      options, std::make_unique<KeyedTransport>(net.NewTransport(), 'S'));
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  auto start = [&](Role role, int port, char key, bool spare,
+                   absl::Duration timeout) {
+    Options mine = options;
+    mine.role = role;
+    mine.port = port;
+    mine.spare = spare;
+    mine.start_timeout = timeout;
+    return Node::Start(
+        mine, Node::Callbacks(),
+        std::make_unique<KeyedTransport>(net.NewTransport(), key));
+  };
+  absl::StatusOr<std::unique_ptr<Node>> spare, s0, s1, worker;
+  std::thread tspare([&] {
+    spare = start(Role::kServer, 30050, 'P', true, absl::Seconds(10));
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  std::thread t0(
+      [&] { s0 = start(Role::kServer, 30051, 'V', false, absl::Seconds(10)); });
+  std::thread t1(
+      [&] { s1 = start(Role::kServer, 30052, 'U', false, absl::Seconds(10)); });
+  worker = start(Role::kWorker, 30053, 'A', false, absl::Seconds(10));
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  // Formed. A late worker claiming the spare's key: ignored (its start
+  // waits out its deadline), where a late worker of its own key is told the
+  // job has formed.
+  absl::StatusOr<std::unique_ptr<Node>> claimer =
+      start(Role::kWorker, 30054, 'P', false, absl::Milliseconds(700));
+  EXPECT_EQ(claimer.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << claimer.status();
+  absl::StatusOr<std::unique_ptr<Node>> late =
+      start(Role::kWorker, 30055, 'L', false, absl::Milliseconds(700));
+  EXPECT_NE(late.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << late.status();
+  EXPECT_FALSE(late.ok());
+  EXPECT_TRUE((*worker)->Finish().ok());
+  EXPECT_TRUE((*s0)->WaitForTerminate().ok());
+  EXPECT_TRUE((*s1)->WaitForTerminate().ok());
+  tspare.join();
+  EXPECT_EQ(spare.status().code(), absl::StatusCode::kCancelled)
+      << spare.status();
   scheduler_thread.join();
   EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
 }
