@@ -11,7 +11,11 @@ tessera.torch (imported on its own: `import tessera.torch`) trains a
 torch.nn.Module data-parallel through the servers. See examples/ and
 docs/python.md.
 """
-from .kvstore import KVStore, Op, TesseraError, create
+from .kvstore import (STATUS_CODES, AbortedError, AlreadyExistsError, CancelledError,
+                      DataLossError, DeadlineExceededError, FailedPreconditionError,
+                      InternalError, InvalidArgumentError, KVStore, NotFoundError, Op,
+                      OutOfRangeError, PermissionDeniedError, ResourceExhaustedError,
+                      TesseraError, UnavailableError, UnimplementedError, create)
 
 
 def _source_tree_version():
@@ -30,7 +34,12 @@ try:
 except ImportError:  # imported from the source tree (python/)
     __version__ = _source_tree_version()
 
-__all__ = ['KVStore', 'Op', 'TesseraError', 'create', 'library_path', 'library_version']
+__all__ = ['KVStore', 'Op', 'TesseraError', 'create', 'library_path', 'library_version',
+           'STATUS_CODES', 'AbortedError', 'AlreadyExistsError', 'CancelledError',
+           'DataLossError', 'DeadlineExceededError', 'FailedPreconditionError',
+           'InternalError', 'InvalidArgumentError', 'NotFoundError', 'OutOfRangeError',
+           'PermissionDeniedError', 'ResourceExhaustedError', 'UnavailableError',
+           'UnimplementedError']
 
 
 def library_path():

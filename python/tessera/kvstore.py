@@ -40,17 +40,112 @@ from . import _capi
 _U64_MAX = (1 << 64) - 1
 
 
+# The C API's status codes (TesseraStatusCode in include/tessera/c_api.h: Abseil's).
+STATUS_CODES = {
+    'CANCELLED': 1, 'UNKNOWN': 2, 'INVALID_ARGUMENT': 3, 'DEADLINE_EXCEEDED': 4,
+    'NOT_FOUND': 5, 'ALREADY_EXISTS': 6, 'PERMISSION_DENIED': 7, 'RESOURCE_EXHAUSTED': 8,
+    'FAILED_PRECONDITION': 9, 'ABORTED': 10, 'OUT_OF_RANGE': 11, 'UNIMPLEMENTED': 12,
+    'INTERNAL': 13, 'UNAVAILABLE': 14, 'DATA_LOSS': 15, 'UNAUTHENTICATED': 16,
+}
+
+
 class TesseraError(RuntimeError):
     """An error of the Tessera C API (or a call on a closed KVStore).
 
-    str(e) is the C API's message, "CODE: text"; e.code is CODE (e.g.
-    "INVALID_ARGUMENT", "UNAVAILABLE", "DEADLINE_EXCEEDED", "FAILED_PRECONDITION").
+    str(e) is the C API's message, "NAME: text". e.code is the status code as the C
+    API returns it (3 for INVALID_ARGUMENT: TesseraStatusCode in tessera/c_api.h) and
+    e.name its name ("INVALID_ARGUMENT", "UNAVAILABLE", ...). The common codes raise a
+    subclass, so that `except tessera.DeadlineExceededError:` catches one kind only:
+    InvalidArgumentError, DeadlineExceededError, NotFoundError, AlreadyExistsError,
+    PermissionDeniedError, ResourceExhaustedError, FailedPreconditionError,
+    AbortedError, OutOfRangeError, UnimplementedError, InternalError,
+    UnavailableError, DataLossError, CancelledError.
     """
 
-    def __init__(self, message):
+    def __new__(cls, message='', *args, **kwargs):
+        if cls is TesseraError:
+            cls = _SUBCLASS.get(_name_of(message), TesseraError)
+        return super().__new__(cls, message)
+
+    def __init__(self, message=''):
         super().__init__(message)
-        head = message.split(':', 1)[0]
-        self.code = head if head.isupper() and ' ' not in head else 'UNKNOWN'
+        name = _name_of(message)
+        self.name = name if name in STATUS_CODES else 'UNKNOWN'
+        self.code = STATUS_CODES[self.name]
+
+
+def _name_of(message):
+    head = str(message).split(':', 1)[0]
+    return head if head.isupper() and ' ' not in head else 'UNKNOWN'
+
+
+class InvalidArgumentError(TesseraError):
+    """INVALID_ARGUMENT (3): a bad argument or variable, named in the message."""
+
+
+class DeadlineExceededError(TesseraError):
+    """DEADLINE_EXCEEDED (4): a wait ran past its time-out (TESSERA_TIMEOUT, start-up)."""
+
+
+class NotFoundError(TesseraError):
+    """NOT_FOUND (5)."""
+
+
+class AlreadyExistsError(TesseraError):
+    """ALREADY_EXISTS (6)."""
+
+
+class PermissionDeniedError(TesseraError):
+    """PERMISSION_DENIED (7)."""
+
+
+class ResourceExhaustedError(TesseraError):
+    """RESOURCE_EXHAUSTED (8): no memory, or a limit reached."""
+
+
+class FailedPreconditionError(TesseraError):
+    """FAILED_PRECONDITION (9): a call in the wrong state (a closed store, a key
+    not yet initialised)."""
+
+
+class AbortedError(TesseraError):
+    """ABORTED (10): the job ended (a node died; the message names it)."""
+
+
+class OutOfRangeError(TesseraError):
+    """OUT_OF_RANGE (11)."""
+
+
+class UnimplementedError(TesseraError):
+    """UNIMPLEMENTED (12)."""
+
+
+class InternalError(TesseraError):
+    """INTERNAL (13)."""
+
+
+class UnavailableError(TesseraError):
+    """UNAVAILABLE (14): a peer or the library cannot be reached."""
+
+
+class DataLossError(TesseraError):
+    """DATA_LOSS (15)."""
+
+
+class CancelledError(TesseraError):
+    """CANCELLED (1)."""
+
+
+_SUBCLASS = {
+    'INVALID_ARGUMENT': InvalidArgumentError, 'DEADLINE_EXCEEDED': DeadlineExceededError,
+    'NOT_FOUND': NotFoundError, 'ALREADY_EXISTS': AlreadyExistsError,
+    'PERMISSION_DENIED': PermissionDeniedError,
+    'RESOURCE_EXHAUSTED': ResourceExhaustedError,
+    'FAILED_PRECONDITION': FailedPreconditionError, 'ABORTED': AbortedError,
+    'OUT_OF_RANGE': OutOfRangeError, 'UNIMPLEMENTED': UnimplementedError,
+    'INTERNAL': InternalError, 'UNAVAILABLE': UnavailableError,
+    'DATA_LOSS': DataLossError, 'CANCELLED': CancelledError,
+}
 
 
 def _type_name(x):

@@ -105,13 +105,15 @@ def pull_compress():
         compressed = r % 2 == 0
         e = expect_error(E, "pull compression type '3bit': expected 2bit or none",
                          kv.set_pull_compression, '3bit')
-        assert e.code == 'INVALID_ARGUMENT', e.code
+        assert (e.name, e.code) == ('INVALID_ARGUMENT', 3), (e.name, e.code)
+        assert isinstance(e, tessera.InvalidArgumentError), type(e)
         expect_error(TypeError, 'expected a str', kv.set_pull_compression, {'type': '2bit'})
         kv.set_pull_compression('2bit' if compressed else 'none')
         w = np.zeros(4, np.float32)
         kv.init(0, w)
         e = expect_error(E, 'before the first init', kv.set_pull_compression, 'none')
-        assert e.code == 'FAILED_PRECONDITION', e.code
+        assert (e.name, e.code) == ('FAILED_PRECONDITION', 9), (e.name, e.code)
+        assert isinstance(e, tessera.FailedPreconditionError), type(e)
         kv.pull(0, out=w)  # a first compressed pull brings the weights whole
         expect_equal(w, [0, 0, 0, 0], 'first pull')
         kv.push(0, np.array([0, 1, 2, 5], np.float32) * (r + 1))
@@ -197,7 +199,8 @@ def errors():
     out = np.zeros(8, np.float32)
     # Settings: the C API's messages, and the package's own checks.
     e = expect_error(E, "unknown optimizer 'bogus'", kv.set_optimizer, 'bogus lr=1')
-    assert e.code == 'INVALID_ARGUMENT', e.code
+    assert (e.name, e.code) == ('INVALID_ARGUMENT', 3), (e.name, e.code)
+        assert isinstance(e, tessera.InvalidArgumentError), type(e)
     expect_error(E, "unknown parameter 'foo'", kv.set_optimizer, 'sgd', foo=1)
     expect_error(E, 'expected a finite number', kv.set_optimizer, 'sgd lr=abc')
     expect_error(T, 'lr: expected a number', kv.set_optimizer, 'sgd', lr='0.1')
@@ -272,7 +275,8 @@ def errors():
                        (kv.init, (5, v)), (kv.set_optimizer, ('sgd',)),
                        (kv.push_async, (2, v)), (kv.resume_round, ())]:
         e = expect_error(E, 'the KVStore is closed', call, *args)
-        assert e.code == 'FAILED_PRECONDITION', e.code
+        assert (e.name, e.code) == ('FAILED_PRECONDITION', 9), (e.name, e.code)
+        assert isinstance(e, tessera.FailedPreconditionError), type(e)
     print('errors ok: rank %d of %d' % (rank, n))
 
 
@@ -378,7 +382,8 @@ def rows():
         # Errors before any round: nothing is sent, nothing counted.
         e = expect_error(E, 'row push of key 10: row id 100 is past its 100 rows',
                          kv.push_rows, 10, [100], np.ones((1, 8), np.float32))
-        assert e.code == 'INVALID_ARGUMENT', e.code
+        assert (e.name, e.code) == ('INVALID_ARGUMENT', 3), (e.name, e.code)
+        assert isinstance(e, tessera.InvalidArgumentError), type(e)
         expect_error(E, 'row pull of key 11: row id 1000 is past its 1000 rows',
                      kv.pull_rows, 11, [0, 1000])
         expect_error(ValueError, 'push_rows: key 10: 2 row id(s) of 8 values need 16 values '

@@ -80,10 +80,30 @@ def test_without_a_job_the_store_raises_tessera_error_naming_the_variable():
                    'try:\n'
                    '    tessera.KVStore("dist_sync")\n'
                    'except tessera.TesseraError as e:\n'
-                   '    print(e.code, "|", e)\n')
+                   '    print(e.code, e.name, type(e).__name__, "|", e)\n')
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == ('INVALID_ARGUMENT | INVALID_ARGUMENT: DMLC_ROLE is not set: '
-                                'expected scheduler, server or worker'), r.stdout
+    assert r.stdout.strip() == ('3 INVALID_ARGUMENT InvalidArgumentError | INVALID_ARGUMENT: '
+                                'DMLC_ROLE is not set: expected scheduler, server or worker'), \
+        r.stdout
+
+
+def test_tessera_error_carries_the_c_apis_code_its_name_and_a_subclass():
+    if PACKAGE_DIR not in sys.path:
+        sys.path.insert(0, PACKAGE_DIR)
+    import tessera  # no library is loaded before a KVStore is made
+    for name, code in tessera.STATUS_CODES.items():
+        e = tessera.TesseraError('%s: what went wrong' % name)
+        assert (e.code, e.name, str(e)) == (code, name, '%s: what went wrong' % name)
+        assert isinstance(e, tessera.TesseraError) and isinstance(e, RuntimeError)
+    for name, cls in (('INVALID_ARGUMENT', tessera.InvalidArgumentError),
+                      ('DEADLINE_EXCEEDED', tessera.DeadlineExceededError),
+                      ('FAILED_PRECONDITION', tessera.FailedPreconditionError),
+                      ('UNAVAILABLE', tessera.UnavailableError),
+                      ('ABORTED', tessera.AbortedError)):
+        assert type(tessera.TesseraError(name + ': x')) is cls
+    e = tessera.TesseraError('something without a code')
+    assert (e.code, e.name, type(e)) == (2, 'UNKNOWN', tessera.TesseraError)
+    assert tessera.InvalidArgumentError('INVALID_ARGUMENT: y').code == 3
 
 
 def test_a_missing_library_is_a_tessera_error_naming_where_it_looked():
