@@ -200,7 +200,7 @@ def errors():
     # Settings: the C API's messages, and the package's own checks.
     e = expect_error(E, "unknown optimizer 'bogus'", kv.set_optimizer, 'bogus lr=1')
     assert (e.name, e.code) == ('INVALID_ARGUMENT', 3), (e.name, e.code)
-        assert isinstance(e, tessera.InvalidArgumentError), type(e)
+    assert isinstance(e, tessera.InvalidArgumentError), type(e)
     expect_error(E, "unknown parameter 'foo'", kv.set_optimizer, 'sgd', foo=1)
     expect_error(E, 'expected a finite number', kv.set_optimizer, 'sgd lr=abc')
     expect_error(T, 'lr: expected a number', kv.set_optimizer, 'sgd', lr='0.1')
