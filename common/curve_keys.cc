@@ -343,6 +343,45 @@ absl::Status WriteKeyFiles(const JobKeySet& set, const std::string& dir) {
       return s;
     }
   }
+  return SyncFolder(dir);
+}
+
+absl::Status CheckKeyFolder(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot read the folder ", dir, ": ", std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, " is not a folder"));
+  }
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the folder %s belongs to uid %d, neither this process's user (uid "
+        "%d) nor root: its owner can put files there or replace them",
+        dir, st.st_uid, me));
+  }
+  if ((st.st_mode & 022) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the folder %s has mode %04o: its group or others can put files "
+        "there or replace them; expected a folder only its owner writes "
+        "(chmod go-w %s, or a folder of its own: tessera-keygen makes one "
+        "mode 0700)",
+        dir, st.st_mode & 07777, dir));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncFolder(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot sync the folder ", dir, ": ", why));
+  }
+  ::close(fd);
   return absl::OkStatus();
 }
 
@@ -366,6 +405,22 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
         "%s: mode %04o lets its group or others at the secret key; expected "
         "0600 or 0400 (chmod 600 %s)",
         origin, st.st_mode & 07777, path));
+  }
+  if (st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the file belongs to uid %d, not to this process's user (uid "
+        "%d): a key file someone else put there is not this job's key",
+        origin, st.st_uid, ::geteuid()));
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  if (absl::Status folder = CheckKeyFolder(dir); !folder.ok()) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": ", folder.message()));
   }
   std::string text;
   char buf[4096];

@@ -127,12 +127,23 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
 absl::Status WritePrivateFile(const std::string& path, absl::string_view text);
 // Writes scheduler.key, server.key and worker.key into `dir` (which must
 // exist), each created mode 0600; an existing file is an error (AlreadyExists).
+// Syncs the folder after them.
 absl::Status WriteKeyFiles(const JobKeySet& set, const std::string& dir);
 
+// OK when `dir` may hold key files: a folder owned by this process's user
+// (or root) that neither its group nor others can write to, so that no one
+// else can put a file there or replace one. InvalidArgument saying why not.
+absl::Status CheckKeyFolder(const std::string& dir);
+// Syncs the folder `dir`, so that the files just created in it survive a
+// crash of the machine.
+absl::Status SyncFolder(const std::string& dir);
+
 // Reads and parses the key file at `path`. InvalidArgument, naming
-// `variable` and the path, when it cannot be read, is not a regular file, or
+// `variable` and the path, when it cannot be read, is not a regular file,
 // can be read or written by its group or others (a key others can read is no
-// secret: chmod 600).
+// secret: chmod 600), is not owned by this process's user (a file someone
+// else put there is not this job's key), or lies in a folder CheckKeyFolder
+// refuses.
 absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
                                     const std::string& variable);
 

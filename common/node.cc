@@ -264,8 +264,16 @@ void Node::UpdateTable(const wire::NodeTable& table) {
         }
         known->second.set_dead(true);
         known->second.set_left(n.left());
-        // Nothing more goes to it: what was queued is dropped.
-        if (WantsLink(n.id())) transport_->Disconnect(n.id());
+        // Nothing more goes to it (what was queued is dropped); and from a
+        // node that died, not one that left (whose last words may still be
+        // on their way), nothing sealed is taken any more.
+        if (WantsLink(n.id())) {
+          if (n.left()) {
+            transport_->Disconnect(n.id());
+          } else {
+            transport_->ForgetPeer(n.id());
+          }
+        }
         died.push_back(n.id());
         continue;
       }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
@@ -445,7 +446,12 @@ struct SealedReceiver::Peer {
   // The message being assembled from the link's records.
   bool assembling = false;
   Message msg;
-  std::vector<uint8_t*> dest;  // writable start of each frame
+  // Writable start of each frame; null for a frame lent whole from the
+  // first record, and for one no byte has reached yet: its memory is taken
+  // when its first byte arrives, so that a header announcing gigabytes costs
+  // nothing until they come.
+  std::vector<uint8_t*> dest;
+  std::vector<size_t> sizes;   // each frame's size, from the header
   size_t frame = 0;            // the frame the next byte goes to
   size_t offset = 0;           // within it
   uint64_t remaining = 0;      // bytes still to come
@@ -741,10 +747,12 @@ bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix, Peer& peer,
   std::shared_ptr<void> owner = record.owner;
   size_t at = 0;
   peer.dest.clear();
+  peer.sizes.clear();
   peer.frame = msg.header.frames_size();
   peer.offset = 0;
   for (int i = 0; i < msg.header.frames_size(); ++i) {
     const size_t size = msg.header.frames(i).num_bytes();
+    peer.sizes.push_back(size);
     if (at + size <= here) {
       const uint8_t* p = data + at;
       if (reinterpret_cast<uintptr_t>(p) % alignof(float) != 0) {
@@ -756,21 +764,42 @@ bool SealedReceiver::OpenFirst(Record& record, const Prefix& prefix, Peer& peer,
       at += size;
       continue;
     }
-    Buffer b = Buffer::Allocate(size);
     const size_t present = here > at ? here - at : 0;
-    if (present > 0) std::memcpy(b.mutable_data(), data + at, present);
     if (static_cast<size_t>(i) < peer.frame) {
       peer.frame = static_cast<size_t>(i);
       peer.offset = present;
     }
+    peer.dest.push_back(nullptr);
+    msg.data.emplace_back();
+    if (present > 0) {
+      // The frame this record ends in: its memory now.
+      if (!AllocateFrame(peer, msg, static_cast<size_t>(i))) return true;
+      std::memcpy(peer.dest[i], data + at, present);
+    }
     at += present;
-    peer.dest.push_back(b.mutable_data());
-    msg.data.push_back(std::move(b));
   }
   peer.msg = std::move(msg);
   peer.remaining = total - here;
   peer.assembling = true;
   if (peer.remaining == 0) Finish(peer, ready);
+  return true;
+}
+
+bool SealedReceiver::AllocateFrame(Peer& peer, Message& msg, size_t i) {
+  try {
+    msg.data[i] = Buffer::Allocate(peer.sizes[i]);
+  } catch (const std::bad_alloc&) {
+    const uint64_t size = peer.sizes[i];
+    peer.assembling = false;
+    peer.msg = Message();
+    peer.dest.clear();
+    peer.sizes.clear();
+    Drop(&DropCounts::malformed,
+         absl::StrCat("a message from ", RoleName(peer.role), " id ", peer.id,
+                      ": no memory for its frame of ", size, " bytes"));
+    return false;
+  }
+  peer.dest[i] = msg.data[i].mutable_data();
   return true;
 }
 
@@ -803,8 +832,12 @@ bool SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
   size_t left = prefix.length;
   size_t frame = p.frame, offset = p.offset;
   while (left > 0) {
-    const size_t size = p.msg.data[frame].size();
+    const size_t size = p.sizes[frame];
     const size_t n = std::min(left, size - offset);
+    if (n > 0 && p.dest[frame] == nullptr &&
+        !AllocateFrame(p, p.msg, frame)) {
+      return false;
+    }
     if (n > 0) p.cipher->Update(in, p.dest[frame] + offset, n);
     in += n;
     left -= n;
@@ -812,7 +845,7 @@ bool SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
     if (offset == size) {
       ++frame;
       offset = 0;
-      while (frame < p.dest.size() && p.dest[frame] == nullptr) ++frame;
+      while (frame < p.sizes.size() && p.sizes[frame] == 0) ++frame;
     }
   }
   if (!p.cipher->EndOpen(in)) {

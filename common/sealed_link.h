@@ -377,6 +377,11 @@ class SealedReceiver {
                 std::vector<Message>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(Peer& peer, std::vector<Message>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes memory for frame `i` of `msg`, the message `peer` assembles, when
+  // its first byte arrives. Without memory the message is dropped (counted
+  // malformed) and false returned.
+  bool AllocateFrame(Peer& peer, Message& msg, size_t i)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable absl::Mutex mu_;

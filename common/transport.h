@@ -67,6 +67,9 @@ class Transport {
   // address.
   virtual absl::Status Connect(int peer, const std::string& ip, int port) = 0;
   virtual void Disconnect(int peer) = 0;
+  // Disconnect, and in a sealed job also forgets the peer's node key: its
+  // records no longer open here (a node declared dead gets nowhere).
+  virtual void ForgetPeer(int peer) { Disconnect(peer); }
 
   // Queues `msg` for `peer`. Unavailable when the peer is unknown or its queue
   // stayed full for the send time-out.

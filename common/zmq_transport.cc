@@ -416,6 +416,13 @@ class ZmqTransport : public Transport {
     senders_.erase(peer);
   }
 
+  void ForgetPeer(int peer) override {
+    if (opener_ != nullptr) opener_->RemovePeer(peer);
+    absl::MutexLock lock(&senders_mu_);
+    senders_.erase(peer);
+    links_.erase(peer);
+  }
+
   absl::Status Send(int peer, const Message& msg) override {
     std::shared_ptr<Sender> sender;
     {

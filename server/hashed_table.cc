@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/split_mix.h"
 
@@ -257,6 +258,29 @@ absl::Status HashedTable::Restore(const wire::HashedState& in) {
   for (const std::string& s : in.optimizer_state()) {
     if (s.size() != n * row_bytes)
       return absl::DataLossError("hashed key checkpoint: optimizer state size");
+  }
+  // A checkpoint or a transfer comes from another process (a server of the
+  // job, or a file): checked whole before anything is replaced.
+  if (spec_.capacity != 0 && n > spec_.capacity) {
+    return absl::DataLossError(
+        absl::StrCat("hashed key checkpoint holds ", n,
+                     " rows, more than its capacity=", spec_.capacity));
+  }
+  if (in.optimizer_state_size() > kMaxStateSlots) {
+    return absl::DataLossError(absl::StrCat(
+        "hashed key checkpoint holds ", in.optimizer_state_size(),
+        " optimizer states per row; an optimizer keeps at most ",
+        kMaxStateSlots));
+  }
+  {
+    absl::flat_hash_set<uint64_t> seen;
+    seen.reserve(n);
+    for (uint64_t id : in.ids()) {
+      if (!seen.insert(id).second) {
+        return absl::DataLossError(
+            absl::StrCat("hashed key checkpoint holds id ", id, " twice"));
+      }
+    }
   }
   // Start from an empty table of the same shape.
   index_.clear();

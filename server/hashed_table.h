@@ -93,6 +93,8 @@ class HashedTable {
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
   static constexpr uint64_t kChunkRows = 256;
+  // Optimizer states per row a checkpoint may hold (Adam keeps 2).
+  static constexpr int kMaxStateSlots = 8;
 
   float* RowAt(uint32_t slot) const;
   float* StateAt(int k, uint32_t slot);

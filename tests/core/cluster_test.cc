@@ -273,12 +273,14 @@ TEST(ClusterTest, GarbageSentToALiveServerIsDroppedAndTheJobFinishes) {
   const std::string log = ProcessCluster::Log(c.Find("server 0"));
   // Three of the four shapes do not decode; the fourth is a well-formed header
   // claiming to be a REGISTER from node 21 (a worker id), of no role: the
-  // transport drops it, as a worker's key may only register as a worker.
+  // transport drops it, as a registration claims no sender (and a worker's
+  // key may only register as a worker).
   EXPECT_THAT(log, HasSubstr("dropped malformed message #6"));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("dropped malformed message #7")));
   EXPECT_THAT(log, HasSubstr("dropped message #2 from key " +
                              KeyPrefix(c.keys().of(Role::kWorker).public_key) +
-                             ": it registers as ROLE_UNKNOWN"));
+                             ": it claims sender 21; a registration claims "
+                             "no sender"));
   EXPECT_THAT(ProcessCluster::Log(c.Find("worker 0")), HasSubstr("nightly ok"));
 }
 

@@ -150,6 +150,48 @@ TEST(CurveKeysTest, WrittenFilesArePrivateAndNeverOverwritten) {
             absl::StatusCode::kAlreadyExists);
 }
 
+// A key file another user owns, or in a folder its group or others can
+// write to, is refused: a daemon pointed at a shared folder would otherwise
+// take a file someone else planted there, mode 0600 (issue #46).
+TEST(CurveKeysTest, AFileOfAnotherUserOrInAFolderOthersWriteIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(WriteKeyFiles(Keys(), dir.path()).ok());
+  const std::string path = dir.path() + "/worker.key";
+  EXPECT_TRUE(ReadKeyFile(path, "TESSERA_KEY_FILE").ok());
+  for (mode_t mode : {0770, 0707, 0777, 01777}) {
+    ASSERT_EQ(chmod(dir.path().c_str(), mode), 0);
+    absl::StatusOr<JobKeys> keys = ReadKeyFile(path, "TESSERA_KEY_FILE");
+    ASSERT_FALSE(keys.ok()) << std::oct << mode;
+    EXPECT_EQ(keys.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(keys.status().message(),
+                HasSubstr(absl::StrFormat(
+                    "TESSERA_KEY_FILE=%s: the folder %s has mode %04o", path,
+                    dir.path(), mode)));
+    EXPECT_EQ(CheckKeyFolder(dir.path()).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  for (mode_t mode : {0700, 0755, 0500}) {
+    ASSERT_EQ(chmod(dir.path().c_str(), mode), 0);
+    EXPECT_TRUE(ReadKeyFile(path, "TESSERA_KEY_FILE").ok()) << std::oct << mode;
+  }
+  ASSERT_EQ(chmod(dir.path().c_str(), 0700), 0);
+  if (geteuid() != 0) GTEST_SKIP() << "giving files to another user needs root";
+  ASSERT_EQ(chown(path.c_str(), 12345, static_cast<gid_t>(-1)), 0);
+  absl::StatusOr<JobKeys> planted = ReadKeyFile(path, "TESSERA_KEY_FILE");
+  ASSERT_FALSE(planted.ok());
+  EXPECT_THAT(planted.status().message(),
+              HasSubstr("the file belongs to uid 12345, not to this "
+                        "process's user (uid 0)"));
+  ASSERT_EQ(chown(path.c_str(), 0, static_cast<gid_t>(-1)), 0);
+  ASSERT_EQ(chown(dir.path().c_str(), 12345, static_cast<gid_t>(-1)), 0);
+  absl::StatusOr<JobKeys> theirs = ReadKeyFile(path, "TESSERA_KEY_FILE");
+  ASSERT_FALSE(theirs.ok());
+  EXPECT_THAT(theirs.status().message(),
+              HasSubstr(absl::StrCat("the folder ", dir.path(),
+                                     " belongs to uid 12345")));
+  ASSERT_EQ(chown(dir.path().c_str(), 0, static_cast<gid_t>(-1)), 0);
+}
+
 TEST(CurveKeysTest, AFileOthersCanReadOrWriteIsRefused) {
   TempDir dir;
   ASSERT_TRUE(WriteKeyFiles(Keys(), dir.path()).ok());
@@ -399,6 +441,23 @@ TEST_F(SecureTransportTest, AnInsecurePeerCannotReachASecureNode) {
                          absl::Milliseconds(800)));
   EXPECT_EQ(server->malformed_count(), 0u);
   EXPECT_EQ(server->wrong_sender_count(), 0u);
+}
+
+// A peer declared dead is forgotten: its sealed records no longer open (they
+// wait for a node table naming their key, then are dropped; issue #46: the
+// entry stayed).
+TEST_F(SecureTransportTest, AForgottenPeersRecordsNoLongerOpen) {
+  std::unique_ptr<Transport> server = Make(job_, Role::kServer);
+  std::unique_ptr<Transport> worker = Make(job_, Role::kWorker);
+  absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok());
+  Introduce(*worker, Role::kWorker, WorkerId(0), *server, Role::kServer,
+            ServerId(0));
+  EXPECT_TRUE(Delivered(*worker, *server, *port, ServerId(0), WorkerId(0),
+                        absl::Seconds(10)));
+  server->ForgetPeer(WorkerId(0));
+  EXPECT_FALSE(Delivered(*worker, *server, *port, ServerId(0), WorkerId(0),
+                         absl::Milliseconds(800)));
 }
 
 TEST_F(SecureTransportTest, AFrameOfExactlyTheLimitStillPassesSealed) {

@@ -6,6 +6,8 @@
 // follows is still taken.
 #include "common/sealed_link.h"
 
+#include <malloc.h>
+
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -475,6 +477,40 @@ TEST(SealedLinkTest, HeadersOverTheLimitsAreMalformed) {
   EXPECT_EQ(small.counts().malformed, 1u);
   EXPECT_THAT(p.drops.back(), HasSubstr("a frame of 1028 bytes; this node "
                                         "takes at most 1024"));
+}
+
+// A first record whose header announces frames of 2 GiB each costs no
+// memory until their bytes come: the receiver takes memory for a frame when
+// its first byte arrives, not when a header promises it, and the next
+// message arrives whole (issue #46: every announced frame was allocated at
+// once, up to 64 x TESSERA_MAX_MESSAGE_BYTES, and a bad_alloc on the receive
+// thread ended the process). glibc's count of bytes in mmap'd blocks (where
+// allocations this big go) shows what was taken.
+TEST(SealedLinkTest, AnnouncedFramesTakeMemoryOnlyAsTheirBytesArrive) {
+  Job job;
+  Pair p(job, 4096);
+  Message huge = Push({2048});  // 8 KiB of data: three records of 4 KiB
+  for (int i = 0; i < 3; ++i) {
+    wire::DataFrame* f = huge.header.add_frames();
+    f->set_encoding(wire::DataFrame::FLOAT32);
+    f->set_num_values(uint64_t{1} << 29);
+    f->set_num_bytes(uint64_t{1} << 31);
+  }
+  const std::vector<std::vector<uint8_t>> records = p.Seal(huge);
+  ASSERT_GE(records.size(), 2u);
+  std::vector<Message> ready;
+  const size_t mapped_before = mallinfo2().hblkhd;
+  p.receiver.Accept(Copy(records[0]), &ready);  // its first record only
+  const size_t mapped_after = mallinfo2().hblkhd;
+  EXPECT_LT(mapped_after, mapped_before + (size_t{1} << 20))
+      << "the receiver took " << mapped_after - mapped_before << " bytes";
+  EXPECT_TRUE(ready.empty());
+  EXPECT_EQ(p.receiver.counts().malformed, 0u) << p.drops.back();
+  ready = p.Feed(p.Seal(Push({100}, 2)));
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].header.request_id(), 2u);
+  EXPECT_EQ(ready[0].data[0].size(), 400u);
+  EXPECT_EQ(p.receiver.counts().incomplete, 1u);
 }
 
 TEST(SealedLinkTest, PrefixesRoundTripAndOddOnesAreRefused) {

@@ -12,7 +12,9 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/hashed_spec.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/optimizer.h"
 
@@ -261,6 +263,34 @@ TEST(HashedTableTest, SnapshotRestoresRowsOrderAndCountsBitForBit) {
   // A checkpoint of another shape is refused.
   HashedTable wrong(kLen + 1, spec);
   EXPECT_EQ(wrong.Restore(saved).code(), absl::StatusCode::kDataLoss);
+  // So is one (a file, or a transfer from another server) that repeats an
+  // id, holds more rows than the capacity or more optimizer states than an
+  // optimizer keeps; the table keeps what it had (issue #46).
+  const uint64_t rows = b.rows();
+  auto refused = [&](const wire::HashedState& bad, const std::string& why) {
+    const absl::Status s = b.Restore(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << why << ": " << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(why));
+    EXPECT_EQ(b.rows(), rows);
+  };
+  ASSERT_GE(saved.ids_size(), 2);
+  wire::HashedState twice = saved;
+  twice.set_ids(1, twice.ids(0));
+  refused(twice, absl::StrCat("holds id ", saved.ids(0), " twice"));
+  wire::HashedState over = saved;
+  const size_t row_bytes = kLen * sizeof(float);
+  while (over.ids_size() <= 40) {
+    over.add_ids(1000 + over.ids_size());
+    over.add_last_round(0);
+    over.mutable_rows()->append(row_bytes, '\0');
+    for (std::string& st : *over.mutable_optimizer_state())
+      st.append(row_bytes, '\0');
+  }
+  refused(over, "41 rows, more than its capacity=40");
+  wire::HashedState states = saved;
+  while (states.optimizer_state_size() <= 8)
+    states.add_optimizer_state(std::string(saved.ids_size() * row_bytes, '\0'));
+  refused(states, "9 optimizer states per row");
 }
 
 }  // namespace

@@ -102,6 +102,9 @@ int main(int argc, char** argv) {
               << std::strerror(errno) << "\n";
     return 1;
   }
+  // An existing folder must be one the daemons will read keys from.
+  if (absl::Status folder = tessera::CheckKeyFolder(dir); !folder.ok())
+    return Fail(folder);
   absl::StatusOr<tessera::JobKeySet> keys = tessera::GenerateJobKeys();
   if (!keys.ok()) return Fail(keys.status());
   if (flags->servers < 0) {
@@ -135,6 +138,8 @@ int main(int argc, char** argv) {
       return Fail(written);
     }
   }
+  if (absl::Status synced = tessera::SyncFolder(dir); !synced.ok())
+    return Fail(synced);
   std::cout << "tessera-keygen: wrote scheduler.key (listing "
             << nodes->servers.size() + nodes->workers.size()
             << " process keys), server.key, worker.key, "
