@@ -1965,8 +1965,6 @@ void KVServer::SendTransfer(StoredKey* key, int place) {
   AddRawFrame(&msg, std::move(bytes));
   key->transfer[place] = StoredKey::kTransferSent;
   key->transfer_sent[place] = absl::Now();
-  ++transfers_sent_;
-  transfer_bytes_sent_ += size;
   const int rank = RankAt(*key, place);
   absl::Status sent = send_(ServerId(rank), std::move(msg));
   TESSERA_VLOG(1) << "sent key " << key->key << " offset " << key->offset

@@ -371,11 +371,9 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> replica_updates_{0};
   std::atomic<uint64_t> promoted_{0};
   std::atomic<uint64_t> replica_resends_{0};
-  std::atomic<uint64_t> transfers_sent_{0};
   std::atomic<uint64_t> slices_handed_back_{0};
   std::atomic<uint64_t> moved_away_{0};
   uint64_t handback_seen_ = 0;  // the last epoch taken; Handle's thread only
-  std::atomic<uint64_t> transfer_bytes_sent_{0};
   // A replacement's catch-up (StartCatchUp).
   struct CatchUp {
     std::function<std::vector<ServerState>()> states;

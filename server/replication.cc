@@ -7,13 +7,6 @@
 
 namespace tessera {
 
-std::vector<int> ChainOf(int first_rank, int num_servers, int replicas) {
-  std::vector<int> chain;
-  for (int i = 0; i < replicas && i < num_servers; ++i)
-    chain.push_back((first_rank + i) % num_servers);
-  return chain;
-}
-
 void AddRowUpdate(Message* out, const std::vector<uint64_t>& ids,
                   const std::vector<uint32_t>* sightings,
                   const std::function<const float*(size_t)>& row,

@@ -117,9 +117,6 @@
 
 namespace tessera {
 
-// The chain of a slice: the ranks holding it, primary first.
-std::vector<int> ChainOf(int first_rank, int num_servers, int replicas);
-
 // An update of rows as a KV_REPLICATE carries it: a RAW frame of uint64 row
 // ids (the slice's own rows, or a hashed key's ids), with `sightings` a RAW
 // frame of uint32 (hashed keys: how many pushes named each), then one
