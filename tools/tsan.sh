@@ -175,12 +175,15 @@ tsan_programs=(
   # real daemons and workers
   cluster_test fault_test security_test sealed_cluster_test
 )
-# ...the tests that run other programs (sim_test runs tessera-sim; the others are
-# Python, with real daemons and workers)...
-tsan_tests=("${tsan_programs[@]}" sim_test hang_doctor metrics_job trace_job launcher_cluster
+# ...the tests that run other programs (Python, with real daemons and workers)...
+# sim_test is not among them: 200 nodes in one process under TSan on 2 cores starve
+# their own heartbeats (rounds 0.9-7.5 s, nodes declared dead at a 2 s and a 6 s
+# time-out), at 458c37f as at 211e091 (2026-11-28, docs/testing.md); it runs in the
+# plain build.
+tsan_tests=("${tsan_programs[@]}" hang_doctor metrics_job trace_job launcher_cluster
   launcher_elastic netfault_test sealed_tamper_test)
 # ...and every program those tests start.
-tsan_targets=("${tsan_programs[@]}" tessera-sim tessera-runtime kv_check_worker metrics_worker
+tsan_targets=("${tsan_programs[@]}" tessera-runtime kv_check_worker metrics_worker
   round_worker nfq_delay tessera)
 cmake --build "$build" -j "$jobs" --target "${tsan_targets[@]}"
 t_build=$(now)
