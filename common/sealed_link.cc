@@ -451,10 +451,10 @@ struct SealedReceiver::Peer {
   // when its first byte arrives, so that a header announcing gigabytes costs
   // nothing until they come.
   std::vector<uint8_t*> dest;
-  std::vector<size_t> sizes;   // each frame's size, from the header
-  size_t frame = 0;            // the frame the next byte goes to
-  size_t offset = 0;           // within it
-  uint64_t remaining = 0;      // bytes still to come
+  std::vector<size_t> sizes;  // each frame's size, from the header
+  size_t frame = 0;           // the frame the next byte goes to
+  size_t offset = 0;          // within it
+  uint64_t remaining = 0;     // bytes still to come
 };
 
 SealedReceiver::SealedReceiver(Options options)
@@ -834,8 +834,7 @@ bool SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
   while (left > 0) {
     const size_t size = p.sizes[frame];
     const size_t n = std::min(left, size - offset);
-    if (n > 0 && p.dest[frame] == nullptr &&
-        !AllocateFrame(p, p.msg, frame)) {
+    if (n > 0 && p.dest[frame] == nullptr && !AllocateFrame(p, p.msg, frame)) {
       return false;
     }
     if (n > 0) p.cipher->Update(in, p.dest[frame] + offset, n);

@@ -1013,8 +1013,8 @@ void Scheduler::HandleRegister(const Message& msg) {
     if (std::string problem = sealed::NodeKeyProblem(info.node_key());
         !problem.empty()) {
       metrics_.ignored_messages->Increment();
-      TESSERA_LOG(WARNING) << "ignored a registration at " << info.host()
-                           << ":" << info.port() << ": its sealed node key "
+      TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                           << info.port() << ": its sealed node key "
                            << SealedKeyText(info.node_key())
                            << " cannot be a node key: " << problem;
       return;

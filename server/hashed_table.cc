@@ -267,10 +267,10 @@ absl::Status HashedTable::Restore(const wire::HashedState& in) {
                      " rows, more than its capacity=", spec_.capacity));
   }
   if (in.optimizer_state_size() > kMaxStateSlots) {
-    return absl::DataLossError(absl::StrCat(
-        "hashed key checkpoint holds ", in.optimizer_state_size(),
-        " optimizer states per row; an optimizer keeps at most ",
-        kMaxStateSlots));
+    return absl::DataLossError(
+        absl::StrCat("hashed key checkpoint holds ", in.optimizer_state_size(),
+                     " optimizer states per row; an optimizer keeps at most ",
+                     kMaxStateSlots));
   }
   {
     absl::flat_hash_set<uint64_t> seen;

@@ -127,7 +127,8 @@ TEST(RequestTrackerTest, AFailedSendWithoutResendsFailsWhatItsWindowHolds) {
 // right server's answer still completes it.
 TEST(RequestTrackerTest, OnlyTheAddressedServerOrItsChainAnswers) {
   MetricsRegistry& metrics = MetricsRegistry::Global();
-  Counter* wrong = metrics.GetCounter("tessera_worker_wrong_server_replies_total", "");
+  Counter* wrong =
+      metrics.GetCounter("tessera_worker_wrong_server_replies_total", "");
   const uint64_t wrong_before = wrong->value();
   {
     RequestTracker::Options options;

@@ -97,8 +97,8 @@ TEST(CurveKeysTest, NodeKeyFilesGiveEveryProcessAKeyTheSchedulerLists) {
     }
   }
   EXPECT_EQ(own.size(), 5u);
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      GenerateNodeKeyFiles(set, -1, 2).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(GenerateNodeKeyFiles(set, -1, 2).status()));
 }
 
 TEST(CurveKeysTest, MalformedFilesNameTheProblem) {
@@ -109,8 +109,9 @@ TEST(CurveKeysTest, MalformedFilesNameTheProblem) {
     std::string text;
     std::string message;
   } cases[] = {
-      {"", "test: missing role, secret-key, scheduler-public-key, "
-           "server-public-key, worker-public-key"},
+      {"",
+       "test: missing role, secret-key, scheduler-public-key, "
+       "server-public-key, worker-public-key"},
       {absl::StrReplaceAll(good, {{"role server", "role boss"}}),
        "line 2: role 'boss': expected scheduler, server or worker"},
       {good + "colour blue\n", "line 7: unknown name 'colour'"},
@@ -137,8 +138,8 @@ TEST(CurveKeysTest, WrittenFilesArePrivateAndNeverOverwritten) {
   const JobKeySet set = Keys();
   ASSERT_TRUE(WriteKeyFiles(set, dir.path()).ok());
   for (Role role : kRoles) {
-    const std::string path = absl::StrCat(dir.path(), "/", RoleName(role),
-                                          ".key");
+    const std::string path =
+        absl::StrCat(dir.path(), "/", RoleName(role), ".key");
     struct stat st;
     ASSERT_EQ(stat(path.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 07777, 0600u) << path;
@@ -202,8 +203,8 @@ TEST(CurveKeysTest, AFileOthersCanReadOrWriteIsRefused) {
     ASSERT_FALSE(keys.ok()) << std::oct << mode;
     EXPECT_EQ(keys.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(keys.status().message(),
-                HasSubstr(absl::StrFormat("TESSERA_KEY_FILE=%s: mode %04o", path,
-                                          mode)));
+                HasSubstr(absl::StrFormat("TESSERA_KEY_FILE=%s: mode %04o",
+                                          path, mode)));
     EXPECT_THAT(keys.status().message(), HasSubstr("chmod 600"));
   }
   for (mode_t mode : {0600, 0400}) {
@@ -267,8 +268,8 @@ TEST(CurveKeysTest, PlainPasswordsBindBothRoles) {
   EXPECT_FALSE(CheckPlainPassword(keys(Keys(), Role::kServer), Role::kWorker,
                                   to_server));
   EXPECT_FALSE(CheckPlainPassword(server, Role::kWorker, ""));
-  EXPECT_TRUE(CheckPlainPassword(
-      worker, Role::kScheduler, PlainPassword(scheduler, Role::kWorker)));
+  EXPECT_TRUE(CheckPlainPassword(worker, Role::kScheduler,
+                                 PlainPassword(scheduler, Role::kWorker)));
 }
 
 wire::Header Header(int sender, wire::Command command, bool response = false,
@@ -320,8 +321,7 @@ TEST(SenderCheckTest, AKeySpeaksForItsOwnRoleOnly) {
   };
   for (const Case& c : cases) {
     EXPECT_EQ(CheckClaimedSender(c.h, c.key).ok(), c.allowed)
-        << c.h.ShortDebugString() << " with the " << RoleName(c.key)
-        << " key";
+        << c.h.ShortDebugString() << " with the " << RoleName(c.key) << " key";
   }
   wire::Header reg = Header(0, wire::REGISTER);
   reg.mutable_register_()->mutable_node()->set_role(wire::WORKER);
@@ -423,8 +423,8 @@ TEST_F(SecureTransportTest, AMessageIsDeliveredOnlyUnderItsKeysRole) {
     std::unique_ptr<Transport> stranger = Make(mixed, Role::kWorker, encrypt);
     stranger->SetPeerIdentity(ServerId(0), {Role::kServer, server->node_key(),
                                             server->sealed_port()});
-    EXPECT_FALSE(Delivered(*stranger, *server, *port, ServerId(0),
-                           WorkerId(0), absl::Milliseconds(800)));
+    EXPECT_FALSE(Delivered(*stranger, *server, *port, ServerId(0), WorkerId(0),
+                           absl::Milliseconds(800)));
     EXPECT_GE(server->refused_connection_count(), 1u);
     EXPECT_EQ(server->wrong_sender_count(), wrong);
     EXPECT_EQ(server->malformed_count(), 0u);

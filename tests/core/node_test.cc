@@ -721,6 +721,22 @@ class KeyedTransport : public ForwardingTransport {
   const std::string key_;
 };
 
+// Starts a node of `role` at `port` over `net` (without callbacks) whose
+// transport reports the sealed node key `key`.
+absl::StatusOr<std::unique_ptr<Node>> StartKeyed(MemoryNetwork& net,
+                                                 Options options, Role role,
+                                                 int port, std::string key,
+                                                 absl::Duration timeout,
+                                                 bool spare = false) {
+  options.role = role;
+  options.port = port;
+  options.start_timeout = timeout;
+  options.spare = spare;
+  return Node::Start(
+      options, Node::Callbacks(),
+      std::make_unique<KeyedTransport>(net.NewTransport(), std::move(key)));
+}
+
 // A registration or a restart claiming a sealed node key that another node
 // (or the scheduler) holds is ignored: its peers would otherwise take the
 // holder's records as the claimer's and drop them, cutting the holder off.
@@ -825,13 +841,7 @@ TEST(NodeTest, ANonCanonicalOrSmallOrderNodeKeyTakesNoPlace) {
   std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
   auto start = [&](Role role, int port, const std::string& key,
                    absl::Duration timeout) {
-    Options mine = options;
-    mine.role = role;
-    mine.port = port;
-    mine.start_timeout = timeout;
-    return Node::Start(
-        mine, Node::Callbacks(),
-        std::make_unique<KeyedTransport>(net.NewTransport(), key));
+    return StartKeyed(net, options, role, port, key, timeout);
   };
   const std::string a(32, 'A');
   std::string twin = a;  // bit 255 set
@@ -842,12 +852,11 @@ TEST(NodeTest, ANonCanonicalOrSmallOrderNodeKeyTakesNoPlace) {
   const std::string zero(32, '\0');  // of small order
   absl::StatusOr<std::unique_ptr<Node>> server, worker_a, worker_c;
   std::thread ts([&] {
-    server = start(Role::kServer, 30030, std::string(32, 'V'),
-                   absl::Seconds(10));
+    server =
+        start(Role::kServer, 30030, std::string(32, 'V'), absl::Seconds(10));
   });
-  std::thread ta([&] {
-    worker_a = start(Role::kWorker, 30031, a, absl::Seconds(10));
-  });
+  std::thread ta(
+      [&] { worker_a = start(Role::kWorker, 30031, a, absl::Seconds(10)); });
   absl::SleepFor(absl::Milliseconds(300));
   int port = 30032;
   for (const std::string& bad : {twin, p, zero, std::string(31, 'B')}) {
@@ -858,8 +867,8 @@ TEST(NodeTest, ANonCanonicalOrSmallOrderNodeKeyTakesNoPlace) {
         << static_cast<int>(static_cast<uint8_t>(bad.back())) << ": "
         << rogue.status();
   }
-  worker_c = start(Role::kWorker, 30040, std::string(32, 'C'),
-                   absl::Seconds(10));
+  worker_c =
+      start(Role::kWorker, 30040, std::string(32, 'C'), absl::Seconds(10));
   ts.join();
   ta.join();
   ASSERT_TRUE(server.ok()) << server.status();
@@ -889,14 +898,8 @@ TEST(NodeTest, AWaitingSparesKeyStaysItsOwnAfterTheJobForms) {
   std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
   auto start = [&](Role role, int port, char key, bool spare,
                    absl::Duration timeout) {
-    Options mine = options;
-    mine.role = role;
-    mine.port = port;
-    mine.spare = spare;
-    mine.start_timeout = timeout;
-    return Node::Start(
-        mine, Node::Callbacks(),
-        std::make_unique<KeyedTransport>(net.NewTransport(), key));
+    return StartKeyed(net, options, role, port, std::string(32, key), timeout,
+                      spare);
   };
   absl::StatusOr<std::unique_ptr<Node>> spare, s0, s1, worker;
   std::thread tspare([&] {
@@ -966,9 +969,10 @@ TEST(NodeTest, ARegistrationWithoutAConnectionKeyTakesNoPlaceInARosterJob) {
       Node::Start(mine, Node::Callbacks(), net.NewTransport());
   scheduler_thread.join();
   EXPECT_EQ(result.code(), absl::StatusCode::kDeadlineExceeded) << result;
-  EXPECT_THAT(std::string(result.message()),
-              ::testing::HasSubstr("1 of 1 worker(s) and 1 of 1 server(s) never "
-                        "registered"));
+  EXPECT_THAT(
+      std::string(result.message()),
+      ::testing::HasSubstr("1 of 1 worker(s) and 1 of 1 server(s) never "
+                           "registered"));
   EXPECT_FALSE(worker.ok());
 }
 

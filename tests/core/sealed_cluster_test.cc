@@ -12,7 +12,6 @@
 
 #include <fstream>
 #include <iterator>
-
 #include <regex>
 
 #include "absl/strings/numbers.h"
@@ -98,7 +97,7 @@ class Roster {
       n.file = c.dir() + "/" + n.role + "-" + name.substr(n.role.size() + 1) +
                ".key";
       Write(n.file, Read(c.KeyFile(n.role == "server" ? Role::kServer
-                                                       : Role::kWorker)) +
+                                                      : Role::kWorker)) +
                         "node-secret-key " + n.pair.secret_key + "\n");
       roster += "node-key " + n.role + " " + n.pair.public_key + "\n";
       nodes_.push_back(n);
@@ -150,8 +149,8 @@ TEST(SealedClusterTest, AWorkersKeysCannotSpeakForAnotherWorker) {
           {{"DMLC_ROLE", "scheduler"}});
   c.Spawn("server 0", {BinaryPath("server/tessera-server")},
           {{"DMLC_ROLE", "server"}, {"PORT", std::to_string(server_port)}});
-  c.Spawn("worker A", {BinaryPath("tests/core/kv_check_worker"), "barrier",
-                       "4", "300"},
+  c.Spawn("worker A",
+          {BinaryPath("tests/core/kv_check_worker"), "barrier", "4", "300"},
           {{"DMLC_ROLE", "worker"}});
 
   const Options options = WorkerOptions(c);
@@ -184,9 +183,9 @@ TEST(SealedClusterTest, AWorkersKeysCannotSpeakForAnotherWorker) {
   void* context = zmq_ctx_new();
   void* rogue = zmq_socket(context, ZMQ_PUSH);
   UseJobKey(rogue, c.keys(), Role::kWorker, Role::kServer);
-  ASSERT_EQ(zmq_connect(rogue, absl::StrCat("tcp://127.0.0.1:", server_port)
-                                   .c_str()),
-            0);
+  ASSERT_EQ(
+      zmq_connect(rogue, absl::StrCat("tcp://127.0.0.1:", server_port).c_str()),
+      0);
   absl::StatusOr<std::vector<Buffer>> parts = EncodeMessage(push);
   ASSERT_TRUE(parts.ok());
   for (size_t i = 0; i < parts->size(); ++i) {
@@ -253,8 +252,7 @@ TEST(SealedClusterTest, AWorkersOwnKeyCannotRegisterAsAnotherWorkersRestart) {
   ASSERT_TRUE(parts.ok());
   void* context = zmq_ctx_new();
   const std::string scheduler = absl::StrCat("tcp://127.0.0.1:", c.port());
-  const std::string scheduler_public =
-      c.keys().of(Role::kScheduler).public_key;
+  const std::string scheduler_public = c.keys().of(Role::kScheduler).public_key;
   std::vector<void*> rogues;
   for (bool own : {true, false}) {
     void* s = zmq_socket(context, ZMQ_PUSH);
@@ -278,11 +276,11 @@ TEST(SealedClusterTest, AWorkersOwnKeyCannotRegisterAsAnotherWorkersRestart) {
   zmq_ctx_term(context);
 
   const std::string log = ProcessCluster::Log(c.Find("scheduler"));
-  EXPECT_THAT(log, HasSubstr(absl::StrCat(
-                       "(generation 1) with node key ",
-                       KeyPrefix(nodes[1].pair.public_key),
-                       ": that node registered with ",
-                       KeyPrefix(nodes[2].pair.public_key))));
+  EXPECT_THAT(log,
+              HasSubstr(absl::StrCat("(generation 1) with node key ",
+                                     KeyPrefix(nodes[1].pair.public_key),
+                                     ": that node registered with ",
+                                     KeyPrefix(nodes[2].pair.public_key))));
   EXPECT_THAT(log, HasSubstr("it registers with the worker key, but every "
                              "node of this job registers with a key of its "
                              "own"));

@@ -445,10 +445,9 @@ void RequestTracker::HandleReply(Message&& msg) {
       if (n <= 20 || (n & (n - 1)) == 0) {
         TESSERA_LOG(WARNING)
             << "dropped reply #" << n << " to request " << h.request_id()
-            << " from " << describe_(h.sender())
-            << ": it was sent to " << describe_(it->second.request.server)
-            << (options_.chain_length > 1 ? ", whose chain it is not in"
-                                          : "")
+            << " from " << describe_(h.sender()) << ": it was sent to "
+            << describe_(it->second.request.server)
+            << (options_.chain_length > 1 ? ", whose chain it is not in" : "")
             << ": " << DebugString(msg);
       }
       return;
