@@ -487,4 +487,4 @@ class ElasticClusterTest(base.ClusterTestBase):
 
 
 if __name__ == '__main__':
-    unittest.main()
+    base.main()

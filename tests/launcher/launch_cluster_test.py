@@ -80,8 +80,11 @@ class ClusterTestBase(unittest.TestCase):
         self.env = dict(os.environ, TESSERA_TEST_MARK=self.mark, PS_HEARTBEAT_INTERVAL='0.2',
                         PS_HEARTBEAT_TIMEOUT='2')
         self.proc = None
+        self.started = time.monotonic()
 
     def tearDown(self):
+        # The test's own time, beside unittest's "ok": CI's log says where the minutes go.
+        sys.stderr.write('(%.0f s) ' % (time.monotonic() - self.started))
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -742,5 +745,39 @@ class LaunchClusterTest(ClusterTestBase):
         self.assertEqual(marked_pids(self.mark), [])
 
 
-if __name__ == '__main__':
+def main():
+    """unittest.main(), limited to this file's tests that TESSERA_LAUNCHER_TESTS names
+    when it is set: entries FILE:TEST separated by spaces or commas (FILE a test file
+    beside this one, without .py; TEST a test method's full name). tools/tsan.sh runs
+    its shorter list so. A FILE or TEST that does not exist is an error, not a skip."""
+    entries = [e for e in re.split(r'[\s,]+', os.environ.get('TESSERA_LAUNCHER_TESTS', ''))
+               if e]
+    if entries:
+        here = os.path.dirname(os.path.abspath(sys.argv[0]))
+        mine = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+        names = []
+        for entry in entries:
+            file, _, name = entry.partition(':')
+            if not name or not os.path.isfile(os.path.join(here, file + '.py')):
+                sys.exit('TESSERA_LAUNCHER_TESTS: %r is not FILE:TEST with FILE a test file '
+                         'in %s' % (entry, here))
+            if file == mine:
+                names.append(name)
+        module = sys.modules['__main__']
+        known = {m for c in vars(module).values()
+                 if isinstance(c, type) and issubclass(c, unittest.TestCase)
+                 for m in dir(c) if m.startswith('test_')}
+        unknown = sorted(set(names) - known)
+        if unknown:
+            sys.exit('TESSERA_LAUNCHER_TESTS: no test named %s in %s.py' % (', '.join(unknown), mine))
+        sys.stderr.write('TESSERA_LAUNCHER_TESTS: running %d of the %d tests of %s.py\n'
+                         % (len(set(names)), len(known), mine))
+        if not names:
+            return
+        for name in names:
+            sys.argv += ['-k', '*.' + name]  # the whole name, not a part of another
     unittest.main()
+
+
+if __name__ == '__main__':
+    main()
