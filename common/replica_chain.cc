@@ -2,14 +2,40 @@
 
 #include <algorithm>
 
-namespace tessera {
+#include "absl/strings/str_cat.h"
 
-std::vector<int> ChainOrder(int first_rank, int num_servers, int replicas,
-                            const std::vector<ServerState>& states) {
+namespace tessera {
+namespace {
+
+// x mod n in [0, n) for any x (n > 0).
+int Mod(int x, int n) { return (x % n + n) % n; }
+
+}  // namespace
+
+SliceChain::SliceChain(int first_rank, int num_servers, int length)
+    : first_(num_servers > 0 ? Mod(first_rank, num_servers) : first_rank),
+      servers_(num_servers),
+      size_(std::max(0, std::min(length, num_servers))) {}
+
+SliceChain SliceChain::Around(int rank, int place, int num_servers,
+                              int length) {
+  return SliceChain(rank - place, num_servers, length);
+}
+
+int SliceChain::RankAt(int place) const {
+  return servers_ > 0 ? Mod(first_ + place, servers_) : first_;
+}
+
+int SliceChain::PlaceOf(int rank) const {
+  if (servers_ <= 0 || rank < 0 || rank >= servers_) return -1;
+  const int place = Mod(rank - first_, servers_);
+  return place < size_ ? place : -1;
+}
+
+std::vector<int> SliceChain::Order(
+    const std::vector<ServerState>& states) const {
   std::vector<int> chain;
-  if (num_servers <= 0) return chain;
-  for (int i = 0; i < replicas && i < num_servers; ++i)
-    chain.push_back((first_rank + i) % num_servers);
+  for (int i = 0; i < size_; ++i) chain.push_back(RankAt(i));
   auto joined = [&](int rank) {
     if (rank >= static_cast<int>(states.size()) || states[rank].restored)
       return 0u;
@@ -20,17 +46,16 @@ std::vector<int> ChainOrder(int first_rank, int num_servers, int replicas,
   return chain;
 }
 
-int ActingPrimary(int first_rank, int num_servers, int replicas,
-                  const std::vector<ServerState>& states) {
-  // ChainOrder's first member that holds the slice, without building it (a
+int SliceChain::Primary(const std::vector<ServerState>& states) const {
+  // Order()'s first member that holds the slice, without building it (a
   // worker routes every request through this; with one copy the chain is
   // every server rank): the holder that joined first, members since the
   // start (or given their place back) before replacements, ties in chain
   // order.
   int best = -1;
   uint32_t best_joined = 0;
-  for (int i = 0; i < replicas && i < num_servers; ++i) {
-    const int rank = (first_rank + i) % num_servers;
+  for (int i = 0; i < size_; ++i) {
+    const int rank = RankAt(i);
     if (rank >= static_cast<int>(states.size())) return rank;
     const ServerState& s = states[rank];
     if (!s.holds()) continue;
@@ -44,16 +69,11 @@ int ActingPrimary(int first_rank, int num_servers, int replicas,
   return best;
 }
 
-int ChainFirst(int rank, int place, int num_servers) {
-  if (num_servers <= 0) return rank;
-  return ((rank - place) % num_servers + num_servers) % num_servers;
-}
-
-bool InChain(int first_rank, int num_servers, int replicas, int member) {
-  if (num_servers <= 0 || member < 0 || member >= num_servers) return false;
-  const int offset =
-      ((member - first_rank) % num_servers + num_servers) % num_servers;
-  return offset < replicas;
+std::string SliceChain::Members() const {
+  std::string out;
+  for (int i = 0; i < size_; ++i)
+    absl::StrAppend(&out, i == 0 ? "" : ", ", RankAt(i));
+  return out;
 }
 
 }  // namespace tessera

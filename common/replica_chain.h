@@ -17,6 +17,7 @@
 #define TESSERA_COMMON_REPLICA_CHAIN_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace tessera {
@@ -31,23 +32,45 @@ struct ServerState {
   bool holds() const { return !dead && !catching_up; }
 };
 
-// The ranks of the chain whose first member is `first_rank`, in the order
-// they answer. `states` has one entry per server rank (missing ones count
-// as members since the start).
-std::vector<int> ChainOrder(int first_rank, int num_servers, int replicas,
-                            const std::vector<ServerState>& states);
+// One key slice's chain: the server ranks that hold it, and which of them
+// answers given the table's states. Servers, workers and the scheduler ask
+// it; nothing else does the chain's arithmetic.
+//
+// With `length` L and S server ranks, the chain whose first member is f is
+// f, f+1, ..., f+min(L,S)-1 (mod S); a member's place is its offset from f.
+// A worker sees a slice by its partition's rank (the first member), a server
+// by its own rank and the place it holds (a stored key's replica).
+class SliceChain {
+ public:
+  // The chain whose first member is `first_rank`. A single-copy job's chain
+  // is every server rank (length = num_servers).
+  SliceChain(int first_rank, int num_servers, int length);
+  // The chain in which server rank `rank` holds place `place`.
+  static SliceChain Around(int rank, int place, int num_servers, int length);
 
-// The first member of that order that holds the slice, or -1.
-int ActingPrimary(int first_rank, int num_servers, int replicas,
-                  const std::vector<ServerState>& states);
+  int first() const { return first_; }
+  // Members: min(length, num_servers).
+  int size() const { return size_; }
+  // The member at `place` (any place; taken modulo the servers).
+  int RankAt(int place) const;
+  // The place of server rank `rank`, or -1 if it is not a member.
+  int PlaceOf(int rank) const;
+  bool Contains(int rank) const { return PlaceOf(rank) >= 0; }
 
-// The first rank of the chain in which server rank `rank` has place `place`
-// (0: the chain's first member; a worker's init names the place it is for).
-int ChainFirst(int rank, int place, int num_servers);
+  // The members in the order they answer. `states` has one entry per server
+  // rank (missing ones count as members since the start).
+  std::vector<int> Order(const std::vector<ServerState>& states) const;
+  // The first member of that order that holds the slice (the acting
+  // primary), or -1 if none does.
+  int Primary(const std::vector<ServerState>& states) const;
+  // "3, 0, 1": the members in place order, for messages.
+  std::string Members() const;
 
-// Whether server rank `member` belongs to the chain whose first member is
-// `first_rank` (its `replicas` ranks; every rank when replicas >= servers).
-bool InChain(int first_rank, int num_servers, int replicas, int member);
+ private:
+  int first_;
+  int servers_;
+  int size_;
+};
 
 }  // namespace tessera
 

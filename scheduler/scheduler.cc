@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/message_counters.h"
 #include "common/net_util.h"
+#include "common/replica_chain.h"
 #include "common/sealed_link.h"
 #include "common/trace.h"
 #include "common/wire_status.h"
@@ -1515,14 +1516,11 @@ std::optional<std::pair<int, std::string>> Scheduler::LostChain(
     }
   }
   for (int first = 0; first < servers; ++first) {
+    const SliceChain chain(first, servers, options_.replicas);
     bool held = false;
-    std::string chain;
-    for (int i = 0; i < options_.replicas; ++i) {
-      const int rank = (first + i) % servers;
-      held = held || alive[rank];
-      absl::StrAppend(&chain, i == 0 ? "" : ", ", rank);
-    }
-    if (!held) return std::make_pair(first, chain);
+    for (int i = 0; i < chain.size(); ++i)
+      held = held || alive[chain.RankAt(i)];
+    if (!held) return std::make_pair(first, chain.Members());
   }
   return std::nullopt;
 }

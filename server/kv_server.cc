@@ -1225,22 +1225,14 @@ bool KVServer::CountsFor(const StoredKey& key) const {
              key, [&](const StoredKey& k) { return Active(shard, k); });
 }
 
-int KVServer::RankAt(const StoredKey& key, int place) const {
-  return (rank_ - static_cast<int>(key.replica) + place + 2 * num_servers_) %
-         num_servers_;
-}
-
-int KVServer::PlaceOf(const StoredKey& key, int rank) const {
-  const int place =
-      (rank - rank_ + static_cast<int>(key.replica) + 2 * num_servers_) %
-      num_servers_;
-  return place < replicas_ ? place : -1;
+SliceChain KVServer::ChainOf(const StoredKey& key) const {
+  return SliceChain::Around(rank_, static_cast<int>(key.replica), num_servers_,
+                            replicas_);
 }
 
 bool KVServer::Active(const Shard& shard, const StoredKey& key) const {
   if (!key.replicated) return true;
-  return ActingPrimary(RankAt(key, 0), num_servers_, replicas_, shard.states) ==
-         rank_;
+  return ChainOf(key).Primary(shard.states) == rank_;
 }
 
 std::vector<int> KVServer::LiveBackups(const Shard& shard,
@@ -1250,7 +1242,7 @@ std::vector<int> KVServer::LiveBackups(const Shard& shard,
   std::vector<int> backups;
   for (int place = 0; place < replicas_; ++place) {
     if (place == static_cast<int>(key.replica)) continue;
-    const int rank = RankAt(key, place);
+    const int rank = ChainOf(key).RankAt(place);
     const ServerState& state = shard.states[rank];
     if (state.dead) continue;
     // With one copy only a server the slice is moving to receives it.
@@ -1269,7 +1261,8 @@ bool KVServer::AnswerWaitsFor(const Shard& shard, const StoredKey& key,
   // member that holds its slices always counts, also while a slice is being
   // sent to it whole (a gap): answers wait for it.
   // With one copy a member receives only slices moving to it: the same.
-  return (!shard.states[RankAt(key, place)].catching_up && !single_copy_) ||
+  return (!shard.states[ChainOf(key).RankAt(place)].catching_up &&
+          !single_copy_) ||
          key.transfer[place] == StoredKey::kTransferHeld;
 }
 
@@ -1342,7 +1335,7 @@ void KVServer::AnswerReplicated(Shard* shard, StoredKey* key) {
   for (PendingUpdate& p : key->unacked) {
     if (p.answered) continue;
     for (int rank : backups) {
-      const int place = PlaceOf(*key, rank);
+      const int place = ChainOf(*key).PlaceOf(rank);
       if (AnswerWaitsFor(*shard, *key, place) && key->acked[place] <= p.seq) {
         answering = false;
         break;
@@ -1364,7 +1357,7 @@ void KVServer::AnswerReplicated(Shard* shard, StoredKey* key) {
     const uint64_t seq = key->unacked.front().seq;
     bool held = true;
     for (int rank : backups) {
-      if (key->acked[PlaceOf(*key, rank)] <= seq) {
+      if (key->acked[ChainOf(*key).PlaceOf(rank)] <= seq) {
         held = false;
         break;
       }
@@ -1387,8 +1380,7 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
   // Only from the slice's primary as this server sees the chain: a server
   // declared dead must not change what its successor now answers for.
   const int from = RankOfId(h.sender());
-  const int primary =
-      ActingPrimary(RankAt(*key, 0), num_servers_, replicas_, shard->states);
+  const int primary = ChainOf(*key).Primary(shard->states);
   if (from != primary || primary == rank_) {
     TESSERA_VLOG(1) << "ignored update of key " << h.slice().key()
                     << " from server " << from << " (primary " << primary
@@ -1470,7 +1462,7 @@ void KVServer::ReplicaAnswered(Shard* shard, const Message& msg) {
   StoredKey* key = shard->store.Find(h.slice().key(), h.slice().offset());
   if (key == nullptr || !key->replicated) return;
   const int rank = RankOfId(h.sender());
-  const int place = PlaceOf(*key, rank);
+  const int place = ChainOf(*key).PlaceOf(rank);
   if (place < 0 || place == static_cast<int>(key->replica)) return;
   const absl::Status status = FromWire(h.status());
   if (absl::IsFailedPrecondition(status)) {
@@ -1515,7 +1507,7 @@ void KVServer::ResendUpdates(Shard* shard, StoredKey* key) {
   for (PendingUpdate& p : key->unacked) {
     if (now - p.sent < p.wait) continue;
     for (int rank : backups) {
-      if (key->acked[PlaceOf(*key, rank)] > p.seq) continue;
+      if (key->acked[ChainOf(*key).PlaceOf(rank)] > p.seq) continue;
       SendUpdate(rank, p.update);
       ++replica_resends_;
     }
@@ -1623,7 +1615,7 @@ void KVServer::ApplyStates(Shard* s, std::vector<ServerState> states) {
     if (!key->replicated) continue;
     for (int r : replaced) {
       // A new process at that place: it holds nothing of what was sent.
-      const int place = PlaceOf(*key, r);
+      const int place = ChainOf(*key).PlaceOf(r);
       if (place < 0 || place == static_cast<int>(key->replica)) continue;
       key->transfer[place] = StoredKey::kNoTransfer;
       key->acked[place] = 0;
@@ -1778,18 +1770,16 @@ void KVServer::ReleaseYield(Shard* s, StoredKey* key) {
 
 bool KVServer::Moves(const Shard& s, const StoredKey& key) const {
   if (s.handback_rank < 0 || !key.replicated || !Active(s, key)) return false;
-  return ActingPrimary(RankAt(key, 0), num_servers_, replicas_,
-                       StatesAfter(s)) != rank_;
+  return ChainOf(key).Primary(StatesAfter(s)) != rank_;
 }
 
 bool KVServer::TakesInit(const Shard& s, const wire::Header& init) const {
-  const int first =
-      (rank_ - static_cast<int>(init.replica()) + num_servers_) % num_servers_;
-  if (ActingPrimary(first, num_servers_, replicas_, s.states) != rank_)
-    return false;
+  const SliceChain chain = SliceChain::Around(
+      rank_, static_cast<int>(init.replica()), num_servers_, replicas_);
+  if (chain.Primary(s.states) != rank_) return false;
   // And it stays here through the hand-back running on the shard.
   return s.handback_rank < 0 || !Waiting(s) ||
-         ActingPrimary(first, num_servers_, replicas_, StatesAfter(s)) == rank_;
+         chain.Primary(StatesAfter(s)) == rank_;
 }
 
 bool KVServer::MovesTo(const Shard& s, const StoredKey& key, int rank) const {
@@ -1797,7 +1787,7 @@ bool KVServer::MovesTo(const Shard& s, const StoredKey& key, int rank) const {
   std::vector<ServerState> after = s.states;
   after[rank].catching_up = false;
   after[rank].restored = true;
-  return ActingPrimary(RankAt(key, 0), num_servers_, replicas_, after) == rank;
+  return ChainOf(key).Primary(after) == rank;
 }
 
 void KVServer::OfferSlice(Shard* s, StoredKey* key) {
@@ -1807,7 +1797,7 @@ void KVServer::OfferSlice(Shard* s, StoredKey* key) {
   for (int rank = 0; rank < num_servers_; ++rank) {
     const ServerState& r = s->states[rank];
     if (rank == rank_ || r.dead || r.joined == 0 || r.restored) continue;
-    if (MovesTo(*s, *key, rank)) SendTransfer(key, PlaceOf(*key, rank));
+    if (MovesTo(*s, *key, rank)) SendTransfer(key, ChainOf(*key).PlaceOf(rank));
   }
 }
 
@@ -1821,9 +1811,8 @@ void KVServer::CheckYield(Shard* s) {
     if (single_copy_) {
       // The one copy must be where it moves before it moves (the leaver
       // sends it; an old primary sends a slice made after the catch-up).
-      const int to =
-          ActingPrimary(RankAt(*key, 0), num_servers_, replicas_, after);
-      const int place = to < 0 ? -1 : PlaceOf(*key, to);
+      const int to = ChainOf(*key).Primary(after);
+      const int place = to < 0 ? -1 : ChainOf(*key).PlaceOf(to);
       if (place < 0) {
         done = false;  // no server to take it: never reported as moved
       } else if (key->transfer[place] != StoredKey::kTransferHeld) {
@@ -1905,7 +1894,7 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
         for (const auto& [id, owned] : s->store.keys()) {
           StoredKey* key = owned.get();
           if (!key->replicated || !Active(*s, *key)) continue;
-          const int place = PlaceOf(*key, rank);
+          const int place = ChainOf(*key).PlaceOf(rank);
           if (place < 0 || place == static_cast<int>(key->replica)) continue;
           // One copy: only the slices it will answer for.
           if (single_copy_ && !MovesTo(*s, *key, rank)) continue;
@@ -1965,7 +1954,7 @@ void KVServer::SendTransfer(StoredKey* key, int place) {
   AddRawFrame(&msg, std::move(bytes));
   key->transfer[place] = StoredKey::kTransferSent;
   key->transfer_sent[place] = absl::Now();
-  const int rank = RankAt(*key, place);
+  const int rank = ChainOf(*key).RankAt(place);
   absl::Status sent = send_(ServerId(rank), std::move(msg));
   TESSERA_VLOG(1) << "sent key " << key->key << " offset " << key->offset
                   << " (" << size << " bytes, update " << key->replica_seq
@@ -1977,7 +1966,7 @@ void KVServer::TransferAnswered(Shard* shard, const Message& msg) {
   const wire::Header& h = msg.header;
   StoredKey* key = shard->store.Find(h.slice().key(), h.slice().offset());
   if (key == nullptr || !key->replicated) return;
-  const int place = PlaceOf(*key, RankOfId(h.sender()));
+  const int place = ChainOf(*key).PlaceOf(RankOfId(h.sender()));
   if (place < 0 || place == static_cast<int>(key->replica)) return;
   if (!FromWire(h.status()).ok()) {
     TESSERA_LOG(WARNING) << "server " << RankOfId(h.sender())
@@ -2016,10 +2005,9 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
   }
   const wire::CheckpointKey& k = saved.keys(0);
   // Only from the slice's acting primary as this server sees the chain.
-  const int first =
-      (rank_ - static_cast<int>(k.replica()) + num_servers_) % num_servers_;
-  const int primary =
-      ActingPrimary(first, num_servers_, replicas_, shard->states);
+  const int primary = SliceChain::Around(rank_, static_cast<int>(k.replica()),
+                                         num_servers_, replicas_)
+                          .Primary(shard->states);
   if (from != primary) {
     TESSERA_VLOG(1) << "ignored transfer of key " << k.key() << " from server "
                     << from << " (primary " << primary << ")";

@@ -278,10 +278,8 @@ class KVServer : private EngineContext {
   void HandbackAfterChange(Shard* shard);
   // Process, then the shard's part of a hand-back, if any, is looked at.
   void ProcessMessage(Shard* shard, Message&& msg);
-  // The rank at place `place` of `key`'s chain.
-  int RankAt(const StoredKey& key, int place) const;
-  // `key`'s place of server `rank`, or -1 when it is not in the chain.
-  int PlaceOf(const StoredKey& key, int rank) const;
+  // `key`'s chain: this server holds place `key.replica` of it.
+  SliceChain ChainOf(const StoredKey& key) const;
   // Whether the answers of `key`'s updates wait for the member at `place`.
   bool AnswerWaitsFor(const Shard& shard, const StoredKey& key,
                       int place) const;

@@ -671,7 +671,7 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   spare.server().UpdateServers(states);
   absl::SleepFor(absl::Milliseconds(20));
   // Caught up, rank 1 comes last in its own chain: rank 0 still answers.
-  EXPECT_EQ(ActingPrimary(1, 2, 2, states), 0);
+  EXPECT_EQ(SliceChain(1, 2, 2).Primary(states), 0);
 
   // Round 1 is open (one push of two) when the hand-back starts: rank 0's
   // part waits for the round and for the replacement to hold its update.
@@ -724,7 +724,7 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   // The table change: rank 1 is restored and answers; the pushes of round
   // 2 go to it (the worker sends again what waited at rank 0).
   states[1].restored = true;
-  EXPECT_EQ(ActingPrimary(1, 2, 2, states), 1);
+  EXPECT_EQ(SliceChain(1, 2, 2).Primary(states), 1);
   primary_.server().UpdateServers(states);
   spare.server().UpdateServers(states);
   absl::SleepFor(absl::Milliseconds(20));
@@ -1174,29 +1174,66 @@ TEST_F(ReplicationElasticTest,
 
 TEST(ReplicaChainTest, ReplacementsAnswerLastAndOnlyOnceCaughtUp) {
   std::vector<ServerState> states(4);
-  EXPECT_EQ(ChainOrder(3, 4, 3, states), (std::vector<int>{3, 0, 1}));
-  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 3);
+  EXPECT_EQ(SliceChain(3, 4, 3).Order(states), (std::vector<int>{3, 0, 1}));
+  EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), 3);
   states[3].dead = true;
-  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 0);
+  EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), 0);
   // Rank 3 replaced (catching up): rank 0 keeps answering.
   states[3] = ServerState{false, true, 1};
-  EXPECT_EQ(ChainOrder(3, 4, 3, states), (std::vector<int>{0, 1, 3}));
-  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 0);
+  EXPECT_EQ(SliceChain(3, 4, 3).Order(states), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), 0);
   // Rank 0 dies, then rank 1: rank 3 is still catching up, so nobody holds.
   states[0].dead = true;
-  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 1);
+  EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), 1);
   states[1].dead = true;
-  EXPECT_EQ(ActingPrimary(3, 4, 3, states), -1);
+  EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), -1);
   // Caught up, it answers; a later replacement of rank 0 comes after it.
   states[3].catching_up = false;
-  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 3);
+  EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), 3);
   states[0] = ServerState{false, false, 2};
-  EXPECT_EQ(ChainOrder(3, 4, 3, states), (std::vector<int>{1, 3, 0}));
-  EXPECT_EQ(ActingPrimary(3, 4, 3, states), 3);
+  EXPECT_EQ(SliceChain(3, 4, 3).Order(states), (std::vector<int>{1, 3, 0}));
+  EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), 3);
   // Missing states count as members since the start; R larger than the
   // servers stops at the servers.
-  EXPECT_EQ(ChainOrder(1, 2, 3, {}), (std::vector<int>{1, 0}));
-  EXPECT_EQ(ActingPrimary(1, 2, 2, {}), 1);
+  EXPECT_EQ(SliceChain(1, 2, 3).Order({}), (std::vector<int>{1, 0}));
+  EXPECT_EQ(SliceChain(1, 2, 2).Primary({}), 1);
+}
+
+TEST(ReplicaChainTest, PlacesAndMembersWrapAroundTheServers) {
+  // 4 servers, chains of 3: the chain of rank 3 is 3, 0, 1.
+  const SliceChain chain(3, 4, 3);
+  EXPECT_EQ(chain.first(), 3);
+  EXPECT_EQ(chain.size(), 3);
+  EXPECT_EQ(chain.RankAt(0), 3);
+  EXPECT_EQ(chain.RankAt(1), 0);
+  EXPECT_EQ(chain.RankAt(2), 1);
+  EXPECT_EQ(chain.PlaceOf(3), 0);
+  EXPECT_EQ(chain.PlaceOf(0), 1);
+  EXPECT_EQ(chain.PlaceOf(1), 2);
+  EXPECT_EQ(chain.PlaceOf(2), -1);  // not a member
+  EXPECT_EQ(chain.PlaceOf(4), -1);  // not a server rank
+  EXPECT_EQ(chain.PlaceOf(-1), -1);
+  EXPECT_TRUE(chain.Contains(1));
+  EXPECT_FALSE(chain.Contains(2));
+  EXPECT_EQ(chain.Members(), "3, 0, 1");
+  // A server holding place 2 as rank 1 sees the same chain.
+  const SliceChain seen = SliceChain::Around(1, 2, 4, 3);
+  EXPECT_EQ(seen.first(), 3);
+  EXPECT_EQ(seen.Members(), "3, 0, 1");
+  EXPECT_EQ(SliceChain::Around(0, 3, 4, 3).first(), 1);
+  // A chain longer than the servers holds every rank once (one copy: length =
+  // servers); a first rank outside 0..servers-1 is taken modulo.
+  const SliceChain all(5, 3, 7);
+  EXPECT_EQ(all.first(), 2);
+  EXPECT_EQ(all.size(), 3);
+  EXPECT_EQ(all.Members(), "2, 0, 1");
+  EXPECT_EQ(all.PlaceOf(1), 2);
+  // No servers: no members and no primary.
+  const SliceChain none(0, 0, 2);
+  EXPECT_EQ(none.size(), 0);
+  EXPECT_EQ(none.PlaceOf(0), -1);
+  EXPECT_EQ(none.Primary({}), -1);
+  EXPECT_TRUE(none.Order({}).empty());
 }
 
 }  // namespace

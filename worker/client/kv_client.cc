@@ -1300,20 +1300,21 @@ int KVClient::Route(int server, Message* msg) const {
   const int servers = options_.num_servers;
   const bool init = msg->header.command() == wire::KV_INIT;
   const int place = init ? static_cast<int>(msg->header.replica()) : 0;
-  const int first = ChainFirst(RankOfId(server), place, servers);
+  const SliceChain slice =
+      SliceChain::Around(RankOfId(server), place, servers, chain);
   absl::MutexLock lock(&dead_mu_);
   if (states_.empty()) return server;
   if (!init || options_.single_copy) {
     // The acting primary (common/replica_chain.h); with one copy it holds
     // the slice's only copy, and its init goes there too.
-    const int primary = ActingPrimary(first, servers, chain, states_);
+    const int primary = slice.Primary(states_);
     if (primary < 0) return server;
-    if (init) msg->header.set_replica((primary - first + servers) % servers);
+    if (init) msg->header.set_replica(slice.PlaceOf(primary));
     return ServerId(primary);
   }
   for (int n = 0; n < chain; ++n) {
     const int i = (place + n) % chain;
-    const int rank = (first + i) % servers;
+    const int rank = slice.RankAt(i);
     if (states_[rank].dead) continue;
     msg->header.set_replica(i);
     return ServerId(rank);
@@ -1330,8 +1331,8 @@ std::vector<int> KVClient::RefreshServerStates(Node* node) {
   const int chain = options_.chain_length();
   if (chain > 1 && before.size() == states_.size()) {
     for (int first = 0; first < servers; ++first) {
-      if (ActingPrimary(first, servers, chain, before) !=
-          ActingPrimary(first, servers, chain, states_)) {
+      const SliceChain slice(first, servers, chain);
+      if (slice.Primary(before) != slice.Primary(states_)) {
         moved.push_back(first);
       }
     }

@@ -530,9 +530,9 @@ bool RequestTracker::MayAnswer(const Tracked& t, int sender) const {
   const int place = t.msg.header.command() == wire::KV_INIT
                         ? static_cast<int>(t.msg.header.replica())
                         : 0;
-  const int first = ChainFirst(RankOfId(server), place, options_.num_servers);
-  return InChain(first, options_.num_servers, options_.chain_length,
-                 RankOfId(sender));
+  return SliceChain::Around(RankOfId(server), place, options_.num_servers,
+                            options_.chain_length)
+      .Contains(RankOfId(sender));
 }
 
 absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
