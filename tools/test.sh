@@ -11,6 +11,11 @@
 #   BUILD_DIR=build-asan TESSERA_SANITIZE=address tools/test.sh
 #   CTEST_ARGS="-L multihost" tools/test.sh
 #   TESSERA_THREAD_SAFETY_BUILD=0 tools/test.sh   # skip the clang build
+#   TESSERA_UNITY_BUILD=OFF tools/test.sh          # one compilation per source file
+#
+# Both builds are unity builds (CMAKE_UNITY_BUILD, as tools/quickstart.sh's, whose
+# objects ccache then reuses): each target's sources compiled in batches, the
+# Protocol Buffers, Abseil and GoogleTest headers parsed once a batch.
 #
 # ctest runs JOBS (nproc) tests at a time; the tests that build network namespaces or
 # load the machine (RUN_SERIAL in their CMakeLists) run alone.
@@ -36,7 +41,9 @@ phase() {  # name: the time since the last phase ended
 tools/install-deps.sh
 phase "install"
 
-cmake_args=(-S . -B "$build" -DTESSERA_BUILD_TESTS=ON -DTESSERA_WERROR=ON)
+unity=${TESSERA_UNITY_BUILD:-ON}
+cmake_args=(-S . -B "$build" -DTESSERA_BUILD_TESTS=ON -DTESSERA_WERROR=ON
+  -DCMAKE_UNITY_BUILD="$unity")
 [ -n "${TESSERA_ENABLE_CUDA:-}" ] && cmake_args+=(-DTESSERA_ENABLE_CUDA="$TESSERA_ENABLE_CUDA")
 [ -n "${TESSERA_SANITIZE:-}" ] && cmake_args+=(-DTESSERA_SANITIZE="$TESSERA_SANITIZE")
 cmake "${cmake_args[@]}"
@@ -62,7 +69,7 @@ if [ "${TESSERA_THREAD_SAFETY_BUILD:-1}" != 0 ]; then
   # headers; the fuzzers (compiled without the analysis) are left to the main build.
   CC=clang CXX=clang++ cmake -S . -B "$build-thread-safety" -DTESSERA_BUILD_TESTS=ON \
     -DTESSERA_THREAD_SAFETY=ON -DTESSERA_WERROR=ON -DTESSERA_ENABLE_CUDA=OFF \
-    -DTESSERA_CCACHE=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+    -DTESSERA_CCACHE=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_UNITY_BUILD="$unity" \
     -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O0 -g0" -DCMAKE_CXX_FLAGS="-O0 -g0"
   cmake --build "$build-thread-safety" -j "$jobs" --target tessera_proto
   python3 tools/thread_safety_check.py "$build-thread-safety" -j "$jobs"

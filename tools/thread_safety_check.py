@@ -50,7 +50,8 @@ def main():
     except OSError as e:
         sys.exit('thread_safety_check: cannot read %s (%s): configure the build with '
                  '-DCMAKE_EXPORT_COMPILE_COMMANDS=ON' % (path, e.strerror))
-    entries = [e for e in entries if e['file'].endswith(('.c', '.cc', '.cpp'))]
+    # .cxx: a unity build's batches (CMAKE_UNITY_BUILD), each including its sources.
+    entries = [e for e in entries if e['file'].endswith(('.c', '.cc', '.cpp', '.cxx'))]
     if not entries:
         sys.exit('thread_safety_check: %s lists no C or C++ file' % path)
     command = syntax_only(entries[0])[0]

@@ -159,7 +159,9 @@ if [ -f "$build/CMakeCache.txt" ] && [ "$(cat "$build/tsan-prefix" 2>/dev/null)"
 fi
 echo "$prefix" >"$build/tsan-prefix"
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+# A unity build, as tools/test.sh's (TESSERA_UNITY_BUILD=OFF: one compilation per file).
 cmake -S . -B "$build" -DTESSERA_BUILD_TESTS=ON -DTESSERA_WERROR=ON -DTESSERA_SANITIZE=thread \
+  -DCMAKE_UNITY_BUILD="${TESSERA_UNITY_BUILD:-ON}" \
   -DTESSERA_ENABLE_CUDA=OFF -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_PREFIX_PATH="$prefix" -Dabsl_DIR:PATH="$prefix/lib/cmake/absl"
 # What TSan must cover: the tests whose code runs on several threads or in several
