@@ -51,8 +51,9 @@ struct HashedSpec {
   float InitialValue(uint64_t id, uint64_t column) const;
 };
 
-// The server of `num_servers` that holds hashed id `id` (SplitMix64's
-// finaliser of the id, modulo): ids spread evenly whatever their values.
+// The server of `num_servers` that holds hashed id `id`: SplitMix64 (one whole
+// step, split_mix.h) of the id XORed with 0x2545f4914f6cdd1d, modulo
+// `num_servers`. Ids spread evenly whatever their values.
 int HashedServerOf(uint64_t id, int num_servers);
 
 }  // namespace tessera
