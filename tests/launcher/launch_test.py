@@ -50,7 +50,7 @@ from tessera_launch.local import local_nodes  # noqa: E402
 from tessera_launch.mpi import mpi_nodes  # noqa: E402
 from tessera_launch.slurm import parse_tasks_per_node, slurm_hosts, slurm_nodes  # noqa: E402
 from tessera_launch.ssh import remote_path, rsync_argv, ssh_argv  # noqa: E402
-from tessera_launch.supervisor import Node, describe_status  # noqa: E402
+from tessera_launch.supervisor import Job, Node, describe_status  # noqa: E402
 
 # Bound on one launcher run in these tests (they take about a second each).
 RUN_TIMEOUT_S = 60
@@ -287,6 +287,39 @@ class FakeJobTest(unittest.TestCase):
 
 # ----------------------------------------------------------------------------
 # Units
+
+
+class SupervisorGraceTest(unittest.TestCase):
+    """The grace after which a launcher stops what is still running starts when one
+    side of the job (its primaries, or its daemons) has ended, never because a side
+    is empty."""
+
+    @staticmethod
+    def sleeper(seconds, status=0):
+        code = 'import sys, time; time.sleep(%r); sys.exit(%d)' % (seconds, status)
+        return lambda restarts: ([sys.executable, '-c', code], dict(os.environ), None)
+
+    def run_job(self, nodes, timeout):
+        job = Job(nodes, timeout=timeout, restarts=0, verbose=False)
+        start = time.monotonic()
+        return job.run(), time.monotonic() - start
+
+    def test_a_launcher_of_primaries_only_waits_for_them_past_the_grace(self):
+        # launch.py --add-servers: its added servers are its only nodes. They ran
+        # 30 s under TSan in CI and were stopped as "still running 30 s after the
+        # scheduler and servers exited" (the adder has neither): exit 1.
+        nodes = [Node('added server', i, self.sleeper(1.5), primary=True) for i in (0, 1)]
+        status, took = self.run_job(nodes, timeout=0.3)
+        self.assertEqual(status, 0)
+        self.assertGreaterEqual(took, 1.5)
+        self.assertEqual([n.returncode for n in nodes], [0, 0])
+
+    def test_daemons_left_running_after_the_primaries_end_are_stopped(self):
+        nodes = [Node('worker', 0, self.sleeper(0.1), primary=True),
+                 Node('server', 0, self.sleeper(60))]
+        status, took = self.run_job(nodes, timeout=0.5)
+        self.assertEqual(status, 1)
+        self.assertLess(took, 30)
 
 
 class HostfileTest(unittest.TestCase):

@@ -420,7 +420,10 @@ class Job(object):
             daemons_done = all(n.returncode == 0 or n.lost for n in daemons)
             if primaries_done and daemons_done:
                 return 0
-            if primaries_done or daemons_done:
+            # The grace for the others starts when one side has ended, not when
+            # it has nothing to end: a launcher with only primaries (launch.py
+            # --add-servers, mpirun) waits for them as long as they run.
+            if (primaries and primaries_done) or (daemons and daemons_done):
                 now = time.monotonic()
                 grace_since = grace_since or now
                 if now - grace_since > self.timeout:
