@@ -25,11 +25,6 @@ namespace {
 
 constexpr int kProvisionalBase = 1000000;
 
-const char* BarrierGroupName(int group) {
-  if (group == (kGroupServers | kGroupWorkers)) return "servers and workers";
-  return (group & kGroupServers) ? "servers" : "workers";
-}
-
 // The start of a sealed node key (32 raw bytes) in hex, for log lines.
 std::string SealedKeyText(const std::string& key) {
   return absl::StrCat(absl::BytesToHexString(key.substr(0, 6)), "...");
@@ -160,7 +155,29 @@ Scheduler::Metrics::Metrics() {
 
 Scheduler::Scheduler(const Options& options,
                      std::unique_ptr<Transport> transport)
-    : options_(options), transport_(std::move(transport)) {}
+    : options_(options),
+      transport_(std::move(transport)),
+      notices_(
+          Notices::Settings{options.resend, options.resend_timeout,
+                            kSchedulerId, kProvisionalBase},
+          [this](int peer, const Message& msg) {
+            return transport_->Send(peer, msg);
+          },
+          [this](int peer) { return DescribePeer(peer); },
+          metrics_.notice_resends),
+      barriers_(
+          Barriers::Membership{
+              [this](int group) { return ExpectedInBarrier(group); },
+              [this] { return static_cast<int>(done_workers_.size()); },
+              [this](int group) { return MissingFromBarrier(group); }},
+          Barriers::Settings{options.late_min, options.late_factor},
+          [this](int peer, uint64_t request_id) {
+            wire::Header request;
+            request.set_command(wire::BARRIER);
+            request.set_request_id(request_id);
+            Reply(peer, request, absl::OkStatus());
+          },
+          metrics_.barriers_released) {}
 
 Scheduler::~Scheduler() {
   metrics_http_.reset();
@@ -243,7 +260,7 @@ absl::Status Scheduler::Run() {
       return absl::CancelledError("scheduler stopped");
     }
     const absl::Time now = absl::Now();
-    ResendNotices(now);
+    notices_.ResendDue(now);
     if (pending_wanted_.load(std::memory_order_relaxed)) MakePending(now);
     if (ended_) {
       if (!Ending(now)) {
@@ -311,7 +328,7 @@ absl::Status Scheduler::Run() {
     }
     if (formed_ && now - last_late_check_ >= kLivenessEvery) {
       last_late_check_ = now;
-      CheckLateBarriers(now);
+      barriers_.CheckLate(now);
       if (handback_ && now - handback_->started >= options_.handback_retry)
         RetryHandback(now);
     }
@@ -323,100 +340,14 @@ absl::Status Scheduler::Run() {
   }
 }
 
-void Scheduler::DropNoticesTo(int peer) {
-  auto mine = notices_by_peer_.find(peer);
-  if (mine == notices_by_peer_.end()) return;
-  const std::set<uint64_t> pending = mine->second;  // DropNotice edits it
-  for (uint64_t n : pending) DropNotice(notices_.find(n));
-}
-
-void Scheduler::SendNotice(int peer, Message msg) {
-  if (msg.header.command() == wire::NODE_TABLE) {
-    // A newer table replaces one the node has not acknowledged yet when it
-    // carries every node that one does (a change of one node does not
-    // replace a pending change of another).
-    auto mine = notices_by_peer_.find(peer);
-    std::vector<uint64_t> replaced;
-    if (mine != notices_by_peer_.end()) {
-      std::set<int> ids;
-      for (const wire::NodeInfo& n : msg.header.node_table().nodes())
-        ids.insert(n.id());
-      for (uint64_t old_id : mine->second) {
-        const Message& old = notices_.at(old_id).msg;
-        if (old.header.command() != wire::NODE_TABLE) continue;
-        bool covered = true;
-        for (const wire::NodeInfo& n : old.header.node_table().nodes()) {
-          if (ids.count(n.id()) == 0) {
-            covered = false;
-            break;
-          }
-        }
-        if (covered) replaced.push_back(old_id);
-      }
-    }
-    for (uint64_t old_id : replaced) DropNotice(notices_.find(old_id));
-  }
-  const uint64_t id = next_notice_++;
-  msg.header.set_request_id(id);
-  msg.header.set_sender(kSchedulerId);
-  msg.header.set_recipient(peer);
-  msg.header.set_plane(wire::CONTROL);
-  absl::Status sent = transport_->Send(peer, msg);
-  if (!sent.ok()) {
-    TESSERA_LOG(WARNING) << "send to " << DescribePeer(peer) << ": "
-                         << sent.message();
-  }
-  Notice& notice = notices_[id];
-  notice.peer = peer;
-  notice.msg = std::move(msg);
-  notice.wait = options_.resend_timeout;
-  notice.next_send = absl::Now() + notice.wait;
-  notices_by_peer_[peer].insert(id);
-  next_resend_ = std::min(next_resend_, notice.next_send);
-}
-
-void Scheduler::DropNotice(std::map<uint64_t, Notice>::iterator it) {
-  auto mine = notices_by_peer_.find(it->second.peer);
-  if (mine != notices_by_peer_.end()) {
-    mine->second.erase(it->first);
-    if (mine->second.empty()) notices_by_peer_.erase(mine);
-  }
-  notices_.erase(it);
-}
-
-void Scheduler::ResendNotices(absl::Time now) {
-  // PS_RESEND=0: every message goes once, as the nodes' requests do.
-  if (!options_.resend || now < next_resend_) return;
-  next_resend_ = absl::InfiniteFuture();
-  for (auto& [id, notice] : notices_) {
-    if (now < notice.next_send) {
-      next_resend_ = std::min(next_resend_, notice.next_send);
-      continue;
-    }
-    notice.wait = std::min(notice.wait * 2, options_.resend_timeout * 8);
-    notice.next_send = now + notice.wait;
-    next_resend_ = std::min(next_resend_, notice.next_send);
-    TESSERA_VLOG(1) << "no acknowledgement from " << DescribePeer(notice.peer)
-                    << " yet; sending again " << DebugString(notice.msg);
-    metrics_.notice_resends->Increment();
-    (void)transport_->Send(notice.peer, notice.msg);
-  }
-}
-
 bool Scheduler::Acknowledged(const wire::Header& h) {
-  auto it = notices_.find(h.request_id());
-  if (it == notices_.end() || it->second.msg.header.command() != h.command()) {
-    return false;
-  }
-  // A node that has no node table yet (a start-up abort) acknowledges
-  // without an id.
-  if (it->second.peer != h.sender() && it->second.peer < kProvisionalBase)
-    return false;
+  std::optional<Message> acknowledged = notices_.Acknowledge(h);
+  if (!acknowledged) return false;
   std::vector<int> ready;
   if (!join_waits_.empty() && h.command() == wire::NODE_TABLE) {
     // A server holding a joining worker's entry (this change, or a later one
     // that replaced it): the joiner's table may go once every server does.
-    for (const wire::NodeInfo& n : it->second.msg.header.node_table().nodes()) {
+    for (const wire::NodeInfo& n : acknowledged->header.node_table().nodes()) {
       auto waiting = join_waits_.find(n.id());
       auto node = nodes_.find(n.id());
       if (waiting == join_waits_.end() || node == nodes_.end() ||
@@ -427,7 +358,6 @@ bool Scheduler::Acknowledged(const wire::Header& h) {
         ready.push_back(n.id());
     }
   }
-  DropNotice(it);
   for (int joiner : ready) SendJoinerTable(joiner);
   return true;
 }
@@ -438,7 +368,7 @@ void Scheduler::SendJoinerTable(int joiner) {
   if (ended_ || node == nodes_.end() || node->second.dead()) return;
   TESSERA_VLOG(1) << "every server knows " << Describe(node->second)
                   << "; sending it its table";
-  SendNotice(joiner, TableMessage(joiner));
+  notices_.Send(joiner, TableMessage(joiner));
 }
 
 void Scheduler::JoinWorker(const Registration& r, int id) {
@@ -486,8 +416,7 @@ void Scheduler::JoinWorker(const Registration& r, int id) {
   registered_at_.insert({node.host(), node.port()});
   last_seen_[id] = absl::Now();
   done_workers_.erase(id);
-  released_barrier_.erase(id);
-  for (auto& [group, waiting] : barriers_) waiting.erase(id);
+  barriers_.Forget(id);
   (void)LinkTo(id, node);
   metrics_.workers_joined->Increment();
   metrics_.workers_in_job->Set(WorkersInJob());
@@ -507,10 +436,10 @@ void Scheduler::JoinWorker(const Registration& r, int id) {
   for (const auto& [peer, n] : nodes_) {
     if (n.dead() || n.role() != wire::SERVER) continue;
     servers.insert(peer);
-    SendNotice(peer, change);
+    notices_.Send(peer, change);
   }
   if (servers.empty()) {
-    SendNotice(id, TableMessage(id));
+    notices_.Send(id, TableMessage(id));
   } else {
     join_waits_[id] = std::move(servers);
   }
@@ -524,10 +453,8 @@ void Scheduler::EndJob(const absl::Status& result, const Message& end,
                     ? "the job has already ended"
                     : std::string(result.message());
   end_deadline_ = absl::Now() + options_.heartbeat_timeout;
-  notices_.clear();  // tables no longer matter
-  notices_by_peer_.clear();
-  next_resend_ = absl::InfiniteFuture();
-  for (int peer : peers) SendNotice(peer, end);
+  notices_.Clear();  // tables no longer matter
+  for (int peer : peers) notices_.Send(peer, end);
   // Spares never joined: told once over a link of a moment (a spare that
   // misses it is stopped by its launcher).
   for (const Registration& spare : spares_) {
@@ -552,12 +479,8 @@ bool Scheduler::Ending(absl::Time now) {
   // At most kNamed nodes by name: a job of thousands would log a page.
   constexpr size_t kNamed = 20;
   std::string silent;
-  size_t named = 0;
-  for (const auto& [id, notice] : notices_) {
-    if (named++ == kNamed) break;
-    absl::StrAppend(&silent, silent.empty() ? "" : ", ",
-                    DescribePeer(notice.peer));
-  }
+  for (int peer : notices_.Peers(kNamed))
+    absl::StrAppend(&silent, silent.empty() ? "" : ", ", DescribePeer(peer));
   if (notices_.size() > kNamed)
     absl::StrAppend(&silent, " and ", notices_.size() - kNamed, " more");
   TESSERA_LOG(WARNING) << "leaving without an acknowledgement of the job's "
@@ -765,7 +688,6 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
         absl::InvalidArgumentError(absl::StrCat("bad barrier group ", group)));
     return;
   }
-  const int expected = ExpectedInBarrier(group);
   const bool member = (IsServerId(sender) && (group & kGroupServers)) ||
                       (IsWorkerId(sender) && (group & kGroupWorkers));
   if (!member) {
@@ -773,118 +695,20 @@ void Scheduler::HandleBarrier(int sender, const wire::Header& h) {
           absl::InvalidArgumentError("node is not in the barrier's group"));
     return;
   }
-  if (released_barrier_[sender] == h.request_id()) {
-    // A repeat of a request already released: its answer was lost.
-    Reply(sender, h, absl::OkStatus());
-    return;
-  }
-  auto& waiting = barriers_[group];
-  if (h.barrier().join_if_open() &&
-      released_tags_[group].count(h.barrier().tag()) != 0) {
-    // A restarted node whose earlier life passed this barrier with the
-    // others (or whom they passed: a finished worker): nobody waits for it
-    // there. Otherwise it joins as anyone does, whether the others wait
-    // there already or have yet to come (they may still be storing the key
-    // whose barrier it is: answering at once then left them waiting in it
-    // for ever).
-    Reply(sender, h, absl::OkStatus());
-    return;
-  }
-  if (waiting.empty()) {
-    barrier_tag_[group] = h.barrier().tag();
-    barrier_opened_[group] = absl::Now();
-    barrier_next_report_[group] = absl::ZeroDuration();
-  }
-  // A node waits in a barrier once. Its newest request is the one to
-  // answer: a restarted node asks again under a new request id.
-  waiting.insert_or_assign(sender, h.request_id());
-  // A worker that has finished passed every later barrier: a restarted
-  // worker's last barrier (its earlier life died in the one the others
-  // passed before they finished) must not wait for it.
-  int present = static_cast<int>(waiting.size());
-  if (group & kGroupWorkers) present += static_cast<int>(done_workers_.size());
-  TESSERA_VLOG(1) << "barrier " << group << ": " << present << "/" << expected;
-  if (present >= expected) ReleaseBarrier(group);
-}
-
-void Scheduler::ReleaseBarrier(int group) {
-  std::map<int, uint64_t>& waiting = barriers_[group];
-  if (!barrier_tag_[group].empty())
-    released_tags_[group].insert(barrier_tag_[group]);
-  for (const auto& [id, req] : waiting) {
-    released_barrier_[id] = req;
-    wire::Header request;
-    request.set_command(wire::BARRIER);
-    request.set_request_id(req);
-    Reply(id, request, absl::OkStatus());
-  }
-  waiting.clear();
-  metrics_.barriers_released->Increment();
-  auto opened = barrier_opened_.find(group);
-  if (opened != barrier_opened_.end()) {
-    std::deque<absl::Duration>& recent = barrier_recent_[group];
-    recent.push_back(absl::Now() - opened->second);
-    if (recent.size() > kRecentBarriers) recent.pop_front();
-    barrier_opened_.erase(opened);
-  }
+  barriers_.Enter(sender, h.request_id(), group, h.barrier().tag(),
+                  h.barrier().join_if_open());
 }
 
 std::vector<std::string> Scheduler::MissingFromBarrier(int group) const {
   std::vector<std::string> missing;
-  auto waiting = barriers_.find(group);
   for (const auto& [id, n] : nodes_) {
     const bool member = (n.role() == wire::SERVER && (group & kGroupServers)) ||
                         (n.role() == wire::WORKER && (group & kGroupWorkers));
     if (!member || done_workers_.count(id) != 0 || n.dead()) continue;
-    if (waiting != barriers_.end() && waiting->second.count(id) != 0) continue;
+    if (barriers_.Waits(group, id)) continue;
     missing.push_back(Describe(n));
   }
   return missing;
-}
-
-void Scheduler::CheckLateBarriers(absl::Time now) {
-  for (const auto& [group, opened] : barrier_opened_) {
-    const absl::Duration age = now - opened;
-    absl::Duration median = absl::ZeroDuration();
-    auto recent = barrier_recent_.find(group);
-    if (recent != barrier_recent_.end() && !recent->second.empty()) {
-      std::vector<absl::Duration> d(recent->second.begin(),
-                                    recent->second.end());
-      std::nth_element(d.begin(), d.begin() + d.size() / 2, d.end());
-      median = d[d.size() / 2];
-    }
-    const absl::Duration threshold =
-        median == absl::ZeroDuration()
-            ? 10 * options_.late_min
-            : std::max(options_.late_min, options_.late_factor * median);
-    absl::Duration& next = barrier_next_report_[group];
-    if (age < threshold || age < next) continue;
-    next = 2 * age;
-    const std::vector<std::string> missing = MissingFromBarrier(group);
-    const std::string tag = barrier_tag_[group];
-    const std::string why =
-        median == absl::ZeroDuration()
-            ? std::string("no barrier of the group has been released yet")
-            : absl::StrCat(static_cast<int64_t>(age / median),
-                           "x the group's recent median barrier of ",
-                           absl::FormatDuration(
-                               absl::Trunc(median, absl::Milliseconds(1))));
-    TESSERA_LOG(WARNING)
-        << "barrier of the " << BarrierGroupName(group)
-        << (tag.empty() ? "" : absl::StrCat(" ('", tag, "')")) << " has waited "
-        << absl::FormatDuration(absl::Trunc(age, absl::Milliseconds(100)))
-        << " for "
-        << (missing.empty()
-                ? "nobody"
-                : absl::StrJoin(
-                      missing.begin(),
-                      missing.begin() + std::min<size_t>(missing.size(), 16),
-                      ", "))
-        << (missing.size() > 16
-                ? absl::StrCat(", ... (", missing.size(), " in all)")
-                : "")
-        << " (" << why << ")";
-  }
 }
 
 void Scheduler::MakePending(absl::Time now) {
@@ -892,18 +716,7 @@ void Scheduler::MakePending(absl::Time now) {
   p.set_role("scheduler");
   p.set_id(kSchedulerId);
   p.set_host(bound_address_);
-  for (const auto& [group, waiting] : barriers_) {
-    if (waiting.empty()) continue;
-    wire::OpenBarrier* b = p.add_barriers();
-    b->set_group(BarrierGroupName(group));
-    b->set_tag(barrier_tag_[group]);
-    for (const auto& [id, request] : waiting) b->add_ids_in(id);
-    for (std::string& m : MissingFromBarrier(group))
-      b->add_missing(std::move(m));
-    auto opened = barrier_opened_.find(group);
-    if (opened != barrier_opened_.end())
-      b->set_age_s(absl::ToDoubleSeconds(now - opened->second));
-  }
+  barriers_.Fill(&p, now);
   for (const auto& [id, n] : nodes_) {
     wire::NodeStatus* s = p.add_nodes();
     s->set_id(id);
@@ -1274,10 +1087,10 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
   for (const auto& [peer, n] : nodes_) {
     if (n.dead()) continue;
     if (peer == id) {
-      SendNotice(peer, TableMessage(id));
+      notices_.Send(peer, TableMessage(id));
     } else if (n.role() != node.role() ||
                (n.role() == wire::SERVER && options_.chain_length() > 1)) {
-      SendNotice(peer, change);
+      notices_.Send(peer, change);
     }
   }
 }
@@ -1532,7 +1345,7 @@ void Scheduler::FailOver(int id, const std::string& reason, bool goodbye,
   dead.set_dead(true);
   dead.set_left(goodbye);
   last_seen_.erase(id);
-  DropNoticesTo(id);
+  notices_.DropTo(id);
   std::string gone;
   if (options_.single_copy) {
     // One copy: a server that answers for slices holds their only copy; a
@@ -1576,7 +1389,7 @@ void Scheduler::FailOver(int id, const std::string& reason, bool goodbye,
   metrics_.failovers->Increment();
   if (goodbye) metrics_.servers_left->Increment();
   const Message change = ChangeMessage(dead);
-  for (int peer : LivePeers(id)) SendNotice(peer, change);
+  for (int peer : LivePeers(id)) notices_.Send(peer, change);
   // A joining worker's table no longer waits for it.
   std::vector<int> ready;
   for (auto& [joiner, servers] : join_waits_) {
@@ -1584,7 +1397,7 @@ void Scheduler::FailOver(int id, const std::string& reason, bool goodbye,
   }
   for (int joiner : ready) SendJoinerTable(joiner);
   // A barrier of servers may have waited only for it.
-  ReleaseBarriersWithoutDead();
+  barriers_.ReleaseComplete();
   PlaceSpares();
   MaybeHandBack();
 }
@@ -1610,8 +1423,8 @@ void Scheduler::WorkerLeaves(int id, bool goodbye, const std::string& reason) {
   node.set_left(goodbye);
   last_seen_.erase(id);
   join_waits_.erase(id);
-  DropNoticesTo(id);
-  for (auto& [group, waiting] : barriers_) waiting.erase(id);
+  notices_.DropTo(id);
+  barriers_.Leave(id);
   metrics_.workers_left->Increment();
   const int remaining = WorkersInJob();
   metrics_.workers_in_job->Set(remaining);
@@ -1638,9 +1451,9 @@ void Scheduler::WorkerLeaves(int id, bool goodbye, const std::string& reason) {
                        << "): the rounds it has not pushed to complete "
                           "without it";
   const Message change = ChangeMessage(node);
-  for (int peer : LivePeers(id)) SendNotice(peer, change);
+  for (int peer : LivePeers(id)) notices_.Send(peer, change);
   // A barrier of workers may have waited only for it.
-  ReleaseBarriersWithoutDead();
+  barriers_.ReleaseComplete();
   if (!ended_ && AllWorkersDone()) {
     Message term;
     term.header.set_command(wire::TERMINATE);
@@ -1704,7 +1517,7 @@ void Scheduler::Replace(int id, const Registration& with) {
   const Message change = ChangeMessage(node);
   for (const auto& [peer, n] : nodes_) {
     if (n.dead()) continue;
-    SendNotice(peer, peer == id ? TableMessage(id) : change);
+    notices_.Send(peer, peer == id ? TableMessage(id) : change);
   }
   MaybeHandBack();
 }
@@ -1719,7 +1532,7 @@ void Scheduler::CaughtUp(int id) {
                     << node.rank() << " again (replacement " << node.joined()
                     << ")";
   const Message change = ChangeMessage(node);
-  for (int peer : LivePeers(-1)) SendNotice(peer, change);
+  for (int peer : LivePeers(-1)) notices_.Send(peer, change);
   MaybeHandBack();
 }
 
@@ -1732,10 +1545,7 @@ void Scheduler::GiveUpHandback() {
   handback_.reset();
   // Its notices are not sent again (a server takes a late one only while
   // the rank it names still waits for its place).
-  std::vector<uint64_t> stale;
-  for (const auto& [n, notice] : notices_)
-    if (notice.msg.header.command() == wire::HANDBACK) stale.push_back(n);
-  for (uint64_t n : stale) DropNotice(notices_.find(n));
+  notices_.DropCommand(wire::HANDBACK);
 }
 
 void Scheduler::RetryHandback(absl::Time now) {
@@ -1818,7 +1628,7 @@ void Scheduler::StartHandback(int id, bool leave) {
       continue;
     }
     h.waiting.insert(peer);
-    SendNotice(peer, notice);
+    notices_.Send(peer, notice);
   }
   TESSERA_VLOG(1) << (leave ? "leave " : "hand-back ") << h.epoch << ": "
                   << Describe(n)
@@ -1870,18 +1680,8 @@ void Scheduler::HandbackDone(int sender, uint64_t epoch) {
                       << " again";
   }
   const Message change = ChangeMessage(node);
-  for (int peer : LivePeers(-1)) SendNotice(peer, change);
+  for (int peer : LivePeers(-1)) notices_.Send(peer, change);
   MaybeHandBack();
-}
-
-void Scheduler::ReleaseBarriersWithoutDead() {
-  for (auto& [group, waiting] : barriers_) {
-    if (waiting.empty()) continue;
-    int present = static_cast<int>(waiting.size());
-    if (group & kGroupWorkers)
-      present += static_cast<int>(done_workers_.size());
-    if (present >= ExpectedInBarrier(group)) ReleaseBarrier(group);
-  }
 }
 
 int Scheduler::ExpectedInBarrier(int group) const {

@@ -37,6 +37,8 @@
 #include "common/metrics_http.h"
 #include "common/options.h"
 #include "common/transport.h"
+#include "scheduler/barriers.h"
+#include "scheduler/notices.h"
 
 namespace tessera {
 
@@ -72,24 +74,9 @@ class Scheduler {
 
  private:
   struct Registration;
-  // A message kept until its node acknowledges it (a response with the same
-  // command and request id).
-  struct Notice {
-    int peer = 0;
-    Message msg;
-    absl::Time next_send;
-    absl::Duration wait;
-  };
-
   void Handle(Message&& msg);
-  // Sends `msg` to `peer` as a notice.
-  void SendNotice(int peer, Message msg);
-  // Forgets a notice (acknowledged or replaced).
-  void DropNotice(std::map<uint64_t, Notice>::iterator it);
-  // Forgets every notice to `peer` (it died or left: they go nowhere now).
-  void DropNoticesTo(int peer);
-  void ResendNotices(absl::Time now);
-  // An acknowledgement of a notice; false when `h` acknowledges none.
+  // An acknowledgement of a notice (scheduler/notices.h); false when `h`
+  // acknowledges none.
   bool Acknowledged(const wire::Header& h);
   // Decides the end of the job: `result` is what Run returns. Tells every
   // reachable node (`end` is the TERMINATE, ABORT or NODE_DEAD to send) and
@@ -185,11 +172,6 @@ class Scheduler {
   std::vector<int> LivePeers(int except) const;
   // How many nodes a barrier of `group` waits for (dead servers not).
   int ExpectedInBarrier(int group) const;
-  // Releases the barriers that a dead server's or a left worker's loss
-  // completed.
-  void ReleaseBarriersWithoutDead();
-  // Answers every node waiting in `group`'s barrier.
-  void ReleaseBarrier(int group);
   std::string Describe(const wire::NodeInfo& node) const;
   // "1 of 2 worker(s) and 1 of 1 server(s)": who has not registered yet.
   std::string MissingNodes() const;
@@ -263,14 +245,7 @@ class Scheduler {
   // or kRetiredKey for a restarted node's earlier key.
   static constexpr int kRetiredKey = -1;
   std::map<std::string, int> sealed_key_holder_;
-  std::map<int, absl::Time> last_seen_;              // by id
-  std::map<int, std::map<int, uint64_t>> barriers_;  // group -> id -> request
-  std::map<int, uint64_t> released_barrier_;  // id -> its last released request
-  std::map<int, std::string>
-      barrier_tag_;  // group -> its waiting barrier's tag
-  // group -> the tags of its barriers released so far (a restarted node's
-  // join_if_open request for one of them is answered at once).
-  std::map<int, std::set<std::string>> released_tags_;
+  std::map<int, absl::Time> last_seen_;  // by id
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;
@@ -278,19 +253,11 @@ class Scheduler {
   // kFormationReportInterval.
   static constexpr absl::Duration kFormationReportInterval = absl::Seconds(5);
   absl::Time last_formation_report_;
-  std::map<uint64_t, Notice> notices_;  // by request id
-  // The request ids of each peer's notices: replacing a peer's pending table
-  // looks at that peer's notices only (not all N of them at formation).
-  std::map<int, std::set<uint64_t>> notices_by_peer_;
-  // No notice is due for a resend before this (ResendNotices skips its pass
-  // over every notice until then).
-  absl::Time next_resend_ = absl::InfiniteFuture();
   // CheckLiveness passes over every node; it runs every kLivenessEvery, not
   // after every message (at 10,000 nodes that pass cost more than the
   // message).
   static constexpr absl::Duration kLivenessEvery = absl::Milliseconds(100);
   absl::Time last_liveness_check_ = absl::InfinitePast();
-  uint64_t next_notice_ = 1;
   bool ended_ = false;       // the end is decided
   absl::Status result_;      // what Run returns once ended
   std::string end_reason_;   // told to nodes that register after the end
@@ -325,20 +292,16 @@ class Scheduler {
     Gauge* oldest_heartbeat_age;
   };
   Metrics metrics_;
+  // Node tables, changes, hand-back orders and the job's end, sent until
+  // acknowledged (after metrics_: it counts resends there).
+  Notices notices_;
+  // The open barriers (late ones logged from Run, as a server logs late
+  // rounds; docs/debugging.md).
+  Barriers barriers_;
   CollectorHandles metric_handles_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
 
-  // Late barriers (logged from Run, as a server logs late rounds): when the
-  // open barrier of each group started, when it is reported again, and the
-  // last kRecentBarriers durations of the group's barriers.
-  static constexpr size_t kRecentBarriers = 16;
-  std::map<int, absl::Time> barrier_opened_;           // by group
-  std::map<int, absl::Duration> barrier_next_report_;  // by group
-  std::map<int, std::deque<absl::Duration>> barrier_recent_;
   absl::Time last_late_check_ = absl::InfinitePast();
-  // Logs the barriers that have waited past their threshold (see
-  // docs/debugging.md), each again once its wait has doubled.
-  void CheckLateBarriers(absl::Time now);
   // The nodes of `group` not in its open barrier (nor finished), described.
   std::vector<std::string> MissingFromBarrier(int group) const;
 

@@ -68,7 +68,9 @@ absl::StatusOr<std::unique_ptr<KVClient>> KVClient::Create(
 KVClient::KVClient(const Options& options, bool sync)
     : options_(options),
       sync_(sync),
-      partitioner_(options.num_servers, options.bigarray_bound) {}
+      partitioner_(options.num_servers, options.bigarray_bound),
+      routes_(options.num_servers, options.chain_length(),
+              options.single_copy) {}
 
 KVClient::~KVClient() {
   metric_handles_.clear();
@@ -90,7 +92,7 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   tracker_ = std::make_unique<RequestTracker>(
       tracking,
       [this](int server, Message msg) {
-        const int to = Route(server, &msg);
+        const int to = routes_.Route(server, &msg);
         return node_->Send(to, std::move(msg));
       },
       [this](int node) { return node_->Describe(node); },
@@ -1291,61 +1293,12 @@ KVWorkerStats KVClient::stats() const {
   return s;
 }
 
-int KVClient::Route(int server, Message* msg) const {
-  const int chain = options_.chain_length();
-  if (chain <= 1 || !IsServerId(server)) return server;
-  // A slice's chain: its primary p, then p+1, ..., p+chain-1. A request
-  // goes to the first live member (an init for place j to the first live
-  // one from j on), which learns its place from the init.
-  const int servers = options_.num_servers;
-  const bool init = msg->header.command() == wire::KV_INIT;
-  const int place = init ? static_cast<int>(msg->header.replica()) : 0;
-  const SliceChain slice =
-      SliceChain::Around(RankOfId(server), place, servers, chain);
-  absl::MutexLock lock(&dead_mu_);
-  if (states_.empty()) return server;
-  if (!init || options_.single_copy) {
-    // The acting primary (common/replica_chain.h); with one copy it holds
-    // the slice's only copy, and its init goes there too.
-    const int primary = slice.Primary(states_);
-    if (primary < 0) return server;
-    if (init) msg->header.set_replica(slice.PlaceOf(primary));
-    return ServerId(primary);
-  }
-  for (int n = 0; n < chain; ++n) {
-    const int i = (place + n) % chain;
-    const int rank = slice.RankAt(i);
-    if (states_[rank].dead) continue;
-    msg->header.set_replica(i);
-    return ServerId(rank);
-  }
-  return server;  // none left: the scheduler ends the job
-}
-
-std::vector<int> KVClient::RefreshServerStates(Node* node) {
-  std::vector<int> moved;  // first ranks whose acting primary changed
-  absl::MutexLock lock(&dead_mu_);
-  std::vector<ServerState> before = std::move(states_);
-  states_ = node->server_states();
-  const int servers = options_.num_servers;
-  const int chain = options_.chain_length();
-  if (chain > 1 && before.size() == states_.size()) {
-    for (int first = 0; first < servers; ++first) {
-      const SliceChain slice(first, servers, chain);
-      if (slice.Primary(before) != slice.Primary(states_)) {
-        moved.push_back(first);
-      }
-    }
-  }
-  return moved;
-}
-
 void KVClient::ServersChanged() {
   Node* node = live_node_.load(std::memory_order_acquire);
   if (node == nullptr) return;  // Start reads the states once it has the node
   // A hand-back: the server that answered these slices holds what was sent
   // to it since it stopped taking pushes; it goes to the one answering now.
-  for (int first : RefreshServerStates(node))
+  for (int first : routes_.Update(node->server_states()))
     tracker_->ResendNowTo(ServerId(first), absl::InfiniteFuture());
 }
 
@@ -1358,7 +1311,7 @@ void KVClient::FailOver(int server) {
   // The table read here may already hold later changes (a hand-back that
   // came in the same table): the slices whose acting primary moved are
   // resent too, not only what waited for the dead server.
-  const std::vector<int> moved = RefreshServerStates(node);
+  const std::vector<int> moved = routes_.Update(node->server_states());
   if (options_.single_copy) {
     // One copy: a server that answered for slices is gone only after they
     // moved (a death ends the job).

@@ -55,6 +55,7 @@
 #include "worker/client/pulled_copy.h"
 #include "worker/client/replay_log.h"
 #include "worker/client/request_tracker.h"
+#include "worker/client/server_routes.h"
 
 namespace tessera {
 
@@ -244,18 +245,11 @@ class KVClient : public KVWorker {
   // A server restarted (from its checkpoint, or empty): send it again what it
   // may have lost, then the requests still waiting for it, at once.
   void ReplayTo(int server);
-  // Replicated jobs (TESSERA_REPLICAS > 1, server/replication.h): the server
-  // a request for `server`'s slices goes to now, the first live one of the
-  // slice's chain (an init's place in the chain is set in `msg`).
-  int Route(int server, Message* msg) const;
   // The scheduler declared `server` dead: what waited for it goes to its
   // slices' next replicas at once.
   void FailOver(int server);
   // Replicated jobs: a replacement took a server's rank, or caught up.
   void ServersChanged();
-  // Reads the servers' states from the node's table; returns the first ranks
-  // of the chains whose acting primary changed since the last read.
-  std::vector<int> RefreshServerStates(Node* node);
 
   const Options options_;
   const bool sync_;
@@ -269,10 +263,9 @@ class KVClient : public KVWorker {
   DevicePushStager device_;
   std::atomic<bool> closed_{false};
 
-  // Replicated jobs: the server ranks declared dead (empty: none yet).
-  mutable absl::Mutex dead_mu_;
-  // Replicated jobs: the table's server states (empty until a change).
-  std::vector<ServerState> states_ ABSL_GUARDED_BY(dead_mu_);
+  // Where requests for a server's slices go (chains: TESSERA_REPLICAS > 1,
+  // or one copy that moves), from the table's server states.
+  ServerRoutes routes_;
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, KeyInfo> keys_ ABSL_GUARDED_BY(mu_);
