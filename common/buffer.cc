@@ -17,9 +17,10 @@ namespace {
 // costs a page fault and a cleared page for every 4 KiB the first time it is
 // touched: on this project's 2-core VM a 100 MB row push + pull spent more
 // time in the kernel clearing pages than in all of its own copies and sums
-// (docs/benchmarks.md, "Every stage of a round"). glibc hands back blocks
-// above its mmap threshold (at most 32 MiB) to the system on free, so every
-// large message paid it again. BlockPool keeps freed large blocks for reuse:
+// (docs/benchmarks-history.md, "Every stage of a round"). glibc hands back
+// blocks above its mmap threshold (at most 32 MiB) to the system on free, so
+// every large message paid it again. BlockPool keeps freed large blocks for
+// reuse:
 //
 //   - Sizes are rounded up to a class, eight per power of two (at most 12.5%
 //     more), and a block is reused only for its own class.

@@ -346,12 +346,10 @@ absl::Status WriteKeyFiles(const JobKeySet& set, const std::string& dir) {
   return SyncFolder(dir);
 }
 
-absl::Status CheckKeyFolder(const std::string& dir) {
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot read the folder ", dir, ": ", std::strerror(errno)));
-  }
+namespace {
+
+// CheckKeyFolder's judgement of a folder already stat'ed.
+absl::Status CheckFolderStat(const std::string& dir, const struct stat& st) {
   if (!S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(dir, " is not a folder"));
   }
@@ -373,6 +371,17 @@ absl::Status CheckKeyFolder(const std::string& dir) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status CheckKeyFolder(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot read the folder ", dir, ": ", std::strerror(errno)));
+  }
+  return CheckFolderStat(dir, st);
+}
+
 absl::Status SyncFolder(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0 || ::fsync(fd) != 0) {
@@ -388,17 +397,52 @@ absl::Status SyncFolder(const std::string& dir) {
 absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
                                     const std::string& variable) {
   const std::string origin = absl::StrCat(variable, "=", path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  // The folder is opened first and the file through it, without following a
+  // link: the folder judged below is the one the file was read from (a link,
+  // or a folder renamed between the two, could otherwise lead elsewhere).
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  const std::string name =
+      slash == std::string::npos ? path : path.substr(slash + 1);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": cannot open its folder ", dir, ": ", std::strerror(errno)));
+  }
+  const int fd =
+      name.empty()
+          ? -1
+          : ::openat(dir_fd, name.c_str(),
+                     O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
+    const int err = name.empty() ? EISDIR : errno;
+    ::close(dir_fd);
+    if (err == ELOOP) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin,
+          ": a symbolic link; expected the key file itself (a link "
+          "could lead to a file in a folder others write)"));
+    }
+    if (err == EISDIR) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": expected a regular file"));
+    }
     return absl::InvalidArgumentError(
-        absl::StrCat(origin, ": cannot open: ", std::strerror(errno)));
+        absl::StrCat(origin, ": cannot open: ", std::strerror(err)));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
+    ::close(dir_fd);
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": expected a regular file"));
   }
+  struct stat folder_st;
+  const bool folder_read = ::fstat(dir_fd, &folder_st) == 0;
+  const int folder_errno = errno;
+  ::close(dir_fd);
   if ((st.st_mode & 077) != 0) {
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -413,11 +457,13 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
         "%d): a key file someone else put there is not this job's key",
         origin, st.st_uid, ::geteuid()));
   }
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : path.substr(0, slash);
-  if (absl::Status folder = CheckKeyFolder(dir); !folder.ok()) {
+  if (!folder_read) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": cannot read the folder ", dir, ": ",
+                     std::strerror(folder_errno)));
+  }
+  if (absl::Status folder = CheckFolderStat(dir, folder_st); !folder.ok()) {
     ::close(fd);
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": ", folder.message()));

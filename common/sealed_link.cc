@@ -862,6 +862,7 @@ bool SealedReceiver::OpenNext(Record& record, const Prefix& prefix, Peer& peer,
     p.assembling = false;
     p.msg = Message();
     p.dest.clear();
+    p.sizes.clear();
     Drop(&DropCounts::malformed,
          absl::StrCat("a message from ", from(),
                       last ? " ended before its header's size"

@@ -193,6 +193,43 @@ TEST(CurveKeysTest, AFileOfAnotherUserOrInAFolderOthersWriteIsRefused) {
   ASSERT_EQ(chown(dir.path().c_str(), 0, static_cast<gid_t>(-1)), 0);
 }
 
+// A key file named through a symbolic link is refused: the folder judged
+// must be the one the file is read from, and a link in a private folder could
+// lead into a folder others write (issue #46's security review).
+TEST(CurveKeysTest, AKeyFileReachedThroughALinkIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(WriteKeyFiles(Keys(), dir.path()).ok());
+  const std::string target = dir.path() + "/worker.key";
+  TempDir shared;
+  ASSERT_EQ(chmod(shared.path().c_str(), 01777), 0);
+  const std::string planted = shared.path() + "/worker.key";
+  ASSERT_EQ(rename(target.c_str(), planted.c_str()), 0);
+  // The link sits in the private folder, the file in the shared one.
+  const std::string link = dir.path() + "/linked.key";
+  ASSERT_EQ(symlink(planted.c_str(), link.c_str()), 0);
+  absl::StatusOr<JobKeys> keys = ReadKeyFile(link, "TESSERA_KEY_FILE");
+  ASSERT_FALSE(keys.ok());
+  EXPECT_EQ(keys.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(keys.status().message(),
+              HasSubstr(absl::StrCat("TESSERA_KEY_FILE=", link,
+                                     ": a symbolic link; expected the key "
+                                     "file itself")));
+  // Even a link to a file in the same private folder: the name must be the
+  // file.
+  ASSERT_EQ(rename(planted.c_str(), target.c_str()), 0);
+  const std::string near = dir.path() + "/near.key";
+  ASSERT_EQ(symlink("worker.key", near.c_str()), 0);
+  EXPECT_THAT(ReadKeyFile(near, "TESSERA_KEY_FILE").status().message(),
+              HasSubstr("a symbolic link"));
+  EXPECT_TRUE(ReadKeyFile(target, "TESSERA_KEY_FILE").ok());
+  // A missing folder names it.
+  EXPECT_THAT(ReadKeyFile(dir.path() + "/none/worker.key", "TESSERA_KEY_FILE")
+                  .status()
+                  .message(),
+              HasSubstr("cannot open its folder " + dir.path() +
+                        "/none: No such file or directory"));
+}
+
 TEST(CurveKeysTest, AFileOthersCanReadOrWriteIsRefused) {
   TempDir dir;
   ASSERT_TRUE(WriteKeyFiles(Keys(), dir.path()).ok());
