@@ -39,6 +39,12 @@ class BarriersTest : public ::testing::Test {
             },
             &released_) {}
 
+  // Each of `ids` enters the workers' barrier with request `request`.
+  void EnterAll(std::vector<int> ids, uint64_t request) {
+    for (int id : ids)
+      barriers_.Enter(id, request, kGroupWorkers, "", false, t0_);
+  }
+
   int servers_ = 0;
   int workers_ = 3;
   int finished_ = 0;
@@ -108,16 +114,11 @@ TEST_F(BarriersTest, ARestartedNodePassesABarrierTheOthersPassedOnly) {
 }
 
 TEST_F(BarriersTest, ADepartureCompletesABarrierAndAFreedIdStartsAfresh) {
-  barriers_.Enter(9, 3, kGroupWorkers, "", false, t0_);
-  barriers_.Enter(11, 3, kGroupWorkers, "", false, t0_);
-  barriers_.Enter(13, 3, kGroupWorkers, "", false, t0_);
+  EnterAll({9, 11, 13}, 3);
   ASSERT_EQ(answers_.size(), 3u);
-  barriers_.Enter(9, 4, kGroupWorkers, "", false, t0_);
-  barriers_.Enter(13, 4, kGroupWorkers, "", false, t0_);
-  barriers_.Enter(11, 4, kGroupWorkers, "", false, t0_);
+  EnterAll({9, 13, 11}, 4);
   ASSERT_EQ(answers_.size(), 6u);
-  barriers_.Enter(9, 5, kGroupWorkers, "", false, t0_);
-  barriers_.Enter(13, 5, kGroupWorkers, "", false, t0_);
+  EnterAll({9, 13}, 5);
   // 13 dies: it waits no more, and the group shrinks to 2 with 9 alone in.
   barriers_.Leave(13);
   workers_ = 2;
