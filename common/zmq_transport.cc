@@ -438,10 +438,15 @@ class ZmqTransport : public Transport {
     if (!header_size.ok()) return header_size.status();
     if (LogVerbosity() >= 2) TESSERA_LOG(INFO) << "send " << DebugString(msg);
     {
+      // Sealed messages that went out are released after the lock: their
+      // frames' owners may take their own locks (a worker's request tracker
+      // unpins an operation), and must never run under a link's.
+      std::vector<sealed::SealJob> sent_jobs;
       absl::MutexLock lock(&sender->mu);
-      absl::Status sent = sender->sealer != nullptr
-                              ? SendSealed(*sender, msg, *header_size)
-                              : SendFrames(*sender, peer, msg, *header_size);
+      absl::Status sent =
+          sender->sealer != nullptr
+              ? SendSealed(*sender, msg, *header_size, &sent_jobs)
+              : SendFrames(*sender, peer, msg, *header_size);
       if (!sent.ok()) return sent;
     }
     if (counters_ != nullptr) {
@@ -589,10 +594,13 @@ class ZmqTransport : public Transport {
   }
 
   void DiscardUnsent() override {
+    // Released after the locks (their frames' owners may lock).
+    std::vector<std::deque<sealed::SealJob>> dropped;
     absl::MutexLock lock(&senders_mu_);
     const int zero = 0;
     for (auto& [peer, sender] : senders_) {
       absl::MutexLock hold(&sender->mu);
+      dropped.push_back(std::move(sender->pending));
       sender->pending.clear();
       zmq_setsockopt(sender->socket, ZMQ_LINGER, &zero, sizeof(zero));
     }
@@ -752,7 +760,8 @@ class ZmqTransport : public Transport {
   // Queues `msg` on a sealed link and seals what ZeroMQ has room for now;
   // the pool seals the rest as records go out.
   absl::Status SendSealed(Sender& sender, const Message& msg,
-                          size_t header_size)
+                          size_t header_size,
+                          std::vector<sealed::SealJob>* sent_jobs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu) {
     sealed::SealJob job;
     job.header.resize(header_size);
@@ -761,14 +770,17 @@ class ZmqTransport : public Transport {
     job.frames = msg.data;
     sender.pending.push_back(std::move(job));
     if (sender.backlog->waiting.load()) return absl::OkStatus();
-    return Pump(sender);
+    return Pump(sender, sent_jobs);
   }
 
   // Seals the link's waiting messages while ZeroMQ holds less than
   // kBacklogLimit of its records; when it holds more, the free callback of
   // the record that brings it down to kBacklogResume hands the link to the
   // pool.
-  static absl::Status Pump(Sender& sender)
+  // Jobs that are done (or failed) move to `finished`, for the caller to
+  // release once it has let go of sender.mu.
+  static absl::Status Pump(Sender& sender,
+                           std::vector<sealed::SealJob>* finished)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu) {
     ZmqRecordSink sink(sender.socket, sender.backlog, sender.blocks);
     Backlog& backlog = *sender.backlog;
@@ -782,12 +794,14 @@ class ZmqTransport : public Transport {
           backlog.waiting.store(false);
         }
         if (absl::Status s = sender.sealer->SealNext(job, sink); !s.ok()) {
+          finished->push_back(std::move(job));
           sender.pending.pop_front();
           return absl::UnavailableError(
               absl::StrCat("cannot send to node ", sender.peer, " at ",
                            sender.endpoint, ": ", s.message()));
         }
       }
+      finished->push_back(std::move(job));
       sender.pending.pop_front();
     }
     return absl::OkStatus();
@@ -802,8 +816,9 @@ class ZmqTransport : public Transport {
       pool->Schedule([weak] {
         std::shared_ptr<Sender> s = weak.lock();
         if (s == nullptr) return;
+        std::vector<sealed::SealJob> finished;  // released after the lock
         absl::MutexLock lock(&s->mu);
-        if (absl::Status pumped = Pump(*s); !pumped.ok()) {
+        if (absl::Status pumped = Pump(*s, &finished); !pumped.ok()) {
           TESSERA_LOG(WARNING) << pumped.message();
         }
       });

@@ -1,10 +1,15 @@
 #include "worker/client/request_tracker.h"
 
 #include <cstdint>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/message.h"
 #include "common/metrics.h"
 #include "gmock/gmock.h"
@@ -169,6 +174,56 @@ TEST(RequestTrackerTest, OnlyTheAddressedServerOrItsChainAnswers) {
   tracker.HandleReply(Reply(ServerId(0), 2));  // the init's chain's first
   EXPECT_TRUE(tracker.Wait(push, "push").ok());
   EXPECT_EQ(wrong->value() - before, 4u);
+}
+
+// A request fails after TESSERA_RESEND_RETRIES sends in a row that nothing
+// from its server followed. A server that keeps sending (late answers to
+// finished requests, as a server working through resent copies does) is
+// busy, not gone: its request waits on, and fails only once that server too
+// has been silent for as many sends. (Found under TSan: a server slowed by
+// resent 1 MB copies answered every one, 1-3 s late, and a worker gave up on
+// it after 8 sends over 2.4 s, failing a job that was moving.)
+TEST(RequestTrackerTest, OnlyASilentServerFailsARequestAtTheResendLimit) {
+  RequestTracker::Options options;
+  options.resend_timeout = absl::Milliseconds(10);
+  options.resend_retries = 3;
+  options.request_timeout = absl::Seconds(60);
+  Sent sent;
+  RequestTracker tracker(options, sent.Fn(),
+                         [](int node) { return absl::StrCat("node ", node); });
+  const uint64_t busy = tracker.NewOp();
+  tracker.Send(Req(busy, ServerId(0), 0), Message());  // request 1
+  const uint64_t silent = tracker.NewOp();
+  tracker.Send(Req(silent, ServerId(1), 0), Message());  // request 2
+  // Server 0 answers a request finished long ago, every 2 ms, for 1 s.
+  const absl::Duration talking = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  std::thread talker([&] {
+    while (absl::Now() - start < talking) {
+      tracker.HandleReply(Reply(ServerId(0), 999));
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  });
+  const absl::Status silent_done = tracker.Wait(silent, "push");
+  const absl::Duration silent_after = absl::Now() - start;
+  EXPECT_EQ(silent_done.code(), absl::StatusCode::kUnavailable) << silent_done;
+  EXPECT_THAT(std::string(silent_done.message()),
+              ::testing::HasSubstr(absl::StrCat("no answer from node ",
+                                                ServerId(1),
+                                                " after 3 sends over")));
+  // 10 + 20 + 40 ms of waits, and the resend thread's ticks.
+  EXPECT_LT(silent_after, talking) << "the silent server's request waited on";
+  const absl::Status busy_done = tracker.Wait(busy, "push");
+  const absl::Duration busy_after = absl::Now() - start;
+  talker.join();
+  EXPECT_GE(busy_after, talking)
+      << "given up while its server was still sending";
+  EXPECT_LT(busy_after, talking + absl::Seconds(30));
+  EXPECT_EQ(busy_done.code(), absl::StatusCode::kUnavailable) << busy_done;
+  EXPECT_THAT(std::string(busy_done.message()),
+              ::testing::HasSubstr(absl::StrCat("no answer from node ",
+                                                ServerId(0),
+                                                " after 3 sends over")));
 }
 
 }  // namespace

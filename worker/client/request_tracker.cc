@@ -200,6 +200,7 @@ void RequestTracker::Send(Request request, Message msg) {
     t.request = request;
     t.msg = msg;  // the header and references to the same frames
     t.first_sent = absl::Now();
+    t.last_sent = t.first_sent;
     t.wait = options_.resend_timeout;
     t.next_send =
         options_.resend ? t.first_sent + t.wait : absl::InfiniteFuture();
@@ -274,6 +275,7 @@ std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(Tracked& t) {
     Tracked& n = next->second;
     n.sent = true;
     n.first_sent = absl::Now();
+    n.last_sent = n.first_sent;
     n.next_send =
         options_.resend ? n.first_sent + n.wait : absl::InfiniteFuture();
     ++w->second.out;
@@ -355,53 +357,81 @@ void RequestTracker::ResendLoop() {
     }
     absl::SleepFor(tick);
     std::vector<std::pair<int, Message>> resend;
-    std::vector<Message> dead;  // released unlocked: may unpin an op
+    // Requests at their limit: (request id, server). Failed in a second
+    // pass, once their servers are described: describe_ takes the node's
+    // lock, which is never taken under this one.
+    std::vector<std::pair<uint64_t, int>> expiring;
     {
       absl::MutexLock lock(&mu_);
       if (!failure_.ok()) continue;
       const absl::Time now = absl::Now();
-      for (auto it = requests_.begin(); it != requests_.end();) {
-        Tracked& t = it->second;
-        if (now < t.next_send) {
-          ++it;
-          continue;
-        }
+      for (auto& [id, t] : requests_) {
+        if (now < t.next_send) continue;
+        // The server sent something since this request's last send: it is
+        // alive and working through what it has, so that send is not one
+        // more unanswered (the server may be slow with resent copies; giving
+        // up on it would fail a job that is moving).
+        auto heard = heard_.find(t.request.server);
+        if (heard != heard_.end() && heard->second >= t.last_sent)
+          t.unanswered = 0;
         if (t.unanswered >= options_.resend_retries) {
-          const absl::Status failed = absl::UnavailableError(absl::StrCat(
-              What(t.msg), ": no answer from ", describe_(t.request.server),
-              " after ", t.unanswered, " sends over ",
-              absl::FormatDuration(
-                  absl::Trunc(now - t.first_sent, absl::Milliseconds(1))),
-              " (PS_RESEND_TIMEOUT=",
-              absl::ToInt64Milliseconds(options_.resend_timeout),
-              "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"));
-          TESSERA_LOG(ERROR) << failed.message();
-          metrics_.failed_requests->Increment();
-          if (t.request.op != 0) {
-            Op& o = ops_[t.request.op];
-            --o.pending;
-            if (o.status.ok()) o.status = failed;
-          }
-          if (t.request.window > 0)
-            DropWindowLocked(t.request.op, t.request.server, &dead);
-          TraceRequestEnd(t.msg, 0, false);
-          dead.push_back(std::move(t.msg));
-          it = requests_.erase(it);
+          t.next_send = absl::InfiniteFuture();  // the second pass decides
+          expiring.emplace_back(id, t.request.server);
           continue;
         }
         ++t.unanswered;
         ++t.resends;
         t.wait = std::min(t.wait * 2, max_wait);
+        t.last_sent = now;
         t.next_send = now + t.wait;
         ++resends_;
-        TESSERA_VLOG(1) << "resending " << What(t.msg) << " (request "
-                        << it->first << ") to " << describe_(t.request.server)
-                        << ", send " << t.unanswered;
         resend.emplace_back(t.request.server, t.msg);
-        ++it;
       }
     }
-    for (auto& [server, msg] : resend) (void)send_(server, std::move(msg));
+    if (!expiring.empty()) FailExpired(expiring);
+    for (auto& [server, msg] : resend) {
+      TESSERA_VLOG(1) << "resending " << What(msg) << " (request "
+                      << msg.header.request_id() << ") to " << describe_(server);
+      (void)send_(server, std::move(msg));
+    }
+  }
+}
+
+void RequestTracker::FailExpired(
+    const std::vector<std::pair<uint64_t, int>>& expiring) {
+  std::map<int, std::string> names;
+  for (const auto& [id, server] : expiring) {
+    if (!names.contains(server)) names[server] = describe_(server);
+  }
+  std::vector<Message> dead;  // released unlocked: may unpin an op
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (const auto& [id, server] : expiring) {
+    auto it = requests_.find(id);
+    // Answered (or acknowledged, which makes it wait again) in between.
+    if (it == requests_.end() || it->second.next_send != absl::InfiniteFuture())
+      continue;
+    Tracked& t = it->second;
+    const absl::Status failed = absl::UnavailableError(absl::StrCat(
+        What(t.msg), ": no answer from ", names[server], " after ",
+        t.unanswered, " sends over ",
+        absl::FormatDuration(
+            absl::Trunc(now - t.first_sent, absl::Milliseconds(1))),
+        " (PS_RESEND_TIMEOUT=",
+        absl::ToInt64Milliseconds(options_.resend_timeout),
+        "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"));
+    TESSERA_LOG(ERROR) << failed.message();
+    metrics_.failed_requests->Increment();
+    if (t.request.op != 0) {
+      Op& o = ops_[t.request.op];
+      --o.pending;
+      if (o.status.ok()) o.status = failed;
+    }
+    if (t.request.window > 0)
+      DropWindowLocked(t.request.op, t.request.server, &dead);
+    TraceRequestEnd(t.msg, 0, false);
+    dead.push_back(std::move(t.msg));
+    requests_.erase(it);
   }
 }
 
@@ -428,6 +458,7 @@ void RequestTracker::HandleReply(Message&& msg) {
   std::optional<std::pair<int, Message>> next;  // a windowed one let out
   {
     absl::MutexLock lock(&mu_);
+    heard_[h.sender()] = absl::Now();
     auto it = requests_.find(h.request_id());
     if (it == requests_.end()) {
       // A second answer to a resent request.

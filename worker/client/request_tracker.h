@@ -190,9 +190,11 @@ class RequestTracker {
     Request request;
     Message msg;  // the header and references to the same frames
     absl::Time first_sent;
+    absl::Time last_sent;  // its latest send
     absl::Time next_send;
     absl::Duration wait;
-    int unanswered = 0;  // sends in a row without any answer
+    int unanswered = 0;  // sends in a row without any answer, while its
+                         // server sent nothing else either
     int resends = 0;     // sends after the first
     bool sent = true;    // false: held back by its window
     bool taken = false;  // windowed: answered, its place in the window freed
@@ -222,6 +224,10 @@ class RequestTracker {
   bool AwaitOp(uint64_t op, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResendLoop();
+  // Fails the requests (id, server) that ResendLoop found at their limit and
+  // that no answer reached since. REQUIRES: mu_ not held.
+  void FailExpired(const std::vector<std::pair<uint64_t, int>>& expiring)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `sender` may answer `t` (Options::chain_length).
   bool MayAnswer(const Tracked& t, int sender) const;
   // Describes a request for errors: "push of key 3".
@@ -242,6 +248,11 @@ class RequestTracker {
   std::map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Tracked> requests_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<uint64_t, int>, Window> windows_ ABSL_GUARDED_BY(mu_);
+  // When each server last sent this worker anything on the data plane (an
+  // answer, an acknowledgement, a late answer to a finished request): a
+  // server still answering is busy, not gone, and a request to it is not
+  // given up for its silence alone (its operation's deadline still holds).
+  std::map<int, absl::Time> heard_ ABSL_GUARDED_BY(mu_);
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool receiving_ ABSL_GUARDED_BY(mu_) = false;       // a waiter is in receive_
