@@ -291,6 +291,9 @@ absl::Status ParseSecurity(const EnvLookup& env, Options& o) {
   TESSERA_ASSIGN_OR_RETURN(
       flag, ReadInt(env, "TESSERA_AUTH_ONLY", 0, 1, 0, "0 or 1"));
   o.auth_only = flag == 1;
+  TESSERA_ASSIGN_OR_RETURN(
+      flag, ReadInt(env, "TESSERA_CORE_DUMPS", 0, 1, 0, "0 or 1"));
+  o.core_dumps = flag == 1;
   if (o.insecure && o.auth_only) {
     return BadValue("TESSERA_AUTH_ONLY", "1",
                     "0 when TESSERA_INSECURE=1 (no authentication at all); "

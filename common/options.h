@@ -151,6 +151,10 @@ struct Options {
   std::string key_dir;
   bool insecure = false;
   bool auth_only = false;
+  // TESSERA_CORE_DUMPS=1: a daemon may leave a core dump (and be traced by
+  // its user), key material included. 0 (the default): StartDaemon makes it
+  // non-dumpable (PR_SET_DUMPABLE 0).
+  bool core_dumps = false;
   // TESSERA_SEALED_PORT: the port of a worker's or server's sealed lane, where
   // its peers' sealed records arrive in a secured job (docs/security.md); 0
   // (the default): any free port, told to the peers in the node table.

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -105,6 +106,21 @@ class Transport {
   virtual void SetPeerIdentity(int peer, const PeerIdentity& identity) {}
   virtual SealedDrops sealed_drops() const { return SealedDrops(); }
 
+  // A peer whose process is gone: the connection to it was closed by its end
+  // and connecting again has been refused since (nothing listens at its
+  // address any more). A live peer whose connection broke (a reset, a
+  // killed connection) is connected to again; a silent or unreachable host
+  // refuses nothing, and is left to the heartbeats.
+  struct LostLink {
+    int peer = 0;
+    std::string endpoint;
+    absl::Time closed;  // when its connection closed
+    int refused = 0;    // connection attempts refused since
+  };
+  // The watched links (ZmqTransportOptions::watch_links) lost since the last
+  // call, each once per closing. Call from one thread (the scheduler's).
+  virtual std::vector<LostLink> TakeLostLinks() { return {}; }
+
   // What is queued and not yet sent is dropped, now and when the transport
   // closes, instead of waiting out the linger for peers that have gone (the
   // scheduler, once every node acknowledged the job's end).
@@ -135,6 +151,11 @@ struct ZmqTransportOptions {
   // Messages and bytes sent and received by command are counted here
   // (MessageCounters); nullptr: not counted.
   MetricsRegistry* metrics = nullptr;
+  // Watch every link this transport connects (ZeroMQ's socket monitor) for
+  // Transport::TakeLostLinks: the scheduler's, which learns of a killed
+  // process from its closed, refusing port within a few hundred ms instead
+  // of PS_HEARTBEAT_TIMEOUT.
+  bool watch_links = false;
 };
 
 std::unique_ptr<Transport> NewZmqTransport(

@@ -296,6 +296,9 @@ class ZmqTransport : public Transport {
     context_ = zmq_ctx_new();
     zmq_ctx_set(context_, ZMQ_IO_THREADS, options.io_threads);
     zmq_ctx_set(context_, ZMQ_IPV6, 1);
+    // A watched link is three sockets (the sender, its monitor's end and
+    // ours): past ZeroMQ's default of 1,023 sockets at about 340 nodes.
+    if (options.watch_links) zmq_ctx_set(context_, ZMQ_MAX_SOCKETS, 1 << 16);
     if (Sealed()) SetUpSealing();
   }
 
@@ -396,6 +399,7 @@ class ZmqTransport : public Transport {
         static_cast<int>(absl::ToInt64Milliseconds(options_.send_timeout));
     zmq_setsockopt(sender->socket, ZMQ_SNDTIMEO, &timeout_ms,
                    sizeof(timeout_ms));
+    if (options_.watch_links) WatchLink(peer, sender->socket, endpoint);
     if (zmq_connect(sender->socket, endpoint.c_str()) != 0) {
       const std::string err = ZmqError();
       return absl::UnavailableError(
@@ -412,11 +416,13 @@ class ZmqTransport : public Transport {
   }
 
   void Disconnect(int peer) override {
+    Unwatch(peer);
     absl::MutexLock lock(&senders_mu_);
     senders_.erase(peer);
   }
 
   void ForgetPeer(int peer) override {
+    Unwatch(peer);
     if (opener_ != nullptr) opener_->RemovePeer(peer);
     absl::MutexLock lock(&senders_mu_);
     senders_.erase(peer);
@@ -593,6 +599,44 @@ class ZmqTransport : public Transport {
     return d;
   }
 
+  std::vector<LostLink> TakeLostLinks() override {
+    std::vector<LostLink> lost;
+    absl::MutexLock lock(&watch_mu_);
+    for (auto& [peer, watch] : watches_) {
+      uint16_t event = 0;
+      while (NextEvent(watch.monitor, &event)) {
+        switch (event) {
+          case ZMQ_EVENT_DISCONNECTED:
+            watch.closed = true;
+            watch.closed_at = absl::Now();
+            watch.retried = 0;
+            watch.reported = false;
+            break;
+          case ZMQ_EVENT_CONNECT_RETRIED:
+            if (watch.closed) ++watch.retried;
+            break;
+          case ZMQ_EVENT_CONNECTED:
+          case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+            watch.closed = false;
+            watch.retried = 0;
+            break;
+          default:
+            break;
+        }
+      }
+      // After a close ZeroMQ announces its reconnect (one CONNECT_RETRIED)
+      // before trying; each one after that is an attempt that failed at
+      // once (refused: a connection that hangs, to a host that dropped off
+      // the network, ends no attempt).
+      const int refused = watch.retried - 1;
+      if (watch.closed && !watch.reported && refused >= kRefusalsForLost) {
+        watch.reported = true;
+        lost.push_back(LostLink{peer, watch.endpoint, watch.closed_at, refused});
+      }
+    }
+    return lost;
+  }
+
   void DiscardUnsent() override {
     // Released after the locks (their frames' owners may lock).
     std::vector<std::deque<sealed::SealJob>> dropped;
@@ -611,6 +655,12 @@ class ZmqTransport : public Transport {
     // What waits to be sealed is dropped with the links, as ZeroMQ drops
     // what is queued on a closed socket after the linger.
     if (pool_ != nullptr) pool_->Stop();
+    {
+      // Every socket closes before zmq_ctx_term, which waits for them.
+      absl::MutexLock lock(&watch_mu_);
+      for (auto& [peer, watch] : watches_) zmq_close(watch.monitor);
+      watches_.clear();
+    }
     {
       absl::MutexLock lock(&senders_mu_);
       senders_.clear();
@@ -1034,6 +1084,70 @@ class ZmqTransport : public Transport {
                    sizeof(reconnect_max_ms));
   }
 
+  // Starts watching the link to `peer` (its sender `socket`, connecting to
+  // `endpoint`): ZeroMQ's monitor of the socket, read by TakeLostLinks. A
+  // link that cannot be watched is only logged: the heartbeats still judge
+  // its peer.
+  void WatchLink(int peer, void* socket, const std::string& endpoint) {
+    absl::MutexLock lock(&watch_mu_);
+    const std::string address =
+        absl::StrCat("inproc://tessera-link-watch-", next_watch_++);
+    if (zmq_socket_monitor(socket, address.c_str(),
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+                               ZMQ_EVENT_CONNECT_RETRIED |
+                               ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
+      TESSERA_LOG(WARNING) << "cannot watch the link to node " << peer << ": "
+                           << ZmqError();
+      return;
+    }
+    void* monitor = zmq_socket(context_, ZMQ_PAIR);
+    const int zero = 0;
+    zmq_setsockopt(monitor, ZMQ_LINGER, &zero, sizeof(zero));
+    if (zmq_connect(monitor, address.c_str()) != 0) {
+      TESSERA_LOG(WARNING) << "cannot watch the link to node " << peer << ": "
+                           << ZmqError();
+      zmq_close(monitor);
+      return;
+    }
+    LinkWatch& watch = watches_[peer];
+    if (watch.monitor != nullptr) zmq_close(watch.monitor);
+    watch = LinkWatch();
+    watch.monitor = monitor;
+    watch.endpoint = endpoint;
+  }
+
+  void Unwatch(int peer) {
+    absl::MutexLock lock(&watch_mu_);
+    auto it = watches_.find(peer);
+    if (it == watches_.end()) return;
+    zmq_close(it->second.monitor);
+    watches_.erase(it);
+  }
+
+  // Reads the next event of a socket monitor without waiting: false when
+  // there is none. An event is two parts (ZeroMQ 4: 16-bit event and 32-bit
+  // value, then the endpoint), queued whole.
+  static bool NextEvent(void* monitor, uint16_t* event) {
+    zmq_msg_t part;
+    zmq_msg_init(&part);
+    if (zmq_msg_recv(&part, monitor, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&part);
+      return false;
+    }
+    *event = 0;
+    if (zmq_msg_size(&part) >= sizeof(*event))
+      memcpy(event, zmq_msg_data(&part), sizeof(*event));
+    bool more = zmq_msg_more(&part) != 0;
+    zmq_msg_close(&part);
+    while (more) {
+      zmq_msg_init(&part);
+      if (zmq_msg_recv(&part, monitor, ZMQ_DONTWAIT) < 0) more = false;
+      else more = zmq_msg_more(&part) != 0;
+      zmq_msg_close(&part);
+    }
+    return true;
+  }
+
   bool Encrypted() const {
     return options_.security != nullptr && options_.security->encrypt;
   }
@@ -1125,6 +1239,21 @@ class ZmqTransport : public Transport {
   absl::Mutex senders_mu_;
   std::map<int, std::shared_ptr<Sender>> senders_ ABSL_GUARDED_BY(senders_mu_);
   std::map<int, PeerLink> links_ ABSL_GUARDED_BY(senders_mu_);
+  // Watched links (options_.watch_links): what each one's monitor said.
+  struct LinkWatch {
+    void* monitor = nullptr;  // PAIR, connected to the sender's monitor
+    std::string endpoint;
+    bool closed = false;  // DISCONNECTED, not connected since
+    absl::Time closed_at;
+    int retried = 0;  // CONNECT_RETRIED since the close
+    bool reported = false;
+  };
+  // Refused attempts after a close that make a link lost: two, 100-300 ms
+  // apart (ZMQ_RECONNECT_IVL 100 ms, doubling).
+  static constexpr int kRefusalsForLost = 2;
+  absl::Mutex watch_mu_;
+  std::map<int, LinkWatch> watches_ ABSL_GUARDED_BY(watch_mu_);
+  uint64_t next_watch_ ABSL_GUARDED_BY(watch_mu_) = 0;
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> wrong_sender_{0};
@@ -1164,6 +1293,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
   TESSERA_ASSIGN_OR_RETURN(options.security,
                            LoadConnectionSecurity(node_options));
   options.metrics = &MetricsRegistry::Global();
+  options.watch_links = node_options.role == Role::kScheduler;
   return NewZmqTransport(options);
 }
 

@@ -336,6 +336,7 @@ absl::Status Scheduler::Run() {
         now - last_liveness_check_ >= kLivenessEvery) {
       last_liveness_check_ = now;
       CheckLiveness(now);
+      if (!ended_) CheckLostLinks(now);
     }
   }
 }
@@ -1282,28 +1283,70 @@ void Scheduler::CheckLiveness(absl::Time now) {
     if (done_workers_.count(id) != 0) continue;
     const absl::Duration silent = now - seen;
     if (silent <= options_.heartbeat_timeout) continue;
-    const wire::NodeInfo dead = nodes_[id];
-    const std::string reason =
-        absl::StrCat("stopped heart-beating: nothing heard for ",
-                     absl::FormatDuration(silent), " (PS_HEARTBEAT_TIMEOUT=",
-                     absl::FormatDuration(options_.heartbeat_timeout), ")");
-    metrics_.dead_nodes->Increment();
-    if (dead.role() == wire::SERVER && options_.chain_length() > 1) {
-      FailOver(id, reason);
-      return;
-    }
-    if (dead.role() == wire::WORKER && options_.elastic()) {
-      WorkerLeaves(id, /*goodbye=*/false, reason);
-      return;
-    }
-    Message notice;
-    notice.header.set_command(wire::NODE_DEAD);
-    *notice.header.mutable_node_dead()->mutable_node() = dead;
-    notice.header.mutable_node_dead()->set_reason(reason);
-    EndJob(absl::UnavailableError(
-               absl::StrCat(Describe(dead), " ", reason, "; ending the job")),
-           notice, LivePeers(id));
+    DeclareDead(id,
+                absl::StrCat("stopped heart-beating: nothing heard for ",
+                             absl::FormatDuration(silent),
+                             " (PS_HEARTBEAT_TIMEOUT=",
+                             absl::FormatDuration(options_.heartbeat_timeout),
+                             ")"));
+    return;  // one at a time: the table changed
+  }
+}
+
+bool Scheduler::SurvivesDeathOf(const wire::NodeInfo& n) const {
+  return (n.role() == wire::SERVER && options_.chain_length() > 1) ||
+         (n.role() == wire::WORKER && options_.elastic());
+}
+
+void Scheduler::DeclareDead(int id, const std::string& reason) {
+  const wire::NodeInfo dead = nodes_[id];
+  metrics_.dead_nodes->Increment();
+  if (dead.role() == wire::SERVER && options_.chain_length() > 1) {
+    FailOver(id, reason);
     return;
+  }
+  if (dead.role() == wire::WORKER && options_.elastic()) {
+    WorkerLeaves(id, /*goodbye=*/false, reason);
+    return;
+  }
+  Message notice;
+  notice.header.set_command(wire::NODE_DEAD);
+  *notice.header.mutable_node_dead()->mutable_node() = dead;
+  notice.header.mutable_node_dead()->set_reason(reason);
+  EndJob(absl::UnavailableError(
+             absl::StrCat(Describe(dead), " ", reason, "; ending the job")),
+         notice, LivePeers(id));
+}
+
+void Scheduler::CheckLostLinks(absl::Time now) {
+  for (const Transport::LostLink& lost : transport_->TakeLostLinks()) {
+    if (ended_) return;
+    auto it = nodes_.find(lost.peer);
+    if (it == nodes_.end() || it->second.dead() ||
+        done_workers_.count(lost.peer) != 0 ||
+        last_seen_.count(lost.peer) == 0) {
+      continue;  // not a live member the heartbeats watch
+    }
+    // Where the job goes on without the node (an elastic job's worker, a
+    // server with replicas), it goes on now. Elsewhere the node's death ends
+    // the job, and a restart (launch.py --restarts, or by hand) may take
+    // its rank back first: the heartbeats' time-out still decides.
+    if (!SurvivesDeathOf(it->second)) {
+      TESSERA_VLOG(1) << Describe(it->second) << ": its connection at "
+                      << lost.endpoint << " closed and connecting again was "
+                      << "refused; waiting for a restart or the heartbeat "
+                      << "time-out";
+      continue;
+    }
+    DeclareDead(lost.peer,
+                absl::StrCat("is gone: its connection closed and ",
+                             lost.refused, " attempts to connect again to ",
+                             lost.endpoint, " were refused within ",
+                             absl::FormatDuration(absl::Trunc(
+                                 now - lost.closed, absl::Milliseconds(1))),
+                             " (not waiting for PS_HEARTBEAT_TIMEOUT=",
+                             absl::FormatDuration(options_.heartbeat_timeout),
+                             ")"));
   }
 }
 

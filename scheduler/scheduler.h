@@ -110,6 +110,16 @@ class Scheduler {
   void Broadcast(const Message& msg, int except);
   // Ends the job (NODE_DEAD to the others) when a node stopped heart-beating.
   void CheckLiveness(absl::Time now);
+  // Nodes whose process is gone (their port refuses the connection that
+  // closed, Transport::TakeLostLinks) are declared dead at once where the
+  // job survives them; issue #46's "noticed in a second".
+  void CheckLostLinks(absl::Time now);
+  // Whether the job goes on without `n` (a server with replicas, an elastic
+  // job's worker) rather than ending.
+  bool SurvivesDeathOf(const wire::NodeInfo& n) const;
+  // `id` is dead for `reason` ("stopped heart-beating: ..."): fail-over,
+  // an elastic worker's leave, or the job's end.
+  void DeclareDead(int id, const std::string& reason);
   // Replicated jobs (TESSERA_REPLICAS > 1): server `id` is dead. When every
   // chain of servers still has a live member, every live node is told (a
   // table change marking it dead) and the job goes on; otherwise the job

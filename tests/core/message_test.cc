@@ -3,7 +3,13 @@
 #include <zmq.h>
 
 #include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/transport.h"
 #include "tests/support/memory_network.h"
 #include "gmock/gmock.h"
@@ -250,6 +256,56 @@ TEST(MessageTest, ZmqTransportCopiesSmallFramesAndLendsLargeOnes) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(got->data[0].data()) % alignof(float),
               0u);
   }
+}
+
+// The scheduler's link watch (ZmqTransportOptions::watch_links, issue #46):
+// a peer whose process is gone (its transport closed: nothing listens at its
+// port) is reported once, with the refused attempts to connect again; a live
+// peer, even a silent one, never is; an unwatched transport reports nothing.
+TEST(MessageTest, AWatchedLinkIsLostOnceWhenItsPeerIsGoneAndNeverWhileItLives) {
+  ZmqTransportOptions watching;
+  watching.watch_links = true;
+  std::unique_ptr<Transport> a = NewZmqTransport(watching);
+  std::unique_ptr<Transport> unwatched = NewZmqTransport();
+  std::unique_ptr<Transport> live = NewZmqTransport();
+  std::unique_ptr<Transport> doomed = NewZmqTransport();
+  absl::StatusOr<int> live_port = live->Bind("127.0.0.1", 0);
+  absl::StatusOr<int> doomed_port = doomed->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(live_port.ok() && doomed_port.ok());
+  ASSERT_TRUE(a->Connect(2, "127.0.0.1", *live_port).ok());
+  ASSERT_TRUE(a->Connect(3, "127.0.0.1", *doomed_port).ok());
+  ASSERT_TRUE(unwatched->Connect(3, "127.0.0.1", *doomed_port).ok());
+  ASSERT_TRUE(a->Send(2, PushMessage(4)).ok());
+  ASSERT_TRUE(a->Send(3, PushMessage(4)).ok());
+  ASSERT_TRUE(unwatched->Send(3, PushMessage(4)).ok());
+  ASSERT_TRUE(live->Receive(absl::Seconds(10)).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(doomed->Receive(absl::Seconds(10)).ok());
+  EXPECT_TRUE(a->TakeLostLinks().empty()) << "both peers live";
+
+  const absl::Time closed = absl::Now();
+  doomed.reset();  // its process gone: the port refuses
+  std::vector<Transport::LostLink> lost;
+  const absl::Time deadline = closed + absl::Seconds(10);
+  while (lost.empty() && absl::Now() < deadline) {
+    lost = a->TakeLostLinks();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].peer, 3);
+  EXPECT_EQ(lost[0].endpoint,
+            absl::StrCat("tcp://127.0.0.1:", *doomed_port));
+  EXPECT_GE(lost[0].refused, 2);
+  EXPECT_GE(lost[0].closed, closed);
+  EXPECT_LE(lost[0].closed, absl::Now());
+  // Once per closing; the live, silent peer never; the unwatched transport
+  // nothing.
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_TRUE(a->TakeLostLinks().empty());
+    EXPECT_TRUE(unwatched->TakeLostLinks().empty());
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(a->Send(2, PushMessage(4)).ok());
+  EXPECT_TRUE(live->Receive(absl::Seconds(10)).ok());
 }
 
 }  // namespace

@@ -1,8 +1,14 @@
 #include "common/options.h"
 
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -313,6 +319,45 @@ TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
   EXPECT_FALSE(o->exact_sync_sum);
   EXPECT_EQ(o->late_factor, 4.5);
   EXPECT_EQ(o->late_min, absl::Milliseconds(250));
+}
+
+// A daemon is not dumpable (no core dump with its keys, no ptrace by its
+// user) unless TESSERA_CORE_DUMPS=1 (issue #46). StartDaemon runs in a child
+// process, which exits with what prctl(PR_GET_DUMPABLE) says then.
+int DumpableAfterStartDaemon(const char* core_dumps) {
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("DMLC_ROLE", "scheduler", 1);
+    setenv("DMLC_PS_ROOT_URI", "127.0.0.1", 1);
+    setenv("DMLC_PS_ROOT_PORT", "9000", 1);
+    setenv("DMLC_NUM_SERVER", "1", 1);
+    setenv("DMLC_NUM_WORKER", "1", 1);
+    if (core_dumps == nullptr) {
+      unsetenv("TESSERA_CORE_DUMPS");
+    } else {
+      setenv("TESSERA_CORE_DUMPS", core_dumps, 1);
+    }
+    absl::StatusOr<Options> o = StartDaemon(Role::kScheduler);
+    if (!o.ok()) _exit(10);
+    _exit(prctl(PR_GET_DUMPABLE, 0, 0, 0, 0));
+  }
+  int status = 0;
+  if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status))
+    return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(OptionsTest, DaemonsAreNotDumpableUnlessCoreDumpsAreAskedFor) {
+  EXPECT_EQ(DumpableAfterStartDaemon(nullptr), 0);
+  EXPECT_EQ(DumpableAfterStartDaemon("0"), 0);
+  EXPECT_EQ(DumpableAfterStartDaemon("1"), 1);
+  EXPECT_EQ(DumpableAfterStartDaemon("yes"), 10);  // a bad value: an error
+  auto env = Base();
+  env["TESSERA_CORE_DUMPS"] = "yes";
+  absl::StatusOr<Options> o = Parse(env);
+  ASSERT_FALSE(o.ok());
+  EXPECT_THAT(std::string(o.status().message()),
+              HasSubstr("TESSERA_CORE_DUMPS='yes': expected 0 or 1"));
 }
 
 TEST(OptionsTest, SecurityIsOnUnlessTurnedOffAndKeysAreNamed) {

@@ -21,7 +21,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_cluster_test as base  # noqa: E402
 from launch_cluster_test import (  # noqa: E402
-    BUILD, CHECK_WORKER, SOURCE, TRAIN_WORKER, marked_pids, node_pid, soak_checksums)
+    BUILD, CHECK_WORKER, DEATH, FAST_DEATH, SOURCE, TRAIN_WORKER, marked_pids, node_pid,
+    seconds_after, soak_checksums)
 
 sys.path.insert(0, os.path.join(SOURCE, 'tools'))
 from tessera_launch import hosts as launch_hosts  # noqa: E402
@@ -74,9 +75,10 @@ class ElasticClusterTest(base.ClusterTestBase):
                                                           out))
         return self.proc.returncode, out
 
-    def kill_after_first_epoch(self, signals):
+    def kill_after_first_epoch(self, signals, sent_at=None):
         """An act for run_acting_on: sends signals[i] to the i-th worker of launch.py
-        that is not rank 0 (the worker that printed the match), in order."""
+        that is not rank 0 (the worker that printed the match), in order; appends each
+        signal's time.time() to `sent_at` when given."""
         def act(m):
             evaluator = int(m.group(1))  # rank 0 (launch.py names it by rank)
             others = [k for k in range(4) if k != evaluator]
@@ -86,6 +88,8 @@ class ElasticClusterTest(base.ClusterTestBase):
                 sys.stderr.write('sending %s to worker %d (pid %d)\n'
                                  % (signal.Signals(sig).name, k, pid))
                 os.kill(pid, sig)
+                if sent_at is not None:
+                    sent_at.append(time.time())
         return act
 
     def test_elastic_job_goes_on_after_a_killed_and_a_departing_worker(self):
@@ -98,14 +102,25 @@ class ElasticClusterTest(base.ClusterTestBase):
         self.assertEqual(code, 0, out)
         fixed = float(re.findall(r'Epoch\[2\] Validation-accuracy=([\d.]+)', out)[-1])
 
+        # The heartbeats' time-out is 30 s in the elastic run: the SIGKILLed worker
+        # leaves the rounds within the bound below because its process is gone (its
+        # connection closed and its port refuses a new one), issue #46.
+        sent_at = []
+        self.env['PS_HEARTBEAT_TIMEOUT'] = '30'
         code, out = self.run_acting_on(
             ['--elastic', '2:4'] + job, r'\[worker (\d)\] Epoch\[0\] Validation-accuracy=',
-            self.kill_after_first_epoch([signal.SIGKILL, signal.SIGTERM]), timeout=300)
+            self.kill_after_first_epoch([signal.SIGKILL, signal.SIGTERM], sent_at),
+            timeout=300)
         self.assertEqual(code, 0, out)
         self.assertRegex(out, r'launch.py: worker \d \(pid \d+\) killed by signal SIGKILL; '
                               r'TESSERA_ELASTIC=2:4: the job goes on without it')
-        self.assertRegex(out, r'\[scheduler\] .*stopped heart-beating.*; the job goes on with '
-                              r'[23] of 4 worker\(s\) \(TESSERA_ELASTIC=2:4\)')
+        m = re.search(r'^\[scheduler\] .*' + FAST_DEATH + r'; the job goes on with [23] of 4 '
+                      r'worker\(s\) \(TESSERA_ELASTIC=2:4\)', out, re.M)
+        self.assertIsNotNone(m, out)
+        after = seconds_after(m.group(0), sent_at[0])
+        sys.stderr.write('the SIGKILLed worker left the rounds %.3f s after the kill (%s after '
+                         'its connection closed)\n' % (after, m.group(1)))
+        self.assertLess(after, 10, out)  # the heartbeats would take 30 s
         self.assertRegex(out, r'\[scheduler\] .*left the job \(it said goodbye\); the job '
                               r'goes on with [23] of 4 worker\(s\)')
         self.assertRegex(out, r'\[worker \d\] Left the job after \d+ step\(s\) \(SIGTERM')
@@ -126,7 +141,7 @@ class ElasticClusterTest(base.ClusterTestBase):
             r'\[worker (\d)\] Epoch\[0\] Validation-accuracy=',
             self.kill_after_first_epoch([signal.SIGKILL, signal.SIGKILL]), timeout=120)
         self.assertNotEqual(code, 0, out)
-        self.assertRegex(out, r'\[scheduler\] .*stopped heart-beating.*; 2 worker\(s\) left in '
+        self.assertRegex(out, r'\[scheduler\] .*' + DEATH + r'.*; 2 worker\(s\) left in '
                               r"the job, fewer than TESSERA_ELASTIC's minimum of 3 \(3:4\); "
                               r'ending the job')
         self.assertEqual(marked_pids(self.mark), [])

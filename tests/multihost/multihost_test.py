@@ -545,7 +545,8 @@ class MultiHostTest(unittest.TestCase):
         sys.stderr.write('multihost_test: took h3 away (server pid %d); launch.py exit %s '
                          '%.1f s later\n' % (victims[0][1], rc, took))
         self.assertEqual(rc, 0, job.tail(120))
-        self.assertRegex(job.output, r'\[scheduler\] .*stopped heart-beating.*; its key '
+        self.assertRegex(job.output, r'\[scheduler\] .*(?:stopped heart-beating|is gone: its '
+                                     r'connection closed).*; its key '
                          r'slices fail over to their next replica \(TESSERA_REPLICAS=2\)')
         self.assertIn('launch.py: server 2 on %s' % v4(3), job.output)
         sums = re.findall(r'Final weights checksum=([0-9a-f]{16})', job.output)
