@@ -13,6 +13,7 @@
 #ifndef TESSERA_COMMON_LOGGING_H_
 #define TESSERA_COMMON_LOGGING_H_
 
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -23,6 +24,11 @@ enum class LogLevel { kInfo, kWarning, kError };
 void SetLogTag(const std::string& tag);
 void SetLogVerbosity(int verbosity);
 int LogVerbosity();
+
+// Whether the `n`-th occurrence (from 1) of a repeated warning is logged: the
+// first 20, then the 32nd, 64th, 128th, ... A peer that floods a node with
+// what it drops (counted elsewhere) cannot flood its log too.
+inline bool LogOccurrence(uint64_t n) { return n <= 20 || (n & (n - 1)) == 0; }
 
 namespace internal {
 class LogLine {

@@ -168,6 +168,10 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
           "(KV_STATS malformed_messages; the transport's are "
           "tessera_transport_malformed_messages_total).",
           &malformed_);
+  counter("tessera_server_failed_replies_total",
+          "Replies the transport would not take (a worker gone, its queue "
+          "full past the send time-out).",
+          &failed_replies_);
   counter("tessera_server_replica_updates_total",
           "Updates applied as a backup of a slice (KV_REPLICATE; "
           "TESSERA_REPLICAS > 1; KV_STATS replica_updates).",
@@ -366,8 +370,20 @@ Message KVServer::NewReply(const Message& request, const absl::Status& status,
 void KVServer::SendReply(const Message& request, Message reply) {
   absl::Status sent = send_(request.header.sender(), std::move(reply));
   if (!sent.ok()) {
-    TESSERA_LOG(WARNING) << "reply to node " << request.header.sender() << ": "
-                         << sent.message();
+    const uint64_t n = ++failed_replies_;
+    if (LogOccurrence(n)) {
+      TESSERA_LOG(WARNING) << "reply to node " << request.header.sender()
+                           << " not sent (#" << n << "): " << sent.message();
+    }
+  }
+}
+
+void KVServer::DropMalformed(const std::string& what, const Message& msg) {
+  const uint64_t n = ++malformed_;
+  if (LogOccurrence(n)) {
+    TESSERA_LOG(WARNING) << "dropped " << what << " (malformed message #" << n
+                         << "; logged: the first 20, then at powers of two): "
+                         << DebugString(msg);
   }
 }
 
@@ -419,14 +435,12 @@ void KVServer::Handle(Message&& msg) {
     return;
   }
   if (h.is_response()) {
-    ++malformed_;
-    TESSERA_LOG(WARNING) << "dropped unexpected reply " << DebugString(msg);
+    DropMalformed("unexpected reply", msg);
     return;
   }
   if (!IsWorkerId(h.sender()) || RankOfId(h.sender()) >= num_workers_) {
-    ++malformed_;
-    TESSERA_LOG(WARNING) << "dropped message from non-worker node "
-                         << h.sender() << ": " << DebugString(msg);
+    DropMalformed(absl::StrCat("message from non-worker node ", h.sender()),
+                  msg);
     return;
   }
   if (!left_workers_.empty() &&
@@ -454,8 +468,7 @@ void KVServer::Handle(Message&& msg) {
     case wire::KV_PUSHPULL:
       break;
     default:
-      ++malformed_;
-      TESSERA_LOG(WARNING) << "dropped unexpected message " << DebugString(msg);
+      DropMalformed("unexpected message", msg);
       return;
   }
   if (!h.has_slice()) {
@@ -1439,11 +1452,15 @@ void KVServer::TakeMembers(
     const char* what) {
   if (states.empty() || !key->sync) return;
   if (states.size() != key->ledger.num_workers()) {
-    ++malformed_;
-    TESSERA_LOG(WARNING) << what << " of key " << key->key << " offset "
-                         << key->offset << " carries " << states.size()
-                         << " worker states for " << key->ledger.num_workers()
-                         << " workers: ignored";
+    const uint64_t n = ++malformed_;
+    if (LogOccurrence(n)) {
+      TESSERA_LOG(WARNING) << what << " of key " << key->key << " offset "
+                           << key->offset << " carries " << states.size()
+                           << " worker states for "
+                           << key->ledger.num_workers()
+                           << " workers: ignored (malformed message #" << n
+                           << ")";
+    }
     return;
   }
   const KeyStore& store = ShardOf(key->key)->store;

@@ -317,6 +317,9 @@ class KVServer : private EngineContext {
   Message NewReply(const Message& request, const absl::Status& status,
                    const StoredKey* key);
   void SendReply(const Message& request, Message reply);
+  // Counts `msg` malformed and drops it; logs it while LogOccurrence says so
+  // ("dropped `what` (malformed message #n ...)").
+  void DropMalformed(const std::string& what, const Message& msg);
   // A chain id for a key slice's compressed pulls: random, so a restarted
   // server's chains never match what workers hold from its earlier life.
   uint64_t NewChain() override;
@@ -356,6 +359,7 @@ class KVServer : private EngineContext {
   mutable absl::Mutex key_counts_mu_;
   std::map<uint64_t, uint64_t> key_pushes_ ABSL_GUARDED_BY(key_counts_mu_);
   std::atomic<uint64_t> malformed_{0};
+  std::atomic<uint64_t> failed_replies_{0};  // SendReply's send failed
   std::atomic<uint64_t> errors_{0};
   std::atomic<bool> stopped_{false};
   absl::Mutex chain_mu_;

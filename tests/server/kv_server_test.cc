@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
 #include "common/hashed_spec.h"
@@ -1176,6 +1177,44 @@ TEST(KVServerTest, WorkersFinishedCountsThoseThatLeft) {
   EXPECT_EQ(finished, 1);
   h.server().WorkerLeft(1);  // told again: nothing changes
   EXPECT_EQ(finished, 1);
+}
+
+// What a server drops is counted, and a flood of it does not flood the log
+// (issue #46): 1,000 unexpected replies and 1,000 messages from a node that
+// is no worker are 2,000 malformed messages, logged 20 + 6 times (the 32nd,
+// 64th, ..., 1024th); a worker's push after them is served.
+TEST(KVServerTest, DroppedMessagesAreCountedAndTheirWarningsThrottled) {
+  ServerHarness h(1);
+  h.server().Handle(Init(1, {1.0f, 2.0f}));
+  ExpectOk(h);
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 1000; ++i) {
+    Message reply = KeyMessage(wire::KV_PUSH, 0, 1, 2);
+    reply.header.set_is_response(true);
+    h.server().Handle(std::move(reply));
+    Message rogue = KeyMessage(wire::KV_PUSH, 0, 1, 2);
+    rogue.header.set_sender(ServerId(3));
+    h.server().Handle(std::move(rogue));
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(h.server().stats().malformed_messages(), 2000u);
+  size_t lines = 0;
+  for (size_t at = log.find("(malformed message #"); at != std::string::npos;
+       at = log.find("(malformed message #", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 26u) << log;
+  EXPECT_THAT(log, HasSubstr("dropped unexpected reply (malformed message #1;"));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("dropped message from non-worker node ",
+                                          ServerId(3),
+                                          " (malformed message #2;")));
+  EXPECT_THAT(log, HasSubstr("(malformed message #1024;"));
+  EXPECT_EQ(log.find("(malformed message #1000;"), std::string::npos);
+  EXPECT_EQ(h.Pending(), 0u) << "nothing dropped is answered";
+  h.server().Handle(Push(0, 1, 0, {0.5f, 0.5f}));
+  ExpectOk(h);
+  EXPECT_EQ(h.server().stats().pushes_applied(), 1u);
+  EXPECT_EQ(PullNow(h, 0, 1, 2), (std::vector<float>{0.5f, 0.5f}));
 }
 
 }  // namespace
