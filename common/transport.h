@@ -114,7 +114,7 @@ class Transport {
   struct LostLink {
     int peer = 0;
     std::string endpoint;
-    absl::Time closed;  // when its connection closed
+    absl::Time closed;  // when the close was seen (read every 100 ms)
     int refused = 0;    // connection attempts refused since
   };
   // The watched links (ZmqTransportOptions::watch_links) lost since the last

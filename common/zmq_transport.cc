@@ -399,12 +399,14 @@ class ZmqTransport : public Transport {
         static_cast<int>(absl::ToInt64Milliseconds(options_.send_timeout));
     zmq_setsockopt(sender->socket, ZMQ_SNDTIMEO, &timeout_ms,
                    sizeof(timeout_ms));
-    if (options_.watch_links) WatchLink(peer, sender->socket, endpoint);
     if (zmq_connect(sender->socket, endpoint.c_str()) != 0) {
       const std::string err = ZmqError();
       return absl::UnavailableError(
           absl::StrCat("cannot connect to ", endpoint, ": ", err));
     }
+    // After the connect: a failed one leaves the link it would have
+    // replaced watched. (Connecting is asynchronous: nothing is missed.)
+    if (options_.watch_links) WatchLink(peer, sender->socket, endpoint);
     sender->endpoint = endpoint;
     TESSERA_VLOG(1) << "connecting to node " << peer << " at " << endpoint;
     std::shared_ptr<Sender> old;

@@ -1294,8 +1294,14 @@ void Scheduler::CheckLiveness(absl::Time now) {
 }
 
 bool Scheduler::SurvivesDeathOf(const wire::NodeInfo& n) const {
-  return (n.role() == wire::SERVER && options_.chain_length() > 1) ||
-         (n.role() == wire::WORKER && options_.elastic());
+  if (n.role() == wire::WORKER) {
+    // WorkersInJob() still counts `n`.
+    return options_.elastic() && WorkersInJob() - 1 >= options_.elastic_min;
+  }
+  // A one-copy server may hold the only copy of its slices; a replicated
+  // one is survived while every chain keeps a server.
+  return n.role() == wire::SERVER && options_.chain_length() > 1 &&
+         !options_.single_copy && !LostChain(n.id()).has_value();
 }
 
 void Scheduler::DeclareDead(int id, const std::string& reason) {

@@ -114,8 +114,9 @@ class Scheduler {
   // closed, Transport::TakeLostLinks) are declared dead at once where the
   // job survives them; issue #46's "noticed in a second".
   void CheckLostLinks(absl::Time now);
-  // Whether the job goes on without `n` (a server with replicas, an elastic
-  // job's worker) rather than ending.
+  // Whether the job goes on without `n` rather than ending: a server with
+  // replicas whose chains all keep a server, an elastic job's worker above
+  // the minimum.
   bool SurvivesDeathOf(const wire::NodeInfo& n) const;
   // `id` is dead for `reason` ("stopped heart-beating: ..."): fail-over,
   // an elastic worker's leave, or the job's end.

@@ -1,5 +1,6 @@
 #include "worker/client/request_tracker.h"
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -179,50 +180,78 @@ TEST(RequestTrackerTest, OnlyTheAddressedServerOrItsChainAnswers) {
 // A request fails after TESSERA_RESEND_RETRIES sends in a row that nothing
 // from its server followed. A server that keeps sending (late answers to
 // finished requests, as a server working through resent copies does) is
-// busy, not gone: its request waits on, and fails only once that server too
-// has been silent for as many sends. (Found under TSan: a server slowed by
-// resent 1 MB copies answered every one, 1-3 s late, and a worker gave up on
-// it after 8 sends over 2.4 s, failing a job that was moving.)
+// busy, not gone: its request waits on, and fails once that server too has
+// been silent for as many sends, or after 4x as many sends that it neither
+// answered nor acknowledged. (Found under TSan: a server slowed by resent
+// 1 MB copies answered every one, 1-3 s late, and a worker gave up on it
+// after 8 sends over 2.4 s, failing a job that was moving.)
 TEST(RequestTrackerTest, OnlyASilentServerFailsARequestAtTheResendLimit) {
   RequestTracker::Options options;
-  options.resend_timeout = absl::Milliseconds(10);
+  options.resend_timeout = absl::Milliseconds(20);  // 20, 40, 80, 160, 160...
   options.resend_retries = 3;
   options.request_timeout = absl::Seconds(60);
   Sent sent;
   RequestTracker tracker(options, sent.Fn(),
                          [](int node) { return absl::StrCat("node ", node); });
+  // Server 0 answers a request finished long ago, every 2 ms, while `talking`.
+  std::atomic<bool> talking{true};
+  std::atomic<int> said{0};
+  std::thread talker([&] {
+    while (talking.load()) {
+      tracker.HandleReply(Reply(ServerId(0), 999));
+      ++said;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  });
+  while (said.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  const absl::Time start = absl::Now();
   const uint64_t busy = tracker.NewOp();
   tracker.Send(Req(busy, ServerId(0), 0), Message());  // request 1
   const uint64_t silent = tracker.NewOp();
   tracker.Send(Req(silent, ServerId(1), 0), Message());  // request 2
-  // Server 0 answers a request finished long ago, every 2 ms, for 1 s.
-  const absl::Duration talking = absl::Seconds(1);
-  const absl::Time start = absl::Now();
-  std::thread talker([&] {
-    while (absl::Now() - start < talking) {
-      tracker.HandleReply(Reply(ServerId(0), 999));
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-  });
   const absl::Status silent_done = tracker.Wait(silent, "push");
-  const absl::Duration silent_after = absl::Now() - start;
   EXPECT_EQ(silent_done.code(), absl::StatusCode::kUnavailable) << silent_done;
   EXPECT_THAT(std::string(silent_done.message()),
               ::testing::HasSubstr(absl::StrCat("no answer from node ",
                                                 ServerId(1),
                                                 " after 3 sends over")));
-  // 10 + 20 + 40 ms of waits, and the resend thread's ticks.
-  EXPECT_LT(silent_after, talking) << "the silent server's request waited on";
+  // The busy server's request, never answered nor acknowledged, fails after
+  // 4 x 3 = 12 sends (about 1.4 s of waits) although its server talks on.
   const absl::Status busy_done = tracker.Wait(busy, "push");
   const absl::Duration busy_after = absl::Now() - start;
+  talking.store(false);
   talker.join();
-  EXPECT_GE(busy_after, talking)
-      << "given up while its server was still sending";
-  EXPECT_LT(busy_after, talking + absl::Seconds(30));
   EXPECT_EQ(busy_done.code(), absl::StatusCode::kUnavailable) << busy_done;
   EXPECT_THAT(std::string(busy_done.message()),
+              ::testing::HasSubstr(absl::StrCat(
+                  "no answer from node ", ServerId(0),
+                  " after 12 sends, neither answered nor acknowledged while "
+                  "it answered other requests, over")));
+  EXPECT_LT(busy_after, absl::Seconds(30));
+  EXPECT_GE(busy_after, absl::Milliseconds(20 + 40 + 80 + 160 * 8))
+      << "given up while its server was still sending";
+
+  // Acknowledged, a request waits on as long as the acknowledgements come
+  // (a push held for a slow round); silent, it then fails after 3 sends.
+  const uint64_t held = tracker.NewOp();
+  tracker.Send(Req(held, ServerId(2), 0), Message());  // request 3
+  const absl::Time held_from = absl::Now();
+  std::atomic<bool> acking{true};
+  std::thread acker([&] {
+    while (acking.load()) {
+      tracker.HandleReply(Reply(ServerId(2), 3, /*ack_only=*/true));
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  absl::SleepFor(absl::Seconds(3));  // well past 12 sends' waits
+  acking.store(false);
+  acker.join();
+  const absl::Status held_done = tracker.Wait(held, "push");
+  EXPECT_GE(absl::Now() - held_from, absl::Seconds(3));
+  EXPECT_EQ(held_done.code(), absl::StatusCode::kUnavailable) << held_done;
+  EXPECT_THAT(std::string(held_done.message()),
               ::testing::HasSubstr(absl::StrCat("no answer from node ",
-                                                ServerId(0),
+                                                ServerId(2),
                                                 " after 3 sends over")));
 }
 

@@ -99,7 +99,10 @@ class ClusterTestBase(unittest.TestCase):
     def setUp(self):
         self.mark = uuid.uuid4().hex
         self.tmp = tempfile.TemporaryDirectory(prefix='tessera-launch-')
-        self.env = dict(os.environ, TESSERA_TEST_MARK=self.mark, PS_HEARTBEAT_INTERVAL='0.2',
+        # TESSERA_CORE_DUMPS=1: the daemons stay dumpable, so that node_pid and marked_pids
+        # can read their /proc/PID/environ without root.
+        self.env = dict(os.environ, TESSERA_TEST_MARK=self.mark, TESSERA_CORE_DUMPS='1',
+                        PS_HEARTBEAT_INTERVAL='0.2',
                         PS_HEARTBEAT_TIMEOUT='2')
         self.proc = None
         self.started = time.monotonic()

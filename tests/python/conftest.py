@@ -54,7 +54,9 @@ class Job:
     def __init__(self, tmp):
         self.mark = uuid.uuid4().hex
         self.tmp = tmp
-        self.env = dict(os.environ, TESSERA_TEST_MARK=self.mark, PS_HEARTBEAT_INTERVAL='0.2',
+        # TESSERA_CORE_DUMPS=1: daemons whose /proc/PID/environ the cleanup reads without root.
+        self.env = dict(os.environ, TESSERA_TEST_MARK=self.mark, TESSERA_CORE_DUMPS='1',
+                        PS_HEARTBEAT_INTERVAL='0.2',
                         PS_HEARTBEAT_TIMEOUT='2', TESSERA_TIMEOUT='60',
                         PYTHONPATH=os.pathsep.join(
                             [PACKAGE_DIR] + [p for p in [os.environ.get('PYTHONPATH')] if p]),

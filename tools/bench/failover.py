@@ -58,7 +58,9 @@ def log_time(line, day):
 
 
 def one_run(args, mark):
-    env = dict(os.environ, TESSERA_TEST_MARK=mark, TESSERA_BIGARRAY_BOUND='1000',
+    # TESSERA_CORE_DUMPS=1: daemons whose /proc/PID/environ this reads without root.
+    env = dict(os.environ, TESSERA_TEST_MARK=mark, TESSERA_CORE_DUMPS='1',
+               TESSERA_BIGARRAY_BOUND='1000',
                SOAK_PRINT_ROUNDS='1', PS_HEARTBEAT_INTERVAL=str(args.heartbeat_timeout / 4),
                PS_HEARTBEAT_TIMEOUT=str(args.heartbeat_timeout),
                PS_RESEND_TIMEOUT=str(args.resend_timeout_ms))

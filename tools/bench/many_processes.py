@@ -67,6 +67,7 @@ def sample(pid):
 def run_job(args, workers, servers):
     tmp = tempfile.mkdtemp(prefix='tessera-many-')
     env = dict((k, v) for k, v in os.environ.items() if not k.startswith('DMLC_'))
+    env['TESSERA_CORE_DUMPS'] = '1'  # /proc/PID/fd of the daemons, read without root
     env.update(DMLC_PS_ROOT_URI='127.0.0.1', DMLC_PS_ROOT_PORT=str(free_port()),
                DMLC_NUM_SERVER=str(servers), DMLC_NUM_WORKER=str(workers),
                TESSERA_START_TIMEOUT='120')

@@ -201,6 +201,7 @@ void RequestTracker::Send(Request request, Message msg) {
     t.msg = msg;  // the header and references to the same frames
     t.first_sent = absl::Now();
     t.last_sent = t.first_sent;
+    t.unacknowledged = 1;
     t.wait = options_.resend_timeout;
     t.next_send =
         options_.resend ? t.first_sent + t.wait : absl::InfiniteFuture();
@@ -374,12 +375,17 @@ void RequestTracker::ResendLoop() {
         auto heard = heard_.find(t.request.server);
         if (heard != heard_.end() && heard->second >= t.last_sent)
           t.unanswered = 0;
-        if (t.unanswered >= options_.resend_retries) {
+        // Bounded all the same: a server that answers everything else but
+        // neither answers nor acknowledges this request (which a held push's
+        // resends get) has lost it, or will not take it.
+        if (t.unanswered >= options_.resend_retries ||
+            t.unacknowledged >= kUnacknowledgedFactor * options_.resend_retries) {
           t.next_send = absl::InfiniteFuture();  // the second pass decides
           expiring.emplace_back(id, t.request.server);
           continue;
         }
         ++t.unanswered;
+        ++t.unacknowledged;
         ++t.resends;
         t.wait = std::min(t.wait * 2, max_wait);
         t.last_sent = now;
@@ -412,9 +418,13 @@ void RequestTracker::FailExpired(
     if (it == requests_.end() || it->second.next_send != absl::InfiniteFuture())
       continue;
     Tracked& t = it->second;
+    const bool busy = t.unanswered < options_.resend_retries;
     const absl::Status failed = absl::UnavailableError(absl::StrCat(
         What(t.msg), ": no answer from ", names[server], " after ",
-        t.unanswered, " sends over ",
+        busy ? t.unacknowledged : t.unanswered,
+        busy ? " sends, neither answered nor acknowledged while it answered "
+               "other requests, over "
+             : " sends over ",
         absl::FormatDuration(
             absl::Trunc(now - t.first_sent, absl::Milliseconds(1))),
         " (PS_RESEND_TIMEOUT=",
@@ -443,6 +453,7 @@ void RequestTracker::ResendNowTo(int server, absl::Time sent_before) {
     if (t.first_sent >= sent_before) continue;
     t.next_send = now;
     t.unanswered = 0;
+    t.unacknowledged = 0;
     t.wait = options_.resend_timeout / 2;
   }
 }
@@ -483,6 +494,10 @@ void RequestTracker::HandleReply(Message&& msg) {
       }
       return;
     }
+    // An answer from the chain of the server a request was sent to (a
+    // fail-over, a hand-back, a one-copy slice that moved) is a sign of
+    // life of that route too.
+    heard_[it->second.request.server] = heard_[h.sender()];
     // The window moves with answers, not acknowledgements: a server answers
     // a dist_sync slice when its round completes, so a worker is never more
     // than its window ahead of the slowest (the slices a server has open).
@@ -491,6 +506,7 @@ void RequestTracker::HandleReply(Message&& msg) {
       // The server has it and is holding it: keep asking, at the current
       // (doubled) interval, in case the final reply is lost.
       it->second.unanswered = 0;
+      it->second.unacknowledged = 0;
       if (options_.resend) it->second.next_send = absl::Now() + it->second.wait;
     } else {
       answered.request = it->second.request;

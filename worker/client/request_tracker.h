@@ -195,6 +195,7 @@ class RequestTracker {
     absl::Duration wait;
     int unanswered = 0;  // sends in a row without any answer, while its
                          // server sent nothing else either
+    int unacknowledged = 0;  // sends since its last acknowledgement
     int resends = 0;     // sends after the first
     bool sent = true;    // false: held back by its window
     bool taken = false;  // windowed: answered, its place in the window freed
@@ -223,6 +224,9 @@ class RequestTracker {
   // when it can (see the class comment).
   bool AwaitOp(uint64_t op, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A request its server keeps silent about while answering others fails
+  // after this many times TESSERA_RESEND_RETRIES sends.
+  static constexpr int kUnacknowledgedFactor = 4;
   void ResendLoop();
   // Fails the requests (id, server) that ResendLoop found at their limit and
   // that no answer reached since. REQUIRES: mu_ not held.
