@@ -662,6 +662,8 @@ class ZmqTransport : public Transport {
       absl::MutexLock lock(&watch_mu_);
       for (auto& [peer, watch] : watches_) zmq_close(watch.monitor);
       watches_.clear();
+      for (void* monitor : retired_monitors_) zmq_close(monitor);
+      retired_monitors_.clear();
     }
     {
       absl::MutexLock lock(&senders_mu_);
@@ -1105,14 +1107,21 @@ class ZmqTransport : public Transport {
     void* monitor = zmq_socket(context_, ZMQ_PAIR);
     const int zero = 0;
     zmq_setsockopt(monitor, ZMQ_LINGER, &zero, sizeof(zero));
+    // ZeroMQ sends monitor events blocking, from its I/O thread: a full
+    // pipe, or one whose reader has closed, stops that thread and every
+    // link with it (a scheduler stalled 20 s after a restart's reconnect, CI
+    // under TSan at 4a9dde7). Unbounded here, and never closed before the
+    // transport closes (retired_monitors_).
+    zmq_setsockopt(monitor, ZMQ_RCVHWM, &zero, sizeof(zero));
     if (zmq_connect(monitor, address.c_str()) != 0) {
       TESSERA_LOG(WARNING) << "cannot watch the link to node " << peer << ": "
                            << ZmqError();
+      zmq_socket_monitor(socket, nullptr, 0);  // no reader: stop its events
       zmq_close(monitor);
       return;
     }
     LinkWatch& watch = watches_[peer];
-    if (watch.monitor != nullptr) zmq_close(watch.monitor);
+    if (watch.monitor != nullptr) retired_monitors_.push_back(watch.monitor);
     watch = LinkWatch();
     watch.monitor = monitor;
     watch.endpoint = endpoint;
@@ -1122,7 +1131,8 @@ class ZmqTransport : public Transport {
     absl::MutexLock lock(&watch_mu_);
     auto it = watches_.find(peer);
     if (it == watches_.end()) return;
-    zmq_close(it->second.monitor);
+    // Its socket may still send events until ZeroMQ has closed it.
+    retired_monitors_.push_back(it->second.monitor);
     watches_.erase(it);
   }
 
@@ -1255,6 +1265,8 @@ class ZmqTransport : public Transport {
   static constexpr int kRefusalsForLost = 2;
   absl::Mutex watch_mu_;
   std::map<int, LinkWatch> watches_ ABSL_GUARDED_BY(watch_mu_);
+  // Monitor ends of links replaced or forgotten, open until Close.
+  std::vector<void*> retired_monitors_ ABSL_GUARDED_BY(watch_mu_);
   uint64_t next_watch_ ABSL_GUARDED_BY(watch_mu_) = 0;
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> malformed_{0};
