@@ -32,9 +32,9 @@ absl::StatusOr<Options> StartDaemon(Role role) {
   // (ptrace) to read them, unless TESSERA_CORE_DUMPS=1 asks for a core
   // (debugging). Also makes /proc/PID's files root's.
   if (!options->core_dumps && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
-    return absl::InternalError(absl::StrCat(
-        "prctl(PR_SET_DUMPABLE, 0): ", std::strerror(errno),
-        " (TESSERA_CORE_DUMPS=1 runs without it)"));
+    return absl::InternalError(
+        absl::StrCat("prctl(PR_SET_DUMPABLE, 0): ", std::strerror(errno),
+                     " (TESSERA_CORE_DUMPS=1 runs without it)"));
   }
   // A daemon holds a connection (and ZeroMQ a descriptor or two) per peer,
   // and the scheduler a link watch more: 1,024, a common soft limit, is

@@ -633,7 +633,8 @@ class ZmqTransport : public Transport {
       const int refused = watch.retried - 1;
       if (watch.closed && !watch.reported && refused >= kRefusalsForLost) {
         watch.reported = true;
-        lost.push_back(LostLink{peer, watch.endpoint, watch.closed_at, refused});
+        lost.push_back(
+            LostLink{peer, watch.endpoint, watch.closed_at, refused});
       }
     }
     return lost;
@@ -1153,8 +1154,10 @@ class ZmqTransport : public Transport {
     zmq_msg_close(&part);
     while (more) {
       zmq_msg_init(&part);
-      if (zmq_msg_recv(&part, monitor, ZMQ_DONTWAIT) < 0) more = false;
-      else more = zmq_msg_more(&part) != 0;
+      if (zmq_msg_recv(&part, monitor, ZMQ_DONTWAIT) < 0)
+        more = false;
+      else
+        more = zmq_msg_more(&part) != 0;
       zmq_msg_close(&part);
     }
     return true;

@@ -1283,12 +1283,10 @@ void Scheduler::CheckLiveness(absl::Time now) {
     if (done_workers_.count(id) != 0) continue;
     const absl::Duration silent = now - seen;
     if (silent <= options_.heartbeat_timeout) continue;
-    DeclareDead(id,
-                absl::StrCat("stopped heart-beating: nothing heard for ",
-                             absl::FormatDuration(silent),
-                             " (PS_HEARTBEAT_TIMEOUT=",
-                             absl::FormatDuration(options_.heartbeat_timeout),
-                             ")"));
+    DeclareDead(id, absl::StrCat(
+                        "stopped heart-beating: nothing heard for ",
+                        absl::FormatDuration(silent), " (PS_HEARTBEAT_TIMEOUT=",
+                        absl::FormatDuration(options_.heartbeat_timeout), ")"));
     return;  // one at a time: the table changed
   }
 }
@@ -1344,15 +1342,15 @@ void Scheduler::CheckLostLinks(absl::Time now) {
                       << "time-out";
       continue;
     }
-    DeclareDead(lost.peer,
-                absl::StrCat("is gone: its connection closed and ",
-                             lost.refused, " attempts to connect again to ",
-                             lost.endpoint, " were refused within ",
-                             absl::FormatDuration(absl::Trunc(
-                                 now - lost.closed, absl::Milliseconds(1))),
-                             " (not waiting for PS_HEARTBEAT_TIMEOUT=",
-                             absl::FormatDuration(options_.heartbeat_timeout),
-                             ")"));
+    DeclareDead(
+        lost.peer,
+        absl::StrCat("is gone: its connection closed and ", lost.refused,
+                     " attempts to connect again to ", lost.endpoint,
+                     " were refused within ",
+                     absl::FormatDuration(
+                         absl::Trunc(now - lost.closed, absl::Milliseconds(1))),
+                     " (not waiting for PS_HEARTBEAT_TIMEOUT=",
+                     absl::FormatDuration(options_.heartbeat_timeout), ")"));
   }
 }
 

@@ -1456,8 +1456,7 @@ void KVServer::TakeMembers(
     if (LogOccurrence(n)) {
       TESSERA_LOG(WARNING) << what << " of key " << key->key << " offset "
                            << key->offset << " carries " << states.size()
-                           << " worker states for "
-                           << key->ledger.num_workers()
+                           << " worker states for " << key->ledger.num_workers()
                            << " workers: ignored (malformed message #" << n
                            << ")";
     }

@@ -212,9 +212,8 @@ TEST(RequestTrackerTest, OnlyASilentServerFailsARequestAtTheResendLimit) {
   const absl::Status silent_done = tracker.Wait(silent, "push");
   EXPECT_EQ(silent_done.code(), absl::StatusCode::kUnavailable) << silent_done;
   EXPECT_THAT(std::string(silent_done.message()),
-              ::testing::HasSubstr(absl::StrCat("no answer from node ",
-                                                ServerId(1),
-                                                " after 3 sends over")));
+              ::testing::HasSubstr(absl::StrCat(
+                  "no answer from node ", ServerId(1), " after 3 sends over")));
   // The busy server's request, never answered nor acknowledged, fails after
   // 4 x 3 = 12 sends (about 1.4 s of waits) although its server talks on.
   const absl::Status busy_done = tracker.Wait(busy, "push");
@@ -250,9 +249,8 @@ TEST(RequestTrackerTest, OnlyASilentServerFailsARequestAtTheResendLimit) {
   EXPECT_GE(absl::Now() - held_from, absl::Seconds(3));
   EXPECT_EQ(held_done.code(), absl::StatusCode::kUnavailable) << held_done;
   EXPECT_THAT(std::string(held_done.message()),
-              ::testing::HasSubstr(absl::StrCat("no answer from node ",
-                                                ServerId(2),
-                                                " after 3 sends over")));
+              ::testing::HasSubstr(absl::StrCat(
+                  "no answer from node ", ServerId(2), " after 3 sends over")));
 }
 
 }  // namespace

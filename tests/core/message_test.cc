@@ -11,9 +11,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/transport.h"
-#include "tests/support/memory_network.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/memory_network.h"
 
 namespace tessera {
 namespace {
@@ -279,7 +279,8 @@ TEST(MessageTest, AWatchedLinkIsLostOnceWhenItsPeerIsGoneAndNeverWhileItLives) {
   ASSERT_TRUE(a->Send(3, PushMessage(4)).ok());
   ASSERT_TRUE(unwatched->Send(3, PushMessage(4)).ok());
   ASSERT_TRUE(live->Receive(absl::Seconds(10)).ok());
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(doomed->Receive(absl::Seconds(10)).ok());
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(doomed->Receive(absl::Seconds(10)).ok());
   EXPECT_TRUE(a->TakeLostLinks().empty()) << "both peers live";
 
   const absl::Time closed = absl::Now();
@@ -292,8 +293,7 @@ TEST(MessageTest, AWatchedLinkIsLostOnceWhenItsPeerIsGoneAndNeverWhileItLives) {
   }
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].peer, 3);
-  EXPECT_EQ(lost[0].endpoint,
-            absl::StrCat("tcp://127.0.0.1:", *doomed_port));
+  EXPECT_EQ(lost[0].endpoint, absl::StrCat("tcp://127.0.0.1:", *doomed_port));
   EXPECT_GE(lost[0].refused, 2);
   EXPECT_GE(lost[0].closed, closed);
   EXPECT_LE(lost[0].closed, absl::Now());

@@ -1204,10 +1204,11 @@ TEST(KVServerTest, DroppedMessagesAreCountedAndTheirWarningsThrottled) {
     ++lines;
   }
   EXPECT_EQ(lines, 26u) << log;
-  EXPECT_THAT(log, HasSubstr("dropped unexpected reply (malformed message #1;"));
-  EXPECT_THAT(log, HasSubstr(absl::StrCat("dropped message from non-worker node ",
-                                          ServerId(3),
-                                          " (malformed message #2;")));
+  EXPECT_THAT(log,
+              HasSubstr("dropped unexpected reply (malformed message #1;"));
+  EXPECT_THAT(log,
+              HasSubstr(absl::StrCat("dropped message from non-worker node ",
+                                     ServerId(3), " (malformed message #2;")));
   EXPECT_THAT(log, HasSubstr("(malformed message #1024;"));
   EXPECT_EQ(log.find("(malformed message #1000;"), std::string::npos);
   EXPECT_EQ(h.Pending(), 0u) << "nothing dropped is answered";

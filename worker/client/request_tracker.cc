@@ -379,7 +379,8 @@ void RequestTracker::ResendLoop() {
         // neither answers nor acknowledges this request (which a held push's
         // resends get) has lost it, or will not take it.
         if (t.unanswered >= options_.resend_retries ||
-            t.unacknowledged >= kUnacknowledgedFactor * options_.resend_retries) {
+            t.unacknowledged >=
+                kUnacknowledgedFactor * options_.resend_retries) {
           t.next_send = absl::InfiniteFuture();  // the second pass decides
           expiring.emplace_back(id, t.request.server);
           continue;
@@ -397,7 +398,8 @@ void RequestTracker::ResendLoop() {
     if (!expiring.empty()) FailExpired(expiring);
     for (auto& [server, msg] : resend) {
       TESSERA_VLOG(1) << "resending " << What(msg) << " (request "
-                      << msg.header.request_id() << ") to " << describe_(server);
+                      << msg.header.request_id() << ") to "
+                      << describe_(server);
       (void)send_(server, std::move(msg));
     }
   }
