@@ -44,6 +44,8 @@ test_packages=(
   iptables libnetfilter-queue-dev
   # tools/test.sh's thread-safety build and the fuzzers.
   clang libclang-rt-14-dev
+  # tools/tsan.sh: apt-get source (dpkg-source) of ZeroMQ and Abseil, built with TSan.
+  dpkg-dev
 )
 
 case "${1:-}" in

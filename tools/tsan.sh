@@ -12,12 +12,21 @@
 #   tools/tsan.sh                              # deps (cached), Tessera, tests
 #   CTEST_ARGS="-R cluster_test" tools/tsan.sh # some tests only
 #   BUILD_DIR=build-tsan TSAN_DEPS_DIR=/var/cache/tessera-tsan tools/tsan.sh
+#   tools/tsan.sh --build-only                 # deps and Tessera, no tests (.ci/run
+#                                              # runs it early at idle priority)
 #
 # Environment: BUILD_DIR (build-tsan), TSAN_DEPS_DIR (BUILD_DIR/tsan-deps), JOBS (nproc),
 # CTEST_ARGS (added to ctest's arguments), TSAN_EXTRA_OPTIONS (added to TSAN_OPTIONS),
 # TSAN_FULL=1 (every launcher test, not the shorter list below),
 # TSAN_GTEST_FILTER (GTEST_FILTER for the tests; see below), TSAN_CC/TSAN_CXX (gcc/g++).
 set -euo pipefail
+build_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --build-only) build_only=1 ;;
+    *) echo "tsan.sh: unknown argument '$arg': expected --build-only (or none)" >&2; exit 2 ;;
+  esac
+done
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 build=${BUILD_DIR:-build-tsan}
@@ -217,6 +226,10 @@ tsan_calls() { nm "$@" 2>/dev/null | grep -c __tsan_func_entry || true; }
 [ "$(tsan_calls "$prefix/lib/libabsl_synchronization.a")" -gt 0 ] ||
   die "$prefix/lib/libabsl_synchronization.a is not instrumented"
 say "$checked binaries checked: libzmq from $prefix/lib, Abseil linked statically from it"
+if [ "$build_only" = 1 ]; then
+  say "--build-only: built in $((t_build - t_start)) s (dependencies $((t_deps - t_start)) s, Tessera $((t_build - t_deps)) s); no tests run"
+  exit 0
+fi
 
 # --- Tests ---------------------------------------------------------------------------
 logs=$build/tsan-logs
