@@ -5,6 +5,7 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -189,6 +191,72 @@ std::string TcpEndpoint(const std::string& ip, int port) {
     return absl::StrCat("tcp://[", ip, "]:", port_str);
   }
   return absl::StrCat("tcp://", ip, ":", port_str);
+}
+
+TcpProbe ProbeTcp(const std::string& endpoint, absl::Duration timeout) {
+  const std::string scheme = "tcp://";
+  if (endpoint.rfind(scheme, 0) != 0) return TcpProbe::kUnknown;
+  const std::string rest = endpoint.substr(scheme.size());
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos) return TcpProbe::kUnknown;
+  std::string host = rest.substr(0, colon);
+  int port = 0;
+  if (!absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 ||
+      port > 65535) {
+    return TcpProbe::kUnknown;
+  }
+  sockaddr_storage addr{};
+  socklen_t addr_len = 0;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    if (inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) != 1)
+      return TcpProbe::kUnknown;
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(static_cast<uint16_t>(port));
+    addr_len = sizeof(*a6);
+  } else {
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
+    if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) != 1)
+      return TcpProbe::kUnknown;
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(static_cast<uint16_t>(port));
+    addr_len = sizeof(*a4);
+  }
+  const int fd =
+      socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return TcpProbe::kUnknown;
+  TcpProbe result = TcpProbe::kUnknown;
+  int err = 0;
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) == 0) {
+    result = TcpProbe::kAnswered;
+  } else if (errno == ECONNREFUSED) {
+    result = TcpProbe::kRefused;
+  } else if (errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    const int ms = static_cast<int>(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
+    socklen_t len = sizeof(err);
+    if (poll(&p, 1, ms) == 1 &&
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0) {
+      if (err == 0) result = TcpProbe::kAnswered;
+      if (err == ECONNREFUSED) result = TcpProbe::kRefused;
+    }
+  }
+  close(fd);
+  return result;
+}
+
+const char* TcpProbeName(TcpProbe probe) {
+  switch (probe) {
+    case TcpProbe::kRefused:
+      return "refused";
+    case TcpProbe::kAnswered:
+      return "answered";
+    case TcpProbe::kUnknown:
+      return "unknown";
+  }
+  return "unknown";
 }
 
 }  // namespace tessera

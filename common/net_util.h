@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/options.h"
 
 namespace tessera {
@@ -43,6 +44,19 @@ absl::StatusOr<std::string> AdvertisedAddress(const Options& options,
 // "tcp://ip:port", with brackets around IPv6 addresses; port 0 gives
 // "tcp://ip:*".
 std::string TcpEndpoint(const std::string& ip, int port);
+
+// What one TCP connection attempt to `endpoint` ("tcp://ip:port", as
+// TcpEndpoint writes it) found within `timeout`. The scheduler asks before it
+// takes a lost link for a dead node (Scheduler::CheckLostLinks): ZeroMQ's
+// failed reconnects do not say why they failed.
+enum class TcpProbe {
+  kRefused,   // the host answered that nothing listens at the port
+  kAnswered,  // something accepted the connection (closed at once, unused)
+  kUnknown,   // no answer in time, no route, a malformed endpoint, or this
+              // process could not try (out of descriptors, say)
+};
+TcpProbe ProbeTcp(const std::string& endpoint, absl::Duration timeout);
+const char* TcpProbeName(TcpProbe probe);
 
 }  // namespace tessera
 

@@ -207,6 +207,17 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
       ReadInt(env, "TESSERA_REPLICAS", 1, std::max(o.num_servers, 1), 1,
               absl::StrCat("a whole number in 1..DMLC_NUM_SERVER (",
                            o.num_servers, ")")));
+  if (!o.exact_sync_sum && o.replicas > 2) {
+    // A promoted backup sums the round again from the resent pushes; in
+    // arrival order that is other bits than the dead primary's sum, which the
+    // other backup may already hold (and keeps: the update's number is one it
+    // has). With exact sums both are the same bits (server/replication.h).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TESSERA_SYNC_SUM=arrival with TESSERA_REPLICAS=", o.replicas,
+        ": arrival-order sums allow at most 2 replicas (after a primary's "
+        "death its backups could keep different sums of the same round); use "
+        "TESSERA_SYNC_SUM=exact (the default) or TESSERA_REPLICAS=2"));
+  }
   if (const std::string max = ReadString(env, "TESSERA_MAX_SERVERS");
       !max.empty()) {
     // Replicated: every chain of `replicas` ranks must hold a server at the

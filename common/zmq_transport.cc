@@ -406,7 +406,7 @@ class ZmqTransport : public Transport {
     }
     // After the connect: a failed one leaves the link it would have
     // replaced watched. (Connecting is asynchronous: nothing is missed.)
-    if (options_.watch_links) WatchLink(peer, sender->socket, endpoint);
+    if (options_.watch_links) WatchLink(peer, *sender, endpoint);
     sender->endpoint = endpoint;
     TESSERA_VLOG(1) << "connecting to node " << peer << " at " << endpoint;
     std::shared_ptr<Sender> old;
@@ -604,6 +604,7 @@ class ZmqTransport : public Transport {
   std::vector<LostLink> TakeLostLinks() override {
     std::vector<LostLink> lost;
     absl::MutexLock lock(&watch_mu_);
+    CloseStoppedMonitorsLocked();
     for (auto& [peer, watch] : watches_) {
       uint16_t event = 0;
       while (NextEvent(watch.monitor, &event)) {
@@ -659,16 +660,17 @@ class ZmqTransport : public Transport {
     // what is queued on a closed socket after the linger.
     if (pool_ != nullptr) pool_->Stop();
     {
+      // The senders first: each stops its monitor as it goes (~Sender).
+      absl::MutexLock lock(&senders_mu_);
+      senders_.clear();
+    }
+    {
       // Every socket closes before zmq_ctx_term, which waits for them.
       absl::MutexLock lock(&watch_mu_);
       for (auto& [peer, watch] : watches_) zmq_close(watch.monitor);
       watches_.clear();
-      for (void* monitor : retired_monitors_) zmq_close(monitor);
+      for (const RetiredMonitor& m : retired_monitors_) zmq_close(m.monitor);
       retired_monitors_.clear();
-    }
-    {
-      absl::MutexLock lock(&senders_mu_);
-      senders_.clear();
     }
     absl::MutexLock lock(&recv_mu_);
     if (receiver_ != nullptr) {
@@ -694,8 +696,19 @@ class ZmqTransport : public Transport {
     std::deque<sealed::SealJob> pending ABSL_GUARDED_BY(mu);
     std::shared_ptr<Backlog> backlog = std::make_shared<Backlog>();
     std::shared_ptr<BlockCache> blocks;  // the transport's
+    // Set once the socket's monitor (a watched link) has stopped for good:
+    // its reader may close then (TakeLostLinks), never before.
+    std::shared_ptr<std::atomic<bool>> monitor_stopped;
     ~Sender() {
-      if (socket != nullptr) zmq_close(socket);
+      if (socket == nullptr) return;
+      if (monitor_stopped != nullptr) {
+        // Before the socket goes: ZeroMQ's I/O thread sends its events
+        // blocking, so no event may be left on its way to a reader that
+        // closes. The reader's end is still open (unbounded) here.
+        zmq_socket_monitor(socket, nullptr, 0);
+        monitor_stopped->store(true);
+      }
+      zmq_close(socket);
     }
   };
 
@@ -1089,42 +1102,48 @@ class ZmqTransport : public Transport {
                    sizeof(reconnect_max_ms));
   }
 
-  // Starts watching the link to `peer` (its sender `socket`, connecting to
+  // Starts watching the link to `peer` (its sender, connecting to
   // `endpoint`): ZeroMQ's monitor of the socket, read by TakeLostLinks. A
   // link that cannot be watched is only logged: the heartbeats still judge
   // its peer.
-  void WatchLink(int peer, void* socket, const std::string& endpoint) {
+  //
+  // ZeroMQ sends monitor events blocking, from its I/O thread, so a full
+  // pipe, or one whose reader has closed, stops that thread and every link
+  // with it (a scheduler stalled 20 s after a restart's reconnect, CI under
+  // TSan at 4a9dde7). The reader is therefore unbounded (RCVHWM 0), connected
+  // before the monitor starts (an inproc connect may come first), and closed
+  // only once the sender's socket has stopped its monitor (~Sender).
+  void WatchLink(int peer, Sender& sender, const std::string& endpoint) {
     absl::MutexLock lock(&watch_mu_);
     const std::string address =
         absl::StrCat("inproc://tessera-link-watch-", next_watch_++);
-    if (zmq_socket_monitor(socket, address.c_str(),
+    void* monitor = zmq_socket(context_, ZMQ_PAIR);
+    if (monitor == nullptr) {
+      TESSERA_LOG(WARNING) << "cannot watch the link to node " << peer << ": "
+                           << ZmqError();
+      return;
+    }
+    const int zero = 0;
+    zmq_setsockopt(monitor, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(monitor, ZMQ_RCVHWM, &zero, sizeof(zero));
+    if (zmq_connect(monitor, address.c_str()) != 0 ||
+        zmq_socket_monitor(sender.socket, address.c_str(),
                            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
                                ZMQ_EVENT_CONNECT_RETRIED |
                                ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
       TESSERA_LOG(WARNING) << "cannot watch the link to node " << peer << ": "
                            << ZmqError();
-      return;
-    }
-    void* monitor = zmq_socket(context_, ZMQ_PAIR);
-    const int zero = 0;
-    zmq_setsockopt(monitor, ZMQ_LINGER, &zero, sizeof(zero));
-    // ZeroMQ sends monitor events blocking, from its I/O thread: a full
-    // pipe, or one whose reader has closed, stops that thread and every
-    // link with it (a scheduler stalled 20 s after a restart's reconnect, CI
-    // under TSan at 4a9dde7). Unbounded here, and never closed before the
-    // transport closes (retired_monitors_).
-    zmq_setsockopt(monitor, ZMQ_RCVHWM, &zero, sizeof(zero));
-    if (zmq_connect(monitor, address.c_str()) != 0) {
-      TESSERA_LOG(WARNING) << "cannot watch the link to node " << peer << ": "
-                           << ZmqError();
-      zmq_socket_monitor(socket, nullptr, 0);  // no reader: stop its events
       zmq_close(monitor);
       return;
     }
+    sender.monitor_stopped = std::make_shared<std::atomic<bool>>(false);
     LinkWatch& watch = watches_[peer];
-    if (watch.monitor != nullptr) retired_monitors_.push_back(watch.monitor);
+    if (watch.monitor != nullptr) {
+      retired_monitors_.push_back({watch.monitor, std::move(watch.stopped)});
+    }
     watch = LinkWatch();
     watch.monitor = monitor;
+    watch.stopped = sender.monitor_stopped;
     watch.endpoint = endpoint;
   }
 
@@ -1132,9 +1151,19 @@ class ZmqTransport : public Transport {
     absl::MutexLock lock(&watch_mu_);
     auto it = watches_.find(peer);
     if (it == watches_.end()) return;
-    // Its socket may still send events until ZeroMQ has closed it.
-    retired_monitors_.push_back(it->second.monitor);
+    // Its socket may still send events until its Sender is gone.
+    retired_monitors_.push_back(
+        {it->second.monitor, std::move(it->second.stopped)});
     watches_.erase(it);
+  }
+
+  // Closes the readers of monitors that have stopped.
+  void CloseStoppedMonitorsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu_) {
+    std::erase_if(retired_monitors_, [](const RetiredMonitor& m) {
+      if (!m.stopped->load()) return false;
+      zmq_close(m.monitor);
+      return true;
+    });
   }
 
   // Reads the next event of a socket monitor without waiting: false when
@@ -1257,6 +1286,7 @@ class ZmqTransport : public Transport {
   // Watched links (options_.watch_links): what each one's monitor said.
   struct LinkWatch {
     void* monitor = nullptr;  // PAIR, connected to the sender's monitor
+    std::shared_ptr<std::atomic<bool>> stopped;  // Sender::monitor_stopped
     std::string endpoint;
     bool closed = false;  // DISCONNECTED, not connected since
     absl::Time closed_at;
@@ -1268,8 +1298,13 @@ class ZmqTransport : public Transport {
   static constexpr int kRefusalsForLost = 2;
   absl::Mutex watch_mu_;
   std::map<int, LinkWatch> watches_ ABSL_GUARDED_BY(watch_mu_);
-  // Monitor ends of links replaced or forgotten, open until Close.
-  std::vector<void*> retired_monitors_ ABSL_GUARDED_BY(watch_mu_);
+  // Monitor ends of links replaced or forgotten, open until their sender's
+  // monitor has stopped.
+  struct RetiredMonitor {
+    void* monitor = nullptr;
+    std::shared_ptr<std::atomic<bool>> stopped;
+  };
+  std::vector<RetiredMonitor> retired_monitors_ ABSL_GUARDED_BY(watch_mu_);
   uint64_t next_watch_ ABSL_GUARDED_BY(watch_mu_) = 0;
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> malformed_{0};

@@ -1342,6 +1342,21 @@ void Scheduler::CheckLostLinks(absl::Time now) {
                       << "time-out";
       continue;
     }
+    // ZeroMQ's failed reconnects do not say why they failed: the node's
+    // port refusing, or this process out of descriptors, no route, a
+    // firewall. One connection attempt of our own tells them apart: only a
+    // port that answers "nothing listens here" makes the node dead before
+    // its heartbeats do (the review of issue #46's link watch).
+    if (const TcpProbe probe = ProbeTcp(lost.endpoint, absl::Milliseconds(200));
+        probe != TcpProbe::kRefused) {
+      TESSERA_LOG(WARNING)
+          << Describe(it->second) << ": its connection at " << lost.endpoint
+          << " closed and connecting again failed, but a probe of its port "
+          << "was " << TcpProbeName(probe) << ", not refused; the heartbeats "
+          << "decide (PS_HEARTBEAT_TIMEOUT="
+          << absl::FormatDuration(options_.heartbeat_timeout) << ")";
+      continue;
+    }
     DeclareDead(
         lost.peer,
         absl::StrCat("is gone: its connection closed and ", lost.refused,

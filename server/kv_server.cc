@@ -380,8 +380,11 @@ void KVServer::SendReply(const Message& request, Message reply) {
 
 void KVServer::DropMalformed(const std::string& what, const Message& msg) {
   const uint64_t n = ++malformed_;
-  if (LogOccurrence(n)) {
+  // Throttled on its own count: the drops counted without a warning (a
+  // request without a slice, say) must not use up the logged ones.
+  if (const uint64_t w = ++malformed_warnings_; LogOccurrence(w)) {
     TESSERA_LOG(WARNING) << "dropped " << what << " (malformed message #" << n
+                         << ", warning #" << w
                          << "; logged: the first 20, then at powers of two): "
                          << DebugString(msg);
   }
@@ -1453,7 +1456,7 @@ void KVServer::TakeMembers(
   if (states.empty() || !key->sync) return;
   if (states.size() != key->ledger.num_workers()) {
     const uint64_t n = ++malformed_;
-    if (LogOccurrence(n)) {
+    if (LogOccurrence(++malformed_warnings_)) {
       TESSERA_LOG(WARNING) << what << " of key " << key->key << " offset "
                            << key->offset << " carries " << states.size()
                            << " worker states for " << key->ledger.num_workers()

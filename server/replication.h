@@ -33,7 +33,9 @@
 // outstanding to it. Its state is that of the last update it holds; a push
 // of a later round is not in its counts, so the resent pushes are taken and
 // the round is summed again, exactly, to the same bits; a push it holds is a
-// duplicate and answered. Losing every member of a chain ends the job, naming
+// duplicate and answered. (Summed in arrival order, TESSERA_SYNC_SUM=arrival,
+// it would be other bits, while a second backup that held the dead primary's
+// update keeps it: arrival sums allow R <= 2, common/options.cc.) Losing every member of a chain ends the job, naming
 // the slices (scheduler).
 //
 // Replacements. A server that takes a dead server's rank (a spare,

@@ -253,5 +253,39 @@ TEST(RequestTrackerTest, OnlyASilentServerFailsARequestAtTheResendLimit) {
                   "no answer from node ", ServerId(2), " after 3 sends over")));
 }
 
+// A request nobody waits for (a replay to a restarted server: op 0, no
+// Wait's deadline) that its server acknowledges now and then, never
+// answering it, ends all the same at TESSERA_TIMEOUT. Before (the adversarial
+// review of issue #46), each acknowledgement reset its count of sends, and it
+// was resent for ever.
+TEST(RequestTrackerTest, AReplayAcknowledgedButNeverAnsweredEndsAtTheTimeout) {
+  RequestTracker::Options options;
+  options.resend_timeout = absl::Milliseconds(20);  // waits up to 160 ms
+  options.resend_retries = 3;
+  options.request_timeout = absl::Seconds(1);
+  Sent sent;
+  RequestTracker tracker(options, sent.Fn(),
+                         [](int node) { return absl::StrCat("node ", node); });
+  tracker.Send(Req(0, ServerId(3), 0), Message());  // request 1, a replay
+  // Acknowledged every 300 ms: about one resend between two of them, so the
+  // count of unanswered sends never reaches the limit.
+  std::atomic<bool> acking{true};
+  std::thread acker([&] {
+    while (acking.load()) {
+      tracker.HandleReply(Reply(ServerId(3), 1, /*ack_only=*/true));
+      absl::SleepFor(absl::Milliseconds(300));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(700));
+  EXPECT_FALSE(sent.Take().empty()) << "resent while it is tracked";
+  absl::SleepFor(absl::Seconds(1.3));  // past the time-out
+  sent.Take();
+  absl::SleepFor(absl::Seconds(1));
+  const std::vector<std::pair<int, uint64_t>> late = sent.Take();
+  acking.store(false);
+  acker.join();
+  EXPECT_TRUE(late.empty()) << late.size() << " resends after the time-out";
+}
+
 }  // namespace
 }  // namespace tessera

@@ -3,6 +3,7 @@
 #include <zmq.h>
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -306,6 +307,54 @@ TEST(MessageTest, AWatchedLinkIsLostOnceWhenItsPeerIsGoneAndNeverWhileItLives) {
   }
   ASSERT_TRUE(a->Send(2, PushMessage(4)).ok());
   EXPECT_TRUE(live->Receive(absl::Seconds(10)).ok());
+}
+
+// A watched link replaced (a node registering again) or forgotten gives its
+// monitor's reader back once its sender's socket has stopped the monitor.
+// Until 2026-11-28 each reader was kept until the transport closed (ZeroMQ's
+// I/O thread could still send it events), a socket and a descriptor per link
+// for the scheduler's whole life: a node registering again and again could use
+// them all up (the adversarial review of issue #46's link watch).
+int OpenDescriptors() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/fd")) {
+    ++n;
+  }
+  return n;
+}
+
+TEST(MessageTest, ReplacedAndForgottenWatchedLinksGiveTheirMonitorsBack) {
+  ZmqTransportOptions watching;
+  watching.watch_links = true;
+  std::unique_ptr<Transport> a = NewZmqTransport(watching);
+  std::unique_ptr<Transport> peer = NewZmqTransport();
+  absl::StatusOr<int> port = peer->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  ASSERT_TRUE(a->Connect(2, "127.0.0.1", *port).ok());
+  ASSERT_TRUE(a->Send(2, PushMessage(4)).ok());
+  ASSERT_TRUE(peer->Receive(absl::Seconds(10)).ok());
+  EXPECT_TRUE(a->TakeLostLinks().empty());
+  const int before = OpenDescriptors();
+  constexpr int kLinks = 300;
+  for (int i = 0; i < kLinks; ++i) {
+    ASSERT_TRUE(a->Connect(2, "127.0.0.1", *port).ok());  // replaces the last
+    if (i % 2 == 1) a->Disconnect(2);
+    EXPECT_TRUE(a->TakeLostLinks().empty()) << "the peer lives";
+  }
+  // Closed sockets go with ZeroMQ's reaper thread, a moment later.
+  int now = OpenDescriptors();
+  for (int i = 0; i < 500 && now > before + 20; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    a->TakeLostLinks();
+    now = OpenDescriptors();
+  }
+  EXPECT_LE(now, before + 20) << "descriptors before " << before << ", after "
+                              << kLinks << " links replaced or forgotten "
+                              << now;
+  ASSERT_TRUE(a->Connect(2, "127.0.0.1", *port).ok());
+  ASSERT_TRUE(a->Send(2, PushMessage(4)).ok());
+  EXPECT_TRUE(peer->Receive(absl::Seconds(10)).ok());
 }
 
 }  // namespace

@@ -321,6 +321,37 @@ TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
   EXPECT_EQ(o->late_min, absl::Milliseconds(250));
 }
 
+// Arrival-order sums and three or more replicas of a slice could leave two
+// backups with different sums of one round after a fail-over (issue #46):
+// refused, naming both variables; two replicas or exact sums are taken.
+TEST(OptionsTest, ArrivalSumsWithMoreThanTwoReplicasAreRefused) {
+  std::map<std::string, std::string> env = {{"DMLC_ROLE", "server"},
+                                            {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                                            {"DMLC_PS_ROOT_PORT", "9000"},
+                                            {"DMLC_NUM_SERVER", "3"},
+                                            {"DMLC_NUM_WORKER", "1"},
+                                            {"TESSERA_SYNC_SUM", "arrival"},
+                                            {"TESSERA_REPLICAS", "3"}};
+  absl::StatusOr<Options> o = Parse(env);
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(o.status().message(),
+            "TESSERA_SYNC_SUM=arrival with TESSERA_REPLICAS=3: arrival-order "
+            "sums allow at most 2 replicas (after a primary's death its "
+            "backups could keep different sums of the same round); use "
+            "TESSERA_SYNC_SUM=exact (the default) or TESSERA_REPLICAS=2");
+  env["TESSERA_REPLICAS"] = "2";
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->exact_sync_sum);
+  EXPECT_EQ(o->replicas, 2);
+  env["TESSERA_REPLICAS"] = "3";
+  env["TESSERA_SYNC_SUM"] = "exact";
+  o = Parse(env);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->replicas, 3);
+}
+
 // A daemon is not dumpable (no core dump with its keys, no ptrace by its
 // user) unless TESSERA_CORE_DUMPS=1 (issue #46). StartDaemon runs in a child
 // process, which exits with what prctl(PR_GET_DUMPABLE) says then.

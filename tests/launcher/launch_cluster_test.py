@@ -538,14 +538,16 @@ class LaunchClusterTest(ClusterTestBase):
         # to a whole word aside) and pulled.
         self.assertEqual(results['on']['bytes_pulled'], results['off']['bytes_pulled'])
 
-    def replicated_training_job(self, epochs):
+    def replicated_training_job(self, epochs, train_subset=None):
         """The quick-start training with 2-bit pushes and momentum (optimizer state on
-        the servers), every key split over 3 servers (TESSERA_BIGARRAY_BOUND)."""
+        the servers), every key split over 3 servers (TESSERA_BIGARRAY_BOUND); on the
+        first `train_subset` training images when given (all 60,000 otherwise)."""
         self.env.update(TESSERA_BIGARRAY_BOUND='1000', PS_HEARTBEAT_INTERVAL='0.25',
                         PS_HEARTBEAT_TIMEOUT='2', PS_RESEND_TIMEOUT='200')
+        subset = ['--train-subset', str(train_subset)] if train_subset else []
         return ['-n', '2', '-s', '3', TRAIN_WORKER, '--kv-store', 'dist_sync', '--gc-type',
                 '2bit', '--gc-threshold', '1', '--lr', '0.1', '--momentum', '0.5',
-                '--epochs', str(epochs), '--test-subset', '1000']
+                '--epochs', str(epochs), '--test-subset', '1000'] + subset
 
     # fault_free_checksums' results by job and environment: the replicated tests run the
     # same job (epochs 3) more than once.
@@ -622,14 +624,16 @@ class LaunchClusterTest(ClusterTestBase):
         # once: a push lost or applied twice changes the exact sums).
         # The heartbeats' time-out is 30 s here: the fail-over within the bound below
         # comes from the closed, refusing connection of the killed process.
-        job = self.replicated_training_job(epochs=3)
+        # A third of the training images: an epoch is about 1 s here, 15 s under TSan
+        # (tools/tsan.sh runs this test; on all 60,000 its two jobs took 297 s there).
+        job = self.replicated_training_job(epochs=3, train_subset=20000)
         want = self.fault_free_checksums(job)
 
         self.env['PS_HEARTBEAT_TIMEOUT'] = '30'
         lines, reader = self.start_reading(['--replicas', '2'] + job)
         self.wait_for_workers()
         self.wait_for_training(lines)
-        delay = random.uniform(0.2, 1.0)  # inside the first epoch (about 2-4 s)
+        delay = random.uniform(0.2, 1.0)  # inside the first epoch (about 1 s)
         sys.stderr.write('killing server 1 %.3f s after the first progress line\n' % delay)
         time.sleep(delay)
         victim = node_pid(self.mark, 'server', 1)

@@ -1182,11 +1182,23 @@ TEST(KVServerTest, WorkersFinishedCountsThoseThatLeft) {
 // What a server drops is counted, and a flood of it does not flood the log
 // (issue #46): 1,000 unexpected replies and 1,000 messages from a node that
 // is no worker are 2,000 malformed messages, logged 20 + 6 times (the 32nd,
-// 64th, ..., 1024th); a worker's push after them is served.
+// 64th, ..., 1024th); a worker's push after them is served. Malformed
+// messages answered without a warning (30 requests without a key slice,
+// first) are counted but do not use up the warnings.
 TEST(KVServerTest, DroppedMessagesAreCountedAndTheirWarningsThrottled) {
   ServerHarness h(1);
   h.server().Handle(Init(1, {1.0f, 2.0f}));
   ExpectOk(h);
+  for (int i = 0; i < 30; ++i) {
+    Message unsliced = KeyMessage(wire::KV_PULL, 0, 1, 2);
+    unsliced.header.clear_slice();
+    h.server().Handle(std::move(unsliced));
+  }
+  for (int i = 0; i < 30; ++i) {
+    std::optional<Message> r = h.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kDataLoss) << StatusOf(*r);
+  }
   ::testing::internal::CaptureStderr();
   for (int i = 0; i < 1000; ++i) {
     Message reply = KeyMessage(wire::KV_PUSH, 0, 1, 2);
@@ -1197,20 +1209,21 @@ TEST(KVServerTest, DroppedMessagesAreCountedAndTheirWarningsThrottled) {
     h.server().Handle(std::move(rogue));
   }
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(h.server().stats().malformed_messages(), 2000u);
+  EXPECT_EQ(h.server().stats().malformed_messages(), 2030u);
   size_t lines = 0;
   for (size_t at = log.find("(malformed message #"); at != std::string::npos;
        at = log.find("(malformed message #", at + 1)) {
     ++lines;
   }
   EXPECT_EQ(lines, 26u) << log;
-  EXPECT_THAT(log,
-              HasSubstr("dropped unexpected reply (malformed message #1;"));
+  EXPECT_THAT(log, HasSubstr("dropped unexpected reply (malformed message "
+                             "#31, warning #1;"));
   EXPECT_THAT(log,
               HasSubstr(absl::StrCat("dropped message from non-worker node ",
-                                     ServerId(3), " (malformed message #2;")));
-  EXPECT_THAT(log, HasSubstr("(malformed message #1024;"));
-  EXPECT_EQ(log.find("(malformed message #1000;"), std::string::npos);
+                                     ServerId(3),
+                                     " (malformed message #32, warning #2;")));
+  EXPECT_THAT(log, HasSubstr("(malformed message #1054, warning #1024;"));
+  EXPECT_EQ(log.find("warning #1000;"), std::string::npos);
   EXPECT_EQ(h.Pending(), 0u) << "nothing dropped is answered";
   h.server().Handle(Push(0, 1, 0, {0.5f, 0.5f}));
   ExpectOk(h);

@@ -367,7 +367,7 @@ void RequestTracker::ResendLoop() {
       if (!failure_.ok()) continue;
       const absl::Time now = absl::Now();
       for (auto& [id, t] : requests_) {
-        if (now < t.next_send) continue;
+        if (now < t.next_send && !Overdue(t, now)) continue;
         // The server sent something since this request's last send: it is
         // alive and working through what it has, so that send is not one
         // more unanswered (the server may be slow with resent copies; giving
@@ -378,9 +378,13 @@ void RequestTracker::ResendLoop() {
         // Bounded all the same: a server that answers everything else but
         // neither answers nor acknowledges this request (which a held push's
         // resends get) has lost it, or will not take it.
+        // And a request nobody waits for (a replay, op 0: no Wait's
+        // deadline ends it) at the operations' time-out, however often its
+        // server acknowledges it.
         if (t.unanswered >= options_.resend_retries ||
             t.unacknowledged >=
-                kUnacknowledgedFactor * options_.resend_retries) {
+                kUnacknowledgedFactor * options_.resend_retries ||
+            Overdue(t, now)) {
           t.next_send = absl::InfiniteFuture();  // the second pass decides
           expiring.emplace_back(id, t.request.server);
           continue;
@@ -405,6 +409,11 @@ void RequestTracker::ResendLoop() {
   }
 }
 
+bool RequestTracker::Overdue(const Tracked& t, absl::Time now) const {
+  return t.request.op == 0 && t.sent &&
+         now - t.first_sent >= options_.request_timeout;
+}
+
 void RequestTracker::FailExpired(
     const std::vector<std::pair<uint64_t, int>>& expiring) {
   std::map<int, std::string> names;
@@ -416,22 +425,36 @@ void RequestTracker::FailExpired(
   const absl::Time now = absl::Now();
   for (const auto& [id, server] : expiring) {
     auto it = requests_.find(id);
-    // Answered (or acknowledged, which makes it wait again) in between.
-    if (it == requests_.end() || it->second.next_send != absl::InfiniteFuture())
+    // Answered (or acknowledged, which makes it wait again, unless overdue)
+    // in between.
+    if (it == requests_.end() ||
+        (it->second.next_send != absl::InfiniteFuture() &&
+         !Overdue(it->second, now))) {
       continue;
+    }
     Tracked& t = it->second;
-    const bool busy = t.unanswered < options_.resend_retries;
-    const absl::Status failed = absl::UnavailableError(absl::StrCat(
-        What(t.msg), ": no answer from ", names[server], " after ",
-        busy ? t.unacknowledged : t.unanswered,
-        busy ? " sends, neither answered nor acknowledged while it answered "
-               "other requests, over "
-             : " sends over ",
-        absl::FormatDuration(
-            absl::Trunc(now - t.first_sent, absl::Milliseconds(1))),
-        " (PS_RESEND_TIMEOUT=",
-        absl::ToInt64Milliseconds(options_.resend_timeout),
-        "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"));
+    const bool silent = t.unanswered >= options_.resend_retries;
+    const bool busy =
+        !silent &&
+        t.unacknowledged >= kUnacknowledgedFactor * options_.resend_retries;
+    const absl::Duration since =
+        absl::Trunc(now - t.first_sent, absl::Milliseconds(1));
+    const absl::Status failed =
+        silent || busy
+            ? absl::UnavailableError(absl::StrCat(
+                  What(t.msg), ": no answer from ", names[server], " after ",
+                  busy ? t.unacknowledged : t.unanswered,
+                  busy ? " sends, neither answered nor acknowledged while it "
+                         "answered other requests, over "
+                       : " sends over ",
+                  absl::FormatDuration(since), " (PS_RESEND_TIMEOUT=",
+                  absl::ToInt64Milliseconds(options_.resend_timeout),
+                  "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"))
+            : absl::DeadlineExceededError(absl::StrCat(
+                  What(t.msg), " (a replay): not answered by ", names[server],
+                  " within ", absl::FormatDuration(since),
+                  ", acknowledged but never answered (TESSERA_TIMEOUT=",
+                  absl::FormatDuration(options_.request_timeout), ")"));
     TESSERA_LOG(ERROR) << failed.message();
     metrics_.failed_requests->Increment();
     if (t.request.op != 0) {
@@ -469,6 +492,12 @@ void RequestTracker::HandleReply(Message&& msg) {
   Answered answered;
   uint64_t op_id = 0;
   std::optional<std::pair<int, Message>> next;  // a windowed one let out
+  struct WrongServer {
+    uint64_t n = 0;  // how many so far
+    int server = 0;  // the request's
+    bool log = false;
+  };
+  std::optional<WrongServer> wrong;  // logged unlocked: describe_ locks
   {
     absl::MutexLock lock(&mu_);
     heard_[h.sender()] = absl::Now();
@@ -486,16 +515,9 @@ void RequestTracker::HandleReply(Message&& msg) {
       // request; the real server's answer still counts.
       metrics_.wrong_server_replies->Increment();
       const uint64_t n = ++wrong_server_replies_;
-      if (n <= 20 || (n & (n - 1)) == 0) {
-        TESSERA_LOG(WARNING)
-            << "dropped reply #" << n << " to request " << h.request_id()
-            << " from " << describe_(h.sender()) << ": it was sent to "
-            << describe_(it->second.request.server)
-            << (options_.chain_length > 1 ? ", whose chain it is not in" : "")
-            << ": " << DebugString(msg);
-      }
-      return;
-    }
+      wrong = WrongServer{n, it->second.request.server,
+                          n <= 20 || (n & (n - 1)) == 0};
+    } else {
     // An answer from the chain of the server a request was sent to (a
     // fail-over, a hand-back, a one-copy slice that moved) is a sign of
     // life of that route too.
@@ -516,6 +538,18 @@ void RequestTracker::HandleReply(Message&& msg) {
       requests_.erase(it);
       op_id = answered.request.op;
     }
+    }
+  }
+  if (wrong.has_value()) {
+    if (wrong->log) {
+      TESSERA_LOG(WARNING)
+          << "dropped reply #" << wrong->n << " to request " << h.request_id()
+          << " from " << describe_(h.sender()) << ": it was sent to "
+          << describe_(wrong->server)
+          << (options_.chain_length > 1 ? ", whose chain it is not in" : "")
+          << ": " << DebugString(msg);
+    }
+    return;
   }
   if (next.has_value()) SendOnce(next->first, std::move(next->second));
   if (h.ack_only()) return;
@@ -594,6 +628,8 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
   std::vector<PulledFrame> pulled;
   std::vector<Message> dead;  // released unlocked: may unpin an op
   absl::Status status;
+  bool timed_out = false;
+  std::vector<int> silent_servers;  // named unlocked: describe_ locks
   {
     absl::MutexLock lock(&mu_);
     auto it = ops_.find(op_id);
@@ -605,14 +641,16 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
         AwaitOp(op_id, absl::Now() + options_.request_timeout);
     Op result = std::move(ops_.at(op_id));
     if (!finished) {
-      std::string silent;
+      timed_out = true;
       for (auto r = requests_.begin(); r != requests_.end();) {
         if (r->second.request.op != op_id) {
           ++r;
           continue;
         }
-        absl::StrAppend(&silent, silent.empty() ? "" : ", ",
-                        describe_(r->second.request.server));
+        if (std::find(silent_servers.begin(), silent_servers.end(),
+                      r->second.request.server) == silent_servers.end()) {
+          silent_servers.push_back(r->second.request.server);
+        }
         TraceRequestEnd(r->second.msg, 0, false);
         dead.push_back(std::move(r->second.msg));
         r = requests_.erase(r);
@@ -624,10 +662,6 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
       } else {
         ops_.at(op_id).pinned = result.pinned;
       }
-      status = absl::DeadlineExceededError(absl::StrCat(
-          what, ": no reply from ", silent.empty() ? "the servers" : silent,
-          " within ", absl::FormatDuration(options_.request_timeout),
-          " (TESSERA_TIMEOUT)"));
     } else {
       ops_.erase(op_id);
       if (!result.status.ok()) {
@@ -653,6 +687,15 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
         took = result.done - result.started;
       }
     }
+  }
+  if (timed_out) {
+    std::string silent;
+    for (int server : silent_servers)
+      absl::StrAppend(&silent, silent.empty() ? "" : ", ", describe_(server));
+    status = absl::DeadlineExceededError(absl::StrCat(
+        what, ": no reply from ", silent.empty() ? "the servers" : silent,
+        " within ", absl::FormatDuration(options_.request_timeout),
+        " (TESSERA_TIMEOUT)"));
   }
   if (latency != nullptr && took >= absl::ZeroDuration())
     latency->ObserveDuration(took);

@@ -234,6 +234,8 @@ class RequestTracker {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `sender` may answer `t` (Options::chain_length).
   bool MayAnswer(const Tracked& t, int sender) const;
+  // A request nobody waits for (op 0: a replay) past request_timeout.
+  bool Overdue(const Tracked& t, absl::Time now) const;
   // Describes a request for errors: "push of key 3".
   static std::string What(const Message& msg);
 
