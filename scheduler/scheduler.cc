@@ -1313,13 +1313,18 @@ void Scheduler::DeclareDead(int id, const std::string& reason) {
     WorkerLeaves(id, /*goodbye=*/false, reason);
     return;
   }
+  EndJobForDeathOf(dead, reason);
+}
+
+void Scheduler::EndJobForDeathOf(const wire::NodeInfo& node,
+                                 const std::string& why) {
   Message notice;
   notice.header.set_command(wire::NODE_DEAD);
-  *notice.header.mutable_node_dead()->mutable_node() = dead;
-  notice.header.mutable_node_dead()->set_reason(reason);
+  *notice.header.mutable_node_dead()->mutable_node() = node;
+  notice.header.mutable_node_dead()->set_reason(why);
   EndJob(absl::UnavailableError(
-             absl::StrCat(Describe(dead), " ", reason, "; ending the job")),
-         notice, LivePeers(id));
+             absl::StrCat(Describe(node), " ", why, "; ending the job")),
+         notice, LivePeers(node.id()));
 }
 
 void Scheduler::CheckLostLinks(absl::Time now) {
@@ -1425,13 +1430,7 @@ void Scheduler::FailOver(int id, const std::string& reason, bool goodbye,
                         ", TESSERA_REPLICAS=", options_.replicas, ")");
   }
   if (!gone.empty()) {
-    Message notice;
-    notice.header.set_command(wire::NODE_DEAD);
-    *notice.header.mutable_node_dead()->mutable_node() = dead;
-    notice.header.mutable_node_dead()->set_reason(absl::StrCat(reason, gone));
-    EndJob(absl::UnavailableError(absl::StrCat(Describe(dead), " ", reason,
-                                               gone, "; ending the job")),
-           notice, LivePeers(id));
+    EndJobForDeathOf(dead, absl::StrCat(reason, gone));
     return;
   }
   if (!options_.single_copy) {
@@ -1497,13 +1496,7 @@ void Scheduler::WorkerLeaves(int id, bool goodbye, const std::string& reason) {
         reason, "; ", remaining, " worker(s) left in the job, fewer than ",
         "TESSERA_ELASTIC's minimum of ", options_.elastic_min, " (", bounds,
         ")");
-    Message notice;
-    notice.header.set_command(wire::NODE_DEAD);
-    *notice.header.mutable_node_dead()->mutable_node() = node;
-    notice.header.mutable_node_dead()->set_reason(why);
-    EndJob(absl::UnavailableError(
-               absl::StrCat(Describe(node), " ", why, "; ending the job")),
-           notice, LivePeers(id));
+    EndJobForDeathOf(node, why);
     return;
   }
   TESSERA_LOG(WARNING) << Describe(node) << " " << reason

@@ -121,6 +121,9 @@ class Scheduler {
   // `id` is dead for `reason` ("stopped heart-beating: ..."): fail-over,
   // an elastic worker's leave, or the job's end.
   void DeclareDead(int id, const std::string& reason);
+  // Ends the job because `node` died (or left) and the job cannot go on
+  // without it: every live node is told NODE_DEAD with `why`.
+  void EndJobForDeathOf(const wire::NodeInfo& node, const std::string& why);
   // Replicated jobs (TESSERA_REPLICAS > 1): server `id` is dead. When every
   // chain of servers still has a live member, every live node is told (a
   // table change marking it dead) and the job goes on; otherwise the job
