@@ -41,6 +41,10 @@ fi
 epochs=${EPOCHS:-3}
 dir=${FRESH_DIR:-$(mktemp -d /var/tmp/tessera-fresh.XXXXXX)}
 mkdir -p "$dir"
+# The root's "/" as on a Debian machine: mktemp makes it 0700, and then no user but
+# root can reach /bin/sh (munge's postinst runs `su munge`: "su: failed to execute
+# /bin/sh: Permission denied", and tools/test.sh's apt-get failed, 2026-11-28).
+chmod 0755 "$dir"
 dir=$(cd "$dir" && pwd)
 summary=${SUMMARY:-$dir.summary}
 : >"$summary"
