@@ -205,24 +205,20 @@ TcpProbe ProbeTcp(const std::string& endpoint, absl::Duration timeout) {
       port > 65535) {
     return TcpProbe::kUnknown;
   }
-  sockaddr_storage addr{};
-  socklen_t addr_len = 0;
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
-    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
-    if (inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) != 1)
-      return TcpProbe::kUnknown;
-    a6->sin6_family = AF_INET6;
-    a6->sin6_port = htons(static_cast<uint16_t>(port));
-    addr_len = sizeof(*a6);
-  } else {
-    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
-    if (inet_pton(AF_INET, host.c_str(), &a4->sin_addr) != 1)
-      return TcpProbe::kUnknown;
-    a4->sin_family = AF_INET;
-    a4->sin_port = htons(static_cast<uint16_t>(port));
-    addr_len = sizeof(*a4);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;  // no lookups
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) !=
+      0) {
+    return TcpProbe::kUnknown;
   }
+  sockaddr_storage addr{};
+  const socklen_t addr_len = found->ai_addrlen;
+  std::memcpy(&addr, found->ai_addr, addr_len);
+  freeaddrinfo(found);
   const int fd =
       socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return TcpProbe::kUnknown;

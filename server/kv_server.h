@@ -360,7 +360,7 @@ class KVServer : private EngineContext {
   std::map<uint64_t, uint64_t> key_pushes_ ABSL_GUARDED_BY(key_counts_mu_);
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> malformed_warnings_{0};  // LogOccurrence's count
-  std::atomic<uint64_t> failed_replies_{0};  // SendReply's send failed
+  std::atomic<uint64_t> failed_replies_{0};      // SendReply's send failed
   std::atomic<uint64_t> errors_{0};
   std::atomic<bool> stopped_{false};
   absl::Mutex chain_mu_;

@@ -349,9 +349,9 @@ TEST(MessageTest, ReplacedAndForgottenWatchedLinksGiveTheirMonitorsBack) {
     a->TakeLostLinks();
     now = OpenDescriptors();
   }
-  EXPECT_LE(now, before + 20) << "descriptors before " << before << ", after "
-                              << kLinks << " links replaced or forgotten "
-                              << now;
+  EXPECT_LE(now, before + 20)
+      << "descriptors before " << before << ", after " << kLinks
+      << " links replaced or forgotten " << now;
   ASSERT_TRUE(a->Connect(2, "127.0.0.1", *port).ok());
   ASSERT_TRUE(a->Send(2, PushMessage(4)).ok());
   EXPECT_TRUE(peer->Receive(absl::Seconds(10)).ok());

@@ -69,8 +69,8 @@ TEST(ProbeTcpTest, RefusedOnlyWhereNothingListens) {
   }
   for (const char* bad :
        {"", "127.0.0.1:80", "tcp://127.0.0.1", "tcp://127.0.0.1:0",
-        "tcp://127.0.0.1:65536", "tcp://127.0.0.1:http",
-        "tcp://localhost:80", "tcp://[::1:80", "ipc:///tmp/x:1"}) {
+        "tcp://127.0.0.1:65536", "tcp://127.0.0.1:http", "tcp://localhost:80",
+        "tcp://[::1:80", "ipc:///tmp/x:1"}) {
     EXPECT_EQ(ProbeTcp(bad, absl::Seconds(1)), TcpProbe::kUnknown) << bad;
   }
   EXPECT_STREQ(TcpProbeName(TcpProbe::kRefused), "refused");

@@ -325,13 +325,11 @@ TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
 // backups with different sums of one round after a fail-over (issue #46):
 // refused, naming both variables; two replicas or exact sums are taken.
 TEST(OptionsTest, ArrivalSumsWithMoreThanTwoReplicasAreRefused) {
-  std::map<std::string, std::string> env = {{"DMLC_ROLE", "server"},
-                                            {"DMLC_PS_ROOT_URI", "127.0.0.1"},
-                                            {"DMLC_PS_ROOT_PORT", "9000"},
-                                            {"DMLC_NUM_SERVER", "3"},
-                                            {"DMLC_NUM_WORKER", "1"},
-                                            {"TESSERA_SYNC_SUM", "arrival"},
-                                            {"TESSERA_REPLICAS", "3"}};
+  std::map<std::string, std::string> env = {
+      {"DMLC_ROLE", "server"},       {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+      {"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_SERVER", "3"},
+      {"DMLC_NUM_WORKER", "1"},      {"TESSERA_SYNC_SUM", "arrival"},
+      {"TESSERA_REPLICAS", "3"}};
   absl::StatusOr<Options> o = Parse(env);
   ASSERT_FALSE(o.ok());
   EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);

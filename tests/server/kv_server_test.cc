@@ -1218,10 +1218,9 @@ TEST(KVServerTest, DroppedMessagesAreCountedAndTheirWarningsThrottled) {
   EXPECT_EQ(lines, 26u) << log;
   EXPECT_THAT(log, HasSubstr("dropped unexpected reply (malformed message "
                              "#31, warning #1;"));
-  EXPECT_THAT(log,
-              HasSubstr(absl::StrCat("dropped message from non-worker node ",
-                                     ServerId(3),
-                                     " (malformed message #32, warning #2;")));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(
+                       "dropped message from non-worker node ", ServerId(3),
+                       " (malformed message #32, warning #2;")));
   EXPECT_THAT(log, HasSubstr("(malformed message #1054, warning #1024;"));
   EXPECT_EQ(log.find("warning #1000;"), std::string::npos);
   EXPECT_EQ(h.Pending(), 0u) << "nothing dropped is answered";

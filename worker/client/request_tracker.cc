@@ -492,14 +492,8 @@ void RequestTracker::HandleReply(Message&& msg) {
   Answered answered;
   uint64_t op_id = 0;
   std::optional<std::pair<int, Message>> next;  // a windowed one let out
-  struct WrongServer {
-    uint64_t n = 0;  // how many so far
-    int server = 0;  // the request's
-    bool log = false;
-  };
-  std::optional<WrongServer> wrong;  // logged unlocked: describe_ locks
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
     heard_[h.sender()] = absl::Now();
     auto it = requests_.find(h.request_id());
     if (it == requests_.end()) {
@@ -515,9 +509,18 @@ void RequestTracker::HandleReply(Message&& msg) {
       // request; the real server's answer still counts.
       metrics_.wrong_server_replies->Increment();
       const uint64_t n = ++wrong_server_replies_;
-      wrong = WrongServer{n, it->second.request.server,
-                          n <= 20 || (n & (n - 1)) == 0};
-    } else {
+      const int server = it->second.request.server;
+      lock.Release();  // describe_ takes the node's lock
+      if (LogOccurrence(n)) {
+        TESSERA_LOG(WARNING)
+            << "dropped reply #" << n << " to request " << h.request_id()
+            << " from " << describe_(h.sender()) << ": it was sent to "
+            << describe_(server)
+            << (options_.chain_length > 1 ? ", whose chain it is not in" : "")
+            << ": " << DebugString(msg);
+      }
+      return;
+    }
     // An answer from the chain of the server a request was sent to (a
     // fail-over, a hand-back, a one-copy slice that moved) is a sign of
     // life of that route too.
@@ -538,18 +541,6 @@ void RequestTracker::HandleReply(Message&& msg) {
       requests_.erase(it);
       op_id = answered.request.op;
     }
-    }
-  }
-  if (wrong.has_value()) {
-    if (wrong->log) {
-      TESSERA_LOG(WARNING)
-          << "dropped reply #" << wrong->n << " to request " << h.request_id()
-          << " from " << describe_(h.sender()) << ": it was sent to "
-          << describe_(wrong->server)
-          << (options_.chain_length > 1 ? ", whose chain it is not in" : "")
-          << ": " << DebugString(msg);
-    }
-    return;
   }
   if (next.has_value()) SendOnce(next->first, std::move(next->second));
   if (h.ack_only()) return;

@@ -193,11 +193,11 @@ class RequestTracker {
     absl::Time last_sent;  // its latest send
     absl::Time next_send;
     absl::Duration wait;
-    int unanswered = 0;  // sends in a row without any answer, while its
-                         // server sent nothing else either
+    int unanswered = 0;      // sends in a row without any answer, while its
+                             // server sent nothing else either
     int unacknowledged = 0;  // sends since its last acknowledgement
-    int resends = 0;     // sends after the first
-    bool sent = true;    // false: held back by its window
+    int resends = 0;         // sends after the first
+    bool sent = true;        // false: held back by its window
     bool taken = false;  // windowed: answered, its place in the window freed
   };
   // One operation's windowed requests to one server.
