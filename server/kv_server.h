@@ -53,6 +53,7 @@
 #include "common/metrics.h"
 #include "common/replica_chain.h"
 #include "proto/tessera.pb.h"
+#include "server/catch_up.h"
 #include "server/delivery.h"
 #include "server/optimizer.h"
 #include "server/round_engine.h"
@@ -289,12 +290,8 @@ class KVServer : private EngineContext {
   void TransferRequested(int rank, const wire::Header& request);
   void SendTransfer(StoredKey* key, int place);
   void TransferAnswered(Shard* shard, const Message& msg);
-  // The replacement's side: a slice's snapshot; a server's count.
+  // The replacement's side: a slice's snapshot (the count goes to catch_up_).
   void TakeTransfer(Shard* shard, Message&& msg);
-  void TransferCounted(int rank, uint64_t total);
-  // Calls the catch-up callback when every live server's slices are here.
-  void CheckCaughtUp();
-  void CatchUpLoop();
   // Sends again `key`'s updates a backup has not answered in time.
   void ResendUpdates(Shard* shard, StoredKey* key);
   // A push of `key` already taken whose update is not yet held by every
@@ -377,28 +374,7 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> slices_handed_back_{0};
   std::atomic<uint64_t> moved_away_{0};
   uint64_t handback_seen_ = 0;  // the last epoch taken; Handle's thread only
-  // A replacement's catch-up (StartCatchUp).
-  struct CatchUp {
-    std::function<std::vector<ServerState>()> states;
-    std::function<void()> caught_up;
-    absl::Time started;
-    // Per server rank: the slices it said it sends, and those taken from it.
-    std::map<int, uint64_t> counted;
-    std::map<int, std::set<std::pair<uint64_t, uint64_t>>> taken;
-    uint64_t bytes = 0;
-    bool done = false;
-    // Server `rank` said how many slices it sends, and all of them came.
-    bool SentAll(int rank) const {
-      auto c = counted.find(rank);
-      auto t = taken.find(rank);
-      const size_t got = t == taken.end() ? 0 : t->second.size();
-      return c != counted.end() && got >= c->second;
-    }
-  };
-  absl::Mutex catch_up_mu_;
-  std::unique_ptr<CatchUp> catch_up_ ABSL_GUARDED_BY(catch_up_mu_);
-  absl::CondVar catch_up_cv_;
-  std::thread catch_up_thread_;
+  CatchUp catch_up_;            // a replacement's (StartCatchUp)
   std::function<void()> on_workers_finished_;
   std::set<int> finished_workers_;  // ranks; Handle's thread only
   std::set<int> left_workers_;      // elastic jobs; Handle's thread only

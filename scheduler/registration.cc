@@ -1,0 +1,553 @@
+// Scheduler's roster (see scheduler/scheduler_internal.h for the rooms): a
+// node's registration and its identity (the connection key it proved, the
+// sealed node key it brings), ids and ranks when the job forms, spares held,
+// a restarted node's rejoin, and a worker joining an elastic job.
+#include <algorithm>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/curve_keys.h"
+#include "common/logging.h"
+#include "common/sealed_link.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/scheduler_internal.h"
+
+namespace tessera {
+
+using scheduler_internal::AbortMessage;
+using scheduler_internal::kFinishedIndex;
+using scheduler_internal::kLateIndex;
+using scheduler_internal::kSpareIndex;
+using scheduler_internal::ProvisionalId;
+using scheduler_internal::SealedKeyText;
+
+std::vector<wire::NodeInfo> AssignIds(std::vector<wire::NodeInfo> nodes) {
+  // A registration's rank is its place in its launcher's start order
+  // (DMLC_TASK_ID), or negative when it has none: those come after, by
+  // address (a job started by hand ranks by address alone).
+  auto key = [](const wire::NodeInfo& n) {
+    const bool ordered = n.rank() >= 0;
+    return std::make_tuple(static_cast<int>(n.role()), !ordered,
+                           ordered ? n.rank() : 0, n.host(), n.port());
+  };
+  std::stable_sort(nodes.begin(), nodes.end(),
+                   [&key](const wire::NodeInfo& a, const wire::NodeInfo& b) {
+                     return key(a) < key(b);
+                   });
+  int server_rank = 0, worker_rank = 0;
+  for (wire::NodeInfo& n : nodes) {
+    if (n.role() == wire::SERVER) {
+      n.set_rank(server_rank);
+      n.set_id(ServerId(server_rank++));
+    } else {
+      n.set_rank(worker_rank);
+      n.set_id(WorkerId(worker_rank++));
+    }
+  }
+  return nodes;
+}
+
+void Scheduler::SendJoinerTable(int joiner) {
+  join_waits_.erase(joiner);
+  auto node = nodes_.find(joiner);
+  if (ended_ || node == nodes_.end() || node->second.dead()) return;
+  TESSERA_VLOG(1) << "every server knows " << Describe(node->second)
+                  << "; sending it its table";
+  notices_.Send(joiner, TableMessage(joiner));
+}
+
+void Scheduler::JoinWorker(const Registration& r, int id) {
+  const std::string bounds =
+      absl::StrCat(options_.elastic_min, ":", options_.elastic_max);
+  if (id < 0) {
+    for (int rank = 0; rank < options_.elastic_max && id < 0; ++rank) {
+      auto it = nodes_.find(WorkerId(rank));
+      if (it == nodes_.end() || it->second.dead()) id = WorkerId(rank);
+    }
+  }
+  if (id < 0 || WorkersInJob() >= options_.elastic_max) {
+    const std::string why =
+        absl::StrCat("the job already has its most workers, ",
+                     options_.elastic_max, " (TESSERA_ELASTIC=", bounds, ")");
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "turned away a worker at " << r.info.host() << ":"
+                         << r.info.port() << ": " << why;
+    const int provisional = ProvisionalId(kLateIndex, r.info.role());
+    if (LinkTo(provisional, r.info).ok()) {
+      (void)transport_->Send(provisional, AbortMessage(why));
+      transport_->Disconnect(provisional);
+    }
+    return;
+  }
+  wire::NodeInfo& node = nodes_[id];
+  const bool reused = node.id() == id;  // a rank that left
+  if (reused && !node.node_key().empty())
+    sealed_key_holder_[node.node_key()] = kRetiredKey;
+  const uint64_t generation = std::max<uint64_t>(
+      reused ? node.generation() + 1 : 1, r.info.generation());
+  node = r.info;
+  node.set_id(id);
+  node.set_rank(RankOfId(id));
+  node.set_generation(generation);
+  node.set_dead(false);
+  node.set_left(false);
+  node.set_catching_up(false);
+  node.set_joined(++worker_joins_);
+  if (!node.node_key().empty()) sealed_key_holder_[node.node_key()] = id;
+  if (!r.key.empty()) {
+    node_key_of_[id] = r.key;
+    registered_keys_.insert(r.key);
+  }
+  registered_at_.insert({node.host(), node.port()});
+  last_seen_[id] = absl::Now();
+  done_workers_.erase(id);
+  barriers_.Forget(id);
+  (void)LinkTo(id, node);
+  metrics_.workers_joined->Increment();
+  metrics_.workers_in_job->Set(WorkersInJob());
+  TESSERA_LOG(INFO)
+      << Describe(node) << " (host "
+      << (r.hostname.empty() ? node.host() : r.hostname) << ", pid " << r.pid
+      << ") joins the job (join " << node.joined() << "): " << WorkersInJob()
+      << " of at most " << options_.elastic_max
+      << " worker(s) in it (TESSERA_ELASTIC=" << bounds
+      << "); it enters every key's rounds at the same round, before its first "
+         "push";
+  // The servers first: the joiner's table (and so its first request) goes
+  // once every live server holds its entry, so that no server refuses it
+  // as a worker out of the job.
+  const Message change = ChangeMessage(node);
+  std::set<int> servers;
+  for (const auto& [peer, n] : nodes_) {
+    if (n.dead() || n.role() != wire::SERVER) continue;
+    servers.insert(peer);
+    notices_.Send(peer, change);
+  }
+  if (servers.empty()) {
+    notices_.Send(id, TableMessage(id));
+  } else {
+    join_waits_[id] = std::move(servers);
+  }
+}
+
+std::string Scheduler::SealedKeyHolder(const std::string& key) const {
+  if (key.empty()) return std::string();
+  if (key == transport_->node_key()) return "the scheduler";
+  auto it = sealed_key_holder_.find(key);
+  if (it == sealed_key_holder_.end()) return std::string();
+  if (it->second == kRetiredKey) return "an earlier life of a node";
+  return DescribePeer(it->second);
+}
+
+void Scheduler::HandleRegister(const Message& msg) {
+  const wire::Register& reg = msg.header.register_();
+  const wire::NodeInfo& info = reg.node();
+  metrics_.registrations->Increment();
+  if ((info.role() != wire::SERVER && info.role() != wire::WORKER) ||
+      info.host().empty() || info.port() <= 0 || info.port() > 65535) {
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored malformed registration: "
+                         << DebugString(msg);
+    return;
+  }
+  if (ended_ && !formed_) {
+    // Registered before the start-up deadline and asks again for its table:
+    // the abort notice it was sent reaches it (or is resent).
+    if (registered_at_.count({info.host(), info.port()}) != 0) return;
+  }
+  if (ended_) {
+    // Too late for this job (a node started or restarted after its end was
+    // decided): told once per registration; it registers again if the abort
+    // is lost.
+    const int provisional = ProvisionalId(kLateIndex, info.role());
+    if (LinkTo(provisional, info).ok()) {
+      (void)transport_->Send(provisional, AbortMessage(end_reason_));
+      transport_->Disconnect(provisional);
+    }
+    return;
+  }
+  // A node registers with a key of its own (launch.py's), or with its
+  // role's, which the transport allows only when the job has no roster.
+  const std::string& key = msg.connection_key;
+  if (key.empty() && transport_->nodes_have_own_keys()) {
+    // The transport lets no such registration through (a role key's is
+    // dropped, a sealed one too); should one come, it names no node.
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port()
+                         << " without a connection key: every node of this "
+                            "job registers with a key of its own";
+    return;
+  }
+  if (!transport_->node_key().empty()) {
+    // A sealed job: the key its peers will seal to it with. Stored keys are
+    // canonical, so that comparing bytes compares keys.
+    if (std::string problem = sealed::NodeKeyProblem(info.node_key());
+        !problem.empty()) {
+      metrics_.ignored_messages->Increment();
+      TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                           << info.port() << ": its sealed node key "
+                           << SealedKeyText(info.node_key())
+                           << " cannot be a node key: " << problem;
+      return;
+    }
+  }
+  if (formed_) {
+    for (auto& [id, node] : nodes_) {
+      if (node.role() != info.role() || node.host() != info.host() ||
+          node.port() != info.port()) {
+        continue;
+      }
+      auto known = node_key_of_.find(id);
+      if (known != node_key_of_.end() && known->second != key) {
+        metrics_.ignored_messages->Increment();
+        TESSERA_LOG(WARNING)
+            << "ignored a registration as " << Describe(node) << " (generation "
+            << info.generation() << ") with node key "
+            << (key.empty() ? "(none)" : KeyPrefix(key))
+            << ": that node registered with " << KeyPrefix(known->second);
+        return;
+      }
+      if (info.generation() < node.generation()) return;  // an old life's
+      if (info.generation() == node.generation()) {
+        // It asks again: the table we sent it was lost with a connection.
+        (void)transport_->Send(id, TableMessage(id));
+        return;
+      }
+      if (std::string holder = SealedKeyHolder(info.node_key());
+          !holder.empty()) {
+        metrics_.ignored_messages->Increment();
+        TESSERA_LOG(WARNING)
+            << "ignored a registration as " << Describe(node) << " (generation "
+            << info.generation() << "): its sealed node key "
+            << SealedKeyText(info.node_key()) << " is " << holder << "'s";
+        return;
+      }
+      Rejoin(id, info);
+      return;
+    }
+  }
+  if (registered_at_.count({info.host(), info.port()}) != 0)
+    return;  // duplicate
+  for (const Registration& held : early_joiners_) {
+    if (held.info.host() == info.host() && held.info.port() == info.port())
+      return;  // held until the job forms; it asks again
+  }
+  if (!key.empty() && registered_keys_.count(key) != 0) {
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port() << " with node key " << KeyPrefix(key)
+                         << ", which another node registered with";
+    return;
+  }
+  if (std::string holder = SealedKeyHolder(info.node_key()); !holder.empty()) {
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port() << ": its sealed node key "
+                         << SealedKeyText(info.node_key()) << " is " << holder
+                         << "'s";
+    return;
+  }
+  Registration r;
+  r.info = info;
+  r.key = key;
+  r.provisional_id =
+      reg.spare()
+          ? ProvisionalId(kSpareIndex - static_cast<int>(spares_.size()) -
+                              static_cast<int>(replacements_),
+                          info.role())
+          : ProvisionalId(static_cast<int>(registered_.size()), info.role());
+  r.hostname = reg.hostname();
+  r.pid = reg.pid();
+  // A node turned away is told over a link of a moment; one that stays is
+  // linked to once, under its id, when the job forms (each link to a node
+  // is a handshake: at 288 nodes a second one each cost 0.5 s of CPU).
+  auto turn_away = [&](const std::string& why) {
+    absl::Status connected = LinkTo(r.provisional_id, info);
+    if (!connected.ok()) {
+      TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host()
+                           << ":" << info.port() << ": " << connected.message();
+      return;
+    }
+    (void)transport_->Send(r.provisional_id, AbortMessage(why));
+    transport_->Disconnect(r.provisional_id);
+  };
+  if (reg.spare()) {
+    if (info.role() != wire::SERVER || options_.chain_length() < 2) {
+      turn_away(
+          "a spare (TESSERA_SPARE=1) is a server of a job with "
+          "TESSERA_REPLICAS >= 2 or TESSERA_MAX_SERVERS; this job has "
+          "TESSERA_REPLICAS=" +
+          std::to_string(options_.replicas) + " and no TESSERA_MAX_SERVERS");
+      return;
+    }
+    for (const Registration& held : spares_) {
+      if (held.info.host() == info.host() && held.info.port() == info.port())
+        return;  // it asks again
+    }
+    TESSERA_LOG(INFO) << "spare server at " << info.host() << ":" << info.port()
+                      << " (host " << r.hostname << ", pid " << r.pid
+                      << ") waits for a server to die";
+    if (!key.empty()) registered_keys_.insert(key);
+    if (!info.node_key().empty())
+      sealed_key_holder_[info.node_key()] = r.provisional_id;
+    spares_.push_back(r);
+    metrics_.spares->Set(static_cast<double>(spares_.size()));
+    if (formed_) PlaceSpares();
+    return;
+  }
+  if (formed_ && options_.elastic() && info.role() == wire::WORKER) {
+    JoinWorker(r, /*id=*/-1);
+    return;
+  }
+  if (formed_) {
+    turn_away("the job is already formed; no node of this role is missing");
+    return;
+  }
+  const int count = registered_by_role_[info.role()];
+  const int wanted = info.role() == wire::SERVER ? options_.servers_at_start()
+                                                 : options_.num_workers;
+  if (count >= wanted && options_.elastic() && info.role() == wire::WORKER) {
+    // An elastic job's worker past DMLC_NUM_WORKER before the job formed:
+    // it joins once the job has formed (at most MAX - DMLC_NUM_WORKER are
+    // held).
+    if (static_cast<int>(early_joiners_.size()) >=
+        options_.elastic_max - options_.num_workers) {
+      turn_away(absl::StrCat("the job will have its most workers, ",
+                             options_.elastic_max,
+                             " (TESSERA_ELASTIC=", options_.elastic_min, ":",
+                             options_.elastic_max, "), once it formed"));
+      return;
+    }
+    TESSERA_LOG(INFO) << "worker at " << info.host() << ":" << info.port()
+                      << " came before the job formed, past DMLC_NUM_WORKER ("
+                      << wanted << "); it joins once the job has formed";
+    // Its keys are taken now, as any registration's: one key, one node.
+    if (!key.empty()) registered_keys_.insert(key);
+    if (!info.node_key().empty())
+      sealed_key_holder_[info.node_key()] = r.provisional_id;
+    early_joiners_.push_back(r);
+    return;
+  }
+  if (count >= wanted) {
+    turn_away(absl::StrCat("too many ",
+                           info.role() == wire::SERVER ? "servers" : "workers",
+                           ": expected ", wanted));
+    return;
+  }
+  TESSERA_VLOG(1) << "registered "
+                  << (info.role() == wire::SERVER ? "server" : "worker")
+                  << " at " << info.host() << ":" << info.port() << " (host "
+                  << r.hostname << ", pid " << r.pid << ")";
+  registered_at_.insert({info.host(), info.port()});
+  if (!key.empty()) registered_keys_.insert(key);
+  if (!info.node_key().empty())
+    sealed_key_holder_[info.node_key()] = r.provisional_id;
+  ++registered_by_role_[info.role()];
+  registered_.push_back(r);
+  (info.role() == wire::SERVER ? metrics_.registered_servers
+                               : metrics_.registered_workers)
+      ->Add(1);
+  if (static_cast<int>(registered_.size()) ==
+      options_.servers_at_start() + options_.num_workers) {
+    FormJob();
+  }
+}
+
+void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
+  wire::NodeInfo& node = nodes_[id];
+  if (node.role() == wire::SERVER && options_.chain_length() > 1) {
+    // A replicated server's new process holds none of its slices: its old
+    // life is dead (its slices fail over, or the job ends), and the new one
+    // takes the rank back as a replacement and catches up, unless a spare
+    // took it first.
+    if (!node.dead()) {
+      FailOver(id, absl::StrCat("restarted (generation ", info.generation(),
+                                ") without its key slices"));
+      if (ended_) return;
+    }
+    if (!nodes_[id].dead()) {
+      Message abort = AbortMessage(absl::StrCat(
+          "a spare took the rank of ", Describe(node), "; not needed"));
+      const int provisional = ProvisionalId(kFinishedIndex, info.role());
+      if (LinkTo(provisional, info).ok()) {
+        (void)transport_->Send(provisional, abort);
+        transport_->Disconnect(provisional);
+      }
+      return;
+    }
+    Registration r;
+    r.info = info;
+    r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
+    Replace(id, r);
+    return;
+  }
+  if (node.dead() && node.role() == wire::WORKER && options_.elastic()) {
+    // A worker of an elastic job that left, started again: it joins anew
+    // under its old rank (if still free).
+    Registration r;
+    r.info = info;
+    r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
+    JoinWorker(r, id);
+    return;
+  }
+  if (node.dead()) {
+    // Its slices failed over to their replicas; an empty server cannot take
+    // them back (nor yet join as a backup). A worker of an elastic job left
+    // the rounds, which went on without it.
+    Message abort = AbortMessage(absl::StrCat(
+        Describe(node),
+        node.role() == wire::WORKER
+            ? (node.left() ? " left the job"
+                           : " was declared dead and left the job")
+            : " was declared dead and its key slices failed over to their "
+              "replicas",
+        node.role() == wire::WORKER
+            ? " (TESSERA_ELASTIC); joining a running job is not supported "
+              "yet"
+            : "; it cannot rejoin"));
+    const int provisional = ProvisionalId(kFinishedIndex, info.role());
+    if (LinkTo(provisional, info).ok()) {
+      (void)transport_->Send(provisional, abort);
+      transport_->Disconnect(provisional);
+    }
+    return;
+  }
+  if (done_workers_.count(id) != 0) {
+    // It had finished; a new life would wait in barriers nobody else joins.
+    Message abort = AbortMessage(absl::StrCat(
+        Describe(node), " restarted after it had finished; nothing to rejoin"));
+    const int provisional = ProvisionalId(kFinishedIndex, info.role());
+    if (LinkTo(provisional, info).ok()) {
+      (void)transport_->Send(provisional, abort);
+      transport_->Disconnect(provisional);
+    }
+    return;
+  }
+  node.set_generation(info.generation());
+  // The new process seals with a key of its own: its old life's is refused.
+  // Its old key is retired, not freed: claiming it again would give its
+  // receivers a fresh link state for records captured from the old life.
+  if (!node.node_key().empty())
+    sealed_key_holder_[node.node_key()] = kRetiredKey;
+  node.set_node_key(info.node_key());
+  if (!info.node_key().empty()) sealed_key_holder_[info.node_key()] = id;
+  node.set_sealed_port(info.sealed_port());
+  last_seen_[id] = absl::Now();
+  // A fresh link: nothing queued for the old process goes to the new one.
+  (void)LinkTo(id, node);
+  TESSERA_LOG(INFO) << Describe(node) << " restarted (generation "
+                    << info.generation() << "); it rejoins the job";
+  // The nodes that link to it must learn of the new generation (workers
+  // replay to a restarted server): one entry each, as a notice; the new
+  // process gets its whole table.
+  const Message change = ChangeMessage(node);
+  for (const auto& [peer, n] : nodes_) {
+    if (n.dead()) continue;
+    if (peer == id) {
+      notices_.Send(peer, TableMessage(id));
+    } else if (n.role() != node.role() ||
+               (n.role() == wire::SERVER && options_.chain_length() > 1)) {
+      notices_.Send(peer, change);
+    }
+  }
+}
+
+void Scheduler::FormJob() {
+  std::vector<wire::NodeInfo> infos;
+  std::map<std::pair<std::string, int>, std::string> keys;  // by host, port
+  for (const Registration& r : registered_) {
+    infos.push_back(r.info);
+    if (!r.key.empty()) keys[{r.info.host(), r.info.port()}] = r.key;
+  }
+  infos = AssignIds(std::move(infos));
+  std::vector<int> waiting_ranks;
+  if (options_.servers_at_start() < options_.num_servers) {
+    // TESSERA_MAX_SERVERS: the servers take ranks spread over the most, so
+    // that every chain holds one; the other ranks wait for servers (dead in
+    // the table, their slices answered by their replicas).
+    const int most = options_.num_servers,
+              present = options_.servers_at_start();
+    std::vector<bool> taken(most, false);
+    for (wire::NodeInfo& n : infos) {
+      if (n.role() != wire::SERVER) continue;
+      const int rank =
+          static_cast<int>(static_cast<int64_t>(n.rank()) * most / present);
+      n.set_rank(rank);
+      n.set_id(ServerId(rank));
+      taken[rank] = true;
+    }
+    for (int rank = 0; rank < most; ++rank) {
+      if (taken[rank]) continue;
+      wire::NodeInfo absent;
+      absent.set_id(ServerId(rank));
+      absent.set_role(wire::SERVER);
+      absent.set_rank(rank);
+      absent.set_dead(true);
+      infos.push_back(absent);
+      waiting_ranks.push_back(rank);
+    }
+  }
+  for (const wire::NodeInfo& n : infos) {
+    auto it = keys.find({n.host(), n.port()});
+    if (it != keys.end()) node_key_of_[n.id()] = it->second;
+  }
+  const absl::Time now = absl::Now();
+  // By id now, not provisional id; the spares and the early joiners keep
+  // theirs until they have a rank: every registered key stays in the index.
+  sealed_key_holder_.clear();
+  auto keep = [&](const Registration& r) {
+    if (!r.info.node_key().empty())
+      sealed_key_holder_[r.info.node_key()] = r.provisional_id;
+  };
+  for (const Registration& r : spares_) keep(r);
+  for (const Registration& r : early_joiners_) keep(r);
+  for (const wire::NodeInfo& n : infos) {
+    nodes_[n.id()] = n;
+    if (Absent(n)) continue;
+    if (confirmed_.count(n.id()) == 0) unconfirmed_at_formation_.insert(n.id());
+    if (!n.node_key().empty()) sealed_key_holder_[n.node_key()] = n.id();
+    last_seen_[n.id()] = now;
+    (void)LinkTo(n.id(), n);
+  }
+  for (const Registration& r : registered_)
+    transport_->Disconnect(r.provisional_id);
+  formed_ = true;
+  formed_at_ = absl::Now();
+  metrics_.formed->Set(1);
+  metrics_.workers_in_job->Set(WorkersInJob());
+  for (const auto& [id, info] : nodes_) {
+    if (Absent(info)) continue;
+    absl::Status sent = transport_->Send(id, TableMessage(id));
+    if (!sent.ok())
+      TESSERA_LOG(WARNING) << "send to " << Describe(info) << ": "
+                           << sent.message();
+  }
+  TESSERA_VLOG(1) << "job formed: " << options_.servers_at_start()
+                  << " server(s), " << options_.num_workers << " worker(s)";
+  for (const wire::NodeInfo& n : infos) TESSERA_VLOG(1) << "  " << Describe(n);
+  if (!waiting_ranks.empty()) {
+    TESSERA_LOG(INFO) << "job formed with " << options_.servers_at_start()
+                      << " of at most " << options_.num_servers
+                      << " server(s) (TESSERA_MAX_SERVERS): server rank(s) "
+                      << absl::StrJoin(waiting_ranks, ", ")
+                      << " wait for a server (TESSERA_SPARE=1, launch.py "
+                         "--add-servers); "
+                      << (options_.single_copy
+                              ? "the next rank with a server answers for "
+                                "their key slices until then"
+                              : "their key slices' replicas answer for them "
+                                "until then");
+  }
+  std::vector<Registration> early;
+  early.swap(early_joiners_);
+  for (const Registration& r : early) JoinWorker(r, /*id=*/-1);
+  PlaceSpares();  // servers that came early for ranks without one
+}
+
+}  // namespace tessera

@@ -1,0 +1,105 @@
+// A replacement server's catch-up: the room that asks the live servers for
+// the slices this server will hold and knows when all of them came.
+//
+// A server that takes a rank in a running job (a spare, a restarted or an
+// added server; server/replication.h, "Replacements") holds none of its
+// slices. It asks every live server for them (KV_TRANSFER without a slice),
+// again every PS_RESEND_TIMEOUT until that server has sent all it said it
+// sends: each answers with one KV_TRANSFER per slice and then the count.
+// When every live server's count is in and every counted slice was taken,
+// the catch-up is done and reports once (the server then tells the
+// scheduler CAUGHT_UP).
+//
+// A death during the catch-up moves slices to other servers, so the counts
+// given so far are stale: Restart forgets them and the live servers are
+// asked again (slices taken stay taken).
+//
+// Thread-safe: the slices arrive on the shard threads, the counts on the
+// server's receiving thread, and the asking runs on a thread of its own.
+//
+//   CatchUp catch_up;
+//   catch_up.Start({.rank = 2, .num_servers = 3, .resend = absl::Seconds(1),
+//                   .states = [&] { return node.server_states(); },
+//                   .ask = [&](int r, uint64_t id) { SendTransferAsk(r, id); },
+//                   .caught_up = [&] { ReportCaughtUp(); }});
+//   catch_up.Took(0, key, offset, bytes); catch_up.Check();
+//   catch_up.Counted(0, 1);   // server 0 sent its one slice: done, reported
+#ifndef TESSERA_SERVER_CATCH_UP_H_
+#define TESSERA_SERVER_CATCH_UP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/replica_chain.h"
+
+namespace tessera {
+
+class CatchUp {
+ public:
+  struct Options {
+    int rank = 0;                              // this server's rank
+    int num_servers = 1;                       // server ranks in the job
+    absl::Duration resend = absl::Seconds(1);  // between two asks
+    // The table's server states now (one per rank).
+    std::function<std::vector<ServerState>()> states;
+    // Asks server `rank` for its slices (request id `id`, from 1 on).
+    std::function<void(int rank, uint64_t id)> ask;
+    // Called once, when every live server sent all it counted.
+    std::function<void()> caught_up;
+  };
+
+  CatchUp() = default;
+  CatchUp(const CatchUp&) = delete;
+  CatchUp& operator=(const CatchUp&) = delete;
+  ~CatchUp() { Stop(); }
+
+  // Starts asking, on a thread of its own. False (nothing done) if a
+  // catch-up was started before or Stop was called.
+  bool Start(Options options);
+  // Started and not yet done: slices new to this server are taken.
+  bool active() const;
+  // Server `rank` said it sends `total` slices. Then checks.
+  void Counted(int rank, uint64_t total);
+  // Slice (key, offset) of `bytes` bytes came from server `rank` (a slice
+  // taken twice counts once). Check afterwards.
+  void Took(int rank, uint64_t key, uint64_t offset, size_t bytes);
+  // Reports (once, outside the lock) if every live server sent all it
+  // counted.
+  void Check();
+  // A server died: the counts are stale; the live servers are asked again.
+  void Restart();
+  // Ends the asking; joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  void Loop();
+  // Server `rank` said how many slices it sends, and all of them came.
+  bool SentAll(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  Options options_ ABSL_GUARDED_BY(mu_);
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time started_at_ ABSL_GUARDED_BY(mu_);
+  // Per server rank: the slices it said it sends, and those taken from it.
+  std::map<int, uint64_t> counted_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::set<std::pair<uint64_t, uint64_t>>> taken_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;  // Start's; joined by Stop
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_CATCH_UP_H_

@@ -1,0 +1,152 @@
+// CatchUp (server/catch_up.h): whom a replacement asks for its slices, and
+// when it has them all. The asks are recorded, not sent.
+#include "server/catch_up.h"
+
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+// Server 1 of 3 catching up; servers 0 and 2 alive unless `dead` says so.
+class CatchUpTest : public ::testing::Test {
+ protected:
+  CatchUp::Options Options(absl::Duration resend = absl::Milliseconds(5)) {
+    CatchUp::Options o;
+    o.rank = 1;
+    o.num_servers = 3;
+    o.resend = resend;
+    o.states = [this] {
+      absl::MutexLock lock(&mu_);
+      return states_;
+    };
+    o.ask = [this](int rank, uint64_t id) {
+      absl::MutexLock lock(&mu_);
+      asks_[rank].push_back(id);
+    };
+    o.caught_up = [this] {
+      absl::MutexLock lock(&mu_);
+      ++reports_;
+    };
+    return o;
+  }
+  // Waits (at most 5 s) until server `rank` was asked at least `n` times.
+  bool AskedAtLeast(int rank, size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&] { return asks_[rank].size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(5));
+  }
+  int reports() {
+    absl::MutexLock lock(&mu_);
+    return reports_;
+  }
+  std::vector<uint64_t> asks(int rank) {
+    absl::MutexLock lock(&mu_);
+    return asks_[rank];
+  }
+  void Kill(int rank) {
+    absl::MutexLock lock(&mu_);
+    states_[rank].dead = true;
+  }
+
+  absl::Mutex mu_;
+  std::vector<ServerState> states_ = std::vector<ServerState>(3);
+  std::map<int, std::vector<uint64_t>> asks_;
+  int reports_ = 0;
+};
+
+TEST_F(CatchUpTest, AsksEveryLiveServerButItselfWithRisingIdsUntilItHasAll) {
+  CatchUp c;
+  ASSERT_TRUE(c.Start(Options()));
+  EXPECT_TRUE(c.active());
+  ASSERT_TRUE(AskedAtLeast(0, 3));
+  ASSERT_TRUE(AskedAtLeast(2, 3));
+  EXPECT_TRUE(asks(1).empty()) << "a server never asks itself";
+  // One id sequence across the servers: each ask's id is new.
+  std::vector<uint64_t> all = asks(0);
+  for (uint64_t id : asks(2)) all.push_back(id);
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end());
+  EXPECT_EQ(all.front(), 1u);
+
+  c.Took(0, /*key=*/7, /*offset=*/0, 100);
+  c.Counted(0, 1);  // server 0: all sent; server 2 has not counted
+  EXPECT_EQ(reports(), 0);
+  EXPECT_TRUE(c.active());
+  c.Counted(2, 2);
+  c.Took(2, 8, 0, 10);
+  c.Took(2, 8, 0, 10);  // the same slice again counts once
+  c.Check();
+  EXPECT_EQ(reports(), 0) << "server 2 counted 2 slices and sent 1";
+  c.Took(2, 8, 64, 10);
+  c.Check();
+  EXPECT_EQ(reports(), 1);
+  EXPECT_FALSE(c.active());
+  c.Check();
+  c.Counted(0, 1);
+  EXPECT_EQ(reports(), 1) << "reported once";
+}
+
+TEST_F(CatchUpTest, AServerThatSentAllIsNotAskedAgain) {
+  CatchUp c;
+  ASSERT_TRUE(c.Start(Options()));
+  c.Counted(0, 0);  // server 0 holds nothing for it
+  const size_t asked0 = asks(0).size();
+  ASSERT_TRUE(AskedAtLeast(2, asks(2).size() + 5));
+  EXPECT_LE(asks(0).size(), asked0 + 1) << "at most the ask already on its way";
+  c.Counted(2, 0);
+  EXPECT_EQ(reports(), 1);
+}
+
+TEST_F(CatchUpTest, ADeadServerIsNeitherAskedNorWaitedFor) {
+  CatchUp c;
+  Kill(2);
+  ASSERT_TRUE(c.Start(Options()));
+  ASSERT_TRUE(AskedAtLeast(0, 2));
+  EXPECT_TRUE(asks(2).empty());
+  c.Counted(0, 0);
+  EXPECT_EQ(reports(), 1);
+}
+
+TEST_F(CatchUpTest, ADeathForgetsTheCountsAndAsksAgainAtOnce) {
+  CatchUp c;
+  // A long resend: only a Restart can make the second ask come soon.
+  ASSERT_TRUE(c.Start(Options(absl::Seconds(60))));
+  ASSERT_TRUE(AskedAtLeast(0, 1));
+  c.Counted(0, 1);  // server 0 will send one slice; server 2 not counted
+  Kill(2);
+  c.Restart();  // server 2 died: server 0's count is stale
+  ASSERT_TRUE(AskedAtLeast(0, 2));
+  c.Took(0, 7, 0, 1);
+  c.Check();
+  EXPECT_EQ(reports(), 0) << "server 0 must count again after the death";
+  c.Counted(0, 1);
+  EXPECT_EQ(reports(), 1);
+}
+
+TEST_F(CatchUpTest, StartsOnceAndNotAfterStop) {
+  CatchUp c;
+  EXPECT_FALSE(c.active());
+  c.Counted(0, 0);  // before Start: nothing to count, nothing reported
+  EXPECT_EQ(reports(), 0);
+  ASSERT_TRUE(c.Start(Options()));
+  EXPECT_FALSE(c.Start(Options())) << "a second Start";
+  const absl::Time t0 = absl::Now();
+  c.Stop();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  c.Stop();  // idempotent
+
+  CatchUp stopped;
+  stopped.Stop();
+  EXPECT_FALSE(stopped.Start(Options()));
+  EXPECT_FALSE(stopped.active());
+}
+
+}  // namespace
+}  // namespace tessera
