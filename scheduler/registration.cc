@@ -147,112 +147,11 @@ std::string Scheduler::SealedKeyHolder(const std::string& key) const {
 void Scheduler::HandleRegister(const Message& msg) {
   const wire::Register& reg = msg.header.register_();
   const wire::NodeInfo& info = reg.node();
-  metrics_.registrations->Increment();
-  if ((info.role() != wire::SERVER && info.role() != wire::WORKER) ||
-      info.host().empty() || info.port() <= 0 || info.port() > 65535) {
-    metrics_.ignored_messages->Increment();
-    TESSERA_LOG(WARNING) << "ignored malformed registration: "
-                         << DebugString(msg);
-    return;
-  }
-  if (ended_ && !formed_) {
-    // Registered before the start-up deadline and asks again for its table:
-    // the abort notice it was sent reaches it (or is resent).
-    if (registered_at_.count({info.host(), info.port()}) != 0) return;
-  }
-  if (ended_) {
-    // Too late for this job (a node started or restarted after its end was
-    // decided): told once per registration; it registers again if the abort
-    // is lost.
-    const int provisional = ProvisionalId(kLateIndex, info.role());
-    if (LinkTo(provisional, info).ok()) {
-      (void)transport_->Send(provisional, AbortMessage(end_reason_));
-      transport_->Disconnect(provisional);
-    }
-    return;
-  }
-  // A node registers with a key of its own (launch.py's), or with its
-  // role's, which the transport allows only when the job has no roster.
   const std::string& key = msg.connection_key;
-  if (key.empty() && transport_->nodes_have_own_keys()) {
-    // The transport lets no such registration through (a role key's is
-    // dropped, a sealed one too); should one come, it names no node.
-    metrics_.ignored_messages->Increment();
-    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
-                         << info.port()
-                         << " without a connection key: every node of this "
-                            "job registers with a key of its own";
-    return;
-  }
-  if (!transport_->node_key().empty()) {
-    // A sealed job: the key its peers will seal to it with. Stored keys are
-    // canonical, so that comparing bytes compares keys.
-    if (std::string problem = sealed::NodeKeyProblem(info.node_key());
-        !problem.empty()) {
-      metrics_.ignored_messages->Increment();
-      TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
-                           << info.port() << ": its sealed node key "
-                           << SealedKeyText(info.node_key())
-                           << " cannot be a node key: " << problem;
-      return;
-    }
-  }
-  if (formed_) {
-    for (auto& [id, node] : nodes_) {
-      if (node.role() != info.role() || node.host() != info.host() ||
-          node.port() != info.port()) {
-        continue;
-      }
-      auto known = node_key_of_.find(id);
-      if (known != node_key_of_.end() && known->second != key) {
-        metrics_.ignored_messages->Increment();
-        TESSERA_LOG(WARNING)
-            << "ignored a registration as " << Describe(node) << " (generation "
-            << info.generation() << ") with node key "
-            << (key.empty() ? "(none)" : KeyPrefix(key))
-            << ": that node registered with " << KeyPrefix(known->second);
-        return;
-      }
-      if (info.generation() < node.generation()) return;  // an old life's
-      if (info.generation() == node.generation()) {
-        // It asks again: the table we sent it was lost with a connection.
-        (void)transport_->Send(id, TableMessage(id));
-        return;
-      }
-      if (std::string holder = SealedKeyHolder(info.node_key());
-          !holder.empty()) {
-        metrics_.ignored_messages->Increment();
-        TESSERA_LOG(WARNING)
-            << "ignored a registration as " << Describe(node) << " (generation "
-            << info.generation() << "): its sealed node key "
-            << SealedKeyText(info.node_key()) << " is " << holder << "'s";
-        return;
-      }
-      Rejoin(id, info);
-      return;
-    }
-  }
-  if (registered_at_.count({info.host(), info.port()}) != 0)
-    return;  // duplicate
-  for (const Registration& held : early_joiners_) {
-    if (held.info.host() == info.host() && held.info.port() == info.port())
-      return;  // held until the job forms; it asks again
-  }
-  if (!key.empty() && registered_keys_.count(key) != 0) {
-    metrics_.ignored_messages->Increment();
-    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
-                         << info.port() << " with node key " << KeyPrefix(key)
-                         << ", which another node registered with";
-    return;
-  }
-  if (std::string holder = SealedKeyHolder(info.node_key()); !holder.empty()) {
-    metrics_.ignored_messages->Increment();
-    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
-                         << info.port() << ": its sealed node key "
-                         << SealedKeyText(info.node_key()) << " is " << holder
-                         << "'s";
-    return;
-  }
+  metrics_.registrations->Increment();
+  if (!RegistrationAdmissible(msg)) return;
+  if (formed_ && RestartOfKnownNode(info, key)) return;
+  if (!NewToTheJob(info, key)) return;
   Registration r;
   r.info = info;
   r.key = key;
@@ -264,41 +163,8 @@ void Scheduler::HandleRegister(const Message& msg) {
           : ProvisionalId(static_cast<int>(registered_.size()), info.role());
   r.hostname = reg.hostname();
   r.pid = reg.pid();
-  // A node turned away is told over a link of a moment; one that stays is
-  // linked to once, under its id, when the job forms (each link to a node
-  // is a handshake: at 288 nodes a second one each cost 0.5 s of CPU).
-  auto turn_away = [&](const std::string& why) {
-    absl::Status connected = LinkTo(r.provisional_id, info);
-    if (!connected.ok()) {
-      TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host()
-                           << ":" << info.port() << ": " << connected.message();
-      return;
-    }
-    (void)transport_->Send(r.provisional_id, AbortMessage(why));
-    transport_->Disconnect(r.provisional_id);
-  };
   if (reg.spare()) {
-    if (info.role() != wire::SERVER || options_.chain_length() < 2) {
-      turn_away(
-          "a spare (TESSERA_SPARE=1) is a server of a job with "
-          "TESSERA_REPLICAS >= 2 or TESSERA_MAX_SERVERS; this job has "
-          "TESSERA_REPLICAS=" +
-          std::to_string(options_.replicas) + " and no TESSERA_MAX_SERVERS");
-      return;
-    }
-    for (const Registration& held : spares_) {
-      if (held.info.host() == info.host() && held.info.port() == info.port())
-        return;  // it asks again
-    }
-    TESSERA_LOG(INFO) << "spare server at " << info.host() << ":" << info.port()
-                      << " (host " << r.hostname << ", pid " << r.pid
-                      << ") waits for a server to die";
-    if (!key.empty()) registered_keys_.insert(key);
-    if (!info.node_key().empty())
-      sealed_key_holder_[info.node_key()] = r.provisional_id;
-    spares_.push_back(r);
-    metrics_.spares->Set(static_cast<double>(spares_.size()));
-    if (formed_) PlaceSpares();
+    HoldSpare(r);
     return;
   }
   if (formed_ && options_.elastic() && info.role() == wire::WORKER) {
@@ -306,7 +172,7 @@ void Scheduler::HandleRegister(const Message& msg) {
     return;
   }
   if (formed_) {
-    turn_away("the job is already formed; no node of this role is missing");
+    TurnAway(r, "the job is already formed; no node of this role is missing");
     return;
   }
   const int count = registered_by_role_[info.role()];
@@ -318,10 +184,10 @@ void Scheduler::HandleRegister(const Message& msg) {
     // held).
     if (static_cast<int>(early_joiners_.size()) >=
         options_.elastic_max - options_.num_workers) {
-      turn_away(absl::StrCat("the job will have its most workers, ",
-                             options_.elastic_max,
-                             " (TESSERA_ELASTIC=", options_.elastic_min, ":",
-                             options_.elastic_max, "), once it formed"));
+      TurnAway(r, absl::StrCat("the job will have its most workers, ",
+                               options_.elastic_max,
+                               " (TESSERA_ELASTIC=", options_.elastic_min, ":",
+                               options_.elastic_max, "), once it formed"));
       return;
     }
     TESSERA_LOG(INFO) << "worker at " << info.host() << ":" << info.port()
@@ -335,9 +201,10 @@ void Scheduler::HandleRegister(const Message& msg) {
     return;
   }
   if (count >= wanted) {
-    turn_away(absl::StrCat("too many ",
-                           info.role() == wire::SERVER ? "servers" : "workers",
-                           ": expected ", wanted));
+    TurnAway(r,
+             absl::StrCat("too many ",
+                          info.role() == wire::SERVER ? "servers" : "workers",
+                          ": expected ", wanted));
     return;
   }
   TESSERA_VLOG(1) << "registered "
@@ -357,6 +224,176 @@ void Scheduler::HandleRegister(const Message& msg) {
       options_.servers_at_start() + options_.num_workers) {
     FormJob();
   }
+}
+
+// The checks every registration passes first: well formed, in time, with a
+// connection key where nodes have their own, and a sealed node key that can
+// be one. False: dropped, or answered here.
+bool Scheduler::RegistrationAdmissible(const Message& msg) {
+  const wire::NodeInfo& info = msg.header.register_().node();
+  if ((info.role() != wire::SERVER && info.role() != wire::WORKER) ||
+      info.host().empty() || info.port() <= 0 || info.port() > 65535) {
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored malformed registration: "
+                         << DebugString(msg);
+    return false;
+  }
+  if (ended_ && !formed_) {
+    // Registered before the start-up deadline and asks again for its table:
+    // the abort notice it was sent reaches it (or is resent).
+    if (registered_at_.count({info.host(), info.port()}) != 0) return false;
+  }
+  if (ended_) {
+    // Too late for this job (a node started or restarted after its end was
+    // decided): told once per registration; it registers again if the abort
+    // is lost.
+    const int provisional = ProvisionalId(kLateIndex, info.role());
+    if (LinkTo(provisional, info).ok()) {
+      (void)transport_->Send(provisional, AbortMessage(end_reason_));
+      transport_->Disconnect(provisional);
+    }
+    return false;
+  }
+  // A node registers with a key of its own (launch.py's), or with its
+  // role's, which the transport allows only when the job has no roster.
+  if (msg.connection_key.empty() && transport_->nodes_have_own_keys()) {
+    // The transport lets no such registration through (a role key's is
+    // dropped, a sealed one too); should one come, it names no node.
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port()
+                         << " without a connection key: every node of this "
+                            "job registers with a key of its own";
+    return false;
+  }
+  if (!transport_->node_key().empty()) {
+    // A sealed job: the key its peers will seal to it with. Stored keys are
+    // canonical, so that comparing bytes compares keys.
+    if (std::string problem = sealed::NodeKeyProblem(info.node_key());
+        !problem.empty()) {
+      metrics_.ignored_messages->Increment();
+      TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                           << info.port() << ": its sealed node key "
+                           << SealedKeyText(info.node_key())
+                           << " cannot be a node key: " << problem;
+      return false;
+    }
+  }
+  return true;
+}
+
+// A formed job: a registration from the address of one of its nodes is that
+// node asking again for its table, an old life's, or its restart (Rejoin),
+// if its keys are its own. True: handled here.
+bool Scheduler::RestartOfKnownNode(const wire::NodeInfo& info,
+                                   const std::string& key) {
+  for (auto& [id, node] : nodes_) {
+    if (node.role() != info.role() || node.host() != info.host() ||
+        node.port() != info.port()) {
+      continue;
+    }
+    auto known = node_key_of_.find(id);
+    if (known != node_key_of_.end() && known->second != key) {
+      metrics_.ignored_messages->Increment();
+      TESSERA_LOG(WARNING) << "ignored a registration as " << Describe(node)
+                           << " (generation " << info.generation()
+                           << ") with node key "
+                           << (key.empty() ? "(none)" : KeyPrefix(key))
+                           << ": that node registered with "
+                           << KeyPrefix(known->second);
+      return true;
+    }
+    if (info.generation() < node.generation()) return true;  // an old life's
+    if (info.generation() == node.generation()) {
+      // It asks again: the table we sent it was lost with a connection.
+      (void)transport_->Send(id, TableMessage(id));
+      return true;
+    }
+    if (std::string holder = SealedKeyHolder(info.node_key());
+        !holder.empty()) {
+      metrics_.ignored_messages->Increment();
+      TESSERA_LOG(WARNING) << "ignored a registration as " << Describe(node)
+                           << " (generation " << info.generation()
+                           << "): its sealed node key "
+                           << SealedKeyText(info.node_key()) << " is " << holder
+                           << "'s";
+      return true;
+    }
+    Rejoin(id, info);
+    return true;
+  }
+  return false;
+}
+
+// Neither registered nor held yet, with keys no other node holds. False:
+// a duplicate (it asks again) or another node's keys.
+bool Scheduler::NewToTheJob(const wire::NodeInfo& info,
+                            const std::string& key) {
+  if (registered_at_.count({info.host(), info.port()}) != 0)
+    return false;  // duplicate
+  for (const Registration& held : early_joiners_) {
+    if (held.info.host() == info.host() && held.info.port() == info.port())
+      return false;  // held until the job forms; it asks again
+  }
+  if (!key.empty() && registered_keys_.count(key) != 0) {
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port() << " with node key " << KeyPrefix(key)
+                         << ", which another node registered with";
+    return false;
+  }
+  if (std::string holder = SealedKeyHolder(info.node_key()); !holder.empty()) {
+    metrics_.ignored_messages->Increment();
+    TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
+                         << info.port() << ": its sealed node key "
+                         << SealedKeyText(info.node_key()) << " is " << holder
+                         << "'s";
+    return false;
+  }
+  return true;
+}
+
+// A node turned away is told over a link of a moment; one that stays is
+// linked to once, under its id, when the job forms (each link to a node
+// is a handshake: at 288 nodes a second one each cost 0.5 s of CPU).
+void Scheduler::TurnAway(const Registration& r, const std::string& why) {
+  const wire::NodeInfo& info = r.info;
+  absl::Status connected = LinkTo(r.provisional_id, info);
+  if (!connected.ok()) {
+    TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host()
+                         << ":" << info.port() << ": " << connected.message();
+    return;
+  }
+  (void)transport_->Send(r.provisional_id, AbortMessage(why));
+  transport_->Disconnect(r.provisional_id);
+}
+
+// A spare server (TESSERA_SPARE=1): held until a server dies.
+void Scheduler::HoldSpare(const Registration& r) {
+  const wire::NodeInfo& info = r.info;
+  const std::string& key = r.key;
+  if (info.role() != wire::SERVER || options_.chain_length() < 2) {
+    TurnAway(r,
+             "a spare (TESSERA_SPARE=1) is a server of a job with "
+             "TESSERA_REPLICAS >= 2 or TESSERA_MAX_SERVERS; this job has "
+             "TESSERA_REPLICAS=" +
+                 std::to_string(options_.replicas) +
+                 " and no TESSERA_MAX_SERVERS");
+    return;
+  }
+  for (const Registration& held : spares_) {
+    if (held.info.host() == info.host() && held.info.port() == info.port())
+      return;  // it asks again
+  }
+  TESSERA_LOG(INFO) << "spare server at " << info.host() << ":" << info.port()
+                    << " (host " << r.hostname << ", pid " << r.pid
+                    << ") waits for a server to die";
+  if (!key.empty()) registered_keys_.insert(key);
+  if (!info.node_key().empty())
+    sealed_key_holder_[info.node_key()] = r.provisional_id;
+  spares_.push_back(r);
+  metrics_.spares->Set(static_cast<double>(spares_.size()));
+  if (formed_) PlaceSpares();
 }
 
 void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {

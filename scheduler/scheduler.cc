@@ -386,31 +386,7 @@ void Scheduler::Handle(Message&& msg) {
     return;
   }
   if (nodes_[sender].dead()) {
-    if (nodes_[sender].left()) {
-      // Its goodbye was taken: a repeat of it (the answer was lost) is
-      // answered again; what else it sends while it stops (a heartbeat) is
-      // not its business any more, nor an abort's.
-      if (h.command() == wire::WORKER_LEAVE ||
-          h.command() == wire::SERVER_LEAVE) {
-        Reply(sender, h, absl::OkStatus());
-      }
-      return;
-    }
-    // Declared dead, yet it speaks (it was cut off, not gone): its slices
-    // answer elsewhere now (its rounds go on without it), so it must not go
-    // on. Told at each message.
-    if (!acknowledgement) {
-      Message abort = AbortMessage(
-          nodes_[sender].role() == wire::WORKER
-              ? "this worker was declared dead (silent past "
-                "PS_HEARTBEAT_TIMEOUT) and left the job (TESSERA_ELASTIC); "
-                "the rounds go on without it"
-              : "this server was declared dead (silent past "
-                "PS_HEARTBEAT_TIMEOUT) and its key slices failed over to "
-                "their replicas");
-      abort.header.set_recipient(sender);
-      (void)transport_->Send(sender, abort);
-    }
+    AnswerDeadNode(sender, h, acknowledgement);
     return;
   }
   last_seen_[sender] = absl::Now();
@@ -447,21 +423,7 @@ void Scheduler::Handle(Message&& msg) {
       HandleWorkerDone(sender, h);
       return;
     case wire::WORKER_LEAVE:
-      if (!IsWorkerId(sender) || !options_.elastic()) {
-        Reply(sender, h,
-              absl::FailedPreconditionError(
-                  "only a worker of an elastic job (TESSERA_ELASTIC) leaves "
-                  "before the job's end"));
-        return;
-      }
-      if (done_workers_.count(sender) != 0) {
-        Reply(sender, h, absl::OkStatus());  // finished: nothing to leave
-        return;
-      }
-      WorkerLeaves(sender, /*goodbye=*/true, "left the job (it said goodbye)");
-      // Its part is done, even when the others' job ends for want of
-      // workers now.
-      Reply(sender, h, absl::OkStatus());
+      HandleWorkerLeave(sender, h);
       return;
     case wire::SERVER_LEAVE:
       HandleServerLeave(sender, h);
@@ -469,6 +431,56 @@ void Scheduler::Handle(Message&& msg) {
     default:
       TESSERA_LOG(WARNING) << "ignored unexpected message " << DebugString(msg);
   }
+}
+
+// A message from a node declared dead: a left node's repeated goodbye is
+// answered again; any other message of a dead node is answered with an abort.
+void Scheduler::AnswerDeadNode(int sender, const wire::Header& h,
+                               bool acknowledgement) {
+  if (nodes_[sender].left()) {
+    // Its goodbye was taken: a repeat of it (the answer was lost) is
+    // answered again; what else it sends while it stops (a heartbeat) is
+    // not its business any more, nor an abort's.
+    if (h.command() == wire::WORKER_LEAVE ||
+        h.command() == wire::SERVER_LEAVE) {
+      Reply(sender, h, absl::OkStatus());
+    }
+    return;
+  }
+  // Declared dead, yet it speaks (it was cut off, not gone): its slices
+  // answer elsewhere now (its rounds go on without it), so it must not go
+  // on. Told at each message.
+  if (!acknowledgement) {
+    Message abort = AbortMessage(
+        nodes_[sender].role() == wire::WORKER
+            ? "this worker was declared dead (silent past "
+              "PS_HEARTBEAT_TIMEOUT) and left the job (TESSERA_ELASTIC); "
+              "the rounds go on without it"
+            : "this server was declared dead (silent past "
+              "PS_HEARTBEAT_TIMEOUT) and its key slices failed over to "
+              "their replicas");
+    abort.header.set_recipient(sender);
+    (void)transport_->Send(sender, abort);
+  }
+}
+
+// An elastic job's worker saying goodbye before the job's end.
+void Scheduler::HandleWorkerLeave(int sender, const wire::Header& h) {
+  if (!IsWorkerId(sender) || !options_.elastic()) {
+    Reply(sender, h,
+          absl::FailedPreconditionError(
+              "only a worker of an elastic job (TESSERA_ELASTIC) leaves "
+              "before the job's end"));
+    return;
+  }
+  if (done_workers_.count(sender) != 0) {
+    Reply(sender, h, absl::OkStatus());  // finished: nothing to leave
+    return;
+  }
+  WorkerLeaves(sender, /*goodbye=*/true, "left the job (it said goodbye)");
+  // Its part is done, even when the others' job ends for want of
+  // workers now.
+  Reply(sender, h, absl::OkStatus());
 }
 
 void Scheduler::HandleBarrier(int sender, const wire::Header& h) {

@@ -90,7 +90,15 @@ class Scheduler {
   void HandleBarrier(int sender, const wire::Header& h);
   // A worker saying it has finished: the job ends when every worker has.
   void HandleWorkerDone(int sender, const wire::Header& h);
+  void HandleWorkerLeave(int sender, const wire::Header& h);
+  void AnswerDeadNode(int sender, const wire::Header& h, bool acknowledgement);
   void HandleRegister(const Message& msg);
+  // HandleRegister's steps (scheduler/registration.cc).
+  bool RegistrationAdmissible(const Message& msg);
+  bool RestartOfKnownNode(const wire::NodeInfo& info, const std::string& key);
+  bool NewToTheJob(const wire::NodeInfo& info, const std::string& key);
+  void TurnAway(const Registration& r, const std::string& why);
+  void HoldSpare(const Registration& r);
   void FormJob();
   // A server or worker restarted with the same address: new generation, same
   // id and rank; everyone gets the new table. (A worker that had already
