@@ -303,12 +303,7 @@ void Scheduler::WorkerLeaves(int id, bool goodbye, const std::string& reason) {
   for (int peer : LivePeers(id)) notices_.Send(peer, change);
   // A barrier of workers may have waited only for it.
   barriers_.ReleaseComplete();
-  if (!ended_ && AllWorkersDone()) {
-    Message term;
-    term.header.set_command(wire::TERMINATE);
-    TESSERA_VLOG(1) << "every worker still in the job finished; job done";
-    EndJob(absl::OkStatus(), term, LivePeers(/*except=*/0));
-  }
+  EndJobIfWorkersDone("every worker still in the job finished; job done");
 }
 
 void Scheduler::PlaceSpares() {

@@ -576,12 +576,15 @@ void Scheduler::HandleWorkerDone(int sender, const wire::Header& h) {
   Reply(sender, h, absl::OkStatus());
   TESSERA_VLOG(1) << Describe(nodes_[sender]) << " finished ("
                   << done_workers_.size() << "/" << options_.num_workers << ")";
-  if (!ended_ && AllWorkersDone()) {
-    Message term;
-    term.header.set_command(wire::TERMINATE);
-    TESSERA_VLOG(1) << "all workers finished; job done";
-    EndJob(absl::OkStatus(), term, LivePeers(/*except=*/0));
-  }
+  EndJobIfWorkersDone("all workers finished; job done");
+}
+
+void Scheduler::EndJobIfWorkersDone(const char* why) {
+  if (ended_ || !AllWorkersDone()) return;
+  Message term;
+  term.header.set_command(wire::TERMINATE);
+  TESSERA_VLOG(1) << why;
+  EndJob(absl::OkStatus(), term, LivePeers(/*except=*/0));
 }
 
 // CPU time (user + system) of the calling thread, in milliseconds: the

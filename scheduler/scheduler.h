@@ -91,6 +91,9 @@ class Scheduler {
   // A worker saying it has finished: the job ends when every worker has.
   void HandleWorkerDone(int sender, const wire::Header& h);
   void HandleWorkerLeave(int sender, const wire::Header& h);
+  // Ends the job (TERMINATE) once every worker still in it finished; `why`
+  // is logged at PS_VERBOSE=1.
+  void EndJobIfWorkersDone(const char* why);
   void AnswerDeadNode(int sender, const wire::Header& h, bool acknowledgement);
   void HandleRegister(const Message& msg);
   // HandleRegister's steps (scheduler/registration.cc).

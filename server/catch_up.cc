@@ -59,7 +59,6 @@ void CatchUp::Check() {
       slices += counted_[r];
     }
     done_ = true;
-    cv_.SignalAll();
     TESSERA_LOG(INFO) << "caught up: " << slices << " key slice(s), " << bytes_
                       << " bytes, in "
                       << absl::FormatDuration(absl::Now() - started_at_);
@@ -72,14 +71,13 @@ void CatchUp::Restart() {
   absl::MutexLock lock(&mu_);
   if (!started_ || done_) return;
   counted_.clear();
-  cv_.SignalAll();
+  ask_again_ = true;
 }
 
 void CatchUp::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
-    cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -102,7 +100,11 @@ void CatchUp::Loop() {
     for (int r : ask) ask_one(r, ++asked);
     mu_.Lock();
     if (done_ || stopped_) break;
-    cv_.WaitWithTimeout(&mu_, options_.resend);
+    // A Restart while the asks went out is seen here too (a flag, not a
+    // signal that only a waiting thread would get).
+    mu_.AwaitWithTimeout(absl::Condition(this, &CatchUp::Woken),
+                         options_.resend);
+    ask_again_ = false;
   }
 }
 

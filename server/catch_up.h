@@ -85,12 +85,18 @@ class CatchUp {
   // Server `rank` said how many slices it sends, and all of them came.
   bool SentAll(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The asking thread stops waiting out `resend`: done, stopped, or asked
+  // to ask again.
+  bool Woken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done_ || stopped_ || ask_again_;
+  }
+
   mutable absl::Mutex mu_;
-  absl::CondVar cv_;
   Options options_ ABSL_GUARDED_BY(mu_);
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool ask_again_ ABSL_GUARDED_BY(mu_) = false;  // Restart: ask at once
   absl::Time started_at_ ABSL_GUARDED_BY(mu_);
   // Per server rank: the slices it said it sends, and those taken from it.
   std::map<int, uint64_t> counted_ ABSL_GUARDED_BY(mu_);

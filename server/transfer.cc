@@ -212,7 +212,7 @@ void KVServer::StartCatchUp(std::function<std::vector<ServerState>()> states,
     request.header.set_request_id(id);
     (void)send_(ServerId(rank), std::move(request));
   };
-  if (stopped_.load() || !catch_up_.Start(std::move(options))) return;
+  if (!catch_up_.Start(std::move(options))) return;  // started, or stopped
   if (single_copy_) {
     TESSERA_LOG(INFO) << "this server takes rank " << rank_
                       << ": asking the live servers for the key slices it "

@@ -415,7 +415,7 @@ INSTANTIATE_TEST_SUITE_P(Security, FloodTest, ::testing::Values(false, true),
 // again for late copies + 48 MB for the process itself = 312 MB; keeping the
 // pushes would take 16 x 128 MB = 2,048 MB on top of the weights, and an
 // accumulator for every slice (before 2026-11-26) 256 MB.
-// The key was 256 MB until 2026-11-29 (bounds 446/513 MB, peaks 415-423 MB):
+// The key was 256 MB until 2026-11-28 (bounds 446/513 MB, peaks 415-423 MB):
 // the same bound at half the key, and half of CI's longest test (16 workers
 // each holding the key twice, 195 s for the two modes here; docs/testing.md).
 //

@@ -296,9 +296,9 @@ TEST(MessageTest, AWatchedLinkIsLostOnceWhenItsPeerIsGoneAndNeverWhileItLives) {
   EXPECT_EQ(lost[0].peer, 3);
   EXPECT_EQ(lost[0].endpoint, absl::StrCat("tcp://127.0.0.1:", *doomed_port));
   EXPECT_GE(lost[0].refused, 2);
-  // `closed` is when the transport read the monitor's event (every 100 ms),
-  // so it follows the reset; a loose bound says it was read then and not
-  // only when the refusals were counted (which took 2 probes after it).
+  // `closed` is when the transport read the monitor's event (every 100 ms):
+  // after the reset, and soon after it (a loose bound: the event is read, not
+  // left waiting). That it precedes the refusals is not visible from here.
   EXPECT_GE(lost[0].closed, closed);
   EXPECT_LT(lost[0].closed - closed, absl::Seconds(3));
   EXPECT_LE(lost[0].closed, absl::Now());
