@@ -13,8 +13,9 @@ bool CatchUp::Start(Options options) {
     started_ = true;
     options_ = std::move(options);
     started_at_ = absl::Now();
+    // Under the lock, so that Stop sees it; Loop takes the lock first.
+    thread_ = std::thread([this] { Loop(); });
   }
-  thread_ = std::thread([this] { Loop(); });
   return true;
 }
 
@@ -26,17 +27,28 @@ bool CatchUp::active() const {
 bool CatchUp::SentAll(int rank) const {
   auto c = counted_.find(rank);
   auto t = taken_.find(rank);
-  const size_t got = t == taken_.end() ? 0 : t->second.size();
-  return c != counted_.end() && got >= c->second;
+  if (c == counted_.end()) return false;
+  for (const SliceId& slice : c->second) {
+    if (t == taken_.end() || t->second.count(slice) == 0) return false;
+  }
+  return true;
 }
 
-void CatchUp::Counted(int rank, uint64_t total) {
+bool CatchUp::Counted(int rank, uint64_t request_id,
+                      std::vector<SliceId> slices) {
   {
     absl::MutexLock lock(&mu_);
-    if (!started_) return;
-    counted_[rank] = total;
+    if (!started_) return false;
+    if (request_id < current_from_ || request_id > asked_) {
+      TESSERA_VLOG(1) << "dropped server " << rank << "'s count for ask "
+                      << request_id << ": asks " << current_from_ << ".."
+                      << asked_ << " are current";
+      return false;
+    }
+    counted_[rank] = std::set<SliceId>(slices.begin(), slices.end());
   }
   Check();
+  return true;
 }
 
 void CatchUp::Took(int rank, uint64_t key, uint64_t offset, size_t bytes) {
@@ -56,7 +68,7 @@ void CatchUp::Check() {
          r < options_.num_servers && r < static_cast<int>(states.size()); ++r) {
       if (r == options_.rank || states[r].dead) continue;
       if (!SentAll(r)) return;
-      slices += counted_[r];
+      slices += counted_[r].size();
     }
     done_ = true;
     TESSERA_LOG(INFO) << "caught up: " << slices << " key slice(s), " << bytes_
@@ -71,33 +83,35 @@ void CatchUp::Restart() {
   absl::MutexLock lock(&mu_);
   if (!started_ || done_) return;
   counted_.clear();
+  current_from_ = asked_ + 1;
   ask_again_ = true;
 }
 
 void CatchUp::Stop() {
+  std::thread thread;
   {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
+    thread = std::move(thread_);
   }
-  if (thread_.joinable()) thread_.join();
+  if (thread.joinable()) thread.join();
 }
 
 void CatchUp::Loop() {
-  uint64_t asked = 0;
   absl::MutexLock lock(&mu_);
   const auto ask_one = options_.ask;  // set once, by Start
   while (!stopped_ && !done_) {
     const std::vector<ServerState> states = options_.states();
-    std::vector<int> ask;
+    std::vector<std::pair<int, uint64_t>> ask;  // (rank, request id)
     for (int r = 0;
          r < options_.num_servers && r < static_cast<int>(states.size()); ++r) {
       if (r != options_.rank && !states[r].dead && !SentAll(r))
-        ask.push_back(r);
+        ask.push_back({r, ++asked_});
     }
     // The asks go out without the lock: the answers come back on other
     // threads and take it.
     mu_.Unlock();
-    for (int r : ask) ask_one(r, ++asked);
+    for (const auto& [r, id] : ask) ask_one(r, id);
     mu_.Lock();
     if (done_ || stopped_) break;
     // A Restart while the asks went out is seen here too (a flag, not a

@@ -5,14 +5,17 @@
 // added server; server/replication.h, "Replacements") holds none of its
 // slices. It asks every live server for them (KV_TRANSFER without a slice),
 // again every PS_RESEND_TIMEOUT until that server has sent all it said it
-// sends: each answers with one KV_TRANSFER per slice and then the count.
-// When every live server's count is in and every counted slice was taken,
-// the catch-up is done and reports once (the server then tells the
-// scheduler CAUGHT_UP).
+// sends: each answers with one KV_TRANSFER per slice and then the count,
+// which names those slices (key, offset). When every live server's count is
+// in and every slice it named was taken from it, the catch-up is done and
+// reports once (the server then tells the scheduler CAUGHT_UP).
 //
 // A death during the catch-up moves slices to other servers, so the counts
 // given so far are stale: Restart forgets them and the live servers are
-// asked again (slices taken stay taken).
+// asked again (slices taken stay taken). A count answering an ask made
+// before the Restart (late, or replayed), or an ask never made, is dropped.
+// Naming the slices, not only counting them, keeps a slice taken before the
+// death from standing in for another the new count names.
 //
 // Thread-safe: the slices arrive on the shard threads, the counts on the
 // server's receiving thread, and the asking runs on a thread of its own.
@@ -23,7 +26,8 @@
 //                   .ask = [&](int r, uint64_t id) { SendTransferAsk(r, id); },
 //                   .caught_up = [&] { ReportCaughtUp(); }});
 //   catch_up.Took(0, key, offset, bytes); catch_up.Check();
-//   catch_up.Counted(0, 1);   // server 0 sent its one slice: done, reported
+//   catch_up.Counted(0, id, {{key, offset}});  // server 0 sent its one slice
+//                                              // (ask `id`): done, reported
 #ifndef TESSERA_SERVER_CATCH_UP_H_
 #define TESSERA_SERVER_CATCH_UP_H_
 
@@ -45,6 +49,8 @@ namespace tessera {
 
 class CatchUp {
  public:
+  using SliceId = std::pair<uint64_t, uint64_t>;  // (key, offset)
+
   struct Options {
     int rank = 0;                              // this server's rank
     int num_servers = 1;                       // server ranks in the job
@@ -67,8 +73,10 @@ class CatchUp {
   bool Start(Options options);
   // Started and not yet done: slices new to this server are taken.
   bool active() const;
-  // Server `rank` said it sends `total` slices. Then checks.
-  void Counted(int rank, uint64_t total);
+  // Server `rank`, answering ask `request_id`, said it sends `slices`. Then
+  // checks. Dropped (false) when the ask was made before the last Restart or
+  // never made.
+  bool Counted(int rank, uint64_t request_id, std::vector<SliceId> slices);
   // Slice (key, offset) of `bytes` bytes came from server `rank` (a slice
   // taken twice counts once). Check afterwards.
   void Took(int rank, uint64_t key, uint64_t offset, size_t bytes);
@@ -82,7 +90,7 @@ class CatchUp {
 
  private:
   void Loop();
-  // Server `rank` said how many slices it sends, and all of them came.
+  // Server `rank` said which slices it sends, and all of them came from it.
   bool SentAll(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The asking thread stops waiting out `resend`: done, stopped, or asked
@@ -98,12 +106,15 @@ class CatchUp {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool ask_again_ ABSL_GUARDED_BY(mu_) = false;  // Restart: ask at once
   absl::Time started_at_ ABSL_GUARDED_BY(mu_);
+  // The last ask's id (one sequence for all servers, from 1), and the first
+  // made since the last Restart: counts answering older asks are stale.
+  uint64_t asked_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t current_from_ ABSL_GUARDED_BY(mu_) = 1;
   // Per server rank: the slices it said it sends, and those taken from it.
-  std::map<int, uint64_t> counted_ ABSL_GUARDED_BY(mu_);
-  std::map<int, std::set<std::pair<uint64_t, uint64_t>>> taken_
-      ABSL_GUARDED_BY(mu_);
+  std::map<int, std::set<SliceId>> counted_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::set<SliceId>> taken_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::thread thread_;  // Start's; joined by Stop
+  std::thread thread_ ABSL_GUARDED_BY(mu_);  // Start's; joined by Stop
 };
 
 }  // namespace tessera

@@ -348,7 +348,7 @@ void KVServer::Handle(Message&& msg) {
       Enqueue(ShardOf(h.slice().key()),
               std::move(msg));  // a slice, or its answer
     } else if (h.is_response()) {
-      catch_up_.Counted(RankOfId(h.sender()), h.transfer_total());
+      TransferCounted(RankOfId(h.sender()), msg);
     } else {
       TransferRequested(RankOfId(h.sender()), h);
     }

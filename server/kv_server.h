@@ -290,8 +290,10 @@ class KVServer : private EngineContext {
   void TransferRequested(int rank, const wire::Header& request);
   void SendTransfer(StoredKey* key, int place);
   void TransferAnswered(Shard* shard, const Message& msg);
-  // The replacement's side: a slice's snapshot (the count goes to catch_up_).
+  // The replacement's side: a slice's snapshot, and a server's count (its
+  // slices' names, to catch_up_).
   void TakeTransfer(Shard* shard, Message&& msg);
+  void TransferCounted(int rank, const Message& msg);
   // Sends again `key`'s updates a backup has not answered in time.
   void ResendUpdates(Shard* shard, StoredKey* key);
   // A push of `key` already taken whose update is not yet held by every

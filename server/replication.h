@@ -50,11 +50,12 @@
 // (KV_TRANSFER without a slice, again every PS_RESEND_TIMEOUT until done); a
 // server sends one KV_TRANSFER per slice it answers for whose chain holds
 // the replacement (a ServerCheckpoint of that slice: weights, optimizer
-// state, exactly-once counts, its replica_seq) and then the count. From the
+// state, exactly-once counts, its replica_seq) and then the count, which
+// answers that ask and names those slices (server/catch_up.h). From the
 // transfer on it sends that replacement the slice's updates too, but its
 // answers to workers wait for it only once the replacement answered the
-// transfer (holds the slice). When every live server's count is in, the
-// replacement reports CAUGHT_UP and the scheduler tells everyone: it holds
+// transfer (holds the slice). When every live server's count is in and
+// every slice it named came from it, the replacement reports CAUGHT_UP and the scheduler tells everyone: it holds
 // its slices and counts for their survival again (a second death of the
 // chain's other member fails over to it). Until then a death that leaves
 // only the replacement ends the job.

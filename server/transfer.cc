@@ -2,6 +2,8 @@
 // slices a live server sends to a replacement, and on the replacement the
 // transfers it takes; its asking and counting is CatchUp (server/catch_up.h).
 #include <algorithm>
+#include <bit>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -16,10 +18,16 @@
 
 namespace tessera {
 
+// A count names its slices in a RAW frame: (key, offset) as little-endian
+// uint64 pairs, as row ids travel.
+static_assert(std::endian::native == std::endian::little,
+              "the transfer count's frame is written in host order");
+constexpr size_t kSliceNameBytes = 2 * sizeof(uint64_t);
+
 void KVServer::TransferRequested(int rank, const wire::Header& request) {
   struct Job {
     absl::Mutex mu;
-    uint64_t total ABSL_GUARDED_BY(mu) = 0;
+    std::vector<uint64_t> slices ABSL_GUARDED_BY(mu);  // (key, offset) pairs
     size_t remaining ABSL_GUARDED_BY(mu) = 0;
   };
   auto job = std::make_shared<Job>();
@@ -32,7 +40,7 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
     Post(shard.get(), [this, job, rank, request_id](Shard* s) {
       // Only a rank this server knows as a replacement: one asking before
       // the table change reached here asks again.
-      uint64_t mine = 0;
+      std::vector<uint64_t> mine;
       if (s->states[rank].catching_up && !s->states[rank].dead) {
         for (const auto& [id, owned] : s->store.keys()) {
           StoredKey* key = owned.get();
@@ -41,7 +49,8 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
           if (place < 0 || place == static_cast<int>(key->replica)) continue;
           // One copy: only the slices it will answer for.
           if (single_copy_ && !MovesTo(*s, *key, rank)) continue;
-          ++mine;
+          mine.push_back(key->key);
+          mine.push_back(key->offset);
           // Not answered yet: sent again only when it may have been lost
           // (a re-ask every PS_RESEND_TIMEOUT must not resend a slice in
           // flight, gigabytes for a big shard).
@@ -53,14 +62,19 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
         }
       }
       absl::MutexLock lock(&job->mu);
-      job->total += mine;
+      job->slices.insert(job->slices.end(), mine.begin(), mine.end());
       if (--job->remaining != 0) return;
       if (!s->states[rank].catching_up) return;  // not (yet) known as one
       Message count;
       count.header.set_command(wire::KV_TRANSFER);
       count.header.set_is_response(true);
       count.header.set_request_id(request_id);
-      count.header.set_transfer_total(job->total);
+      count.header.set_transfer_total(job->slices.size() / 2);
+      Buffer names = Buffer::Allocate(job->slices.size() * sizeof(uint64_t));
+      if (!job->slices.empty()) {
+        std::memcpy(names.mutable_data(), job->slices.data(), names.size());
+      }
+      AddRawFrame(&count, std::move(names));
       absl::Status sent = send_(ServerId(rank), std::move(count));
       if (!sent.ok()) {
         TESSERA_VLOG(1) << "transfer count to server " << rank << ": "
@@ -195,6 +209,26 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
   catch_up_.Took(from, k.key(), k.offset(), msg.data[0].size());
   answer(absl::OkStatus());
   catch_up_.Check();
+}
+
+void KVServer::TransferCounted(int rank, const Message& msg) {
+  const uint64_t total = msg.header.transfer_total();
+  if (msg.data.size() != 1 || msg.data[0].size() / kSliceNameBytes != total ||
+      msg.data[0].size() % kSliceNameBytes != 0) {
+    ++malformed_;
+    TESSERA_LOG(WARNING) << "dropped server " << rank
+                         << "'s transfer count: " << total
+                         << " slice(s) and a frame that does not name them";
+    return;
+  }
+  std::vector<CatchUp::SliceId> slices(total);
+  const uint8_t* at = msg.data[0].data();
+  for (CatchUp::SliceId& slice : slices) {
+    std::memcpy(&slice.first, at, sizeof(uint64_t));
+    std::memcpy(&slice.second, at + sizeof(uint64_t), sizeof(uint64_t));
+    at += kSliceNameBytes;
+  }
+  catch_up_.Counted(rank, msg.header.request_id(), std::move(slices));
 }
 
 void KVServer::StartCatchUp(std::function<std::vector<ServerState>()> states,
