@@ -6,10 +6,12 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -38,14 +40,33 @@ absl::Status NoCurve() {
 
 bool DecodeKey(absl::string_view z85, uint8_t out[32]) {
   if (z85.size() != kZ85KeyLength) return false;
-  const std::string text(z85);
-  return zmq_z85_decode(out, text.c_str()) != nullptr;
+  // zmq_z85_decode wants a terminated string: a copy on the stack, wiped
+  // (the text may be a secret key).
+  char text[kZ85KeyLength + 1];
+  std::memcpy(text, z85.data(), kZ85KeyLength);
+  text[kZ85KeyLength] = '\0';
+  const bool ok = zmq_z85_decode(out, text) != nullptr;
+  sodium_memzero(text, sizeof(text));
+  return ok;
 }
 
 std::string EncodeKey(const uint8_t key[32]) {
   char text[kZ85KeyLength + 1];
   zmq_z85_encode(text, key, 32);
-  return std::string(text, kZ85KeyLength);
+  std::string out(text, kZ85KeyLength);
+  sodium_memzero(text, sizeof(text));  // a password is encoded here too
+  return out;
+}
+
+// The public key (Z85) of a secret one (Z85); nullopt when it is not a key.
+// As zmq_curve_public, whose decoded secret stays on its stack.
+std::optional<std::string> PublicOf(absl::string_view z85_secret) {
+  uint8_t secret[32], pub[32];
+  const bool ok = DecodeKey(z85_secret, secret) && sodium_init() >= 0 &&
+                  crypto_scalarmult_base(pub, secret) == 0;
+  sodium_memzero(secret, sizeof(secret));
+  if (!ok) return std::nullopt;
+  return EncodeKey(pub);
 }
 
 std::string KeyName(Role role) {
@@ -55,10 +76,10 @@ std::string KeyName(Role role) {
 // BLAKE2b-256 of the password label and both public keys, keyed by the
 // Diffie-Hellman secret of `own_secret` and `peer_public`: the client role's
 // secret with the server role's public key, or the other way round.
-std::optional<std::string> Password(absl::string_view own_secret,
-                                    absl::string_view peer_public,
-                                    absl::string_view client_public,
-                                    absl::string_view server_public) {
+std::optional<SecretString> Password(absl::string_view own_secret,
+                                     absl::string_view peer_public,
+                                     absl::string_view client_public,
+                                     absl::string_view server_public) {
   uint8_t secret[32], peer[32], client[32], server[32], shared[32];
   if (!DecodeKey(own_secret, secret) || !DecodeKey(peer_public, peer) ||
       !DecodeKey(client_public, client) || !DecodeKey(server_public, server)) {
@@ -77,8 +98,9 @@ std::optional<std::string> Password(absl::string_view own_secret,
   crypto_generichash_update(&state, server, 32);
   uint8_t token[32];
   crypto_generichash_final(&state, token, sizeof(token));
+  sodium_memzero(&state, sizeof(state));  // keyed by the shared secret
   sodium_memzero(shared, sizeof(shared));
-  std::string out = EncodeKey(token);
+  SecretString out(EncodeKey(token));
   sodium_memzero(token, sizeof(token));
   return out;
 }
@@ -134,36 +156,38 @@ absl::StatusOr<NodeKeyFiles> GenerateNodeKeyFiles(const JobKeySet& set,
                      " servers and ", num_workers, " workers"));
   }
   NodeKeyFiles files;
-  files.scheduler = absl::StrCat(
-      FormatKeyFile(set, Role::kScheduler),
-      "# Every node's own key: a node registers with one of them.\n");
+  // The node keys the scheduler lists (public), then its file in one piece:
+  // a secret's text that grows leaves copies in freed memory.
   std::string roster;
   for (Role role : {Role::kServer, Role::kWorker}) {
     const int count = role == Role::kServer ? num_servers : num_workers;
-    std::vector<std::string>& out =
+    std::vector<SecretString>& out =
         role == Role::kServer ? files.servers : files.workers;
     for (int i = 0; i < count; ++i) {
       absl::StatusOr<CurveKeyPair> own = GenerateKeyPair();
       if (!own.ok()) return own.status();
-      out.push_back(absl::StrCat(FormatKeyFile(set, role),
-                                 "# This process's own key (", RoleName(role),
-                                 " ", i, ").\nnode-secret-key ",
-                                 own->secret_key, "\n"));
-      absl::StrAppend(&files.scheduler, "node-key ", RoleName(role), " ",
+      out.push_back(SecretString(
+          absl::StrCat(FormatKeyFile(set, role), "# This process's own key (",
+                       RoleName(role), " ", i, ").\nnode-secret-key ",
+                       own->secret_key, "\n")));
+      absl::StrAppend(&roster, "node-key ", RoleName(role), " ",
                       own->public_key, "\n");
     }
   }
+  files.scheduler = absl::StrCat(
+      FormatKeyFile(set, Role::kScheduler),
+      "# Every node's own key: a node registers with one of them.\n", roster);
   return files;
 }
 
-std::string FormatKeyFile(const JobKeySet& set, Role role) {
-  std::string text = absl::StrCat("# Tessera job keys, role ", RoleName(role),
-                                  ". Private: keep this file mode 0600.\nrole ",
-                                  RoleName(role), "\nsecret-key ",
-                                  set.of(role).secret_key, "\n");
+SecretString FormatKeyFile(const JobKeySet& set, Role role) {
+  std::string publics;
   for (Role r : kRoles)
-    absl::StrAppend(&text, KeyName(r), " ", set.of(r).public_key, "\n");
-  return text;
+    absl::StrAppend(&publics, KeyName(r), " ", set.of(r).public_key, "\n");
+  return SecretString(absl::StrCat(
+      "# Tessera job keys, role ", RoleName(role),
+      ". Private: keep this file mode 0600.\nrole ", RoleName(role),
+      "\nsecret-key ", set.of(role).secret_key, "\n", publics));
 }
 
 absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
@@ -234,7 +258,8 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
                               " Z85 characters"));
     }
     sodium_memzero(raw_key, sizeof(raw_key));
-    *slot = std::string(value);
+    // Into the slot's own storage: no temporary copy of a secret.
+    slot->assign(value.data(), value.size());
   }
   std::string missing;
   if (!have_role) missing = "role";
@@ -248,23 +273,23 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": missing ", missing));
   }
-  char derived[kZ85KeyLength + 1];
-  if (zmq_curve_public(derived, keys.secret_key.c_str()) != 0) {
-    if (!zmq_has("curve")) return NoCurve();
+  std::optional<std::string> derived = PublicOf(keys.secret_key);
+  if (!derived.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": the secret key is not a CURVE key"));
   }
-  if (std::string(derived, kZ85KeyLength) != keys.public_key(keys.role)) {
+  if (*derived != keys.public_key(keys.role)) {
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": the secret key does not belong to ",
                      KeyName(keys.role), " (keys of different jobs mixed?)"));
   }
   if (!keys.node_secret_key.empty()) {
-    if (zmq_curve_public(derived, keys.node_secret_key.c_str()) != 0) {
+    derived = PublicOf(keys.node_secret_key);
+    if (!derived.has_value()) {
       return absl::InvalidArgumentError(
           absl::StrCat(origin, ": node-secret-key is not a CURVE key"));
     }
-    keys.node_public_key.assign(derived, kZ85KeyLength);
+    keys.node_public_key = *derived;
     if (keys.IsRoleKey(keys.node_public_key)) {
       return absl::InvalidArgumentError(absl::StrCat(
           origin,
@@ -468,8 +493,14 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": ", folder.message()));
   }
+  // Room for the whole file at once: a string that grows leaves the text
+  // it outgrew in freed memory, unwiped.
   std::string text;
+  text.reserve(
+      std::min<size_t>(static_cast<size_t>(st.st_size), kMaxKeyFileBytes) +
+      4096 + 1);
   char buf[4096];
+  absl::Cleanup wipe_buf = [&buf] { sodium_memzero(buf, sizeof(buf)); };
   while (text.size() <= kMaxKeyFileBytes) {
     const ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
@@ -542,18 +573,18 @@ LoadConnectionSecurity(const Options& options) {
   return std::shared_ptr<const ConnectionSecurity>(std::move(security));
 }
 
-std::string PlainPassword(const JobKeys& keys, Role server) {
+SecretString PlainPassword(const JobKeys& keys, Role server) {
   const std::string& client_public = keys.public_key(keys.role);
   const std::string& server_public = keys.public_key(server);
   return Password(keys.secret_key, server_public, client_public, server_public)
-      .value_or(std::string());
+      .value_or(SecretString());
 }
 
-std::string ExpectedPlainPassword(const JobKeys& keys, Role client) {
+SecretString ExpectedPlainPassword(const JobKeys& keys, Role client) {
   const std::string& client_public = keys.public_key(client);
   const std::string& server_public = keys.public_key(keys.role);
   return Password(keys.secret_key, client_public, client_public, server_public)
-      .value_or(std::string());
+      .value_or(SecretString());
 }
 
 bool SamePassword(absl::string_view want, absl::string_view password) {

@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/options.h"
+#include "common/secret_string.h"
 
 namespace tessera {
 
@@ -49,8 +50,8 @@ namespace tessera {
 inline constexpr size_t kZ85KeyLength = 40;
 
 struct CurveKeyPair {
-  std::string public_key;  // Z85
-  std::string secret_key;  // Z85
+  std::string public_key;   // Z85
+  SecretString secret_key;  // Z85
 };
 
 // Every role's key pair: what tessera-keygen and the tests make.
@@ -66,10 +67,10 @@ struct JobKeySet {
 // identity key) and, the scheduler, every node's public identity key.
 struct JobKeys {
   Role role = Role::kWorker;
-  std::string secret_key;                  // Z85, of `role`
+  SecretString secret_key;                 // Z85, of `role`
   std::array<std::string, 3> public_keys;  // Z85, indexed by Role
   // This process's own key pair (Z85; empty: none, the role key stands in).
-  std::string node_secret_key;
+  SecretString node_secret_key;
   std::string node_public_key;
   // The scheduler's roster: every node's identity key and its role. When it
   // is there, a node registers only with a key of it, and a restarted node
@@ -105,16 +106,16 @@ absl::StatusOr<JobKeySet> GenerateJobKeys();
 // W`): each node's file is its role's plus its `node-secret-key`, and the
 // scheduler's lists every node's public key (`node-key ROLE KEY`).
 struct NodeKeyFiles {
-  std::string scheduler;
-  std::vector<std::string> servers;  // by launch index
-  std::vector<std::string> workers;
+  SecretString scheduler;
+  std::vector<SecretString> servers;  // by launch index
+  std::vector<SecretString> workers;
 };
 absl::StatusOr<NodeKeyFiles> GenerateNodeKeyFiles(const JobKeySet& set,
                                                   int num_servers,
                                                   int num_workers);
 
 // The key file of `role` (the format above).
-std::string FormatKeyFile(const JobKeySet& set, Role role);
+SecretString FormatKeyFile(const JobKeySet& set, Role role);
 
 // Parses a key file. `origin` names it in errors ("TESSERA_KEY_FILE=/a/b").
 // InvalidArgument naming the line for anything malformed, and when the
@@ -157,13 +158,13 @@ LoadConnectionSecurity(const Options& options);
 // TESSERA_AUTH_ONLY: the password `keys.role` presents to a receiving socket
 // of role `server`, and the check of a password claimed by role `client`
 // against this process's own role. Z85, 40 characters.
-std::string PlainPassword(const JobKeys& keys, Role server);
+SecretString PlainPassword(const JobKeys& keys, Role server);
 bool CheckPlainPassword(const JobKeys& keys, Role client,
                         absl::string_view password);
 // The password `client` presents to this process's role (what
 // CheckPlainPassword compares with; a receiver computes it once per role), and
 // the constant-time comparison; an empty `want` matches nothing.
-std::string ExpectedPlainPassword(const JobKeys& keys, Role client);
+SecretString ExpectedPlainPassword(const JobKeys& keys, Role client);
 bool SamePassword(absl::string_view want, absl::string_view password);
 
 // A key as logs show it: its first 8 characters and "...".

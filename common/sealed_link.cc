@@ -443,6 +443,7 @@ struct SealedReceiver::Peer {
   uint64_t next_seq = 0;
   Key32 secret{};
   std::unique_ptr<Cipher> cipher;
+  ~Peer() { WipeBytes(secret.data(), secret.size()); }
   // The message being assembled from the link's records.
   bool assembling = false;
   Message msg;
@@ -459,6 +460,12 @@ struct SealedReceiver::Peer {
 
 SealedReceiver::SealedReceiver(Options options)
     : options_(std::move(options)) {}
+
+Sealer::~Sealer() {
+  // The object's constness ends as its destruction begins.
+  Key32& secret = const_cast<Key32&>(secret_);
+  WipeBytes(secret.data(), secret.size());
+}
 
 SealedReceiver::~SealedReceiver() = default;
 

@@ -75,6 +75,7 @@
 #include "common/buffer.h"
 #include "common/message.h"
 #include "common/options.h"
+#include "common/secret_string.h"
 
 namespace tessera {
 namespace sealed {
@@ -130,6 +131,13 @@ std::string NodeKeyProblem(const std::string& key);
 // directions of their links use: ee = X25519(e_own, E_peer) and
 // se = X25519(s_own, E_peer).
 struct PeerSecrets {
+  PeerSecrets() = default;
+  PeerSecrets(const PeerSecrets&) = default;
+  PeerSecrets& operator=(const PeerSecrets&) = default;
+  ~PeerSecrets() {
+    WipeBytes(ee.data(), ee.size());
+    WipeBytes(se.data(), se.size());
+  }
   Key32 ee{};
   Key32 se{};
 };
@@ -248,6 +256,7 @@ class Sealer {
   Sealer(Role own_role, const Key32& own_key, uint32_t link,
          const Key32& link_secret, size_t record_bytes = kDefaultRecordBytes,
          uint64_t rekey_bytes = kRekeyBytes);
+  ~Sealer();  // wipes the link's secret
 
   // Seals the next record of `job` (the first call starts it) into `sink`.
   // REQUIRES: !job.done(); the link's messages go through one at a time.

@@ -107,10 +107,9 @@ bool ZapHandler::Decide(const std::vector<std::string>& request,
   }
   *why = absl::StrCat("mechanism ", mechanism.substr(0, 16),
                       sealed_lane ? "; the sealed lane takes PLAIN only"
-                      : security_->encrypt
-                          ? "; this node takes CURVE only"
-                          : "; this node takes PLAIN only "
-                            "(TESSERA_AUTH_ONLY=1)");
+                      : security_->encrypt ? "; this node takes CURVE only"
+                                           : "; this node takes PLAIN only "
+                                             "(TESSERA_AUTH_ONLY=1)");
   return false;
 }
 
@@ -158,6 +157,9 @@ void ZapHandler::Serve() {
       zmq_send(socket_, reply[i].data(), reply[i].size(),
                i + 1 < 6 ? ZMQ_SNDMORE : 0);
     }
+    // A PLAIN request carries the password presented (the right one, from
+    // the job's own nodes).
+    for (std::string& part : request) WipeString(&part);
   }
   zmq_close(socket_);
 }

@@ -63,7 +63,7 @@ class ZapHandler {
   const std::shared_ptr<const ConnectionSecurity> security_;
   // ExpectedPlainPassword of each role, by Role: computed once, not with an
   // X25519 per connection.
-  std::array<std::string, 3> passwords_;
+  std::array<SecretString, 3> passwords_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refused_{0};
   std::thread thread_;

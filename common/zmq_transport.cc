@@ -745,6 +745,7 @@ class ZmqTransport : public Transport {
       TESSERA_LOG(ERROR) << "the job's keys do not agree (X25519)";
       std::abort();
     }
+    if (secret.has_value()) WipeBytes(secret->data(), secret->size());
     link_keys_ =
         std::make_shared<const sealed::LinkKeys>(*std::move(link_keys));
     sealed::SealedReceiver::Options o;
@@ -1313,7 +1314,7 @@ class ZmqTransport : public Transport {
 
   // Sealing (Sealed() only; set in the constructor, then read-only).
   std::shared_ptr<const sealed::LinkKeys> link_keys_;
-  std::array<std::string, 3>
+  std::array<SecretString, 3>
       plain_passwords_;  // what this role presents, by peer role
   std::unique_ptr<sealed::SealedReceiver> opener_;
   // Outlives the ZeroMQ context: records' free callbacks, which run until

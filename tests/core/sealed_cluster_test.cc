@@ -93,7 +93,8 @@ class Roster {
       n.role = name.substr(0, name.find(' '));
       char pub[41], sec[41];
       EXPECT_EQ(zmq_curve_keypair(pub, sec), 0);
-      n.pair = {pub, sec};
+      n.pair.public_key = pub;
+      n.pair.secret_key = std::string_view(sec);
       n.file = c.dir() + "/" + n.role + "-" + name.substr(n.role.size() + 1) +
                ".key";
       Write(n.file, Read(c.KeyFile(n.role == "server" ? Role::kServer
