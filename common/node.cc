@@ -1,9 +1,12 @@
 #include "common/node.h"
 
+#include <sodium.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/debug_pending.h"
@@ -16,11 +19,24 @@
 
 namespace tessera {
 
+namespace {
+
+// Register.nonce: 64 random bits, never 0 (an abort naming no registration).
+uint64_t RegistrationNonce() {
+  uint64_t nonce = 0;
+  if (sodium_init() < 0) std::abort();  // no randomness to be had
+  while (nonce == 0) randombytes_buf(&nonce, sizeof(nonce));
+  return nonce;
+}
+
+}  // namespace
+
 Node::Node(const Options& options, Callbacks callbacks,
            std::unique_ptr<Transport> transport)
     : options_(options),
       callbacks_(std::move(callbacks)),
       transport_(std::move(transport)),
+      nonce_(RegistrationNonce()),
       next_request_(FirstRequestId(options.restart_count)),
       generation_(options.restart_count),
       heartbeats_sent_(MetricsRegistry::Global().GetCounter(
@@ -146,6 +162,7 @@ Message Node::RegisterMessage() const {
   info->set_port(port_);
   info->set_generation(options_.restart_count);
   reg.header.mutable_register_()->set_spare(options_.spare);
+  reg.header.mutable_register_()->set_nonce(nonce_);
   // Secured jobs: the key this process seals with and where its peers'
   // sealed records go (the scheduler hands both on in the node table).
   info->set_node_key(transport_->node_key());
@@ -931,11 +948,32 @@ void Node::HandleControl(Message&& msg) {
                        ":", dead.port(), ") died: ", h.node_dead().reason())));
       return;
     }
-    case wire::ABORT:
+    case wire::ABORT: {
+      // Only an abort for this node: with an id, sent to it; before, one
+      // answering its registration. The scheduler aborts registrations at
+      // the address they name, which may be another node's (issue #46).
+      const bool mine =
+          id_ != 0 ? h.recipient() == id_
+                   : absl::c_linear_search(h.abort().registrations(), nonce_);
+      if (!mine) {
+        const uint64_t n = ++foreign_aborts_;
+        if (n <= 10 || n % 1000 == 0) {
+          TESSERA_LOG(WARNING)
+              << "ignored abort #" << n << " for "
+              << (id_ != 0 ? absl::StrCat("node id ", h.recipient())
+                           : std::string("another registration"))
+              << " (this node: "
+              << (id_ != 0 ? absl::StrCat("id ", id_)
+                           : std::string("no id yet"))
+              << "): " << h.abort().reason();
+        }
+        return;
+      }
       acknowledge();
       Fail(absl::AbortedError(
           absl::StrCat("the scheduler ended the job: ", h.abort().reason())));
       return;
+    }
     case wire::HANDBACK:
       acknowledge();
       if (callbacks_.on_handback)

@@ -293,6 +293,10 @@ class Node {
   int port_ = 0;
   std::string scheduler_address_;
   int id_ = 0;
+  // Register.nonce: random, this process's; an ABORT before the table (id_
+  // still 0) counts only when it names it.
+  const uint64_t nonce_;
+  std::atomic<uint64_t> foreign_aborts_{0};  // aborts for other nodes
   int rank_ = -1;
   std::atomic<uint64_t> next_request_;
   std::atomic<uint64_t> generation_;

@@ -77,11 +77,8 @@ void Scheduler::JoinWorker(const Registration& r, int id) {
     metrics_.ignored_messages->Increment();
     TESSERA_LOG(WARNING) << "turned away a worker at " << r.info.host() << ":"
                          << r.info.port() << ": " << why;
-    const int provisional = ProvisionalId(kLateIndex, r.info.role());
-    if (LinkTo(provisional, r.info).ok()) {
-      (void)transport_->Send(provisional, AbortMessage(why));
-      transport_->Disconnect(provisional);
-    }
+    AbortRegistration(ProvisionalId(kLateIndex, r.info.role()), r.info, r.nonce,
+                      why);
     return;
   }
   wire::NodeInfo& node = nodes_[id];
@@ -150,7 +147,7 @@ void Scheduler::HandleRegister(const Message& msg) {
   const std::string& key = msg.connection_key;
   metrics_.registrations->Increment();
   if (!RegistrationAdmissible(msg)) return;
-  if (formed_ && RestartOfKnownNode(info, key)) return;
+  if (formed_ && RestartOfKnownNode(info, key, reg.nonce())) return;
   if (!NewToTheJob(info, key)) return;
   Registration r;
   r.info = info;
@@ -163,6 +160,7 @@ void Scheduler::HandleRegister(const Message& msg) {
           : ProvisionalId(static_cast<int>(registered_.size()), info.role());
   r.hostname = reg.hostname();
   r.pid = reg.pid();
+  r.nonce = reg.nonce();
   if (reg.spare()) {
     HoldSpare(r);
     return;
@@ -247,11 +245,8 @@ bool Scheduler::RegistrationAdmissible(const Message& msg) {
     // Too late for this job (a node started or restarted after its end was
     // decided): told once per registration; it registers again if the abort
     // is lost.
-    const int provisional = ProvisionalId(kLateIndex, info.role());
-    if (LinkTo(provisional, info).ok()) {
-      (void)transport_->Send(provisional, AbortMessage(end_reason_));
-      transport_->Disconnect(provisional);
-    }
+    AbortRegistration(ProvisionalId(kLateIndex, info.role()), info,
+                      msg.header.register_().nonce(), end_reason_);
     return false;
   }
   // A node registers with a key of its own (launch.py's), or with its
@@ -286,7 +281,7 @@ bool Scheduler::RegistrationAdmissible(const Message& msg) {
 // node asking again for its table, an old life's, or its restart (Rejoin),
 // if its keys are its own. True: handled here.
 bool Scheduler::RestartOfKnownNode(const wire::NodeInfo& info,
-                                   const std::string& key) {
+                                   const std::string& key, uint64_t nonce) {
   for (auto& [id, node] : nodes_) {
     if (node.role() != info.role() || node.host() != info.host() ||
         node.port() != info.port()) {
@@ -319,7 +314,7 @@ bool Scheduler::RestartOfKnownNode(const wire::NodeInfo& info,
                            << "'s";
       return true;
     }
-    Rejoin(id, info);
+    Rejoin(id, info, nonce);
     return true;
   }
   return false;
@@ -357,15 +352,19 @@ bool Scheduler::NewToTheJob(const wire::NodeInfo& info,
 // linked to once, under its id, when the job forms (each link to a node
 // is a handshake: at 288 nodes a second one each cost 0.5 s of CPU).
 void Scheduler::TurnAway(const Registration& r, const std::string& why) {
-  const wire::NodeInfo& info = r.info;
-  absl::Status connected = LinkTo(r.provisional_id, info);
+  AbortRegistration(r.provisional_id, r.info, r.nonce, why);
+}
+
+void Scheduler::AbortRegistration(int provisional, const wire::NodeInfo& info,
+                                  uint64_t nonce, const std::string& why) {
+  absl::Status connected = LinkTo(provisional, info);
   if (!connected.ok()) {
     TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host()
                          << ":" << info.port() << ": " << connected.message();
     return;
   }
-  (void)transport_->Send(r.provisional_id, AbortMessage(why));
-  transport_->Disconnect(r.provisional_id);
+  (void)transport_->Send(provisional, AbortMessage(why, {nonce}));
+  transport_->Disconnect(provisional);
 }
 
 // A spare server (TESSERA_SPARE=1): held until a server dies.
@@ -396,7 +395,7 @@ void Scheduler::HoldSpare(const Registration& r) {
   if (formed_) PlaceSpares();
 }
 
-void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
+void Scheduler::Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce) {
   wire::NodeInfo& node = nodes_[id];
   if (node.role() == wire::SERVER && options_.chain_length() > 1) {
     // A replicated server's new process holds none of its slices: its old
@@ -409,17 +408,14 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
       if (ended_) return;
     }
     if (!nodes_[id].dead()) {
-      Message abort = AbortMessage(absl::StrCat(
-          "a spare took the rank of ", Describe(node), "; not needed"));
-      const int provisional = ProvisionalId(kFinishedIndex, info.role());
-      if (LinkTo(provisional, info).ok()) {
-        (void)transport_->Send(provisional, abort);
-        transport_->Disconnect(provisional);
-      }
+      AbortRegistration(ProvisionalId(kFinishedIndex, info.role()), info, nonce,
+                        absl::StrCat("a spare took the rank of ",
+                                     Describe(node), "; not needed"));
       return;
     }
     Registration r;
     r.info = info;
+    r.nonce = nonce;
     r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
     Replace(id, r);
     return;
@@ -429,6 +425,7 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
     // under its old rank (if still free).
     Registration r;
     r.info = info;
+    r.nonce = nonce;
     r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
     JoinWorker(r, id);
     return;
@@ -437,33 +434,26 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info) {
     // Its slices failed over to their replicas; an empty server cannot take
     // them back (nor yet join as a backup). A worker of an elastic job left
     // the rounds, which went on without it.
-    Message abort = AbortMessage(absl::StrCat(
-        Describe(node),
-        node.role() == wire::WORKER
-            ? (node.left() ? " left the job"
-                           : " was declared dead and left the job")
-            : " was declared dead and its key slices failed over to their "
-              "replicas",
-        node.role() == wire::WORKER
-            ? " (TESSERA_ELASTIC); joining a running job is not supported "
-              "yet"
-            : "; it cannot rejoin"));
-    const int provisional = ProvisionalId(kFinishedIndex, info.role());
-    if (LinkTo(provisional, info).ok()) {
-      (void)transport_->Send(provisional, abort);
-      transport_->Disconnect(provisional);
-    }
+    AbortRegistration(
+        ProvisionalId(kFinishedIndex, info.role()), info, nonce,
+        absl::StrCat(Describe(node),
+                     node.role() == wire::WORKER
+                         ? (node.left() ? " left the job"
+                                        : " was declared dead and left the job")
+                         : " was declared dead and its key slices failed over "
+                           "to their replicas",
+                     node.role() == wire::WORKER
+                         ? " (TESSERA_ELASTIC); joining a running job is not "
+                           "supported yet"
+                         : "; it cannot rejoin"));
     return;
   }
   if (done_workers_.count(id) != 0) {
     // It had finished; a new life would wait in barriers nobody else joins.
-    Message abort = AbortMessage(absl::StrCat(
-        Describe(node), " restarted after it had finished; nothing to rejoin"));
-    const int provisional = ProvisionalId(kFinishedIndex, info.role());
-    if (LinkTo(provisional, info).ok()) {
-      (void)transport_->Send(provisional, abort);
-      transport_->Disconnect(provisional);
-    }
+    AbortRegistration(
+        ProvisionalId(kFinishedIndex, info.role()), info, nonce,
+        absl::StrCat(Describe(node),
+                     " restarted after it had finished; nothing to rejoin"));
     return;
   }
   node.set_generation(info.generation());

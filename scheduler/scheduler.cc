@@ -226,13 +226,17 @@ absl::Status Scheduler::Run() {
           " passed: ", MissingNodes(),
           " never registered (TESSERA_START_TIMEOUT)");
       std::vector<int> peers;
+      // Registered nodes have no id yet: the abort names their
+      // registrations.
+      Message abort = AbortMessage(reason);
       for (const Registration& r : registered_) {
         // Registered nodes are linked to only now, to be told.
         if (LinkTo(r.provisional_id, r.info).ok()) {
           peers.push_back(r.provisional_id);
+          abort.header.mutable_abort()->add_registrations(r.nonce);
         }
       }
-      EndJob(absl::DeadlineExceededError(reason), AbortMessage(reason), peers);
+      EndJob(absl::DeadlineExceededError(reason), abort, peers);
       continue;
     }
     if (!formed_ && now - last_formation_report_ >= kFormationReportInterval) {
@@ -321,7 +325,7 @@ void Scheduler::EndJob(const absl::Status& result, const Message& end,
     if (!LinkTo(spare.provisional_id, spare.info).ok()) continue;
     Message told = end.header.command() == wire::TERMINATE
                        ? end
-                       : AbortMessage(end_reason_);
+                       : AbortMessage(end_reason_, {spare.nonce});
     if (end.header.command() == wire::TERMINATE) {
       told.header.set_recipient(spare.provisional_id);
       told.header.set_sender(kSchedulerId);

@@ -98,15 +98,21 @@ class Scheduler {
   void HandleRegister(const Message& msg);
   // HandleRegister's steps (scheduler/registration.cc).
   bool RegistrationAdmissible(const Message& msg);
-  bool RestartOfKnownNode(const wire::NodeInfo& info, const std::string& key);
+  bool RestartOfKnownNode(const wire::NodeInfo& info, const std::string& key,
+                          uint64_t nonce);
   bool NewToTheJob(const wire::NodeInfo& info, const std::string& key);
   void TurnAway(const Registration& r, const std::string& why);
+  // Tells the node that registered at `info`'s address, for a moment as
+  // `provisional`, that it takes no part: an ABORT naming its registration
+  // (`nonce`), which no other node there would take.
+  void AbortRegistration(int provisional, const wire::NodeInfo& info,
+                         uint64_t nonce, const std::string& why);
   void HoldSpare(const Registration& r);
   void FormJob();
   // A server or worker restarted with the same address: new generation, same
   // id and rank; everyone gets the new table. (A worker that had already
   // finished is told to abort.)
-  void Rejoin(int id, const wire::NodeInfo& info);
+  void Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce);
   // The node table node `for_id` needs (NODE_TABLE): the other role's nodes
   // and its own entry.
   // Links to the node `n` (registered or formed) as `id`: in a secured job
@@ -219,7 +225,8 @@ class Scheduler {
     int provisional_id = 0;
     std::string hostname;
     int pid = 0;
-    std::string key;  // the node's own key it registered with (empty: none)
+    std::string key;     // the node's own key it registered with (empty: none)
+    uint64_t nonce = 0;  // Register.nonce: what an abort to it names
   };
   std::vector<Registration> registered_;
   // Spares (TESSERA_SPARE=1) waiting for a server to die, oldest first, and

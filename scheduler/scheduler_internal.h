@@ -11,6 +11,8 @@
 #ifndef TESSERA_SCHEDULER_SCHEDULER_INTERNAL_H_
 #define TESSERA_SCHEDULER_SCHEDULER_INTERNAL_H_
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "absl/strings/escaping.h"
@@ -41,12 +43,18 @@ constexpr int kFinishedIndex = 499999;
 // Spares' provisional ids count down from here (one per spare of the job).
 constexpr int kSpareIndex = 499997;
 
-inline Message AbortMessage(const std::string& reason) {
+// An abort; `registrations` names the registrations it answers (Register.
+// nonce) for nodes that have no id yet (proto/tessera.proto, Abort).
+inline Message AbortMessage(
+    const std::string& reason,
+    std::initializer_list<uint64_t> registrations = {}) {
   Message abort;
   abort.header.set_command(wire::ABORT);
   abort.header.set_sender(kSchedulerId);
   abort.header.set_plane(wire::CONTROL);
   abort.header.mutable_abort()->set_reason(reason);
+  for (uint64_t nonce : registrations)
+    abort.header.mutable_abort()->add_registrations(nonce);
   return abort;
 }
 

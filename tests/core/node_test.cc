@@ -938,6 +938,77 @@ TEST(NodeTest, AWaitingSparesKeyStaysItsOwnAfterTheJobForms) {
   EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
 }
 
+// Issue #46: the scheduler answers a registration it turns away with an
+// ABORT sent to the address the registration names, and a compromised node
+// (with keys of its role, in a TESSERA_AUTH_ONLY=1 job: the abort is not
+// sealed to the named node's key) can name another node's address. The
+// job's members are safe (a registration at a registered address is a
+// duplicate), a waiting spare was not. Such an abort must end no other
+// node: a node with an id takes only aborts sent to its id, one without
+// (registering, or a spare) only those naming its registration. A rogue
+// registers as a third server naming the spare's address (too many
+// servers), then, once the job formed, as a worker naming it again (the job
+// is formed): the spare is told neither and waits until the job's end.
+TEST(NodeTest, ATurnedAwayRegistrationNamingASparesAddressEndsNoOne) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.num_servers = 2;
+  options.replicas = 2;
+  options.num_workers = 1;
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  auto start = [&](Role role, int port, bool spare) {
+    Options mine = options;
+    mine.role = role;
+    mine.port = port;
+    mine.spare = spare;
+    return Node::Start(mine, Node::Callbacks(), net.NewTransport());
+  };
+  absl::StatusOr<std::unique_ptr<Node>> spare, s0, s1, worker;
+  std::thread tspare([&] { spare = start(Role::kServer, 30250, true); });
+  std::thread t0([&] { s0 = start(Role::kServer, 30251, false); });
+  std::thread t1([&] { s1 = start(Role::kServer, 30252, false); });
+  absl::SleepFor(absl::Milliseconds(300));  // all three registered
+
+  std::unique_ptr<Transport> rogue = net.NewTransport();
+  ASSERT_TRUE(rogue->Bind("127.0.0.1", 30299).ok());
+  ASSERT_TRUE(rogue->Connect(kSchedulerId, "127.0.0.1", 7000).ok());
+  auto register_as = [&](wire::Role role) {
+    Message reg;
+    reg.header.set_command(wire::REGISTER);
+    reg.header.set_plane(wire::CONTROL);
+    wire::NodeInfo* info = reg.header.mutable_register_()->mutable_node();
+    info->set_role(role);
+    info->set_rank(-1);
+    info->set_host("127.0.0.1");
+    info->set_port(30250);  // the spare's
+    reg.header.mutable_register_()->set_nonce(12345);
+    return rogue->Send(kSchedulerId, reg);
+  };
+  ASSERT_TRUE(register_as(wire::SERVER).ok());  // one server too many
+  absl::SleepFor(absl::Milliseconds(300));
+  worker = start(Role::kWorker, 30253, false);
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  ASSERT_TRUE(register_as(wire::WORKER).ok());  // the job has formed
+  absl::SleepFor(absl::Milliseconds(300));
+
+  const absl::Status finished = (*worker)->Finish();
+  EXPECT_TRUE(finished.ok()) << finished;
+  EXPECT_TRUE((*s0)->WaitForTerminate().ok());
+  EXPECT_TRUE((*s1)->WaitForTerminate().ok());
+  tspare.join();
+  // Told of the job's end, as a spare never needed is (not aborted by the
+  // rogue's turn-aways: "too many servers", "already formed").
+  EXPECT_EQ(spare.status().code(), absl::StatusCode::kCancelled)
+      << spare.status();
+  EXPECT_TRUE(scheduler.Join().ok());
+  rogue->Close();
+}
+
 // Says every node of the job has a key of its own (launch.py's jobs) while
 // carrying no connection key, as a registration that got past the
 // transport's checks would (the in-memory network has no keys).
