@@ -949,12 +949,13 @@ void Node::HandleControl(Message&& msg) {
       return;
     }
     case wire::ABORT: {
-      // Only an abort for this node: with an id, sent to it; before, one
-      // answering its registration. The scheduler aborts registrations at
-      // the address they name, which may be another node's (issue #46).
+      // Only an abort for this node: sent to its id, or answering its
+      // registration (it may have an id by the time that answer comes). The
+      // scheduler aborts registrations at the address they name, which may
+      // be another node's (issue #46).
       const bool mine =
-          id_ != 0 ? h.recipient() == id_
-                   : absl::c_linear_search(h.abort().registrations(), nonce_);
+          (id_ != 0 && h.recipient() == id_) ||
+          absl::c_linear_search(h.abort().registrations(), nonce_);
       if (!mine) {
         const uint64_t n = ++foreign_aborts_;
         if (n <= 10 || n % 1000 == 0) {

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -77,8 +78,8 @@ void Scheduler::JoinWorker(const Registration& r, int id) {
     metrics_.ignored_messages->Increment();
     TESSERA_LOG(WARNING) << "turned away a worker at " << r.info.host() << ":"
                          << r.info.port() << ": " << why;
-    AbortRegistration(ProvisionalId(kLateIndex, r.info.role()), r.info, r.nonce,
-                      why);
+    AbortRegistration(ProvisionalId(kLateIndex, r.info.role()), r.info,
+                      r.nonces, why);
     return;
   }
   wire::NodeInfo& node = nodes_[id];
@@ -148,7 +149,7 @@ void Scheduler::HandleRegister(const Message& msg) {
   metrics_.registrations->Increment();
   if (!RegistrationAdmissible(msg)) return;
   if (formed_ && RestartOfKnownNode(info, key, reg.nonce())) return;
-  if (!NewToTheJob(info, key)) return;
+  if (!NewToTheJob(info, key, reg.nonce())) return;
   Registration r;
   r.info = info;
   r.key = key;
@@ -160,7 +161,7 @@ void Scheduler::HandleRegister(const Message& msg) {
           : ProvisionalId(static_cast<int>(registered_.size()), info.role());
   r.hostname = reg.hostname();
   r.pid = reg.pid();
-  r.nonce = reg.nonce();
+  r.nonces = {reg.nonce()};
   if (reg.spare()) {
     HoldSpare(r);
     return;
@@ -239,14 +240,23 @@ bool Scheduler::RegistrationAdmissible(const Message& msg) {
   if (ended_ && !formed_) {
     // Registered before the start-up deadline and asks again for its table:
     // the abort notice it was sent reaches it (or is resent).
-    if (registered_at_.count({info.host(), info.port()}) != 0) return false;
+    if (registered_at_.count({info.host(), info.port()}) != 0) {
+      // A process that registered since the abort went out (a restart at
+      // the address) is not named by it: told now, naming it.
+      const uint64_t nonce = msg.header.register_().nonce();
+      if (NoteNonce(info, nonce)) {
+        AbortRegistration(ProvisionalId(kLateIndex, info.role()), info, {nonce},
+                          end_reason_);
+      }
+      return false;
+    }
   }
   if (ended_) {
     // Too late for this job (a node started or restarted after its end was
     // decided): told once per registration; it registers again if the abort
     // is lost.
     AbortRegistration(ProvisionalId(kLateIndex, info.role()), info,
-                      msg.header.register_().nonce(), end_reason_);
+                      {msg.header.register_().nonce()}, end_reason_);
     return false;
   }
   // A node registers with a key of its own (launch.py's), or with its
@@ -322,13 +332,17 @@ bool Scheduler::RestartOfKnownNode(const wire::NodeInfo& info,
 
 // Neither registered nor held yet, with keys no other node holds. False:
 // a duplicate (it asks again) or another node's keys.
-bool Scheduler::NewToTheJob(const wire::NodeInfo& info,
-                            const std::string& key) {
-  if (registered_at_.count({info.host(), info.port()}) != 0)
+bool Scheduler::NewToTheJob(const wire::NodeInfo& info, const std::string& key,
+                            uint64_t nonce) {
+  if (registered_at_.count({info.host(), info.port()}) != 0) {
+    NoteNonce(info, nonce);
     return false;  // duplicate
+  }
   for (const Registration& held : early_joiners_) {
-    if (held.info.host() == info.host() && held.info.port() == info.port())
+    if (held.info.host() == info.host() && held.info.port() == info.port()) {
+      NoteNonce(info, nonce);
       return false;  // held until the job forms; it asks again
+    }
   }
   if (!key.empty() && registered_keys_.count(key) != 0) {
     metrics_.ignored_messages->Increment();
@@ -352,18 +366,41 @@ bool Scheduler::NewToTheJob(const wire::NodeInfo& info,
 // linked to once, under its id, when the job forms (each link to a node
 // is a handshake: at 288 nodes a second one each cost 0.5 s of CPU).
 void Scheduler::TurnAway(const Registration& r, const std::string& why) {
-  AbortRegistration(r.provisional_id, r.info, r.nonce, why);
+  AbortRegistration(r.provisional_id, r.info, r.nonces, why);
+}
+
+bool Scheduler::NoteNonce(const wire::NodeInfo& info, uint64_t nonce) {
+  constexpr size_t kMaxNonces = 8;  // a node restarted more often: the first
+  auto note = [&](Registration& r) {
+    if (r.info.host() != info.host() || r.info.port() != info.port())
+      return false;
+    if (absl::c_linear_search(r.nonces, nonce) || r.nonces.size() >= kMaxNonces)
+      return false;
+    r.nonces.push_back(nonce);
+    return true;
+  };
+  for (Registration& r : registered_) {
+    if (note(r)) return true;
+  }
+  for (Registration& r : early_joiners_) {
+    if (note(r)) return true;
+  }
+  for (Registration& r : spares_) {
+    if (note(r)) return true;
+  }
+  return false;
 }
 
 void Scheduler::AbortRegistration(int provisional, const wire::NodeInfo& info,
-                                  uint64_t nonce, const std::string& why) {
+                                  absl::Span<const uint64_t> nonces,
+                                  const std::string& why) {
   absl::Status connected = LinkTo(provisional, info);
   if (!connected.ok()) {
     TESSERA_LOG(WARNING) << "cannot reach registering node at " << info.host()
                          << ":" << info.port() << ": " << connected.message();
     return;
   }
-  (void)transport_->Send(provisional, AbortMessage(why, {nonce}));
+  (void)transport_->Send(provisional, AbortMessage(why, nonces));
   transport_->Disconnect(provisional);
 }
 
@@ -381,8 +418,10 @@ void Scheduler::HoldSpare(const Registration& r) {
     return;
   }
   for (const Registration& held : spares_) {
-    if (held.info.host() == info.host() && held.info.port() == info.port())
+    if (held.info.host() == info.host() && held.info.port() == info.port()) {
+      NoteNonce(info, r.nonces.front());
       return;  // it asks again
+    }
   }
   TESSERA_LOG(INFO) << "spare server at " << info.host() << ":" << info.port()
                     << " (host " << r.hostname << ", pid " << r.pid
@@ -408,14 +447,15 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce) {
       if (ended_) return;
     }
     if (!nodes_[id].dead()) {
-      AbortRegistration(ProvisionalId(kFinishedIndex, info.role()), info, nonce,
+      AbortRegistration(ProvisionalId(kFinishedIndex, info.role()), info,
+                        {nonce},
                         absl::StrCat("a spare took the rank of ",
                                      Describe(node), "; not needed"));
       return;
     }
     Registration r;
     r.info = info;
-    r.nonce = nonce;
+    r.nonces = {nonce};
     r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
     Replace(id, r);
     return;
@@ -425,7 +465,7 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce) {
     // under its old rank (if still free).
     Registration r;
     r.info = info;
-    r.nonce = nonce;
+    r.nonces = {nonce};
     r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
     JoinWorker(r, id);
     return;
@@ -435,7 +475,7 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce) {
     // them back (nor yet join as a backup). A worker of an elastic job left
     // the rounds, which went on without it.
     AbortRegistration(
-        ProvisionalId(kFinishedIndex, info.role()), info, nonce,
+        ProvisionalId(kFinishedIndex, info.role()), info, {nonce},
         absl::StrCat(Describe(node),
                      node.role() == wire::WORKER
                          ? (node.left() ? " left the job"
@@ -451,7 +491,7 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce) {
   if (done_workers_.count(id) != 0) {
     // It had finished; a new life would wait in barriers nobody else joins.
     AbortRegistration(
-        ProvisionalId(kFinishedIndex, info.role()), info, nonce,
+        ProvisionalId(kFinishedIndex, info.role()), info, {nonce},
         absl::StrCat(Describe(node),
                      " restarted after it had finished; nothing to rejoin"));
     return;

@@ -233,7 +233,8 @@ absl::Status Scheduler::Run() {
         // Registered nodes are linked to only now, to be told.
         if (LinkTo(r.provisional_id, r.info).ok()) {
           peers.push_back(r.provisional_id);
-          abort.header.mutable_abort()->add_registrations(r.nonce);
+          for (uint64_t nonce : r.nonces)
+            abort.header.mutable_abort()->add_registrations(nonce);
         }
       }
       EndJob(absl::DeadlineExceededError(reason), abort, peers);
@@ -325,7 +326,7 @@ void Scheduler::EndJob(const absl::Status& result, const Message& end,
     if (!LinkTo(spare.provisional_id, spare.info).ok()) continue;
     Message told = end.header.command() == wire::TERMINATE
                        ? end
-                       : AbortMessage(end_reason_, {spare.nonce});
+                       : AbortMessage(end_reason_, spare.nonces);
     if (end.header.command() == wire::TERMINATE) {
       told.header.set_recipient(spare.provisional_id);
       told.header.set_sender(kSchedulerId);

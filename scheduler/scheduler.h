@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/debug_pending.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
@@ -100,13 +101,19 @@ class Scheduler {
   bool RegistrationAdmissible(const Message& msg);
   bool RestartOfKnownNode(const wire::NodeInfo& info, const std::string& key,
                           uint64_t nonce);
-  bool NewToTheJob(const wire::NodeInfo& info, const std::string& key);
+  bool NewToTheJob(const wire::NodeInfo& info, const std::string& key,
+                   uint64_t nonce);
   void TurnAway(const Registration& r, const std::string& why);
   // Tells the node that registered at `info`'s address, for a moment as
   // `provisional`, that it takes no part: an ABORT naming its registration
   // (`nonce`), which no other node there would take.
   void AbortRegistration(int provisional, const wire::NodeInfo& info,
-                         uint64_t nonce, const std::string& why);
+                         absl::Span<const uint64_t> nonces,
+                         const std::string& why);
+  // A registration again at the address of one registered or held: its
+  // nonce joins that registration's (a restarted process at the address
+  // presents a new one; an abort names them all). True when it was new.
+  bool NoteNonce(const wire::NodeInfo& info, uint64_t nonce);
   void HoldSpare(const Registration& r);
   void FormJob();
   // A server or worker restarted with the same address: new generation, same
@@ -225,8 +232,10 @@ class Scheduler {
     int provisional_id = 0;
     std::string hostname;
     int pid = 0;
-    std::string key;     // the node's own key it registered with (empty: none)
-    uint64_t nonce = 0;  // Register.nonce: what an abort to it names
+    std::string key;  // the node's own key it registered with (empty: none)
+    // Register.nonce of each process that registered at the address (the
+    // first, then restarts of it; at most kMaxNonces): what an abort names.
+    std::vector<uint64_t> nonces;
   };
   std::vector<Registration> registered_;
   // Spares (TESSERA_SPARE=1) waiting for a server to die, oldest first, and

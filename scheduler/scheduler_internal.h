@@ -12,11 +12,11 @@
 #define TESSERA_SCHEDULER_SCHEDULER_INTERNAL_H_
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/message.h"
 #include "proto/tessera.pb.h"
 
@@ -45,9 +45,8 @@ constexpr int kSpareIndex = 499997;
 
 // An abort; `registrations` names the registrations it answers (Register.
 // nonce) for nodes that have no id yet (proto/tessera.proto, Abort).
-inline Message AbortMessage(
-    const std::string& reason,
-    std::initializer_list<uint64_t> registrations = {}) {
+inline Message AbortMessage(const std::string& reason,
+                            absl::Span<const uint64_t> registrations = {}) {
   Message abort;
   abort.header.set_command(wire::ABORT);
   abort.header.set_sender(kSchedulerId);

@@ -616,6 +616,34 @@ TEST(NodeTest, LostAbortIsSentAgainSoTheNodeHearsWhy) {
   EXPECT_EQ(scheduler.Join().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// A node restarted at the same address before the job formed registers
+// again with a nonce of its own (issue #46's review): the scheduler takes
+// it as the same registration, and the start-up deadline's abort names both
+// processes' registrations, so the new one hears why.
+TEST(NodeTest, ANodeRestartedBeforeTheJobFormedHearsTheStartUpAbort) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.start_timeout = absl::Seconds(2);
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  Options mine = options;
+  mine.role = Role::kWorker;
+  mine.port = 30300;
+  mine.start_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<Node>> first =
+      Node::Start(mine, Node::Callbacks(), net.NewTransport());
+  ASSERT_FALSE(first.ok());  // gave up before the job could form
+  mine.start_timeout = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<Node>> second =
+      Node::Start(mine, Node::Callbacks(), net.NewTransport());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAborted)
+      << second.status();
+  EXPECT_THAT(std::string(second.status().message()),
+              ::testing::HasSubstr("never registered"));
+  EXPECT_EQ(scheduler.Join().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(NodeTest, LostNodeDeadIsSentAgainSoTheNodeHearsWhoDied) {
   MemoryNetwork net;
   Options options = EndOptions(Role::kScheduler);
