@@ -82,10 +82,11 @@ std::optional<SecretString> Password(absl::string_view own_secret,
                                      absl::string_view server_public) {
   uint8_t secret[32], peer[32], client[32], server[32], shared[32];
   if (!DecodeKey(own_secret, secret) || !DecodeKey(peer_public, peer) ||
-      !DecodeKey(client_public, client) || !DecodeKey(server_public, server)) {
+      !DecodeKey(client_public, client) || !DecodeKey(server_public, server) ||
+      sodium_init() < 0) {
+    sodium_memzero(secret, sizeof(secret));
     return std::nullopt;
   }
-  if (sodium_init() < 0) return std::nullopt;
   const bool ok = crypto_scalarmult(shared, secret, peer) == 0;
   sodium_memzero(secret, sizeof(secret));
   if (!ok) return std::nullopt;
@@ -493,14 +494,18 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": ", folder.message()));
   }
-  // Room for the whole file at once: a string that grows leaves the text
-  // it outgrew in freed memory, unwiped.
+  // Room for the whole file at once, never outgrown (a string that grows
+  // leaves the text it outgrew in freed memory, unwiped); wiped on every
+  // way out.
   std::string text;
   text.reserve(
       std::min<size_t>(static_cast<size_t>(st.st_size), kMaxKeyFileBytes) +
       4096 + 1);
   char buf[4096];
-  absl::Cleanup wipe_buf = [&buf] { sodium_memzero(buf, sizeof(buf)); };
+  absl::Cleanup wipe = [&buf, &text] {
+    sodium_memzero(buf, sizeof(buf));
+    WipeString(&text);
+  };
   while (text.size() <= kMaxKeyFileBytes) {
     const ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
@@ -511,6 +516,11 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
           absl::StrCat(origin, ": cannot read: ", why));
     }
     if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > text.capacity()) {
+      ::close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": it grew while it was read; not a key file at rest"));
+    }
     text.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
@@ -518,9 +528,7 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
     return absl::InvalidArgumentError(absl::StrCat(
         origin, ": over ", kMaxKeyFileBytes, " bytes; not a key file"));
   }
-  absl::StatusOr<JobKeys> keys = ParseKeyFile(text, origin);
-  sodium_memzero(text.data(), text.size());
-  return keys;
+  return ParseKeyFile(text, origin);
 }
 
 absl::StatusOr<std::shared_ptr<const ConnectionSecurity>>

@@ -5,6 +5,23 @@
 #include "absl/strings/str_cat.h"
 
 namespace tessera {
+
+uint64_t StatesDigest(const std::vector<ServerState>& states) {
+  // FNV-1a over each rank's fields.
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(states.size());
+  for (const ServerState& s : states) {
+    mix((s.dead ? 1 : 0) | (s.catching_up ? 2 : 0) | (s.restored ? 4 : 0));
+    mix(s.joined);
+  }
+  return h;
+}
 namespace {
 
 // x mod n in [0, n) for any x (n > 0).

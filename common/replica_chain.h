@@ -32,6 +32,10 @@ struct ServerState {
   bool holds() const { return !dead && !catching_up; }
 };
 
+// A digest of a table's server states (every field of every rank): two
+// servers agree on who holds what when their digests are equal.
+uint64_t StatesDigest(const std::vector<ServerState>& states);
+
 // One key slice's chain: the server ranks that hold it, and which of them
 // answers given the table's states. Servers, workers and the scheduler ask
 // it; nothing else does the chain's arithmetic.

@@ -140,6 +140,8 @@ LinkKeys::LinkKeys(NodeKey node_key, Role role, const Key32& role_secret)
 
 LinkKeys::~LinkKeys() {
   sodium_memzero(role_secret_.data(), role_secret_.size());
+  for (Key32& shared : node_x_role_)
+    sodium_memzero(shared.data(), shared.size());
 }
 
 bool LinkKeys::ForPeer(const Key32& peer_key, PeerSecrets* out) const {
@@ -186,6 +188,7 @@ Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
   crypto_generichash_update(&state, link_bytes, sizeof(link_bytes));
   Key32 out;
   crypto_generichash_final(&state, out.data(), out.size());
+  sodium_memzero(&state, sizeof(state));  // it hashed the link's secrets
   return out;
 }
 

@@ -5,7 +5,9 @@
 //
 // It is a std::string (every reader of one takes it); only its own
 // assignments and its destructor wipe. Grow one with append or += and the
-// storage it outgrows is freed unwiped: give it the whole text at once.
+// storage it outgrows is freed unwiped: give it the whole text at once. A
+// copy into a plain std::string (or a move out of it into one) is not wiped
+// either: keep secrets in SecretStrings.
 //
 //   SecretString secret(text_from_file);  // ... used, then destroyed: wiped
 #ifndef TESSERA_COMMON_SECRET_STRING_H_
@@ -27,7 +29,7 @@ void WipeBytes(void* p, size_t n);
 class SecretString : public std::string {
  public:
   SecretString() = default;
-  SecretString(std::string_view text) : std::string(text) {}  // NOLINT
+  explicit SecretString(std::string_view text) : std::string(text) {}
   SecretString(const char* text, size_t n) : std::string(text, n) {}
   // Takes the string's storage (absl::StrCat's result, say) and wipes what
   // a short one leaves behind in `text`.
@@ -57,6 +59,13 @@ class SecretString : public std::string {
   SecretString& operator=(std::string_view text) {
     Wipe();
     std::string::assign(text);
+    return *this;
+  }
+  // Takes the string's storage, and wipes what a short one leaves in it.
+  SecretString& operator=(std::string&& text) {
+    Wipe();
+    std::string::operator=(std::move(text));
+    WipeString(&text);
     return *this;
   }
   ~SecretString() { Wipe(); }

@@ -130,6 +130,7 @@ void ZapHandler::Serve() {
       request.emplace_back(static_cast<const char*>(zmq_msg_data(&part)),
                            zmq_msg_size(&part));
       more = zmq_msg_more(&part);
+      WipeBytes(zmq_msg_data(&part), zmq_msg_size(&part));  // a password
       zmq_msg_close(&part);
     }
     if (more) continue;  // a request cut short: nothing to answer

@@ -24,28 +24,28 @@ bool CatchUp::active() const {
   return started_ && !done_;
 }
 
-bool CatchUp::SentAll(int rank) const {
-  auto c = counted_.find(rank);
-  auto t = taken_.find(rank);
-  if (c == counted_.end()) return false;
-  for (const SliceId& slice : c->second) {
-    if (t == taken_.end() || t->second.count(slice) == 0) return false;
-  }
-  return true;
-}
-
-bool CatchUp::Counted(int rank, uint64_t request_id,
+bool CatchUp::Counted(int rank, uint64_t request_id, uint64_t view,
                       std::vector<SliceId> slices) {
   {
     absl::MutexLock lock(&mu_);
     if (!started_) return false;
-    if (request_id < current_from_ || request_id > asked_) {
+    auto asked = asked_of_.find(request_id);
+    auto answered = answered_.find(rank);
+    if (request_id < current_from_ || asked == asked_of_.end() ||
+        asked->second.rank != rank || asked->second.view != view ||
+        (answered != answered_.end() && request_id < answered->second)) {
       TESSERA_VLOG(1) << "dropped server " << rank << "'s count for ask "
-                      << request_id << ": asks " << current_from_ << ".."
-                      << asked_ << " are current";
+                      << request_id << ": not its current ask (asks "
+                      << current_from_ << ".." << asked_ << " are current)";
       return false;
     }
-    counted_[rank] = std::set<SliceId>(slices.begin(), slices.end());
+    answered_[rank] = request_id;
+    std::set<SliceId>& counted = counted_[rank];
+    counted = std::set<SliceId>(slices.begin(), slices.end());
+    const std::set<SliceId>& taken = taken_[rank];
+    size_t missing = 0;
+    for (const SliceId& slice : counted) missing += taken.count(slice) == 0;
+    missing_[rank] = missing;
   }
   Check();
   return true;
@@ -54,7 +54,11 @@ bool CatchUp::Counted(int rank, uint64_t request_id,
 void CatchUp::Took(int rank, uint64_t key, uint64_t offset, size_t bytes) {
   absl::MutexLock lock(&mu_);
   if (!started_) return;
-  if (taken_[rank].insert({key, offset}).second) bytes_ += bytes;
+  if (!taken_[rank].insert({key, offset}).second) return;  // taken before
+  bytes_ += bytes;
+  auto counted = counted_.find(rank);
+  if (counted != counted_.end() && counted->second.count({key, offset}) != 0)
+    --missing_[rank];
 }
 
 void CatchUp::Check() {
@@ -83,11 +87,15 @@ void CatchUp::Restart() {
   absl::MutexLock lock(&mu_);
   if (!started_ || done_) return;
   counted_.clear();
+  missing_.clear();
+  answered_.clear();
+  asked_of_.clear();
   current_from_ = asked_ + 1;
   ask_again_ = true;
 }
 
 void CatchUp::Stop() {
+  absl::MutexLock stopping(&stop_mu_);
   std::thread thread;
   {
     absl::MutexLock lock(&mu_);
@@ -103,15 +111,18 @@ void CatchUp::Loop() {
   while (!stopped_ && !done_) {
     const std::vector<ServerState> states = options_.states();
     std::vector<std::pair<int, uint64_t>> ask;  // (rank, request id)
+    const uint64_t view = StatesDigest(states);
     for (int r = 0;
          r < options_.num_servers && r < static_cast<int>(states.size()); ++r) {
-      if (r != options_.rank && !states[r].dead && !SentAll(r))
+      if (r != options_.rank && !states[r].dead && !SentAll(r)) {
         ask.push_back({r, ++asked_});
+        asked_of_[asked_] = Ask{r, view};
+      }
     }
     // The asks go out without the lock: the answers come back on other
     // threads and take it.
     mu_.Unlock();
-    for (const auto& [r, id] : ask) ask_one(r, id);
+    for (const auto& [r, id] : ask) ask_one(r, id, view);
     mu_.Lock();
     if (done_ || stopped_) break;
     // A Restart while the asks went out is seen here too (a flag, not a

@@ -57,8 +57,9 @@ class CatchUp {
     absl::Duration resend = absl::Seconds(1);  // between two asks
     // The table's server states now (one per rank).
     std::function<std::vector<ServerState>()> states;
-    // Asks server `rank` for its slices (request id `id`, from 1 on).
-    std::function<void(int rank, uint64_t id)> ask;
+    // Asks server `rank` for its slices (request id `id`, from 1 on), under
+    // the view `view` of the table (StatesDigest of `states`).
+    std::function<void(int rank, uint64_t id, uint64_t view)> ask;
     // Called once, when every live server sent all it counted.
     std::function<void()> caught_up;
   };
@@ -73,10 +74,12 @@ class CatchUp {
   bool Start(Options options);
   // Started and not yet done: slices new to this server are taken.
   bool active() const;
-  // Server `rank`, answering ask `request_id`, said it sends `slices`. Then
-  // checks. Dropped (false) when the ask was made before the last Restart or
-  // never made.
-  bool Counted(int rank, uint64_t request_id, std::vector<SliceId> slices);
+  // Server `rank`, answering ask `request_id` under table view `view`, said
+  // it sends `slices`. Then checks. Dropped (false) when the ask was made
+  // before the last Restart, of another server or never, under another view,
+  // or before the ask whose count was taken last.
+  bool Counted(int rank, uint64_t request_id, uint64_t view,
+               std::vector<SliceId> slices);
   // Slice (key, offset) of `bytes` bytes came from server `rank` (a slice
   // taken twice counts once). Check afterwards.
   void Took(int rank, uint64_t key, uint64_t offset, size_t bytes);
@@ -91,7 +94,10 @@ class CatchUp {
  private:
   void Loop();
   // Server `rank` said which slices it sends, and all of them came from it.
-  bool SentAll(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SentAll(int rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto m = missing_.find(rank);
+    return m != missing_.end() && m->second == 0;
+  }
 
   // The asking thread stops waiting out `resend`: done, stopped, or asked
   // to ask again.
@@ -110,11 +116,24 @@ class CatchUp {
   // made since the last Restart: counts answering older asks are stale.
   uint64_t asked_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t current_from_ ABSL_GUARDED_BY(mu_) = 1;
-  // Per server rank: the slices it said it sends, and those taken from it.
+  // The asks made since the last Restart, by id: the server asked. And per
+  // server, the ask its count in counted_ answered (a later count replaces
+  // it, an earlier one is dropped).
+  struct Ask {
+    int rank;
+    uint64_t view;
+  };
+  std::map<uint64_t, Ask> asked_of_ ABSL_GUARDED_BY(mu_);
+  std::map<int, uint64_t> answered_ ABSL_GUARDED_BY(mu_);
+  // Per server rank: the slices it said it sends, those taken from it, and
+  // how many of the first are not among the second (0: it sent all).
   std::map<int, std::set<SliceId>> counted_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::set<SliceId>> taken_ ABSL_GUARDED_BY(mu_);
+  std::map<int, size_t> missing_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_ ABSL_GUARDED_BY(mu_);  // Start's; joined by Stop
+  // Held by Stop while it joins: a second Stop returns only once joined.
+  absl::Mutex stop_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 };
 
 }  // namespace tessera

@@ -29,6 +29,7 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
     absl::Mutex mu;
     std::vector<uint64_t> slices ABSL_GUARDED_BY(mu);  // (key, offset) pairs
     size_t remaining ABSL_GUARDED_BY(mu) = 0;
+    bool other_view ABSL_GUARDED_BY(mu) = false;  // a shard saw another table
   };
   auto job = std::make_shared<Job>();
   {
@@ -36,12 +37,16 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
     job->remaining = shards_.size();
   }
   const uint64_t request_id = request.request_id();
+  const uint64_t view = request.transfer_view();
   for (auto& shard : shards_) {
-    Post(shard.get(), [this, job, rank, request_id](Shard* s) {
-      // Only a rank this server knows as a replacement: one asking before
-      // the table change reached here asks again.
+    Post(shard.get(), [this, job, rank, request_id, view](Shard* s) {
+      // Only a rank this server knows as a replacement, under the table the
+      // replacement asked under: one asking before a table change reached
+      // here, or after, asks again (a count from another table would name
+      // the wrong slices).
+      const bool same_view = StatesDigest(s->states) == view;
       std::vector<uint64_t> mine;
-      if (s->states[rank].catching_up && !s->states[rank].dead) {
+      if (same_view && s->states[rank].catching_up && !s->states[rank].dead) {
         for (const auto& [id, owned] : s->store.keys()) {
           StoredKey* key = owned.get();
           if (!key->replicated || !Active(*s, *key)) continue;
@@ -63,12 +68,19 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
       }
       absl::MutexLock lock(&job->mu);
       job->slices.insert(job->slices.end(), mine.begin(), mine.end());
+      if (!same_view) job->other_view = true;
       if (--job->remaining != 0) return;
+      if (job->other_view) {
+        TESSERA_VLOG(1) << "no transfer count for server " << rank << "'s ask "
+                        << request_id << ": it asked under another table";
+        return;
+      }
       if (!s->states[rank].catching_up) return;  // not (yet) known as one
       Message count;
       count.header.set_command(wire::KV_TRANSFER);
       count.header.set_is_response(true);
       count.header.set_request_id(request_id);
+      count.header.set_transfer_view(view);
       count.header.set_transfer_total(job->slices.size() / 2);
       Buffer names = Buffer::Allocate(job->slices.size() * sizeof(uint64_t));
       if (!job->slices.empty()) {
@@ -213,7 +225,9 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
 
 void KVServer::TransferCounted(int rank, const Message& msg) {
   const uint64_t total = msg.header.transfer_total();
-  if (msg.data.size() != 1 || msg.data[0].size() / kSliceNameBytes != total ||
+  if (msg.data.size() != 1 || msg.header.frames_size() != 1 ||
+      msg.header.frames(0).encoding() != wire::DataFrame::RAW ||
+      msg.data[0].size() / kSliceNameBytes != total ||
       msg.data[0].size() % kSliceNameBytes != 0) {
     ++malformed_;
     TESSERA_LOG(WARNING) << "dropped server " << rank
@@ -228,7 +242,8 @@ void KVServer::TransferCounted(int rank, const Message& msg) {
     std::memcpy(&slice.second, at + sizeof(uint64_t), sizeof(uint64_t));
     at += kSliceNameBytes;
   }
-  catch_up_.Counted(rank, msg.header.request_id(), std::move(slices));
+  catch_up_.Counted(rank, msg.header.request_id(), msg.header.transfer_view(),
+                    std::move(slices));
 }
 
 void KVServer::StartCatchUp(std::function<std::vector<ServerState>()> states,
@@ -240,10 +255,11 @@ void KVServer::StartCatchUp(std::function<std::vector<ServerState>()> states,
   options.resend = replica_resend_;
   options.states = std::move(states);
   options.caught_up = std::move(caught_up);
-  options.ask = [this](int rank, uint64_t id) {
+  options.ask = [this](int rank, uint64_t id, uint64_t view) {
     Message request;
     request.header.set_command(wire::KV_TRANSFER);
     request.header.set_request_id(id);
+    request.header.set_transfer_view(view);
     (void)send_(ServerId(rank), std::move(request));
   };
   if (!catch_up_.Start(std::move(options))) return;  // started, or stopped

@@ -27,9 +27,10 @@ class CatchUpTest : public ::testing::Test {
       absl::MutexLock lock(&mu_);
       return states_;
     };
-    o.ask = [this](int rank, uint64_t id) {
+    o.ask = [this](int rank, uint64_t id, uint64_t view) {
       absl::MutexLock lock(&mu_);
       asks_[rank].push_back(id);
+      views_[id] = view;
     };
     o.caught_up = [this] {
       absl::MutexLock lock(&mu_);
@@ -51,6 +52,12 @@ class CatchUpTest : public ::testing::Test {
     absl::MutexLock lock(&mu_);
     return asks_[rank];
   }
+  // The view ask `id` was made under (0 for an ask never made).
+  uint64_t View(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = views_.find(id);
+    return it == views_.end() ? 0 : it->second;
+  }
   void Kill(int rank) {
     absl::MutexLock lock(&mu_);
     states_[rank].dead = true;
@@ -59,6 +66,7 @@ class CatchUpTest : public ::testing::Test {
   absl::Mutex mu_;
   std::vector<ServerState> states_ = std::vector<ServerState>(3);
   std::map<int, std::vector<uint64_t>> asks_;
+  std::map<uint64_t, uint64_t> views_;  // each ask's view of the table
   int reports_ = 0;
 };
 
@@ -78,10 +86,11 @@ TEST_F(CatchUpTest, AsksEveryLiveServerButItselfWithRisingIdsUntilItHasAll) {
 
   c.Took(0, /*key=*/7, /*offset=*/0, 100);
   // Server 0: all sent; server 2 has not counted.
-  EXPECT_TRUE(c.Counted(0, asks(0).back(), {{7, 0}}));
+  EXPECT_TRUE(c.Counted(0, asks(0).back(), View(asks(0).back()), {{7, 0}}));
   EXPECT_EQ(reports(), 0);
   EXPECT_TRUE(c.active());
-  EXPECT_TRUE(c.Counted(2, asks(2).back(), {{8, 0}, {8, 64}}));
+  EXPECT_TRUE(
+      c.Counted(2, asks(2).back(), View(asks(2).back()), {{8, 0}, {8, 64}}));
   c.Took(2, 8, 0, 10);
   c.Took(2, 8, 0, 10);  // the same slice again counts once
   c.Check();
@@ -94,7 +103,7 @@ TEST_F(CatchUpTest, AsksEveryLiveServerButItselfWithRisingIdsUntilItHasAll) {
   EXPECT_EQ(reports(), 1);
   EXPECT_FALSE(c.active());
   c.Check();
-  c.Counted(0, asks(0).back(), {{7, 0}});
+  c.Counted(0, asks(0).back(), View(asks(0).back()), {{7, 0}});
   EXPECT_EQ(reports(), 1) << "reported once";
 }
 
@@ -102,11 +111,12 @@ TEST_F(CatchUpTest, AServerThatSentAllIsNotAskedAgain) {
   CatchUp c;
   ASSERT_TRUE(c.Start(Options()));
   ASSERT_TRUE(AskedAtLeast(0, 1));
-  c.Counted(0, asks(0).back(), {});  // server 0 holds nothing for it
+  c.Counted(0, asks(0).back(), View(asks(0).back()),
+            {});  // server 0 holds nothing for it
   const size_t asked0 = asks(0).size();
   ASSERT_TRUE(AskedAtLeast(2, asks(2).size() + 5));
   EXPECT_LE(asks(0).size(), asked0 + 1) << "at most the ask already on its way";
-  c.Counted(2, asks(2).back(), {});
+  c.Counted(2, asks(2).back(), View(asks(2).back()), {});
   EXPECT_EQ(reports(), 1);
 }
 
@@ -116,7 +126,7 @@ TEST_F(CatchUpTest, ADeadServerIsNeitherAskedNorWaitedFor) {
   ASSERT_TRUE(c.Start(Options()));
   ASSERT_TRUE(AskedAtLeast(0, 2));
   EXPECT_TRUE(asks(2).empty());
-  c.Counted(0, asks(0).back(), {});
+  c.Counted(0, asks(0).back(), View(asks(0).back()), {});
   EXPECT_EQ(reports(), 1);
 }
 
@@ -126,14 +136,14 @@ TEST_F(CatchUpTest, ADeathForgetsTheCountsAndAsksAgainAtOnce) {
   ASSERT_TRUE(c.Start(Options(absl::Seconds(60))));
   ASSERT_TRUE(AskedAtLeast(0, 1));
   // Server 0 will send one slice; server 2 has not counted.
-  ASSERT_TRUE(c.Counted(0, asks(0).back(), {{7, 0}}));
+  ASSERT_TRUE(c.Counted(0, asks(0).back(), View(asks(0).back()), {{7, 0}}));
   Kill(2);
   c.Restart();  // server 2 died: server 0's count is stale
   ASSERT_TRUE(AskedAtLeast(0, 2));
   c.Took(0, 7, 0, 1);
   c.Check();
   EXPECT_EQ(reports(), 0) << "server 0 must count again after the death";
-  ASSERT_TRUE(c.Counted(0, asks(0).back(), {{7, 0}}));
+  ASSERT_TRUE(c.Counted(0, asks(0).back(), View(asks(0).back()), {{7, 0}}));
   EXPECT_EQ(reports(), 1);
 }
 
@@ -150,14 +160,21 @@ TEST_F(CatchUpTest, ACountAnsweringAnAskBeforeTheDeathOrNoAskIsDropped) {
   c.Restart();
   ASSERT_TRUE(AskedAtLeast(0, 2));
   ASSERT_TRUE(AskedAtLeast(2, 2));
-  EXPECT_FALSE(c.Counted(0, before0, {})) << "server 0's answer to the old ask";
-  EXPECT_FALSE(c.Counted(2, before2, {}));
-  EXPECT_FALSE(c.Counted(0, asks(2).back() + 1000, {})) << "never asked";
+  EXPECT_FALSE(c.Counted(0, before0, View(before0), {}))
+      << "server 0's answer to the old ask";
+  EXPECT_FALSE(c.Counted(2, before2, View(before2), {}));
+  EXPECT_FALSE(
+      c.Counted(0, asks(2).back() + 1000, View(asks(2).back() + 1000), {}))
+      << "never asked";
+  EXPECT_FALSE(c.Counted(0, asks(2).back(), View(asks(2).back()), {}))
+      << "an ask of server 2";
+  EXPECT_FALSE(c.Counted(0, asks(0).back(), View(asks(0).back()) + 1, {}))
+      << "counted under another view of the table";
   EXPECT_EQ(reports(), 0);
   EXPECT_TRUE(c.active());
-  EXPECT_TRUE(c.Counted(0, asks(0).back(), {}));
+  EXPECT_TRUE(c.Counted(0, asks(0).back(), View(asks(0).back()), {}));
   EXPECT_EQ(reports(), 0);
-  EXPECT_TRUE(c.Counted(2, asks(2).back(), {}));
+  EXPECT_TRUE(c.Counted(2, asks(2).back(), View(asks(2).back()), {}));
   EXPECT_EQ(reports(), 1);
 }
 
@@ -170,13 +187,15 @@ TEST_F(CatchUpTest, SlicesTakenBeforeADeathDoNotStandInForTheNewCountsOnes) {
   CatchUp c;
   ASSERT_TRUE(c.Start(Options(absl::Seconds(60))));
   ASSERT_TRUE(AskedAtLeast(0, 1));
-  ASSERT_TRUE(c.Counted(0, asks(0).back(), {{1, 0}, {2, 0}}));
+  ASSERT_TRUE(
+      c.Counted(0, asks(0).back(), View(asks(0).back()), {{1, 0}, {2, 0}}));
   c.Took(0, 1, 0, 10);
   c.Took(0, 2, 0, 10);
   Kill(2);
   c.Restart();
   ASSERT_TRUE(AskedAtLeast(0, 2));
-  ASSERT_TRUE(c.Counted(0, asks(0).back(), {{1, 0}, {3, 0}}));
+  ASSERT_TRUE(
+      c.Counted(0, asks(0).back(), View(asks(0).back()), {{1, 0}, {3, 0}}));
   EXPECT_EQ(reports(), 0) << "slice 3 has not come";
   EXPECT_TRUE(c.active());
   c.Took(0, 3, 0, 10);
@@ -184,10 +203,28 @@ TEST_F(CatchUpTest, SlicesTakenBeforeADeathDoNotStandInForTheNewCountsOnes) {
   EXPECT_EQ(reports(), 1);
 }
 
+// Between two deaths a server is asked again every resend; a count answers
+// the ask it names, and an earlier ask's count coming after a later one's
+// does not replace it (review of issue #46's fix).
+TEST_F(CatchUpTest, AnEarlierAsksCountComingLateReplacesNoLaterOne) {
+  CatchUp c;
+  ASSERT_TRUE(c.Start(Options()));  // asks every 5 ms
+  ASSERT_TRUE(AskedAtLeast(0, 2));
+  const std::vector<uint64_t> ids = asks(0);
+  ASSERT_TRUE(c.Counted(0, ids[1], View(ids[1]), {{1, 0}}));
+  EXPECT_FALSE(c.Counted(0, ids[0], View(ids[0]), {}))
+      << "the earlier ask's count";
+  ASSERT_TRUE(c.Counted(2, asks(2).back(), View(asks(2).back()), {}));
+  EXPECT_EQ(reports(), 0) << "server 0 still names slice 1";
+  c.Took(0, 1, 0, 10);
+  c.Check();
+  EXPECT_EQ(reports(), 1);
+}
+
 TEST_F(CatchUpTest, StartsOnceAndNotAfterStop) {
   CatchUp c;
   EXPECT_FALSE(c.active());
-  EXPECT_FALSE(c.Counted(0, 1, {}));  // before Start: nothing reported
+  EXPECT_FALSE(c.Counted(0, 1, View(1), {}));  // before Start: nothing reported
   EXPECT_EQ(reports(), 0);
   ASSERT_TRUE(c.Start(Options()));
   EXPECT_FALSE(c.Start(Options())) << "a second Start";

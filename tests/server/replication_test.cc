@@ -580,6 +580,45 @@ TEST_F(ReplicationTest, AReplacementCatchesUpByTransferAndTakesOver) {
 // A hand-back's notice can come before the table change it follows (the
 // change's notice was lost and comes again later): it waits for it. A death
 // of the rank taking its place back ends it, and the held pushes are taken.
+// A live server counts a replacement's slices only under the table the
+// replacement asked under (issue #46's review): one that has not seen a
+// death yet would name the old table's slices, and the replacement would
+// report caught up without the slice the death moved to it. Such an ask
+// gets neither slices nor a count (it is asked again); the same ask under
+// the server's own view gets both, the count carrying the view back.
+TEST_F(ReplicationTest, AnAskUnderAnotherViewOfTheTableIsNotCounted) {
+  SetUpChain(/*sync=*/true);
+  primary_.server().ServerDied(1);
+  std::vector<ServerState> states(2);
+  states[1] = ServerState{false, true, 1};
+  primary_.server().UpdateServers(states);
+  absl::SleepFor(absl::Milliseconds(20));
+  while (primary_.NextToServer(absl::Milliseconds(20)).has_value()) {
+  }
+  Message ask;
+  ask.header.set_command(wire::KV_TRANSFER);
+  ask.header.set_sender(ServerId(1));
+  ask.header.set_request_id(5);
+  ask.header.set_transfer_view(StatesDigest(states) + 1);
+  primary_.server().Handle(Message(ask));
+  EXPECT_FALSE(primary_.NextToServer(absl::Milliseconds(200)).has_value())
+      << "neither a slice nor a count under another view";
+  ask.header.set_transfer_view(StatesDigest(states));
+  primary_.server().Handle(Message(ask));
+  std::optional<Message> slice = primary_.NextToServer();
+  ASSERT_TRUE(slice.has_value());
+  EXPECT_TRUE(slice->header.has_slice());
+  std::optional<Message> count = primary_.NextToServer();
+  ASSERT_TRUE(count.has_value());
+  EXPECT_FALSE(count->header.has_slice());
+  EXPECT_TRUE(count->header.is_response());
+  EXPECT_EQ(count->header.request_id(), 5u);
+  EXPECT_EQ(count->header.transfer_total(), 1u);
+  EXPECT_EQ(count->header.transfer_view(), StatesDigest(states));
+  ASSERT_EQ(count->data.size(), 1u);
+  EXPECT_EQ(count->data[0].size(), 16u);  // (key, offset) of the one slice
+}
+
 TEST_F(ReplicationTest, AHandBackWaitsForItsChangeAndEndsWhenTheRankDies) {
   primary_.server().Handle(SetOptimizer("sgd lr=-1"));
   ASSERT_TRUE(primary_.NextReply().has_value());

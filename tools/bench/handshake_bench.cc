@@ -69,16 +69,19 @@ Figures Connect(const JobKeySet& set, bool curve, int n) {
   zmq_getsockopt(receiver, ZMQ_LAST_ENDPOINT, endpoint, &size);
   const JobKeys worker =
       *ParseKeyFile(FormatKeyFile(set, Role::kWorker), "bench");
-  const std::string password = PlainPassword(worker, Role::kServer);
+  const SecretString password = PlainPassword(worker, Role::kServer);
   std::vector<void*> senders;
   const double cpu0 = CpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < n; ++i) {
     void* s = zmq_socket(context, ZMQ_PUSH);
     if (curve) {
-      zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, set.of(Role::kServer).public_key.data(), 40);
-      zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, set.of(Role::kWorker).public_key.data(), 40);
-      zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, set.of(Role::kWorker).secret_key.data(), 40);
+      zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY,
+                     set.of(Role::kServer).public_key.data(), 40);
+      zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY,
+                     set.of(Role::kWorker).public_key.data(), 40);
+      zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY,
+                     set.of(Role::kWorker).secret_key.data(), 40);
     } else {
       zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, "worker", 6);
       zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
@@ -113,9 +116,10 @@ int Main(int argc, char** argv) {
   int n = 200;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("--connections=", 0) != 0 || !absl::SimpleAtoi(a.substr(14), &n) ||
-        n < 1) {
-      std::fprintf(stderr, "handshake_bench: bad flag '%s'; expected --connections=N\n",
+    if (a.rfind("--connections=", 0) != 0 ||
+        !absl::SimpleAtoi(a.substr(14), &n) || n < 1) {
+      std::fprintf(stderr,
+                   "handshake_bench: bad flag '%s'; expected --connections=N\n",
                    a.c_str());
       return 2;
     }
@@ -137,11 +141,14 @@ int Main(int argc, char** argv) {
   sealed::PeerSecrets p;
   for (const sealed::Key32& peer : peers) (void)keys.ForPeer(peer, &p);
   const double per_peer_ms = (CpuSeconds() - cpu0) * 1e3 / n;
-  std::printf("handshake_bench: %d connections each, one process (both ends)\n", n);
+  std::printf("handshake_bench: %d connections each, one process (both ends)\n",
+              n);
   std::printf("%-44s %10s %10s\n", "", "CPU ms/conn", "wall ms");
-  std::printf("%-44s %10.3f %10.0f\n", "CURVE + ZAP (before; registrations now)",
+  std::printf("%-44s %10.3f %10.0f\n",
+              "CURVE + ZAP (before; registrations now)",
               curve.cpu_ms_per_connection, curve.wall_ms);
-  std::printf("%-44s %10.3f %10.0f\n", "PLAIN + ZAP (a sealed lane's connection)",
+  std::printf("%-44s %10.3f %10.0f\n",
+              "PLAIN + ZAP (a sealed lane's connection)",
               plain.cpu_ms_per_connection, plain.wall_ms);
   std::printf("%-44s %10.3f\n", "node keys: 2 x X25519 per peer (ForPeer)",
               per_peer_ms);

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<tessera::NodeKeyFiles> nodes =
       tessera::GenerateNodeKeyFiles(*keys, flags->servers, flags->workers);
   if (!nodes.ok()) return Fail(nodes.status());
-  std::vector<std::pair<std::string, std::string>> files = {
+  std::vector<std::pair<std::string, tessera::SecretString>> files = {
       {"scheduler.key", nodes->scheduler},
       {"server.key", tessera::FormatKeyFile(*keys, tessera::Role::kServer)},
       {"worker.key", tessera::FormatKeyFile(*keys, tessera::Role::kWorker)}};
