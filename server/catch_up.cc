@@ -1,5 +1,6 @@
 #include "server/catch_up.h"
 
+#include <iterator>
 #include <utility>
 
 #include "common/logging.h"
@@ -40,6 +41,12 @@ bool CatchUp::Counted(int rank, uint64_t request_id, uint64_t view,
       return false;
     }
     answered_[rank] = request_id;
+    // Its earlier asks can no longer count: forgotten, so that the asks
+    // kept stay the ones still unanswered (one a resend, between deaths).
+    for (auto it = asked_of_.begin();
+         it != asked_of_.end() && it->first < request_id;) {
+      it = it->second.rank == rank ? asked_of_.erase(it) : std::next(it);
+    }
     std::set<SliceId>& counted = counted_[rank];
     counted = std::set<SliceId>(slices.begin(), slices.end());
     const std::set<SliceId>& taken = taken_[rank];
