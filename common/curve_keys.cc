@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/message.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 namespace {
@@ -191,6 +192,149 @@ SecretString FormatKeyFile(const JobKeySet& set, Role role) {
       "\nsecret-key ", set.of(role).secret_key, "\n", publics));
 }
 
+namespace {
+
+// One line of a key file (not blank, not a comment) into `keys`; `have_role`
+// set by a "role" line.
+absl::Status ParseKeyLine(absl::string_view line, int line_number,
+                          const std::string& origin, JobKeys* keys,
+                          bool* have_role) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, " line ", line_number, ": ", why));
+  };
+  std::vector<absl::string_view> words =
+      absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipWhitespace());
+  if (words.size() == 3 && words[0] == "node-key") {
+    std::optional<Role> role;
+    for (Role r : kRoles) {
+      if (words[1] == RoleName(r) && r != Role::kScheduler) role = r;
+    }
+    if (!role.has_value()) {
+      return bad(absl::StrCat("node-key of role '", words[1],
+                              "': expected server or worker"));
+    }
+    uint8_t raw_key[32];
+    if (!DecodeKey(words[2], raw_key)) {
+      return bad(absl::StrCat("node-key: expected a key of ", kZ85KeyLength,
+                              " Z85 characters"));
+    }
+    if (!keys->node_keys.emplace(std::string(words[2]), *role).second)
+      return bad("node-key listed twice");
+    return absl::OkStatus();
+  }
+  if (words.size() != 2) {
+    return bad(
+        "expected 'NAME VALUE' (role, secret-key, "
+        "scheduler-public-key, server-public-key, worker-public-key, "
+        "node-secret-key) or 'node-key ROLE KEY'");
+  }
+  const absl::string_view name = words[0], value = words[1];
+  if (name == "role") {
+    bool known = false;
+    for (Role r : kRoles) {
+      if (value == RoleName(r)) {
+        keys->role = r;
+        known = true;
+      }
+    }
+    if (!known) {
+      return bad(absl::StrCat("role '", value,
+                              "': expected scheduler, server or worker"));
+    }
+    *have_role = true;
+    return absl::OkStatus();
+  }
+  std::string* slot = nullptr;
+  if (name == "secret-key") slot = &keys->secret_key;
+  if (name == "node-secret-key") slot = &keys->node_secret_key;
+  for (Role r : kRoles) {
+    if (name == KeyName(r)) slot = &keys->public_keys[static_cast<int>(r)];
+  }
+  if (slot == nullptr) return bad(absl::StrCat("unknown name '", name, "'"));
+  uint8_t raw_key[32];
+  if (!DecodeKey(value, raw_key)) {
+    return bad(absl::StrCat(name, ": expected a key of ", kZ85KeyLength,
+                            " Z85 characters"));
+  }
+  sodium_memzero(raw_key, sizeof(raw_key));
+  // Into the slot's own storage: no temporary copy of a secret.
+  slot->assign(value.data(), value.size());
+  return absl::OkStatus();
+}
+
+// What a parsed key file must hold, and how its keys must relate: every
+// role's public key, the node's own secret key's (derived into
+// `node_public_key`), none a role's key twice or of small order.
+absl::Status CheckKeys(bool have_role, const std::string& origin,
+                       JobKeys* keys) {
+  std::string missing;
+  if (!have_role) missing = "role";
+  if (keys->secret_key.empty())
+    absl::StrAppend(&missing, missing.empty() ? "" : ", ", "secret-key");
+  for (Role r : kRoles) {
+    if (keys->public_key(r).empty())
+      absl::StrAppend(&missing, missing.empty() ? "" : ", ", KeyName(r));
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": missing ", missing));
+  }
+  std::optional<std::string> derived = PublicOf(keys->secret_key);
+  if (!derived.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": the secret key is not a CURVE key"));
+  }
+  if (*derived != keys->public_key(keys->role)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": the secret key does not belong to ",
+                     KeyName(keys->role), " (keys of different jobs mixed?)"));
+  }
+  if (!keys->node_secret_key.empty()) {
+    derived = PublicOf(keys->node_secret_key);
+    if (!derived.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": node-secret-key is not a CURVE key"));
+    }
+    keys->node_public_key = *derived;
+    if (keys->IsRoleKey(keys->node_public_key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin,
+          ": node-secret-key is a role's key; a node's own must differ"));
+    }
+  }
+  for (const auto& [key, role] : keys->node_keys) {
+    if (keys->IsRoleKey(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": node-key ", KeyPrefix(key), " is a role's key"));
+    }
+  }
+  for (Role a : kRoles) {
+    for (Role b : kRoles) {
+      if (a < b && keys->public_key(a) == keys->public_key(b)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(origin, ": ", KeyName(a), " and ", KeyName(b),
+                         " are the same key; every role needs its own"));
+      }
+    }
+    // Sealed links agree keys with every role's key: one of small order
+    // would agree to zero.
+    uint8_t secret[32], peer[32], shared[32];
+    const bool agrees = DecodeKey(keys->secret_key, secret) &&
+                        DecodeKey(keys->public_key(a), peer) &&
+                        crypto_scalarmult(shared, secret, peer) == 0;
+    sodium_memzero(secret, sizeof(secret));
+    sodium_memzero(shared, sizeof(shared));
+    if (!agrees) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": ", KeyName(a), " is not a usable key (small order)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
                                      const std::string& origin) {
   JobKeys keys;
@@ -200,130 +344,10 @@ absl::StatusOr<JobKeys> ParseKeyFile(absl::string_view text,
     ++line_number;
     const absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty() || line[0] == '#') continue;
-    auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, " line ", line_number, ": ", why));
-    };
-    std::vector<absl::string_view> words =
-        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipWhitespace());
-    if (words.size() == 3 && words[0] == "node-key") {
-      std::optional<Role> role;
-      for (Role r : kRoles) {
-        if (words[1] == RoleName(r) && r != Role::kScheduler) role = r;
-      }
-      if (!role.has_value()) {
-        return bad(absl::StrCat("node-key of role '", words[1],
-                                "': expected server or worker"));
-      }
-      uint8_t raw_key[32];
-      if (!DecodeKey(words[2], raw_key)) {
-        return bad(absl::StrCat("node-key: expected a key of ", kZ85KeyLength,
-                                " Z85 characters"));
-      }
-      if (!keys.node_keys.emplace(std::string(words[2]), *role).second)
-        return bad("node-key listed twice");
-      continue;
-    }
-    if (words.size() != 2) {
-      return bad(
-          "expected 'NAME VALUE' (role, secret-key, "
-          "scheduler-public-key, server-public-key, worker-public-key, "
-          "node-secret-key) or 'node-key ROLE KEY'");
-    }
-    const absl::string_view name = words[0], value = words[1];
-    if (name == "role") {
-      bool known = false;
-      for (Role r : kRoles) {
-        if (value == RoleName(r)) {
-          keys.role = r;
-          known = true;
-        }
-      }
-      if (!known) {
-        return bad(absl::StrCat("role '", value,
-                                "': expected scheduler, server or worker"));
-      }
-      have_role = true;
-      continue;
-    }
-    std::string* slot = nullptr;
-    if (name == "secret-key") slot = &keys.secret_key;
-    if (name == "node-secret-key") slot = &keys.node_secret_key;
-    for (Role r : kRoles) {
-      if (name == KeyName(r)) slot = &keys.public_keys[static_cast<int>(r)];
-    }
-    if (slot == nullptr) return bad(absl::StrCat("unknown name '", name, "'"));
-    uint8_t raw_key[32];
-    if (!DecodeKey(value, raw_key)) {
-      return bad(absl::StrCat(name, ": expected a key of ", kZ85KeyLength,
-                              " Z85 characters"));
-    }
-    sodium_memzero(raw_key, sizeof(raw_key));
-    // Into the slot's own storage: no temporary copy of a secret.
-    slot->assign(value.data(), value.size());
+    TESSERA_RETURN_IF_ERROR(
+        ParseKeyLine(line, line_number, origin, &keys, &have_role));
   }
-  std::string missing;
-  if (!have_role) missing = "role";
-  if (keys.secret_key.empty())
-    absl::StrAppend(&missing, missing.empty() ? "" : ", ", "secret-key");
-  for (Role r : kRoles) {
-    if (keys.public_key(r).empty())
-      absl::StrAppend(&missing, missing.empty() ? "" : ", ", KeyName(r));
-  }
-  if (!missing.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(origin, ": missing ", missing));
-  }
-  std::optional<std::string> derived = PublicOf(keys.secret_key);
-  if (!derived.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(origin, ": the secret key is not a CURVE key"));
-  }
-  if (*derived != keys.public_key(keys.role)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(origin, ": the secret key does not belong to ",
-                     KeyName(keys.role), " (keys of different jobs mixed?)"));
-  }
-  if (!keys.node_secret_key.empty()) {
-    derived = PublicOf(keys.node_secret_key);
-    if (!derived.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, ": node-secret-key is not a CURVE key"));
-    }
-    keys.node_public_key = *derived;
-    if (keys.IsRoleKey(keys.node_public_key)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin,
-          ": node-secret-key is a role's key; a node's own must differ"));
-    }
-  }
-  for (const auto& [key, role] : keys.node_keys) {
-    if (keys.IsRoleKey(key)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, ": node-key ", KeyPrefix(key), " is a role's key"));
-    }
-  }
-  for (Role a : kRoles) {
-    for (Role b : kRoles) {
-      if (a < b && keys.public_key(a) == keys.public_key(b)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(origin, ": ", KeyName(a), " and ", KeyName(b),
-                         " are the same key; every role needs its own"));
-      }
-    }
-    // Sealed links agree keys with every role's key: one of small order
-    // would agree to zero.
-    uint8_t secret[32], peer[32], shared[32];
-    const bool agrees = DecodeKey(keys.secret_key, secret) &&
-                        DecodeKey(keys.public_key(a), peer) &&
-                        crypto_scalarmult(shared, secret, peer) == 0;
-    sodium_memzero(secret, sizeof(secret));
-    sodium_memzero(shared, sizeof(shared));
-    if (!agrees) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, ": ", KeyName(a), " is not a usable key (small order)"));
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(CheckKeys(have_role, origin, &keys));
   return keys;
 }
 
@@ -420,9 +444,31 @@ absl::Status SyncFolder(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
-                                    const std::string& variable) {
-  const std::string origin = absl::StrCat(variable, "=", path);
+namespace {
+
+// A key file's mode and owner: readable by its owner only, who is this
+// process's user.
+absl::Status CheckKeyFileStat(const std::string& origin,
+                              const std::string& path, const struct stat& st) {
+  if ((st.st_mode & 077) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: mode %04o lets its group or others at the secret key; expected "
+        "0600 or 0400 (chmod 600 %s)",
+        origin, st.st_mode & 07777, path));
+  }
+  if (st.st_uid != ::geteuid()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: the file belongs to uid %d, not to this process's user (uid "
+        "%d): a key file someone else put there is not this job's key",
+        origin, st.st_uid, ::geteuid()));
+  }
+  return absl::OkStatus();
+}
+
+// Opens the key file at `path` for reading, its size into `st`, after the
+// checks of it and its folder (CheckKeyFileStat, CheckFolderStat).
+absl::StatusOr<int> OpenKeyFile(const std::string& path,
+                                const std::string& origin, struct stat* st) {
   // The folder is opened first and the file through it, without following a
   // link: the folder judged below is the one the file was read from (a link,
   // or a folder renamed between the two, could otherwise lead elsewhere).
@@ -458,9 +504,8 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": cannot open: ", std::strerror(err)));
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
+  absl::Cleanup close_file = [fd] { ::close(fd); };
+  if (::fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
     ::close(dir_fd);
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": expected a regular file"));
@@ -469,65 +514,62 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
   const bool folder_read = ::fstat(dir_fd, &folder_st) == 0;
   const int folder_errno = errno;
   ::close(dir_fd);
-  if ((st.st_mode & 077) != 0) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: mode %04o lets its group or others at the secret key; expected "
-        "0600 or 0400 (chmod 600 %s)",
-        origin, st.st_mode & 07777, path));
-  }
-  if (st.st_uid != ::geteuid()) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: the file belongs to uid %d, not to this process's user (uid "
-        "%d): a key file someone else put there is not this job's key",
-        origin, st.st_uid, ::geteuid()));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckKeyFileStat(origin, path, *st));
   if (!folder_read) {
-    ::close(fd);
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": cannot read the folder ", dir, ": ",
                      std::strerror(folder_errno)));
   }
   if (absl::Status folder = CheckFolderStat(dir, folder_st); !folder.ok()) {
-    ::close(fd);
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": ", folder.message()));
   }
-  // Room for the whole file at once, never outgrown (a string that grows
-  // leaves the text it outgrew in freed memory, unwiped); wiped on every
-  // way out.
+  std::move(close_file).Cancel();
+  return fd;
+}
+
+// Reads what is left of `fd` into `text`, whose capacity it never outgrows
+// (a string that grows leaves the text it outgrew in freed memory, unwiped).
+absl::Status ReadKeyText(int fd, const std::string& origin, std::string* text) {
+  char buf[4096];
+  absl::Cleanup wipe = [&buf] { sodium_memzero(buf, sizeof(buf)); };
+  while (text->size() <= kMaxKeyFileBytes) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, ": cannot read: ", std::strerror(errno)));
+    }
+    if (n == 0) break;
+    if (text->size() + static_cast<size_t>(n) > text->capacity()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": it grew while it was read; not a key file at rest"));
+    }
+    text->append(buf, static_cast<size_t>(n));
+  }
+  if (text->size() > kMaxKeyFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": over ", kMaxKeyFileBytes, " bytes; not a key file"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
+                                    const std::string& variable) {
+  const std::string origin = absl::StrCat(variable, "=", path);
+  struct stat st;
+  TESSERA_ASSIGN_OR_RETURN(const int fd, OpenKeyFile(path, origin, &st));
+  // Room for the whole file at once, never outgrown; wiped on every way out.
   std::string text;
   text.reserve(
       std::min<size_t>(static_cast<size_t>(st.st_size), kMaxKeyFileBytes) +
       4096 + 1);
-  char buf[4096];
-  absl::Cleanup wipe = [&buf, &text] {
-    sodium_memzero(buf, sizeof(buf));
-    WipeString(&text);
-  };
-  while (text.size() <= kMaxKeyFileBytes) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat(origin, ": cannot read: ", why));
-    }
-    if (n == 0) break;
-    if (text.size() + static_cast<size_t>(n) > text.capacity()) {
-      ::close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, ": it grew while it was read; not a key file at rest"));
-    }
-    text.append(buf, static_cast<size_t>(n));
-  }
+  absl::Cleanup wipe = [&text] { WipeString(&text); };
+  absl::Status read = ReadKeyText(fd, origin, &text);
   ::close(fd);
-  if (text.size() > kMaxKeyFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        origin, ": over ", kMaxKeyFileBytes, " bytes; not a key file"));
-  }
+  TESSERA_RETURN_IF_ERROR(read);
   return ParseKeyFile(text, origin);
 }
 

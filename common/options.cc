@@ -196,28 +196,8 @@ absl::Status ParseKeys(const EnvLookup& env, Options& o) {
 }
 
 // Restarts, acknowledged delivery and its testing aid.
-absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
-  int64_t restarts = 0;
-  TESSERA_ASSIGN_OR_RETURN(restarts,
-                           ReadInt(env, "TESSERA_RESTART_COUNT", 0, 1000000, 0,
-                                   "a whole number >= 0"));
-  o.restart_count = static_cast<uint64_t>(restarts);
-  TESSERA_ASSIGN_OR_RETURN(
-      o.replicas,
-      ReadInt(env, "TESSERA_REPLICAS", 1, std::max(o.num_servers, 1), 1,
-              absl::StrCat("a whole number in 1..DMLC_NUM_SERVER (",
-                           o.num_servers, ")")));
-  if (!o.exact_sync_sum && o.replicas > 2) {
-    // A promoted backup sums the round again from the resent pushes; in
-    // arrival order that is other bits than the dead primary's sum, which the
-    // other backup may already hold (and keeps: the update's number is one it
-    // has). With exact sums both are the same bits (server/replication.h).
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TESSERA_SYNC_SUM=arrival with TESSERA_REPLICAS=", o.replicas,
-        ": arrival-order sums allow at most 2 replicas (after a primary's "
-        "death its backups could keep different sums of the same round); use "
-        "TESSERA_SYNC_SUM=exact (the default) or TESSERA_REPLICAS=2"));
-  }
+// TESSERA_MAX_SERVERS: the most server ranks (DMLC_NUM_SERVER of them start).
+absl::Status ParseMaxServers(const EnvLookup& env, Options& o) {
   if (const std::string max = ReadString(env, "TESSERA_MAX_SERVERS");
       !max.empty()) {
     // Replicated: every chain of `replicas` ranks must hold a server at the
@@ -251,16 +231,11 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
       o.num_servers = value;
     }
   }
-  int64_t flag = 0;
-  TESSERA_ASSIGN_OR_RETURN(flag,
-                           ReadInt(env, "TESSERA_SPARE", 0, 1, 0, "0 or 1"));
-  o.spare = flag == 1;
-  if (o.spare && (o.role != Role::kServer || o.chain_length() < 2)) {
-    return absl::InvalidArgumentError(
-        "TESSERA_SPARE=1: a spare is a server of a job with TESSERA_REPLICAS "
-        ">= 2 or TESSERA_MAX_SERVERS (it takes the rank of a dead server, or "
-        "of one that has none)");
-  }
+  return absl::OkStatus();
+}
+
+// TESSERA_ELASTIC=MIN:MAX: the workers an elastic job may shrink and grow to.
+absl::Status ParseElastic(const EnvLookup& env, Options& o) {
   if (const std::string elastic = ReadString(env, "TESSERA_ELASTIC");
       !elastic.empty()) {
     const std::string expected = absl::StrCat(
@@ -276,6 +251,43 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
     o.elastic_min = min;
     o.elastic_max = max;
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
+  int64_t restarts = 0;
+  TESSERA_ASSIGN_OR_RETURN(restarts,
+                           ReadInt(env, "TESSERA_RESTART_COUNT", 0, 1000000, 0,
+                                   "a whole number >= 0"));
+  o.restart_count = static_cast<uint64_t>(restarts);
+  TESSERA_ASSIGN_OR_RETURN(
+      o.replicas,
+      ReadInt(env, "TESSERA_REPLICAS", 1, std::max(o.num_servers, 1), 1,
+              absl::StrCat("a whole number in 1..DMLC_NUM_SERVER (",
+                           o.num_servers, ")")));
+  if (!o.exact_sync_sum && o.replicas > 2) {
+    // A promoted backup sums the round again from the resent pushes; in
+    // arrival order that is other bits than the dead primary's sum, which the
+    // other backup may already hold (and keeps: the update's number is one it
+    // has). With exact sums both are the same bits (server/replication.h).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TESSERA_SYNC_SUM=arrival with TESSERA_REPLICAS=", o.replicas,
+        ": arrival-order sums allow at most 2 replicas (after a primary's "
+        "death its backups could keep different sums of the same round); use "
+        "TESSERA_SYNC_SUM=exact (the default) or TESSERA_REPLICAS=2"));
+  }
+  TESSERA_RETURN_IF_ERROR(ParseMaxServers(env, o));
+  int64_t flag = 0;
+  TESSERA_ASSIGN_OR_RETURN(flag,
+                           ReadInt(env, "TESSERA_SPARE", 0, 1, 0, "0 or 1"));
+  o.spare = flag == 1;
+  if (o.spare && (o.role != Role::kServer || o.chain_length() < 2)) {
+    return absl::InvalidArgumentError(
+        "TESSERA_SPARE=1: a spare is a server of a job with TESSERA_REPLICAS "
+        ">= 2 or TESSERA_MAX_SERVERS (it takes the rank of a dead server, or "
+        "of one that has none)");
+  }
+  TESSERA_RETURN_IF_ERROR(ParseElastic(env, o));
   TESSERA_ASSIGN_OR_RETURN(flag, ReadInt(env, "PS_RESEND", 0, 1, 1, "0 or 1"));
   o.resend = flag == 1;
   int64_t ms = 0;

@@ -382,6 +382,18 @@ class SealedReceiver {
   bool OpenFirst(Record& record, const Prefix& prefix, Peer& peer,
                  Cipher& cipher, std::vector<Message>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OpenFirst's steps: the lead and header of a first record's plaintext
+  // (`here`: its data bytes; `total`: the message's), and the frames laid out
+  // (lent whole from the record, or memory of their own). False: dropped as
+  // malformed.
+  bool ReadFirstHeader(const uint8_t* plain, const Prefix& prefix,
+                       const Peer& peer, Message* msg, size_t* here,
+                       uint64_t* total) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool LayOutFrames(const Record& record, const uint8_t* data, size_t here,
+                    Peer& peer, Message& msg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropMalformed(const Peer& peer, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool OpenNext(Record& record, const Prefix& prefix, Peer& peer,
                 std::vector<Message>* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(Peer& peer, std::vector<Message>* ready)

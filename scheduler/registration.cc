@@ -174,6 +174,12 @@ void Scheduler::HandleRegister(const Message& msg) {
     TurnAway(r, "the job is already formed; no node of this role is missing");
     return;
   }
+  RegisterBeforeFormation(r);
+}
+
+void Scheduler::RegisterBeforeFormation(const Registration& r) {
+  const wire::NodeInfo& info = r.info;
+  const std::string& key = r.key;
   const int count = registered_by_role_[info.role()];
   const int wanted = info.role() == wire::SERVER ? options_.servers_at_start()
                                                  : options_.num_workers;
@@ -434,30 +440,35 @@ void Scheduler::HoldSpare(const Registration& r) {
   if (formed_) PlaceSpares();
 }
 
+void Scheduler::RejoinReplicatedServer(int id, const wire::NodeInfo& info,
+                                       uint64_t nonce) {
+  wire::NodeInfo& node = nodes_[id];
+  // A replicated server's new process holds none of its slices: its old
+  // life is dead (its slices fail over, or the job ends), and the new one
+  // takes the rank back as a replacement and catches up, unless a spare
+  // took it first.
+  if (!node.dead()) {
+    FailOver(id, absl::StrCat("restarted (generation ", info.generation(),
+                              ") without its key slices"));
+    if (ended_) return;
+  }
+  if (!nodes_[id].dead()) {
+    AbortRegistration(ProvisionalId(kFinishedIndex, info.role()), info, {nonce},
+                      absl::StrCat("a spare took the rank of ", Describe(node),
+                                   "; not needed"));
+    return;
+  }
+  Registration r;
+  r.info = info;
+  r.nonces = {nonce};
+  r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
+  Replace(id, r);
+}
+
 void Scheduler::Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce) {
   wire::NodeInfo& node = nodes_[id];
   if (node.role() == wire::SERVER && options_.chain_length() > 1) {
-    // A replicated server's new process holds none of its slices: its old
-    // life is dead (its slices fail over, or the job ends), and the new one
-    // takes the rank back as a replacement and catches up, unless a spare
-    // took it first.
-    if (!node.dead()) {
-      FailOver(id, absl::StrCat("restarted (generation ", info.generation(),
-                                ") without its key slices"));
-      if (ended_) return;
-    }
-    if (!nodes_[id].dead()) {
-      AbortRegistration(ProvisionalId(kFinishedIndex, info.role()), info,
-                        {nonce},
-                        absl::StrCat("a spare took the rank of ",
-                                     Describe(node), "; not needed"));
-      return;
-    }
-    Registration r;
-    r.info = info;
-    r.nonces = {nonce};
-    r.key = node_key_of_.count(id) != 0 ? node_key_of_[id] : std::string();
-    Replace(id, r);
+    RejoinReplicatedServer(id, info, nonce);
     return;
   }
   if (node.dead() && node.role() == wire::WORKER && options_.elastic()) {
@@ -525,6 +536,40 @@ void Scheduler::Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce) {
   }
 }
 
+namespace {
+
+// TESSERA_MAX_SERVERS (`most` > `present`): the servers of `infos` (ranked 0
+// to present - 1) take ranks spread over the most, so that every chain holds
+// one; the other ranks wait for servers (dead in the table, their slices
+// answered by their replicas) and are returned, their entries added.
+std::vector<int> SpreadServersOverRanks(int most, int present,
+                                        std::vector<wire::NodeInfo>* infos) {
+  std::vector<int> waiting_ranks;
+  if (present >= most) return waiting_ranks;
+  std::vector<bool> taken(most, false);
+  for (wire::NodeInfo& n : *infos) {
+    if (n.role() != wire::SERVER) continue;
+    const int rank =
+        static_cast<int>(static_cast<int64_t>(n.rank()) * most / present);
+    n.set_rank(rank);
+    n.set_id(ServerId(rank));
+    taken[rank] = true;
+  }
+  for (int rank = 0; rank < most; ++rank) {
+    if (taken[rank]) continue;
+    wire::NodeInfo absent;
+    absent.set_id(ServerId(rank));
+    absent.set_role(wire::SERVER);
+    absent.set_rank(rank);
+    absent.set_dead(true);
+    infos->push_back(absent);
+    waiting_ranks.push_back(rank);
+  }
+  return waiting_ranks;
+}
+
+}  // namespace
+
 void Scheduler::FormJob() {
   std::vector<wire::NodeInfo> infos;
   std::map<std::pair<std::string, int>, std::string> keys;  // by host, port
@@ -533,33 +578,9 @@ void Scheduler::FormJob() {
     if (!r.key.empty()) keys[{r.info.host(), r.info.port()}] = r.key;
   }
   infos = AssignIds(std::move(infos));
-  std::vector<int> waiting_ranks;
-  if (options_.servers_at_start() < options_.num_servers) {
-    // TESSERA_MAX_SERVERS: the servers take ranks spread over the most, so
-    // that every chain holds one; the other ranks wait for servers (dead in
-    // the table, their slices answered by their replicas).
-    const int most = options_.num_servers,
-              present = options_.servers_at_start();
-    std::vector<bool> taken(most, false);
-    for (wire::NodeInfo& n : infos) {
-      if (n.role() != wire::SERVER) continue;
-      const int rank =
-          static_cast<int>(static_cast<int64_t>(n.rank()) * most / present);
-      n.set_rank(rank);
-      n.set_id(ServerId(rank));
-      taken[rank] = true;
-    }
-    for (int rank = 0; rank < most; ++rank) {
-      if (taken[rank]) continue;
-      wire::NodeInfo absent;
-      absent.set_id(ServerId(rank));
-      absent.set_role(wire::SERVER);
-      absent.set_rank(rank);
-      absent.set_dead(true);
-      infos.push_back(absent);
-      waiting_ranks.push_back(rank);
-    }
-  }
+  // TESSERA_MAX_SERVERS: ranks that wait for a server.
+  const std::vector<int> waiting_ranks = SpreadServersOverRanks(
+      options_.num_servers, options_.servers_at_start(), &infos);
   for (const wire::NodeInfo& n : infos) {
     auto it = keys.find({n.host(), n.port()});
     if (it != keys.end()) node_key_of_[n.id()] = it->second;

@@ -22,79 +22,6 @@ namespace tessera {
 using scheduler_internal::AbortMessage;
 using scheduler_internal::kProvisionalBase;
 
-Scheduler::Metrics::Metrics() {
-  MetricsRegistry& r = MetricsRegistry::Global();
-  heartbeats = r.GetCounter("tessera_scheduler_heartbeats_received_total",
-                            "Heartbeats received from servers and workers.");
-  dead_nodes = r.GetCounter(
-      "tessera_scheduler_dead_nodes_total",
-      "Nodes declared dead for want of heartbeats (each ends the job, but "
-      "a server of a replicated job whose slices have a live replica and a "
-      "worker of an elastic job while enough remain).");
-  failovers = r.GetCounter(
-      "tessera_scheduler_failovers_total",
-      "Servers declared dead (or that left) whose key slices failed over to "
-      "a replica (TESSERA_REPLICAS > 1).");
-  servers_left = r.GetCounter(
-      "tessera_scheduler_servers_left_total",
-      "Servers of a replicated job that left it (SIGTERM: SERVER_LEAVE), "
-      "their key slices failing over to a replica.");
-  replacements = r.GetCounter(
-      "tessera_scheduler_replacements_total",
-      "Dead servers whose rank a spare or a restarted server took "
-      "(TESSERA_REPLICAS > 1; it then catches up by state transfer).");
-  handbacks = r.GetCounter(
-      "tessera_scheduler_handbacks_total",
-      "Replacement servers that took back their place in their key slices' "
-      "chains once caught up (a hand-back at a round boundary; "
-      "TESSERA_REPLICAS > 1).");
-  handback_retries = r.GetCounter(
-      "tessera_scheduler_handback_retries_total",
-      "Hand-backs started again because a server had not reported its part "
-      "within 10 s (a lost report, or a round boundary that did not come).");
-  spares = r.GetGauge("tessera_scheduler_spare_servers",
-                      "Spare servers (TESSERA_SPARE=1) waiting for a server "
-                      "to die.");
-  barriers_released = r.GetCounter("tessera_scheduler_barriers_released_total",
-                                   "Barriers released (once per group).");
-  notice_resends = r.GetCounter(
-      "tessera_scheduler_notice_resends_total",
-      "Notices (node tables, the job's end) sent again for want of an "
-      "acknowledgement.");
-  ignored_messages = r.GetCounter(
-      "tessera_scheduler_ignored_messages_total",
-      "Messages the scheduler dropped: data-plane messages, malformed "
-      "registrations.");
-  registrations = r.GetCounter(
-      "tessera_scheduler_registrations_total",
-      "Registrations received (first lives, restarts and repeats).");
-  registered_servers =
-      r.GetGauge("tessera_scheduler_registered_nodes",
-                 "Nodes registered, by role.", {{"role", "server"}});
-  registered_workers =
-      r.GetGauge("tessera_scheduler_registered_nodes",
-                 "Nodes registered, by role.", {{"role", "worker"}});
-  finished_workers = r.GetGauge("tessera_scheduler_finished_workers",
-                                "Workers that have finished their work.");
-  workers_in_job = r.GetGauge(
-      "tessera_scheduler_workers_in_job",
-      "Workers in the job's membership: registered and not left (an elastic "
-      "job's workers leave by goodbye or death, TESSERA_ELASTIC).");
-  workers_joined = r.GetCounter(
-      "tessera_scheduler_workers_joined_total",
-      "Workers that joined an elastic job (TESSERA_ELASTIC) while it ran.");
-  workers_left = r.GetCounter(
-      "tessera_scheduler_workers_left_total",
-      "Workers of an elastic job (TESSERA_ELASTIC) that left while it ran: "
-      "said goodbye or were declared dead.");
-  formed = r.GetGauge("tessera_scheduler_job_formed",
-                      "1 once every node registered and got the node table.");
-  oldest_heartbeat_age = r.GetGauge(
-      "tessera_scheduler_oldest_heartbeat_age_seconds",
-      "Seconds since the node heard from longest ago was last heard from "
-      "(a node is declared dead past PS_HEARTBEAT_TIMEOUT).");
-}
-
 Scheduler::Scheduler(const Options& options,
                      std::unique_ptr<Transport> transport)
     : options_(options),
@@ -205,87 +132,100 @@ absl::Status Scheduler::Run() {
     notices_.ResendDue(now);
     if (pending_wanted_.load(std::memory_order_relaxed)) MakePending(now);
     if (ended_) {
-      if (!Ending(now)) {
-        // Every node acknowledged the end (or the deadline passed): what is
-        // still queued (answers to the last heartbeats of nodes that have
-        // left) can only wait out the linger.
-        transport_->DiscardUnsent();
-        TESSERA_LOG(INFO) << "handled " << received_ << " messages ("
-                          << heartbeats_ << " heartbeats) in "
-                          << absl::FormatDuration(absl::Trunc(
-                                 now - start, absl::Milliseconds(1)))
-                          << ", " << ThreadCpuMillis()
-                          << " ms of CPU on the scheduler's thread";
-        return result_;
-      }
+      if (!Ending(now)) return Finished(start, now);
       continue;
     }
-    if (!formed_ && now - start > options_.start_timeout) {
-      const std::string reason = absl::StrCat(
-          "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
-          " passed: ", MissingNodes(),
-          " never registered (TESSERA_START_TIMEOUT)");
-      std::vector<int> peers;
-      // Registered nodes have no id yet: the abort names their
-      // registrations.
-      Message abort = AbortMessage(reason);
-      for (const Registration& r : registered_) {
-        // Registered nodes are linked to only now, to be told.
-        if (LinkTo(r.provisional_id, r.info).ok()) {
-          peers.push_back(r.provisional_id);
-          for (uint64_t nonce : r.nonces)
-            abort.header.mutable_abort()->add_registrations(nonce);
-        }
-      }
-      EndJob(absl::DeadlineExceededError(reason), abort, peers);
+    if (!formed_) {
+      WatchFormation(start, now);
       continue;
     }
-    if (!formed_ && now - last_formation_report_ >= kFormationReportInterval) {
-      // A slow formation says what it waits for, so that a user who started
-      // too few nodes (or whose nodes cannot reach us) sees it before the
-      // deadline ends the job.
-      last_formation_report_ = now;
-      TESSERA_LOG(INFO) << "waiting for " << MissingNodes() << " to register ("
-                        << absl::FormatDuration(
-                               absl::Trunc(now - start, absl::Seconds(1)))
-                        << " so far; start-up deadline "
-                        << absl::FormatDuration(options_.start_timeout)
-                        << ", TESSERA_START_TIMEOUT)";
-    }
-    if (formed_ && !unconfirmed_at_formation_.empty() &&
+    if (!unconfirmed_at_formation_.empty() &&
         now > std::max(start + options_.start_timeout,
                        formed_at_ + absl::Seconds(2))) {
-      // A node registered, so it reaches us; we never heard it confirm the
-      // table, so we do not reach it: the address it advertises is wrong for
-      // this network. (The nodes of the formed job only: one that joins or
-      // takes a rank later is not held to the start-up deadline.)
-      std::string unconfirmed;
-      for (int id : unconfirmed_at_formation_) {
-        absl::StrAppend(&unconfirmed, unconfirmed.empty() ? "" : ", ",
-                        Describe(nodes_[id]));
-      }
-      const std::string reason = absl::StrCat(
-          "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
-          " passed: the scheduler cannot reach the address advertised by ",
-          unconfirmed, " (check DMLC_INTERFACE / DMLC_NODE_HOST on that host)");
-      // Only the nodes that confirmed can hear (and acknowledge) the abort.
-      EndJob(absl::DeadlineExceededError(reason), AbortMessage(reason),
-             std::vector<int>(confirmed_.begin(), confirmed_.end()));
+      EndForUnreachableNodes();
       continue;
     }
-    if (formed_ && now - last_late_check_ >= kLivenessEvery) {
+    if (now - last_late_check_ >= kLivenessEvery) {
       last_late_check_ = now;
       barriers_.CheckLate(now);
       if (handback_ && now - handback_->started >= options_.handback_retry)
         RetryHandback(now);
     }
-    if (formed_ && options_.heartbeat_interval > absl::ZeroDuration() &&
+    if (options_.heartbeat_interval > absl::ZeroDuration() &&
         now - last_liveness_check_ >= kLivenessEvery) {
       last_liveness_check_ = now;
       CheckLiveness(now);
       if (!ended_) CheckLostLinks(now);
     }
   }
+}
+
+absl::Status Scheduler::Finished(absl::Time start, absl::Time now) {
+  // Every node acknowledged the end (or the deadline passed): what is
+  // still queued (answers to the last heartbeats of nodes that have
+  // left) can only wait out the linger.
+  transport_->DiscardUnsent();
+  TESSERA_LOG(INFO) << "handled " << received_ << " messages (" << heartbeats_
+                    << " heartbeats) in "
+                    << absl::FormatDuration(
+                           absl::Trunc(now - start, absl::Milliseconds(1)))
+                    << ", " << ThreadCpuMillis()
+                    << " ms of CPU on the scheduler's thread";
+  return result_;
+}
+
+void Scheduler::WatchFormation(absl::Time start, absl::Time now) {
+  if (now - start > options_.start_timeout) {
+    const std::string reason = absl::StrCat(
+        "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
+        " passed: ", MissingNodes(),
+        " never registered (TESSERA_START_TIMEOUT)");
+    std::vector<int> peers;
+    // Registered nodes have no id yet: the abort names their
+    // registrations.
+    Message abort = AbortMessage(reason);
+    for (const Registration& r : registered_) {
+      // Registered nodes are linked to only now, to be told.
+      if (LinkTo(r.provisional_id, r.info).ok()) {
+        peers.push_back(r.provisional_id);
+        for (uint64_t nonce : r.nonces)
+          abort.header.mutable_abort()->add_registrations(nonce);
+      }
+    }
+    EndJob(absl::DeadlineExceededError(reason), abort, peers);
+    return;
+  }
+  if (now - last_formation_report_ >= kFormationReportInterval) {
+    // A slow formation says what it waits for, so that a user who started
+    // too few nodes (or whose nodes cannot reach us) sees it before the
+    // deadline ends the job.
+    last_formation_report_ = now;
+    TESSERA_LOG(INFO) << "waiting for " << MissingNodes() << " to register ("
+                      << absl::FormatDuration(
+                             absl::Trunc(now - start, absl::Seconds(1)))
+                      << " so far; start-up deadline "
+                      << absl::FormatDuration(options_.start_timeout)
+                      << ", TESSERA_START_TIMEOUT)";
+  }
+}
+
+void Scheduler::EndForUnreachableNodes() {
+  // A node registered, so it reaches us; we never heard it confirm the
+  // table, so we do not reach it: the address it advertises is wrong for
+  // this network. (The nodes of the formed job only: one that joins or
+  // takes a rank later is not held to the start-up deadline.)
+  std::string unconfirmed;
+  for (int id : unconfirmed_at_formation_) {
+    absl::StrAppend(&unconfirmed, unconfirmed.empty() ? "" : ", ",
+                    Describe(nodes_[id]));
+  }
+  const std::string reason = absl::StrCat(
+      "start-up deadline of ", absl::FormatDuration(options_.start_timeout),
+      " passed: the scheduler cannot reach the address advertised by ",
+      unconfirmed, " (check DMLC_INTERFACE / DMLC_NODE_HOST on that host)");
+  // Only the nodes that confirmed can hear (and acknowledge) the abort.
+  EndJob(absl::DeadlineExceededError(reason), AbortMessage(reason),
+         std::vector<int>(confirmed_.begin(), confirmed_.end()));
 }
 
 bool Scheduler::Acknowledged(const wire::Header& h) {

@@ -86,6 +86,16 @@ class Scheduler {
               const std::vector<int>& peers);
   // True while ending and some node has not acknowledged the end.
   bool Ending(absl::Time now);
+  // Run's last step once the end is acknowledged: drops what is still queued,
+  // logs what the loop handled and returns the job's result.
+  absl::Status Finished(absl::Time start, absl::Time now);
+  // Before the job formed: ends it past TESSERA_START_TIMEOUT, naming who
+  // never registered, and says every kFormationReportInterval what it waits
+  // for.
+  void WatchFormation(absl::Time start, absl::Time now);
+  // Ends a formed job whose nodes registered but never confirmed the table
+  // by the start-up deadline: the scheduler cannot reach their addresses.
+  void EndForUnreachableNodes();
   // A node entering a barrier: released with the others of its group once
   // all are in.
   void HandleBarrier(int sender, const wire::Header& h);
@@ -99,6 +109,10 @@ class Scheduler {
   void HandleRegister(const Message& msg);
   // HandleRegister's steps (scheduler/registration.cc).
   bool RegistrationAdmissible(const Message& msg);
+  // A first registration while the job forms: counted against the role's
+  // number (an elastic job's extra workers held for after formation, others
+  // past it turned away); the last one forms the job.
+  void RegisterBeforeFormation(const Registration& r);
   bool RestartOfKnownNode(const wire::NodeInfo& info, const std::string& key,
                           uint64_t nonce);
   bool NewToTheJob(const wire::NodeInfo& info, const std::string& key,
@@ -120,6 +134,11 @@ class Scheduler {
   // id and rank; everyone gets the new table. (A worker that had already
   // finished is told to abort.)
   void Rejoin(int id, const wire::NodeInfo& info, uint64_t nonce);
+  // Rejoin of a replicated server: its new process holds none of its slices,
+  // so it fails its old life over and takes the rank back as a replacement
+  // (unless a spare took it first).
+  void RejoinReplicatedServer(int id, const wire::NodeInfo& info,
+                              uint64_t nonce);
   // The node table node `for_id` needs (NODE_TABLE): the other role's nodes
   // and its own entry.
   // Links to the node `n` (registered or formed) as `id`: in a secured job

@@ -598,14 +598,21 @@ class Trainer {
                        {"samples", step->rows}});
     }
 
-    if (totals_.steps == 0) totals_.first_loss = step->loss_sum / step->rows;
+    Account(epoch, b, *step, counts);
+    return std::nullopt;
+  }
+
+  // A finished step's counts, and the progress line every --log-every batches.
+  void Account(int epoch, int b, const MlpBatchStats& step,
+               EpochCounts* counts) {
+    if (totals_.steps == 0) totals_.first_loss = step.loss_sum / step.rows;
     ++totals_.steps;
-    totals_.samples += step->rows;
-    counts->window_samples += step->rows;
-    counts->window_correct += step->correct;
-    counts->samples += step->rows;
-    counts->correct += step->correct;
-    counts->loss += step->loss_sum;
+    totals_.samples += step.rows;
+    counts->window_samples += step.rows;
+    counts->window_correct += step.correct;
+    counts->samples += step.rows;
+    counts->correct += step.correct;
+    counts->loss += step.loss_sum;
     if ((b + 1) % flags_.log_every == 0) {
       const double secs = SecondsSince(counts->window_start);
       std::printf(
@@ -616,7 +623,6 @@ class Trainer {
       counts->window_start = Clock::now();
       counts->window_samples = counts->window_correct = 0;
     }
-    return std::nullopt;
   }
 
   // Accuracy on the test set (converted to floats once).

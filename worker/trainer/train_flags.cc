@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 
 namespace tessera {
 namespace {
@@ -90,12 +91,88 @@ float DefaultLearningRate(absl::string_view optimizer) {
   return 0.1f;
 }
 
+// Which flags the command line gave: their defaults depend on other flags.
+struct GivenFlags {
+  bool lr = false, momentum = false, data = false;
+};
+
+// Sets flag --`name` (a known one) of `f` to `value`.
+absl::Status SetTrainFlag(const std::string& name, const std::string& value,
+                          TrainFlags* f, GivenFlags* given) {
+  absl::Status s;
+  if (name == "kv-store") {
+    s = ParseChoice(name, value, {"dist_sync", "dist_async"},
+                    "dist_sync or dist_async", &f->kv_store);
+  } else if (name == "batch-size") {
+    s = ParseInt(name, value, 1, "a positive integer", &f->batch_size);
+  } else if (name == "epochs") {
+    s = ParseInt(name, value, 1, "a positive integer", &f->epochs);
+  } else if (name == "gc-type") {
+    s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit", &f->gc_type);
+  } else if (name == "fuse-keys") {
+    std::string choice;
+    s = ParseChoice(name, value, {"on", "off"}, "on or off", &choice);
+    f->fuse_keys = choice == "on";
+  } else if (name == "gc-pull") {
+    s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit", &f->gc_pull);
+  } else if (name == "gc-threshold") {
+    s = ParseFloat(name, value, 0, true, std::numeric_limits<float>::infinity(),
+                   "a positive number", &f->gc_threshold);
+  } else if (name == "lr") {
+    s = ParseFloat(name, value, 0, true, std::numeric_limits<float>::infinity(),
+                   "a positive number", &f->lr);
+    given->lr = true;
+  } else if (name == "seed") {
+    if (!absl::SimpleAtoi(value, &f->seed)) {
+      s = Expected(name, "a non-negative integer", value);
+    }
+  } else if (name == "hidden") {
+    s = ParseHidden(value, &f->hidden);
+  } else if (name == "optimizer") {
+    s = ParseChoice(name, value, {"sgd", "adam", "adamax", "adagrad"},
+                    "sgd, adam, adamax or adagrad", &f->optimizer);
+  } else if (name == "momentum") {
+    s = ParseFloat(name, value, 0, false, 1, "a number in [0, 1)",
+                   &f->momentum);
+    given->momentum = true;
+  } else if (name == "wd") {
+    s = ParseFloat(name, value, 0, false,
+                   std::numeric_limits<float>::infinity(),
+                   "a non-negative number", &f->wd);
+  } else if (name == "lr-factor") {
+    s = ParseFloat(name, value, 0, true, 1, "a number in (0, 1]",
+                   &f->lr_factor);
+  } else if (name == "lr-step-epochs") {
+    s = ParseInt(name, value, 0, "a non-negative integer (0: off)",
+                 &f->lr_step_epochs);
+  } else if (name == "device") {
+    s = ParseChoice(name, value, {"auto", "cuda", "cpu"}, "auto, cuda or cpu",
+                    &f->device);
+  } else if (name == "data") {
+    if (value.empty()) s = Expected(name, "a directory", value);
+    f->data_dir = value;
+    given->data = true;
+  } else if (name == "train-subset") {
+    s = ParseInt(name, value, 0, "a non-negative integer (0: all)",
+                 &f->train_subset);
+  } else if (name == "test-subset") {
+    s = ParseInt(name, value, 0, "a non-negative integer (0: all)",
+                 &f->test_subset);
+  } else if (name == "log-every") {
+    s = ParseInt(name, value, 1, "a positive integer", &f->log_every);
+  } else if (name == "metrics-out") {
+    if (value.empty()) s = Expected(name, "a file path", value);
+    f->metrics_out = value;
+  }
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
                                            const char* fashion_mnist_dir_env) {
   TrainFlags f;
-  bool lr_given = false, momentum_given = false, data_given = false;
+  GivenFlags given;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
@@ -124,91 +201,22 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
           absl::StrCat("--", name, ": expected a value"));
     }
 
-    absl::Status s;
-    if (name == "kv-store") {
-      s = ParseChoice(name, value, {"dist_sync", "dist_async"},
-                      "dist_sync or dist_async", &f.kv_store);
-    } else if (name == "batch-size") {
-      s = ParseInt(name, value, 1, "a positive integer", &f.batch_size);
-    } else if (name == "epochs") {
-      s = ParseInt(name, value, 1, "a positive integer", &f.epochs);
-    } else if (name == "gc-type") {
-      s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit",
-                      &f.gc_type);
-    } else if (name == "fuse-keys") {
-      std::string choice;
-      s = ParseChoice(name, value, {"on", "off"}, "on or off", &choice);
-      f.fuse_keys = choice == "on";
-    } else if (name == "gc-pull") {
-      s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit",
-                      &f.gc_pull);
-    } else if (name == "gc-threshold") {
-      s = ParseFloat(name, value, 0, true,
-                     std::numeric_limits<float>::infinity(),
-                     "a positive number", &f.gc_threshold);
-    } else if (name == "lr") {
-      s = ParseFloat(name, value, 0, true,
-                     std::numeric_limits<float>::infinity(),
-                     "a positive number", &f.lr);
-      lr_given = true;
-    } else if (name == "seed") {
-      if (!absl::SimpleAtoi(value, &f.seed)) {
-        s = Expected(name, "a non-negative integer", value);
-      }
-    } else if (name == "hidden") {
-      s = ParseHidden(value, &f.hidden);
-    } else if (name == "optimizer") {
-      s = ParseChoice(name, value, {"sgd", "adam", "adamax", "adagrad"},
-                      "sgd, adam, adamax or adagrad", &f.optimizer);
-    } else if (name == "momentum") {
-      s = ParseFloat(name, value, 0, false, 1, "a number in [0, 1)",
-                     &f.momentum);
-      momentum_given = true;
-    } else if (name == "wd") {
-      s = ParseFloat(name, value, 0, false,
-                     std::numeric_limits<float>::infinity(),
-                     "a non-negative number", &f.wd);
-    } else if (name == "lr-factor") {
-      s = ParseFloat(name, value, 0, true, 1, "a number in (0, 1]",
-                     &f.lr_factor);
-    } else if (name == "lr-step-epochs") {
-      s = ParseInt(name, value, 0, "a non-negative integer (0: off)",
-                   &f.lr_step_epochs);
-    } else if (name == "device") {
-      s = ParseChoice(name, value, {"auto", "cuda", "cpu"}, "auto, cuda or cpu",
-                      &f.device);
-    } else if (name == "data") {
-      if (value.empty()) s = Expected(name, "a directory", value);
-      f.data_dir = value;
-      data_given = true;
-    } else if (name == "train-subset") {
-      s = ParseInt(name, value, 0, "a non-negative integer (0: all)",
-                   &f.train_subset);
-    } else if (name == "test-subset") {
-      s = ParseInt(name, value, 0, "a non-negative integer (0: all)",
-                   &f.test_subset);
-    } else if (name == "log-every") {
-      s = ParseInt(name, value, 1, "a positive integer", &f.log_every);
-    } else if (name == "metrics-out") {
-      if (value.empty()) s = Expected(name, "a file path", value);
-      f.metrics_out = value;
-    }
-    if (!s.ok()) return s;
+    TESSERA_RETURN_IF_ERROR(SetTrainFlag(name, value, &f, &given));
   }
-  if (momentum_given && f.optimizer != "sgd") {
+  if (given.momentum && f.optimizer != "sgd") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--momentum: only used by --optimizer sgd, not --optimizer ",
         f.optimizer));
   }
-  if (!lr_given) f.lr = DefaultLearningRate(f.optimizer);
+  if (!given.lr) f.lr = DefaultLearningRate(f.optimizer);
   // Measured with 2 workers: server-side momentum 0.9 diverges under dist_async
   // (stale pushes already act as momentum) and under 2-bit compression (the
   // residual already accumulates past gradients), while momentum 0 trains in
   // both.
-  if (!momentum_given && (f.kv_store == "dist_async" || f.gc_type == "2bit")) {
+  if (!given.momentum && (f.kv_store == "dist_async" || f.gc_type == "2bit")) {
     f.momentum = 0.0f;
   }
-  if (!data_given && fashion_mnist_dir_env != nullptr &&
+  if (!given.data && fashion_mnist_dir_env != nullptr &&
       *fashion_mnist_dir_env != 0) {
     f.data_dir = fashion_mnist_dir_env;
   }
