@@ -528,9 +528,12 @@ absl::StatusOr<int> OpenKeyFile(const std::string& path,
   return fd;
 }
 
-// Reads what is left of `fd` into `text`, whose capacity it never outgrows
-// (a string that grows leaves the text it outgrew in freed memory, unwiped).
+}  // namespace
+
+namespace curve_keys_internal {
+
 absl::Status ReadKeyText(int fd, const std::string& origin, std::string* text) {
+  constexpr size_t kMostCapacity = kMaxKeyFileBytes + 4096 + 1;
   char buf[4096];
   absl::Cleanup wipe = [&buf] { sodium_memzero(buf, sizeof(buf)); };
   while (text->size() <= kMaxKeyFileBytes) {
@@ -542,8 +545,16 @@ absl::Status ReadKeyText(int fd, const std::string& origin, std::string* text) {
     }
     if (n == 0) break;
     if (text->size() + static_cast<size_t>(n) > text->capacity()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, ": it grew while it was read; not a key file at rest"));
+      // More than the file's size said (a file system that does not know
+      // it): a string of twice the room, the old one wiped, never a string
+      // left to grow by itself.
+      size_t room = std::max<size_t>(text->capacity(), 4096);
+      while (room < text->size() + static_cast<size_t>(n)) room *= 2;
+      std::string bigger;
+      bigger.reserve(std::min(room, kMostCapacity));
+      bigger.append(*text);
+      WipeString(text);
+      text->swap(bigger);
     }
     text->append(buf, static_cast<size_t>(n));
   }
@@ -554,20 +565,21 @@ absl::Status ReadKeyText(int fd, const std::string& origin, std::string* text) {
   return absl::OkStatus();
 }
 
-}  // namespace
+}  // namespace curve_keys_internal
 
 absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
                                     const std::string& variable) {
   const std::string origin = absl::StrCat(variable, "=", path);
   struct stat st;
   TESSERA_ASSIGN_OR_RETURN(const int fd, OpenKeyFile(path, origin, &st));
-  // Room for the whole file at once, never outgrown; wiped on every way out.
+  // Room for the whole file at once (outgrown only when the file system did
+  // not know its size); wiped on every way out.
   std::string text;
   text.reserve(
       std::min<size_t>(static_cast<size_t>(st.st_size), kMaxKeyFileBytes) +
       4096 + 1);
   absl::Cleanup wipe = [&text] { WipeString(&text); };
-  absl::Status read = ReadKeyText(fd, origin, &text);
+  absl::Status read = curve_keys_internal::ReadKeyText(fd, origin, &text);
   ::close(fd);
   TESSERA_RETURN_IF_ERROR(read);
   return ParseKeyFile(text, origin);

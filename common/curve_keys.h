@@ -175,6 +175,15 @@ std::string KeyPrefix(absl::string_view z85);
 // follow the same parity); nullopt for other ids.
 std::optional<Role> RoleOfNodeId(int id);
 
+namespace curve_keys_internal {
+// ReadKeyFile's reading, apart for its tests: what is left of `fd` appended
+// to `text`, which starts with the room the file's size asked for. Outgrown
+// (a file system that reports no size), it moves to a string of twice the
+// room and the old one is wiped: no copy of the text is left in freed
+// memory. At most 16 MiB.
+absl::Status ReadKeyText(int fd, const std::string& origin, std::string* text);
+}  // namespace curve_keys_internal
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_CURVE_KEYS_H_

@@ -17,7 +17,14 @@ uint64_t StatesDigest(const std::vector<ServerState>& states) {
   };
   mix(states.size());
   for (const ServerState& s : states) {
-    mix((s.dead ? 1 : 0) | (s.catching_up ? 2 : 0) | (s.restored ? 4 : 0));
+    // A dead rank's other fields route nothing (SliceChain skips dead
+    // ranks), and nodes may hold different ones: a notice of its last
+    // replacement can be overtaken by that replacement's death.
+    if (s.dead) {
+      mix(1);
+      continue;
+    }
+    mix((s.catching_up ? 2 : 0) | (s.restored ? 4 : 0));
     mix(s.joined);
   }
   return h;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -119,6 +120,11 @@ void ZapHandler::Serve() {
     if (zmq_poll(&item, 1, 50) <= 0 || (item.revents & ZMQ_POLLIN) == 0)
       continue;
     std::vector<std::string> request;
+    // A PLAIN request carries the password presented (the right one, from
+    // the job's own nodes): wiped on every way out, a request cut short too.
+    absl::Cleanup wipe = [&request] {
+      for (std::string& part : request) WipeString(&part);
+    };
     bool more = true;
     while (more) {
       zmq_msg_t part;
@@ -158,9 +164,6 @@ void ZapHandler::Serve() {
       zmq_send(socket_, reply[i].data(), reply[i].size(),
                i + 1 < 6 ? ZMQ_SNDMORE : 0);
     }
-    // A PLAIN request carries the password presented (the right one, from
-    // the job's own nodes).
-    for (std::string& part : request) WipeString(&part);
   }
   zmq_close(socket_);
 }

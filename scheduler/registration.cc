@@ -243,24 +243,11 @@ bool Scheduler::RegistrationAdmissible(const Message& msg) {
                          << DebugString(msg);
     return false;
   }
-  if (ended_ && !formed_) {
-    // Registered before the start-up deadline and asks again for its table:
-    // the abort notice it was sent reaches it (or is resent).
-    if (registered_at_.count({info.host(), info.port()}) != 0) {
-      // A process that registered since the abort went out (a restart at
-      // the address) is not named by it: told now, naming it.
-      const uint64_t nonce = msg.header.register_().nonce();
-      if (NoteNonce(info, nonce)) {
-        AbortRegistration(ProvisionalId(kLateIndex, info.role()), info, {nonce},
-                          end_reason_);
-      }
-      return false;
-    }
-  }
   if (ended_) {
     // Too late for this job (a node started or restarted after its end was
-    // decided): told once per registration; it registers again if the abort
-    // is lost.
+    // decided, or one registered before the start-up deadline asking again):
+    // told each time, naming the registration; it registers again if the
+    // abort is lost.
     AbortRegistration(ProvisionalId(kLateIndex, info.role()), info,
                       {msg.header.register_().nonce()}, end_reason_);
     return false;
@@ -341,12 +328,12 @@ bool Scheduler::RestartOfKnownNode(const wire::NodeInfo& info,
 bool Scheduler::NewToTheJob(const wire::NodeInfo& info, const std::string& key,
                             uint64_t nonce) {
   if (registered_at_.count({info.host(), info.port()}) != 0) {
-    NoteNonce(info, nonce);
+    NoteNonce(info, key, nonce);
     return false;  // duplicate
   }
   for (const Registration& held : early_joiners_) {
     if (held.info.host() == info.host() && held.info.port() == info.port()) {
-      NoteNonce(info, nonce);
+      NoteNonce(info, key, nonce);
       return false;  // held until the job forms; it asks again
     }
   }
@@ -375,10 +362,14 @@ void Scheduler::TurnAway(const Registration& r, const std::string& why) {
   AbortRegistration(r.provisional_id, r.info, r.nonces, why);
 }
 
-bool Scheduler::NoteNonce(const wire::NodeInfo& info, uint64_t nonce) {
+void Scheduler::NoteNonce(const wire::NodeInfo& info, const std::string& key,
+                          uint64_t nonce) {
   constexpr size_t kMaxNonces = 8;  // a node restarted more often: the first
   auto note = [&](Registration& r) {
-    if (r.info.host() != info.host() || r.info.port() != info.port())
+    // Only a process presenting the registration's key: another could fill
+    // its list and leave a genuine restart unnamed.
+    if (r.info.host() != info.host() || r.info.port() != info.port() ||
+        r.key != key)
       return false;
     if (absl::c_linear_search(r.nonces, nonce) || r.nonces.size() >= kMaxNonces)
       return false;
@@ -386,15 +377,14 @@ bool Scheduler::NoteNonce(const wire::NodeInfo& info, uint64_t nonce) {
     return true;
   };
   for (Registration& r : registered_) {
-    if (note(r)) return true;
+    if (note(r)) return;
   }
   for (Registration& r : early_joiners_) {
-    if (note(r)) return true;
+    if (note(r)) return;
   }
   for (Registration& r : spares_) {
-    if (note(r)) return true;
+    if (note(r)) return;
   }
-  return false;
 }
 
 void Scheduler::AbortRegistration(int provisional, const wire::NodeInfo& info,
@@ -425,7 +415,7 @@ void Scheduler::HoldSpare(const Registration& r) {
   }
   for (const Registration& held : spares_) {
     if (held.info.host() == info.host() && held.info.port() == info.port()) {
-      NoteNonce(info, r.nonces.front());
+      NoteNonce(info, r.key, r.nonces.front());
       return;  // it asks again
     }
   }

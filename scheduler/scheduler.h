@@ -124,10 +124,11 @@ class Scheduler {
   void AbortRegistration(int provisional, const wire::NodeInfo& info,
                          absl::Span<const uint64_t> nonces,
                          const std::string& why);
-  // A registration again at the address of one registered or held: its
-  // nonce joins that registration's (a restarted process at the address
-  // presents a new one; an abort names them all). True when it was new.
-  bool NoteNonce(const wire::NodeInfo& info, uint64_t nonce);
+  // A registration again at the address of one registered or held, with its
+  // connection key: its nonce joins that registration's (a restarted process
+  // at the address presents a new one; an abort names them all).
+  void NoteNonce(const wire::NodeInfo& info, const std::string& key,
+                 uint64_t nonce);
   void HoldSpare(const Registration& r);
   void FormJob();
   // A server or worker restarted with the same address: new generation, same

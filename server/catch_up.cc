@@ -41,6 +41,7 @@ bool CatchUp::Counted(int rank, uint64_t request_id, uint64_t view,
       return false;
     }
     answered_[rank] = request_id;
+    counted_view_[rank] = view;
     // Its earlier asks can no longer count: forgotten, so that the asks
     // kept stay the ones still unanswered (one a resend, between deaths).
     for (auto it = asked_of_.begin();
@@ -74,11 +75,19 @@ void CatchUp::Check() {
     absl::MutexLock lock(&mu_);
     if (!started_ || done_) return;
     const std::vector<ServerState> states = options_.states();
+    // Counts made under another view of the table than the one judged here
+    // do not count: a death this server has seen but not yet handed to
+    // Restart moves slices to servers whose counts did not name them.
+    const uint64_t view = StatesDigest(states);
     uint64_t slices = 0;
     for (int r = 0;
          r < options_.num_servers && r < static_cast<int>(states.size()); ++r) {
       if (r == options_.rank || states[r].dead) continue;
-      if (!SentAll(r)) return;
+      auto counted_view = counted_view_.find(r);
+      if (!SentAll(r) || counted_view == counted_view_.end() ||
+          counted_view->second != view) {
+        return;
+      }
       slices += counted_[r].size();
     }
     done_ = true;
@@ -94,6 +103,7 @@ void CatchUp::Restart() {
   absl::MutexLock lock(&mu_);
   if (!started_ || done_) return;
   counted_.clear();
+  counted_view_.clear();
   missing_.clear();
   answered_.clear();
   asked_of_.clear();

@@ -84,7 +84,7 @@ class CatchUp {
   // taken twice counts once). Check afterwards.
   void Took(int rank, uint64_t key, uint64_t offset, size_t bytes);
   // Reports (once, outside the lock) if every live server sent all it
-  // counted.
+  // counted, each count made under the current view of the table.
   void Check();
   // A server died: the counts are stale; the live servers are asked again.
   void Restart();
@@ -128,6 +128,9 @@ class CatchUp {
   // Per server rank: the slices it said it sends, those taken from it, and
   // how many of the first are not among the second (0: it sent all).
   std::map<int, std::set<SliceId>> counted_ ABSL_GUARDED_BY(mu_);
+  // Per server rank: the view of the table its count was made under (Check
+  // takes a count only under the view it judges).
+  std::map<int, uint64_t> counted_view_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::set<SliceId>> taken_ ABSL_GUARDED_BY(mu_);
   std::map<int, size_t> missing_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;

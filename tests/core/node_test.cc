@@ -644,6 +644,81 @@ TEST(NodeTest, ANodeRestartedBeforeTheJobFormedHearsTheStartUpAbort) {
   EXPECT_EQ(scheduler.Join().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// Drops the first abort that names this node's registration (its nonce,
+// read from the REGISTER it sends).
+class FirstOwnAbortDropped : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  absl::Status Send(int peer, const Message& msg) override {
+    if (msg.header.command() == wire::REGISTER)
+      nonce_ = msg.header.register_().nonce();
+    return inner_->Send(peer, msg);
+  }
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    while (true) {
+      absl::StatusOr<Message> msg = inner_->Receive(timeout);
+      if (!msg.ok() || msg->header.command() != wire::ABORT ||
+          dropped_.load() ||
+          !absl::c_linear_search(msg->header.abort().registrations(),
+                                 nonce_.load())) {
+        return msg;
+      }
+      dropped_ = true;
+    }
+  }
+  bool dropped() const { return dropped_.load(); }
+
+ private:
+  std::atomic<uint64_t> nonce_{0};
+  std::atomic<bool> dropped_{false};
+};
+
+// A node restarted at a registered address after the start-up deadline
+// ended the job is told the end naming its registration; when that abort is
+// lost it asks again, and is told again (review of issue #46's fix: the
+// scheduler answered only a registration's first nonce, and the node waited
+// out its own deadline).
+TEST(NodeTest, ARestartWhoseStartUpAbortWasLostHearsItWhenItAsksAgain) {
+  MemoryNetwork net;
+  Options options = EndOptions(Role::kScheduler);
+  options.start_timeout = absl::Milliseconds(500);
+  options.heartbeat_timeout = absl::Seconds(10);  // the end waits for acks
+  SchedulerThread scheduler(net, options);
+  ASSERT_TRUE(scheduler.bound());
+  // A registered server that never hears the end keeps the scheduler
+  // resending it, as a node it cannot reach would.
+  Options server_options = options;
+  server_options.role = Role::kServer;
+  server_options.start_timeout = absl::Seconds(4);
+  std::thread server([&] {
+    EXPECT_FALSE(Node::Start(server_options, Node::Callbacks(),
+                             std::make_unique<DroppingTransport>(
+                                 net.NewTransport(), wire::ABORT, 1000))
+                     .ok());
+  });
+  Options mine = options;
+  mine.role = Role::kWorker;
+  mine.port = 30310;
+  mine.start_timeout = absl::Milliseconds(200);
+  ASSERT_FALSE(Node::Start(mine, Node::Callbacks(), net.NewTransport()).ok());
+  absl::SleepFor(absl::Milliseconds(800));  // the job ended, never formed
+  mine.start_timeout = absl::Seconds(5);
+  auto transport = std::make_unique<FirstOwnAbortDropped>(net.NewTransport());
+  FirstOwnAbortDropped* dropping = transport.get();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Node>> second =
+      Node::Start(mine, Node::Callbacks(), std::move(transport));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAborted)
+      << second.status();
+  EXPECT_THAT(std::string(second.status().message()),
+              ::testing::HasSubstr("never registered"));
+  EXPECT_TRUE(dropping->dropped());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  server.join();
+  EXPECT_EQ(scheduler.Join().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(NodeTest, LostNodeDeadIsSentAgainSoTheNodeHearsWhoDied) {
   MemoryNetwork net;
   Options options = EndOptions(Role::kScheduler);

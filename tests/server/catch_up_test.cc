@@ -221,6 +221,51 @@ TEST_F(CatchUpTest, AnEarlierAsksCountComingLateReplacesNoLaterOne) {
   EXPECT_EQ(reports(), 1);
 }
 
+// Review of issue #46's fix: a server's death reaches the node table before
+// Restart runs; a slice arriving in between must not complete the catch-up on
+// counts made under the old table (the dead server's slices move to servers
+// whose counts did not name them).
+TEST_F(CatchUpTest, CountsUnderTheTableBeforeADeathDoNotCompleteIt) {
+  CatchUp c;
+  ASSERT_TRUE(c.Start(Options(absl::Seconds(60))));
+  ASSERT_TRUE(AskedAtLeast(0, 1));
+  ASSERT_TRUE(AskedAtLeast(2, 1));
+  ASSERT_TRUE(c.Counted(0, asks(0).back(), View(asks(0).back()), {{1, 0}}));
+  ASSERT_TRUE(c.Counted(2, asks(2).back(), View(asks(2).back()), {{2, 0}}));
+  Kill(0);  // seen in the table; Restart not yet called
+  c.Took(2, 2, 0, 10);
+  c.Check();
+  EXPECT_EQ(reports(), 0)
+      << "server 2 counted under the table before the death";
+  EXPECT_TRUE(c.active());
+  c.Restart();
+  ASSERT_TRUE(AskedAtLeast(2, 2));
+  ASSERT_TRUE(
+      c.Counted(2, asks(2).back(), View(asks(2).back()), {{2, 0}, {1, 0}}));
+  EXPECT_EQ(reports(), 0) << "slice 1 moved to server 2 and has not come";
+  c.Took(2, 1, 0, 10);
+  c.Check();
+  EXPECT_EQ(reports(), 1);
+}
+
+// A dead rank's fields other than its death route nothing, and nodes can
+// hold different ones (a replacement's notice overtaken by its death): the
+// view leaves them out, or a live server would never count for another
+// replacement (review of issue #46's fix).
+TEST(StatesDigestTest, ADeadRanksOtherFieldsDoNotChangeTheView) {
+  std::vector<ServerState> a(3), b(3);
+  a[1].dead = b[1].dead = true;
+  a[1].joined = 1;
+  b[1].joined = 2;
+  b[1].catching_up = true;
+  EXPECT_EQ(StatesDigest(a), StatesDigest(b));
+  b[2].joined = 2;  // a live rank's field is part of the view
+  EXPECT_NE(StatesDigest(a), StatesDigest(b));
+  b = a;
+  b[1].dead = false;
+  EXPECT_NE(StatesDigest(a), StatesDigest(b));
+}
+
 TEST_F(CatchUpTest, StartsOnceAndNotAfterStop) {
   CatchUp c;
   EXPECT_FALSE(c.active());
