@@ -224,7 +224,7 @@ class ServerDaemon {
   absl::Status StartServing();
   // Workers that left or joined before this server started.
   void ReadWorkerChanges();
-  // A replicated job: SIGTERM asks the scheduler to leave (see below).
+  // A replicated job: a thread that asks the scheduler to leave on SIGTERM.
   void StartLeaver();
   // After the job's end: the summary, then the node, the server and the
   // checkpointer stop.
