@@ -126,21 +126,31 @@ void HashedTable::ApplyRound(const std::vector<uint64_t>& ids,
                              const std::function<const float*(size_t)>& grad,
                              const Optimizer* optimizer, uint64_t step) {
   ++round_;
-  const uint64_t r = round_;
   std::vector<size_t> order(ids.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(),
             [&ids](size_t a, size_t b) { return ids[a] < ids[b]; });
-  // 1, 2: touch the rows there are; count the others, admit or drop them.
   std::vector<size_t> admitted;  // indexes into ids, increasing id
   std::vector<std::pair<size_t, uint32_t>> update;  // (index, slot)
+  TouchOrAdmit(ids, sightings, order, &admitted, &update);
+  Expire();
+  AddRows(ids, admitted, &update);
+  UpdateRows(update, grad, optimizer, step);
+}
+
+void HashedTable::TouchOrAdmit(
+    const std::vector<uint64_t>& ids, const std::vector<uint32_t>& sightings,
+    const std::vector<size_t>& order, std::vector<size_t>* admitted,
+    std::vector<std::pair<size_t, uint32_t>>* update) {
+  const uint64_t r = round_;
+  // 1, 2: touch the rows there are; count the others, admit or drop them.
   for (size_t i : order) {
     auto it = index_.find(ids[i]);
     if (it != index_.end()) {
       Unlink(it->second);
       PushFront(it->second);
       last_round_[it->second] = r;
-      update.emplace_back(i, it->second);
+      update->emplace_back(i, it->second);
       continue;
     }
     bool admit = spec_.admit_after <= 1;
@@ -149,11 +159,15 @@ void HashedTable::ApplyRound(const std::vector<uint64_t>& ids,
       admit = SketchCount(ids[i]) >= spec_.admit_after;
     }
     if (admit) {
-      admitted.push_back(i);
+      admitted->push_back(i);
     } else {
       ++counts_.dropped;
     }
   }
+}
+
+void HashedTable::Expire() {
+  const uint64_t r = round_;
   // 3: expire.
   if (spec_.expire_after > 0) {
     // r - last >= expire_after (last <= r: no overflow for a huge value).
@@ -162,6 +176,12 @@ void HashedTable::ApplyRound(const std::vector<uint64_t>& ids,
       ++counts_.expired;
     }
   }
+}
+
+void HashedTable::AddRows(const std::vector<uint64_t>& ids,
+                          const std::vector<size_t>& admitted,
+                          std::vector<std::pair<size_t, uint32_t>>* update) {
+  const uint64_t r = round_;
   // 4: new rows, at capacity in place of the least recently pushed.
   for (size_t i : admitted) {
     if (spec_.capacity != 0 && index_.size() >= spec_.capacity) {
@@ -184,8 +204,14 @@ void HashedTable::ApplyRound(const std::vector<uint64_t>& ids,
       std::memset(StateAt(static_cast<int>(k), slot), 0,
                   row_length_ * sizeof(float));
     ++counts_.admitted;
-    update.emplace_back(i, slot);
+    update->emplace_back(i, slot);
   }
+}
+
+void HashedTable::UpdateRows(
+    const std::vector<std::pair<size_t, uint32_t>>& update,
+    const std::function<const float*(size_t)>& grad, const Optimizer* optimizer,
+    uint64_t step) {
   // 5: the update.
   const int slots = optimizer == nullptr ? 0 : optimizer->state_slots();
   if (static_cast<int>(state_.size()) < slots) {

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -103,6 +104,25 @@ class HashedTable {
   void PushFront(uint32_t slot);
   void Evict(uint32_t slot);
   void AddSightings(uint64_t id, uint32_t n);
+  // ApplyRound's steps (the numbers of the header's list), in round_.
+  // 1, 2: the ids with rows (`order`: ids' indexes by increasing id) are
+  // touched and go to `update` with their slots; the others are counted, and
+  // those admitted go to `admitted`.
+  void TouchOrAdmit(const std::vector<uint64_t>& ids,
+                    const std::vector<uint32_t>& sightings,
+                    const std::vector<size_t>& order,
+                    std::vector<size_t>* admitted,
+                    std::vector<std::pair<size_t, uint32_t>>* update);
+  // 3: rows last pushed expire_after or more rounds ago are evicted.
+  void Expire();
+  // 4: the `admitted` ids get rows (added to `update`), or are refused.
+  void AddRows(const std::vector<uint64_t>& ids,
+               const std::vector<size_t>& admitted,
+               std::vector<std::pair<size_t, uint32_t>>* update);
+  // 5: each (index, slot) of `update` is updated with grad(index).
+  void UpdateRows(const std::vector<std::pair<size_t, uint32_t>>& update,
+                  const std::function<const float*(size_t)>& grad,
+                  const Optimizer* optimizer, uint64_t step);
   size_t SketchIndex(int row, uint64_t id) const;
 
   const uint64_t row_length_;

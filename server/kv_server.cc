@@ -60,166 +60,23 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
           "round's sum becoming the value).",
           LatencyBuckets())),
       watch_(num_workers, watch) {
+  StartUpdateThreads(num_threads, sum_mode);
+  RegisterCounters();
+  RegisterGauges();
+  pending_section_ = DebugPendingRegistry::Global().Add(
+      [this](wire::DebugPending* out) { FillPending(out); });
+}
+
+void KVServer::StartUpdateThreads(int num_threads, SyncRound::Mode sum_mode) {
   if (num_threads < 1) num_threads = 1;
   for (int i = 0; i < num_threads; ++i)
-    shards_.push_back(std::make_unique<Shard>(num_workers, limits, sum_mode));
+    shards_.push_back(std::make_unique<Shard>(num_workers_, limits_, sum_mode));
   for (int i = 0; i < num_threads; ++i) {
     threads_.emplace_back([this, i, shard = shards_[i].get()] {
       trace::SetThreadName(absl::StrCat("update ", i));
       Run(shard);
     });
   }
-  MetricsRegistry& r = MetricsRegistry::Global();
-  auto counter = [&](const char* name, const char* help,
-                     const std::atomic<uint64_t>* value) {
-    metric_handles_.push_back(r.AddCollector(
-        name, help, MetricType::kCounter, [value](MetricSamples* out) {
-          out->push_back({{}, static_cast<double>(value->load())});
-        }));
-  };
-  // The counts of KV_STATS (stats()), read from the same counters.
-  counter("tessera_server_pushes_applied_total",
-          "Pushes applied (once per key and push, however many slices; "
-          "KV_STATS pushes_applied).",
-          &pushes_applied_);
-  counter("tessera_server_rounds_applied_total",
-          "dist_sync rounds completed and applied, one per key and round "
-          "(KV_STATS rounds_applied).",
-          &rounds_applied_);
-  counter("tessera_server_async_updates_total",
-          "dist_async pushes applied as updates, one per key and push.",
-          &async_applied_);
-  counter("tessera_server_duplicates_total",
-          "Repeated requests (resent, replayed) answered without being "
-          "applied again (KV_STATS duplicates).",
-          &duplicates_);
-  counter("tessera_server_errors_returned_total",
-          "Requests answered with an error (KV_STATS errors_returned).",
-          &errors_);
-  counter("tessera_server_refused_requests_total",
-          "Requests refused with RESOURCE_EXHAUSTED: too much waiting on a "
-          "key (KV_STATS refused).",
-          &refused_);
-  counter("tessera_server_malformed_messages_total",
-          "Malformed key-value messages dropped or answered with an error "
-          "(KV_STATS malformed_messages; the transport's are "
-          "tessera_transport_malformed_messages_total).",
-          &malformed_);
-  counter("tessera_server_failed_replies_total",
-          "Replies the transport would not take (a worker gone, its queue "
-          "full past the send time-out).",
-          &failed_replies_);
-  counter("tessera_server_replica_updates_total",
-          "Updates applied as a backup of a slice (KV_REPLICATE; "
-          "TESSERA_REPLICAS > 1; KV_STATS replica_updates).",
-          &replica_updates_);
-  counter("tessera_server_promoted_slices_total",
-          "Slices this server took over from a dead primary (KV_STATS "
-          "promoted_slices; a hand-back's slices taken back count too).",
-          &promoted_);
-  counter("tessera_server_handed_back_slices_total",
-          "Slices this server stopped answering for at a hand-back: a "
-          "replacement that caught up took back its place in their chains.",
-          &slices_handed_back_);
-  counter("tessera_server_moved_away_slices_total",
-          "One copy (TESSERA_MAX_SERVERS without replicas): slices this "
-          "server gave to a server that joined and then dropped (KV_STATS "
-          "moved_away_slices).",
-          &moved_away_);
-  counter("tessera_server_replica_resends_total",
-          "Updates sent again to a backup that had not answered them.",
-          &replica_resends_);
-  counter("tessera_server_checkpoints_written_total",
-          "Checkpoints written and made durable (KV_STATS "
-          "checkpoints_written).",
-          &checkpoints_);
-  metric_handles_.push_back(r.AddCollector(
-      "tessera_server_keys", "Keys initialised on this server.",
-      MetricType::kGauge, [this](MetricSamples* out) {
-        out->push_back({{}, static_cast<double>(num_keys_.load())});
-      }));
-  metric_handles_.push_back(r.AddCollector(
-      "tessera_server_update_queue_messages",
-      "Messages and tasks queued for the update threads, not yet taken.",
-      MetricType::kGauge, [this](MetricSamples* out) {
-        size_t queued = 0;
-        for (const auto& shard : shards_) queued += shard->queue.size();
-        out->push_back({{}, static_cast<double>(queued)});
-      }));
-  metric_handles_.push_back(r.AddCollector(
-      "tessera_server_update_threads", "Update threads of this server.",
-      MetricType::kGauge, [n = shards_.size()](MetricSamples* out) {
-        out->push_back({{}, static_cast<double>(n)});
-      }));
-  pending_section_ = DebugPendingRegistry::Global().Add(
-      [this](wire::DebugPending* out) { FillPending(out); });
-}
-
-const KeyMetrics* KVServer::SeriesFor(uint64_t key) {
-  absl::MutexLock lock(&key_counts_mu_);
-  auto it = key_series_.find(key);
-  if (it != key_series_.end()) return it->second.get();
-  auto make = [](const std::string& label) {
-    MetricsRegistry& r = MetricsRegistry::Global();
-    const MetricLabels labels = {{"key", label}};
-    auto m = std::make_unique<KeyMetrics>();
-    m->pushes = r.GetCounter(
-        "tessera_server_key_pushes_applied_total",
-        "Pushes applied, by key (the first 32 keys of this server; the "
-        "others under key=\"other\"; KV_STATS key_pushes_applied).",
-        labels);
-    m->pulls = r.GetCounter(
-        "tessera_server_key_pulls_total",
-        "Pulls answered, by key (the first 32 keys of this server; the others "
-        "under key=\"other\").",
-        labels);
-    m->rounds = r.GetCounter(
-        "tessera_server_key_rounds_applied_total",
-        "dist_sync rounds applied, by key (the first 32 keys of this server; "
-        "the others under key=\"other\").",
-        labels);
-    return m;
-  };
-  if (key_series_.size() >= kMaxKeySeries) {
-    if (other_keys_ == nullptr) {
-      static KeyMetrics* other = make("other").release();
-      other_keys_ = other;
-    }
-    return other_keys_;
-  }
-  return (key_series_[key] = make(absl::StrCat(key))).get();
-}
-
-const KeyMetrics& KVServer::MetricsOf(StoredKey* key) {
-  if (key->metrics == nullptr) key->metrics = SeriesFor(key->key);
-  return *key->metrics;
-}
-
-void KVServer::TimedUpdate(const StoredKey& key,
-                           const std::function<void()>& update) {
-  const absl::Time start = absl::Now();
-  update();
-  const absl::Time end = absl::Now();
-  update_duration_->ObserveDuration(end - start);
-  trace::Complete("server", "update", absl::ToUnixNanos(start),
-                  absl::ToUnixNanos(end),
-                  {{"key", static_cast<int64_t>(key.key)},
-                   {"values", static_cast<int64_t>(key.length)}});
-}
-
-void KVServer::TraceRound(const StoredKey& key, absl::Time update_start,
-                          absl::Time update_end, int last_rank) {
-  if (!trace::Enabled()) return;
-  const int64_t end = absl::ToUnixNanos(update_end);
-  trace::Complete("server", "update", absl::ToUnixNanos(update_start), end,
-                  {{"key", static_cast<int64_t>(key.key)},
-                   {"values", static_cast<int64_t>(key.length)}});
-  trace::AsyncSpan("server", "round", trace::NewId(),
-                   absl::ToUnixNanos(key.round_started), end,
-                   {{"key", static_cast<int64_t>(key.key)},
-                    {"offset", static_cast<int64_t>(key.offset)},
-                    {"workers", num_workers_},
-                    {"waited_for", last_rank}});
 }
 
 KVServer::~KVServer() { Stop(); }
@@ -229,24 +86,6 @@ void KVServer::Stop() {
   catch_up_.Stop();
   for (auto& shard : shards_) shard->queue.Close();
   for (std::thread& t : threads_) t.join();
-}
-
-wire::KVStats KVServer::stats() const {
-  wire::KVStats s;
-  s.set_pushes_applied(pushes_applied_.load());
-  s.set_rounds_applied(rounds_applied_.load());
-  s.set_malformed_messages(malformed_.load());
-  s.set_errors_returned(errors_.load());
-  s.set_duplicates(duplicates_.load());
-  s.set_checkpoints_written(checkpoints_.load());
-  s.set_refused(refused_.load());
-  s.set_replica_updates(replica_updates_.load());
-  s.set_promoted_slices(promoted_.load());
-  s.set_moved_away_slices(moved_away_.load());
-  absl::MutexLock lock(&key_counts_mu_);
-  for (const auto& [key, n] : key_pushes_)
-    (*s.mutable_key_pushes_applied())[key] = n;
-  return s;
 }
 
 KVServer::Settings KVServer::settings() const {
@@ -340,36 +179,8 @@ uint64_t KVServer::NewChain() {
 }
 
 void KVServer::Handle(Message&& msg) {
+  if (TakeServerMessage(msg)) return;
   const wire::Header& h = msg.header;
-  if (h.command() == wire::KV_TRANSFER && replicas_ > 1 &&
-      IsServerId(h.sender()) && RankOfId(h.sender()) < num_servers_ &&
-      RankOfId(h.sender()) != rank_) {
-    if (h.has_slice()) {
-      Enqueue(ShardOf(h.slice().key()),
-              std::move(msg));  // a slice, or its answer
-    } else if (h.is_response()) {
-      TransferCounted(RankOfId(h.sender()), msg);
-    } else {
-      TransferRequested(RankOfId(h.sender()), h);
-    }
-    return;
-  }
-  if (h.command() == wire::KV_REPLICATE && replicas_ > 1 &&
-      IsServerId(h.sender()) && RankOfId(h.sender()) < num_servers_ &&
-      h.has_slice()) {
-    // Between the servers of a chain: an update, or a backup's answer. An
-    // update is applied on this thread when its shard is idle, up to
-    // kInlineReplicaBytes: its primary's answers wait for it, so the hand-off
-    // to the update thread would be on every round's path.
-    Shard* shard = ShardOf(h.slice().key());
-    if (shard->pending.load(std::memory_order_acquire) == 0 &&
-        !stopped_.load() && DataBytes(msg) <= kInlineReplicaBytes) {
-      ProcessMessage(shard, std::move(msg));
-      return;
-    }
-    Enqueue(shard, std::move(msg));
-    return;
-  }
   if (h.is_response()) {
     DropMalformed("unexpected reply", msg);
     return;
@@ -390,14 +201,9 @@ void KVServer::Handle(Message&& msg) {
     case wire::KV_STATS:
       HandleSettings(std::move(msg));
       return;
-    case wire::KV_FINISH: {
-      const int rank = RankOfId(h.sender());
-      const bool first = finished_workers_.insert(rank).second;
-      Reply(msg, absl::OkStatus());
-      if (first && elastic_) LeaveRounds(rank);
-      if (first) CheckWorkersFinished();
+    case wire::KV_FINISH:
+      WorkerFinished(msg);
       return;
-    }
     case wire::KV_INIT:
     case wire::KV_PUSH:
     case wire::KV_PULL:
@@ -407,6 +213,53 @@ void KVServer::Handle(Message&& msg) {
       DropMalformed("unexpected message", msg);
       return;
   }
+  RouteSliceRequest(std::move(msg));
+}
+
+bool KVServer::TakeServerMessage(Message& msg) {
+  const wire::Header& h = msg.header;
+  if (h.command() == wire::KV_TRANSFER && replicas_ > 1 &&
+      IsServerId(h.sender()) && RankOfId(h.sender()) < num_servers_ &&
+      RankOfId(h.sender()) != rank_) {
+    if (h.has_slice()) {
+      Enqueue(ShardOf(h.slice().key()),
+              std::move(msg));  // a slice, or its answer
+    } else if (h.is_response()) {
+      TransferCounted(RankOfId(h.sender()), msg);
+    } else {
+      TransferRequested(RankOfId(h.sender()), h);
+    }
+    return true;
+  }
+  if (h.command() == wire::KV_REPLICATE && replicas_ > 1 &&
+      IsServerId(h.sender()) && RankOfId(h.sender()) < num_servers_ &&
+      h.has_slice()) {
+    // Between the servers of a chain: an update, or a backup's answer. An
+    // update is applied on this thread when its shard is idle, up to
+    // kInlineReplicaBytes: its primary's answers wait for it, so the hand-off
+    // to the update thread would be on every round's path.
+    Shard* shard = ShardOf(h.slice().key());
+    if (shard->pending.load(std::memory_order_acquire) == 0 &&
+        !stopped_.load() && DataBytes(msg) <= kInlineReplicaBytes) {
+      ProcessMessage(shard, std::move(msg));
+      return true;
+    }
+    Enqueue(shard, std::move(msg));
+    return true;
+  }
+  return false;
+}
+
+void KVServer::WorkerFinished(const Message& msg) {
+  const int rank = RankOfId(msg.header.sender());
+  const bool first = finished_workers_.insert(rank).second;
+  Reply(msg, absl::OkStatus());
+  if (first && elastic_) LeaveRounds(rank);
+  if (first) CheckWorkersFinished();
+}
+
+void KVServer::RouteSliceRequest(Message&& msg) {
+  const wire::Header& h = msg.header;
   if (!h.has_slice()) {
     ++malformed_;
     Reply(msg, absl::DataLossError("key-value message without a key slice"));
@@ -534,28 +387,6 @@ void KVServer::Run(Shard* shard) {
   }
 }
 
-void KVServer::FillPending(wire::DebugPending* out) const {
-  const absl::Time now = absl::Now();
-  watch_.Fill(out, now);
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    const Shard& shard = *shards_[i];
-    wire::ThreadPhase* t = out->add_threads();
-    t->set_thread(absl::StrCat("update ", i));
-    const int phase = shard.phase.load(std::memory_order_relaxed);
-    if (phase == 0) {
-      t->set_phase("idle");
-    } else if (phase < 0) {
-      t->set_phase("checkpoint");
-    } else {
-      t->set_phase(wire::Command_Name(static_cast<wire::Command>(phase)));
-      t->set_key(shard.phase_key.load(std::memory_order_relaxed));
-    }
-    t->set_for_s(absl::ToDoubleSeconds(
-        now - absl::FromUnixNanos(
-                  shard.phase_since_ns.load(std::memory_order_relaxed))));
-  }
-}
-
 void KVServer::ReportWaiting(StoredKey* key) {
   const size_t n = key->waiting.size();
   if (n == key->reported_waiting) return;
@@ -591,33 +422,41 @@ void KVServer::Process(Shard* shard, Message&& msg) {
   }
   StoredKey* key = shard->store.Find(slice);
   if (key == nullptr) {
-    if (shard->moved_away.count({slice.key(), slice.offset()}) != 0) {
-      TESSERA_VLOG(1) << "dropped " << wire::Command_Name(msg.header.command())
-                      << " of key " << slice.key() << " offset "
-                      << slice.offset()
-                      << ": the slice moved to another server";
-      return;
-    }
-    if (recovering_.load()) {
-      // Restarted: the worker replaying this may be ahead of the init that
-      // recreates the key. Hold it (once per request) and say so.
-      bool duplicate = false;
-      absl::Status held = shard->store.HoldOrphan(slice, msg, &duplicate);
-      if (held.ok()) {
-        Acknowledge(msg);
-      } else {
-        Reply(msg, held);
-      }
-      return;
-    }
-    Reply(msg, absl::NotFoundError(absl::StrCat("key ", slice.key(),
-                                                " was never initialised")));
+    AnswerUnknownSlice(shard, std::move(msg));
     return;
   }
   if (absl::Status same = key->CheckSlice(slice); !same.ok()) {
     Reply(msg, same);
     return;
   }
+  ProcessRequest(shard, key, std::move(msg));
+}
+
+void KVServer::AnswerUnknownSlice(Shard* shard, Message&& msg) {
+  const wire::KeySlice& slice = msg.header.slice();
+  if (shard->moved_away.count({slice.key(), slice.offset()}) != 0) {
+    TESSERA_VLOG(1) << "dropped " << wire::Command_Name(msg.header.command())
+                    << " of key " << slice.key() << " offset " << slice.offset()
+                    << ": the slice moved to another server";
+    return;
+  }
+  if (recovering_.load()) {
+    // Restarted: the worker replaying this may be ahead of the init that
+    // recreates the key. Hold it (once per request) and say so.
+    bool duplicate = false;
+    absl::Status held = shard->store.HoldOrphan(slice, msg, &duplicate);
+    if (held.ok()) {
+      Acknowledge(msg);
+    } else {
+      Reply(msg, held);
+    }
+    return;
+  }
+  Reply(msg, absl::NotFoundError(
+                 absl::StrCat("key ", slice.key(), " was never initialised")));
+}
+
+void KVServer::ProcessRequest(Shard* shard, StoredKey* key, Message&& msg) {
   // Keep each worker's messages in order behind its waiting ones; a resent
   // copy of a waiting message is acknowledged, not queued twice. A push
   // numbered at or below what the server expects from its worker goes first:

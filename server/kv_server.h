@@ -190,11 +190,38 @@ class KVServer : private EngineContext {
   // Queues `task` for `shard`'s update thread, behind its messages.
   void Post(Shard* shard, std::function<void(Shard*)> task);
   void Run(Shard* shard);
+  // The constructor's steps: the shards and their update threads; the
+  // metrics collected from this server's counters (KV_STATS's and the
+  // others), and its gauges (keys, queued work, threads).
+  void StartUpdateThreads(int num_threads, SyncRound::Mode sum_mode);
+  void RegisterCounters();
+  void RegisterGauges();
+  // Handle's steps. A message between servers (a replica update or its
+  // answer, a state transfer): true when it was taken (queued, processed or
+  // answered; `msg` is then moved from), false when it is a worker's.
+  bool TakeServerMessage(Message& msg);
+  // KV_FINISH: the worker is done with this server.
+  void WorkerFinished(const Message& msg);
+  // A worker's request of a key slice (init, push, pull): processed here
+  // when its shard is idle and it is cheap, else queued for its shard.
+  void RouteSliceRequest(Message&& msg);
   // Whether `msg` is cheap enough to process on Handle's thread when its shard
   // is idle.
   bool ProcessInline(const Message& msg) const;
   void Process(Shard* shard, Message&& msg);
+  // Process's steps. A request for a slice this shard does not hold: dropped
+  // (it moved away), held (a recovering server), or answered NotFound.
+  void AnswerUnknownSlice(Shard* shard, Message&& msg);
+  // A worker's request of `key` (a slice it holds): taken, or held behind
+  // what waits; a duplicate of a waiting one is acknowledged.
+  void ProcessRequest(Shard* shard, StoredKey* key, Message&& msg);
   void Init(Shard* shard, Message&& msg);
+  // Init's cases: an init of a slice this server holds (resent, replayed, or
+  // a conflict); a new hashed row key's; a new slice with a value (or, for a
+  // row-sparse key, zeros).
+  void AnswerRepeatedInit(StoredKey* key, const Message& msg);
+  void InitHashed(Shard* shard, Message&& msg);
+  void InitValued(Shard* shard, Message&& msg);
   void Rejoin(Shard* shard, Message&& msg);
   // A joining worker's entry into a slice's rounds (KV_INIT with rejoin and
   // enter).

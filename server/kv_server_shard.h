@@ -2,7 +2,8 @@
 // other code): an update thread's shard, a hand-back's job, the error an
 // elastic job's absent worker gets. KVServer's methods live in one file per
 // room (docs/architecture.md):
-//   kv_server.cc          threads, routing, settings, replies, metrics
+//   kv_server.cc          threads, routing, settings, replies
+//   kv_server_metrics.cc  metrics, KV_STATS counts, /debug/pending
 //   rounds.cc             the slice data path: init, rounds, checkpoints,
 //                         elastic workers
 //   chain_replication.cc  a slice's updates to its backups and their answers

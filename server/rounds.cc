@@ -23,26 +23,7 @@ namespace tessera {
 void KVServer::Init(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
   if (StoredKey* key = shard->store.Find(slice); key != nullptr) {
-    if (key->hashed() && !msg.header.rejoin() &&
-        slice.hashed_spec() != key->hashed_spec) {
-      // A hashed key made again with other options (rank 0's are the key's;
-      // a restarted rank 0 must bring the same).
-      Reply(msg, absl::AlreadyExistsError(absl::StrCat(
-                     "hashed key ", slice.key(), " exists with options '",
-                     key->hashed_spec, "', not '", slice.hashed_spec(), "'")));
-      return;
-    }
-    if (key->CheckSlice(slice).ok()) {
-      // A resent init, or one replayed to a server restored from a
-      // checkpoint: the key is there; its value is not touched.
-      ++duplicates_;
-      Reply(msg, absl::OkStatus(), Buffer(), key);
-    } else {
-      Reply(msg,
-            absl::AlreadyExistsError(absl::StrCat(
-                "key ", slice.key(), " is already initialised with [",
-                key->offset, ", +", key->length, ") of ", key->total_length)));
-    }
+    AnswerRepeatedInit(key, msg);
     return;
   }
   if (absl::Status placed = CheckReplicaPlace(msg.header); !placed.ok()) {
@@ -63,26 +44,60 @@ void KVServer::Init(Shard* shard, Message&& msg) {
   shard->moved_away.erase({slice.key(), slice.offset()});
   if (slice.row_length() != 0 && slice.length() == 0 &&
       slice.total_length() == 0) {
-    // A hashed row key: no value; its rows come with its ids.
-    absl::StatusOr<HashedSpec> spec = HashedSpec::Parse(slice.hashed_spec());
-    if (!spec.ok() || !msg.data.empty() ||
-        slice.row_length() > (uint64_t{1} << 24)) {
-      Reply(msg, absl::InvalidArgumentError(
-                     absl::StrCat("init of hashed key ", slice.key(), ": ",
-                                  spec.ok() ? "malformed slice or value"
-                                            : spec.status().message())));
-      return;
-    }
-    StoredKey* key =
-        shard->store.Create(slice, msg.header.kv_options().sync_mode());
-    key->weights = Buffer::Allocate(0);
-    MakeReplicated(key, msg.header.replica());
-    Reply(msg, absl::OkStatus(), Buffer(), key);
-    OfferSlice(shard, key);
-    shard->store.AdoptOrphans(key);
-    Replay(key);
+    InitHashed(shard, std::move(msg));
     return;
   }
+  InitValued(shard, std::move(msg));
+}
+
+void KVServer::AnswerRepeatedInit(StoredKey* key, const Message& msg) {
+  const wire::KeySlice& slice = msg.header.slice();
+  if (key->hashed() && !msg.header.rejoin() &&
+      slice.hashed_spec() != key->hashed_spec) {
+    // A hashed key made again with other options (rank 0's are the key's;
+    // a restarted rank 0 must bring the same).
+    Reply(msg, absl::AlreadyExistsError(absl::StrCat(
+                   "hashed key ", slice.key(), " exists with options '",
+                   key->hashed_spec, "', not '", slice.hashed_spec(), "'")));
+    return;
+  }
+  if (key->CheckSlice(slice).ok()) {
+    // A resent init, or one replayed to a server restored from a
+    // checkpoint: the key is there; its value is not touched.
+    ++duplicates_;
+    Reply(msg, absl::OkStatus(), Buffer(), key);
+  } else {
+    Reply(msg,
+          absl::AlreadyExistsError(absl::StrCat(
+              "key ", slice.key(), " is already initialised with [",
+              key->offset, ", +", key->length, ") of ", key->total_length)));
+  }
+}
+
+void KVServer::InitHashed(Shard* shard, Message&& msg) {
+  const wire::KeySlice& slice = msg.header.slice();
+  // A hashed row key: no value; its rows come with its ids.
+  absl::StatusOr<HashedSpec> spec = HashedSpec::Parse(slice.hashed_spec());
+  if (!spec.ok() || !msg.data.empty() ||
+      slice.row_length() > (uint64_t{1} << 24)) {
+    Reply(msg, absl::InvalidArgumentError(
+                   absl::StrCat("init of hashed key ", slice.key(), ": ",
+                                spec.ok() ? "malformed slice or value"
+                                          : spec.status().message())));
+    return;
+  }
+  StoredKey* key =
+      shard->store.Create(slice, msg.header.kv_options().sync_mode());
+  key->weights = Buffer::Allocate(0);
+  MakeReplicated(key, msg.header.replica());
+  Reply(msg, absl::OkStatus(), Buffer(), key);
+  OfferSlice(shard, key);
+  shard->store.AdoptOrphans(key);
+  Replay(key);
+}
+
+void KVServer::InitValued(Shard* shard, Message&& msg) {
+  const wire::KeySlice& slice = msg.header.slice();
   // A row-sparse key's init without a value means zeros.
   const uint64_t values =
       slice.length() * (slice.row_length() == 0 ? 1 : slice.row_length());

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -33,7 +34,7 @@
 
 namespace {
 
-// Replicated jobs: SIGTERM asks this server to leave (see Serve).
+// Replicated jobs: SIGTERM asks this server to leave (see StartLeaver).
 std::atomic<bool> leave_requested{false};
 // The first SIGTERM asks; the default comes back, so a second one ends the
 // process (launch.py's teardown, or a user whose leave was refused).
@@ -195,76 +196,131 @@ void LogSummary(const tessera::KVServer& server, const tessera::Node& node) {
                     << " MB";
 }
 
-// Joins the job, serves it until its end and says how it went.
-int Serve(const Flags& flags, const tessera::Options& options) {
-  constexpr char kProgram[] = "tessera-server";
-  const int threads = UpdateThreads(options);
+// One server process in the job: its KVServer, its membership (the Node), its
+// checkpoints and, in a replicated job, the thread that asks to leave on
+// SIGTERM.
+class ServerDaemon {
+ public:
+  ServerDaemon(const Flags& flags, const tessera::Options& options);
+
+  // Joins the job, serves it until its end and says how it went (the
+  // process's exit code).
+  int Serve();
+
+ private:
+  static constexpr char kProgram[] = "tessera-server";
+
+  static tessera::RoundWatch::Options WatchOptions(
+      const tessera::Options& options);
+  // What the node's threads tell this server: data messages, deaths, joins,
+  // table changes and hand-backs.
+  tessera::Node::Callbacks MakeCallbacks();
+  // Starts the node. An exit code when the process ends here (a spare the
+  // job did not need, or a failed start).
+  std::optional<int> JoinJob();
+  // Between the node's start and its first delivery: the server learns its
+  // place, restores its checkpoint and the workers that changed before it
+  // started; then delivery begins (and a replacement's catch-up).
+  absl::Status StartServing();
+  // Workers that left or joined before this server started.
+  void ReadWorkerChanges();
+  // A replicated job: a thread that asks the scheduler to leave on SIGTERM.
+  void StartLeaver();
+  // After the job's end: the summary, then the node, the server and the
+  // checkpointer stop.
+  int Shutdown(const absl::Status& result);
+
+  const Flags& flags_;
+  const tessera::Options& options_;
+  const int threads_;
   // Elastic jobs: the worker notices (receiving thread) and the first
-  // table's workers (this thread, once: see below) one at a time. A notice
-  // before that read is in the table it reads. Made before `node`, whose
-  // threads call back until it is destroyed.
-  absl::Mutex workers_mu;
-  bool workers_read = !options.elastic();  // guarded by workers_mu
-  std::unique_ptr<tessera::Node> node;
-  std::unique_ptr<tessera::CheckpointStore> store;
-  std::unique_ptr<tessera::Checkpointer> checkpointer;
+  // table's workers (the main thread, once: see ReadWorkerChanges) one at a
+  // time. A notice before that read is in the table it reads. Made before
+  // `node_`, whose threads call back until it is destroyed.
+  absl::Mutex workers_mu_;
+  bool workers_read_ ABSL_GUARDED_BY(workers_mu_);
+  std::unique_ptr<tessera::Node> node_;
+  std::unique_ptr<tessera::CheckpointStore> store_;
+  std::unique_ptr<tessera::Checkpointer> checkpointer_;
+  tessera::KVServer server_;
+  // Table changes can come before `node_` is set (they are read on the
+  // receiving thread from Start on); StartServing's UpdateServers covers
+  // those.
+  std::atomic<tessera::Node*> live_node_{nullptr};
+  std::atomic<bool> serving_{true};
+  std::thread leaver_;
+};
+
+tessera::RoundWatch::Options ServerDaemon::WatchOptions(
+    const tessera::Options& options) {
   tessera::RoundWatch::Options watch;
   watch.late_factor = options.late_factor;
   watch.late_min = options.late_min;
-  // An elastic job's server is made for its most workers (TESSERA_ELASTIC's
-  // MAX); the ranks past DMLC_NUM_WORKER join later.
-  tessera::KVServer server(
-      options.elastic() ? options.elastic_max : options.num_workers, threads,
-      [&node](int peer, tessera::Message msg) {
-        return node->Send(peer, std::move(msg));
-      },
-      tessera::WaitingLimits(),
-      options.exact_sync_sum ? tessera::SyncRound::Mode::kExact
-                             : tessera::SyncRound::Mode::kArrival,
-      watch);
-  if (options.elastic()) server.set_elastic(options.num_workers);
+  return watch;
+}
+
+// An elastic job's server is made for its most workers (TESSERA_ELASTIC's
+// MAX); the ranks past DMLC_NUM_WORKER join later.
+ServerDaemon::ServerDaemon(const Flags& flags, const tessera::Options& options)
+    : flags_(flags),
+      options_(options),
+      threads_(UpdateThreads(options)),
+      workers_read_(!options.elastic()),
+      server_(
+          options.elastic() ? options.elastic_max : options.num_workers,
+          threads_,
+          [this](int peer, tessera::Message msg) {
+            return node_->Send(peer, std::move(msg));
+          },
+          tessera::WaitingLimits(),
+          options.exact_sync_sum ? tessera::SyncRound::Mode::kExact
+                                 : tessera::SyncRound::Mode::kArrival,
+          WatchOptions(options)) {
+  if (options.elastic()) server_.set_elastic(options.num_workers);
+}
+
+tessera::Node::Callbacks ServerDaemon::MakeCallbacks() {
   tessera::Node::Callbacks callbacks;
-  callbacks.on_data = [&server, &checkpointer](tessera::Message&& msg) {
-    if (checkpointer != nullptr) checkpointer->MaybeWrite();
-    server.Handle(std::move(msg));
+  callbacks.on_data = [this](tessera::Message&& msg) {
+    if (checkpointer_ != nullptr) checkpointer_->MaybeWrite();
+    server_.Handle(std::move(msg));
   };
-  // Table changes can come before `node` is set (they are read on the
-  // receiving thread from Start on); UpdateServers below covers those.
-  std::atomic<tessera::Node*> live_node{nullptr};
-  callbacks.on_peer_dead = [&server, &live_node, &workers_mu,
-                            &workers_read](int peer) {
+  callbacks.on_peer_dead = [this](int peer) {
     if (tessera::IsWorkerId(peer)) {
-      absl::MutexLock lock(&workers_mu);
-      if (workers_read) server.WorkerLeft(tessera::RankOfId(peer));
+      absl::MutexLock lock(&workers_mu_);
+      if (workers_read_) server_.WorkerLeft(tessera::RankOfId(peer));
       return;
     }
     if (!tessera::IsServerId(peer)) return;
-    if (tessera::Node* n = live_node.load()) {
-      server.UpdateServers(n->server_states());
+    if (tessera::Node* n = live_node_.load()) {
+      server_.UpdateServers(n->server_states());
     } else {
-      server.ServerDied(tessera::RankOfId(peer));
+      server_.ServerDied(tessera::RankOfId(peer));
     }
   };
-  callbacks.on_peer_join = [&server, &workers_mu, &workers_read](int peer) {
+  callbacks.on_peer_join = [this](int peer) {
     if (!tessera::IsWorkerId(peer)) return;
-    absl::MutexLock lock(&workers_mu);
-    if (workers_read) server.WorkerJoined(tessera::RankOfId(peer));
+    absl::MutexLock lock(&workers_mu_);
+    if (workers_read_) server_.WorkerJoined(tessera::RankOfId(peer));
   };
-  callbacks.on_server_change = [&server, &live_node](int peer) {
+  callbacks.on_server_change = [this](int peer) {
     if (!tessera::IsServerId(peer)) return;
-    if (tessera::Node* n = live_node.load())
-      server.UpdateServers(n->server_states());
+    if (tessera::Node* n = live_node_.load())
+      server_.UpdateServers(n->server_states());
   };
-  callbacks.on_handback = [&server, &live_node](int rank, uint64_t epoch,
-                                                bool leave) {
-    tessera::Node* n = live_node.load();
+  callbacks.on_handback = [this](int rank, uint64_t epoch, bool leave) {
+    tessera::Node* n = live_node_.load();
     if (n == nullptr) return;  // not sent before this server holds slices
-    server.HandBack(
+    server_.HandBack(
         rank, epoch, [n](uint64_t done) { n->ReportHandback(done); }, leave);
   };
+  return callbacks;
+}
+
+std::optional<int> ServerDaemon::JoinJob() {
   absl::StatusOr<std::unique_ptr<tessera::Node>> started =
-      tessera::Node::Start(options, std::move(callbacks));
-  if (!started.ok() && options.spare && absl::IsCancelled(started.status())) {
+      tessera::Node::Start(options_, MakeCallbacks());
+  if (!started.ok() && options_.spare && absl::IsCancelled(started.status())) {
     TESSERA_LOG(INFO) << started.status().message();
     return 0;
   }
@@ -272,80 +328,99 @@ int Serve(const Flags& flags, const tessera::Options& options) {
     return tessera::ExitWith(kProgram, started.status(),
                              absl::IsInvalidArgument(started.status()) ? 2 : 1);
   }
-  node = *std::move(started);
-  server.set_on_workers_finished([&node] { node->MarkPartDone(); });
-  server.set_replication(node->rank(), options.num_servers,
-                         options.chain_length(), options.resend_timeout,
-                         options.single_copy);
-  live_node.store(node.get());
-  server.UpdateServers(node->server_states());
-  if (absl::Status prepared = PrepareCheckpoints(flags, options, *node, server,
-                                                 &store, &checkpointer);
+  node_ = *std::move(started);
+  return std::nullopt;
+}
+
+absl::Status ServerDaemon::StartServing() {
+  server_.set_on_workers_finished([this] { node_->MarkPartDone(); });
+  server_.set_replication(node_->rank(), options_.num_servers,
+                          options_.chain_length(), options_.resend_timeout,
+                          options_.single_copy);
+  live_node_.store(node_.get());
+  server_.UpdateServers(node_->server_states());
+  if (absl::Status prepared = PrepareCheckpoints(
+          flags_, options_, *node_, server_, &store_, &checkpointer_);
       !prepared.ok()) {
-    return tessera::ExitWith(kProgram, prepared, 1);
+    return prepared;
   }
-  if (options.elastic()) {
-    // Workers that left or joined before this server started (it is a
-    // replacement, or restarted): the notices went to the others only. After
-    // the checkpoint's restore (which fills the stores on this thread), and
-    // before any request is delivered; the notices of later tables wait for
-    // this, or are in the table read here.
-    absl::MutexLock lock(&workers_mu);
-    const tessera::Node::WorkerChanges workers = node->worker_changes();
-    for (int rank : workers.out) server.WorkerLeft(rank);
-    for (int rank : workers.joined) server.WorkerJoined(rank);
-    workers_read = true;
-  }
-  node->StartDelivery();
-  if (node->catching_up()) {
+  if (options_.elastic()) ReadWorkerChanges();
+  node_->StartDelivery();
+  if (node_->catching_up()) {
     // A replacement (a spare, or this rank's dead server restarted): the
     // live servers send it the slices of its chains.
-    tessera::Node* n = node.get();
-    server.StartCatchUp([n] { return n->server_states(); },
-                        [n] { n->ReportCaughtUp(); });
+    tessera::Node* n = node_.get();
+    server_.StartCatchUp([n] { return n->server_states(); },
+                         [n] { n->ReportCaughtUp(); });
   }
-  TESSERA_VLOG(1) << "serving with " << threads << " update thread(s)";
+  return absl::OkStatus();
+}
+
+void ServerDaemon::ReadWorkerChanges() {
+  // Workers that left or joined before this server started (it is a
+  // replacement, or restarted): the notices went to the others only. After
+  // the checkpoint's restore (which fills the stores on this thread), and
+  // before any request is delivered; the notices of later tables wait for
+  // this, or are in the table read here.
+  absl::MutexLock lock(&workers_mu_);
+  const tessera::Node::WorkerChanges workers = node_->worker_changes();
+  for (int rank : workers.out) server_.WorkerLeft(rank);
+  for (int rank : workers.joined) server_.WorkerJoined(rank);
+  workers_read_ = true;
+}
+
+void ServerDaemon::StartLeaver() {
   // A replicated job's server leaves it on SIGTERM when every key slice it
   // holds keeps a live replica (the scheduler decides; its slices fail over
   // to them); refused, it goes on serving, and a second SIGTERM ends it. In
   // other jobs SIGTERM ends the process as it always did.
-  std::atomic<bool> serving{true};
-  std::thread leaver;
-  if (options.chain_length() > 1) {
-    std::signal(SIGTERM, RequestLeave);
-    const bool single_copy = options.single_copy;
-    leaver = std::thread([&node, &serving, single_copy] {
-      while (serving.load()) {
-        if (!leave_requested.exchange(false)) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          continue;
+  if (options_.chain_length() <= 1) return;
+  std::signal(SIGTERM, RequestLeave);
+  const bool single_copy = options_.single_copy;
+  leaver_ =
+      std::thread([this, single_copy] {
+        while (serving_.load()) {
+          if (!leave_requested.exchange(false)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            continue;
+          }
+          TESSERA_LOG(INFO)
+              << "SIGTERM: asking the scheduler to leave the job "
+              << (single_copy ? "(TESSERA_MAX_SERVERS)" : "(TESSERA_REPLICAS)");
+          if (absl::Status left = node_->Leave(); !left.ok()) {
+            TESSERA_LOG(WARNING)
+                << "not leaving: " << left.message()
+                << "; serving on (a second SIGTERM ends this server)";
+            continue;
+          }
+          TESSERA_LOG(INFO)
+              << (single_copy ? "left the job (SIGTERM): its key slices "
+                                "moved to the other servers"
+                              : "left the job (SIGTERM): its key slices "
+                                "fail over to their replicas");
+          return;
         }
-        TESSERA_LOG(INFO) << "SIGTERM: asking the scheduler to leave the job "
-                          << (single_copy ? "(TESSERA_MAX_SERVERS)"
-                                          : "(TESSERA_REPLICAS)");
-        if (absl::Status left = node->Leave(); !left.ok()) {
-          TESSERA_LOG(WARNING)
-              << "not leaving: " << left.message()
-              << "; serving on (a second SIGTERM ends this server)";
-          continue;
-        }
-        TESSERA_LOG(INFO) << (single_copy
-                                  ? "left the job (SIGTERM): its key slices "
-                                    "moved to the other servers"
-                                  : "left the job (SIGTERM): its key slices "
-                                    "fail over to their replicas");
-        return;
-      }
-    });
-  }
-  const absl::Status result = node->WaitForTerminate();
-  serving.store(false);
-  if (leaver.joinable()) leaver.join();
-  LogSummary(server, *node);
-  node->Stop();
-  server.Stop();
-  checkpointer.reset();  // before the store it writes to
+      });
+}
+
+int ServerDaemon::Shutdown(const absl::Status& result) {
+  serving_.store(false);
+  if (leaver_.joinable()) leaver_.join();
+  LogSummary(server_, *node_);
+  node_->Stop();
+  server_.Stop();
+  checkpointer_.reset();  // before the store it writes to
   return result.ok() ? 0 : tessera::ExitWith(kProgram, result, 1);
+}
+
+int ServerDaemon::Serve() {
+  if (std::optional<int> ended = JoinJob(); ended.has_value()) return *ended;
+  if (absl::Status started = StartServing(); !started.ok()) {
+    return tessera::ExitWith(kProgram, started, 1);
+  }
+  TESSERA_VLOG(1) << "serving with " << threads_ << " update thread(s)";
+  StartLeaver();
+  return Shutdown(node_->WaitForTerminate());
 }
 
 }  // namespace
@@ -358,5 +433,6 @@ int main(int argc, char** argv) {
       tessera::StartDaemon(tessera::Role::kServer);
   if (!options.ok())
     return tessera::ExitWith("tessera-server", options.status(), 2);
-  return Serve(*flags, *options);
+  ServerDaemon daemon(*flags, *options);
+  return daemon.Serve();
 }
