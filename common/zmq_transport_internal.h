@@ -1,0 +1,274 @@
+// ZmqTransport: the ZeroMQ transport behind NewZmqTransport (transport.h),
+// declared here for the files that define its methods, one concern each:
+//   zmq_transport.cc          links and sending: binding, connecting (the
+//                             CURVE / PLAIN set-up of each socket), frames out,
+//                             closing, and the factory functions;
+//   zmq_transport_receive.cc  receiving: frames and records in, and the checks
+//                             of who sent each message;
+//   zmq_transport_sealing.cc  the sealed lane: node keys, sealers, and the pump
+//                             that seals what ZeroMQ has room for.
+// Its helpers are rooms of their own: SealPool (seal_pool.h), ZmqRecordSink
+// and BlockCache (zmq_record_sink.h), LinkWatch (link_watch.h).
+// Not for users: they call NewZmqTransport*.
+//
+// One bound PULL socket receives, one PUSH socket per peer sends. Secured
+// (options.security): the PULL socket is a CURVE server (PLAIN with
+// TESSERA_AUTH_ONLY) whose ZAP handler admits only the job's role keys, and
+// every received message's claimed sender is checked against its connection's
+// key. By default (encrypt) links to and from the scheduler are CURVE, and a
+// worker or server binds a second PULL socket, its sealed lane
+// (PLAIN-authenticated with the role passwords), where its peers' messages
+// arrive as records sealed with AES-256-GCM under per-link keys
+// (sealed_link.h); nodes seal what they send the scheduler too, inside CURVE,
+// so that every message after the node table is bound to the node key of the
+// process that sent it.
+//
+// Thread-safety: as Transport's. recv_mu_ guards the receiving side,
+// senders_mu_ the links, each Sender's mu what is sent on it.
+#ifndef TESSERA_COMMON_ZMQ_TRANSPORT_INTERNAL_H_
+#define TESSERA_COMMON_ZMQ_TRANSPORT_INTERNAL_H_
+
+#include <zmq.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/link_watch.h"
+#include "common/message_counters.h"
+#include "common/seal_pool.h"
+#include "common/sealed_link.h"
+#include "common/transport.h"
+#include "common/zap_handler.h"
+#include "common/zmq_record_sink.h"
+
+namespace tessera::zmq_internal {
+
+inline std::string ZmqError() { return zmq_strerror(zmq_errno()); }
+
+// Messages a receiving socket queues per peer before it stops reading that
+// peer's connection. Bounds inbound memory at this many of the largest frame a
+// peer sends (TESSERA_MAX_MESSAGE_BYTES at most) per connection.
+constexpr int kReceiveHighWaterMark = 64;
+
+// Drops of the sealed layer and of unsealed messages are logged one by one up
+// to this many, then one line per kLogDropsEvery.
+constexpr uint64_t kLogDropsFirst = 20;
+constexpr uint64_t kLogDropsEvery = 1000;
+
+inline bool ShouldLog(uint64_t n) {
+  return n <= kLogDropsFirst || n % kLogDropsEvery == 0;
+}
+
+// Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
+struct ReceivedPart {
+  zmq_msg_t msg;
+  ~ReceivedPart() { zmq_msg_close(&msg); }
+};
+
+class ZmqTransport : public Transport {
+ public:
+  explicit ZmqTransport(const ZmqTransportOptions& options);
+  ~ZmqTransport() override;
+
+  absl::StatusOr<int> Bind(const std::string& ip, int port) override;
+  absl::Status Connect(int peer, const std::string& ip, int port) override;
+  void Disconnect(int peer) override;
+  void ForgetPeer(int peer) override;
+  absl::Status Send(int peer, const Message& msg) override;
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override;
+
+  uint64_t malformed_count() const override { return malformed_.load(); }
+  uint64_t wrong_sender_count() const override {
+    return wrong_sender_.load() +
+           (opener_ != nullptr ? opener_->counts().wrong_sender : 0);
+  }
+  uint64_t refused_connection_count() const override {
+    const ZapHandler* zap = zap_counts_.load();
+    return zap == nullptr ? 0 : zap->refused_count();
+  }
+
+  std::string node_key() const override;
+  int sealed_port() const override { return sealed_port_.load(); }
+  bool nodes_have_own_keys() const override {
+    return options_.security != nullptr &&
+           !options_.security->keys.node_keys.empty();
+  }
+  void SetPeerIdentity(int peer, const PeerIdentity& identity) override;
+  SealedDrops sealed_drops() const override;
+
+  std::vector<LostLink> TakeLostLinks() override {
+    return link_watch_->TakeLostLinks();
+  }
+  void DiscardUnsent() override;
+  void Close() override;
+
+ private:
+  struct Sender {
+    absl::Mutex mu;
+    void* socket = nullptr;
+    std::string endpoint;
+    int peer = 0;
+    // Set on a sealed link: every message goes as records.
+    std::unique_ptr<sealed::Sealer> sealer ABSL_GUARDED_BY(mu);
+    // Messages (the first perhaps part-sealed) waiting for room in ZeroMQ.
+    std::deque<sealed::SealJob> pending ABSL_GUARDED_BY(mu);
+    std::shared_ptr<Backlog> backlog = std::make_shared<Backlog>();
+    std::shared_ptr<BlockCache> blocks;  // the transport's
+    // Set once the socket's monitor (a watched link) has stopped for good:
+    // its reader may close then (TakeLostLinks), never before.
+    std::shared_ptr<std::atomic<bool>> monitor_stopped;
+    ~Sender() {
+      if (socket == nullptr) return;
+      if (monitor_stopped != nullptr) {
+        // Before the socket goes: ZeroMQ's I/O thread sends its events
+        // blocking, so no event may be left on its way to a reader that
+        // closes. The reader's end is still open (unbounded) here.
+        zmq_socket_monitor(socket, nullptr, 0);
+        monitor_stopped->store(true);
+      }
+      zmq_close(socket);
+    }
+  };
+
+  // What sealing to a peer needs.
+  struct PeerLink {
+    Role role;
+    sealed::Key32 key;
+    sealed::PeerSecrets secrets;
+    int sealed_port;
+  };
+
+  Role own_role() const { return options_.security->keys.role; }
+
+  bool Sealed() const {
+    return options_.security != nullptr && options_.security->encrypt;
+  }
+
+  bool Encrypted() const {
+    return options_.security != nullptr && options_.security->encrypt;
+  }
+
+  // Links and sending (zmq_transport.cc).
+  void ConfigureSocket(void* socket);
+  static int BoundPort(void* socket, int port);
+  void SecureReceiver(void* socket);
+  // A PUSH socket to `peer` authenticates with this node's role key and, with
+  // CURVE, authenticates the peer by its role's public key. Closes the socket
+  // on error.
+  absl::Status SecureSender(void* socket, int peer);
+  absl::Status SendFrames(Sender& sender, int peer, const Message& msg,
+                          size_t header_size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu);
+
+  // Receiving (zmq_transport_receive.cc).
+  // Counts and logs a received message on its way out of the transport.
+  Message Deliver(Message msg);
+  // Takes one message (all its frames) off `socket` and files what it yields
+  // into ready_: a sealed record goes to the opener, a message of frames is
+  // decoded and checked. False when nothing was there (or it failed).
+  bool ReceiveFrom(void* socket, int flags)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
+  // Hands the sealed record in `first` to the opener, which files the
+  // messages it completes into ready_.
+  void OpenRecord(std::shared_ptr<ReceivedPart> first,
+                  const std::string& user_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
+  // Receives the data parts that follow a header (`more`: there are some)
+  // into `parts`. False (logged when malformed) when the message is dropped.
+  bool ReceiveDataParts(void* socket, bool more, std::vector<Buffer>* parts);
+  // Decodes the message of header `first` and `parts`, and files it into
+  // ready_ if its connection's key `user_id` may send it.
+  void FileMessage(ReceivedPart& first, std::vector<Buffer> parts,
+                   std::string user_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
+  void DrainParts(void* socket, bool more);
+  // In a sealed job only a node's registration (before it has an id, over
+  // CURVE to the scheduler) comes unsealed: anything else must be bound to
+  // the node key of the process that sent it.
+  bool UnsealedAllowed(const Message& msg, const std::string& user_id);
+  // False (counted, warned about) when `msg` claims a sender its connection's
+  // key may not speak for.
+  bool SenderMatchesKey(const Message& msg, const std::string& user_id);
+
+  // Sealing (zmq_transport_sealing.cc).
+  void SetUpSealing();
+  absl::Status BindSealedLane(const std::string& ip)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
+  // Points `sender` (a new link to the worker or server `peer` at `ip`) at
+  // the peer's sealed lane and gives it its sealer; its endpoint.
+  // FailedPrecondition (the socket closed) when the peer has no node key.
+  absl::StatusOr<std::string> AimAtSealedLane(Sender& sender, int peer,
+                                              const std::string& ip);
+  std::optional<PeerLink> LinkTo(int peer);
+  // A new link to `peer`: its own number, so its key is fresh.
+  std::unique_ptr<sealed::Sealer> NewSealer(const PeerLink& link);
+  // Queues `msg` on a sealed link and seals what ZeroMQ has room for now;
+  // the pool seals the rest as records go out.
+  absl::Status SendSealed(Sender& sender, const Message& msg,
+                          size_t header_size,
+                          std::vector<sealed::SealJob>* sent_jobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu);
+  // Seals the link's waiting messages while ZeroMQ holds less than
+  // kBacklogLimit of its records; when it holds more, the free callback of
+  // the record that brings it down to kBacklogResume hands the link to the
+  // pool.
+  // Jobs that are done (or failed) move to `finished`, for the caller to
+  // release once it has let go of sender.mu.
+  static absl::Status Pump(Sender& sender,
+                           std::vector<sealed::SealJob>* finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu);
+  // Gives the link's backlog the way back to it: the pool pumps it when
+  // records have gone out.
+  void ArmBacklog(const std::shared_ptr<Sender>& sender);
+
+  const ZmqTransportOptions options_;
+  std::unique_ptr<MessageCounters> counters_;  // null: not counted
+  void* context_ = nullptr;
+  absl::Mutex recv_mu_;
+  std::unique_ptr<ZapHandler> zap_ ABSL_GUARDED_BY(recv_mu_);
+  // zap_ for counting without recv_mu_ (Receive holds it while it waits);
+  // zap_ lives as long as the transport.
+  std::atomic<const ZapHandler*> zap_counts_{nullptr};
+  void* receiver_ ABSL_GUARDED_BY(recv_mu_) = nullptr;
+  void* sealed_receiver_ ABSL_GUARDED_BY(recv_mu_) = nullptr;
+  int receive_timeout_ms_ ABSL_GUARDED_BY(recv_mu_) = -1;
+  // Messages received but not yet returned (a record can complete several).
+  std::deque<Message> ready_ ABSL_GUARDED_BY(recv_mu_);
+  absl::Mutex senders_mu_;
+  std::map<int, std::shared_ptr<Sender>> senders_ ABSL_GUARDED_BY(senders_mu_);
+  std::map<int, PeerLink> links_ ABSL_GUARDED_BY(senders_mu_);
+  // Watched links (options_.watch_links): what each one's monitor said.
+  std::unique_ptr<LinkWatch> link_watch_;  // set in the constructor
+  std::atomic<bool> closed_{false};
+  std::atomic<uint64_t> malformed_{0};
+  std::atomic<uint64_t> wrong_sender_{0};
+  std::atomic<uint64_t> unsealed_{0};
+
+  // Sealing (Sealed() only; set in the constructor, then read-only).
+  std::shared_ptr<const sealed::LinkKeys> link_keys_;
+  std::array<SecretString, 3>
+      plain_passwords_;  // what this role presents, by peer role
+  std::unique_ptr<sealed::SealedReceiver> opener_;
+  // Outlives the ZeroMQ context: records' free callbacks, which run until
+  // zmq_ctx_term returns, schedule on it.
+  std::unique_ptr<SealPool> pool_;
+  std::shared_ptr<BlockCache> blocks_;
+  std::atomic<uint32_t> next_link_{1};
+  std::atomic<int> sealed_port_{0};
+};
+
+}  // namespace tessera::zmq_internal
+
+#endif  // TESSERA_COMMON_ZMQ_TRANSPORT_INTERNAL_H_

@@ -1,0 +1,248 @@
+// ZmqTransport's receiving side (zmq_transport_internal.h): frames and sealed
+// records off its sockets, decoded into Messages, and the checks of who sent
+// each one.
+#include <zmq.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/sender_check.h"
+#include "common/zmq_transport_internal.h"
+
+namespace tessera::zmq_internal {
+namespace {
+
+// A record of the sealed layer: one ZeroMQ frame starting with its magic. No
+// header frame starts so: a protobuf field tag of 'T' (field 10, wire type 4)
+// is never valid at a message's start.
+bool IsSealedRecord(const zmq_msg_t* msg) {
+  return zmq_msg_size(const_cast<zmq_msg_t*>(msg)) >= sealed::kRecordOverhead &&
+         std::memcmp(zmq_msg_data(const_cast<zmq_msg_t*>(msg)), "TSL1", 4) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<Message> ZmqTransport::Receive(absl::Duration timeout) {
+  absl::MutexLock lock(&recv_mu_);
+  if (receiver_ == nullptr)
+    return absl::FailedPreconditionError("Receive before Bind");
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (closed_.load()) return absl::CancelledError("transport closed");
+    if (!ready_.empty()) {
+      Message msg = std::move(ready_.front());
+      ready_.pop_front();
+      return Deliver(std::move(msg));
+    }
+    if (opener_ != nullptr) {
+      std::vector<Message> released;
+      opener_->ReleaseParked(&released);
+      for (Message& m : released) ready_.push_back(std::move(m));
+      if (!ready_.empty()) continue;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration())
+      return absl::DeadlineExceededError("no message");
+    const int wait_ms = static_cast<int>(std::min<int64_t>(
+        100, std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
+    if (sealed_receiver_ == nullptr) {
+      // A blocking receive with a time-out, rather than zmq_poll and then
+      // a receive, saves a system call and a pass over the socket's
+      // commands per message.
+      if (wait_ms != receive_timeout_ms_) {
+        zmq_setsockopt(receiver_, ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms));
+        receive_timeout_ms_ = wait_ms;
+      }
+      ReceiveFrom(receiver_, 0);
+      continue;
+    }
+    // Two sockets: take what either has without waiting, and poll both
+    // only when neither has anything.
+    if (ReceiveFrom(sealed_receiver_, ZMQ_DONTWAIT) ||
+        ReceiveFrom(receiver_, ZMQ_DONTWAIT)) {
+      continue;
+    }
+    zmq_pollitem_t items[2] = {{sealed_receiver_, 0, ZMQ_POLLIN, 0},
+                               {receiver_, 0, ZMQ_POLLIN, 0}};
+    (void)zmq_poll(items, 2, wait_ms);
+  }
+}
+
+Message ZmqTransport::Deliver(Message msg) {
+  if (LogVerbosity() >= 2) TESSERA_LOG(INFO) << "recv " << DebugString(msg);
+  if (counters_ != nullptr) {
+    uint64_t bytes = msg.header.ByteSizeLong();
+    for (const Buffer& part : msg.data) bytes += part.size();
+    counters_->Received(msg.header.command(), bytes);
+  }
+  return msg;
+}
+
+bool ZmqTransport::ReceiveFrom(void* socket, int flags) {
+  // The first frame stays where ZeroMQ put it: a header is parsed from it
+  // (and freed after), a record opened in it.
+  auto first = std::make_shared<ReceivedPart>();
+  zmq_msg_init(&first->msg);
+  if (zmq_msg_recv(&first->msg, socket, flags) < 0) {
+    const int err = zmq_errno();
+    if (err != EAGAIN && err != EINTR) {
+      TESSERA_LOG(WARNING) << "zmq_msg_recv: " << ZmqError();
+    }
+    return false;
+  }
+  std::string user_id;  // the key its connection was authenticated with
+  if (options_.security != nullptr) {
+    const char* id = zmq_msg_gets(&first->msg, "User-Id");
+    if (id != nullptr) user_id = id;
+  }
+  const bool more = zmq_msg_more(&first->msg);
+  if (opener_ != nullptr && !more && IsSealedRecord(&first->msg)) {
+    OpenRecord(std::move(first), user_id);
+    return true;
+  }
+  if (socket == sealed_receiver_) {
+    // The sealed lane carries records only.
+    DrainParts(socket, more);
+    const uint64_t n = ++malformed_;
+    TESSERA_LOG(WARNING) << "dropped malformed message #" << n
+                         << ": the sealed lane carries sealed records only";
+    return true;
+  }
+  std::vector<Buffer> parts;
+  if (!ReceiveDataParts(socket, more, &parts)) return true;
+  FileMessage(*first, std::move(parts), std::move(user_id));
+  return true;
+}
+
+void ZmqTransport::OpenRecord(std::shared_ptr<ReceivedPart> first,
+                              const std::string& user_id) {
+  std::optional<Role> role = options_.security->keys.RoleOfKey(user_id);
+  if (!role.has_value()) {
+    // The ZAP handler gives every connection a role key.
+    ++malformed_;
+    return;
+  }
+  sealed::Record record;
+  record.data = static_cast<uint8_t*>(zmq_msg_data(&first->msg));
+  record.size = zmq_msg_size(&first->msg);
+  record.owner = first;
+  record.connection_role = *role;
+  std::vector<Message> opened;
+  opener_->Accept(std::move(record), &opened);
+  for (Message& m : opened) ready_.push_back(std::move(m));
+}
+
+bool ZmqTransport::ReceiveDataParts(void* socket, bool more,
+                                    std::vector<Buffer>* parts) {
+  bool next = more;
+  size_t received = 1;
+  while (next) {
+    auto part = std::make_shared<ReceivedPart>();
+    zmq_msg_init(&part->msg);
+    if (zmq_msg_recv(&part->msg, socket, 0) < 0) return false;
+    next = zmq_msg_more(&part->msg);
+    if (++received > options_.limits.max_frames + 1) {
+      // More parts than any message may have: the rest is read and freed
+      // at once, not collected, and the message is dropped below.
+      if (received == options_.limits.max_frames + 2) parts->clear();
+      continue;
+    }
+    const void* data = zmq_msg_data(&part->msg);
+    const size_t size = zmq_msg_size(&part->msg);
+    if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
+      parts->push_back(Buffer::CopyOf(data, size));
+    } else {
+      parts->push_back(Buffer::Wrap(
+          data, size, std::shared_ptr<const void>(part, part.get())));
+    }
+  }
+  if (received > options_.limits.max_frames + 1) {
+    const uint64_t n = ++malformed_;
+    TESSERA_LOG(WARNING) << "dropped malformed message #" << n << ": "
+                         << received << " parts; at most "
+                         << options_.limits.max_frames + 1 << " are allowed";
+    return false;
+  }
+  return true;
+}
+
+void ZmqTransport::FileMessage(ReceivedPart& first, std::vector<Buffer> parts,
+                               std::string user_id) {
+  absl::StatusOr<Message> msg =
+      DecodeMessage(zmq_msg_data(&first.msg), zmq_msg_size(&first.msg),
+                    std::move(parts), options_.limits);
+  if (!msg.ok()) {
+    const uint64_t n = ++malformed_;
+    TESSERA_LOG(WARNING) << "dropped malformed message #" << n << ": "
+                         << msg.status().message();
+    return;
+  }
+  if (options_.security != nullptr && !SenderMatchesKey(*msg, user_id)) return;
+  if (opener_ != nullptr && !UnsealedAllowed(*msg, user_id)) return;
+  if (options_.security != nullptr &&
+      !options_.security->keys.IsRoleKey(user_id)) {
+    msg->connection_key = std::move(user_id);
+  }
+  ready_.push_back(*std::move(msg));
+}
+
+void ZmqTransport::DrainParts(void* socket, bool more) {
+  while (more) {
+    zmq_msg_t part;
+    zmq_msg_init(&part);
+    if (zmq_msg_recv(&part, socket, 0) < 0) {
+      zmq_msg_close(&part);
+      return;
+    }
+    more = zmq_msg_more(&part);
+    zmq_msg_close(&part);
+  }
+}
+
+bool ZmqTransport::UnsealedAllowed(const Message& msg,
+                                   const std::string& user_id) {
+  const JobKeys& keys = options_.security->keys;
+  if (own_role() == Role::kScheduler && msg.header.sender() == 0) {
+    if (keys.node_keys.empty() || !keys.IsRoleKey(user_id)) return true;
+    // launch.py gave every node a key of its own: a role's key, which
+    // every node of the role holds, does not say which node registers.
+    const uint64_t n = ++wrong_sender_;
+    TESSERA_LOG(WARNING)
+        << "dropped message #" << n << " from key " << KeyPrefix(user_id)
+        << ": it registers with the " << RoleName(*keys.RoleOfKey(user_id))
+        << " key, but every node of this job registers with a key of its "
+        << "own (the scheduler's key file lists them): " << DebugString(msg);
+    return false;
+  }
+  const uint64_t n = ++unsealed_;
+  if (ShouldLog(n)) {
+    TESSERA_LOG(WARNING)
+        << "dropped unsealed message #" << n << ": in a sealed job only "
+        << "a registration comes unsealed; every other message comes "
+        << "sealed with its sender's node key: " << DebugString(msg);
+  }
+  return false;
+}
+
+bool ZmqTransport::SenderMatchesKey(const Message& msg,
+                                    const std::string& user_id) {
+  std::optional<Role> role = options_.security->keys.RoleOfKey(user_id);
+  absl::Status allowed =
+      role.has_value()
+          ? CheckClaimedSender(msg.header, *role)
+          : absl::PermissionDeniedError("its connection has no key");
+  if (allowed.ok()) return true;
+  const uint64_t n = ++wrong_sender_;
+  TESSERA_LOG(WARNING) << "dropped message #" << n << " from key "
+                       << (user_id.empty() ? "(none)" : KeyPrefix(user_id))
+                       << ": " << allowed.message() << ": " << DebugString(msg);
+  return false;
+}
+
+}  // namespace tessera::zmq_internal

@@ -1,0 +1,258 @@
+// ZmqTransport's sealed lane (zmq_transport_internal.h): the node keys and
+// per-link secrets, the lane a worker or server binds, the sealers of its
+// links, and the pump that seals what ZeroMQ has room for (the rest waits for
+// the SealPool).
+#include <zmq.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/net_util.h"
+#include "common/zmq_transport_internal.h"
+
+namespace tessera::zmq_internal {
+
+void ZmqTransport::SetUpSealing() {
+  const JobKeys& keys = options_.security->keys;
+  std::optional<sealed::Key32> secret = sealed::KeyFromZ85(keys.secret_key);
+  std::array<sealed::Key32, 3> publics;
+  for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker}) {
+    plain_passwords_[static_cast<int>(r)] = PlainPassword(keys, r);
+    std::optional<sealed::Key32> p = sealed::KeyFromZ85(keys.public_key(r));
+    if (p.has_value()) publics[static_cast<int>(r)] = *p;
+  }
+  // Key files are checked when read (ParseKeyFile, keys that decode and
+  // agree), so this cannot fail for keys that got this far.
+  std::optional<sealed::LinkKeys> link_keys =
+      secret.has_value() ? sealed::LinkKeys::Make(sealed::NodeKey::Generate(),
+                                                  keys.role, *secret, publics)
+                         : std::nullopt;
+  if (!link_keys.has_value()) {
+    TESSERA_LOG(ERROR) << "the job's keys do not agree (X25519)";
+    std::abort();
+  }
+  if (secret.has_value()) WipeBytes(secret->data(), secret->size());
+  link_keys_ = std::make_shared<const sealed::LinkKeys>(*std::move(link_keys));
+  sealed::SealedReceiver::Options o;
+  o.keys = link_keys_;
+  o.accept_first_scheduler = keys.role != Role::kScheduler;
+  o.limits = options_.limits;
+  o.max_frame_bytes = options_.max_message_bytes;
+  o.on_drop = [](uint64_t n, const std::string& why) {
+    if (ShouldLog(n)) {
+      TESSERA_LOG(WARNING) << "dropped sealed record #" << n << ": " << why
+                           << (n == kLogDropsFirst
+                                   ? " (from now on one line per 1000)"
+                                   : "");
+    }
+  };
+  opener_ = std::make_unique<sealed::SealedReceiver>(std::move(o));
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  pool_ = std::make_unique<SealPool>(std::clamp(cores, 1, 4));
+  blocks_ =
+      std::make_shared<BlockCache>(kRecordBlockHead + sealed::kRecordOverhead +
+                                   options_.sealed_record_bytes);
+}
+
+absl::Status ZmqTransport::BindSealedLane(const std::string& ip) {
+  sealed_receiver_ = zmq_socket(context_, ZMQ_PULL);
+  ConfigureSocket(sealed_receiver_);
+  const int on = 1;
+  zmq_setsockopt(sealed_receiver_, ZMQ_PLAIN_SERVER, &on, sizeof(on));
+  zmq_setsockopt(sealed_receiver_, ZMQ_ZAP_DOMAIN, ZapHandler::kSealedDomain,
+                 std::strlen(ZapHandler::kSealedDomain));
+  zmq_setsockopt(sealed_receiver_, ZMQ_RCVHWM, &kReceiveHighWaterMark,
+                 sizeof(kReceiveHighWaterMark));
+  // A record holds at most a record's plaintext, or a header alone.
+  const int64_t max_record = static_cast<int64_t>(
+      sealed::kRecordOverhead + 16 + 8 +
+      std::max(options_.sealed_record_bytes, options_.limits.max_header_bytes));
+  zmq_setsockopt(sealed_receiver_, ZMQ_MAXMSGSIZE, &max_record,
+                 sizeof(max_record));
+  const std::string endpoint = TcpEndpoint(ip, options_.sealed_port);
+  if (zmq_bind(sealed_receiver_, endpoint.c_str()) != 0) {
+    const std::string err = ZmqError();
+    zmq_close(sealed_receiver_);
+    sealed_receiver_ = nullptr;
+    return absl::UnavailableError(absl::StrCat(
+        "cannot bind the sealed lane at ", endpoint, ": ", err,
+        options_.sealed_port != 0 ? " (TESSERA_SEALED_PORT)" : ""));
+  }
+  sealed_port_.store(BoundPort(sealed_receiver_, options_.sealed_port));
+  TESSERA_VLOG(1) << "sealed lane on port " << sealed_port_.load();
+  return absl::OkStatus();
+}
+absl::StatusOr<std::string> ZmqTransport::AimAtSealedLane(
+    Sender& sender, int peer, const std::string& ip) {
+  std::optional<PeerLink> link = LinkTo(peer);
+  if (!link.has_value()) {
+    zmq_close(sender.socket);
+    sender.socket = nullptr;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no node key for node ", peer, ": its node table entry has none"));
+  }
+  std::string endpoint = TcpEndpoint(ip, link->sealed_port);
+  const std::string user = RoleName(own_role());
+  const std::string& password = plain_passwords_[static_cast<int>(link->role)];
+  zmq_setsockopt(sender.socket, ZMQ_PLAIN_USERNAME, user.data(), user.size());
+  zmq_setsockopt(sender.socket, ZMQ_PLAIN_PASSWORD, password.data(),
+                 password.size());
+  absl::MutexLock lock(&sender.mu);
+  sender.sealer = NewSealer(*link);
+  return endpoint;
+}
+
+std::optional<ZmqTransport::PeerLink> ZmqTransport::LinkTo(int peer) {
+  absl::MutexLock lock(&senders_mu_);
+  auto it = links_.find(peer);
+  if (it == links_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::unique_ptr<sealed::Sealer> ZmqTransport::NewSealer(const PeerLink& link) {
+  const uint32_t number = next_link_.fetch_add(1);
+  return std::make_unique<sealed::Sealer>(
+      own_role(), link_keys_->public_key(), number,
+      link_keys_->SendingSecret(link.secrets, link.role, link.key, number),
+      options_.sealed_record_bytes);
+}
+
+void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
+  if (!Sealed()) return;
+  // A refused entry also ends what the node had (an earlier identity):
+  // nothing is taken from it nor sealed to it any more.
+  auto refuse = [&](const std::string& why) {
+    TESSERA_LOG(WARNING) << why << "; its messages will not be taken";
+    opener_->RemovePeer(peer);
+    absl::MutexLock lock(&senders_mu_);
+    links_.erase(peer);
+  };
+  if (identity.node_key.size() != 32) {
+    refuse(absl::StrCat("node ", peer,
+                        " has no node key of 32 bytes in the node table"));
+    return;
+  }
+  sealed::Key32 key;
+  std::memcpy(key.data(), identity.node_key.data(), key.size());
+  sealed::PeerSecrets secrets;
+  if (!link_keys_->ForPeer(key, &secrets)) {
+    refuse(absl::StrCat("node ", peer,
+                        " has a node key of small order in the node table"));
+    return;
+  }
+  if (key == link_keys_->public_key()) {
+    refuse(absl::StrCat("node ", peer,
+                        " has this node's own node key in the node table"));
+    return;
+  }
+  if (absl::Status set = opener_->SetPeer(peer, identity.role, key, &secrets);
+      !set.ok()) {
+    refuse(std::string(set.message()));
+    return;
+  }
+  std::shared_ptr<Sender> scheduler_link;
+  {
+    absl::MutexLock lock(&senders_mu_);
+    links_[peer] = PeerLink{identity.role, key, secrets, identity.sealed_port};
+    if (peer == kSchedulerId) {
+      auto it = senders_.find(kSchedulerId);
+      if (it != senders_.end()) scheduler_link = it->second;
+    }
+  }
+  if (scheduler_link != nullptr) {
+    // From now on what goes to the scheduler is sealed.
+    absl::MutexLock lock(&scheduler_link->mu);
+    if (scheduler_link->sealer == nullptr) {
+      scheduler_link->sealer = NewSealer(
+          PeerLink{identity.role, key, secrets, identity.sealed_port});
+    }
+  }
+}
+
+std::string ZmqTransport::node_key() const {
+  if (!Sealed()) return std::string();
+  const sealed::Key32& k = link_keys_->public_key();
+  return std::string(reinterpret_cast<const char*>(k.data()), k.size());
+}
+
+SealedDrops ZmqTransport::sealed_drops() const {
+  SealedDrops d;
+  if (opener_ != nullptr) {
+    const sealed::DropCounts c = opener_->counts();
+    d.malformed = c.malformed;
+    d.unauthentic = c.unauthentic;
+    d.replayed = c.replayed;
+    d.out_of_order = c.out_of_order;
+    d.unknown_key = c.unknown_key;
+    d.incomplete = c.incomplete;
+    d.wrong_sender = c.wrong_sender;
+  }
+  d.unsealed = unsealed_.load();
+  return d;
+}
+
+absl::Status ZmqTransport::SendSealed(Sender& sender, const Message& msg,
+                                      size_t header_size,
+                                      std::vector<sealed::SealJob>* sent_jobs) {
+  sealed::SealJob job;
+  job.header.resize(header_size);
+  if (!SerializeHeader(msg, job.header.data(), header_size))
+    return absl::InternalError("cannot serialize message header");
+  job.frames = msg.data;
+  sender.pending.push_back(std::move(job));
+  if (sender.backlog->waiting.load()) return absl::OkStatus();
+  return Pump(sender, sent_jobs);
+}
+
+absl::Status ZmqTransport::Pump(Sender& sender,
+                                std::vector<sealed::SealJob>* finished) {
+  ZmqRecordSink sink(sender.socket, sender.backlog, sender.blocks);
+  Backlog& backlog = *sender.backlog;
+  while (!sender.pending.empty()) {
+    sealed::SealJob& job = sender.pending.front();
+    while (!job.done()) {
+      if (backlog.bytes.load() >= kBacklogLimit) {
+        backlog.waiting.store(true);
+        // A record may have gone out between the two looks.
+        if (backlog.bytes.load() >= kBacklogLimit) return absl::OkStatus();
+        backlog.waiting.store(false);
+      }
+      if (absl::Status s = sender.sealer->SealNext(job, sink); !s.ok()) {
+        finished->push_back(std::move(job));
+        sender.pending.pop_front();
+        return absl::UnavailableError(
+            absl::StrCat("cannot send to node ", sender.peer, " at ",
+                         sender.endpoint, ": ", s.message()));
+      }
+    }
+    finished->push_back(std::move(job));
+    sender.pending.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+void ZmqTransport::ArmBacklog(const std::shared_ptr<Sender>& sender) {
+  SealPool* pool = pool_.get();
+  std::weak_ptr<Sender> weak = sender;
+  sender->backlog->resume = [pool, weak] {
+    pool->Schedule([weak] {
+      std::shared_ptr<Sender> s = weak.lock();
+      if (s == nullptr) return;
+      std::vector<sealed::SealJob> finished;  // released after the lock
+      absl::MutexLock lock(&s->mu);
+      if (absl::Status pumped = Pump(*s, &finished); !pumped.ok()) {
+        TESSERA_LOG(WARNING) << pumped.message();
+      }
+    });
+  };
+}
+
+}  // namespace tessera::zmq_internal
