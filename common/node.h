@@ -271,6 +271,9 @@ class Node {
   // thread holds the transport (receiving_ names it).
   ReceiveResult ReceiveAndDispatch(absl::Duration timeout);
   void HeartbeatLoop();
+  // A heartbeat, with the reports the scheduler has not taken yet (caught
+  // up, a hand-back's part done).
+  void SendHeartbeat();
   void HandleControl(Message&& msg);
   // HandleControl's steps, one per kind of control message.
   // Acknowledges a control message the scheduler keeps until acknowledged.

@@ -182,33 +182,35 @@ void Node::HeartbeatLoop() {
       Fail(failed);
       return;
     }
-    if (beat) {
-      Message hb;
-      hb.header.set_command(wire::HEARTBEAT);
-      hb.header.set_request_id(next_request_.fetch_add(1));
-      if (SendControl(std::move(hb)).ok()) heartbeats_sent_->Increment();
-      bool report = false;
-      uint64_t handback = 0;
-      {
-        absl::MutexLock lock(&mu_);
-        report = report_caught_up_;
-        handback = report_handback_;
-      }
-      if (handback != 0) {
-        Message done;
-        done.header.set_command(wire::HANDBACK);
-        done.header.set_request_id(next_request_.fetch_add(1));
-        done.header.set_handback_epoch(handback);
-        (void)SendControl(std::move(done));
-      }
-      if (report) {
-        // Until the table says so: the first report may have been lost.
-        Message caught_up;
-        caught_up.header.set_command(wire::CAUGHT_UP);
-        caught_up.header.set_request_id(next_request_.fetch_add(1));
-        (void)SendControl(std::move(caught_up));
-      }
-    }
+    if (beat) SendHeartbeat();
+  }
+}
+
+void Node::SendHeartbeat() {
+  Message hb;
+  hb.header.set_command(wire::HEARTBEAT);
+  hb.header.set_request_id(next_request_.fetch_add(1));
+  if (SendControl(std::move(hb)).ok()) heartbeats_sent_->Increment();
+  bool report = false;
+  uint64_t handback = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    report = report_caught_up_;
+    handback = report_handback_;
+  }
+  if (handback != 0) {
+    Message done;
+    done.header.set_command(wire::HANDBACK);
+    done.header.set_request_id(next_request_.fetch_add(1));
+    done.header.set_handback_epoch(handback);
+    (void)SendControl(std::move(done));
+  }
+  if (report) {
+    // Until the table says so: the first report may have been lost.
+    Message caught_up;
+    caught_up.header.set_command(wire::CAUGHT_UP);
+    caught_up.header.set_request_id(next_request_.fetch_add(1));
+    (void)SendControl(std::move(caught_up));
   }
 }
 
