@@ -240,6 +240,11 @@ class Node {
   SealedDrops sealed_drops() const { return transport_->sealed_drops(); }
 
  private:
+  // Node's code lives in one file per concern: node.cc (joining, failing,
+  // stopping), node_table.cc (the node table and its updates),
+  // node_control.cc (control messages, heartbeats), node_receiver.cc (who
+  // receives, and dispatch), node_scheduler_calls.cc (barriers, finishing,
+  // leaving).
   Node(const Options& options, Callbacks callbacks,
        std::unique_ptr<Transport> transport);
 
@@ -266,9 +271,52 @@ class Node {
   // thread holds the transport (receiving_ names it).
   ReceiveResult ReceiveAndDispatch(absl::Duration timeout);
   void HeartbeatLoop();
+  // A heartbeat, with the reports the scheduler has not taken yet (caught
+  // up, a hand-back's part done).
+  void SendHeartbeat();
   void HandleControl(Message&& msg);
+  // HandleControl's steps, one per kind of control message.
+  // Acknowledges a control message the scheduler keeps until acknowledged.
+  void Acknowledge(const wire::Header& h);
+  void HandleNodeTable(const wire::Header& h);
+  // The answer to a request of CallScheduler: wakes its waiter.
+  void AnswerWaiter(const wire::Header& h);
+  void HandleNodeDead(const wire::Header& h);
+  void HandleAbort(const wire::Header& h);
+  // The first node table: finds this node's id and rank in it and installs
+  // the peers' identities. False when it is no use (a table came already,
+  // it does not list this node, or it counts other server ranks: failure_).
+  bool AdoptFirstTable(const wire::NodeTable& table);
   // A node table after the first: renews links to restarted peers.
   void UpdateTable(const wire::NodeTable& table);
+  // What a table after the first changed: gathered under mu_, then told
+  // (logs, callbacks) with mu_ released.
+  struct TableChanges {
+    std::vector<int> restarted;
+    std::vector<int> died;
+    std::vector<int> changed;  // replacements taking a rank, or caught up
+    std::vector<int> joined;   // elastic jobs: workers joining
+    bool self_dead = false;
+    bool self_changed = false;
+  };
+  // UpdateTable's steps. ApplyTableEntry takes one entry of the table: this
+  // node's own, a death, a worker joining under a rank never used, the same
+  // process in a new state, or a later life of a known node (a restart, a
+  // replacement, a worker joining under a rank that left: ApplyNewLife).
+  void ApplyTableEntry(const wire::NodeInfo& n, TableChanges* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyOwnEntry(const wire::NodeInfo& n, TableChanges* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyDeath(const wire::NodeInfo& n, TableChanges* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddJoinedWorker(const wire::NodeInfo& n, TableChanges* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyNewLife(const wire::NodeInfo& n, wire::NodeInfo* known,
+                    TableChanges* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndHandbackOnServerChange(const TableChanges& changes);
+  void AnnounceTableChanges(const TableChanges& changes);
+  void AnnounceDeath(int peer);
+  void AnnounceServerChange(int peer);
   bool WantsLink(int peer_id) const;
   // Tells the transport a peer's node key and sealed lane (secured jobs).
   void InstallIdentity(const wire::NodeInfo& n);
