@@ -4,6 +4,8 @@
 // the rounds (how many pushes each server holds of it).
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -83,11 +85,50 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
                                uint64_t length, uint64_t row_length,
                                std::vector<KeyPart> parts,
                                const std::string& hashed_spec) {
+  const uint64_t total = row_length == 0 ? length : length / row_length;
+  TESSERA_RETURN_IF_ERROR(
+      DeclareKey(key, length, row_length, parts, !hashed_spec.empty()));
+  // A restarted worker, or one joining an elastic job (generation > 0): its
+  // rank's pushes may be on the servers already, and the others have passed
+  // the init barriers.
+  bool ask_after_init = false;
+  if (node_->generation() > 0) {
+    std::optional<absl::Status> rejoined =
+        RejoinStoredKey(key, total, row_length);
+    if (rejoined.has_value()) return *rejoined;
+    // Not (wholly) on the servers: this worker died while the job was still
+    // initialising, or joined it then; do what a first life does. A joiner
+    // asks again once the key is stored, to enter its rounds.
+    ask_after_init = true;
+  }
+  absl::Status stored = absl::OkStatus();
+  if (rank() == 0)
+    stored = StoreKey(key, value, total, row_length, parts, hashed_spec);
+  absl::Status barrier = node_->Barrier(kGroupWorkers, InitBarrier(key));
+  if (!stored.ok()) {
+    ForgetKey(key);
+    return stored;
+  }
+  if (barrier.ok() && ask_after_init) {
+    RequestTracker::RejoinReplies rejoin;
+    if (absl::Status asked = RejoinKey(key, total, row_length, &rejoin);
+        !asked.ok()) {
+      ForgetKey(key);
+      return asked;
+    }
+    if (rejoin.joining) EnterLater(key, rejoin);
+  }
+  return barrier;
+}
+
+absl::Status KVClient::DeclareKey(uint64_t key, uint64_t length,
+                                  uint64_t row_length,
+                                  const std::vector<KeyPart>& parts,
+                                  bool hashed) {
   std::map<int, int> slices_per_server;
   bool windowed = false;
   for (const KeyPart& part : parts)
     windowed |= ++slices_per_server[part.server_rank] > PushWindow(options_);
-  const uint64_t total = row_length == 0 ? length : length / row_length;
   {
     absl::MutexLock lock(&mu_);
     if (keys_.count(key) != 0) {
@@ -99,7 +140,7 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
     info.row_length = row_length;
     info.parts = parts;
     info.windowed = windowed;
-    info.hashed = !hashed_spec.empty();
+    info.hashed = hashed;
     if (two_bit_ && row_length == 0) info.residual.assign(length, 0.0f);
     if (pull_two_bit_ && row_length == 0) {
       for (const KeyPart& part : parts)
@@ -107,106 +148,88 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
     }
   }
   replay_log_.DeclareKey(key, parts);
-  auto forget = [&] {
-    replay_log_.ForgetKey(key);
-    absl::MutexLock lock(&mu_);
-    keys_.erase(key);
-  };
-  // Joining an elastic job: the key's pushes are numbered from the largest
-  // count of the rank's earlier holder over its slices (the entry makes every
-  // slice agree), and the key's rounds are entered before the first push
-  // (EnterRounds).
-  // Until then its pulls carry the smallest count (a pull waits for the
-  // pushes it names).
-  auto enter_later = [&](const RequestTracker::RejoinReplies& rejoin) {
-    absl::MutexLock lock(&mu_);
-    KeyInfo& info = keys_[key];
-    info.next_seq = rejoin.resume_min;
-    if (entered_) {
-      // Declared after this worker entered the others (a key made while the
-      // job runs): its first push enters the round under way.
-      return;
-    }
-    info.enter_seq = rejoin.resume_max;
-    info.open_round = rejoin.open_round_max;
-    entering_.push_back(key);
-    entering_pending_.store(true, std::memory_order_release);
-  };
-  // A restarted worker, or one joining an elastic job (generation > 0): its
-  // rank's pushes may be on the servers already, and the others have passed
-  // the init barriers.
-  bool ask_after_init = false;
-  if (node_->generation() > 0) {
-    RequestTracker::RejoinReplies rejoin;
-    absl::Status found = RejoinKey(key, total, row_length, &rejoin);
-    if (found.ok()) {
-      if (rejoin.joining) {
-        enter_later(rejoin);
-      } else {
-        absl::MutexLock lock(&mu_);
-        keys_[key].next_seq = rejoin.resume_min;
-        // Before the first push all keys resume together
-        // (SettleResumeLocked); a key declared after that keeps its own count,
-        // and so does every key of a worker that joined.
-        if (resume_ != Resume::kSettled && !entered_ && entering_.empty())
-          resume_ = Resume::kPending;
-      }
-      TESSERA_VLOG(1) << "key " << key << ": the servers took "
-                      << rejoin.resume_min << " push(es) of this rank before"
-                      << (rejoin.joining ? " it joined" : " the restart");
-      // The others may wait for this rank in this key's init barrier (it died
-      // before reaching it); the scheduler joins it only then.
-      return node_->JoinBarrierIfOpen(kGroupWorkers, InitBarrier(key));
-    }
-    if (!absl::IsNotFound(found)) {
-      forget();
-      return found;
-    }
-    // Not (wholly) on the servers: this worker died while the job was still
-    // initialising, or joined it then; do what a first life does. A joiner
-    // asks again once the key is stored, to enter its rounds.
-    ask_after_init = true;
+  return absl::OkStatus();
+}
+
+void KVClient::ForgetKey(uint64_t key) {
+  replay_log_.ForgetKey(key);
+  absl::MutexLock lock(&mu_);
+  keys_.erase(key);
+}
+
+void KVClient::EnterLater(uint64_t key,
+                          const RequestTracker::RejoinReplies& rejoin) {
+  absl::MutexLock lock(&mu_);
+  KeyInfo& info = keys_[key];
+  info.next_seq = rejoin.resume_min;
+  if (entered_) {
+    // Declared after this worker entered the others (a key made while the
+    // job runs): its first push enters the round under way.
+    return;
   }
-  absl::Status stored = absl::OkStatus();
-  if (rank() == 0) {
-    const uint64_t op = tracker_->NewOp();
-    const uint64_t unit = row_length == 0 ? 1 : row_length;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const KeyPart& part = parts[i];
-      Message msg = SliceMessage(wire::KV_INIT, key, part, total, row_length);
-      msg.header.mutable_slice()->set_hashed_spec(hashed_spec);
-      msg.header.mutable_kv_options()->set_sync_mode(sync_);
-      if (value != nullptr) {
-        AddFloatFrame(&msg, Buffer::CopyOf(value + part.offset * unit,
-                                           part.length * unit * sizeof(float)));
-      }
-      // Replicated jobs: every server of the slice's chain holds it.
-      for (int j = 1; j < options_.replicas; ++j) {
-        Message copy = msg;
-        copy.header.set_replica(j);
-        KeyPart backup = part;
-        backup.server_rank = (part.server_rank + j) % options_.num_servers;
-        SendPart(op, backup, std::move(copy), nullptr);
-      }
-      SendPart(op, part, std::move(msg), nullptr, {key, i, true});
+  info.enter_seq = rejoin.resume_max;
+  info.open_round = rejoin.open_round_max;
+  entering_.push_back(key);
+  entering_pending_.store(true, std::memory_order_release);
+}
+
+std::optional<absl::Status> KVClient::RejoinStoredKey(uint64_t key,
+                                                      uint64_t total,
+                                                      uint64_t row_length) {
+  RequestTracker::RejoinReplies rejoin;
+  absl::Status found = RejoinKey(key, total, row_length, &rejoin);
+  if (found.ok()) {
+    if (rejoin.joining) {
+      EnterLater(key, rejoin);
+    } else {
+      absl::MutexLock lock(&mu_);
+      keys_[key].next_seq = rejoin.resume_min;
+      // Before the first push all keys resume together
+      // (SettleResumeLocked); a key declared after that keeps its own count,
+      // and so does every key of a worker that joined.
+      if (resume_ != Resume::kSettled && !entered_ && entering_.empty())
+        resume_ = Resume::kPending;
     }
-    stored = tracker_->Wait(op, absl::StrCat("init of key ", key));
+    TESSERA_VLOG(1) << "key " << key << ": the servers took "
+                    << rejoin.resume_min << " push(es) of this rank before"
+                    << (rejoin.joining ? " it joined" : " the restart");
+    // The others may wait for this rank in this key's init barrier (it died
+    // before reaching it); the scheduler joins it only then.
+    return node_->JoinBarrierIfOpen(kGroupWorkers, InitBarrier(key));
   }
-  absl::Status barrier = node_->Barrier(kGroupWorkers, InitBarrier(key));
-  if (!stored.ok()) {
-    forget();
-    return stored;
+  if (!absl::IsNotFound(found)) {
+    ForgetKey(key);
+    return found;
   }
-  if (barrier.ok() && ask_after_init) {
-    RequestTracker::RejoinReplies rejoin;
-    if (absl::Status asked = RejoinKey(key, total, row_length, &rejoin);
-        !asked.ok()) {
-      forget();
-      return asked;
+  return std::nullopt;
+}
+
+absl::Status KVClient::StoreKey(uint64_t key, const float* value,
+                                uint64_t total, uint64_t row_length,
+                                const std::vector<KeyPart>& parts,
+                                const std::string& hashed_spec) {
+  const uint64_t op = tracker_->NewOp();
+  const uint64_t unit = row_length == 0 ? 1 : row_length;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const KeyPart& part = parts[i];
+    Message msg = SliceMessage(wire::KV_INIT, key, part, total, row_length);
+    msg.header.mutable_slice()->set_hashed_spec(hashed_spec);
+    msg.header.mutable_kv_options()->set_sync_mode(sync_);
+    if (value != nullptr) {
+      AddFloatFrame(&msg, Buffer::CopyOf(value + part.offset * unit,
+                                         part.length * unit * sizeof(float)));
     }
-    if (rejoin.joining) enter_later(rejoin);
+    // Replicated jobs: every server of the slice's chain holds it.
+    for (int j = 1; j < options_.replicas; ++j) {
+      Message copy = msg;
+      copy.header.set_replica(j);
+      KeyPart backup = part;
+      backup.server_rank = (part.server_rank + j) % options_.num_servers;
+      SendPart(op, backup, std::move(copy), nullptr);
+    }
+    SendPart(op, part, std::move(msg), nullptr, {key, i, true});
   }
-  return barrier;
+  return tracker_->Wait(op, absl::StrCat("init of key ", key));
 }
 
 uint64_t KVClient::ResumeRound() {
@@ -255,38 +278,12 @@ absl::Status KVClient::EnterRounds() {
     return absl::OkStatus();
   // One thread announces; a push on another waits for it here.
   absl::MutexLock entering(&enter_mu_);
-  struct Entering {
-    uint64_t key, total, row_length, seq;
-    std::vector<KeyPart> parts;
-  };
-  std::vector<Entering> keys;
+  std::vector<EnteringKey> keys;
   uint64_t at = 0;
   {
     absl::MutexLock lock(&mu_);
     if (entering_.empty()) return absl::OkStatus();
-    uint64_t low = UINT64_MAX, high = 0, low_key = 0, high_key = 0;
-    for (uint64_t key : entering_) {
-      const KeyInfo& info = keys_.at(key);
-      const uint64_t total =
-          info.row_length == 0 ? info.length : info.length / info.row_length;
-      keys.push_back({key, total, info.row_length, info.enter_seq, info.parts});
-      if (info.open_round < low) low = info.open_round, low_key = key;
-      if (info.open_round >= high) high = info.open_round, high_key = key;
-    }
-    // The round numbers are each slice's own count of its rounds: they name
-    // one step in every key when every key was pushed once a step from the
-    // job's start (keys still in a step differ by one).
-    if (high > low + 2) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "joining the job: the keys' rounds are too far apart to enter them "
-          "at one step (key ",
-          low_key, " at round ", low, ", key ", high_key, " at round ", high,
-          "); a worker joins a job whose keys were all pushed once a step "
-          "from its start (docs/faults.md, \"Workers join\")"));
-    }
-    // Two rounds past the furthest slice the rejoins saw: the slices most
-    // likely have not passed it by the time the entry reaches them.
-    at = high + 2;
+    TESSERA_ASSIGN_OR_RETURN(at, EntryRoundLocked(&keys));
   }
   // Every slice is entered at the same round, so that this worker is at the
   // same step in every key; a slice already past it refuses, and the entry
@@ -294,38 +291,10 @@ absl::Status KVClient::EnterRounds() {
   // the later one instead: nothing was pushed yet).
   constexpr int kTries = 10;
   for (int attempt = 1;; ++attempt) {
-    const uint64_t op = tracker_->NewOp();
-    for (const Entering& k : keys) {
-      for (const KeyPart& part : k.parts) {
-        Message msg =
-            SliceMessage(wire::KV_INIT, k.key, part, k.total, k.row_length);
-        msg.header.set_rejoin(true);
-        msg.header.set_enter(true);
-        msg.header.set_enter_round(at);
-        msg.header.set_push_seq(k.seq);
-        SendPart(op, part, std::move(msg), nullptr);
-      }
-    }
     RequestTracker::RejoinReplies replies;
-    TESSERA_RETURN_IF_ERROR(
-        tracker_->Wait(op, "entry into the job's rounds", &replies));
+    TESSERA_RETURN_IF_ERROR(SendEntry(keys, at, &replies));
     if (!replies.entry_refused) {
-      TESSERA_LOG(INFO) << "joined the job (generation " << node_->generation()
-                        << "): in every key's rounds "
-                        << "from round " << at << " (" << keys.size()
-                        << " key(s)" << (attempt > 1 ? ", entry try " : "")
-                        << (attempt > 1 ? absl::StrCat(attempt) : "") << ")";
-      absl::MutexLock lock(&mu_);
-      // Its pushes are numbered from where the slices now count them. Only
-      // the keys entered: one declared meanwhile waits for the next push.
-      for (const Entering& k : keys) {
-        KeyInfo& info = keys_.at(k.key);
-        info.next_seq = k.seq;
-        entering_.erase(std::remove(entering_.begin(), entering_.end(), k.key),
-                        entering_.end());
-      }
-      entered_ = true;
-      entering_pending_.store(!entering_.empty(), std::memory_order_release);
+      FinishEntry(keys, at, attempt);
       return absl::OkStatus();
     }
     if (attempt == kTries) {
@@ -338,6 +307,71 @@ absl::Status KVClient::EnterRounds() {
     // Later each time: a job whose rounds are fast needs a wider margin.
     at = std::max(at, replies.open_round_max) + 2 + attempt;
   }
+}
+
+absl::StatusOr<uint64_t> KVClient::EntryRoundLocked(
+    std::vector<EnteringKey>* keys) {
+  uint64_t low = UINT64_MAX, high = 0, low_key = 0, high_key = 0;
+  for (uint64_t key : entering_) {
+    const KeyInfo& info = keys_.at(key);
+    const uint64_t total =
+        info.row_length == 0 ? info.length : info.length / info.row_length;
+    keys->push_back({key, total, info.row_length, info.enter_seq, info.parts});
+    if (info.open_round < low) low = info.open_round, low_key = key;
+    if (info.open_round >= high) high = info.open_round, high_key = key;
+  }
+  // The round numbers are each slice's own count of its rounds: they name
+  // one step in every key when every key was pushed once a step from the
+  // job's start (keys still in a step differ by one).
+  if (high > low + 2) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "joining the job: the keys' rounds are too far apart to enter them "
+        "at one step (key ",
+        low_key, " at round ", low, ", key ", high_key, " at round ", high,
+        "); a worker joins a job whose keys were all pushed once a step "
+        "from its start (docs/faults.md, \"Workers join\")"));
+  }
+  // Two rounds past the furthest slice the rejoins saw: the slices most
+  // likely have not passed it by the time the entry reaches them.
+  return high + 2;
+}
+
+absl::Status KVClient::SendEntry(const std::vector<EnteringKey>& keys,
+                                 uint64_t at,
+                                 RequestTracker::RejoinReplies* replies) {
+  const uint64_t op = tracker_->NewOp();
+  for (const EnteringKey& k : keys) {
+    for (const KeyPart& part : k.parts) {
+      Message msg =
+          SliceMessage(wire::KV_INIT, k.key, part, k.total, k.row_length);
+      msg.header.set_rejoin(true);
+      msg.header.set_enter(true);
+      msg.header.set_enter_round(at);
+      msg.header.set_push_seq(k.seq);
+      SendPart(op, part, std::move(msg), nullptr);
+    }
+  }
+  return tracker_->Wait(op, "entry into the job's rounds", replies);
+}
+
+void KVClient::FinishEntry(const std::vector<EnteringKey>& keys, uint64_t at,
+                           int attempt) {
+  TESSERA_LOG(INFO) << "joined the job (generation " << node_->generation()
+                    << "): in every key's rounds "
+                    << "from round " << at << " (" << keys.size() << " key(s)"
+                    << (attempt > 1 ? ", entry try " : "")
+                    << (attempt > 1 ? absl::StrCat(attempt) : "") << ")";
+  absl::MutexLock lock(&mu_);
+  // Its pushes are numbered from where the slices now count them. Only
+  // the keys entered: one declared meanwhile waits for the next push.
+  for (const EnteringKey& k : keys) {
+    KeyInfo& info = keys_.at(k.key);
+    info.next_seq = k.seq;
+    entering_.erase(std::remove(entering_.begin(), entering_.end(), k.key),
+                    entering_.end());
+  }
+  entered_ = true;
+  entering_pending_.store(!entering_.empty(), std::memory_order_release);
 }
 
 }  // namespace tessera

@@ -40,6 +40,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,33 @@ class KVClient : public KVWorker {
   absl::Status InitKey(uint64_t key, const float* value, uint64_t length,
                        uint64_t row_length, std::vector<KeyPart> parts,
                        const std::string& hashed_spec = "");
+  // InitKey's steps (key_init.cc). DeclareKey: the key's KeyInfo (whether
+  // its pushes are windowed, its residual and pulled copies) and its place
+  // in the replay log; AlreadyExists when the key was declared before.
+  absl::Status DeclareKey(uint64_t key, uint64_t length, uint64_t row_length,
+                          const std::vector<KeyPart>& parts, bool hashed)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Undoes DeclareKey after a failed init.
+  void ForgetKey(uint64_t key) ABSL_LOCKS_EXCLUDED(mu_);
+  // A restarted or joining worker's init: asks the servers for this rank's
+  // pushes (RejoinKey) and, when they hold the key, resumes or enters its
+  // rounds and joins its init barrier if the others still wait there
+  // (the init's result). nullopt when the key is not (wholly) on the servers.
+  std::optional<absl::Status> RejoinStoredKey(uint64_t key, uint64_t total,
+                                              uint64_t row_length);
+  // Rank 0's store of a key: its KV_INIT to every server of each slice's
+  // chain, waited for.
+  absl::Status StoreKey(uint64_t key, const float* value, uint64_t total,
+                        uint64_t row_length, const std::vector<KeyPart>& parts,
+                        const std::string& hashed_spec);
+  // Joining an elastic job: the key's pushes are numbered from the largest
+  // count of the rank's earlier holder over its slices (the entry makes every
+  // slice agree), and the key's rounds are entered before the first push
+  // (EnterRounds).
+  // Until then its pulls carry the smallest count (a pull waits for the
+  // pushes it names).
+  void EnterLater(uint64_t key, const RequestTracker::RejoinReplies& rejoin)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The row keys' checks: the key exists, is row-sparse or hashed, and (not
   // hashed) every id is below its rows. Returns the row length and whether
   // the key is hashed.
@@ -211,6 +239,30 @@ class KVClient : public KVWorker {
   void SendPart(uint64_t op, const KeyPart& part, Message msg, float* out,
                 RequestTracker::PartRef ref = {}, bool replayed = false,
                 int window = 0);
+  // One part of a row push, 2-bit packed (row_ops.cc): the rows of the
+  // caller's arrays at `at` (push order), duplicates summed, coded with and
+  // into each row's error feedback (KeyInfo::row_slot).
+  absl::StatusOr<Message> TwoBitRowsBody(uint64_t key,
+                                         const std::vector<size_t>& at,
+                                         absl::Span<const uint64_t> row_ids,
+                                         absl::Span<const float> rows,
+                                         uint64_t row_length, float threshold);
+  // What every request of one row pull shares (PullRowsAsync).
+  struct RowPull {
+    uint64_t op = 0;
+    uint64_t key = 0;
+    uint64_t total = 0;  // the key's rows
+    uint64_t row_length = 0;
+    uint64_t pushed = 0;   // push_seq: the pull sees this worker's pushes
+    bool bf16 = false;     // pull compression: rows come as bfloat16
+    float* out = nullptr;  // the caller's rows
+  };
+  // Sends a row pull's requests for its rows on one part (`part_index`):
+  // `ids`, going to rows `at` of pull.out, in requests of about a slice.
+  void SendRowPullRequests(const RowPull& pull, size_t part_index,
+                           const KeyPart& part,
+                           const std::vector<uint64_t>& ids,
+                           const std::vector<uint64_t>& at);
   // A row push's window per server rank (kRowPushInflightChunks): how many of
   // its slices to that server are out at once, by the largest one's bytes.
   std::map<int, int> RowPushWindows(const std::vector<KeyPart>& parts,
@@ -242,6 +294,23 @@ class KVClient : public KVWorker {
   // numbers its pushes to each key from the largest count of its rank's
   // earlier holder. Once; OK at once when not joining.
   absl::Status EnterRounds() ABSL_LOCKS_EXCLUDED(enter_mu_, mu_);
+  // EnterRounds' steps: a key whose rounds it enters; the round to enter at
+  // (two past the furthest open round of the keys in entering_, collected
+  // into `keys`), FailedPrecondition when the keys' rounds are too far
+  // apart; one try of the entry (its KV_INITs, waited for); and, the entry
+  // taken, the keys' push numbering.
+  struct EnteringKey {
+    uint64_t key, total, row_length, seq;
+    std::vector<KeyPart> parts;
+  };
+  absl::StatusOr<uint64_t> EntryRoundLocked(std::vector<EnteringKey>* keys)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(enter_mu_, mu_);
+  absl::Status SendEntry(const std::vector<EnteringKey>& keys, uint64_t at,
+                         RequestTracker::RejoinReplies* replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(enter_mu_) ABSL_LOCKS_EXCLUDED(mu_);
+  void FinishEntry(const std::vector<EnteringKey>& keys, uint64_t at,
+                   int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(enter_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A server restarted (from its checkpoint, or empty): send it again what it
   // may have lost, then the requests still waiting for it, at once.
   void ReplayTo(int server);

@@ -8,6 +8,7 @@
 #include "common/replica_chain.h"
 #include "common/trace.h"
 #include "common/wire_status.h"
+#include "worker/client/request_trace.h"
 
 namespace tessera {
 
@@ -18,48 +19,13 @@ namespace {
 // request failed after its last resend) is seen within it.
 constexpr absl::Duration kReceiveSlice = absl::Milliseconds(20);
 
-// The trace span of a request (a literal, as trace names must be).
-const char* SpanName(int command) {
-  switch (command) {
-    case wire::KV_INIT:
-      return "init";
-    case wire::KV_PUSH:
-      return "push";
-    case wire::KV_PULL:
-      return "pull";
-    case wire::KV_PUSHPULL:
-      return "pushpull";
-    default:
-      return "request";
-  }
-}
-
-uint64_t DataBytes(const Message& msg) {
-  uint64_t bytes = 0;
-  for (const Buffer& b : msg.data) bytes += b.size();
-  return bytes;
-}
-
-// A request's span: from its first send to its reply (or failure), with the
-// key, the bytes it carries, the server's rank and whether it is compressed
-// (a 2-bit push, a compressed pull).
-void TraceRequestBegin(const Message& msg, int server) {
-  const wire::Header& h = msg.header;
-  const bool compressed =
-      h.pull_compressed() ||
-      (h.frames_size() > 0 &&
-       h.frames(h.frames_size() - 1).encoding() == wire::DataFrame::TWO_BIT);
-  trace::AsyncBegin("kv", SpanName(h.command()), h.request_id(),
-                    {{"key", static_cast<int64_t>(h.slice().key())},
-                     {"bytes", static_cast<int64_t>(DataBytes(msg))},
-                     {"server", RankOfId(server)},
-                     {"compressed", compressed ? 1 : 0}});
-}
-
-void TraceRequestEnd(const Message& request, uint64_t reply_bytes, bool ok) {
-  trace::AsyncEnd(
-      "kv", SpanName(request.header.command()), request.header.request_id(),
-      {{"reply_bytes", static_cast<int64_t>(reply_bytes)}, {"ok", ok ? 1 : 0}});
+// Adds what one rejoin reply (KV_INIT with rejoin) said to its operation's.
+void AddRejoinReply(const wire::Header& h, RequestTracker::RejoinReplies* r) {
+  r->resume_min = std::min(r->resume_min, h.push_seq());
+  r->resume_max = std::max(r->resume_max, h.push_seq());
+  r->open_round_max = std::max(r->open_round_max, h.open_round());
+  r->joining = r->joining || h.joining();
+  if (h.enter() && h.open_round() > h.enter_round()) r->entry_refused = true;
 }
 
 }  // namespace
@@ -344,145 +310,6 @@ std::string RequestTracker::What(const Message& msg) {
   return absl::StrCat(verb, " of key ", msg.header.slice().key());
 }
 
-void RequestTracker::ResendLoop() {
-  const absl::Duration tick =
-      std::min(absl::Milliseconds(20), options_.resend_timeout / 4);
-  const absl::Duration max_wait = options_.resend_timeout * 8;
-  while (!stop_.load()) {
-    {
-      absl::MutexLock lock(&mu_);
-      // Nothing to resend: sleep until a request is tracked (the cap only
-      // bounds the harm of a missed signal).
-      if (requests_.empty() && !stop_.load())
-        resender_cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
-    }
-    absl::SleepFor(tick);
-    std::vector<std::pair<int, Message>> resend;
-    // Requests at their limit: (request id, server). Failed in a second
-    // pass, once their servers are described: describe_ takes the node's
-    // lock, which is never taken under this one.
-    std::vector<std::pair<uint64_t, int>> expiring;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!failure_.ok()) continue;
-      const absl::Time now = absl::Now();
-      for (auto& [id, t] : requests_) {
-        if (now < t.next_send && !Overdue(t, now)) continue;
-        // The server sent something since this request's last send: it is
-        // alive and working through what it has, so that send is not one
-        // more unanswered (the server may be slow with resent copies; giving
-        // up on it would fail a job that is moving).
-        auto heard = heard_.find(t.request.server);
-        if (heard != heard_.end() && heard->second >= t.last_sent)
-          t.unanswered = 0;
-        // Bounded all the same: a server that answers everything else but
-        // neither answers nor acknowledges this request (which a held push's
-        // resends get) has lost it, or will not take it.
-        // And a request nobody waits for (a replay, op 0: no Wait's
-        // deadline ends it) at the operations' time-out, however often its
-        // server acknowledges it.
-        if (t.unanswered >= options_.resend_retries ||
-            t.unacknowledged >=
-                kUnacknowledgedFactor * options_.resend_retries ||
-            Overdue(t, now)) {
-          t.next_send = absl::InfiniteFuture();  // the second pass decides
-          expiring.emplace_back(id, t.request.server);
-          continue;
-        }
-        ++t.unanswered;
-        ++t.unacknowledged;
-        ++t.resends;
-        t.wait = std::min(t.wait * 2, max_wait);
-        t.last_sent = now;
-        t.next_send = now + t.wait;
-        ++resends_;
-        resend.emplace_back(t.request.server, t.msg);
-      }
-    }
-    if (!expiring.empty()) FailExpired(expiring);
-    for (auto& [server, msg] : resend) {
-      TESSERA_VLOG(1) << "resending " << What(msg) << " (request "
-                      << msg.header.request_id() << ") to "
-                      << describe_(server);
-      (void)send_(server, std::move(msg));
-    }
-  }
-}
-
-bool RequestTracker::Overdue(const Tracked& t, absl::Time now) const {
-  return t.request.op == 0 && t.sent &&
-         now - t.first_sent >= options_.request_timeout;
-}
-
-void RequestTracker::FailExpired(
-    const std::vector<std::pair<uint64_t, int>>& expiring) {
-  std::map<int, std::string> names;
-  for (const auto& [id, server] : expiring) {
-    if (!names.contains(server)) names[server] = describe_(server);
-  }
-  std::vector<Message> dead;  // released unlocked: may unpin an op
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  for (const auto& [id, server] : expiring) {
-    auto it = requests_.find(id);
-    // Answered (or acknowledged, which makes it wait again, unless overdue)
-    // in between.
-    if (it == requests_.end() ||
-        (it->second.next_send != absl::InfiniteFuture() &&
-         !Overdue(it->second, now))) {
-      continue;
-    }
-    Tracked& t = it->second;
-    const bool silent = t.unanswered >= options_.resend_retries;
-    const bool busy =
-        !silent &&
-        t.unacknowledged >= kUnacknowledgedFactor * options_.resend_retries;
-    const absl::Duration since =
-        absl::Trunc(now - t.first_sent, absl::Milliseconds(1));
-    const absl::Status failed =
-        silent || busy
-            ? absl::UnavailableError(absl::StrCat(
-                  What(t.msg), ": no answer from ", names[server], " after ",
-                  busy ? t.unacknowledged : t.unanswered,
-                  busy ? " sends, neither answered nor acknowledged while it "
-                         "answered other requests, over "
-                       : " sends over ",
-                  absl::FormatDuration(since), " (PS_RESEND_TIMEOUT=",
-                  absl::ToInt64Milliseconds(options_.resend_timeout),
-                  "ms, TESSERA_RESEND_RETRIES=", options_.resend_retries, ")"))
-            : absl::DeadlineExceededError(absl::StrCat(
-                  What(t.msg), " (a replay): not answered by ", names[server],
-                  " within ", absl::FormatDuration(since),
-                  ", acknowledged but never answered (TESSERA_TIMEOUT=",
-                  absl::FormatDuration(options_.request_timeout), ")"));
-    TESSERA_LOG(ERROR) << failed.message();
-    metrics_.failed_requests->Increment();
-    if (t.request.op != 0) {
-      Op& o = ops_[t.request.op];
-      --o.pending;
-      if (o.status.ok()) o.status = failed;
-    }
-    if (t.request.window > 0)
-      DropWindowLocked(t.request.op, t.request.server, &dead);
-    TraceRequestEnd(t.msg, 0, false);
-    dead.push_back(std::move(t.msg));
-    requests_.erase(it);
-  }
-}
-
-void RequestTracker::ResendNowTo(int server, absl::Time sent_before) {
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  for (auto& [id, t] : requests_) {
-    if (t.request.server != server || !t.sent) continue;
-    if (t.first_sent >= sent_before) continue;
-    t.next_send = now;
-    t.unanswered = 0;
-    t.unacknowledged = 0;
-    t.wait = options_.resend_timeout / 2;
-  }
-}
-
 void RequestTracker::HandleReply(Message&& msg) {
   const wire::Header& h = msg.header;
   if (!h.is_response()) {
@@ -490,60 +317,10 @@ void RequestTracker::HandleReply(Message&& msg) {
     return;
   }
   Answered answered;
-  uint64_t op_id = 0;
   std::optional<std::pair<int, Message>> next;  // a windowed one let out
-  {
-    absl::ReleasableMutexLock lock(&mu_);
-    heard_[h.sender()] = absl::Now();
-    auto it = requests_.find(h.request_id());
-    if (it == requests_.end()) {
-      // A second answer to a resent request.
-      TESSERA_VLOG(1) << "dropped answer to a finished request "
-                      << DebugString(msg);
-      if (!h.ack_only()) metrics_.duplicate_replies->Increment();
-      return;
-    }
-    if (!MayAnswer(it->second, h.sender())) {
-      // A compromised or confused node answering for another server: its
-      // reply (or acknowledgement) neither completes nor keeps alive a
-      // request; the real server's answer still counts.
-      metrics_.wrong_server_replies->Increment();
-      const uint64_t n = ++wrong_server_replies_;
-      const int server = it->second.request.server;
-      lock.Release();  // describe_ takes the node's lock
-      if (LogOccurrence(n)) {
-        TESSERA_LOG(WARNING)
-            << "dropped reply #" << n << " to request " << h.request_id()
-            << " from " << describe_(h.sender()) << ": it was sent to "
-            << describe_(server)
-            << (options_.chain_length > 1 ? ", whose chain it is not in" : "")
-            << ": " << DebugString(msg);
-      }
-      return;
-    }
-    // An answer from the chain of the server a request was sent to (a
-    // fail-over, a hand-back, a one-copy slice that moved) is a sign of
-    // life of that route too.
-    heard_[it->second.request.server] = heard_[h.sender()];
-    // The window moves with answers, not acknowledgements: a server answers
-    // a dist_sync slice when its round completes, so a worker is never more
-    // than its window ahead of the slowest (the slices a server has open).
-    if (!h.ack_only()) next = TakenLocked(it->second);
-    if (h.ack_only()) {
-      // The server has it and is holding it: keep asking, at the current
-      // (doubled) interval, in case the final reply is lost.
-      it->second.unanswered = 0;
-      it->second.unacknowledged = 0;
-      if (options_.resend) it->second.next_send = absl::Now() + it->second.wait;
-    } else {
-      answered.request = it->second.request;
-      answered.msg = std::move(it->second.msg);
-      requests_.erase(it);
-      op_id = answered.request.op;
-    }
-  }
+  const bool answers = TakeAnswered(msg, &answered, &next);
   if (next.has_value()) SendOnce(next->first, std::move(next->second));
-  if (h.ack_only()) return;
+  if (!answers) return;
   if (trace::Enabled())
     TraceRequestEnd(answered.msg, DataBytes(msg), h.status().code() == 0);
   // Keeps a copy for a replay while the request's borrowed frames still pin
@@ -557,40 +334,93 @@ void RequestTracker::HandleReply(Message&& msg) {
       bytes_pulled_float32_ += answered.request.length * sizeof(float);
     }
   }
-  {
-    absl::MutexLock lock(&mu_);
-    auto found = op_id == 0 ? ops_.end() : ops_.find(op_id);
-    if (found != ops_.end()) {  // gone: its Wait gave up at the deadline
-      Op& op = found->second;
-      absl::Status status = reply_status;
-      if (status.ok() && answered.request.rejoin) {
-        RejoinReplies& r = op.rejoin;
-        r.resume_min = std::min(r.resume_min, h.push_seq());
-        r.resume_max = std::max(r.resume_max, h.push_seq());
-        r.open_round_max = std::max(r.open_round_max, h.open_round());
-        r.joining = r.joining || h.joining();
-        if (h.enter() && h.open_round() > h.enter_round())
-          r.entry_refused = true;
-      }
-      if (status.ok() && answered.request.out != nullptr) {
-        if (msg.data.size() != 1 ||
-            h.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
-            h.frames(0).num_values() != answered.request.length) {
-          status = absl::DataLossError(
-              absl::StrCat("reply from node ", h.sender(), " does not carry ",
-                           answered.request.length, " float values"));
-        } else {
-          bytes_pulled_ += msg.data[0].size();
-          bytes_pulled_float32_ += msg.data[0].size();
-          op.pulled.push_back(
-              PulledFrame{answered.request.out, std::move(msg.data[0])});
-        }
-      }
-      if (!status.ok() && op.status.ok()) op.status = status;
-      if (--op.pending == 0) op.done = absl::Now();
-    }
-  }
+  CompleteRequest(answered.request, reply_status, msg);
   // `answered` goes here, unlocked: it may unpin the operation.
+}
+
+bool RequestTracker::TakeAnswered(
+    const Message& msg, Answered* answered,
+    std::optional<std::pair<int, Message>>* next) {
+  const wire::Header& h = msg.header;
+  absl::ReleasableMutexLock lock(&mu_);
+  heard_[h.sender()] = absl::Now();
+  auto it = requests_.find(h.request_id());
+  if (it == requests_.end()) {
+    // A second answer to a resent request.
+    TESSERA_VLOG(1) << "dropped answer to a finished request "
+                    << DebugString(msg);
+    if (!h.ack_only()) metrics_.duplicate_replies->Increment();
+    return false;
+  }
+  if (!MayAnswer(it->second, h.sender())) {
+    // A compromised or confused node answering for another server: its
+    // reply (or acknowledgement) neither completes nor keeps alive a
+    // request; the real server's answer still counts.
+    metrics_.wrong_server_replies->Increment();
+    const uint64_t n = ++wrong_server_replies_;
+    const int server = it->second.request.server;
+    lock.Release();  // describe_ takes the node's lock
+    if (LogOccurrence(n)) {
+      TESSERA_LOG(WARNING) << "dropped reply #" << n << " to request "
+                           << h.request_id() << " from "
+                           << describe_(h.sender()) << ": it was sent to "
+                           << describe_(server)
+                           << (options_.chain_length > 1
+                                   ? ", whose chain it is not in"
+                                   : "")
+                           << ": " << DebugString(msg);
+    }
+    return false;
+  }
+  // An answer from the chain of the server a request was sent to (a
+  // fail-over, a hand-back, a one-copy slice that moved) is a sign of
+  // life of that route too.
+  heard_[it->second.request.server] = heard_[h.sender()];
+  // The window moves with answers, not acknowledgements: a server answers
+  // a dist_sync slice when its round completes, so a worker is never more
+  // than its window ahead of the slowest (the slices a server has open).
+  if (!h.ack_only()) *next = TakenLocked(it->second);
+  if (h.ack_only()) {
+    // The server has it and is holding it: keep asking, at the current
+    // (doubled) interval, in case the final reply is lost.
+    it->second.unanswered = 0;
+    it->second.unacknowledged = 0;
+    if (options_.resend) it->second.next_send = absl::Now() + it->second.wait;
+    return false;
+  }
+  answered->request = it->second.request;
+  answered->msg = std::move(it->second.msg);
+  requests_.erase(it);
+  return true;
+}
+
+void RequestTracker::CompleteRequest(const Request& request,
+                                     absl::Status status, Message& reply) {
+  absl::MutexLock lock(&mu_);
+  auto found = request.op == 0 ? ops_.end() : ops_.find(request.op);
+  if (found == ops_.end()) return;  // gone: its Wait gave up at the deadline
+  Op& op = found->second;
+  if (status.ok() && request.rejoin) AddRejoinReply(reply.header, &op.rejoin);
+  if (status.ok() && request.out != nullptr)
+    status = KeepPulledFrame(request, reply, &op);
+  if (!status.ok() && op.status.ok()) op.status = status;
+  if (--op.pending == 0) op.done = absl::Now();
+}
+
+absl::Status RequestTracker::KeepPulledFrame(const Request& request,
+                                             Message& reply, Op* op) {
+  const wire::Header& h = reply.header;
+  if (reply.data.size() != 1 ||
+      h.frames(0).encoding() != wire::DataFrame::FLOAT32 ||
+      h.frames(0).num_values() != request.length) {
+    return absl::DataLossError(absl::StrCat("reply from node ", h.sender(),
+                                            " does not carry ", request.length,
+                                            " float values"));
+  }
+  bytes_pulled_ += reply.data[0].size();
+  bytes_pulled_float32_ += reply.data[0].size();
+  op->pulled.push_back(PulledFrame{request.out, std::move(reply.data[0])});
+  return absl::OkStatus();
 }
 
 bool RequestTracker::MayAnswer(const Tracked& t, int sender) const {
@@ -633,26 +463,7 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
     Op result = std::move(ops_.at(op_id));
     if (!finished) {
       timed_out = true;
-      for (auto r = requests_.begin(); r != requests_.end();) {
-        if (r->second.request.op != op_id) {
-          ++r;
-          continue;
-        }
-        if (std::find(silent_servers.begin(), silent_servers.end(),
-                      r->second.request.server) == silent_servers.end()) {
-          silent_servers.push_back(r->second.request.server);
-        }
-        TraceRequestEnd(r->second.msg, 0, false);
-        dead.push_back(std::move(r->second.msg));
-        r = requests_.erase(r);
-      }
-      std::erase_if(windows_,
-                    [op_id](const auto& w) { return w.first.first == op_id; });
-      if (result.pinned == 0) {
-        ops_.erase(op_id);
-      } else {
-        ops_.at(op_id).pinned = result.pinned;
-      }
+      silent_servers = AbandonOpLocked(op_id, result.pinned, &dead);
     } else {
       ops_.erase(op_id);
       if (!result.status.ok()) {
@@ -662,38 +473,68 @@ absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,
       } else {
         pulled = std::move(result.pulled);
         if (rejoin != nullptr) *rejoin = result.rejoin;
-        switch (result.command) {
-          case wire::KV_PUSH:
-            latency = metrics_.push;
-            break;
-          case wire::KV_PULL:
-            latency = metrics_.pull;
-            break;
-          case wire::KV_PUSHPULL:
-            latency = metrics_.pushpull;
-            break;
-          default:
-            break;
-        }
+        latency = LatencyOf(result.command);
         took = result.done - result.started;
       }
     }
   }
-  if (timed_out) {
-    std::string silent;
-    for (int server : silent_servers)
-      absl::StrAppend(&silent, silent.empty() ? "" : ", ", describe_(server));
-    status = absl::DeadlineExceededError(absl::StrCat(
-        what, ": no reply from ", silent.empty() ? "the servers" : silent,
-        " within ", absl::FormatDuration(options_.request_timeout),
-        " (TESSERA_TIMEOUT)"));
-  }
+  if (timed_out) status = TimeoutError(what, silent_servers);
   if (latency != nullptr && took >= absl::ZeroDuration())
     latency->ObserveDuration(took);
   metrics_.wait->ObserveDuration(absl::Now() - wait_start);
   for (const PulledFrame& f : pulled)
     std::memcpy(f.out, f.values.data(), f.values.size());
   return status;
+}
+
+std::vector<int> RequestTracker::AbandonOpLocked(uint64_t op_id, int pinned,
+                                                 std::vector<Message>* dead) {
+  std::vector<int> silent_servers;
+  for (auto r = requests_.begin(); r != requests_.end();) {
+    if (r->second.request.op != op_id) {
+      ++r;
+      continue;
+    }
+    if (std::find(silent_servers.begin(), silent_servers.end(),
+                  r->second.request.server) == silent_servers.end()) {
+      silent_servers.push_back(r->second.request.server);
+    }
+    TraceRequestEnd(r->second.msg, 0, false);
+    dead->push_back(std::move(r->second.msg));
+    r = requests_.erase(r);
+  }
+  std::erase_if(windows_,
+                [op_id](const auto& w) { return w.first.first == op_id; });
+  if (pinned == 0) {
+    ops_.erase(op_id);
+  } else {
+    ops_.at(op_id).pinned = pinned;
+  }
+  return silent_servers;
+}
+
+Histogram* RequestTracker::LatencyOf(int command) const {
+  switch (command) {
+    case wire::KV_PUSH:
+      return metrics_.push;
+    case wire::KV_PULL:
+      return metrics_.pull;
+    case wire::KV_PUSHPULL:
+      return metrics_.pushpull;
+    default:
+      return nullptr;
+  }
+}
+
+absl::Status RequestTracker::TimeoutError(
+    const std::string& what, const std::vector<int>& silent_servers) const {
+  std::string silent;
+  for (int server : silent_servers)
+    absl::StrAppend(&silent, silent.empty() ? "" : ", ", describe_(server));
+  return absl::DeadlineExceededError(absl::StrCat(
+      what, ": no reply from ", silent.empty() ? "the servers" : silent,
+      " within ", absl::FormatDuration(options_.request_timeout),
+      " (TESSERA_TIMEOUT)"));
 }
 
 bool RequestTracker::AwaitOp(uint64_t op_id, absl::Time deadline) {

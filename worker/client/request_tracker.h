@@ -41,6 +41,10 @@
 // Thread-safety: all methods are thread-safe. The OnAnswered callback runs on
 // the thread that called HandleReply, without the tracker's lock, before the
 // answered request (and any borrowed frame it holds) is released.
+//
+// Its methods live in request_tracker.cc (operations, sends, windows,
+// replies, waits) and request_tracker_resend.cc (the resend thread); the
+// requests' trace spans in request_trace.h.
 #ifndef TESSERA_WORKER_CLIENT_REQUEST_TRACKER_H_
 #define TESSERA_WORKER_CLIENT_REQUEST_TRACKER_H_
 
@@ -207,6 +211,22 @@ class RequestTracker {
   };
 
   void Unpin(uint64_t op);
+  // HandleReply's matching of `msg` to its request, under the lock: false
+  // when nothing more is to be done (a duplicate, a reply from a node that
+  // may not answer, an acknowledgement); otherwise the request leaves the
+  // tracker into `answered`. `next`: a windowed request let out, to send
+  // unlocked.
+  bool TakeAnswered(const Message& msg, Answered* answered,
+                    std::optional<std::pair<int, Message>>* next)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts an answered request's reply (its status, after on_reply) toward
+  // its operation, keeping a pulled frame or what a rejoin reply said.
+  void CompleteRequest(const Request& request, absl::Status status,
+                       Message& reply) ABSL_LOCKS_EXCLUDED(mu_);
+  // Keeps the single float32 frame of a pull's reply for Wait to copy to
+  // request.out; DataLoss when the reply carries anything else.
+  absl::Status KeepPulledFrame(const Request& request, Message& reply, Op* op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A windowed request was answered: the next one held back goes out. Returns it
   // (server, message) to send unlocked, if any.
   std::optional<std::pair<int, Message>> TakenLocked(Tracked& t)
@@ -224,14 +244,41 @@ class RequestTracker {
   // when it can (see the class comment).
   bool AwaitOp(uint64_t op, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wait gave up on `op` at its deadline: its requests are dropped (moved to
+  // `dead`, to be released unlocked) with its windows, and the operation is
+  // forgotten unless borrowed frames (`pinned`) still pin it. Returns the
+  // servers that did not answer, in the order of their requests.
+  std::vector<int> AbandonOpLocked(uint64_t op, int pinned,
+                                   std::vector<Message>* dead)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The latency histogram of an operation by its first request's command
+  // (null: none is kept).
+  Histogram* LatencyOf(int command) const;
+  // Wait's DeadlineExceeded for `what`, naming the silent servers.
+  // REQUIRES: mu_ not held (describe_ takes the node's lock).
+  absl::Status TimeoutError(const std::string& what,
+                            const std::vector<int>& silent_servers) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A request its server keeps silent about while answering others fails
   // after this many times TESSERA_RESEND_RETRIES sends.
   static constexpr int kUnacknowledgedFactor = 4;
   void ResendLoop();
+  // One pass of ResendLoop over the requests: those due go to `resend` (a
+  // copy of the message, by server), their waits doubled up to `max_wait`;
+  // those at their limit to `expiring` (id, server), for FailExpired.
+  void CollectDueLocked(absl::Duration max_wait,
+                        std::vector<std::pair<int, Message>>* resend,
+                        std::vector<std::pair<uint64_t, int>>* expiring)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the requests (id, server) that ResendLoop found at their limit and
   // that no answer reached since. REQUIRES: mu_ not held.
   void FailExpired(const std::vector<std::pair<uint64_t, int>>& expiring)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The error of a request FailExpired gives up on: Unavailable after its
+  // unanswered (or unacknowledged) sends, DeadlineExceeded for a replay past
+  // request_timeout. `server_name`: its server, described.
+  absl::Status ExpiryError(const Tracked& t, const std::string& server_name,
+                           absl::Time now) const;
   // Whether `sender` may answer `t` (Options::chain_length).
   bool MayAnswer(const Tracked& t, int sender) const;
   // A request nobody waits for (op 0: a replay) past request_timeout.
