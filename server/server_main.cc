@@ -345,14 +345,18 @@ absl::Status ServerDaemon::StartServing() {
     return prepared;
   }
   if (options_.elastic()) ReadWorkerChanges();
-  node_->StartDelivery();
   if (node_->catching_up()) {
     // A replacement (a spare, or this rank's dead server restarted): the
-    // live servers send it the slices of its chains.
+    // live servers send it the slices of its chains. Started before any
+    // message is delivered: a live server sends slices as soon as it sees
+    // the replacement in the table, and one taken before the catch-up began
+    // would be neither credited to its sender nor, in a replicated job,
+    // accepted at all.
     tessera::Node* n = node_.get();
     server_.StartCatchUp([n] { return n->server_states(); },
                          [n] { n->ReportCaughtUp(); });
   }
+  node_->StartDelivery();
   return absl::OkStatus();
 }
 
