@@ -3,7 +3,8 @@
 // (key slices, float32 and 2-bit payloads, row-sparse ids and rows, compressed
 // pulls, settings), and, since issue #46, the same messages to replicated
 // servers: chain updates and their answers (KV_REPLICATE), state transfers
-// (KV_TRANSFER: asks, slices, counts naming their slices), inits at chain
+// (KV_TRANSFER: asks, slices, counts naming their slices; one without a view
+// of the table gets the server's), inits at chain
 // places, on a server that is a backup, a promoted primary, a replacement
 // catching up, or one of a one-copy job. Nothing may crash, hang or leak.
 //
@@ -28,6 +29,10 @@ namespace {
 
 constexpr int kServers = 3;  // ranks of the replicated servers; this is 1
 
+// The server states each replicated server was given (for the views of the
+// table that transfer asks and counts carry).
+std::vector<tessera::ServerState> states_of[8];
+
 std::unique_ptr<tessera::KVServer> NewServer(int config) {
   auto server = std::make_unique<tessera::KVServer>(
       /*num_workers=*/2, /*num_threads=*/1,
@@ -35,7 +40,8 @@ std::unique_ptr<tessera::KVServer> NewServer(int config) {
   if (config < 4) return server;
   std::vector<tessera::ServerState> states(kServers);
   const bool single_copy = config == 7;
-  server->set_replication(/*rank=*/1, kServers, single_copy ? 1 : 2,
+  // One copy: the chain is every server rank.
+  server->set_replication(/*rank=*/1, kServers, single_copy ? kServers : 2,
                           absl::Seconds(1), single_copy);
   switch (config) {
     case 4:  // a backup and a primary, every server alive
@@ -49,6 +55,7 @@ std::unique_ptr<tessera::KVServer> NewServer(int config) {
       states[1].joined = 1;
       break;
   }
+  states_of[config] = states;
   server->UpdateServers(states);
   if (config >= 6) {
     server->StartCatchUp([states] { return states; }, [] {});
@@ -100,6 +107,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (sender != 0) msg->header.set_sender(tessera::ServerId(sender - 1));
+  // A transfer ask or count without a view is given the server's own (a
+  // 64-bit digest is past guessing): it reaches the counting; one with a
+  // view keeps it, and is refused unless it matches.
+  if (config >= 4 && msg->header.command() == tessera::wire::KV_TRANSFER &&
+      msg->header.transfer_view() == 0) {
+    msg->header.set_transfer_view(tessera::StatesDigest(states_of[config]));
+  }
   server->Handle(*std::move(msg));
   return 0;
 }
