@@ -14,8 +14,8 @@ MessageCounters::MessageCounters(MetricsRegistry* registry) {
         std::string("tessera_messages_") + direction + "_total";
     const std::string bytes =
         std::string("tessera_") + direction + "_bytes_total";
-    const std::string messages_help =
-        std::string("Messages ") + verb + " (requests and replies), by command.";
+    const std::string messages_help = std::string("Messages ") + verb +
+                                      " (requests and replies), by command.";
     const std::string bytes_help =
         std::string("Bytes of messages ") + verb +
         " (header and data frames, before ZeroMQ framing and encryption), by "
@@ -41,13 +41,14 @@ MessageCounters::MessageCounters(MetricsRegistry* registry) {
 std::string DescribeSealedDrops(const SealedDrops& d) {
   std::string out = absl::StrCat(d.total());
   const std::pair<const char*, uint64_t> reasons[] = {
-      {"malformed", d.malformed},     {"unauthentic", d.unauthentic},
-      {"replayed", d.replayed},       {"out of order", d.out_of_order},
-      {"unknown key", d.unknown_key}, {"incomplete", d.incomplete},
+      {"malformed", d.malformed},       {"unauthentic", d.unauthentic},
+      {"replayed", d.replayed},         {"out of order", d.out_of_order},
+      {"unknown key", d.unknown_key},   {"incomplete", d.incomplete},
       {"wrong sender", d.wrong_sender}, {"unsealed", d.unsealed}};
   std::string parts;
   for (const auto& [reason, n] : reasons) {
-    if (n != 0) absl::StrAppend(&parts, parts.empty() ? "" : ", ", reason, " ", n);
+    if (n != 0)
+      absl::StrAppend(&parts, parts.empty() ? "" : ", ", reason, " ", n);
   }
   if (!parts.empty()) absl::StrAppend(&out, " (", parts, ")");
   return out;
@@ -75,6 +76,11 @@ CollectorHandles AddTransportCollectors(MetricsRegistry* registry,
   add("tessera_transport_refused_connections_total",
       "Connections refused for want of the job's keys.",
       &Transport::refused_connection_count);
+  add("tessera_transport_unsent_dropped_total",
+      "Messages taken for sending and dropped before ZeroMQ had them: still "
+      "waiting to be sealed when their link was replaced, forgotten or "
+      "closed, or discarded at the job's end.",
+      &Transport::unsent_dropped_count);
   handles.push_back(registry->AddCollector(
       "tessera_transport_sealed_dropped_total",
       "Sealed records and messages dropped before anything read them, by "
@@ -85,9 +91,9 @@ CollectorHandles AddTransportCollectors(MetricsRegistry* registry,
       MetricType::kCounter, [transport](MetricSamples* out) {
         const SealedDrops d = transport->sealed_drops();
         const std::pair<const char*, uint64_t> reasons[] = {
-            {"malformed", d.malformed},     {"unauthentic", d.unauthentic},
-            {"replayed", d.replayed},       {"out_of_order", d.out_of_order},
-            {"unknown_key", d.unknown_key}, {"incomplete", d.incomplete},
+            {"malformed", d.malformed},       {"unauthentic", d.unauthentic},
+            {"replayed", d.replayed},         {"out_of_order", d.out_of_order},
+            {"unknown_key", d.unknown_key},   {"incomplete", d.incomplete},
             {"wrong_sender", d.wrong_sender}, {"unsealed", d.unsealed}};
         for (const auto& [reason, n] : reasons)
           out->push_back({{{"reason", reason}}, static_cast<double>(n)});

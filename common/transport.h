@@ -89,6 +89,11 @@ class Transport {
   // refused because the peer had no key of the job. 0 for the others.
   virtual uint64_t wrong_sender_count() const { return 0; }
   virtual uint64_t refused_connection_count() const { return 0; }
+  // Messages Send took (it returned OK) that the transport then dropped
+  // before handing them to ZeroMQ: still waiting to be sealed when their
+  // link was replaced, forgotten or closed, or discarded (DiscardUnsent).
+  // What ZeroMQ drops of its own queue after the linger is not known here.
+  virtual uint64_t unsent_dropped_count() const { return 0; }
 
   // Sealed links (secured jobs; docs/security.md). The node key this
   // transport seals with (32 bytes, empty when it does not seal) and the

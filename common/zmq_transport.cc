@@ -101,6 +101,7 @@ absl::StatusOr<int> ZmqTransport::Bind(const std::string& ip, int port) {
 
 absl::Status ZmqTransport::Connect(int peer, const std::string& ip, int port) {
   auto sender = std::make_shared<Sender>();
+  sender->unsent_dropped = unsent_dropped_;
   sender->peer = peer;
   sender->blocks = blocks_;
   if (pool_ != nullptr) ArmBacklog(sender);
@@ -247,6 +248,7 @@ void ZmqTransport::DiscardUnsent() {
   const int zero = 0;
   for (auto& [peer, sender] : senders_) {
     absl::MutexLock hold(&sender->mu);
+    unsent_dropped_->fetch_add(sender->pending.size());
     dropped.push_back(std::move(sender->pending));
     sender->pending.clear();
     zmq_setsockopt(sender->socket, ZMQ_LINGER, &zero, sizeof(zero));

@@ -95,6 +95,9 @@ class ZmqTransport : public Transport {
     return wrong_sender_.load() +
            (opener_ != nullptr ? opener_->counts().wrong_sender : 0);
   }
+  uint64_t unsent_dropped_count() const override {
+    return unsent_dropped_->load();
+  }
   uint64_t refused_connection_count() const override {
     const ZapHandler* zap = zap_counts_.load();
     return zap == nullptr ? 0 : zap->refused_count();
@@ -130,7 +133,13 @@ class ZmqTransport : public Transport {
     // Set once the socket's monitor (a watched link) has stopped for good:
     // its reader may close then (TakeLostLinks), never before.
     std::shared_ptr<std::atomic<bool>> monitor_stopped;
+    // The transport's count of messages dropped unsent (Send said OK).
+    std::shared_ptr<std::atomic<uint64_t>> unsent_dropped;
     ~Sender() {
+      if (unsent_dropped != nullptr) {
+        absl::MutexLock hold(&mu);
+        unsent_dropped->fetch_add(pending.size());
+      }
       if (socket == nullptr) return;
       if (monitor_stopped != nullptr) {
         // Before the socket goes: ZeroMQ's I/O thread sends its events
@@ -246,6 +255,10 @@ class ZmqTransport : public Transport {
   int receive_timeout_ms_ ABSL_GUARDED_BY(recv_mu_) = -1;
   // Messages received but not yet returned (a record can complete several).
   std::deque<Message> ready_ ABSL_GUARDED_BY(recv_mu_);
+  // Messages Send took and dropped before ZeroMQ had them (Senders share
+  // it: one may outlive its place in senders_ while a Send finishes).
+  const std::shared_ptr<std::atomic<uint64_t>> unsent_dropped_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
   absl::Mutex senders_mu_;
   std::map<int, std::shared_ptr<Sender>> senders_ ABSL_GUARDED_BY(senders_mu_);
   std::map<int, PeerLink> links_ ABSL_GUARDED_BY(senders_mu_);

@@ -114,6 +114,7 @@ void KVServer::SendUpdate(int rank, const Message& update) {
   Message copy = update;  // shares the frames
   absl::Status sent = send_(ServerId(rank), std::move(copy));
   if (!sent.ok()) {
+    ++failed_server_sends_;
     TESSERA_VLOG(1) << "update of key " << update.header.slice().key()
                     << " to server " << rank << ": " << sent.message();
   }

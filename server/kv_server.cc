@@ -103,7 +103,7 @@ void KVServer::Acknowledge(const Message& request) {
   ack.header.set_request_id(request.header.request_id());
   ack.header.set_is_response(true);
   ack.header.set_ack_only(true);
-  (void)send_(request.header.sender(), std::move(ack));
+  SendReply(request, std::move(ack));
 }
 
 Message KVServer::NewReply(const Message& request, const absl::Status& status,

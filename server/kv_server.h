@@ -387,6 +387,9 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> malformed_{0};
   std::atomic<uint64_t> malformed_warnings_{0};  // LogOccurrence's count
   std::atomic<uint64_t> failed_replies_{0};      // SendReply's send failed
+  // A message to another server (chain update, transfer, its count or ask)
+  // the transport would not take.
+  std::atomic<uint64_t> failed_server_sends_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<bool> stopped_{false};
   absl::Mutex chain_mu_;

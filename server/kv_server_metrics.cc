@@ -58,9 +58,13 @@ void KVServer::RegisterCounters() {
           "tessera_transport_malformed_messages_total).",
           &malformed_);
   counter("tessera_server_failed_replies_total",
-          "Replies the transport would not take (a worker gone, its queue "
-          "full past the send time-out).",
+          "Replies and acknowledgements the transport would not take (a "
+          "worker gone, its queue full past the send time-out).",
           &failed_replies_);
+  counter("tessera_server_failed_server_sends_total",
+          "Messages to other servers (chain updates, transfers, their counts "
+          "and asks) the transport would not take.",
+          &failed_server_sends_);
   counter("tessera_server_replica_updates_total",
           "Updates applied as a backup of a slice (KV_REPLICATE; "
           "TESSERA_REPLICAS > 1; KV_STATS replica_updates).",

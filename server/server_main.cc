@@ -420,6 +420,10 @@ int ServerDaemon::Shutdown(const absl::Status& result) {
 int ServerDaemon::Serve() {
   if (std::optional<int> ended = JoinJob(); ended.has_value()) return *ended;
   if (absl::Status started = StartServing(); !started.ok()) {
+    // The node first: its threads call into the server until it stops (the
+    // members go in the other order).
+    node_->Stop();
+    server_.Stop();
     return tessera::ExitWith(kProgram, started, 1);
   }
   TESSERA_VLOG(1) << "serving with " << threads_ << " update thread(s)";

@@ -89,6 +89,7 @@ void KVServer::TransferRequested(int rank, const wire::Header& request) {
       AddRawFrame(&count, std::move(names));
       absl::Status sent = send_(ServerId(rank), std::move(count));
       if (!sent.ok()) {
+        ++failed_server_sends_;
         TESSERA_VLOG(1) << "transfer count to server " << rank << ": "
                         << sent.message();
       }
@@ -125,6 +126,7 @@ void KVServer::SendTransfer(StoredKey* key, int place) {
   key->transfer_sent[place] = absl::Now();
   const int rank = ChainOf(*key).RankAt(place);
   absl::Status sent = send_(ServerId(rank), std::move(msg));
+  if (!sent.ok()) ++failed_server_sends_;
   TESSERA_VLOG(1) << "sent key " << key->key << " offset " << key->offset
                   << " (" << size << " bytes, update " << key->replica_seq
                   << ") to replacement server " << rank
@@ -260,7 +262,7 @@ void KVServer::StartCatchUp(std::function<std::vector<ServerState>()> states,
     request.header.set_command(wire::KV_TRANSFER);
     request.header.set_request_id(id);
     request.header.set_transfer_view(view);
-    (void)send_(ServerId(rank), std::move(request));
+    if (!send_(ServerId(rank), std::move(request)).ok()) ++failed_server_sends_;
   };
   if (!catch_up_.Start(std::move(options))) return;  // started, or stopped
   if (single_copy_) {

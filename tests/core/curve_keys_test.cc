@@ -2,7 +2,10 @@
 // and two secured ZeroMQ transports in one process.
 #include "common/curve_keys.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -650,6 +653,52 @@ TEST_F(SecureTransportTest, AMessageIsDeliveredOnlyUnderItsKeysRole) {
     EXPECT_EQ(server->malformed_count(), 0u);
     EXPECT_EQ(server->sealed_drops().total(), encrypt ? 3u : 0u);
   }
+}
+
+// Issue #46: a sealed message Send took, still waiting to be sealed when its
+// link went, was dropped uncounted. A worker seals to a lane nobody listens
+// on: ZeroMQ holds the first 1 MiB of records, the rest waits; forgetting the
+// link drops it, counted.
+TEST_F(SecureTransportTest,
+       MessagesWaitingToBeSealedWhenTheirLinkGoesAreCounted) {
+  std::unique_ptr<Transport> server = Make(job_, Role::kServer);
+  std::unique_ptr<Transport> worker = Make(job_, Role::kWorker);
+  absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  // A port with nothing behind it: bound, then let go.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int dead_lane = ntohs(addr.sin_port);
+  ::close(fd);
+  server->SetPeerIdentity(WorkerId(0), {Role::kWorker, worker->node_key(), 0});
+  worker->SetPeerIdentity(ServerId(0),
+                          {Role::kServer, server->node_key(), dead_lane});
+  ASSERT_TRUE(worker->Connect(ServerId(0), "127.0.0.1", *port).ok());
+  // 4 MiB, then 4 KB twice: ZeroMQ holds at most 1 MiB of a link's records,
+  // so the first stops part-sealed and the other two wait behind it.
+  std::vector<float> values(1024 * 1024, 1.0f);
+  for (int i = 0; i < 3; ++i) {
+    Message m;
+    m.header.set_command(wire::KV_PUSH);
+    m.header.set_plane(wire::DATA);
+    m.header.set_sender(WorkerId(0));
+    m.header.set_request_id(i + 1);
+    const size_t floats = i == 0 ? values.size() : 1024;
+    AddFloatFrame(&m, Buffer::CopyOf(values.data(), floats * 4));
+    ASSERT_TRUE(worker->Send(ServerId(0), m).ok());
+  }
+  EXPECT_EQ(worker->unsent_dropped_count(), 0u);
+  worker->ForgetPeer(ServerId(0));
+  // A sealing thread may hold the link a moment longer.
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (worker->unsent_dropped_count() < 3 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(worker->unsent_dropped_count(), 3u);
 }
 
 TEST_F(SecureTransportTest, AnInsecurePeerCannotReachASecureNode) {

@@ -19,6 +19,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
 #include "common/hashed_spec.h"
+#include "common/metrics.h"
+#include "common/replica_chain.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -1185,6 +1187,61 @@ TEST(KVServerTest, WorkersFinishedCountsThoseThatLeft) {
 // 64th, ..., 1024th); a worker's push after them is served. Malformed
 // messages answered without a warning (30 requests without a key slice,
 // first) are counted but do not use up the warnings.
+// The value of counter `name` in this process's metrics (one KVServer
+// alive), or -1 when it is not there.
+double CounterValue(const std::string& name) {
+  const std::string text = MetricsRegistry::Global().TextExposition();
+  const std::string prefix = name + " ";
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    if (line.rfind(prefix, 0) == 0)
+      return std::stod(line.substr(prefix.size()));
+    at = end + 1;
+  }
+  return -1;
+}
+
+// Waits (at most 5 s) for counter `name` to reach `value`.
+bool CounterReaches(const std::string& name, double value) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (CounterValue(name) < value && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
+  return CounterValue(name) == value;
+}
+
+// Issue #46: tessera_server_failed_replies_total counted only replies; an
+// acknowledgement or a message to another server that the transport would
+// not take went uncounted.
+TEST(KVServerTest,
+     AcknowledgementsAndServerSendsTheTransportRefusesAreCounted) {
+  KVServer server(
+      /*num_workers=*/2, /*num_threads=*/1, [](int, Message msg) {
+        if (msg.header.ack_only() ||
+            msg.header.command() == wire::KV_TRANSFER) {
+          return absl::UnavailableError("its queue is full");
+        }
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(CounterValue("tessera_server_failed_replies_total"), 0);
+  EXPECT_EQ(CounterValue("tessera_server_failed_server_sends_total"), 0);
+  server.Handle(Init(1, {1.0f, 2.0f}));
+  server.Handle(Push(0, 1, 0, {0.5f, 0.5f}));  // the round waits for worker 1
+  server.Handle(Push(0, 1, 0, {0.5f, 0.5f}));  // resent: acknowledged
+  EXPECT_TRUE(CounterReaches("tessera_server_failed_replies_total", 1));
+  // A replacement's asks for its slices go to the other servers.
+  server.set_replication(/*rank=*/1, /*num_servers=*/3, /*replicas=*/2,
+                         absl::Seconds(60));
+  std::vector<ServerState> states(3);
+  states[1].catching_up = true;
+  states[1].joined = 1;
+  server.UpdateServers(states);
+  server.StartCatchUp([states] { return states; }, [] {});
+  EXPECT_TRUE(CounterReaches("tessera_server_failed_server_sends_total", 2))
+      << "an ask to server 0 and one to server 2";
+}
+
 TEST(KVServerTest, DroppedMessagesAreCountedAndTheirWarningsThrottled) {
   ServerHarness h(1);
   h.server().Handle(Init(1, {1.0f, 2.0f}));
