@@ -645,10 +645,13 @@ TEST(NodeTest, ANodeRestartedBeforeTheJobFormedHearsTheStartUpAbort) {
 }
 
 // Drops the first abort that names this node's registration (its nonce,
-// read from the REGISTER it sends).
+// read from the REGISTER it sends); `dropped` says whether it did (shared:
+// a node that fails to start destroys its transport).
 class FirstOwnAbortDropped : public ForwardingTransport {
  public:
-  using ForwardingTransport::ForwardingTransport;
+  FirstOwnAbortDropped(std::unique_ptr<Transport> inner,
+                       std::shared_ptr<std::atomic<bool>> dropped)
+      : ForwardingTransport(std::move(inner)), dropped_(std::move(dropped)) {}
   absl::Status Send(int peer, const Message& msg) override {
     if (msg.header.command() == wire::REGISTER)
       nonce_ = msg.header.register_().nonce();
@@ -658,19 +661,18 @@ class FirstOwnAbortDropped : public ForwardingTransport {
     while (true) {
       absl::StatusOr<Message> msg = inner_->Receive(timeout);
       if (!msg.ok() || msg->header.command() != wire::ABORT ||
-          dropped_.load() ||
+          dropped_->load() ||
           !absl::c_linear_search(msg->header.abort().registrations(),
                                  nonce_.load())) {
         return msg;
       }
-      dropped_ = true;
+      dropped_->store(true);
     }
   }
-  bool dropped() const { return dropped_.load(); }
 
  private:
   std::atomic<uint64_t> nonce_{0};
-  std::atomic<bool> dropped_{false};
+  const std::shared_ptr<std::atomic<bool>> dropped_;
 };
 
 // A node restarted at a registered address after the start-up deadline
@@ -703,8 +705,9 @@ TEST(NodeTest, ARestartWhoseStartUpAbortWasLostHearsItWhenItAsksAgain) {
   ASSERT_FALSE(Node::Start(mine, Node::Callbacks(), net.NewTransport()).ok());
   absl::SleepFor(absl::Milliseconds(800));  // the job ended, never formed
   mine.start_timeout = absl::Seconds(5);
-  auto transport = std::make_unique<FirstOwnAbortDropped>(net.NewTransport());
-  FirstOwnAbortDropped* dropping = transport.get();
+  auto dropped = std::make_shared<std::atomic<bool>>(false);
+  auto transport =
+      std::make_unique<FirstOwnAbortDropped>(net.NewTransport(), dropped);
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<Node>> second =
       Node::Start(mine, Node::Callbacks(), std::move(transport));
@@ -713,7 +716,7 @@ TEST(NodeTest, ARestartWhoseStartUpAbortWasLostHearsItWhenItAsksAgain) {
       << second.status();
   EXPECT_THAT(std::string(second.status().message()),
               ::testing::HasSubstr("never registered"));
-  EXPECT_TRUE(dropping->dropped());
+  EXPECT_TRUE(dropped->load());
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   server.join();
   EXPECT_EQ(scheduler.Join().code(), absl::StatusCode::kDeadlineExceeded);
