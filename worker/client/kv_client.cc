@@ -157,6 +157,17 @@ bool KVClient::HaveKeys() const {
   return !keys_.empty();
 }
 
+absl::StatusOr<KVClient::KeyInfo*> KVClient::KeyInfoLocked(uint64_t key,
+                                                           const char* what) {
+  auto it = keys_.find(key);
+  if (it == keys_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(what, " of key ", key,
+                     ": the key is gone (its init failed on another thread)"));
+  }
+  return &it->second;
+}
+
 std::vector<KeyPart> KVClient::Parts(uint64_t key) const {
   absl::MutexLock lock(&mu_);
   return keys_.at(key).parts;
@@ -286,7 +297,8 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
   uint64_t total = 0, row_length = 0;
   {
     absl::MutexLock lock(&mu_);
-    const KeyInfo& info = keys_.at(key);
+    TESSERA_ASSIGN_OR_RETURN(const KeyInfo* found, KeyInfoLocked(key, "push"));
+    const KeyInfo& info = *found;
     TESSERA_RETURN_IF_ERROR(info.out_of_step);
     parts = info.parts;
     row_length = info.row_length;
@@ -427,10 +439,11 @@ absl::StatusOr<OpHandle> KVClient::StartPull(uint64_t key, uint64_t length,
   uint64_t pushed;
   {
     absl::MutexLock lock(&mu_);
-    TESSERA_RETURN_IF_ERROR(keys_.at(key).out_of_step);
-    parts = keys_.at(key).parts;
-    copies = keys_.at(key).pulled;
-    pushed = keys_.at(key).next_seq;
+    TESSERA_ASSIGN_OR_RETURN(const KeyInfo* info, KeyInfoLocked(key, "pull"));
+    TESSERA_RETURN_IF_ERROR(info->out_of_step);
+    parts = info->parts;
+    copies = info->pulled;
+    pushed = info->next_seq;
     ++stats_.pulls;
   }
   const uint64_t op = tracker_->NewOp();

@@ -161,6 +161,11 @@ class KVClient : public KVWorker {
       return row_residual[chunk].get() + (slot % kRowsPerChunk) * row_length;
     }
   };
+  // The entry of `key` for an operation (`what`, for the error) that checked
+  // it under an earlier hold of mu_: NotFound when an init of the key failed
+  // on another thread since, and forgot it.
+  absl::StatusOr<KeyInfo*> KeyInfoLocked(uint64_t key, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What InitRows and Init share: declares the key, rejoins or stores it,
   // and waits in its init barrier. `value` may be null (row keys: zeros).
   absl::Status InitKey(uint64_t key, const float* value, uint64_t length,

@@ -226,7 +226,9 @@ absl::StatusOr<OpHandle> KVClient::PushRowsAsync(
   std::vector<KeyPart> row_parts;
   {
     absl::MutexLock lock(&mu_);
-    row_parts = keys_.at(key).parts;
+    TESSERA_ASSIGN_OR_RETURN(const KeyInfo* info,
+                             KeyInfoLocked(key, "row push"));
+    row_parts = info->parts;
   }
   if (rows.size() != row_ids.size() * l) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -329,10 +331,12 @@ absl::StatusOr<OpHandle> KVClient::PullRowsAsync(
   RowPull pull{.key = key, .row_length = l, .out = out.data()};
   {
     absl::MutexLock lock(&mu_);
-    TESSERA_RETURN_IF_ERROR(keys_.at(key).out_of_step);
-    parts = keys_.at(key).parts;
-    pull.total = keys_.at(key).length / l;
-    pull.pushed = keys_.at(key).next_seq;
+    TESSERA_ASSIGN_OR_RETURN(const KeyInfo* info,
+                             KeyInfoLocked(key, "row pull"));
+    TESSERA_RETURN_IF_ERROR(info->out_of_step);
+    parts = info->parts;
+    pull.total = info->length / l;
+    pull.pushed = info->next_seq;
     pull.bf16 = pull_two_bit_;  // pull compression: rows come as bfloat16
     ++stats_.pulls;
   }
