@@ -32,8 +32,10 @@ struct ServerState {
   bool holds() const { return !dead && !catching_up; }
 };
 
-// A digest of a table's server states (every field of every rank): two
-// servers agree on who holds what when their digests are equal.
+// A digest of a table's server states (every field of a live rank, only the
+// death of a dead one, whose other fields route nothing and may differ
+// between nodes): two servers agree on who holds what when their digests
+// are equal.
 uint64_t StatesDigest(const std::vector<ServerState>& states);
 
 // One key slice's chain: the server ranks that hold it, and which of them

@@ -120,6 +120,9 @@ void ZapHandler::Serve() {
     if (zmq_poll(&item, 1, 50) <= 0 || (item.revents & ZMQ_POLLIN) == 0)
       continue;
     std::vector<std::string> request;
+    // Room for every frame of a ZAP request (7) up front: a vector that grew
+    // would leave short strings' characters (a password) in freed memory.
+    request.reserve(8);
     // A PLAIN request carries the password presented (the right one, from
     // the job's own nodes): wiped on every way out, a request cut short too.
     absl::Cleanup wipe = [&request] {
