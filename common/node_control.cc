@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/node.h"
+#include "common/silence.h"
 #include "common/wire_status.h"
 
 namespace tessera {
@@ -147,34 +148,38 @@ void Node::HeartbeatLoop() {
       absl::MutexLock lock(&mu_);
       if (terminated_ || !failure_.ok() || stopping_) return;
       const absl::Time now = absl::Now();
-      const absl::Duration silent = now - last_scheduler_contact_;
-      if (silent > timeout && part_done_) {
+      const Silence silent =
+          MeasureSilence(last_scheduler_contact_, heard_until_, now);
+      if (silent.TooLong(timeout) && part_done_) {
         // This node's work is complete (a worker the scheduler counted as
         // done, a server every worker said goodbye to): a scheduler lost
         // after that does not make a finished job a failure.
         TESSERA_LOG(WARNING)
             << "the scheduler (id 1 at " << scheduler_address_
-            << ") went silent for " << absl::FormatDuration(silent)
+            << ") went silent for " << silent.Describe(now, heard_until_)
             << " after this node finished its part; leaving without failure";
         terminated_ = true;
         return;
       }
-      if (silent > timeout) {
+      if (silent.TooLong(timeout)) {
         failed = absl::UnavailableError(
             absl::StrCat("the scheduler (id 1 at ", scheduler_address_,
                          ") stopped answering heartbeats for ",
-                         absl::FormatDuration(silent)));
+                         silent.Describe(now, heard_until_)));
       } else if (now >= next) {
         next = now + interval;
         beat = true;
       } else {
-        // Sleep until the next heartbeat is due or the silence would pass
+        // Sleep until the next heartbeat is due or the silence could pass
         // the time-out, whichever is first (Stop wakes it): one wake-up per
         // interval, not 20 a second, which adds up with hundreds of
-        // processes on one machine.
-        heartbeat_cv_.WaitWithDeadline(
-            &mu_, std::min(next, last_scheduler_contact_ + timeout +
-                                     absl::Milliseconds(1)));
+        // processes on one machine. Silence heard counts up to heard_until_
+        // only, so at that deadline it may not have passed: then look again
+        // every 100 ms while the receiving catches up.
+        absl::Time wake =
+            last_scheduler_contact_ + timeout + absl::Milliseconds(1);
+        if (wake <= now) wake = now + absl::Milliseconds(100);
+        heartbeat_cv_.WaitWithDeadline(&mu_, std::min(next, wake));
         continue;
       }
     }

@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/net_util.h"
 #include "common/replica_chain.h"
+#include "common/silence.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_internal.h"
 
@@ -90,12 +91,13 @@ void Scheduler::CheckLiveness(absl::Time now) {
   metrics_.oldest_heartbeat_age->Set(absl::ToDoubleSeconds(oldest));
   for (const auto& [id, seen] : last_seen_) {
     if (done_workers_.count(id) != 0) continue;
-    const absl::Duration silent = now - seen;
-    if (silent <= options_.heartbeat_timeout) continue;
-    DeclareDead(id, absl::StrCat(
-                        "stopped heart-beating: nothing heard for ",
-                        absl::FormatDuration(silent), " (PS_HEARTBEAT_TIMEOUT=",
-                        absl::FormatDuration(options_.heartbeat_timeout), ")"));
+    const Silence silent = MeasureSilence(seen, heard_until_, now);
+    if (!silent.TooLong(options_.heartbeat_timeout)) continue;
+    DeclareDead(
+        id, absl::StrCat(
+                "stopped heart-beating: nothing heard for ",
+                silent.Describe(now, heard_until_), " (PS_HEARTBEAT_TIMEOUT=",
+                absl::FormatDuration(options_.heartbeat_timeout), ")"));
     return;  // one at a time: the table changed
   }
 }

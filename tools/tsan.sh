@@ -181,7 +181,8 @@ cmake -S . -B "$build" -DTESSERA_BUILD_TESTS=ON -DTESSERA_WERROR=ON -DTESSERA_SA
 # Test programs (each its ctest name and its build target)...
 tsan_programs=(
   # in-process, several threads
-  node_test kv_server_test replication_test catch_up_test request_tracker_test kv_client_test
+  node_test liveness_test kv_server_test replication_test catch_up_test request_tracker_test
+  kv_client_test
   c_api_test
   pulled_copy_test curve_keys_test sealed_link_test message_test buffer_test
   metrics_registry_test trace_recorder_test round_watch_test model_batch_loader_test

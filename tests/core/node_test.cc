@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
+#include "tests/support/forwarding_transport.h"
 #include "tests/support/memory_network.h"
 
 namespace tessera {
@@ -180,33 +181,6 @@ TEST(NodeTest, NodeWithoutSchedulerGivesUpNamingItsAddress) {
 // A transport that binds where asked but reports another port: the node then
 // advertises an address nobody can reach, as a node on the wrong interface
 // does.
-// Passes everything to another transport; tests override what they fault.
-class ForwardingTransport : public Transport {
- public:
-  explicit ForwardingTransport(std::unique_ptr<Transport> inner)
-      : inner_(std::move(inner)) {}
-  absl::StatusOr<int> Bind(const std::string& ip, int port) override {
-    return inner_->Bind(ip, port);
-  }
-  absl::Status Connect(int peer, const std::string& ip, int port) override {
-    return inner_->Connect(peer, ip, port);
-  }
-  void Disconnect(int peer) override { inner_->Disconnect(peer); }
-  absl::Status Send(int peer, const Message& msg) override {
-    return inner_->Send(peer, msg);
-  }
-  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
-    return inner_->Receive(timeout);
-  }
-  uint64_t malformed_count() const override {
-    return inner_->malformed_count();
-  }
-  void Close() override { inner_->Close(); }
-
- protected:
-  std::unique_ptr<Transport> inner_;
-};
-
 // Advertises a port nobody listens on.
 class MisadvertisingTransport : public ForwardingTransport {
  public:

@@ -1,0 +1,172 @@
+// Silence judged by what the observer could have heard (issue #46): a node or
+// scheduler whose own receiving is held up does not declare its peers dead for
+// the messages it has not read yet, and one held up past three time-outs still
+// does, naming why.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/node.h"
+#include "common/silence.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/scheduler.h"
+#include "tests/support/forwarding_transport.h"
+#include "tests/support/memory_network.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(SilenceTest, CountsUpToWhenTheObserverLastCaughtUp) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  // Heard everything until 2 s after the peer's last message; now 9 s after.
+  Silence s = MeasureSilence(t0, t0 + absl::Seconds(2), t0 + absl::Seconds(9));
+  EXPECT_EQ(s.heard, absl::Seconds(2));
+  EXPECT_EQ(s.wall, absl::Seconds(9));
+  EXPECT_FALSE(s.TooLong(absl::Seconds(5)));
+  EXPECT_TRUE(s.TooLong(absl::Seconds(1)));
+  EXPECT_EQ(s.Describe(t0 + absl::Seconds(9), t0 + absl::Seconds(2)),
+            "9s (this node's receiving was held up for the last 7s)");
+  // Caught up after the peer's last message: the clock's silence counts.
+  s = MeasureSilence(t0, t0 + absl::Seconds(9), t0 + absl::Seconds(9));
+  EXPECT_EQ(s.heard, absl::Seconds(9));
+  EXPECT_EQ(s.Describe(t0 + absl::Seconds(9), t0 + absl::Seconds(9)), "9s");
+  // Last caught up before the peer's last message: no silence heard.
+  s = MeasureSilence(t0, t0 - absl::Seconds(3), t0 + absl::Seconds(1));
+  EXPECT_EQ(s.heard, absl::ZeroDuration());
+  // Held up throughout: the clock decides at kHeldUpFactor time-outs.
+  s = MeasureSilence(t0, t0 - absl::Seconds(3), t0 + absl::Seconds(31));
+  EXPECT_FALSE(s.TooLong(absl::Seconds(11)));
+  EXPECT_TRUE(s.TooLong(absl::Seconds(10)));
+}
+
+// Holds up the next Receive for a while, as a receive thread busy with a long
+// message, or a process the machine did not schedule, is held up.
+class HoldingTransport : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  void HoldNext(absl::Duration d) {
+    hold_ns_.store(absl::ToInt64Nanoseconds(d));
+  }
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    const int64_t ns = hold_ns_.exchange(0);
+    if (ns > 0) absl::SleepFor(absl::Nanoseconds(ns));
+    return inner_->Receive(timeout);
+  }
+
+ private:
+  std::atomic<int64_t> hold_ns_{0};
+};
+
+Options JobOptions(Role role, absl::Duration heartbeat_timeout) {
+  Options o;
+  o.role = role;
+  o.root_uri = "127.0.0.1";
+  o.root_port = 7000;
+  o.num_servers = 1;
+  o.num_workers = 2;
+  o.heartbeat_interval = absl::Milliseconds(50);
+  o.heartbeat_timeout = heartbeat_timeout;
+  o.start_timeout = absl::Seconds(10);
+  o.request_timeout = absl::Seconds(10);
+  return o;
+}
+
+struct JobResult {
+  absl::Status scheduler;
+  std::vector<absl::Status> nodes;  // the server, then the workers
+};
+
+// A scheduler (heartbeat time-out `scheduler_timeout`), a server and two
+// workers (`node_timeout`) over one memory network. After the workers' first
+// barrier, `hold` is held up for `hold_for` (the scheduler's transport when
+// `hold_scheduler`, else worker 1's); the workers wait that long and a moment
+// more, barrier again and finish.
+JobResult RunHeldUpJob(bool hold_scheduler, absl::Duration scheduler_timeout,
+                       absl::Duration node_timeout, absl::Duration hold_for) {
+  MemoryNetwork net;
+  JobResult r;
+  r.nodes.resize(3);
+  auto scheduler_transport =
+      std::make_unique<HoldingTransport>(net.NewTransport());
+  HoldingTransport* scheduler_hold = scheduler_transport.get();
+  Scheduler scheduler(JobOptions(Role::kScheduler, scheduler_timeout),
+                      std::move(scheduler_transport));
+  if (absl::StatusOr<int> bound = scheduler.Bind(); !bound.ok()) {
+    r.scheduler = bound.status();
+    return r;
+  }
+  std::thread scheduler_thread([&] { r.scheduler = scheduler.Run(); });
+  std::vector<std::thread> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.emplace_back([&, i] {
+      auto transport = std::make_unique<HoldingTransport>(net.NewTransport());
+      HoldingTransport* mine = transport.get();
+      absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(
+          JobOptions(i == 0 ? Role::kServer : Role::kWorker, node_timeout),
+          Node::Callbacks(), std::move(transport));
+      if (!node.ok()) {
+        r.nodes[i] = node.status();
+        return;
+      }
+      if (i == 0) {
+        r.nodes[i] = (*node)->WaitForTerminate();
+        return;
+      }
+      absl::Status s = (*node)->Barrier(kGroupWorkers);
+      if (s.ok()) {
+        if (hold_scheduler && i == 1) scheduler_hold->HoldNext(hold_for);
+        if (!hold_scheduler && i == 1) mine->HoldNext(hold_for);
+        absl::SleepFor(hold_for + absl::Milliseconds(500));
+        s = (*node)->Barrier(kGroupWorkers);
+      }
+      if (s.ok()) s = (*node)->Finish();
+      r.nodes[i] = s;
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  scheduler_thread.join();
+  return r;
+}
+
+TEST(LivenessTest, ANodeWhoseReceivingIsHeldUpDoesNotAccuseTheScheduler) {
+  // Worker 1 reads nothing for 2.5 s, 2.5 times its time-out; the
+  // scheduler's answers to its heartbeats wait in its queue meanwhile.
+  const JobResult r = RunHeldUpJob(/*hold_scheduler=*/false, absl::Seconds(5),
+                                   absl::Seconds(1), absl::Milliseconds(2500));
+  EXPECT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(r.nodes[i].ok()) << i << ": " << r.nodes[i];
+}
+
+TEST(LivenessTest, ASchedulerWhoseReceivingIsHeldUpDeclaresNoNodeDead) {
+  // The scheduler reads nothing for 2.5 s (its time-out: 1 s); the nodes'
+  // heartbeats wait in its queue. The nodes' own time-out (5 s) is longer.
+  const JobResult r = RunHeldUpJob(/*hold_scheduler=*/true, absl::Seconds(1),
+                                   absl::Seconds(5), absl::Milliseconds(2500));
+  EXPECT_TRUE(r.scheduler.ok()) << r.scheduler;
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(r.nodes[i].ok()) << i << ": " << r.nodes[i];
+}
+
+TEST(LivenessTest, ANodeHeldUpPastThreeTimeOutsStillAccusesNamingWhy) {
+  // Held up for 5 s with a 1 s time-out: past kHeldUpFactor (3) time-outs by
+  // the clock, the node gives up rather than wait for ever.
+  const absl::Time start = absl::Now();
+  const JobResult r = RunHeldUpJob(/*hold_scheduler=*/false, absl::Seconds(2),
+                                   absl::Seconds(1), absl::Seconds(5));
+  EXPECT_EQ(r.nodes[1].code(), absl::StatusCode::kUnavailable) << r.nodes[1];
+  EXPECT_THAT(std::string(r.nodes[1].message()),
+              ::testing::ContainsRegex(
+                  "stopped answering heartbeats for [34](\\.[0-9]+)?s \\(this "
+                  "node's receiving was held up for the last"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,47 @@
+// ForwardingTransport: passes everything to another transport; tests
+// override what they fault (drop, delay, hold up).
+//
+//   class Slow : public ForwardingTransport {
+//     using ForwardingTransport::ForwardingTransport;
+//     absl::Status Send(int peer, const Message& m) override { ... }
+//   };
+#ifndef TESSERA_TESTS_SUPPORT_FORWARDING_TRANSPORT_H_
+#define TESSERA_TESTS_SUPPORT_FORWARDING_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "common/transport.h"
+
+namespace tessera {
+
+class ForwardingTransport : public Transport {
+ public:
+  explicit ForwardingTransport(std::unique_ptr<Transport> inner)
+      : inner_(std::move(inner)) {}
+  absl::StatusOr<int> Bind(const std::string& ip, int port) override {
+    return inner_->Bind(ip, port);
+  }
+  absl::Status Connect(int peer, const std::string& ip, int port) override {
+    return inner_->Connect(peer, ip, port);
+  }
+  void Disconnect(int peer) override { inner_->Disconnect(peer); }
+  absl::Status Send(int peer, const Message& msg) override {
+    return inner_->Send(peer, msg);
+  }
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    return inner_->Receive(timeout);
+  }
+  uint64_t malformed_count() const override {
+    return inner_->malformed_count();
+  }
+  void Close() override { inner_->Close(); }
+
+ protected:
+  std::unique_ptr<Transport> inner_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_TESTS_SUPPORT_FORWARDING_TRANSPORT_H_
