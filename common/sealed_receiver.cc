@@ -491,7 +491,13 @@ void SealedReceiver::Finish(Peer& peer, std::vector<Message>* ready) {
   peer.msg = Message();
   const wire::Header& h = msg.header;
   absl::Status allowed = CheckClaimedSender(h, peer.role);
-  if (allowed.ok() && h.sender() != peer.id) {
+  if (!allowed.ok()) {
+    // The seal says who sent it: named, since the claimed sender may be
+    // anyone's.
+    allowed = absl::PermissionDeniedError(
+        absl::StrCat(allowed.message(), " (sealed by ", RoleName(peer.role),
+                     " id ", peer.id, ")"));
+  } else if (h.sender() != peer.id) {
     allowed = absl::PermissionDeniedError(
         absl::StrCat("it claims sender ", h.sender(),
                      ", but it was sealed with the node key of ",

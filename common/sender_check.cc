@@ -1,5 +1,7 @@
 #include "common/sender_check.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "common/curve_keys.h"
 #include "common/message.h"
@@ -19,6 +21,25 @@ bool IsNodeRequest(wire::Command command) {
   return command == wire::REGISTER || command == wire::BARRIER ||
          command == wire::HEARTBEAT || command == wire::WORKER_DONE ||
          command == wire::WORKER_LEAVE || command == wire::SERVER_LEAVE;
+}
+
+// The node role whose messages `command` carries, either way: a server's
+// replication, catch-up, hand-back and goodbye, a worker's end and goodbye.
+// (The scheduler's side of them is checked with the other control commands.)
+std::optional<Role> NodeRoleOf(wire::Command command) {
+  switch (command) {
+    case wire::CAUGHT_UP:
+    case wire::HANDBACK:
+    case wire::SERVER_LEAVE:
+    case wire::KV_REPLICATE:
+    case wire::KV_TRANSFER:
+      return Role::kServer;
+    case wire::WORKER_DONE:
+    case wire::WORKER_LEAVE:
+      return Role::kWorker;
+    default:
+      return std::nullopt;
+  }
 }
 
 absl::Status Denied(Role key_role, const std::string& why) {
@@ -46,6 +67,15 @@ absl::Status CheckClaimedSender(const wire::Header& h, Role key_role) {
       return Denied(key_role, absl::StrCat("it claims sender ", sender, " (a ",
                                            RoleName(*claimed), ")"));
     }
+  }
+  if (std::optional<Role> only = NodeRoleOf(h.command());
+      only.has_value() && key_role != Role::kScheduler && key_role != *only) {
+    // A compromised worker sending a server's reports (a replacement caught
+    // up, a hand-back done) or replica updates, or a server a worker's
+    // (issue #46's rogue-node harness).
+    return Denied(key_role,
+                  absl::StrCat(wire::Command_Name(h.command()), " is a ",
+                               RoleName(*only), "'s message"));
   }
   if (h.plane() == wire::CONTROL) {
     const wire::Command command = h.command();

@@ -541,6 +541,21 @@ TEST(SenderCheckTest, AKeySpeaksForItsOwnRoleOnly) {
       {Header(0, wire::KV_PULL, false, wire::DATA), S, false},
       {Header(3, wire::KV_PULL, false, wire::DATA), W, false},
       {Header(-9, wire::KV_PULL, false, wire::DATA), W, false},
+      // A server's reports and replication, a worker's goodbye: from its own
+      // role's key only (and the scheduler's answers), issue #46.
+      {Header(9, wire::CAUGHT_UP), W, false},
+      {Header(8, wire::CAUGHT_UP), V, true},
+      {Header(9, wire::HANDBACK), W, false},
+      {Header(8, wire::HANDBACK, true), V, true},
+      {Header(1, wire::HANDBACK), S, true},
+      {Header(9, wire::SERVER_LEAVE), W, false},
+      {Header(1, wire::SERVER_LEAVE, true), S, true},
+      {Header(9, wire::KV_REPLICATE, false, wire::DATA), W, false},
+      {Header(8, wire::KV_REPLICATE, true, wire::DATA), V, true},
+      {Header(9, wire::KV_TRANSFER, false, wire::DATA), W, false},
+      {Header(8, wire::WORKER_LEAVE), V, false},
+      {Header(9, wire::WORKER_LEAVE), W, true},
+      {Header(8, wire::WORKER_DONE), V, false},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(CheckClaimedSender(c.h, c.key).ok(), c.allowed)
@@ -562,6 +577,9 @@ TEST(SenderCheckTest, AKeySpeaksForItsOwnRoleOnly) {
   EXPECT_EQ(sealed_reg.message(),
             "it claims sender 9; a registration claims no sender (it comes "
             "unsealed, from a node not yet in the job)");
+  EXPECT_EQ(CheckClaimedSender(Header(9, wire::CAUGHT_UP), W).message(),
+            "CAUGHT_UP is a server's message, but it came with the worker "
+            "key");
   EXPECT_EQ(CheckClaimedSender(Header(1, wire::ABORT), W).message(),
             "it claims sender 1 (a scheduler), but it came with the worker "
             "key");

@@ -1,0 +1,328 @@
+// The rogue-node harness (issue #46), short form: a node of the job with valid
+// keys of its role behaves badly, scene after scene, against real daemons. The
+// job is sealed, with per-process keys (launch.py's roster), two servers
+// holding every slice twice (TESSERA_REPLICAS=2), worker A (kv_check_worker
+// "barrier") and worker B, this test: a real KVClient over a ZeroMQ transport
+// the test keeps a pointer to. B does honest work (dist_async pushes and pulls
+// of a key split over both servers, and a small key) and, between its rounds,
+// sends what a compromised worker would:
+//   - a sealed REGISTER for a second worker rank, and one as a spare server;
+//   - replica updates and transfers (server-to-server messages), in its name;
+//   - a replacement's and a hand-back's reports, and a server's goodbye;
+//   - answers to requests meant for a server, to worker A, in its name and in
+//     server 0's;
+//   - a replica update in server 0's name.
+// Each scene: the job's result is bit-equal to a clean run of the same job
+// (B's pulled values; every process exits 0), the attempt is refused and
+// counted, and the rogue (worker id N) is named in the refusing node's log.
+//
+// Not here, and where they are tested: a record replayed, records claiming
+// unknown node keys (the parking queue), a first record announcing 8 GiB of
+// frames, a bit-255 twin of a held node key: sealed_link_test and node_test
+// (they need a hand-made sealer, not the transport's).
+#include <cstring>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/curve_keys.h"
+#include "common/message.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/cluster_expect.h"
+#include "tests/core/process_cluster.h"
+#include "tests/core/roster.h"
+#include "worker/client/kv_client.h"
+
+namespace tessera::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr uint64_t kBig = 7;
+constexpr size_t kBigLen = 400000;  // 1.6 MB: slices on both servers
+constexpr uint64_t kSmall = 3;
+constexpr size_t kSmallLen = 6;
+constexpr int kRounds = 6;  // before the attack, and again after it
+
+int64_t SummaryCount(const std::string& log, const std::string& name) {
+  std::smatch m;
+  const std::regex re(name + " (\\d+)");
+  if (!std::regex_search(log, m, re)) return -1;
+  int64_t n = -1;
+  (void)absl::SimpleAtoi(m[1].str(), &n);
+  return n;
+}
+
+Options RogueOptions(ProcessCluster& c, const std::string& key_file) {
+  std::map<std::string, std::string> env = {
+      {"DMLC_ROLE", "worker"},
+      {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+      {"DMLC_PS_ROOT_PORT", std::to_string(c.port())},
+      {"DMLC_NUM_SERVER", "2"},
+      {"DMLC_NUM_WORKER", "2"},
+      {"TESSERA_REPLICAS", "2"},
+      {"TESSERA_KEY_FILE", key_file},
+      {"TESSERA_START_TIMEOUT", "30"},
+      {"DMLC_TASK_ID", "3"},  // before worker A's: rank 0, which inits
+  };
+  absl::StatusOr<Options> o =
+      ParseOptions([&](const std::string& name) -> std::optional<std::string> {
+        auto it = env.find(name);
+        if (it == env.end()) return std::nullopt;
+        return it->second;
+      });
+  EXPECT_TRUE(o.ok()) << o.status();
+  return *o;
+}
+
+Message Forged(wire::Command command, int sender, wire::Plane plane) {
+  Message m;
+  m.header.set_command(command);
+  m.header.set_sender(sender);
+  m.header.set_plane(plane);
+  m.header.set_request_id((uint64_t{1} << 44) + 1);
+  return m;
+}
+
+// A server-to-server message about the first slice of the big key, with its
+// values.
+Message ForgedSlice(wire::Command command, int sender) {
+  static const std::vector<float> values(1000, 1e6f);
+  Message m = Forged(command, sender, wire::DATA);
+  wire::KeySlice* slice = m.header.mutable_slice();
+  slice->set_key(kBig);
+  slice->set_offset(0);
+  slice->set_length(values.size());
+  slice->set_total_length(kBigLen);
+  m.header.set_replica(1);
+  m.header.set_replica_seq(1000);
+  AddFloatFrame(&m, Buffer::Wrap(values.data(), values.size() * 4, nullptr));
+  return m;
+}
+
+// A registration, unsealed in form (it claims no sender): a worker at a port
+// nobody listens on, or a spare server there.
+Message Registration(wire::Role role, int port) {
+  Message reg = Forged(wire::REGISTER, 0, wire::CONTROL);
+  wire::Register* r = reg.header.mutable_register_();
+  wire::NodeInfo* info = r->mutable_node();
+  info->set_role(role);
+  info->set_rank(-1);
+  info->set_host("127.0.0.1");
+  info->set_port(port);
+  info->set_node_key(std::string(32, '\x07'));
+  info->set_sealed_port(1);
+  if (role == wire::SERVER) r->set_spare(true);
+  return reg;
+}
+
+struct Outcome {
+  std::vector<float> big, small;  // B's last pulls
+  int b_id = 0;
+  int rogue_port = 0;
+  std::string scheduler, server0, server1, worker_a;
+};
+
+// B's rounds: push a gradient made of the round's number, pull both keys.
+void Rounds(KVClient& b, int first, int count, Outcome* out) {
+  std::vector<float> grad(kBigLen), small_grad(kSmallLen);
+  for (int r = first; r < first + count; ++r) {
+    for (size_t i = 0; i < kBigLen; ++i)
+      grad[i] = static_cast<float>((r + 1) * (i % 5 + 1)) * 0.125f;
+    for (size_t i = 0; i < kSmallLen; ++i)
+      small_grad[i] = static_cast<float>(r) - 0.5f * static_cast<float>(i);
+    absl::StatusOr<OpHandle> p = b.PushAsync(kBig, grad);
+    ASSERT_TRUE(p.ok()) << p.status();
+    {
+      const absl::Status waited = b.Wait(*p);
+      ASSERT_TRUE(waited.ok()) << waited;
+    }
+    p = b.PushAsync(kSmall, small_grad);
+    ASSERT_TRUE(p.ok()) << p.status();
+    {
+      const absl::Status waited = b.Wait(*p);
+      ASSERT_TRUE(waited.ok()) << waited;
+    }
+    p = b.PullAsync(kBig, absl::MakeSpan(out->big));
+    ASSERT_TRUE(p.ok()) << p.status();
+    {
+      const absl::Status waited = b.Wait(*p);
+      ASSERT_TRUE(waited.ok()) << waited;
+    }
+    p = b.PullAsync(kSmall, absl::MakeSpan(out->small));
+    ASSERT_TRUE(p.ok()) << p.status();
+    {
+      const absl::Status waited = b.Wait(*p);
+      ASSERT_TRUE(waited.ok()) << waited;
+    }
+  }
+}
+
+// Every scene, sent over B's own sealed links.
+void Attack(Transport& t, int b_id, Outcome* out) {
+  // A second rank, and a spare's place, by sealed registrations.
+  out->rogue_port = FreePort();
+  EXPECT_TRUE(
+      t.Send(kSchedulerId, Registration(wire::WORKER, out->rogue_port)).ok());
+  EXPECT_TRUE(
+      t.Send(kSchedulerId, Registration(wire::SERVER, out->rogue_port)).ok());
+  // Server-to-server messages in B's own name: a replica update and a
+  // transfer (a slice, a count and an ask) to each server.
+  for (int server : {ServerId(0), ServerId(1)}) {
+    EXPECT_TRUE(t.Send(server, ForgedSlice(wire::KV_REPLICATE, b_id)).ok());
+    EXPECT_TRUE(t.Send(server, ForgedSlice(wire::KV_TRANSFER, b_id)).ok());
+    Message ask = Forged(wire::KV_TRANSFER, b_id, wire::DATA);
+    EXPECT_TRUE(t.Send(server, ask).ok());
+    ask.header.set_is_response(true);
+    ask.header.set_transfer_total(0);
+    EXPECT_TRUE(t.Send(server, ask).ok());
+  }
+  // A replacement's report, a hand-back's, a server's goodbye.
+  EXPECT_TRUE(
+      t.Send(kSchedulerId, Forged(wire::CAUGHT_UP, b_id, wire::CONTROL)).ok());
+  Message handback = Forged(wire::HANDBACK, b_id, wire::CONTROL);
+  handback.header.set_handback_epoch(1);
+  EXPECT_TRUE(t.Send(kSchedulerId, handback).ok());
+  EXPECT_TRUE(
+      t.Send(kSchedulerId, Forged(wire::SERVER_LEAVE, b_id, wire::CONTROL))
+          .ok());
+  // A replica update in server 0's name (B's seal names B).
+  EXPECT_TRUE(
+      t.Send(ServerId(0), ForgedSlice(wire::KV_REPLICATE, ServerId(0))).ok());
+}
+
+Outcome RunJob(bool attack) {
+  Outcome out;
+  out.big.assign(kBigLen, 0.0f);
+  out.small.assign(kSmallLen, 0.0f);
+  ProcessCluster c;
+  c.Env("DMLC_NUM_SERVER", "2");
+  c.Env("DMLC_NUM_WORKER", "2");
+  c.Env("TESSERA_REPLICAS", "2");
+  const Roster nodes(c, {"server 0", "server 1", "worker 0", "worker 1"});
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"},
+           {"TESSERA_KEY_FILE", nodes.scheduler_file()}});
+  for (int s = 0; s < 2; ++s) {
+    c.Spawn(absl::StrCat("server ", s), {BinaryPath("server/tessera-server")},
+            {{"DMLC_ROLE", "server"}, {"TESSERA_KEY_FILE", nodes[s].file}});
+  }
+  c.Spawn("worker A",
+          {BinaryPath("tests/core/kv_check_worker"), "barrier", "3", "100"},
+          {{"DMLC_ROLE", "worker"},
+           {"TESSERA_KEY_FILE", nodes[2].file},
+           {"DMLC_TASK_ID", "4"}});
+  const Options options = RogueOptions(c, nodes[3].file);
+  absl::StatusOr<std::unique_ptr<Transport>> made =
+      NewZmqTransportForNode(options);
+  EXPECT_TRUE(made.ok()) << made.status();
+  if (!made.ok()) return out;
+  Transport* transport = made->get();
+  absl::StatusOr<std::unique_ptr<KVClient>> b =
+      KVClient::Create(options, /*sync=*/false, *std::move(made));
+  EXPECT_TRUE(b.ok()) << b.status() << c.AllLogs();
+  if (!b.ok()) return out;
+  KVClient& rogue = **b;
+  out.b_id = WorkerId(rogue.rank());
+  std::vector<float> big(kBigLen), small(kSmallLen);
+  for (size_t i = 0; i < kBigLen; ++i) big[i] = static_cast<float>(i % 97);
+  for (size_t i = 0; i < kSmallLen; ++i) small[i] = static_cast<float>(i) + 1;
+  EXPECT_EQ(rogue.rank(), 0);
+  EXPECT_TRUE(rogue.SetOptimizer("sgd lr=-1").ok());
+  EXPECT_TRUE(rogue.Init(kBig, big).ok());
+  EXPECT_TRUE(rogue.Init(kSmall, small).ok());
+  EXPECT_TRUE(rogue.Barrier().ok());
+  Rounds(rogue, 0, kRounds, &out);
+  if (attack) Attack(*transport, out.b_id, &out);
+  EXPECT_TRUE(rogue.Barrier().ok());
+  Rounds(rogue, kRounds, kRounds, &out);
+  EXPECT_TRUE(rogue.Barrier().ok());
+  EXPECT_TRUE(rogue.Close().ok());
+  b->reset();
+  ExpectAllExitZero(c, absl::Seconds(90));
+  out.scheduler = ProcessCluster::Log(c.Find("scheduler"));
+  out.server0 = ProcessCluster::Log(c.Find("server 0"));
+  out.server1 = ProcessCluster::Log(c.Find("server 1"));
+  out.worker_a = ProcessCluster::Log(c.Find("worker A"));
+  return out;
+}
+
+TEST(RogueNodeTest, AWorkerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
+  const Outcome clean = RunJob(/*attack=*/false);
+  const Outcome rogue = RunJob(/*attack=*/true);
+  ASSERT_FALSE(HasFailure());
+  // The result, bit for bit, and not the initial values.
+  ASSERT_EQ(clean.big.size(), rogue.big.size());
+  EXPECT_EQ(std::memcmp(clean.big.data(), rogue.big.data(), kBigLen * 4), 0);
+  EXPECT_EQ(std::memcmp(clean.small.data(), rogue.small.data(), kSmallLen * 4),
+            0);
+  EXPECT_NE(clean.big[1], 1.0f);
+  // Each server applied the same pushes as in the clean run.
+  for (const char* count : {"pushes applied", "replica updates"}) {
+    EXPECT_EQ(SummaryCount(rogue.server0, count),
+              SummaryCount(clean.server0, count))
+        << count;
+    EXPECT_EQ(SummaryCount(rogue.server1, count),
+              SummaryCount(clean.server1, count))
+        << count;
+  }
+  const std::string by =
+      absl::StrCat(" (sealed by worker id ", rogue.b_id, ")");
+  const std::string servers = rogue.server0 + rogue.server1;
+  // Registrations for a second rank and a spare's place: dropped, naming B.
+  EXPECT_THAT(rogue.scheduler,
+              HasSubstr(absl::StrCat("it claims sender 0, but it was sealed "
+                                     "with the node key of worker id ",
+                                     rogue.b_id, ": REGISTER")));
+  EXPECT_THAT(rogue.scheduler,
+              HasSubstr("it registers as SERVER, but it came with the worker "
+                        "key" +
+                        by));
+  EXPECT_THAT(rogue.scheduler, Not(HasSubstr("joins the job")));
+  EXPECT_THAT(rogue.scheduler,
+              Not(HasSubstr(absl::StrCat(":", rogue.rogue_port))));
+  // A server's reports and goodbye.
+  for (const char* command : {"CAUGHT_UP", "HANDBACK", "SERVER_LEAVE"}) {
+    EXPECT_THAT(rogue.scheduler,
+                HasSubstr(absl::StrCat(command,
+                                       " is a server's message, but "
+                                       "it came with the worker key",
+                                       by)));
+  }
+  EXPECT_THAT(rogue.scheduler, Not(HasSubstr("caught up")));
+  EXPECT_THAT(rogue.scheduler, Not(HasSubstr("left the job")));
+  // Replica updates and transfers, in B's name at each server, and one in
+  // server 0's name.
+  for (const std::string& server : {rogue.server0, rogue.server1}) {
+    EXPECT_THAT(server, HasSubstr("KV_REPLICATE is a server's message, but it "
+                                  "came with the worker key" +
+                                  by));
+    EXPECT_THAT(server, HasSubstr("KV_TRANSFER is a server's message, but it "
+                                  "came with the worker key" +
+                                  by));
+  }
+  EXPECT_THAT(servers, HasSubstr("it claims sender 8 (a server), but it came "
+                                 "with the worker key" +
+                                 by));
+  // Counted: 4 at one server, 5 at the other (the update in server 0's
+  // name), none malformed; 5 at the scheduler.
+  EXPECT_EQ(SummaryCount(rogue.server0, "wrong sender") +
+                SummaryCount(rogue.server1, "wrong sender"),
+            9)
+      << servers;
+  EXPECT_EQ(SummaryCount(rogue.server0, "malformed") +
+                SummaryCount(rogue.server1, "malformed"),
+            0)
+      << servers;
+  EXPECT_THAT(rogue.scheduler, HasSubstr("dropped sealed record #5:"));
+  EXPECT_THAT(rogue.scheduler, Not(HasSubstr("dropped sealed record #6:")));
+  EXPECT_THAT(rogue.worker_a, HasSubstr("barrier ok: rank 1, 3 barriers"));
+}
+
+}  // namespace
+}  // namespace tessera::testing
