@@ -314,6 +314,9 @@ struct Record {
   std::shared_ptr<void> owner;
   // The role the record's connection authenticated as (its ZAP User-Id).
   Role connection_role = Role::kWorker;
+  // Which connection it came on (numbered by the ZAP handler from 1; 0: not
+  // known, as in tests that feed records by hand).
+  uint64_t connection = 0;
 };
 
 // The receiving end of every link into one process.
@@ -329,6 +332,12 @@ class SealedReceiver {
     // for at most this long.
     size_t max_parked = 1024;
     uint64_t max_parked_bytes = uint64_t{64} << 20;
+    // ... and at most this many from one connection, so that one holder of a
+    // role's password cannot fill the queue for everyone else (issue #46).
+    // A legitimate connection parks only what it sends in the moment before
+    // this process has the node table; a record dropped here is resent.
+    size_t max_parked_per_connection = 128;
+    uint64_t max_parked_bytes_per_connection = uint64_t{8} << 20;
     absl::Duration park_time = absl::Seconds(10);
     // A node takes the scheduler's node key (as id 1) from the first record
     // that opens with the scheduler's role secret, on a connection of the
@@ -412,6 +421,12 @@ class SealedReceiver {
   bool directory_changed_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Parked> parked_ ABSL_GUARDED_BY(mu_);
   uint64_t parked_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  struct ParkedOf {
+    size_t records = 0;
+    uint64_t bytes = 0;
+  };
+  // By connection (none for connection 0).
+  absl::flat_hash_map<uint64_t, ParkedOf> parked_of_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sealed

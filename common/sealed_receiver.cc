@@ -122,6 +122,7 @@ void SealedReceiver::ReleaseLocked(std::vector<Message>* ready) {
   std::deque<Parked> parked = std::move(parked_);
   parked_.clear();
   parked_bytes_ = 0;
+  parked_of_.clear();
   for (Parked& p : parked) {
     Prefix prefix;
     (void)DecodePrefix(p.record.data, &prefix);  // checked when parked
@@ -135,6 +136,11 @@ void SealedReceiver::ReleaseLocked(std::vector<Message>* ready) {
                         absl::FormatDuration(options_.park_time), ")"));
     } else {
       parked_bytes_ += p.record.size;
+      if (p.record.connection != 0) {
+        ParkedOf& of = parked_of_[p.record.connection];
+        ++of.records;
+        of.bytes += p.record.size;
+      }
       still.push_back(std::move(p));
     }
   }
@@ -192,6 +198,21 @@ void SealedReceiver::AcceptLocked(Record record, std::vector<Message>* ready) {
                         ", which is no node of this job's table (",
                         parked_.size(), " records already wait)"));
       return;
+    }
+    if (record.connection != 0) {
+      ParkedOf& of = parked_of_[record.connection];
+      if (of.records >= options_.max_parked_per_connection ||
+          of.bytes + record.size > options_.max_parked_bytes_per_connection) {
+        Drop(
+            &DropCounts::unknown_key,
+            absl::StrCat("a record from node key ", KeyText(prefix.node_key),
+                         ", which is no node of this job's table (", of.records,
+                         " records of its connection already "
+                         "wait)"));
+        return;
+      }
+      ++of.records;
+      of.bytes += record.size;
     }
     parked_bytes_ += record.size;
     parked_.push_back({std::move(record), absl::Now()});

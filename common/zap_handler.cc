@@ -145,6 +145,10 @@ void ZapHandler::Serve() {
     if (more) continue;  // a request cut short: nothing to answer
     std::string user_id, why;
     const bool accept = Decide(request, &user_id, &why);
+    // Each connection's number goes with its key, so that a receiver can
+    // tell one connection's records from another's (the sealed lane's
+    // parking quota): "KEY#N".
+    if (accept) absl::StrAppend(&user_id, "#", ++connections_);
     if (!accept) {
       const uint64_t n = ++refused_;
       if (n <= kLogFirst || n % kLogEvery == 0) {

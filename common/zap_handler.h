@@ -13,9 +13,11 @@
 // or, with encrypt off (TESSERA_AUTH_ONLY=1), a PLAIN client whose username is
 // a role and whose password is that role's (CheckPlainPassword); on the sealed
 // lane (kSealedDomain, whose records are sealed, sealed_link.h) only such a
-// PLAIN client. It gives the connection that role's public key (Z85) as its
-// User-Id, which every message received on it carries
-// (zmq_msg_gets(msg, "User-Id")).
+// PLAIN client. It gives the connection that role's public key (Z85) and the
+// connection's number (from 1, in the order accepted) as its User-Id,
+// "KEY#N", which every message received on it carries
+// (zmq_msg_gets(msg, "User-Id")): the number tells one connection's records
+// from another's (the sealed lane's parking quota, sealed_link.h).
 // Anything else is refused (status 400) and counted; the first refusals are
 // logged with the peer's address and key.
 //
@@ -66,6 +68,7 @@ class ZapHandler {
   std::array<SecretString, 3> passwords_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> refused_{0};
+  uint64_t connections_ = 0;  // accepted; Serve's thread only
   std::thread thread_;
 };
 

@@ -193,7 +193,7 @@ class ZmqTransport : public Transport {
   // Hands the sealed record in `first` to the opener, which files the
   // messages it completes into ready_.
   void OpenRecord(std::shared_ptr<ReceivedPart> first,
-                  const std::string& user_id)
+                  const std::string& user_id, uint64_t connection)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
   // Receives the data parts that follow a header (`more`: there are some)
   // into `parts`. False (logged when malformed) when the message is dropped.

@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/sender_check.h"
@@ -96,14 +98,24 @@ bool ZmqTransport::ReceiveFrom(void* socket, int flags) {
     }
     return false;
   }
-  std::string user_id;  // the key its connection was authenticated with
+  std::string user_id;      // the key its connection was authenticated with
+  uint64_t connection = 0;  // and that connection's number
   if (options_.security != nullptr) {
+    // "KEY#CONNECTION" (ZapHandler).
     const char* id = zmq_msg_gets(&first->msg, "User-Id");
-    if (id != nullptr) user_id = id;
+    if (id != nullptr) {
+      absl::string_view text = id;
+      const size_t hash = text.rfind('#');
+      if (hash != absl::string_view::npos &&
+          absl::SimpleAtoi(text.substr(hash + 1), &connection)) {
+        text = text.substr(0, hash);
+      }
+      user_id = std::string(text);
+    }
   }
   const bool more = zmq_msg_more(&first->msg);
   if (opener_ != nullptr && !more && IsSealedRecord(&first->msg)) {
-    OpenRecord(std::move(first), user_id);
+    OpenRecord(std::move(first), user_id, connection);
     return true;
   }
   if (socket == sealed_receiver_) {
@@ -121,7 +133,7 @@ bool ZmqTransport::ReceiveFrom(void* socket, int flags) {
 }
 
 void ZmqTransport::OpenRecord(std::shared_ptr<ReceivedPart> first,
-                              const std::string& user_id) {
+                              const std::string& user_id, uint64_t connection) {
   std::optional<Role> role = options_.security->keys.RoleOfKey(user_id);
   if (!role.has_value()) {
     // The ZAP handler gives every connection a role key.
@@ -133,6 +145,7 @@ void ZmqTransport::OpenRecord(std::shared_ptr<ReceivedPart> first,
   record.size = zmq_msg_size(&first->msg);
   record.owner = first;
   record.connection_role = *role;
+  record.connection = connection;
   std::vector<Message> opened;
   opener_->Accept(std::move(record), &opened);
   for (Message& m : opened) ready_.push_back(std::move(m));

@@ -422,6 +422,58 @@ TEST(SealedLinkTest, RecordsFromKeysNotYetKnownWaitForTheTable) {
   EXPECT_TRUE(none.empty());
 }
 
+// One holder of the workers' password, on one connection, sends records
+// claiming a node key no table has: at most max_parked_per_connection of them
+// wait, so the records of a real peer not yet in the table (on another
+// connection) still find room and open once its key arrives (issue #46).
+TEST(SealedLinkTest, OneConnectionCannotFillTheParkingQueue) {
+  Job job;
+  Pair p(job, 256);
+  p.receiver.RemovePeer(kWorkerId);
+  SealedReceiver::Options o = p.ReceiverOptions();
+  o.max_parked = 150;
+  SealedReceiver receiver(std::move(o));
+  // The rogue: a node key of its own, sealing with the workers' role key.
+  const NodeKey rogue = NodeKey::Generate();
+  Sealer flood(Role::kWorker, rogue.public_key(), 1,
+               Sending(*job.For(Role::kWorker, rogue), p.server.public_key(),
+                       Role::kServer, 1),
+               256, kRekeyBytes);
+  std::vector<Message> ready;
+  size_t rogue_records = 0;
+  while (rogue_records < 200) {
+    for (const auto& r :
+         Pair::SealWith(flood, Push({100}, 1 + rogue_records))) {
+      Record record = Copy(r);
+      record.connection = 1;
+      receiver.Accept(std::move(record), &ready);
+      ++rogue_records;
+    }
+  }
+  EXPECT_EQ(receiver.parked(), 128u);
+  EXPECT_EQ(receiver.counts().unknown_key, rogue_records - 128);
+  ASSERT_FALSE(p.drops.empty());
+  EXPECT_THAT(p.drops.back(),
+              ::testing::HasSubstr("which is no node of this job's table (128 "
+                                   "records of its connection already wait)"));
+  // The real worker's first message, on its own connection, before the
+  // receiver has its key.
+  const Message a = Push({100}, 1);
+  const auto records = p.Seal(a);
+  for (const auto& r : records) {
+    Record record = Copy(r);
+    record.connection = 2;
+    receiver.Accept(std::move(record), &ready);
+  }
+  EXPECT_EQ(receiver.parked(), 128u + records.size());
+  ASSERT_TRUE(
+      receiver.SetPeer(kWorkerId, Role::kWorker, p.worker.public_key()).ok());
+  receiver.ReleaseParked(&ready);
+  ASSERT_EQ(ready.size(), 1u);
+  ExpectSame(a, ready[0]);
+  EXPECT_EQ(receiver.parked(), 128u);  // the rogue's, until the park time
+}
+
 // A restarted peer has a new node key: the old one's records are refused.
 TEST(SealedLinkTest, ARestartedPeersOldKeyIsRefused) {
   Job job;
