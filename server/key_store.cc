@@ -230,6 +230,13 @@ absl::Status KeyStore::HoldOrphan(const wire::KeySlice& slice, Message& msg,
   return held.Hold(slice.key(), msg);
 }
 
+bool KeyStore::HoldsOrphan(const wire::KeySlice& slice, int sender,
+                           uint64_t request_id, uint64_t generation) const {
+  auto it = orphans_.find({slice.key(), slice.offset()});
+  return it != orphans_.end() &&
+         it->second.Holds(sender, request_id, generation);
+}
+
 void KeyStore::AdoptOrphans(StoredKey* key) {
   auto it = orphans_.find({key->key, key->offset});
   if (it == orphans_.end()) return;

@@ -173,6 +173,10 @@ class KeyStore {
   // within the limits of a key's waiting messages.
   absl::Status HoldOrphan(const wire::KeySlice& slice, Message& msg,
                           bool* duplicate);
+  // Whether this very request (a resent copy, or its probe) is held as an
+  // orphan of `slice`.
+  bool HoldsOrphan(const wire::KeySlice& slice, int sender, uint64_t request_id,
+                   uint64_t generation) const;
   // Moves the orphans of `key`'s slice (in arrival order) into its waiting
   // messages.
   void AdoptOrphans(StoredKey* key);

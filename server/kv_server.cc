@@ -106,6 +106,39 @@ void KVServer::Acknowledge(const Message& request) {
   SendReply(request, std::move(ack));
 }
 
+bool KVServer::IsProbe(const Message& msg) {
+  const wire::Command cmd = msg.header.command();
+  return msg.header.probe() &&
+         (cmd == wire::KV_PUSH || cmd == wire::KV_PUSHPULL);
+}
+
+void KVServer::AskForWhole(const Message& probe) {
+  ++probes_sent_whole_;
+  TESSERA_VLOG(1) << "probe for push " << probe.header.push_seq() << " of node "
+                  << probe.header.sender() << " to key "
+                  << probe.header.slice().key() << " offset "
+                  << probe.header.slice().offset()
+                  << ": not held here; asked for it whole";
+  Message reply;
+  reply.header.set_command(probe.header.command());
+  reply.header.set_request_id(probe.header.request_id());
+  reply.header.set_is_response(true);
+  reply.header.set_send_whole(true);
+  SendReply(probe, std::move(reply));
+}
+
+void KVServer::AnswerProbe(StoredKey* key, Message& msg) {
+  // Taken before (the ledger counts it): TryProcess answers it as a resent
+  // copy (acknowledged in its open round, answered after it), unless this
+  // server is a backup not yet answering for the slice: then the whole push
+  // is held like any request it gets, and answered once it does.
+  const bool taken =
+      key->ledger.Classify(RankOfId(msg.header.sender()),
+                           msg.header.push_seq()) == PushLedger::kDuplicate;
+  if (taken && TryProcess(key, msg)) return;
+  AskForWhole(msg);
+}
+
 Message KVServer::NewReply(const Message& request, const absl::Status& status,
                            const StoredKey* key) {
   Message reply;
@@ -440,6 +473,18 @@ void KVServer::AnswerUnknownSlice(Shard* shard, Message&& msg) {
                     << ": the slice moved to another server";
     return;
   }
+  if (IsProbe(msg)) {
+    // Held as an orphan (a recovering server), or lost.
+    if (recovering_.load() &&
+        shard->store.HoldsOrphan(slice, msg.header.sender(),
+                                 msg.header.request_id(),
+                                 msg.header.generation())) {
+      Acknowledge(msg);
+    } else {
+      AskForWhole(msg);
+    }
+    return;
+  }
   if (recovering_.load()) {
     // Restarted: the worker replaying this may be ahead of the init that
     // recreates the key. Hold it (once per request) and say so.
@@ -467,6 +512,11 @@ void KVServer::ProcessRequest(Shard* shard, StoredKey* key, Message&& msg) {
                          msg.header.generation())) {
     ++duplicates_;
     Acknowledge(msg);
+    if (!key->unacked.empty()) ResendUpdates(shard, key);
+    return;
+  }
+  if (IsProbe(msg)) {
+    AnswerProbe(key, msg);
     if (!key->unacked.empty()) ResendUpdates(shard, key);
     return;
   }

@@ -210,11 +210,20 @@ class KVServer : private EngineContext {
   bool ProcessInline(const Message& msg) const;
   void Process(Shard* shard, Message&& msg);
   // Process's steps. A request for a slice this shard does not hold: dropped
-  // (it moved away), held (a recovering server), or answered NotFound.
+  // (it moved away), held (a recovering server), or answered NotFound; a
+  // probe is acknowledged when its push is held, else answered send_whole.
   void AnswerUnknownSlice(Shard* shard, Message&& msg);
   // A worker's request of `key` (a slice it holds): taken, or held behind
   // what waits; a duplicate of a waiting one is acknowledged.
   void ProcessRequest(Shard* shard, StoredKey* key, Message&& msg);
+  // Probes (wire::Header::probe, issue #46): the header of a push this
+  // server acknowledged, without its data. A push taken before is answered
+  // as its resent copy would be (never applied again); one this server
+  // cannot answer for now (it lacks it, or is a backup not yet answering
+  // for the slice) is answered send_whole. A probe is never held.
+  static bool IsProbe(const Message& msg);
+  void AnswerProbe(StoredKey* key, Message& msg);
+  void AskForWhole(const Message& probe);
   void Init(Shard* shard, Message&& msg);
   // Init's cases: an init of a slice this server holds (resent, replayed, or
   // a conflict); a new hashed row key's; a new slice with a value (or, for a
@@ -378,6 +387,7 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> rounds_applied_{0};
   std::atomic<uint64_t> async_applied_{0};
   std::atomic<uint64_t> duplicates_{0};
+  std::atomic<uint64_t> probes_sent_whole_{0};  // probes answered send_whole
   std::atomic<uint64_t> checkpoints_{0};
   std::atomic<uint64_t> refused_{0};  // ResourceExhausted replies
   std::atomic<bool> checkpointing_{false};

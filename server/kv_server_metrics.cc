@@ -45,6 +45,10 @@ void KVServer::RegisterCounters() {
           "Repeated requests (resent, replayed) answered without being "
           "applied again (KV_STATS duplicates).",
           &duplicates_);
+  counter("tessera_server_probes_sent_whole_total",
+          "Probes (the header of a push resent after its acknowledgement) "
+          "for a push this server did not hold, answered: send it whole.",
+          &probes_sent_whole_);
   counter("tessera_server_errors_returned_total",
           "Requests answered with an error (KV_STATS errors_returned).",
           &errors_);

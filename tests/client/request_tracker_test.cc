@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -285,6 +286,136 @@ TEST(RequestTrackerTest, AReplayAcknowledgedButNeverAnsweredEndsAtTheTimeout) {
   acking.store(false);
   acker.join();
   EXPECT_TRUE(late.empty()) << late.size() << " resends after the time-out";
+}
+
+// Keeps what the tracker sends, whole, for a test to take in order.
+class Recorder {
+ public:
+  RequestTracker::SendFn Fn() {
+    return [this](int, Message msg) {
+      absl::MutexLock lock(&mu_);
+      sent_.push_back(std::move(msg));
+      return absl::OkStatus();
+    };
+  }
+  // The oldest message not yet taken, waiting up to 5 s.
+  std::optional<Message> Next() {
+    absl::MutexLock lock(&mu_);
+    auto any = [this]()
+                   ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !sent_.empty(); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&any), absl::Seconds(5)))
+      return std::nullopt;
+    Message m = std::move(sent_.front());
+    sent_.erase(sent_.begin());
+    return m;
+  }
+  // The next message that is a probe (or not), past at most one of the
+  // other kind: a resend that the resend thread collected before the reply
+  // that changed its kind can be sent just after it.
+  std::optional<Message> NextThat(bool probe) {
+    std::optional<Message> m = Next();
+    if (m.has_value() && m->header.probe() != probe) m = Next();
+    return m;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<Message> sent_ ABSL_GUARDED_BY(mu_);
+};
+
+Message PushOf(uint64_t key, uint64_t seq, const std::vector<float>& values) {
+  Message m;
+  m.header.set_command(wire::KV_PUSH);
+  m.header.mutable_slice()->set_key(key);
+  m.header.set_push_seq(seq);
+  AddFloatFrame(&m, Buffer::CopyOf(values.data(), values.size() * 4));
+  return m;
+}
+
+// Issue #46: a push its server acknowledged (it holds it for its round) is
+// resent as a probe, its header without frames or data; a probe answered
+// send_whole (the server lost it) sends the push whole at once, and whole it
+// stays until acknowledged again. A request that is not a push with data
+// (a pull) is resent as it is, acknowledged or not.
+TEST(RequestTrackerTest, AnAcknowledgedPushIsResentAsAHeaderOnlyProbe) {
+  RequestTracker::Options options;
+  options.resend_timeout = absl::Milliseconds(20);
+  options.request_timeout = absl::Seconds(30);
+  Recorder sent;
+  RequestTracker tracker(options, sent.Fn(),
+                         [](int node) { return std::to_string(node); });
+  const uint64_t probes_before = tracker.probes();
+  const uint64_t op = tracker.NewOp();
+  tracker.Send(Req(op, ServerId(0), 0), PushOf(3, 5, {1, 2, 3, 4}));
+  std::optional<Message> m = sent.Next();  // the first send
+  ASSERT_TRUE(m.has_value());
+  const uint64_t id = m->header.request_id();
+  m = sent.Next();  // a resend, no acknowledgement yet: whole
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->header.probe());
+  EXPECT_EQ(m->data.size(), 1u);
+  EXPECT_GE(tracker.whole_resends(), 1u);
+
+  tracker.HandleReply(Reply(ServerId(0), id, /*ack_only=*/true));
+  m = sent.NextThat(/*probe=*/true);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_TRUE(m->header.probe()) << DebugString(*m);
+  EXPECT_TRUE(m->data.empty());
+  EXPECT_EQ(m->header.frames_size(), 0);
+  EXPECT_EQ(m->header.request_id(), id);
+  EXPECT_EQ(m->header.command(), wire::KV_PUSH);
+  EXPECT_EQ(m->header.push_seq(), 5u);
+  EXPECT_EQ(m->header.slice().key(), 3u);
+  EXPECT_GT(tracker.probes(), probes_before);
+
+  // The server lost it: the push goes whole at once (on the replying
+  // thread), and its resends stay whole.
+  Message lost = Reply(ServerId(0), id);
+  lost.header.set_send_whole(true);
+  const uint64_t whole_before = tracker.whole_resends();
+  tracker.HandleReply(std::move(lost));
+  m = sent.NextThat(/*probe=*/false);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->header.probe());
+  EXPECT_EQ(m->data.size(), 1u);
+  EXPECT_EQ(m->header.frames_size(), 1);
+  EXPECT_EQ(m->header.request_id(), id);
+  EXPECT_GT(tracker.whole_resends(), whole_before);
+  m = sent.Next();
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->header.probe());
+  EXPECT_EQ(m->data.size(), 1u);
+
+  // A restarted server (ResendNowTo) gets it whole, acknowledged or not.
+  tracker.HandleReply(Reply(ServerId(0), id, /*ack_only=*/true));
+  m = sent.NextThat(/*probe=*/true);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_TRUE(m->header.probe());
+  tracker.ResendNowTo(ServerId(0), absl::InfiniteFuture());
+  m = sent.NextThat(/*probe=*/false);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->header.probe());
+  EXPECT_EQ(m->data.size(), 1u);
+
+  tracker.HandleReply(Reply(ServerId(0), id));
+  EXPECT_TRUE(tracker.Wait(op, "push").ok());
+
+  // A pull has nothing to leave out.
+  const uint64_t pull = tracker.NewOp();
+  Message pull_msg;
+  pull_msg.header.set_command(wire::KV_PULL);
+  tracker.Send(Req(pull, ServerId(0), 0), std::move(pull_msg));
+  do {
+    m = sent.Next();  // past what the push left in the recorder
+  } while (m.has_value() && m->header.command() != wire::KV_PULL);
+  ASSERT_TRUE(m.has_value());
+  tracker.HandleReply(
+      Reply(ServerId(0), m->header.request_id(), /*ack_only=*/true));
+  m = sent.Next();
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->header.probe());
+  tracker.HandleReply(Reply(ServerId(0), m->header.request_id()));
+  EXPECT_TRUE(tracker.Wait(pull, "pull").ok());
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 // (KV_TRANSFER: asks, slices, counts naming their slices; one without a view
 // of the table gets the server's), inits at chain
 // places, on a server that is a backup, a promoted primary, a replacement
-// catching up, or one of a one-copy job. Nothing may crash, hang or leak.
+// catching up, or one of a one-copy job. Probes (a push's header marked
+// `probe`, no data: corpus push_probe, pushpull_probe_replicated) reach the
+// same servers. Nothing may crash, hang or leak.
 //
 // Input layout: byte 0 = number of parts (1 + bits 0-1, 1..4), the server
 // (bits 2-4: 0-3 the plain one, 4-7 the replicated ones below) and who sent

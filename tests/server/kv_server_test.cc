@@ -400,6 +400,102 @@ TEST(KVServerTest, ResentPushIsAnsweredAndNotAppliedTwice) {
   EXPECT_EQ(h.server().stats().pushes_applied(), 1u);
 }
 
+// The header of `push` marked as a probe, without its frames (what a worker
+// resends once the server acknowledged the push, issue #46).
+Message ProbeOf(const Message& push) {
+  Message probe;
+  probe.header = push.header;
+  probe.header.clear_frames();
+  probe.header.set_probe(true);
+  return probe;
+}
+
+// A probe for a push the server holds (in the open round, or waiting behind
+// a missing one) is acknowledged; for one it took, answered as its resent
+// copy would be. Never applied: the round's sum has each push once.
+TEST(KVServerTest, AProbeForAPushTheServerHoldsIsAcknowledgedNotApplied) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().Handle(Init(3, {0, 0}));
+  ExpectOk(h);
+  Message push = Push(0, 3, 0, {1, 2});
+  const uint64_t id = push.header.request_id();
+  h.server().Handle(Message(push));
+  EXPECT_EQ(h.Pending(), 0u) << "held for its round";
+  h.server().Handle(ProbeOf(push));
+  std::optional<Message> ack = h.NextReply(/*skip_acks=*/false);
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_TRUE(ack->header.ack_only());
+  EXPECT_FALSE(ack->header.send_whole());
+  EXPECT_EQ(ack->header.request_id(), id);
+
+  // Worker 0's push 2 overtook its push 1: it waits, and so does its probe's
+  // answer (an acknowledgement).
+  Message ahead = Push(0, 3, 2, {100, 100});
+  h.server().Handle(Message(ahead));
+  h.server().Handle(ProbeOf(ahead));
+  ack = h.NextReply(/*skip_acks=*/false);
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_TRUE(ack->header.ack_only());
+  EXPECT_EQ(ack->header.request_id(), ahead.header.request_id());
+
+  h.server().Handle(Push(1, 3, 0, {10, 20}));  // completes round 0
+  for (int i = 0; i < 2; ++i) {
+    std::optional<Message> r = h.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+    EXPECT_FALSE(r->header.send_whole());
+  }
+  EXPECT_EQ(h.server().stats().pushes_applied(), 2u);
+  // After its round: answered at once, not applied again.
+  h.server().Handle(ProbeOf(push));
+  std::optional<Message> r = h.NextReply(/*skip_acks=*/false);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_FALSE(r->header.ack_only());
+  EXPECT_FALSE(r->header.send_whole());
+  EXPECT_EQ(r->header.request_id(), id);
+  EXPECT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+  EXPECT_EQ(h.server().stats().pushes_applied(), 2u);
+  EXPECT_EQ(h.server().stats().rounds_applied(), 1u);
+  EXPECT_EQ(PullNow(h, 1, 3, 2), (std::vector<float>{11, 22}));
+}
+
+// A probe for a push the server does not hold (it lost it: a restart the
+// worker has not heard of) is answered send_whole and changes nothing; the
+// whole push then takes its place in the round, whose sum is exact. A probe
+// for a slice the server does not hold is answered the same way.
+TEST(KVServerTest, AProbeForAPushTheServerLacksIsAnsweredSendWhole) {
+  ServerHarness h(/*num_workers=*/3);
+  h.server().Handle(Init(5, {0}));
+  ExpectOk(h);
+  h.server().Handle(Push(1, 5, 0, {1e8f}));
+  Message lost = Push(0, 5, 0, {1});
+  h.server().Handle(ProbeOf(lost));
+  std::optional<Message> r = h.NextReply(/*skip_acks=*/false);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->header.send_whole());
+  EXPECT_FALSE(r->header.ack_only());
+  EXPECT_EQ(r->header.request_id(), lost.header.request_id());
+  EXPECT_EQ(h.Pending(), 0u) << "the round is not complete";
+  EXPECT_EQ(h.server().stats().pushes_applied(), 1u);
+
+  h.server().Handle(std::move(lost));  // sent whole
+  h.server().Handle(Push(2, 5, 0, {-1e8f}));
+  for (int i = 0; i < 3; ++i) {
+    r = h.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_TRUE(StatusOf(*r).ok()) << StatusOf(*r);
+    EXPECT_FALSE(r->header.send_whole());
+  }
+  EXPECT_EQ(h.server().stats().pushes_applied(), 3u);
+  // 1e8 + 1 - 1e8 in float32 in arrival order is 0; the exact sum is 1.
+  EXPECT_EQ(PullNow(h, 0, 5, 1), (std::vector<float>{1}));
+
+  h.server().Handle(ProbeOf(Push(0, 77, 0, {1})));  // never initialised
+  r = h.NextReply(/*skip_acks=*/false);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->header.send_whole());
+}
+
 TEST(KVServerTest, PushThatOvertookAnEarlierOneWaitsForItWithoutDeadlock) {
   ServerHarness h(/*num_workers=*/1);
   h.server().Handle(Init(4, {0}));

@@ -102,6 +102,20 @@ RequestTracker::RequestTracker(Options options, SendFn send,
       MetricType::kCounter, [this](MetricSamples* out) {
         out->push_back({{}, static_cast<double>(resends_.load())});
       }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_push_probes_total",
+      "Resends of an acknowledged push as a probe: its header only, no data "
+      "frames (the server answers, or asks for the push whole).",
+      MetricType::kCounter, [this](MetricSamples* out) {
+        out->push_back({{}, static_cast<double>(probes_.load())});
+      }));
+  metric_handles_.push_back(r.AddCollector(
+      "tessera_worker_push_whole_resends_total",
+      "Resends of a push carrying its data: not yet acknowledged, or asked "
+      "for by the answer to a probe (the server lacked it).",
+      MetricType::kCounter, [this](MetricSamples* out) {
+        out->push_back({{}, static_cast<double>(whole_resends_.load())});
+      }));
 }
 
 RequestTracker::~RequestTracker() {
@@ -349,7 +363,8 @@ bool RequestTracker::TakeAnswered(
     // A second answer to a resent request.
     TESSERA_VLOG(1) << "dropped answer to a finished request "
                     << DebugString(msg);
-    if (!h.ack_only()) metrics_.duplicate_replies->Increment();
+    if (!h.ack_only() && !h.send_whole())
+      metrics_.duplicate_replies->Increment();
     return false;
   }
   if (!MayAnswer(it->second, h.sender())) {
@@ -376,13 +391,20 @@ bool RequestTracker::TakeAnswered(
   // fail-over, a hand-back, a one-copy slice that moved) is a sign of
   // life of that route too.
   heard_[it->second.request.server] = heard_[h.sender()];
+  if (h.send_whole()) {
+    // A probe's answer: the server lacks the push (no answer either); it
+    // goes whole, now.
+    *next = SendWholeLocked(it->second);
+    return false;
+  }
   // The window moves with answers, not acknowledgements: a server answers
   // a dist_sync slice when its round completes, so a worker is never more
   // than its window ahead of the slowest (the slices a server has open).
   if (!h.ack_only()) *next = TakenLocked(it->second);
   if (h.ack_only()) {
     // The server has it and is holding it: keep asking, at the current
-    // (doubled) interval, in case the final reply is lost.
+    // (doubled) interval, in case the final reply is lost; a push by probes.
+    it->second.acknowledged = IsPushWithData(it->second.msg);
     it->second.unanswered = 0;
     it->second.unacknowledged = 0;
     if (options_.resend) it->second.next_send = absl::Now() + it->second.wait;

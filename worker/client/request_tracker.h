@@ -18,6 +18,15 @@
 // waiting for its round) answers a resent copy with an acknowledgement, which
 // restarts the count. With PS_RESEND=0 a request goes once.
 //
+// Probes (issue #46): once its server acknowledged a push (it holds it, and
+// the answer comes when its round completes), the push's resends carry its
+// header only, marked `probe`: the server answers a probe as it would the
+// whole push when it holds it or has taken it, and with `send_whole` when it
+// does neither (it lost it: a restart the worker has not heard of yet); the
+// push then goes again at once, whole, and its resends stay whole until the
+// next acknowledgement. A server restarting or a slice moving
+// (ResendNowTo) makes the push whole again too.
+//
 // Borrowed memory: a frame that borrows the caller's buffer (Buffer::Wrap with
 // the owner from Pin(op)) pins its operation until every copy of the frame is
 // gone (ZeroMQ's, the kept request's); Wait returns only then, so the caller's
@@ -35,8 +44,9 @@
 //
 // Metrics (MetricsRegistry::Global(), docs/metrics.md): push, pull and
 // pushpull latency (an operation from NewOp to its last reply), time callers
-// spend in Wait, requests and operations in flight, resends, duplicate
-// replies and requests that failed after their last resend.
+// spend in Wait, requests and operations in flight, resends (those of pushes
+// split into header-only probes and whole resends), duplicate replies and
+// requests that failed after their last resend.
 //
 // Thread-safety: all methods are thread-safe. The OnAnswered callback runs on
 // the thread that called HandleReply, without the tracker's lock, before the
@@ -171,6 +181,9 @@ class RequestTracker {
   void ResendNowTo(int server, absl::Time sent_before);
 
   uint64_t resends() const { return resends_.load(); }
+  // Of a push's resends: header-only probes, and those carrying its data.
+  uint64_t probes() const { return probes_.load(); }
+  uint64_t whole_resends() const { return whole_resends_.load(); }
   // Pulled bytes on the wire, and what they stand for as float32.
   uint64_t bytes_pulled() const { return bytes_pulled_.load(); }
   uint64_t bytes_pulled_float32() const { return bytes_pulled_float32_.load(); }
@@ -203,6 +216,9 @@ class RequestTracker {
     int resends = 0;         // sends after the first
     bool sent = true;        // false: held back by its window
     bool taken = false;  // windowed: answered, its place in the window freed
+    // A push its server acknowledged since its last whole send: resent as
+    // a probe (its header only) until the server says it lacks it.
+    bool acknowledged = false;
   };
   // One operation's windowed requests to one server.
   struct Window {
@@ -283,6 +299,16 @@ class RequestTracker {
   bool MayAnswer(const Tracked& t, int sender) const;
   // A request nobody waits for (op 0: a replay) past request_timeout.
   bool Overdue(const Tracked& t, absl::Time now) const;
+  // The message a due request is resent as: a probe (its header, marked,
+  // without frames) for an acknowledged push with data; otherwise the
+  // request itself (references to the same frames). Counts which.
+  Message ResendOf(const Tracked& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A probe's answer said its server lacks the push (send_whole): the push,
+  // whole, to send unlocked now (none when it is not probing any more).
+  std::optional<std::pair<int, Message>> SendWholeLocked(Tracked& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `msg` is a push carrying data (its resends may be probes).
+  static bool IsPushWithData(const Message& msg);
   // Describes a request for errors: "push of key 3".
   static std::string What(const Message& msg);
 
@@ -293,6 +319,8 @@ class RequestTracker {
   const ReceiveFn receive_;
   std::atomic<uint64_t> next_request_;
   std::atomic<uint64_t> resends_{0};
+  std::atomic<uint64_t> probes_{0};
+  std::atomic<uint64_t> whole_resends_{0};
   std::atomic<uint64_t> bytes_pulled_{0};
   std::atomic<uint64_t> bytes_pulled_float32_{0};
   std::atomic<uint64_t> wrong_server_replies_{0};

@@ -1,10 +1,12 @@
 // RequestTracker's resend thread (see worker/client/request_tracker.h): sends
 // again what got no answer within PS_RESEND_TIMEOUT, the wait doubling up to
-// 8x, and fails what exhausted TESSERA_RESEND_RETRIES (or, nobody waiting for
-// it, TESSERA_TIMEOUT). The rest of the tracker (operations, sends, replies,
-// waits) is in request_tracker.cc.
+// 8x (an acknowledged push as a header-only probe), and fails what exhausted
+// TESSERA_RESEND_RETRIES (or, nobody waiting for it, TESSERA_TIMEOUT). The
+// rest of the tracker (operations, sends, replies, waits) is in
+// request_tracker.cc.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,9 +43,9 @@ void RequestTracker::ResendLoop() {
     }
     if (!expiring.empty()) FailExpired(expiring);
     for (auto& [server, msg] : resend) {
-      TESSERA_VLOG(1) << "resending " << What(msg) << " (request "
-                      << msg.header.request_id() << ") to "
-                      << describe_(server);
+      TESSERA_VLOG(1) << (msg.header.probe() ? "probing for " : "resending ")
+                      << What(msg) << " (request " << msg.header.request_id()
+                      << ") to " << describe_(server);
       (void)send_(server, std::move(msg));
     }
   }
@@ -81,8 +83,47 @@ void RequestTracker::CollectDueLocked(
     t.last_sent = now;
     t.next_send = now + t.wait;
     ++resends_;
-    resend->emplace_back(t.request.server, t.msg);
+    resend->emplace_back(t.request.server, ResendOf(t));
   }
+}
+
+bool RequestTracker::IsPushWithData(const Message& msg) {
+  const wire::Command cmd = msg.header.command();
+  return (cmd == wire::KV_PUSH || cmd == wire::KV_PUSHPULL) &&
+         !msg.data.empty();
+}
+
+Message RequestTracker::ResendOf(const Tracked& t) {
+  if (!IsPushWithData(t.msg)) return t.msg;
+  if (!t.acknowledged) {
+    ++whole_resends_;
+    return t.msg;
+  }
+  // The server holds it (or did): ask, without the payload, whether it
+  // still does. Its answer to a probe is the push's answer, or send_whole.
+  ++probes_;
+  Message probe;
+  probe.header = t.msg.header;
+  probe.header.clear_frames();
+  probe.header.set_probe(true);
+  return probe;
+}
+
+std::optional<std::pair<int, Message>> RequestTracker::SendWholeLocked(
+    Tracked& t) {
+  // Only once per probing: a second send_whole (two probes answered) finds
+  // the whole copy on its way.
+  if (!t.acknowledged || !t.sent) return std::nullopt;
+  t.acknowledged = false;
+  const absl::Time now = absl::Now();
+  t.unanswered = 1;  // the server is there; this send is not yet answered
+  ++t.unacknowledged;
+  ++t.resends;
+  t.last_sent = now;
+  if (options_.resend) t.next_send = now + t.wait;
+  ++resends_;
+  ++whole_resends_;
+  return std::make_pair(t.request.server, t.msg);
 }
 
 bool RequestTracker::Overdue(const Tracked& t, absl::Time now) const {
@@ -157,6 +198,7 @@ void RequestTracker::ResendNowTo(int server, absl::Time sent_before) {
     if (t.request.server != server || !t.sent) continue;
     if (t.first_sent >= sent_before) continue;
     t.next_send = now;
+    t.acknowledged = false;  // a restarted or new server has not got it
     t.unanswered = 0;
     t.unacknowledged = 0;
     t.wait = options_.resend_timeout / 2;
