@@ -626,6 +626,7 @@ LoadConnectionSecurity(const Options& options) {
   auto security = std::make_shared<ConnectionSecurity>();
   security->keys = *std::move(keys);
   security->encrypt = !options.auth_only;
+  security->job_id = options.job_id;
   TESSERA_VLOG(1) << "connections "
                   << (security->encrypt
                           ? "authenticated and encrypted (CURVE)"

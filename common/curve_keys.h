@@ -94,6 +94,10 @@ struct ConnectionSecurity {
   // with passwords derived from the keys, bytes in the clear
   // (TESSERA_AUTH_ONLY=1).
   bool encrypt = true;
+  // TESSERA_JOB_ID (options.h), bound into every sealed link's key: a node
+  // of another job id opens none of this node's records, nor this node any
+  // of its, even with the same key files. Not used by PLAIN (auth only).
+  std::string job_id;
 };
 
 // A fresh CURVE key pair, and fresh key pairs for the three roles. Internal
@@ -149,7 +153,7 @@ absl::StatusOr<JobKeys> ReadKeyFile(const std::string& path,
                                     const std::string& variable);
 
 // The security a node's transport uses, from options.key_file / key_dir /
-// insecure / auth_only (see options.h). nullptr when TESSERA_INSECURE=1 (after
+// insecure / auth_only / job_id (see options.h). nullptr when TESSERA_INSECURE=1 (after
 // one warning line). InvalidArgument naming the variable when no keys are
 // configured, they cannot be read, or they are another role's.
 absl::StatusOr<std::shared_ptr<const ConnectionSecurity>>

@@ -67,6 +67,23 @@ std::string ReadString(const EnvLookup& env, const std::string& name) {
                          : std::string();
 }
 
+// TESSERA_JOB_ID: empty when unset; set, 1 to 64 characters a shell and a log
+// line show as they are.
+absl::StatusOr<std::string> ReadJobId(const EnvLookup& env) {
+  constexpr char kExpected[] =
+      "1 to 64 letters, digits, '.', '_' or '-' (or leave it unset: jobs "
+      "that set none share the empty id)";
+  std::optional<std::string> raw = env("TESSERA_JOB_ID");
+  if (!raw.has_value()) return std::string();
+  const bool ok = !raw->empty() && raw->size() <= 64 &&
+                  std::all_of(raw->begin(), raw->end(), [](char c) {
+                    return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                           c == '.' || c == '_' || c == '-';
+                  });
+  if (!ok) return BadValue("TESSERA_JOB_ID", *raw, kExpected);
+  return *raw;
+}
+
 }  // namespace
 
 const char* RoleName(Role role) {
@@ -322,6 +339,7 @@ absl::Status ParseSecurity(const EnvLookup& env, Options& o) {
                     "0 when TESSERA_INSECURE=1 (no authentication at all); "
                     "set one of them");
   }
+  TESSERA_ASSIGN_OR_RETURN(o.job_id, ReadJobId(env));
   TESSERA_ASSIGN_OR_RETURN(
       o.metrics_port, ReadInt(env, "TESSERA_METRICS_PORT", 0, 65535, -1,
                               "a port number in 0..65535 (0: any free port)"));

@@ -151,6 +151,12 @@ struct Options {
   std::string key_dir;
   bool insecure = false;
   bool auth_only = false;
+  // TESSERA_JOB_ID: a name of this job, bound into every sealed link's key
+  // (common/sealed_link.h), so that two jobs sharing a key folder cannot
+  // open each other's records. 1 to 64 letters, digits, '.', '_' or '-';
+  // unset: empty, the id of every job that sets none. tools/launch.py gives
+  // each job a fresh one.
+  std::string job_id;
   // TESSERA_CORE_DUMPS=1: a daemon may leave a core dump (and be traced by
   // its user), key material included. 0 (the default): StartDaemon makes it
   // non-dumpable (PR_SET_DUMPABLE 0).

@@ -58,8 +58,15 @@ int SliceChain::PlaceOf(int rank) const {
 
 std::vector<int> SliceChain::Order(
     const std::vector<ServerState>& states) const {
+  // A dead rank answers nothing, and its `joined` is not in the view
+  // (StatesDigest): nodes may hold different ones, so ordering by it would
+  // give them different orders. It is left out.
   std::vector<int> chain;
-  for (int i = 0; i < size_; ++i) chain.push_back(RankAt(i));
+  for (int i = 0; i < size_; ++i) {
+    const int rank = RankAt(i);
+    if (rank < static_cast<int>(states.size()) && states[rank].dead) continue;
+    chain.push_back(rank);
+  }
   auto joined = [&](int rank) {
     if (rank >= static_cast<int>(states.size()) || states[rank].restored)
       return 0u;

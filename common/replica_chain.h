@@ -63,8 +63,11 @@ class SliceChain {
   int PlaceOf(int rank) const;
   bool Contains(int rank) const { return PlaceOf(rank) >= 0; }
 
-  // The members in the order they answer. `states` has one entry per server
-  // rank (missing ones count as members since the start).
+  // The live members in the order they answer (a dead one answers nothing,
+  // and its fields other than its death are not in StatesDigest's view, so
+  // nodes may hold different ones). `states` has one entry per server rank
+  // (missing ones count as members since the start). Depends only on what
+  // StatesDigest covers.
   std::vector<int> Order(const std::vector<ServerState>& states) const;
   // The first member of that order that holds the slice (the acting
   // primary), or -1 if none does.

@@ -25,7 +25,7 @@ using internal::kLeadBytes;
 namespace {
 
 constexpr char kMagic[4] = {'T', 'S', 'L', '1'};
-constexpr char kLinkLabel[] = "tessera sealed link v1";
+constexpr char kLinkLabel[] = "tessera sealed link v2";
 constexpr char kEpochLabel[] = "epoch";
 
 void PutU32(uint8_t* p, uint32_t v) {
@@ -115,10 +115,11 @@ std::string NodeKeyProblem(const std::string& key) {
   return std::string();
 }
 
-std::optional<LinkKeys> LinkKeys::Make(
-    NodeKey node_key, Role role, const Key32& role_secret,
-    const std::array<Key32, 3>& role_publics) {
-  LinkKeys keys(std::move(node_key), role, role_secret);
+std::optional<LinkKeys> LinkKeys::Make(NodeKey node_key, Role role,
+                                       const Key32& role_secret,
+                                       const std::array<Key32, 3>& role_publics,
+                                       std::string job_id) {
+  LinkKeys keys(std::move(node_key), role, role_secret, std::move(job_id));
   for (int r = 0; r < 3; ++r) {
     if (!keys.node_key_.Agree(role_publics[r], &keys.node_x_role_[r]))
       return std::nullopt;
@@ -126,8 +127,12 @@ std::optional<LinkKeys> LinkKeys::Make(
   return keys;
 }
 
-LinkKeys::LinkKeys(NodeKey node_key, Role role, const Key32& role_secret)
-    : node_key_(std::move(node_key)), role_(role), role_secret_(role_secret) {}
+LinkKeys::LinkKeys(NodeKey node_key, Role role, const Key32& role_secret,
+                   std::string job_id)
+    : node_key_(std::move(node_key)),
+      role_(role),
+      job_id_(std::move(job_id)),
+      role_secret_(role_secret) {}
 
 LinkKeys::~LinkKeys() {
   sodium_memzero(role_secret_.data(), role_secret_.size());
@@ -146,7 +151,7 @@ Key32 LinkKeys::SendingSecret(const PeerSecrets& peer, Role peer_role,
   // X25519(s_A, E_B) and X25519(e_A, S_B), A being this process.
   return DeriveLinkSecret(peer.ee, peer.se,
                           node_x_role_[static_cast<int>(peer_role)], role_,
-                          public_key(), peer_role, peer_key, link);
+                          public_key(), peer_role, peer_key, link, job_id_);
 }
 
 Key32 LinkKeys::ReceivingSecret(const PeerSecrets& peer, Role peer_role,
@@ -154,13 +159,13 @@ Key32 LinkKeys::ReceivingSecret(const PeerSecrets& peer, Role peer_role,
   // The same two, B being this process: X25519(e_B, S_A), X25519(s_B, E_A).
   return DeriveLinkSecret(peer.ee, node_x_role_[static_cast<int>(peer_role)],
                           peer.se, peer_role, peer_key, role_, public_key(),
-                          link);
+                          link, job_id_);
 }
 
 Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
                        const Key32& es_b_a, Role from_role,
                        const Key32& from_key, Role to_role, const Key32& to_key,
-                       uint32_t link) {
+                       uint32_t link, absl::string_view job_id) {
   crypto_generichash_state state;
   crypto_generichash_init(&state, nullptr, 0, 32);
   crypto_generichash_update(&state,
@@ -177,6 +182,12 @@ Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
   uint8_t link_bytes[4];
   PutU32(link_bytes, link);
   crypto_generichash_update(&state, link_bytes, sizeof(link_bytes));
+  // Length-prefixed, so that no other id and transcript hash the same bytes.
+  uint8_t job_id_length[4];
+  PutU32(job_id_length, static_cast<uint32_t>(job_id.size()));
+  crypto_generichash_update(&state, job_id_length, sizeof(job_id_length));
+  crypto_generichash_update(
+      &state, reinterpret_cast<const uint8_t*>(job_id.data()), job_id.size());
   Key32 out;
   crypto_generichash_final(&state, out.data(), out.size());
   sodium_memzero(&state, sizeof(state));  // it hashed the link's secrets

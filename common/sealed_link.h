@@ -9,10 +9,15 @@
 // e, E a process's node key and s, S its role's CURVE key (the key file's),
 // the key of the link from A to B is (Noise's KK pattern)
 //
-//   secret = BLAKE2b-256("tessera sealed link v1" || X25519(e_A, E_B) ||
+//   secret = BLAKE2b-256("tessera sealed link v2" || X25519(e_A, E_B) ||
 //                        X25519(s_A, E_B) || X25519(e_A, S_B) ||
-//                        A's role || E_A || B's role || E_B || link number)
+//                        A's role || E_A || B's role || E_B || link number ||
+//                        length of the job id (u32) || job id)
 //   key(epoch) = BLAKE2b-256(key = secret, "epoch" || epoch)
+//
+// The job id (TESSERA_JOB_ID, empty when unset) tells apart jobs that share
+// key files: a record sealed under another job id fails to open (counted
+// unauthentic), as one sealed under another job's keys does.
 //
 // X25519(e_A, E_B) takes A's node key: another process of A's role cannot
 // speak for A. X25519(s_A, E_B) takes A's role key: a worker cannot seal as
@@ -69,6 +74,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -147,14 +153,18 @@ struct PeerSecrets {
 class LinkKeys {
  public:
   // nullopt when a key agreement fails (a key of small order).
+  // `job_id` (TESSERA_JOB_ID; empty when unset) goes into every link's
+  // transcript.
   static std::optional<LinkKeys> Make(NodeKey node_key, Role role,
                                       const Key32& role_secret,
-                                      const std::array<Key32, 3>& role_publics);
+                                      const std::array<Key32, 3>& role_publics,
+                                      std::string job_id = std::string());
   ~LinkKeys();
 
   const NodeKey& node_key() const { return node_key_; }
   const Key32& public_key() const { return node_key_.public_key(); }
   Role role() const { return role_; }
+  const std::string& job_id() const { return job_id_; }
 
   // The X25519 values for a peer's node key; false for a key of small order.
   bool ForPeer(const Key32& peer_key, PeerSecrets* out) const;
@@ -166,19 +176,22 @@ class LinkKeys {
                         const Key32& peer_key, uint32_t link) const;
 
  private:
-  LinkKeys(NodeKey node_key, Role role, const Key32& role_secret);
+  LinkKeys(NodeKey node_key, Role role, const Key32& role_secret,
+           std::string job_id);
   NodeKey node_key_;
   Role role_;
+  std::string job_id_;
   Key32 role_secret_{};
   std::array<Key32, 3> node_x_role_{};  // X25519(e_own, S_r), by Role
 };
 
 // The secret of the link from A to B, from the three X25519 values above
-// (as either end computes them) and the transcript.
+// (as either end computes them) and the transcript, which ends with the job
+// id.
 Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
                        const Key32& es_b_a, Role from_role,
                        const Key32& from_key, Role to_role, const Key32& to_key,
-                       uint32_t link);
+                       uint32_t link, absl::string_view job_id);
 // The key of one epoch of a link.
 Key32 EpochKey(const Key32& link_secret, uint32_t epoch);
 

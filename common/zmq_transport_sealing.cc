@@ -32,9 +32,10 @@ void ZmqTransport::SetUpSealing() {
   // Key files are checked when read (ParseKeyFile, keys that decode and
   // agree), so this cannot fail for keys that got this far.
   std::optional<sealed::LinkKeys> link_keys =
-      secret.has_value() ? sealed::LinkKeys::Make(sealed::NodeKey::Generate(),
-                                                  keys.role, *secret, publics)
-                         : std::nullopt;
+      secret.has_value()
+          ? sealed::LinkKeys::Make(sealed::NodeKey::Generate(), keys.role,
+                                   *secret, publics, options_.security->job_id)
+          : std::nullopt;
   if (!link_keys.has_value()) {
     TESSERA_LOG(ERROR) << "the job's keys do not agree (X25519)";
     std::abort();

@@ -396,6 +396,11 @@ void Scheduler::AbortRegistration(int provisional, const wire::NodeInfo& info,
                          << ":" << info.port() << ": " << connected.message();
     return;
   }
+  // Dropping the link at once loses nothing: on a link this fresh (nothing
+  // sealed ahead of its socket) Send seals a message this small before it
+  // returns, none of it left for the seal pool, and ZeroMQ keeps sending
+  // for its linger (2 s) after the socket closes (sealed_cluster_test
+  // ATurnedAwayServerHearsItsAbortAtOnce).
   (void)transport_->Send(provisional, AbortMessage(why, nonces));
   transport_->Disconnect(provisional);
 }

@@ -27,6 +27,12 @@ What every process gets in its environment:
   TESSERA_RESTART_COUNT  0 on the first start, k on the k-th restart (--restarts)
   TESSERA_KEY_FILE       this process's role key file (see Security below), or
   TESSERA_KEY_DIR        (mpi) a folder with the keys of the roles on that host
+  TESSERA_JOB_ID         launch- and 16 random hex digits, fresh for every job
+                         whose keys launch.py makes (kept when set in the
+                         launcher's environment or by --env; with the user's
+                         TESSERA_KEY_DIR only the user's): bound into every
+                         sealed link's key, so no process of another job opens
+                         this one's records
   PORT                   with --restarts: a fixed port per server and worker, so a
                          restarted node rejoins under the same identity
   TESSERA_METRICS_PORT   with --metrics-port BASE: BASE + the process's index

@@ -459,6 +459,9 @@ TEST(CurveKeysTest, LoadConnectionSecurityFollowsTheVariables) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->keys.role, Role::kServer);
   EXPECT_TRUE((*s)->encrypt);
+  EXPECT_EQ((*s)->job_id, "");
+  o.job_id = "job-7";  // TESSERA_JOB_ID
+  EXPECT_EQ((*LoadConnectionSecurity(o))->job_id, "job-7");
   o.auth_only = true;
   EXPECT_FALSE((*LoadConnectionSecurity(o))->encrypt);
   o.key_file = dir.path() + "/worker.key";  // wins over the folder
@@ -590,10 +593,12 @@ TEST(SenderCheckTest, AKeySpeaksForItsOwnRoleOnly) {
 class SecureTransportTest : public ::testing::Test {
  protected:
   std::unique_ptr<Transport> Make(const JobKeySet& set, Role role,
-                                  bool encrypt = true) {
+                                  bool encrypt = true,
+                                  const std::string& job_id = "") {
     auto security = std::make_shared<ConnectionSecurity>();
     security->keys = *ParseKeyFile(FormatKeyFile(set, role), "test");
     security->encrypt = encrypt;
+    security->job_id = job_id;
     ZmqTransportOptions options;
     options.security = security;
     return NewZmqTransport(options);
@@ -717,6 +722,41 @@ TEST_F(SecureTransportTest,
   while (worker->unsent_dropped_count() < 3 && absl::Now() < deadline)
     absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(worker->unsent_dropped_count(), 3u);
+}
+
+// Issue #46: two jobs started by hand with one key folder were not told
+// apart. With the same key files but another TESSERA_JOB_ID, a worker's
+// sealed records do not open at the server (dropped, counted unauthentic),
+// nor the server's at the worker; under the same id they do.
+TEST_F(SecureTransportTest, NodesOfAnotherJobIdWithTheSameKeysDoNotTalk) {
+  for (const char* worker_job : {"job-2", "", "job-1"}) {
+    SCOPED_TRACE(absl::StrCat("worker's job id '", worker_job, "'"));
+    std::unique_ptr<Transport> server =
+        Make(job_, Role::kServer, true, "job-1");
+    std::unique_ptr<Transport> worker =
+        Make(job_, Role::kWorker, true, worker_job);
+    absl::StatusOr<int> server_port = server->Bind("127.0.0.1", 0);
+    absl::StatusOr<int> worker_port = worker->Bind("127.0.0.1", 0);
+    ASSERT_TRUE(server_port.ok() && worker_port.ok());
+    // Each learns the other's node key and sealed lane (a node table).
+    worker->SetPeerIdentity(ServerId(0), {Role::kServer, server->node_key(),
+                                          server->sealed_port()});
+    server->SetPeerIdentity(WorkerId(0), {Role::kWorker, worker->node_key(),
+                                          worker->sealed_port()});
+    const bool same = std::string(worker_job) == "job-1";
+    const absl::Duration wait =
+        same ? absl::Seconds(10) : absl::Milliseconds(800);
+    EXPECT_EQ(Delivered(*worker, *server, *server_port, ServerId(0),
+                        WorkerId(0), wait),
+              same);
+    EXPECT_EQ(Delivered(*server, *worker, *worker_port, WorkerId(0),
+                        ServerId(0), wait),
+              same);
+    EXPECT_EQ(server->sealed_drops().unauthentic, same ? 0u : 1u);
+    EXPECT_EQ(worker->sealed_drops().unauthentic, same ? 0u : 1u);
+    EXPECT_EQ(server->sealed_drops().total(), same ? 0u : 1u);
+    EXPECT_EQ(server->refused_connection_count(), 0u);
+  }
 }
 
 TEST_F(SecureTransportTest, AnInsecurePeerCannotReachASecureNode) {

@@ -202,6 +202,10 @@ struct BadCase {
   std::string message;
 };
 
+constexpr char kJobIdExpected[] =
+    "expected 1 to 64 letters, digits, '.', '_' or '-' (or leave it unset: "
+    "jobs that set none share the empty id)";
+
 class OptionsBadValueTest : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(OptionsBadValueTest, NamesVariableValueAndExpectation) {
@@ -294,7 +298,24 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TESSERA_LATE_FACTOR", "ten",
                 "TESSERA_LATE_FACTOR='ten': expected a number in 1..1000000"},
         BadCase{"TESSERA_LATE_MIN", "0",
-                "TESSERA_LATE_MIN='0': expected a number of seconds > 0"}));
+                "TESSERA_LATE_MIN='0': expected a number of seconds > 0"},
+        BadCase{"TESSERA_JOB_ID", "",
+                std::string("TESSERA_JOB_ID='': ") + kJobIdExpected},
+        BadCase{"TESSERA_JOB_ID", "my job",
+                std::string("TESSERA_JOB_ID='my job': ") + kJobIdExpected},
+        BadCase{"TESSERA_JOB_ID", std::string(65, 'a'),
+                absl::StrCat("TESSERA_JOB_ID='", std::string(65, 'a'),
+                             "': ", kJobIdExpected)}));
+
+// Issue #46: the job id that sealed links bind (empty when unset).
+TEST(OptionsTest, AJobIdIsReadAsItIsAndEmptyWhenUnset) {
+  auto env = Base();
+  EXPECT_EQ(Parse(env)->job_id, "");
+  env["TESSERA_JOB_ID"] = "train-2026.11_29";
+  EXPECT_EQ(Parse(env)->job_id, "train-2026.11_29");
+  env["TESSERA_JOB_ID"] = std::string(64, 'z');
+  EXPECT_EQ(Parse(env)->job_id, std::string(64, 'z'));
+}
 
 TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
   std::map<std::string, std::string> env = {{"DMLC_ROLE", "server"},

@@ -301,5 +301,47 @@ TEST(SealedClusterTest, ASealedRegistrationTakesNoRank) {
               HasSubstr("barrier ok: rank"));
 }
 
+// Issue #46: the scheduler tells a registration it turns away why (an ABORT
+// sealed to the node's key) and drops the link at once. In a sealed job that
+// abort must still go out: a server past DMLC_NUM_SERVER before the job forms
+// ("too many servers") and one after it formed ("already formed") each end
+// within seconds naming the reason, not at their own start deadline (60 s).
+// PS_RESEND=0: they register once, so only the first abort can tell them.
+TEST(SealedClusterTest, ATurnedAwayServerHearsItsAbortAtOnce) {
+  ProcessCluster c;
+  c.Env("DMLC_NUM_SERVER", "1");
+  c.Env("DMLC_NUM_WORKER", "1");
+  c.Env("TESSERA_START_TIMEOUT", "60");
+  c.Spawn("scheduler", {BinaryPath("scheduler/tessera-scheduler")},
+          {{"DMLC_ROLE", "scheduler"}});
+  c.Spawn("server 0", {BinaryPath("server/tessera-server")},
+          {{"DMLC_ROLE", "server"}});
+  absl::SleepFor(absl::Milliseconds(700));  // server 0 registers first
+  const std::map<std::string, std::string> extra = {{"DMLC_ROLE", "server"},
+                                                    {"PS_RESEND", "0"}};
+  Child& early =
+      c.Spawn("server early", {BinaryPath("server/tessera-server")}, extra);
+  ASSERT_TRUE(c.Wait(early, absl::Seconds(10)))
+      << "a server past DMLC_NUM_SERVER still runs 10 s on\n"
+      << c.AllLogs();
+  EXPECT_NE(ProcessCluster::ExitCode(early), 0);
+  EXPECT_THAT(ProcessCluster::Log(early),
+              HasSubstr("the scheduler ended the job: too many servers: "
+                        "expected 1"));
+  c.Spawn("worker", {Worker(), "barrier", "30", "300"},
+          {{"DMLC_ROLE", "worker"}});
+  absl::SleepFor(absl::Seconds(1));  // the job forms
+  Child& late =
+      c.Spawn("server late", {BinaryPath("server/tessera-server")}, extra);
+  ASSERT_TRUE(c.Wait(late, absl::Seconds(10)))
+      << "a server after the job formed still runs 10 s on\n"
+      << c.AllLogs();
+  EXPECT_NE(ProcessCluster::ExitCode(late), 0);
+  EXPECT_THAT(ProcessCluster::Log(late),
+              HasSubstr("the scheduler ended the job: the job is already "
+                        "formed"));
+  c.KillAll();
+}
+
 }  // namespace
 }  // namespace tessera::testing

@@ -57,12 +57,13 @@ Record Copy(const std::vector<uint8_t>& bytes,
 // A job's role keys, and a process's link keys under them.
 struct Job {
   JobKeySet keys = GenerateJobKeys().value();
-  std::shared_ptr<const LinkKeys> For(Role role, const NodeKey& node) const {
+  std::shared_ptr<const LinkKeys> For(Role role, const NodeKey& node,
+                                      const std::string& job_id = "") const {
     std::array<Key32, 3> publics;
     for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker})
       publics[static_cast<int>(r)] = *KeyFromZ85(keys.of(r).public_key);
     return std::make_shared<const LinkKeys>(*LinkKeys::Make(
-        node, role, *KeyFromZ85(keys.of(role).secret_key), publics));
+        node, role, *KeyFromZ85(keys.of(role).secret_key), publics, job_id));
   }
 };
 
@@ -609,6 +610,16 @@ TEST(SealedLinkTest, LinkKeysDependOnEveryInput) {
   EXPECT_NE(k, Sending(*server, a.public_key(), Role::kWorker, 1));
   EXPECT_NE(k, Sending(*other.For(Role::kWorker, a), b.public_key(),
                        Role::kServer, 1));
+  // The same keys under another job id (TESSERA_JOB_ID), or an id one end
+  // has and the other lacks, give another key.
+  EXPECT_NE(k, Sending(*job.For(Role::kWorker, a, "job-2"), b.public_key(),
+                       Role::kServer, 1));
+  PeerSecrets at_b2;
+  const auto server2 = job.For(Role::kServer, b, "job-2");
+  ASSERT_TRUE(server2->ForPeer(a.public_key(), &at_b2));
+  EXPECT_EQ(Sending(*job.For(Role::kWorker, a, "job-2"), b.public_key(),
+                    Role::kServer, 1),
+            server2->ReceivingSecret(at_b2, Role::kWorker, a.public_key(), 1));
   EXPECT_NE(EpochKey(k, 0), EpochKey(k, 1));
   // Another worker of the job (its own node key, the workers' role key)
   // sealing as if it were a scheduler to `a`, or as `a` to `b`: neither key

@@ -512,6 +512,31 @@ class EnvTest(unittest.TestCase):
         self.assertEqual(scheduler['DMLC_ROLE'], 'scheduler')
         self.assertNotIn('DMLC_TASK_ID', scheduler)
 
+    def test_every_job_gets_a_fresh_job_id_unless_one_is_set(self):
+        args = parse_args(['-n', '2', '-s', '1', '/bin/true'])
+        env = dict(self.ENVIRON)
+        env.pop('TESSERA_JOB_ID', None)
+        env.pop('TESSERA_KEY_DIR', None)
+        one = build_config(args, env, 'local', '127.0.0.1', remote=False)
+        two = build_config(args, env, 'local', '127.0.0.1', remote=False)
+        ids = [node_env(one, role, task_id=t)['TESSERA_JOB_ID']
+               for role, t in (('scheduler', None), ('server', 0), ('worker', 1))]
+        self.assertEqual(len(set(ids)), 1)
+        self.assertRegex(ids[0], r'^launch-[0-9a-f]{16}$')
+        self.assertNotEqual(node_env(two, 'worker', task_id=1)['TESSERA_JOB_ID'], ids[0])
+        env['TESSERA_JOB_ID'] = 'mine'
+        kept = build_config(args, env, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(node_env(kept, 'server', task_id=0)['TESSERA_JOB_ID'], 'mine')
+        given = build_config(parse_args(['--env', 'TESSERA_JOB_ID:x', '-n', '1', '/bin/true']),
+                             self.ENVIRON, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(node_env(given, 'worker', task_id=1)['TESSERA_JOB_ID'], 'x')
+        # The user's keys: the user's id, or none (a worker started by hand with
+        # those keys may join the job).
+        env['TESSERA_KEY_DIR'] = '/keys'
+        del env['TESSERA_JOB_ID']
+        users = build_config(args, env, 'local', '127.0.0.1', remote=False)
+        self.assertNotIn('TESSERA_JOB_ID', node_env(users, 'worker', task_id=1))
+
     def test_restarts_give_each_server_and_worker_a_fixed_port(self):
         args = parse_args(['-n', '2', '-s', '3', '--restarts', '1', '/bin/true'])
         cfg = build_config(args, self.ENVIRON, 'local', '127.0.0.1', remote=False)

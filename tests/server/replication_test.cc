@@ -1230,12 +1230,35 @@ TEST(ReplicaChainTest, ReplacementsAnswerLastAndOnlyOnceCaughtUp) {
   states[3].catching_up = false;
   EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), 3);
   states[0] = ServerState{false, false, 2};
-  EXPECT_EQ(SliceChain(3, 4, 3).Order(states), (std::vector<int>{1, 3, 0}));
+  EXPECT_EQ(SliceChain(3, 4, 3).Order(states), (std::vector<int>{3, 0}));
   EXPECT_EQ(SliceChain(3, 4, 3).Primary(states), 3);
   // Missing states count as members since the start; R larger than the
   // servers stops at the servers.
   EXPECT_EQ(SliceChain(1, 2, 3).Order({}), (std::vector<int>{1, 0}));
   EXPECT_EQ(SliceChain(1, 2, 2).Primary({}), 1);
+}
+
+// Issue #46: Order sorted dead ranks by `joined`, which StatesDigest leaves
+// out (nodes may hold different ones for a dead rank), so two nodes of one
+// view could order a chain differently. Dead ranks are left out: tables that
+// differ only in a dead rank's other fields give one order.
+TEST(ReplicaChainTest, DeadRanksAreLeftOutOfTheOrder) {
+  std::vector<ServerState> a(4), b(4);
+  a[0].dead = b[0].dead = true;
+  a[0].joined = 3;
+  b[0].joined = 1;
+  b[0].catching_up = true;
+  a[3].joined = b[3].joined = 2;
+  ASSERT_EQ(StatesDigest(a), StatesDigest(b));
+  const SliceChain chain(3, 4, 3);
+  EXPECT_EQ(chain.Order(a), (std::vector<int>{1, 3}));
+  EXPECT_EQ(chain.Order(b), chain.Order(a));
+  EXPECT_EQ(chain.Primary(a), 1);
+  EXPECT_EQ(chain.Primary(b), 1);
+  // Every rank dead: no one answers.
+  for (ServerState& s : a) s.dead = true;
+  EXPECT_TRUE(chain.Order(a).empty());
+  EXPECT_EQ(chain.Primary(a), -1);
 }
 
 TEST(ReplicaChainTest, PlacesAndMembersWrapAroundTheServers) {

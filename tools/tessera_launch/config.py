@@ -1,12 +1,14 @@
 """What every process of a job shares (JobConfig), and the environment each one
 gets from it: the DMLC_* variables, what is forwarded from the launcher, --env
-values, key locations, ports.
+values, key locations, ports, the job's id (TESSERA_JOB_ID).
 
     cfg = build_config(args, os.environ, 'local', '127.0.0.1', remote=False)
     env = node_env(cfg, 'worker', task_id=cfg.num_servers)   # worker 0's variables
 
 Errors: UsageError from build_config (a busy --port, a bad --env).
 """
+
+import secrets
 
 from .hosts import pick_node_ports, pick_port
 from .options import MPI_SPEC_VAR, parse_env_specs
@@ -162,6 +164,14 @@ def build_config(args, environ, cluster, root_uri, remote):
         env_all['TESSERA_ELASTIC'] = args.elastic
     if getattr(args, 'max_servers', None) is not None:
         env_all['TESSERA_MAX_SERVERS'] = str(args.max_servers)
+    if (not environ.get('TESSERA_KEY_DIR') and 'TESSERA_JOB_ID' not in environ
+            and 'TESSERA_JOB_ID' not in env_all):
+        # With keys it makes, a fresh job id (bound into every sealed link's
+        # key, docs/security.md); joiners get it from the job file. Not with the
+        # user's keys (TESSERA_KEY_DIR): a process started by hand with them
+        # joins an elastic job, so the id is the user's to set, as for a job
+        # started by hand.
+        env_all['TESSERA_JOB_ID'] = fresh_job_id()
     return JobConfig(
         cluster=cluster, root_uri=root_uri, port=port, node_ports=node_ports,
         metrics_port=args.metrics_port, spare_servers=args.spare_servers,
@@ -170,6 +180,11 @@ def build_config(args, environ, cluster, root_uri, remote):
         env_all=env_all,
         env_server=parse_env_specs(args.env_server, '--env-server', environ),
         env_worker=parse_env_specs(args.env_worker, '--env-worker', environ))
+
+
+def fresh_job_id():
+    """A TESSERA_JOB_ID no other job has: 'launch-' and 64 random bits."""
+    return 'launch-' + secrets.token_hex(8)
 
 
 def elastic_of(cfg):
