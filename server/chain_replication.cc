@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/key_layout.h"
 #include "common/logging.h"
 #include "common/wire_status.h"
 #include "server/key_store.h"
@@ -42,14 +43,44 @@ void KVServer::MakeReplicated(StoredKey* key, uint32_t replica) {
   }
 }
 
-absl::Status KVServer::CheckReplicaPlace(const wire::Header& init) const {
-  if (init.replica() == 0) return absl::OkStatus();
-  if (replicas_ <= 1 || init.replica() >= static_cast<uint32_t>(replicas_)) {
+absl::Status KVServer::CheckInitPlace(const wire::Header& init,
+                                      const StoredKey* held) const {
+  const wire::KeySlice& slice = init.slice();
+  const uint32_t place = init.replica();
+  if (held != nullptr) {
+    // Held already: the place is the one it was made at (by an init that
+    // passed this check, or by its primary's transfer).
+    if (!held->replicated || place == held->replica) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init of key ", slice.key(), " offset ", slice.offset(), " as replica ",
+        place, ", but this server holds replica ", held->replica,
+        " of the slice (chain ", ChainOf(*held).Members(), ")"));
+  }
+  if (place != 0 &&
+      (replicas_ <= 1 || place >= static_cast<uint32_t>(replicas_))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("init of key ", init.slice().key(), " as replica ",
-                     init.replica(), ", but this server holds ", replicas_,
+        absl::StrCat("init of key ", slice.key(), " as replica ", place,
+                     ", but this server holds ", replicas_,
                      " replica(s) of a slice (TESSERA_REPLICAS)"));
   }
+  if (replicas_ <= 1) return absl::OkStatus();
+  // The chain the init puts this server in must be one a worker's layout
+  // makes for the slice: its first member is the server the layout names.
+  const SliceChain chain = SliceChain::Around(rank_, static_cast<int>(place),
+                                              num_servers_, replicas_);
+  if (MayBeFirstMember(chain.first(), slice, num_servers_)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "init of key ", slice.key(), " offset ", slice.offset(), " (length ",
+      slice.length(), " of ", slice.total_length(), ") as replica ", place,
+      " of the chain ", chain.Members(), ", but the key's layout names server ",
+      chain.first(), " for no such slice (the key's home is server ",
+      KeyHome(slice.key(), num_servers_), ")"));
+}
+
+absl::Status KVServer::CheckAsyncChain(const wire::Header& init) const {
+  if (init.replica() == 0) return absl::OkStatus();
   if (!init.kv_options().sync_mode() && replicas_ > 2 && !single_copy_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dist_async key ", init.slice().key(),
@@ -58,6 +89,18 @@ absl::Status KVServer::CheckReplicaPlace(const wire::Header& init) const {
         "each hold a different last update when the primary dies)"));
   }
   return absl::OkStatus();
+}
+
+void KVServer::RefuseMisplacedInit(const Message& msg,
+                                   const absl::Status& why) {
+  const uint64_t n = ++misplaced_inits_;
+  if (LogOccurrence(n)) {
+    TESSERA_LOG(WARNING) << "refused an init from node " << msg.header.sender()
+                         << " (worker " << RankOfId(msg.header.sender())
+                         << "): " << why.message() << " (misplaced init #" << n
+                         << ")";
+  }
+  Reply(msg, why);
 }
 
 bool KVServer::CountsFor(const StoredKey& key) const {

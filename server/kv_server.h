@@ -250,9 +250,20 @@ class KVServer : private EngineContext {
   // Replication. A new slice's part in it: `replica`, this server's place in
   // its chain (KV_INIT's).
   void MakeReplicated(StoredKey* key, uint32_t replica);
-  // InvalidArgument when an init's place in the chain cannot be this
-  // server's (or an async key would have more than 2 replicas).
-  absl::Status CheckReplicaPlace(const wire::Header& init) const;
+  // A worker's KV_INIT names this server's place in the slice's chain
+  // (header.replica); its word is not taken (issue #46). InvalidArgument
+  // when the place is outside the chain, or the chain it puts this server
+  // in starts at a server the key's layout cannot name for the slice
+  // (common/key_layout.h), or, for a slice this server holds, it is not the
+  // place held.
+  absl::Status CheckInitPlace(const wire::Header& init,
+                              const StoredKey* held = nullptr) const;
+  // InvalidArgument when an async key would have more than 2 replicas.
+  absl::Status CheckAsyncChain(const wire::Header& init) const;
+  // Answers an init CheckInitPlace refused with `why`; counts it
+  // (misplaced_inits_) and logs it, naming the sender, while LogOccurrence
+  // says so.
+  void RefuseMisplacedInit(const Message& msg, const absl::Status& why);
   // Whether this server answers for `key` now (the first live
   // member of its chain; always for an unreplicated slice).
   bool Active(const Shard& shard, const StoredKey& key) const;
@@ -413,6 +424,7 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> replica_updates_{0};
   std::atomic<uint64_t> promoted_{0};
   std::atomic<uint64_t> replica_resends_{0};
+  std::atomic<uint64_t> misplaced_inits_{0};  // RefuseMisplacedInit
   std::atomic<uint64_t> slices_handed_back_{0};
   std::atomic<uint64_t> moved_away_{0};
   uint64_t handback_seen_ = 0;  // the last epoch taken; Handle's thread only

@@ -86,6 +86,10 @@ void KVServer::RegisterCounters() {
           "server gave to a server that joined and then dropped (KV_STATS "
           "moved_away_slices).",
           &moved_away_);
+  counter("tessera_server_misplaced_inits_total",
+          "KV_INITs refused because the place in the slice's chain they "
+          "named cannot be this server's (KV_STATS misplaced_inits).",
+          &misplaced_inits_);
   counter("tessera_server_replica_resends_total",
           "Updates sent again to a backup that had not answered them.",
           &replica_resends_);
@@ -196,6 +200,7 @@ wire::KVStats KVServer::stats() const {
   s.set_replica_updates(replica_updates_.load());
   s.set_promoted_slices(promoted_.load());
   s.set_moved_away_slices(moved_away_.load());
+  s.set_misplaced_inits(misplaced_inits_.load());
   absl::MutexLock lock(&key_counts_mu_);
   for (const auto& [key, n] : key_pushes_)
     (*s.mutable_key_pushes_applied())[key] = n;

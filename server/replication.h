@@ -5,7 +5,10 @@
 // p+1, ..., p+R-1 (mod the servers), its backups. A worker sends a slice's
 // KV_INIT to every member (header.replica: its place in the chain) and every
 // other request to the first member still alive: the primary, or after it
-// died the next replica.
+// died the next replica. A server does not take its place on the worker's
+// word (issue #46): the chain the place puts it in must start at a server
+// the key's layout can name for the slice (common/key_layout.h), and a
+// slice it holds keeps the place it was made at (CheckInitPlace).
 //
 // Replicate after aggregation. The primary sums a round as it always did;
 // after applying it, it sends the update to every live backup as a

@@ -22,12 +22,18 @@ namespace tessera {
 
 void KVServer::Init(Shard* shard, Message&& msg) {
   const wire::KeySlice& slice = msg.header.slice();
-  if (StoredKey* key = shard->store.Find(slice); key != nullptr) {
-    AnswerRepeatedInit(key, msg);
+  StoredKey* held = shard->store.Find(slice);
+  // The place in the slice's chain is checked, not taken from the worker.
+  if (absl::Status placed = CheckInitPlace(msg.header, held); !placed.ok()) {
+    RefuseMisplacedInit(msg, placed);
     return;
   }
-  if (absl::Status placed = CheckReplicaPlace(msg.header); !placed.ok()) {
-    Reply(msg, placed);
+  if (held != nullptr) {
+    AnswerRepeatedInit(held, msg);
+    return;
+  }
+  if (absl::Status chained = CheckAsyncChain(msg.header); !chained.ok()) {
+    Reply(msg, chained);
     return;
   }
   if (single_copy_ && !TakesInit(*shard, msg.header)) {

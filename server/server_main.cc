@@ -186,7 +186,8 @@ void LogSummary(const tessera::KVServer& server, const tessera::Node& node) {
                     << stats.checkpoints_written() << ", refused "
                     << stats.refused() << ", replica updates "
                     << stats.replica_updates() << ", promoted slices "
-                    << stats.promoted_slices() << ", malformed "
+                    << stats.promoted_slices() << ", misplaced inits "
+                    << stats.misplaced_inits() << ", malformed "
                     << stats.malformed_messages() + node.malformed_count()
                     << ", wrong sender " << node.wrong_sender_count()
                     << ", refused connections "

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "common/key_layout.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -56,6 +57,63 @@ TEST(KeyPartitionerTest, ChunksCutPartsIntoSlicesOnTheSameServer) {
   }
   // Parts no longer than the chunk stay whole.
   EXPECT_EQ(KeyPartitioner::Chunk(p.Partition(7, 999), 999).size(), 1u);
+}
+
+// Servers check the place a worker's init names against the layout
+// (common/key_layout.h, issue #46): every slice a worker makes, split or
+// whole, in chunks or not, is one the layout names its server for, and no
+// other server but the key's home or the owner of the slice's split part
+// (the bound that chooses between them is the workers').
+TEST(KeyPartitionerTest, EverySliceIsOneTheLayoutNamesItsServerFor) {
+  for (int servers = 1; servers <= 5; ++servers) {
+    for (uint64_t bound : {uint64_t{1}, uint64_t{7}, uint64_t{1000}}) {
+      const KeyPartitioner p(servers, bound);
+      const KeyPartitioner split_all(servers, 1);
+      for (uint64_t key = 0; key < 12; ++key) {
+        for (uint64_t length : {uint64_t{1}, uint64_t{3}, uint64_t{11},
+                                uint64_t{999}, uint64_t{2500}}) {
+          for (uint64_t chunk : {uint64_t{7}, uint64_t{600}, length}) {
+            for (const KeyPart& part :
+                 KeyPartitioner::Chunk(p.Partition(key, length), chunk)) {
+              wire::KeySlice slice;
+              slice.set_key(key);
+              slice.set_offset(part.offset);
+              slice.set_length(part.length);
+              slice.set_total_length(length);
+              EXPECT_TRUE(MayBeFirstMember(part.server_rank, slice, servers));
+              for (int rank = 0; rank < servers; ++rank) {
+                // The key's home, or the server whose part of the key
+                // split over every server holds the slice.
+                bool named = rank == p.ServerOf(key);
+                for (const KeyPart& split : split_all.Partition(key, length)) {
+                  named |=
+                      split.server_rank == rank &&
+                      split.offset <= part.offset &&
+                      part.offset + part.length <= split.offset + split.length;
+                }
+                EXPECT_EQ(MayBeFirstMember(rank, slice, servers), named)
+                    << "rank " << rank << " of " << servers << ", key " << key
+                    << " [" << part.offset << ", +" << part.length << ") of "
+                    << length << ", bound " << bound;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // A hashed key's slice: only the rank its offset names.
+  wire::KeySlice hashed;
+  hashed.set_key(5);
+  hashed.set_offset(2);
+  hashed.set_row_length(8);
+  EXPECT_TRUE(MayBeFirstMember(2, hashed, 3));
+  EXPECT_FALSE(MayBeFirstMember(0, hashed, 3));
+  EXPECT_FALSE(MayBeFirstMember(1, hashed, 3));
+  // Parts of any total, past what a product of total and rank holds.
+  EXPECT_EQ(SplitPartBegin(UINT64_MAX, 3, 3), UINT64_MAX);
+  EXPECT_EQ(SplitPartBegin(UINT64_MAX, 1, 2), UINT64_MAX / 2);
+  EXPECT_EQ(SplitPartBegin(2500, 1, 2), 1250u);
 }
 
 }  // namespace

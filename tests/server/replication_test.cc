@@ -1,13 +1,15 @@
 // Replication (server/replication.h) between two KVServers in one process:
-// rank 0 the primary of key 7, rank 1 its backup (TESSERA_REPLICAS=2 of 2
+// rank 0 the primary of key 6, rank 1 its backup (TESSERA_REPLICAS=2 of 2
 // servers). Messages between the servers are held in outboxes and delivered
 // by the test, so it decides what is lost, late or out of order.
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
 #include "common/replica_chain.h"
@@ -20,7 +22,14 @@ namespace tessera {
 namespace {
 
 constexpr int kWorkers = 2;
-constexpr uint64_t kKey = 7;
+// A server takes an init's place in a chain only where a worker's layout
+// puts the slice (common/key_layout.h): a whole key of 2 servers lives on
+// KeyHome(key, 2), rank 0 for key 6, rank 1 for key 7.
+constexpr uint64_t kKey = 6;
+constexpr uint64_t kKeyOnRank1 = 7;
+// The key the messages below name: kKey, or kKeyOnRank1 in the tests that
+// place it there.
+uint64_t key_in_use = kKey;
 
 // One server and what it sent: replies to workers, messages to servers.
 class Box {
@@ -91,7 +100,7 @@ Message KeyMessage(wire::Command cmd, int rank, uint64_t length) {
   m.header.set_request_id(next_request++);
   m.header.set_plane(wire::DATA);
   wire::KeySlice* s = m.header.mutable_slice();
-  s->set_key(kKey);
+  s->set_key(key_in_use);
   s->set_length(length);
   s->set_total_length(length);
   return m;
@@ -144,9 +153,10 @@ std::vector<float> ValuesOf(const Message& m) {
 }
 
 // Two servers with SGD (lr = -1: the weights gain each round's sum) and
-// momentum (state the backup must hold too), and key 7 on both.
+// momentum (state the backup must hold too), and key 6 on both.
 class ReplicationTest : public ::testing::Test {
  protected:
+  void SetUp() override { key_in_use = kKey; }
   void SetUpChain(bool sync) {
     for (Box* b : {&primary_, &backup_}) {
       b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
@@ -230,7 +240,7 @@ class ReplicationTest : public ::testing::Test {
                                /*single_copy=*/true);
   }
   // The reference: one server without replicas (SGD lr = -1, momentum
-  // 0.5, key 7 = {1, 2, 3}), given the same pushes (PushBoth): its pulls are
+  // 0.5, the key = {1, 2, 3}), given the same pushes (PushBoth): its pulls are
   // the bits a replicated or moved slice must give.
   void StartReference() {
     reference_ = std::make_unique<KVServer>(kWorkers, 1, [&](int, Message m) {
@@ -246,7 +256,7 @@ class ReplicationTest : public ::testing::Test {
     to.Handle(Push(rank, seq, g));
     reference_->Handle(Push(rank, seq, g));
   }
-  // The reference's answer to a pull of key 7 by `rank` after `seq` pushes.
+  // The reference's answer to a pull of the key by `rank` after `seq` pushes.
   std::vector<float> ReferencePull(int rank, uint64_t seq) {
     reference_->Handle(Pull(rank, seq, 3));
     std::vector<float> values;
@@ -495,6 +505,82 @@ TEST(ReplicationInitTest, APlaceOutsideTheChainIsRefused) {
               ::testing::HasSubstr("as replica 2, but this server holds 2"));
 }
 
+// Issue #46: a worker's KV_INIT names the receiving server's place in the
+// slice's chain, and the server took it on the worker's word (checked for
+// range only). A compromised worker (rank 1) that got in before rank 0 told
+// the backup of key 6 it was the primary and the primary it was a backup
+// (chain 1, 0, which no layout makes: key 6 lives on rank 0): the backup
+// then ignored the real primary's updates, which answered no push. Each
+// claim is now refused, counted and logged naming the sender, and so is a
+// claim of another place for a slice held; the rounds end with the bits of
+// a single server, on the primary and, after it died, on the backup.
+TEST_F(ReplicationTest, AWorkersInitNamingAnotherPlaceInTheChainIsRefused) {
+  for (Box* b : {&primary_, &backup_}) {
+    b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
+    ASSERT_TRUE(b->NextReply().has_value());
+  }
+  auto rogue = [](uint32_t replica) {
+    Message m = Init({9, 9, 9}, replica, /*sync=*/true);
+    m.header.set_sender(WorkerId(1));
+    return m;
+  };
+  auto expect_refused = [](Box& b, uint64_t count) {
+    std::optional<Message> r = b.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_TRUE(absl::IsInvalidArgument(FromWire(r->header.status())))
+        << r->header.status().message();
+    EXPECT_EQ(b.server().stats().misplaced_inits(), count);
+  };
+  ::testing::internal::CaptureStderr();
+  backup_.server().Handle(rogue(/*replica=*/0));
+  expect_refused(backup_, 1);
+  primary_.server().Handle(rogue(/*replica=*/1));
+  expect_refused(primary_, 1);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, ::testing::HasSubstr(absl::StrCat(
+                       "refused an init from node ", WorkerId(1),
+                       " (worker 1): init of key 6 offset 0 (length 3 of 3) "
+                       "as replica 0 of the chain 1, 0")))
+      << log;
+  ASSERT_FALSE(HasFailure());
+
+  // Rank 0's inits make the chain; a claim of another place for a slice
+  // held is refused too.
+  primary_.server().Handle(Init({1, 2, 3}, /*replica=*/0, true));
+  backup_.server().Handle(Init({1, 2, 3}, /*replica=*/1, true));
+  for (Box* b : {&primary_, &backup_}) {
+    std::optional<Message> r = b->NextReply();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_TRUE(FromWire(r->header.status()).ok())
+        << r->header.status().message();
+  }
+  backup_.server().Handle(rogue(/*replica=*/0));
+  expect_refused(backup_, 2);
+  ASSERT_FALSE(HasFailure());
+
+  StartReference();
+  for (uint64_t round = 0; round < 2; ++round) {
+    PushBoth(primary_.server(), 0, round, {0.1f, 1, 1});
+    PushBoth(primary_.server(), 1, round, {0.2f, 0, 4});
+    DeliverUpdateAndAnswer();
+    ASSERT_FALSE(HasFailure());
+    ASSERT_TRUE(primary_.NextReply().has_value());
+    ASSERT_TRUE(primary_.NextReply().has_value());
+  }
+  const std::vector<float> want = ReferencePull(0, 2);
+  ASSERT_EQ(want.size(), 3u);
+  primary_.server().Handle(Pull(0, 2, 3));
+  std::optional<Message> on_primary = NextReplyTo(primary_, wire::KV_PULL);
+  ASSERT_TRUE(on_primary.has_value());
+  EXPECT_EQ(ValuesOf(*on_primary), want);
+  backup_.server().ServerDied(0);
+  backup_.server().Handle(Pull(1, 2, 3));
+  std::optional<Message> on_backup = NextReplyTo(backup_, wire::KV_PULL);
+  ASSERT_TRUE(on_backup.has_value());
+  EXPECT_EQ(ValuesOf(*on_backup), want);
+  EXPECT_EQ(backup_.server().stats().replica_updates(), 2u);
+}
+
 // A replacement of rank 1 (a spare, catching up) gets the slice whole by
 // state transfer while the primary goes on, then holds every later update,
 // and takes over after the primary dies with the same bits and counts.
@@ -622,6 +708,7 @@ TEST_F(ReplicationTest, AnAskUnderAnotherViewOfTheTableIsNotCounted) {
 TEST_F(ReplicationTest, AHandBackWaitsForItsChangeAndEndsWhenTheRankDies) {
   primary_.server().Handle(SetOptimizer("sgd lr=-1"));
   ASSERT_TRUE(primary_.NextReply().has_value());
+  key_in_use = kKeyOnRank1;
   // Key 7 placed on rank 1, held here as its backup (chain 1, 0); rank 1 is
   // a replacement still catching up, so this server answers.
   std::vector<ServerState> states(2);
@@ -672,6 +759,7 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   // (with the fixture's 1 ms, a resend of an update or a catch-up ask could
   // be queued before its answer is carried, as under TSan).
   primary_.server().set_replication(0, 2, 2, absl::Seconds(30));
+  key_in_use = kKeyOnRank1;
   // Key 7 placed on rank 1 (backup_), its chain 1, 0.
   for (Box* b : {&primary_, &backup_}) {
     b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0.5"));
@@ -744,15 +832,15 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
   // server's part was done) that moves too takes no push here either.
   {
     Message init = Init({5, 5, 5}, /*replica=*/1, true);
-    init.header.mutable_slice()->set_key(8);
+    init.header.mutable_slice()->set_key(11);  // on rank 1 too
     primary_.server().Handle(std::move(init));
     std::optional<Message> r = primary_.NextReply();
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->header.command(), wire::KV_INIT);
     Message p8 = Push(0, 0, {1, 1, 1});
-    p8.header.mutable_slice()->set_key(8);
+    p8.header.mutable_slice()->set_key(11);
     Message p8b = Push(1, 0, {1, 1, 1});
-    p8b.header.mutable_slice()->set_key(8);
+    p8b.header.mutable_slice()->set_key(11);
     primary_.server().Handle(std::move(p8));
     primary_.server().Handle(std::move(p8b));  // a complete round, not taken
     EXPECT_EQ(primary_.RepliesNow(), 0u);
@@ -797,10 +885,10 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
 
   // Rank 1 dies now: rank 0 answers with the same bits, and the push of key
   // 7 it held since the boundary is a duplicate (rank 1's update counted
-  // it); key 8's held round is taken now (no backup left to wait for).
+  // it); key 11's held round is taken now (no backup left to wait for).
   primary_.server().ServerDied(1);
   primary_.server().Handle(Pull(1, 3, 3));
-  int key7_pushes = 0, key8_pushes = 0;
+  int key7_pushes = 0, key11_pushes = 0;
   std::optional<Message> on_backup;
   for (int i = 0; i < 4; ++i) {
     std::optional<Message> r = primary_.NextReply();
@@ -811,11 +899,11 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
       on_backup = std::move(r);
     } else {
       ASSERT_EQ(r->header.command(), wire::KV_PUSH);
-      ++(r->header.slice().key() == kKey ? key7_pushes : key8_pushes);
+      ++(r->header.slice().key() == kKeyOnRank1 ? key7_pushes : key11_pushes);
     }
   }
   EXPECT_EQ(key7_pushes, 1);
-  EXPECT_EQ(key8_pushes, 2);
+  EXPECT_EQ(key11_pushes, 2);
   ASSERT_TRUE(on_backup.has_value());
   EXPECT_EQ(ValuesOf(*on_backup), expected);
   EXPECT_EQ(primary_.server().stats().duplicates(), 1u);
@@ -824,7 +912,7 @@ TEST_F(ReplicationTest, AHandBackMovesTheSliceAtARoundBoundary) {
 // A backup that misses updates its primary no longer keeps (answered: the
 // other replicas held them) is sent the slice whole when it says so.
 // One copy (TESSERA_MAX_SERVERS, TESSERA_REPLICAS=1; server/replication.h):
-// key 7 lives on rank 0 alone, which sends no update anywhere. Rank 0 leaves
+// key 6 lives on rank 0 alone, which sends no update anywhere. Rank 0 leaves
 // (a hand-back marked leave): it sends the slice to rank 1 at once, while
 // its round goes on; it reports only once the round ended, rank 1 holds the
 // slice and the round's update; an init of a new slice meanwhile is not
@@ -920,6 +1008,7 @@ TEST_F(ReplicationTest, OneCopyLeaverMovesItsSliceBeforeItIsMarkedLeft) {
 // answers with a single server's bits.
 TEST_F(ReplicationTest,
        OneCopyJoinerGetsOnlyItsSlicesAndTheOldServerDropsThem) {
+  key_in_use = kKeyOnRank1;
   Box spare(1);
   std::vector<ServerState> states(2);
   states[1].dead = true;  // no server yet
@@ -1066,17 +1155,17 @@ TEST_F(ReplicationTest, ATransferAtAnotherPlaceOrOfANewSliceIsRefused) {
     AddRawFrame(&m, Buffer::CopyOf(bytes.data(), bytes.size()));
     return m;
   };
-  // The backup holds key 7 at place 1; at place 0 its chain would start at
+  // The backup holds key 6 at place 1; at place 0 its chain would start at
   // rank 1, whose acting primary is itself: ignored.
   backup_.server().Handle(transfer(kKey, 0));
-  // Key 8 is not held and the backup is not catching up.
+  // Key 7 is not held and the backup is not catching up.
   backup_.server().Handle(transfer(kKey + 1, 1));
   std::optional<Message> refused = backup_.NextToServer();
   ASSERT_TRUE(refused.has_value());
   EXPECT_TRUE(absl::IsFailedPrecondition(FromWire(refused->header.status())))
       << refused->header.status().message();
   EXPECT_FALSE(backup_.NextToServer(absl::Milliseconds(100)).has_value());
-  // Key 7 is what it was: the backup, promoted, answers a pull with it.
+  // Key 6 is what it was: the backup, promoted, answers a pull with it.
   backup_.server().ServerDied(0);
   backup_.server().Handle(Pull(0, 0, 3));
   std::optional<Message> pulled = backup_.NextReply();
@@ -1087,11 +1176,12 @@ TEST_F(ReplicationTest, ATransferAtAnotherPlaceOrOfANewSliceIsRefused) {
 
 // common/replica_chain.h: members answer in chain order, replacements after
 // the members that held the slice before them, in the order they joined.
-// An elastic job (TESSERA_ELASTIC=2:3) of two servers, key 7 on rank 0
+// An elastic job (TESSERA_ELASTIC=2:3) of two servers, key 6 on rank 0
 // with rank 1 its backup; no resends (each message is carried by the test).
 class ReplicationElasticTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    key_in_use = kKey;
     for (Box* b : {&primary_, &backup_}) {
       b->server().set_elastic(/*nominal=*/2);
       b->server().Handle(SetOptimizer("sgd lr=-1 momentum=0"));
@@ -1140,7 +1230,7 @@ class ReplicationElasticTest : public ::testing::Test {
 };
 
 TEST_F(ReplicationElasticTest, APromotedBackupWaitsForAJoinerAsItsPrimaryDid) {
-  // Worker 2 joins and names round 1 as its entry into key 7, which only
+  // Worker 2 joins and names round 1 as its entry into key 6, which only
   // the primary hears. The update of round 0 carries each rank's place in
   // the rounds; the backup, promoted when the primary dies, waits in round
   // 1 for the joiner's push as the primary would have (without it, round 1

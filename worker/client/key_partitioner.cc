@@ -2,13 +2,12 @@
 
 #include <algorithm>
 
-#include "common/split_mix.h"
+#include "common/key_layout.h"
 
 namespace tessera {
 
 int KeyPartitioner::ServerOf(uint64_t key) const {
-  return static_cast<int>(SplitMix64(key) %
-                          static_cast<uint64_t>(num_servers_));
+  return KeyHome(key, num_servers_);
 }
 
 std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key,
@@ -19,11 +18,10 @@ std::vector<KeyPart> KeyPartitioner::Partition(uint64_t key,
     parts.push_back({ServerOf(key), 0, length});
     return parts;
   }
-  const uint64_t n = static_cast<uint64_t>(num_servers_);
-  for (uint64_t s = 0; s < n; ++s) {
-    const uint64_t begin = length * s / n;
-    const uint64_t end = length * (s + 1) / n;
-    if (end > begin) parts.push_back({static_cast<int>(s), begin, end - begin});
+  for (int s = 0; s < num_servers_; ++s) {
+    const uint64_t begin = SplitPartBegin(length, s, num_servers_);
+    const uint64_t end = SplitPartBegin(length, s + 1, num_servers_);
+    if (end > begin) parts.push_back({s, begin, end - begin});
   }
   return parts;
 }
@@ -37,11 +35,10 @@ std::vector<KeyPart> KeyPartitioner::PartitionRows(uint64_t key,
     parts.push_back({ServerOf(key), 0, num_rows});
     return parts;
   }
-  const uint64_t n = static_cast<uint64_t>(num_servers_);
-  for (uint64_t s = 0; s < n; ++s) {
-    const uint64_t begin = num_rows * s / n;
-    const uint64_t end = num_rows * (s + 1) / n;
-    if (end > begin) parts.push_back({static_cast<int>(s), begin, end - begin});
+  for (int s = 0; s < num_servers_; ++s) {
+    const uint64_t begin = SplitPartBegin(num_rows, s, num_servers_);
+    const uint64_t end = SplitPartBegin(num_rows, s + 1, num_servers_);
+    if (end > begin) parts.push_back({s, begin, end - begin});
   }
   return parts;
 }

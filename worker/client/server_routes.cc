@@ -11,7 +11,8 @@ int ServerRoutes::Route(int server, Message* msg) const {
   if (chain_ <= 1 || !IsServerId(server)) return server;
   // A slice's chain: its primary p, then p+1, ..., p+chain-1. A request
   // goes to the first live member (an init for place j to the first live
-  // one from j on), which learns its place from the init.
+  // one from j on), which learns its place from the init (and takes it only
+  // where the key's layout puts the slice, common/key_layout.h).
   const bool init = msg->header.command() == wire::KV_INIT;
   const int place = init ? static_cast<int>(msg->header.replica()) : 0;
   const SliceChain slice =
