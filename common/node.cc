@@ -145,7 +145,6 @@ absl::Status Node::BindAndConnect() {
                   << ":" << port_ << "; scheduler at " << scheduler_address_;
   absl::MutexLock lock(&mu_);
   last_scheduler_contact_ = absl::Now();
-  heard_until_ = last_scheduler_contact_;
   return absl::OkStatus();
 }
 

@@ -364,12 +364,6 @@ class Node {
   bool report_caught_up_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t report_handback_ ABSL_GUARDED_BY(mu_) = 0;  // epoch; 0: none
   absl::Time last_scheduler_contact_ ABSL_GUARDED_BY(mu_);
-  // When a receive last found nothing left to take: everything the scheduler
-  // sent before then has been heard. Silence is judged up to this time, not
-  // up to now, so that a node whose receiving was held up (a busy or
-  // starved receiver, a backlog of bulk messages) does not take its own
-  // delay for the scheduler's (HeartbeatLoop).
-  absl::Time heard_until_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool deliver_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Message> held_

@@ -148,15 +148,18 @@ void Node::HeartbeatLoop() {
       absl::MutexLock lock(&mu_);
       if (terminated_ || !failure_.ok() || stopping_) return;
       const absl::Time now = absl::Now();
+      // Judged up to when this node last took everything waiting for it
+      // (common/silence.h): its own receiving may be held up.
+      const absl::Time heard_until = transport_->caught_up_at();
       const Silence silent =
-          MeasureSilence(last_scheduler_contact_, heard_until_, now);
+          MeasureSilence(last_scheduler_contact_, heard_until, now);
       if (silent.TooLong(timeout) && part_done_) {
         // This node's work is complete (a worker the scheduler counted as
         // done, a server every worker said goodbye to): a scheduler lost
         // after that does not make a finished job a failure.
         TESSERA_LOG(WARNING)
             << "the scheduler (id 1 at " << scheduler_address_
-            << ") went silent for " << silent.Describe(now, heard_until_)
+            << ") went silent for " << silent.Describe(now, heard_until)
             << " after this node finished its part; leaving without failure";
         terminated_ = true;
         return;
@@ -165,7 +168,7 @@ void Node::HeartbeatLoop() {
         failed = absl::UnavailableError(
             absl::StrCat("the scheduler (id 1 at ", scheduler_address_,
                          ") stopped answering heartbeats for ",
-                         silent.Describe(now, heard_until_)));
+                         silent.Describe(now, heard_until)));
       } else if (now >= next) {
         next = now + interval;
         beat = true;
@@ -173,7 +176,7 @@ void Node::HeartbeatLoop() {
         // Sleep until the next heartbeat is due or the silence could pass
         // the time-out, whichever is first (Stop wakes it): one wake-up per
         // interval, not 20 a second, which adds up with hundreds of
-        // processes on one machine. Silence heard counts up to heard_until_
+        // processes on one machine. Silence heard counts up to heard_until
         // only, so at that deadline it may not have passed: then look again
         // every 100 ms while the receiving catches up.
         absl::Time wake =

@@ -112,11 +112,7 @@ Node::ReceiveResult Node::ReceiveAndDispatch(absl::Duration timeout) {
   }
   absl::StatusOr<Message> msg = transport_->Receive(timeout);
   if (!msg.ok()) {
-    if (absl::IsDeadlineExceeded(msg.status())) {
-      absl::MutexLock lock(&mu_);
-      heard_until_ = absl::Now();
-      return ReceiveResult::kTimedOut;
-    }
+    if (absl::IsDeadlineExceeded(msg.status())) return ReceiveResult::kTimedOut;
     // Cancelled after Close; any other error is the transport's failure.
     return ReceiveResult::kClosed;
   }

@@ -74,12 +74,15 @@ absl::StatusOr<std::string> ReadJobId(const EnvLookup& env) {
       "1 to 64 letters, digits, '.', '_' or '-' (or leave it unset: jobs "
       "that set none share the empty id)";
   std::optional<std::string> raw = env("TESSERA_JOB_ID");
-  if (!raw.has_value()) return std::string();
-  const bool ok = !raw->empty() && raw->size() <= 64 &&
-                  std::all_of(raw->begin(), raw->end(), [](char c) {
-                    return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
-                           c == '.' || c == '_' || c == '-';
-                  });
+  // Set but empty (`export TESSERA_JOB_ID=`) reads as unset, as for every
+  // other variable (ReadString).
+  if (!raw.has_value() || absl::StripAsciiWhitespace(*raw).empty())
+    return std::string();
+  const bool ok =
+      raw->size() <= 64 && std::all_of(raw->begin(), raw->end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' ||
+               c == '_' || c == '-';
+      });
   if (!ok) return BadValue("TESSERA_JOB_ID", *raw, kExpected);
   return *raw;
 }

@@ -84,6 +84,14 @@ class Transport {
   // Number of malformed messages dropped so far.
   virtual uint64_t malformed_count() const = 0;
 
+  // When a receive last found nothing waiting to be read: everything peers
+  // sent before then has been taken. Silence is judged up to this time
+  // (common/silence.h), so that a receiver held up by a backlog does not
+  // take its own delay for its peers' (issue #46). InfiniteFuture where the
+  // transport does not tell (silence is then judged by the clock). Any
+  // thread.
+  virtual absl::Time caught_up_at() const { return absl::InfiniteFuture(); }
+
   // Secured transports: messages dropped because their claimed sender did not
   // match the key of their connection (see sender_check.h), and connections
   // refused because the peer had no key of the job. 0 for the others.

@@ -84,6 +84,9 @@ class ZmqTransport : public Transport {
   ~ZmqTransport() override;
 
   absl::StatusOr<int> Bind(const std::string& ip, int port) override;
+  absl::Time caught_up_at() const override {
+    return absl::FromUnixNanos(caught_up_ns_.load(std::memory_order_relaxed));
+  }
   absl::Status Connect(int peer, const std::string& ip, int port) override;
   void Disconnect(int peer) override;
   void ForgetPeer(int peer) override;
@@ -185,6 +188,8 @@ class ZmqTransport : public Transport {
   // Receiving (zmq_transport_receive.cc).
   // Counts and logs a received message on its way out of the transport.
   Message Deliver(Message msg);
+  // Nothing waits to be read now (caught_up_at()).
+  void NoteCaughtUp();
   // Takes one message (all its frames) off `socket` and files what it yields
   // into ready_: a sealed record goes to the opener, a message of frames is
   // decoded and checked. False when nothing was there (or it failed).
@@ -266,6 +271,12 @@ class ZmqTransport : public Transport {
   std::unique_ptr<LinkWatch> link_watch_;  // set in the constructor
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> malformed_{0};
+  // caught_up_at(), as Unix ns; from construction until the first receive.
+  std::atomic<int64_t> caught_up_ns_{absl::ToUnixNanos(absl::Now())};
+  // A blocking receive that returned a message does not say whether more
+  // wait: after one, when caught_up_ns_ is older than this, the socket is
+  // asked (ZMQ_EVENTS), at most that often.
+  static constexpr int64_t kCaughtUpCheckNs = 20'000'000;
   std::atomic<uint64_t> wrong_sender_{0};
   std::atomic<uint64_t> unsealed_{0};
 

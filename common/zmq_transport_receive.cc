@@ -61,7 +61,18 @@ absl::StatusOr<Message> ZmqTransport::Receive(absl::Duration timeout) {
         zmq_setsockopt(receiver_, ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms));
         receive_timeout_ms_ = wait_ms;
       }
-      ReceiveFrom(receiver_, 0);
+      if (!ReceiveFrom(receiver_, 0)) {
+        NoteCaughtUp();  // it waited and nothing came
+      } else if (absl::ToUnixNanos(absl::Now()) -
+                     caught_up_ns_.load(std::memory_order_relaxed) >
+                 kCaughtUpCheckNs) {
+        int events = 0;
+        size_t size = sizeof(events);
+        if (zmq_getsockopt(receiver_, ZMQ_EVENTS, &events, &size) == 0 &&
+            (events & ZMQ_POLLIN) == 0) {
+          NoteCaughtUp();
+        }
+      }
       continue;
     }
     // Two sockets: take what either has without waiting, and poll both
@@ -70,10 +81,16 @@ absl::StatusOr<Message> ZmqTransport::Receive(absl::Duration timeout) {
         ReceiveFrom(receiver_, ZMQ_DONTWAIT)) {
       continue;
     }
+    NoteCaughtUp();
     zmq_pollitem_t items[2] = {{sealed_receiver_, 0, ZMQ_POLLIN, 0},
                                {receiver_, 0, ZMQ_POLLIN, 0}};
     (void)zmq_poll(items, 2, wait_ms);
   }
+}
+
+void ZmqTransport::NoteCaughtUp() {
+  caught_up_ns_.store(absl::ToUnixNanos(absl::Now()),
+                      std::memory_order_relaxed);
 }
 
 Message ZmqTransport::Deliver(Message msg) {

@@ -84,6 +84,10 @@ void Scheduler::HandleServerLeave(int sender, const wire::Header& h) {
 }
 
 void Scheduler::CheckLiveness(absl::Time now) {
+  // Silence is judged up to when the scheduler last took everything waiting
+  // for it (common/silence.h): a scheduler held up by its own backlog does
+  // not declare the nodes it has not read yet dead.
+  const absl::Time heard_until = transport_->caught_up_at();
   absl::Duration oldest = absl::ZeroDuration();
   for (const auto& [id, seen] : last_seen_) {
     if (done_workers_.count(id) == 0) oldest = std::max(oldest, now - seen);
@@ -91,12 +95,12 @@ void Scheduler::CheckLiveness(absl::Time now) {
   metrics_.oldest_heartbeat_age->Set(absl::ToDoubleSeconds(oldest));
   for (const auto& [id, seen] : last_seen_) {
     if (done_workers_.count(id) != 0) continue;
-    const Silence silent = MeasureSilence(seen, heard_until_, now);
+    const Silence silent = MeasureSilence(seen, heard_until, now);
     if (!silent.TooLong(options_.heartbeat_timeout)) continue;
     DeclareDead(
         id, absl::StrCat(
                 "stopped heart-beating: nothing heard for ",
-                silent.Describe(now, heard_until_), " (PS_HEARTBEAT_TIMEOUT=",
+                silent.Describe(now, heard_until), " (PS_HEARTBEAT_TIMEOUT=",
                 absl::FormatDuration(options_.heartbeat_timeout), ")"));
     return;  // one at a time: the table changed
   }

@@ -129,7 +129,6 @@ absl::Status Scheduler::Run() {
       return absl::CancelledError("scheduler stopped");
     }
     const absl::Time now = absl::Now();
-    if (absl::IsDeadlineExceeded(msg.status())) heard_until_ = now;
     notices_.ResendDue(now);
     if (pending_wanted_.load(std::memory_order_relaxed)) MakePending(now);
     if (ended_) {

@@ -307,10 +307,6 @@ class Scheduler {
   static constexpr int kRetiredKey = -1;
   std::map<std::string, int> sealed_key_holder_;
   std::map<int, absl::Time> last_seen_;  // by id
-  // When a receive last found nothing waiting: silence is judged up to then
-  // (common/silence.h), so a scheduler held up by its own backlog does not
-  // declare the nodes it has not yet read dead.
-  absl::Time heard_until_ = absl::Now();
   std::set<int> done_workers_;
   std::set<int> confirmed_;  // nodes that acknowledged the node table
   absl::Time formed_at_;

@@ -168,5 +168,73 @@ TEST(LivenessTest, ANodeHeldUpPastThreeTimeOutsStillAccusesNamingWhy) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
 }
 
+// Stops sending (as a process that hung or was cut off) once told.
+class SilencedTransport : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  void Silence() { silent_.store(true); }
+  absl::Status Send(int peer, const Message& msg) override {
+    if (silent_.load()) return absl::OkStatus();
+    return inner_->Send(peer, msg);
+  }
+
+ private:
+  std::atomic<bool> silent_{false};
+};
+
+TEST(LivenessTest, ADeadNodeIsDeclaredWithinTheTimeOutWhileOthersKeepTalking) {
+  // Every node heart-beats every 5 ms, so the scheduler is never without a
+  // message for long; it must still judge worker 2's silence by the 2 s
+  // time-out, not by the clock's 3 time-outs (the observer is not held up:
+  // it takes everything as it comes).
+  MemoryNetwork net;
+  Scheduler scheduler(JobOptions(Role::kScheduler, absl::Seconds(2)),
+                      net.NewTransport());
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  std::vector<absl::Status> results(3);
+  absl::Time silenced = absl::InfiniteFuture(), ended = absl::InfinitePast();
+  std::vector<std::thread> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.emplace_back([&, i] {
+      auto transport = std::make_unique<SilencedTransport>(net.NewTransport());
+      SilencedTransport* mine = transport.get();
+      Options o =
+          JobOptions(i == 0 ? Role::kServer : Role::kWorker, absl::Seconds(30));
+      o.heartbeat_interval = absl::Milliseconds(5);  // 600 messages a second
+      absl::StatusOr<std::unique_ptr<Node>> node =
+          Node::Start(o, Node::Callbacks(), std::move(transport));
+      if (!node.ok()) {
+        results[i] = node.status();
+        return;
+      }
+      if (i == 0) {
+        results[i] = (*node)->WaitForTerminate();
+        return;
+      }
+      results[i] = (*node)->Barrier(kGroupWorkers);
+      if (!results[i].ok()) return;
+      if (i == 2) {
+        silenced = absl::Now();
+        mine->Silence();
+        absl::SleepFor(absl::Seconds(5));  // gone, as far as anyone hears
+        return;
+      }
+      results[i] = (*node)->Barrier(kGroupWorkers);  // never completes
+      ended = absl::Now();
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  scheduler_thread.join();
+  EXPECT_THAT(std::string(scheduler_result.message()),
+              HasSubstr("stopped heart-beating: nothing heard for 2."));
+  EXPECT_THAT(std::string(results[1].message()),
+              HasSubstr("stopped heart-beating"));
+  // Declared after the 2 s time-out, well before the clock's 6 s.
+  EXPECT_GT(ended - silenced, absl::Seconds(2));
+  EXPECT_LT(ended - silenced, absl::Milliseconds(4500));
+}
+
 }  // namespace
 }  // namespace tessera

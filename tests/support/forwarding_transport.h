@@ -36,6 +36,7 @@ class ForwardingTransport : public Transport {
   uint64_t malformed_count() const override {
     return inner_->malformed_count();
   }
+  absl::Time caught_up_at() const override { return inner_->caught_up_at(); }
   void Close() override { inner_->Close(); }
 
  protected:

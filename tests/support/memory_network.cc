@@ -92,10 +92,15 @@ class MemoryTransport : public Transport {
         };
         inbox_->mu.AwaitWithDeadline(absl::Condition(&ready), deadline);
         if (closed_.load()) return absl::CancelledError("transport closed");
-        if (inbox_->queue.empty())
+        if (inbox_->queue.empty()) {
+          caught_up_ns_.store(absl::ToUnixNanos(absl::Now()));
           return absl::DeadlineExceededError("no message");
+        }
         parts = std::move(inbox_->queue.front());
         inbox_->queue.pop_front();
+        // Taken the last that waited: caught up.
+        if (inbox_->queue.empty())
+          caught_up_ns_.store(absl::ToUnixNanos(absl::Now()));
       }
       absl::StatusOr<Message> msg = DecodeMessage(std::move(parts));
       if (msg.ok()) return msg;
@@ -106,6 +111,9 @@ class MemoryTransport : public Transport {
   }
 
   uint64_t malformed_count() const override { return malformed_.load(); }
+  absl::Time caught_up_at() const override {
+    return absl::FromUnixNanos(caught_up_ns_.load());
+  }
 
   void Close() override {
     if (closed_.exchange(true)) return;
@@ -124,6 +132,7 @@ class MemoryTransport : public Transport {
   std::map<int, std::string> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> malformed_{0};
+  std::atomic<int64_t> caught_up_ns_{absl::ToUnixNanos(absl::Now())};
 };
 
 }  // namespace

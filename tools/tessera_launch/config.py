@@ -164,8 +164,8 @@ def build_config(args, environ, cluster, root_uri, remote):
         env_all['TESSERA_ELASTIC'] = args.elastic
     if getattr(args, 'max_servers', None) is not None:
         env_all['TESSERA_MAX_SERVERS'] = str(args.max_servers)
-    if (not environ.get('TESSERA_KEY_DIR') and 'TESSERA_JOB_ID' not in environ
-            and 'TESSERA_JOB_ID' not in env_all):
+    if (not environ.get('TESSERA_KEY_DIR') and not environ.get('TESSERA_JOB_ID')
+            and not env_all.get('TESSERA_JOB_ID')):
         # With keys it makes, a fresh job id (bound into every sealed link's
         # key, docs/security.md); joiners get it from the job file. Not with the
         # user's keys (TESSERA_KEY_DIR): a process started by hand with them

@@ -117,8 +117,12 @@ std::optional<std::pair<int, Message>> RequestTracker::SendWholeLocked(
   t.acknowledged = false;
   const absl::Time now = absl::Now();
   t.unanswered = 1;  // the server is there; this send is not yet answered
-  ++t.unacknowledged;
+  // The probe's send already counted toward the unacknowledged budget: this
+  // exchange counts once. And the whole copy is new to the server: if it is
+  // lost, it goes again after the first resend time, not after the probes'
+  // doubled one.
   ++t.resends;
+  t.wait = options_.resend_timeout;
   t.last_sent = now;
   if (options_.resend) t.next_send = now + t.wait;
   ++resends_;
