@@ -51,15 +51,6 @@ constexpr uint64_t kSmall = 3;
 constexpr size_t kSmallLen = 6;
 constexpr int kRounds = 6;  // before the attack, and again after it
 
-int64_t SummaryCount(const std::string& log, const std::string& name) {
-  std::smatch m;
-  const std::regex re(name + " (\\d+)");
-  if (!std::regex_search(log, m, re)) return -1;
-  int64_t n = -1;
-  (void)absl::SimpleAtoi(m[1].str(), &n);
-  return n;
-}
-
 Options RogueOptions(ProcessCluster& c, const std::string& key_file) {
   std::map<std::string, std::string> env = {
       {"DMLC_ROLE", "worker"},

@@ -31,15 +31,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-int64_t SummaryCount(const std::string& log, const std::string& name) {
-  std::smatch m;
-  const std::regex re(name + " (\\d+)");
-  if (!std::regex_search(log, m, re)) return -1;
-  int64_t n = -1;
-  (void)absl::SimpleAtoi(m[1].str(), &n);
-  return n;
-}
-
 // B's options: a worker of the cluster's job with the workers' key file (or
 // `key_file`), plus `extra`.
 Options WorkerOptions(ProcessCluster& c, const std::string& key_file = "",

@@ -41,17 +41,6 @@ std::string Checksum(const std::string& log) {
   return m[1];
 }
 
-// A number from the server's exit summary ("wrong sender 0", ...); -1 when the
-// line is missing.
-int64_t SummaryCount(const std::string& log, const std::string& name) {
-  std::smatch m;
-  const std::regex re(name + " (\\d+)");
-  if (!std::regex_search(log, m, re)) return -1;
-  int64_t n = -1;
-  (void)absl::SimpleAtoi(m[1].str(), &n);
-  return n;
-}
-
 struct Ports {
   int server = 0;
   int worker0 = 0;
@@ -68,9 +57,8 @@ Ports StartSoak(ProcessCluster& c) {
           {{"DMLC_ROLE", "scheduler"}});
   c.Spawn("server 0", {BinaryPath("server/tessera-server")},
           {{"DMLC_ROLE", "server"}, {"PORT", std::to_string(p.server)}});
-  const std::vector<std::string> soak = {Worker(), "soak",
-                                         std::to_string(kRounds),
-                                         std::to_string(kSleepMs)};
+  const std::vector<std::string> soak = {
+      Worker(), "soak", std::to_string(kRounds), std::to_string(kSleepMs)};
   c.Spawn("worker 0", soak,
           {{"DMLC_ROLE", "worker"}, {"PORT", std::to_string(p.worker0)}});
   c.Spawn("worker 1", soak,
@@ -224,8 +212,7 @@ void PlainTcpAttack(int port) {
         Control(wire::ABORT, kSchedulerId, "rogue peer says stop")
             .header.SerializeAsString();
     std::string frame = std::string(1, '\0') +
-                        std::string(1, static_cast<char>(abort.size())) +
-                        abort;
+                        std::string(1, static_cast<char>(abort.size())) + abort;
     // MSG_NOSIGNAL: the server closes the connection when it refuses the
     // greeting, and a write after that must fail with EPIPE, not kill the
     // test with SIGPIPE (it did under ThreadSanitizer's slower timing).
@@ -270,21 +257,20 @@ TEST(SecurityTest, OutsidersWithoutTheJobsKeysDeliverNothing) {
         i < 3 ? NodeAttack(recipients[i]) : SchedulerAttack();
     // (1) A key pair this job does not know (another job's), and the node's
     // real public key (public keys are no secret): the ZAP handler refuses it.
-    SendAll(peers.Connect(port,
-                          [&](void* s) {
-                            UseJobKey(s, *other, Role::kWorker, role);
-                            const std::string& server_key =
-                                mine.of(role).public_key;
-                            zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY,
-                                           server_key.data(),
-                                           server_key.size());
-                          }),
-            attack);
-    // (2) Another job's keys throughout: the node cannot open its hello.
     SendAll(peers.Connect(
                 port,
-                [&](void* s) { UseJobKey(s, *other, Role::kWorker, role); }),
+                [&](void* s) {
+                  UseJobKey(s, *other, Role::kWorker, role);
+                  const std::string& server_key = mine.of(role).public_key;
+                  zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server_key.data(),
+                                 server_key.size());
+                }),
             attack);
+    // (2) Another job's keys throughout: the node cannot open its hello.
+    SendAll(
+        peers.Connect(
+            port, [&](void* s) { UseJobKey(s, *other, Role::kWorker, role); }),
+        attack);
     // (3) No security at all: the NULL mechanism.
     SendAll(peers.Connect(port, [](void*) {}), attack);
     // (4) PLAIN, guessing a worker's password.
@@ -304,10 +290,9 @@ TEST(SecurityTest, OutsidersWithoutTheJobsKeysDeliverNothing) {
   // The CURVE client with the node's real key reaches the ZAP handler, which
   // names the client's key (and refuses it again at every reconnection).
   EXPECT_GE(SummaryCount(server, "refused connections"), 1) << server;
-  EXPECT_THAT(server,
-              HasSubstr("CURVE key " +
-                        KeyPrefix(other->of(Role::kWorker).public_key) +
-                        " is not one of this job's keys"));
+  EXPECT_THAT(server, HasSubstr("CURVE key " +
+                                KeyPrefix(other->of(Role::kWorker).public_key) +
+                                " is not one of this job's keys"));
   for (const Child& child : c.children()) {
     const std::string log = ProcessCluster::Log(child);
     EXPECT_THAT(log, Not(HasSubstr("dropped message"))) << child.name;
@@ -340,7 +325,8 @@ TEST(SecurityTest, ControlFromANonSchedulerKeyIsDroppedNamingTheKey) {
   void* to_worker = peers.Connect(ports.worker0, [&](void* s) {
     UseJobKey(s, keys, Role::kServer, Role::kWorker);
   });
-  SendAll(to_worker, {Control(wire::ABORT, ServerId(0), "rogue peer says stop")});
+  SendAll(to_worker,
+          {Control(wire::ABORT, ServerId(0), "rogue peer says stop")});
   // The workers' key to worker 1, posing as the server (id 8) with a push's
   // answer.
   void* posing = peers.Connect(ports.worker1, [&](void* s) {
@@ -355,8 +341,7 @@ TEST(SecurityTest, ControlFromANonSchedulerKeyIsDroppedNamingTheKey) {
     UseJobKey(s, keys, Role::kWorker, Role::kScheduler);
   });
   Message reg = SchedulerAttack()[2];
-  SendAll(to_scheduler,
-          {Control(wire::WORKER_DONE, kSchedulerId, ""), reg});
+  SendAll(to_scheduler, {Control(wire::WORKER_DONE, kSchedulerId, ""), reg});
 
   ExpectAllExitZero(c, absl::Seconds(120));
   ExpectUndisturbed(c);
@@ -402,21 +387,20 @@ TEST(SecurityTest, AuthOnlyJobMatchesAndRefusesWrongPasswords) {
   Peers peers;
   SendAll(peers.Connect(ports.server,
                         [](void* s) {
-                          zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, "scheduler",
-                                         9);
+                          zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, "scheduler", 9);
                           zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, "guess", 5);
                         }),
           NodeAttack(ServerId(0)));
   SendAll(peers.Connect(ports.server,
                         [&](void* s) {
-                          UseJobKey(s, c.keys(), Role::kWorker,
-                                    Role::kServer);
+                          UseJobKey(s, c.keys(), Role::kWorker, Role::kServer);
                         }),
           NodeAttack(ServerId(0)));
   ExpectAllExitZero(c, absl::Seconds(120));
   ExpectUndisturbed(c);
   const std::string server = ProcessCluster::Log(c.Find("server 0"));
-  EXPECT_THAT(server, HasSubstr("PLAIN user 'scheduler' with a wrong password"));
+  EXPECT_THAT(server,
+              HasSubstr("PLAIN user 'scheduler' with a wrong password"));
   EXPECT_EQ(SummaryCount(server, "wrong sender"), 0) << server;
 }
 
@@ -445,8 +429,7 @@ TEST_P(KeyProblemTest, ExitsTwoNamingTheVariable) {
   if (p.name == "world_readable" || p.name == "group_readable") {
     std::ifstream in(c.KeyFile(role));
     std::ofstream(copy) << in.rdbuf();
-    ASSERT_EQ(chmod(copy.c_str(), p.name == "world_readable" ? 0644 : 0640),
-              0);
+    ASSERT_EQ(chmod(copy.c_str(), p.name == "world_readable" ? 0644 : 0640), 0);
     env["TESSERA_KEY_FILE"] = copy;
   } else if (p.name == "other_role") {
     env["TESSERA_KEY_FILE"] = c.KeyFile(Role::kWorker);
@@ -471,8 +454,8 @@ INSTANTIATE_TEST_SUITE_P(
         KeyProblem{"world_readable", "server/tessera-server", "server",
                    "mode 0644 lets its group or others at the secret key; "
                    "expected 0600 or 0400"},
-        KeyProblem{"group_readable", "scheduler/tessera-scheduler",
-                   "scheduler", "mode 0640 lets its group or others"},
+        KeyProblem{"group_readable", "scheduler/tessera-scheduler", "scheduler",
+                   "mode 0640 lets its group or others"},
         KeyProblem{"world_readable", "worker/tessera-worker", "worker",
                    "mode 0644 lets its group or others at the secret key"},
         KeyProblem{"other_role", "server/tessera-server", "server",
