@@ -138,12 +138,26 @@ LinkKeys::~LinkKeys() {
   sodium_memzero(role_secret_.data(), role_secret_.size());
   for (Key32& shared : node_x_role_)
     sodium_memzero(shared.data(), shared.size());
+  // peers_'s PeerSecrets wipe themselves.
 }
 
 bool LinkKeys::ForPeer(const Key32& peer_key, PeerSecrets* out) const {
-  return node_key_.Agree(peer_key, &out->ee) &&
-         crypto_scalarmult(out->se.data(), role_secret_.data(),
-                           peer_key.data()) == 0;
+  {
+    absl::MutexLock lock(&peers_->mu);
+    auto it = peers_->secrets.find(peer_key);
+    if (it != peers_->secrets.end()) {
+      *out = it->second;
+      return true;
+    }
+  }
+  if (!node_key_.Agree(peer_key, &out->ee) ||
+      crypto_scalarmult(out->se.data(), role_secret_.data(), peer_key.data()) !=
+          0) {
+    return false;
+  }
+  absl::MutexLock lock(&peers_->mu);
+  peers_->secrets.emplace(peer_key, *out);
+  return true;
 }
 
 Key32 LinkKeys::SendingSecret(const PeerSecrets& peer, Role peer_role,

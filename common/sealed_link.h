@@ -67,6 +67,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -159,6 +160,8 @@ class LinkKeys {
                                       const Key32& role_secret,
                                       const std::array<Key32, 3>& role_publics,
                                       std::string job_id = std::string());
+  LinkKeys(LinkKeys&&) = default;
+  LinkKeys& operator=(LinkKeys&&) = default;
   ~LinkKeys();
 
   const NodeKey& node_key() const { return node_key_; }
@@ -167,6 +170,12 @@ class LinkKeys {
   const std::string& job_id() const { return job_id_; }
 
   // The X25519 values for a peer's node key; false for a key of small order.
+  // Computed once per key and kept (a peer's sending and receiving links
+  // share them): a node table names every node of the job, and a worker
+  // links to the servers only, so nothing is computed for a key until a link
+  // needs it (two X25519 for each of 288 table entries, in each of a 289-node
+  // job's processes, were most of the CPU a sealed job spent over an
+  // insecure one).
   bool ForPeer(const Key32& peer_key, PeerSecrets* out) const;
   // The secret of the link this process opens to a peer (of `peer_role`, node
   // key `peer_key`), numbered `link`; and of one a peer opens to it.
@@ -183,6 +192,12 @@ class LinkKeys {
   std::string job_id_;
   Key32 role_secret_{};
   std::array<Key32, 3> node_x_role_{};  // X25519(e_own, S_r), by Role
+  // ForPeer's results, by peer key (wiped with the keys).
+  struct PeerCache {
+    absl::Mutex mu;
+    std::map<Key32, PeerSecrets> secrets ABSL_GUARDED_BY(mu);
+  };
+  std::unique_ptr<PeerCache> peers_ = std::make_unique<PeerCache>();
 };
 
 // The secret of the link from A to B, from the three X25519 values above

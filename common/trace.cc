@@ -1,5 +1,6 @@
 #include "common/trace.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -196,6 +197,12 @@ void SetIdentity(const std::string& role, int rank) {
 }
 
 void SetThreadName(const std::string& name) {
+  // The system's name too (top -H, perf, /proc/PID/task/TID/comm), at most
+  // 15 characters; not the main thread's, which is the process's name
+  // (pgrep, pkill, ps).
+  if (gettid() != getpid()) {
+    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  }
   if (!Enabled()) return;
   ThreadBuffer* b = ThisThread();
   absl::MutexLock lock(&b->mu);
@@ -286,9 +293,10 @@ absl::Status Flush() {
   for (const auto& b : buffers) {
     absl::MutexLock lock(&b->mu);
     if (!b->name.empty()) {
-      absl::StrAppend(&out, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":",
-                      pid, ",\"tid\":", b->tid, ",\"args\":{\"name\":",
-                      JsonString(b->name), "}}");
+      absl::StrAppend(&out,
+                      ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":", pid,
+                      ",\"tid\":", b->tid,
+                      ",\"args\":{\"name\":", JsonString(b->name), "}}");
     }
     for (const Event& e : b->events) {
       absl::StrAppend(&out, ",\n{\"name\":", JsonString(e.name),

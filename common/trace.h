@@ -60,7 +60,8 @@ absl::Status Start(const std::string& path_pattern, const std::string& role);
 // The node's identity, for the file name and the process name in the trace
 // ("worker 1").
 void SetIdentity(const std::string& role, int rank);
-// The calling thread's name in the trace ("update 0", "receiver").
+// The calling thread's name in the trace ("update 0", "receiver") and, cut
+// to 15 characters, the system's (top -H, perf), traced or not.
 void SetThreadName(const std::string& name);
 
 // Writes the file now (again at exit, with what came since). Returns the

@@ -17,7 +17,8 @@
 // connection's number (from 1, in the order accepted) as its User-Id,
 // "KEY#N", which every message received on it carries
 // (zmq_msg_gets(msg, "User-Id")): the number tells one connection's records
-// from another's (the sealed lane's parking quota, sealed_link.h).
+// from another's (the sealed lane's parking quota, sealed_link.h). A sealed
+// lane's connections also carry kLaneProperty.
 // Anything else is refused (status 400) and counted; the first refusals are
 // logged with the peer's address and key.
 //
@@ -40,6 +41,11 @@ class ZapHandler {
  public:
   static constexpr char kMainDomain[] = "tessera";
   static constexpr char kSealedDomain[] = "tessera-sealed";
+  // The metadata property (zmq_msg_gets) the handler gives every message of
+  // a sealed-lane connection, with the value kSealedDomain: the lane is a
+  // second endpoint of the node's one receiving socket, so its messages are
+  // told from the main lane's by this alone.
+  static constexpr char kLaneProperty[] = "X-Tessera-Lane";
 
   // Binds inproc://zeromq.zap.01 in `context` and serves it on a thread of its
   // own. Unavailable when the endpoint cannot be bound (another handler in
@@ -49,18 +55,20 @@ class ZapHandler {
 
   ~ZapHandler();
 
-  // Stops the thread and closes the socket (within 50 ms). Idempotent.
+  // Stops the thread and closes the socket. Idempotent.
   void Stop();
 
   uint64_t refused_count() const { return refused_.load(); }
 
  private:
-  ZapHandler(void* socket, std::shared_ptr<const ConnectionSecurity> security);
+  ZapHandler(void* context, void* socket,
+             std::shared_ptr<const ConnectionSecurity> security);
   void Serve();
   // Answers one request (its frames already received); true to accept.
   bool Decide(const std::vector<std::string>& request, std::string* user_id,
               std::string* why) const;
 
+  void* context_;  // for Stop's wake-up
   void* socket_;
   const std::shared_ptr<const ConnectionSecurity> security_;
   // ExpectedPlainPassword of each role, by Role: computed once, not with an

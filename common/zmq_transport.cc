@@ -80,11 +80,7 @@ absl::StatusOr<int> ZmqTransport::Bind(const std::string& ip, int port) {
     // stops reading its connection and TCP's window closes on the sender.
     zmq_setsockopt(receiver_, ZMQ_RCVHWM, &kReceiveHighWaterMark,
                    sizeof(kReceiveHighWaterMark));
-    if (options_.max_message_bytes > 0) {
-      const int64_t max_bytes =
-          options_.max_message_bytes + (Encrypted() ? kCurveFrameOverhead : 0);
-      zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &max_bytes, sizeof(max_bytes));
-    }
+    LimitMainLane(receiver_);
   }
   const std::string endpoint = TcpEndpoint(ip, port);
   if (zmq_bind(receiver_, endpoint.c_str()) != 0) {
@@ -92,8 +88,7 @@ absl::StatusOr<int> ZmqTransport::Bind(const std::string& ip, int port) {
         absl::StrCat("cannot bind ", endpoint, ": ", ZmqError()));
   }
   const int bound_port = BoundPort(receiver_, port);
-  if (Sealed() && own_role() != Role::kScheduler &&
-      sealed_receiver_ == nullptr) {
+  if (Sealed() && own_role() != Role::kScheduler && !sealed_lane_bound_) {
     TESSERA_RETURN_IF_ERROR(BindSealedLane(ip));
   }
   return bound_port;
@@ -272,10 +267,6 @@ void ZmqTransport::Close() {
     zmq_close(receiver_);
     receiver_ = nullptr;
   }
-  if (sealed_receiver_ != nullptr) {
-    zmq_close(sealed_receiver_);
-    sealed_receiver_ = nullptr;
-  }
   if (zap_ != nullptr) zap_->Stop();
 }
 
@@ -301,6 +292,13 @@ int ZmqTransport::BoundPort(void* socket, int port) {
   TESSERA_VLOG(1) << "listening on " << bound;
   return colon == std::string::npos ? port
                                     : std::atoi(bound.c_str() + colon + 1);
+}
+
+void ZmqTransport::LimitMainLane(void* socket) {
+  if (options_.max_message_bytes <= 0) return;
+  const int64_t max_bytes =
+      options_.max_message_bytes + (Encrypted() ? kCurveFrameOverhead : 0);
+  zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_bytes, sizeof(max_bytes));
 }
 
 void ZmqTransport::SecureReceiver(void* socket) {

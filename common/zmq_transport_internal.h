@@ -16,8 +16,9 @@
 // TESSERA_AUTH_ONLY) whose ZAP handler admits only the job's role keys, and
 // every received message's claimed sender is checked against its connection's
 // key. By default (encrypt) links to and from the scheduler are CURVE, and a
-// worker or server binds a second PULL socket, its sealed lane
-// (PLAIN-authenticated with the role passwords), where its peers' messages
+// worker or server binds its PULL socket a second time, as its sealed lane
+// (PLAIN-authenticated with the role passwords, its connections marked by the
+// ZAP handler's kLaneProperty), where its peers' messages
 // arrive as records sealed with AES-256-GCM under per-link keys
 // (sealed_link.h); nodes seal what they send the scheduler too, inside CURVE,
 // so that every message after the node table is bound to the node key of the
@@ -159,7 +160,7 @@ class ZmqTransport : public Transport {
   struct PeerLink {
     Role role;
     sealed::Key32 key;
-    sealed::PeerSecrets secrets;
+    sealed::PeerSecrets secrets;  // filled by LinkTo
     int sealed_port;
   };
 
@@ -177,6 +178,8 @@ class ZmqTransport : public Transport {
   void ConfigureSocket(void* socket);
   static int BoundPort(void* socket, int port);
   void SecureReceiver(void* socket);
+  // The main lane's bound on a message (TESSERA_MAX_MESSAGE_BYTES).
+  void LimitMainLane(void* socket);
   // A PUSH socket to `peer` authenticates with this node's role key and, with
   // CURVE, authenticates the peer by its role's public key. Closes the socket
   // on error.
@@ -190,11 +193,11 @@ class ZmqTransport : public Transport {
   Message Deliver(Message msg);
   // Nothing waits to be read now (caught_up_at()).
   void NoteCaughtUp();
-  // Takes one message (all its frames) off `socket` and files what it yields
-  // into ready_: a sealed record goes to the opener, a message of frames is
-  // decoded and checked. False when nothing was there (or it failed).
-  bool ReceiveFrom(void* socket, int flags)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
+  // Takes one message (all its frames) off receiver_, waiting at most its
+  // receive time-out, and files what it yields into ready_: a sealed record
+  // goes to the opener, a message of frames is decoded and checked. False
+  // when nothing was there (or it failed).
+  bool ReceiveOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
   // Hands the sealed record in `first` to the opener, which files the
   // messages it completes into ready_.
   void OpenRecord(std::shared_ptr<ReceivedPart> first,
@@ -225,6 +228,8 @@ class ZmqTransport : public Transport {
   // FailedPrecondition (the socket closed) when the peer has no node key.
   absl::StatusOr<std::string> AimAtSealedLane(Sender& sender, int peer,
                                               const std::string& ip);
+  // The link to `peer` with its key agreements (made the first time);
+  // nullopt when the node table gave it no key, or one of small order.
   std::optional<PeerLink> LinkTo(int peer);
   // A new link to `peer`: its own number, so its key is fresh.
   std::unique_ptr<sealed::Sealer> NewSealer(const PeerLink& link);
@@ -256,7 +261,8 @@ class ZmqTransport : public Transport {
   // zap_ lives as long as the transport.
   std::atomic<const ZapHandler*> zap_counts_{nullptr};
   void* receiver_ ABSL_GUARDED_BY(recv_mu_) = nullptr;
-  void* sealed_receiver_ ABSL_GUARDED_BY(recv_mu_) = nullptr;
+  // receiver_ is bound as the sealed lane too (BindSealedLane).
+  bool sealed_lane_bound_ ABSL_GUARDED_BY(recv_mu_) = false;
   int receive_timeout_ms_ ABSL_GUARDED_BY(recv_mu_) = -1;
   // Messages received but not yet returned (a record can complete several).
   std::deque<Message> ready_ ABSL_GUARDED_BY(recv_mu_);

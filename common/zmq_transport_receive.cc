@@ -28,6 +28,13 @@ bool IsSealedRecord(const zmq_msg_t* msg) {
          std::memcmp(zmq_msg_data(const_cast<zmq_msg_t*>(msg)), "TSL1", 4) == 0;
 }
 
+// Whether `msg` came over a connection to the sealed lane (the ZAP handler
+// marks them: ZapHandler::kLaneProperty).
+bool OnSealedLane(zmq_msg_t* msg) {
+  const char* lane = zmq_msg_gets(msg, ZapHandler::kLaneProperty);
+  return lane != nullptr && std::strcmp(lane, ZapHandler::kSealedDomain) == 0;
+}
+
 }  // namespace
 
 absl::StatusOr<Message> ZmqTransport::Receive(absl::Duration timeout) {
@@ -53,38 +60,25 @@ absl::StatusOr<Message> ZmqTransport::Receive(absl::Duration timeout) {
       return absl::DeadlineExceededError("no message");
     const int wait_ms = static_cast<int>(std::min<int64_t>(
         100, std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
-    if (sealed_receiver_ == nullptr) {
-      // A blocking receive with a time-out, rather than zmq_poll and then
-      // a receive, saves a system call and a pass over the socket's
-      // commands per message.
-      if (wait_ms != receive_timeout_ms_) {
-        zmq_setsockopt(receiver_, ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms));
-        receive_timeout_ms_ = wait_ms;
-      }
-      if (!ReceiveFrom(receiver_, 0)) {
-        NoteCaughtUp();  // it waited and nothing came
-      } else if (absl::ToUnixNanos(absl::Now()) -
-                     caught_up_ns_.load(std::memory_order_relaxed) >
-                 kCaughtUpCheckNs) {
-        int events = 0;
-        size_t size = sizeof(events);
-        if (zmq_getsockopt(receiver_, ZMQ_EVENTS, &events, &size) == 0 &&
-            (events & ZMQ_POLLIN) == 0) {
-          NoteCaughtUp();
-        }
-      }
-      continue;
+    // A blocking receive with a time-out, rather than zmq_poll and then a
+    // receive, saves a system call and a pass over the socket's commands per
+    // message. The sealed lane is the same socket (BindSealedLane).
+    if (wait_ms != receive_timeout_ms_) {
+      zmq_setsockopt(receiver_, ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms));
+      receive_timeout_ms_ = wait_ms;
     }
-    // Two sockets: take what either has without waiting, and poll both
-    // only when neither has anything.
-    if (ReceiveFrom(sealed_receiver_, ZMQ_DONTWAIT) ||
-        ReceiveFrom(receiver_, ZMQ_DONTWAIT)) {
-      continue;
+    if (!ReceiveOne()) {
+      NoteCaughtUp();  // it waited and nothing came
+    } else if (absl::ToUnixNanos(absl::Now()) -
+                   caught_up_ns_.load(std::memory_order_relaxed) >
+               kCaughtUpCheckNs) {
+      int events = 0;
+      size_t size = sizeof(events);
+      if (zmq_getsockopt(receiver_, ZMQ_EVENTS, &events, &size) == 0 &&
+          (events & ZMQ_POLLIN) == 0) {
+        NoteCaughtUp();
+      }
     }
-    NoteCaughtUp();
-    zmq_pollitem_t items[2] = {{sealed_receiver_, 0, ZMQ_POLLIN, 0},
-                               {receiver_, 0, ZMQ_POLLIN, 0}};
-    (void)zmq_poll(items, 2, wait_ms);
   }
 }
 
@@ -103,12 +97,13 @@ Message ZmqTransport::Deliver(Message msg) {
   return msg;
 }
 
-bool ZmqTransport::ReceiveFrom(void* socket, int flags) {
+bool ZmqTransport::ReceiveOne() {
+  void* const socket = receiver_;
   // The first frame stays where ZeroMQ put it: a header is parsed from it
   // (and freed after), a record opened in it.
   auto first = std::make_shared<ReceivedPart>();
   zmq_msg_init(&first->msg);
-  if (zmq_msg_recv(&first->msg, socket, flags) < 0) {
+  if (zmq_msg_recv(&first->msg, socket, 0) < 0) {
     const int err = zmq_errno();
     if (err != EAGAIN && err != EINTR) {
       TESSERA_LOG(WARNING) << "zmq_msg_recv: " << ZmqError();
@@ -135,7 +130,7 @@ bool ZmqTransport::ReceiveFrom(void* socket, int flags) {
     OpenRecord(std::move(first), user_id, connection);
     return true;
   }
-  if (socket == sealed_receiver_) {
+  if (OnSealedLane(&first->msg)) {
     // The sealed lane carries records only.
     DrainParts(socket, more);
     const uint64_t n = ++malformed_;

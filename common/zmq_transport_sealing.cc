@@ -64,33 +64,40 @@ void ZmqTransport::SetUpSealing() {
 }
 
 absl::Status ZmqTransport::BindSealedLane(const std::string& ip) {
-  sealed_receiver_ = zmq_socket(context_, ZMQ_PULL);
-  ConfigureSocket(sealed_receiver_);
+  // The sealed lane is a second endpoint of the receiving socket, not a
+  // socket of its own: ZeroMQ gives each bind the options set before it, so
+  // this one authenticates with PLAIN in the sealed domain and takes records
+  // only as big as a record, and one blocking receive waits on both lanes (a
+  // second socket cost a zmq_poll and two empty receives per wait, the most
+  // of what a sealed job's 289 processes spent over an insecure one's). The
+  // ZAP handler marks the lane's connections (kLaneProperty), so that what
+  // they carry is told apart from the main lane's.
   const int on = 1;
-  zmq_setsockopt(sealed_receiver_, ZMQ_PLAIN_SERVER, &on, sizeof(on));
-  zmq_setsockopt(sealed_receiver_, ZMQ_ZAP_DOMAIN, ZapHandler::kSealedDomain,
+  zmq_setsockopt(receiver_, ZMQ_PLAIN_SERVER, &on, sizeof(on));
+  zmq_setsockopt(receiver_, ZMQ_ZAP_DOMAIN, ZapHandler::kSealedDomain,
                  std::strlen(ZapHandler::kSealedDomain));
-  zmq_setsockopt(sealed_receiver_, ZMQ_RCVHWM, &kReceiveHighWaterMark,
-                 sizeof(kReceiveHighWaterMark));
   // A record holds at most a record's plaintext, or a header alone.
   const int64_t max_record = static_cast<int64_t>(
       sealed::kRecordOverhead + 16 + 8 +
       std::max(options_.sealed_record_bytes, options_.limits.max_header_bytes));
-  zmq_setsockopt(sealed_receiver_, ZMQ_MAXMSGSIZE, &max_record,
-                 sizeof(max_record));
+  zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &max_record, sizeof(max_record));
   const std::string endpoint = TcpEndpoint(ip, options_.sealed_port);
-  if (zmq_bind(sealed_receiver_, endpoint.c_str()) != 0) {
-    const std::string err = ZmqError();
-    zmq_close(sealed_receiver_);
-    sealed_receiver_ = nullptr;
+  const bool bound = zmq_bind(receiver_, endpoint.c_str()) == 0;
+  const std::string err = bound ? std::string() : ZmqError();
+  if (bound) sealed_port_.store(BoundPort(receiver_, options_.sealed_port));
+  // Later binds of the main lane take its own options again.
+  SecureReceiver(receiver_);
+  LimitMainLane(receiver_);
+  if (!bound) {
     return absl::UnavailableError(absl::StrCat(
         "cannot bind the sealed lane at ", endpoint, ": ", err,
         options_.sealed_port != 0 ? " (TESSERA_SEALED_PORT)" : ""));
   }
-  sealed_port_.store(BoundPort(sealed_receiver_, options_.sealed_port));
+  sealed_lane_bound_ = true;
   TESSERA_VLOG(1) << "sealed lane on port " << sealed_port_.load();
   return absl::OkStatus();
 }
+
 absl::StatusOr<std::string> ZmqTransport::AimAtSealedLane(
     Sender& sender, int peer, const std::string& ip) {
   std::optional<PeerLink> link = LinkTo(peer);
@@ -112,10 +119,21 @@ absl::StatusOr<std::string> ZmqTransport::AimAtSealedLane(
 }
 
 std::optional<ZmqTransport::PeerLink> ZmqTransport::LinkTo(int peer) {
-  absl::MutexLock lock(&senders_mu_);
-  auto it = links_.find(peer);
-  if (it == links_.end()) return std::nullopt;
-  return it->second;
+  std::optional<PeerLink> link;
+  {
+    absl::MutexLock lock(&senders_mu_);
+    auto it = links_.find(peer);
+    if (it == links_.end()) return std::nullopt;
+    link = it->second;
+  }
+  // The key agreements, the first time a link to this key is made.
+  if (!link_keys_->ForPeer(link->key, &link->secrets)) {
+    TESSERA_LOG(WARNING) << "node " << peer
+                         << " has a node key of small order in the node "
+                            "table; nothing is sealed to it";
+    return std::nullopt;
+  }
+  return link;
 }
 
 std::unique_ptr<sealed::Sealer> ZmqTransport::NewSealer(const PeerLink& link) {
@@ -143,18 +161,15 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
   }
   sealed::Key32 key;
   std::memcpy(key.data(), identity.node_key.data(), key.size());
-  sealed::PeerSecrets secrets;
-  if (!link_keys_->ForPeer(key, &secrets)) {
-    refuse(absl::StrCat("node ", peer,
-                        " has a node key of small order in the node table"));
-    return;
-  }
+  // No key agreement yet: LinkTo and the opener make it when a link needs it
+  // (a worker links to none of the table's other workers). A key of small
+  // order is refused then; the scheduler refuses one at registration.
   if (key == link_keys_->public_key()) {
     refuse(absl::StrCat("node ", peer,
                         " has this node's own node key in the node table"));
     return;
   }
-  if (absl::Status set = opener_->SetPeer(peer, identity.role, key, &secrets);
+  if (absl::Status set = opener_->SetPeer(peer, identity.role, key);
       !set.ok()) {
     refuse(std::string(set.message()));
     return;
@@ -162,7 +177,7 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
   std::shared_ptr<Sender> scheduler_link;
   {
     absl::MutexLock lock(&senders_mu_);
-    links_[peer] = PeerLink{identity.role, key, secrets, identity.sealed_port};
+    links_[peer] = PeerLink{identity.role, key, {}, identity.sealed_port};
     if (peer == kSchedulerId) {
       auto it = senders_.find(kSchedulerId);
       if (it != senders_.end()) scheduler_link = it->second;
@@ -170,10 +185,10 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
   }
   if (scheduler_link != nullptr) {
     // From now on what goes to the scheduler is sealed.
+    std::optional<PeerLink> link = LinkTo(kSchedulerId);
     absl::MutexLock lock(&scheduler_link->mu);
-    if (scheduler_link->sealer == nullptr) {
-      scheduler_link->sealer = NewSealer(
-          PeerLink{identity.role, key, secrets, identity.sealed_port});
+    if (scheduler_link->sealer == nullptr && link.has_value()) {
+      scheduler_link->sealer = NewSealer(*link);
     }
   }
 }

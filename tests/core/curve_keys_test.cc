@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -785,6 +786,48 @@ TEST_F(SecureTransportTest, AForgottenPeersRecordsNoLongerOpen) {
   server->ForgetPeer(WorkerId(0));
   EXPECT_FALSE(Delivered(*worker, *server, *port, ServerId(0), WorkerId(0),
                          absl::Milliseconds(800)));
+}
+
+// The sealed lane is a second endpoint of the node's receiving socket: what
+// arrives over it must still be records. A message of frames sent there with
+// the lane's PLAIN credentials (a worker's, which any worker can compute) is
+// dropped as malformed, not taken as if it came over CURVE from the worker
+// key; the same message over the main lane's CURVE is delivered.
+TEST_F(SecureTransportTest, TheSealedLaneTakesSealedRecordsOnly) {
+  std::unique_ptr<Transport> server = Make(job_, Role::kServer);
+  absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  ASSERT_GT(server->sealed_port(), 0);
+  ASSERT_NE(server->sealed_port(), *port);
+  const JobKeys worker =
+      *ParseKeyFile(FormatKeyFile(job_, Role::kWorker), "test");
+  wire::Header header;
+  header.set_command(wire::KV_PUSH);
+  header.set_plane(wire::DATA);
+  header.set_sender(WorkerId(0));
+  header.set_request_id(5);
+  const std::string bytes = header.SerializeAsString();
+  void* context = zmq_ctx_new();
+  void* push = zmq_socket(context, ZMQ_PUSH);
+  const int linger = 0;
+  zmq_setsockopt(push, ZMQ_LINGER, &linger, sizeof(linger));
+  const std::string user = RoleName(Role::kWorker);
+  const SecretString password = PlainPassword(worker, Role::kServer);
+  zmq_setsockopt(push, ZMQ_PLAIN_USERNAME, user.data(), user.size());
+  zmq_setsockopt(push, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
+  const std::string lane =
+      absl::StrCat("tcp://127.0.0.1:", server->sealed_port());
+  ASSERT_EQ(zmq_connect(push, lane.c_str()), 0);
+  ASSERT_EQ(zmq_send(push, bytes.data(), bytes.size(), 0),
+            static_cast<int>(bytes.size()));
+  absl::StatusOr<Message> got = server->Receive(absl::Milliseconds(800));
+  EXPECT_FALSE(got.ok()) << got->header.ShortDebugString();
+  EXPECT_EQ(server->malformed_count(), 1u);
+  // Admitted (the credentials are the lane's), then dropped.
+  EXPECT_EQ(server->refused_connection_count(), 0u);
+  EXPECT_EQ(server->wrong_sender_count(), 0u);
+  zmq_close(push);
+  zmq_ctx_term(context);
 }
 
 TEST_F(SecureTransportTest, AFrameOfExactlyTheLimitStillPassesSealed) {
