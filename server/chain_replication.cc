@@ -103,6 +103,20 @@ void KVServer::RefuseMisplacedInit(const Message& msg,
   Reply(msg, why);
 }
 
+void KVServer::DropMisplaced(const wire::Header& h, const char* what,
+                             const SliceChain& chain, int primary) {
+  const uint64_t n = ++misplaced_server_messages_;
+  if (!LogOccurrence(n)) return;
+  TESSERA_LOG(WARNING) << "dropped " << what << " " << h.replica_seq()
+                       << " of key " << h.slice().key() << " offset "
+                       << h.slice().offset() << " from server "
+                       << RankOfId(h.sender()) << " (node id " << h.sender()
+                       << "): the slice's chain is [" << chain.Members()
+                       << "] and its primary here is server " << primary
+                       << ", the only one that sends its " << what
+                       << "s (misplaced server message #" << n << ")";
+}
+
 bool KVServer::CountsFor(const StoredKey& key) const {
   const Shard& shard = *ShardOf(key.key);
   if (replicas_ <= 1) return shard.store.IsFirstSlice(key);
@@ -270,9 +284,7 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
   const int from = RankOfId(h.sender());
   const int primary = ChainOf(*key).Primary(shard->states);
   if (from != primary || primary == rank_) {
-    TESSERA_VLOG(1) << "ignored update of key " << h.slice().key()
-                    << " from server " << from << " (primary " << primary
-                    << ")";
+    DropMisplaced(h, "update", ChainOf(*key), primary);
     return;
   }
   auto answer = [&](const absl::Status& status) {

@@ -264,6 +264,14 @@ class KVServer : private EngineContext {
   // (misplaced_inits_) and logs it, naming the sender, while LogOccurrence
   // says so.
   void RefuseMisplacedInit(const Message& msg, const absl::Status& why);
+  // Drops a replica update or a transfer (`what`) from a server whose place
+  // in the slice's chain, as this server sees it, may not send it (only the
+  // acting primary does): a late one from a server declared dead or replaced
+  // in its place, or a rogue (issue #46). Counts it
+  // (misplaced_server_messages_) and logs it, naming the sender, while
+  // LogOccurrence says so.
+  void DropMisplaced(const wire::Header& h, const char* what,
+                     const SliceChain& chain, int primary);
   // Whether this server answers for `key` now (the first live
   // member of its chain; always for an unreplicated slice).
   bool Active(const Shard& shard, const StoredKey& key) const;
@@ -424,7 +432,8 @@ class KVServer : private EngineContext {
   std::atomic<uint64_t> replica_updates_{0};
   std::atomic<uint64_t> promoted_{0};
   std::atomic<uint64_t> replica_resends_{0};
-  std::atomic<uint64_t> misplaced_inits_{0};  // RefuseMisplacedInit
+  std::atomic<uint64_t> misplaced_inits_{0};            // RefuseMisplacedInit
+  std::atomic<uint64_t> misplaced_server_messages_{0};  // DropMisplaced
   std::atomic<uint64_t> slices_handed_back_{0};
   std::atomic<uint64_t> moved_away_{0};
   uint64_t handback_seen_ = 0;  // the last epoch taken; Handle's thread only

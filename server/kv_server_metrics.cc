@@ -90,6 +90,11 @@ void KVServer::RegisterCounters() {
           "KV_INITs refused because the place in the slice's chain they "
           "named cannot be this server's (KV_STATS misplaced_inits).",
           &misplaced_inits_);
+  counter("tessera_server_misplaced_server_messages_total",
+          "Replica updates and transfers dropped because their sender's "
+          "place in the slice's chain may not send them (KV_STATS "
+          "misplaced_server_messages).",
+          &misplaced_server_messages_);
   counter("tessera_server_replica_resends_total",
           "Updates sent again to a backup that had not answered them.",
           &replica_resends_);
@@ -201,6 +206,7 @@ wire::KVStats KVServer::stats() const {
   s.set_promoted_slices(promoted_.load());
   s.set_moved_away_slices(moved_away_.load());
   s.set_misplaced_inits(misplaced_inits_.load());
+  s.set_misplaced_server_messages(misplaced_server_messages_.load());
   absl::MutexLock lock(&key_counts_mu_);
   for (const auto& [key, n] : key_pushes_)
     (*s.mutable_key_pushes_applied())[key] = n;

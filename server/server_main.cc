@@ -187,7 +187,8 @@ void LogSummary(const tessera::KVServer& server, const tessera::Node& node) {
                     << stats.refused() << ", replica updates "
                     << stats.replica_updates() << ", promoted slices "
                     << stats.promoted_slices() << ", misplaced inits "
-                    << stats.misplaced_inits() << ", malformed "
+                    << stats.misplaced_inits() << ", misplaced server messages "
+                    << stats.misplaced_server_messages() << ", malformed "
                     << stats.malformed_messages() + node.malformed_count()
                     << ", wrong sender " << node.wrong_sender_count()
                     << ", refused connections "

@@ -176,12 +176,11 @@ void KVServer::TakeTransfer(Shard* shard, Message&& msg) {
   }
   const wire::CheckpointKey& k = saved.keys(0);
   // Only from the slice's acting primary as this server sees the chain.
-  const int primary = SliceChain::Around(rank_, static_cast<int>(k.replica()),
-                                         num_servers_, replicas_)
-                          .Primary(shard->states);
+  const SliceChain chain = SliceChain::Around(
+      rank_, static_cast<int>(k.replica()), num_servers_, replicas_);
+  const int primary = chain.Primary(shard->states);
   if (from != primary) {
-    TESSERA_VLOG(1) << "ignored transfer of key " << k.key() << " from server "
-                    << from << " (primary " << primary << ")";
+    DropMisplaced(h, "transfer", chain, primary);
     return;
   }
   StoredKey* key = shard->store.Find(k.key(), k.offset());

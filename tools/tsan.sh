@@ -188,6 +188,7 @@ tsan_programs=(
   metrics_registry_test trace_recorder_test round_watch_test model_batch_loader_test
   # real daemons and workers
   cluster_test fault_test security_test sealed_cluster_test rogue_node_test
+  rogue_server_test
 )
 # ...the tests that run other programs (Python, with real daemons and workers)...
 # sim_test is not among them: 200 nodes in one process under TSan on 2 cores starve

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/transport.h"
 
@@ -37,6 +38,31 @@ class ForwardingTransport : public Transport {
     return inner_->malformed_count();
   }
   absl::Time caught_up_at() const override { return inner_->caught_up_at(); }
+  // A sealed transport's keys, identities and counts: a wrapped one still
+  // seals (the rogue-node harness wraps a real node's).
+  void ForgetPeer(int peer) override { inner_->ForgetPeer(peer); }
+  uint64_t wrong_sender_count() const override {
+    return inner_->wrong_sender_count();
+  }
+  uint64_t refused_connection_count() const override {
+    return inner_->refused_connection_count();
+  }
+  uint64_t unsent_dropped_count() const override {
+    return inner_->unsent_dropped_count();
+  }
+  std::string node_key() const override { return inner_->node_key(); }
+  bool nodes_have_own_keys() const override {
+    return inner_->nodes_have_own_keys();
+  }
+  int sealed_port() const override { return inner_->sealed_port(); }
+  void SetPeerIdentity(int peer, const PeerIdentity& identity) override {
+    inner_->SetPeerIdentity(peer, identity);
+  }
+  SealedDrops sealed_drops() const override { return inner_->sealed_drops(); }
+  std::vector<LostLink> TakeLostLinks() override {
+    return inner_->TakeLostLinks();
+  }
+  void DiscardUnsent() override { inner_->DiscardUnsent(); }
   void Close() override { inner_->Close(); }
 
  protected:
