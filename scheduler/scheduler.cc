@@ -122,7 +122,7 @@ absl::Status Scheduler::Run() {
   const absl::Time start = absl::Now();
   last_formation_report_ = start;
   while (true) {
-    absl::StatusOr<Message> msg = transport_->Receive(absl::Milliseconds(50));
+    absl::StatusOr<Message> msg = NextMessage();
     if (msg.ok()) {
       Handle(*std::move(msg));
     } else if (absl::IsCancelled(msg.status())) {
@@ -132,8 +132,13 @@ absl::Status Scheduler::Run() {
     notices_.ResendDue(now);
     if (pending_wanted_.load(std::memory_order_relaxed)) MakePending(now);
     if (ended_) {
-      if (!Ending(now)) return Finished(start, now);
-      continue;
+      if (Ending(now)) continue;
+      // Registrations set aside are still answered (turned away).
+      while (!waiting_registrations_.empty()) {
+        Handle(std::move(waiting_registrations_.front().second));
+        waiting_registrations_.pop_front();
+      }
+      return Finished(start, now);
     }
     if (!formed_) {
       WatchFormation(start, now);
@@ -158,6 +163,28 @@ absl::Status Scheduler::Run() {
       if (!ended_) CheckLostLinks(now);
     }
   }
+}
+
+absl::StatusOr<Message> Scheduler::NextMessage() {
+  while (true) {
+    const bool waiting = !waiting_registrations_.empty();
+    if (waiting &&
+        absl::Now() - waiting_registrations_.front().first >= kRegistrationWait)
+      break;
+    // With registrations set aside, a receive only looks (a zero time-out
+    // would not even look: Transport::Receive returns at its deadline).
+    absl::StatusOr<Message> msg = transport_->Receive(
+        waiting ? absl::Milliseconds(1) : absl::Milliseconds(50));
+    if (!msg.ok()) {
+      if (waiting && !absl::IsCancelled(msg.status())) break;
+      return msg;
+    }
+    if (msg->header.command() != wire::REGISTER) return msg;
+    waiting_registrations_.emplace_back(absl::Now(), *std::move(msg));
+  }
+  Message next = std::move(waiting_registrations_.front().second);
+  waiting_registrations_.pop_front();
+  return next;
 }
 
 absl::Status Scheduler::Finished(absl::Time start, absl::Time now) {

@@ -323,6 +323,16 @@ class Scheduler {
   absl::Status result_;      // what Run returns once ended
   std::string end_reason_;   // told to nodes that register after the end
   absl::Time end_deadline_;  // stop waiting for acknowledgements
+  // Registrations taken off the transport while other messages waited
+  // behind them, with when each was taken: they are handled once nothing
+  // else waits, or after kRegistrationWait (a registration costs a key
+  // check and a link; a heartbeat's answer should not wait for hundreds).
+  std::deque<std::pair<absl::Time, Message>> waiting_registrations_;
+  static constexpr absl::Duration kRegistrationWait = absl::Milliseconds(20);
+  // The next message to handle: one received (a registration set aside
+  // while it is not the only thing waiting), or a set-aside registration;
+  // a Receive's error when neither.
+  absl::StatusOr<Message> NextMessage();
   uint64_t received_ = 0;    // control messages handled, for the summary
   uint64_t heartbeats_ = 0;  // of which heartbeats
   uint64_t malformed_ = 0;   // messages dropped as not for the control plane

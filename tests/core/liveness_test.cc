@@ -2,13 +2,17 @@
 // scheduler whose own receiving is held up does not declare its peers dead for
 // the messages it has not read yet, and one held up past three time-outs still
 // does, naming why.
+#include <algorithm>
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/node.h"
 #include "common/silence.h"
 #include "gmock/gmock.h"
@@ -234,6 +238,142 @@ TEST(LivenessTest, ADeadNodeIsDeclaredWithinTheTimeOutWhileOthersKeepTalking) {
   // Declared after the 2 s time-out, well before the clock's 6 s.
   EXPECT_GT(ended - silenced, absl::Seconds(2));
   EXPECT_LT(ended - silenced, absl::Milliseconds(4500));
+}
+
+// The scheduler's transport, with messages the test puts ahead of what
+// arrives, and a record of what the scheduler does: each link it makes
+// ("connect") and each answer it sends.
+class ScriptedTransport : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  void Inject(std::vector<Message> messages) {
+    absl::MutexLock lock(&mu_);
+    for (Message& m : messages) injected_.push_back(std::move(m));
+  }
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!injected_.empty()) {
+        Message m = std::move(injected_.front());
+        injected_.pop_front();
+        return m;
+      }
+    }
+    return inner_->Receive(timeout);
+  }
+  absl::Status Connect(int peer, const std::string& ip, int port) override {
+    Note("connect");
+    return inner_->Connect(peer, ip, port);
+  }
+  absl::Status Send(int peer, const Message& msg) override {
+    if (msg.header.command() == wire::HEARTBEAT && msg.header.is_response())
+      Note(absl::StrCat("heartbeat answer ", msg.header.request_id()));
+    return inner_->Send(peer, msg);
+  }
+  std::vector<std::string> done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+ private:
+  void Note(std::string what) {
+    absl::MutexLock lock(&mu_);
+    done_.push_back(std::move(what));
+  }
+  mutable absl::Mutex mu_;
+  std::deque<Message> injected_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> done_ ABSL_GUARDED_BY(mu_);
+};
+
+// Issue #46: the scheduler's answers must not queue behind registrations. 30
+// registrations (of workers the formed job has no place for: each is turned
+// away over a link of its own) arrive just ahead of a worker's heartbeat; the
+// heartbeat is answered before most of them are handled (before, after all
+// 30). A registration is set aside at most 20 ms, so a machine that stalls
+// the scheduler may handle a few first.
+TEST(LivenessTest, HeartbeatAnswersDoNotWaitBehindRegistrations) {
+  MemoryNetwork net;
+  auto transport = std::make_unique<ScriptedTransport>(net.NewTransport());
+  ScriptedTransport* scripted = transport.get();
+  Scheduler scheduler(JobOptions(Role::kScheduler, absl::Seconds(10)),
+                      std::move(transport));
+  ASSERT_TRUE(scheduler.Bind().ok());
+  absl::Status scheduler_result;
+  std::thread scheduler_thread([&] { scheduler_result = scheduler.Run(); });
+  constexpr int kRegistrations = 30;
+  constexpr uint64_t kHeartbeatId = 777777;
+  std::vector<absl::Status> results(3);
+  size_t answered_at = 0, connects_before = 0;
+  std::vector<std::thread> nodes;
+  for (int i = 0; i < 3; ++i) {
+    nodes.emplace_back([&, i] {
+      absl::StatusOr<std::unique_ptr<Node>> node = Node::Start(
+          JobOptions(i == 0 ? Role::kServer : Role::kWorker, absl::Seconds(10)),
+          Node::Callbacks(), net.NewTransport());
+      if (!node.ok()) {
+        results[i] = node.status();
+        return;
+      }
+      if (i == 0) {
+        results[i] = (*node)->WaitForTerminate();
+        return;
+      }
+      results[i] = (*node)->Barrier(kGroupWorkers);
+      if (results[i].ok() && i == 1) {
+        const size_t before = scripted->done().size();
+        std::vector<Message> burst;
+        for (int r = 0; r < kRegistrations; ++r) {
+          Message m;
+          m.header.set_command(wire::REGISTER);
+          m.header.set_plane(wire::CONTROL);
+          wire::Register* reg = m.header.mutable_register_();
+          reg->mutable_node()->set_role(wire::WORKER);
+          reg->mutable_node()->set_host("127.0.0.1");
+          reg->mutable_node()->set_port(41000 + r);
+          reg->set_nonce(r + 1);
+          burst.push_back(std::move(m));
+        }
+        Message heartbeat;
+        heartbeat.header.set_command(wire::HEARTBEAT);
+        heartbeat.header.set_plane(wire::CONTROL);
+        heartbeat.header.set_sender((*node)->id());
+        heartbeat.header.set_request_id(kHeartbeatId);
+        burst.push_back(std::move(heartbeat));
+        scripted->Inject(std::move(burst));
+        const std::string answer =
+            absl::StrCat("heartbeat answer ", kHeartbeatId);
+        const absl::Time deadline = absl::Now() + absl::Seconds(10);
+        while (absl::Now() < deadline) {
+          std::vector<std::string> done = scripted->done();
+          auto it = std::find(done.begin() + before, done.end(), answer);
+          if (it != done.end()) {
+            answered_at = it - done.begin();
+            connects_before = std::count(done.begin() + before, it, "connect");
+            break;
+          }
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+        // Then every registration is handled: each turned away over a link.
+        while (absl::Now() < deadline) {
+          std::vector<std::string> done = scripted->done();
+          if (std::count(done.begin() + before, done.end(), "connect") >=
+              kRegistrations)
+            break;
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+      }
+      if (results[i].ok()) results[i] = (*node)->Barrier(kGroupWorkers);
+      if (results[i].ok()) results[i] = (*node)->Finish();
+    });
+  }
+  for (std::thread& t : nodes) t.join();
+  scheduler_thread.join();
+  EXPECT_TRUE(scheduler_result.ok()) << scheduler_result;
+  for (const absl::Status& r : results) EXPECT_TRUE(r.ok()) << r;
+  ASSERT_GT(answered_at, 0u) << "the heartbeat was never answered";
+  EXPECT_LT(connects_before, kRegistrations / 2);
+  const std::vector<std::string> done = scripted->done();
+  EXPECT_GE(std::count(done.begin(), done.end(), "connect"), kRegistrations);
 }
 
 }  // namespace
