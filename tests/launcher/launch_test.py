@@ -10,6 +10,7 @@ to end, teardown included.
     TESSERA_SOURCE_DIR=/path/to/tessera python3 -m unittest launch_test
 """
 
+import contextlib
 import glob
 import io
 import json
@@ -534,8 +535,18 @@ class EnvTest(unittest.TestCase):
         # those keys may join the job).
         env['TESSERA_KEY_DIR'] = '/keys'
         del env['TESSERA_JOB_ID']
-        users = build_config(args, env, 'local', '127.0.0.1', remote=False)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            users = build_config(args, env, 'local', '127.0.0.1', remote=False)
         self.assertNotIn('TESSERA_JOB_ID', node_env(users, 'worker', task_id=1))
+        # ... and a warning saying so, naming the folder; none with an id.
+        self.assertIn('launch.py: warning: TESSERA_KEY_DIR is set and TESSERA_JOB_ID '
+                      'is not: another job started with the keys of /keys', err.getvalue())
+        env['TESSERA_JOB_ID'] = 'mine'
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            build_config(args, env, 'local', '127.0.0.1', remote=False)
+        self.assertEqual(err.getvalue(), '')
 
     def test_restarts_give_each_server_and_worker_a_fixed_port(self):
         args = parse_args(['-n', '2', '-s', '3', '--restarts', '1', '/bin/true'])

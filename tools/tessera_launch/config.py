@@ -9,6 +9,7 @@ Errors: UsageError from build_config (a busy --port, a bad --env).
 """
 
 import secrets
+import sys
 
 from .hosts import pick_node_ports, pick_port
 from .options import MPI_SPEC_VAR, parse_env_specs
@@ -172,6 +173,7 @@ def build_config(args, environ, cluster, root_uri, remote):
         # joins an elastic job, so the id is the user's to set, as for a job
         # started by hand.
         env_all['TESSERA_JOB_ID'] = fresh_job_id()
+    warn_unbound_key_dir(environ, env_all)
     return JobConfig(
         cluster=cluster, root_uri=root_uri, port=port, node_ports=node_ports,
         metrics_port=args.metrics_port, spare_servers=args.spare_servers,
@@ -180,6 +182,25 @@ def build_config(args, environ, cluster, root_uri, remote):
         env_all=env_all,
         env_server=parse_env_specs(args.env_server, '--env-server', environ),
         env_worker=parse_env_specs(args.env_worker, '--env-worker', environ))
+
+
+def warn_unbound_key_dir(environ, env_all):
+    """Warns when the user's keys (TESSERA_KEY_DIR) go without a TESSERA_JOB_ID.
+
+    Two jobs started with one key folder and no job id are not told apart: a
+    process of one opens links of the other (docs/security.md, "job id").
+    """
+    if not environ.get('TESSERA_KEY_DIR') or environ.get('TESSERA_INSECURE') == '1':
+        return
+    if environ.get('TESSERA_JOB_ID') or env_all.get('TESSERA_JOB_ID'):
+        return
+    sys.stderr.write(
+        'launch.py: warning: TESSERA_KEY_DIR is set and TESSERA_JOB_ID is not: '
+        'another job started with the keys of %s is not told apart from this '
+        'one (a process of either could reach the other); set TESSERA_JOB_ID '
+        'to a value of this job alone (docs/security.md)\n'
+        % environ['TESSERA_KEY_DIR'])
+    sys.stderr.flush()
 
 
 def fresh_job_id():
