@@ -50,6 +50,14 @@
 // changes no state. The message's claimed sender must be the node the key
 // belongs to.
 //
+// Who may connect to a sealed lane at all is the admission's business
+// (sealed_admission.h): a PLAIN password of the pair of processes, derived
+// from the same X25519 values as the link keys; the connection is then bound
+// to the connecting process's node key (Record::connection_key), and a
+// record of another key on it is dropped. A connection whose records keep
+// failing to open (each may cost a key set-up) is throttled: its records are
+// dropped unread for a growing back-off (Options::max_failed_opens).
+//
 //   NodeKey key = NodeKey::Generate();
 //   Sealer sealer(Role::kWorker, key.public_key(), /*link=*/1, secret);
 //   sealer.Seal(header_bytes, frames, sink);           // sink: one call per record
@@ -440,6 +448,10 @@ class SealedReceiver {
   void AcceptLocked(Record record, std::vector<Message>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(std::vector<Message>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A record of a node key not (yet) in the directory: parked, or dropped
+  // past the queue's bounds.
+  void Park(Record record, const Prefix& prefix)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A record whose sender's key the directory has; true when it opened.
   bool Open(Record& record, const Prefix& prefix, Peer& peer,

@@ -210,34 +210,37 @@ void SealedReceiver::AcceptLocked(Record record, std::vector<Message>* ready) {
     return;
   }
   if (it == peers_.end()) {
-    if (parked_.size() >= options_.max_parked ||
-        parked_bytes_ + record.size > options_.max_parked_bytes) {
-      Drop(&DropCounts::unknown_key,
-           absl::StrCat("a record from node key ", KeyText(prefix.node_key),
-                        ", which is no node of this job's table (",
-                        parked_.size(), " records already wait)"));
-      return;
-    }
-    if (record.connection != 0) {
-      ParkedOf& of = parked_of_[record.connection];
-      if (of.records >= options_.max_parked_per_connection ||
-          of.bytes + record.size > options_.max_parked_bytes_per_connection) {
-        Drop(
-            &DropCounts::unknown_key,
-            absl::StrCat("a record from node key ", KeyText(prefix.node_key),
-                         ", which is no node of this job's table (", of.records,
-                         " records of its connection already "
-                         "wait)"));
-        return;
-      }
-      ++of.records;
-      of.bytes += record.size;
-    }
-    parked_bytes_ += record.size;
-    parked_.push_back({std::move(record), absl::Now()});
+    Park(std::move(record), prefix);
     return;
   }
   OpenCounted(record, prefix, *it->second, ready);
+}
+
+void SealedReceiver::Park(Record record, const Prefix& prefix) {
+  if (parked_.size() >= options_.max_parked ||
+      parked_bytes_ + record.size > options_.max_parked_bytes) {
+    Drop(&DropCounts::unknown_key,
+         absl::StrCat("a record from node key ", KeyText(prefix.node_key),
+                      ", which is no node of this job's table (",
+                      parked_.size(), " records already wait)"));
+    return;
+  }
+  if (record.connection != 0) {
+    ParkedOf& of = parked_of_[record.connection];
+    if (of.records >= options_.max_parked_per_connection ||
+        of.bytes + record.size > options_.max_parked_bytes_per_connection) {
+      Drop(&DropCounts::unknown_key,
+           absl::StrCat("a record from node key ", KeyText(prefix.node_key),
+                        ", which is no node of this job's table (", of.records,
+                        " records of its connection already "
+                        "wait)"));
+      return;
+    }
+    ++of.records;
+    of.bytes += record.size;
+  }
+  parked_bytes_ += record.size;
+  parked_.push_back({std::move(record), absl::Now()});
 }
 
 std::optional<SealedReceiver::StrikeKey> SealedReceiver::StrikeKeyOf(

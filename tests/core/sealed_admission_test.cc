@@ -303,6 +303,21 @@ TEST_F(AdmissionTest, AKeyKnown300MsLaterIsAdmittedWithoutAReconnect) {
   EXPECT_EQ(server_->refused_connection_count(), 0u);
 }
 
+// The scheduler's key comes to a node after the scheduler's first message:
+// a scheduler claim with an unknown key is admitted at once when its
+// password's role-key term checks out; from then on the scheduler is that
+// key, and another key claiming the role (a second scheduler, holding the
+// role key) is refused.
+TEST_F(AdmissionTest, TheSchedulerIsAdmittedBeforeItsKeyIsKnown) {
+  const Process scheduler(job_, Role::kScheduler, 1),
+      other(job_, Role::kScheduler, 1);
+  void* s = Connect(scheduler.User(),
+                    scheduler.PasswordTo(server_key_, Role::kServer));
+  EXPECT_EQ(Outcome(s, absl::Seconds(2)), "admitted");
+  void* t = Connect(other.User(), other.PasswordTo(server_key_, Role::kServer));
+  EXPECT_EQ(Outcome(t, absl::Seconds(2)), "refused");
+}
+
 // An admitted connection is one process's: a record of another node key on
 // it (C's, which the server could open) is dropped and counted.
 TEST_F(AdmissionTest, ARecordOfAnotherKeyOnAConnectionIsDropped) {
