@@ -240,14 +240,6 @@ TEST_F(AdmissionTest, OnlyThePairsOwnPasswordIsAdmitted) {
   Know(a);
   Know(c);
   const std::string to_server = a.PasswordTo(server_key_, Role::kServer);
-  void* own = Connect(a.User(), to_server);
-  Send(own, a.Seal(server_key_, 1));
-  EXPECT_EQ(Outcome(own, absl::Seconds(2)), "admitted");
-  std::vector<Message> got = Received(absl::Seconds(1));
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_EQ(got[0].header.request_id(), 1u);
-  EXPECT_EQ(server_->refused_connection_count(), 0u);
-
   // Each sends A's records on a new link (a fresh key): opened, were it let
   // in.
   const Key32 other_server = NodeKey::Generate().public_key();
@@ -258,7 +250,7 @@ TEST_F(AdmissionTest, OnlyThePairsOwnPasswordIsAdmitted) {
       {c.User(), to_server},
       {absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key())),
        to_server}};
-  uint32_t link = 2;
+  uint32_t link = 1;
   for (const auto& [user, password] : wrong) {
     void* s = Connect(user, password);
     Send(s, a.Seal(server_key_, link, link));
@@ -267,6 +259,14 @@ TEST_F(AdmissionTest, OnlyThePairsOwnPasswordIsAdmitted) {
   }
   EXPECT_GE(server_->refused_connection_count(), 4u);
   EXPECT_TRUE(Received(absl::Milliseconds(500)).empty());
+
+  // A's own: admitted, its message taken.
+  void* own = Connect(a.User(), to_server);
+  Send(own, a.Seal(server_key_, link, link));
+  EXPECT_EQ(Outcome(own, absl::Seconds(2)), "admitted");
+  std::vector<Message> got = Received(absl::Seconds(1));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].header.request_id(), link);
 }
 
 // A connection whose key is in no table is held, then refused after 10 s;
