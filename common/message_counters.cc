@@ -44,7 +44,8 @@ std::string DescribeSealedDrops(const SealedDrops& d) {
       {"malformed", d.malformed},       {"unauthentic", d.unauthentic},
       {"replayed", d.replayed},         {"out of order", d.out_of_order},
       {"unknown key", d.unknown_key},   {"incomplete", d.incomplete},
-      {"wrong sender", d.wrong_sender}, {"unsealed", d.unsealed}};
+      {"wrong sender", d.wrong_sender}, {"unsealed", d.unsealed},
+      {"throttled", d.throttled}};
   std::string parts;
   for (const auto& [reason, n] : reasons) {
     if (n != 0)
@@ -87,14 +88,17 @@ CollectorHandles AddTransportCollectors(MetricsRegistry* registry,
       "reason: malformed, unauthentic (failed to open: altered, another "
       "link's or another job's), replayed, out_of_order, unknown_key (no "
       "node of the table), incomplete (cut short), wrong_sender (claims "
-      "another node), unsealed (came without a seal).",
+      "another node, or a record of another node key than its connection's), "
+      "unsealed (came without a seal), throttled (from a connection whose "
+      "records failed to open too often lately).",
       MetricType::kCounter, [transport](MetricSamples* out) {
         const SealedDrops d = transport->sealed_drops();
         const std::pair<const char*, uint64_t> reasons[] = {
             {"malformed", d.malformed},       {"unauthentic", d.unauthentic},
             {"replayed", d.replayed},         {"out_of_order", d.out_of_order},
             {"unknown_key", d.unknown_key},   {"incomplete", d.incomplete},
-            {"wrong_sender", d.wrong_sender}, {"unsealed", d.unsealed}};
+            {"wrong_sender", d.wrong_sender}, {"unsealed", d.unsealed},
+            {"throttled", d.throttled}};
         for (const auto& [reason, n] : reasons)
           out->push_back({{{"reason", reason}}, static_cast<double>(n)});
       }));

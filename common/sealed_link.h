@@ -50,6 +50,14 @@
 // changes no state. The message's claimed sender must be the node the key
 // belongs to.
 //
+// Who may connect to a sealed lane at all is the admission's business
+// (sealed_admission.h): a PLAIN password of the pair of processes, derived
+// from the same X25519 values as the link keys; the connection is then bound
+// to the connecting process's node key (Record::connection_key), and a
+// record of another key on it is dropped. A connection whose records keep
+// failing to open (each may cost a key set-up) is throttled: its records are
+// dropped unread for a growing back-off (Options::max_failed_opens).
+//
 //   NodeKey key = NodeKey::Generate();
 //   Sealer sealer(Role::kWorker, key.public_key(), /*link=*/1, secret);
 //   sealer.Seal(header_bytes, frames, sink);           // sink: one call per record
@@ -71,6 +79,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -183,6 +192,11 @@ class LinkKeys {
                       const Key32& peer_key, uint32_t link) const;
   Key32 ReceivingSecret(const PeerSecrets& peer, Role peer_role,
                         const Key32& peer_key, uint32_t link) const;
+  // X25519(e_own, S_role): what a receiver's admission check (and link key)
+  // takes of a peer's role key (sealed_admission.h).
+  const Key32& node_x_role(Role role) const {
+    return node_x_role_[static_cast<int>(role)];
+  }
 
  private:
   LinkKeys(NodeKey node_key, Role role, const Key32& role_secret,
@@ -327,10 +341,12 @@ struct DropCounts {
   uint64_t unknown_key = 0;   // from a node key not (or no longer) in the table
   uint64_t incomplete = 0;    // messages cut short (their rest never came)
   uint64_t wrong_sender =
-      0;  // a message whose claimed sender is not the key's node
+      0;  // a message whose claimed sender is not the key's node, or a record
+          // of another node key than its connection's
+  uint64_t throttled = 0;  // from a connection that failed too often lately
   uint64_t total() const {
     return malformed + unauthentic + replayed + out_of_order + unknown_key +
-           incomplete + wrong_sender;
+           incomplete + wrong_sender + throttled;
   }
 };
 
@@ -345,6 +361,10 @@ struct Record {
   // Which connection it came on (numbered by the ZAP handler from 1; 0: not
   // known, as in tests that feed records by hand).
   uint64_t connection = 0;
+  // The node key the connection was admitted with (a sealed lane's, whose
+  // ZAP User-Id names it, sealed_admission.h): only records of that key are
+  // taken from it. None on the scheduler's CURVE lane.
+  std::optional<Key32> connection_key;
 };
 
 // The receiving end of every link into one process.
@@ -373,6 +393,16 @@ class SealedReceiver {
     // one. (Its first message, a node table or an abort, comes before the
     // node could know the key; the table then names the same key.)
     bool accept_first_scheduler = false;
+    // Records that fail to open cost key set-ups (a new link or epoch): a
+    // connection (by its node key, else its number) whose records failed to
+    // open `max_failed_opens` times within `failed_open_window` has its
+    // records dropped unread (counted throttled, logged once per back-off)
+    // for `first_back_off`, doubling at each new back-off up to
+    // `max_back_off`. A restarted peer has a new node key: a fresh start.
+    int max_failed_opens = 8;
+    absl::Duration failed_open_window = absl::Seconds(10);
+    absl::Duration first_back_off = absl::Seconds(1);
+    absl::Duration max_back_off = absl::Seconds(64);
     // Called for each drop, with the counter's new value and why; may log.
     std::function<void(uint64_t n, const std::string& why)> on_drop;
   };
@@ -409,9 +439,34 @@ class SealedReceiver {
 
   void Drop(uint64_t DropCounts::*counter, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where a connection's failed opens are counted: its node key, else its
+  // number.
+  using StrikeKey = std::pair<uint64_t, Key32>;
+  struct Strikes {
+    int failures = 0;
+    absl::Time window_start = absl::InfinitePast();
+    absl::Time blocked_until = absl::InfinitePast();
+    absl::Duration back_off;  // the next one's
+    absl::Duration current;   // the one in force
+    bool logged = false;      // its first drop was logged
+  };
+  static std::optional<StrikeKey> StrikeKeyOf(const Record& record);
+  // True (the record dropped, counted) while the record's connection is
+  // throttled.
+  bool Throttled(const Record& record, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Open, counting a failure to open against the record's connection.
+  bool OpenCounted(Record& record, const Prefix& prefix, Peer& peer,
+                   std::vector<Message>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Strike(const Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AcceptLocked(Record record, std::vector<Message>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(std::vector<Message>* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A record of a node key not (yet) in the directory: parked, or dropped
+  // past the queue's bounds.
+  void Park(Record record, const Prefix& prefix)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A record whose sender's key the directory has; true when it opened.
   bool Open(Record& record, const Prefix& prefix, Peer& peer,
@@ -455,6 +510,7 @@ class SealedReceiver {
   };
   // By connection (none for connection 0).
   absl::flat_hash_map<uint64_t, ParkedOf> parked_of_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<StrikeKey, Strikes> strikes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sealed

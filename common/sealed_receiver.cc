@@ -5,11 +5,13 @@
 #include <openssl/evp.h>
 #include <sodium.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/sealed_link.h"
@@ -22,6 +24,12 @@ namespace sealed {
 using internal::GetU32;
 using internal::KeyText;
 using internal::kLeadBytes;
+
+namespace {
+// Connections whose failed opens are remembered before old ones are
+// forgotten.
+constexpr size_t kMaxStrikes = 4096;
+}  // namespace
 
 struct SealedReceiver::Peer {
   int id = 0;
@@ -128,7 +136,7 @@ void SealedReceiver::ReleaseLocked(std::vector<Message>* ready) {
     (void)DecodePrefix(p.record.data, &prefix);  // checked when parked
     auto it = peers_.find(prefix.node_key);
     if (it != peers_.end()) {
-      Open(p.record, prefix, *it->second, ready);
+      OpenCounted(p.record, prefix, *it->second, ready);
     } else if (now - p.arrived > options_.park_time) {
       Drop(&DropCounts::unknown_key,
            absl::StrCat("a record from node key ", KeyText(prefix.node_key),
@@ -148,6 +156,7 @@ void SealedReceiver::ReleaseLocked(std::vector<Message>* ready) {
 }
 
 void SealedReceiver::AcceptLocked(Record record, std::vector<Message>* ready) {
+  if (!strikes_.empty() && Throttled(record, absl::Now())) return;
   if (record.size < kRecordOverhead) {
     Drop(&DropCounts::malformed,
          absl::StrCat("a record of ", record.size, " bytes; at least ",
@@ -172,6 +181,16 @@ void SealedReceiver::AcceptLocked(Record record, std::vector<Message>* ready) {
                       RoleName(record.connection_role), " key"));
     return;
   }
+  if (record.connection_key.has_value() &&
+      prefix.node_key != *record.connection_key) {
+    // A connection is admitted for one node key (sealed_admission.h).
+    Drop(&DropCounts::wrong_sender,
+         absl::StrCat("a record claiming node key ", KeyText(prefix.node_key),
+                      " came on connection #", record.connection,
+                      ", admitted for node key ",
+                      KeyText(*record.connection_key)));
+    return;
+  }
   auto it = peers_.find(prefix.node_key);
   if (it == peers_.end() && options_.accept_first_scheduler &&
       prefix.role == Role::kScheduler &&
@@ -184,41 +203,110 @@ void SealedReceiver::AcceptLocked(Record record, std::vector<Message>* ready) {
     Peer& scheduler = *peer;
     peers_[prefix.node_key] = std::move(peer);
     key_of_[kSchedulerId] = prefix.node_key;
-    if (!Open(record, prefix, scheduler, ready)) {
+    if (!OpenCounted(record, prefix, scheduler, ready)) {
       peers_.erase(prefix.node_key);
       key_of_.erase(kSchedulerId);
     }
     return;
   }
   if (it == peers_.end()) {
-    if (parked_.size() >= options_.max_parked ||
-        parked_bytes_ + record.size > options_.max_parked_bytes) {
-      Drop(&DropCounts::unknown_key,
-           absl::StrCat("a record from node key ", KeyText(prefix.node_key),
-                        ", which is no node of this job's table (",
-                        parked_.size(), " records already wait)"));
-      return;
-    }
-    if (record.connection != 0) {
-      ParkedOf& of = parked_of_[record.connection];
-      if (of.records >= options_.max_parked_per_connection ||
-          of.bytes + record.size > options_.max_parked_bytes_per_connection) {
-        Drop(
-            &DropCounts::unknown_key,
-            absl::StrCat("a record from node key ", KeyText(prefix.node_key),
-                         ", which is no node of this job's table (", of.records,
-                         " records of its connection already "
-                         "wait)"));
-        return;
-      }
-      ++of.records;
-      of.bytes += record.size;
-    }
-    parked_bytes_ += record.size;
-    parked_.push_back({std::move(record), absl::Now()});
+    Park(std::move(record), prefix);
     return;
   }
-  Open(record, prefix, *it->second, ready);
+  OpenCounted(record, prefix, *it->second, ready);
+}
+
+void SealedReceiver::Park(Record record, const Prefix& prefix) {
+  if (parked_.size() >= options_.max_parked ||
+      parked_bytes_ + record.size > options_.max_parked_bytes) {
+    Drop(&DropCounts::unknown_key,
+         absl::StrCat("a record from node key ", KeyText(prefix.node_key),
+                      ", which is no node of this job's table (",
+                      parked_.size(), " records already wait)"));
+    return;
+  }
+  if (record.connection != 0) {
+    ParkedOf& of = parked_of_[record.connection];
+    if (of.records >= options_.max_parked_per_connection ||
+        of.bytes + record.size > options_.max_parked_bytes_per_connection) {
+      Drop(&DropCounts::unknown_key,
+           absl::StrCat("a record from node key ", KeyText(prefix.node_key),
+                        ", which is no node of this job's table (", of.records,
+                        " records of its connection already "
+                        "wait)"));
+      return;
+    }
+    ++of.records;
+    of.bytes += record.size;
+  }
+  parked_bytes_ += record.size;
+  parked_.push_back({std::move(record), absl::Now()});
+}
+
+std::optional<SealedReceiver::StrikeKey> SealedReceiver::StrikeKeyOf(
+    const Record& record) {
+  if (record.connection_key.has_value())
+    return StrikeKey(0, *record.connection_key);
+  if (record.connection != 0) return StrikeKey(record.connection, Key32{});
+  return std::nullopt;
+}
+
+bool SealedReceiver::Throttled(const Record& record, absl::Time now) {
+  std::optional<StrikeKey> key = StrikeKeyOf(record);
+  if (!key.has_value()) return false;
+  auto it = strikes_.find(*key);
+  if (it == strikes_.end() || now >= it->second.blocked_until) return false;
+  Strikes& s = it->second;
+  if (s.logged) {
+    ++counts_.throttled;  // logged once per back-off
+    return true;
+  }
+  s.logged = true;
+  Drop(&DropCounts::throttled,
+       absl::StrCat("records of connection #", record.connection,
+                    record.connection_key.has_value()
+                        ? absl::StrCat(" (node key ",
+                                       KeyText(*record.connection_key), ")")
+                        : std::string(),
+                    ", unread for ", absl::FormatDuration(s.current), ": ",
+                    options_.max_failed_opens, " of its records failed to ",
+                    "open within ",
+                    absl::FormatDuration(options_.failed_open_window)));
+  return true;
+}
+
+bool SealedReceiver::OpenCounted(Record& record, const Prefix& prefix,
+                                 Peer& peer, std::vector<Message>* ready) {
+  const uint64_t failed = counts_.unauthentic;
+  const bool opened = Open(record, prefix, peer, ready);
+  if (counts_.unauthentic != failed) Strike(record);
+  return opened;
+}
+
+void SealedReceiver::Strike(const Record& record) {
+  std::optional<StrikeKey> key = StrikeKeyOf(record);
+  if (!key.has_value()) return;
+  const absl::Time now = absl::Now();
+  if (strikes_.size() >= kMaxStrikes) {
+    // Forget connections neither blocked nor failing lately.
+    absl::erase_if(strikes_, [&](const auto& entry) {
+      return now >= entry.second.blocked_until &&
+             now - entry.second.window_start > options_.failed_open_window;
+    });
+  }
+  Strikes& s = strikes_[*key];
+  if (s.back_off == absl::ZeroDuration()) s.back_off = options_.first_back_off;
+  if (now - s.window_start > options_.failed_open_window) {
+    s.window_start = now;
+    s.failures = 0;
+  }
+  if (++s.failures < options_.max_failed_opens) return;
+  s.failures = 0;
+  s.window_start = now;
+  s.current = s.back_off;
+  s.blocked_until = now + s.current;
+  s.logged = false;
+  s.back_off = std::min(s.back_off * 2, options_.max_back_off);
 }
 
 bool SealedReceiver::Open(Record& record, const Prefix& prefix, Peer& peer,

@@ -45,10 +45,11 @@ struct SealedDrops {
   uint64_t unknown_key = 0;
   uint64_t incomplete = 0;
   uint64_t wrong_sender = 0;
-  uint64_t unsealed = 0;  // data or node messages that came without a seal
+  uint64_t unsealed = 0;   // data or node messages that came without a seal
+  uint64_t throttled = 0;  // from a connection whose records failed to open
   uint64_t total() const {
     return malformed + unauthentic + replayed + out_of_order + unknown_key +
-           incomplete + wrong_sender + unsealed;
+           incomplete + wrong_sender + unsealed + throttled;
   }
 };
 

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -18,6 +17,10 @@ constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";
 // Refusals logged one by one; after that one line per kLogEvery.
 constexpr uint64_t kLogFirst = 20;
 constexpr uint64_t kLogEvery = 1000;
+// Sealed-lane connections whose answers may be held at once; past it, one
+// more whose key is not known is refused (it comes back after ZeroMQ's
+// reconnect interval).
+constexpr size_t kMaxHeld = 4096;
 
 // ZMTP's encoding of one metadata property (RFC 27's metadata frame): the
 // name's length in one octet, the name, the value's length in four (network
@@ -41,8 +44,11 @@ std::string Z85(const std::string& raw) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
-    void* context, std::shared_ptr<const ConnectionSecurity> security) {
-  void* socket = zmq_socket(context, ZMQ_REP);
+    void* context, std::shared_ptr<const ConnectionSecurity> security,
+    std::shared_ptr<sealed::Admission> admission, absl::Duration hold) {
+  // A ROUTER, not a REP: a held request (a sealed-lane client whose node key
+  // is not known yet) must not hold up the answers of the others.
+  void* socket = zmq_socket(context, ZMQ_ROUTER);
   if (socket == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("ZAP handler: zmq_socket: ", zmq_strerror(zmq_errno())));
@@ -55,8 +61,8 @@ absl::StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
     return absl::UnavailableError(
         absl::StrCat("ZAP handler: cannot bind ", kZapEndpoint, ": ", err));
   }
-  std::unique_ptr<ZapHandler> handler(
-      new ZapHandler(context, socket, std::move(security)));
+  std::unique_ptr<ZapHandler> handler(new ZapHandler(
+      context, socket, std::move(security), std::move(admission), hold));
   handler->thread_ = std::thread([h = handler.get()] {
     trace::SetThreadName("zap-handler");
     h->Serve();
@@ -65,8 +71,14 @@ absl::StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
 }
 
 ZapHandler::ZapHandler(void* context, void* socket,
-                       std::shared_ptr<const ConnectionSecurity> security)
-    : context_(context), socket_(socket), security_(std::move(security)) {
+                       std::shared_ptr<const ConnectionSecurity> security,
+                       std::shared_ptr<sealed::Admission> admission,
+                       absl::Duration hold)
+    : context_(context),
+      socket_(socket),
+      security_(std::move(security)),
+      admission_(std::move(admission)),
+      hold_(hold) {
   for (Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
     passwords_[static_cast<int>(role)] =
         ExpectedPlainPassword(security_->keys, role);
@@ -74,6 +86,10 @@ ZapHandler::ZapHandler(void* context, void* socket,
 }
 
 ZapHandler::~ZapHandler() { Stop(); }
+
+ZapHandler::Request::~Request() {
+  for (std::string& part : frames) WipeString(&part);
+}
 
 void ZapHandler::Stop() {
   stop_.store(true);
@@ -92,118 +108,189 @@ void ZapHandler::Stop() {
   if (waker != nullptr) zmq_close(waker);
 }
 
-bool ZapHandler::Decide(const std::vector<std::string>& request,
-                        std::string* user_id, std::string* why) const {
+ZapHandler::Verdict ZapHandler::Decide(const std::vector<std::string>& request,
+                                       std::string* user_id,
+                                       std::string* why) const {
   if (request.size() < 6 || request[0] != "1.0") {
     *why = "a malformed ZAP request";
-    return false;
+    return Verdict::kRefuse;
   }
   const std::string& mechanism = request[5];
-  const JobKeys& keys = security_->keys;
   const bool sealed_lane = request[2] == kSealedDomain;
   const bool plain = sealed_lane || !security_->encrypt;
   if (mechanism == "CURVE" && !plain) {
     if (request.size() != 7 || request[6].size() != 32) {
       *why = "a malformed CURVE credential";
-      return false;
+      return Verdict::kRefuse;
     }
     const std::string key = Z85(request[6]);
-    if (!keys.RoleOfKey(key).has_value()) {
+    if (!security_->keys.RoleOfKey(key).has_value()) {
       *why = absl::StrCat("CURVE key ", KeyPrefix(key),
                           " is not one of this job's keys");
-      return false;
+      return Verdict::kRefuse;
     }
     *user_id = key;
-    return true;
+    return Verdict::kAdmit;
   }
   if (mechanism == "PLAIN" && plain) {
-    if (request.size() != 8) {
-      *why = "a malformed PLAIN credential";
-      return false;
-    }
-    for (Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
-      if (request[6] != RoleName(role)) continue;
-      if (!SamePassword(passwords_[static_cast<int>(role)], request[7])) {
-        *why = absl::StrCat("PLAIN user '", RoleName(role),
-                            "' with a wrong password");
-        return false;
-      }
-      *user_id = keys.public_key(role);
-      return true;
-    }
-    *why = absl::StrCat("PLAIN user '", request[6].substr(0, 32),
-                        "' is no role of this job");
-    return false;
+    return DecidePlain(request, sealed_lane, user_id, why);
   }
   *why = absl::StrCat("mechanism ", mechanism.substr(0, 16),
                       sealed_lane ? "; the sealed lane takes PLAIN only"
                       : security_->encrypt ? "; this node takes CURVE only"
                                            : "; this node takes PLAIN only "
                                              "(TESSERA_AUTH_ONLY=1)");
-  return false;
+  return Verdict::kRefuse;
+}
+
+ZapHandler::Verdict ZapHandler::DecidePlain(
+    const std::vector<std::string>& request, bool sealed_lane,
+    std::string* user_id, std::string* why) const {
+  if (request.size() != 8) {
+    *why = "a malformed PLAIN credential";
+    return Verdict::kRefuse;
+  }
+  if (sealed_lane) {
+    // A password of the pair of processes, not of the roles (issue #46).
+    if (admission_ == nullptr) {
+      *why = "this node has no sealed lane";
+      return Verdict::kRefuse;
+    }
+    return admission_->Check(request[6], request[7], user_id, why);
+  }
+  for (Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
+    if (request[6] != RoleName(role)) continue;
+    if (!SamePassword(passwords_[static_cast<int>(role)], request[7])) {
+      *why = absl::StrCat("PLAIN user '", RoleName(role),
+                          "' with a wrong password");
+      return Verdict::kRefuse;
+    }
+    *user_id = security_->keys.public_key(role);
+    return Verdict::kAdmit;
+  }
+  *why = absl::StrCat("PLAIN user '", request[6].substr(0, 32),
+                      "' is no role of this job");
+  return Verdict::kRefuse;
+}
+
+bool ZapHandler::ReceiveRequest(Request* request) {
+  // Room for every frame up front: a vector that grew would leave short
+  // strings' characters (a password) in freed memory.
+  request->frames.reserve(10);
+  bool more = true;
+  int part_number = 0;
+  while (more) {
+    zmq_msg_t part;
+    zmq_msg_init(&part);
+    if (zmq_msg_recv(&part, socket_, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&part);
+      return false;
+    }
+    const char* data = static_cast<const char*>(zmq_msg_data(&part));
+    const size_t size = zmq_msg_size(&part);
+    // [routing id][empty delimiter][the request's frames]
+    if (part_number == 0) {
+      request->routing_id.assign(data, size);
+    } else if (part_number > 1) {
+      request->frames.emplace_back(data, size);
+    }
+    ++part_number;
+    more = zmq_msg_more(&part);
+    WipeBytes(zmq_msg_data(&part), size);  // a password
+    zmq_msg_close(&part);
+  }
+  return part_number >= 2;
+}
+
+void ZapHandler::Answer(const Request& request, bool accept,
+                        std::string user_id, const std::string& why) {
+  // Each connection's number goes with its key, so that a receiver can tell
+  // one connection's records from another's (the sealed lane's parking
+  // quota): "KEY#N".
+  if (accept) absl::StrAppend(&user_id, "#", ++connections_);
+  if (!accept) {
+    const uint64_t n = ++refused_;
+    if (n <= kLogFirst || n % kLogEvery == 0) {
+      const std::vector<std::string>& f = request.frames;
+      TESSERA_LOG(WARNING) << "refused connection #" << n << " from "
+                           << (f.size() > 3 ? f[3] : std::string("?")) << ": "
+                           << why
+                           << (n == kLogFirst
+                                   ? " (from now on one line per 1000 refusals)"
+                                   : "");
+    }
+  }
+  const std::vector<std::string>& f = request.frames;
+  const std::string reply[] = {request.routing_id,
+                               "",
+                               "1.0",
+                               f.size() > 1 ? f[1] : std::string(),
+                               accept ? "200" : "400",
+                               accept ? "OK" : "not a key of this job",
+                               user_id,
+                               accept && f.size() > 2 && f[2] == kSealedDomain
+                                   ? Property(kLaneProperty, kSealedDomain)
+                                   : std::string()};
+  constexpr size_t kParts = sizeof(reply) / sizeof(reply[0]);
+  for (size_t i = 0; i < kParts; ++i) {
+    zmq_send(socket_, reply[i].data(), reply[i].size(),
+             i + 1 < kParts ? ZMQ_SNDMORE : 0);
+  }
+}
+
+void ZapHandler::Revisit(absl::Time now) {
+  const uint64_t version = admission_->version();
+  const bool changed = version != held_checked_at_;
+  held_checked_at_ = version;
+  std::vector<Request> still;
+  for (Request& r : held_) {
+    std::string user_id, why;
+    Verdict v = changed ? Decide(r.frames, &user_id, &why) : Verdict::kWait;
+    if (v == Verdict::kWait && now >= r.until) {
+      v = Verdict::kRefuse;
+      why = absl::StrCat("PLAIN user '", r.frames[6].substr(0, 48),
+                         "': no node of this node's table after waiting ",
+                         absl::FormatDuration(hold_));
+    }
+    if (v == Verdict::kWait) {
+      still.push_back(std::move(r));
+    } else {
+      Answer(r, v == Verdict::kAdmit, std::move(user_id), why);
+    }
+  }
+  held_ = std::move(still);
+  waiting_.store(held_.size());
 }
 
 void ZapHandler::Serve() {
   while (!stop_.load()) {
     zmq_pollitem_t item = {socket_, 0, ZMQ_POLLIN, 0};
-    const int ready = zmq_poll(&item, 1, -1);
+    // Without held requests, wait without a time-out (a wake-up every 50 ms
+    // in each of a 289-process job's processes cost more CPU than its
+    // handshakes; Stop wakes it); held ones are looked at every 10 ms.
+    const int wait_ms = held_.empty() ? -1 : 10;
+    const bool ready =
+        zmq_poll(&item, 1, wait_ms) > 0 && (item.revents & ZMQ_POLLIN) != 0;
     if (stop_.load()) break;  // Stop's wake-up, or a request at the end
-    if (ready <= 0 || (item.revents & ZMQ_POLLIN) == 0) continue;
-    std::vector<std::string> request;
-    // Room for every frame of a ZAP request (7) up front: a vector that grew
-    // would leave short strings' characters (a password) in freed memory.
-    request.reserve(8);
-    // A PLAIN request carries the password presented (the right one, from
-    // the job's own nodes): wiped on every way out, a request cut short too.
-    absl::Cleanup wipe = [&request] {
-      for (std::string& part : request) WipeString(&part);
-    };
-    bool more = true;
-    while (more) {
-      zmq_msg_t part;
-      zmq_msg_init(&part);
-      if (zmq_msg_recv(&part, socket_, ZMQ_DONTWAIT) < 0) {
-        zmq_msg_close(&part);
-        break;
-      }
-      request.emplace_back(static_cast<const char*>(zmq_msg_data(&part)),
-                           zmq_msg_size(&part));
-      more = zmq_msg_more(&part);
-      WipeBytes(zmq_msg_data(&part), zmq_msg_size(&part));  // a password
-      zmq_msg_close(&part);
-    }
-    if (more) continue;  // a request cut short: nothing to answer
+    if (!held_.empty()) Revisit(absl::Now());
+    if (!ready) continue;
+    Request request;
+    if (!ReceiveRequest(&request)) continue;  // cut short: nothing to answer
     std::string user_id, why;
-    const bool accept = Decide(request, &user_id, &why);
-    // Each connection's number goes with its key, so that a receiver can
-    // tell one connection's records from another's (the sealed lane's
-    // parking quota): "KEY#N".
-    if (accept) absl::StrAppend(&user_id, "#", ++connections_);
-    if (!accept) {
-      const uint64_t n = ++refused_;
-      if (n <= kLogFirst || n % kLogEvery == 0) {
-        TESSERA_LOG(WARNING)
-            << "refused connection #" << n << " from "
-            << (request.size() > 3 ? request[3] : std::string("?")) << ": "
-            << why
-            << (n == kLogFirst ? " (from now on one line per 1000 refusals)"
-                               : "");
-      }
+    Verdict v = Decide(request.frames, &user_id, &why);
+    if (v == Verdict::kWait && held_.size() >= kMaxHeld) {
+      v = Verdict::kRefuse;
+      why = absl::StrCat(kMaxHeld, " connections already wait for their keys");
     }
-    const std::string reply[] = {
-        "1.0",
-        request.size() > 1 ? request[1] : std::string(),
-        accept ? "200" : "400",
-        accept ? "OK" : "not a key of this job",
-        user_id,
-        accept && request.size() > 2 && request[2] == kSealedDomain
-            ? Property(kLaneProperty, kSealedDomain)
-            : std::string()};
-    for (size_t i = 0; i < 6; ++i) {
-      zmq_send(socket_, reply[i].data(), reply[i].size(),
-               i + 1 < 6 ? ZMQ_SNDMORE : 0);
+    if (v == Verdict::kWait) {
+      request.until = absl::Now() + hold_;
+      held_.push_back(std::move(request));
+      waiting_.store(held_.size());
+      continue;
     }
+    Answer(request, v == Verdict::kAdmit, std::move(user_id), why);
   }
+  held_.clear();
   zmq_close(socket_);
 }
 

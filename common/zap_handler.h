@@ -11,14 +11,23 @@
 // On the node's own port (ZAP domain kMainDomain) it accepts a CURVE client
 // whose key is one of the job's three role keys (ConnectionSecurity::keys),
 // or, with encrypt off (TESSERA_AUTH_ONLY=1), a PLAIN client whose username is
-// a role and whose password is that role's (CheckPlainPassword); on the sealed
-// lane (kSealedDomain, whose records are sealed, sealed_link.h) only such a
-// PLAIN client. It gives the connection that role's public key (Z85) and the
-// connection's number (from 1, in the order accepted) as its User-Id,
-// "KEY#N", which every message received on it carries
-// (zmq_msg_gets(msg, "User-Id")): the number tells one connection's records
-// from another's (the sealed lane's parking quota, sealed_link.h). A sealed
-// lane's connections also carry kLaneProperty.
+// a role and whose password is that role's (CheckPlainPassword); it gives the
+// connection that role's public key (Z85) as its User-Id. On the sealed lane
+// (kSealedDomain, whose records are sealed, sealed_link.h) it takes only a
+// PLAIN client with a password of its own pair of processes, which the
+// sealed::Admission checks (sealed_admission.h): the User-Id is then the
+// client's role and verified node key, "worker:<Z85>", and the sealed
+// receiver takes on that connection only records of that node key. A client
+// whose node key this node does not know yet (its node table has not come)
+// waits: its answer is held, and given once the key is known (checked at
+// every change of the admission's directory, within 10 ms) or refused after
+// `hold` (10 s, the parking time of records). ZeroMQ's ZAP requests are
+// answered out of order (a ROUTER socket), so one waiting connection holds
+// up no other. Every accepted connection's User-Id ends with its number
+// (from 1, in the order accepted), "KEY#N": every message received on it
+// carries it (zmq_msg_gets(msg, "User-Id")), and the number tells one
+// connection's records from another's (the sealed lane's parking quota). A
+// sealed lane's connections also carry kLaneProperty.
 // Anything else is refused (status 400) and counted; the first refusals are
 // logged with the peer's address and key.
 //
@@ -30,10 +39,14 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/curve_keys.h"
+#include "common/sealed_admission.h"
 
 namespace tessera {
 
@@ -50,8 +63,11 @@ class ZapHandler {
   // Binds inproc://zeromq.zap.01 in `context` and serves it on a thread of its
   // own. Unavailable when the endpoint cannot be bound (another handler in
   // this context).
+  // `admission` decides the sealed lane's connections (none: all refused).
   static absl::StatusOr<std::unique_ptr<ZapHandler>> Start(
-      void* context, std::shared_ptr<const ConnectionSecurity> security);
+      void* context, std::shared_ptr<const ConnectionSecurity> security,
+      std::shared_ptr<sealed::Admission> admission = nullptr,
+      absl::Duration hold = absl::Seconds(10));
 
   ~ZapHandler();
 
@@ -59,18 +75,51 @@ class ZapHandler {
   void Stop();
 
   uint64_t refused_count() const { return refused_.load(); }
+  // Connections whose answer is held now (their node key not yet known).
+  size_t waiting_count() const { return waiting_.load(); }
 
  private:
+  using Verdict = sealed::Admission::Verdict;
+  // A request off the ROUTER socket: its routing id and its frames after
+  // the empty delimiter (wiped when it goes: a PLAIN password).
+  struct Request {
+    std::string routing_id;
+    std::vector<std::string> frames;
+    absl::Time until;  // a held one's last chance
+    Request() = default;
+    Request(Request&&) = default;
+    Request& operator=(Request&&) = default;
+    ~Request();
+  };
+
   ZapHandler(void* context, void* socket,
-             std::shared_ptr<const ConnectionSecurity> security);
+             std::shared_ptr<const ConnectionSecurity> security,
+             std::shared_ptr<sealed::Admission> admission, absl::Duration hold);
   void Serve();
-  // Answers one request (its frames already received); true to accept.
-  bool Decide(const std::vector<std::string>& request, std::string* user_id,
-              std::string* why) const;
+  // Takes one request off the socket; false when there was none (or it was
+  // cut short).
+  bool ReceiveRequest(Request* request);
+  // Decides one request (kWait: hold it).
+  Verdict Decide(const std::vector<std::string>& request, std::string* user_id,
+                 std::string* why) const;
+  Verdict DecidePlain(const std::vector<std::string>& request, bool sealed_lane,
+                      std::string* user_id, std::string* why) const;
+  // Answers the held requests that can be now: admitted, refused, or past
+  // their time.
+  void Revisit(absl::Time now);
+  void Answer(const Request& request, bool accept, std::string user_id,
+              const std::string& why);
 
   void* context_;  // for Stop's wake-up
   void* socket_;
   const std::shared_ptr<const ConnectionSecurity> security_;
+  const std::shared_ptr<sealed::Admission> admission_;
+  const absl::Duration hold_;
+  // Held requests, in arrival order, and the admission's version when they
+  // were last checked; Serve's thread only.
+  std::vector<Request> held_;
+  uint64_t held_checked_at_ = 0;
+  std::atomic<size_t> waiting_{0};
   // ExpectedPlainPassword of each role, by Role: computed once, not with an
   // X25519 per connection.
   std::array<SecretString, 3> passwords_;

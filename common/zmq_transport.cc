@@ -69,8 +69,8 @@ absl::StatusOr<int> ZmqTransport::Bind(const std::string& ip, int port) {
     // The handler is up before the socket exists: a CURVE server without
     // one would take any client key.
     if (options_.security != nullptr && zap_ == nullptr) {
-      TESSERA_ASSIGN_OR_RETURN(zap_,
-                               ZapHandler::Start(context_, options_.security));
+      TESSERA_ASSIGN_OR_RETURN(
+          zap_, ZapHandler::Start(context_, options_.security, admission_));
       zap_counts_.store(zap_.get());
     }
     receiver_ = zmq_socket(context_, ZMQ_PULL);
@@ -156,6 +156,7 @@ void ZmqTransport::Disconnect(int peer) {
 void ZmqTransport::ForgetPeer(int peer) {
   link_watch_->Unwatch(peer);
   if (opener_ != nullptr) opener_->RemovePeer(peer);
+  if (admission_ != nullptr) admission_->RemovePeer(peer);
   absl::MutexLock lock(&senders_mu_);
   senders_.erase(peer);
   links_.erase(peer);
@@ -341,10 +342,7 @@ absl::Status ZmqTransport::SecureSender(void* socket, int peer) {
                    secret_key.size());
   } else {
     const std::string user = RoleName(keys.role);
-    const std::string& password =
-        plain_passwords_[static_cast<int>(*role)].empty()
-            ? PlainPassword(keys, *role)
-            : plain_passwords_[static_cast<int>(*role)];
+    const SecretString password = PlainPassword(keys, *role);
     zmq_setsockopt(socket, ZMQ_PLAIN_USERNAME, user.data(), user.size());
     zmq_setsockopt(socket, ZMQ_PLAIN_PASSWORD, password.data(),
                    password.size());

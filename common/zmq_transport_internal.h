@@ -17,8 +17,9 @@
 // every received message's claimed sender is checked against its connection's
 // key. By default (encrypt) links to and from the scheduler are CURVE, and a
 // worker or server binds its PULL socket a second time, as its sealed lane
-// (PLAIN-authenticated with the role passwords, its connections marked by the
-// ZAP handler's kLaneProperty), where its peers' messages
+// (PLAIN-authenticated with a password of each pair of processes,
+// sealed_admission.h; its connections marked by the ZAP handler's
+// kLaneProperty), where its peers' messages
 // arrive as records sealed with AES-256-GCM under per-link keys
 // (sealed_link.h); nodes seal what they send the scheduler too, inside CURVE,
 // so that every message after the node table is bound to the node key of the
@@ -50,6 +51,7 @@
 #include "common/link_watch.h"
 #include "common/message_counters.h"
 #include "common/seal_pool.h"
+#include "common/sealed_admission.h"
 #include "common/sealed_link.h"
 #include "common/transport.h"
 #include "common/zap_handler.h"
@@ -200,9 +202,12 @@ class ZmqTransport : public Transport {
   bool ReceiveOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
   // Hands the sealed record in `first` to the opener, which files the
   // messages it completes into ready_.
+  // `sealed_lane`: it came on the sealed lane, whose User-Id names the
+  // connection's role and node key ("worker:<Z85>", sealed_admission.h);
+  // else on the CURVE lane, whose User-Id is a key of the job.
   void OpenRecord(std::shared_ptr<ReceivedPart> first,
-                  const std::string& user_id, uint64_t connection)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
+                  const std::string& user_id, uint64_t connection,
+                  bool sealed_lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
   // Receives the data parts that follow a header (`more`: there are some)
   // into `parts`. False (logged when malformed) when the message is dropped.
   bool ReceiveDataParts(void* socket, bool more, std::vector<Buffer>* parts);
@@ -288,9 +293,10 @@ class ZmqTransport : public Transport {
 
   // Sealing (Sealed() only; set in the constructor, then read-only).
   std::shared_ptr<const sealed::LinkKeys> link_keys_;
-  std::array<SecretString, 3>
-      plain_passwords_;  // what this role presents, by peer role
   std::unique_ptr<sealed::SealedReceiver> opener_;
+  // Who may connect to the sealed lane (the ZAP handler asks it); its
+  // directory follows opener_'s.
+  std::shared_ptr<sealed::Admission> admission_;
   // Outlives the ZeroMQ context: records' free callbacks, which run until
   // zmq_ctx_term returns, schedule on it.
   std::unique_ptr<SealPool> pool_;

@@ -126,11 +126,12 @@ bool ZmqTransport::ReceiveOne() {
     }
   }
   const bool more = zmq_msg_more(&first->msg);
+  const bool sealed_lane = OnSealedLane(&first->msg);
   if (opener_ != nullptr && !more && IsSealedRecord(&first->msg)) {
-    OpenRecord(std::move(first), user_id, connection);
+    OpenRecord(std::move(first), user_id, connection, sealed_lane);
     return true;
   }
-  if (OnSealedLane(&first->msg)) {
+  if (sealed_lane) {
     // The sealed lane carries records only.
     DrainParts(socket, more);
     const uint64_t n = ++malformed_;
@@ -145,10 +146,23 @@ bool ZmqTransport::ReceiveOne() {
 }
 
 void ZmqTransport::OpenRecord(std::shared_ptr<ReceivedPart> first,
-                              const std::string& user_id, uint64_t connection) {
-  std::optional<Role> role = options_.security->keys.RoleOfKey(user_id);
+                              const std::string& user_id, uint64_t connection,
+                              bool sealed_lane) {
+  std::optional<Role> role;
+  std::optional<sealed::Key32> connection_key;
+  if (sealed_lane) {
+    Role claimed;
+    sealed::Key32 key;
+    if (sealed::ParseAdmissionUser(user_id, &claimed, &key)) {
+      role = claimed;
+      connection_key = key;
+    }
+  } else {
+    role = options_.security->keys.RoleOfKey(user_id);
+  }
   if (!role.has_value()) {
-    // The ZAP handler gives every connection a role key.
+    // The ZAP handler gives every connection a role key (on the sealed
+    // lane, a role and a node key).
     ++malformed_;
     return;
   }
@@ -158,6 +172,7 @@ void ZmqTransport::OpenRecord(std::shared_ptr<ReceivedPart> first,
   record.owner = first;
   record.connection_role = *role;
   record.connection = connection;
+  record.connection_key = connection_key;
   std::vector<Message> opened;
   opener_->Accept(std::move(record), &opened);
   for (Message& m : opened) ready_.push_back(std::move(m));

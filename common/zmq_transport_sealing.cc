@@ -25,7 +25,6 @@ void ZmqTransport::SetUpSealing() {
   std::optional<sealed::Key32> secret = sealed::KeyFromZ85(keys.secret_key);
   std::array<sealed::Key32, 3> publics;
   for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker}) {
-    plain_passwords_[static_cast<int>(r)] = PlainPassword(keys, r);
     std::optional<sealed::Key32> p = sealed::KeyFromZ85(keys.public_key(r));
     if (p.has_value()) publics[static_cast<int>(r)] = *p;
   }
@@ -56,6 +55,7 @@ void ZmqTransport::SetUpSealing() {
     }
   };
   opener_ = std::make_unique<sealed::SealedReceiver>(std::move(o));
+  admission_ = std::make_shared<sealed::Admission>(link_keys_);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   pool_ = std::make_unique<SealPool>(std::clamp(cores, 1, 4));
   blocks_ =
@@ -108,8 +108,10 @@ absl::StatusOr<std::string> ZmqTransport::AimAtSealedLane(
         "no node key for node ", peer, ": its node table entry has none"));
   }
   std::string endpoint = TcpEndpoint(ip, link->sealed_port);
-  const std::string user = RoleName(own_role());
-  const std::string& password = plain_passwords_[static_cast<int>(link->role)];
+  // This pair's credentials (sealed_admission.h).
+  const std::string user = sealed::Admission::User(*link_keys_);
+  const SecretString password = sealed::Admission::Password(
+      *link_keys_, link->secrets, link->role, link->key);
   zmq_setsockopt(sender.socket, ZMQ_PLAIN_USERNAME, user.data(), user.size());
   zmq_setsockopt(sender.socket, ZMQ_PLAIN_PASSWORD, password.data(),
                  password.size());
@@ -151,6 +153,7 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
   auto refuse = [&](const std::string& why) {
     TESSERA_LOG(WARNING) << why << "; its messages will not be taken";
     opener_->RemovePeer(peer);
+    admission_->RemovePeer(peer);
     absl::MutexLock lock(&senders_mu_);
     links_.erase(peer);
   };
@@ -174,6 +177,7 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
     refuse(std::string(set.message()));
     return;
   }
+  admission_->SetPeer(peer, identity.role, key);
   std::shared_ptr<Sender> scheduler_link;
   {
     absl::MutexLock lock(&senders_mu_);
@@ -210,6 +214,7 @@ SealedDrops ZmqTransport::sealed_drops() const {
     d.unknown_key = c.unknown_key;
     d.incomplete = c.incomplete;
     d.wrong_sender = c.wrong_sender;
+    d.throttled = c.throttled;
   }
   d.unsealed = unsealed_.load();
   return d;

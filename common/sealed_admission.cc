@@ -1,0 +1,259 @@
+#include "common/sealed_admission.h"
+
+#include <sodium.h>
+#include <zmq.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/curve_keys.h"
+#include "common/sealed_link_internal.h"
+
+namespace tessera {
+namespace sealed {
+using internal::KeyText;
+
+namespace {
+
+constexpr char kAdmissionLabel[] = "tessera sealed lane admission v1";
+
+}  // namespace
+
+Key32 DeriveAdmission(const Key32& ee, const Key32& se, Role from_role,
+                      const Key32& from_key, Role to_role, const Key32& to_key,
+                      absl::string_view job_id) {
+  crypto_generichash_state state;
+  crypto_generichash_init(&state, nullptr, 0, 32);
+  crypto_generichash_update(&state,
+                            reinterpret_cast<const uint8_t*>(kAdmissionLabel),
+                            sizeof(kAdmissionLabel) - 1);
+  crypto_generichash_update(&state, ee.data(), ee.size());
+  crypto_generichash_update(&state, se.data(), se.size());
+  const uint8_t from = static_cast<uint8_t>(from_role),
+                to = static_cast<uint8_t>(to_role);
+  crypto_generichash_update(&state, &from, 1);
+  crypto_generichash_update(&state, from_key.data(), from_key.size());
+  crypto_generichash_update(&state, &to, 1);
+  crypto_generichash_update(&state, to_key.data(), to_key.size());
+  uint8_t length[4];
+  const uint32_t n = static_cast<uint32_t>(job_id.size());
+  for (int i = 0; i < 4; ++i) length[i] = static_cast<uint8_t>(n >> (8 * i));
+  crypto_generichash_update(&state, length, sizeof(length));
+  crypto_generichash_update(
+      &state, reinterpret_cast<const uint8_t*>(job_id.data()), job_id.size());
+  Key32 out;
+  crypto_generichash_final(&state, out.data(), out.size());
+  sodium_memzero(&state, sizeof(state));  // it hashed the pair's secrets
+  return out;
+}
+
+std::string Z85Key(const Key32& key) {
+  char text[kZ85KeyLength + 1];
+  zmq_z85_encode(text, key.data(), key.size());
+  std::string out(text, kZ85KeyLength);
+  sodium_memzero(text, sizeof(text));  // a password is encoded here too
+  return out;
+}
+
+std::string AdmissionUser(Role role, const Key32& node_key) {
+  return absl::StrCat(RoleName(role), ":", Z85Key(node_key));
+}
+
+bool ParseAdmissionUser(absl::string_view user, Role* role, Key32* node_key) {
+  const size_t colon = user.find(':');
+  if (colon == absl::string_view::npos) return false;
+  const absl::string_view name = user.substr(0, colon);
+  bool found = false;
+  for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker}) {
+    if (name == RoleName(r)) {
+      *role = r;
+      found = true;
+    }
+  }
+  if (!found) return false;
+  std::optional<Key32> key = KeyFromZ85(std::string(user.substr(colon + 1)));
+  if (!key.has_value()) return false;
+  *node_key = *key;
+  return true;
+}
+
+Admission::Admission(std::shared_ptr<const LinkKeys> keys)
+    : keys_(std::move(keys)) {}
+
+std::string Admission::User(const LinkKeys& keys) {
+  return AdmissionUser(keys.role(), keys.public_key());
+}
+
+SecretString Admission::Password(const LinkKeys& keys,
+                                 const PeerSecrets& secrets, Role peer_role,
+                                 const Key32& peer_key) {
+  Key32 k =
+      DeriveAdmission(secrets.ee, secrets.se, keys.role(), keys.public_key(),
+                      peer_role, peer_key, keys.job_id());
+  SecretString out(Z85Key(k));
+  WipeBytes(k.data(), k.size());
+  return out;
+}
+
+std::string Admission::Expected(const Key32& ee, Role role,
+                                const Key32& key) const {
+  Key32 k =
+      DeriveAdmission(ee, keys_->node_x_role(role), role, key, keys_->role(),
+                      keys_->public_key(), keys_->job_id());
+  std::string out = Z85Key(k);
+  WipeBytes(k.data(), k.size());
+  return out;
+}
+
+void Admission::SetPeer(int id, Role role, const Key32& node_key) {
+  // The pair's password is computed when the first connection claims the
+  // key (Check): a worker is never connected to by the table's workers.
+  Known known{id, role, std::string()};
+  absl::MutexLock lock(&mu_);
+  if (auto old = key_of_.find(id); old != key_of_.end()) {
+    if (auto it = known_.find(old->second);
+        it != known_.end() && it->second.id == id) {
+      WipeString(&it->second.password);
+      known_.erase(it);
+    }
+  }
+  if (id == kSchedulerId && scheduler_.has_value() && *scheduler_ != node_key) {
+    // A key taken from a scheduler claim that the table does not confirm.
+    if (auto it = known_.find(*scheduler_);
+        it != known_.end() && it->second.id == id) {
+      WipeString(&it->second.password);
+      known_.erase(it);
+    }
+  }
+  key_of_[id] = node_key;
+  known_[node_key] = std::move(known);
+  if (id == kSchedulerId) scheduler_ = node_key;
+  version_.fetch_add(1);
+}
+
+void Admission::RemovePeer(int id) {
+  absl::MutexLock lock(&mu_);
+  auto old = key_of_.find(id);
+  if (old == key_of_.end()) return;
+  if (auto it = known_.find(old->second);
+      it != known_.end() && it->second.id == id) {
+    WipeString(&it->second.password);
+    known_.erase(it);
+  }
+  key_of_.erase(old);
+}
+
+Admission::Verdict Admission::Check(absl::string_view user,
+                                    absl::string_view password,
+                                    std::string* user_id, std::string* why) {
+  Role role;
+  Key32 key;
+  if (!ParseAdmissionUser(user, &role, &key)) {
+    *why = absl::StrCat("PLAIN user '", user.substr(0, 48),
+                        "' names no role and node key");
+    return Verdict::kRefuse;
+  }
+  if (!ExpectKnown(key, role, why)) return Verdict::kRefuse;
+  Verdict verdict = Verdict::kWait;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = known_.find(key);
+    if (it != known_.end()) {
+      if (it->second.role != role) {
+        *why = absl::StrCat("node key ", KeyText(key), " is a ",
+                            RoleName(it->second.role), "'s; it claims to be a ",
+                            RoleName(role));
+        return Verdict::kRefuse;
+      }
+      verdict = SamePassword(it->second.password, password) ? Verdict::kAdmit
+                                                            : Verdict::kRefuse;
+      if (verdict == Verdict::kRefuse) {
+        *why = absl::StrCat(RoleName(role), " node key ", KeyText(key),
+                            " with a password not its pair's");
+      }
+    }
+  }
+  if (verdict == Verdict::kWait && role == Role::kScheduler)
+    verdict = CheckScheduler(key, password, why);
+  if (verdict == Verdict::kAdmit) *user_id = std::string(user);
+  return verdict;
+}
+
+bool Admission::ExpectKnown(const Key32& key, Role role, std::string* why) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = known_.find(key);
+    if (it == known_.end() || it->second.role != role ||
+        !it->second.password.empty())
+      return true;  // unknown, a role Check refuses, or computed already
+  }
+  // The key agreement (kept by LinkKeys for the links too), outside the lock.
+  PeerSecrets secrets;
+  if (!keys_->ForPeer(key, &secrets)) {
+    *why = absl::StrCat("node key ", KeyText(key), " is of small order");
+    return false;
+  }
+  std::string expected = Expected(secrets.ee, role, key);
+  absl::MutexLock lock(&mu_);
+  auto it = known_.find(key);
+  if (it != known_.end() && it->second.role == role &&
+      it->second.password.empty()) {
+    it->second.password = std::move(expected);
+  } else {
+    WipeString(&expected);
+  }
+  return true;
+}
+
+Admission::Verdict Admission::CheckScheduler(const Key32& key,
+                                             absl::string_view password,
+                                             std::string* why) {
+  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&mu_);
+    if (scheduler_.has_value()) {
+      *why =
+          absl::StrCat("scheduler node key ", KeyText(key),
+                       " is not the scheduler's (", KeyText(*scheduler_), ")");
+      return Verdict::kRefuse;
+    }
+    if (now - failures_since_ > absl::Seconds(1)) {
+      failures_since_ = now;
+      failures_ = 0;
+    }
+    if (failures_ >= kSchedulerFailuresPerSecond) {
+      *why = absl::StrCat("scheduler node key ", KeyText(key),
+                          ", unchecked: too many failed scheduler claims "
+                          "this second");
+      return Verdict::kRefuse;
+    }
+  }
+  // One X25519, outside the lock: the role-key term is the proof.
+  Key32 ee;
+  const bool agreed = keys_->node_key().Agree(key, &ee);
+  std::string expected = agreed ? Expected(ee, Role::kScheduler, key) : "";
+  WipeBytes(ee.data(), ee.size());
+  const bool ok = agreed && SamePassword(expected, password);
+  absl::MutexLock lock(&mu_);
+  if (!ok) {
+    ++failures_;
+    WipeString(&expected);
+    *why = absl::StrCat(
+        "scheduler node key ", KeyText(key),
+        agreed ? " with a password not its pair's" : " of small order");
+    return Verdict::kRefuse;
+  }
+  if (scheduler_.has_value() && *scheduler_ != key) {
+    WipeString(&expected);
+    *why = absl::StrCat("scheduler node key ", KeyText(key),
+                        " is not the scheduler's");
+    return Verdict::kRefuse;
+  }
+  scheduler_ = key;
+  known_[key] = Known{kSchedulerId, Role::kScheduler, std::move(expected)};
+  return Verdict::kAdmit;
+}
+
+}  // namespace sealed
+}  // namespace tessera

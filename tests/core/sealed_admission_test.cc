@@ -1,0 +1,370 @@
+// Admission to a sealed lane (issue #46; common/sealed_admission.h), against
+// a real server transport: only a password of the connecting process's own
+// pair with the server is taken (not another pair's, not the role pair's of
+// before, not another process's key with one's own password); a connection
+// whose key the server learns 300 ms later waits for it instead of being
+// refused; an admitted connection carries only its own node key's records;
+// and records that fail to open throttle their connection, not the others.
+//
+// The test plays the connecting processes itself, with node keys of its own,
+// and derives their passwords from the design (the KDF below), not from the
+// code under test.
+#include <sodium.h>
+#include <zmq.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/curve_keys.h"
+#include "common/message.h"
+#include "common/sealed_link.h"
+#include "common/transport.h"
+#include "gtest/gtest.h"
+
+namespace tessera::sealed {
+namespace {
+
+constexpr int kServer = 8;
+constexpr char kLabel[] = "tessera sealed lane admission v1";
+
+std::string Z85(const Key32& key) {
+  char text[41];
+  zmq_z85_encode(text, key.data(), key.size());
+  return std::string(text, 40);
+}
+
+Key32 Random() {
+  Key32 k;
+  randombytes_buf(k.data(), k.size());
+  return k;
+}
+
+Key32 X25519(const Key32& secret, const Key32& point) {
+  Key32 out;
+  EXPECT_EQ(crypto_scalarmult(out.data(), secret.data(), point.data()), 0);
+  return out;
+}
+
+class Sink : public RecordSink {
+ public:
+  uint8_t* Allocate(size_t size) override {
+    records.emplace_back(size);
+    return records.back().data();
+  }
+  absl::Status Emit() override { return absl::OkStatus(); }
+  std::vector<std::vector<uint8_t>> records;
+};
+
+// A process the test plays: a node key whose secret it holds, and its
+// role's secret key.
+struct Process {
+  Process(const JobKeySet& job, Role r, int node_id)
+      : role(r),
+        id(node_id),
+        secret(Random()),
+        node(NodeKey::FromSecret(secret)),
+        role_secret(*KeyFromZ85(job.of(r).secret_key)) {
+    std::array<Key32, 3> publics;
+    for (Role x : {Role::kScheduler, Role::kServer, Role::kWorker})
+      publics[static_cast<int>(x)] = *KeyFromZ85(job.of(x).public_key);
+    keys = std::make_shared<const LinkKeys>(
+        *LinkKeys::Make(node, role, role_secret, publics));
+  }
+  const Key32& key() const { return node.public_key(); }
+  std::string User() const {
+    return absl::StrCat(RoleName(role), ":", Z85(key()));
+  }
+  // The pair's admission password toward `to` (the design's KDF).
+  std::string PasswordTo(const Key32& to, Role to_role) const {
+    const Key32 ee = X25519(secret, to), se = X25519(role_secret, to);
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, nullptr, 0, 32);
+    crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(kLabel),
+                              sizeof(kLabel) - 1);
+    crypto_generichash_update(&st, ee.data(), 32);
+    crypto_generichash_update(&st, se.data(), 32);
+    const uint8_t from = static_cast<uint8_t>(role),
+                  dest = static_cast<uint8_t>(to_role);
+    crypto_generichash_update(&st, &from, 1);
+    crypto_generichash_update(&st, key().data(), 32);
+    crypto_generichash_update(&st, &dest, 1);
+    crypto_generichash_update(&st, to.data(), 32);
+    const uint8_t no_job_id[4] = {0, 0, 0, 0};
+    crypto_generichash_update(&st, no_job_id, 4);
+    Key32 out;
+    crypto_generichash_final(&st, out.data(), 32);
+    return Z85(out);
+  }
+  // A push's records, sealed on link `link` to `to`.
+  std::vector<std::vector<uint8_t>> Seal(const Key32& to, uint64_t request,
+                                         uint32_t link = 1) const {
+    PeerSecrets p;
+    EXPECT_TRUE(keys->ForPeer(to, &p));
+    Sealer sealer(role, key(), link,
+                  keys->SendingSecret(p, Role::kServer, to, link));
+    Message m;
+    m.header.set_command(wire::KV_PUSH);
+    m.header.set_sender(id);
+    m.header.set_recipient(kServer);
+    m.header.set_request_id(request);
+    m.header.set_plane(wire::DATA);
+    m.header.mutable_slice()->set_key(7);
+    const float values[4] = {1, 2, 3, 4};
+    AddFloatFrame(&m, Buffer::CopyOf(values, sizeof(values)));
+    const std::string header = m.header.SerializeAsString();
+    Sink sink;
+    EXPECT_TRUE(sealer
+                    .Seal(absl::Span<const uint8_t>(
+                              reinterpret_cast<const uint8_t*>(header.data()),
+                              header.size()),
+                          m.data, sink)
+                    .ok());
+    return sink.records;
+  }
+
+  Role role;
+  int id;
+  Key32 secret;
+  NodeKey node;
+  Key32 role_secret;
+  std::shared_ptr<const LinkKeys> keys;
+};
+
+// A server's transport with its sealed lane, and raw client sockets to it.
+class AdmissionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto security = std::make_shared<ConnectionSecurity>();
+    security->keys = *ParseKeyFile(FormatKeyFile(job_, Role::kServer), "test");
+    ZmqTransportOptions o;
+    o.security = security;
+    server_ = NewZmqTransport(o);
+    ASSERT_TRUE(server_->Bind("127.0.0.1", 0).ok());
+    const std::string k = server_->node_key();
+    ASSERT_EQ(k.size(), 32u);
+    std::memcpy(server_key_.data(), k.data(), 32);
+    context_ = zmq_ctx_new();
+  }
+  void TearDown() override {
+    for (auto& [socket, monitor] : monitors_) zmq_close(monitor);
+    for (void* s : sockets_) zmq_close(s);
+    zmq_ctx_term(context_);
+    server_->Close();
+  }
+  void Know(const Process& p) {
+    PeerIdentity identity;
+    identity.role = p.role;
+    identity.node_key =
+        std::string(reinterpret_cast<const char*>(p.key().data()), 32);
+    identity.sealed_port = 1;
+    server_->SetPeerIdentity(p.id, identity);
+  }
+  void* Connect(const std::string& user, const std::string& password) {
+    void* s = zmq_socket(context_, ZMQ_PUSH);
+    const int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, user.data(), user.size());
+    zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
+    // Its handshakes' outcomes, watched (Outcome).
+    const std::string monitor = absl::StrCat("inproc://monitor-", ++made_);
+    EXPECT_EQ(zmq_socket_monitor(s, monitor.c_str(),
+                                 ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH),
+              0);
+    void* m = zmq_socket(context_, ZMQ_PAIR);
+    EXPECT_EQ(zmq_connect(m, monitor.c_str()), 0);
+    monitors_[s] = m;
+    const std::string endpoint =
+        absl::StrCat("tcp://127.0.0.1:", server_->sealed_port());
+    EXPECT_EQ(zmq_connect(s, endpoint.c_str()), 0);
+    sockets_.push_back(s);
+    return s;
+  }
+  static void Send(void* s, const std::vector<std::vector<uint8_t>>& records) {
+    for (const auto& r : records) {
+      EXPECT_EQ(zmq_send(s, r.data(), r.size(), 0), static_cast<int>(r.size()));
+    }
+  }
+  // The messages the server takes within `wait`.
+  std::vector<Message> Received(absl::Duration wait) {
+    std::vector<Message> got;
+    const absl::Time until = absl::Now() + wait;
+    while (absl::Now() < until) {
+      absl::StatusOr<Message> m = server_->Receive(until - absl::Now());
+      if (m.ok()) got.push_back(*std::move(m));
+    }
+    return got;
+  }
+  // The first handshake outcome of `s` within `wait`: "admitted",
+  // "refused" or "none".
+  std::string Outcome(void* s, absl::Duration wait) {
+    void* m = monitors_.at(s);
+    const int ms = static_cast<int>(absl::ToInt64Milliseconds(wait));
+    zmq_setsockopt(m, ZMQ_RCVTIMEO, &ms, sizeof(ms));
+    zmq_msg_t event;
+    zmq_msg_init(&event);
+    if (zmq_msg_recv(&event, m, 0) < 0) {
+      zmq_msg_close(&event);
+      return "none";
+    }
+    uint16_t what = 0;
+    std::memcpy(&what, zmq_msg_data(&event), sizeof(what));
+    zmq_msg_close(&event);
+    zmq_msg_t address;  // the event's second frame
+    zmq_msg_init(&address);
+    zmq_msg_recv(&address, m, 0);
+    zmq_msg_close(&address);
+    return what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED ? "admitted" : "refused";
+  }
+
+  JobKeySet job_ = GenerateJobKeys().value();
+  std::unique_ptr<Transport> server_;
+  Key32 server_key_{};
+  void* context_ = nullptr;
+  std::vector<void*> sockets_;
+  std::map<void*, void*> monitors_;  // each socket's monitor's end
+  int made_ = 0;
+};
+
+// Worker A's own password is taken; A's password for another server, the
+// workers' role password of before, worker C's key with A's password, and a
+// made-up key claiming the scheduler's role are refused, and the records
+// sent over them (A's, which the server could open) go nowhere.
+TEST_F(AdmissionTest, OnlyThePairsOwnPasswordIsAdmitted) {
+  const Process a(job_, Role::kWorker, 9), c(job_, Role::kWorker, 11);
+  Know(a);
+  Know(c);
+  const std::string to_server = a.PasswordTo(server_key_, Role::kServer);
+  // Each sends A's records on a new link (a fresh key): opened, were it let
+  // in.
+  const Key32 other_server = NodeKey::Generate().public_key();
+  const JobKeys worker = *ParseKeyFile(FormatKeyFile(job_, Role::kWorker), "t");
+  const std::pair<std::string, std::string> wrong[] = {
+      {a.User(), a.PasswordTo(other_server, Role::kServer)},
+      {"worker", PlainPassword(worker, Role::kServer)},  // the role pair's
+      {c.User(), to_server},
+      {absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key())),
+       to_server}};
+  uint32_t link = 1;
+  for (const auto& [user, password] : wrong) {
+    void* s = Connect(user, password);
+    Send(s, a.Seal(server_key_, link, link));
+    EXPECT_EQ(Outcome(s, absl::Seconds(2)), "refused") << user;
+    ++link;
+  }
+  EXPECT_GE(server_->refused_connection_count(), 4u);
+  EXPECT_TRUE(Received(absl::Milliseconds(500)).empty());
+
+  // A's own: admitted, its message taken.
+  void* own = Connect(a.User(), to_server);
+  Send(own, a.Seal(server_key_, link, link));
+  EXPECT_EQ(Outcome(own, absl::Seconds(2)), "admitted");
+  std::vector<Message> got = Received(absl::Seconds(1));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].header.request_id(), link);
+}
+
+// A connection whose key is in no table is held, then refused after 10 s;
+// nothing it sends is taken.
+TEST_F(AdmissionTest, AMadeUpNodeKeyWaitsAndIsRefused) {
+  const Process a(job_, Role::kWorker, 9), stranger(job_, Role::kWorker, 13);
+  Know(a);
+  void* s =
+      Connect(stranger.User(), stranger.PasswordTo(server_key_, Role::kServer));
+  Send(s, a.Seal(server_key_, 1));
+  EXPECT_EQ(Outcome(s, absl::Seconds(2)), "none");  // held
+  EXPECT_TRUE(Received(absl::Milliseconds(100)).empty());
+  EXPECT_EQ(server_->refused_connection_count(), 0u);
+  EXPECT_EQ(Outcome(s, absl::Seconds(10)), "refused");
+  EXPECT_GE(server_->refused_connection_count(), 1u);
+  EXPECT_TRUE(Received(absl::Milliseconds(300)).empty());
+}
+
+// The server learns D's key 300 ms after D connected: D's connection is
+// admitted then, without a refusal and ZeroMQ's reconnection.
+TEST_F(AdmissionTest, AKeyKnown300MsLaterIsAdmittedWithoutAReconnect) {
+  const Process d(job_, Role::kWorker, 9);
+  const absl::Time start = absl::Now();
+  void* s = Connect(d.User(), d.PasswordTo(server_key_, Role::kServer));
+  Send(s, d.Seal(server_key_, 1));
+  absl::SleepFor(absl::Milliseconds(300));
+  Know(d);
+  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(1));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->header.sender(), 9);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1300));
+  // Its first handshake was the one admitted: no refusal, no reconnection.
+  EXPECT_EQ(Outcome(s, absl::Milliseconds(100)), "admitted");
+  EXPECT_EQ(server_->refused_connection_count(), 0u);
+}
+
+// The scheduler's key comes to a node after the scheduler's first message:
+// a scheduler claim with an unknown key is admitted at once when its
+// password's role-key term checks out; from then on the scheduler is that
+// key, and another key claiming the role (a second scheduler, holding the
+// role key) is refused.
+TEST_F(AdmissionTest, TheSchedulerIsAdmittedBeforeItsKeyIsKnown) {
+  const Process scheduler(job_, Role::kScheduler, 1),
+      other(job_, Role::kScheduler, 1);
+  void* s = Connect(scheduler.User(),
+                    scheduler.PasswordTo(server_key_, Role::kServer));
+  EXPECT_EQ(Outcome(s, absl::Seconds(2)), "admitted");
+  void* t = Connect(other.User(), other.PasswordTo(server_key_, Role::kServer));
+  EXPECT_EQ(Outcome(t, absl::Seconds(2)), "refused");
+}
+
+// An admitted connection is one process's: a record of another node key on
+// it (C's, which the server could open) is dropped and counted.
+TEST_F(AdmissionTest, ARecordOfAnotherKeyOnAConnectionIsDropped) {
+  const Process a(job_, Role::kWorker, 9), c(job_, Role::kWorker, 11);
+  Know(a);
+  Know(c);
+  void* s = Connect(a.User(), a.PasswordTo(server_key_, Role::kServer));
+  Send(s, c.Seal(server_key_, 1));
+  Send(s, a.Seal(server_key_, 2));
+  std::vector<Message> got = Received(absl::Seconds(1));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].header.sender(), 9);
+  EXPECT_EQ(server_->sealed_drops().wrong_sender, 1u);
+}
+
+// 40 records that claim new links of A's and fail to open: after 8 of them
+// A's connection is throttled (the rest dropped unread), while C's real
+// records, on their own connection, still open.
+TEST_F(AdmissionTest, FailedOpensThrottleTheirConnectionOnly) {
+  const Process a(job_, Role::kWorker, 9), c(job_, Role::kWorker, 11);
+  Know(a);
+  Know(c);
+  void* junk = Connect(a.User(), a.PasswordTo(server_key_, Role::kServer));
+  std::vector<std::vector<uint8_t>> records;
+  for (uint32_t i = 0; i < 40; ++i) {
+    Prefix p;
+    p.flags = kFirst | kLast;
+    p.role = Role::kWorker;
+    p.node_key = a.key();
+    p.link = 100 + i;  // each a new link: a key set-up to try it
+    p.length = 64;
+    std::vector<uint8_t> r(kRecordOverhead + 64);
+    randombytes_buf(r.data(), r.size());
+    EncodePrefix(p, r.data());
+    records.push_back(std::move(r));
+  }
+  Send(junk, records);
+  absl::SleepFor(absl::Milliseconds(200));
+  Send(Connect(c.User(), c.PasswordTo(server_key_, Role::kServer)),
+       c.Seal(server_key_, 1));
+  std::vector<Message> got = Received(absl::Seconds(1));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].header.sender(), 11);
+  const SealedDrops d = server_->sealed_drops();
+  EXPECT_EQ(d.unauthentic, 8u);
+  EXPECT_EQ(d.total(), 40u);
+}
+
+}  // namespace
+}  // namespace tessera::sealed
