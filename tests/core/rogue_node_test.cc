@@ -11,25 +11,33 @@
 //   - a replacement's and a hand-back's reports, and a server's goodbye;
 //   - answers to requests meant for a server, to worker A, in its name and in
 //     server 0's;
-//   - a replica update in server 0's name.
+//   - a replica update in server 0's name;
+//   - registrations over its own main (CURVE) link, as a restart of its own
+//     rank, claiming server 0's sealed node key, then its bit-255 twin, then
+//     a key not below 2^255 - 19 (the scheduler refuses each and counts it in
+//     its exit line's "ignored messages"; server 0 goes on).
 // Each scene: the job's result is bit-equal to a clean run of the same job
 // (B's pulled values; every process exits 0), the attempt is refused and
 // counted, and the rogue (worker id N) is named in the refusing node's log.
 //
 // Not here, and where they are tested: a record replayed, records claiming
 // unknown node keys (the parking queue), a first record announcing 8 GiB of
-// frames, a bit-255 twin of a held node key: sealed_link_test and node_test
-// (they need a hand-made sealer, not the transport's).
+// frames, records sealed with a bit-255 twin of a held node key:
+// sealed_link_test and node_test (they need a hand-made sealer, not the
+// transport's).
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <regex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/curve_keys.h"
 #include "common/message.h"
 #include "gmock/gmock.h"
@@ -37,6 +45,7 @@
 #include "tests/core/cluster_expect.h"
 #include "tests/core/process_cluster.h"
 #include "tests/core/roster.h"
+#include "tests/support/forwarding_transport.h"
 #include "worker/client/kv_client.h"
 
 namespace tessera::testing {
@@ -118,8 +127,90 @@ struct Outcome {
   std::vector<float> big, small;  // B's last pulls
   int b_id = 0;
   int rogue_port = 0;
+  int b_port = 0;           // B's own address: 127.0.0.1:b_port
+  std::string claimed_key;  // server 0's sealed node key
   std::string scheduler, server0, server1, worker_a;
 };
+
+// B's transport, keeping the node tables it receives (the node keys and
+// addresses of the job).
+class TableTap : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    absl::StatusOr<Message> m = inner_->Receive(timeout);
+    if (m.ok() && m->header.command() == wire::NODE_TABLE &&
+        !m->header.is_response()) {
+      absl::MutexLock lock(&mu_);
+      table_ = m->header.node_table();
+    }
+    return m;
+  }
+  // The latest table's entry for node `id` (an empty one if none).
+  wire::NodeInfo Find(int id) const {
+    absl::MutexLock lock(&mu_);
+    for (const wire::NodeInfo& n : table_.nodes()) {
+      if (n.id() == id) return n;
+    }
+    return wire::NodeInfo();
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  wire::NodeTable table_ ABSL_GUARDED_BY(mu_);
+};
+
+// A restart's registration of B (its address, a later generation) claiming
+// the sealed node key `key`.
+Message Restart(const wire::NodeInfo& b, const std::string& key) {
+  Message reg = Forged(wire::REGISTER, 0, wire::CONTROL);
+  wire::Register* r = reg.header.mutable_register_();
+  *r->mutable_node() = b;
+  r->mutable_node()->set_generation(b.generation() + 1);
+  r->mutable_node()->set_node_key(key);
+  r->set_nonce(0x5eed);
+  reg.header.set_generation(b.generation() + 1);
+  return reg;
+}
+
+// Registrations over a main (CURVE) link of B's own key, as B restarted:
+// claiming server 0's sealed node key, its bit-255 twin and p = 2^255 - 19
+// (which X25519 takes as 0). Returns once the scheduler logged all three
+// (10 s at most).
+void ClaimKeys(ProcessCluster& c, const Options& options, const TableTap& tap,
+               int b_id, Outcome* out) {
+  const wire::NodeInfo b = tap.Find(b_id);
+  out->b_port = b.port();
+  out->claimed_key = tap.Find(ServerId(0)).node_key();
+  ASSERT_EQ(b.id(), b_id);
+  ASSERT_EQ(out->claimed_key.size(), 32u);
+  std::string twin = out->claimed_key;
+  twin[31] = static_cast<char>(twin[31] ^ 0x80);
+  std::string p(32, '\xff');
+  p[0] = '\xed';
+  p[31] = '\x7f';
+  absl::StatusOr<std::unique_ptr<Transport>> link =
+      NewZmqTransportForNode(options);
+  ASSERT_TRUE(link.ok()) << link.status();
+  ASSERT_TRUE((*link)->Connect(kSchedulerId, "127.0.0.1", c.port()).ok());
+  for (const std::string* key : {&out->claimed_key, &twin, &p})
+    EXPECT_TRUE((*link)->Send(kSchedulerId, Restart(b, *key)).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto logged = [&] {
+    const std::string log = ProcessCluster::Log(c.Find("scheduler"));
+    size_t n = 0;
+    for (size_t at = log.find("ignored a registration");
+         at != std::string::npos;
+         at = log.find("ignored a registration", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  while (logged() < 3 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
+  (*link)->Close();
+}
 
 // B's rounds: push a gradient made of the round's number, pull both keys.
 void Rounds(KVClient& b, int first, int count, Outcome* out) {
@@ -215,9 +306,10 @@ Outcome RunJob(bool attack) {
       NewZmqTransportForNode(options);
   EXPECT_TRUE(made.ok()) << made.status();
   if (!made.ok()) return out;
-  Transport* transport = made->get();
+  auto tap = std::make_unique<TableTap>(*std::move(made));
+  TableTap* transport = tap.get();
   absl::StatusOr<std::unique_ptr<KVClient>> b =
-      KVClient::Create(options, /*sync=*/false, *std::move(made));
+      KVClient::Create(options, /*sync=*/false, std::move(tap));
   EXPECT_TRUE(b.ok()) << b.status() << c.AllLogs();
   if (!b.ok()) return out;
   KVClient& rogue = **b;
@@ -231,7 +323,10 @@ Outcome RunJob(bool attack) {
   EXPECT_TRUE(rogue.Init(kSmall, small).ok());
   EXPECT_TRUE(rogue.Barrier().ok());
   Rounds(rogue, 0, kRounds, &out);
-  if (attack) Attack(*transport, out.b_id, &out);
+  if (attack) {
+    Attack(*transport, out.b_id, &out);
+    ClaimKeys(c, options, *transport, out.b_id, &out);
+  }
   EXPECT_TRUE(rogue.Barrier().ok());
   Rounds(rogue, kRounds, kRounds, &out);
   EXPECT_TRUE(rogue.Barrier().ok());
@@ -319,6 +414,31 @@ TEST(RogueNodeTest, AWorkerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
   EXPECT_THAT(rogue.scheduler, HasSubstr("dropped sealed record #5:"));
   EXPECT_THAT(rogue.scheduler, Not(HasSubstr("dropped sealed record #6:")));
   EXPECT_THAT(rogue.worker_a, HasSubstr("barrier ok: rank 1, 3 barriers"));
+  // B's restarts over its own CURVE link: server 0's sealed node key, its
+  // bit-255 twin, p. Each refused, counted and named; B is not restarted
+  // and server 0 keeps its place (the results above).
+  EXPECT_EQ(SummaryCount(clean.scheduler, "ignored messages"), 0)
+      << clean.scheduler;
+  EXPECT_EQ(SummaryCount(rogue.scheduler, "ignored messages"), 3)
+      << rogue.scheduler;
+  const std::string claimed = absl::BytesToHexString(rogue.claimed_key);
+  EXPECT_THAT(rogue.scheduler,
+              HasSubstr(absl::StrCat("ignored a registration as worker 0 (id ",
+                                     rogue.b_id, " at 127.0.0.1:", rogue.b_port,
+                                     ") (generation 1): its sealed node key ",
+                                     claimed.substr(0, 12),
+                                     "... is server 0 (id ", ServerId(0))));
+  const std::string at = absl::StrCat(
+      "ignored a registration of the node at 127.0.0.1:", rogue.b_port,
+      ", worker 0 (id ", rogue.b_id, " at 127.0.0.1:", rogue.b_port,
+      ")'s address: its sealed node key ");
+  EXPECT_THAT(rogue.scheduler,
+              HasSubstr(at + claimed.substr(0, 12) +
+                        "... cannot be a node key: its bit 255 is set"));
+  EXPECT_THAT(rogue.scheduler,
+              HasSubstr(at + "edffffffffff... cannot be a node key: it is "
+                             "not below 2^255 - 19"));
+  EXPECT_THAT(rogue.scheduler, Not(HasSubstr(" restarted (generation")));
 }
 
 }  // namespace
