@@ -19,13 +19,18 @@
 // Each scene: the job's result is bit-equal to a clean run of the same job
 // (B's pulled values; every process exits 0), the attempt is refused and
 // counted, and the rogue (worker id N) is named in the refusing node's log.
+// B's sealed links to the servers go through TcpTap relays of the test (in
+// both runs), which keep B's first session with each: replayed at the end of
+// the attack (records of inits and pushes), they are dropped as replayed.
 //
-// Not here, and where they are tested: a record replayed, records claiming
-// unknown node keys (the parking queue), a first record announcing 8 GiB of
-// frames, records sealed with a bit-255 twin of a held node key:
-// sealed_link_test and node_test (they need a hand-made sealer, not the
-// transport's).
+// Not here, and where they are tested: records claiming unknown node keys
+// (the parking queue), a first record announcing 8 GiB of frames, records
+// sealed with a bit-255 twin of a held node key: sealed_link_test and
+// node_test (they need a hand-made sealer on the link's own keys and
+// numbers; a second sealer of B's link would move the link past B's own
+// records).
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -46,6 +51,7 @@
 #include "tests/core/process_cluster.h"
 #include "tests/core/roster.h"
 #include "tests/support/forwarding_transport.h"
+#include "tests/support/tcp_tap.h"
 #include "worker/client/kv_client.h"
 
 namespace tessera::testing {
@@ -133,10 +139,12 @@ struct Outcome {
 };
 
 // B's transport, keeping the node tables it receives (the node keys and
-// addresses of the job).
+// addresses of the job), and sending what B seals for server r through
+// relays[r] (its sealed lane's port in B's tables is the relay's).
 class TableTap : public ForwardingTransport {
  public:
-  using ForwardingTransport::ForwardingTransport;
+  TableTap(std::unique_ptr<Transport> inner, std::array<TcpTap, 2>* relays)
+      : ForwardingTransport(std::move(inner)), relays_(relays) {}
 
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
     absl::StatusOr<Message> m = inner_->Receive(timeout);
@@ -144,6 +152,13 @@ class TableTap : public ForwardingTransport {
         !m->header.is_response()) {
       absl::MutexLock lock(&mu_);
       table_ = m->header.node_table();
+      for (wire::NodeInfo& n :
+           *m->header.mutable_node_table()->mutable_nodes()) {
+        if (!IsServerId(n.id()) || n.sealed_port() == 0) continue;
+        TcpTap& relay = (*relays_)[RankOfId(n.id())];
+        relay.SetTarget(n.sealed_port());
+        n.set_sealed_port(relay.port());
+      }
     }
     return m;
   }
@@ -157,8 +172,9 @@ class TableTap : public ForwardingTransport {
   }
 
  private:
+  std::array<TcpTap, 2>* const relays_;
   mutable absl::Mutex mu_;
-  wire::NodeTable table_ ABSL_GUARDED_BY(mu_);
+  wire::NodeTable table_ ABSL_GUARDED_BY(mu_);  // as the scheduler sent it
 };
 
 // A restart's registration of B (its address, a later generation) claiming
@@ -210,6 +226,29 @@ void ClaimKeys(ProcessCluster& c, const Options& options, const TableTap& tap,
   while (logged() < 3 && absl::Now() < deadline)
     absl::SleepFor(absl::Milliseconds(20));
   (*link)->Close();
+}
+
+// B's first session with each server's sealed lane, as B's ZeroMQ sent it
+// (greeting, PLAIN handshake, records), written again over a connection of
+// its own: every record is one the link took already. Each returns once the
+// server logged its first record dropped (10 s at most).
+void ReplaySessions(ProcessCluster& c, const std::array<TcpTap, 2>& relays) {
+  for (int i = 0; i < 2; ++i) {
+    const std::string session = relays[i].Captured();
+    EXPECT_GT(session.size(), 1000u);
+    auto dropped = [&c, i] {
+      const std::string logs = ProcessCluster::Log(c.Find("server 0")) +
+                               ProcessCluster::Log(c.Find("server 1"));
+      int n = 0;
+      for (size_t at = logs.find("record 0) already passed");
+           at != std::string::npos;
+           at = logs.find("record 0) already passed", at + 1)) {
+        ++n;
+      }
+      return n > i;
+    };
+    EXPECT_TRUE(TcpTap::Replay(relays[i].target(), session, dropped));
+  }
 }
 
 // B's rounds: push a gradient made of the round's number, pull both keys.
@@ -306,7 +345,9 @@ Outcome RunJob(bool attack) {
       NewZmqTransportForNode(options);
   EXPECT_TRUE(made.ok()) << made.status();
   if (!made.ok()) return out;
-  auto tap = std::make_unique<TableTap>(*std::move(made));
+  std::array<TcpTap, 2> relays;
+  EXPECT_NE(relays[1].port(), 0);
+  auto tap = std::make_unique<TableTap>(*std::move(made), &relays);
   TableTap* transport = tap.get();
   absl::StatusOr<std::unique_ptr<KVClient>> b =
       KVClient::Create(options, /*sync=*/false, std::move(tap));
@@ -326,6 +367,7 @@ Outcome RunJob(bool attack) {
   if (attack) {
     Attack(*transport, out.b_id, &out);
     ClaimKeys(c, options, *transport, out.b_id, &out);
+    ReplaySessions(c, relays);
   }
   EXPECT_TRUE(rogue.Barrier().ok());
   Rounds(rogue, kRounds, kRounds, &out);
@@ -439,6 +481,17 @@ TEST(RogueNodeTest, AWorkerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
               HasSubstr(at + "edffffffffff... cannot be a node key: it is "
                              "not below 2^255 - 19"));
   EXPECT_THAT(rogue.scheduler, Not(HasSubstr(" restarted (generation")));
+  // B's first sessions with the servers replayed: every record dropped as
+  // replayed, naming B, none taken (the results above), none malformed.
+  auto replayed = [](const Outcome& o) {
+    return std::max<int64_t>(0, SummaryCount(o.server0, "replayed")) +
+           std::max<int64_t>(0, SummaryCount(o.server1, "replayed"));
+  };
+  EXPECT_EQ(replayed(clean), 0);
+  EXPECT_GT(replayed(rogue), 0) << servers;
+  EXPECT_THAT(servers, HasSubstr(absl::StrCat("a record from worker id ",
+                                              rogue.b_id, " (link ")));
+  EXPECT_THAT(servers, HasSubstr(") already passed: the link is at link "));
 }
 
 }  // namespace
