@@ -23,17 +23,21 @@
 // both runs), which keep B's first session with each: replayed at the end of
 // the attack (records of inits and pushes), they are dropped as replayed.
 //
+// B seals with a node key the test made (ZmqTransportOptions::node_secret),
+// so the test also seals on B's link to a server, next in its order, two
+// pushes announcing 8 GiB of frames (8 of 1 GiB, the bound each, in a record
+// marked last; one of 8 GiB): both dropped as malformed, nothing allocated.
+//
 // Not here, and where they are tested: records claiming unknown node keys
-// (the parking queue), a first record announcing 8 GiB of frames, records
-// sealed with a bit-255 twin of a held node key: sealed_link_test and
-// node_test (they need a hand-made sealer on the link's own keys and
-// numbers; a second sealer of B's link would move the link past B's own
-// records).
+// (the parking queue), records sealed with a bit-255 twin of a held node
+// key: sealed_link_test and node_test.
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
+#include <random>
 #include <regex>
 #include <string>
 #include <utility>
@@ -45,6 +49,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/curve_keys.h"
 #include "common/message.h"
+#include "common/sealed_link.h"
+#include "common/transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/cluster_expect.h"
@@ -251,6 +257,179 @@ void ReplaySessions(ProcessCluster& c, const std::array<TcpTap, 2>& relays) {
   }
 }
 
+std::string RandomBytes(size_t n) {
+  std::random_device random;
+  std::string out(n, '\0');
+  for (char& c : out) c = static_cast<char>(random());
+  return out;
+}
+
+// B's transport, as NewZmqTransportForNode makes it, but sealing with the
+// node key of `node_secret` (which the test keeps, to seal on B's links).
+absl::StatusOr<std::unique_ptr<Transport>> RogueTransport(
+    const Options& options, const std::string& node_secret) {
+  ZmqTransportOptions o;
+  o.max_message_bytes = options.max_frame_bytes;
+  o.sealed_port = options.sealed_port;
+  absl::StatusOr<std::shared_ptr<const ConnectionSecurity>> security =
+      LoadConnectionSecurity(options);
+  if (!security.ok()) return security.status();
+  o.security = *security;
+  o.metrics = &MetricsRegistry::Global();
+  o.node_secret = node_secret;
+  return NewZmqTransport(o);
+}
+
+// The handshake's end in a session TcpTap kept (after the greeting and the
+// HELLO and INITIATE commands) and the prefix of its last whole sealed
+// record (a ZeroMQ frame after the handshake); nullopt when there is none.
+std::optional<sealed::Prefix> LastRecord(const std::string& session,
+                                         size_t* handshake_end) {
+  const auto* b = reinterpret_cast<const uint8_t*>(session.data());
+  std::optional<sealed::Prefix> last;
+  size_t pos = 64;  // the greeting
+  while (pos + 2 <= session.size()) {
+    const bool long_size = (b[pos] & 0x02) != 0;
+    const size_t head = long_size ? 9 : 2;
+    if (pos + head > session.size()) break;
+    uint64_t size = b[pos + 1];
+    for (size_t i = 2; long_size && i < head; ++i)
+      size = (size << 8) | b[pos + i];
+    if (pos + head + size > session.size()) break;
+    const uint8_t* body = b + pos + head;
+    if ((b[pos] & 0x04) != 0) {  // a command: HELLO, INITIATE, PING
+      if (size > 9 && std::memcmp(body + 1, "INITIATE", 8) == 0)
+        *handshake_end = pos + head + size;
+    } else if (size >= sealed::kRecordOverhead) {
+      sealed::Prefix p;
+      if (sealed::DecodePrefix(body, &p).ok()) last = p;
+    }
+    pos += head + size;
+  }
+  return last;
+}
+
+// A ZeroMQ frame (the last of its message) holding `record`.
+std::string ZmtpFrame(const std::vector<uint8_t>& record) {
+  std::string out;
+  if (record.size() < 256) {
+    out = {'\0', static_cast<char>(record.size())};
+  } else {
+    out.push_back('\x02');
+    for (int i = 7; i >= 0; --i)
+      out.push_back(
+          static_cast<char>((uint64_t{record.size()} >> (8 * i)) & 0xff));
+  }
+  out.append(reinterpret_cast<const char*>(record.data()), record.size());
+  return out;
+}
+
+// Collects what a Sealer seals.
+class Records : public sealed::RecordSink {
+ public:
+  uint8_t* Allocate(size_t size) override {
+    records.emplace_back(size);
+    return records.back().data();
+  }
+  absl::Status Emit() override { return absl::OkStatus(); }
+  std::vector<std::vector<uint8_t>> records;
+};
+
+// On B's link to the server whose session the relays kept whole (the one
+// that took fewer of B's records), two messages sealed with B's own link
+// keys, next in the link's order: a push whose header announces 8 frames of
+// 1 GiB (TESSERA_MAX_MESSAGE_BYTES' bound each: 8 GiB) and no bytes, then
+// one announcing a frame of 8 GiB. Sent over a connection of their own after
+// the session's handshake (B's own PLAIN credentials, from the relay). Both
+// are dropped as malformed (the first promises 8 GiB in a record marked
+// last), before any frame's memory is taken. B's next two records on the
+// link, numbered as these, are dropped as replayed.
+void AnnounceEightGiB(ProcessCluster& c, const Options& options,
+                      const std::string& node_secret,
+                      const std::array<TcpTap, 2>& relays, TableTap& tap,
+                      int b_id) {
+  const int rank =
+      relays[0].Captured().size() <= relays[1].Captured().size() ? 0 : 1;
+  const std::string session = relays[rank].Captured();
+  ASSERT_LT(session.size(), size_t{4} << 20) << "the relay kept part of it";
+  size_t handshake_end = 0;
+  const std::optional<sealed::Prefix> last =
+      LastRecord(session, &handshake_end);
+  ASSERT_TRUE(last.has_value());
+  ASSERT_GT(handshake_end, 64u);
+  ASSERT_EQ(last->epoch, 0u);
+  // B's link keys, and the link's secret.
+  absl::StatusOr<std::shared_ptr<const ConnectionSecurity>> security =
+      LoadConnectionSecurity(options);
+  ASSERT_TRUE(security.ok()) << security.status();
+  const JobKeys& keys = (*security)->keys;
+  std::array<sealed::Key32, 3> publics;
+  for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker})
+    publics[static_cast<int>(r)] = *sealed::KeyFromZ85(keys.public_key(r));
+  sealed::Key32 secret;
+  std::memcpy(secret.data(), node_secret.data(), secret.size());
+  const sealed::NodeKey node = sealed::NodeKey::FromSecret(secret);
+  std::optional<sealed::LinkKeys> link_keys = sealed::LinkKeys::Make(
+      node, Role::kWorker, *sealed::KeyFromZ85(keys.secret_key), publics,
+      (*security)->job_id);
+  ASSERT_TRUE(link_keys.has_value());
+  const std::string server_key = tap.Find(ServerId(rank)).node_key();
+  ASSERT_EQ(server_key.size(), 32u);
+  sealed::Key32 peer_key;
+  std::memcpy(peer_key.data(), server_key.data(), peer_key.size());
+  sealed::PeerSecrets peer;
+  ASSERT_TRUE(link_keys->ForPeer(peer_key, &peer));
+  sealed::Sealer sealer(
+      Role::kWorker, node.public_key(), last->link,
+      link_keys->SendingSecret(peer, Role::kServer, peer_key, last->link));
+  // Past B's records: those numbers are taken.
+  Message filler = Forged(wire::KV_PULL, b_id, wire::DATA);
+  const std::string filler_header = filler.header.SerializeAsString();
+  Records discard;
+  while (sealer.next_seq() <= last->seq) {
+    ASSERT_TRUE(sealer
+                    .Seal(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(
+                                                  filler_header.data()),
+                                              filler_header.size()),
+                          {}, discard)
+                    .ok());
+  }
+  std::string bytes = session.substr(0, handshake_end);
+  for (const auto& [frames, frame_bytes] :
+       {std::pair<int, uint64_t>{8, uint64_t{1} << 30},
+        {1, uint64_t{1} << 33}}) {
+    Message push = Forged(wire::KV_PUSH, b_id, wire::DATA);
+    for (int i = 0; i < frames; ++i) {
+      wire::DataFrame* f = push.header.add_frames();
+      f->set_encoding(wire::DataFrame::FLOAT32);
+      f->set_num_values(frame_bytes / 4);
+      f->set_num_bytes(frame_bytes);
+    }
+    const std::string header = push.header.SerializeAsString();
+    Records sealed;
+    ASSERT_TRUE(sealer
+                    .Seal(absl::MakeConstSpan(
+                              reinterpret_cast<const uint8_t*>(header.data()),
+                              header.size()),
+                          {}, sealed)
+                    .ok());
+    for (const auto& r : sealed.records) bytes += ZmtpFrame(r);
+  }
+  auto dropped = [&c] {
+    return (ProcessCluster::Log(c.Find("server 0")) +
+            ProcessCluster::Log(c.Find("server 1")))
+               .find("a frame of 8589934592 bytes") != std::string::npos;
+  };
+  EXPECT_TRUE(TcpTap::Replay(relays[rank].target(), bytes, dropped));
+  // The two numbers are taken: B's next two records on the link are
+  // dropped as replayed. Two of no consequence go first, so that B's own
+  // requests need no resend.
+  for (int i = 0; i < 2; ++i)
+    EXPECT_TRUE(
+        tap.Send(ServerId(rank), Forged(wire::KV_STATS, b_id, wire::DATA))
+            .ok());
+}
+
 // B's rounds: push a gradient made of the round's number, pull both keys.
 void Rounds(KVClient& b, int first, int count, Outcome* out) {
   std::vector<float> grad(kBigLen), small_grad(kSmallLen);
@@ -341,8 +520,9 @@ Outcome RunJob(bool attack) {
            {"TESSERA_KEY_FILE", nodes[2].file},
            {"DMLC_TASK_ID", "4"}});
   const Options options = RogueOptions(c, nodes[3].file);
+  const std::string node_secret = RandomBytes(32);
   absl::StatusOr<std::unique_ptr<Transport>> made =
-      NewZmqTransportForNode(options);
+      RogueTransport(options, node_secret);
   EXPECT_TRUE(made.ok()) << made.status();
   if (!made.ok()) return out;
   std::array<TcpTap, 2> relays;
@@ -368,6 +548,7 @@ Outcome RunJob(bool attack) {
     Attack(*transport, out.b_id, &out);
     ClaimKeys(c, options, *transport, out.b_id, &out);
     ReplaySessions(c, relays);
+    AnnounceEightGiB(c, options, node_secret, relays, *transport, out.b_id);
   }
   EXPECT_TRUE(rogue.Barrier().ok());
   Rounds(rogue, kRounds, kRounds, &out);
@@ -492,6 +673,25 @@ TEST(RogueNodeTest, AWorkerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
   EXPECT_THAT(servers, HasSubstr(absl::StrCat("a record from worker id ",
                                               rogue.b_id, " (link ")));
   EXPECT_THAT(servers, HasSubstr(") already passed: the link is at link "));
+  // 8 GiB announced on B's link, next in its order: both dropped as
+  // malformed before any frame's memory is taken, naming B; B's records
+  // numbered as they were dropped as replayed (above) and went again.
+  auto sealed_malformed = [](const Outcome& o) {
+    const char* name = "sealed drops \\d+ \\(malformed";
+    return std::max<int64_t>(0, SummaryCount(o.server0, name)) +
+           std::max<int64_t>(0, SummaryCount(o.server1, name));
+  };
+  EXPECT_EQ(sealed_malformed(clean), 0);
+  EXPECT_EQ(sealed_malformed(rogue), 2) << servers;
+  const std::string from =
+      absl::StrCat("a message from worker id ", rogue.b_id);
+  EXPECT_THAT(servers, HasSubstr(from + ": its header describes 8589934592 "
+                                        "bytes of data; the first record "
+                                        "holds 0 and is the last"));
+  EXPECT_THAT(servers, HasSubstr(from + ": a frame of 8589934592 bytes; this "
+                                        "node takes at most 1073741824"));
+  for (const std::string* log : {&rogue.server0, &rogue.server1})
+    EXPECT_LT(SummaryCount(*log, "peak RSS"), 200) << *log;
 }
 
 }  // namespace
