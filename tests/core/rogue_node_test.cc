@@ -28,9 +28,11 @@
 // pushes announcing 8 GiB of frames (8 of 1 GiB, the bound each, in a record
 // marked last; one of 8 GiB): both dropped as malformed, nothing allocated.
 //
-// Not here, and where they are tested: records claiming unknown node keys
-// (the parking queue), records sealed with a bit-255 twin of a held node
-// key: sealed_link_test and node_test.
+// Last, after B's handshake on a connection of its own, 300 records of node
+// keys no node holds flood the parking queue: 128 park, the rest are dropped.
+//
+// Not here, and where it is tested: records sealed with a bit-255 twin of a
+// held node key: sealed_link_test and node_test.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -57,6 +59,7 @@
 #include "tests/core/process_cluster.h"
 #include "tests/core/roster.h"
 #include "tests/support/forwarding_transport.h"
+#include "tests/support/sealed_session.h"
 #include "tests/support/tcp_tap.h"
 #include "worker/client/kv_client.h"
 
@@ -280,61 +283,6 @@ absl::StatusOr<std::unique_ptr<Transport>> RogueTransport(
   return NewZmqTransport(o);
 }
 
-// The handshake's end in a session TcpTap kept (after the greeting and the
-// HELLO and INITIATE commands) and the prefix of its last whole sealed
-// record (a ZeroMQ frame after the handshake); nullopt when there is none.
-std::optional<sealed::Prefix> LastRecord(const std::string& session,
-                                         size_t* handshake_end) {
-  const auto* b = reinterpret_cast<const uint8_t*>(session.data());
-  std::optional<sealed::Prefix> last;
-  size_t pos = 64;  // the greeting
-  while (pos + 2 <= session.size()) {
-    const bool long_size = (b[pos] & 0x02) != 0;
-    const size_t head = long_size ? 9 : 2;
-    if (pos + head > session.size()) break;
-    uint64_t size = b[pos + 1];
-    for (size_t i = 2; long_size && i < head; ++i)
-      size = (size << 8) | b[pos + i];
-    if (pos + head + size > session.size()) break;
-    const uint8_t* body = b + pos + head;
-    if ((b[pos] & 0x04) != 0) {  // a command: HELLO, INITIATE, PING
-      if (size > 9 && std::memcmp(body + 1, "INITIATE", 8) == 0)
-        *handshake_end = pos + head + size;
-    } else if (size >= sealed::kRecordOverhead) {
-      sealed::Prefix p;
-      if (sealed::DecodePrefix(body, &p).ok()) last = p;
-    }
-    pos += head + size;
-  }
-  return last;
-}
-
-// A ZeroMQ frame (the last of its message) holding `record`.
-std::string ZmtpFrame(const std::vector<uint8_t>& record) {
-  std::string out;
-  if (record.size() < 256) {
-    out = {'\0', static_cast<char>(record.size())};
-  } else {
-    out.push_back('\x02');
-    for (int i = 7; i >= 0; --i)
-      out.push_back(
-          static_cast<char>((uint64_t{record.size()} >> (8 * i)) & 0xff));
-  }
-  out.append(reinterpret_cast<const char*>(record.data()), record.size());
-  return out;
-}
-
-// Collects what a Sealer seals.
-class Records : public sealed::RecordSink {
- public:
-  uint8_t* Allocate(size_t size) override {
-    records.emplace_back(size);
-    return records.back().data();
-  }
-  absl::Status Emit() override { return absl::OkStatus(); }
-  std::vector<std::vector<uint8_t>> records;
-};
-
 // On B's link to the server whose session the relays kept whole (the one
 // that took fewer of B's records), two messages sealed with B's own link
 // keys, next in the link's order: a push whose header announces 8 frames of
@@ -428,6 +376,37 @@ void AnnounceEightGiB(ProcessCluster& c, const Options& options,
     EXPECT_TRUE(
         tap.Send(ServerId(rank), Forged(wire::KV_STATS, b_id, wire::DATA))
             .ok());
+}
+
+// The parking queue flooded: after B's handshake (its PLAIN credentials),
+// 300 records of node keys no node holds, on one connection. A server parks
+// at most 128 of one connection's and drops the rest as of an unknown key.
+void FloodParking(ProcessCluster& c, const std::array<TcpTap, 2>& relays) {
+  const std::string session = relays[0].Captured();
+  size_t handshake_end = 0;
+  (void)LastRecord(session, &handshake_end);
+  ASSERT_GT(handshake_end, 64u);
+  std::string bytes = session.substr(0, handshake_end);
+  for (int i = 0; i < 300; ++i) {
+    sealed::Prefix p;
+    p.flags = sealed::kFirst | sealed::kLast;
+    const std::string key = RandomBytes(32);
+    std::memcpy(p.node_key.data(), key.data(), key.size());
+    p.link = 1;
+    p.length = 16;
+    std::vector<uint8_t> record(sealed::kRecordOverhead + p.length);
+    sealed::EncodePrefix(p, record.data());
+    bytes += ZmtpFrame(record);
+  }
+  auto dropped = [&c] {
+    return ProcessCluster::Log(c.Find("server 0"))
+                   .find("records of its connection already wait") !=
+               std::string::npos ||
+           ProcessCluster::Log(c.Find("server 1"))
+                   .find("records of its connection already wait") !=
+               std::string::npos;
+  };
+  EXPECT_TRUE(TcpTap::Replay(relays[0].target(), bytes, dropped));
 }
 
 // B's rounds: push a gradient made of the round's number, pull both keys.
@@ -549,6 +528,7 @@ Outcome RunJob(bool attack) {
     ClaimKeys(c, options, *transport, out.b_id, &out);
     ReplaySessions(c, relays);
     AnnounceEightGiB(c, options, node_secret, relays, *transport, out.b_id);
+    FloodParking(c, relays);
   }
   EXPECT_TRUE(rogue.Barrier().ok());
   Rounds(rogue, kRounds, kRounds, &out);
@@ -692,6 +672,17 @@ TEST(RogueNodeTest, AWorkerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
                                         "node takes at most 1073741824"));
   for (const std::string* log : {&rogue.server0, &rogue.server1})
     EXPECT_LT(SummaryCount(*log, "peak RSS"), 200) << *log;
+  // The parking queue: 128 of the flood's 300 records park, the rest are
+  // dropped (and counted) as of an unknown key; the connection's sender is
+  // not named (its records name no node), only the keys.
+  auto unknown = [](const Outcome& o) {
+    return std::max<int64_t>(0, SummaryCount(o.server0, "unknown key")) +
+           std::max<int64_t>(0, SummaryCount(o.server1, "unknown key"));
+  };
+  EXPECT_EQ(unknown(clean), 0);
+  EXPECT_GE(unknown(rogue), 300 - 128) << servers;
+  EXPECT_THAT(servers, HasSubstr(", which is no node of this job's table (128 "
+                                 "records of its connection already wait)"));
 }
 
 }  // namespace
