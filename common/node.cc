@@ -45,7 +45,11 @@ Node::Node(const Options& options, Callbacks callbacks,
       control_resends_(MetricsRegistry::Global().GetCounter(
           "tessera_node_control_resends_total",
           "Control requests (registration, barriers, leaving) sent to the "
-          "scheduler again for want of an answer.")) {}
+          "scheduler again for want of an answer.")),
+      foreign_control_metric_(MetricsRegistry::Global().GetCounter(
+          "tessera_node_foreign_control_messages_total",
+          "Control messages dropped because a node other than the scheduler "
+          "sent them (only the scheduler sends nodes control messages).")) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Start(
     const Options& options, Callbacks callbacks,

@@ -228,10 +228,11 @@ class Node {
   int metrics_port() const;
 
   uint64_t malformed_count() const { return transport_->malformed_count(); }
-  // Messages whose claimed sender did not match their connection's key, and
-  // connections refused for want of the job's keys (secured transports).
+  // Messages whose claimed sender did not match their connection's key
+  // (secured transports), and control messages from a node other than the
+  // scheduler; connections refused for want of the job's keys.
   uint64_t wrong_sender_count() const {
-    return transport_->wrong_sender_count();
+    return transport_->wrong_sender_count() + foreign_control_.load();
   }
   uint64_t refused_connection_count() const {
     return transport_->refused_connection_count();
@@ -395,6 +396,9 @@ class Node {
   // reading it go first.
   Counter* const heartbeats_sent_;
   Counter* const control_resends_;
+  Counter* const foreign_control_metric_;
+  std::atomic<uint64_t> foreign_control_{0};  // control messages not from
+                                              // the scheduler, dropped
   CollectorHandles metric_handles_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   // This node's part of /debug/pending (role, rank, id, host); first gone.

@@ -17,8 +17,18 @@ namespace tessera {
 void Node::HandleControl(Message&& msg) {
   const wire::Header& h = msg.header;
   if (h.sender() != kSchedulerId) {
-    TESSERA_LOG(WARNING) << "ignored control message from node " << h.sender()
-                         << ": " << DebugString(msg);
+    // Only the scheduler sends a node control messages: one from a server
+    // (a hand-back notice nobody started, issue #46) is a wrong sender,
+    // though its seal is its own.
+    foreign_control_metric_->Increment();
+    const uint64_t n = ++foreign_control_;
+    if (LogOccurrence(n)) {
+      TESSERA_LOG(WARNING) << "ignored control message #" << n << " from "
+                           << Describe(h.sender())
+                           << ": only the scheduler sends control messages "
+                              "to nodes: "
+                           << DebugString(msg);
+    }
     return;
   }
   TESSERA_VLOG(1) << "control: " << DebugString(msg);

@@ -165,6 +165,10 @@ struct ZmqTransportOptions {
   // Messages and bytes sent and received by command are counted here
   // (MessageCounters); nullptr: not counted.
   MetricsRegistry* metrics = nullptr;
+  // The secret of the node key this transport seals with (32 bytes): tests
+  // that seal records of its links themselves (the rogue-node harness).
+  // Empty, as the daemons leave it: a fresh key made at start, never stored.
+  SecretString node_secret;
   // Watch every link this transport connects (ZeroMQ's socket monitor) for
   // Transport::TakeLostLinks: the scheduler's, which learns of a killed
   // process from its closed, refusing port within a few hundred ms instead

@@ -226,6 +226,8 @@ class ZmqTransport : public Transport {
 
   // Sealing (zmq_transport_sealing.cc).
   void SetUpSealing();
+  // The node key to seal with: options_.node_secret's, or a fresh one.
+  sealed::NodeKey OwnNodeKey() const;
   absl::Status BindSealedLane(const std::string& ip)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
   // Points `sender` (a new link to the worker or server `peer` at `ip`) at

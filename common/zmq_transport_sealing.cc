@@ -20,6 +20,16 @@
 
 namespace tessera::zmq_internal {
 
+sealed::NodeKey ZmqTransport::OwnNodeKey() const {
+  const SecretString& given = options_.node_secret;
+  if (given.size() != 32) return sealed::NodeKey::Generate();
+  sealed::Key32 secret;
+  std::memcpy(secret.data(), given.data(), secret.size());
+  sealed::NodeKey key = sealed::NodeKey::FromSecret(secret);
+  WipeBytes(secret.data(), secret.size());
+  return key;
+}
+
 void ZmqTransport::SetUpSealing() {
   const JobKeys& keys = options_.security->keys;
   std::optional<sealed::Key32> secret = sealed::KeyFromZ85(keys.secret_key);
@@ -32,8 +42,8 @@ void ZmqTransport::SetUpSealing() {
   // agree), so this cannot fail for keys that got this far.
   std::optional<sealed::LinkKeys> link_keys =
       secret.has_value()
-          ? sealed::LinkKeys::Make(sealed::NodeKey::Generate(), keys.role,
-                                   *secret, publics, options_.security->job_id)
+          ? sealed::LinkKeys::Make(OwnNodeKey(), keys.role, *secret, publics,
+                                   options_.security->job_id)
           : std::nullopt;
   if (!link_keys.has_value()) {
     TESSERA_LOG(ERROR) << "the job's keys do not agree (X25519)";

@@ -270,14 +270,26 @@ bool Scheduler::RegistrationAdmissible(const Message& msg) {
     if (std::string problem = sealed::NodeKeyProblem(info.node_key());
         !problem.empty()) {
       metrics_.ignored_messages->Increment();
-      TESSERA_LOG(WARNING) << "ignored a registration at " << info.host() << ":"
-                           << info.port() << ": its sealed node key "
+      TESSERA_LOG(WARNING) << "ignored a registration of "
+                           << DescribeRegistering(info)
+                           << ": its sealed node key "
                            << SealedKeyText(info.node_key())
                            << " cannot be a node key: " << problem;
       return false;
     }
   }
   return true;
+}
+
+std::string Scheduler::DescribeRegistering(const wire::NodeInfo& info) const {
+  std::string out = absl::StrCat("the node at ", info.host(), ":", info.port());
+  for (const auto& [id, node] : nodes_) {
+    if (node.role() == info.role() && node.host() == info.host() &&
+        node.port() == info.port()) {
+      absl::StrAppend(&out, ", ", Describe(node), "'s address");
+    }
+  }
+  return out;
 }
 
 // A formed job: a registration from the address of one of its nodes is that

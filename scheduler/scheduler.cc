@@ -197,7 +197,8 @@ absl::Status Scheduler::Finished(absl::Time start, absl::Time now) {
                     << absl::FormatDuration(
                            absl::Trunc(now - start, absl::Milliseconds(1)))
                     << ", " << ThreadCpuMillis()
-                    << " ms of CPU on the scheduler's thread";
+                    << " ms of CPU on the scheduler's thread, ignored messages "
+                    << metrics_.ignored_messages->value();
   return result_;
 }
 

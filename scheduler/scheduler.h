@@ -235,6 +235,10 @@ class Scheduler {
   std::string MissingNodes() const;
   // Describe for a node of the table or a registered one (provisional id).
   std::string DescribePeer(int id) const;
+  // Who registers with `info`: "the node at host:port", and the node of the
+  // job at that address of that role if there is one (a restart, or a node
+  // of the job claiming what is not its own).
+  std::string DescribeRegistering(const wire::NodeInfo& info) const;
   // Who holds (or held) the sealed node key `key`: the scheduler, a node of
   // the table, a registration, or an earlier life of a restarted node (""
   // when nobody does or the key is empty, as in an insecure job). A

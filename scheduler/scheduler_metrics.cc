@@ -47,8 +47,8 @@ Scheduler::Metrics::Metrics() {
       "acknowledgement.");
   ignored_messages = r.GetCounter(
       "tessera_scheduler_ignored_messages_total",
-      "Messages the scheduler dropped: data-plane messages, malformed "
-      "registrations.");
+      "Messages the scheduler dropped: data-plane messages, registrations "
+      "that are malformed or claim keys that are not theirs.");
   registrations = r.GetCounter(
       "tessera_scheduler_registrations_total",
       "Registrations received (first lives, restarts and repeats).");

@@ -126,23 +126,24 @@ TEST(RequestTrackerTest, AFailedSendWithoutResendsFailsWhatItsWindowHolds) {
   EXPECT_THAT(std::string(done.message()), ::testing::HasSubstr("peer gone"));
 }
 
-// A reply comes from the server a request was sent to, or, where a slice
-// has a chain (TESSERA_REPLICAS > 1), from a server of that chain (after a
-// fail-over or a hand-back). A reply or an acknowledgement from any other
-// node (a compromised server answering for another, issue #46) is dropped
-// and counted: it neither answers the request nor keeps it alive, and the
-// right server's answer still completes it.
-TEST(RequestTrackerTest, OnlyTheAddressedServerOrItsChainAnswers) {
+// A reply comes from a node the request was sent to: its server, or where a
+// slice has a chain (TESSERA_REPLICAS > 1) the server the route aimed it at
+// after a fail-over or a hand-back. A reply or an acknowledgement from any
+// other node (a compromised server answering for another, issue #46; a
+// backup answering its live primary's requests included) is dropped, counted
+// and logged naming the sender: it neither answers the request nor keeps it
+// alive, and the right server's answer still completes it.
+TEST(RequestTrackerTest, OnlyANodeTheRequestWentToAnswersIt) {
   MetricsRegistry& metrics = MetricsRegistry::Global();
   Counter* wrong =
       metrics.GetCounter("tessera_worker_wrong_server_replies_total", "");
   const uint64_t wrong_before = wrong->value();
+  auto describe = [](int node) { return absl::StrCat("node ", node); };
   {
     RequestTracker::Options options;
     options.resend = false;
     Sent sent;
-    RequestTracker tracker(options, sent.Fn(),
-                           [](int node) { return std::to_string(node); });
+    RequestTracker tracker(options, sent.Fn(), describe);
     const uint64_t pull = tracker.NewOp();
     tracker.Send(Req(pull, ServerId(0), 0), Message());
     tracker.HandleReply(Reply(ServerId(1), 1));
@@ -153,14 +154,18 @@ TEST(RequestTrackerTest, OnlyTheAddressedServerOrItsChainAnswers) {
     EXPECT_TRUE(tracker.Wait(pull, "pull").ok());
   }
   // 4 servers, chains of 2: a slice first on rank 3 has the chain 3, 0; an
-  // init for place 1 sent to rank 1 is for the chain 0, 1.
+  // init for place 1 sent to rank 1 is for the chain 0, 1. The route sends
+  // rank 3's requests to `primary`.
   RequestTracker::Options options;
-  options.resend = false;
-  options.chain_length = 2;
-  options.num_servers = 4;
+  options.resend_timeout = absl::Milliseconds(200);
+  options.request_timeout = absl::Seconds(30);
   Sent sent;
-  RequestTracker tracker(options, sent.Fn(),
-                         [](int node) { return std::to_string(node); });
+  std::atomic<int> primary{ServerId(3)};
+  RequestTracker tracker(options, sent.Fn(), describe, nullptr, nullptr,
+                         [&primary](int server, Message*) {
+                           return server == ServerId(3) ? primary.load()
+                                                        : server;
+                         });
   const uint64_t push = tracker.NewOp();
   tracker.Send(Req(push, ServerId(3), 0), Message());  // request 1
   Message init;
@@ -168,12 +173,32 @@ TEST(RequestTrackerTest, OnlyTheAddressedServerOrItsChainAnswers) {
   init.header.set_replica(1);
   tracker.Send(Req(push, ServerId(1), 0), std::move(init));  // request 2
   const uint64_t before = wrong->value();
-  for (int rank : {1, 2}) tracker.HandleReply(Reply(ServerId(rank), 1));
-  tracker.HandleReply(Reply(ServerId(2), 2));
+  ::testing::internal::CaptureStderr();
+  // The backup of rank 3's slice answers while rank 3 is alive; the init's
+  // chain's first answers the init sent to rank 1; others acknowledge.
+  tracker.HandleReply(Reply(ServerId(0), 1));
+  tracker.HandleReply(Reply(ServerId(2), 1));
+  tracker.HandleReply(Reply(ServerId(0), 2));
   tracker.HandleReply(Reply(ServerId(3), 2, /*ack_only=*/true));
+  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(wrong->value() - before, 4u);
-  tracker.HandleReply(Reply(ServerId(0), 1));  // the chain's next server
-  tracker.HandleReply(Reply(ServerId(0), 2));  // the init's chain's first
+  EXPECT_THAT(log, ::testing::HasSubstr(absl::StrCat(
+                       "to request 1 from node ", ServerId(0),
+                       ": it was sent to node ", ServerId(3), " only")));
+  // Rank 3 fails over to rank 0: request 1 goes there now, and rank 0's
+  // answer is taken.
+  primary.store(ServerId(0));
+  tracker.ResendNowTo(ServerId(3), absl::InfiniteFuture());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool resent = false;
+  while (!resent && absl::Now() < deadline) {
+    for (const auto& [to, id] : sent.Take())
+      resent = resent || (to == ServerId(0) && id == 1);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(resent);
+  tracker.HandleReply(Reply(ServerId(0), 1));
+  tracker.HandleReply(Reply(ServerId(1), 2));
   EXPECT_TRUE(tracker.Wait(push, "push").ok());
   EXPECT_EQ(wrong->value() - before, 4u);
 }

@@ -8,7 +8,10 @@
 // also this test (a KVClient over a transport it wraps). Between B's rounds
 // server 2 sends:
 //   - a pull reply and a push acknowledgement, with made-up values, to B's
-//     real requests in flight to server 0 (a chain server 2 is not in);
+//     real requests in flight to server 0 (a chain server 2 is not in), and
+//     to those to server 1, alive (whose chain [1, 2] server 2 is the
+//     backup of: a backup answers only after a fail-over re-aimed a request
+//     to it);
 //   - replica updates: to server 1 for its own slice (server 2 is its
 //     backup, and a backup sends no updates), to servers 0 and 1 for the
 //     slice of chain [0, 1] (a chain it is not in);
@@ -18,10 +21,6 @@
 // Each scene: B's pulled values are bit-equal to a clean run of the same job,
 // every process exits 0, the attempt is dropped and counted, and the refusing
 // node's log names server 2.
-//
-// Not here: a backup answering its primary's requests (server 1's, whose
-// chain server 2 is in) is taken by the worker today: a reply is taken from
-// any server of the request's chain (docs/security.md).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -171,8 +170,8 @@ uint64_t WrongServerReplies() {
 }
 
 // B's transport: once armed, the first push and the first pull B sends to
-// server 0 are answered first by server 2 (a forged reply, carrying the real
-// request's id), and go on once B has dropped that answer.
+// server 0, and to server 1, are answered first by server 2 (a forged reply,
+// carrying the real request's id), and go on once B has dropped that answer.
 class Interceptor : public ForwardingTransport {
  public:
   using ForwardingTransport::ForwardingTransport;
@@ -189,12 +188,13 @@ class Interceptor : public ForwardingTransport {
 
   absl::Status Send(int peer, const Message& msg) override {
     const wire::Command command = msg.header.command();
-    if (peer == ServerId(0) && !msg.header.is_response() &&
+    if ((peer == ServerId(0) || peer == ServerId(1)) &&
+        !msg.header.is_response() &&
         (command == wire::KV_PUSH || command == wire::KV_PULL)) {
       Message forged;
       {
         absl::MutexLock lock(&mu_);
-        if (rogue_ != nullptr && answered_.insert(command).second)
+        if (rogue_ != nullptr && answered_.emplace(peer, command).second)
           forged = Answer(msg);
       }
       if (forged.header.is_response()) Forge(std::move(forged));
@@ -237,7 +237,7 @@ class Interceptor : public ForwardingTransport {
   mutable absl::Mutex mu_;
   RogueServer* rogue_ ABSL_GUARDED_BY(mu_) = nullptr;
   int b_id_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<wire::Command> answered_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<int, wire::Command>> answered_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Outcome {
@@ -421,13 +421,17 @@ TEST(RogueServerTest, AServerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
   EXPECT_EQ(rogue.applied, clean.applied);
   EXPECT_GT(clean.applied[0].first, 0);
   EXPECT_GT(clean.applied[1].second, 0);
-  // Answers to B's requests to server 0: dropped, counted, naming server 2.
+  // Answers to B's requests to server 0 and to server 1 (whose backup
+  // server 2 is): dropped, counted, naming server 2.
   EXPECT_EQ(clean.wrong_server_replies, 0u);
-  EXPECT_EQ(rogue.wrong_server_replies, 2u) << rogue.worker_b;
-  EXPECT_THAT(rogue.worker_b, HasSubstr("dropped reply #1 to request "));
-  EXPECT_THAT(rogue.worker_b, HasSubstr("dropped reply #2 to request "));
+  EXPECT_EQ(rogue.wrong_server_replies, 4u) << rogue.worker_b;
+  for (int n = 1; n <= 4; ++n) {
+    EXPECT_THAT(rogue.worker_b,
+                HasSubstr(absl::StrCat("dropped reply #", n, " to request ")));
+  }
   EXPECT_THAT(rogue.worker_b, HasSubstr(" from server 2 (id "));
-  EXPECT_THAT(rogue.worker_b, HasSubstr("whose chain it is not in"));
+  EXPECT_THAT(rogue.worker_b, HasSubstr(": it was sent to server 0 (id "));
+  EXPECT_THAT(rogue.worker_b, HasSubstr(": it was sent to server 1 (id "));
   // Updates and the transfer: one at server 0, three at server 1, naming
   // server 2; none taken as malformed.
   for (const Outcome* o : {&clean, &rogue}) {
@@ -439,7 +443,9 @@ TEST(RogueServerTest, AServerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
         << o->server1;
     EXPECT_EQ(SummaryCount(o->server0, "malformed"), 0);
     EXPECT_EQ(SummaryCount(o->server1, "malformed"), 0);
-    EXPECT_EQ(SummaryCount(o->server0, "wrong sender"), 0);
+    // The hand-back notice at server 0 (a control message from a server).
+    EXPECT_EQ(SummaryCount(o->server0, "wrong sender"), o == &rogue ? 1 : 0)
+        << o->server0;
     EXPECT_EQ(SummaryCount(o->server1, "wrong sender"), 0);
   }
   const std::string from = absl::StrCat("from server 2 (node id ",
@@ -453,10 +459,11 @@ TEST(RogueServerTest, AServerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
               HasSubstr("dropped transfer 1000 of key 7 offset 0 " + from));
   EXPECT_THAT(rogue.server0,
               HasSubstr("dropped update 1000 of key 7 offset 0 " + from));
-  // The hand-back notice: logged, naming server 2's node id; the reports
-  // are taken as late ones and change nothing.
+  // The hand-back notice: counted (above) and logged, naming server 2; the
+  // reports are taken as late ones and change nothing.
   EXPECT_THAT(rogue.server0,
-              HasSubstr(absl::StrCat("ignored control message from node ",
+              HasSubstr(absl::StrCat("ignored control message #1 from server "
+                                     "2 (id ",
                                      ServerId(kRogueRank))));
   EXPECT_THAT(rogue.scheduler, Not(HasSubstr("caught up")));
   EXPECT_THAT(rogue.scheduler, Not(HasSubstr("took back its place")));

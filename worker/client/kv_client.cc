@@ -50,14 +50,9 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   tracking.resend_retries = options_.resend_retries;
   tracking.request_timeout = options_.request_timeout;
   tracking.first_request_id = FirstRequestId(options_.restart_count);
-  tracking.chain_length = options_.chain_length();
-  tracking.num_servers = options_.num_servers;
   tracker_ = std::make_unique<RequestTracker>(
       tracking,
-      [this](int server, Message msg) {
-        const int to = routes_.Route(server, &msg);
-        return node_->Send(to, std::move(msg));
-      },
+      [this](int to, Message msg) { return node_->Send(to, std::move(msg)); },
       [this](int node) { return node_->Describe(node); },
       [this](const RequestTracker::Answered& answered,
              const wire::Header& reply) {
@@ -68,7 +63,9 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
       // from the node's receiver thread).
       [this](absl::Duration timeout) {
         return node_->ReceiveOnCaller(timeout);
-      });
+      },
+      // Where each request goes: replies come only from there.
+      [this](int server, Message* msg) { return routes_.Route(server, msg); });
   Node::Callbacks callbacks;
   callbacks.on_data = [this](Message&& msg) {
     tracker_->HandleReply(std::move(msg));

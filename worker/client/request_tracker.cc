@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/replica_chain.h"
 #include "common/trace.h"
 #include "common/wire_status.h"
 #include "worker/client/request_trace.h"
@@ -57,7 +56,7 @@ RequestTracker::Metrics::Metrics() {
   wrong_server_replies = r.GetCounter(
       "tessera_worker_wrong_server_replies_total",
       "Replies dropped because they came from a node that may not answer "
-      "their request (neither its server nor a server of its chain).");
+      "their request (not a node it was sent to).");
   failed_requests = r.GetCounter(
       "tessera_worker_failed_requests_total",
       "Requests that failed after TESSERA_RESEND_RETRIES unanswered sends.");
@@ -65,12 +64,13 @@ RequestTracker::Metrics::Metrics() {
 
 RequestTracker::RequestTracker(Options options, SendFn send,
                                DescribeFn describe, OnAnswered on_answered,
-                               ReceiveFn receive)
+                               ReceiveFn receive, RouteFn route)
     : options_(options),
       send_(std::move(send)),
       describe_(std::move(describe)),
       on_answered_(std::move(on_answered)),
       receive_(std::move(receive)),
+      route_(std::move(route)),
       next_request_(options.first_request_id) {
   if (options_.resend) {
     resender_ = std::thread([this] {
@@ -173,6 +173,7 @@ void RequestTracker::Send(Request request, Message msg) {
   const int server = request.server;
   const uint64_t op = request.op;
   if (trace::Enabled()) TraceRequestBegin(msg, server);
+  int to = server;
   {
     absl::MutexLock lock(&mu_);
     if (requests_.empty()) resender_cv_.Signal();
@@ -201,13 +202,21 @@ void RequestTracker::Send(Request request, Message msg) {
       }
       ++w.out;
     }
+    to = AimLocked(t, &msg);
   }
-  SendOnce(server, std::move(msg));
+  SendOnce(to, std::move(msg));
 }
 
-void RequestTracker::SendOnce(int server, Message msg) {
+int RequestTracker::AimLocked(Tracked& t, Message* msg) {
+  const int to = route_ ? route_(t.request.server, msg) : t.request.server;
+  if (std::find(t.sent_to.begin(), t.sent_to.end(), to) == t.sent_to.end())
+    t.sent_to.push_back(to);
+  return to;
+}
+
+void RequestTracker::SendOnce(int to, Message msg) {
   const uint64_t id = msg.header.request_id();
-  absl::Status sent = send_(server, std::move(msg));
+  absl::Status sent = send_(to, std::move(msg));
   if (sent.ok() || options_.resend) return;
   std::vector<Message> dropped;  // released unlocked: may unpin an op
   absl::MutexLock lock(&mu_);
@@ -260,7 +269,9 @@ std::optional<std::pair<int, Message>> RequestTracker::TakenLocked(Tracked& t) {
     n.next_send =
         options_.resend ? n.first_sent + n.wait : absl::InfiniteFuture();
     ++w->second.out;
-    return std::make_pair(n.request.server, n.msg);
+    Message copy = n.msg;
+    const int to = AimLocked(n, &copy);
+    return std::make_pair(to, std::move(copy));
   }
   if (w->second.out == 0) windows_.erase(w);
   return std::nullopt;
@@ -368,28 +379,26 @@ bool RequestTracker::TakeAnswered(
     return false;
   }
   if (!MayAnswer(it->second, h.sender())) {
-    // A compromised or confused node answering for another server: its
-    // reply (or acknowledgement) neither completes nor keeps alive a
-    // request; the real server's answer still counts.
+    // A compromised or confused node answering for another server (a
+    // backup for its primary included): its reply (or acknowledgement)
+    // neither completes nor keeps alive a request; the real server's answer
+    // still counts.
     metrics_.wrong_server_replies->Increment();
     const uint64_t n = ++wrong_server_replies_;
-    const int server = it->second.request.server;
+    const std::vector<int> sent_to = it->second.sent_to;
     lock.Release();  // describe_ takes the node's lock
     if (LogOccurrence(n)) {
       TESSERA_LOG(WARNING) << "dropped reply #" << n << " to request "
                            << h.request_id() << " from "
                            << describe_(h.sender()) << ": it was sent to "
-                           << describe_(server)
-                           << (options_.chain_length > 1
-                                   ? ", whose chain it is not in"
-                                   : "")
-                           << ": " << DebugString(msg);
+                           << DescribeAll(sent_to)
+                           << " only: " << DebugString(msg);
     }
     return false;
   }
-  // An answer from the chain of the server a request was sent to (a
-  // fail-over, a hand-back, a one-copy slice that moved) is a sign of
-  // life of that route too.
+  // An answer from where a request was re-aimed (a fail-over, a hand-back,
+  // a one-copy slice that moved) is a sign of life of its server's route
+  // too.
   heard_[it->second.request.server] = heard_[h.sender()];
   if (h.send_whole()) {
     // A probe's answer: the server lacks the push (no answer either); it
@@ -445,20 +454,17 @@ absl::Status RequestTracker::KeepPulledFrame(const Request& request,
   return absl::OkStatus();
 }
 
-bool RequestTracker::MayAnswer(const Tracked& t, int sender) const {
-  const int server = t.request.server;
-  if (sender == server) return true;
-  if (options_.chain_length <= 1 || !IsServerId(server) ||
-      !IsServerId(sender)) {
-    return false;
-  }
-  // An init names the chain place it is for (KVClient::Route).
-  const int place = t.msg.header.command() == wire::KV_INIT
-                        ? static_cast<int>(t.msg.header.replica())
-                        : 0;
-  return SliceChain::Around(RankOfId(server), place, options_.num_servers,
-                            options_.chain_length)
-      .Contains(RankOfId(sender));
+bool RequestTracker::MayAnswer(const Tracked& t, int sender) {
+  return std::find(t.sent_to.begin(), t.sent_to.end(), sender) !=
+         t.sent_to.end();
+}
+
+std::string RequestTracker::DescribeAll(const std::vector<int>& nodes) const {
+  if (nodes.empty()) return "no node yet";
+  std::string out;
+  for (int node : nodes)
+    absl::StrAppend(&out, out.empty() ? "" : " and ", describe_(node));
+  return out;
 }
 
 absl::Status RequestTracker::Wait(uint64_t op_id, const std::string& what,

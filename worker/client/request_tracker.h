@@ -88,13 +88,6 @@ class RequestTracker {
     int resend_retries = 8;
     absl::Duration request_timeout = absl::Seconds(600);  // Wait's deadline
     uint64_t first_request_id = 1;
-    // Who may answer a request to server S: S itself, and with a chain
-    // longer than 1 (TESSERA_REPLICAS > 1, or one copy that moves between
-    // the servers) any server of S's chain (common/replica_chain.h), which
-    // answers after a fail-over or a hand-back. A reply from any other node
-    // is dropped and counted: it cannot be the answer.
-    int chain_length = 1;
-    int num_servers = 0;
   };
   // Identifies the key part a request is about (for the replay log).
   struct PartRef {
@@ -126,7 +119,14 @@ class RequestTracker {
     Request request;
     Message msg;  // the request as sent (holds borrowed frames)
   };
-  using SendFn = std::function<absl::Status(int server, Message msg)>;
+  // Sends `msg` to the node `to` (where RouteFn aimed it).
+  using SendFn = std::function<absl::Status(int to, Message msg)>;
+  // The node a request for `server`'s slices goes to now (a chain's acting
+  // primary after a fail-over or a hand-back; ServerRoutes), marking in
+  // `msg` what that node needs to know (an init's chain place). Called with
+  // the tracker's lock held, at every send and resend: it may take no lock
+  // but a leaf lock of its own. Null: a request goes to its server.
+  using RouteFn = std::function<int(int server, Message* msg)>;
   using DescribeFn = std::function<std::string(int node)>;
   using OnAnswered =
       std::function<void(const Answered& answered, const wire::Header& reply)>;
@@ -135,8 +135,15 @@ class RequestTracker {
   using ReceiveFn = std::function<Node::ReceiveResult(absl::Duration timeout)>;
 
   // `receive` null: replies come only from another thread's HandleReply.
+  //
+  // Who may answer a request: a node it was sent (or resent) to, as `route`
+  // aimed it: its server, or after a fail-over or a hand-back the server
+  // that answers for the slice now. A reply or an acknowledgement from any
+  // other node (another server of the slice's chain included) is dropped,
+  // counted and logged naming the sender: it cannot be the answer.
   RequestTracker(Options options, SendFn send, DescribeFn describe,
-                 OnAnswered on_answered = nullptr, ReceiveFn receive = nullptr);
+                 OnAnswered on_answered = nullptr, ReceiveFn receive = nullptr,
+                 RouteFn route = nullptr);
   // Stops the resend thread.
   ~RequestTracker();
 
@@ -219,6 +226,9 @@ class RequestTracker {
     // A push its server acknowledged since its last whole send: resent as
     // a probe (its header only) until the server says it lacks it.
     bool acknowledged = false;
+    // The nodes it was sent to (RouteFn's answers), in order: only they
+    // answer it.
+    std::vector<int> sent_to;
   };
   // One operation's windowed requests to one server.
   struct Window {
@@ -244,12 +254,13 @@ class RequestTracker {
   absl::Status KeepPulledFrame(const Request& request, Message& reply, Op* op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A windowed request was answered: the next one held back goes out. Returns it
-  // (server, message) to send unlocked, if any.
+  // (the node it goes to, message) to send unlocked, if any.
   std::optional<std::pair<int, Message>> TakenLocked(Tracked& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends a tracked request (its first send, or a windowed one let out);
-  // without resends a failed send fails the request and its operation.
-  void SendOnce(int server, Message msg);
+  // Sends a tracked request to node `to` (its first send, or a windowed one
+  // let out); without resends a failed send fails the request and its
+  // operation.
+  void SendOnce(int to, Message msg);
   // A windowed request of `op` to `server` failed for good: the requests its
   // window still holds back fail with it (moved to `dead`, to be released
   // unlocked) and the window is forgotten.
@@ -295,8 +306,15 @@ class RequestTracker {
   // request_timeout. `server_name`: its server, described.
   absl::Status ExpiryError(const Tracked& t, const std::string& server_name,
                            absl::Time now) const;
-  // Whether `sender` may answer `t` (Options::chain_length).
-  bool MayAnswer(const Tracked& t, int sender) const;
+  // The node a send of `t` goes to now (`msg`: the copy that goes, marked
+  // by route_), kept in t.sent_to.
+  int AimLocked(Tracked& t, Message* msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `sender` may answer `t`: a node it was sent to.
+  static bool MayAnswer(const Tracked& t, int sender);
+  // Names the nodes a request was sent to, for a log line.
+  // REQUIRES: mu_ not held (describe_ takes the node's lock).
+  std::string DescribeAll(const std::vector<int>& nodes) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A request nobody waits for (op 0: a replay) past request_timeout.
   bool Overdue(const Tracked& t, absl::Time now) const;
   // The message a due request is resent as: a probe (its header, marked,
@@ -304,7 +322,8 @@ class RequestTracker {
   // request itself (references to the same frames). Counts which.
   Message ResendOf(const Tracked& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A probe's answer said its server lacks the push (send_whole): the push,
-  // whole, to send unlocked now (none when it is not probing any more).
+  // whole, to send unlocked now (the node it goes to, message; none when it
+  // is not probing any more).
   std::optional<std::pair<int, Message>> SendWholeLocked(Tracked& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `msg` is a push carrying data (its resends may be probes).
@@ -317,6 +336,7 @@ class RequestTracker {
   const DescribeFn describe_;
   const OnAnswered on_answered_;
   const ReceiveFn receive_;
+  const RouteFn route_;
   std::atomic<uint64_t> next_request_;
   std::atomic<uint64_t> resends_{0};
   std::atomic<uint64_t> probes_{0};

@@ -42,11 +42,11 @@ void RequestTracker::ResendLoop() {
       CollectDueLocked(max_wait, &resend, &expiring);
     }
     if (!expiring.empty()) FailExpired(expiring);
-    for (auto& [server, msg] : resend) {
+    for (auto& [to, msg] : resend) {
       TESSERA_VLOG(1) << (msg.header.probe() ? "probing for " : "resending ")
                       << What(msg) << " (request " << msg.header.request_id()
-                      << ") to " << describe_(server);
-      (void)send_(server, std::move(msg));
+                      << ") to " << describe_(to);
+      (void)send_(to, std::move(msg));
     }
   }
 }
@@ -83,7 +83,9 @@ void RequestTracker::CollectDueLocked(
     t.last_sent = now;
     t.next_send = now + t.wait;
     ++resends_;
-    resend->emplace_back(t.request.server, ResendOf(t));
+    Message copy = ResendOf(t);
+    const int to = AimLocked(t, &copy);
+    resend->emplace_back(to, std::move(copy));
   }
 }
 
@@ -127,7 +129,9 @@ std::optional<std::pair<int, Message>> RequestTracker::SendWholeLocked(
   if (options_.resend) t.next_send = now + t.wait;
   ++resends_;
   ++whole_resends_;
-  return std::make_pair(t.request.server, t.msg);
+  Message copy = t.msg;
+  const int to = AimLocked(t, &copy);
+  return std::make_pair(to, std::move(copy));
 }
 
 bool RequestTracker::Overdue(const Tracked& t, absl::Time now) const {
