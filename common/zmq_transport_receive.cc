@@ -148,6 +148,18 @@ bool ZmqTransport::ReceiveOne() {
 void ZmqTransport::OpenRecord(std::shared_ptr<ReceivedPart> first,
                               const std::string& user_id, uint64_t connection,
                               bool sealed_lane) {
+  if (!sealed_lane && own_role() != Role::kScheduler) {
+    // Only the scheduler takes records on its own (CURVE) port, from the
+    // nodes it registered; a worker's or server's peers, the scheduler
+    // included, seal to its sealed lane, whose connections are each bound to
+    // one node key. Records there could be of any key (a holder of a role key
+    // filling the parking queue with made-up ones).
+    const uint64_t n = ++malformed_;
+    TESSERA_LOG(WARNING) << "dropped malformed message #" << n
+                         << ": a sealed record on this node's own port; "
+                            "records go to its sealed lane";
+    return;
+  }
   std::optional<Role> role;
   std::optional<sealed::Key32> connection_key;
   if (sealed_lane) {

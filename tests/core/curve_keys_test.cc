@@ -863,6 +863,49 @@ TEST_F(SecureTransportTest, TheSealedLaneTakesSealedRecordsOnly) {
   zmq_ctx_term(context);
 }
 
+// Issue #46: a worker's or server's own (CURVE) port takes no sealed
+// records: its peers seal to its sealed lane, whose connections are each
+// bound to one node key. A record sent to the port with a worker's role key
+// (as a rogue holder of it would, claiming a made-up node key to fill the
+// parking queue) is dropped as malformed, not parked.
+TEST_F(SecureTransportTest, AServersOwnPortTakesNoSealedRecords) {
+  std::unique_ptr<Transport> server = Make(job_, Role::kServer);
+  absl::StatusOr<int> port = server->Bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  const JobKeys worker =
+      *ParseKeyFile(FormatKeyFile(job_, Role::kWorker), "test");
+  void* context = zmq_ctx_new();
+  void* push = zmq_socket(context, ZMQ_PUSH);
+  const int linger = 0;
+  zmq_setsockopt(push, ZMQ_LINGER, &linger, sizeof(linger));
+  const std::string& server_key = worker.public_key(Role::kServer);
+  const std::string& public_key = worker.public_key(Role::kWorker);
+  zmq_setsockopt(push, ZMQ_CURVE_SERVERKEY, server_key.data(),
+                 server_key.size());
+  zmq_setsockopt(push, ZMQ_CURVE_PUBLICKEY, public_key.data(),
+                 public_key.size());
+  zmq_setsockopt(push, ZMQ_CURVE_SECRETKEY, worker.secret_key.data(),
+                 worker.secret_key.size());
+  const std::string endpoint = absl::StrCat("tcp://127.0.0.1:", *port);
+  ASSERT_EQ(zmq_connect(push, endpoint.c_str()), 0);
+  sealed::Prefix prefix;
+  prefix.flags = sealed::kFirst | sealed::kLast;
+  prefix.node_key.fill(0x42);  // no node's
+  prefix.link = 1;
+  prefix.length = 16;
+  std::vector<uint8_t> record(sealed::kRecordOverhead + prefix.length);
+  sealed::EncodePrefix(prefix, record.data());
+  ASSERT_EQ(zmq_send(push, record.data(), record.size(), 0),
+            static_cast<int>(record.size()));
+  absl::StatusOr<Message> got = server->Receive(absl::Milliseconds(800));
+  EXPECT_FALSE(got.ok());
+  EXPECT_EQ(server->malformed_count(), 1u);
+  EXPECT_EQ(server->refused_connection_count(), 0u);
+  EXPECT_EQ(server->sealed_drops().total(), 0u);  // not parked, not opened
+  zmq_close(push);
+  zmq_ctx_term(context);
+}
+
 TEST_F(SecureTransportTest, AFrameOfExactlyTheLimitStillPassesSealed) {
   ZmqTransportOptions options;
   auto security = std::make_shared<ConnectionSecurity>();

@@ -29,7 +29,7 @@
 // marked last; one of 8 GiB): both dropped as malformed, nothing allocated.
 //
 // Last, after B's handshake on a connection of its own, 300 records of node
-// keys no node holds flood the parking queue: 128 park, the rest are dropped.
+// keys no node holds, sent over B's connection, are all dropped there.
 //
 // Not here, and where it is tested: records sealed with a bit-255 twin of a
 // held node key: sealed_link_test and node_test.
@@ -51,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/curve_keys.h"
 #include "common/message.h"
+#include "common/sealed_admission.h"
 #include "common/sealed_link.h"
 #include "common/transport.h"
 #include "gmock/gmock.h"
@@ -144,6 +145,7 @@ struct Outcome {
   int rogue_port = 0;
   int b_port = 0;           // B's own address: 127.0.0.1:b_port
   std::string claimed_key;  // server 0's sealed node key
+  std::string b_key;        // B's own sealed node key
   std::string scheduler, server0, server1, worker_a;
 };
 
@@ -379,8 +381,11 @@ void AnnounceEightGiB(ProcessCluster& c, const Options& options,
 }
 
 // The parking queue flooded: after B's handshake (its PLAIN credentials),
-// 300 records of node keys no node holds, on one connection. A server parks
-// at most 128 of one connection's and drops the rest as of an unknown key.
+// 300 records of node keys no node holds, on one connection. The connection
+// is admitted for B's node key alone (sealed_admission.h): every record
+// claiming another is dropped as of a wrong sender, naming B's key, and
+// nothing parks (before per-pair admission: 128 parked, the rest dropped as
+// of an unknown key).
 void FloodParking(ProcessCluster& c, const std::array<TcpTap, 2>& relays) {
   const std::string session = relays[0].Captured();
   size_t handshake_end = 0;
@@ -400,11 +405,9 @@ void FloodParking(ProcessCluster& c, const std::array<TcpTap, 2>& relays) {
   }
   auto dropped = [&c] {
     return ProcessCluster::Log(c.Find("server 0"))
-                   .find("records of its connection already wait") !=
-               std::string::npos ||
+                   .find(", admitted for node key ") != std::string::npos ||
            ProcessCluster::Log(c.Find("server 1"))
-                   .find("records of its connection already wait") !=
-               std::string::npos;
+                   .find(", admitted for node key ") != std::string::npos;
   };
   EXPECT_TRUE(TcpTap::Replay(relays[0].target(), bytes, dropped));
 }
@@ -514,6 +517,7 @@ Outcome RunJob(bool attack) {
   if (!b.ok()) return out;
   KVClient& rogue = **b;
   out.b_id = WorkerId(rogue.rank());
+  out.b_key = transport->node_key();
   std::vector<float> big(kBigLen), small(kSmallLen);
   for (size_t i = 0; i < kBigLen; ++i) big[i] = static_cast<float>(i % 97);
   for (size_t i = 0; i < kSmallLen; ++i) small[i] = static_cast<float>(i) + 1;
@@ -605,10 +609,11 @@ TEST(RogueNodeTest, AWorkerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
                                  "with the worker key" +
                                  by));
   // Counted: 4 at one server, 5 at the other (the update in server 0's
-  // name), none malformed; 5 at the scheduler.
+  // name), and the flood's 300 records (below); none malformed; 5 at the
+  // scheduler.
   EXPECT_EQ(SummaryCount(rogue.server0, "wrong sender") +
                 SummaryCount(rogue.server1, "wrong sender"),
-            9)
+            9 + 300)
       << servers;
   EXPECT_EQ(SummaryCount(rogue.server0, "malformed") +
                 SummaryCount(rogue.server1, "malformed"),
@@ -672,17 +677,19 @@ TEST(RogueNodeTest, AWorkerWithValidKeysGetsNowhereAndTheResultIsUnchanged) {
                                         "node takes at most 1073741824"));
   for (const std::string* log : {&rogue.server0, &rogue.server1})
     EXPECT_LT(SummaryCount(*log, "peak RSS"), 200) << *log;
-  // The parking queue: 128 of the flood's 300 records park, the rest are
-  // dropped (and counted) as of an unknown key; the connection's sender is
-  // not named (its records name no node), only the keys.
+  // The parking queue: none of the flood's 300 records parks; each is
+  // dropped at the connection admitted for B's key, which the line names.
   auto unknown = [](const Outcome& o) {
     return std::max<int64_t>(0, SummaryCount(o.server0, "unknown key")) +
            std::max<int64_t>(0, SummaryCount(o.server1, "unknown key"));
   };
   EXPECT_EQ(unknown(clean), 0);
-  EXPECT_GE(unknown(rogue), 300 - 128) << servers;
-  EXPECT_THAT(servers, HasSubstr(", which is no node of this job's table (128 "
-                                 "records of its connection already wait)"));
+  EXPECT_EQ(unknown(rogue), 0) << servers;
+  ASSERT_EQ(rogue.b_key.size(), 32u);
+  sealed::Key32 b_key;
+  std::memcpy(b_key.data(), rogue.b_key.data(), b_key.size());
+  EXPECT_THAT(servers, HasSubstr(", admitted for node key " +
+                                 sealed::Z85Key(b_key).substr(0, 8) + "..."));
 }
 
 }  // namespace
