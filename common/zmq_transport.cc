@@ -296,9 +296,12 @@ int ZmqTransport::BoundPort(void* socket, int port) {
 }
 
 void ZmqTransport::LimitMainLane(void* socket) {
-  if (options_.max_message_bytes <= 0) return;
-  const int64_t max_bytes =
-      options_.max_message_bytes + (Encrypted() ? kCurveFrameOverhead : 0);
+  // -1 (no bound) is set too: the sealed lane's bind leaves its own bound
+  // on the socket for later binds.
+  const int64_t max_bytes = options_.max_message_bytes <= 0
+                                ? -1
+                                : options_.max_message_bytes +
+                                      (Encrypted() ? kCurveFrameOverhead : 0);
   zmq_setsockopt(socket, ZMQ_MAXMSGSIZE, &max_bytes, sizeof(max_bytes));
 }
 
