@@ -91,9 +91,7 @@ void AsyncSpan(const char* category, const char* name, uint64_t id,
 class Span {
  public:
   Span(const char* category, const char* name)
-      : category_(category),
-        name_(name),
-        start_(Enabled() ? NowNanos() : 0) {}
+      : category_(category), name_(name), start_(Enabled() ? NowNanos() : 0) {}
   ~Span() {
     if (start_ != 0) End();
   }
