@@ -394,7 +394,7 @@ class SealedReceiver {
     // node could know the key; the table then names the same key.)
     bool accept_first_scheduler = false;
     // Records that fail to open cost key set-ups (a new link or epoch): a
-    // connection (by its node key, else its number) whose records failed to
+    // connection (by its number, not its node key) whose records failed to
     // open `max_failed_opens` times within `failed_open_window` has its
     // records dropped unread (counted throttled, logged once per back-off)
     // for `first_back_off`, doubling at each new back-off up to
@@ -439,8 +439,8 @@ class SealedReceiver {
 
   void Drop(uint64_t DropCounts::*counter, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Where a connection's failed opens are counted: its node key, else its
-  // number.
+  // Where a connection's failed opens are counted: its number (the key
+  // part stays zero).
   using StrikeKey = std::pair<uint64_t, Key32>;
   struct Strikes {
     int failures = 0;

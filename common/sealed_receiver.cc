@@ -245,8 +245,10 @@ void SealedReceiver::Park(Record record, const Prefix& prefix) {
 
 std::optional<SealedReceiver::StrikeKey> SealedReceiver::StrikeKeyOf(
     const Record& record) {
-  if (record.connection_key.has_value())
-    return StrikeKey(0, *record.connection_key);
+  // By connection, not by node key: the pair's admission password crosses
+  // the link in the clear, so whoever read it could open a connection of
+  // the peer's key and, striking that key, have the real peer's records
+  // dropped unread (found by the review of 2026-11-29).
   if (record.connection != 0) return StrikeKey(record.connection, Key32{});
   return std::nullopt;
 }
