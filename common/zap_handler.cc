@@ -96,7 +96,12 @@ void ZapHandler::Stop() {
   if (!thread_.joinable()) return;
   // Serve waits without a time-out (a wake-up every 50 ms in each of a
   // 289-process job's processes cost more CPU than its handshakes): a
-  // request of one empty frame wakes it to see stop_.
+  // request of one empty frame wakes it to see stop_. The handler's socket
+  // is closed here, after the join, never by Serve: had Serve seen stop_ and
+  // closed it first, the waker's connect would find the endpoint unbound and
+  // wait as a pending inproc connection, which zmq_ctx_term then binds to
+  // its own socket while the reaper ends the waker's pipes (a data race
+  // inside libzmq 4.3.4, reported by TSan in CI at def5630).
   void* waker = zmq_socket(context_, ZMQ_REQ);
   if (waker != nullptr) {
     const int linger = 0;
@@ -106,6 +111,7 @@ void ZapHandler::Stop() {
   }
   thread_.join();
   if (waker != nullptr) zmq_close(waker);
+  zmq_close(socket_);
 }
 
 ZapHandler::Verdict ZapHandler::Decide(const std::vector<std::string>& request,
@@ -291,7 +297,8 @@ void ZapHandler::Serve() {
     Answer(request, v == Verdict::kAdmit, std::move(user_id), why);
   }
   held_.clear();
-  zmq_close(socket_);
+  // The socket stays open (and its endpoint bound) until Stop has joined
+  // this thread: see Stop.
 }
 
 }  // namespace tessera
