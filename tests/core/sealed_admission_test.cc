@@ -343,6 +343,26 @@ TEST_F(AdmissionTest, ARecordOfAnotherKeyOnAConnectionIsDropped) {
   EXPECT_EQ(server_->sealed_drops().wrong_sender, 1u);
 }
 
+// `n` records that claim new links of `p`'s and fail to open (random bytes
+// under a real prefix): each costs the receiver a key set-up to try.
+std::vector<std::vector<uint8_t>> RecordsThatFailToOpen(const Process& p,
+                                                        uint32_t n) {
+  std::vector<std::vector<uint8_t>> records;
+  for (uint32_t i = 0; i < n; ++i) {
+    Prefix prefix;
+    prefix.flags = kFirst | kLast;
+    prefix.role = p.role;
+    prefix.node_key = p.key();
+    prefix.link = 100 + i;  // each a new link: a key set-up to try it
+    prefix.length = 64;
+    std::vector<uint8_t> r(kRecordOverhead + 64);
+    randombytes_buf(r.data(), r.size());
+    EncodePrefix(prefix, r.data());
+    records.push_back(std::move(r));
+  }
+  return records;
+}
+
 // 40 records that claim new links of A's and fail to open: after 8 of them
 // A's connection is throttled (the rest dropped unread), while C's real
 // records, on their own connection, still open.
@@ -351,20 +371,7 @@ TEST_F(AdmissionTest, FailedOpensThrottleTheirConnectionOnly) {
   Know(a);
   Know(c);
   void* junk = Connect(a.User(), a.PasswordTo(server_key_, Role::kServer));
-  std::vector<std::vector<uint8_t>> records;
-  for (uint32_t i = 0; i < 40; ++i) {
-    Prefix p;
-    p.flags = kFirst | kLast;
-    p.role = Role::kWorker;
-    p.node_key = a.key();
-    p.link = 100 + i;  // each a new link: a key set-up to try it
-    p.length = 64;
-    std::vector<uint8_t> r(kRecordOverhead + 64);
-    randombytes_buf(r.data(), r.size());
-    EncodePrefix(p, r.data());
-    records.push_back(std::move(r));
-  }
-  Send(junk, records);
+  Send(junk, RecordsThatFailToOpen(a, 40));
   absl::SleepFor(absl::Milliseconds(200));
   Send(Connect(c.User(), c.PasswordTo(server_key_, Role::kServer)),
        c.Seal(server_key_, 1));
@@ -373,6 +380,35 @@ TEST_F(AdmissionTest, FailedOpensThrottleTheirConnectionOnly) {
   EXPECT_EQ(got[0].header.sender(), 11);
   const SealedDrops d = server_->sealed_drops();
   EXPECT_EQ(d.unauthentic, 8u);
+  EXPECT_EQ(d.total(), 40u);
+}
+
+// Why strikes are kept by connection, not by node key: whoever read A's
+// pair password off the wire (PLAIN sends it in the clear) is admitted as
+// A on a second connection. Its 40 records that fail to open throttle that
+// connection only; A's own connection, admitted before, still delivers.
+// (Keyed by node key, none was received: A's record was dropped unread.)
+TEST_F(AdmissionTest, AStolenPasswordsConnectionDoesNotThrottleTheRealPeer) {
+  const Process a(job_, Role::kWorker, 9);
+  Know(a);
+  const std::string password = a.PasswordTo(server_key_, Role::kServer);
+  void* real = Connect(a.User(), password);
+  ASSERT_EQ(Outcome(real, absl::Seconds(2)), "admitted");
+  void* thief = Connect(a.User(), password);
+  ASSERT_EQ(Outcome(thief, absl::Seconds(2)), "admitted");
+  Send(thief, RecordsThatFailToOpen(a, 40));
+  // All 40 taken (and struck) before A sends.
+  EXPECT_TRUE(Received(absl::Milliseconds(500)).empty());
+  SealedDrops d = server_->sealed_drops();
+  EXPECT_EQ(d.unauthentic, 8u);
+  EXPECT_EQ(d.throttled, 32u);
+  Send(real, a.Seal(server_key_, 1));
+  std::vector<Message> got = Received(absl::Seconds(1));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].header.sender(), 9);
+  EXPECT_EQ(got[0].header.request_id(), 1u);
+  d = server_->sealed_drops();
+  EXPECT_EQ(d.throttled, 32u);
   EXPECT_EQ(d.total(), 40u);
 }
 
