@@ -146,6 +146,7 @@ void Admission::RemovePeer(int id) {
 
 Admission::Verdict Admission::Check(absl::string_view user,
                                     absl::string_view password,
+                                    absl::string_view address,
                                     std::string* user_id, std::string* why) {
   Role role;
   Key32 key;
@@ -175,7 +176,7 @@ Admission::Verdict Admission::Check(absl::string_view user,
     }
   }
   if (verdict == Verdict::kWait && role == Role::kScheduler)
-    verdict = CheckScheduler(key, password, why);
+    verdict = CheckScheduler(key, password, address, why);
   if (verdict == Verdict::kAdmit) *user_id = std::string(user);
   return verdict;
 }
@@ -206,28 +207,44 @@ bool Admission::ExpectKnown(const Key32& key, Role role, std::string* why) {
   return true;
 }
 
+bool Admission::MayCheckScheduler(const Key32& key, absl::string_view address,
+                                  absl::Time now, std::string* why) {
+  if (scheduler_.has_value()) {
+    *why = absl::StrCat("scheduler node key ", KeyText(key),
+                        " is not the scheduler's (", KeyText(*scheduler_), ")");
+    return false;
+  }
+  if (now - failures_since_ > absl::Seconds(1)) {
+    failures_since_ = now;
+    failures_ = 0;
+    failures_of_.clear();
+  }
+  if (auto it = failures_of_.find(address);
+      it != failures_of_.end() &&
+      it->second >= kSchedulerFailuresPerAddressPerSecond) {
+    *why = absl::StrCat("scheduler node key ", KeyText(key),
+                        ", unchecked: too many failed scheduler claims from ",
+                        address, " this second");
+    return false;
+  }
+  if (failures_ >= kSchedulerFailuresPerSecond) {
+    *why = absl::StrCat("scheduler node key ", KeyText(key),
+                        ", unchecked: too many failed scheduler claims "
+                        "this second");
+    return false;
+  }
+  return true;
+}
+
 Admission::Verdict Admission::CheckScheduler(const Key32& key,
                                              absl::string_view password,
+                                             absl::string_view address,
                                              std::string* why) {
-  const absl::Time now = absl::Now();
+  address = address.substr(0, 64);  // a key of failures_of_
   {
     absl::MutexLock lock(&mu_);
-    if (scheduler_.has_value()) {
-      *why =
-          absl::StrCat("scheduler node key ", KeyText(key),
-                       " is not the scheduler's (", KeyText(*scheduler_), ")");
+    if (!MayCheckScheduler(key, address, absl::Now(), why))
       return Verdict::kRefuse;
-    }
-    if (now - failures_since_ > absl::Seconds(1)) {
-      failures_since_ = now;
-      failures_ = 0;
-    }
-    if (failures_ >= kSchedulerFailuresPerSecond) {
-      *why = absl::StrCat("scheduler node key ", KeyText(key),
-                          ", unchecked: too many failed scheduler claims "
-                          "this second");
-      return Verdict::kRefuse;
-    }
   }
   // One X25519, outside the lock: the role-key term is the proof.
   Key32 ee;
@@ -238,6 +255,7 @@ Admission::Verdict Admission::CheckScheduler(const Key32& key,
   absl::MutexLock lock(&mu_);
   if (!ok) {
     ++failures_;
+    ++failures_of_[address];
     WipeString(&expected);
     *why = absl::StrCat(
         "scheduler node key ", KeyText(key),

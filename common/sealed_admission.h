@@ -23,14 +23,24 @@
 // claiming the scheduler's role with a key B does not know is checked with
 // one X25519 (the role-key term proves the scheduler's role key); the key
 // then stands as the scheduler's, and other scheduler claims are refused
-// without arithmetic. Failed scheduler checks are throttled: past
-// kSchedulerFailuresPerSecond in a second the next ones are refused unchecked.
+// without arithmetic. Failed scheduler checks are limited per source address
+// (the connection's, from its ZAP request) and in all, so that no one address
+// can spend the budget the real scheduler's claim needs: past
+// kSchedulerFailuresPerAddressPerSecond failures from an address in a second
+// its next claims are refused unchecked, and past kSchedulerFailuresPerSecond
+// failures in all, every address's are (the ceiling on the X25519 spent).
+// One address floods away only its own checks; spending the ceiling takes
+// kSchedulerFailuresPerSecond / kSchedulerFailuresPerAddressPerSecond (16)
+// addresses. (Processes behind one address, one host's, share its budget;
+// the real scheduler never fails its check, so only a claim failing from
+// the scheduler's own host can hold it up.)
 // A connection of any other role whose key B does not yet know waits (kWait):
 // the ZAP handler holds its answer until the table names the key.
 //
 //   Admission admission(link_keys);
 //   admission.SetPeer(9, Role::kWorker, key);             // from the table
-//   Admission::Verdict v = admission.Check(user, password, &user_id, &why);
+//   Admission::Verdict v =
+//       admission.Check(user, password, "10.0.0.7", &user_id, &why);
 //
 // Thread-safety: thread-safe. Check does at most two X25519 (the pair's
 // password, the first time a key is claimed; a scheduler claim's check),
@@ -70,7 +80,9 @@ std::string Z85Key(const Key32& key);
 class Admission {
  public:
   enum class Verdict { kAdmit, kRefuse, kWait };
-  static constexpr int kSchedulerFailuresPerSecond = 16;
+  // Failed scheduler checks a second: in all, and from one address.
+  static constexpr int kSchedulerFailuresPerSecond = 64;
+  static constexpr int kSchedulerFailuresPerAddressPerSecond = 4;
 
   explicit Admission(std::shared_ptr<const LinkKeys> keys);
 
@@ -79,10 +91,13 @@ class Admission {
   void SetPeer(int id, Role role, const Key32& node_key);
   void RemovePeer(int id);
 
-  // A PLAIN hello's credentials. kAdmit sets `user_id` (the username, which
-  // names the verified key); kRefuse sets `why`.
+  // A PLAIN hello's credentials, from `address` (the connecting peer's, as
+  // its ZAP request gives it; what failed scheduler checks are limited by).
+  // kAdmit sets `user_id` (the username, which names the verified key);
+  // kRefuse sets `why`.
   Verdict Check(absl::string_view user, absl::string_view password,
-                std::string* user_id, std::string* why);
+                absl::string_view address, std::string* user_id,
+                std::string* why);
 
   // Changes whenever a key is added (a waiting connection may be admitted).
   uint64_t version() const { return version_.load(); }
@@ -100,7 +115,12 @@ class Admission {
     std::string password;  // Z85 of the pair's admission key
   };
   Verdict CheckScheduler(const Key32& key, absl::string_view password,
-                         std::string* why);
+                         absl::string_view address, std::string* why);
+  // Whether a scheduler claim from `address` may be checked now (`why` set
+  // when not); starts a new second's counts.
+  bool MayCheckScheduler(const Key32& key, absl::string_view address,
+                         absl::Time now, std::string* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Computes the expected password of a known key of `role` the first time
   // one is needed (an X25519, outside the lock). False (`why` set) for a key
   // of small order.
@@ -117,6 +137,9 @@ class Admission {
   std::optional<Key32> scheduler_ ABSL_GUARDED_BY(mu_);
   absl::Time failures_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int failures_ ABSL_GUARDED_BY(mu_) = 0;
+  // This second's failed scheduler checks by address: at most
+  // kSchedulerFailuresPerSecond entries (one per failure at most).
+  absl::flat_hash_map<std::string, int> failures_of_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sealed

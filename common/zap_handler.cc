@@ -156,7 +156,9 @@ ZapHandler::Verdict ZapHandler::DecidePlain(
       *why = "this node has no sealed lane";
       return Verdict::kRefuse;
     }
-    return admission_->Check(request[6], request[7], user_id, why);
+    // request[3]: the peer's address (RFC 27), which failed scheduler
+    // claims are limited by.
+    return admission_->Check(request[6], request[7], request[3], user_id, why);
   }
   for (Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
     if (request[6] != RoleName(role)) continue;

@@ -9,14 +9,19 @@
 // The test plays the connecting processes itself, with node keys of its own,
 // and derives their passwords from the design (the KDF below), not from the
 // code under test.
+#include "common/sealed_admission.h"
+
 #include <sodium.h>
 #include <zmq.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -328,6 +333,68 @@ TEST_F(AdmissionTest, TheSchedulerIsAdmittedBeforeItsKeyIsKnown) {
   EXPECT_EQ(Outcome(t, absl::Seconds(2)), "refused");
 }
 
+// Claims of the scheduler's role with made-up keys and wrong passwords, from
+// `source`, a new connection every 2 ms (a refused one does not come back),
+// until the flood is destroyed; each closed 100 ms after it was opened.
+class SchedulerClaimFlood {
+ public:
+  SchedulerClaimFlood(void* context, int port, const std::string& source)
+      : thread_([this, context, port, source] { Run(context, port, source); }) {
+  }
+  ~SchedulerClaimFlood() {
+    stop_.store(true);
+    thread_.join();
+  }
+
+ private:
+  void Run(void* context, int port, const std::string& source) {
+    std::deque<std::pair<void*, absl::Time>> open;
+    const std::string endpoint =
+        absl::StrCat("tcp://", source, ":0;127.0.0.1:", port);
+    while (!stop_.load()) {
+      void* s = zmq_socket(context, ZMQ_PUSH);
+      const int linger = 0;
+      zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+      const std::string user =
+          absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+      const std::string password = Z85(Random());
+      zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, user.data(), user.size());
+      zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
+      zmq_connect(s, endpoint.c_str());
+      open.emplace_back(s, absl::Now());
+      while (!open.empty() &&
+             absl::Now() - open.front().second > absl::Milliseconds(100)) {
+        zmq_close(open.front().first);
+        open.pop_front();
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    for (auto& [s, opened] : open) zmq_close(s);
+  }
+
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Before the scheduler's key is known, a claim of its role costs an X25519
+// to check. A flood of such claims from 127.0.0.2 (made-up keys, wrong
+// passwords) spends its address's 4 checks a second, not everyone's budget:
+// the real scheduler's claim, from 127.0.0.1 during the flood, is admitted
+// on its first handshake. (With one budget for all, the flood spent it and
+// the claim was refused.)
+TEST_F(AdmissionTest,
+       BadSchedulerClaimsFromOneAddressDoNotKeepTheSchedulerOut) {
+  SchedulerClaimFlood flood(context_, server_->sealed_port(), "127.0.0.2");
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (server_->refused_connection_count() < 50 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_GE(server_->refused_connection_count(), 50u);
+  const Process scheduler(job_, Role::kScheduler, 1);
+  void* s = Connect(scheduler.User(),
+                    scheduler.PasswordTo(server_key_, Role::kServer));
+  EXPECT_EQ(Outcome(s, absl::Seconds(2)), "admitted");
+}
+
 // An admitted connection is one process's: a record of another node key on
 // it (C's, which the server could open) is dropped and counted.
 TEST_F(AdmissionTest, ARecordOfAnotherKeyOnAConnectionIsDropped) {
@@ -410,6 +477,80 @@ TEST_F(AdmissionTest, AStolenPasswordsConnectionDoesNotThrottleTheRealPeer) {
   d = server_->sealed_drops();
   EXPECT_EQ(d.throttled, 32u);
   EXPECT_EQ(d.total(), 40u);
+}
+
+// Failed scheduler checks, by address, on the admission itself: 100 bad
+// claims from one address cost 4 checks (the others refused unchecked,
+// naming the address), and the real scheduler's claim from another address
+// is checked and admitted. (With one budget for all, 16 were checked and
+// the scheduler refused.)
+TEST(SchedulerClaimLimitTest, OneAddressSpendsOnlyItsOwnChecks) {
+  const JobKeySet job = GenerateJobKeys().value();
+  const Process server(job, Role::kServer, kServer),
+      scheduler(job, Role::kScheduler, 1);
+  Admission admission(server.keys);
+  const std::string attacker =
+      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+  int checked = 0, unchecked = 0;
+  for (int i = 0; i < 100; ++i) {
+    std::string user_id, why;
+    ASSERT_EQ(
+        admission.Check(attacker, Z85(Random()), "10.0.0.66", &user_id, &why),
+        Admission::Verdict::kRefuse);
+    if (why.find("with a password not its pair's") != std::string::npos)
+      ++checked;
+    if (why.find("unchecked: too many failed scheduler claims from "
+                 "10.0.0.66 this second") != std::string::npos)
+      ++unchecked;
+  }
+  EXPECT_EQ(checked, 4);
+  EXPECT_EQ(unchecked, 96);
+  std::string user_id, why;
+  EXPECT_EQ(admission.Check(scheduler.User(),
+                            scheduler.PasswordTo(server.key(), Role::kServer),
+                            "10.0.0.1", &user_id, &why),
+            Admission::Verdict::kAdmit)
+      << why;
+  EXPECT_EQ(user_id, scheduler.User());
+}
+
+// The ceiling stays: 16 addresses failing 4 checks each spend the second's
+// 64, and a claim from a 17th address (the real scheduler's) is refused
+// unchecked until the next second, then admitted.
+TEST(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
+  const JobKeySet job = GenerateJobKeys().value();
+  const Process server(job, Role::kServer, kServer),
+      scheduler(job, Role::kScheduler, 1);
+  Admission admission(server.keys);
+  const std::string attacker =
+      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+  int checked = 0;
+  for (int a = 0; a < 20; ++a) {
+    for (int i = 0; i < 4; ++i) {
+      std::string user_id, why;
+      EXPECT_EQ(admission.Check(attacker, Z85(Random()),
+                                absl::StrCat("10.0.1.", a), &user_id, &why),
+                Admission::Verdict::kRefuse);
+      if (why.find("with a password not its pair's") != std::string::npos)
+        ++checked;
+    }
+  }
+  EXPECT_EQ(checked, Admission::kSchedulerFailuresPerSecond);
+  const std::string password =
+      scheduler.PasswordTo(server.key(), Role::kServer);
+  std::string user_id, why;
+  EXPECT_EQ(
+      admission.Check(scheduler.User(), password, "10.0.0.1", &user_id, &why),
+      Admission::Verdict::kRefuse);
+  EXPECT_EQ(why,
+            absl::StrCat("scheduler node key ", scheduler.User().substr(10, 8),
+                         "..., unchecked: too many failed scheduler "
+                         "claims this second"));
+  absl::SleepFor(absl::Milliseconds(1100));
+  EXPECT_EQ(
+      admission.Check(scheduler.User(), password, "10.0.0.1", &user_id, &why),
+      Admission::Verdict::kAdmit)
+      << why;
 }
 
 }  // namespace
