@@ -4,7 +4,9 @@
 // before, not another process's key with one's own password); a connection
 // whose key the server learns 300 ms later waits for it instead of being
 // refused; an admitted connection carries only its own node key's records;
-// and records that fail to open throttle their connection, not the others.
+// records that fail to open throttle their connection, not the others; and
+// no one source address can spend the scheduler claims' checks or the held
+// answers' slots of everyone.
 //
 // The test plays the connecting processes itself, with node keys of its own,
 // and derives their passwords from the design (the KDF below), not from the
@@ -16,6 +18,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -30,6 +33,8 @@
 #include "common/message.h"
 #include "common/sealed_link.h"
 #include "common/transport.h"
+#include "common/zap_handler.h"
+#include "common/zap_hold_queue.h"
 #include "gtest/gtest.h"
 
 namespace tessera::sealed {
@@ -170,7 +175,10 @@ class AdmissionTest : public ::testing::Test {
     identity.sealed_port = 1;
     server_->SetPeerIdentity(p.id, identity);
   }
-  void* Connect(const std::string& user, const std::string& password) {
+  // To the server's sealed lane, or to `port` of 127.0.0.1; from `source`
+  // (an address of this host, e.g. "127.0.0.2") when one is given.
+  void* Connect(const std::string& user, const std::string& password,
+                const std::string& source = "", int port = 0) {
     void* s = zmq_socket(context_, ZMQ_PUSH);
     const int linger = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
@@ -190,7 +198,8 @@ class AdmissionTest : public ::testing::Test {
     EXPECT_EQ(zmq_connect(m, monitor.c_str()), 0);
     monitors_[s] = m;
     const std::string endpoint =
-        absl::StrCat("tcp://127.0.0.1:", server_->sealed_port());
+        absl::StrCat("tcp://", source.empty() ? "" : source + ":0;",
+                     "127.0.0.1:", port != 0 ? port : server_->sealed_port());
     EXPECT_EQ(zmq_connect(s, endpoint.c_str()), 0);
     sockets_.push_back(s);
     return s;
@@ -393,6 +402,99 @@ TEST_F(AdmissionTest,
   void* s = Connect(scheduler.User(),
                     scheduler.PasswordTo(server_key_, Role::kServer));
   EXPECT_EQ(Outcome(s, absl::Seconds(2)), "admitted");
+}
+
+// 70 connections from 127.0.0.2 claiming made-up worker keys: 64 are held
+// (the most one address may hold), the other 6 refused at once; a worker
+// from 127.0.0.1 whose key the server learns 300 ms later is still held
+// and admitted. (Before, all 70 were held and none refused.)
+TEST_F(AdmissionTest, OneAddressHoldsAtMost64Answers) {
+  for (int i = 0; i < 70; ++i) {
+    const Process stranger(job_, Role::kWorker, 13);
+    Connect(stranger.User(), stranger.PasswordTo(server_key_, Role::kServer),
+            "127.0.0.2");
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (server_->refused_connection_count() < 6 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(10));
+  absl::SleepFor(absl::Milliseconds(300));  // the last of them too
+  EXPECT_EQ(server_->refused_connection_count(), 6u);
+  const Process d(job_, Role::kWorker, 9);
+  void* s = Connect(d.User(), d.PasswordTo(server_key_, Role::kServer));
+  Send(s, d.Seal(server_key_, 1));
+  absl::SleepFor(absl::Milliseconds(300));
+  Know(d);
+  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(1));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->header.sender(), 9);
+  EXPECT_EQ(Outcome(s, absl::Milliseconds(100)), "admitted");
+  EXPECT_EQ(server_->refused_connection_count(), 6u);
+}
+
+// A ZAP handler of the test's own, with room for 8 held answers: 8
+// connections from 127.0.0.2 with made-up keys fill it; a worker from
+// 127.0.0.1 whose key is not known yet takes the slot of 127.0.0.2's newest
+// (refused) and is admitted once the key is known. (Before, a full queue
+// refused the newcomer.)
+class HeldSlotsTest : public AdmissionTest {
+ protected:
+  void SetUp() override {
+    AdmissionTest::SetUp();
+    auto security = std::make_shared<ConnectionSecurity>();
+    security->keys = *ParseKeyFile(FormatKeyFile(job_, Role::kServer), "test");
+    admission_ = std::make_shared<Admission>(own_.keys);
+    zap_ = *ZapHandler::Start(context_, security, admission_, absl::Seconds(10),
+                              ZapHoldQueue::Limits{8, 64});
+    receiver_ = zmq_socket(context_, ZMQ_PULL);
+    const int one = 1, linger = 0;
+    zmq_setsockopt(receiver_, ZMQ_PLAIN_SERVER, &one, sizeof(one));
+    zmq_setsockopt(receiver_, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(receiver_, ZMQ_ZAP_DOMAIN, ZapHandler::kSealedDomain,
+                   std::strlen(ZapHandler::kSealedDomain));
+    ASSERT_EQ(zmq_bind(receiver_, "tcp://127.0.0.1:*"), 0);
+    char endpoint[64];
+    size_t size = sizeof(endpoint);
+    zmq_getsockopt(receiver_, ZMQ_LAST_ENDPOINT, endpoint, &size);
+    port_ = std::atoi(std::strrchr(endpoint, ':') + 1);
+  }
+  void TearDown() override {
+    zmq_close(receiver_);
+    zap_->Stop();
+    AdmissionTest::TearDown();
+  }
+
+  const Process own_{job_, Role::kServer, kServer};
+  std::shared_ptr<Admission> admission_;
+  std::unique_ptr<ZapHandler> zap_;
+  void* receiver_ = nullptr;
+  int port_ = 0;
+};
+
+TEST_F(HeldSlotsTest, AFullQueueGivesTheNewestSlotOfTheBiggestHolderAway) {
+  std::vector<void*> flood;
+  for (int i = 0; i < 8; ++i) {
+    const Process stranger(job_, Role::kWorker, 13);
+    flood.push_back(Connect(stranger.User(),
+                            stranger.PasswordTo(own_.key(), Role::kServer),
+                            "127.0.0.2", port_));
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (zap_->waiting_count() < 8 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(zap_->waiting_count(), 8u);
+  const Process d(job_, Role::kWorker, 9);
+  void* s =
+      Connect(d.User(), d.PasswordTo(own_.key(), Role::kServer), "", port_);
+  EXPECT_EQ(Outcome(s, absl::Milliseconds(500)), "none");  // held
+  EXPECT_EQ(zap_->refused_count(), 1u);                    // one of 127.0.0.2's
+  EXPECT_EQ(zap_->waiting_count(), 8u);
+  admission_->SetPeer(9, Role::kWorker, d.key());
+  EXPECT_EQ(Outcome(s, absl::Seconds(1)), "admitted");
+  EXPECT_EQ(zap_->waiting_count(), 7u);
+  int refused = 0;
+  for (void* f : flood)
+    refused += Outcome(f, absl::Milliseconds(10)) == "refused";
+  EXPECT_EQ(refused, 1);
 }
 
 // An admitted connection is one process's: a record of another node key on
