@@ -129,7 +129,23 @@ void Admission::SetPeer(int id, Role role, const Key32& node_key) {
   key_of_[id] = node_key;
   known_[node_key] = std::move(known);
   if (id == kSchedulerId) scheduler_ = node_key;
-  version_.fetch_add(1);
+  added_.emplace_back(version_.fetch_add(1) + 1, node_key);
+  if (added_.size() > kAddedRemembered) added_.pop_front();
+}
+
+uint64_t Admission::AddedSince(uint64_t version, std::vector<Key32>* keys,
+                               bool* complete) const {
+  keys->clear();
+  absl::MutexLock lock(&mu_);
+  const uint64_t now = version_.load();
+  // Versions are consecutive: the oldest kept must be version + 1 or less.
+  *complete = now == version ||
+              (!added_.empty() && added_.front().first <= version + 1);
+  if (!*complete) return now;
+  for (auto it = added_.rbegin(); it != added_.rend() && it->first > version;
+       ++it)
+    keys->push_back(it->second);
+  return now;
 }
 
 void Admission::RemovePeer(int id) {

@@ -50,9 +50,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -101,6 +104,12 @@ class Admission {
 
   // Changes whenever a key is added (a waiting connection may be admitted).
   uint64_t version() const { return version_.load(); }
+  // The keys added after `version` (SetPeer's), into `keys`; returns the
+  // version they reach. `*complete` is false (and `keys` empty) when some of
+  // them are forgotten (kAddedRemembered are kept): any key may be new.
+  uint64_t AddedSince(uint64_t version, std::vector<Key32>* keys,
+                      bool* complete) const;
+  static constexpr size_t kAddedRemembered = 4096;
 
   // What this process presents to `peer_key` (of `peer_role`): username
   // and password; `secrets` are keys.ForPeer(peer_key).
@@ -128,10 +137,13 @@ class Admission {
   std::string Expected(const Key32& ee, Role role, const Key32& key) const;
 
   const std::shared_ptr<const LinkKeys> keys_;
-  std::atomic<uint64_t> version_{0};
-  absl::Mutex mu_;
+  std::atomic<uint64_t> version_{0};  // changed under mu_
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<Key32, Known> known_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, Key32> key_of_ ABSL_GUARDED_BY(mu_);
+  // The last kAddedRemembered keys SetPeer added, with the version each
+  // made.
+  std::deque<std::pair<uint64_t, Key32>> added_ ABSL_GUARDED_BY(mu_);
   // The scheduler's key once a scheduler claim checked out (before the
   // table names it).
   std::optional<Key32> scheduler_ ABSL_GUARDED_BY(mu_);

@@ -235,18 +235,44 @@ void ZapHandler::Answer(const Request& request, bool accept,
   }
 }
 
+void ZapHandler::Hold(Request request) {
+  // Decide waits only on a PLAIN hello whose user names a role and key.
+  Role role;
+  sealed::Key32 key;
+  if (request.frames.size() > 6 &&
+      sealed::ParseAdmissionUser(request.frames[6], &role, &key)) {
+    request.key.assign(reinterpret_cast<const char*>(key.data()), key.size());
+  }
+  std::string why;
+  if (std::optional<Request> refused = held_.Hold(std::move(request), &why))
+    Answer(*refused, false, std::string(), why);
+  waiting_.store(held_.size());
+}
+
 void ZapHandler::Revisit(absl::Time now) {
-  const uint64_t version = admission_->version();
-  if (version != held_checked_at_) {
-    held_checked_at_ = version;
-    for (Request& r : held_.TakeAll()) {
+  if (admission_->version() != held_checked_at_) {
+    // Only a key the table added can end a wait: the requests claiming one
+    // are decided again, not all.
+    std::vector<sealed::Key32> added;
+    bool complete = false;
+    held_checked_at_ =
+        admission_->AddedSince(held_checked_at_, &added, &complete);
+    std::vector<Request> recheck;
+    if (!complete) recheck = held_.TakeAll();
+    for (const sealed::Key32& key : added) {
+      for (Request& r : held_.TakeKey(absl::string_view(
+               reinterpret_cast<const char*>(key.data()), key.size())))
+        recheck.push_back(std::move(r));
+    }
+    rechecked_.fetch_add(recheck.size());
+    waiting_.store(held_.size());  // before any answer goes
+    for (Request& r : recheck) {
       std::string user_id, why;
       const Verdict v = Decide(r.frames, &user_id, &why);
-      if (v != Verdict::kWait) {
+      if (v == Verdict::kWait) {
+        Hold(std::move(r));  // its key added and gone again
+      } else {
         Answer(r, v == Verdict::kAdmit, std::move(user_id), why);
-      } else if (std::optional<Request> refused =
-                     held_.Hold(std::move(r), &why)) {
-        Answer(*refused, false, std::string(), why);  // not expected
       }
     }
   }
@@ -277,11 +303,7 @@ void ZapHandler::Serve() {
     const Verdict v = Decide(request.frames, &user_id, &why);
     if (v == Verdict::kWait) {
       request.until = absl::Now() + hold_;
-      if (std::optional<Request> refused =
-              held_.Hold(std::move(request), &why)) {
-        Answer(*refused, false, std::string(), why);
-      }
-      waiting_.store(held_.size());
+      Hold(std::move(request));
       continue;
     }
     Answer(request, v == Verdict::kAdmit, std::move(user_id), why);

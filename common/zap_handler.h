@@ -19,8 +19,9 @@
 // client's role and verified node key, "worker:<Z85>", and the sealed
 // receiver takes on that connection only records of that node key. A client
 // whose node key this node does not know yet (its node table has not come)
-// waits: its answer is held, and given once the key is known (checked at
-// every change of the admission's directory, within 10 ms) or refused after
+// waits: its answer is held, and given once the key is known (within 10 ms
+// of the change of the admission's directory that adds it: only the
+// requests claiming an added key are decided again) or refused after
 // `hold` (10 s, the parking time of records). Held answers are bounded in
 // all and per source address (ZapHoldQueue, zap_hold_queue.h: 4,096 and 64),
 // and a full queue refuses the newest of the address holding the most, not
@@ -82,6 +83,8 @@ class ZapHandler {
   uint64_t refused_count() const { return refused_.load(); }
   // Connections whose answer is held now (their node key not yet known).
   size_t waiting_count() const { return waiting_.load(); }
+  // Held requests decided again (those whose key the table added).
+  uint64_t rechecked_count() const { return rechecked_.load(); }
 
  private:
   using Verdict = sealed::Admission::Verdict;
@@ -100,9 +103,12 @@ class ZapHandler {
                  std::string* why) const;
   Verdict DecidePlain(const std::vector<std::string>& request, bool sealed_lane,
                       std::string* user_id, std::string* why) const;
-  // Answers the held requests that can be now: admitted, refused, or past
-  // their time.
+  // Answers the held requests that can be now: admitted or refused (those
+  // whose key the admission added since the last look), or past their time.
   void Revisit(absl::Time now);
+  // Holds `request`, refused by Decide to wait (its key not known yet);
+  // answers the request the hold queue refuses, if any.
+  void Hold(Request request);
   void Answer(const Request& request, bool accept, std::string user_id,
               const std::string& why);
 
@@ -116,6 +122,7 @@ class ZapHandler {
   ZapHoldQueue held_;
   uint64_t held_checked_at_ = 0;
   std::atomic<size_t> waiting_{0};
+  std::atomic<uint64_t> rechecked_{0};
   // ExpectedPlainPassword of each role, by Role: computed once, not with an
   // X25519 per connection.
   std::array<SecretString, 3> passwords_;

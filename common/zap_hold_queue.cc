@@ -60,6 +60,7 @@ void ZapHoldQueue::Insert(ZapRequest request) {
   std::set<uint64_t>& mine = of_[address];
   mine.insert(seq);
   Recount(address, mine.size() - 1, mine.size());
+  of_key_[request.key].insert(seq);
   held_.emplace(seq, std::move(request));
 }
 
@@ -71,6 +72,9 @@ ZapRequest ZapHoldQueue::Remove(std::map<uint64_t, ZapRequest>::iterator it) {
   of->second.erase(out.seq);
   Recount(address, of->second.size() + 1, of->second.size());
   if (of->second.empty()) of_.erase(of);
+  auto claiming = of_key_.find(out.key);
+  claiming->second.erase(out.seq);
+  if (claiming->second.empty()) of_key_.erase(claiming);
   return out;
 }
 
@@ -86,6 +90,16 @@ std::vector<ZapRequest> ZapHoldQueue::TakeAll() {
   held_.clear();
   of_.clear();
   by_count_.clear();
+  of_key_.clear();
+  return out;
+}
+
+std::vector<ZapRequest> ZapHoldQueue::TakeKey(absl::string_view key) {
+  std::vector<ZapRequest> out;
+  auto it = of_key_.find(key);
+  if (it == of_key_.end()) return out;
+  const std::set<uint64_t> seqs = it->second;  // Remove changes it
+  for (uint64_t seq : seqs) out.push_back(Remove(held_.find(seq)));
   return out;
 }
 

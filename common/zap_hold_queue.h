@@ -1,6 +1,8 @@
 // ZapHoldQueue: the requests a ZAP handler (zap_handler.h) holds: sealed-lane
 // connections whose node key this node does not know yet, their answer
-// unsent until the node table names the key or their time is up.
+// unsent until the node table names the key or their time is up. They are
+// found by the key they claim (TakeKey), so that a change of the table
+// re-decides only the requests whose key it added.
 //
 // Slots are bounded in all (`max_held`) and per source address
 // (`max_per_address`, the address the ZAP request names), so that whoever
@@ -17,6 +19,7 @@
 //   std::string why;
 //   if (std::optional<ZapRequest> refused = held.Hold(std::move(request), &why))
 //     Refuse(*refused, why);                 // the newcomer, or another
+//   for (ZapRequest& r : held.TakeKey(added_key)) Decide(r);
 //   for (ZapRequest& r : held.TakeExpired(absl::Now())) Refuse(r, "...");
 //
 // Thread-safety: none; the ZAP handler's thread only.
@@ -45,6 +48,7 @@ struct ZapRequest {
   std::string routing_id;
   std::vector<std::string> frames;
   absl::Time until;  // a held one's last chance
+  std::string key;   // the node key it claims (its 32 bytes): what it awaits
   uint64_t seq = 0;  // its place in arrival order, once held
   ZapRequest() = default;
   ZapRequest(ZapRequest&&) = default;
@@ -71,6 +75,8 @@ class ZapHoldQueue {
   std::optional<ZapRequest> Hold(ZapRequest request, std::string* why);
   // Removes and returns every held request, in arrival order.
   std::vector<ZapRequest> TakeAll();
+  // Removes and returns those claiming `key`, in arrival order.
+  std::vector<ZapRequest> TakeKey(absl::string_view key);
   // Removes and returns those whose `until` is not after `now`.
   std::vector<ZapRequest> TakeExpired(absl::Time now);
 
@@ -90,6 +96,8 @@ class ZapHoldQueue {
   // Each address's held requests (their seqs); no empty entry.
   absl::flat_hash_map<std::string, std::set<uint64_t>> of_;
   std::set<std::pair<size_t, std::string>> by_count_;  // (held, address)
+  // The held requests claiming each key (their seqs); no empty entry.
+  absl::flat_hash_map<std::string, std::set<uint64_t>> of_key_;
 };
 
 }  // namespace tessera

@@ -16,6 +16,7 @@
 #include <sodium.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -497,6 +498,40 @@ TEST_F(HeldSlotsTest, AFullQueueGivesTheNewestSlotOfTheBiggestHolderAway) {
   EXPECT_EQ(refused, 1);
 }
 
+// A change of the node table decides again only the held requests whose key
+// it added: 3 connections wait for their keys; 20 other keys, added 15 ms
+// apart (each seen by a look of its own), decide none of them again; adding
+// the second one's key decides that one alone, and admits it. (Before,
+// every change decided all the held requests again: 60 for the 20.)
+TEST_F(HeldSlotsTest, ATableChangeRedecidesOnlyTheRequestsOfTheKeysItAdded) {
+  std::vector<Process> late;
+  std::vector<void*> sockets;
+  for (int i = 0; i < 3; ++i) {
+    late.emplace_back(job_, Role::kWorker, 20 + i);
+    sockets.push_back(Connect(late[i].User(),
+                              late[i].PasswordTo(own_.key(), Role::kServer), "",
+                              port_));
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (zap_->waiting_count() < 3 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(zap_->waiting_count(), 3u);
+  for (int i = 0; i < 20; ++i) {
+    admission_->SetPeer(100 + i, Role::kWorker,
+                        NodeKey::Generate().public_key());
+    absl::SleepFor(absl::Milliseconds(15));
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(zap_->rechecked_count(), 0u);
+  EXPECT_EQ(zap_->waiting_count(), 3u);
+  admission_->SetPeer(21, Role::kWorker, late[1].key());
+  EXPECT_EQ(Outcome(sockets[1], absl::Seconds(1)), "admitted");
+  EXPECT_EQ(zap_->rechecked_count(), 1u);
+  EXPECT_EQ(zap_->waiting_count(), 2u);
+  EXPECT_EQ(Outcome(sockets[0], absl::Milliseconds(100)), "none");
+  EXPECT_EQ(Outcome(sockets[2], absl::Milliseconds(100)), "none");
+}
+
 // An admitted connection is one process's: a record of another node key on
 // it (C's, which the server could open) is dropped and counted.
 TEST_F(AdmissionTest, ARecordOfAnotherKeyOnAConnectionIsDropped) {
@@ -653,6 +688,44 @@ TEST(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
       admission.Check(scheduler.User(), password, "10.0.0.1", &user_id, &why),
       Admission::Verdict::kAdmit)
       << why;
+}
+
+// What a table change added, as the ZAP handler asks it: the keys SetPeer
+// added after a version, until more than kAddedRemembered came since.
+TEST(AdmissionAddedSinceTest, GivesTheKeysAddedAfterAVersion) {
+  const JobKeySet job = GenerateJobKeys().value();
+  const Process server(job, Role::kServer, kServer);
+  Admission admission(server.keys);
+  std::vector<Key32> keys;
+  bool complete = false;
+  EXPECT_EQ(admission.AddedSince(0, &keys, &complete), 0u);
+  EXPECT_TRUE(complete);
+  const Key32 k1 = Random(), k2 = Random(), k3 = Random();
+  admission.SetPeer(9, Role::kWorker, k1);
+  admission.SetPeer(10, Role::kWorker, k2);
+  admission.RemovePeer(9);  // adds nothing
+  admission.SetPeer(11, Role::kWorker, k3);
+  EXPECT_EQ(admission.AddedSince(1, &keys, &complete), 3u);
+  EXPECT_TRUE(complete);
+  EXPECT_EQ(keys.size(), 2u);
+  EXPECT_TRUE(std::find(keys.begin(), keys.end(), k2) != keys.end());
+  EXPECT_TRUE(std::find(keys.begin(), keys.end(), k3) != keys.end());
+  EXPECT_EQ(admission.AddedSince(3, &keys, &complete), 3u);
+  EXPECT_TRUE(complete);
+  EXPECT_TRUE(keys.empty());
+  for (size_t i = 0; i < Admission::kAddedRemembered; ++i)
+    admission.SetPeer(100 + static_cast<int>(i), Role::kWorker, Random());
+  const uint64_t now = 3 + Admission::kAddedRemembered;
+  EXPECT_EQ(admission.AddedSince(3, &keys, &complete), now);
+  EXPECT_TRUE(complete);
+  EXPECT_EQ(keys.size(), Admission::kAddedRemembered);
+  admission.SetPeer(99, Role::kWorker, k1);
+  EXPECT_EQ(admission.AddedSince(3, &keys, &complete), now + 1);
+  EXPECT_FALSE(complete);  // the key of version 4 is forgotten
+  EXPECT_TRUE(keys.empty());
+  EXPECT_EQ(admission.AddedSince(now, &keys, &complete), now + 1);
+  EXPECT_TRUE(complete);
+  EXPECT_EQ(keys, std::vector<Key32>{k1});
 }
 
 }  // namespace

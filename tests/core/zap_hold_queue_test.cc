@@ -15,11 +15,13 @@
 namespace tessera {
 namespace {
 
-// A request from `address`, named `name` (its routing id).
+// A request from `address`, named `name` (its routing id), claiming `key`.
 ZapRequest Held(const std::string& name, const std::string& address,
-                absl::Time until = absl::InfiniteFuture()) {
+                absl::Time until = absl::InfiniteFuture(),
+                const std::string& key = "k") {
   ZapRequest r;
   r.routing_id = name;
+  r.key = key;
   r.frames = {"1.0", "1",     "tessera-sealed", address,
               "",    "PLAIN", "worker:x",       "password"};
   r.until = until;
@@ -93,6 +95,24 @@ TEST(ZapHoldQueueTest, ExpiredOnesGoInArrivalOrderAndAReheldOneKeepsItsPlace) {
   EXPECT_EQ(expired, (std::vector<std::string>{"r0", "r1"}));
   EXPECT_EQ(queue.size(), 2u);
   EXPECT_EQ(queue.held_from("A"), 2u);
+}
+
+TEST(ZapHoldQueueTest, TakeKeyGivesThatKeysRequestsOnly) {
+  ZapHoldQueue queue(ZapHoldQueue::Limits{6, 4});
+  std::string why;
+  const absl::Time never = absl::InfiniteFuture();
+  EXPECT_FALSE(queue.Hold(Held("a0", "A", never, "K1"), &why));
+  EXPECT_FALSE(queue.Hold(Held("b0", "B", never, "K2"), &why));
+  EXPECT_FALSE(queue.Hold(Held("a1", "A", never, "K1"), &why));
+  EXPECT_TRUE(queue.TakeKey("K3").empty());
+  std::vector<std::string> taken;
+  for (const ZapRequest& r : queue.TakeKey("K1")) taken.push_back(r.routing_id);
+  EXPECT_EQ(taken, (std::vector<std::string>{"a0", "a1"}));
+  EXPECT_EQ(queue.size(), 1u);
+  EXPECT_EQ(queue.held_from("A"), 0u);
+  EXPECT_TRUE(queue.TakeKey("K1").empty());
+  ASSERT_EQ(queue.TakeKey("K2").size(), 1u);
+  EXPECT_EQ(queue.size(), 0u);
 }
 
 }  // namespace
