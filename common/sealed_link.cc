@@ -153,11 +153,24 @@ bool LinkKeys::ForPeer(const Key32& peer_key, PeerSecrets* out) const {
   if (!node_key_.Agree(peer_key, &out->ee) ||
       crypto_scalarmult(out->se.data(), role_secret_.data(), peer_key.data()) !=
           0) {
+    // Nothing of a half-made agreement, nor of what `out` held before, stays.
+    sodium_memzero(out->ee.data(), out->ee.size());
+    sodium_memzero(out->se.data(), out->se.size());
     return false;
   }
   absl::MutexLock lock(&peers_->mu);
   peers_->secrets.emplace(peer_key, *out);
   return true;
+}
+
+void LinkKeys::Forget(const Key32& peer_key) const {
+  absl::MutexLock lock(&peers_->mu);
+  peers_->secrets.erase(peer_key);  // PeerSecrets wipes itself
+}
+
+size_t LinkKeys::cached_peers() const {
+  absl::MutexLock lock(&peers_->mu);
+  return peers_->secrets.size();
 }
 
 Key32 LinkKeys::SendingSecret(const PeerSecrets& peer, Role peer_role,

@@ -644,6 +644,64 @@ TEST(SealedLinkTest, LinkKeysDependOnEveryInput) {
   EXPECT_FALSE(worker->ForPeer(zero, &none));
 }
 
+// LinkKeys keeps each peer's key agreements until the peer is forgotten (a
+// node gone from the table; the transport forgets it), and a failed
+// agreement leaves nothing in `out`, not even what it held before.
+TEST(SealedLinkTest, LinkKeysForgetPeersAndWipeAFailedAgreement) {
+  Job job;
+  const NodeKey a = NodeKey::Generate(), b = NodeKey::Generate(),
+                c = NodeKey::Generate();
+  const auto keys = job.For(Role::kServer, a);
+  PeerSecrets of_b, s;
+  ASSERT_TRUE(keys->ForPeer(b.public_key(), &of_b));
+  ASSERT_TRUE(keys->ForPeer(c.public_key(), &s));
+  EXPECT_EQ(keys->cached_peers(), 2u);
+  keys->Forget(b.public_key());
+  EXPECT_EQ(keys->cached_peers(), 1u);
+  keys->Forget(b.public_key());
+  EXPECT_EQ(keys->cached_peers(), 1u);
+  PeerSecrets again;
+  ASSERT_TRUE(keys->ForPeer(b.public_key(), &again));
+  EXPECT_EQ(again.ee, of_b.ee);
+  EXPECT_EQ(again.se, of_b.se);
+  EXPECT_EQ(keys->cached_peers(), 2u);
+  const Key32 zero{};
+  ASSERT_NE(s.se, zero);  // c's
+  EXPECT_FALSE(keys->ForPeer(zero, &s));
+  EXPECT_EQ(s.ee, zero);
+  EXPECT_EQ(s.se, zero);
+  EXPECT_EQ(keys->cached_peers(), 2u);
+}
+
+// Failed opens are remembered for at most 4,096 connections: connection 1
+// is throttled (8 failures), then 5,000 other connections fail once each;
+// 4,096 are remembered, and connection 1, blocked, is one of them.
+TEST(SealedLinkTest, FailedOpensAreRememberedForAtMost4096Connections) {
+  Job job;
+  Pair pair(job);
+  auto fail = [&](uint64_t connection, uint32_t link) {
+    Prefix p;
+    p.flags = kFirst | kLast;
+    p.role = Role::kWorker;
+    p.node_key = pair.worker.public_key();
+    p.link = link;
+    p.length = 64;
+    std::vector<uint8_t> bytes(kRecordOverhead + 64, 0x5a);
+    EncodePrefix(p, bytes.data());
+    Record r = Copy(bytes);
+    r.connection = connection;
+    std::vector<Message> ready;
+    pair.receiver.Accept(std::move(r), &ready);
+  };
+  for (uint32_t i = 0; i < 8; ++i) fail(1, 100 + i);
+  for (uint64_t c = 2; c <= 5001; ++c) fail(c, 200);
+  EXPECT_EQ(pair.receiver.counts().unauthentic, 5008u);
+  EXPECT_EQ(pair.receiver.struck_connections(), 4096u);
+  fail(1, 300);
+  EXPECT_EQ(pair.receiver.counts().throttled, 1u);
+  EXPECT_EQ(pair.receiver.counts().unauthentic, 5008u);
+}
+
 // A node takes the scheduler's key from the first record that opens with the
 // scheduler's role key; a worker claiming to be the scheduler first is not
 // taken, and the real scheduler still is.
