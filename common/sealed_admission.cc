@@ -23,29 +23,8 @@ constexpr char kAdmissionLabel[] = "tessera sealed lane admission v1";
 Key32 DeriveAdmission(const Key32& ee, const Key32& se, Role from_role,
                       const Key32& from_key, Role to_role, const Key32& to_key,
                       absl::string_view job_id) {
-  crypto_generichash_state state;
-  crypto_generichash_init(&state, nullptr, 0, 32);
-  crypto_generichash_update(&state,
-                            reinterpret_cast<const uint8_t*>(kAdmissionLabel),
-                            sizeof(kAdmissionLabel) - 1);
-  crypto_generichash_update(&state, ee.data(), ee.size());
-  crypto_generichash_update(&state, se.data(), se.size());
-  const uint8_t from = static_cast<uint8_t>(from_role),
-                to = static_cast<uint8_t>(to_role);
-  crypto_generichash_update(&state, &from, 1);
-  crypto_generichash_update(&state, from_key.data(), from_key.size());
-  crypto_generichash_update(&state, &to, 1);
-  crypto_generichash_update(&state, to_key.data(), to_key.size());
-  uint8_t length[4];
-  const uint32_t n = static_cast<uint32_t>(job_id.size());
-  for (int i = 0; i < 4; ++i) length[i] = static_cast<uint8_t>(n >> (8 * i));
-  crypto_generichash_update(&state, length, sizeof(length));
-  crypto_generichash_update(
-      &state, reinterpret_cast<const uint8_t*>(job_id.data()), job_id.size());
-  Key32 out;
-  crypto_generichash_final(&state, out.data(), out.size());
-  sodium_memzero(&state, sizeof(state));  // it hashed the pair's secrets
-  return out;
+  return internal::HashTranscript(kAdmissionLabel, {&ee, &se}, from_role,
+                                  from_key, to_role, to_key, {}, job_id);
 }
 
 std::string Z85Key(const Key32& key) {
