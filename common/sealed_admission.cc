@@ -23,29 +23,8 @@ constexpr char kAdmissionLabel[] = "tessera sealed lane admission v1";
 Key32 DeriveAdmission(const Key32& ee, const Key32& se, Role from_role,
                       const Key32& from_key, Role to_role, const Key32& to_key,
                       absl::string_view job_id) {
-  crypto_generichash_state state;
-  crypto_generichash_init(&state, nullptr, 0, 32);
-  crypto_generichash_update(&state,
-                            reinterpret_cast<const uint8_t*>(kAdmissionLabel),
-                            sizeof(kAdmissionLabel) - 1);
-  crypto_generichash_update(&state, ee.data(), ee.size());
-  crypto_generichash_update(&state, se.data(), se.size());
-  const uint8_t from = static_cast<uint8_t>(from_role),
-                to = static_cast<uint8_t>(to_role);
-  crypto_generichash_update(&state, &from, 1);
-  crypto_generichash_update(&state, from_key.data(), from_key.size());
-  crypto_generichash_update(&state, &to, 1);
-  crypto_generichash_update(&state, to_key.data(), to_key.size());
-  uint8_t length[4];
-  const uint32_t n = static_cast<uint32_t>(job_id.size());
-  for (int i = 0; i < 4; ++i) length[i] = static_cast<uint8_t>(n >> (8 * i));
-  crypto_generichash_update(&state, length, sizeof(length));
-  crypto_generichash_update(
-      &state, reinterpret_cast<const uint8_t*>(job_id.data()), job_id.size());
-  Key32 out;
-  crypto_generichash_final(&state, out.data(), out.size());
-  sodium_memzero(&state, sizeof(state));  // it hashed the pair's secrets
-  return out;
+  return internal::HashTranscript(kAdmissionLabel, {&ee, &se}, from_role,
+                                  from_key, to_role, to_key, {}, job_id);
 }
 
 std::string Z85Key(const Key32& key) {
@@ -129,7 +108,23 @@ void Admission::SetPeer(int id, Role role, const Key32& node_key) {
   key_of_[id] = node_key;
   known_[node_key] = std::move(known);
   if (id == kSchedulerId) scheduler_ = node_key;
-  version_.fetch_add(1);
+  added_.emplace_back(version_.fetch_add(1) + 1, node_key);
+  if (added_.size() > kAddedRemembered) added_.pop_front();
+}
+
+uint64_t Admission::AddedSince(uint64_t version, std::vector<Key32>* keys,
+                               bool* complete) const {
+  keys->clear();
+  absl::MutexLock lock(&mu_);
+  const uint64_t now = version_.load();
+  // Versions are consecutive: the oldest kept must be version + 1 or less.
+  *complete = now == version ||
+              (!added_.empty() && added_.front().first <= version + 1);
+  if (!*complete) return now;
+  for (auto it = added_.rbegin(); it != added_.rend() && it->first > version;
+       ++it)
+    keys->push_back(it->second);
+  return now;
 }
 
 void Admission::RemovePeer(int id) {
@@ -146,6 +141,7 @@ void Admission::RemovePeer(int id) {
 
 Admission::Verdict Admission::Check(absl::string_view user,
                                     absl::string_view password,
+                                    absl::string_view address,
                                     std::string* user_id, std::string* why) {
   Role role;
   Key32 key;
@@ -175,7 +171,7 @@ Admission::Verdict Admission::Check(absl::string_view user,
     }
   }
   if (verdict == Verdict::kWait && role == Role::kScheduler)
-    verdict = CheckScheduler(key, password, why);
+    verdict = CheckScheduler(key, password, address, why);
   if (verdict == Verdict::kAdmit) *user_id = std::string(user);
   return verdict;
 }
@@ -206,28 +202,44 @@ bool Admission::ExpectKnown(const Key32& key, Role role, std::string* why) {
   return true;
 }
 
+bool Admission::MayCheckScheduler(const Key32& key, absl::string_view address,
+                                  absl::Time now, std::string* why) {
+  if (scheduler_.has_value()) {
+    *why = absl::StrCat("scheduler node key ", KeyText(key),
+                        " is not the scheduler's (", KeyText(*scheduler_), ")");
+    return false;
+  }
+  if (now - failures_since_ > absl::Seconds(1)) {
+    failures_since_ = now;
+    failures_ = 0;
+    failures_of_.clear();
+  }
+  if (auto it = failures_of_.find(address);
+      it != failures_of_.end() &&
+      it->second >= kSchedulerFailuresPerAddressPerSecond) {
+    *why = absl::StrCat("scheduler node key ", KeyText(key),
+                        ", unchecked: too many failed scheduler claims from ",
+                        address, " this second");
+    return false;
+  }
+  if (failures_ >= kSchedulerFailuresPerSecond) {
+    *why = absl::StrCat("scheduler node key ", KeyText(key),
+                        ", unchecked: too many failed scheduler claims "
+                        "this second");
+    return false;
+  }
+  return true;
+}
+
 Admission::Verdict Admission::CheckScheduler(const Key32& key,
                                              absl::string_view password,
+                                             absl::string_view address,
                                              std::string* why) {
-  const absl::Time now = absl::Now();
+  address = address.substr(0, 64);  // a key of failures_of_
   {
     absl::MutexLock lock(&mu_);
-    if (scheduler_.has_value()) {
-      *why =
-          absl::StrCat("scheduler node key ", KeyText(key),
-                       " is not the scheduler's (", KeyText(*scheduler_), ")");
+    if (!MayCheckScheduler(key, address, absl::Now(), why))
       return Verdict::kRefuse;
-    }
-    if (now - failures_since_ > absl::Seconds(1)) {
-      failures_since_ = now;
-      failures_ = 0;
-    }
-    if (failures_ >= kSchedulerFailuresPerSecond) {
-      *why = absl::StrCat("scheduler node key ", KeyText(key),
-                          ", unchecked: too many failed scheduler claims "
-                          "this second");
-      return Verdict::kRefuse;
-    }
   }
   // One X25519, outside the lock: the role-key term is the proof.
   Key32 ee;
@@ -238,6 +250,7 @@ Admission::Verdict Admission::CheckScheduler(const Key32& key,
   absl::MutexLock lock(&mu_);
   if (!ok) {
     ++failures_;
+    ++failures_of_[address];
     WipeString(&expected);
     *why = absl::StrCat(
         "scheduler node key ", KeyText(key),

@@ -23,14 +23,24 @@
 // claiming the scheduler's role with a key B does not know is checked with
 // one X25519 (the role-key term proves the scheduler's role key); the key
 // then stands as the scheduler's, and other scheduler claims are refused
-// without arithmetic. Failed scheduler checks are throttled: past
-// kSchedulerFailuresPerSecond in a second the next ones are refused unchecked.
+// without arithmetic. Failed scheduler checks are limited per source address
+// (the connection's, from its ZAP request) and in all, so that no one address
+// can spend the budget the real scheduler's claim needs: past
+// kSchedulerFailuresPerAddressPerSecond failures from an address in a second
+// its next claims are refused unchecked, and past kSchedulerFailuresPerSecond
+// failures in all, every address's are (the ceiling on the X25519 spent).
+// One address floods away only its own checks; spending the ceiling takes
+// kSchedulerFailuresPerSecond / kSchedulerFailuresPerAddressPerSecond (16)
+// addresses. (Processes behind one address, one host's, share its budget;
+// the real scheduler never fails its check, so only a claim failing from
+// the scheduler's own host can hold it up.)
 // A connection of any other role whose key B does not yet know waits (kWait):
 // the ZAP handler holds its answer until the table names the key.
 //
 //   Admission admission(link_keys);
 //   admission.SetPeer(9, Role::kWorker, key);             // from the table
-//   Admission::Verdict v = admission.Check(user, password, &user_id, &why);
+//   Admission::Verdict v =
+//       admission.Check(user, password, "10.0.0.7", &user_id, &why);
 //
 // Thread-safety: thread-safe. Check does at most two X25519 (the pair's
 // password, the first time a key is claimed; a scheduler claim's check),
@@ -40,9 +50,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -70,7 +83,9 @@ std::string Z85Key(const Key32& key);
 class Admission {
  public:
   enum class Verdict { kAdmit, kRefuse, kWait };
-  static constexpr int kSchedulerFailuresPerSecond = 16;
+  // Failed scheduler checks a second: in all, and from one address.
+  static constexpr int kSchedulerFailuresPerSecond = 64;
+  static constexpr int kSchedulerFailuresPerAddressPerSecond = 4;
 
   explicit Admission(std::shared_ptr<const LinkKeys> keys);
 
@@ -79,13 +94,22 @@ class Admission {
   void SetPeer(int id, Role role, const Key32& node_key);
   void RemovePeer(int id);
 
-  // A PLAIN hello's credentials. kAdmit sets `user_id` (the username, which
-  // names the verified key); kRefuse sets `why`.
+  // A PLAIN hello's credentials, from `address` (the connecting peer's, as
+  // its ZAP request gives it; what failed scheduler checks are limited by).
+  // kAdmit sets `user_id` (the username, which names the verified key);
+  // kRefuse sets `why`.
   Verdict Check(absl::string_view user, absl::string_view password,
-                std::string* user_id, std::string* why);
+                absl::string_view address, std::string* user_id,
+                std::string* why);
 
   // Changes whenever a key is added (a waiting connection may be admitted).
   uint64_t version() const { return version_.load(); }
+  // The keys added after `version` (SetPeer's), into `keys`; returns the
+  // version they reach. `*complete` is false (and `keys` empty) when some of
+  // them are forgotten (kAddedRemembered are kept): any key may be new.
+  uint64_t AddedSince(uint64_t version, std::vector<Key32>* keys,
+                      bool* complete) const;
+  static constexpr size_t kAddedRemembered = 4096;
 
   // What this process presents to `peer_key` (of `peer_role`): username
   // and password; `secrets` are keys.ForPeer(peer_key).
@@ -100,7 +124,12 @@ class Admission {
     std::string password;  // Z85 of the pair's admission key
   };
   Verdict CheckScheduler(const Key32& key, absl::string_view password,
-                         std::string* why);
+                         absl::string_view address, std::string* why);
+  // Whether a scheduler claim from `address` may be checked now (`why` set
+  // when not); starts a new second's counts.
+  bool MayCheckScheduler(const Key32& key, absl::string_view address,
+                         absl::Time now, std::string* why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Computes the expected password of a known key of `role` the first time
   // one is needed (an X25519, outside the lock). False (`why` set) for a key
   // of small order.
@@ -108,15 +137,21 @@ class Admission {
   std::string Expected(const Key32& ee, Role role, const Key32& key) const;
 
   const std::shared_ptr<const LinkKeys> keys_;
-  std::atomic<uint64_t> version_{0};
-  absl::Mutex mu_;
+  std::atomic<uint64_t> version_{0};  // changed under mu_
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<Key32, Known> known_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, Key32> key_of_ ABSL_GUARDED_BY(mu_);
+  // The last kAddedRemembered keys SetPeer added, with the version each
+  // made.
+  std::deque<std::pair<uint64_t, Key32>> added_ ABSL_GUARDED_BY(mu_);
   // The scheduler's key once a scheduler claim checked out (before the
   // table names it).
   std::optional<Key32> scheduler_ ABSL_GUARDED_BY(mu_);
   absl::Time failures_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int failures_ ABSL_GUARDED_BY(mu_) = 0;
+  // This second's failed scheduler checks by address: at most
+  // kSchedulerFailuresPerSecond entries (one per failure at most).
+  absl::flat_hash_map<std::string, int> failures_of_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sealed

@@ -153,11 +153,24 @@ bool LinkKeys::ForPeer(const Key32& peer_key, PeerSecrets* out) const {
   if (!node_key_.Agree(peer_key, &out->ee) ||
       crypto_scalarmult(out->se.data(), role_secret_.data(), peer_key.data()) !=
           0) {
+    // Nothing of a half-made agreement, nor of what `out` held before, stays.
+    sodium_memzero(out->ee.data(), out->ee.size());
+    sodium_memzero(out->se.data(), out->se.size());
     return false;
   }
   absl::MutexLock lock(&peers_->mu);
   peers_->secrets.emplace(peer_key, *out);
   return true;
+}
+
+void LinkKeys::Forget(const Key32& peer_key) const {
+  absl::MutexLock lock(&peers_->mu);
+  peers_->secrets.erase(peer_key);  // PeerSecrets wipes itself
+}
+
+size_t LinkKeys::cached_peers() const {
+  absl::MutexLock lock(&peers_->mu);
+  return peers_->secrets.size();
 }
 
 Key32 LinkKeys::SendingSecret(const PeerSecrets& peer, Role peer_role,
@@ -176,27 +189,25 @@ Key32 LinkKeys::ReceivingSecret(const PeerSecrets& peer, Role peer_role,
                           link, job_id_);
 }
 
-Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
-                       const Key32& es_b_a, Role from_role,
-                       const Key32& from_key, Role to_role, const Key32& to_key,
-                       uint32_t link, absl::string_view job_id) {
+namespace internal {
+
+Key32 HashTranscript(absl::string_view label,
+                     std::initializer_list<const Key32*> secrets,
+                     Role from_role, const Key32& from_key, Role to_role,
+                     const Key32& to_key, absl::Span<const uint8_t> extra,
+                     absl::string_view job_id) {
   crypto_generichash_state state;
   crypto_generichash_init(&state, nullptr, 0, 32);
-  crypto_generichash_update(&state,
-                            reinterpret_cast<const uint8_t*>(kLinkLabel),
-                            sizeof(kLinkLabel) - 1);
-  crypto_generichash_update(&state, ee.data(), ee.size());
-  crypto_generichash_update(&state, es_a_b.data(), es_a_b.size());
-  crypto_generichash_update(&state, es_b_a.data(), es_b_a.size());
+  crypto_generichash_update(
+      &state, reinterpret_cast<const uint8_t*>(label.data()), label.size());
+  for (const Key32* secret : secrets)
+    crypto_generichash_update(&state, secret->data(), secret->size());
   const uint8_t from = RoleByte(from_role), to = RoleByte(to_role);
   crypto_generichash_update(&state, &from, 1);
   crypto_generichash_update(&state, from_key.data(), from_key.size());
   crypto_generichash_update(&state, &to, 1);
   crypto_generichash_update(&state, to_key.data(), to_key.size());
-  uint8_t link_bytes[4];
-  PutU32(link_bytes, link);
-  crypto_generichash_update(&state, link_bytes, sizeof(link_bytes));
-  // Length-prefixed, so that no other id and transcript hash the same bytes.
+  crypto_generichash_update(&state, extra.data(), extra.size());
   uint8_t job_id_length[4];
   PutU32(job_id_length, static_cast<uint32_t>(job_id.size()));
   crypto_generichash_update(&state, job_id_length, sizeof(job_id_length));
@@ -204,8 +215,21 @@ Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
       &state, reinterpret_cast<const uint8_t*>(job_id.data()), job_id.size());
   Key32 out;
   crypto_generichash_final(&state, out.data(), out.size());
-  sodium_memzero(&state, sizeof(state));  // it hashed the link's secrets
+  sodium_memzero(&state, sizeof(state));  // it hashed the pair's secrets
   return out;
+}
+
+}  // namespace internal
+
+Key32 DeriveLinkSecret(const Key32& ee, const Key32& es_a_b,
+                       const Key32& es_b_a, Role from_role,
+                       const Key32& from_key, Role to_role, const Key32& to_key,
+                       uint32_t link, absl::string_view job_id) {
+  uint8_t link_bytes[4];
+  PutU32(link_bytes, link);
+  return internal::HashTranscript(kLinkLabel, {&ee, &es_a_b, &es_b_a},
+                                  from_role, from_key, to_role, to_key,
+                                  link_bytes, job_id);
 }
 
 Key32 EpochKey(const Key32& link_secret, uint32_t epoch) {

@@ -186,6 +186,12 @@ class LinkKeys {
   // job's processes, were most of the CPU a sealed job spent over an
   // insecure one).
   bool ForPeer(const Key32& peer_key, PeerSecrets* out) const;
+  // Drops what ForPeer kept for `peer_key` (wiped): a peer gone from the node
+  // table (its process left or restarted with a new key). A later ForPeer
+  // computes it again.
+  void Forget(const Key32& peer_key) const;
+  // How many peers' values ForPeer keeps.
+  size_t cached_peers() const;
   // The secret of the link this process opens to a peer (of `peer_role`, node
   // key `peer_key`), numbered `link`; and of one a peer opens to it.
   Key32 SendingSecret(const PeerSecrets& peer, Role peer_role,
@@ -428,6 +434,8 @@ class SealedReceiver {
 
   DropCounts counts() const;
   size_t parked() const;
+  // Connections whose failed opens are remembered (at most 4,096).
+  size_t struck_connections() const;
   const Key32& own_key() const { return options_.keys->public_key(); }
 
  private:

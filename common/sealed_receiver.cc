@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -103,6 +104,11 @@ DropCounts SealedReceiver::counts() const {
 size_t SealedReceiver::parked() const {
   absl::MutexLock lock(&mu_);
   return parked_.size();
+}
+
+size_t SealedReceiver::struck_connections() const {
+  absl::MutexLock lock(&mu_);
+  return strikes_.size();
 }
 
 void SealedReceiver::Drop(uint64_t DropCounts::*counter,
@@ -289,12 +295,23 @@ void SealedReceiver::Strike(const Record& record) {
   std::optional<StrikeKey> key = StrikeKeyOf(record);
   if (!key.has_value()) return;
   const absl::Time now = absl::Now();
-  if (strikes_.size() >= kMaxStrikes) {
+  if (strikes_.size() >= kMaxStrikes && !strikes_.contains(*key)) {
     // Forget connections neither blocked nor failing lately.
     absl::erase_if(strikes_, [&](const auto& entry) {
       return now >= entry.second.blocked_until &&
              now - entry.second.window_start > options_.failed_open_window;
     });
+    if (strikes_.size() >= kMaxStrikes) {
+      // All of them are: the one whose block ends first (an unblocked one
+      // first, the oldest failing) goes, so that the map stays bounded.
+      auto oldest = strikes_.begin();
+      for (auto it = strikes_.begin(); it != strikes_.end(); ++it) {
+        if (std::tie(it->second.blocked_until, it->second.window_start) <
+            std::tie(oldest->second.blocked_until, oldest->second.window_start))
+          oldest = it;
+      }
+      strikes_.erase(oldest);
+    }
   }
   Strikes& s = strikes_[*key];
   if (s.back_off == absl::ZeroDuration()) s.back_off = options_.first_back_off;

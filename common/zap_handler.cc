@@ -17,10 +17,6 @@ constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";
 // Refusals logged one by one; after that one line per kLogEvery.
 constexpr uint64_t kLogFirst = 20;
 constexpr uint64_t kLogEvery = 1000;
-// Sealed-lane connections whose answers may be held at once; past it, one
-// more whose key is not known is refused (it comes back after ZeroMQ's
-// reconnect interval).
-constexpr size_t kMaxHeld = 4096;
 
 // ZMTP's encoding of one metadata property (RFC 27's metadata frame): the
 // name's length in one octet, the name, the value's length in four (network
@@ -45,7 +41,8 @@ std::string Z85(const std::string& raw) {
 
 absl::StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
     void* context, std::shared_ptr<const ConnectionSecurity> security,
-    std::shared_ptr<sealed::Admission> admission, absl::Duration hold) {
+    std::shared_ptr<sealed::Admission> admission, absl::Duration hold,
+    ZapHoldQueue::Limits held_limits) {
   // A ROUTER, not a REP: a held request (a sealed-lane client whose node key
   // is not known yet) must not hold up the answers of the others.
   void* socket = zmq_socket(context, ZMQ_ROUTER);
@@ -61,8 +58,9 @@ absl::StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
     return absl::UnavailableError(
         absl::StrCat("ZAP handler: cannot bind ", kZapEndpoint, ": ", err));
   }
-  std::unique_ptr<ZapHandler> handler(new ZapHandler(
-      context, socket, std::move(security), std::move(admission), hold));
+  std::unique_ptr<ZapHandler> handler(
+      new ZapHandler(context, socket, std::move(security), std::move(admission),
+                     hold, held_limits));
   handler->thread_ = std::thread([h = handler.get()] {
     trace::SetThreadName("zap-handler");
     h->Serve();
@@ -73,12 +71,13 @@ absl::StatusOr<std::unique_ptr<ZapHandler>> ZapHandler::Start(
 ZapHandler::ZapHandler(void* context, void* socket,
                        std::shared_ptr<const ConnectionSecurity> security,
                        std::shared_ptr<sealed::Admission> admission,
-                       absl::Duration hold)
+                       absl::Duration hold, ZapHoldQueue::Limits held_limits)
     : context_(context),
       socket_(socket),
       security_(std::move(security)),
       admission_(std::move(admission)),
-      hold_(hold) {
+      hold_(hold),
+      held_(held_limits) {
   for (Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
     passwords_[static_cast<int>(role)] =
         ExpectedPlainPassword(security_->keys, role);
@@ -86,10 +85,6 @@ ZapHandler::ZapHandler(void* context, void* socket,
 }
 
 ZapHandler::~ZapHandler() { Stop(); }
-
-ZapHandler::Request::~Request() {
-  for (std::string& part : frames) WipeString(&part);
-}
 
 void ZapHandler::Stop() {
   stop_.store(true);
@@ -162,7 +157,9 @@ ZapHandler::Verdict ZapHandler::DecidePlain(
       *why = "this node has no sealed lane";
       return Verdict::kRefuse;
     }
-    return admission_->Check(request[6], request[7], user_id, why);
+    // request[3]: the peer's address (RFC 27), which failed scheduler
+    // claims are limited by.
+    return admission_->Check(request[6], request[7], request[3], user_id, why);
   }
   for (Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
     if (request[6] != RoleName(role)) continue;
@@ -244,27 +241,53 @@ void ZapHandler::Answer(const Request& request, bool accept,
   }
 }
 
+void ZapHandler::Hold(Request request) {
+  // Decide waits only on a PLAIN hello whose user names a role and key.
+  Role role;
+  sealed::Key32 key;
+  if (request.frames.size() > 6 &&
+      sealed::ParseAdmissionUser(request.frames[6], &role, &key)) {
+    request.key.assign(reinterpret_cast<const char*>(key.data()), key.size());
+  }
+  std::string why;
+  if (std::optional<Request> refused = held_.Hold(std::move(request), &why))
+    Answer(*refused, false, std::string(), why);
+  waiting_.store(held_.size());
+}
+
 void ZapHandler::Revisit(absl::Time now) {
-  const uint64_t version = admission_->version();
-  const bool changed = version != held_checked_at_;
-  held_checked_at_ = version;
-  std::vector<Request> still;
-  for (Request& r : held_) {
-    std::string user_id, why;
-    Verdict v = changed ? Decide(r.frames, &user_id, &why) : Verdict::kWait;
-    if (v == Verdict::kWait && now >= r.until) {
-      v = Verdict::kRefuse;
-      why = absl::StrCat("PLAIN user '", r.frames[6].substr(0, 48),
-                         "': no node of this node's table after waiting ",
-                         absl::FormatDuration(hold_));
+  if (admission_->version() != held_checked_at_) {
+    // Only a key the table added can end a wait: the requests claiming one
+    // are decided again, not all.
+    std::vector<sealed::Key32> added;
+    bool complete = false;
+    held_checked_at_ =
+        admission_->AddedSince(held_checked_at_, &added, &complete);
+    std::vector<Request> recheck;
+    if (!complete) recheck = held_.TakeAll();
+    for (const sealed::Key32& key : added) {
+      for (Request& r : held_.TakeKey(absl::string_view(
+               reinterpret_cast<const char*>(key.data()), key.size())))
+        recheck.push_back(std::move(r));
     }
-    if (v == Verdict::kWait) {
-      still.push_back(std::move(r));
-    } else {
-      Answer(r, v == Verdict::kAdmit, std::move(user_id), why);
+    rechecked_.fetch_add(recheck.size());
+    waiting_.store(held_.size());  // before any answer goes
+    for (Request& r : recheck) {
+      std::string user_id, why;
+      const Verdict v = Decide(r.frames, &user_id, &why);
+      if (v == Verdict::kWait) {
+        Hold(std::move(r));  // its key added and gone again
+      } else {
+        Answer(r, v == Verdict::kAdmit, std::move(user_id), why);
+      }
     }
   }
-  held_ = std::move(still);
+  for (Request& r : held_.TakeExpired(now)) {
+    Answer(r, false, std::string(),
+           absl::StrCat("PLAIN user '", r.frames[6].substr(0, 48),
+                        "': no node of this node's table after waiting ",
+                        absl::FormatDuration(hold_)));
+  }
   waiting_.store(held_.size());
 }
 
@@ -274,29 +297,24 @@ void ZapHandler::Serve() {
     // Without held requests, wait without a time-out (a wake-up every 50 ms
     // in each of a 289-process job's processes cost more CPU than its
     // handshakes; Stop wakes it); held ones are looked at every 10 ms.
-    const int wait_ms = held_.empty() ? -1 : 10;
+    const int wait_ms = held_.size() == 0 ? -1 : 10;
     const bool ready =
         zmq_poll(&item, 1, wait_ms) > 0 && (item.revents & ZMQ_POLLIN) != 0;
     if (stop_.load()) break;  // Stop's wake-up, or a request at the end
-    if (!held_.empty()) Revisit(absl::Now());
+    if (held_.size() != 0) Revisit(absl::Now());
     if (!ready) continue;
     Request request;
     if (!ReceiveRequest(&request)) continue;  // cut short: nothing to answer
     std::string user_id, why;
-    Verdict v = Decide(request.frames, &user_id, &why);
-    if (v == Verdict::kWait && held_.size() >= kMaxHeld) {
-      v = Verdict::kRefuse;
-      why = absl::StrCat(kMaxHeld, " connections already wait for their keys");
-    }
+    const Verdict v = Decide(request.frames, &user_id, &why);
     if (v == Verdict::kWait) {
       request.until = absl::Now() + hold_;
-      held_.push_back(std::move(request));
-      waiting_.store(held_.size());
+      Hold(std::move(request));
       continue;
     }
     Answer(request, v == Verdict::kAdmit, std::move(user_id), why);
   }
-  held_.clear();
+  held_.TakeAll();  // wiped
   // The socket stays open (and its endpoint bound) until Stop has joined
   // this thread: see Stop.
 }

@@ -19,9 +19,13 @@
 // client's role and verified node key, "worker:<Z85>", and the sealed
 // receiver takes on that connection only records of that node key. A client
 // whose node key this node does not know yet (its node table has not come)
-// waits: its answer is held, and given once the key is known (checked at
-// every change of the admission's directory, within 10 ms) or refused after
-// `hold` (10 s, the parking time of records). ZeroMQ's ZAP requests are
+// waits: its answer is held, and given once the key is known (within 10 ms
+// of the change of the admission's directory that adds it: only the
+// requests claiming an added key are decided again) or refused after
+// `hold` (10 s, the parking time of records). Held answers are bounded in
+// all and per source address (ZapHoldQueue, zap_hold_queue.h: 4,096 and 64),
+// and a full queue refuses the newest of the address holding the most, not
+// whoever comes next. ZeroMQ's ZAP requests are
 // answered out of order (a ROUTER socket), so one waiting connection holds
 // up no other. Every accepted connection's User-Id ends with its number
 // (from 1, in the order accepted), "KEY#N": every message received on it
@@ -47,6 +51,7 @@
 #include "absl/time/time.h"
 #include "common/curve_keys.h"
 #include "common/sealed_admission.h"
+#include "common/zap_hold_queue.h"
 
 namespace tessera {
 
@@ -67,7 +72,8 @@ class ZapHandler {
   static absl::StatusOr<std::unique_ptr<ZapHandler>> Start(
       void* context, std::shared_ptr<const ConnectionSecurity> security,
       std::shared_ptr<sealed::Admission> admission = nullptr,
-      absl::Duration hold = absl::Seconds(10));
+      absl::Duration hold = absl::Seconds(10),
+      ZapHoldQueue::Limits held_limits = ZapHoldQueue::Limits{});
 
   ~ZapHandler();
 
@@ -77,24 +83,17 @@ class ZapHandler {
   uint64_t refused_count() const { return refused_.load(); }
   // Connections whose answer is held now (their node key not yet known).
   size_t waiting_count() const { return waiting_.load(); }
+  // Held requests decided again (those whose key the table added).
+  uint64_t rechecked_count() const { return rechecked_.load(); }
 
  private:
   using Verdict = sealed::Admission::Verdict;
-  // A request off the ROUTER socket: its routing id and its frames after
-  // the empty delimiter (wiped when it goes: a PLAIN password).
-  struct Request {
-    std::string routing_id;
-    std::vector<std::string> frames;
-    absl::Time until;  // a held one's last chance
-    Request() = default;
-    Request(Request&&) = default;
-    Request& operator=(Request&&) = default;
-    ~Request();
-  };
+  using Request = ZapRequest;
 
   ZapHandler(void* context, void* socket,
              std::shared_ptr<const ConnectionSecurity> security,
-             std::shared_ptr<sealed::Admission> admission, absl::Duration hold);
+             std::shared_ptr<sealed::Admission> admission, absl::Duration hold,
+             ZapHoldQueue::Limits held_limits);
   void Serve();
   // Takes one request off the socket; false when there was none (or it was
   // cut short).
@@ -104,9 +103,12 @@ class ZapHandler {
                  std::string* why) const;
   Verdict DecidePlain(const std::vector<std::string>& request, bool sealed_lane,
                       std::string* user_id, std::string* why) const;
-  // Answers the held requests that can be now: admitted, refused, or past
-  // their time.
+  // Answers the held requests that can be now: admitted or refused (those
+  // whose key the admission added since the last look), or past their time.
   void Revisit(absl::Time now);
+  // Holds `request`, refused by Decide to wait (its key not known yet);
+  // answers the request the hold queue refuses, if any.
+  void Hold(Request request);
   void Answer(const Request& request, bool accept, std::string user_id,
               const std::string& why);
 
@@ -115,11 +117,12 @@ class ZapHandler {
   const std::shared_ptr<const ConnectionSecurity> security_;
   const std::shared_ptr<sealed::Admission> admission_;
   const absl::Duration hold_;
-  // Held requests, in arrival order, and the admission's version when they
-  // were last checked; Serve's thread only.
-  std::vector<Request> held_;
+  // Held requests, and the admission's version when they were last
+  // checked; Serve's thread only.
+  ZapHoldQueue held_;
   uint64_t held_checked_at_ = 0;
   std::atomic<size_t> waiting_{0};
+  std::atomic<uint64_t> rechecked_{0};
   // ExpectedPlainPassword of each role, by Role: computed once, not with an
   // X25519 per connection.
   std::array<SecretString, 3> passwords_;

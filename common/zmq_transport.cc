@@ -157,9 +157,9 @@ void ZmqTransport::ForgetPeer(int peer) {
   link_watch_->Unwatch(peer);
   if (opener_ != nullptr) opener_->RemovePeer(peer);
   if (admission_ != nullptr) admission_->RemovePeer(peer);
+  if (link_keys_ != nullptr) ForgetLink(peer);
   absl::MutexLock lock(&senders_mu_);
   senders_.erase(peer);
-  links_.erase(peer);
 }
 
 absl::Status ZmqTransport::Send(int peer, const Message& msg) {

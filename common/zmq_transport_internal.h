@@ -167,6 +167,9 @@ class ZmqTransport : public Transport {
   };
 
   Role own_role() const { return options_.security->keys.role; }
+  // Ends `peer`'s entry of links_ and the key agreements LinkKeys kept for
+  // its key. Sealed() only.
+  void ForgetLink(int peer) ABSL_LOCKS_EXCLUDED(senders_mu_);
 
   bool Sealed() const {
     return options_.security != nullptr && options_.security->encrypt;

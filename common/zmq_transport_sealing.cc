@@ -164,8 +164,7 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
     TESSERA_LOG(WARNING) << why << "; its messages will not be taken";
     opener_->RemovePeer(peer);
     admission_->RemovePeer(peer);
-    absl::MutexLock lock(&senders_mu_);
-    links_.erase(peer);
+    ForgetLink(peer);
   };
   if (identity.node_key.size() != 32) {
     refuse(absl::StrCat("node ", peer,
@@ -189,14 +188,19 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
   }
   admission_->SetPeer(peer, identity.role, key);
   std::shared_ptr<Sender> scheduler_link;
+  std::optional<sealed::Key32> replaced;  // the key it had, if another
   {
     absl::MutexLock lock(&senders_mu_);
+    if (auto it = links_.find(peer);
+        it != links_.end() && it->second.key != key)
+      replaced = it->second.key;
     links_[peer] = PeerLink{identity.role, key, {}, identity.sealed_port};
     if (peer == kSchedulerId) {
       auto it = senders_.find(kSchedulerId);
       if (it != senders_.end()) scheduler_link = it->second;
     }
   }
+  if (replaced.has_value()) link_keys_->Forget(*replaced);
   if (scheduler_link != nullptr) {
     // From now on what goes to the scheduler is sealed.
     std::optional<PeerLink> link = LinkTo(kSchedulerId);
@@ -205,6 +209,20 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
       scheduler_link->sealer = NewSealer(*link);
     }
   }
+}
+
+void ZmqTransport::ForgetLink(int peer) {
+  std::optional<sealed::Key32> gone;
+  {
+    absl::MutexLock lock(&senders_mu_);
+    auto it = links_.find(peer);
+    if (it == links_.end()) return;
+    gone = it->second.key;
+    links_.erase(it);
+  }
+  // LinkKeys keeps every key's agreements: a key gone from the table (its
+  // process left, or restarted with a new key) would stay there for ever.
+  link_keys_->Forget(*gone);
 }
 
 std::string ZmqTransport::node_key() const {

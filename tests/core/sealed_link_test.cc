@@ -12,8 +12,10 @@
 #include <numeric>
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/curve_keys.h"
+#include "common/sealed_admission.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -642,6 +644,96 @@ TEST(SealedLinkTest, LinkKeysDependOnEveryInput) {
   EXPECT_FALSE(a.Agree(zero, &out));
   PeerSecrets none;
   EXPECT_FALSE(worker->ForPeer(zero, &none));
+}
+
+// LinkKeys keeps each peer's key agreements until the peer is forgotten (a
+// node gone from the table; the transport forgets it), and a failed
+// agreement leaves nothing in `out`, not even what it held before.
+TEST(SealedLinkTest, LinkKeysForgetPeersAndWipeAFailedAgreement) {
+  Job job;
+  const NodeKey a = NodeKey::Generate(), b = NodeKey::Generate(),
+                c = NodeKey::Generate();
+  const auto keys = job.For(Role::kServer, a);
+  PeerSecrets of_b, s;
+  ASSERT_TRUE(keys->ForPeer(b.public_key(), &of_b));
+  ASSERT_TRUE(keys->ForPeer(c.public_key(), &s));
+  EXPECT_EQ(keys->cached_peers(), 2u);
+  keys->Forget(b.public_key());
+  EXPECT_EQ(keys->cached_peers(), 1u);
+  keys->Forget(b.public_key());
+  EXPECT_EQ(keys->cached_peers(), 1u);
+  PeerSecrets again;
+  ASSERT_TRUE(keys->ForPeer(b.public_key(), &again));
+  EXPECT_EQ(again.ee, of_b.ee);
+  EXPECT_EQ(again.se, of_b.se);
+  EXPECT_EQ(keys->cached_peers(), 2u);
+  const Key32 zero{};
+  ASSERT_NE(s.se, zero);  // c's
+  EXPECT_FALSE(keys->ForPeer(zero, &s));
+  EXPECT_EQ(s.ee, zero);
+  EXPECT_EQ(s.se, zero);
+  EXPECT_EQ(keys->cached_peers(), 2u);
+}
+
+// Failed opens are remembered for at most 4,096 connections: connection 1
+// is throttled (8 failures), then 5,000 other connections fail once each;
+// 4,096 are remembered, and connection 1, blocked, is one of them.
+TEST(SealedLinkTest, FailedOpensAreRememberedForAtMost4096Connections) {
+  Job job;
+  Pair pair(job);
+  auto fail = [&](uint64_t connection, uint32_t link) {
+    Prefix p;
+    p.flags = kFirst | kLast;
+    p.role = Role::kWorker;
+    p.node_key = pair.worker.public_key();
+    p.link = link;
+    p.length = 64;
+    std::vector<uint8_t> bytes(kRecordOverhead + 64, 0x5a);
+    EncodePrefix(p, bytes.data());
+    Record r = Copy(bytes);
+    r.connection = connection;
+    std::vector<Message> ready;
+    pair.receiver.Accept(std::move(r), &ready);
+  };
+  for (uint32_t i = 0; i < 8; ++i) fail(1, 100 + i);
+  for (uint64_t c = 2; c <= 5001; ++c) fail(c, 200);
+  EXPECT_EQ(pair.receiver.counts().unauthentic, 5008u);
+  EXPECT_EQ(pair.receiver.struck_connections(), 4096u);
+  fail(1, 300);
+  EXPECT_EQ(pair.receiver.counts().throttled, 1u);
+  EXPECT_EQ(pair.receiver.counts().unauthentic, 5008u);
+}
+
+// The transcript hashes as the wire has them: the link secret and the
+// admission password of fixed inputs, with and without a job id (known
+// answers, from the code of 2026-11-29 before the two derivations shared
+// their hashing, and the same from Python's hashlib.blake2b over the
+// transcripts the headers describe).
+TEST(SealedLinkTest, TranscriptHashesGiveTheirKnownAnswers) {
+  auto filled = [](uint8_t first) {
+    Key32 k;
+    for (size_t i = 0; i < k.size(); ++i)
+      k[i] = static_cast<uint8_t>(first + i);
+    return k;
+  };
+  const Key32 ee = filled(1), es = filled(40), se = filled(80),
+              from = filled(120), to = filled(160);
+  auto hex = [](const Key32& k) {
+    return absl::BytesToHexString(
+        absl::string_view(reinterpret_cast<const char*>(k.data()), k.size()));
+  };
+  EXPECT_EQ(hex(DeriveLinkSecret(ee, es, se, Role::kWorker, from, Role::kServer,
+                                 to, 7, "")),
+            "fb3d7470c12f6448d8ee836b62d77decb5acb6e93bd2d44769fde53ba925d747");
+  EXPECT_EQ(hex(DeriveLinkSecret(ee, es, se, Role::kServer, from, Role::kServer,
+                                 to, 0x01020304, "job-2")),
+            "9ae603318548306295c63cee19b582216492553ac835e7a1f97a4cdb176f989b");
+  EXPECT_EQ(
+      hex(DeriveAdmission(ee, se, Role::kWorker, from, Role::kServer, to, "")),
+      "1fc23d1bb0b1eb01e15fbb9ca67da22e8bee417cbfe9d71ffacc4eaf146d0167");
+  EXPECT_EQ(hex(DeriveAdmission(ee, se, Role::kScheduler, from, Role::kWorker,
+                                to, "job-2")),
+            "a759d390f90f5b50d38f69a89668ef8aaee2808583122a065a94ae3d4a0ea514");
 }
 
 // A node takes the scheduler's key from the first record that opens with the
