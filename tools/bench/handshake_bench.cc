@@ -1,8 +1,8 @@
 // handshake_bench: what one connection's handshake costs a secured job, in
 // CPU time of this process (both ends and their ZeroMQ I/O threads run here):
 // a CURVE connection checked by the ZAP handler (what every connection was
-// before sealed links; registrations still are) against a PLAIN one with the
-// role password (a sealed lane's), and, for the sealed lane, the two X25519 a
+// before sealed links; registrations still are) against a PLAIN one admitted
+// by its pair's password (a sealed lane's: sealed_admission.h), and, for the sealed lane, the two X25519 a
 // node computes per peer for the node keys (LinkKeys::ForPeer).
 //
 //   handshake_bench [--connections=200]
@@ -25,6 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "common/curve_keys.h"
+#include "common/sealed_admission.h"
 #include "common/sealed_link.h"
 #include "common/zap_handler.h"
 
@@ -38,6 +39,13 @@ double CpuSeconds() {
          (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
+std::array<sealed::Key32, 3> RolePublics(const JobKeySet& set) {
+  std::array<sealed::Key32, 3> publics;
+  for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker})
+    publics[static_cast<int>(r)] = *sealed::KeyFromZ85(set.of(r).public_key);
+  return publics;
+}
+
 struct Figures {
   double cpu_ms_per_connection = 0;
   double wall_ms = 0;
@@ -49,7 +57,36 @@ Figures Connect(const JobKeySet& set, bool curve, int n) {
   security->keys = *ParseKeyFile(FormatKeyFile(set, Role::kServer), "bench");
   security->encrypt = true;
   void* context = zmq_ctx_new();
-  std::unique_ptr<ZapHandler> zap = *ZapHandler::Start(context, security);
+  // A sealed lane admits each pair by its node keys (sealed_admission.h):
+  // the receiver's own, and one worker node key per connection, each in its
+  // table as a real job's would be. Their credentials are computed before
+  // the clock starts: the figure is the receiver's side and the handshake.
+  const std::array<sealed::Key32, 3> publics = RolePublics(set);
+  auto own = std::make_shared<const sealed::LinkKeys>(*sealed::LinkKeys::Make(
+      sealed::NodeKey::Generate(), Role::kServer,
+      *sealed::KeyFromZ85(set.of(Role::kServer).secret_key), publics));
+  auto admission = std::make_shared<sealed::Admission>(own);
+  std::vector<std::pair<std::string, SecretString>> credentials;
+  if (!curve) {
+    const sealed::Key32 worker_secret =
+        *sealed::KeyFromZ85(set.of(Role::kWorker).secret_key);
+    for (int i = 0; i < n; ++i) {
+      const sealed::LinkKeys worker = *sealed::LinkKeys::Make(
+          sealed::NodeKey::Generate(), Role::kWorker, worker_secret, publics);
+      admission->SetPeer(100 + i, Role::kWorker, worker.public_key());
+      sealed::PeerSecrets p;
+      if (!worker.ForPeer(own->public_key(), &p)) {
+        std::fprintf(stderr, "handshake_bench: a key agreement failed\n");
+        std::exit(1);
+      }
+      credentials.emplace_back(
+          sealed::Admission::User(worker),
+          sealed::Admission::Password(worker, p, Role::kServer,
+                                      own->public_key()));
+    }
+  }
+  std::unique_ptr<ZapHandler> zap =
+      *ZapHandler::Start(context, security, admission);
   void* receiver = zmq_socket(context, ZMQ_PULL);
   const int on = 1;
   if (curve) {
@@ -67,9 +104,6 @@ Figures Connect(const JobKeySet& set, bool curve, int n) {
   char endpoint[256];
   size_t size = sizeof(endpoint);
   zmq_getsockopt(receiver, ZMQ_LAST_ENDPOINT, endpoint, &size);
-  const JobKeys worker =
-      *ParseKeyFile(FormatKeyFile(set, Role::kWorker), "bench");
-  const SecretString password = PlainPassword(worker, Role::kServer);
   std::vector<void*> senders;
   const double cpu0 = CpuSeconds();
   const auto t0 = std::chrono::steady_clock::now();
@@ -83,7 +117,8 @@ Figures Connect(const JobKeySet& set, bool curve, int n) {
       zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY,
                      set.of(Role::kWorker).secret_key.data(), 40);
     } else {
-      zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, "worker", 6);
+      const auto& [user, password] = credentials[i];
+      zmq_setsockopt(s, ZMQ_PLAIN_USERNAME, user.data(), user.size());
       zmq_setsockopt(s, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
     }
     zmq_connect(s, endpoint);
@@ -128,9 +163,7 @@ int Main(int argc, char** argv) {
   const Figures curve = Connect(set, true, n);
   const Figures plain = Connect(set, false, n);
   // The node keys' share of a sealed link: two X25519 per peer.
-  std::array<sealed::Key32, 3> publics;
-  for (Role r : {Role::kScheduler, Role::kServer, Role::kWorker})
-    publics[static_cast<int>(r)] = *sealed::KeyFromZ85(set.of(r).public_key);
+  const std::array<sealed::Key32, 3> publics = RolePublics(set);
   const sealed::LinkKeys keys = *sealed::LinkKeys::Make(
       sealed::NodeKey::Generate(), Role::kServer,
       *sealed::KeyFromZ85(set.of(Role::kServer).secret_key), publics);
@@ -148,7 +181,7 @@ int Main(int argc, char** argv) {
               "CURVE + ZAP (before; registrations now)",
               curve.cpu_ms_per_connection, curve.wall_ms);
   std::printf("%-44s %10.3f %10.0f\n",
-              "PLAIN + ZAP (a sealed lane's connection)",
+              "PLAIN + ZAP, admitted per pair (sealed lane)",
               plain.cpu_ms_per_connection, plain.wall_ms);
   std::printf("%-44s %10.3f\n", "node keys: 2 x X25519 per peer (ForPeer)",
               per_peer_ms);
