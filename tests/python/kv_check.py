@@ -191,8 +191,16 @@ def errors():
     import torch
     E, T, V = tessera.TesseraError, TypeError, ValueError
     expect_error(T, 'expected a str', tessera.KVStore, 5)
-    expect_error(E, "KV store type 'local': expected dist_sync or dist_async",
+    expect_error(E, "KV store type 'local': expected dist_sync, dist_async or dist_ssp",
                  tessera.KVStore, 'local')
+    expect_error(V, "KVStore: staleness is dist_ssp's, not dist_sync's",
+                 tessera.KVStore, 'dist_sync', staleness=2)
+    expect_error(V, 'staleness -1: expected a whole number of steps in 0..1000000',
+                 tessera.KVStore, 'dist_ssp', staleness=-1)
+    expect_error(V, 'staleness 1000001: expected a whole number of steps in 0..1000000',
+                 tessera.KVStore, 'dist_ssp', staleness=1000001)
+    expect_error(T, "staleness: expected a whole number of steps in 0..1000000, got str '3'",
+                 tessera.KVStore, 'dist_ssp', staleness='3')
     kv = tessera.KVStore('dist_sync')
     n = kv.num_workers
     v = np.ones(8, np.float32)
