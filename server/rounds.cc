@@ -571,6 +571,8 @@ void KVServer::LeaveRounds(int rank) {
       for (auto& [id, key] : s->store.keys()) {
         StoredKey* k = key.get();
         if (k->sync && k->engine->RoundComplete()) CompleteRound(k, -1);
+        // dist_ssp: the pulls that waited for the rank may go now.
+        if (k->ssp != nullptr) k->progress = true;
         Replay(k);
       }
     });
