@@ -270,9 +270,16 @@ class Trainer {
     return std::nullopt;
   }
 
-  // The device, the data and --metrics-out, before joining the cluster: a
-  // worker without them fails alone and at once.
+  // The device, the data and --metrics-out (and dist_ssp's bound), before
+  // joining the cluster: a worker without them fails alone and at once.
   MaybeFailure Prepare() {
+    const char* staleness_env = std::getenv("TESSERA_STALENESS");
+    if (flags_.kv_store == "dist_ssp" && flags_.staleness < 0 &&
+        (staleness_env == nullptr || *staleness_env == 0)) {
+      return Failure{2,
+                     "--kv-store dist_ssp: expected --staleness S (or "
+                     "TESSERA_STALENESS=S), a bound in steps 0..1000000"};
+    }
     if (flags_.device == "cuda" ||
         (flags_.device == "auto" && gpu::DeviceAvailable())) {
       if (!gpu::DeviceAvailable()) {
