@@ -204,6 +204,11 @@ absl::Status ParseKeys(const EnvLookup& env, Options& o) {
   o.exact_sync_sum = sum != "arrival";
   TESSERA_ASSIGN_OR_RETURN(
       o.late_min, ReadSeconds(env, "TESSERA_LATE_MIN", o.late_min, false));
+  TESSERA_ASSIGN_OR_RETURN(
+      o.staleness,
+      ReadInt(env, "TESSERA_STALENESS", 0, kMaxStaleness, -1,
+              absl::StrCat("a whole number of steps in 0..", kMaxStaleness,
+                           " (dist_ssp's staleness bound)")));
   if (const std::string factor = ReadString(env, "TESSERA_LATE_FACTOR");
       !factor.empty()) {
     if (!absl::SimpleAtod(factor, &o.late_factor) ||

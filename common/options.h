@@ -12,6 +12,7 @@
 #ifndef TESSERA_COMMON_OPTIONS_H_
 #define TESSERA_COMMON_OPTIONS_H_
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -22,6 +23,11 @@
 namespace tessera {
 
 enum class Role { kScheduler, kServer, kWorker };
+
+// dist_ssp's largest staleness bound, in steps (TESSERA_STALENESS,
+// KVWorker::SetStaleness); past it the bound would hold nothing back that
+// dist_async does not.
+inline constexpr int64_t kMaxStaleness = 1000000;
 
 const char* RoleName(Role role);
 
@@ -140,6 +146,10 @@ struct Options {
   // recent median, and at least TESSERA_LATE_MIN seconds (docs/debugging.md).
   double late_factor = 10;
   absl::Duration late_min = absl::Seconds(1);
+  // TESSERA_STALENESS: dist_ssp's bound s, 0..kMaxStaleness steps
+  // (docs/consistency.md); -1 when unset. Read by every role, used by a
+  // dist_ssp worker's key inits.
+  int64_t staleness = -1;
 
   // Security of the node's connections (common/curve_keys.h). TESSERA_KEY_FILE:
   // this role's key file; TESSERA_KEY_DIR: a folder holding <role>.key (used

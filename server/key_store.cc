@@ -100,6 +100,10 @@ void StoredKey::Snapshot(wire::CheckpointKey* out) const {
     out->add_received(ledger.received(r) - (open ? 1 : 0));
   }
   if (sync) out->set_rounds(engine->RoundNumber());
+  if (ssp != nullptr) {
+    out->set_bounded_staleness(true);
+    out->set_staleness(ssp->staleness());
+  }
   engine->Snapshot(out);
 }
 
@@ -216,6 +220,8 @@ absl::Status KeyStore::Restore(const wire::CheckpointKey& k) {
   key->replica_seq = k.replica_seq();
   for (int r = 0; r < num_workers_; ++r) key->ledger.Restore(r, k.received(r));
   if (k.sync_mode()) key->engine->SetRoundNumber(k.rounds());
+  if (k.bounded_staleness())
+    key->ssp = std::make_unique<StalenessGate>(k.staleness());
   return key->engine->Restore(k);
 }
 

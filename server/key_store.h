@@ -35,6 +35,7 @@
 #include "server/replication.h"
 #include "server/round_engine.h"
 #include "server/slice_engine.h"
+#include "server/staleness.h"
 
 namespace tessera {
 
@@ -83,6 +84,9 @@ struct StoredKey {
   const std::string hashed_spec;
   bool hashed() const { return row_length != 0 && total_length == 0; }
   const bool sync;
+  // dist_ssp (server/staleness.h): set at init for a key whose pulls wait
+  // for the staleness bound (sync is false: pushes are applied on arrival).
+  std::unique_ptr<StalenessGate> ssp;
   Buffer weights;
   std::vector<std::vector<float>> optimizer_state;
   uint64_t steps = 0;  // updates applied (the optimizer's t)

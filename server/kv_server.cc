@@ -59,7 +59,8 @@ KVServer::KVServer(int num_workers, int num_threads, SendFn send,
           "Time to apply one update to a key slice (the optimizer, or the "
           "round's sum becoming the value).",
           LatencyBuckets())),
-      watch_(num_workers, watch) {
+      watch_(num_workers, watch),
+      ssp_stats_(num_workers) {
   StartUpdateThreads(num_threads, sum_mode);
   RegisterCounters();
   RegisterGauges();

@@ -5,7 +5,10 @@
 // order that does not depend on their arrival (SyncRound), the updater is
 // applied once to the sum (or, with no updater, the sum replaces the value),
 // then the held pushes and pulls are answered. dist_async: each push is
-// applied on arrival; without an updater it is an error reply. Each worker's
+// applied on arrival; without an updater it is an error reply. dist_ssp:
+// as dist_async, but a pull waits until no worker in the job is more than
+// the key's staleness bound of pushes behind the puller
+// (server/staleness.h). Each worker's
 // pushes to a key are numbered and taken exactly once (PushLedger); messages
 // that must wait do so per key, within limits (WaitingMessages).
 //
@@ -59,6 +62,7 @@
 #include "server/round_engine.h"
 #include "server/round_watch.h"
 #include "server/slice_engine.h"
+#include "server/staleness.h"
 
 namespace tessera {
 
@@ -354,6 +358,25 @@ class KVServer : private EngineContext {
   // A push of `key` already taken whose update is not yet held by every
   // backup: true when `msg` was joined to that update's answers.
   bool JoinPendingUpdate(StoredKey* key, const Message& msg);
+  // dist_ssp (server/bounded_staleness.cc; the rule: server/staleness.h).
+  // InvalidArgument for an init whose staleness does not fit (a dist_sync
+  // key, a bound past kMaxStaleness).
+  absl::Status CheckStalenessInit(const wire::Header& init) const;
+  // A new slice's gate, when its init asks for one.
+  void MakeBoundedStaleness(StoredKey* key, const wire::KVOptions& options);
+  // Whether `msg` of dist_ssp slice `key` (a pull made after `clock` pushes
+  // of its worker, or a pushpull's answer, `clock` its push_seq + 1) may be
+  // answered now (kAnswerHeld: after the gate held it), or waits.
+  enum class SspVerdict { kWait, kAnswer, kAnswerHeld };
+  SspVerdict SspCheck(StoredKey* key, const Message& msg, uint64_t clock);
+  // Dist_ssp slice `key` took a push of `rank` (its clock moves).
+  void SspPushTaken(const StoredKey& key, int rank);
+  // What `key`'s gate held of `sender` was answered otherwise.
+  void SspForget(StoredKey* key, int sender);
+  // A push of `key` taken before, seen again (resent, replayed, or a
+  // dist_ssp pushpull held for its answer): answered, never applied twice.
+  // False when it must wait (that pushpull's answer, for the bound).
+  bool AnswerTakenPush(StoredKey* key, Message& msg);
   // Holds `msg` among `key`'s waiting messages, or answers it with the error
   // when the limits are reached.
   void Hold(StoredKey* key, Message&& msg);
@@ -455,6 +478,7 @@ class KVServer : private EngineContext {
   Histogram* const round_duration_;
   Histogram* const update_duration_;
   RoundWatch watch_;
+  StalenessStats ssp_stats_;         // dist_ssp's clocks and held pulls
   CollectorHandles metric_handles_;  // removed before the counters go
   DebugPendingRegistry::Section pending_section_;  // last: removed first
 };

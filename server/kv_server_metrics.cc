@@ -39,7 +39,8 @@ void KVServer::RegisterCounters() {
           "(KV_STATS rounds_applied).",
           &rounds_applied_);
   counter("tessera_server_async_updates_total",
-          "dist_async pushes applied as updates, one per key and push.",
+          "dist_async and dist_ssp pushes applied as updates, one per key and "
+          "push.",
           &async_applied_);
   counter("tessera_server_duplicates_total",
           "Repeated requests (resent, replayed) answered without being "

@@ -10,6 +10,8 @@
 //   handback.cc           table changes: promotion, hand-back and leave
 //   transfer.cc           slices sent to and taken by a replacement
 //                         (its catch-up: server/catch_up.h)
+//   bounded_staleness.cc  dist_ssp: a slice's staleness gate, the pulls it
+//                         holds (the rule: server/staleness.h)
 #ifndef TESSERA_SERVER_KV_SERVER_SHARD_H_
 #define TESSERA_SERVER_KV_SERVER_SHARD_H_
 

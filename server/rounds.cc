@@ -36,6 +36,10 @@ void KVServer::Init(Shard* shard, Message&& msg) {
     Reply(msg, chained);
     return;
   }
+  if (absl::Status ssp = CheckStalenessInit(msg.header); !ssp.ok()) {
+    Reply(msg, ssp);
+    return;
+  }
   if (single_copy_ && !TakesInit(*shard, msg.header)) {
     // One copy, and the slice is moving to another server: not made here
     // (this server may have reported its part, and the new one would never
@@ -96,6 +100,7 @@ void KVServer::InitHashed(Shard* shard, Message&& msg) {
       shard->store.Create(slice, msg.header.kv_options().sync_mode());
   key->weights = Buffer::Allocate(0);
   MakeReplicated(key, msg.header.replica());
+  MakeBoundedStaleness(key, msg.header.kv_options());
   Reply(msg, absl::OkStatus(), Buffer(), key);
   OfferSlice(shard, key);
   shard->store.AdoptOrphans(key);
@@ -137,6 +142,7 @@ void KVServer::InitValued(Shard* shard, Message&& msg) {
   StoredKey* key =
       shard->store.Create(slice, msg.header.kv_options().sync_mode());
   MakeReplicated(key, msg.header.replica());
+  MakeBoundedStaleness(key, msg.header.kv_options());
   if (zeros) {
     key->weights = std::move(zeroed);
   } else {
@@ -174,6 +180,7 @@ void KVServer::Rejoin(Shard* shard, Message&& msg) {
   // from the count reported now.
   const size_t dropped = key->waiting.DropEarlierLives(msg.header.sender(),
                                                        msg.header.generation());
+  if (dropped != 0) SspForget(key, msg.header.sender());
   msg.header.set_push_seq(key->ledger.received(rank));
   // A worker joining an elastic job learns where the rounds are, to choose
   // the round it enters every slice at.
@@ -254,6 +261,7 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   }
   if (key->engine->Left(RankOfId(msg.header.sender()))) {
     // Held before its worker left the job (elastic): not taken now.
+    SspForget(key, msg.header.sender());
     Reply(msg, NotInJob(RankOfId(msg.header.sender())));
     return true;
   }
@@ -265,6 +273,10 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
     if (msg.header.push_seq() > key->ledger.received(rank)) return false;
     if (key->sync && key->engine->Contributed(rank))
       return false;  // sees this round's result
+    // dist_ssp: waits until no rank in the job is more than s pushes behind.
+    if (key->ssp != nullptr &&
+        SspCheck(key, msg, msg.header.push_seq()) == SspVerdict::kWait)
+      return false;
     if (CountsFor(*key)) MetricsOf(key).pulls->Increment();
     Message reply = NewReply(msg, absl::OkStatus(), key);
     if (absl::Status pulled = key->engine->Pull(msg, &reply, *this);
@@ -285,20 +297,7 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   const uint64_t seq = msg.header.push_seq();
   switch (key->ledger.Classify(rank, seq)) {
     case PushLedger::kDuplicate:
-      ++duplicates_;
-      if (JoinPendingUpdate(key, msg)) return true;
-      if (key->sync && seq + 1 == key->ledger.received(rank) &&
-          key->engine->Contributed(rank)) {
-        // In the open round; answered when it completes. The newest copy is
-        // the one answered: a restarted worker's repeat of its earlier life's
-        // push carries a request id the old one did not.
-        key->engine->ReplaceRequest(msg.header.sender(), msg.header);
-        Acknowledge(msg);
-      } else {
-        Reply(msg, absl::OkStatus(),
-              cmd == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
-      }
-      return true;
+      return AnswerTakenPush(key, msg);
     case PushLedger::kAhead:
       return false;  // an earlier push of this worker is missing
     case PushLedger::kNext:
@@ -327,6 +326,14 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   switch (*pushed) {
     case SliceEngine::Pushed::kApplied:
       if (CountsFor(*key)) ++async_applied_;
+      if (key->ssp != nullptr) SspPushTaken(*key, rank);
+      if (key->ssp != nullptr && cmd == wire::KV_PUSHPULL &&
+          SspCheck(key, msg, seq + 1) == SspVerdict::kWait) {
+        // Applied; its answer (the weights) waits for the bound as a pull
+        // made after it would, held and then answered as a taken push.
+        if (key->replicated) Replicate(key, {});
+        return false;
+      }
       if (key->replicated) {
         Replicate(key, {msg.header});
         break;
@@ -527,6 +534,7 @@ void KVServer::set_elastic(int nominal) {
   for (int r = nominal; r < num_workers_; ++r) {
     left_workers_.insert(r);
     watch_.SetInJob(r, false);
+    ssp_stats_.SetInJob(r, false);
   }
   for (auto& shard : shards_) {
     Post(shard.get(), [nominal](Shard* s) { s->store.SetElastic(nominal); });
@@ -538,6 +546,7 @@ void KVServer::WorkerJoined(int rank) {
   left_workers_.erase(rank);
   finished_workers_.erase(rank);
   watch_.SetInJob(rank, true);
+  ssp_stats_.SetInJob(rank, true);
   for (auto& shard : shards_) {
     Post(shard.get(), [this, rank](Shard* s) {
       s->store.WorkerJoined(rank);
@@ -555,12 +564,15 @@ void KVServer::WorkerLeft(int rank) {
 
 void KVServer::LeaveRounds(int rank) {
   watch_.SetInJob(rank, false);
+  ssp_stats_.SetInJob(rank, false);
   for (auto& shard : shards_) {
     Post(shard.get(), [this, rank](Shard* s) {
       s->store.WorkerLeft(rank);
       for (auto& [id, key] : s->store.keys()) {
         StoredKey* k = key.get();
         if (k->sync && k->engine->RoundComplete()) CompleteRound(k, -1);
+        // dist_ssp: the pulls that waited for the rank may go now.
+        if (k->ssp != nullptr) k->progress = true;
         Replay(k);
       }
     });

@@ -64,7 +64,9 @@ TESSERA_EXPORT const char* tessera_version(void);
 
 typedef struct TesseraKV TesseraKV;
 
-/* Joins the cluster as a worker. type: "dist_sync" or "dist_async". */
+/* Joins the cluster as a worker. type: "dist_sync", "dist_async" or
+ * "dist_ssp" (bounded staleness, its bound from TESSERA_STALENESS or
+ * tessera_kv_set_staleness; see KVWorker::Create and docs/consistency.md). */
 TESSERA_EXPORT int tessera_kv_create(const char* type, TesseraKV** out);
 TESSERA_EXPORT int tessera_kv_rank(const TesseraKV* kv, int* rank);
 TESSERA_EXPORT int tessera_kv_num_workers(const TesseraKV* kv,
@@ -108,6 +110,11 @@ TESSERA_EXPORT int tessera_kv_barrier(TesseraKV* kv);
 /* e.g. "sgd lr=0.1 momentum=0.9 wd=0.0001", "adam lr=0.001", "none". Before any
  * init. */
 TESSERA_EXPORT int tessera_kv_set_optimizer(TesseraKV* kv, const char* spec);
+/* dist_ssp: the staleness bound s, 0..1000000 steps: a pull made after c
+ * pushes to a key waits until every worker in the job has had c - s of its
+ * pushes to the key applied. Before any init; overrides TESSERA_STALENESS
+ * (see KVWorker::SetStaleness). */
+TESSERA_EXPORT int tessera_kv_set_staleness(TesseraKV* kv, int64_t staleness);
 /* "2bit" (threshold > 0) or "none". Before any init. */
 TESSERA_EXPORT int tessera_kv_set_gradient_compression(TesseraKV* kv,
                                                        const char* type,

@@ -90,7 +90,13 @@ class TESSERA_EXPORT PulledValue {
 class TESSERA_EXPORT KVWorker {
  public:
   // Joins the cluster given by the DMLC_* environment as a worker. `type` is
-  // "dist_sync" or "dist_async". Blocks until the node table has arrived.
+  // "dist_sync", "dist_async" or "dist_ssp" (bounded staleness: pushes are
+  // applied on arrival, as in dist_async, and a pull made after c pushes to
+  // a key waits until every worker in the job has had at least c - s of its
+  // pushes to the key applied; docs/consistency.md). dist_ssp takes its
+  // bound s from TESSERA_STALENESS or SetStaleness. Blocks until the node
+  // table has arrived. InvalidArgument for another type, or a
+  // TESSERA_STALENESS that is not a whole number in 0..1000000.
   // Turns off Abseil's mutex deadlock detection for the process (a debugging
   // aid, on by default in Debian's Abseil, that costs more than the rest of
   // a lock).
@@ -130,6 +136,17 @@ class TESSERA_EXPORT KVWorker {
   // side; docs/compression.md). REQUIRES: before the first Init.
   virtual absl::Status SetPullCompression(const std::string& type) = 0;
 
+  // dist_ssp: sets the staleness bound s of the keys initialised after it
+  // (every worker sets the same; rank 0's inits carry it), overriding
+  // TESSERA_STALENESS. A pull made after c pushes to a key never misses a
+  // push numbered below c - s (the first push is 0) of any worker in the
+  // job; s = 0 makes every step wait for the slowest worker, with each push
+  // applied on its own (no round sum). InvalidArgument for s outside
+  // 0..1000000; FailedPrecondition in a dist_sync or dist_async store, or
+  // after the first Init. A dist_ssp store's first Init fails
+  // (FailedPrecondition) while neither gave a bound.
+  virtual absl::Status SetStaleness(int64_t staleness) = 0;
+
   // Declares `key` with the length of `value`. Every worker calls Init for the
   // same keys in the same order; rank 0's value is stored. Returns after a
   // barrier of the workers.
@@ -152,7 +169,8 @@ class TESSERA_EXPORT KVWorker {
 
   // Pushes a gradient for `key` (compressed when compression is set). In
   // dist_sync the operation completes once the round it belongs to is applied
-  // on the servers; in dist_async once the servers have applied this push.
+  // on the servers; in dist_async and dist_ssp once the servers have applied
+  // this push.
   virtual absl::StatusOr<OpHandle> PushAsync(uint64_t key,
                                              absl::Span<const float> grad) = 0;
 
@@ -168,7 +186,9 @@ class TESSERA_EXPORT KVWorker {
 
   // Pulls the current value of `key` into `out` (whose length must be the
   // key's). A pull issued after this worker's push of a round sees that round's
-  // result.
+  // result. In dist_ssp a pull issued after this worker's c-th push to the
+  // key completes once every worker in the job has had c - s pushes to it
+  // applied, and sees them (and this worker's c).
   virtual absl::StatusOr<OpHandle> PullAsync(uint64_t key,
                                              absl::Span<float> out) = 0;
 

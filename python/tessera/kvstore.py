@@ -391,19 +391,45 @@ class _Lent:
         self.free()
 
 
+MAX_STALENESS = 1000000  # kMaxStaleness (common/options.h)
+
+
+def _check_staleness(staleness):
+    """dist_ssp's bound as an int; TypeError / ValueError naming what was
+    expected (the library's own message: TesseraError INVALID_ARGUMENT)."""
+    if isinstance(staleness, bool) or not isinstance(staleness, numbers.Integral):
+        raise TypeError('staleness: expected a whole number of steps in 0..%d, got %s %r'
+                        % (MAX_STALENESS, _type_name(staleness), staleness))
+    if not 0 <= int(staleness) <= MAX_STALENESS:
+        raise ValueError('staleness %d: expected a whole number of steps in 0..%d'
+                         % (staleness, MAX_STALENESS))
+    return int(staleness)
+
+
 class KVStore:
     """Joins the Tessera job given by the DMLC_* environment as a worker.
 
     type: "dist_sync" (every round's pushes summed, then the optimizer applied
-    once) or "dist_async" (every push applied as it arrives). Raises
-    TesseraError when the environment does not describe a job or the scheduler
-    cannot be reached.
+    once), "dist_async" (every push applied as it arrives) or "dist_ssp"
+    (bounded staleness: pushes applied as they arrive, and a pull made after
+    c pushes to a key waits until every worker in the job has had c - s of
+    its pushes to it applied; docs/consistency.md). `staleness`: dist_ssp's
+    bound s, 0..1000000 (None: TESSERA_STALENESS's; set_staleness may give
+    it later, before the first init). Raises TesseraError when the
+    environment does not describe a job or the scheduler cannot be reached,
+    or for a bad staleness.
     """
 
-    def __init__(self, type='dist_sync'):
+    def __init__(self, type='dist_sync', staleness=None):
         if not isinstance(type, str):
             raise TypeError('KVStore type: expected a str such as "dist_sync", got %s'
                             % _type_name(type))
+        if staleness is not None:
+            # Checked before joining: a store that joined cannot leave
+            # without its workers' barrier.
+            if type != 'dist_ssp':
+                raise ValueError("KVStore: staleness is dist_ssp's, not %s's" % type)
+            _check_staleness(staleness)
         try:
             lib = _capi.load()
         except _capi.LibraryNotFound as e:
@@ -423,6 +449,8 @@ class KVStore:
         self._num_workers = self._get_int(lib.tessera_kv_num_workers)
         self._num_servers = self._get_int(lib.tessera_kv_num_servers)
         _open_stores.add(self)
+        if staleness is not None:
+            self.set_staleness(staleness)
 
     def _get_int(self, fn):
         out = ctypes.c_int()
@@ -517,6 +545,16 @@ class KVStore:
         for name, value in params.items():
             parts.append('%s=%s' % (name, _float(name, value)))
         self._call('tessera_kv_set_optimizer', ' '.join(parts).encode())
+
+    def set_staleness(self, staleness):
+        """dist_ssp: the staleness bound s, a whole number of steps in
+        0..1000000 (overrides TESSERA_STALENESS). A pull made after c pushes
+        to a key waits until every worker in the job has had c - s of its
+        pushes to the key applied. REQUIRES: before the first init.
+        TypeError for a non-integer, ValueError out of range; TesseraError
+        (FAILED_PRECONDITION) in another store type or after an init."""
+        self._call('tessera_kv_set_staleness',
+                   ctypes.c_int64(_check_staleness(staleness)))
 
     def set_gradient_compression(self, compression_params):
         """MXNet's spelling: {"type": "2bit", "threshold": 0.5} (threshold

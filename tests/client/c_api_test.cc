@@ -32,7 +32,7 @@ class WorkerEnvironment {
     for (const char* name :
          {"DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
           "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "TESSERA_START_TIMEOUT",
-          "TESSERA_INSECURE"}) {
+          "TESSERA_INSECURE", "TESSERA_STALENESS"}) {
       unsetenv(name);
     }
   }
@@ -61,8 +61,10 @@ TEST(CApiTest, CallerMistakesReturnInvalidArgument) {
   EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: type is NULL");
   EXPECT_EQ(tessera_kv_create("local", &kv), TESSERA_INVALID_ARGUMENT);
   EXPECT_STREQ(tessera_last_error(),
-               "INVALID_ARGUMENT: KV store type 'local': expected dist_sync or "
-               "dist_async");
+               "INVALID_ARGUMENT: KV store type 'local': expected dist_sync, "
+               "dist_async or dist_ssp");
+  EXPECT_EQ(tessera_kv_set_staleness(nullptr, 3), TESSERA_INVALID_ARGUMENT);
+  EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: kv is NULL");
   EXPECT_EQ(tessera_kv_barrier(nullptr), TESSERA_INVALID_ARGUMENT);
   EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: kv is NULL");
   float grad[16] = {1.0f}, residual[16] = {0.0f}, out[16];
@@ -93,6 +95,26 @@ TEST(CApiTest, AWorkerWithoutAJobIsInvalidArgument) {
   EXPECT_STREQ(tessera_last_error(),
                "INVALID_ARGUMENT: DMLC_ROLE is not set: expected scheduler, "
                "server or worker");
+}
+
+// dist_ssp's bound from the environment: a bad one is named, with what was
+// expected, before the worker joins anything (issue #49).
+TEST(CApiTest, ABadStalenessVariableIsInvalidArgument) {
+  WorkerEnvironment env;
+  env.Set("DMLC_ROLE", "worker");
+  env.Set("DMLC_PS_ROOT_URI", "127.0.0.1");
+  env.Set("DMLC_PS_ROOT_PORT", std::to_string(UnusedPort()));
+  env.Set("DMLC_NUM_WORKER", "1");
+  env.Set("DMLC_NUM_SERVER", "1");
+  for (const char* bad : {"-1", "three", "1000001", "2.5"}) {
+    env.Set("TESSERA_STALENESS", bad);
+    TesseraKV* kv = nullptr;
+    EXPECT_EQ(tessera_kv_create("dist_ssp", &kv), TESSERA_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(tessera_last_error()),
+              std::string("INVALID_ARGUMENT: TESSERA_STALENESS='") + bad +
+                  "': expected a whole number of steps in 0..1000000 "
+                  "(dist_ssp's staleness bound)");
+  }
 }
 
 // Not every failure is a caller's mistake: a worker whose scheduler never

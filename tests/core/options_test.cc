@@ -293,6 +293,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "4096..2^30"},
         BadCase{"TESSERA_SYNC_SUM", "fast",
                 "TESSERA_SYNC_SUM='fast': expected exact or arrival"},
+        BadCase{"TESSERA_STALENESS", "-1",
+                "TESSERA_STALENESS='-1': expected a whole number of steps in "
+                "0..1000000 (dist_ssp's staleness bound)"},
+        BadCase{"TESSERA_STALENESS", "1000001",
+                "TESSERA_STALENESS='1000001': expected a whole number of steps "
+                "in 0..1000000 (dist_ssp's staleness bound)"},
         BadCase{"TESSERA_LATE_FACTOR", "0.5",
                 "TESSERA_LATE_FACTOR='0.5': expected a number in 1..1000000"},
         BadCase{"TESSERA_LATE_FACTOR", "ten",
@@ -330,6 +336,11 @@ TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
   EXPECT_TRUE(o->exact_sync_sum);
   EXPECT_EQ(o->late_factor, 10);
   EXPECT_EQ(o->late_min, absl::Seconds(1));
+  EXPECT_EQ(o->staleness, -1) << "unset";
+  env["TESSERA_STALENESS"] = "0";
+  EXPECT_EQ(Parse(env)->staleness, 0);
+  env["TESSERA_STALENESS"] = "1000000";
+  EXPECT_EQ(Parse(env)->staleness, 1000000);
   env["TESSERA_CHUNK_BYTES"] = "65536";
   env["TESSERA_SYNC_SUM"] = "arrival";
   env["TESSERA_LATE_FACTOR"] = "4.5";

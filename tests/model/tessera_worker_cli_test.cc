@@ -136,6 +136,20 @@ TEST(TesseraWorkerCliTest, CudaWithoutDeviceIsExit2) {
               StartsWith("tessera-worker: --device: expected a usable GPU"));
 }
 
+// dist_ssp (issue #49): a bad or missing bound, before joining a cluster.
+TEST(TesseraWorkerCliTest, DistSspNeedsAGoodBound) {
+  Result r = RunWorker(kWorker + " --kv-store dist_ssp --staleness -1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output,
+            "tessera-worker: --staleness: expected a whole number of steps in "
+            "0..1000000, got '-1'\n");
+  r = RunWorker("env -u TESSERA_STALENESS " + kWorker + " --kv-store dist_ssp");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output,
+            "tessera-worker: --kv-store dist_ssp: expected --staleness S (or "
+            "TESSERA_STALENESS=S), a bound in steps 0..1000000\n");
+}
+
 TEST(TesseraWorkerCliTest, HelpExits0) {
   const Result r = RunWorker(kWorker + " --help");
   EXPECT_EQ(r.exit_code, 0);

@@ -1,12 +1,15 @@
 // Tests of tessera-worker's flag parsing: defaults, both flag forms, the data
-// directory's precedence and the one-line message of every bad flag.
+// directory's precedence and the one-line message of every bad flag; and
+// the straggler the flags make (worker/trainer/straggler.h).
 #include "worker/trainer/train_flags.h"
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "worker/trainer/straggler.h"
 
 namespace tessera {
 namespace {
@@ -123,6 +126,57 @@ TEST(TrainFlagsTest, MomentumDefaultsToZeroWhereItDiverges) {
                   0.5f);
 }
 
+// dist_ssp and a straggler (issue #49).
+TEST(TrainFlagsTest, StalenessAndStragglerFlags) {
+  absl::StatusOr<TrainFlags> f =
+      Parse({"--kv-store", "dist_ssp", "--staleness", "3", "--slow-every", "5",
+             "--slow-factor", "5"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->kv_store, "dist_ssp");
+  EXPECT_EQ(f->staleness, 3);
+  EXPECT_EQ(f->slow_every, 5);
+  EXPECT_DOUBLE_EQ(f->slow_factor, 5);
+  EXPECT_FLOAT_EQ(f->momentum, 0.0f) << "stale pushes, as dist_async's";
+  EXPECT_EQ(Parse({"--kv-store=dist_ssp"})->staleness, -1)
+      << "not given: TESSERA_STALENESS's";
+  EXPECT_EQ(Parse({"--kv-store=dist_ssp", "--staleness=0"})->staleness, 0);
+  for (const char* bad : {"-1", "1000001", "two", "1.5"}) {
+    EXPECT_EQ(Error({"--kv-store=dist_ssp", absl::StrCat("--staleness=", bad)}),
+              absl::StrCat("--staleness: expected a whole number of steps in "
+                           "0..1000000, got '",
+                           bad, "'"));
+  }
+  EXPECT_EQ(Error({"--staleness=2"}),
+            "--staleness: only used by --kv-store dist_ssp, not --kv-store "
+            "dist_sync");
+  EXPECT_EQ(Error({"--slow-every=-1"}),
+            "--slow-every: expected a non-negative integer (0: off), got '-1'");
+  EXPECT_EQ(Error({"--slow-every=5", "--slow-factor=0.5"}),
+            "--slow-factor: expected a number in [1, 1000), got '0.5'");
+  EXPECT_EQ(Error({"--slow-factor=3"}),
+            "--slow-factor: only used with --slow-every N (N > 0)");
+  const std::string usage = TrainFlagsUsage();
+  for (const char* flag :
+       {"--staleness S", "--slow-every N", "--slow-factor F", "dist_ssp"}) {
+    EXPECT_NE(usage.find(flag), std::string::npos) << flag;
+  }
+}
+
+// Every --slow-every-th step sleeps (factor - 1) x the mean compute time.
+TEST(StragglerTest, EveryNthStepTakesFactorTimesAsLong) {
+  Straggler off(0, 5);
+  off.Observe(absl::Milliseconds(10));
+  EXPECT_EQ(off.Delay(4), absl::ZeroDuration());
+  Straggler s(5, 5);
+  EXPECT_EQ(s.Delay(4), absl::ZeroDuration()) << "nothing observed yet";
+  s.Observe(absl::Milliseconds(10));
+  s.Observe(absl::Milliseconds(30));
+  for (int64_t step : {0, 1, 2, 3, 5, 8, 10})
+    EXPECT_EQ(s.Delay(step), absl::ZeroDuration()) << step;
+  EXPECT_EQ(s.Delay(4), absl::Milliseconds(80)) << "the 5th step: 4 x 20 ms";
+  EXPECT_EQ(s.Delay(9), absl::Milliseconds(80)) << "the 10th";
+}
+
 TEST(TrainFlagsTest, Help) {
   EXPECT_TRUE(Parse({"--help"})->help);
   EXPECT_TRUE(Parse({"-h"})->help);
@@ -131,7 +185,8 @@ TEST(TrainFlagsTest, Help) {
 
 TEST(TrainFlagsTest, BadFlagsSayWhichAndWhatWasExpected) {
   EXPECT_EQ(Error({"--kv-store=local"}),
-            "--kv-store: expected dist_sync or dist_async, got 'local'");
+            "--kv-store: expected dist_sync, dist_async or dist_ssp, got "
+            "'local'");
   EXPECT_EQ(Error({"--batch-size=0"}),
             "--batch-size: expected a positive integer, got '0'");
   EXPECT_EQ(Error({"--batch-size", "12x"}),

@@ -11,6 +11,7 @@ exception (non-zero exit) otherwise.
     kv_check.py forms       MXNet's list forms, pushpull without out, async ops,
                             all-reduce without an optimizer, torch tensors
     kv_check.py errors      every bad argument fails clearly and changes nothing
+    kv_check.py ssp         dist_ssp, staleness=1: every pulled value within the bound
     kv_check.py gil         another thread runs while a pull and a barrier block
     kv_check.py async       dist_async: every push applied once
     kv_check.py fail        rank 1 raises inside `with` (the job must end at once)
@@ -191,8 +192,16 @@ def errors():
     import torch
     E, T, V = tessera.TesseraError, TypeError, ValueError
     expect_error(T, 'expected a str', tessera.KVStore, 5)
-    expect_error(E, "KV store type 'local': expected dist_sync or dist_async",
+    expect_error(E, "KV store type 'local': expected dist_sync, dist_async or dist_ssp",
                  tessera.KVStore, 'local')
+    expect_error(V, "KVStore: staleness is dist_ssp's, not dist_sync's",
+                 tessera.KVStore, 'dist_sync', staleness=2)
+    expect_error(V, 'staleness -1: expected a whole number of steps in 0..1000000',
+                 tessera.KVStore, 'dist_ssp', staleness=-1)
+    expect_error(V, 'staleness 1000001: expected a whole number of steps in 0..1000000',
+                 tessera.KVStore, 'dist_ssp', staleness=1000001)
+    expect_error(T, "staleness: expected a whole number of steps in 0..1000000, got str '3'",
+                 tessera.KVStore, 'dist_ssp', staleness='3')
     kv = tessera.KVStore('dist_sync')
     n = kv.num_workers
     v = np.ones(8, np.float32)
@@ -349,6 +358,30 @@ def async_():
         print('async ok: rank %d of %d' % (kv.rank, n))
 
 
+def ssp():
+    """dist_ssp with staleness=1 from Python: value j counts rank j % n's
+    pushes (sgd lr=-1), so a pull after c pushes must hold this rank's c and
+    every other rank's c - 1 .. c + 2 (docs/consistency.md)."""
+    import random
+    with tessera.KVStore('dist_ssp', staleness=1) as kv:
+        n, r = kv.num_workers, kv.rank
+        kv.set_optimizer('sgd', lr=-1)
+        w = np.zeros(3 * n, np.float32)
+        kv.init(7, w)
+        g = np.zeros_like(w)
+        g[r::n] = 1
+        for c in range(1, 11):
+            time.sleep(random.random() * (0.03 if r == 0 else 0.005))
+            kv.push(7, g)
+            kv.pull(7, out=w)
+            for j, v in enumerate(w):
+                lo, hi = (c, c) if j % n == r else (c - 1, c + 2)
+                if not lo <= v <= hi:
+                    raise AssertionError('rank %d step %d: value %d is %g, expected %d..%d'
+                                         % (r, c, j, v, lo, hi))
+        print('ssp ok: rank %d of %d' % (r, n))
+
+
 def fail():
     """Rank 1 raises inside its `with` while rank 0 waits in a round for it."""
     with tessera.KVStore('dist_sync') as kv:
@@ -482,7 +515,7 @@ def hashed():
 
 
 MODES = {'nightly': nightly, 'compress': compress, 'pull_compress': pull_compress,
-         'forms': forms, 'errors': errors,
+         'forms': forms, 'errors': errors, 'ssp': ssp,
          'gil': gil, 'async': async_, 'fail': fail, 'noclose': noclose,
          'rows': rows, 'hashed': hashed}
 

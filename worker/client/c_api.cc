@@ -228,6 +228,11 @@ int tessera_kv_set_optimizer(TesseraKV* kv, const char* spec) {
   return Result(kv->worker->SetOptimizer(spec));
 }
 
+int tessera_kv_set_staleness(TesseraKV* kv, int64_t staleness) {
+  if (kv == nullptr) return NullArgument("kv");
+  return Result(kv->worker->SetStaleness(staleness));
+}
+
 int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type,
                                         float threshold) {
   if (kv == nullptr) return NullArgument("kv");

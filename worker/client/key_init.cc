@@ -86,6 +86,7 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
                                std::vector<KeyPart> parts,
                                const std::string& hashed_spec) {
   const uint64_t total = row_length == 0 ? length : length / row_length;
+  TESSERA_RETURN_IF_ERROR(CheckStaleness());
   TESSERA_RETURN_IF_ERROR(
       DeclareKey(key, length, row_length, parts, !hashed_spec.empty()));
   // A restarted worker, or one joining an elastic job (generation > 0): its
@@ -214,7 +215,7 @@ absl::Status KVClient::StoreKey(uint64_t key, const float* value,
     const KeyPart& part = parts[i];
     Message msg = SliceMessage(wire::KV_INIT, key, part, total, row_length);
     msg.header.mutable_slice()->set_hashed_spec(hashed_spec);
-    msg.header.mutable_kv_options()->set_sync_mode(sync_);
+    SetKeyMode(msg.header.mutable_kv_options());
     if (value != nullptr) {
       AddFloatFrame(&msg, Buffer::CopyOf(value + part.offset * unit,
                                          part.length * unit * sizeof(float)));

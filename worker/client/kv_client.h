@@ -79,6 +79,11 @@ class KVClient : public KVWorker {
   absl::Status SetGradientCompression(const std::string& type,
                                       float threshold) override;
   absl::Status SetPullCompression(const std::string& type) override;
+  absl::Status SetStaleness(int64_t staleness) override;
+  // Makes this a dist_ssp store (KVWorker::Create("dist_ssp")) whose bound
+  // is `staleness` (TESSERA_STALENESS; -1: none yet, SetStaleness must give
+  // one). REQUIRES: before the first Init.
+  void UseBoundedStaleness(int64_t staleness) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Init(uint64_t key, absl::Span<const float> value) override;
   uint64_t ResumeRound() override;
   absl::StatusOr<OpHandle> PushAsync(uint64_t key,
@@ -221,6 +226,11 @@ class KVClient : public KVWorker {
 
   absl::Status CheckOpen() const;
   bool HaveKeys() const;
+  // dist_ssp: FailedPrecondition when the store has no bound for its keys
+  // yet; OK in other modes. Sets what a KV_INIT tells the servers of the
+  // key's mode.
+  absl::Status CheckStaleness() const ABSL_LOCKS_EXCLUDED(mu_);
+  void SetKeyMode(wire::KVOptions* options) const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<KeyPart> Parts(uint64_t key) const;
   absl::Status CheckKey(uint64_t key, size_t len, const char* what) const;
   // The one pull path (PullAsync, PullViewAsync): a KV_PULL per slice of
@@ -348,6 +358,10 @@ class KVClient : public KVWorker {
       ABSL_GUARDED_BY(mu_);
   bool two_bit_ ABSL_GUARDED_BY(mu_) = false;
   bool pull_two_bit_ ABSL_GUARDED_BY(mu_) = false;
+  // dist_ssp (worker/client/bounded_staleness.cc): the store's mode, and the
+  // bound its key inits carry (-1: not given yet).
+  bool ssp_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t staleness_ ABSL_GUARDED_BY(mu_) = -1;
   float threshold_ ABSL_GUARDED_BY(mu_) = 0;
   // A restarted worker's push numbering: kPending once an Init learned a
   // count from the servers, kSettled after SettleResumeLocked.

@@ -6,6 +6,8 @@
 //   key_init.cc   a key's init (dense, row-sparse, hashed), and a restarted
 //                 or joining worker's resume of the rounds
 //   row_ops.cc    row-sparse and hashed pushes and pulls
+//   bounded_staleness.cc  dist_ssp's staleness bound and what key inits
+//                 tell the servers of it
 // Where a slice's requests go is ServerRoutes (worker/client/server_routes.h);
 // what is in flight and resent is RequestTracker.
 #ifndef TESSERA_WORKER_CLIENT_KV_CLIENT_INTERNAL_H_

@@ -15,9 +15,10 @@ namespace tessera {
 
 absl::StatusOr<std::unique_ptr<KVWorker>> KVWorker::Create(
     const std::string& type) {
-  if (type != "dist_sync" && type != "dist_async") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV store type '", type, "': expected dist_sync or dist_async"));
+  if (type != "dist_sync" && type != "dist_async" && type != "dist_ssp") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV store type '", type,
+                     "': expected dist_sync, dist_async or dist_ssp"));
   }
   TESSERA_ASSIGN_OR_RETURN(Options options, Options::FromEnvironment());
   SetLogVerbosity(options.verbose);
@@ -28,6 +29,7 @@ absl::StatusOr<std::unique_ptr<KVWorker>> KVWorker::Create(
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                            KVClient::Create(options, type == "dist_sync"));
+  if (type == "dist_ssp") client->UseBoundedStaleness(options.staleness);
   return std::unique_ptr<KVWorker>(std::move(client));
 }
 

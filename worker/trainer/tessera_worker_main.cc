@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
 #include "common/gpu/device.h"
 #include "common/trace.h"
 #include "tessera/kv_worker.h"
@@ -36,6 +37,7 @@
 #include "worker/trainer/blas_core.h"
 #include "worker/trainer/idx_reader.h"
 #include "worker/trainer/mlp.h"
+#include "worker/trainer/straggler.h"
 #include "worker/trainer/train_flags.h"
 
 namespace tessera {
@@ -125,6 +127,12 @@ std::string MetricsJson(const TrainFlags& flags, MlpDevice device,
                         stats.bytes_pulled_float32);
   absl::StrAppendFormat(&json, ", \"device\": \"%s\"", MlpDeviceName(device));
   absl::StrAppendFormat(&json, ", \"kv_store\": \"%s\"", flags.kv_store);
+  if (flags.kv_store == "dist_ssp" && flags.staleness >= 0)
+    absl::StrAppendFormat(&json, ", \"staleness\": %d", flags.staleness);
+  if (flags.slow_every > 0) {
+    absl::StrAppendFormat(&json, ", \"slow_every\": %d, \"slow_factor\": %g",
+                          flags.slow_every, flags.slow_factor);
+  }
   absl::StrAppendFormat(&json, ", \"gc_type\": \"%s\"", flags.gc_type);
   absl::StrAppendFormat(&json, ", \"gc_pull\": \"%s\"", flags.gc_pull);
   absl::StrAppendFormat(&json, ", \"optimizer\": \"%s\"", flags.optimizer);
@@ -262,9 +270,16 @@ class Trainer {
     return std::nullopt;
   }
 
-  // The device, the data and --metrics-out, before joining the cluster: a
-  // worker without them fails alone and at once.
+  // The device, the data and --metrics-out (and dist_ssp's bound), before
+  // joining the cluster: a worker without them fails alone and at once.
   MaybeFailure Prepare() {
+    const char* staleness_env = std::getenv("TESSERA_STALENESS");
+    if (flags_.kv_store == "dist_ssp" && flags_.staleness < 0 &&
+        (staleness_env == nullptr || *staleness_env == 0)) {
+      return Failure{2,
+                     "--kv-store dist_ssp: expected --staleness S (or "
+                     "TESSERA_STALENESS=S), a bound in steps 0..1000000"};
+    }
     if (flags_.device == "cuda" ||
         (flags_.device == "auto" && gpu::DeviceAvailable())) {
       if (!gpu::DeviceAvailable()) {
@@ -360,7 +375,12 @@ class Trainer {
 
   // Compression and the servers' optimizer.
   MaybeFailure ConfigureServers() {
+    // dist_ssp applies each push on its own, as dist_async.
     const bool sync = flags_.kv_store == "dist_sync";
+    if (flags_.staleness >= 0) {
+      if (absl::Status s = kv_->SetStaleness(flags_.staleness); !s.ok())
+        return KvFailure("SetStaleness", s);
+    }
     // The pushed gradient is the SUM over a batch: dist_sync averages over
     // every worker's samples of a round, dist_async over the one batch of a
     // push.
@@ -550,6 +570,9 @@ class Trainer {
     phase("data-wait");
 
     t = Clock::now();
+    // --slow-every: a straggler's slow step (its pushes come late).
+    const absl::Duration slow = straggler_.Delay(totals_.steps);
+    if (slow > absl::ZeroDuration()) absl::SleepFor(slow);
     ops_.clear();
     absl::Status issue_error;
     double step_issue_s = 0;
@@ -568,6 +591,7 @@ class Trainer {
         },
         step_start == 0 ? std::function<void()>() : [&] { phase("forward"); });
     totals_.time_compute_s += SecondsSince(t) - step_issue_s;
+    straggler_.Observe(absl::Seconds(SecondsSince(t) - step_issue_s) - slow);
     totals_.time_issue_s += step_issue_s;
     phase("backward");
     if (!step.ok()) {
@@ -711,6 +735,7 @@ class Trainer {
   std::unique_ptr<Mlp> mlp_;
   int64_t steps_per_epoch_ = 0;
   int64_t skip_ = 0;  // steps of an earlier life still to skip
+  Straggler straggler_{flags_.slow_every, flags_.slow_factor};
   bool resumed_ = false;
   std::vector<OpHandle> ops_;  // the step's pushes and pulls
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/options.h"
 #include "common/status_macros.h"
 
 namespace tessera {
@@ -73,11 +74,14 @@ absl::Status ParseHidden(absl::string_view value, std::vector<int>* out) {
 
 bool IsKnownFlag(absl::string_view name) {
   static constexpr absl::string_view kFlags[] = {
-      "kv-store",  "batch-size",  "epochs",    "gc-type",        "gc-threshold",
-      "lr",        "seed",        "hidden",    "optimizer",      "momentum",
-      "wd",        "device",      "data",      "train-subset",   "test-subset",
-      "log-every", "metrics-out", "lr-factor", "lr-step-epochs", "gc-pull",
-      "fuse-keys"};
+      "kv-store",       "batch-size",   "epochs",
+      "gc-type",        "gc-threshold", "lr",
+      "seed",           "hidden",       "optimizer",
+      "momentum",       "wd",           "device",
+      "data",           "train-subset", "test-subset",
+      "log-every",      "metrics-out",  "lr-factor",
+      "lr-step-epochs", "gc-pull",      "fuse-keys",
+      "staleness",      "slow-every",   "slow-factor"};
   for (absl::string_view f : kFlags) {
     if (name == f) return true;
   }
@@ -93,16 +97,46 @@ float DefaultLearningRate(absl::string_view optimizer) {
 
 // Which flags the command line gave: their defaults depend on other flags.
 struct GivenFlags {
-  bool lr = false, momentum = false, data = false;
+  bool lr = false, momentum = false, data = false, slow_factor = false;
 };
+
+// The flags of dist_ssp and of a straggler (--staleness, --slow-every,
+// --slow-factor); false when `name` is none of them.
+bool SetStalenessFlag(const std::string& name, const std::string& value,
+                      TrainFlags* f, GivenFlags* given, absl::Status* s) {
+  if (name == "staleness") {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(value, &v) || v < 0 || v > kMaxStaleness) {
+      *s = Expected(
+          name, absl::StrCat("a whole number of steps in 0..", kMaxStaleness),
+          value);
+    }
+    f->staleness = v;
+    return true;
+  }
+  if (name == "slow-every") {
+    *s = ParseInt(name, value, 0, "a non-negative integer (0: off)",
+                  &f->slow_every);
+    return true;
+  }
+  if (name == "slow-factor") {
+    float v = 0;
+    *s = ParseFloat(name, value, 1, false, 1000, "a number in [1, 1000)", &v);
+    f->slow_factor = v;
+    given->slow_factor = true;
+    return true;
+  }
+  return false;
+}
 
 // Sets flag --`name` (a known one) of `f` to `value`.
 absl::Status SetTrainFlag(const std::string& name, const std::string& value,
                           TrainFlags* f, GivenFlags* given) {
   absl::Status s;
+  if (SetStalenessFlag(name, value, f, given, &s)) return s;
   if (name == "kv-store") {
-    s = ParseChoice(name, value, {"dist_sync", "dist_async"},
-                    "dist_sync or dist_async", &f->kv_store);
+    s = ParseChoice(name, value, {"dist_sync", "dist_async", "dist_ssp"},
+                    "dist_sync, dist_async or dist_ssp", &f->kv_store);
   } else if (name == "batch-size") {
     s = ParseInt(name, value, 1, "a positive integer", &f->batch_size);
   } else if (name == "epochs") {
@@ -208,12 +242,21 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
         "--momentum: only used by --optimizer sgd, not --optimizer ",
         f.optimizer));
   }
+  if (f.staleness >= 0 && f.kv_store != "dist_ssp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--staleness: only used by --kv-store dist_ssp, not --kv-store ",
+        f.kv_store));
+  }
+  if (given.slow_factor && f.slow_every == 0) {
+    return absl::InvalidArgumentError(
+        "--slow-factor: only used with --slow-every N (N > 0)");
+  }
   if (!given.lr) f.lr = DefaultLearningRate(f.optimizer);
   // Measured with 2 workers: server-side momentum 0.9 diverges under dist_async
   // (stale pushes already act as momentum) and under 2-bit compression (the
   // residual already accumulates past gradients), while momentum 0 trains in
-  // both.
-  if (!given.momentum && (f.kv_store == "dist_async" || f.gc_type == "2bit")) {
+  // both. dist_ssp's pushes are stale as dist_async's (by up to s steps).
+  if (!given.momentum && (f.kv_store != "dist_sync" || f.gc_type == "2bit")) {
     f.momentum = 0.0f;
   }
   if (!given.data && fashion_mnist_dir_env != nullptr &&
@@ -229,15 +272,23 @@ std::string TrainFlagsUsage() {
       "Trains an MLP on Fashion-MNIST as one worker of a Tessera job (the "
       "launcher\n"
       "sets the DMLC_* environment).\n"
-      "  --kv-store dist_sync|dist_async   (dist_sync)\n"
+      "  --kv-store dist_sync|dist_async|dist_ssp  (dist_sync)\n"
+      "  --staleness S                     dist_ssp's bound: a pull after c\n"
+      "                                    pushes waits for every worker's\n"
+      "                                    c - S (0..1000000; else\n"
+      "                                    $TESSERA_STALENESS)\n"
+      "  --slow-every N                    a straggler: every Nth step's\n"
+      "                                    compute takes --slow-factor times\n"
+      "                                    as long, by sleeping (0: off)\n"
+      "  --slow-factor F                   (5; with --slow-every)\n"
       "  --batch-size N                    per worker (128)\n"
       "  --epochs N                        (10)\n"
       "  --hidden W1,W2,...                hidden layer widths (256,128)\n"
       "  --optimizer sgd|adam|adamax|adagrad  runs on the servers (sgd)\n"
       "  --lr X                            (sgd 0.1, adam 0.001, adamax 0.002, "
       "adagrad 0.01)\n"
-      "  --momentum X                      sgd only (0.9; 0 with dist_async or "
-      "2bit)\n"
+      "  --momentum X                      sgd only (0.9; 0 with dist_async, "
+      "dist_ssp or 2bit)\n"
       "  --wd X                            weight decay (0.0001)\n"
       "  --gc-type none|2bit               gradient compression (none)\n"
       "  --gc-threshold X                  2-bit threshold (0.5)\n"

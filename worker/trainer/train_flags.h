@@ -25,8 +25,16 @@ inline constexpr char kDefaultFashionMnistDir[] =
     "/usr/share/datasets/fashion-mnist";
 
 struct TrainFlags {
-  std::string kv_store = "dist_sync";  // dist_sync | dist_async
-  int batch_size = 128;                // per worker
+  std::string kv_store = "dist_sync";  // dist_sync | dist_async | dist_ssp
+  // dist_ssp's staleness bound (--staleness, 0..kMaxStaleness); -1: not
+  // given (TESSERA_STALENESS's, which must then be set).
+  int64_t staleness = -1;
+  // A straggler, for experiments (worker/trainer/straggler.h): every
+  // slow_every-th step's compute takes slow_factor times as long (the rest
+  // slept). 0: off.
+  int slow_every = 0;
+  double slow_factor = 5;
+  int batch_size = 128;  // per worker
   int epochs = 10;
   std::string gc_type = "none";  // none | 2bit
   std::string gc_pull = "none";  // none | 2bit: pull compression

@@ -1,0 +1,106 @@
+// KVServer's dist_ssp room (see server/kv_server_shard.h for the rooms;
+// the rule and its metrics are server/staleness.h): a slice's gate made at
+// its init, the one question the data path asks of it (may this pull, or
+// this pushpull's answer, be answered now?), and the clocks its pushes move.
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/options.h"
+#include "server/key_store.h"
+#include "server/kv_server.h"
+#include "server/kv_server_shard.h"
+
+namespace tessera {
+
+absl::Status KVServer::CheckStalenessInit(const wire::Header& init) const {
+  const wire::KVOptions& o = init.kv_options();
+  if (!o.bounded_staleness()) return absl::OkStatus();
+  if (o.sync_mode()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("init of key ", init.slice().key(),
+                     ": a key is dist_sync or dist_ssp, not both"));
+  }
+  if (o.staleness() > kMaxStaleness) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init of dist_ssp key ", init.slice().key(), ": staleness ",
+        o.staleness(), ": expected a whole number of steps in 0..",
+        kMaxStaleness));
+  }
+  return absl::OkStatus();
+}
+
+void KVServer::MakeBoundedStaleness(StoredKey* key,
+                                    const wire::KVOptions& options) {
+  if (!options.bounded_staleness()) return;
+  key->ssp = std::make_unique<StalenessGate>(options.staleness());
+  TESSERA_VLOG(1) << "key " << key->key << " offset " << key->offset
+                  << ": dist_ssp, staleness " << options.staleness();
+}
+
+KVServer::SspVerdict KVServer::SspCheck(StoredKey* key, const Message& msg,
+                                        uint64_t clock) {
+  StalenessGate& gate = *key->ssp;
+  const int sender = msg.header.sender();
+  const uint64_t id = msg.header.request_id();
+  // A rank out of the job (left, or declared dead) holds nobody back.
+  const SliceEngine& engine = *key->engine;
+  const bool open = gate.Open(clock, key->ledger,
+                              [&engine](int r) { return !engine.Left(r); });
+  const absl::Time now = absl::Now();
+  if (!open) {
+    if (gate.Hold(sender, id, now)) ssp_stats_.Held();
+    return SspVerdict::kWait;
+  }
+  std::optional<absl::Duration> held = gate.Release(sender, id, now);
+  if (!held.has_value()) return SspVerdict::kAnswer;
+  ssp_stats_.Released(*held);
+  return SspVerdict::kAnswerHeld;
+}
+
+void KVServer::SspPushTaken(const StoredKey& key, int rank) {
+  ssp_stats_.Pushed(rank, key.ledger.received(rank));
+}
+
+void KVServer::SspForget(StoredKey* key, int sender) {
+  if (key->ssp == nullptr) return;
+  if (const size_t n = key->ssp->Forget(sender); n != 0) ssp_stats_.Dropped(n);
+}
+
+bool KVServer::AnswerTakenPush(StoredKey* key, Message& msg) {
+  const int rank = RankOfId(msg.header.sender());
+  const wire::Command cmd = msg.header.command();
+  const uint64_t seq = msg.header.push_seq();
+  if (key->ssp != nullptr && cmd == wire::KV_PUSHPULL &&
+      seq + 1 == key->ledger.received(rank)) {
+    // dist_ssp: a pushpull's answer brings the weights a pull made after
+    // its push would; this one may be the copy held for the bound since
+    // its push was applied (not a duplicate then).
+    switch (SspCheck(key, msg, seq + 1)) {
+      case SspVerdict::kWait:
+        return false;
+      case SspVerdict::kAnswerHeld:
+        if (JoinPendingUpdate(key, msg)) return true;
+        Reply(msg, absl::OkStatus(), key->weights, key);
+        return true;
+      case SspVerdict::kAnswer:
+        break;
+    }
+  }
+  ++duplicates_;
+  if (JoinPendingUpdate(key, msg)) return true;
+  if (key->sync && seq + 1 == key->ledger.received(rank) &&
+      key->engine->Contributed(rank)) {
+    // In the open round; answered when it completes. The newest copy is
+    // the one answered: a restarted worker's repeat of its earlier life's
+    // push carries a request id the old one did not.
+    key->engine->ReplaceRequest(msg.header.sender(), msg.header);
+    Acknowledge(msg);
+  } else {
+    Reply(msg, absl::OkStatus(),
+          cmd == wire::KV_PUSHPULL ? key->weights : Buffer(), key);
+  }
+  return true;
+}
+
+}  // namespace tessera

@@ -1,0 +1,174 @@
+// dist_ssp in real jobs on loopback (issue #49): a scheduler, two servers
+// and three ssp_worker processes (tests/ssp/ssp_worker.cc), whose pulled
+// values say which pushes of every worker they reflect. Under random delays
+// and a straggler no value misses a push of another worker numbered below
+// c - s (c: the puller's clock), for s = 0, 1 and 3, nor holds one past
+// c + s + 1; dist_sync's are exact; a worker that leaves an elastic job
+// stops holding the others; bad bounds fail naming what was expected.
+#include <cstdio>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/core/process_cluster.h"
+
+namespace tessera::testing {
+namespace {
+
+constexpr int kWorkers = 3;
+constexpr int kSteps = 30;
+
+// A job whose key 0 (3000 values) is split over both servers, in slices of
+// 1024 values.
+void Configure(ProcessCluster& c) {
+  c.Env("TESSERA_BIGARRAY_BOUND", "1000");
+  c.Env("TESSERA_CHUNK_BYTES", "4096");
+  c.Env("SSP_SLOW_RANK", "0");
+}
+
+std::vector<std::string> WorkerArgv(const std::string& store, int steps) {
+  return {BinaryPath("tests/ssp/ssp_worker"), store, std::to_string(steps),
+          "8"};
+}
+
+// Every process exited 0 within 120 s; each worker's summary, by rank.
+struct Summary {
+  long long checked = -1, behind = -1, ahead = -1;
+};
+std::vector<Summary> Finish(ProcessCluster& c) {
+  EXPECT_TRUE(c.WaitAll(absl::Seconds(120))) << c.AllLogs();
+  std::vector<Summary> out(kWorkers);
+  const std::regex line(
+      "ssp_worker rank ([0-9]+): [0-9]+ steps, ([0-9]+) values checked, most "
+      "behind (-?[0-9]+), most ahead (-?[0-9]+)");
+  for (const Child& child : c.children()) {
+    EXPECT_EQ(ProcessCluster::ExitCode(child), 0) << child.name << "\n"
+                                                  << c.AllLogs();
+    const std::string log = ProcessCluster::Log(child);
+    std::smatch m;
+    if (!std::regex_search(log, m, line)) continue;
+    const int rank = std::stoi(m[1]);
+    if (rank < 0 || rank >= kWorkers) continue;
+    out[rank] = {std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4])};
+  }
+  return out;
+}
+
+// The bound, from outside: every value of every pull in range (the worker
+// exits 1 otherwise), and the most any other worker was seen behind or
+// ahead within it.
+void ExpectBoundHeld(int staleness, bool by_setter) {
+  SCOPED_TRACE(absl::StrCat("s = ", staleness,
+                            by_setter ? " (SetStaleness)" : " (env)"));
+  ProcessCluster c;
+  Configure(c);
+  if (by_setter) {
+    c.Env("SSP_SET_STALENESS", std::to_string(staleness));
+  } else {
+    c.Env("TESSERA_STALENESS", std::to_string(staleness));
+  }
+  c.Start(/*servers=*/2, kWorkers, WorkerArgv("dist_ssp", kSteps));
+  const std::vector<Summary> summaries = Finish(c);
+  for (int r = 0; r < kWorkers; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    std::printf("s = %d, rank %d: most behind %lld, most ahead %lld\n",
+                staleness, r, summaries[r].behind, summaries[r].ahead);
+    // Every value of both keys in every step.
+    EXPECT_EQ(summaries[r].checked, kSteps * (kWorkers * 1000 + kWorkers));
+    EXPECT_LE(summaries[r].behind, staleness);
+    EXPECT_LE(summaries[r].ahead, staleness + 1);
+  }
+}
+
+TEST(SspClusterTest, NoPullMissesAPushOlderThanSUnderRandomDelays) {
+  ExpectBoundHeld(0, /*by_setter=*/false);
+  ExpectBoundHeld(1, /*by_setter=*/true);
+  ExpectBoundHeld(3, /*by_setter=*/false);
+}
+
+// The same program under dist_sync: every value is exactly the puller's
+// clock (a round's sum), which dist_ssp with s = 0 does not promise.
+TEST(SspClusterTest, DistSyncValuesAreExact) {
+  ProcessCluster c;
+  Configure(c);
+  c.Start(/*servers=*/2, kWorkers, WorkerArgv("dist_sync", 10));
+  for (const Summary& s : Finish(c)) {
+    EXPECT_EQ(s.checked, 10 * (kWorkers * 1000 + kWorkers));
+    EXPECT_EQ(s.behind, 0);
+    EXPECT_EQ(s.ahead, 0);
+  }
+}
+
+// Elastic job: rank 2 leaves after 4 steps; the others run 20 with s = 1,
+// which they could not without the servers letting go of it.
+TEST(SspClusterTest, AWorkerThatLeavesStopsHoldingTheOthers) {
+  ProcessCluster c;
+  Configure(c);
+  c.Env("TESSERA_ELASTIC", "2:3");
+  c.Env("TESSERA_STALENESS", "1");
+  c.Env("SSP_LEAVE", "2:4");
+  c.Start(/*servers=*/2, kWorkers, WorkerArgv("dist_ssp", 20));
+  const std::vector<Summary> summaries = Finish(c);
+  EXPECT_EQ(summaries[0].checked, 20 * (kWorkers * 1000 + kWorkers));
+  EXPECT_EQ(summaries[1].checked, 20 * (kWorkers * 1000 + kWorkers));
+  EXPECT_NE(c.AllLogs().find("ssp_worker rank 2: left after 4 steps"),
+            std::string::npos)
+      << c.AllLogs();
+}
+
+// What a bad bound says, and the exit code.
+std::string FailedWorker(ProcessCluster& c) {
+  Child& w = c.Find("worker 0");
+  EXPECT_TRUE(c.Wait(w, absl::Seconds(60))) << c.AllLogs();
+  EXPECT_EQ(ProcessCluster::ExitCode(w), 1) << c.AllLogs();
+  return ProcessCluster::Log(w);
+}
+
+TEST(SspClusterTest, ABadBoundIsAClearError) {
+  {
+    ProcessCluster c;
+    c.Env("TESSERA_STALENESS", "-2");
+    c.Start(1, 1, WorkerArgv("dist_ssp", 1));
+    EXPECT_NE(FailedWorker(c).find(
+                  "ssp_worker: INVALID_ARGUMENT: TESSERA_STALENESS='-2': "
+                  "expected a whole number of steps in 0..1000000 (dist_ssp's "
+                  "staleness bound)"),
+              std::string::npos)
+        << c.AllLogs();
+  }
+  {
+    ProcessCluster c;
+    c.Env("SSP_SET_STALENESS", "1000001");
+    c.Start(1, 1, WorkerArgv("dist_ssp", 1));
+    EXPECT_NE(FailedWorker(c).find(
+                  "ssp_worker: INVALID_ARGUMENT: staleness 1000001: expected a "
+                  "whole number of steps in 0..1000000"),
+              std::string::npos)
+        << c.AllLogs();
+  }
+  {
+    ProcessCluster c;  // dist_ssp with no bound at all
+    c.Start(1, 1, WorkerArgv("dist_ssp", 1));
+    EXPECT_NE(FailedWorker(c).find(
+                  "ssp_worker: FAILED_PRECONDITION: dist_ssp needs a "
+                  "staleness bound: set TESSERA_STALENESS or call "
+                  "set_staleness before the first init"),
+              std::string::npos)
+        << c.AllLogs();
+  }
+  {
+    ProcessCluster c;  // a bound for a store that has none
+    c.Env("SSP_SET_STALENESS", "2");
+    c.Start(1, 1, WorkerArgv("dist_sync", 1));
+    EXPECT_NE(FailedWorker(c).find(
+                  "ssp_worker: FAILED_PRECONDITION: set_staleness: this store "
+                  "is dist_sync; a staleness bound is dist_ssp's"),
+              std::string::npos)
+        << c.AllLogs();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::testing
