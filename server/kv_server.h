@@ -199,7 +199,10 @@ class KVServer : private EngineContext {
   // others), and its gauges (keys, queued work, threads).
   void StartUpdateThreads(int num_threads, SyncRound::Mode sum_mode);
   void RegisterCounters();
+  void RegisterChainCounters();
   void RegisterGauges();
+  void AddCounter(const char* name, const char* help,
+                  const std::atomic<uint64_t>* value);
   // Handle's steps. A message between servers (a replica update or its
   // answer, a state transfer): true when it was taken (queued, processed or
   // answered; `msg` is then moved from), false when it is a worker's.

@@ -20,14 +20,18 @@
 
 namespace tessera {
 
+void KVServer::AddCounter(const char* name, const char* help,
+                          const std::atomic<uint64_t>* value) {
+  metric_handles_.push_back(MetricsRegistry::Global().AddCollector(
+      name, help, MetricType::kCounter, [value](MetricSamples* out) {
+        out->push_back({{}, static_cast<double>(value->load())});
+      }));
+}
+
 void KVServer::RegisterCounters() {
-  MetricsRegistry& r = MetricsRegistry::Global();
-  auto counter = [&](const char* name, const char* help,
-                     const std::atomic<uint64_t>* value) {
-    metric_handles_.push_back(r.AddCollector(
-        name, help, MetricType::kCounter, [value](MetricSamples* out) {
-          out->push_back({{}, static_cast<double>(value->load())});
-        }));
+  auto counter = [this](const char* name, const char* help,
+                        const std::atomic<uint64_t>* value) {
+    AddCounter(name, help, value);
   };
   // The counts of KV_STATS (stats()), read from the same counters.
   counter("tessera_server_pushes_applied_total",
@@ -70,6 +74,15 @@ void KVServer::RegisterCounters() {
           "Messages to other servers (chain updates, transfers, their counts "
           "and asks) the transport would not take.",
           &failed_server_sends_);
+  RegisterChainCounters();
+}
+
+// The counters of chains, hand-backs, transfers and checkpoints.
+void KVServer::RegisterChainCounters() {
+  auto counter = [this](const char* name, const char* help,
+                        const std::atomic<uint64_t>* value) {
+    AddCounter(name, help, value);
+  };
   counter("tessera_server_replica_updates_total",
           "Updates applied as a backup of a slice (KV_REPLICATE; "
           "TESSERA_REPLICAS > 1; KV_STATS replica_updates).",
