@@ -136,6 +136,8 @@ TEST(TrainFlagsTest, StalenessAndStragglerFlags) {
   EXPECT_EQ(f->staleness, 3);
   EXPECT_EQ(f->slow_every, 5);
   EXPECT_DOUBLE_EQ(f->slow_factor, 5);
+  EXPECT_EQ(f->slow_rank, -1) << "every worker given --slow-every";
+  EXPECT_EQ(Parse({"--slow-every=5", "--slow-rank=3"})->slow_rank, 3);
   EXPECT_FLOAT_EQ(f->momentum, 0.0f) << "stale pushes, as dist_async's";
   EXPECT_EQ(Parse({"--kv-store=dist_ssp"})->staleness, -1)
       << "not given: TESSERA_STALENESS's";
@@ -155,9 +157,13 @@ TEST(TrainFlagsTest, StalenessAndStragglerFlags) {
             "--slow-factor: expected a number in [1, 1000), got '0.5'");
   EXPECT_EQ(Error({"--slow-factor=3"}),
             "--slow-factor: only used with --slow-every N (N > 0)");
+  EXPECT_EQ(Error({"--slow-rank=1"}),
+            "--slow-rank: only used with --slow-every N (N > 0)");
+  EXPECT_EQ(Error({"--slow-every=5", "--slow-rank=-2"}),
+            "--slow-rank: expected a worker rank (0 or more), got '-2'");
   const std::string usage = TrainFlagsUsage();
-  for (const char* flag :
-       {"--staleness S", "--slow-every N", "--slow-factor F", "dist_ssp"}) {
+  for (const char* flag : {"--staleness S", "--slow-every N", "--slow-factor F",
+                           "--slow-rank R", "dist_ssp"}) {
     EXPECT_NE(usage.find(flag), std::string::npos) << flag;
   }
 }

@@ -130,8 +130,10 @@ std::string MetricsJson(const TrainFlags& flags, MlpDevice device,
   if (flags.kv_store == "dist_ssp" && flags.staleness >= 0)
     absl::StrAppendFormat(&json, ", \"staleness\": %d", flags.staleness);
   if (flags.slow_every > 0) {
-    absl::StrAppendFormat(&json, ", \"slow_every\": %d, \"slow_factor\": %g",
-                          flags.slow_every, flags.slow_factor);
+    absl::StrAppendFormat(&json,
+                          ", \"slow_every\": %d, \"slow_factor\": %g, "
+                          "\"slow_rank\": %d",
+                          flags.slow_every, flags.slow_factor, flags.slow_rank);
   }
   absl::StrAppendFormat(&json, ", \"gc_type\": \"%s\"", flags.gc_type);
   absl::StrAppendFormat(&json, ", \"gc_pull\": \"%s\"", flags.gc_pull);
@@ -571,7 +573,10 @@ class Trainer {
 
     t = Clock::now();
     // --slow-every: a straggler's slow step (its pushes come late).
-    const absl::Duration slow = straggler_.Delay(totals_.steps);
+    const absl::Duration slow =
+        flags_.slow_rank < 0 || flags_.slow_rank == kv_->rank()
+            ? straggler_.Delay(totals_.steps)
+            : absl::ZeroDuration();
     if (slow > absl::ZeroDuration()) absl::SleepFor(slow);
     ops_.clear();
     absl::Status issue_error;

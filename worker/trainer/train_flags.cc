@@ -81,7 +81,8 @@ bool IsKnownFlag(absl::string_view name) {
       "data",           "train-subset", "test-subset",
       "log-every",      "metrics-out",  "lr-factor",
       "lr-step-epochs", "gc-pull",      "fuse-keys",
-      "staleness",      "slow-every",   "slow-factor"};
+      "staleness",      "slow-every",   "slow-factor",
+      "slow-rank"};
   for (absl::string_view f : kFlags) {
     if (name == f) return true;
   }
@@ -97,11 +98,12 @@ float DefaultLearningRate(absl::string_view optimizer) {
 
 // Which flags the command line gave: their defaults depend on other flags.
 struct GivenFlags {
-  bool lr = false, momentum = false, data = false, slow_factor = false;
+  bool lr = false, momentum = false, data = false, slow_factor = false,
+       slow_rank = false;
 };
 
 // The flags of dist_ssp and of a straggler (--staleness, --slow-every,
-// --slow-factor); false when `name` is none of them.
+// --slow-factor, --slow-rank); false when `name` is none of them.
 bool SetStalenessFlag(const std::string& name, const std::string& value,
                       TrainFlags* f, GivenFlags* given, absl::Status* s) {
   if (name == "staleness") {
@@ -124,6 +126,11 @@ bool SetStalenessFlag(const std::string& name, const std::string& value,
     *s = ParseFloat(name, value, 1, false, 1000, "a number in [1, 1000)", &v);
     f->slow_factor = v;
     given->slow_factor = true;
+    return true;
+  }
+  if (name == "slow-rank") {
+    *s = ParseInt(name, value, 0, "a worker rank (0 or more)", &f->slow_rank);
+    given->slow_rank = true;
     return true;
   }
   return false;
@@ -251,6 +258,10 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
     return absl::InvalidArgumentError(
         "--slow-factor: only used with --slow-every N (N > 0)");
   }
+  if (given.slow_rank && f.slow_every == 0) {
+    return absl::InvalidArgumentError(
+        "--slow-rank: only used with --slow-every N (N > 0)");
+  }
   if (!given.lr) f.lr = DefaultLearningRate(f.optimizer);
   // Measured with 2 workers: server-side momentum 0.9 diverges under dist_async
   // (stale pushes already act as momentum) and under 2-bit compression (the
@@ -281,6 +292,8 @@ std::string TrainFlagsUsage() {
       "                                    compute takes --slow-factor times\n"
       "                                    as long, by sleeping (0: off)\n"
       "  --slow-factor F                   (5; with --slow-every)\n"
+      "  --slow-rank R                     only worker rank R is slow (with\n"
+      "                                    --slow-every; default: every one)\n"
       "  --batch-size N                    per worker (128)\n"
       "  --epochs N                        (10)\n"
       "  --hidden W1,W2,...                hidden layer widths (256,128)\n"

@@ -34,6 +34,9 @@ struct TrainFlags {
   // slept). 0: off.
   int slow_every = 0;
   double slow_factor = 5;
+  // The worker rank that is slow (--slow-rank); -1: every worker given
+  // --slow-every (launch.py gives every worker the same flags).
+  int slow_rank = -1;
   int batch_size = 128;  // per worker
   int epochs = 10;
   std::string gc_type = "none";  // none | 2bit
