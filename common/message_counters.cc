@@ -78,10 +78,15 @@ CollectorHandles AddTransportCollectors(MetricsRegistry* registry,
       "Connections refused for want of the job's keys.",
       &Transport::refused_connection_count);
   add("tessera_transport_unsent_dropped_total",
-      "Messages taken for sending and dropped before ZeroMQ had them: still "
+      "Messages taken for sending and dropped before they went out: still "
       "waiting to be sealed when their link was replaced, forgotten or "
-      "closed, or discarded at the job's end.",
+      "closed, or discarded at the job's end; or queued in ZeroMQ for a "
+      "sealed link's connection that its peer refused.",
       &Transport::unsent_dropped_count);
+  add("tessera_transport_redials_total",
+      "Sealed links connected again because the peer's ZAP handler refused "
+      "their connection (ZeroMQ never connects a refused socket again).",
+      &Transport::redial_count);
   handles.push_back(registry->AddCollector(
       "tessera_transport_sealed_dropped_total",
       "Sealed records and messages dropped before anything read them, by "

@@ -13,6 +13,18 @@ void SealPool::Schedule(std::function<void()> work) {
   if (workers_.size() < static_cast<size_t>(threads_) && idle_ == 0) {
     workers_.emplace_back([this] { Run(); });
   }
+  work_came_.Signal();
+}
+
+void SealPool::ScheduleAfter(absl::Duration delay, std::function<void()> work) {
+  absl::MutexLock lock(&mu_);
+  if (stopped_) return;
+  timed_.emplace(absl::Now() + delay, std::move(work));
+  // Some thread must be there to wait for it.
+  if (workers_.empty()) workers_.emplace_back([this] { Run(); });
+  // Every idle thread waits for the earliest due work: one that waits for
+  // a later one must look again.
+  work_came_.SignalAll();
 }
 
 void SealPool::Stop() {
@@ -20,6 +32,8 @@ void SealPool::Stop() {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
     queue_.clear();
+    timed_.clear();
+    work_came_.SignalAll();
   }
   for (std::thread& t : workers_) t.join();
   workers_.clear();
@@ -33,15 +47,21 @@ void SealPool::Run() {
     {
       absl::MutexLock lock(&mu_);
       ++idle_;
-      mu_.Await(absl::Condition(
-          +[](SealPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return p->stopped_ || !p->queue_.empty();
-          },
-          this));
+      while (!stopped_ && work == nullptr) {
+        if (!queue_.empty()) {
+          work = std::move(queue_.front());
+          queue_.pop_front();
+        } else if (!timed_.empty() && timed_.begin()->first <= absl::Now()) {
+          work = std::move(timed_.begin()->second);
+          timed_.erase(timed_.begin());
+        } else {
+          work_came_.WaitWithDeadline(&mu_, timed_.empty()
+                                                ? absl::InfiniteFuture()
+                                                : timed_.begin()->first);
+        }
+      }
       --idle_;
       if (stopped_) return;
-      work = std::move(queue_.front());
-      queue_.pop_front();
     }
     work();
   }

@@ -6,6 +6,7 @@
 //
 //   SealPool pool(4);
 //   pool.Schedule([link] { ... seal what waits on `link` ... });
+//   pool.ScheduleAfter(absl::Milliseconds(200), [link] { ... });
 //   pool.Stop();   // drops what waits, joins the threads
 //
 // Thread-safety: Schedule from any thread (ZeroMQ's I/O thread included);
@@ -15,11 +16,13 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace tessera::zmq_internal {
 
@@ -31,6 +34,9 @@ class SealPool {
 
   // Runs `work` on a pool thread; dropped once the pool has stopped.
   void Schedule(std::function<void()> work);
+  // Runs `work` on a pool thread once `delay` has passed (a link's new
+  // connection after a refusal); dropped once the pool has stopped.
+  void ScheduleAfter(absl::Duration delay, std::function<void()> work);
 
   // Drops the work that waits and joins the threads. Idempotent.
   void Stop();
@@ -40,7 +46,10 @@ class SealPool {
 
   const int threads_;
   absl::Mutex mu_;
+  absl::CondVar work_came_;  // queue_ or timed_ grew, or the pool stopped
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  // Work for later, by when it is due.
+  std::multimap<absl::Time, std::function<void()>> timed_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> workers_;  // added under mu_, joined in Stop

@@ -99,10 +99,18 @@ class Transport {
   virtual uint64_t wrong_sender_count() const { return 0; }
   virtual uint64_t refused_connection_count() const { return 0; }
   // Messages Send took (it returned OK) that the transport then dropped
-  // before handing them to ZeroMQ: still waiting to be sealed when their
-  // link was replaced, forgotten or closed, or discarded (DiscardUnsent).
-  // What ZeroMQ drops of its own queue after the linger is not known here.
+  // before they went out: still waiting to be sealed when their link was
+  // replaced, forgotten or closed, or discarded (DiscardUnsent); or queued
+  // in ZeroMQ for a sealed link's connection that the peer refused before
+  // they went out (see redial_count). What ZeroMQ drops of its own queue
+  // after the linger is not known here.
   virtual uint64_t unsent_dropped_count() const { return 0; }
+  // Sealed links connected again because the peer's ZAP handler refused
+  // their connection (its table did not name this node yet, or it refused
+  // under load): ZeroMQ never connects a refused socket again, so the link
+  // gets a new socket, 100 ms after the refused one was made, doubling up
+  // to 1 s while refusals come quickly.
+  virtual uint64_t redial_count() const { return 0; }
 
   // Sealed links (secured jobs; docs/security.md). The node key this
   // transport seals with (32 bytes, empty when it does not seal) and the
@@ -151,6 +159,10 @@ struct ZmqTransportOptions {
   int64_t max_message_bytes = -1;  // ZMQ_MAXMSGSIZE per part; -1: unlimited
   // The sealed lane's port (TESSERA_SEALED_PORT; 0: any free one).
   int sealed_port = 0;
+  // How long the sealed lane holds a connection whose node key the node
+  // table does not name yet before refusing it (ZapHandler's hold); tests
+  // shorten it.
+  absl::Duration admission_hold = absl::Seconds(10);
   // Plaintext bytes per sealed record (sealed_link.h).
   size_t sealed_record_bytes = 256 << 10;
   CodecLimits limits;

@@ -15,11 +15,14 @@
 #ifndef TESSERA_COMMON_ZMQ_RECORD_SINK_H_
 #define TESSERA_COMMON_ZMQ_RECORD_SINK_H_
 
+#include <zmq.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,12 +43,22 @@ constexpr int64_t kBacklogLimit = 1 << 20;
 // Sealing resumes once the backlog is down to this.
 constexpr int64_t kBacklogResume = 512 << 10;
 
+// One per connection of a link (a socket: a refused one is replaced).
 struct Backlog {
   std::atomic<int64_t> bytes{0};
   // Work of the link waits for room: the free callback that makes room
   // hands the link to the pool.
   std::atomic<bool> waiting{false};
   std::function<void()> resume;  // set once, before any record is sent
+  // Under the link's lock (the sink's user): bytes of records ever made for
+  // this socket (those freed unsent taken off again), and how many of them
+  // ZeroMQ is known to have taken out of its queue onto the connection.
+  // A record ZeroMQ frees while the socket still has its pipe was written
+  // (a refusal ends the pipe before its records are freed), so what was
+  // freed before a send that then succeeded went out: the transport counts
+  // the messages past `confirmed` as lost when the connection is refused.
+  int64_t allocated = 0;
+  int64_t confirmed = 0;
 };
 
 // Memory for full-size records, reused: records are sealed on many threads
@@ -82,14 +95,24 @@ class ZmqRecordSink : public sealed::RecordSink {
         cache_(std::move(cache)) {}
   ~ZmqRecordSink() override;
   uint8_t* Allocate(size_t size) override;
+  // Sends the record, waiting at most the socket's send time-out for room.
+  // Unavailable when it cannot; refused() then says whether the socket has
+  // no pipe left (its connection was refused: ZeroMQ never connects it
+  // again).
   absl::Status Emit() override;
+  bool refused() const { return refused_; }
 
  private:
+  // After a send found no room: waits for room (ZeroMQ's queue full), up
+  // to the send time-out, and sends `msg`. False (with `*error`) when the
+  // time-out passed, or at once when the socket has no pipe.
+  bool WaitForRoom(zmq_msg_t* msg, std::string* error);
   void* socket_;
   std::shared_ptr<Backlog> backlog_;
   std::shared_ptr<BlockCache> cache_;
   void* block_ = nullptr;
   size_t size_ = 0;
+  bool refused_ = false;
 };
 
 }  // namespace tessera::zmq_internal

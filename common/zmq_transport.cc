@@ -46,7 +46,15 @@ ZmqTransport::ZmqTransport(const ZmqTransportOptions& options)
   zmq_ctx_set(context_, ZMQ_IPV6, 1);
   // A watched link is three sockets (the sender, its monitor's end and
   // ours): past ZeroMQ's default of 1,023 sockets at about 340 nodes.
-  if (options.watch_links) zmq_ctx_set(context_, ZMQ_MAX_SOCKETS, 1 << 16);
+  // A sealed link is three too until its first handshake's outcome is read
+  // (WatchHandshakes), all of them at start: room for 2,700 peers (the
+  // context keeps 12 bytes a socket of room; past it a link goes unwatched
+  // and a refusal is found when a record finds no pipe).
+  if (options.watch_links) {
+    zmq_ctx_set(context_, ZMQ_MAX_SOCKETS, 1 << 16);
+  } else if (Sealed()) {
+    zmq_ctx_set(context_, ZMQ_MAX_SOCKETS, 1 << 13);
+  }
   link_watch_ = std::make_unique<LinkWatch>(context_);
   if (Sealed()) SetUpSealing();
 }
@@ -70,7 +78,8 @@ absl::StatusOr<int> ZmqTransport::Bind(const std::string& ip, int port) {
     // one would take any client key.
     if (options_.security != nullptr && zap_ == nullptr) {
       TESSERA_ASSIGN_OR_RETURN(
-          zap_, ZapHandler::Start(context_, options_.security, admission_));
+          zap_, ZapHandler::Start(context_, options_.security, admission_,
+                                  options_.admission_hold));
       zap_counts_.store(zap_.get());
     }
     receiver_ = zmq_socket(context_, ZMQ_PULL);
@@ -99,67 +108,80 @@ absl::Status ZmqTransport::Connect(int peer, const std::string& ip, int port) {
   sender->unsent_dropped = unsent_dropped_;
   sender->peer = peer;
   sender->blocks = blocks_;
-  if (pool_ != nullptr) ArmBacklog(sender);
-  sender->socket = zmq_socket(context_, ZMQ_PUSH);
-  ConfigureSocket(sender->socket);
+  void* socket = zmq_socket(context_, ZMQ_PUSH);
+  ConfigureSocket(socket);
   std::string endpoint;
+  std::unique_ptr<sealed::Sealer> sealer;
+  absl::Status secured;
   if (Sealed() && peer != kSchedulerId) {
     // A worker or server: its sealed lane.
-    TESSERA_ASSIGN_OR_RETURN(endpoint, AimAtSealedLane(*sender, peer, ip));
+    absl::StatusOr<std::string> lane =
+        AimAtSealedLane(socket, peer, ip, &sealer);
+    secured = lane.status();
+    if (lane.ok()) endpoint = *std::move(lane);
   } else {
     endpoint = TcpEndpoint(ip, port);
-    if (absl::Status secured = SecureSender(sender->socket, peer);
-        !secured.ok()) {
-      sender->socket = nullptr;
-      return secured;
-    }
-    if (Sealed() && peer == kSchedulerId) {
+    secured = SecureSender(socket, peer);
+    if (secured.ok() && Sealed() && peer == kSchedulerId) {
       // Sealed once the node table brings the scheduler's node key.
-      if (std::optional<PeerLink> link = LinkTo(peer); link.has_value()) {
-        absl::MutexLock lock(&sender->mu);
-        sender->sealer = NewSealer(*link);
-      }
+      if (std::optional<PeerLink> link = LinkTo(peer); link.has_value())
+        sealer = NewSealer(*link);
     }
   }
-  const int hwm = 100000;
-  zmq_setsockopt(sender->socket, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-  const int timeout_ms =
-      static_cast<int>(absl::ToInt64Milliseconds(options_.send_timeout));
-  zmq_setsockopt(sender->socket, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
-  if (zmq_connect(sender->socket, endpoint.c_str()) != 0) {
+  if (!secured.ok()) {
+    zmq_close(socket);
+    return secured;
+  }
+  LimitSending(socket);
+  if (zmq_connect(socket, endpoint.c_str()) != 0) {
     const std::string err = ZmqError();
+    zmq_close(socket);
     return absl::UnavailableError(
         absl::StrCat("cannot connect to ", endpoint, ": ", err));
   }
-  // After the connect: a failed one leaves the link it would have
-  // replaced watched. (Connecting is asynchronous: nothing is missed.)
-  if (options_.watch_links) {
-    sender->monitor_stopped =
-        link_watch_->Watch(peer, sender->socket, endpoint);
-  }
   sender->endpoint = endpoint;
+  {
+    absl::MutexLock lock(&sender->mu);
+    sender->socket = socket;
+    if (sealer != nullptr) sender->handshakes = WatchHandshakes(socket);
+    sender->sealer = std::move(sealer);
+    sender->dialled_at = absl::Now();
+    if (pool_ != nullptr) ArmBacklog(sender, *sender->backlog);
+  }
   TESSERA_VLOG(1) << "connecting to node " << peer << " at " << endpoint;
   std::shared_ptr<Sender> old;
   {
     absl::MutexLock lock(&senders_mu_);
+    // After the connect: a failed one leaves the link it would have
+    // replaced watched. (Connecting is asynchronous: nothing is missed.)
+    // With the swap, under senders_mu_: a refused link's new socket
+    // (Redial) is watched in its place only while it is the peer's link.
+    if (options_.watch_links) {
+      std::shared_ptr<std::atomic<bool>> stopped =
+          link_watch_->Watch(peer, socket, endpoint);
+      absl::MutexLock hold(&sender->mu);
+      sender->monitor_stopped = std::move(stopped);
+    }
     old = std::exchange(senders_[peer], sender);
   }
   return absl::OkStatus();
 }
 
 void ZmqTransport::Disconnect(int peer) {
-  link_watch_->Unwatch(peer);
+  std::shared_ptr<Sender> gone;  // closed after the lock
   absl::MutexLock lock(&senders_mu_);
-  senders_.erase(peer);
+  link_watch_->Unwatch(peer);
+  if (auto it = senders_.find(peer); it != senders_.end()) {
+    gone = std::move(it->second);
+    senders_.erase(it);
+  }
 }
 
 void ZmqTransport::ForgetPeer(int peer) {
-  link_watch_->Unwatch(peer);
   if (opener_ != nullptr) opener_->RemovePeer(peer);
   if (admission_ != nullptr) admission_->RemovePeer(peer);
   if (link_keys_ != nullptr) ForgetLink(peer);
-  absl::MutexLock lock(&senders_mu_);
-  senders_.erase(peer);
+  Disconnect(peer);
 }
 
 absl::Status ZmqTransport::Send(int peer, const Message& msg) {
@@ -181,11 +203,18 @@ absl::Status ZmqTransport::Send(int peer, const Message& msg) {
     // frames' owners may take their own locks (a worker's request tracker
     // unpins an operation), and must never run under a link's.
     std::vector<sealed::SealJob> sent_jobs;
-    absl::MutexLock lock(&sender->mu);
-    absl::Status sent = sender->sealer != nullptr
-                            ? SendSealed(*sender, msg, *header_size, &sent_jobs)
-                            : SendFrames(*sender, peer, msg, *header_size);
-    if (!sent.ok()) return sent;
+    bool refused = false;
+    {
+      absl::MutexLock lock(&sender->mu);
+      absl::Status sent =
+          sender->sealer != nullptr
+              ? SendSealed(*sender, msg, *header_size, &sent_jobs)
+              : SendFrames(*sender, peer, msg, *header_size);
+      if (!sent.ok()) return sent;
+      refused = sender->refused;
+    }
+    // The message waits for the link's new connection.
+    if (refused) Redial(sender);
   }
   if (counters_ != nullptr) {
     uint64_t bytes = *header_size;
@@ -240,6 +269,7 @@ absl::Status ZmqTransport::SendFrames(Sender& sender, int peer,
 void ZmqTransport::DiscardUnsent() {
   // Released after the locks (their frames' owners may lock).
   std::vector<std::deque<sealed::SealJob>> dropped;
+  discard_unsent_.store(true);  // a refused link's new socket too
   absl::MutexLock lock(&senders_mu_);
   const int zero = 0;
   for (auto& [peer, sender] : senders_) {
@@ -277,11 +307,10 @@ void ZmqTransport::ConfigureSocket(void* socket) {
   zmq_setsockopt(socket, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
   const int ipv6 = 1;
   zmq_setsockopt(socket, ZMQ_IPV6, &ipv6, sizeof(ipv6));
-  const int reconnect_ms = 100, reconnect_max_ms = 1000;
-  zmq_setsockopt(socket, ZMQ_RECONNECT_IVL, &reconnect_ms,
-                 sizeof(reconnect_ms));
-  zmq_setsockopt(socket, ZMQ_RECONNECT_IVL_MAX, &reconnect_max_ms,
-                 sizeof(reconnect_max_ms));
+  zmq_setsockopt(socket, ZMQ_RECONNECT_IVL, &kReconnectMs,
+                 sizeof(kReconnectMs));
+  zmq_setsockopt(socket, ZMQ_RECONNECT_IVL_MAX, &kReconnectMaxMs,
+                 sizeof(kReconnectMaxMs));
 }
 
 int ZmqTransport::BoundPort(void* socket, int port) {
@@ -320,11 +349,18 @@ void ZmqTransport::SecureReceiver(void* socket) {
                  std::strlen(ZapHandler::kMainDomain));
 }
 
+void ZmqTransport::LimitSending(void* socket) {
+  const int hwm = 100000;
+  zmq_setsockopt(socket, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  const int timeout_ms =
+      static_cast<int>(absl::ToInt64Milliseconds(options_.send_timeout));
+  zmq_setsockopt(socket, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
+}
+
 absl::Status ZmqTransport::SecureSender(void* socket, int peer) {
   if (options_.security == nullptr) return absl::OkStatus();
   std::optional<Role> role = RoleOfNodeId(peer);
   if (!role.has_value()) {
-    zmq_close(socket);
     return absl::InvalidArgumentError(absl::StrCat(
         "node id ", peer, " belongs to no role; its key is unknown"));
   }

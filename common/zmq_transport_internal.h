@@ -6,7 +6,9 @@
 //   zmq_transport_receive.cc  receiving: frames and records in, and the checks
 //                             of who sent each message;
 //   zmq_transport_sealing.cc  the sealed lane: node keys, sealers, and the pump
-//                             that seals what ZeroMQ has room for.
+//                             that seals what ZeroMQ has room for;
+//   zmq_transport_redial.cc   a new connection for a sealed link whose
+//                             connection the peer's ZAP handler refused.
 // Its helpers are rooms of their own: SealPool (seal_pool.h), ZmqRecordSink
 // and BlockCache (zmq_record_sink.h), LinkWatch (link_watch.h).
 // Not for users: they call NewZmqTransport*.
@@ -75,6 +77,12 @@ inline bool ShouldLog(uint64_t n) {
   return n <= kLogDropsFirst || n % kLogDropsEvery == 0;
 }
 
+// ZeroMQ's reconnect interval for every socket (ZMQ_RECONNECT_IVL, doubling
+// up to ZMQ_RECONNECT_IVL_MAX), which a refused sealed link's new connection
+// follows too (zmq_transport_redial.cc).
+constexpr int kReconnectMs = 100;
+constexpr int kReconnectMaxMs = 1000;
+
 // Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
 struct ReceivedPart {
   zmq_msg_t msg;
@@ -108,6 +116,7 @@ class ZmqTransport : public Transport {
     const ZapHandler* zap = zap_counts_.load();
     return zap == nullptr ? 0 : zap->refused_count();
   }
+  uint64_t redial_count() const override { return redials_.load(); }
 
   std::string node_key() const override;
   int sealed_port() const override { return sealed_port_.load(); }
@@ -127,36 +136,56 @@ class ZmqTransport : public Transport {
  private:
   struct Sender {
     absl::Mutex mu;
-    void* socket = nullptr;
-    std::string endpoint;
+    // A refused sealed link gets a new one (zmq_transport_redial.cc).
+    void* socket ABSL_GUARDED_BY(mu) = nullptr;
+    std::string endpoint;  // set before the link is shared
     int peer = 0;
     // Set on a sealed link: every message goes as records.
     std::unique_ptr<sealed::Sealer> sealer ABSL_GUARDED_BY(mu);
     // Messages (the first perhaps part-sealed) waiting for room in ZeroMQ.
     std::deque<sealed::SealJob> pending ABSL_GUARDED_BY(mu);
-    std::shared_ptr<Backlog> backlog = std::make_shared<Backlog>();
+    // The socket's (a new socket has a new one).
+    std::shared_ptr<Backlog> backlog ABSL_GUARDED_BY(mu) =
+        std::make_shared<Backlog>();
     std::shared_ptr<BlockCache> blocks;  // the transport's
     // Set once the socket's monitor (a watched link) has stopped for good:
     // its reader may close then (TakeLostLinks), never before.
-    std::shared_ptr<std::atomic<bool>> monitor_stopped;
+    std::shared_ptr<std::atomic<bool>> monitor_stopped ABSL_GUARDED_BY(mu);
     // The transport's count of messages dropped unsent (Send said OK).
     std::shared_ptr<std::atomic<uint64_t>> unsent_dropped;
+    // Sealed links (zmq_transport_redial.cc): the end, in
+    // backlog->allocated, of each message handed whole to ZeroMQ on this
+    // socket and not yet known to have gone out; when the socket was made;
+    // whether its connection was refused (pending then waits for the new
+    // one), and whether the new one is on its way; the wait before it.
+    std::deque<int64_t> unconfirmed ABSL_GUARDED_BY(mu);
+    absl::Time dialled_at ABSL_GUARDED_BY(mu) = absl::Now();
+    bool refused ABSL_GUARDED_BY(mu) = false;
+    bool redialing ABSL_GUARDED_BY(mu) = false;
+    absl::Duration backoff ABSL_GUARDED_BY(mu);
+    // Until its first handshake's outcome is read (a sealed link that is
+    // not watched): the reader of the socket's monitor (WatchHandshakes).
+    void* handshakes ABSL_GUARDED_BY(mu) = nullptr;
     ~Sender() {
-      if (unsent_dropped != nullptr) {
-        absl::MutexLock hold(&mu);
-        unsent_dropped->fetch_add(pending.size());
-      }
-      if (socket == nullptr) return;
-      if (monitor_stopped != nullptr) {
-        // Before the socket goes: ZeroMQ's I/O thread sends its events
-        // blocking, so no event may be left on its way to a reader that
-        // closes. The reader's end is still open (unbounded) here.
-        zmq_socket_monitor(socket, nullptr, 0);
-        monitor_stopped->store(true);
-      }
-      zmq_close(socket);
+      absl::MutexLock hold(&mu);
+      if (unsent_dropped != nullptr) unsent_dropped->fetch_add(pending.size());
+      EndHandshakeWatch(socket, &handshakes);
+      if (socket != nullptr) CloseSocket(socket, monitor_stopped);
     }
   };
+  // Closes a sender's socket; `monitor_stopped`: the flag of its monitor
+  // (a watched link), or null.
+  static void CloseSocket(void* socket,
+                          const std::shared_ptr<std::atomic<bool>>& stopped) {
+    if (stopped != nullptr) {
+      // Before the socket goes: ZeroMQ's I/O thread sends its events
+      // blocking, so no event may be left on its way to a reader that
+      // closes. The reader's end is still open (unbounded) here.
+      zmq_socket_monitor(socket, nullptr, 0);
+      stopped->store(true);
+    }
+    zmq_close(socket);
+  }
 
   // What sealing to a peer needs.
   struct PeerLink {
@@ -186,9 +215,10 @@ class ZmqTransport : public Transport {
   // The main lane's bound on a message (TESSERA_MAX_MESSAGE_BYTES).
   void LimitMainLane(void* socket);
   // A PUSH socket to `peer` authenticates with this node's role key and, with
-  // CURVE, authenticates the peer by its role's public key. Closes the socket
-  // on error.
+  // CURVE, authenticates the peer by its role's public key.
   absl::Status SecureSender(void* socket, int peer);
+  // A sender's socket's bound on its queue and its send time-out.
+  void LimitSending(void* socket);
   absl::Status SendFrames(Sender& sender, int peer, const Message& msg,
                           size_t header_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu);
@@ -233,11 +263,15 @@ class ZmqTransport : public Transport {
   sealed::NodeKey OwnNodeKey() const;
   absl::Status BindSealedLane(const std::string& ip)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
-  // Points `sender` (a new link to the worker or server `peer` at `ip`) at
-  // the peer's sealed lane and gives it its sealer; its endpoint.
-  // FailedPrecondition (the socket closed) when the peer has no node key.
-  absl::StatusOr<std::string> AimAtSealedLane(Sender& sender, int peer,
-                                              const std::string& ip);
+  // Gives `socket` (a new link's to the worker or server `peer`) the
+  // credentials of the peer's sealed lane, and `*sealer` its sealer; the
+  // lane's endpoint at `ip` (its port from the node table).
+  // FailedPrecondition when the peer has no node key.
+  absl::StatusOr<std::string> AimAtSealedLane(
+      void* socket, int peer, const std::string& ip,
+      std::unique_ptr<sealed::Sealer>* sealer);
+  // The sealed lane's PLAIN credentials of `link`'s pair, on `socket`.
+  void SealedLaneCredentials(void* socket, const PeerLink& link);
   // The link to `peer` with its key agreements (made the first time);
   // nullopt when the node table gave it no key, or one of small order.
   std::optional<PeerLink> LinkTo(int peer);
@@ -258,9 +292,30 @@ class ZmqTransport : public Transport {
   static absl::Status Pump(Sender& sender,
                            std::vector<sealed::SealJob>* finished)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu);
-  // Gives the link's backlog the way back to it: the pool pumps it when
-  // records have gone out.
-  void ArmBacklog(const std::shared_ptr<Sender>& sender);
+  // Gives `backlog` (the link's, or its new socket's) the way back to the
+  // link: the pool pumps it when records have gone out.
+  void ArmBacklog(const std::shared_ptr<Sender>& sender, Backlog& backlog);
+  // Pumps the link on a pool thread; a refused connection is made again.
+  void PumpLater(const std::weak_ptr<Sender>& weak);
+
+  // A new connection for a refused link (zmq_transport_redial.cc).
+  // Watches the first handshake of `socket` (a sealed link's, not one that
+  // LinkWatch watches): the reader of its monitor, or null.
+  void* WatchHandshakes(void* socket);
+  // Reads what the link's handshake watch said: refused (sender.refused)
+  // or admitted; either ends the watch.
+  static void ReadHandshakes(Sender& sender)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu);
+  static void EndHandshakeWatch(void* socket, void** reader);
+  // Counts what waited in the refused connection and makes the link a new
+  // socket, now or (when refusals come quickly) after the back-off, on the
+  // pool. Nothing when the link is not refused or already redialing.
+  void Redial(const std::shared_ptr<Sender>& sender)
+      ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
+  // Makes the new socket and hands it the waiting messages, unless the
+  // link was forgotten or replaced meanwhile, or the transport closed.
+  void Dial(const std::shared_ptr<Sender>& sender)
+      ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
 
   const ZmqTransportOptions options_;
   std::unique_ptr<MessageCounters> counters_;  // null: not counted
@@ -286,6 +341,7 @@ class ZmqTransport : public Transport {
   // Watched links (options_.watch_links): what each one's monitor said.
   std::unique_ptr<LinkWatch> link_watch_;  // set in the constructor
   std::atomic<bool> closed_{false};
+  std::atomic<bool> discard_unsent_{false};  // DiscardUnsent was called
   std::atomic<uint64_t> malformed_{0};
   // caught_up_at(), as Unix ns; from construction until the first receive.
   std::atomic<int64_t> caught_up_ns_{absl::ToUnixNanos(absl::Now())};
@@ -295,6 +351,8 @@ class ZmqTransport : public Transport {
   static constexpr int64_t kCaughtUpCheckNs = 20'000'000;
   std::atomic<uint64_t> wrong_sender_{0};
   std::atomic<uint64_t> unsealed_{0};
+  std::atomic<uint64_t> refusals_seen_{0};  // by this node's links
+  std::atomic<uint64_t> redials_{0};
 
   // Sealing (Sealed() only; set in the constructor, then read-only).
   std::shared_ptr<const sealed::LinkKeys> link_keys_;
@@ -307,6 +365,7 @@ class ZmqTransport : public Transport {
   std::unique_ptr<SealPool> pool_;
   std::shared_ptr<BlockCache> blocks_;
   std::atomic<uint32_t> next_link_{1};
+  std::atomic<uint64_t> next_handshake_watch_{0};
   std::atomic<int> sealed_port_{0};
 };
 

@@ -109,25 +109,25 @@ absl::Status ZmqTransport::BindSealedLane(const std::string& ip) {
 }
 
 absl::StatusOr<std::string> ZmqTransport::AimAtSealedLane(
-    Sender& sender, int peer, const std::string& ip) {
+    void* socket, int peer, const std::string& ip,
+    std::unique_ptr<sealed::Sealer>* sealer) {
   std::optional<PeerLink> link = LinkTo(peer);
   if (!link.has_value()) {
-    zmq_close(sender.socket);
-    sender.socket = nullptr;
     return absl::FailedPreconditionError(absl::StrCat(
         "no node key for node ", peer, ": its node table entry has none"));
   }
-  std::string endpoint = TcpEndpoint(ip, link->sealed_port);
+  SealedLaneCredentials(socket, *link);
+  *sealer = NewSealer(*link);
+  return TcpEndpoint(ip, link->sealed_port);
+}
+
+void ZmqTransport::SealedLaneCredentials(void* socket, const PeerLink& link) {
   // This pair's credentials (sealed_admission.h).
   const std::string user = sealed::Admission::User(*link_keys_);
   const SecretString password = sealed::Admission::Password(
-      *link_keys_, link->secrets, link->role, link->key);
-  zmq_setsockopt(sender.socket, ZMQ_PLAIN_USERNAME, user.data(), user.size());
-  zmq_setsockopt(sender.socket, ZMQ_PLAIN_PASSWORD, password.data(),
-                 password.size());
-  absl::MutexLock lock(&sender.mu);
-  sender.sealer = NewSealer(*link);
-  return endpoint;
+      *link_keys_, link.secrets, link.role, link.key);
+  zmq_setsockopt(socket, ZMQ_PLAIN_USERNAME, user.data(), user.size());
+  zmq_setsockopt(socket, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
 }
 
 std::optional<ZmqTransport::PeerLink> ZmqTransport::LinkTo(int peer) {
@@ -263,6 +263,16 @@ absl::Status ZmqTransport::SendSealed(Sender& sender, const Message& msg,
 
 absl::Status ZmqTransport::Pump(Sender& sender,
                                 std::vector<sealed::SealJob>* finished) {
+  // A refused connection's messages wait for the new one (Redial).
+  ReadHandshakes(sender);
+  if (sender.refused) {
+    // A message part-sealed on it goes again, whole.
+    if (!sender.pending.empty()) {
+      sealed::SealJob& job = sender.pending.front();
+      job = sealed::SealJob{std::move(job.header), std::move(job.frames)};
+    }
+    return absl::OkStatus();
+  }
   ZmqRecordSink sink(sender.socket, sender.backlog, sender.blocks);
   Backlog& backlog = *sender.backlog;
   while (!sender.pending.empty()) {
@@ -275,6 +285,12 @@ absl::Status ZmqTransport::Pump(Sender& sender,
         backlog.waiting.store(false);
       }
       if (absl::Status s = sender.sealer->SealNext(job, sink); !s.ok()) {
+        if (sink.refused()) {
+          // It goes again, whole, on the new connection.
+          job = sealed::SealJob{std::move(job.header), std::move(job.frames)};
+          sender.refused = true;
+          return absl::OkStatus();
+        }
         finished->push_back(std::move(job));
         sender.pending.pop_front();
         return absl::UnavailableError(
@@ -284,24 +300,38 @@ absl::Status ZmqTransport::Pump(Sender& sender,
     }
     finished->push_back(std::move(job));
     sender.pending.pop_front();
+    // Known to have gone out: what ZeroMQ took before the last send.
+    while (!sender.unconfirmed.empty() &&
+           sender.unconfirmed.front() <= backlog.confirmed) {
+      sender.unconfirmed.pop_front();
+    }
+    sender.unconfirmed.push_back(backlog.allocated);
   }
   return absl::OkStatus();
 }
 
-void ZmqTransport::ArmBacklog(const std::shared_ptr<Sender>& sender) {
-  SealPool* pool = pool_.get();
+void ZmqTransport::ArmBacklog(const std::shared_ptr<Sender>& sender,
+                              Backlog& backlog) {
   std::weak_ptr<Sender> weak = sender;
-  sender->backlog->resume = [pool, weak] {
-    pool->Schedule([weak] {
-      std::shared_ptr<Sender> s = weak.lock();
-      if (s == nullptr) return;
+  backlog.resume = [this, weak] { PumpLater(weak); };
+}
+
+void ZmqTransport::PumpLater(const std::weak_ptr<Sender>& weak) {
+  // The pool runs nothing after the transport's Close (it stops first).
+  pool_->Schedule([this, weak] {
+    std::shared_ptr<Sender> s = weak.lock();
+    if (s == nullptr) return;
+    bool refused = false;
+    {
       std::vector<sealed::SealJob> finished;  // released after the lock
       absl::MutexLock lock(&s->mu);
       if (absl::Status pumped = Pump(*s, &finished); !pumped.ok()) {
         TESSERA_LOG(WARNING) << pumped.message();
       }
-    });
-  };
+      refused = s->refused;
+    }
+    if (refused) Redial(s);
+  });
 }
 
 }  // namespace tessera::zmq_internal

@@ -1,0 +1,156 @@
+// A sealed link whose connection the peer's ZAP handler refused connects
+// again (common/zmq_transport_redial.cc). With libzmq 4.3.4 a refusal is a
+// protocol error that ends the connecting session for good: the PUSH socket
+// keeps no pipe, and every later message waited out the send time-out, so a
+// worker whose key a server learned after its 10 s hold could never reach
+// it again. Two real transports in one process: a server with a short hold
+// (300 ms) refuses a worker it does not know yet; once the server's table
+// names the worker, the worker's next message arrives on a new connection,
+// and the one that waited in the refused connection is counted as dropped.
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "common/curve_keys.h"
+#include "common/message.h"
+#include "common/transport.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+constexpr int kServer = 8;
+constexpr int kWorker = 9;
+
+std::unique_ptr<Transport> Make(const JobKeySet& job, Role role) {
+  auto security = std::make_shared<ConnectionSecurity>();
+  security->keys = *ParseKeyFile(FormatKeyFile(job, role), "test");
+  ZmqTransportOptions options;
+  options.security = security;
+  options.admission_hold = absl::Milliseconds(300);
+  // Bounds what a send waits for room (before the fix: for a pipe the
+  // refusal took, which never comes back).
+  options.send_timeout = absl::Seconds(2);
+  options.linger = absl::ZeroDuration();
+  return NewZmqTransport(options);
+}
+
+Message Push(uint64_t request) {
+  Message m;
+  m.header.set_command(wire::KV_PUSH);
+  m.header.set_plane(wire::DATA);
+  m.header.set_sender(kWorker);
+  m.header.set_recipient(kServer);
+  m.header.set_request_id(request);
+  const float values[4] = {1, 2, 3, 4};
+  AddFloatFrame(&m, Buffer::CopyOf(values, sizeof(values)));
+  return m;
+}
+
+class SealedRedialTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = Make(job_, Role::kServer);
+    worker_ = Make(job_, Role::kWorker);
+    absl::StatusOr<int> port = server_->Bind("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status();
+    port_ = *port;
+    ASSERT_TRUE(worker_->Bind("127.0.0.1", 0).ok());
+    // The worker's table names the server; the server's does not name the
+    // worker yet.
+    worker_->SetPeerIdentity(
+        kServer, {Role::kServer, server_->node_key(), server_->sealed_port()});
+  }
+  void TearDown() override {
+    worker_->Close();
+    server_->Close();
+  }
+  void KnowWorker() {
+    server_->SetPeerIdentity(
+        kWorker, {Role::kWorker, worker_->node_key(), worker_->sealed_port()});
+  }
+  // Waits (at most 5 s) for the server to have refused `n` connections,
+  // and the refusal to reach the worker (the server counts it before its
+  // answer goes): a message sent before that waits in the connection that
+  // is being refused, and is lost with it.
+  bool RefusedAtLeast(uint64_t n) {
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    while (server_->refused_connection_count() < n && absl::Now() < until)
+      absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(absl::Milliseconds(200));
+    return server_->refused_connection_count() >= n;
+  }
+  // The request ids of the messages the server takes within `wait`.
+  std::vector<uint64_t> Received(absl::Duration wait) {
+    std::vector<uint64_t> got;
+    const absl::Time until = absl::Now() + wait;
+    while (absl::Now() < until) {
+      absl::StatusOr<Message> m = server_->Receive(until - absl::Now());
+      if (m.ok()) got.push_back(m->header.request_id());
+    }
+    return got;
+  }
+
+  const JobKeySet job_ = GenerateJobKeys().value();
+  std::unique_ptr<Transport> server_;
+  std::unique_ptr<Transport> worker_;
+  int port_ = 0;
+};
+
+// The first connection is held 300 ms and refused (the worker's key is not
+// in the server's table); push 1 waited in it. Then the table names the
+// worker, and push 2 arrives within 5 s: the link connected again by itself.
+// Push 1 did not go out, and is counted as dropped. (Before: push 2 waited
+// out the send time-out, Unavailable, and nothing ever arrived.)
+TEST_F(SealedRedialTest, ARefusedLinkConnectsAgainOnceItsKeyIsKnown) {
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ASSERT_TRUE(worker_->Send(kServer, Push(1)).ok());
+  ASSERT_TRUE(RefusedAtLeast(1));
+  KnowWorker();
+  const absl::Time sent = absl::Now();
+  EXPECT_TRUE(worker_->Send(kServer, Push(2)).ok());
+  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(5));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->header.request_id(), 2u);
+  EXPECT_EQ(m->header.sender(), kWorker);
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(5));
+  EXPECT_EQ(worker_->unsent_dropped_count(), 1u);  // push 1
+  EXPECT_EQ(worker_->redial_count(), 1u);
+  EXPECT_EQ(server_->refused_connection_count(), 1u);
+  // The new connection carries what follows, in order.
+  for (uint64_t r = 3; r <= 5; ++r)
+    ASSERT_TRUE(worker_->Send(kServer, Push(r)).ok());
+  EXPECT_EQ(Received(absl::Milliseconds(500)),
+            (std::vector<uint64_t>{3, 4, 5}));
+}
+
+// Refused again and again (the table does not name the worker yet): each
+// push finds the connection before it refused and goes on a new one, which
+// waits out its hold and is refused too; each push is counted as dropped,
+// and no send waits out the send time-out. Once the worker is known, the
+// next push arrives.
+TEST_F(SealedRedialTest, ALinkRefusedSeveralTimesStillComesThrough) {
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  for (uint64_t r = 1; r <= 3; ++r) {
+    if (r > 1) {
+      ASSERT_TRUE(RefusedAtLeast(r - 1));
+    }
+    const absl::Time start = absl::Now();
+    EXPECT_TRUE(worker_->Send(kServer, Push(r)).ok());
+    // A send finds the link refused and makes a new one at once: it does
+    // not wait for room that will not come.
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  }
+  ASSERT_TRUE(RefusedAtLeast(3));
+  KnowWorker();
+  EXPECT_TRUE(worker_->Send(kServer, Push(4)).ok());
+  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(5));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->header.request_id(), 4u);
+  EXPECT_EQ(worker_->unsent_dropped_count(), 3u);
+  EXPECT_EQ(worker_->redial_count(), 3u);
+}
+
+}  // namespace
+}  // namespace tessera
