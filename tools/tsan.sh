@@ -184,7 +184,7 @@ tsan_programs=(
   node_test liveness_test kv_server_test replication_test catch_up_test request_tracker_test
   kv_client_test
   c_api_test
-  pulled_copy_test curve_keys_test sealed_link_test sealed_admission_test message_test
+  pulled_copy_test curve_keys_test sealed_link_test sealed_admission_test sealed_redial_test message_test
   buffer_test
   metrics_registry_test trace_recorder_test round_watch_test model_batch_loader_test
   # real daemons and workers
