@@ -163,6 +163,11 @@ struct ZmqTransportOptions {
   // table does not name yet before refusing it (ZapHandler's hold); tests
   // shorten it.
   absl::Duration admission_hold = absl::Seconds(10);
+  // How many of those held connections one source address may have (the
+  // rest of ZapHoldQueue::Limits: at most 4,096 in all). A host's processes
+  // all come from its address, so a node of a job sets it to the job's
+  // process count (NewZmqTransportForNode); never below 64.
+  size_t admission_holds_per_address = 64;
   // Plaintext bytes per sealed record (sealed_link.h).
   size_t sealed_record_bytes = 256 << 10;
   CodecLimits limits;

@@ -8,7 +8,8 @@
 // (`max_per_address`, the address the ZAP request names), so that whoever
 // can reach the port cannot take the slots of the peers that come late
 // (joins, restarts). A request from an address holding `max_per_address`
-// already is refused. When all `max_held` are taken, a request takes the
+// already is refused. A job's nodes set it to the job's process count (a
+// host's processes share its address: zmq_transport.cc), at least 64. When all `max_held` are taken, a request takes the
 // slot of the newest request of the address holding the most, if that
 // address holds more than the newcomer's; else the newcomer is refused. So
 // a flood from a few addresses loses its own newest slots, and a filled

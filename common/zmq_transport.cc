@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -78,8 +79,12 @@ absl::StatusOr<int> ZmqTransport::Bind(const std::string& ip, int port) {
     // one would take any client key.
     if (options_.security != nullptr && zap_ == nullptr) {
       TESSERA_ASSIGN_OR_RETURN(
-          zap_, ZapHandler::Start(context_, options_.security, admission_,
-                                  options_.admission_hold));
+          zap_,
+          ZapHandler::Start(
+              context_, options_.security, admission_, options_.admission_hold,
+              ZapHoldQueue::Limits{
+                  .max_per_address = std::max<size_t>(
+                      64, options_.admission_holds_per_address)}));
       zap_counts_.store(zap_.get());
     }
     receiver_ = zmq_socket(context_, ZMQ_PULL);
@@ -436,6 +441,13 @@ absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
                            LoadConnectionSecurity(node_options));
   options.metrics = &MetricsRegistry::Global();
   options.watch_links = node_options.role == Role::kScheduler;
+  // Every process of the job may be on one host (a local job: all from
+  // 127.0.0.1), and each connects once to this node's sealed lane, perhaps
+  // before the table names it: a 256-worker local job's connections were
+  // refused at 64 from one address. The scheduler, spares and restarts: 8.
+  options.admission_holds_per_address =
+      static_cast<size_t>(std::max(0, node_options.num_workers) +
+                          std::max(0, node_options.num_servers) + 8);
   return NewZmqTransport(options);
 }
 

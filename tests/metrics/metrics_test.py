@@ -298,8 +298,12 @@ class LiveJobTest(unittest.TestCase):
         self.assertEqual(sched.value('tessera_scheduler_barriers_released_total'), 5)
         heartbeats = sched.value('tessera_scheduler_heartbeats_received_total')
         self.assertGreater(heartbeats, 0)
-        self.assertEqual(sched.value('tessera_messages_received_total', command='HEARTBEAT'),
-                         heartbeats)
+        # One scrape reads its collectors one after another while the job's four nodes
+        # heart-beat (one a second each), and the transport counts a heartbeat before the
+        # scheduler's thread handles it: the two counts may differ by the few that came in
+        # between (CI at 959e770 under TSan: 27 received, 28 handled).
+        received = sched.value('tessera_messages_received_total', command='HEARTBEAT')
+        self.assertLessEqual(abs(received - heartbeats), 4, (received, heartbeats))
         self.assertLess(sched.value('tessera_scheduler_oldest_heartbeat_age_seconds'), 5)
 
 
