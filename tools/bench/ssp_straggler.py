@@ -13,6 +13,7 @@ against dist_sync's with the same straggler (the same-run baseline).
 
     tools/bench/ssp_straggler.py --build /abs/build [--runs 3] [--epochs 3]
         [--workers 4] [--staleness 3] [--security default|none] [--only NAME,...]
+        [--hidden W1,W2,...]   # wider layers: a step where compute dominates
 
 Security is the launcher's default (sealed links) unless --security none
 (TESSERA_INSECURE=1); the output says which.
@@ -53,7 +54,8 @@ def one_run(args, flags, folder):
     worker = os.path.join(args.build, 'worker', 'tessera-worker')
     cmd = [sys.executable, os.path.join(SOURCE, 'tools', 'launch.py'), '-n',
            str(args.workers), '-s', '1', '--launcher', 'local', worker] + QUICK_START + \
-        ['--epochs', str(args.epochs), '--metrics-out', metrics] + flags
+        ['--epochs', str(args.epochs), '--metrics-out', metrics] + \
+        (['--hidden', args.hidden] if args.hidden else []) + flags
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=args.timeout)
@@ -77,6 +79,7 @@ def main():
     p.add_argument('--security', choices=['default', 'none'], default='default')
     p.add_argument('--only', default='', help='comma-separated configuration names')
     p.add_argument('--timeout', type=float, default=1800)
+    p.add_argument('--hidden', default='', help="tessera-worker's --hidden (its default: 256,128)")
     args = p.parse_args()
     if args.runs < 1 or args.epochs < 1 or args.workers < 2 or args.staleness < 0:
         p.error('--runs and --epochs >= 1, --workers >= 2, --staleness >= 0')
@@ -88,8 +91,8 @@ def main():
             p.error('--only: unknown %s; expected some of %s' % (
                 ','.join(unknown), ','.join(c[0] for c in configs)))
         configs = [c for c in configs if c[0] in names]
-    print('ssp_straggler: %d workers, 1 server, %d epochs, security %s, %d cores' % (
-        args.workers, args.epochs,
+    print('ssp_straggler: %d workers, 1 server, %d epochs, hidden %s, security %s, %d cores' % (
+        args.workers, args.epochs, args.hidden or '256,128',
         'off (TESSERA_INSECURE=1)' if args.security == 'none' else 'on (sealed links)',
         os.cpu_count()))
     results = {name: [] for name, _ in configs}
