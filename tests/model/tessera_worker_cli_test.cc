@@ -7,9 +7,9 @@
 #include <string>
 
 #include "common/gpu/device.h"
-#include "worker/trainer/blas_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/trainer/blas_core.h"
 
 namespace tessera {
 namespace {
@@ -51,9 +51,9 @@ TEST(BlasKernelsTest, AFallbackCoreIsReplacedAndSaidInOneLine) {
   const CpuFeatures cpu = DetectCpuFeatures();
   if (!cpu.avx2_fma) GTEST_SKIP() << "no AVX2: no better kernels to choose";
   const std::string better = cpu.avx512 ? "SkylakeX" : "Haswell";
-  const Result r = RunWorker(
-      "TESSERA_BLAS_AUTO=1 TESSERA_TEST_BLAS_CORENAME=Prescott " + kWorker +
-      " --data /nonexistent/fmnist --device cpu");
+  const Result r =
+      RunWorker("TESSERA_BLAS_AUTO=1 TESSERA_TEST_BLAS_CORENAME=Prescott " +
+                kWorker + " --data /nonexistent/fmnist --device cpu");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output,
               StartsWith("tessera-worker: OpenBLAS chose its 'Prescott' "

@@ -72,9 +72,9 @@ absl::Span<const float> PulledValue::span() const {
 
 absl::Status PulledValue::CopyTo(absl::Span<float> out) const {
   if (out.size() != size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("copy of a pulled value of ", size(), " values into ",
-                     out.size(), " values"));
+    return absl::InvalidArgumentError(absl::StrCat("copy of a pulled value of ",
+                                                   size(), " values into ",
+                                                   out.size(), " values"));
   }
   for (size_t i = 0; i < num_parts(); ++i) {
     absl::Span<const float> p = part(i);
