@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/message_counters.h"
 #include "common/net_util.h"
+#include "common/process_info.h"
 #include "common/status_macros.h"
 #include "common/trace.h"
 
@@ -172,6 +173,8 @@ Message Node::RegisterMessage() const {
   info->set_node_key(transport_->node_key());
   info->set_sealed_port(transport_->sealed_port());
   if (metrics_http_ != nullptr) info->set_metrics_port(metrics_http_->port());
+  if (options_.role == Role::kWorker && options_.local_group)
+    info->set_local_key(SharedMemoryPlace());
   char hostname[256] = {0};
   gethostname(hostname, sizeof(hostname) - 1);
   reg.header.mutable_register_()->set_hostname(hostname);

@@ -150,6 +150,18 @@ class Node {
   // Replicated jobs: per server rank, its state in the node table
   // (common/replica_chain.h).
   std::vector<ServerState> server_states() const;
+  // Host-local aggregation (docs/local_groups.md): this worker's place in its
+  // host's group as the node table gives it (size 0: in no group), and, for
+  // a server, every worker rank's group mates (by rank, itself included;
+  // empty for a worker in no group).
+  struct LocalPlace {
+    uint32_t group = 0;
+    uint32_t rank = 0;
+    uint32_t size = 0;
+    uint64_t nonce = 0;  // the job's (NodeTable.local_group_nonce)
+  };
+  LocalPlace local_place() const;
+  std::vector<std::vector<int>> local_groups() const;
   // A replacement server: whether it is still catching up (its own entry).
   bool catching_up() const;
   // A replacement server holds every slice of its chains: tells the
@@ -353,6 +365,7 @@ class Node {
   mutable absl::Mutex mu_;
   bool have_table_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int, wire::NodeInfo> nodes_ ABSL_GUARDED_BY(mu_);
+  uint64_t local_group_nonce_ ABSL_GUARDED_BY(mu_) = 0;
   struct Waiter {
     bool done = false;
     absl::Status status;

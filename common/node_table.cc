@@ -42,6 +42,7 @@ bool Node::WantsLink(int peer_id) const {
 bool Node::AdoptFirstTable(const wire::NodeTable& table) {
   absl::MutexLock lock(&mu_);
   if (have_table_) return false;
+  local_group_nonce_ = table.local_group_nonce();
   int my_id = 0, my_rank = -1;
   for (const wire::NodeInfo& n : table.nodes()) {
     nodes_[n.id()] = n;
@@ -369,6 +370,36 @@ void Node::ReportHandback(uint64_t epoch) {
   msg.header.set_request_id(next_request_.fetch_add(1));
   msg.header.set_handback_epoch(epoch);
   (void)SendControl(std::move(msg));
+}
+
+Node::LocalPlace Node::local_place() const {
+  LocalPlace place;
+  absl::MutexLock lock(&mu_);
+  auto self = nodes_.find(id_);
+  if (self == nodes_.end() || self->second.local_size() < 2) return place;
+  place.group = self->second.local_group();
+  place.rank = self->second.local_rank();
+  place.size = self->second.local_size();
+  place.nonce = local_group_nonce_;
+  return place;
+}
+
+std::vector<std::vector<int>> Node::local_groups() const {
+  std::vector<std::vector<int>> mates(options_.num_workers);
+  std::map<uint32_t, std::vector<int>> by_group;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, n] : nodes_) {
+    if (n.role() != wire::WORKER || n.local_group() == 0 || n.rank() < 0 ||
+        n.rank() >= options_.num_workers) {
+      continue;
+    }
+    by_group[n.local_group()].push_back(n.rank());
+  }
+  for (auto& [group, ranks] : by_group) {
+    std::sort(ranks.begin(), ranks.end());
+    for (int r : ranks) mates[r] = ranks;
+  }
+  return mates;
 }
 
 }  // namespace tessera

@@ -313,6 +313,9 @@ absl::Status ParseDelivery(const EnvLookup& env, Options& o) {
         "of one that has none)");
   }
   TESSERA_RETURN_IF_ERROR(ParseElastic(env, o));
+  TESSERA_ASSIGN_OR_RETURN(
+      flag, ReadInt(env, "TESSERA_LOCAL_GROUP", 0, 1, 0, "0 or 1"));
+  o.local_group = flag == 1;
   TESSERA_ASSIGN_OR_RETURN(flag, ReadInt(env, "PS_RESEND", 0, 1, 1, "0 or 1"));
   o.resend = flag == 1;
   int64_t ms = 0;

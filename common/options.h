@@ -111,6 +111,11 @@ struct Options {
   int elastic_min = 0;
   int elastic_max = 0;
   bool elastic() const { return elastic_min > 0; }
+  // TESSERA_LOCAL_GROUP=1 (workers): sum the gradients of the workers on this
+  // host in shared memory and push each key once per host (docs/
+  // local_groups.md). 0 (the default): every worker pushes for itself. The
+  // scheduler groups only jobs that are neither elastic nor replicated.
+  bool local_group = false;
 
   // Acknowledged delivery (worker requests). PS_RESEND: 1 (default) keeps each
   // request until its reply and sends it again when no reply came within

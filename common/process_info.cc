@@ -1,10 +1,11 @@
 #include "common/process_info.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
-
-#include <unistd.h>
 
 namespace tessera {
 namespace {
@@ -64,6 +65,22 @@ double ProcessStartTimeSeconds() {
   const long hz = sysconf(_SC_CLK_TCK);
   if (hz <= 0) return 0;
   return static_cast<double>(boot) + static_cast<double>(ticks) / hz;
+}
+
+std::string SharedMemoryPlace() {
+  char boot[64] = {0};
+  FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f == nullptr) return "";
+  const bool read = std::fgets(boot, sizeof(boot), f) != nullptr;
+  std::fclose(f);
+  if (!read) return "";
+  std::string id(boot);
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  struct stat shm;
+  if (id.empty() || stat("/dev/shm", &shm) != 0) return "";
+  return id + "/" +
+         std::to_string(static_cast<unsigned long long>(shm.st_dev)) + ":" +
+         std::to_string(static_cast<unsigned long long>(shm.st_ino));
 }
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #define TESSERA_COMMON_PROCESS_INFO_H_
 
 #include <cstdint>
+#include <string>
 
 namespace tessera {
 
@@ -17,6 +18,13 @@ uint64_t PeakResidentBytes();
 // /proc/self/stat after the boot time of /proc/stat); 0 where /proc cannot be
 // read.
 double ProcessStartTimeSeconds();
+
+// Where this process can share memory with others (host-local aggregation,
+// docs/local_groups.md): the kernel's boot id and the device and inode of
+// /dev/shm, "boot-id/dev:inode". Two processes with the same advertised host
+// and the same key see the same POSIX shared memory. Empty when either
+// cannot be read.
+std::string SharedMemoryPlace();
 
 }  // namespace tessera
 

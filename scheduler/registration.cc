@@ -15,6 +15,7 @@
 #include "common/curve_keys.h"
 #include "common/logging.h"
 #include "common/sealed_link.h"
+#include "scheduler/local_groups.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_internal.h"
 
@@ -152,6 +153,10 @@ void Scheduler::HandleRegister(const Message& msg) {
   if (!NewToTheJob(info, key, reg.nonce())) return;
   Registration r;
   r.info = info;
+  // The scheduler places workers in local groups (FormLocalGroups).
+  r.info.clear_local_group();
+  r.info.clear_local_rank();
+  r.info.clear_local_size();
   r.key = key;
   r.provisional_id =
       reg.spare()
@@ -585,6 +590,7 @@ void Scheduler::FormJob() {
     if (!r.key.empty()) keys[{r.info.host(), r.info.port()}] = r.key;
   }
   infos = AssignIds(std::move(infos));
+  FormLocalGroups(options_, &infos);
   // TESSERA_MAX_SERVERS: ranks that wait for a server.
   const std::vector<int> waiting_ranks = SpreadServersOverRanks(
       options_.num_servers, options_.servers_at_start(), &infos);

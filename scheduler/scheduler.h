@@ -39,6 +39,7 @@
 #include "common/options.h"
 #include "common/transport.h"
 #include "scheduler/barriers.h"
+#include "scheduler/local_groups.h"
 #include "scheduler/notices.h"
 
 namespace tessera {
@@ -289,6 +290,8 @@ class Scheduler {
   // (a hand-back with `leave`, after any replacement's).
   std::map<int, wire::Header> leaving_;
   uint64_t handback_epochs_ = 0;
+  // Names the local groups' shared memory (NodeTable.local_group_nonce).
+  const uint64_t local_group_nonce_ = LocalGroupNonce();
   // Elastic jobs: workers joined so far (NodeInfo.joined of the next is one
   // more), and the servers each joiner's table still waits for.
   uint32_t worker_joins_ = 0;

@@ -34,25 +34,39 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     return absl::OkStatus();
   }
 
+  bool TakesGroupPushes() const override { return true; }
+
   absl::StatusOr<Pushed> Push(const Message& msg,
                               const ServerSettings& settings,
                               EngineContext& ctx) override {
     TESSERA_RETURN_IF_ERROR(CheckPayload(msg, settings));
-    const bool two_bit =
-        msg.header.frames(0).encoding() == wire::DataFrame::TWO_BIT;
+    const wire::DataFrame::Encoding encoding = msg.header.frames(0).encoding();
+    const bool two_bit = encoding == wire::DataFrame::TWO_BIT;
+    const bool counts = encoding == wire::DataFrame::COUNTS8;
     if (key_.sync) {
       const int rank = RankOfId(msg.header.sender());
       absl::Status added =
-          two_bit ? round_.AddTwoBit(rank, msg.data[0], settings.threshold,
-                                     msg.header)
-                  : round_.AddFloats(rank, msg.data[0], msg.header);
+          two_bit  ? round_.AddTwoBit(rank, msg.data[0], settings.threshold,
+                                      msg.header)
+          : counts ? round_.AddCounts(rank, msg.data[0], settings.threshold,
+                                      msg.header)
+                   : round_.AddFloats(rank, msg.data[0], msg.header);
       if (absl::IsDataLoss(added)) ctx.CountMalformed();
       TESSERA_RETURN_IF_ERROR(added);
+      // A local group's push holds its mates' pushes of the round.
+      for (int mate : msg.header.group_ranks()) round_.Cover(mate);
       return round_.complete() ? Pushed::kRoundComplete : Pushed::kAdded;
     }
     // dist_async: the gradient as float32 (a 2-bit one decoded), applied.
     Buffer grad = msg.data[0];
-    if (two_bit) {
+    if (counts) {
+      grad = Buffer::Allocate(key_.length * sizeof(float));
+      const int8_t* c = reinterpret_cast<const int8_t*>(msg.data[0].data());
+      float* out = grad.mutable_floats();
+      for (uint64_t i = 0; i < key_.length; ++i)
+        out[i] =
+            static_cast<float>(static_cast<double>(c[i]) * settings.threshold);
+    } else if (two_bit) {
       grad = Buffer::Allocate(key_.length * sizeof(float));
       absl::Status s = compression::TwoBitDequantize(
           msg.data[0].data(), msg.data[0].size(), key_.length,
@@ -194,6 +208,8 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
                        " values; the key has ", key_.length, " here"));
     }
     if (desc.encoding() == wire::DataFrame::FLOAT32) return absl::OkStatus();
+    if (desc.encoding() == wire::DataFrame::COUNTS8)
+      return CheckCounts(msg, settings);
     if (desc.encoding() != wire::DataFrame::TWO_BIT) {
       return absl::InvalidArgumentError(
           "push payload must be float32 or 2-bit");
@@ -201,6 +217,37 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     if (settings.compression != "2bit") {
       return absl::InvalidArgumentError(
           "2-bit payload but gradient compression is not set on this server");
+    }
+    return absl::OkStatus();
+  }
+
+  // A local group's 2-bit push (docs/local_groups.md): one int8 count a
+  // value, each within the group's size, of the server's threshold.
+  absl::Status CheckCounts(const Message& msg,
+                           const ServerSettings& settings) const {
+    const int members = msg.header.group_ranks_size() + 1;
+    if (members < 2 || settings.compression != "2bit") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push of key ", key_.key,
+          ": counts of 2-bit codes come only in a local group's push with "
+          "2-bit compression set (",
+          members - 1, " group mate(s) named, compression ",
+          settings.compression, ")"));
+    }
+    if (msg.data[0].size() != key_.length ||
+        msg.header.frames(0).threshold() != settings.threshold) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push of key ", key_.key, ": ", msg.data[0].size(),
+          " counts of threshold ", msg.header.frames(0).threshold(),
+          "; expected ", key_.length, " of ", settings.threshold));
+    }
+    const int8_t* c = reinterpret_cast<const int8_t*>(msg.data[0].data());
+    for (uint64_t i = 0; i < key_.length; ++i) {
+      if (c[i] > members || c[i] < -members) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "push of key ", key_.key, ": count ", c[i], " at value ", i,
+            " from a group of ", members, " (at most ", members, " each way)"));
+      }
     }
     return absl::OkStatus();
   }

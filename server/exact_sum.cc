@@ -349,6 +349,33 @@ void ExactSum::AddRange(uint64_t begin, uint64_t end, const float* v) {
   }
 }
 
+void ExactSum::AddCounts(const int8_t* in, float threshold) {
+  if (mode_ == Mode::kEmpty) StartCounts(threshold);
+  if (mode_ == Mode::kCounts && threshold == count_threshold_) {
+    int32_t* c = counts_.data();
+    for (uint64_t i = 0; i < length_; ++i) c[i] += in[i];
+    return;
+  }
+  if (mode_ == Mode::kCounts) CountsToDoubles();
+  // Another threshold (not seen in one round of a job): each count added as
+  // that many +-threshold floats, a block and one unit of |count| at a time.
+  float decoded[kBlock];
+  for (uint64_t at = 0; at < length_; at += kBlock) {
+    const uint64_t n = std::min<uint64_t>(kBlock, length_ - at);
+    for (int unit = 1; unit <= 128; ++unit) {
+      bool any = false;
+      for (uint64_t j = 0; j < n; ++j) {
+        const int c = in[at + j];
+        const int size = c < 0 ? -c : c;
+        decoded[j] = size >= unit ? (c < 0 ? -threshold : threshold) : 0.0f;
+        any = any || size >= unit;
+      }
+      if (!any) break;
+      AddAt(at, decoded, n);
+    }
+  }
+}
+
 absl::Status ExactSum::AddTwoBit(const uint8_t* in, size_t in_bytes,
                                  float threshold) {
   TESSERA_RETURN_IF_ERROR(

@@ -82,6 +82,10 @@ class ExactSum {
   // code 0b01, a padding bit set) or InvalidArgument (threshold) and nothing
   // added.
   absl::Status AddTwoBit(const uint8_t* in, size_t in_bytes, float threshold);
+  // Adds length counts of `threshold`s (a local group's sum of 2-bit codes,
+  // docs/local_groups.md): value i is in[i] x threshold, exactly. REQUIRES:
+  // threshold > 0, finite.
+  void AddCounts(const int8_t* in, float threshold);
 
   // The sums, correctly rounded to float32, written over the accumulator's
   // own memory: valid until the next Add or Release. A new, empty sum starts

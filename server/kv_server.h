@@ -156,6 +156,14 @@ class KVServer : private EngineContext {
   // goodbye (KV_FINISH) takes it out of the rounds, so that the others'
   // rounds go on without it while they train longer than it did.
   void set_elastic(int nominal);
+  // Host-local aggregation (docs/local_groups.md), before the first Handle:
+  // per worker rank, the ranks of its local group (itself included, in rank
+  // order; empty: in no group), as the node table gives them. A push naming
+  // group mates (group_ranks) is taken only from a worker in a group and
+  // only when it names exactly its group's other members.
+  void set_local_groups(std::vector<std::vector<int>> mates) {
+    local_groups_ = std::move(mates);
+  }
   // A replacement server (its own entry catching_up): asks every live server
   // for the slices of its chains (KV_TRANSFER) every PS_RESEND_TIMEOUT until
   // each has sent all it counted, then calls `caught_up` once. `states`
@@ -365,6 +373,10 @@ class KVServer : private EngineContext {
   // InvalidArgument for an init whose staleness does not fit (a dist_sync
   // key, a bound past kMaxStaleness).
   absl::Status CheckStalenessInit(const wire::Header& init) const;
+  // A push naming group mates (group_ranks): InvalidArgument unless its
+  // sender's local group is exactly those ranks and itself, and `key` takes
+  // group pushes (dense, not dist_ssp).
+  absl::Status CheckGroupPush(const StoredKey& key, const Message& msg) const;
   // A new slice's gate, when its init asks for one.
   void MakeBoundedStaleness(StoredKey* key, const wire::KVOptions& options);
   // Whether `msg` of dist_ssp slice `key` (a pull made after `clock` pushes
@@ -419,6 +431,8 @@ class KVServer : private EngineContext {
                   absl::Time update_end, int last_rank);
 
   const int num_workers_;
+  // set_local_groups: read-only once messages are handled.
+  std::vector<std::vector<int>> local_groups_;
   const SendFn send_;
   const WaitingLimits limits_;
   std::vector<std::unique_ptr<Shard>> shards_;

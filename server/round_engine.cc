@@ -66,6 +66,28 @@ absl::Status SyncRound::AddTwoBit(int rank, const Buffer& packed,
   return absl::OkStatus();
 }
 
+absl::Status SyncRound::AddCounts(int rank, const Buffer& counts,
+                                  float threshold,
+                                  const wire::Header& request) {
+  if (counts.size() != length_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push of ", counts.size(), " counts for ", length_, " values"));
+  }
+  const int8_t* in = reinterpret_cast<const int8_t*>(counts.data());
+  if (mode_ == Mode::kArrival) {
+    if (arrival_.empty()) arrival_ = Buffer::Allocate(length_ * sizeof(float));
+    float* out = arrival_.mutable_floats();
+    if (count_ == 0) std::memset(out, 0, length_ * sizeof(float));
+    for (uint64_t i = 0; i < length_; ++i)
+      out[i] += static_cast<float>(static_cast<double>(in[i]) * threshold);
+  } else {
+    if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(length_);
+    sum_->AddCounts(in, threshold);
+  }
+  Contribute(rank, request);
+  return absl::OkStatus();
+}
+
 void SyncRound::ReplaceRequest(int sender, const wire::Header& request) {
   for (wire::Header& h : requests_) {
     if (h.sender() == sender) h = request;

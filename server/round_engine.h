@@ -224,6 +224,19 @@ class SyncRound {
   // life, or a resent copy under a new request id): the newest header is the
   // one answered.
   void ReplaceRequest(int sender, const wire::Header& request);
+  // A local group's push (docs/local_groups.md): `packed` holds length int8
+  // counts of `threshold` (the group's sum of 2-bit codes), added exactly as
+  // that many 2-bit pushes would be. InvalidArgument (nothing added) for a
+  // frame of another size. REQUIRES: !Contributed(rank), two or more workers.
+  absl::Status AddCounts(int rank, const Buffer& counts, float threshold,
+                         const wire::Header& request);
+  // `rank`'s push of the open round came in a group mate's push (its sum
+  // holds it): the rank has contributed, with no request of its own to
+  // answer. REQUIRES: !Contributed(rank).
+  void Cover(int rank) {
+    contributed_[rank] = true;
+    ++count_;
+  }
 
   int count() const { return count_; }
   // Every member of the round has pushed (a round with no push is never

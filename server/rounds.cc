@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/hashed_spec.h"
 #include "common/logging.h"
@@ -305,6 +306,14 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   }
   if (key->sync && key->engine->Contributed(rank))
     return false;  // belongs to the next round
+  if (msg.header.group_ranks_size() > 0) {
+    if (absl::Status group = CheckGroupPush(*key, msg); !group.ok()) {
+      Reply(msg, group);
+      return true;
+    }
+    for (int mate : msg.header.group_ranks())
+      if (key->sync && key->engine->Contributed(mate)) return false;
+  }
   // A joiner's push before the round it entered at waits for it; its first
   // push in the rounds makes it a member (one that announced no round enters
   // the round under way).
@@ -354,6 +363,32 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
       break;
   }
   return true;
+}
+
+absl::Status KVServer::CheckGroupPush(const StoredKey& key,
+                                      const Message& msg) const {
+  const int rank = RankOfId(msg.header.sender());
+  std::vector<int> mates;
+  if (rank >= 0 && static_cast<size_t>(rank) < local_groups_.size()) {
+    for (int r : local_groups_[rank])
+      if (r != rank) mates.push_back(r);
+  }
+  const std::vector<int> named(msg.header.group_ranks().begin(),
+                               msg.header.group_ranks().end());
+  if (named != mates) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push of key ", key.key, " from worker ", rank,
+        " carries the pushes of worker(s) ", absl::StrJoin(named, ", "),
+        "; its local group's other members are ",
+        mates.empty() ? "none" : absl::StrJoin(mates, ", ")));
+  }
+  if (key.ssp != nullptr || !key.engine->TakesGroupPushes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push of key ", key.key, " from worker ", rank,
+        ": a local group's push is taken only for dense dist_sync and "
+        "dist_async keys"));
+  }
+  return absl::OkStatus();
 }
 
 void KVServer::CompleteRound(StoredKey* key, int last_rank) {

@@ -340,6 +340,7 @@ absl::Status ServerDaemon::StartServing() {
                           options_.chain_length(), options_.resend_timeout,
                           options_.single_copy);
   live_node_.store(node_.get());
+  server_.set_local_groups(node_->local_groups());
   server_.UpdateServers(node_->server_states());
   if (absl::Status prepared = PrepareCheckpoints(
           flags_, options_, *node_, server_, &store_, &checkpointer_);

@@ -102,6 +102,12 @@ class SliceEngine {
   virtual void SetRoundNumber(uint64_t round) {}
   virtual void SetNominal(int workers) {}
 
+  // Host-local aggregation (docs/local_groups.md): whether the kind takes a
+  // local group's push (KV_PUSH with group_ranks: the group's sum, counted
+  // for each rank it names). Dense slices do; row-sparse and hashed ones
+  // take each worker's own push.
+  virtual bool TakesGroupPushes() const { return false; }
+
   // Answers a pull: fills `reply` (made by the server: its header answers
   // `request`). An error is the pull's reply instead. The server has checked
   // that the pull may be answered now (not before the round its worker is

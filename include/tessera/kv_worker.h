@@ -51,6 +51,9 @@ struct KVWorkerStats {
   uint64_t pushes = 0;
   uint64_t pulls = 0;
   uint64_t resends = 0;  // requests sent again after no answer in time
+  // Host-local aggregation (TESSERA_LOCAL_GROUP=1): payload bytes this worker
+  // would have pushed and pulled without its local group, less those it did.
+  uint64_t group_bytes_saved = 0;
 };
 
 // A pulled value lent without a copy (KVWorker::PullViewAsync): the frames

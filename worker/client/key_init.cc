@@ -142,6 +142,8 @@ absl::Status KVClient::DeclareKey(uint64_t key, uint64_t length,
     info.parts = parts;
     info.windowed = windowed;
     info.hashed = hashed;
+    info.group_first = group_parts_;
+    group_parts_ += parts.size();
     if (two_bit_ && row_length == 0) info.residual.assign(length, 0.0f);
     if (pull_two_bit_ && row_length == 0) {
       for (const KeyPart& part : parts)

@@ -82,6 +82,7 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   TESSERA_ASSIGN_OR_RETURN(
       node_, Node::Start(options_, std::move(callbacks), std::move(transport)));
   live_node_.store(node_.get(), std::memory_order_release);
+  TESSERA_RETURN_IF_ERROR(JoinLocalGroup());
   // Server states that changed while Start ran (its callbacks saw no node).
   ServersChanged();
   node_->StartDelivery();
@@ -103,6 +104,11 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   counter("tessera_worker_pushed_bytes_total",
           "Payload bytes of pushes (after 2-bit compression).",
           &KVWorkerStats::bytes_pushed);
+  counter("tessera_worker_group_saved_bytes_total",
+          "Payload bytes this worker did not push or pull itself because its "
+          "local group carried them (TESSERA_LOCAL_GROUP=1): what it would "
+          "have sent and received without the group, less what it did.",
+          &KVWorkerStats::group_bytes_saved);
   metric_handles_.push_back(r.AddCollector(
       "tessera_worker_pulled_bytes_total",
       "Payload bytes of pull replies as received (compressed pulls: the "
@@ -286,7 +292,9 @@ absl::Status KVClient::SetPullCompression(const std::string& type) {
 
 absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
                                             float* out,
-                                            const PayloadFn& payload) {
+                                            const PayloadFn& payload,
+                                            const std::vector<bool>& owned,
+                                            const std::vector<int>& mates) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
   // A worker joining an elastic job enters the rounds before its first push.
   TESSERA_RETURN_IF_ERROR(EnterRounds());
@@ -303,7 +311,12 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
   }
   const uint64_t op = tracker_->NewOp();
   std::vector<Message> bodies;
+  auto mine = [&owned](size_t i) { return owned.empty() || owned[i]; };
   for (size_t i = 0; i < parts.size(); ++i) {
+    if (!mine(i)) {
+      bodies.emplace_back();
+      continue;
+    }
     absl::StatusOr<Message> made = payload(op, i, parts[i]);
     if (!made.ok()) {
       bodies.clear();  // unpins what was borrowed
@@ -333,12 +346,14 @@ absl::StatusOr<OpHandle> KVClient::SendPush(wire::Command cmd, uint64_t key,
       windows[part.server_rank] = PushWindow(options_);
   }
   for (size_t i = 0; i < parts.size(); ++i) {
+    if (!mine(i)) continue;
     const KeyPart& part = parts[i];
     Message msg = std::move(bodies[i]);
     *msg.header.mutable_slice() =
         SliceMessage(cmd, key, part, total, row_length).header.slice();
     msg.header.set_command(cmd);
     msg.header.set_push_seq(seq);
+    for (int mate : mates) msg.header.add_group_ranks(mate);
     auto window = windows.find(part.server_rank);
     SendPart(op, part, std::move(msg),
              out == nullptr ? nullptr : out + part.offset, {key, i, true},
@@ -384,6 +399,7 @@ KVClient::PayloadFn KVClient::HostPayload(uint64_t key,
 absl::StatusOr<OpHandle> KVClient::PushAsync(uint64_t key,
                                              absl::Span<const float> grad) {
   TESSERA_RETURN_IF_ERROR(CheckKey(key, grad.size(), "push"));
+  if (grouped()) return GroupPush(wire::KV_PUSH, key, grad, nullptr);
   return SendPush(wire::KV_PUSH, key, nullptr, HostPayload(key, grad));
 }
 
@@ -396,6 +412,7 @@ absl::StatusOr<OpHandle> KVClient::PushPullAsync(uint64_t key,
                      " values but output has ", out.size()));
   }
   TESSERA_RETURN_IF_ERROR(CheckKey(key, grad.size(), "pushpull"));
+  if (grouped()) return GroupPush(wire::KV_PUSHPULL, key, grad, out.data());
   return SendPush(wire::KV_PUSHPULL, key, out.data(), HostPayload(key, grad));
 }
 
@@ -405,6 +422,12 @@ absl::StatusOr<OpHandle> KVClient::PushDeviceAsync(uint64_t key,
                                                    void* cuda_stream) {
   TESSERA_RETURN_IF_ERROR(CheckOpen());
   TESSERA_RETURN_IF_ERROR(CheckKey(key, len, "push"));
+  if (grouped()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push of key ", key,
+        " from GPU memory: a worker in a local group (TESSERA_LOCAL_GROUP=1) "
+        "pushes from host memory only so far; set TESSERA_LOCAL_GROUP=0"));
+  }
   bool two_bit;
   float threshold;
   {
@@ -430,7 +453,8 @@ absl::StatusOr<OpHandle> KVClient::PushDeviceAsync(uint64_t key,
 absl::StatusOr<OpHandle> KVClient::StartPull(uint64_t key, uint64_t length,
                                              const PlainReplyFn& plain,
                                              const CopiedFn& copied,
-                                             const PrepareFn& prepare) {
+                                             const PrepareFn& prepare,
+                                             const std::vector<bool>& owned) {
   std::vector<KeyPart> parts;
   std::vector<std::shared_ptr<PulledCopy>> copies;
   uint64_t pushed;
@@ -446,6 +470,7 @@ absl::StatusOr<OpHandle> KVClient::StartPull(uint64_t key, uint64_t length,
   const uint64_t op = tracker_->NewOp();
   if (prepare) prepare(parts);
   for (size_t i = 0; i < parts.size(); ++i) {
+    if (!owned.empty() && !owned[i]) continue;
     const KeyPart& part = parts[i];
     Message msg = SliceMessage(wire::KV_PULL, key, part, length);
     msg.header.set_push_seq(pushed);  // sees this worker's pushes
@@ -479,14 +504,16 @@ absl::StatusOr<OpHandle> KVClient::PullAsync(uint64_t key,
   TESSERA_RETURN_IF_ERROR(CheckOpen());
   TESSERA_RETURN_IF_ERROR(CheckKey(key, out.size(), "pull"));
   float* base = out.data();
-  return StartPull(
-      key, out.size(),
-      [base](size_t, const KeyPart& part, RequestTracker::Request* request) {
-        request->out = base + part.offset;  // copied there in Wait
-      },
-      [base](size_t, const KeyPart& part, const PulledCopy& copy) {
-        copy.CopyTo(base + part.offset);
-      });
+  PlainReplyFn plain = [base](size_t, const KeyPart& part,
+                              RequestTracker::Request* request) {
+    request->out = base + part.offset;  // copied there in Wait
+  };
+  CopiedFn copied = [base](size_t, const KeyPart& part,
+                           const PulledCopy& copy) {
+    copy.CopyTo(base + part.offset);
+  };
+  if (grouped()) return GroupPull(key, base, out.size(), plain, copied);
+  return StartPull(key, out.size(), plain, copied);
 }
 
 absl::StatusOr<OpHandle> KVClient::PullViewAsync(uint64_t key,
@@ -505,6 +532,25 @@ absl::StatusOr<OpHandle> KVClient::PullViewAsync(uint64_t key,
   TESSERA_RETURN_IF_ERROR(CheckKey(key, length, "pull_view"));
   auto rep = std::make_shared<PulledValue::Rep>();
   rep->length = length;
+  if (grouped()) {
+    // One part, the group's: this member's parts arrive in it, the others'
+    // come from the group in Wait.
+    Buffer values = Buffer::Allocate(length * sizeof(float));
+    float* base = values.mutable_floats();
+    rep->offsets = {0};
+    rep->lengths = {length};
+    rep->frames = {std::move(values)};
+    absl::StatusOr<OpHandle> op = GroupPull(
+        key, base, length,
+        [base](size_t, const KeyPart& part, RequestTracker::Request* request) {
+          request->out = base + part.offset;
+        },
+        [base](size_t, const KeyPart& part, const PulledCopy& copy) {
+          copy.CopyTo(base + part.offset);
+        });
+    if (op.ok()) out->rep_ = std::move(rep);
+    return op;
+  }
   absl::StatusOr<OpHandle> op = StartPull(
       key, length,
       [rep](size_t i, const KeyPart& part, RequestTracker::Request* request) {
@@ -542,6 +588,7 @@ absl::StatusOr<OpHandle> KVClient::PullViewAsync(uint64_t key,
 
 absl::Status KVClient::Wait(OpHandle handle) {
   absl::Status status = tracker_->Wait(handle, "operation");
+  if (grouped()) status = FinishGroupPull(handle, std::move(status));
   absl::MutexLock lock(&mu_);
   auto push = push_ops_.find(handle);
   if (push == push_ops_.end()) return status;

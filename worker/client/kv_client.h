@@ -53,6 +53,7 @@
 #include "tessera/kv_worker.h"
 #include "worker/client/device_push.h"
 #include "worker/client/key_partitioner.h"
+#include "worker/client/local_group.h"
 #include "worker/client/pulled_copy.h"
 #include "worker/client/replay_log.h"
 #include "worker/client/request_tracker.h"
@@ -152,6 +153,10 @@ class KVClient : public KVWorker {
     // (row -> its residual in row_residual).
     absl::flat_hash_map<uint64_t, uint64_t> row_slot;
     bool hashed = false;  // InitHashed: ids are any uint64, routed by hash
+    // Host-local aggregation: part i is pushed and pulled by the group's
+    // member (group_first + i) % size (the parts of the keys initialised
+    // before it, so that the members' shares stay even).
+    uint64_t group_first = 0;
     // Slot s's residual: row_residual[s / kRowsPerChunk], row s %
     // kRowsPerChunk. In chunks, so that more rows never move the others (a
     // vector's growth copied up to the whole key's worth each time).
@@ -243,10 +248,12 @@ class KVClient : public KVWorker {
   using CopiedFn =
       std::function<void(size_t, const KeyPart&, const PulledCopy&)>;
   using PrepareFn = std::function<void(const std::vector<KeyPart>&)>;
+  // `owned`: in a local group, the parts this member pulls (empty: all).
   absl::StatusOr<OpHandle> StartPull(uint64_t key, uint64_t length,
                                      const PlainReplyFn& plain,
                                      const CopiedFn& copied,
-                                     const PrepareFn& prepare = nullptr);
+                                     const PrepareFn& prepare = nullptr,
+                                     const std::vector<bool>& owned = {});
   // `total`: values of a dense key, rows of a row-sparse one.
   static Message SliceMessage(wire::Command cmd, uint64_t key,
                               const KeyPart& part, uint64_t total,
@@ -288,11 +295,36 @@ class KVClient : public KVWorker {
   // The one push path: numbers the push, makes each part's payload with
   // `payload` (all before anything is sent, so a failure uses up no number),
   // sends the parts and counts the push.
+  // In a local group (`owned` not empty) only the parts this member owns go,
+  // each naming the group's other members (`mates`).
   absl::StatusOr<OpHandle> SendPush(wire::Command cmd, uint64_t key, float* out,
-                                    const PayloadFn& payload);
+                                    const PayloadFn& payload,
+                                    const std::vector<bool>& owned = {},
+                                    const std::vector<int>& mates = {});
   // The payload of host memory: 2-bit packed (error feedback in the key's
   // residual) or the caller's floats, borrowed.
   PayloadFn HostPayload(uint64_t key, absl::Span<const float> grad);
+
+  // Host-local aggregation (group_ops.cc, docs/local_groups.md).
+  // Joins the local group the node table places this worker in (none: OK).
+  absl::Status JoinLocalGroup();
+  bool grouped() const { return group_ != nullptr; }
+  // The parts of `info` this member pushes and pulls.
+  std::vector<bool> OwnedParts(const KeyInfo& info) const;
+  // A dense host push (KV_PUSH, or KV_PUSHPULL into `out`) in a group: the
+  // group's sum (float32, or with 2-bit compression each value's count of
+  // codes), then this member's parts of it, for the whole group.
+  absl::StatusOr<OpHandle> GroupPush(wire::Command cmd, uint64_t key,
+                                     absl::Span<const float> grad, float* out);
+  // A pull in a group: this member's parts, then (in Wait) the others'
+  // from the group (FinishGroupPull).
+  absl::StatusOr<OpHandle> GroupPull(uint64_t key, float* out, size_t n,
+                                     const PlainReplyFn& plain,
+                                     const CopiedFn& copied);
+  absl::Status FinishGroupPull(OpHandle handle, absl::Status status);
+  // This member's parts of a key as element ranges.
+  static std::vector<std::pair<size_t, size_t>> OwnedRanges(
+      const std::vector<KeyPart>& parts, const std::vector<bool>& owned);
 
   // After a restart: every key's pushes resume at the smallest count the
   // servers reported, so a step is repeated whole (its pushes the servers
@@ -377,6 +409,22 @@ class KVClient : public KVWorker {
   std::atomic<bool> entering_pending_{false};
   bool entered_ ABSL_GUARDED_BY(mu_) = false;
   KVWorkerStats stats_ ABSL_GUARDED_BY(mu_);
+  // Host-local aggregation: the group (set by Start, then read-only), the
+  // members' worker ranks by local rank, the parts of the keys declared so
+  // far, and the pulls (and pushpulls) whose other parts come from the
+  // group once their own are in (op -> where, and the member's ranges).
+  // group_mu_ keeps one collective at a time (each member must make the
+  // group's calls in the same order: one thread's, or the same order).
+  std::unique_ptr<LocalGroup> group_;
+  std::vector<int> group_ranks_;
+  absl::Mutex group_mu_;
+  uint64_t group_parts_ ABSL_GUARDED_BY(mu_) = 0;
+  struct GroupPullOp {
+    float* out = nullptr;
+    size_t n = 0;
+    std::vector<std::pair<size_t, size_t>> mine;
+  };
+  std::map<uint64_t, GroupPullOp> group_pulls_ ABSL_GUARDED_BY(mu_);
   // tessera_worker_* counters of stats() (docs/metrics.md); first to go.
   CollectorHandles metric_handles_;
 };

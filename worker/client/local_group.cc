@@ -378,4 +378,25 @@ absl::Status LocalGroup::AllGather(float* data, size_t n) {
   return Collective(Op::kAllGather, data, n);
 }
 
+absl::Status LocalGroup::GatherRanges(
+    float* data, size_t n, absl::Span<const std::pair<size_t, size_t>> mine) {
+  if (!broken_.ok()) return broken_;
+  if (options_.size == 1 || n == 0) return absl::OkStatus();
+  const size_t per = options_.capacity / sizeof(float);
+  float* result = reinterpret_cast<float*>(region(options_.size));
+  for (size_t off = 0; off < n; off += per) {
+    const size_t len = std::min(per, n - off);
+    // Each member writes its own ranges of the window: no two overlap.
+    for (const auto& [first, last] : mine) {
+      const size_t lo = std::clamp(first, off, off + len);
+      const size_t hi = std::clamp(last, off, off + len);
+      std::copy(data + lo, data + hi, result + (lo - off));
+    }
+    if (absl::Status s = Barrier(); !s.ok()) return s;
+    std::copy(result, result + len, data + off);
+    if (absl::Status s = Barrier(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tessera

@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace tessera {
 
@@ -93,6 +94,12 @@ class LocalGroup {
   // Every member's `data` becomes, share by share, what each member's
   // `data` held in its own Share.
   absl::Status AllGather(float* data, size_t n);
+  // Every member's `data` becomes, range by range, what the member owning
+  // the range held there: `mine` are this member's ranges [first, second).
+  // REQUIRES: the members' ranges do not overlap and together cover
+  // [0, n) (the rest of `data` would be left unspecified).
+  absl::Status GatherRanges(float* data, size_t n,
+                            absl::Span<const std::pair<size_t, size_t>> mine);
 
   // Every member's wait for the others, as the collectives use it.
   absl::Status Barrier();
