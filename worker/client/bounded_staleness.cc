@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/options.h"
 #include "common/status_macros.h"
 #include "worker/client/kv_client.h"
@@ -14,6 +15,15 @@
 namespace tessera {
 
 void KVClient::UseBoundedStaleness(int64_t staleness) {
+  // Before the store is handed out (KVWorker::Create): dist_ssp counts each
+  // worker's pushes, so its workers push for themselves, every member of a
+  // local group alike (docs/local_groups.md).
+  if (group_ != nullptr) {
+    TESSERA_LOG(INFO) << "dist_ssp: this worker leaves its local group and "
+                         "pushes for itself (a dist_ssp server counts each "
+                         "worker's pushes)";
+    group_.reset();
+  }
   absl::MutexLock lock(&mu_);
   ssp_ = true;
   staleness_ = staleness;

@@ -386,6 +386,9 @@ absl::Status LocalGroup::GatherRanges(
   float* result = reinterpret_cast<float*>(region(options_.size));
   for (size_t off = 0; off < n; off += per) {
     const size_t len = std::min(per, n - off);
+    // The results' region is free once every member is here: the one
+    // before may still be reading it (the last step of every collective).
+    if (absl::Status s = Barrier(); !s.ok()) return s;
     // Each member writes its own ranges of the window: no two overlap.
     for (const auto& [first, last] : mine) {
       const size_t lo = std::clamp(first, off, off + len);
@@ -394,7 +397,6 @@ absl::Status LocalGroup::GatherRanges(
     }
     if (absl::Status s = Barrier(); !s.ok()) return s;
     std::copy(result, result + len, data + off);
-    if (absl::Status s = Barrier(); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Host-local aggregation (issue #47) in whole jobs through tools/launch.py: four
+tessera-workers on this host with TESSERA_LOCAL_GROUP=1 form one local group,
+push each key part once for the group, and with 2-bit pushes train to the same
+bits as the same job without the group; a member killed mid-training ends the
+job, named, instead of hanging the group.
+
+Needs TESSERA_BUILD_DIR (the CMake build folder) and TESSERA_SOURCE_DIR.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+SOURCE = os.environ.get('TESSERA_SOURCE_DIR', os.path.join(os.path.dirname(__file__), '..', '..'))
+BUILD = os.environ.get('TESSERA_BUILD_DIR', os.path.join(SOURCE, 'build'))
+LAUNCH = os.path.join(SOURCE, 'tools', 'launch.py')
+TRAIN_WORKER = os.path.join(BUILD, 'worker', 'tessera-worker')
+DATA = os.environ.get('FASHION_MNIST_DIR', '/usr/share/datasets/fashion-mnist')
+HAVE_DATA = os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz'))
+
+# A short quick-start job: a key per tensor (six keys, spread over the members),
+# 2-bit pushes; 1,536 images a worker = 12 steps.
+JOB = ['-n', '4', '-s', '1', TRAIN_WORKER, '--kv-store', 'dist_sync', '--lr', '0.3',
+       '--momentum', '0', '--epochs', '1', '--train-subset', '6144', '--test-subset', '500',
+       '--log-every', '1000']
+
+
+def pushes_applied(out):
+    """The server's count of pushes applied, from its exit line."""
+    m = re.search(r'\[server 0\].*pushes applied (\d+)', out)
+    return int(m.group(1)) if m else None
+
+
+@unittest.skipUnless(HAVE_DATA, 'no Fashion-MNIST data (dataset-fashion-mnist)')
+class LocalGroupJobTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix='tessera-group-')
+        self.env = dict(os.environ, TESSERA_TEST_MARK=uuid.uuid4().hex,
+                        PS_HEARTBEAT_INTERVAL='0.2', PS_HEARTBEAT_TIMEOUT='2')
+        self.env.pop('TESSERA_LOCAL_GROUP', None)
+        self.started = time.monotonic()
+
+    def tearDown(self):
+        sys.stderr.write('(%.1f s) ' % (time.monotonic() - self.started))
+        self.tmp.cleanup()
+
+    def run_job(self, name, extra, group, timeout=300):
+        """Runs JOB + extra; returns (exit code, output, per-rank metrics)."""
+        metrics = os.path.join(self.tmp.name, name + '-{rank}.json')
+        env = dict(self.env, TESSERA_LOCAL_GROUP='1' if group else '0', PS_VERBOSE='1')
+        proc = subprocess.run([sys.executable, LAUNCH] + JOB + extra +
+                              ['--metrics-out', metrics], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        results = []
+        for rank in range(4):
+            path = metrics.format(rank=rank)
+            if os.path.exists(path):
+                with open(path) as f:
+                    results.append(json.load(f))
+        return proc.returncode, proc.stdout, results
+
+    def test_two_bit_job_trains_to_the_same_bits_with_a_quarter_of_the_pushes(self):
+        extra = ['--gc-type', '2bit', '--gc-threshold', '1']
+        code, flat_out, flat = self.run_job('flat', extra, group=False)
+        self.assertEqual(code, 0, flat_out)
+        code, out, grouped = self.run_job('grouped', extra, group=True)
+        self.assertEqual(code, 0, out)
+        self.assertIn('4 worker(s) asked to group with the workers on their host '
+                      '(TESSERA_LOCAL_GROUP=1): 4 in 1 group(s)', out)
+        self.assertEqual(len(grouped), 4)
+        # Every member ends with the flat job's weights, to the last bit.
+        for rank, r in enumerate(grouped):
+            self.assertEqual(r['weights_fnv1a'], flat[0]['weights_fnv1a'])
+            self.assertEqual(r['final_loss'], flat[rank]['final_loss'])
+        # The server took one push a key and step from the group, four without it.
+        self.assertEqual(pushes_applied(flat_out), 4 * pushes_applied(out))
+        # Each key part left the host once: the members' bytes together are the
+        # group's sums (a byte a value as counts) for the key parts each owned.
+        self.assertLess(sum(r['bytes_pushed'] for r in grouped),
+                        sum(r['bytes_pushed'] for r in flat))
+        self.assertEqual(sum(r['bytes_pulled'] for r in grouped),
+                         sum(r['bytes_pulled'] for r in flat) // 4)
+
+    def test_float_job_members_agree_and_learn(self):
+        code, out, grouped = self.run_job('float', [], group=True)
+        self.assertEqual(code, 0, out)
+        self.assertEqual(len(grouped), 4)
+        self.assertEqual(len({r['weights_fnv1a'] for r in grouped}), 1, grouped)
+        self.assertLess(grouped[0]['final_loss'], grouped[0]['first_loss'])
+        self.assertGreater(grouped[0]['test_accuracy'], 0.5)
+
+    def test_a_killed_member_ends_the_job_naming_it(self):
+        env = dict(self.env, TESSERA_LOCAL_GROUP='1')
+        proc = subprocess.Popen([sys.executable, LAUNCH] + JOB[:-1] + ['10', '--epochs', '50'],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        victim = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            victim = self.worker_pid(env['TESSERA_TEST_MARK'], task_id=3)  # worker 2
+        self.assertIsNotNone(victim, 'worker 2 never started')
+        time.sleep(3)  # into training
+        self.assertIsNone(proc.poll(), 'the job ended before the kill')
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+        self.assertNotEqual(proc.returncode, 0, out)
+        self.assertRegex(out, r'worker 2 \(pid %d\) killed by signal SIGKILL' % victim)
+        self.assertLess(time.monotonic() - killed, 60, out)
+
+    @staticmethod
+    def worker_pid(mark, task_id):
+        want = {b'TESSERA_TEST_MARK=' + mark.encode(), b'DMLC_ROLE=worker',
+                b'DMLC_TASK_ID=' + str(task_id).encode()}
+        for entry in os.listdir('/proc'):
+            if not entry.isdigit():
+                continue
+            try:
+                with open('/proc/%s/environ' % entry, 'rb') as f:
+                    if want <= set(f.read().split(b'\0')):
+                        with open('/proc/%s/comm' % entry) as c:
+                            if c.read().strip() == 'tessera-worker':
+                                return int(entry)
+            except OSError:
+                pass
+        return None
+
+
+if __name__ == '__main__':
+    unittest.main()
