@@ -141,6 +141,17 @@ Message Answer(ServerHarness& h) {
 
 void ExpectOk(ServerHarness& h) { Answer(h); }
 
+// The values of the one of the next two replies that answers `cmd` (the
+// other answers a push): the two may come in either order.
+std::vector<float> OfTwoAnswers(ServerHarness& h, wire::Command cmd) {
+  std::vector<float> values;
+  for (int i = 0; i < 2; ++i) {
+    Message r = Answer(h);
+    if (r.header.command() == cmd) values = ValuesOf(r);
+  }
+  return values;
+}
+
 // A series' value in the process's metrics (0 when absent).
 double MetricValue(const std::string& series) {
   for (absl::string_view line :
@@ -179,11 +190,7 @@ TEST(KVServerStalenessTest, PullWaitsUntilNoWorkerIsMoreThanSBehind) {
   EXPECT_EQ(h.Pending(), 0u) << "rank 2 still has none: held";
   h.server().Handle(Push(2, 1, 0, {0, 0, 1}));
   // Rank 2's push reply and rank 0's pull, in either order.
-  std::vector<float> pulled;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
-  }
+  const std::vector<float> pulled = OfTwoAnswers(h, wire::KV_PULL);
   EXPECT_EQ(pulled, (std::vector<float>{2, 1, 1}));
   EXPECT_EQ(MetricValue("tessera_server_ssp_pulls_waiting"), 0);
   EXPECT_EQ(MetricValue("tessera_server_ssp_clock{rank=\"0\"}"), 2);
@@ -206,11 +213,7 @@ TEST(KVServerStalenessTest, ZeroStalenessIsAStepOfSingleUpdates) {
   h.server().Handle(Pull(0, 2, 2, 1));
   EXPECT_EQ(h.Pending(), 0u) << "rank 1 has not pushed step 0";
   h.server().Handle(Push(1, 2, 0, {0, 1}));
-  std::vector<float> pulled;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
-  }
+  const std::vector<float> pulled = OfTwoAnswers(h, wire::KV_PULL);
   EXPECT_EQ(pulled, (std::vector<float>{1, 1}));
   // Rank 1 is faster: its step 1 is applied before rank 0's pull at clock 1,
   // which then sees it (a dist_sync pull would see round 0's sum only).
@@ -250,11 +253,7 @@ TEST(KVServerStalenessTest, AWorkerThatLeftStopsHoldingTheOthers) {
   EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{5, 3, 1}))
       << "rank 1 at 3 needs 2 of every rank in the job, not of rank 2";
   h.server().Handle(Push(1, 3, 3, {0, 1, 0}));
-  std::vector<float> pulled;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
-  }
+  const std::vector<float> pulled = OfTwoAnswers(h, wire::KV_PULL);
   EXPECT_EQ(pulled, (std::vector<float>{5, 4, 1}));
 }
 
@@ -277,11 +276,7 @@ TEST(KVServerStalenessTest, PushPullAnswerWaitsForTheBound) {
   h.server().Handle(Pull(1, 4, 2, 0));
   EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{1, 0}));
   h.server().Handle(Push(1, 4, 0, {0, 1}));
-  std::vector<float> answered;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PUSHPULL) answered = ValuesOf(r);
-  }
+  const std::vector<float> answered = OfTwoAnswers(h, wire::KV_PUSHPULL);
   EXPECT_EQ(answered, (std::vector<float>{1, 1}));
   EXPECT_EQ(h.server().stats().duplicates(), 1u) << "the resent copy only";
   EXPECT_EQ(h.server().stats().pushes_applied(), 2u);
@@ -337,11 +332,7 @@ TEST(KVServerStalenessTest, ACheckpointKeepsTheBound) {
   h.server().Handle(Pull(0, 7, 2, 3));
   EXPECT_EQ(h.Pending(), 0u) << "3 - s = 1 push of rank 1 needed";
   h.server().Handle(Push(1, 7, 0, {0, 1}));
-  std::vector<float> pulled;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
-  }
+  const std::vector<float> pulled = OfTwoAnswers(h, wire::KV_PULL);
   EXPECT_EQ(pulled, (std::vector<float>{3, 1}));
 }
 
