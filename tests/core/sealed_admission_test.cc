@@ -37,6 +37,7 @@
 #include "common/zap_handler.h"
 #include "common/zap_hold_queue.h"
 #include "gtest/gtest.h"
+#include "tests/support/sealed_session.h"
 
 namespace tessera::sealed {
 namespace {
@@ -61,16 +62,6 @@ Key32 X25519(const Key32& secret, const Key32& point) {
   EXPECT_EQ(crypto_scalarmult(out.data(), secret.data(), point.data()), 0);
   return out;
 }
-
-class Sink : public RecordSink {
- public:
-  uint8_t* Allocate(size_t size) override {
-    records.emplace_back(size);
-    return records.back().data();
-  }
-  absl::Status Emit() override { return absl::OkStatus(); }
-  std::vector<std::vector<uint8_t>> records;
-};
 
 // A process the test plays: a node key whose secret it holds, and its
 // role's secret key.
@@ -129,7 +120,7 @@ struct Process {
     const float values[4] = {1, 2, 3, 4};
     AddFloatFrame(&m, Buffer::CopyOf(values, sizeof(values)));
     const std::string header = m.header.SerializeAsString();
-    Sink sink;
+    testing::Records sink;
     EXPECT_TRUE(sealer
                     .Seal(absl::Span<const uint8_t>(
                               reinterpret_cast<const uint8_t*>(header.data()),
@@ -214,6 +205,18 @@ class AdmissionTest : public ::testing::Test {
       if (sent < 0 && zmq_errno() == EAGAIN) return;
       EXPECT_EQ(sent, static_cast<int>(r.size()));
     }
+  }
+  // `p` connects and sends a sealed push (`*s` its socket) before the server
+  // knows its key; the server learns the key 300 ms later and must take the
+  // push within 1 s.
+  void SendThenLearnKey(const Process& p, void** s) {
+    *s = Connect(p.User(), p.PasswordTo(server_key_, Role::kServer));
+    Send(*s, p.Seal(server_key_, 1));
+    absl::SleepFor(absl::Milliseconds(300));
+    Know(p);
+    absl::StatusOr<Message> m = server_->Receive(absl::Seconds(1));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->header.sender(), p.id);
   }
   // The messages the server takes within `wait`.
   std::vector<Message> Received(absl::Duration wait) {
@@ -315,13 +318,8 @@ TEST_F(AdmissionTest, AMadeUpNodeKeyWaitsAndIsRefused) {
 TEST_F(AdmissionTest, AKeyKnown300MsLaterIsAdmittedWithoutAReconnect) {
   const Process d(job_, Role::kWorker, 9);
   const absl::Time start = absl::Now();
-  void* s = Connect(d.User(), d.PasswordTo(server_key_, Role::kServer));
-  Send(s, d.Seal(server_key_, 1));
-  absl::SleepFor(absl::Milliseconds(300));
-  Know(d);
-  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(1));
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->header.sender(), 9);
+  void* s = nullptr;
+  ASSERT_NO_FATAL_FAILURE(SendThenLearnKey(d, &s));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(1300));
   // Its first handshake was the one admitted: no refusal, no reconnection.
   EXPECT_EQ(Outcome(s, absl::Milliseconds(100)), "admitted");
@@ -421,13 +419,8 @@ TEST_F(AdmissionTest, OneAddressHoldsAtMost64Answers) {
   absl::SleepFor(absl::Milliseconds(300));  // the last of them too
   EXPECT_EQ(server_->refused_connection_count(), 6u);
   const Process d(job_, Role::kWorker, 9);
-  void* s = Connect(d.User(), d.PasswordTo(server_key_, Role::kServer));
-  Send(s, d.Seal(server_key_, 1));
-  absl::SleepFor(absl::Milliseconds(300));
-  Know(d);
-  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(1));
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->header.sender(), 9);
+  void* s = nullptr;
+  ASSERT_NO_FATAL_FAILURE(SendThenLearnKey(d, &s));
   EXPECT_EQ(Outcome(s, absl::Milliseconds(100)), "admitted");
   EXPECT_EQ(server_->refused_connection_count(), 6u);
 }
