@@ -609,23 +609,29 @@ TEST_F(AdmissionTest, AStolenPasswordsConnectionDoesNotThrottleTheRealPeer) {
   EXPECT_EQ(d.total(), 40u);
 }
 
+// A server's Admission, the real scheduler, and an attacker claiming the
+// scheduler's role with a made-up key.
+class SchedulerClaimLimitTest : public ::testing::Test {
+ protected:
+  const JobKeySet job_ = GenerateJobKeys().value();
+  const Process server_{job_, Role::kServer, kServer};
+  const Process scheduler_{job_, Role::kScheduler, 1};
+  Admission admission_{server_.keys};
+  const std::string attacker_ =
+      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+};
+
 // Failed scheduler checks, by address, on the admission itself: 100 bad
 // claims from one address cost 4 checks (the others refused unchecked,
 // naming the address), and the real scheduler's claim from another address
 // is checked and admitted. (With one budget for all, 16 were checked and
 // the scheduler refused.)
-TEST(SchedulerClaimLimitTest, OneAddressSpendsOnlyItsOwnChecks) {
-  const JobKeySet job = GenerateJobKeys().value();
-  const Process server(job, Role::kServer, kServer),
-      scheduler(job, Role::kScheduler, 1);
-  Admission admission(server.keys);
-  const std::string attacker =
-      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+TEST_F(SchedulerClaimLimitTest, OneAddressSpendsOnlyItsOwnChecks) {
   int checked = 0, unchecked = 0;
   for (int i = 0; i < 100; ++i) {
     std::string user_id, why;
     ASSERT_EQ(
-        admission.Check(attacker, Z85(Random()), "10.0.0.66", &user_id, &why),
+        admission_.Check(attacker_, Z85(Random()), "10.0.0.66", &user_id, &why),
         Admission::Verdict::kRefuse);
     if (why.find("with a password not its pair's") != std::string::npos)
       ++checked;
@@ -636,30 +642,25 @@ TEST(SchedulerClaimLimitTest, OneAddressSpendsOnlyItsOwnChecks) {
   EXPECT_EQ(checked, 4);
   EXPECT_EQ(unchecked, 96);
   std::string user_id, why;
-  EXPECT_EQ(admission.Check(scheduler.User(),
-                            scheduler.PasswordTo(server.key(), Role::kServer),
-                            "10.0.0.1", &user_id, &why),
-            Admission::Verdict::kAdmit)
+  EXPECT_EQ(
+      admission_.Check(scheduler_.User(),
+                       scheduler_.PasswordTo(server_.key(), Role::kServer),
+                       "10.0.0.1", &user_id, &why),
+      Admission::Verdict::kAdmit)
       << why;
-  EXPECT_EQ(user_id, scheduler.User());
+  EXPECT_EQ(user_id, scheduler_.User());
 }
 
 // The ceiling stays: 16 addresses failing 4 checks each spend the second's
 // 64, and a claim from a 17th address (the real scheduler's) is refused
 // unchecked until the next second, then admitted.
-TEST(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
-  const JobKeySet job = GenerateJobKeys().value();
-  const Process server(job, Role::kServer, kServer),
-      scheduler(job, Role::kScheduler, 1);
-  Admission admission(server.keys);
-  const std::string attacker =
-      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+TEST_F(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
   int checked = 0;
   for (int a = 0; a < 20; ++a) {
     for (int i = 0; i < 4; ++i) {
       std::string user_id, why;
-      EXPECT_EQ(admission.Check(attacker, Z85(Random()),
-                                absl::StrCat("10.0.1.", a), &user_id, &why),
+      EXPECT_EQ(admission_.Check(attacker_, Z85(Random()),
+                                 absl::StrCat("10.0.1.", a), &user_id, &why),
                 Admission::Verdict::kRefuse);
       if (why.find("with a password not its pair's") != std::string::npos)
         ++checked;
@@ -667,18 +668,18 @@ TEST(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
   }
   EXPECT_EQ(checked, Admission::kSchedulerFailuresPerSecond);
   const std::string password =
-      scheduler.PasswordTo(server.key(), Role::kServer);
+      scheduler_.PasswordTo(server_.key(), Role::kServer);
   std::string user_id, why;
   EXPECT_EQ(
-      admission.Check(scheduler.User(), password, "10.0.0.1", &user_id, &why),
+      admission_.Check(scheduler_.User(), password, "10.0.0.1", &user_id, &why),
       Admission::Verdict::kRefuse);
   EXPECT_EQ(why,
-            absl::StrCat("scheduler node key ", scheduler.User().substr(10, 8),
+            absl::StrCat("scheduler node key ", scheduler_.User().substr(10, 8),
                          "..., unchecked: too many failed scheduler "
                          "claims this second"));
   absl::SleepFor(absl::Milliseconds(1100));
   EXPECT_EQ(
-      admission.Check(scheduler.User(), password, "10.0.0.1", &user_id, &why),
+      admission_.Check(scheduler_.User(), password, "10.0.0.1", &user_id, &why),
       Admission::Verdict::kAdmit)
       << why;
 }
