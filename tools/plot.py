@@ -41,7 +41,7 @@ PARTS = [
     ('waiting for pushes/pulls', '#c44e52'),
     ('waiting for data', '#8c8c8c'),
 ]
-# tessera-worker's step phases (worker/trainer/tessera_worker_main.cc); "issue"
+# tessera-worker's step phases (worker/trainer/training_loop.cc); "issue"
 # spans lie inside "backward".
 PHASES = ('data-wait', 'forward', 'backward', 'issue', 'comm-wait', 'commit')
 MAX_WINDOWS = 120

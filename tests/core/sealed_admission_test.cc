@@ -37,6 +37,7 @@
 #include "common/zap_handler.h"
 #include "common/zap_hold_queue.h"
 #include "gtest/gtest.h"
+#include "tests/support/sealed_session.h"
 
 namespace tessera::sealed {
 namespace {
@@ -61,16 +62,6 @@ Key32 X25519(const Key32& secret, const Key32& point) {
   EXPECT_EQ(crypto_scalarmult(out.data(), secret.data(), point.data()), 0);
   return out;
 }
-
-class Sink : public RecordSink {
- public:
-  uint8_t* Allocate(size_t size) override {
-    records.emplace_back(size);
-    return records.back().data();
-  }
-  absl::Status Emit() override { return absl::OkStatus(); }
-  std::vector<std::vector<uint8_t>> records;
-};
 
 // A process the test plays: a node key whose secret it holds, and its
 // role's secret key.
@@ -129,7 +120,7 @@ struct Process {
     const float values[4] = {1, 2, 3, 4};
     AddFloatFrame(&m, Buffer::CopyOf(values, sizeof(values)));
     const std::string header = m.header.SerializeAsString();
-    Sink sink;
+    testing::Records sink;
     EXPECT_TRUE(sealer
                     .Seal(absl::Span<const uint8_t>(
                               reinterpret_cast<const uint8_t*>(header.data()),
@@ -214,6 +205,18 @@ class AdmissionTest : public ::testing::Test {
       if (sent < 0 && zmq_errno() == EAGAIN) return;
       EXPECT_EQ(sent, static_cast<int>(r.size()));
     }
+  }
+  // `p` connects and sends a sealed push (`*s` its socket) before the server
+  // knows its key; the server learns the key 300 ms later and must take the
+  // push within 1 s.
+  void SendThenLearnKey(const Process& p, void** s) {
+    *s = Connect(p.User(), p.PasswordTo(server_key_, Role::kServer));
+    Send(*s, p.Seal(server_key_, 1));
+    absl::SleepFor(absl::Milliseconds(300));
+    Know(p);
+    absl::StatusOr<Message> m = server_->Receive(absl::Seconds(1));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->header.sender(), p.id);
   }
   // The messages the server takes within `wait`.
   std::vector<Message> Received(absl::Duration wait) {
@@ -315,13 +318,8 @@ TEST_F(AdmissionTest, AMadeUpNodeKeyWaitsAndIsRefused) {
 TEST_F(AdmissionTest, AKeyKnown300MsLaterIsAdmittedWithoutAReconnect) {
   const Process d(job_, Role::kWorker, 9);
   const absl::Time start = absl::Now();
-  void* s = Connect(d.User(), d.PasswordTo(server_key_, Role::kServer));
-  Send(s, d.Seal(server_key_, 1));
-  absl::SleepFor(absl::Milliseconds(300));
-  Know(d);
-  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(1));
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->header.sender(), 9);
+  void* s = nullptr;
+  ASSERT_NO_FATAL_FAILURE(SendThenLearnKey(d, &s));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(1300));
   // Its first handshake was the one admitted: no refusal, no reconnection.
   EXPECT_EQ(Outcome(s, absl::Milliseconds(100)), "admitted");
@@ -421,13 +419,8 @@ TEST_F(AdmissionTest, OneAddressHoldsAtMost64Answers) {
   absl::SleepFor(absl::Milliseconds(300));  // the last of them too
   EXPECT_EQ(server_->refused_connection_count(), 6u);
   const Process d(job_, Role::kWorker, 9);
-  void* s = Connect(d.User(), d.PasswordTo(server_key_, Role::kServer));
-  Send(s, d.Seal(server_key_, 1));
-  absl::SleepFor(absl::Milliseconds(300));
-  Know(d);
-  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(1));
-  ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->header.sender(), 9);
+  void* s = nullptr;
+  ASSERT_NO_FATAL_FAILURE(SendThenLearnKey(d, &s));
   EXPECT_EQ(Outcome(s, absl::Milliseconds(100)), "admitted");
   EXPECT_EQ(server_->refused_connection_count(), 6u);
 }
@@ -616,23 +609,29 @@ TEST_F(AdmissionTest, AStolenPasswordsConnectionDoesNotThrottleTheRealPeer) {
   EXPECT_EQ(d.total(), 40u);
 }
 
+// A server's Admission, the real scheduler, and an attacker claiming the
+// scheduler's role with a made-up key.
+class SchedulerClaimLimitTest : public ::testing::Test {
+ protected:
+  const JobKeySet job_ = GenerateJobKeys().value();
+  const Process server_{job_, Role::kServer, kServer};
+  const Process scheduler_{job_, Role::kScheduler, 1};
+  Admission admission_{server_.keys};
+  const std::string attacker_ =
+      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+};
+
 // Failed scheduler checks, by address, on the admission itself: 100 bad
 // claims from one address cost 4 checks (the others refused unchecked,
 // naming the address), and the real scheduler's claim from another address
 // is checked and admitted. (With one budget for all, 16 were checked and
 // the scheduler refused.)
-TEST(SchedulerClaimLimitTest, OneAddressSpendsOnlyItsOwnChecks) {
-  const JobKeySet job = GenerateJobKeys().value();
-  const Process server(job, Role::kServer, kServer),
-      scheduler(job, Role::kScheduler, 1);
-  Admission admission(server.keys);
-  const std::string attacker =
-      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+TEST_F(SchedulerClaimLimitTest, OneAddressSpendsOnlyItsOwnChecks) {
   int checked = 0, unchecked = 0;
   for (int i = 0; i < 100; ++i) {
     std::string user_id, why;
     ASSERT_EQ(
-        admission.Check(attacker, Z85(Random()), "10.0.0.66", &user_id, &why),
+        admission_.Check(attacker_, Z85(Random()), "10.0.0.66", &user_id, &why),
         Admission::Verdict::kRefuse);
     if (why.find("with a password not its pair's") != std::string::npos)
       ++checked;
@@ -643,30 +642,25 @@ TEST(SchedulerClaimLimitTest, OneAddressSpendsOnlyItsOwnChecks) {
   EXPECT_EQ(checked, 4);
   EXPECT_EQ(unchecked, 96);
   std::string user_id, why;
-  EXPECT_EQ(admission.Check(scheduler.User(),
-                            scheduler.PasswordTo(server.key(), Role::kServer),
-                            "10.0.0.1", &user_id, &why),
-            Admission::Verdict::kAdmit)
+  EXPECT_EQ(
+      admission_.Check(scheduler_.User(),
+                       scheduler_.PasswordTo(server_.key(), Role::kServer),
+                       "10.0.0.1", &user_id, &why),
+      Admission::Verdict::kAdmit)
       << why;
-  EXPECT_EQ(user_id, scheduler.User());
+  EXPECT_EQ(user_id, scheduler_.User());
 }
 
 // The ceiling stays: 16 addresses failing 4 checks each spend the second's
 // 64, and a claim from a 17th address (the real scheduler's) is refused
 // unchecked until the next second, then admitted.
-TEST(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
-  const JobKeySet job = GenerateJobKeys().value();
-  const Process server(job, Role::kServer, kServer),
-      scheduler(job, Role::kScheduler, 1);
-  Admission admission(server.keys);
-  const std::string attacker =
-      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+TEST_F(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
   int checked = 0;
   for (int a = 0; a < 20; ++a) {
     for (int i = 0; i < 4; ++i) {
       std::string user_id, why;
-      EXPECT_EQ(admission.Check(attacker, Z85(Random()),
-                                absl::StrCat("10.0.1.", a), &user_id, &why),
+      EXPECT_EQ(admission_.Check(attacker_, Z85(Random()),
+                                 absl::StrCat("10.0.1.", a), &user_id, &why),
                 Admission::Verdict::kRefuse);
       if (why.find("with a password not its pair's") != std::string::npos)
         ++checked;
@@ -674,18 +668,18 @@ TEST(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
   }
   EXPECT_EQ(checked, Admission::kSchedulerFailuresPerSecond);
   const std::string password =
-      scheduler.PasswordTo(server.key(), Role::kServer);
+      scheduler_.PasswordTo(server_.key(), Role::kServer);
   std::string user_id, why;
   EXPECT_EQ(
-      admission.Check(scheduler.User(), password, "10.0.0.1", &user_id, &why),
+      admission_.Check(scheduler_.User(), password, "10.0.0.1", &user_id, &why),
       Admission::Verdict::kRefuse);
   EXPECT_EQ(why,
-            absl::StrCat("scheduler node key ", scheduler.User().substr(10, 8),
+            absl::StrCat("scheduler node key ", scheduler_.User().substr(10, 8),
                          "..., unchecked: too many failed scheduler "
                          "claims this second"));
   absl::SleepFor(absl::Milliseconds(1100));
   EXPECT_EQ(
-      admission.Check(scheduler.User(), password, "10.0.0.1", &user_id, &why),
+      admission_.Check(scheduler_.User(), password, "10.0.0.1", &user_id, &why),
       Admission::Verdict::kAdmit)
       << why;
 }

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -25,114 +24,26 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint.h"
+#include "tests/support/kv_messages.h"
+#include "tests/support/server_harness.h"
 
 namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
 
-// A server and the replies it sent, by recipient.
-class ServerHarness {
- public:
-  explicit ServerHarness(int num_workers, int threads = 2,
-                         WaitingLimits limits = WaitingLimits(),
-                         SyncRound::Mode sum_mode = SyncRound::Mode::kExact)
-      : server_(
-            num_workers, threads,
-            [this](int peer, Message msg) {
-              absl::MutexLock lock(&mu_);
-              msg.header.set_sender(8);
-              msg.header.set_recipient(peer);
-              replies_.push_back(std::move(msg));
-              return absl::OkStatus();
-            },
-            limits, sum_mode) {}
+using testing::Floats;
+using testing::Init;
+using testing::KeyMessage;
+using testing::Pull;
+using testing::Push;
+using testing::ServerHarness;
+using testing::SetOptimizer;
 
-  KVServer& server() { return server_; }
-
-  // The next reply that is not an acknowledgement, waiting up to 5 s.
-  std::optional<Message> NextReply(bool skip_acks = true) {
-    absl::MutexLock lock(&mu_);
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (true) {
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return !replies_.empty();
-      };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline))
-        return std::nullopt;
-      Message m = std::move(replies_.front());
-      replies_.pop_front();
-      if (skip_acks && m.header.ack_only()) continue;
-      return m;
-    }
-  }
-  // Replies (acknowledgements included) sent so far, after `settle`.
-  size_t Pending(absl::Duration settle = absl::Milliseconds(50)) {
-    absl::SleepFor(settle);
-    absl::MutexLock lock(&mu_);
-    return replies_.size();
-  }
-
- private:
-  absl::Mutex mu_;
-  std::deque<Message> replies_ ABSL_GUARDED_BY(mu_);
-  KVServer server_;
-};
-
-uint64_t next_request = 1;
-
-Message KeyMessage(wire::Command cmd, int worker_rank, uint64_t key,
-                   uint64_t length) {
-  Message m;
-  m.header.set_command(cmd);
-  m.header.set_sender(WorkerId(worker_rank));
-  m.header.set_request_id(next_request++);
-  m.header.set_plane(wire::DATA);
-  wire::KeySlice* s = m.header.mutable_slice();
-  s->set_key(key);
-  s->set_offset(0);
-  s->set_length(length);
-  s->set_total_length(length);
-  return m;
-}
-
-Buffer Floats(const std::vector<float>& v) {
-  return Buffer::CopyOf(v.data(), v.size() * sizeof(float));
-}
-
+// The values of a reply that carries them in one frame.
 std::vector<float> ValuesOf(const Message& m) {
   EXPECT_EQ(m.data.size(), 1u);
-  if (m.data.empty()) return {};
-  const Buffer& b = m.data[0];
-  return std::vector<float>(b.floats(), b.floats() + b.num_floats());
-}
-
-Message Init(uint64_t key, const std::vector<float>& value, bool sync = true) {
-  Message m = KeyMessage(wire::KV_INIT, 0, key, value.size());
-  m.header.mutable_kv_options()->set_sync_mode(sync);
-  AddFloatFrame(&m, Floats(value));
-  return m;
-}
-
-Message Push(int rank, uint64_t key, uint64_t seq,
-             const std::vector<float>& grad) {
-  Message m = KeyMessage(wire::KV_PUSH, rank, key, grad.size());
-  m.header.set_push_seq(seq);
-  AddFloatFrame(&m, Floats(grad));
-  return m;
-}
-
-Message Pull(int rank, uint64_t key, uint64_t length) {
-  return KeyMessage(wire::KV_PULL, rank, key, length);
-}
-
-Message SetOptimizer(const std::string& spec) {
-  Message m;
-  m.header.set_command(wire::KV_SET_OPTIMIZER);
-  m.header.set_sender(WorkerId(0));
-  m.header.set_request_id(next_request++);
-  m.header.mutable_kv_options()->set_optimizer_spec(spec);
-  return m;
+  return testing::ValuesOf(m);
 }
 
 absl::Status StatusOf(const Message& reply) {
@@ -865,7 +776,7 @@ TEST(KVServerTest, SlowCheckpointWriteIsLoggedWithItsSizeAndDuration) {
   CheckpointStore store(dir, 0, 2);
   CheckpointPolicy every_update;
   every_update.every_updates = 1;
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   {
     Checkpointer fast(&store, every_update, &h.server());
     ASSERT_TRUE(fast.WriteNow().ok());
@@ -883,7 +794,7 @@ TEST(KVServerTest, SlowCheckpointWriteIsLoggedWithItsSizeAndDuration) {
     absl::SleepFor(absl::Milliseconds(20));
     checkpointer.MaybeWrite();
   }
-  const std::string log = testing::internal::GetCapturedStderr();
+  const std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_FALSE(checkpointer.busy());
   ASSERT_EQ(store.List().size(), 2u);
   const std::string writing =

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/kv_server.h"
+#include "tests/support/kv_messages.h"
 
 namespace tessera {
 namespace {
@@ -91,26 +92,16 @@ class Box {
   KVServer server_;
 };
 
-uint64_t next_request = 1;
+using testing::SetOptimizer;
+using testing::ValuesOf;
 
 Message KeyMessage(wire::Command cmd, int rank, uint64_t length) {
-  Message m;
-  m.header.set_command(cmd);
-  m.header.set_sender(WorkerId(rank));
-  m.header.set_request_id(next_request++);
-  m.header.set_plane(wire::DATA);
-  wire::KeySlice* s = m.header.mutable_slice();
-  s->set_key(key_in_use);
-  s->set_length(length);
-  s->set_total_length(length);
-  return m;
+  return testing::KeyMessage(cmd, rank, key_in_use, length);
 }
 
 Message Init(const std::vector<float>& value, uint32_t replica, bool sync) {
-  Message m = KeyMessage(wire::KV_INIT, 0, value.size());
+  Message m = testing::Init(key_in_use, value, sync);
   m.header.set_replica(replica);
-  m.header.mutable_kv_options()->set_sync_mode(sync);
-  AddFloatFrame(&m, Buffer::CopyOf(value.data(), value.size() * sizeof(float)));
   return m;
 }
 
@@ -125,31 +116,11 @@ Message InitKey(uint64_t key, const std::vector<float>& value,
 }
 
 Message Push(int rank, uint64_t seq, const std::vector<float>& grad) {
-  Message m = KeyMessage(wire::KV_PUSH, rank, grad.size());
-  m.header.set_push_seq(seq);
-  AddFloatFrame(&m, Buffer::CopyOf(grad.data(), grad.size() * sizeof(float)));
-  return m;
+  return testing::Push(rank, key_in_use, seq, grad);
 }
 
 Message Pull(int rank, uint64_t seq, uint64_t length) {
-  Message m = KeyMessage(wire::KV_PULL, rank, length);
-  m.header.set_push_seq(seq);
-  return m;
-}
-
-Message SetOptimizer(const char* spec) {
-  Message opt;
-  opt.header.set_command(wire::KV_SET_OPTIMIZER);
-  opt.header.set_sender(WorkerId(0));
-  opt.header.set_request_id(next_request++);
-  opt.header.mutable_kv_options()->set_optimizer_spec(spec);
-  return opt;
-}
-
-std::vector<float> ValuesOf(const Message& m) {
-  if (m.data.size() != 1) return {};
-  return std::vector<float>(m.data[0].floats(),
-                            m.data[0].floats() + m.data[0].num_floats());
+  return testing::Pull(rank, key_in_use, length, seq);
 }
 
 // Two servers with SGD (lr = -1: the weights gain each round's sum) and
@@ -457,7 +428,7 @@ TEST_F(ReplicationTest, TwoBitRoundsTravelAsCountsAndGiveTheSameBits) {
     Message c;
     c.header.set_command(wire::KV_SET_COMPRESSION);
     c.header.set_sender(WorkerId(0));
-    c.header.set_request_id(next_request++);
+    c.header.set_request_id(testing::NextRequestId());
     c.header.mutable_kv_options()->set_compression_type("2bit");
     c.header.mutable_kv_options()->set_compression_threshold(0.5f);
     b->server().Handle(std::move(c));
@@ -1149,7 +1120,7 @@ TEST_F(ReplicationTest, ATransferAtAnotherPlaceOrOfANewSliceIsRefused) {
     Message m;
     m.header.set_command(wire::KV_TRANSFER);
     m.header.set_sender(ServerId(0));
-    m.header.set_request_id(next_request++);
+    m.header.set_request_id(testing::NextRequestId());
     m.header.mutable_slice()->set_key(key);
     m.header.set_replica_seq(9);
     AddRawFrame(&m, Buffer::CopyOf(bytes.data(), bytes.size()));

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -118,56 +119,43 @@ TEST(SspClusterTest, AWorkerThatLeavesStopsHoldingTheOthers) {
       << c.AllLogs();
 }
 
-// What a bad bound says, and the exit code.
-std::string FailedWorker(ProcessCluster& c) {
+// A job of one server and one `store` worker with `env` set: the worker
+// exits 1 within 60 s, saying `error`.
+void ExpectWorkerFails(
+    const std::vector<std::pair<std::string, std::string>>& env,
+    const std::string& store, const std::string& error) {
+  SCOPED_TRACE(error);
+  ProcessCluster c;
+  for (const auto& [name, value] : env) c.Env(name, value);
+  c.Start(1, 1, WorkerArgv(store, 1));
   Child& w = c.Find("worker 0");
   EXPECT_TRUE(c.Wait(w, absl::Seconds(60))) << c.AllLogs();
   EXPECT_EQ(ProcessCluster::ExitCode(w), 1) << c.AllLogs();
-  return ProcessCluster::Log(w);
+  EXPECT_NE(ProcessCluster::Log(w).find(error), std::string::npos)
+      << c.AllLogs();
 }
 
+// What a bad bound says, and the exit code.
 TEST(SspClusterTest, ABadBoundIsAClearError) {
-  {
-    ProcessCluster c;
-    c.Env("TESSERA_STALENESS", "-2");
-    c.Start(1, 1, WorkerArgv("dist_ssp", 1));
-    EXPECT_NE(FailedWorker(c).find(
-                  "ssp_worker: INVALID_ARGUMENT: TESSERA_STALENESS='-2': "
-                  "expected a whole number of steps in 0..1000000 (dist_ssp's "
-                  "staleness bound)"),
-              std::string::npos)
-        << c.AllLogs();
-  }
-  {
-    ProcessCluster c;
-    c.Env("SSP_SET_STALENESS", "1000001");
-    c.Start(1, 1, WorkerArgv("dist_ssp", 1));
-    EXPECT_NE(FailedWorker(c).find(
-                  "ssp_worker: INVALID_ARGUMENT: staleness 1000001: expected a "
-                  "whole number of steps in 0..1000000"),
-              std::string::npos)
-        << c.AllLogs();
-  }
-  {
-    ProcessCluster c;  // dist_ssp with no bound at all
-    c.Start(1, 1, WorkerArgv("dist_ssp", 1));
-    EXPECT_NE(FailedWorker(c).find(
-                  "ssp_worker: FAILED_PRECONDITION: dist_ssp needs a "
-                  "staleness bound: set TESSERA_STALENESS or call "
-                  "set_staleness before the first init"),
-              std::string::npos)
-        << c.AllLogs();
-  }
-  {
-    ProcessCluster c;  // a bound for a store that has none
-    c.Env("SSP_SET_STALENESS", "2");
-    c.Start(1, 1, WorkerArgv("dist_sync", 1));
-    EXPECT_NE(FailedWorker(c).find(
-                  "ssp_worker: FAILED_PRECONDITION: set_staleness: this store "
-                  "is dist_sync; a staleness bound is dist_ssp's"),
-              std::string::npos)
-        << c.AllLogs();
-  }
+  ExpectWorkerFails(
+      {{"TESSERA_STALENESS", "-2"}}, "dist_ssp",
+      "ssp_worker: INVALID_ARGUMENT: TESSERA_STALENESS='-2': "
+      "expected a whole number of steps in 0..1000000 (dist_ssp's "
+      "staleness bound)");
+  ExpectWorkerFails(
+      {{"SSP_SET_STALENESS", "1000001"}}, "dist_ssp",
+      "ssp_worker: INVALID_ARGUMENT: staleness 1000001: expected a "
+      "whole number of steps in 0..1000000");
+  // dist_ssp with no bound at all
+  ExpectWorkerFails({}, "dist_ssp",
+                    "ssp_worker: FAILED_PRECONDITION: dist_ssp needs a "
+                    "staleness bound: set TESSERA_STALENESS or call "
+                    "set_staleness before the first init");
+  // a bound for a store that has none
+  ExpectWorkerFails(
+      {{"SSP_SET_STALENESS", "2"}}, "dist_sync",
+      "ssp_worker: FAILED_PRECONDITION: set_staleness: this store "
+      "is dist_sync; a staleness bound is dist_ssp's");
 }
 
 }  // namespace

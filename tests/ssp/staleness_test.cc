@@ -6,7 +6,6 @@
 // checkpoint keeps the bound.
 #include "server/staleness.h"
 
-#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,12 +13,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/metrics.h"
 #include "common/wire_status.h"
 #include "gtest/gtest.h"
 #include "server/kv_server.h"
+#include "tests/support/kv_messages.h"
+#include "tests/support/server_harness.h"
 
 namespace tessera {
 namespace {
@@ -108,106 +108,22 @@ TEST(StalenessStatsTest, ClocksAndSpreadOfTheRanksInTheJob) {
 
 // --- A KVServer with dist_ssp keys ----------------------------------------
 
-// A server and the replies it sent.
-class ServerHarness {
- public:
-  explicit ServerHarness(int num_workers)
-      : server_(num_workers, /*num_threads=*/2, [this](int peer, Message msg) {
-          absl::MutexLock lock(&mu_);
-          msg.header.set_recipient(peer);
-          replies_.push_back(std::move(msg));
-          return absl::OkStatus();
-        }) {}
-
-  KVServer& server() { return server_; }
-
-  // The next reply that is not an acknowledgement, waiting up to 5 s.
-  std::optional<Message> NextReply(bool skip_acks = true) {
-    absl::MutexLock lock(&mu_);
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (true) {
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return !replies_.empty();
-      };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline))
-        return std::nullopt;
-      Message m = std::move(replies_.front());
-      replies_.pop_front();
-      if (skip_acks && m.header.ack_only()) continue;
-      return m;
-    }
-  }
-  // Replies sent so far (acknowledgements included), after `settle`.
-  size_t Pending(absl::Duration settle = absl::Milliseconds(50)) {
-    absl::SleepFor(settle);
-    absl::MutexLock lock(&mu_);
-    return replies_.size();
-  }
-
- private:
-  absl::Mutex mu_;
-  std::deque<Message> replies_ ABSL_GUARDED_BY(mu_);
-  KVServer server_;
-};
-
-uint64_t next_request = 1;
-
-Message KeyMessage(wire::Command cmd, int rank, uint64_t key, uint64_t n) {
-  Message m;
-  m.header.set_command(cmd);
-  m.header.set_sender(WorkerId(rank));
-  m.header.set_request_id(next_request++);
-  m.header.set_plane(wire::DATA);
-  wire::KeySlice* s = m.header.mutable_slice();
-  s->set_key(key);
-  s->set_length(n);
-  s->set_total_length(n);
-  return m;
-}
-
-Buffer Floats(const std::vector<float>& v) {
-  return Buffer::CopyOf(v.data(), v.size() * sizeof(float));
-}
-
-std::vector<float> ValuesOf(const Message& m) {
-  if (m.data.size() != 1) return {};
-  return std::vector<float>(m.data[0].floats(),
-                            m.data[0].floats() + m.data[0].num_floats());
-}
+using testing::Pull;
+using testing::Push;
+using testing::ServerHarness;
+using testing::ValuesOf;
 
 Message SspInit(uint64_t key, const std::vector<float>& value,
                 uint32_t staleness) {
-  Message m = KeyMessage(wire::KV_INIT, 0, key, value.size());
+  Message m = testing::Init(key, value, /*sync=*/false);
   m.header.mutable_kv_options()->set_bounded_staleness(true);
   m.header.mutable_kv_options()->set_staleness(staleness);
-  AddFloatFrame(&m, Floats(value));
-  return m;
-}
-
-Message Push(int rank, uint64_t key, uint64_t seq,
-             const std::vector<float>& grad,
-             wire::Command cmd = wire::KV_PUSH) {
-  Message m = KeyMessage(cmd, rank, key, grad.size());
-  m.header.set_push_seq(seq);
-  AddFloatFrame(&m, Floats(grad));
-  return m;
-}
-
-// A pull made after `clock` pushes of its worker to the key.
-Message Pull(int rank, uint64_t key, uint64_t n, uint64_t clock) {
-  Message m = KeyMessage(wire::KV_PULL, rank, key, n);
-  m.header.set_push_seq(clock);
   return m;
 }
 
 // sgd lr=-1: each push is added to the weights, exactly.
 void Start(ServerHarness& h) {
-  Message m;
-  m.header.set_command(wire::KV_SET_OPTIMIZER);
-  m.header.set_sender(WorkerId(0));
-  m.header.set_request_id(next_request++);
-  m.header.mutable_kv_options()->set_optimizer_spec("sgd lr=-1");
-  h.server().Handle(std::move(m));
+  h.server().Handle(testing::SetOptimizer("sgd lr=-1"));
   std::optional<Message> r = h.NextReply();
   ASSERT_TRUE(r.has_value());
   ASSERT_TRUE(FromWire(r->header.status()).ok());
@@ -224,6 +140,17 @@ Message Answer(ServerHarness& h) {
 }
 
 void ExpectOk(ServerHarness& h) { Answer(h); }
+
+// The values of the one of the next two replies that answers `cmd` (the
+// other answers a push): the two may come in either order.
+std::vector<float> OfTwoAnswers(ServerHarness& h, wire::Command cmd) {
+  std::vector<float> values;
+  for (int i = 0; i < 2; ++i) {
+    Message r = Answer(h);
+    if (r.header.command() == cmd) values = ValuesOf(r);
+  }
+  return values;
+}
 
 // A series' value in the process's metrics (0 when absent).
 double MetricValue(const std::string& series) {
@@ -263,11 +190,7 @@ TEST(KVServerStalenessTest, PullWaitsUntilNoWorkerIsMoreThanSBehind) {
   EXPECT_EQ(h.Pending(), 0u) << "rank 2 still has none: held";
   h.server().Handle(Push(2, 1, 0, {0, 0, 1}));
   // Rank 2's push reply and rank 0's pull, in either order.
-  std::vector<float> pulled;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
-  }
+  const std::vector<float> pulled = OfTwoAnswers(h, wire::KV_PULL);
   EXPECT_EQ(pulled, (std::vector<float>{2, 1, 1}));
   EXPECT_EQ(MetricValue("tessera_server_ssp_pulls_waiting"), 0);
   EXPECT_EQ(MetricValue("tessera_server_ssp_clock{rank=\"0\"}"), 2);
@@ -290,11 +213,7 @@ TEST(KVServerStalenessTest, ZeroStalenessIsAStepOfSingleUpdates) {
   h.server().Handle(Pull(0, 2, 2, 1));
   EXPECT_EQ(h.Pending(), 0u) << "rank 1 has not pushed step 0";
   h.server().Handle(Push(1, 2, 0, {0, 1}));
-  std::vector<float> pulled;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
-  }
+  const std::vector<float> pulled = OfTwoAnswers(h, wire::KV_PULL);
   EXPECT_EQ(pulled, (std::vector<float>{1, 1}));
   // Rank 1 is faster: its step 1 is applied before rank 0's pull at clock 1,
   // which then sees it (a dist_sync pull would see round 0's sum only).
@@ -334,11 +253,7 @@ TEST(KVServerStalenessTest, AWorkerThatLeftStopsHoldingTheOthers) {
   EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{5, 3, 1}))
       << "rank 1 at 3 needs 2 of every rank in the job, not of rank 2";
   h.server().Handle(Push(1, 3, 3, {0, 1, 0}));
-  std::vector<float> pulled;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
-  }
+  const std::vector<float> pulled = OfTwoAnswers(h, wire::KV_PULL);
   EXPECT_EQ(pulled, (std::vector<float>{5, 4, 1}));
 }
 
@@ -361,11 +276,7 @@ TEST(KVServerStalenessTest, PushPullAnswerWaitsForTheBound) {
   h.server().Handle(Pull(1, 4, 2, 0));
   EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{1, 0}));
   h.server().Handle(Push(1, 4, 0, {0, 1}));
-  std::vector<float> answered;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PUSHPULL) answered = ValuesOf(r);
-  }
+  const std::vector<float> answered = OfTwoAnswers(h, wire::KV_PUSHPULL);
   EXPECT_EQ(answered, (std::vector<float>{1, 1}));
   EXPECT_EQ(h.server().stats().duplicates(), 1u) << "the resent copy only";
   EXPECT_EQ(h.server().stats().pushes_applied(), 2u);
@@ -421,11 +332,7 @@ TEST(KVServerStalenessTest, ACheckpointKeepsTheBound) {
   h.server().Handle(Pull(0, 7, 2, 3));
   EXPECT_EQ(h.Pending(), 0u) << "3 - s = 1 push of rank 1 needed";
   h.server().Handle(Push(1, 7, 0, {0, 1}));
-  std::vector<float> pulled;
-  for (int i = 0; i < 2; ++i) {
-    Message r = Answer(h);
-    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
-  }
+  const std::vector<float> pulled = OfTwoAnswers(h, wire::KV_PULL);
   EXPECT_EQ(pulled, (std::vector<float>{3, 1}));
 }
 
