@@ -2,18 +2,18 @@
 // docs/local_groups.md): a push naming its group mates counts for each of
 // them, exactly; one naming anyone else, or carrying counts out of range, is
 // refused with an error naming what was wrong.
-#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/exact_sum.h"
 #include "server/kv_server.h"
+#include "tests/support/kv_messages.h"
+#include "tests/support/server_harness.h"
 
 namespace tessera {
 namespace {
@@ -24,86 +24,48 @@ constexpr int kWorkers = 4;
 
 class GroupPushTest : public ::testing::Test {
  protected:
-  GroupPushTest()
-      : server_(kWorkers, /*threads=*/2, [this](int peer, Message msg) {
-          absl::MutexLock lock(&mu_);
-          msg.header.set_recipient(peer);
-          replies_.push_back(std::move(msg));
-          return absl::OkStatus();
-        }) {
+  GroupPushTest() : h_(kWorkers) {
     // Workers 0 and 1 share a host; so do 2 and 3.
-    server_.set_local_groups({{0, 1}, {0, 1}, {2, 3}, {2, 3}});
-  }
-  ~GroupPushTest() override { server_.Stop(); }
-
-  // The next reply that is not an acknowledgement, waiting up to 5 s.
-  std::optional<Message> NextReply() {
-    absl::MutexLock lock(&mu_);
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (true) {
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return !replies_.empty();
-      };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline))
-        return std::nullopt;
-      Message m = std::move(replies_.front());
-      replies_.pop_front();
-      if (!m.header.ack_only()) return m;
-    }
-  }
-  size_t Pending() {
-    absl::SleepFor(absl::Milliseconds(50));
-    absl::MutexLock lock(&mu_);
-    return replies_.size();
+    h_.server().set_local_groups({{0, 1}, {0, 1}, {2, 3}, {2, 3}});
   }
 
-  Message KeyMessage(wire::Command cmd, int rank, uint64_t length) {
-    Message m;
-    m.header.set_command(cmd);
-    m.header.set_sender(WorkerId(rank));
-    m.header.set_request_id(next_request_++);
-    m.header.set_plane(wire::DATA);
-    wire::KeySlice* s = m.header.mutable_slice();
-    s->set_key(kKey);
-    s->set_length(length);
-    s->set_total_length(length);
-    return m;
-  }
+  KVServer& server() { return h_.server(); }
+  std::optional<Message> NextReply() { return h_.NextReply(); }
+  size_t Pending() { return h_.Pending(); }
+
   // Sends `m`; returns its answer's status (after the round, for a push).
   absl::Status Send(Message m) {
-    server_.Handle(std::move(m));
+    server().Handle(std::move(m));
     std::optional<Message> reply = NextReply();
     if (!reply.has_value()) return absl::DeadlineExceededError("no reply");
     last_ = *reply;
     return FromWire(reply->header.status());
   }
   void Init(std::vector<float> value, bool sync = true) {
-    Message m = KeyMessage(wire::KV_INIT, 0, value.size());
-    m.header.mutable_kv_options()->set_sync_mode(sync);
-    AddFloatFrame(&m, Buffer::CopyOf(value.data(), value.size() * 4));
-    ASSERT_TRUE(Send(std::move(m)).ok());
+    absl::Status s = Send(testing::Init(kKey, value, sync));
+    ASSERT_TRUE(s.ok()) << s;
   }
   void SetTwoBit(float threshold) {
     Message m;
     m.header.set_command(wire::KV_SET_COMPRESSION);
     m.header.set_sender(WorkerId(0));
-    m.header.set_request_id(next_request_++);
+    m.header.set_request_id(testing::NextRequestId());
     m.header.mutable_kv_options()->set_compression_type("2bit");
     m.header.mutable_kv_options()->set_compression_threshold(threshold);
     absl::Status s = Send(std::move(m));
     ASSERT_TRUE(s.ok()) << s;
   }
-  Message FloatPush(int rank, uint64_t seq, const std::vector<float>& grad,
-                    const std::vector<int>& mates) {
-    Message m = KeyMessage(wire::KV_PUSH, rank, grad.size());
-    m.header.set_push_seq(seq);
+  static Message FloatPush(int rank, uint64_t seq,
+                           const std::vector<float>& grad,
+                           const std::vector<int>& mates) {
+    Message m = testing::Push(rank, kKey, seq, grad);
     for (int r : mates) m.header.add_group_ranks(r);
-    AddFloatFrame(&m, Buffer::CopyOf(grad.data(), grad.size() * 4));
     return m;
   }
-  Message CountsPush(int rank, uint64_t seq, const std::vector<int8_t>& counts,
-                     float threshold, const std::vector<int>& mates) {
-    Message m = KeyMessage(wire::KV_PUSH, rank, counts.size());
+  static Message CountsPush(int rank, uint64_t seq,
+                            const std::vector<int8_t>& counts, float threshold,
+                            const std::vector<int>& mates) {
+    Message m = testing::KeyMessage(wire::KV_PUSH, rank, kKey, counts.size());
     m.header.set_push_seq(seq);
     for (int r : mates) m.header.add_group_ranks(r);
     wire::DataFrame* d = m.header.add_frames();
@@ -115,24 +77,18 @@ class GroupPushTest : public ::testing::Test {
     return m;
   }
   std::vector<float> PullValues(int rank, uint64_t length) {
-    Message m = KeyMessage(wire::KV_PULL, rank, length);
-    m.header.set_push_seq(1);
-    EXPECT_TRUE(Send(std::move(m)).ok());
-    const Buffer& b = last_.data.at(0);
-    return std::vector<float>(b.floats(), b.floats() + b.num_floats());
+    EXPECT_TRUE(Send(testing::Pull(rank, kKey, length, /*push_seq=*/1)).ok());
+    return testing::ValuesOf(last_);
   }
 
   static constexpr uint64_t kKey = 7;
-  absl::Mutex mu_;
-  std::deque<Message> replies_ ABSL_GUARDED_BY(mu_);
-  KVServer server_;
-  uint64_t next_request_ = 1;
+  testing::ServerHarness h_;
   Message last_;
 };
 
 TEST_F(GroupPushTest, TwoGroupPushesCompleteARoundOfFourWorkers) {
   Init({0, 0});
-  server_.Handle(FloatPush(0, 0, {1.5f, -2.0f}, {1}));
+  server().Handle(FloatPush(0, 0, {1.5f, -2.0f}, {1}));
   EXPECT_EQ(Pending(), 0u);  // the round waits for workers 2 and 3
   EXPECT_TRUE(Send(FloatPush(3, 0, {0.25f, 4.0f}, {2})).ok());
   std::optional<Message> first = NextReply();
@@ -140,21 +96,21 @@ TEST_F(GroupPushTest, TwoGroupPushesCompleteARoundOfFourWorkers) {
   EXPECT_TRUE(FromWire(first->header.status()).ok());
   // No optimizer: the store becomes the round's sum.
   EXPECT_EQ(PullValues(0, 2), (std::vector<float>{1.75f, 2.0f}));
-  EXPECT_EQ(server_.stats().rounds_applied(), 1u);
-  EXPECT_EQ(server_.stats().pushes_applied(), 2u);
+  EXPECT_EQ(server().stats().rounds_applied(), 1u);
+  EXPECT_EQ(server().stats().pushes_applied(), 2u);
 }
 
 TEST_F(GroupPushTest, AGroupPushAndItsMembersOwnPushesCannotMix) {
   Init({0});
-  server_.Handle(FloatPush(0, 0, {1.0f}, {1}));
+  server().Handle(FloatPush(0, 0, {1.0f}, {1}));
   // Worker 1's own push of the round is already in its mate's: it waits
   // for the next round, which then needs the others' pushes again.
-  server_.Handle(FloatPush(1, 0, {5.0f}, {}));
-  server_.Handle(FloatPush(2, 0, {2.0f}, {}));
+  server().Handle(FloatPush(1, 0, {5.0f}, {}));
+  server().Handle(FloatPush(2, 0, {2.0f}, {}));
   EXPECT_TRUE(Send(FloatPush(3, 0, {3.0f}, {})).ok());
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(NextReply().has_value());
   EXPECT_EQ(PullValues(0, 1), (std::vector<float>{6.0f}));
-  EXPECT_EQ(server_.stats().rounds_applied(), 1u);
+  EXPECT_EQ(server().stats().rounds_applied(), 1u);
   EXPECT_EQ(Pending(), 0u);  // worker 1's push waits in round 2
 }
 
@@ -170,11 +126,11 @@ TEST_F(GroupPushTest, APushNamingAnotherGroupsWorkersIsRefused) {
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("worker(s) 2, 3; its local group's other members "
                         "are 3"));
-  EXPECT_EQ(server_.stats().pushes_applied(), 0u);
+  EXPECT_EQ(server().stats().pushes_applied(), 0u);
 }
 
 TEST_F(GroupPushTest, AWorkerInNoGroupCannotSpeakForOthers) {
-  server_.set_local_groups({{}, {}, {2, 3}, {2, 3}});
+  server().set_local_groups({{}, {}, {2, 3}, {2, 3}});
   Init({0});
   absl::Status s = Send(FloatPush(0, 0, {1.0f}, {1}));
   EXPECT_THAT(std::string(s.message()),
@@ -208,7 +164,7 @@ TEST_F(GroupPushTest, CountsGiveTheSameBitsAsTheMembersTwoBitPushes) {
   const float* expected = flat.Finish();
   std::vector<int8_t> a(group_a.begin(), group_a.end());
   std::vector<int8_t> b(group_b.begin(), group_b.end());
-  server_.Handle(CountsPush(1, 0, a, 0.375f, {0}));
+  server().Handle(CountsPush(1, 0, a, 0.375f, {0}));
   EXPECT_TRUE(Send(CountsPush(2, 0, b, 0.375f, {3})).ok());
   ASSERT_TRUE(NextReply().has_value());
   std::vector<float> got = PullValues(1, 5);
@@ -235,11 +191,11 @@ TEST_F(GroupPushTest, CountsBeyondTheGroupOrOfAnotherThresholdAreRefused) {
   s = Send(CountsPush(0, 1, {1, 1}, 0.5f, {1}));
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("2 counts of threshold 0.5; expected 2 of 0.375"));
-  EXPECT_EQ(server_.stats().pushes_applied(), 0u);
+  EXPECT_EQ(server().stats().pushes_applied(), 0u);
 }
 
 TEST_F(GroupPushTest, RowKeysTakeNoGroupPush) {
-  Message init = KeyMessage(wire::KV_INIT, 0, /*rows=*/2);
+  Message init = testing::KeyMessage(wire::KV_INIT, 0, kKey, /*rows=*/2);
   init.header.mutable_slice()->set_row_length(2);
   init.header.mutable_kv_options()->set_sync_mode(true);  // no value: zeros
   absl::Status inited = Send(std::move(init));
@@ -253,16 +209,11 @@ TEST_F(GroupPushTest, RowKeysTakeNoGroupPush) {
 }
 
 TEST_F(GroupPushTest, AsyncAppliesAGroupSumOnce) {
-  Message opt;
-  opt.header.set_command(wire::KV_SET_OPTIMIZER);
-  opt.header.set_sender(WorkerId(0));
-  opt.header.set_request_id(next_request_++);
-  opt.header.mutable_kv_options()->set_optimizer_spec("sgd lr=0.5");
-  ASSERT_TRUE(Send(std::move(opt)).ok());
+  ASSERT_TRUE(Send(testing::SetOptimizer("sgd lr=0.5")).ok());
   Init({1.0f, 1.0f}, /*sync=*/false);
   EXPECT_TRUE(Send(FloatPush(0, 0, {2.0f, -4.0f}, {1})).ok());
   EXPECT_EQ(PullValues(0, 2), (std::vector<float>{0.0f, 3.0f}));
-  EXPECT_EQ(server_.stats().pushes_applied(), 1u);
+  EXPECT_EQ(server().stats().pushes_applied(), 1u);
 }
 
 }  // namespace
