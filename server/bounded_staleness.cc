@@ -50,11 +50,25 @@ KVServer::SspVerdict KVServer::SspCheck(StoredKey* key, const Message& msg,
   const absl::Time now = absl::Now();
   if (!open) {
     if (gate.Hold(sender, id, now)) ssp_stats_.Held();
+    // For the hang doctor: whom it waits for now.
+    const StalenessGate::Span span = StalenessGate::Measure(
+        key->ledger, [&engine](int r) { return !engine.Left(r); });
+    ssp_stats_.Holding(sender, id,
+                       {.key = key->key,
+                        .offset = key->offset,
+                        .rank = RankOfId(sender),
+                        .command = msg.header.command(),
+                        .clock = clock,
+                        .staleness = gate.staleness(),
+                        .held_by = span.slowest_rank,
+                        .held_by_pushes = span.slowest},
+                       now);
     return SspVerdict::kWait;
   }
   std::optional<absl::Duration> held = gate.Release(sender, id, now);
   if (!held.has_value()) return SspVerdict::kAnswer;
   ssp_stats_.Released(*held);
+  ssp_stats_.NotHolding(key->key, key->offset, sender, id);
   return SspVerdict::kAnswerHeld;
 }
 
@@ -64,7 +78,10 @@ void KVServer::SspPushTaken(const StoredKey& key, int rank) {
 
 void KVServer::SspForget(StoredKey* key, int sender) {
   if (key->ssp == nullptr) return;
-  if (const size_t n = key->ssp->Forget(sender); n != 0) ssp_stats_.Dropped(n);
+  if (const size_t n = key->ssp->Forget(sender); n != 0) {
+    ssp_stats_.Dropped(n);
+    ssp_stats_.NotHoldingAny(key->key, key->offset, sender);
+  }
 }
 
 bool KVServer::AnswerTakenPush(StoredKey* key, Message& msg) {

@@ -252,7 +252,7 @@ class KVServer : private EngineContext {
   // Tells the watch how many messages `key` holds, when that changed.
   void ReportWaiting(StoredKey* key);
   // This server's part of /debug/pending: open rounds, waiting messages,
-  // rank lags, the update threads' phases.
+  // rank lags, dist_ssp pulls the bound holds, the update threads' phases.
   void FillPending(wire::DebugPending* out) const;
   // Replication. A new slice's part in it: `replica`, this server's place in
   // its chain (KV_INIT's).

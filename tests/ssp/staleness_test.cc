@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/debug_pending.h"
 #include "common/metrics.h"
 #include "common/wire_status.h"
 #include "gtest/gtest.h"
@@ -390,6 +391,76 @@ TEST(KVServerStalenessTest, InitsWithABadBoundAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "init of key 6: a key is dist_sync or dist_ssp, not both");
+}
+
+// The hang doctor (/debug/pending) names, for each pull the bound holds, the
+// slowest rank in the job, which holds it, and by how many steps: the
+// puller's clock minus s minus that rank's pushes.
+TEST(KVServerStalenessTest, DebugPendingNamesWhoHoldsAPullAndByHowMuch) {
+  ServerHarness h(3);
+  Start(h);
+  h.server().Handle(SspInit(8, {0, 0, 0}, /*staleness=*/1));
+  ExpectOk(h);
+  // Rank 0 at 4 pushes, rank 1 at 3, rank 2 at 1.
+  const std::vector<uint64_t> pushes = {4, 3, 1};
+  for (int r = 0; r < 3; ++r) {
+    std::vector<float> grad(3, 0.0f);
+    grad[r] = 1;
+    for (uint64_t seq = 0; seq < pushes[r]; ++seq) {
+      h.server().Handle(Push(r, 8, seq, grad));
+      ExpectOk(h);
+    }
+  }
+  // Rank 0's pull at clock 4 needs 3 pushes of every rank: rank 2 is 2
+  // short. Rank 1's at clock 3 needs 2: rank 2 is 1 short.
+  h.server().Handle(Pull(0, 8, 3, 4));
+  h.server().Handle(Pull(1, 8, 3, 3));
+  EXPECT_EQ(h.Pending(), 0u);
+  wire::DebugPending pending = DebugPendingRegistry::Global().Collect();
+  ASSERT_EQ(pending.held_pulls_size(), 2) << PendingJson(pending);
+  EXPECT_EQ(pending.held_pulls_total(), 2);
+  const wire::HeldPull& first = pending.held_pulls(0);
+  EXPECT_EQ(first.key(), 8u);
+  EXPECT_EQ(first.offset(), 0u);
+  EXPECT_EQ(first.rank(), 0);
+  EXPECT_EQ(first.command(), "KV_PULL");
+  EXPECT_EQ(first.clock(), 4u);
+  EXPECT_EQ(first.staleness(), 1u);
+  EXPECT_EQ(first.held_by(), 2);
+  EXPECT_EQ(first.held_by_pushes(), 1u);
+  EXPECT_EQ(first.steps(), 2u);
+  EXPECT_GE(first.age_s(), 0.0);
+  const wire::HeldPull& second = pending.held_pulls(1);
+  EXPECT_EQ(second.rank(), 1);
+  EXPECT_EQ(second.clock(), 3u);
+  EXPECT_EQ(second.held_by(), 2);
+  EXPECT_EQ(second.steps(), 1u);
+  // As the JSON shows it (64-bit integers are strings in proto3's JSON).
+  pending.mutable_held_pulls(0)->set_age_s(0.5);
+  const std::string json = PendingJson(pending);
+  EXPECT_NE(json.find("{\"key\":\"8\",\"offset\":\"0\",\"rank\":0,"
+                      "\"command\":\"KV_PULL\",\"clock\":\"4\","
+                      "\"staleness\":1,\"held_by\":2,\"held_by_pushes\":"
+                      "\"1\",\"steps\":\"2\",\"age_s\":0.5}"),
+            std::string::npos)
+      << json;
+  // Rank 2's next push: rank 1's pull goes; rank 0's waits for 1 more step,
+  // still for rank 2.
+  h.server().Handle(Push(2, 8, 1, {0, 0, 1}));
+  ExpectOk(h);
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{4, 3, 2}));
+  pending = DebugPendingRegistry::Global().Collect();
+  ASSERT_EQ(pending.held_pulls_size(), 1) << PendingJson(pending);
+  EXPECT_EQ(pending.held_pulls(0).rank(), 0);
+  EXPECT_EQ(pending.held_pulls(0).held_by(), 2);
+  EXPECT_EQ(pending.held_pulls(0).held_by_pushes(), 2u);
+  EXPECT_EQ(pending.held_pulls(0).steps(), 1u);
+  h.server().Handle(Push(2, 8, 2, {0, 0, 1}));
+  ExpectOk(h);
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{4, 3, 3}));
+  pending = DebugPendingRegistry::Global().Collect();
+  EXPECT_EQ(pending.held_pulls_size(), 0) << PendingJson(pending);
+  EXPECT_EQ(pending.held_pulls_total(), 0);
 }
 
 // A checkpoint keeps a slice's bound: restored, its pulls wait as before.
