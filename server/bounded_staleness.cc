@@ -2,6 +2,8 @@
 // the rule and its metrics are server/staleness.h): a slice's gate made at
 // its init, the one question the data path asks of it (may this pull, or
 // this pushpull's answer, be answered now?), and the clocks its pushes move.
+#include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -38,21 +40,36 @@ void KVServer::MakeBoundedStaleness(StoredKey* key,
                   << ": dist_ssp, staleness " << options.staleness();
 }
 
+namespace {
+
+// The ranks the bound waits for on a slice: those in the job. A rank out of
+// it (left, or declared dead) holds nobody back, and neither does a joiner
+// until it entered the slice at its starting clock (EnterRounds).
+std::function<bool(int)> Counting(const SliceEngine& engine) {
+  return [&engine](int r) { return !engine.Left(r) && !engine.Joining(r); };
+}
+
+}  // namespace
+
+uint64_t KVServer::SspJoinClock(const StoredKey& key, int rank) const {
+  const StalenessGate::Span span =
+      StalenessGate::Measure(key.ledger, Counting(*key.engine));
+  const uint64_t own = key.ledger.received(rank);
+  return span.slowest_rank < 0 ? own : std::max(own, span.slowest);
+}
+
 KVServer::SspVerdict KVServer::SspCheck(StoredKey* key, const Message& msg,
                                         uint64_t clock) {
   StalenessGate& gate = *key->ssp;
   const int sender = msg.header.sender();
   const uint64_t id = msg.header.request_id();
-  // A rank out of the job (left, or declared dead) holds nobody back.
-  const SliceEngine& engine = *key->engine;
-  const bool open = gate.Open(clock, key->ledger,
-                              [&engine](int r) { return !engine.Left(r); });
+  const bool open = gate.Open(clock, key->ledger, Counting(*key->engine));
   const absl::Time now = absl::Now();
   if (!open) {
     if (gate.Hold(sender, id, now)) ssp_stats_.Held();
     // For the hang doctor: whom it waits for now.
-    const StalenessGate::Span span = StalenessGate::Measure(
-        key->ledger, [&engine](int r) { return !engine.Left(r); });
+    const StalenessGate::Span span =
+        StalenessGate::Measure(key->ledger, Counting(*key->engine));
     ssp_stats_.Holding(sender, id,
                        {.key = key->key,
                         .offset = key->offset,

@@ -372,6 +372,12 @@ class KVServer : private EngineContext {
   // answered now (kAnswerHeld: after the gate held it), or waits.
   enum class SspVerdict { kWait, kAnswer, kAnswerHeld };
   SspVerdict SspCheck(StoredKey* key, const Message& msg, uint64_t clock);
+  // Elastic jobs: the clock a worker joining the job starts dist_ssp slice
+  // `key` at (its pushes are numbered from it): the slowest clock of the
+  // ranks the bound waits for, or its rank's own count when that is more
+  // (a rank whose earlier holder left). Its entry (EnterRounds) sets it, and
+  // from then on the rank holds the others back.
+  uint64_t SspJoinClock(const StoredKey& key, int rank) const;
   // Dist_ssp slice `key` took a push of `rank` (its clock moves).
   void SspPushTaken(const StoredKey& key, int rank);
   // What `key`'s gate held of `sender` was answered otherwise.

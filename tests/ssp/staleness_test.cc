@@ -463,6 +463,114 @@ TEST(KVServerStalenessTest, DebugPendingNamesWhoHoldsAPullAndByHowMuch) {
   EXPECT_EQ(pending.held_pulls_total(), 0);
 }
 
+// A worker's rejoin (KV_INIT with rejoin, from its life `generation`), and a
+// joiner's entry at `clock` (with enter).
+Message Rejoin(int rank, uint64_t key, uint64_t n, uint64_t generation) {
+  Message m = KeyMessage(wire::KV_INIT, rank, key, n);
+  m.header.set_rejoin(true);
+  m.header.set_generation(generation);
+  return m;
+}
+Message Entry(int rank, uint64_t key, uint64_t n, uint64_t clock) {
+  Message m = Rejoin(rank, key, n, 1);
+  m.header.set_enter(true);
+  m.header.set_enter_round(0);
+  m.header.set_push_seq(clock);
+  return m;
+}
+
+// The replies to a push and a held pull it releases, in either order: the
+// pull's values.
+std::vector<float> ReleasedPull(ServerHarness& h) {
+  std::vector<float> pulled;
+  for (int i = 0; i < 2; ++i) {
+    Message r = Answer(h);
+    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
+  }
+  return pulled;
+}
+
+// Elastic job (2 of at most 3 workers): rank 2 joins with ranks 0 and 1 at 5
+// and 3 pushes. It starts at the slowest clock, 3: the rejoin's reply says
+// so, it holds nobody back before its entry, and after it the bound waits
+// for it from 3 on (its first push is number 3, its pulls wait as at 3).
+TEST(KVServerStalenessTest, AJoiningWorkerStartsAtTheSlowestClock) {
+  ServerHarness h(3);
+  h.server().set_elastic(2);
+  Start(h);
+  h.server().Handle(SspInit(9, {0, 0, 0}, /*staleness=*/1));
+  ExpectOk(h);
+  for (uint64_t seq = 0; seq < 5; ++seq) {
+    h.server().Handle(Push(0, 9, seq, {1, 0, 0}));
+    ExpectOk(h);
+  }
+  for (uint64_t seq = 0; seq < 3; ++seq) {
+    h.server().Handle(Push(1, 9, seq, {0, 1, 0}));
+    ExpectOk(h);
+  }
+  h.server().WorkerJoined(2);
+  h.server().Handle(Rejoin(2, 9, 3, /*generation=*/1));
+  Message rejoined = Answer(h);
+  EXPECT_EQ(rejoined.header.push_seq(), 3u) << "rank 1's clock, the slowest";
+  EXPECT_TRUE(rejoined.header.joining());
+  // Not entered yet: rank 0's pull at clock 4 needs 3 of ranks 0 and 1 only.
+  h.server().Handle(Pull(0, 9, 3, 4));
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{5, 3, 0}));
+  h.server().Handle(Entry(2, 9, 3, /*clock=*/3));
+  Message entered = Answer(h);
+  EXPECT_FALSE(entered.header.joining());
+  h.server().Handle(Push(1, 9, 3, {0, 1, 0}));
+  ExpectOk(h);
+  // Rank 0 at 5 needs 4 of every rank: rank 2, at 3, is 1 step short.
+  h.server().Handle(Pull(0, 9, 3, 5));
+  EXPECT_EQ(h.Pending(), 0u);
+  const wire::DebugPending pending = DebugPendingRegistry::Global().Collect();
+  ASSERT_EQ(pending.held_pulls_size(), 1) << PendingJson(pending);
+  EXPECT_EQ(pending.held_pulls(0).held_by(), 2);
+  EXPECT_EQ(pending.held_pulls(0).held_by_pushes(), 3u);
+  EXPECT_EQ(pending.held_pulls(0).steps(), 1u);
+  // The joiner's pull at its clock, 3, needs 2 of every rank: answered.
+  h.server().Handle(Pull(2, 9, 3, 3));
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{5, 4, 0}));
+  // Its first push is number 3, taken (not a duplicate): rank 0's pull goes.
+  h.server().Handle(Push(2, 9, 3, {0, 0, 1}));
+  EXPECT_EQ(ReleasedPull(h), (std::vector<float>{5, 4, 1}));
+  EXPECT_EQ(h.server().stats().duplicates(), 0u);
+  // Its pull at 4, after that push, needs 3 of every rank: answered.
+  h.server().Handle(Pull(2, 9, 3, 4));
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{5, 4, 1}));
+  EXPECT_EQ(MetricValue("tessera_server_ssp_clock{rank=\"2\"}"), 4);
+}
+
+// A worker restarted into the job (--restarts) keeps its rank and its place:
+// while it is down it still holds the others (it never left), its rejoin
+// resumes at its count (not joining, no new clock), and its new life's next
+// push releases them.
+TEST(KVServerStalenessTest, ARestartedWorkerResumesAtItsOwnClock) {
+  ServerHarness h(2);
+  Start(h);
+  h.server().Handle(SspInit(10, {0, 0}, /*staleness=*/1));
+  ExpectOk(h);
+  for (uint64_t seq = 0; seq < 3; ++seq) {
+    h.server().Handle(Push(0, 10, seq, {1, 0}));
+    ExpectOk(h);
+  }
+  h.server().Handle(Push(1, 10, 0, {0, 1}));
+  ExpectOk(h);
+  // Rank 1 dies with 1 push taken; rank 0's pull at 3 needs 2 of it.
+  h.server().Handle(Pull(0, 10, 2, 3));
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Rejoin(1, 10, 2, /*generation=*/1));
+  Message rejoined = Answer(h);
+  EXPECT_EQ(rejoined.header.push_seq(), 1u) << "its own count";
+  EXPECT_FALSE(rejoined.header.joining());
+  EXPECT_EQ(h.Pending(), 0u) << "still held: rank 1 is in the job at 1";
+  Message again = Push(1, 10, 1, {0, 1});
+  again.header.set_generation(1);
+  h.server().Handle(std::move(again));
+  EXPECT_EQ(ReleasedPull(h), (std::vector<float>{3, 2}));
+}
+
 // A checkpoint keeps a slice's bound: restored, its pulls wait as before.
 TEST(KVServerStalenessTest, ACheckpointKeepsTheBound) {
   wire::ServerCheckpoint saved;
