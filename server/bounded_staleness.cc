@@ -2,6 +2,8 @@
 // the rule and its metrics are server/staleness.h): a slice's gate made at
 // its init, the one question the data path asks of it (may this pull, or
 // this pushpull's answer, be answered now?), and the clocks its pushes move.
+#include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -38,23 +40,52 @@ void KVServer::MakeBoundedStaleness(StoredKey* key,
                   << ": dist_ssp, staleness " << options.staleness();
 }
 
+namespace {
+
+// The ranks the bound waits for on a slice: those in the job. A rank out of
+// it (left, or declared dead) holds nobody back, and neither does a joiner
+// until it entered the slice at its starting clock (EnterRounds).
+std::function<bool(int)> Counting(const SliceEngine& engine) {
+  return [&engine](int r) { return !engine.Left(r) && !engine.Joining(r); };
+}
+
+}  // namespace
+
+uint64_t KVServer::SspJoinClock(const StoredKey& key, int rank) const {
+  const StalenessGate::Span span =
+      StalenessGate::Measure(key.ledger, Counting(*key.engine));
+  const uint64_t own = key.ledger.received(rank);
+  return span.slowest_rank < 0 ? own : std::max(own, span.slowest);
+}
+
 KVServer::SspVerdict KVServer::SspCheck(StoredKey* key, const Message& msg,
                                         uint64_t clock) {
   StalenessGate& gate = *key->ssp;
   const int sender = msg.header.sender();
   const uint64_t id = msg.header.request_id();
-  // A rank out of the job (left, or declared dead) holds nobody back.
-  const SliceEngine& engine = *key->engine;
-  const bool open = gate.Open(clock, key->ledger,
-                              [&engine](int r) { return !engine.Left(r); });
+  const bool open = gate.Open(clock, key->ledger, Counting(*key->engine));
   const absl::Time now = absl::Now();
   if (!open) {
     if (gate.Hold(sender, id, now)) ssp_stats_.Held();
+    // For the hang doctor: whom it waits for now.
+    const StalenessGate::Span span =
+        StalenessGate::Measure(key->ledger, Counting(*key->engine));
+    ssp_stats_.Holding(sender, id,
+                       {.key = key->key,
+                        .offset = key->offset,
+                        .rank = RankOfId(sender),
+                        .command = msg.header.command(),
+                        .clock = clock,
+                        .staleness = gate.staleness(),
+                        .held_by = span.slowest_rank,
+                        .held_by_pushes = span.slowest},
+                       now);
     return SspVerdict::kWait;
   }
   std::optional<absl::Duration> held = gate.Release(sender, id, now);
   if (!held.has_value()) return SspVerdict::kAnswer;
   ssp_stats_.Released(*held);
+  ssp_stats_.NotHolding(key->key, key->offset, sender, id);
   return SspVerdict::kAnswerHeld;
 }
 
@@ -64,7 +95,10 @@ void KVServer::SspPushTaken(const StoredKey& key, int rank) {
 
 void KVServer::SspForget(StoredKey* key, int sender) {
   if (key->ssp == nullptr) return;
-  if (const size_t n = key->ssp->Forget(sender); n != 0) ssp_stats_.Dropped(n);
+  if (const size_t n = key->ssp->Forget(sender); n != 0) {
+    ssp_stats_.Dropped(n);
+    ssp_stats_.NotHoldingAny(key->key, key->offset, sender);
+  }
 }
 
 bool KVServer::AnswerTakenPush(StoredKey* key, Message& msg) {

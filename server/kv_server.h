@@ -260,7 +260,7 @@ class KVServer : private EngineContext {
   // Tells the watch how many messages `key` holds, when that changed.
   void ReportWaiting(StoredKey* key);
   // This server's part of /debug/pending: open rounds, waiting messages,
-  // rank lags, the update threads' phases.
+  // rank lags, dist_ssp pulls the bound holds, the update threads' phases.
   void FillPending(wire::DebugPending* out) const;
   // Replication. A new slice's part in it: `replica`, this server's place in
   // its chain (KV_INIT's).
@@ -384,6 +384,12 @@ class KVServer : private EngineContext {
   // answered now (kAnswerHeld: after the gate held it), or waits.
   enum class SspVerdict { kWait, kAnswer, kAnswerHeld };
   SspVerdict SspCheck(StoredKey* key, const Message& msg, uint64_t clock);
+  // Elastic jobs: the clock a worker joining the job starts dist_ssp slice
+  // `key` at (its pushes are numbered from it): the slowest clock of the
+  // ranks the bound waits for, or its rank's own count when that is more
+  // (a rank whose earlier holder left). Its entry (EnterRounds) sets it, and
+  // from then on the rank holds the others back.
+  uint64_t SspJoinClock(const StoredKey& key, int rank) const;
   // Dist_ssp slice `key` took a push of `rank` (its clock moves).
   void SspPushTaken(const StoredKey& key, int rank);
   // What `key`'s gate held of `sender` was answered otherwise.

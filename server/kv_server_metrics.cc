@@ -230,6 +230,7 @@ wire::KVStats KVServer::stats() const {
 void KVServer::FillPending(wire::DebugPending* out) const {
   const absl::Time now = absl::Now();
   watch_.Fill(out, now);
+  ssp_stats_.Fill(out, now);
   for (size_t i = 0; i < shards_.size(); ++i) {
     const Shard& shard = *shards_[i];
     wire::ThreadPhase* t = out->add_threads();

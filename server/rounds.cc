@@ -182,14 +182,19 @@ void KVServer::Rejoin(Shard* shard, Message&& msg) {
   const size_t dropped = key->waiting.DropEarlierLives(msg.header.sender(),
                                                        msg.header.generation());
   if (dropped != 0) SspForget(key, msg.header.sender());
-  msg.header.set_push_seq(key->ledger.received(rank));
+  // A joiner of a dist_ssp slice starts at the slowest clock in the job
+  // (its entry makes every slice of the key agree on the largest).
+  const bool joining = key->engine->Joining(rank);
+  msg.header.set_push_seq(key->ssp != nullptr && joining
+                              ? SspJoinClock(*key, rank)
+                              : key->ledger.received(rank));
   // A worker joining an elastic job learns where the rounds are, to choose
   // the round it enters every slice at.
   msg.header.set_open_round(key->engine->RoundNumber());
   // dist_async slices too: a joiner reusing the rank of a worker that left
   // mid-push numbers its pushes from the largest count (its entry), or its
   // first push to a slice that counted more would be taken as a duplicate.
-  msg.header.set_joining(key->engine->Joining(rank));
+  msg.header.set_joining(joining);
   Reply(msg, absl::OkStatus());
   if (dropped != 0) {
     TESSERA_VLOG(1) << "key " << slice.key() << ": dropped " << dropped
@@ -216,6 +221,12 @@ void KVServer::EnterRounds(StoredKey* key, Message&& msg) {
   // slices of a key and not others before it went).
   if (taken && joining && msg.header.push_seq() > key->ledger.received(rank))
     key->ledger.SetReceived(rank, msg.header.push_seq());
+  // dist_ssp: the joiner is at its starting clock (SspJoinClock, the largest
+  // over the key's slices); the bound waits for it from now on.
+  if (key->ssp != nullptr) {
+    key->engine->Enter(rank);
+    if (joining) SspPushTaken(*key, rank);
+  }
   // Refused: the reply's open round is past the round asked (the open round
   // itself when a push of the rank's earlier holder is in it).
   msg.header.set_open_round(taken ? key->engine->RoundNumber()
@@ -318,7 +329,8 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   // push in the rounds makes it a member (one that announced no round enters
   // the round under way).
   if (key->sync && key->engine->Early(rank)) return false;
-  if (key->sync) key->engine->Enter(rank);
+  // dist_ssp: a joiner that pushes without an entry is counted from here.
+  if (key->sync || key->ssp != nullptr) key->engine->Enter(rank);
   key->ledger.Take(rank);
   key->progress = true;
   if (key->sync && key->engine->RoundEmpty()) key->round_started = absl::Now();

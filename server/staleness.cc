@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -122,6 +123,58 @@ void StalenessStats::Released(absl::Duration held) {
 
 void StalenessStats::Dropped(size_t n) {
   waiting_.fetch_sub(static_cast<int64_t>(n), std::memory_order_relaxed);
+}
+
+void StalenessStats::Holding(int sender, uint64_t request_id,
+                             const HeldPull& pull, absl::Time now) {
+  absl::MutexLock lock(&held_mu_);
+  auto [it, added] = held_.try_emplace(
+      HeldId{pull.key, pull.offset, sender, request_id}, HeldEntry{pull, now});
+  if (!added) it->second.pull = pull;  // since: when it was first held
+}
+
+void StalenessStats::NotHolding(uint64_t key, uint64_t offset, int sender,
+                                uint64_t request_id) {
+  absl::MutexLock lock(&held_mu_);
+  held_.erase(HeldId{key, offset, sender, request_id});
+}
+
+void StalenessStats::NotHoldingAny(uint64_t key, uint64_t offset, int sender) {
+  absl::MutexLock lock(&held_mu_);
+  auto it = held_.lower_bound(HeldId{key, offset, sender, 0});
+  while (it != held_.end() && std::get<0>(it->first) == key &&
+         std::get<1>(it->first) == offset && std::get<2>(it->first) == sender) {
+    it = held_.erase(it);
+  }
+}
+
+void StalenessStats::Fill(wire::DebugPending* out, absl::Time now) const {
+  absl::MutexLock lock(&held_mu_);
+  // Oldest first; held at the same time, in the map's order.
+  std::vector<std::pair<absl::Time, const HeldEntry*>> by_age;
+  for (const auto& [id, held] : held_) by_age.push_back({held.since, &held});
+  std::stable_sort(
+      by_age.begin(), by_age.end(),
+      [](const auto& a, const auto& b) { return a.first < b.first; });
+  const size_t listed = std::min(by_age.size(), kMaxListed);
+  out->set_held_pulls_total(out->held_pulls_total() +
+                            static_cast<int32_t>(held_.size()));
+  for (size_t i = 0; i < listed; ++i) {
+    const HeldPull& p = by_age[i].second->pull;
+    wire::HeldPull* h = out->add_held_pulls();
+    h->set_key(p.key);
+    h->set_offset(p.offset);
+    h->set_rank(p.rank);
+    h->set_command(wire::Command_Name(p.command));
+    h->set_clock(p.clock);
+    h->set_staleness(p.staleness);
+    h->set_held_by(p.held_by);
+    h->set_held_by_pushes(p.held_by_pushes);
+    // Held: held_by_pushes + s < clock, so this is at least 1.
+    const uint64_t needs = p.held_by_pushes + p.staleness;
+    h->set_steps(p.clock > needs ? p.clock - needs : 0);
+    h->set_age_s(absl::ToDoubleSeconds(now - by_age[i].first));
+  }
 }
 
 uint64_t StalenessStats::clock(int rank) const {

@@ -11,13 +11,16 @@
 //   if (!gate.Open(clock, ledger, counts)) { gate.Hold(...); ... hold it }
 //   StalenessStats stats(/*num_workers=*/4);       // one per server: metrics
 //   stats.Pushed(rank, ledger.received(rank));
+//   stats.Holding(sender, request_id, {key, offset, ...}, absl::Now());
+//   stats.Fill(&pending, absl::Now());              // GET /debug/pending
 //
 // A rank counts (holds others back) while it is in the job: a worker that
 // left an elastic job, or was declared dead, stops counting when the server
 // hears of it (KVServer::WorkerLeft), and the pulls it held are answered.
 //
 // Thread-safety: a StalenessGate belongs to its slice (one thread at a time,
-// as the slice's StoredKey); StalenessStats is thread-safe.
+// as the slice's StoredKey); StalenessStats is thread-safe (its held pulls
+// behind one lock, taken when a pull is held, offered again or answered).
 #ifndef TESSERA_SERVER_STALENESS_H_
 #define TESSERA_SERVER_STALENESS_H_
 
@@ -27,10 +30,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
+#include "proto/tessera.pb.h"
 #include "server/delivery.h"
 
 namespace tessera {
@@ -98,12 +104,44 @@ class StalenessStats {
   uint64_t spread() const;
   int64_t waiting() const { return waiting_.load(); }
 
+  // The hang doctor's view (/debug/pending): each held pull, whom it waits
+  // for (the slowest rank in the job) and by how many steps. Holding adds
+  // or refreshes one (a held pull offered again, the slowest moved);
+  // NotHolding drops one answered, NotHoldingAny a sender's on a slice.
+  struct HeldPull {
+    uint64_t key = 0;
+    uint64_t offset = 0;
+    int rank = -1;  // the puller's
+    wire::Command command = wire::KV_PULL;
+    uint64_t clock = 0;
+    uint32_t staleness = 0;
+    int held_by = -1;  // StalenessGate::Span's slowest_rank
+    uint64_t held_by_pushes = 0;
+  };
+  // The oldest this many are listed (all are counted).
+  static constexpr size_t kMaxListed = 200;
+  void Holding(int sender, uint64_t request_id, const HeldPull& pull,
+               absl::Time now);
+  void NotHolding(uint64_t key, uint64_t offset, int sender,
+                  uint64_t request_id);
+  void NotHoldingAny(uint64_t key, uint64_t offset, int sender);
+  // The held pulls, oldest first, into `out` (held_pulls, held_pulls_total).
+  void Fill(wire::DebugPending* out, absl::Time now) const;
+
  private:
+  // (key, offset, sender, request id).
+  using HeldId = std::tuple<uint64_t, uint64_t, int, uint64_t>;
+  struct HeldEntry {
+    HeldPull pull;
+    absl::Time since;
+  };
   const int num_workers_;
   std::unique_ptr<std::atomic<uint64_t>[]> clock_;
   std::unique_ptr<std::atomic<bool>[]> pushed_;
   std::unique_ptr<std::atomic<bool>[]> in_job_;
   std::atomic<int64_t> waiting_{0};
+  mutable absl::Mutex held_mu_;
+  std::map<HeldId, HeldEntry> held_ ABSL_GUARDED_BY(held_mu_);
   Counter* const held_total_;
   Histogram* const held_seconds_;
   CollectorHandles handles_;

@@ -52,6 +52,7 @@ from tessera_launch.mpi import mpi_nodes  # noqa: E402
 from tessera_launch.slurm import parse_tasks_per_node, slurm_hosts, slurm_nodes  # noqa: E402
 from tessera_launch.ssh import remote_path, rsync_argv, ssh_argv  # noqa: E402
 from tessera_launch.supervisor import Job, Node, describe_status  # noqa: E402
+from tessera_launch.status import summarize  # noqa: E402
 
 # Bound on one launcher run in these tests (they take about a second each).
 RUN_TIMEOUT_S = 60
@@ -321,6 +322,33 @@ class SupervisorGraceTest(unittest.TestCase):
         status, took = self.run_job(nodes, timeout=0.5)
         self.assertEqual(status, 1)
         self.assertLess(took, 30)
+
+
+class StatusSummaryTest(unittest.TestCase):
+    """launch.py --status's summary of /debug/pending answers (as a server
+    prints them: 64-bit integers are strings)."""
+
+    def test_a_held_dist_ssp_pull_names_the_rank_that_holds_it(self):
+        scheduler = {'pid': 10, 'host': 'h', 'nodes': []}
+        server = ({'role': 'server', 'rank': 0},
+                  {'role': 'server', 'rank': 0, 'id': 8, 'pid': 11,
+                   'held_pulls_total': 2,
+                   'held_pulls': [
+                       {'key': '8', 'offset': '0', 'rank': 1, 'command': 'KV_PULL',
+                        'clock': '3', 'staleness': 1, 'held_by': 2,
+                        'held_by_pushes': '1', 'steps': '1', 'age_s': 0.25},
+                       {'key': '8', 'offset': '0', 'rank': 0, 'command': 'KV_PULL',
+                        'clock': '4', 'staleness': 1, 'held_by': 2,
+                        'held_by_pushes': '1', 'steps': '2', 'age_s': 1.5}]},
+                  None)
+        joiner = ({'role': 'worker', 'rank': 2, 'id': 13, 'host': '127.0.0.1',
+                   'port': 4000},
+                  {'role': 'worker', 'rank': 2, 'id': 13, 'pid': 12}, None)
+        lines = summarize(scheduler, [server, joiner])
+        self.assertIn("oldest held pull: key 8 on server 0, rank 0's KV_PULL at clock 4, "
+                      'held 1.500 s, waits for worker 2 (id 13 at 127.0.0.1:4000) (2 step(s) '
+                      'short: 1 of its pushes taken, the bound s = 1 needs 3)', lines)
+        self.assertIn('server 0 (id 8, pid 11): 2 dist_ssp pull(s) held by the bound', lines)
 
 
 class HostfileTest(unittest.TestCase):

@@ -4,7 +4,8 @@
 // and a straggler no value misses a push of another worker numbered below
 // c - s (c: the puller's clock), for s = 0, 1 and 3, nor holds one past
 // c + s + 1; dist_sync's are exact; a worker that leaves an elastic job
-// stops holding the others; bad bounds fail naming what was expected.
+// stops holding the others, and one that joins starts at the slowest clock;
+// bad bounds fail naming what was expected.
 #include <cstdio>
 #include <regex>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/core/process_cluster.h"
 
@@ -117,6 +119,71 @@ TEST(SspClusterTest, AWorkerThatLeavesStopsHoldingTheOthers) {
   EXPECT_NE(c.AllLogs().find("ssp_worker rank 2: left after 4 steps"),
             std::string::npos)
       << c.AllLogs();
+}
+
+// Waits up to 60 s for `text` in `child`'s log.
+bool LogShows(const Child& child, const std::string& text) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (ProcessCluster::Log(child).find(text) == std::string::npos) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return true;
+}
+
+// Elastic job (2 of at most 3 workers, s = 1): ranks 0 and 1 run 6 steps and
+// wait; rank 2 joins then, starting every key at their clock, 6 (logged by
+// the client); its pull before its first push is answered at once, with
+// exactly 6 pushes of each of the others; then all run to clock 20, every
+// value of every pull within the bound (the joiner's counted from 6).
+TEST(SspClusterTest, AJoiningWorkerStartsAtTheSlowestClock) {
+  constexpr int kJoinAt = 6, kTotal = 20;
+  ProcessCluster c;
+  Configure(c);
+  const std::string resume = c.dir() + "/resume";
+  c.Env("TESSERA_ELASTIC", "2:3");
+  c.Env("TESSERA_STALENESS", "1");
+  c.Env("SSP_WIDTH", "3");
+  c.Env("SSP_JOIN", absl::StrCat("2:", kJoinAt, ":", resume));
+  c.Start(/*servers=*/2, /*workers=*/2, WorkerArgv("dist_ssp", kTotal));
+  for (const char* name : {"worker 0", "worker 1"}) {
+    ASSERT_TRUE(LogShows(c.Find(name), "paused after 6 steps")) << c.AllLogs();
+  }
+  Child& joiner = c.Spawn("worker 2", WorkerArgv("dist_ssp", kTotal),
+                          {{"DMLC_ROLE", "worker"}});
+  for (const char* line :
+       {"joined the job (generation 1): dist_ssp key 0 starts at clock 6 "
+        "(the slowest worker's)",
+        "joined the job (generation 1): dist_ssp key 1 starts at clock 6 "
+        "(the slowest worker's)",
+        "ssp_worker rank 2: joined at clock 6, first pull exact"}) {
+    ASSERT_TRUE(LogShows(joiner, line)) << line << "\n" << c.AllLogs();
+  }
+  std::FILE* f = std::fopen(resume.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  ASSERT_TRUE(c.WaitAll(absl::Seconds(120))) << c.AllLogs();
+  const std::regex summary(
+      "ssp_worker rank ([0-9]+): [0-9]+ steps, ([0-9]+) values checked, most "
+      "behind (-?[0-9]+), most ahead (-?[0-9]+)");
+  const long long per_step = kWorkers * 1000 + kWorkers;
+  std::vector<long long> checked(kWorkers, -1);
+  for (const Child& child : c.children()) {
+    if (child.name == "scheduler" || child.name.rfind("server", 0) == 0)
+      continue;
+    EXPECT_EQ(ProcessCluster::ExitCode(child), 0) << child.name << "\n"
+                                                  << c.AllLogs();
+    std::smatch m;
+    const std::string log = ProcessCluster::Log(child);
+    ASSERT_TRUE(std::regex_search(log, m, summary)) << log;
+    checked[std::stoi(m[1])] = std::stoll(m[2]);
+    EXPECT_LE(std::stoll(m[3]), 1) << child.name;
+    EXPECT_LE(std::stoll(m[4]), 2) << child.name;
+  }
+  EXPECT_EQ(checked[0], kTotal * per_step);
+  EXPECT_EQ(checked[1], kTotal * per_step);
+  // Its first pull and its 14 steps.
+  EXPECT_EQ(checked[2], (1 + kTotal - kJoinAt) * per_step);
 }
 
 // A job of one server and one `store` worker with `env` set: the worker

@@ -31,6 +31,17 @@
 // and the others go on: a value of rank R is then checked against
 // min(bound, K), all of its K pushes having been applied before it left.
 //
+// A worker joining an elastic job (SSP_JOIN=R:K:PATH, SSP_WIDTH=W, the job's
+// most workers, for the keys' sizes): every rank but R pauses after K
+// steps ("paused after K steps") until the file PATH exists; rank R is the
+// joiner, started by the test while they are paused. It starts at their
+// clock K (the slowest's), so its value counts its pushes since: its pull
+// of step t is at clock K + t + 1, and a value of rank R stands for K more
+// pushes than it counts. Before any push it pulls every key, which must be
+// exactly K for the others and 0 for itself ("first pull exact"); it runs
+// STEPS - K steps. The others check rank R's values as 0 up to clock K
+// (not in the job yet), within the bound after.
+//
 // Prints "ssp_worker rank R: STEPS steps, N values checked, most behind B,
 // most ahead A" (over the other ranks: c - value and value - c).
 #include <cstdio>
@@ -69,6 +80,9 @@ struct Plan {
   int slow_rank = -1;
   int leave_rank = -1;
   int leave_after = 0;
+  int join_rank = -1;  // SSP_JOIN
+  int64_t join_clock = 0;
+  std::string resume_file;
 };
 
 struct Tally {
@@ -91,8 +105,12 @@ std::string Check(const Plan& plan, int rank, int workers, uint64_t key,
       lo = std::min<int64_t>(lo, plan.leave_after);
       hi = std::min<int64_t>(hi, plan.leave_after);
     }
-    const int64_t v = static_cast<int64_t>(value[j]);
-    if (static_cast<float>(v) != value[j] || v < lo || v > hi) {
+    // The joiner's value counts its pushes from its starting clock.
+    const int64_t base =
+        q == plan.join_rank && c > plan.join_clock ? plan.join_clock : 0;
+    if (q == plan.join_rank && c <= plan.join_clock) lo = hi = 0;
+    const int64_t v = static_cast<int64_t>(value[j]) + base;
+    if (static_cast<float>(v - base) != value[j] || v < lo || v > hi) {
       char line[256];
       std::snprintf(line, sizeof(line),
                     "rank %d: BOUND VIOLATED: pull of key %llu at clock %lld: "
@@ -103,7 +121,8 @@ std::string Check(const Plan& plan, int rank, int workers, uint64_t key,
       return line;
     }
     ++tally->checked;
-    if (q != rank && q != plan.leave_rank) {
+    if (q != rank && q != plan.leave_rank &&
+        (q != plan.join_rank || c > plan.join_clock)) {
       tally->behind = std::max(tally->behind, c - v);
       tally->ahead = std::max(tally->ahead, v - c);
     }
@@ -133,12 +152,56 @@ absl::Status Step(KVWorker& kv, const std::vector<std::vector<float>>& grads,
   return first;
 }
 
+// The joiner's pull of every key before its first push, at clock K: exactly
+// K pushes of every other rank (they wait at K), none of its own.
+std::string FirstPullExact(KVWorker& kv, const Plan& plan, int rank, int w,
+                           std::vector<std::vector<float>>* pulled) {
+  for (uint64_t k = 0; k < pulled->size(); ++k) {
+    if (absl::Status s = kv.Pull(k, absl::MakeSpan((*pulled)[k])); !s.ok())
+      return s.ToString();
+    for (size_t j = 0; j < (*pulled)[k].size(); ++j) {
+      const int q = static_cast<int>(j % w);
+      const float want = q == rank ? 0.0f : static_cast<float>(plan.join_clock);
+      if ((*pulled)[k][j] != want) {
+        char line[160];
+        std::snprintf(line, sizeof(line),
+                      "rank %d: first pull of key %llu: value %zu is %g, "
+                      "expected %g",
+                      rank, static_cast<unsigned long long>(k), j,
+                      (*pulled)[k][j], want);
+        return line;
+      }
+    }
+  }
+  std::printf("ssp_worker rank %d: joined at clock %lld, first pull exact\n",
+              rank, static_cast<long long>(plan.join_clock));
+  std::fflush(stdout);
+  return "";
+}
+
+// The others' pause for the joiner: until the test's file exists (60 s).
+std::string PauseForJoiner(const Plan& plan, int rank) {
+  std::printf("ssp_worker rank %d: paused after %lld steps\n", rank,
+              static_cast<long long>(plan.join_clock));
+  std::fflush(stdout);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (true) {
+    if (std::FILE* f = std::fopen(plan.resume_file.c_str(), "r")) {
+      std::fclose(f);
+      return "";
+    }
+    if (absl::Now() > deadline) return "no " + plan.resume_file + " in 60 s";
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 int Run(const Plan& plan) {
   absl::StatusOr<std::unique_ptr<KVWorker>> created =
       KVWorker::Create(plan.store);
   if (!created.ok()) return Fail(created.status().ToString());
   KVWorker& kv = **created;
-  const int rank = kv.rank(), w = kv.num_workers();
+  const int rank = kv.rank();
+  const int w = static_cast<int>(EnvInt("SSP_WIDTH", kv.num_workers()));
   if (const char* s = std::getenv("SSP_SET_STALENESS")) {
     if (absl::Status set = kv.SetStaleness(std::atoll(s)); !set.ok())
       return Fail(set.ToString());
@@ -162,7 +225,18 @@ int Run(const Plan& plan) {
   const int max_delay = plan.max_delay_ms * (rank == plan.slow_rank ? 5 : 1);
   std::uniform_int_distribution<int> delay(0, std::max(0, max_delay));
   Tally tally;
-  for (int t = 0; t < plan.steps; ++t) {
+  const bool joiner = rank == plan.join_rank;
+  const int64_t start = joiner ? plan.join_clock : 0;  // its first clock
+  if (joiner) {
+    std::string bad = FirstPullExact(kv, plan, rank, w, &pulled);
+    if (!bad.empty()) return Fail(bad);
+    tally.checked += lengths[0] + lengths[1];
+  }
+  for (int t = 0; t < plan.steps - start; ++t) {
+    if (plan.join_rank >= 0 && !joiner && t == plan.join_clock) {
+      std::string bad = PauseForJoiner(plan, rank);
+      if (!bad.empty()) return Fail(bad);
+    }
     if (rank == plan.leave_rank && t == plan.leave_after) {
       if (absl::Status s = kv.Leave(); !s.ok()) return Fail(s.ToString());
       std::printf("ssp_worker rank %d: left after %d steps\n", rank, t);
@@ -172,7 +246,8 @@ int Run(const Plan& plan) {
     if (absl::Status s = Step(kv, grads, &pulled); !s.ok())
       return Fail(s.ToString());
     for (uint64_t k = 0; k < pulled.size(); ++k) {
-      std::string bad = Check(plan, rank, w, k, t + 1, pulled[k], &tally);
+      std::string bad =
+          Check(plan, rank, w, k, start + t + 1, pulled[k], &tally);
       if (!bad.empty()) return Fail(bad);
     }
   }
@@ -204,6 +279,14 @@ int main(int argc, char** argv) {
         !absl::SimpleAtoi(parts[1], &plan.leave_after)) {
       return Fail("SSP_LEAVE: expected RANK:STEPS");
     }
+  }
+  if (const char* join = std::getenv("SSP_JOIN")) {
+    std::vector<std::string> parts = absl::StrSplit(join, ':');
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &plan.join_rank) ||
+        !absl::SimpleAtoi(parts[1], &plan.join_clock)) {
+      return Fail("SSP_JOIN: expected RANK:STEPS:PATH");
+    }
+    plan.resume_file = parts[2];
   }
   return Run(plan);
 }

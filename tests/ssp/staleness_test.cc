@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "common/debug_pending.h"
 #include "common/metrics.h"
 #include "common/wire_status.h"
 #include "gtest/gtest.h"
@@ -301,6 +302,184 @@ TEST(KVServerStalenessTest, InitsWithABadBoundAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "init of key 6: a key is dist_sync or dist_ssp, not both");
+}
+
+// The hang doctor (/debug/pending) names, for each pull the bound holds, the
+// slowest rank in the job, which holds it, and by how many steps: the
+// puller's clock minus s minus that rank's pushes.
+TEST(KVServerStalenessTest, DebugPendingNamesWhoHoldsAPullAndByHowMuch) {
+  ServerHarness h(3);
+  Start(h);
+  h.server().Handle(SspInit(8, {0, 0, 0}, /*staleness=*/1));
+  ExpectOk(h);
+  // Rank 0 at 4 pushes, rank 1 at 3, rank 2 at 1.
+  const std::vector<uint64_t> pushes = {4, 3, 1};
+  for (int r = 0; r < 3; ++r) {
+    std::vector<float> grad(3, 0.0f);
+    grad[r] = 1;
+    for (uint64_t seq = 0; seq < pushes[r]; ++seq) {
+      h.server().Handle(Push(r, 8, seq, grad));
+      ExpectOk(h);
+    }
+  }
+  // Rank 0's pull at clock 4 needs 3 pushes of every rank: rank 2 is 2
+  // short. Rank 1's at clock 3 needs 2: rank 2 is 1 short.
+  h.server().Handle(Pull(0, 8, 3, 4));
+  h.server().Handle(Pull(1, 8, 3, 3));
+  EXPECT_EQ(h.Pending(), 0u);
+  wire::DebugPending pending = DebugPendingRegistry::Global().Collect();
+  ASSERT_EQ(pending.held_pulls_size(), 2) << PendingJson(pending);
+  EXPECT_EQ(pending.held_pulls_total(), 2);
+  const wire::HeldPull& first = pending.held_pulls(0);
+  EXPECT_EQ(first.key(), 8u);
+  EXPECT_EQ(first.offset(), 0u);
+  EXPECT_EQ(first.rank(), 0);
+  EXPECT_EQ(first.command(), "KV_PULL");
+  EXPECT_EQ(first.clock(), 4u);
+  EXPECT_EQ(first.staleness(), 1u);
+  EXPECT_EQ(first.held_by(), 2);
+  EXPECT_EQ(first.held_by_pushes(), 1u);
+  EXPECT_EQ(first.steps(), 2u);
+  EXPECT_GE(first.age_s(), 0.0);
+  const wire::HeldPull& second = pending.held_pulls(1);
+  EXPECT_EQ(second.rank(), 1);
+  EXPECT_EQ(second.clock(), 3u);
+  EXPECT_EQ(second.held_by(), 2);
+  EXPECT_EQ(second.steps(), 1u);
+  // As the JSON shows it (64-bit integers are strings in proto3's JSON).
+  pending.mutable_held_pulls(0)->set_age_s(0.5);
+  const std::string json = PendingJson(pending);
+  EXPECT_NE(json.find("{\"key\":\"8\",\"offset\":\"0\",\"rank\":0,"
+                      "\"command\":\"KV_PULL\",\"clock\":\"4\","
+                      "\"staleness\":1,\"held_by\":2,\"held_by_pushes\":"
+                      "\"1\",\"steps\":\"2\",\"age_s\":0.5}"),
+            std::string::npos)
+      << json;
+  // Rank 2's next push: rank 1's pull goes; rank 0's waits for 1 more step,
+  // still for rank 2.
+  h.server().Handle(Push(2, 8, 1, {0, 0, 1}));
+  ExpectOk(h);
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{4, 3, 2}));
+  pending = DebugPendingRegistry::Global().Collect();
+  ASSERT_EQ(pending.held_pulls_size(), 1) << PendingJson(pending);
+  EXPECT_EQ(pending.held_pulls(0).rank(), 0);
+  EXPECT_EQ(pending.held_pulls(0).held_by(), 2);
+  EXPECT_EQ(pending.held_pulls(0).held_by_pushes(), 2u);
+  EXPECT_EQ(pending.held_pulls(0).steps(), 1u);
+  h.server().Handle(Push(2, 8, 2, {0, 0, 1}));
+  ExpectOk(h);
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{4, 3, 3}));
+  pending = DebugPendingRegistry::Global().Collect();
+  EXPECT_EQ(pending.held_pulls_size(), 0) << PendingJson(pending);
+  EXPECT_EQ(pending.held_pulls_total(), 0);
+}
+
+// A worker's rejoin (KV_INIT with rejoin, from its life `generation`), and a
+// joiner's entry at `clock` (with enter).
+Message Rejoin(int rank, uint64_t key, uint64_t n, uint64_t generation) {
+  Message m = KeyMessage(wire::KV_INIT, rank, key, n);
+  m.header.set_rejoin(true);
+  m.header.set_generation(generation);
+  return m;
+}
+Message Entry(int rank, uint64_t key, uint64_t n, uint64_t clock) {
+  Message m = Rejoin(rank, key, n, 1);
+  m.header.set_enter(true);
+  m.header.set_enter_round(0);
+  m.header.set_push_seq(clock);
+  return m;
+}
+
+// The replies to a push and a held pull it releases, in either order: the
+// pull's values.
+std::vector<float> ReleasedPull(ServerHarness& h) {
+  std::vector<float> pulled;
+  for (int i = 0; i < 2; ++i) {
+    Message r = Answer(h);
+    if (r.header.command() == wire::KV_PULL) pulled = ValuesOf(r);
+  }
+  return pulled;
+}
+
+// Elastic job (2 of at most 3 workers): rank 2 joins with ranks 0 and 1 at 5
+// and 3 pushes. It starts at the slowest clock, 3: the rejoin's reply says
+// so, it holds nobody back before its entry, and after it the bound waits
+// for it from 3 on (its first push is number 3, its pulls wait as at 3).
+TEST(KVServerStalenessTest, AJoiningWorkerStartsAtTheSlowestClock) {
+  ServerHarness h(3);
+  h.server().set_elastic(2);
+  Start(h);
+  h.server().Handle(SspInit(9, {0, 0, 0}, /*staleness=*/1));
+  ExpectOk(h);
+  for (uint64_t seq = 0; seq < 5; ++seq) {
+    h.server().Handle(Push(0, 9, seq, {1, 0, 0}));
+    ExpectOk(h);
+  }
+  for (uint64_t seq = 0; seq < 3; ++seq) {
+    h.server().Handle(Push(1, 9, seq, {0, 1, 0}));
+    ExpectOk(h);
+  }
+  h.server().WorkerJoined(2);
+  h.server().Handle(Rejoin(2, 9, 3, /*generation=*/1));
+  Message rejoined = Answer(h);
+  EXPECT_EQ(rejoined.header.push_seq(), 3u) << "rank 1's clock, the slowest";
+  EXPECT_TRUE(rejoined.header.joining());
+  // Not entered yet: rank 0's pull at clock 4 needs 3 of ranks 0 and 1 only.
+  h.server().Handle(Pull(0, 9, 3, 4));
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{5, 3, 0}));
+  h.server().Handle(Entry(2, 9, 3, /*clock=*/3));
+  Message entered = Answer(h);
+  EXPECT_FALSE(entered.header.joining());
+  h.server().Handle(Push(1, 9, 3, {0, 1, 0}));
+  ExpectOk(h);
+  // Rank 0 at 5 needs 4 of every rank: rank 2, at 3, is 1 step short.
+  h.server().Handle(Pull(0, 9, 3, 5));
+  EXPECT_EQ(h.Pending(), 0u);
+  const wire::DebugPending pending = DebugPendingRegistry::Global().Collect();
+  ASSERT_EQ(pending.held_pulls_size(), 1) << PendingJson(pending);
+  EXPECT_EQ(pending.held_pulls(0).held_by(), 2);
+  EXPECT_EQ(pending.held_pulls(0).held_by_pushes(), 3u);
+  EXPECT_EQ(pending.held_pulls(0).steps(), 1u);
+  // The joiner's pull at its clock, 3, needs 2 of every rank: answered.
+  h.server().Handle(Pull(2, 9, 3, 3));
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{5, 4, 0}));
+  // Its first push is number 3, taken (not a duplicate): rank 0's pull goes.
+  h.server().Handle(Push(2, 9, 3, {0, 0, 1}));
+  EXPECT_EQ(ReleasedPull(h), (std::vector<float>{5, 4, 1}));
+  EXPECT_EQ(h.server().stats().duplicates(), 0u);
+  // Its pull at 4, after that push, needs 3 of every rank: answered.
+  h.server().Handle(Pull(2, 9, 3, 4));
+  EXPECT_EQ(ValuesOf(Answer(h)), (std::vector<float>{5, 4, 1}));
+  EXPECT_EQ(MetricValue("tessera_server_ssp_clock{rank=\"2\"}"), 4);
+}
+
+// A worker restarted into the job (--restarts) keeps its rank and its place:
+// while it is down it still holds the others (it never left), its rejoin
+// resumes at its count (not joining, no new clock), and its new life's next
+// push releases them.
+TEST(KVServerStalenessTest, ARestartedWorkerResumesAtItsOwnClock) {
+  ServerHarness h(2);
+  Start(h);
+  h.server().Handle(SspInit(10, {0, 0}, /*staleness=*/1));
+  ExpectOk(h);
+  for (uint64_t seq = 0; seq < 3; ++seq) {
+    h.server().Handle(Push(0, 10, seq, {1, 0}));
+    ExpectOk(h);
+  }
+  h.server().Handle(Push(1, 10, 0, {0, 1}));
+  ExpectOk(h);
+  // Rank 1 dies with 1 push taken; rank 0's pull at 3 needs 2 of it.
+  h.server().Handle(Pull(0, 10, 2, 3));
+  EXPECT_EQ(h.Pending(), 0u);
+  h.server().Handle(Rejoin(1, 10, 2, /*generation=*/1));
+  Message rejoined = Answer(h);
+  EXPECT_EQ(rejoined.header.push_seq(), 1u) << "its own count";
+  EXPECT_FALSE(rejoined.header.joining());
+  EXPECT_EQ(h.Pending(), 0u) << "still held: rank 1 is in the job at 1";
+  Message again = Push(1, 10, 1, {0, 1});
+  again.header.set_generation(1);
+  h.server().Handle(std::move(again));
+  EXPECT_EQ(ReleasedPull(h), (std::vector<float>{3, 2}));
 }
 
 // A checkpoint keeps a slice's bound: restored, its pulls wait as before.

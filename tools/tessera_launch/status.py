@@ -6,6 +6,7 @@ GET /debug/pending (docs/debugging.md), in one summary.
 
 The scheduler's answer lists the nodes and their metrics addresses; each node
 is asked in turn. Prints the oldest open round and whom it waits for, the
+dist_ssp pull the staleness bound has held longest and whom it waits for, the
 slowest worker, open barriers, requests in flight and held messages, and a
 line for every process that did not answer. Exit status 0 when the scheduler
 answered, 1 when it did not (nothing else can be found then).
@@ -92,6 +93,22 @@ def summarize(scheduler, nodes):
                         ', '.join(str(i) for i in r.get('ranks_in', [])) or 'none'))
     else:
         lines.append('oldest round: none open')
+    # The dist_ssp pull held longest by the staleness bound, and whom it
+    # waits for.
+    held = []
+    for n, p, _ in servers:
+        for h in (p or {}).get('held_pulls', []):
+            held.append((h.get('age_s', 0.0), n, h))
+    if held:
+        age, n, h = max(held, key=lambda x: x[0])
+        steps = int(h.get('steps', 0))
+        lines.append('oldest held pull: key %s on server %d, rank %d\'s %s at clock %s, held '
+                     '%.3f s, waits for %s (%d step(s) short: %s of its pushes taken, '
+                     'the bound s = %d needs %d)'
+                     % (h.get('key'), n.get('rank'), h.get('rank', -1), h.get('command'),
+                        h.get('clock'), age, describe_rank(nodes, h.get('held_by', -1)), steps,
+                        h.get('held_by_pushes'), h.get('staleness', 0),
+                        int(h.get('held_by_pushes', 0)) + steps))
     # The slowest worker: the largest mean arrival lag any server reports.
     lags = []
     for n, p, _ in servers:
@@ -125,6 +142,9 @@ def summarize(scheduler, nodes):
         if p.get('open_rounds'):
             parts.append('%d open round(s)' % p.get('open_rounds_total',
                                                    len(p['open_rounds'])))
+        if p.get('held_pulls'):
+            parts.append('%d dist_ssp pull(s) held by the bound'
+                         % p.get('held_pulls_total', len(p['held_pulls'])))
         held = sum(w.get('count', 0) for w in p.get('waiting', []))
         if held:
             slices = p.get('waiting_total', len(p.get('waiting', [])))

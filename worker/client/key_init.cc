@@ -117,7 +117,13 @@ absl::Status KVClient::InitKey(uint64_t key, const float* value,
       ForgetKey(key);
       return asked;
     }
-    if (rejoin.joining) EnterLater(key, rejoin);
+    if (rejoin.joining) {
+      if (absl::Status entered = EnterJoined(key, total, row_length, rejoin);
+          !entered.ok()) {
+        ForgetKey(key);
+        return entered;
+      }
+    }
   }
   return barrier;
 }
@@ -176,6 +182,40 @@ void KVClient::EnterLater(uint64_t key,
   entering_pending_.store(true, std::memory_order_release);
 }
 
+absl::Status KVClient::EnterJoined(
+    uint64_t key, uint64_t total, uint64_t row_length,
+    const RequestTracker::RejoinReplies& rejoin) {
+  bool ssp = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ssp = ssp_;
+  }
+  if (!ssp) {
+    EnterLater(key, rejoin);
+    return absl::OkStatus();
+  }
+  // dist_ssp: no rounds to align, each key has its own clock. The key is
+  // entered now, at the largest clock its slices named (each the slowest
+  // in the job there), so that every slice numbers this worker's pushes
+  // alike and its first pull already waits as a pull at that clock does.
+  const uint64_t clock = rejoin.resume_max;
+  const std::vector<EnteringKey> keys = {
+      {key, total, row_length, clock, Parts(key)}};
+  {
+    absl::MutexLock entering(&enter_mu_);
+    RequestTracker::RejoinReplies replies;
+    TESSERA_RETURN_IF_ERROR(SendEntry(keys, rejoin.open_round_max, &replies));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    keys_[key].next_seq = clock;
+  }
+  TESSERA_LOG(INFO) << "joined the job (generation " << node_->generation()
+                    << "): dist_ssp key " << key << " starts at clock " << clock
+                    << " (the slowest worker's)";
+  return absl::OkStatus();
+}
+
 std::optional<absl::Status> KVClient::RejoinStoredKey(uint64_t key,
                                                       uint64_t total,
                                                       uint64_t row_length) {
@@ -183,7 +223,11 @@ std::optional<absl::Status> KVClient::RejoinStoredKey(uint64_t key,
   absl::Status found = RejoinKey(key, total, row_length, &rejoin);
   if (found.ok()) {
     if (rejoin.joining) {
-      EnterLater(key, rejoin);
+      if (absl::Status entered = EnterJoined(key, total, row_length, rejoin);
+          !entered.ok()) {
+        ForgetKey(key);
+        return entered;
+      }
     } else {
       absl::MutexLock lock(&mu_);
       keys_[key].next_seq = rejoin.resume_min;

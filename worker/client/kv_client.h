@@ -208,6 +208,13 @@ class KVClient : public KVWorker {
   // pushes it names).
   void EnterLater(uint64_t key, const RequestTracker::RejoinReplies& rejoin)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A joiner's key (the rejoin replies said joining): a dist_sync or
+  // dist_async store's enters later (EnterLater); a dist_ssp store's now,
+  // at the clock the replies named (docs/consistency.md, "Membership").
+  // Errors: the entry's.
+  absl::Status EnterJoined(uint64_t key, uint64_t total, uint64_t row_length,
+                           const RequestTracker::RejoinReplies& rejoin)
+      ABSL_LOCKS_EXCLUDED(mu_, enter_mu_);
   // The row keys' checks: the key exists, is row-sparse or hashed, and (not
   // hashed) every id is below its rows. Returns the row length and whether
   // the key is hashed.
