@@ -109,6 +109,7 @@ TEST(StalenessStatsTest, ClocksAndSpreadOfTheRanksInTheJob) {
 
 // --- A KVServer with dist_ssp keys ----------------------------------------
 
+using testing::KeyMessage;
 using testing::Pull;
 using testing::Push;
 using testing::ServerHarness;
