@@ -3,6 +3,7 @@
 // them, exactly; one naming anyone else, or carrying counts out of range, is
 // refused with an error naming what was wrong.
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "mpfr.h"
 #include "server/exact_sum.h"
 #include "server/kv_server.h"
 #include "tests/support/kv_messages.h"
@@ -98,6 +100,53 @@ TEST_F(GroupPushTest, TwoGroupPushesCompleteARoundOfFourWorkers) {
   EXPECT_EQ(PullValues(0, 2), (std::vector<float>{1.75f, 2.0f}));
   EXPECT_EQ(server().stats().rounds_applied(), 1u);
   EXPECT_EQ(server().stats().pushes_applied(), 2u);
+}
+
+// What a group adds to a float32 round, exactly (docs/local_groups.md): each
+// group's sum is its members' values added in float32 in local-rank order
+// (LocalGroup's sum), and the server adds the groups' sums exactly and
+// rounds once: RN(sum over groups of fl(a + b)), checked against GNU MPFR.
+TEST_F(GroupPushTest, FloatGroupSumsRoundOnceEachThenTheServerSumsExactly) {
+  constexpr size_t kN = 2000;
+  std::mt19937 rng(47);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  std::vector<std::vector<float>> grad(kWorkers, std::vector<float>(kN));
+  for (auto& g : grad)
+    for (float& v : g) v = std::ldexp(mantissa(rng), exponent(rng));
+  // Element 0: the group's rounding made visible. Without groups the round
+  // is 1e8 + 1 - 1e8 + 1 = 2; in float32 each group's 1e8 + 1 is 1e8.
+  grad[0][0] = 1e8f, grad[1][0] = 1.0f, grad[2][0] = -1e8f, grad[3][0] = 1.0f;
+  std::vector<float> first(kN), second(kN);
+  for (size_t j = 0; j < kN; ++j) {
+    first[j] = grad[0][j] + grad[1][j];
+    second[j] = grad[2][j] + grad[3][j];
+  }
+  Init(std::vector<float>(kN, 0.0f));
+  server().Handle(FloatPush(0, 0, first, {1}));
+  ASSERT_TRUE(Send(FloatPush(2, 0, second, {3})).ok());
+  ASSERT_TRUE(NextReply().has_value());
+  const std::vector<float> got = PullValues(0, kN);
+  ASSERT_EQ(got.size(), kN);
+  mpfr_t acc;
+  mpfr_init2(acc, 1200);  // exact for any sum of floats here
+  size_t differs_from_flat = 0;
+  for (size_t j = 0; j < kN; ++j) {
+    mpfr_set_flt(acc, first[j], MPFR_RNDN);
+    mpfr_add_d(acc, acc, second[j], MPFR_RNDN);  // exact
+    const float want = mpfr_get_flt(acc, MPFR_RNDN);
+    EXPECT_EQ(got[j], want) << "value " << j;
+    mpfr_set_zero(acc, 1);
+    for (int w = 0; w < kWorkers; ++w) mpfr_add_d(acc, acc, grad[w][j], MPFR_RNDN);
+    if (mpfr_get_flt(acc, MPFR_RNDN) != got[j]) ++differs_from_flat;
+  }
+  mpfr_clear(acc);
+  EXPECT_EQ(got[0], 0.0f);  // the flat job's round gives 2
+  // How often the group's roundings change the round's float32 result, on
+  // these values (printed for docs/local_groups.md).
+  std::printf("grouped float sums that differ from the flat job's: %zu of %zu\n",
+              differs_from_flat, kN);
+  EXPECT_GT(differs_from_flat, 0u);
 }
 
 TEST_F(GroupPushTest, AGroupPushAndItsMembersOwnPushesCannotMix) {
