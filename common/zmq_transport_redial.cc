@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -83,40 +84,23 @@ void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
 }
 
 void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
+  if (closed_.load()) return;  // closing: the link goes with it
   const int peer = sender->peer;
-  void* socket = closed_.load() ? nullptr : zmq_socket(context_, ZMQ_PUSH);
-  if (socket == nullptr) return;  // closing: the link goes with it
-  ConfigureSocket(socket);
-  if (discard_unsent_.load()) {
-    const int zero = 0;
-    zmq_setsockopt(socket, ZMQ_LINGER, &zero, sizeof(zero));
-  }
-  // The credentials Connect gave the refused socket, made again (a link to
-  // the scheduler is CURVE, and sealed inside).
-  std::optional<PeerLink> link = LinkTo(peer);
-  absl::Status secured = absl::OkStatus();
-  if (!link.has_value()) {
-    secured = absl::FailedPreconditionError("its node key is gone");
-  } else if (peer == kSchedulerId) {
-    secured = SecureSender(socket, peer);
-  } else {
-    SealedLaneCredentials(socket, *link);
-  }
-  LimitSending(socket);
-  if (secured.ok() && zmq_connect(socket, sender->endpoint.c_str()) != 0)
-    secured = absl::UnavailableError(ZmqError());
-  if (!secured.ok()) {
+  std::optional<PeerLink> link;
+  absl::StatusOr<void*> made = DialSocket(*sender, &link);
+  if (!made.ok()) {
     // Left refused: the table's next word on the peer (a new key, or its
     // end) connects it again or forgets it.
     TESSERA_LOG(WARNING) << "cannot connect to node " << peer << " at "
-                         << sender->endpoint
-                         << " again after a refusal: " << secured.message();
-    zmq_close(socket);
+                         << sender->endpoint << " again after a refusal: "
+                         << made.status().message();
     return;
   }
+  void* socket = *made;
   auto backlog = std::make_shared<Backlog>();
   if (pool_ != nullptr) ArmBacklog(sender, *backlog);
   std::shared_ptr<std::atomic<bool>> stopped;
+  uint32_t number = 0;
   {
     absl::MutexLock lock(&senders_mu_);
     auto it = senders_.find(peer);
@@ -125,6 +109,8 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
       zmq_close(socket);
       return;
     }
+    // With the look: a Connect that replaces this link takes a higher one.
+    number = TakeLinkNumber();
     if (options_.watch_links)
       stopped = link_watch_->Watch(peer, socket, sender->endpoint);
   }
@@ -138,7 +124,7 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
     old = std::exchange(sender->socket, socket);
     sender->handshakes = WatchHandshakes(socket);
     old_stopped = std::exchange(sender->monitor_stopped, std::move(stopped));
-    sender->sealer = NewSealer(*link);  // a new link number: fresh keys
+    sender->sealer = NewSealer(*link, number);  // fresh keys
     sender->backlog = std::move(backlog);
     sender->dialled_at = absl::Now();
     sender->refused = false;
@@ -152,6 +138,48 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
   TESSERA_VLOG(1) << "connecting to node " << peer << " at " << sender->endpoint
                   << " again";
   if (refused) Redial(sender);
+}
+
+absl::StatusOr<void*> ZmqTransport::DialSocket(Sender& sender,
+                                               std::optional<PeerLink>* link) {
+  sealed::Key32 key;
+  {
+    absl::MutexLock lock(&sender.mu);
+    key = sender.key;
+  }
+  // The credentials Connect gave the refused socket, made again (a link to
+  // the scheduler is CURVE, and sealed inside), to the same node key: a new
+  // key is a new life of the peer, whose link Connect makes (what waited
+  // for the old one is not for it).
+  *link = LinkTo(sender.peer);
+  if (!link->has_value())
+    return absl::FailedPreconditionError("its node key is gone");
+  if ((*link)->key != key) {
+    return absl::FailedPreconditionError(
+        "its node key changed (a new life of the node, linked anew)");
+  }
+  void* socket = zmq_socket(context_, ZMQ_PUSH);
+  if (socket == nullptr)
+    return absl::UnavailableError(absl::StrCat("no socket: ", ZmqError()));
+  ConfigureSocket(socket);
+  if (discard_unsent_.load()) {
+    const int zero = 0;
+    zmq_setsockopt(socket, ZMQ_LINGER, &zero, sizeof(zero));
+  }
+  absl::Status secured = absl::OkStatus();
+  if (sender.peer == kSchedulerId) {
+    secured = SecureSender(socket, sender.peer);
+  } else {
+    SealedLaneCredentials(socket, **link);
+  }
+  LimitSending(socket);
+  if (secured.ok() && zmq_connect(socket, sender.endpoint.c_str()) != 0)
+    secured = absl::UnavailableError(ZmqError());
+  if (!secured.ok()) {
+    zmq_close(socket);
+    return secured;
+  }
+  return socket;
 }
 
 void* ZmqTransport::WatchHandshakes(void* socket) {

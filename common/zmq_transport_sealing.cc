@@ -108,19 +108,6 @@ absl::Status ZmqTransport::BindSealedLane(const std::string& ip) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ZmqTransport::AimAtSealedLane(
-    void* socket, int peer, const std::string& ip,
-    std::unique_ptr<sealed::Sealer>* sealer) {
-  std::optional<PeerLink> link = LinkTo(peer);
-  if (!link.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no node key for node ", peer, ": its node table entry has none"));
-  }
-  SealedLaneCredentials(socket, *link);
-  *sealer = NewSealer(*link);
-  return TcpEndpoint(ip, link->sealed_port);
-}
-
 void ZmqTransport::SealedLaneCredentials(void* socket, const PeerLink& link) {
   // This pair's credentials (sealed_admission.h).
   const std::string user = sealed::Admission::User(*link_keys_);
@@ -148,8 +135,10 @@ std::optional<ZmqTransport::PeerLink> ZmqTransport::LinkTo(int peer) {
   return link;
 }
 
-std::unique_ptr<sealed::Sealer> ZmqTransport::NewSealer(const PeerLink& link) {
-  const uint32_t number = next_link_.fetch_add(1);
+uint32_t ZmqTransport::TakeLinkNumber() { return next_link_++; }
+
+std::unique_ptr<sealed::Sealer> ZmqTransport::NewSealer(const PeerLink& link,
+                                                        uint32_t number) {
   return std::make_unique<sealed::Sealer>(
       own_role(), link_keys_->public_key(), number,
       link_keys_->SendingSecret(link.secrets, link.role, link.key, number),
@@ -201,13 +190,17 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
     }
   }
   if (replaced.has_value()) link_keys_->Forget(*replaced);
-  if (scheduler_link != nullptr) {
-    // From now on what goes to the scheduler is sealed.
-    std::optional<PeerLink> link = LinkTo(kSchedulerId);
-    absl::MutexLock lock(&scheduler_link->mu);
-    if (scheduler_link->sealer == nullptr && link.has_value()) {
-      scheduler_link->sealer = NewSealer(*link);
-    }
+  if (scheduler_link == nullptr) return;
+  // From now on what goes to the scheduler is sealed.
+  std::optional<PeerLink> link = LinkTo(kSchedulerId);
+  if (!link.has_value()) return;
+  absl::MutexLock lock(&senders_mu_);
+  auto it = senders_.find(kSchedulerId);
+  if (it == senders_.end() || it->second != scheduler_link) return;
+  absl::MutexLock hold(&scheduler_link->mu);
+  if (scheduler_link->sealer == nullptr) {
+    scheduler_link->sealer = NewSealer(*link, TakeLinkNumber());
+    scheduler_link->key = link->key;
   }
 }
 
