@@ -84,6 +84,10 @@ inline bool ShouldLog(uint64_t n) {
 constexpr int kReconnectMs = 100;
 constexpr int kReconnectMaxMs = 1000;
 
+// Messages a sealed link keeps while it waits for a new connection (its
+// connection refused): past them Send says Unavailable.
+constexpr size_t kMaxWaitingWhileRefused = 4096;
+
 // Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
 struct ReceivedPart {
   zmq_msg_t msg;
@@ -292,7 +296,8 @@ class ZmqTransport : public Transport {
   std::unique_ptr<sealed::Sealer> NewSealer(const PeerLink& link,
                                             uint32_t number);
   // Queues `msg` on a sealed link and seals what ZeroMQ has room for now;
-  // the pool seals the rest as records go out.
+  // the pool seals the rest as records go out. Unavailable when the link
+  // waits for a new connection with kMaxWaitingWhileRefused messages.
   absl::Status SendSealed(Sender& sender, const Message& msg,
                           size_t header_size,
                           std::vector<sealed::SealJob>* sent_jobs)
@@ -325,6 +330,18 @@ class ZmqTransport : public Transport {
   // socket, now or (when refusals come quickly) after the back-off, on the
   // pool. Nothing when the link is not refused or already redialing.
   void Redial(const std::shared_ptr<Sender>& sender)
+      ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
+  // The back-off before the link's next socket (set in sender.backoff), and
+  // what is left of it at `now`.
+  static absl::Duration NextDialWait(Sender& sender, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu);
+  // Dials after `wait` on the pool (now, when it is zero).
+  void DialAfter(const std::shared_ptr<Sender>& sender, absl::Duration wait)
+      ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
+  // A redial failed (`why`): logs it and tries again after the back-off, the
+  // link left refused (its messages wait, bounded: SendSealed).
+  void DialFailed(const std::shared_ptr<Sender>& sender,
+                  const absl::Status& why)
       ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
   // Makes the new socket and hands it the waiting messages, unless the
   // link was forgotten or replaced meanwhile, its peer's node key is no
@@ -374,6 +391,7 @@ class ZmqTransport : public Transport {
   std::atomic<uint64_t> unsealed_{0};
   std::atomic<uint64_t> refusals_seen_{0};  // by this node's links
   std::atomic<uint64_t> redials_{0};
+  std::atomic<uint64_t> failed_dials_{0};  // redials that failed (logged)
 
   // Sealing (Sealed() only; set in the constructor, then read-only).
   std::shared_ptr<const sealed::LinkKeys> link_keys_;

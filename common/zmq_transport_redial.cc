@@ -37,24 +37,28 @@
 
 namespace tessera::zmq_internal {
 
-void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
+absl::Duration ZmqTransport::NextDialWait(Sender& sender, absl::Time now) {
   const absl::Duration first = absl::Milliseconds(kReconnectMs);
   const absl::Duration most = absl::Milliseconds(kReconnectMaxMs);
+  // As ZeroMQ's reconnect interval: from when the last socket was made (or
+  // the last attempt failed), 100 ms, doubling while refusals come quickly,
+  // up to 1 s.
+  sender.backoff =
+      sender.backoff == absl::ZeroDuration() || now - sender.dialled_at >= most
+          ? first
+          : std::min(sender.backoff * 2, most);
+  return std::max(absl::ZeroDuration(),
+                  sender.dialled_at + sender.backoff - now);
+}
+
+void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
   absl::Duration wait;
   size_t dropped = 0;
   {
     absl::MutexLock lock(&sender->mu);
     if (!sender->refused || sender->redialing) return;
     sender->redialing = true;
-    // As ZeroMQ's reconnect interval: from when the refused socket was
-    // made, 100 ms, doubling while refusals come quickly, up to 1 s.
-    const absl::Time now = absl::Now();
-    sender->backoff = sender->backoff == absl::ZeroDuration() ||
-                              now - sender->dialled_at >= most
-                          ? first
-                          : std::min(sender->backoff * 2, most);
-    wait = std::max(absl::ZeroDuration(),
-                    sender->dialled_at + sender->backoff - now);
+    wait = NextDialWait(*sender, absl::Now());
     // Handed to ZeroMQ whole and not known to have gone out: freed with the
     // refused connection's pipe.
     dropped = sender->unconfirmed.size();
@@ -73,6 +77,11 @@ void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
         << absl::FormatDuration(wait)
         << (n == kLogDropsFirst ? " (from now on one line per 1000)" : "");
   }
+  DialAfter(sender, wait);
+}
+
+void ZmqTransport::DialAfter(const std::shared_ptr<Sender>& sender,
+                             absl::Duration wait) {
   if (wait > absl::ZeroDuration() && pool_ != nullptr) {
     std::weak_ptr<Sender> weak = sender;
     pool_->ScheduleAfter(wait, [this, weak] {
@@ -83,17 +92,48 @@ void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
   Dial(sender);
 }
 
+void ZmqTransport::DialFailed(const std::shared_ptr<Sender>& sender,
+                              const absl::Status& why) {
+  {
+    absl::MutexLock lock(&senders_mu_);
+    auto it = senders_.find(sender->peer);
+    // Forgotten or replaced: its waiting messages go with it.
+    if (it == senders_.end() || it->second != sender) return;
+  }
+  absl::Duration wait;
+  {
+    absl::MutexLock lock(&sender->mu);
+    // This attempt ends and the next is on its way (`redialing` stays set
+    // for it: a Send's Redial would start a second), after the back-off from
+    // now, which grows while attempts fail. Left refused, the link's
+    // messages wait for it, at most kMaxWaitingWhileRefused (SendSealed).
+    const absl::Time now = absl::Now();
+    sender->dialled_at = now;
+    wait = NextDialWait(*sender, now);
+  }
+  const uint64_t n = failed_dials_.fetch_add(1) + 1;
+  if (ShouldLog(n)) {
+    TESSERA_LOG(WARNING) << "cannot connect to node " << sender->peer << " at "
+                         << sender->endpoint
+                         << " again after a refusal (failure #" << n
+                         << "): " << why.message() << "; trying again in "
+                         << absl::FormatDuration(wait)
+                         << (n == kLogDropsFirst
+                                 ? " (from now on one line per 1000)"
+                                 : "");
+  }
+  DialAfter(sender, wait);
+}
+
 void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
   if (closed_.load()) return;  // closing: the link goes with it
   const int peer = sender->peer;
   std::optional<PeerLink> link;
   absl::StatusOr<void*> made = DialSocket(*sender, &link);
   if (!made.ok()) {
-    // Left refused: the table's next word on the peer (a new key, or its
-    // end) connects it again or forgets it.
-    TESSERA_LOG(WARNING) << "cannot connect to node " << peer << " at "
-                         << sender->endpoint << " again after a refusal: "
-                         << made.status().message();
+    // Tried again after the back-off, until the table's next word on the
+    // peer (its key back, a new life's link, or its end) settles it.
+    DialFailed(sender, made.status());
     return;
   }
   void* socket = *made;

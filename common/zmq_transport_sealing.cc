@@ -244,6 +244,13 @@ SealedDrops ZmqTransport::sealed_drops() const {
 absl::Status ZmqTransport::SendSealed(Sender& sender, const Message& msg,
                                       size_t header_size,
                                       std::vector<sealed::SealJob>* sent_jobs) {
+  if (sender.refused && sender.pending.size() >= kMaxWaitingWhileRefused) {
+    // Bounded while no connection takes them (a redial failing for long).
+    return absl::UnavailableError(absl::StrCat(
+        "cannot send to node ", sender.peer, " at ", sender.endpoint,
+        ": its connection was refused and ", sender.pending.size(),
+        " messages already wait for a new one"));
+  }
   sealed::SealJob job;
   job.header.resize(header_size);
   if (!SerializeHeader(msg, job.header.data(), header_size))

@@ -261,5 +261,50 @@ TEST_F(SealedRedialTest, AReplacedLinkNeverTakesAHigherLinkNumber) {
   EXPECT_EQ(server_->sealed_drops().replayed, 0u);
 }
 
+// A redial that fails (here: the table's entry for the server was refused,
+// its node key gone, while the link stayed the server's) tries again after
+// the back-off; once the key is back, what waited goes out. Before, the
+// link stayed "redialing" for ever: nothing was sent again, and every
+// later message waited behind it while Send said OK.
+TEST_F(SealedRedialTest, AFailedRedialTriesAgain) {
+  KnowWorker();
+  ZmqTransportTestPeer peer(worker_.get());
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ASSERT_NE(link, nullptr);
+  ZmqTransportTestPeer::MarkRedialing(*link);
+  ASSERT_TRUE(worker_->Send(kServer, Push(1)).ok());
+  // An entry without a node key: refused, the link's key forgotten.
+  worker_->SetPeerIdentity(kServer,
+                           {Role::kServer, "", server_->sealed_port()});
+  peer.Dial(link);  // fails: no key
+  EXPECT_EQ(worker_->redial_count(), 0u);
+  worker_->SetPeerIdentity(
+      kServer, {Role::kServer, server_->node_key(), server_->sealed_port()});
+  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(5));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->header.request_id(), 1u);
+  EXPECT_EQ(worker_->redial_count(), 1u);
+}
+
+// While a link waits for a new connection, at most
+// kMaxWaitingWhileRefused messages wait on it; the next is Unavailable,
+// naming the peer. (Before, Send said OK to every one and kept it: a link
+// whose redial never came held them all.)
+TEST_F(SealedRedialTest, ARefusedLinkHoldsABoundedNumberOfMessages) {
+  ZmqTransportTestPeer peer(worker_.get());
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ASSERT_NE(link, nullptr);
+  ZmqTransportTestPeer::MarkRedialing(*link);
+  const size_t limit = zmq_internal::kMaxWaitingWhileRefused;
+  for (size_t r = 1; r <= limit; ++r)
+    ASSERT_TRUE(worker_->Send(kServer, Push(r)).ok()) << r;
+  const absl::Status over = worker_->Send(kServer, Push(limit + 1));
+  EXPECT_TRUE(absl::IsUnavailable(over)) << over;
+  EXPECT_NE(over.message().find("node 8"), std::string::npos) << over;
+  EXPECT_EQ(ZmqTransportTestPeer::Waiting(*link), limit);
+}
+
 }  // namespace
 }  // namespace tessera
