@@ -458,6 +458,12 @@ absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
                            LoadConnectionSecurity(node_options));
   options.metrics = &MetricsRegistry::Global();
   options.watch_links = node_options.role == Role::kScheduler;
+  // Where the scheduler's claims on the sealed lane come from (a failure
+  // to resolve is the node's to report, at BindAndConnect).
+  if (absl::StatusOr<std::string> scheduler =
+          ResolveHost(node_options.root_uri);
+      scheduler.ok())
+    options.scheduler_address = *std::move(scheduler);
   // Every process of the job may be on one host (a local job: all from
   // 127.0.0.1), and each connects once to this node's sealed lane, perhaps
   // before the table names it: a 256-worker local job's connections were

@@ -65,7 +65,8 @@ void ZmqTransport::SetUpSealing() {
     }
   };
   opener_ = std::make_unique<sealed::SealedReceiver>(std::move(o));
-  admission_ = std::make_shared<sealed::Admission>(link_keys_);
+  admission_ = std::make_shared<sealed::Admission>(link_keys_,
+                                                   options_.scheduler_address);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   pool_ = std::make_unique<SealPool>(std::clamp(cores, 1, 4));
   blocks_ =
