@@ -151,6 +151,12 @@ absl::Status ZmqTransport::Connect(int peer, const std::string& ip, int port) {
     // With the swap, under senders_mu_: a refused link's new socket
     // (Redial) is watched in its place only while it is the peer's link,
     // and its link number is below this one's.
+    std::optional<uint32_t> number;
+    if (link.has_value()) {
+      number = TakeLinkNumber();
+      // The link it would replace stays (its socket closes with `sender`).
+      if (!number.has_value()) return NoLinkNumberLeft(peer);
+    }
     std::shared_ptr<std::atomic<bool>> stopped;
     if (options_.watch_links)
       stopped = link_watch_->Watch(peer, socket, endpoint);
@@ -158,7 +164,7 @@ absl::Status ZmqTransport::Connect(int peer, const std::string& ip, int port) {
       absl::MutexLock hold(&sender->mu);
       if (options_.watch_links) sender->monitor_stopped = std::move(stopped);
       if (link.has_value()) {
-        sender->sealer = NewSealer(*link, TakeLinkNumber());
+        sender->sealer = NewSealer(*link, *number);
         sender->key = link->key;
       }
     }

@@ -284,8 +284,13 @@ class ZmqTransport : public Transport {
                          std::optional<PeerLink>* link);
   // The number of a new link; every link's is above those taken before
   // (taken with the look at which link is the peer's, so that a link being
-  // replaced never takes a higher one than its replacement).
-  uint32_t TakeLinkNumber() ABSL_EXCLUSIVE_LOCKS_REQUIRED(senders_mu_);
+  // replaced never takes a higher one than its replacement). nullopt once
+  // all 2^32 - 1 are taken (logged): a number, and with it a link key and
+  // its nonces, would repeat, so no link is made any more.
+  std::optional<uint32_t> TakeLinkNumber()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(senders_mu_);
+  // What a link that cannot be made because of that says.
+  static absl::Status NoLinkNumberLeft(int peer);
   // The sealed lane's PLAIN credentials of `link`'s pair, on `socket`.
   void SealedLaneCredentials(void* socket, const PeerLink& link);
   // The link to `peer` with its key agreements (made the first time);
@@ -403,6 +408,7 @@ class ZmqTransport : public Transport {
   // zmq_ctx_term returns, schedule on it.
   std::unique_ptr<SealPool> pool_;
   std::shared_ptr<BlockCache> blocks_;
+  // 0: all taken (TakeLinkNumber; 0 is no link's).
   uint32_t next_link_ ABSL_GUARDED_BY(senders_mu_) = 1;
   std::atomic<uint64_t> next_handshake_watch_{0};
   std::atomic<int> sealed_port_{0};

@@ -140,7 +140,7 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
   auto backlog = std::make_shared<Backlog>();
   if (pool_ != nullptr) ArmBacklog(sender, *backlog);
   std::shared_ptr<std::atomic<bool>> stopped;
-  uint32_t number = 0;
+  std::optional<uint32_t> number;
   {
     absl::MutexLock lock(&senders_mu_);
     auto it = senders_.find(peer);
@@ -151,8 +151,13 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
     }
     // With the look: a Connect that replaces this link takes a higher one.
     number = TakeLinkNumber();
-    if (options_.watch_links)
+    if (number.has_value() && options_.watch_links)
       stopped = link_watch_->Watch(peer, socket, sender->endpoint);
+  }
+  if (!number.has_value()) {
+    zmq_close(socket);
+    DialFailed(sender, NoLinkNumberLeft(peer));
+    return;
   }
   void* old = nullptr;
   std::shared_ptr<std::atomic<bool>> old_stopped;
@@ -164,7 +169,7 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
     old = std::exchange(sender->socket, socket);
     sender->handshakes = WatchHandshakes(socket);
     old_stopped = std::exchange(sender->monitor_stopped, std::move(stopped));
-    sender->sealer = NewSealer(*link, number);  // fresh keys
+    sender->sealer = NewSealer(*link, *number);  // fresh keys
     sender->backlog = std::move(backlog);
     sender->dialled_at = absl::Now();
     sender->refused = false;

@@ -136,7 +136,23 @@ std::optional<ZmqTransport::PeerLink> ZmqTransport::LinkTo(int peer) {
   return link;
 }
 
-uint32_t ZmqTransport::TakeLinkNumber() { return next_link_++; }
+std::optional<uint32_t> ZmqTransport::TakeLinkNumber() {
+  if (next_link_ == 0) return std::nullopt;
+  // The last (2^32 - 1) leaves 0: none is left.
+  const uint32_t number = next_link_++;
+  if (next_link_ == 0) {
+    TESSERA_LOG(ERROR) << "this process has taken its last sealed link "
+                          "number; it makes no link any more (restart it)";
+  }
+  return number;
+}
+
+absl::Status ZmqTransport::NoLinkNumberLeft(int peer) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no link to node ", peer,
+      ": this process has used all 2^32 - 1 sealed link numbers of its node "
+      "key (a new link would repeat a link key); restart it for a new key"));
+}
 
 std::unique_ptr<sealed::Sealer> ZmqTransport::NewSealer(const PeerLink& link,
                                                         uint32_t number) {
@@ -199,10 +215,15 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
   auto it = senders_.find(kSchedulerId);
   if (it == senders_.end() || it->second != scheduler_link) return;
   absl::MutexLock hold(&scheduler_link->mu);
-  if (scheduler_link->sealer == nullptr) {
-    scheduler_link->sealer = NewSealer(*link, TakeLinkNumber());
-    scheduler_link->key = link->key;
+  if (scheduler_link->sealer != nullptr) return;
+  std::optional<uint32_t> number = TakeLinkNumber();
+  if (!number.has_value()) {
+    // Left unsealed: the scheduler drops what it sends (UnsealedAllowed).
+    TESSERA_LOG(ERROR) << NoLinkNumberLeft(kSchedulerId).message();
+    return;
   }
+  scheduler_link->sealer = NewSealer(*link, *number);
+  scheduler_link->key = link->key;
 }
 
 void ZmqTransport::ForgetLink(int peer) {

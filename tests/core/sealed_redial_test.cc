@@ -9,7 +9,9 @@
 // and the one that waited in the refused connection is counted as dropped.
 // The races of a redial with a new link to the same peer are played in
 // order through ZmqTransportTestPeer (the redial run inside Connect).
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -56,6 +58,11 @@ class ZmqTransportTestPeer {
     return link.pending.size();
   }
   void Dial(const Link& link) { t_->Dial(link); }
+  // The number the next link takes.
+  void SetNextLinkNumber(uint32_t number) {
+    absl::MutexLock lock(&t_->senders_mu_);
+    t_->next_link_ = number;
+  }
   // Runs `f` in the next Connect, once its socket has its credentials and
   // before it replaces the peer's link.
   void BeforeLinkReplaced(std::function<void()> f) {
@@ -304,6 +311,32 @@ TEST_F(SealedRedialTest, ARefusedLinkHoldsABoundedNumberOfMessages) {
   EXPECT_TRUE(absl::IsUnavailable(over)) << over;
   EXPECT_NE(over.message().find("node 8"), std::string::npos) << over;
   EXPECT_EQ(ZmqTransportTestPeer::Waiting(*link), limit);
+}
+
+// Link numbers are 32 bits, and each link's key is made from its number:
+// after the last one a number would repeat, and with it a key and nonce.
+// The last link is made; then no link is (Connect fails, naming why, and a
+// redial fails), and the last link still carries what is sent. (Before, the
+// counter wrapped to 0: Connect made a link whose records the server
+// dropped as replayed, below the link it had.)
+TEST_F(SealedRedialTest, NoLinkIsMadeOnceLinkNumbersRunOut) {
+  KnowWorker();
+  ZmqTransportTestPeer peer(worker_.get());
+  peer.SetNextLinkNumber(std::numeric_limits<uint32_t>::max());
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ASSERT_TRUE(worker_->Send(kServer, Push(1)).ok());
+  EXPECT_EQ(Received(absl::Milliseconds(500)), (std::vector<uint64_t>{1}));
+  const absl::Status again = worker_->Connect(kServer, "127.0.0.1", port_);
+  EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
+  EXPECT_NE(again.message().find("link numbers"), std::string::npos) << again;
+  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ASSERT_NE(link, nullptr);
+  ASSERT_TRUE(worker_->Send(kServer, Push(2)).ok());
+  EXPECT_EQ(Received(absl::Milliseconds(500)), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(server_->sealed_drops().replayed, 0u);
+  ZmqTransportTestPeer::MarkRedialing(*link);
+  peer.Dial(link);
+  EXPECT_EQ(worker_->redial_count(), 0u);
 }
 
 }  // namespace
