@@ -14,7 +14,13 @@
 // socket, its messages waiting meanwhile, and the messages that waited in
 // the refused connection are counted as dropped (unsent_dropped_count).
 // Nothing is sent, nothing is refused again: a link that sends nothing
-// after a refusal is made again at its next message.
+// after a refusal is made again at its next message. A new connection that
+// cannot be made (no socket; the peer's node key gone from the table, or
+// another: a new life, whose link Connect makes) is tried again after the
+// back-off, and meanwhile at most kMaxWaitingWhileRefused messages wait.
+// A new connection takes a new link number, with the look at which link is
+// the peer's: a link that Connect replaces never takes one above its
+// replacement's (the peer would take the replacement's records for replays).
 #include <zmq.h>
 
 #include <algorithm>
