@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/curve_keys.h"
 #include "common/sealed_link_internal.h"
@@ -17,6 +18,19 @@ using internal::KeyText;
 namespace {
 
 constexpr char kAdmissionLabel[] = "tessera sealed lane admission v1";
+
+// An address as failed scheduler checks are counted by: at most 64
+// characters, an IPv4-mapped IPv6 address ("::ffff:10.0.0.1", an IPv4 peer
+// of a dual-stack socket) as the IPv4 one.
+std::string NormalAddress(absl::string_view address) {
+  address = address.substr(0, 64);
+  constexpr absl::string_view kMapped = "::ffff:";
+  if (address.size() > kMapped.size() &&
+      absl::EqualsIgnoreCase(address.substr(0, kMapped.size()), kMapped) &&
+      address.find('.') != absl::string_view::npos)
+    address.remove_prefix(kMapped.size());
+  return std::string(address);
+}
 
 }  // namespace
 
@@ -57,8 +71,12 @@ bool ParseAdmissionUser(absl::string_view user, Role* role, Key32* node_key) {
   return true;
 }
 
-Admission::Admission(std::shared_ptr<const LinkKeys> keys)
-    : keys_(std::move(keys)) {}
+Admission::Admission(std::shared_ptr<const LinkKeys> keys,
+                     absl::string_view scheduler_address)
+    : keys_(std::move(keys)),
+      scheduler_address_(scheduler_address.empty()
+                             ? std::string()
+                             : NormalAddress(scheduler_address)) {}
 
 std::string Admission::User(const LinkKeys& keys) {
   return AdmissionUser(keys.role(), keys.public_key());
@@ -222,7 +240,9 @@ bool Admission::MayCheckScheduler(const Key32& key, absl::string_view address,
                         address, " this second");
     return false;
   }
-  if (failures_ >= kSchedulerFailuresPerSecond) {
+  // The scheduler's own address is not held up by the others' failures.
+  if (address != scheduler_address_ &&
+      failures_ >= kSchedulerFailuresPerSecond) {
     *why = absl::StrCat("scheduler node key ", KeyText(key),
                         ", unchecked: too many failed scheduler claims "
                         "this second");
@@ -235,10 +255,10 @@ Admission::Verdict Admission::CheckScheduler(const Key32& key,
                                              absl::string_view password,
                                              absl::string_view address,
                                              std::string* why) {
-  address = address.substr(0, 64);  // a key of failures_of_
+  const std::string from = NormalAddress(address);  // a key of failures_of_
   {
     absl::MutexLock lock(&mu_);
-    if (!MayCheckScheduler(key, address, absl::Now(), why))
+    if (!MayCheckScheduler(key, from, absl::Now(), why))
       return Verdict::kRefuse;
   }
   // One X25519, outside the lock: the role-key term is the proof.
@@ -249,8 +269,8 @@ Admission::Verdict Admission::CheckScheduler(const Key32& key,
   const bool ok = agreed && SamePassword(expected, password);
   absl::MutexLock lock(&mu_);
   if (!ok) {
-    ++failures_;
-    ++failures_of_[address];
+    if (from != scheduler_address_) ++failures_;
+    ++failures_of_[from];
     WipeString(&expected);
     *why = absl::StrCat(
         "scheduler node key ", KeyText(key),

@@ -28,16 +28,18 @@
 // can spend the budget the real scheduler's claim needs: past
 // kSchedulerFailuresPerAddressPerSecond failures from an address in a second
 // its next claims are refused unchecked, and past kSchedulerFailuresPerSecond
-// failures in all, every address's are (the ceiling on the X25519 spent).
-// One address floods away only its own checks; spending the ceiling takes
-// kSchedulerFailuresPerSecond / kSchedulerFailuresPerAddressPerSecond (16)
-// addresses. (Processes behind one address, one host's, share its budget;
-// the real scheduler never fails its check, so only a claim failing from
-// the scheduler's own host can hold it up.)
+// failures in all, every other address's are (the ceiling on the X25519
+// spent). The configured scheduler address (a node's DMLC_PS_ROOT_URI,
+// resolved) has its own kSchedulerFailuresPerAddressPerSecond outside the
+// ceiling: failing claims from other addresses, however many, cannot hold
+// the scheduler up, only failing claims from its own host (processes behind
+// one address share its budget). A scheduler whose connections come from
+// another address (behind NAT, another interface) is checked within the
+// ceiling, which 16 flooding addresses can spend.
 // A connection of any other role whose key B does not yet know waits (kWait):
 // the ZAP handler holds its answer until the table names the key.
 //
-//   Admission admission(link_keys);
+//   Admission admission(link_keys, "10.0.0.1");  // the scheduler's address
 //   admission.SetPeer(9, Role::kWorker, key);             // from the table
 //   Admission::Verdict v =
 //       admission.Check(user, password, "10.0.0.7", &user_id, &why);
@@ -87,7 +89,12 @@ class Admission {
   static constexpr int kSchedulerFailuresPerSecond = 64;
   static constexpr int kSchedulerFailuresPerAddressPerSecond = 4;
 
-  explicit Admission(std::shared_ptr<const LinkKeys> keys);
+  // `scheduler_address`: the scheduler's as a connection from it shows it
+  // (DMLC_PS_ROOT_URI resolved; an IPv4-mapped IPv6 address is taken as
+  // the IPv4 one), whose failed scheduler checks have a budget of their own
+  // outside kSchedulerFailuresPerSecond; empty: none is known.
+  explicit Admission(std::shared_ptr<const LinkKeys> keys,
+                     absl::string_view scheduler_address = "");
 
   // The node `id` (of `role`) has `node_key`. Replaces the key the id had.
   // Nothing is computed until a connection claims the key.
@@ -137,7 +144,8 @@ class Admission {
   std::string Expected(const Key32& ee, Role role, const Key32& key) const;
 
   const std::shared_ptr<const LinkKeys> keys_;
-  std::atomic<uint64_t> version_{0};  // changed under mu_
+  const std::string scheduler_address_;  // normalized (NormalAddress)
+  std::atomic<uint64_t> version_{0};     // changed under mu_
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key32, Known> known_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, Key32> key_of_ ABSL_GUARDED_BY(mu_);
@@ -150,7 +158,8 @@ class Admission {
   absl::Time failures_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int failures_ ABSL_GUARDED_BY(mu_) = 0;
   // This second's failed scheduler checks by address: at most
-  // kSchedulerFailuresPerSecond entries (one per failure at most).
+  // kSchedulerFailuresPerSecond entries (one per failure at most), and the
+  // scheduler's address.
   absl::flat_hash_map<std::string, int> failures_of_ ABSL_GUARDED_BY(mu_);
 };
 

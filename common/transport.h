@@ -168,6 +168,10 @@ struct ZmqTransportOptions {
   // all come from its address, so a node of a job sets it to the job's
   // process count (NewZmqTransportForNode); never below 64.
   size_t admission_holds_per_address = 64;
+  // The scheduler's IP address (DMLC_PS_ROOT_URI resolved), whose failed
+  // scheduler claims on the sealed lane have a budget of their own
+  // (sealed_admission.h); empty: not known.
+  std::string scheduler_address;
   // Plaintext bytes per sealed record (sealed_link.h).
   size_t sealed_record_bytes = 256 << 10;
   CodecLimits limits;

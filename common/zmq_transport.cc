@@ -114,28 +114,17 @@ absl::Status ZmqTransport::Connect(int peer, const std::string& ip, int port) {
   sender->peer = peer;
   sender->blocks = blocks_;
   void* socket = zmq_socket(context_, ZMQ_PUSH);
+  if (socket == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot make a socket to node ", peer, ": ", ZmqError()));
+  }
   ConfigureSocket(socket);
   std::string endpoint;
-  std::unique_ptr<sealed::Sealer> sealer;
-  absl::Status secured;
-  if (Sealed() && peer != kSchedulerId) {
-    // A worker or server: its sealed lane.
-    absl::StatusOr<std::string> lane =
-        AimAtSealedLane(socket, peer, ip, &sealer);
-    secured = lane.status();
-    if (lane.ok()) endpoint = *std::move(lane);
-  } else {
-    endpoint = TcpEndpoint(ip, port);
-    secured = SecureSender(socket, peer);
-    if (secured.ok() && Sealed() && peer == kSchedulerId) {
-      // Sealed once the node table brings the scheduler's node key.
-      if (std::optional<PeerLink> link = LinkTo(peer); link.has_value())
-        sealer = NewSealer(*link);
-    }
-  }
-  if (!secured.ok()) {
+  std::optional<PeerLink> link;  // set: the link is sealed
+  if (absl::Status aimed = AimSocket(socket, peer, ip, port, &endpoint, &link);
+      !aimed.ok()) {
     zmq_close(socket);
-    return secured;
+    return aimed;
   }
   LimitSending(socket);
   if (zmq_connect(socket, endpoint.c_str()) != 0) {
@@ -148,27 +137,61 @@ absl::Status ZmqTransport::Connect(int peer, const std::string& ip, int port) {
   {
     absl::MutexLock lock(&sender->mu);
     sender->socket = socket;
-    if (sealer != nullptr) sender->handshakes = WatchHandshakes(socket);
-    sender->sealer = std::move(sealer);
+    if (link.has_value()) sender->handshakes = WatchHandshakes(socket);
     sender->dialled_at = absl::Now();
     if (pool_ != nullptr) ArmBacklog(sender, *sender->backlog);
   }
   TESSERA_VLOG(1) << "connecting to node " << peer << " at " << endpoint;
+  if (before_link_replaced_) before_link_replaced_();
   std::shared_ptr<Sender> old;
   {
     absl::MutexLock lock(&senders_mu_);
     // After the connect: a failed one leaves the link it would have
     // replaced watched. (Connecting is asynchronous: nothing is missed.)
     // With the swap, under senders_mu_: a refused link's new socket
-    // (Redial) is watched in its place only while it is the peer's link.
-    if (options_.watch_links) {
-      std::shared_ptr<std::atomic<bool>> stopped =
-          link_watch_->Watch(peer, socket, endpoint);
+    // (Redial) is watched in its place only while it is the peer's link,
+    // and its link number is below this one's.
+    std::optional<uint32_t> number;
+    if (link.has_value()) {
+      number = TakeLinkNumber();
+      // The link it would replace stays (its socket closes with `sender`).
+      if (!number.has_value()) return NoLinkNumberLeft(peer);
+    }
+    std::shared_ptr<std::atomic<bool>> stopped;
+    if (options_.watch_links)
+      stopped = link_watch_->Watch(peer, socket, endpoint);
+    {
       absl::MutexLock hold(&sender->mu);
-      sender->monitor_stopped = std::move(stopped);
+      if (options_.watch_links) sender->monitor_stopped = std::move(stopped);
+      if (link.has_value()) {
+        sender->sealer = NewSealer(*link, *number);
+        sender->key = link->key;
+      }
     }
     old = std::exchange(senders_[peer], sender);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ZmqTransport::AimSocket(void* socket, int peer,
+                                     const std::string& ip, int port,
+                                     std::string* endpoint,
+                                     std::optional<PeerLink>* link) {
+  if (Sealed() && peer != kSchedulerId) {
+    // A worker or server: its sealed lane.
+    *link = LinkTo(peer);
+    if (!link->has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no node key for node ", peer, ": its node table entry has none"));
+    }
+    SealedLaneCredentials(socket, **link);
+    *endpoint = TcpEndpoint(ip, (*link)->sealed_port);
+    return absl::OkStatus();
+  }
+  *endpoint = TcpEndpoint(ip, port);
+  TESSERA_RETURN_IF_ERROR(SecureSender(socket, peer));
+  // Sealed once the node table brings the scheduler's node key.
+  if (Sealed() && peer == kSchedulerId) *link = LinkTo(peer);
   return absl::OkStatus();
 }
 
@@ -441,6 +464,12 @@ absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
                            LoadConnectionSecurity(node_options));
   options.metrics = &MetricsRegistry::Global();
   options.watch_links = node_options.role == Role::kScheduler;
+  // Where the scheduler's claims on the sealed lane come from (a failure
+  // to resolve is the node's to report, at BindAndConnect).
+  if (absl::StatusOr<std::string> scheduler =
+          ResolveHost(node_options.root_uri);
+      scheduler.ok())
+    options.scheduler_address = *std::move(scheduler);
   // Every process of the job may be on one host (a local job: all from
   // 127.0.0.1), and each connects once to this node's sealed lane, perhaps
   // before the table names it: a 256-worker local job's connections were

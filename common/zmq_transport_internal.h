@@ -39,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -82,6 +83,10 @@ inline bool ShouldLog(uint64_t n) {
 // follows too (zmq_transport_redial.cc).
 constexpr int kReconnectMs = 100;
 constexpr int kReconnectMaxMs = 1000;
+
+// Messages a sealed link keeps while it waits for a new connection (its
+// connection refused): past them Send says Unavailable.
+constexpr size_t kMaxWaitingWhileRefused = 4096;
 
 // Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
 struct ReceivedPart {
@@ -134,14 +139,19 @@ class ZmqTransport : public Transport {
   void Close() override;
 
  private:
+  // Tests reach the links through it (tests/core/sealed_redial_test.cc).
+  friend class ZmqTransportTestPeer;
+
   struct Sender {
     absl::Mutex mu;
     // A refused sealed link gets a new one (zmq_transport_redial.cc).
     void* socket ABSL_GUARDED_BY(mu) = nullptr;
     std::string endpoint;  // set before the link is shared
     int peer = 0;
-    // Set on a sealed link: every message goes as records.
+    // Set on a sealed link: every message goes as records, sealed to the
+    // peer's node key `key` (a new connection is made only to that key).
     std::unique_ptr<sealed::Sealer> sealer ABSL_GUARDED_BY(mu);
+    sealed::Key32 key ABSL_GUARDED_BY(mu) = {};
     // Messages (the first perhaps part-sealed) waiting for room in ZeroMQ.
     std::deque<sealed::SealJob> pending ABSL_GUARDED_BY(mu);
     // The socket's (a new socket has a new one).
@@ -263,22 +273,36 @@ class ZmqTransport : public Transport {
   sealed::NodeKey OwnNodeKey() const;
   absl::Status BindSealedLane(const std::string& ip)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
-  // Gives `socket` (a new link's to the worker or server `peer`) the
-  // credentials of the peer's sealed lane, and `*sealer` its sealer; the
-  // lane's endpoint at `ip` (its port from the node table).
-  // FailedPrecondition when the peer has no node key.
-  absl::StatusOr<std::string> AimAtSealedLane(
-      void* socket, int peer, const std::string& ip,
-      std::unique_ptr<sealed::Sealer>* sealer);
+  // Gives `socket` (a new link's to `peer`) its credentials: those of the
+  // peer's sealed lane (a worker or server, `*link` set), or CURVE / PLAIN
+  // (the scheduler, `*link` set once the table gave its node key, for the
+  // sealer inside; or a job without sealing). `*endpoint`: the sealed lane's
+  // at `ip` (its port from the node table), or `ip`:`port`.
+  // FailedPrecondition when a worker or server has no node key.
+  absl::Status AimSocket(void* socket, int peer, const std::string& ip,
+                         int port, std::string* endpoint,
+                         std::optional<PeerLink>* link);
+  // The number of a new link; every link's is above those taken before
+  // (taken with the look at which link is the peer's, so that a link being
+  // replaced never takes a higher one than its replacement). nullopt once
+  // all 2^32 - 1 are taken (logged): a number, and with it a link key and
+  // its nonces, would repeat, so no link is made any more.
+  std::optional<uint32_t> TakeLinkNumber()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(senders_mu_);
+  // What a link that cannot be made because of that says.
+  static absl::Status NoLinkNumberLeft(int peer);
   // The sealed lane's PLAIN credentials of `link`'s pair, on `socket`.
   void SealedLaneCredentials(void* socket, const PeerLink& link);
   // The link to `peer` with its key agreements (made the first time);
   // nullopt when the node table gave it no key, or one of small order.
   std::optional<PeerLink> LinkTo(int peer);
-  // A new link to `peer`: its own number, so its key is fresh.
-  std::unique_ptr<sealed::Sealer> NewSealer(const PeerLink& link);
+  // A new link to `link`'s peer: its own number (TakeLinkNumber), so its key
+  // is fresh.
+  std::unique_ptr<sealed::Sealer> NewSealer(const PeerLink& link,
+                                            uint32_t number);
   // Queues `msg` on a sealed link and seals what ZeroMQ has room for now;
-  // the pool seals the rest as records go out.
+  // the pool seals the rest as records go out. Unavailable when the link
+  // waits for a new connection with kMaxWaitingWhileRefused messages.
   absl::Status SendSealed(Sender& sender, const Message& msg,
                           size_t header_size,
                           std::vector<sealed::SealJob>* sent_jobs)
@@ -312,10 +336,29 @@ class ZmqTransport : public Transport {
   // pool. Nothing when the link is not refused or already redialing.
   void Redial(const std::shared_ptr<Sender>& sender)
       ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
+  // The back-off before the link's next socket (set in sender.backoff), and
+  // what is left of it at `now`.
+  static absl::Duration NextDialWait(Sender& sender, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu);
+  // Dials after `wait` on the pool (now, when it is zero).
+  void DialAfter(const std::shared_ptr<Sender>& sender, absl::Duration wait)
+      ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
+  // A redial failed (`why`): logs it and tries again after the back-off, the
+  // link left refused (its messages wait, bounded: SendSealed).
+  void DialFailed(const std::shared_ptr<Sender>& sender,
+                  const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
   // Makes the new socket and hands it the waiting messages, unless the
-  // link was forgotten or replaced meanwhile, or the transport closed.
+  // link was forgotten or replaced meanwhile, its peer's node key is no
+  // longer the one it sealed to (a new life of the peer, whose link Connect
+  // makes), or the transport closed.
   void Dial(const std::shared_ptr<Sender>& sender)
       ABSL_LOCKS_EXCLUDED(sender->mu, senders_mu_);
+  // A new socket for `sender`, secured and connected as Connect's, to the
+  // node key it sealed to; `*link` its peer's.
+  absl::StatusOr<void*> DialSocket(Sender& sender,
+                                   std::optional<PeerLink>* link)
+      ABSL_LOCKS_EXCLUDED(sender.mu, senders_mu_);
 
   const ZmqTransportOptions options_;
   std::unique_ptr<MessageCounters> counters_;  // null: not counted
@@ -353,6 +396,7 @@ class ZmqTransport : public Transport {
   std::atomic<uint64_t> unsealed_{0};
   std::atomic<uint64_t> refusals_seen_{0};  // by this node's links
   std::atomic<uint64_t> redials_{0};
+  std::atomic<uint64_t> failed_dials_{0};  // redials that failed (logged)
 
   // Sealing (Sealed() only; set in the constructor, then read-only).
   std::shared_ptr<const sealed::LinkKeys> link_keys_;
@@ -364,9 +408,14 @@ class ZmqTransport : public Transport {
   // zmq_ctx_term returns, schedule on it.
   std::unique_ptr<SealPool> pool_;
   std::shared_ptr<BlockCache> blocks_;
-  std::atomic<uint32_t> next_link_{1};
+  // 0: all taken (TakeLinkNumber; 0 is no link's).
+  uint32_t next_link_ ABSL_GUARDED_BY(senders_mu_) = 1;
   std::atomic<uint64_t> next_handshake_watch_{0};
   std::atomic<int> sealed_port_{0};
+  // Test-only (ZmqTransportTestPeer), set before Connect: runs in Connect
+  // once the new link's socket has its credentials and before the link
+  // replaces the peer's.
+  std::function<void()> before_link_replaced_;
 };
 
 }  // namespace tessera::zmq_internal

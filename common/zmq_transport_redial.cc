@@ -14,7 +14,13 @@
 // socket, its messages waiting meanwhile, and the messages that waited in
 // the refused connection are counted as dropped (unsent_dropped_count).
 // Nothing is sent, nothing is refused again: a link that sends nothing
-// after a refusal is made again at its next message.
+// after a refusal is made again at its next message. A new connection that
+// cannot be made (no socket; the peer's node key gone from the table, or
+// another: a new life, whose link Connect makes) is tried again after the
+// back-off, and meanwhile at most kMaxWaitingWhileRefused messages wait.
+// A new connection takes a new link number, with the look at which link is
+// the peer's: a link that Connect replaces never takes one above its
+// replacement's (the peer would take the replacement's records for replays).
 #include <zmq.h>
 
 #include <algorithm>
@@ -27,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -36,24 +43,28 @@
 
 namespace tessera::zmq_internal {
 
-void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
+absl::Duration ZmqTransport::NextDialWait(Sender& sender, absl::Time now) {
   const absl::Duration first = absl::Milliseconds(kReconnectMs);
   const absl::Duration most = absl::Milliseconds(kReconnectMaxMs);
+  // As ZeroMQ's reconnect interval: from when the last socket was made (or
+  // the last attempt failed), 100 ms, doubling while refusals come quickly,
+  // up to 1 s.
+  sender.backoff =
+      sender.backoff == absl::ZeroDuration() || now - sender.dialled_at >= most
+          ? first
+          : std::min(sender.backoff * 2, most);
+  return std::max(absl::ZeroDuration(),
+                  sender.dialled_at + sender.backoff - now);
+}
+
+void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
   absl::Duration wait;
   size_t dropped = 0;
   {
     absl::MutexLock lock(&sender->mu);
     if (!sender->refused || sender->redialing) return;
     sender->redialing = true;
-    // As ZeroMQ's reconnect interval: from when the refused socket was
-    // made, 100 ms, doubling while refusals come quickly, up to 1 s.
-    const absl::Time now = absl::Now();
-    sender->backoff = sender->backoff == absl::ZeroDuration() ||
-                              now - sender->dialled_at >= most
-                          ? first
-                          : std::min(sender->backoff * 2, most);
-    wait = std::max(absl::ZeroDuration(),
-                    sender->dialled_at + sender->backoff - now);
+    wait = NextDialWait(*sender, absl::Now());
     // Handed to ZeroMQ whole and not known to have gone out: freed with the
     // refused connection's pipe.
     dropped = sender->unconfirmed.size();
@@ -72,6 +83,11 @@ void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
         << absl::FormatDuration(wait)
         << (n == kLogDropsFirst ? " (from now on one line per 1000)" : "");
   }
+  DialAfter(sender, wait);
+}
+
+void ZmqTransport::DialAfter(const std::shared_ptr<Sender>& sender,
+                             absl::Duration wait) {
   if (wait > absl::ZeroDuration() && pool_ != nullptr) {
     std::weak_ptr<Sender> weak = sender;
     pool_->ScheduleAfter(wait, [this, weak] {
@@ -82,41 +98,55 @@ void ZmqTransport::Redial(const std::shared_ptr<Sender>& sender) {
   Dial(sender);
 }
 
-void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
-  const int peer = sender->peer;
-  void* socket = closed_.load() ? nullptr : zmq_socket(context_, ZMQ_PUSH);
-  if (socket == nullptr) return;  // closing: the link goes with it
-  ConfigureSocket(socket);
-  if (discard_unsent_.load()) {
-    const int zero = 0;
-    zmq_setsockopt(socket, ZMQ_LINGER, &zero, sizeof(zero));
+void ZmqTransport::DialFailed(const std::shared_ptr<Sender>& sender,
+                              const absl::Status& why) {
+  {
+    absl::MutexLock lock(&senders_mu_);
+    auto it = senders_.find(sender->peer);
+    // Forgotten or replaced: its waiting messages go with it.
+    if (it == senders_.end() || it->second != sender) return;
   }
-  // The credentials Connect gave the refused socket, made again (a link to
-  // the scheduler is CURVE, and sealed inside).
-  std::optional<PeerLink> link = LinkTo(peer);
-  absl::Status secured = absl::OkStatus();
-  if (!link.has_value()) {
-    secured = absl::FailedPreconditionError("its node key is gone");
-  } else if (peer == kSchedulerId) {
-    secured = SecureSender(socket, peer);
-  } else {
-    SealedLaneCredentials(socket, *link);
+  absl::Duration wait;
+  {
+    absl::MutexLock lock(&sender->mu);
+    // This attempt ends and the next is on its way (`redialing` stays set
+    // for it: a Send's Redial would start a second), after the back-off from
+    // now, which grows while attempts fail. Left refused, the link's
+    // messages wait for it, at most kMaxWaitingWhileRefused (SendSealed).
+    const absl::Time now = absl::Now();
+    sender->dialled_at = now;
+    wait = NextDialWait(*sender, now);
   }
-  LimitSending(socket);
-  if (secured.ok() && zmq_connect(socket, sender->endpoint.c_str()) != 0)
-    secured = absl::UnavailableError(ZmqError());
-  if (!secured.ok()) {
-    // Left refused: the table's next word on the peer (a new key, or its
-    // end) connects it again or forgets it.
-    TESSERA_LOG(WARNING) << "cannot connect to node " << peer << " at "
+  const uint64_t n = failed_dials_.fetch_add(1) + 1;
+  if (ShouldLog(n)) {
+    TESSERA_LOG(WARNING) << "cannot connect to node " << sender->peer << " at "
                          << sender->endpoint
-                         << " again after a refusal: " << secured.message();
-    zmq_close(socket);
+                         << " again after a refusal (failure #" << n
+                         << "): " << why.message() << "; trying again in "
+                         << absl::FormatDuration(wait)
+                         << (n == kLogDropsFirst
+                                 ? " (from now on one line per 1000)"
+                                 : "");
+  }
+  DialAfter(sender, wait);
+}
+
+void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
+  if (closed_.load()) return;  // closing: the link goes with it
+  const int peer = sender->peer;
+  std::optional<PeerLink> link;
+  absl::StatusOr<void*> made = DialSocket(*sender, &link);
+  if (!made.ok()) {
+    // Tried again after the back-off, until the table's next word on the
+    // peer (its key back, a new life's link, or its end) settles it.
+    DialFailed(sender, made.status());
     return;
   }
+  void* socket = *made;
   auto backlog = std::make_shared<Backlog>();
   if (pool_ != nullptr) ArmBacklog(sender, *backlog);
   std::shared_ptr<std::atomic<bool>> stopped;
+  std::optional<uint32_t> number;
   {
     absl::MutexLock lock(&senders_mu_);
     auto it = senders_.find(peer);
@@ -125,8 +155,15 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
       zmq_close(socket);
       return;
     }
-    if (options_.watch_links)
+    // With the look: a Connect that replaces this link takes a higher one.
+    number = TakeLinkNumber();
+    if (number.has_value() && options_.watch_links)
       stopped = link_watch_->Watch(peer, socket, sender->endpoint);
+  }
+  if (!number.has_value()) {
+    zmq_close(socket);
+    DialFailed(sender, NoLinkNumberLeft(peer));
+    return;
   }
   void* old = nullptr;
   std::shared_ptr<std::atomic<bool>> old_stopped;
@@ -138,7 +175,7 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
     old = std::exchange(sender->socket, socket);
     sender->handshakes = WatchHandshakes(socket);
     old_stopped = std::exchange(sender->monitor_stopped, std::move(stopped));
-    sender->sealer = NewSealer(*link);  // a new link number: fresh keys
+    sender->sealer = NewSealer(*link, *number);  // fresh keys
     sender->backlog = std::move(backlog);
     sender->dialled_at = absl::Now();
     sender->refused = false;
@@ -152,6 +189,48 @@ void ZmqTransport::Dial(const std::shared_ptr<Sender>& sender) {
   TESSERA_VLOG(1) << "connecting to node " << peer << " at " << sender->endpoint
                   << " again";
   if (refused) Redial(sender);
+}
+
+absl::StatusOr<void*> ZmqTransport::DialSocket(Sender& sender,
+                                               std::optional<PeerLink>* link) {
+  sealed::Key32 key;
+  {
+    absl::MutexLock lock(&sender.mu);
+    key = sender.key;
+  }
+  // The credentials Connect gave the refused socket, made again (a link to
+  // the scheduler is CURVE, and sealed inside), to the same node key: a new
+  // key is a new life of the peer, whose link Connect makes (what waited
+  // for the old one is not for it).
+  *link = LinkTo(sender.peer);
+  if (!link->has_value())
+    return absl::FailedPreconditionError("its node key is gone");
+  if ((*link)->key != key) {
+    return absl::FailedPreconditionError(
+        "its node key changed (a new life of the node, linked anew)");
+  }
+  void* socket = zmq_socket(context_, ZMQ_PUSH);
+  if (socket == nullptr)
+    return absl::UnavailableError(absl::StrCat("no socket: ", ZmqError()));
+  ConfigureSocket(socket);
+  if (discard_unsent_.load()) {
+    const int zero = 0;
+    zmq_setsockopt(socket, ZMQ_LINGER, &zero, sizeof(zero));
+  }
+  absl::Status secured = absl::OkStatus();
+  if (sender.peer == kSchedulerId) {
+    secured = SecureSender(socket, sender.peer);
+  } else {
+    SealedLaneCredentials(socket, **link);
+  }
+  LimitSending(socket);
+  if (secured.ok() && zmq_connect(socket, sender.endpoint.c_str()) != 0)
+    secured = absl::UnavailableError(ZmqError());
+  if (!secured.ok()) {
+    zmq_close(socket);
+    return secured;
+  }
+  return socket;
 }
 
 void* ZmqTransport::WatchHandshakes(void* socket) {

@@ -65,7 +65,8 @@ void ZmqTransport::SetUpSealing() {
     }
   };
   opener_ = std::make_unique<sealed::SealedReceiver>(std::move(o));
-  admission_ = std::make_shared<sealed::Admission>(link_keys_);
+  admission_ = std::make_shared<sealed::Admission>(link_keys_,
+                                                   options_.scheduler_address);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   pool_ = std::make_unique<SealPool>(std::clamp(cores, 1, 4));
   blocks_ =
@@ -108,19 +109,6 @@ absl::Status ZmqTransport::BindSealedLane(const std::string& ip) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ZmqTransport::AimAtSealedLane(
-    void* socket, int peer, const std::string& ip,
-    std::unique_ptr<sealed::Sealer>* sealer) {
-  std::optional<PeerLink> link = LinkTo(peer);
-  if (!link.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no node key for node ", peer, ": its node table entry has none"));
-  }
-  SealedLaneCredentials(socket, *link);
-  *sealer = NewSealer(*link);
-  return TcpEndpoint(ip, link->sealed_port);
-}
-
 void ZmqTransport::SealedLaneCredentials(void* socket, const PeerLink& link) {
   // This pair's credentials (sealed_admission.h).
   const std::string user = sealed::Admission::User(*link_keys_);
@@ -148,8 +136,26 @@ std::optional<ZmqTransport::PeerLink> ZmqTransport::LinkTo(int peer) {
   return link;
 }
 
-std::unique_ptr<sealed::Sealer> ZmqTransport::NewSealer(const PeerLink& link) {
-  const uint32_t number = next_link_.fetch_add(1);
+std::optional<uint32_t> ZmqTransport::TakeLinkNumber() {
+  if (next_link_ == 0) return std::nullopt;
+  // The last (2^32 - 1) leaves 0: none is left.
+  const uint32_t number = next_link_++;
+  if (next_link_ == 0) {
+    TESSERA_LOG(ERROR) << "this process has taken its last sealed link "
+                          "number; it makes no link any more (restart it)";
+  }
+  return number;
+}
+
+absl::Status ZmqTransport::NoLinkNumberLeft(int peer) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no link to node ", peer,
+      ": this process has used all 2^32 - 1 sealed link numbers of its node "
+      "key (a new link would repeat a link key); restart it for a new key"));
+}
+
+std::unique_ptr<sealed::Sealer> ZmqTransport::NewSealer(const PeerLink& link,
+                                                        uint32_t number) {
   return std::make_unique<sealed::Sealer>(
       own_role(), link_keys_->public_key(), number,
       link_keys_->SendingSecret(link.secrets, link.role, link.key, number),
@@ -201,14 +207,23 @@ void ZmqTransport::SetPeerIdentity(int peer, const PeerIdentity& identity) {
     }
   }
   if (replaced.has_value()) link_keys_->Forget(*replaced);
-  if (scheduler_link != nullptr) {
-    // From now on what goes to the scheduler is sealed.
-    std::optional<PeerLink> link = LinkTo(kSchedulerId);
-    absl::MutexLock lock(&scheduler_link->mu);
-    if (scheduler_link->sealer == nullptr && link.has_value()) {
-      scheduler_link->sealer = NewSealer(*link);
-    }
+  if (scheduler_link == nullptr) return;
+  // From now on what goes to the scheduler is sealed.
+  std::optional<PeerLink> link = LinkTo(kSchedulerId);
+  if (!link.has_value()) return;
+  absl::MutexLock lock(&senders_mu_);
+  auto it = senders_.find(kSchedulerId);
+  if (it == senders_.end() || it->second != scheduler_link) return;
+  absl::MutexLock hold(&scheduler_link->mu);
+  if (scheduler_link->sealer != nullptr) return;
+  std::optional<uint32_t> number = TakeLinkNumber();
+  if (!number.has_value()) {
+    // Left unsealed: the scheduler drops what it sends (UnsealedAllowed).
+    TESSERA_LOG(ERROR) << NoLinkNumberLeft(kSchedulerId).message();
+    return;
   }
+  scheduler_link->sealer = NewSealer(*link, *number);
+  scheduler_link->key = link->key;
 }
 
 void ZmqTransport::ForgetLink(int peer) {
@@ -251,6 +266,13 @@ SealedDrops ZmqTransport::sealed_drops() const {
 absl::Status ZmqTransport::SendSealed(Sender& sender, const Message& msg,
                                       size_t header_size,
                                       std::vector<sealed::SealJob>* sent_jobs) {
+  if (sender.refused && sender.pending.size() >= kMaxWaitingWhileRefused) {
+    // Bounded while no connection takes them (a redial failing for long).
+    return absl::UnavailableError(absl::StrCat(
+        "cannot send to node ", sender.peer, " at ", sender.endpoint,
+        ": its connection was refused and ", sender.pending.size(),
+        " messages already wait for a new one"));
+  }
   sealed::SealJob job;
   job.header.resize(header_size);
   if (!SerializeHeader(msg, job.header.data(), header_size))

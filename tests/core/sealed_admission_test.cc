@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +147,7 @@ class AdmissionTest : public ::testing::Test {
     security->keys = *ParseKeyFile(FormatKeyFile(job_, Role::kServer), "test");
     ZmqTransportOptions o;
     o.security = security;
+    o.scheduler_address = scheduler_address_;
     server_ = NewZmqTransport(o);
     ASSERT_TRUE(server_->Bind("127.0.0.1", 0).ok());
     const std::string k = server_->node_key();
@@ -250,6 +252,9 @@ class AdmissionTest : public ::testing::Test {
     return what == ZMQ_EVENT_HANDSHAKE_SUCCEEDED ? "admitted" : "refused";
   }
 
+  // The server's configured scheduler address (DMLC_PS_ROOT_URI's), if any;
+  // set before SetUp.
+  std::string scheduler_address_;
   JobKeySet job_ = GenerateJobKeys().value();
   std::unique_ptr<Transport> server_;
   Key32 server_key_{};
@@ -347,19 +352,26 @@ TEST_F(AdmissionTest, TheSchedulerIsAdmittedBeforeItsKeyIsKnown) {
 class SchedulerClaimFlood {
  public:
   SchedulerClaimFlood(void* context, int port, const std::string& source)
-      : thread_([this, context, port, source] { Run(context, port, source); }) {
-  }
+      : SchedulerClaimFlood(context, port, std::vector<std::string>{source},
+                            absl::Milliseconds(2)) {}
+  // From each of `sources` in turn, a new connection every `every`.
+  SchedulerClaimFlood(void* context, int port, std::vector<std::string> sources,
+                      absl::Duration every)
+      : thread_([this, context, port, sources = std::move(sources), every] {
+          Run(context, port, sources, every);
+        }) {}
   ~SchedulerClaimFlood() {
     stop_.store(true);
     thread_.join();
   }
 
  private:
-  void Run(void* context, int port, const std::string& source) {
+  void Run(void* context, int port, const std::vector<std::string>& sources,
+           absl::Duration every) {
     std::deque<std::pair<void*, absl::Time>> open;
-    const std::string endpoint =
-        absl::StrCat("tcp://", source, ":0;127.0.0.1:", port);
-    while (!stop_.load()) {
+    for (size_t i = 0; !stop_.load(); ++i) {
+      const std::string endpoint = absl::StrCat(
+          "tcp://", sources[i % sources.size()], ":0;127.0.0.1:", port);
       void* s = zmq_socket(context, ZMQ_PUSH);
       const int linger = 0;
       zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
@@ -375,7 +387,7 @@ class SchedulerClaimFlood {
         zmq_close(open.front().first);
         open.pop_front();
       }
-      absl::SleepFor(absl::Milliseconds(2));
+      absl::SleepFor(every);
     }
     for (auto& [s, opened] : open) zmq_close(s);
   }
@@ -397,6 +409,34 @@ TEST_F(AdmissionTest,
   while (server_->refused_connection_count() < 50 && absl::Now() < until)
     absl::SleepFor(absl::Milliseconds(10));
   ASSERT_GE(server_->refused_connection_count(), 50u);
+  const Process scheduler(job_, Role::kScheduler, 1);
+  void* s = Connect(scheduler.User(),
+                    scheduler.PasswordTo(server_key_, Role::kServer));
+  EXPECT_EQ(Outcome(s, absl::Seconds(2)), "admitted");
+}
+
+// The server knows the scheduler's address (a node's DMLC_PS_ROOT_URI).
+class AdmissionWithSchedulerAddressTest : public AdmissionTest {
+ protected:
+  AdmissionWithSchedulerAddressTest() { scheduler_address_ = "127.0.0.1"; }
+};
+
+// A flood of bad scheduler claims from 32 addresses (127.0.0.2 to
+// 127.0.0.33, a connection every 1 ms) spends the ceiling of 64 failed
+// checks a second within its first ~70 ms; the real scheduler's claim, from
+// the configured scheduler address 127.0.0.1, has a budget of its own and is
+// admitted on its first handshake. (Before, it shared the spent ceiling and
+// was refused unchecked, unless it came in a second's first ~70 ms.)
+TEST_F(AdmissionWithSchedulerAddressTest,
+       BadSchedulerClaimsFromManyAddressesDoNotKeepTheSchedulerOut) {
+  std::vector<std::string> sources;
+  for (int i = 2; i < 34; ++i) sources.push_back(absl::StrCat("127.0.0.", i));
+  SchedulerClaimFlood flood(context_, server_->sealed_port(), sources,
+                            absl::Milliseconds(1));
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (server_->refused_connection_count() < 200 && absl::Now() < until)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_GE(server_->refused_connection_count(), 200u);
   const Process scheduler(job_, Role::kScheduler, 1);
   void* s = Connect(scheduler.User(),
                     scheduler.PasswordTo(server_key_, Role::kServer));
@@ -682,6 +722,83 @@ TEST_F(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
       admission_.Check(scheduler_.User(), password, "10.0.0.1", &user_id, &why),
       Admission::Verdict::kAdmit)
       << why;
+}
+
+// The configured scheduler address (here 10.0.0.1) has a budget of its
+// own, outside the ceiling: once 16 other addresses spent the second's 64
+// checks, a claim from a 17th is refused unchecked, but the scheduler's,
+// from its address (as an IPv4-mapped IPv6 address too), is checked and
+// admitted. (Before, it was refused unchecked with the rest.)
+TEST(SchedulerClaimLimitTest, TheSchedulersAddressHasABudgetOfItsOwn) {
+  const JobKeySet job = GenerateJobKeys().value();
+  const Process server(job, Role::kServer, kServer),
+      scheduler(job, Role::kScheduler, 1);
+  Admission admission(server.keys, "10.0.0.1");
+  const std::string attacker =
+      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+  int checked = 0;
+  for (int a = 0; a < 16; ++a) {
+    for (int i = 0; i < 4; ++i) {
+      std::string user_id, why;
+      EXPECT_EQ(admission.Check(attacker, Z85(Random()),
+                                absl::StrCat("10.0.1.", a), &user_id, &why),
+                Admission::Verdict::kRefuse);
+      if (why.find("with a password not its pair's") != std::string::npos)
+        ++checked;
+    }
+  }
+  EXPECT_EQ(checked, Admission::kSchedulerFailuresPerSecond);
+  std::string user_id, why;
+  EXPECT_EQ(
+      admission.Check(attacker, Z85(Random()), "10.0.2.1", &user_id, &why),
+      Admission::Verdict::kRefuse);
+  EXPECT_NE(why.find("unchecked: too many failed scheduler claims this "
+                     "second"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(admission.Check(scheduler.User(),
+                            scheduler.PasswordTo(server.key(), Role::kServer),
+                            "::ffff:10.0.0.1", &user_id, &why),
+            Admission::Verdict::kAdmit)
+      << why;
+  EXPECT_EQ(user_id, scheduler.User());
+}
+
+// Bad claims from the scheduler's address spend its own 4 checks a second
+// (the rest refused unchecked, naming it), not the ceiling: 16 other
+// addresses still have their 64.
+TEST(SchedulerClaimLimitTest, TheSchedulersAddressSpendsOnlyItsOwnBudget) {
+  const JobKeySet job = GenerateJobKeys().value();
+  const Process server(job, Role::kServer, kServer);
+  Admission admission(server.keys, "::ffff:10.0.0.1");
+  const std::string attacker =
+      absl::StrCat("scheduler:", Z85(NodeKey::Generate().public_key()));
+  auto claim = [&](const std::string& from) {
+    std::string user_id, why;
+    EXPECT_EQ(admission.Check(attacker, Z85(Random()), from, &user_id, &why),
+              Admission::Verdict::kRefuse);
+    return why;
+  };
+  int checked = 0, unchecked = 0;
+  for (int i = 0; i < 10; ++i) {
+    const std::string why = claim("10.0.0.1");
+    if (why.find("with a password not its pair's") != std::string::npos)
+      ++checked;
+    if (why.find("unchecked: too many failed scheduler claims from "
+                 "10.0.0.1 this second") != std::string::npos)
+      ++unchecked;
+  }
+  EXPECT_EQ(checked, Admission::kSchedulerFailuresPerAddressPerSecond);
+  EXPECT_EQ(unchecked, 6);
+  checked = 0;
+  for (int a = 0; a < 16; ++a) {
+    for (int i = 0; i < 4; ++i) {
+      if (claim(absl::StrCat("10.0.1.", a))
+              .find("with a password not its pair's") != std::string::npos)
+        ++checked;
+    }
+  }
+  EXPECT_EQ(checked, Admission::kSchedulerFailuresPerSecond);
 }
 
 // What a table change added, as the ZAP handler asks it: the keys SetPeer

@@ -7,18 +7,76 @@
 // (300 ms) refuses a worker it does not know yet; once the server's table
 // names the worker, the worker's next message arrives on a new connection,
 // and the one that waited in the refused connection is counted as dropped.
+// The races of a redial with a new link to the same peer are played in
+// order through ZmqTransportTestPeer (the redial run inside Connect).
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/curve_keys.h"
 #include "common/message.h"
 #include "common/transport.h"
+#include "common/zmq_transport_internal.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
+namespace zmq_internal {
+
+// The links of a ZmqTransport, for tests that play a race in a set order.
+class ZmqTransportTestPeer {
+ public:
+  using Link = std::shared_ptr<ZmqTransport::Sender>;
+  explicit ZmqTransportTestPeer(Transport* transport)
+      : t_(static_cast<ZmqTransport*>(transport)) {}
+  Link LinkOf(int peer) {
+    absl::MutexLock lock(&t_->senders_mu_);
+    auto it = t_->senders_.find(peer);
+    return it == t_->senders_.end() ? nullptr : it->second;
+  }
+  // As if the link's connection had been refused and its new one were on
+  // its way (a Dial scheduled): what is sent waits, and no redial starts.
+  static void MarkRedialing(ZmqTransport::Sender& link) {
+    absl::MutexLock lock(&link.mu);
+    link.refused = true;
+    link.redialing = true;
+  }
+  // As if the link's connection had been refused (a redial starts at its
+  // next message).
+  static void MarkRefused(ZmqTransport::Sender& link) {
+    absl::MutexLock lock(&link.mu);
+    link.refused = true;
+  }
+  static size_t Waiting(ZmqTransport::Sender& link) {
+    absl::MutexLock lock(&link.mu);
+    return link.pending.size();
+  }
+  void Dial(const Link& link) { t_->Dial(link); }
+  // The number the next link takes.
+  void SetNextLinkNumber(uint32_t number) {
+    absl::MutexLock lock(&t_->senders_mu_);
+    t_->next_link_ = number;
+  }
+  // Runs `f` in the next Connect, once its socket has its credentials and
+  // before it replaces the peer's link.
+  void BeforeLinkReplaced(std::function<void()> f) {
+    t_->before_link_replaced_ = std::move(f);
+  }
+
+ private:
+  ZmqTransport* t_;
+};
+
+}  // namespace zmq_internal
 namespace {
+
+using zmq_internal::ZmqTransportTestPeer;
 
 constexpr int kServer = 8;
 constexpr int kWorker = 9;
@@ -150,6 +208,135 @@ TEST_F(SealedRedialTest, ALinkRefusedSeveralTimesStillComesThrough) {
   EXPECT_EQ(m->header.request_id(), 4u);
   EXPECT_EQ(worker_->unsent_dropped_count(), 3u);
   EXPECT_EQ(worker_->redial_count(), 3u);
+}
+
+// A redial of a link to a process that restarted, run while the link to its
+// new life is being made (after Connect aimed the new socket at the new key,
+// before it replaced the link): the old link must not take the new key. It
+// did: the table already named the new key, and the old link was still the
+// peer's, so its new socket sealed the message meant for the old life to
+// the new one under a link number above the new link's, and every record of
+// the new link was then dropped as replayed. Now the redial of a link whose
+// key is no longer the table's ends; what waited on it is dropped with it.
+TEST_F(SealedRedialTest, ARedialDuringARestartDoesNotTakeTheNewLife) {
+  KnowWorker();
+  ZmqTransportTestPeer peer(worker_.get());
+  // The old life's key (a process that is gone).
+  std::unique_ptr<Transport> old_life = Make(job_, Role::kServer);
+  worker_->SetPeerIdentity(
+      kServer, {Role::kServer, old_life->node_key(), server_->sealed_port()});
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ZmqTransportTestPeer::Link old_link = peer.LinkOf(kServer);
+  ASSERT_NE(old_link, nullptr);
+  ZmqTransportTestPeer::MarkRedialing(*old_link);
+  ASSERT_TRUE(worker_->Send(kServer, Push(1)).ok());  // for the old life
+  // The new life: the table names its key, and the node connects to it.
+  worker_->SetPeerIdentity(
+      kServer, {Role::kServer, server_->node_key(), server_->sealed_port()});
+  peer.BeforeLinkReplaced([&] { peer.Dial(old_link); });
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ASSERT_TRUE(worker_->Send(kServer, Push(2)).ok());
+  // The old link is held open meanwhile: what it sent would go out.
+  EXPECT_EQ(Received(absl::Seconds(1)), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(server_->sealed_drops().replayed, 0u);
+  old_link.reset();
+  EXPECT_EQ(worker_->unsent_dropped_count(), 1u);  // push 1
+}
+
+// The same race with the same key (Connect called again for a peer whose
+// refused link is redialing): the link being replaced took its link number
+// after the new link had taken its own, sent what waited on it under the
+// higher number, and the new link's records were dropped as replayed from
+// then on. Now link numbers are taken with the look at which link is the
+// peer's: the replaced one's is the lower.
+TEST_F(SealedRedialTest, AReplacedLinkNeverTakesAHigherLinkNumber) {
+  KnowWorker();
+  ZmqTransportTestPeer peer(worker_.get());
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ZmqTransportTestPeer::Link old_link = peer.LinkOf(kServer);
+  ASSERT_NE(old_link, nullptr);
+  ZmqTransportTestPeer::MarkRedialing(*old_link);
+  ASSERT_TRUE(worker_->Send(kServer, Push(1)).ok());
+  peer.BeforeLinkReplaced([&] { peer.Dial(old_link); });
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  // Push 1 (the redialled link's) arrives first.
+  absl::StatusOr<Message> first = server_->Receive(absl::Seconds(5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->header.request_id(), 1u);
+  ASSERT_TRUE(worker_->Send(kServer, Push(2)).ok());
+  EXPECT_EQ(Received(absl::Seconds(1)), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(server_->sealed_drops().replayed, 0u);
+}
+
+// A redial that fails (here: the table's entry for the server was refused,
+// its node key gone, while the link stayed the server's) tries again after
+// the back-off; once the key is back, what waited goes out. Before, the
+// link stayed "redialing" for ever: nothing was sent again, and every
+// later message waited behind it while Send said OK.
+TEST_F(SealedRedialTest, AFailedRedialTriesAgain) {
+  KnowWorker();
+  ZmqTransportTestPeer peer(worker_.get());
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ASSERT_NE(link, nullptr);
+  ZmqTransportTestPeer::MarkRedialing(*link);
+  ASSERT_TRUE(worker_->Send(kServer, Push(1)).ok());
+  // An entry without a node key: refused, the link's key forgotten.
+  worker_->SetPeerIdentity(kServer,
+                           {Role::kServer, "", server_->sealed_port()});
+  peer.Dial(link);  // fails: no key
+  EXPECT_EQ(worker_->redial_count(), 0u);
+  worker_->SetPeerIdentity(
+      kServer, {Role::kServer, server_->node_key(), server_->sealed_port()});
+  absl::StatusOr<Message> m = server_->Receive(absl::Seconds(5));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->header.request_id(), 1u);
+  EXPECT_EQ(worker_->redial_count(), 1u);
+}
+
+// While a link waits for a new connection, at most
+// kMaxWaitingWhileRefused messages wait on it; the next is Unavailable,
+// naming the peer. (Before, Send said OK to every one and kept it: a link
+// whose redial never came held them all.)
+TEST_F(SealedRedialTest, ARefusedLinkHoldsABoundedNumberOfMessages) {
+  ZmqTransportTestPeer peer(worker_.get());
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ASSERT_NE(link, nullptr);
+  ZmqTransportTestPeer::MarkRedialing(*link);
+  const size_t limit = zmq_internal::kMaxWaitingWhileRefused;
+  for (size_t r = 1; r <= limit; ++r)
+    ASSERT_TRUE(worker_->Send(kServer, Push(r)).ok()) << r;
+  const absl::Status over = worker_->Send(kServer, Push(limit + 1));
+  EXPECT_TRUE(absl::IsUnavailable(over)) << over;
+  EXPECT_NE(over.message().find("node 8"), std::string::npos) << over;
+  EXPECT_EQ(ZmqTransportTestPeer::Waiting(*link), limit);
+}
+
+// Link numbers are 32 bits, and each link's key is made from its number:
+// after the last one a number would repeat, and with it a key and nonce.
+// The last link is made; then no link is (Connect fails, naming why, and a
+// redial fails), and the last link still carries what is sent. (Before, the
+// counter wrapped to 0: Connect made a link whose records the server
+// dropped as replayed, below the link it had.)
+TEST_F(SealedRedialTest, NoLinkIsMadeOnceLinkNumbersRunOut) {
+  KnowWorker();
+  ZmqTransportTestPeer peer(worker_.get());
+  peer.SetNextLinkNumber(std::numeric_limits<uint32_t>::max());
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ASSERT_TRUE(worker_->Send(kServer, Push(1)).ok());
+  EXPECT_EQ(Received(absl::Milliseconds(500)), (std::vector<uint64_t>{1}));
+  const absl::Status again = worker_->Connect(kServer, "127.0.0.1", port_);
+  EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
+  EXPECT_NE(again.message().find("link numbers"), std::string::npos) << again;
+  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ASSERT_NE(link, nullptr);
+  ASSERT_TRUE(worker_->Send(kServer, Push(2)).ok());
+  EXPECT_EQ(Received(absl::Milliseconds(500)), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(server_->sealed_drops().replayed, 0u);
+  ZmqTransportTestPeer::MarkRedialing(*link);
+  peer.Dial(link);
+  EXPECT_EQ(worker_->redial_count(), 0u);
 }
 
 }  // namespace
