@@ -109,6 +109,26 @@ TEST(ClusterTest, TwoBitCompressionPullsMatchMxnet) {
   ExpectAllExitZero(c, absl::Seconds(120));
 }
 
+// The same checks with the workers in one local group (issue #47,
+// docs/local_groups.md): every dense push is the group's sum, sent once per
+// key part by its owner; the results the scenarios check are exact sums of
+// small integers or 2-bit codes, the same with and without the group.
+class LocalGroupClusterTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LocalGroupClusterTest, ScenarioPassesInOneGroup) {
+  ProcessCluster c;
+  c.Env("TESSERA_LOCAL_GROUP", "1");
+  c.Start(2, 3, {Worker(), GetParam()});
+  ExpectAllExitZero(c, absl::Seconds(120));
+  EXPECT_THAT(ProcessCluster::Log(c.Find("scheduler")),
+              HasSubstr("3 worker(s) asked to group with the workers on their "
+                        "host (TESSERA_LOCAL_GROUP=1): 3 in 1 group(s)"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, LocalGroupClusterTest,
+                         ::testing::Values("nightly", "async_api", "allreduce",
+                                           "async", "compress", "errors"));
+
 // Adam on the server against a reference computed here, in double precision.
 TEST(ClusterTest, AdamOnServerMatchesReference) {
   ProcessCluster c;

@@ -137,15 +137,17 @@ TEST_F(GroupPushTest, FloatGroupSumsRoundOnceEachThenTheServerSumsExactly) {
     const float want = mpfr_get_flt(acc, MPFR_RNDN);
     EXPECT_EQ(got[j], want) << "value " << j;
     mpfr_set_zero(acc, 1);
-    for (int w = 0; w < kWorkers; ++w) mpfr_add_d(acc, acc, grad[w][j], MPFR_RNDN);
+    for (int w = 0; w < kWorkers; ++w)
+      mpfr_add_d(acc, acc, grad[w][j], MPFR_RNDN);
     if (mpfr_get_flt(acc, MPFR_RNDN) != got[j]) ++differs_from_flat;
   }
   mpfr_clear(acc);
   EXPECT_EQ(got[0], 0.0f);  // the flat job's round gives 2
   // How often the group's roundings change the round's float32 result, on
   // these values (printed for docs/local_groups.md).
-  std::printf("grouped float sums that differ from the flat job's: %zu of %zu\n",
-              differs_from_flat, kN);
+  std::printf(
+      "grouped float sums that differ from the flat job's: %zu of %zu\n",
+      differs_from_flat, kN);
   EXPECT_GT(differs_from_flat, 0u);
 }
 
