@@ -88,6 +88,19 @@ class LocalGroupJobTest(unittest.TestCase):
         self.assertEqual(sum(r['bytes_pulled'] for r in grouped),
                          sum(r['bytes_pulled'] for r in flat) // 4)
 
+    def test_two_bit_both_ways_trains_to_the_same_bits(self):
+        # Pull compression too: each part's owner keeps the part's compressed copy,
+        # brought forward by the same replies as a worker without the group.
+        extra = ['--gc-type', '2bit', '--gc-threshold', '1', '--gc-pull', '2bit']
+        code, flat_out, flat = self.run_job('flat2', extra, group=False)
+        self.assertEqual(code, 0, flat_out)
+        code, out, grouped = self.run_job('grouped2', extra, group=True)
+        self.assertEqual(code, 0, out)
+        self.assertEqual(len(grouped), 4)
+        for rank, r in enumerate(grouped):
+            self.assertEqual(r['weights_fnv1a'], flat[0]['weights_fnv1a'])
+            self.assertEqual(r['final_loss'], flat[rank]['final_loss'])
+
     def test_float_job_members_agree_and_learn(self):
         code, out, grouped = self.run_job('float', [], group=True)
         self.assertEqual(code, 0, out)

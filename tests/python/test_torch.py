@@ -142,3 +142,24 @@ def test_cnn_example_lowers_its_loss_on_fashion_mnist_with_two_bit_pushes(job):
     assert max(losses[-2:]) < LOSS_AFTER_TWO_EPOCHS, out
     accuracy = [float(v) for v in re.findall(r'Epoch\[1\] Validation-accuracy=([\d.]+)', out)]
     assert len(accuracy) == 1 and accuracy[0] > ACCURACY_AFTER_TWO_EPOCHS, out
+
+
+def test_two_workers_in_a_local_group_train_to_the_same_bits_with_half_the_pushes(job):
+    # TESSERA_LOCAL_GROUP=1 (docs/local_groups.md): the two workers of this host sum
+    # their gradients in shared memory and push each key once. With two members the
+    # group's float32 sum a + b is the server's exactly rounded sum of the two pushes,
+    # so the job ends with the same weights as without the group.
+    steps = 30
+    code, flat, _ = job.python(2, 1, CHECK, steps, timeout=120)
+    assert code == 0, flat
+    job.env['TESSERA_LOCAL_GROUP'] = '1'
+    code, grouped, _ = job.python(2, 1, CHECK, steps, timeout=120)
+    assert code == 0, grouped
+    assert ('2 worker(s) asked to group with the workers on their host '
+            '(TESSERA_LOCAL_GROUP=1): 2 in 1 group(s)') in grouped, grouped
+    want = checksums(flat, steps)
+    assert len(want) == 2 and checksums(grouped, steps) == want, grouped
+    applied = re.findall(r'pushes applied \d+ \(([^)]*)\)', grouped)
+    assert applied and all(int(n) == steps
+                           for line in applied for n in re.findall(r'key \d+: (\d+)', line)), \
+        grouped
