@@ -114,7 +114,8 @@ struct Options {
   // TESSERA_LOCAL_GROUP=1 (workers): sum the gradients of the workers on this
   // host in shared memory and push each key once per host (docs/
   // local_groups.md). 0 (the default): every worker pushes for itself. The
-  // scheduler groups only jobs that are neither elastic nor replicated.
+  // scheduler does not group elastic jobs, nor jobs of one copy whose servers
+  // come and go (TESSERA_MAX_SERVERS with TESSERA_REPLICAS=1).
   bool local_group = false;
 
   // Acknowledged delivery (worker requests). PS_RESEND: 1 (default) keeps each

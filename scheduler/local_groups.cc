@@ -83,15 +83,15 @@ int RefuseLocalGroups(std::vector<wire::NodeInfo>* infos) {
 
 void FormLocalGroups(const Options& options,
                      std::vector<wire::NodeInfo>* infos) {
-  if (options.elastic() || options.chain_length() > 1) {
+  if (options.elastic() || options.single_copy) {
     const int asked = RefuseLocalGroups(infos);
     if (asked > 0) {
       TESSERA_LOG(WARNING)
           << asked
           << " worker(s) asked to group with the workers on their host "
-             "(TESSERA_LOCAL_GROUP=1), but an elastic or replicated job (or "
-             "one whose servers join, TESSERA_MAX_SERVERS) is not grouped: "
-             "every worker pushes for itself";
+             "(TESSERA_LOCAL_GROUP=1), but an elastic job, or one whose "
+             "slices move between servers (TESSERA_MAX_SERVERS with one copy), "
+             "is not grouped: every worker pushes for itself";
     }
     return;
   }

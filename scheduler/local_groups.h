@@ -7,9 +7,11 @@
 // numbered 1, 2, ... in the order of their smallest rank; a group's members
 // get local ranks 0, 1, ... in rank order. A worker alone on its host (or
 // the only one there that asked) is in no group. Only a job whose workers
-// and slices never move is grouped: not an elastic job, not a replicated
-// one, not one whose servers come and go (TESSERA_MAX_SERVERS); there the
-// workers' requests are ignored, and the scheduler says so once.
+// stay and whose slices move only by fail-over is grouped: not an elastic
+// job, not one of one copy whose servers come and go (TESSERA_MAX_SERVERS
+// with TESSERA_REPLICAS=1); there the workers' requests are ignored, and the
+// scheduler says so once. Replicated jobs are grouped: a group's push is
+// replicated and resent as any push.
 //
 //   std::vector<wire::NodeInfo> infos = ...;  // ranked (AssignIds)
 //   const int groups = AssignLocalGroups(&infos);
@@ -37,7 +39,7 @@ int RefuseLocalGroups(std::vector<wire::NodeInfo>* infos);
 uint64_t LocalGroupNonce();
 
 // At the job's formation: AssignLocalGroups, or RefuseLocalGroups in a job
-// that cannot be grouped (`options`: elastic, replicated, servers joining),
+// that cannot be grouped (`options`: elastic, or slices of one copy moving),
 // with a log line either way when some worker asked. The local keys are
 // cleared (the node table carries the groups, not where they share memory).
 void FormLocalGroups(const Options& options,

@@ -42,7 +42,7 @@ def pushes_applied(out):
 class LocalGroupJobTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix='tessera-group-')
-        self.env = dict(os.environ, TESSERA_TEST_MARK=uuid.uuid4().hex,
+        self.env = dict(os.environ, TESSERA_TEST_MARK=uuid.uuid4().hex, TESSERA_CORE_DUMPS='1',
                         PS_HEARTBEAT_INTERVAL='0.2', PS_HEARTBEAT_TIMEOUT='2')
         self.env.pop('TESSERA_LOCAL_GROUP', None)
         self.started = time.monotonic()
@@ -108,6 +108,62 @@ class LocalGroupJobTest(unittest.TestCase):
         self.assertEqual(len({r['weights_fnv1a'] for r in grouped}), 1, grouped)
         self.assertLess(grouped[0]['final_loss'], grouped[0]['first_loss'])
         self.assertGreater(grouped[0]['test_accuracy'], 0.5)
+
+    def test_replicated_server_killed_mid_training_fails_over_to_the_same_bits(self):
+        # --replicas 2 with the group: a group's push is replicated as any round's
+        # update; after server 1's SIGKILL its slices' backups take the owners' resent
+        # pushes (each part's owner resends its group push), and the job ends with
+        # the weights of the same job without groups, faults or replicas.
+        job = ['-n', '4', '-s', '3', TRAIN_WORKER, '--kv-store', 'dist_sync', '--gc-type',
+               '2bit', '--gc-threshold', '1', '--lr', '0.1', '--momentum', '0.5', '--epochs',
+               '1', '--train-subset', '30000', '--test-subset', '500', '--log-every', '10']
+        env = dict(self.env, TESSERA_BIGARRAY_BOUND='1000', PS_RESEND_TIMEOUT='200',
+                   PS_HEARTBEAT_TIMEOUT='30', PS_HEARTBEAT_INTERVAL='0.25')
+        clean = subprocess.run([sys.executable, LAUNCH] + job, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        self.assertEqual(clean.returncode, 0, clean.stdout)
+        want = re.findall(r'Final weights checksum=([0-9a-f]{16})', clean.stdout)
+        self.assertEqual(len(want), 4, clean.stdout)
+        env['TESSERA_LOCAL_GROUP'] = '1'
+        proc = subprocess.Popen([sys.executable, LAUNCH, '--replicas', '2'] + job, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        for line in proc.stdout:  # until the first progress line
+            lines.append(line)
+            if 'Batch[10]' in line:
+                break
+        time.sleep(0.3)
+        victim = self.server_pid(env['TESSERA_TEST_MARK'], task_id=1)
+        self.assertIsNotNone(victim, ''.join(lines))
+        self.assertIsNone(proc.poll(), 'the job ended before the kill')
+        os.kill(victim, signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=300)
+        out = ''.join(lines) + rest
+        self.assertEqual(proc.returncode, 0, out)
+        self.assertIn('launch.py: server 1 (pid %d) killed by signal SIGKILL; TESSERA_REPLICAS=2'
+                      % victim, out)
+        self.assertIn('4 in 1 group(s)', out)
+        promoted = [int(n) for n in re.findall(r'promoted slices (\d+)', out)]
+        self.assertEqual(len(promoted), 2, out)  # the two survivors' summaries
+        self.assertGreater(sum(promoted), 0, out)
+        self.assertEqual(re.findall(r'Final weights checksum=([0-9a-f]{16})', out), want, out)
+
+    @staticmethod
+    def server_pid(mark, task_id):
+        want = {b'TESSERA_TEST_MARK=' + mark.encode(), b'DMLC_ROLE=server',
+                b'DMLC_TASK_ID=' + str(task_id).encode()}
+        for entry in os.listdir('/proc'):
+            if not entry.isdigit():
+                continue
+            try:
+                with open('/proc/%s/environ' % entry, 'rb') as f:
+                    if want <= set(f.read().split(b'\0')):
+                        with open('/proc/%s/comm' % entry) as c:
+                            if c.read().strip() == 'tessera-server':
+                                return int(entry)
+            except OSError:
+                pass
+        return None
 
     def test_a_killed_member_ends_the_job_naming_it(self):
         env = dict(self.env, TESSERA_LOCAL_GROUP='1')

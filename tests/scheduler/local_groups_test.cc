@@ -71,7 +71,7 @@ TEST(LocalGroupsTest, ADeadWorkerIsLeftOut) {
                                {1, 0, 2}, {0, 0, 0}, {1, 1, 2}}));
 }
 
-TEST(LocalGroupsTest, ElasticAndReplicatedJobsAreNotGrouped) {
+TEST(LocalGroupsTest, ElasticJobsAndJobsWhoseSlicesMoveAreNotGrouped) {
   for (int job = 0; job < 2; ++job) {
     Options o;
     o.num_workers = 2;
@@ -80,7 +80,7 @@ TEST(LocalGroupsTest, ElasticAndReplicatedJobsAreNotGrouped) {
       o.elastic_min = 1;
       o.elastic_max = 2;
     } else {
-      o.replicas = 2;
+      o.single_copy = true;  // TESSERA_MAX_SERVERS, one copy
     }
     std::vector<wire::NodeInfo> infos = {Worker(0, "h", "p"),
                                          Worker(1, "h", "p")};
@@ -89,9 +89,10 @@ TEST(LocalGroupsTest, ElasticAndReplicatedJobsAreNotGrouped) {
               (std::vector<std::vector<uint32_t>>{{0, 0, 0}, {0, 0, 0}}));
     EXPECT_EQ(infos[0].local_key(), "");
   }
-  Options plain;
+  Options plain;  // replicated slices stay where they are: grouped
   plain.num_workers = 2;
-  plain.num_servers = 1;
+  plain.num_servers = 2;
+  plain.replicas = 2;
   std::vector<wire::NodeInfo> infos = {Worker(0, "h", "p"),
                                        Worker(1, "h", "p")};
   FormLocalGroups(plain, &infos);
