@@ -64,9 +64,11 @@ TESSERA_EXPORT const char* tessera_version(void);
 
 typedef struct TesseraKV TesseraKV;
 
-/* Joins the cluster as a worker. type: "dist_sync", "dist_async" or
- * "dist_ssp" (bounded staleness, its bound from TESSERA_STALENESS or
- * tessera_kv_set_staleness; see KVWorker::Create and docs/consistency.md). */
+/* Joins the cluster as a worker. type: "dist_sync", "dist_async",
+ * "dist_device_sync" (dist_sync with each host's workers summed there first,
+ * docs/local_groups.md) or "dist_ssp" (bounded staleness, its bound from
+ * TESSERA_STALENESS or tessera_kv_set_staleness; see KVWorker::Create and
+ * docs/consistency.md). */
 TESSERA_EXPORT int tessera_kv_create(const char* type, TesseraKV** out);
 TESSERA_EXPORT int tessera_kv_rank(const TesseraKV* kv, int* rank);
 TESSERA_EXPORT int tessera_kv_num_workers(const TesseraKV* kv,

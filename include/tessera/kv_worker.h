@@ -93,7 +93,10 @@ class TESSERA_EXPORT PulledValue {
 class TESSERA_EXPORT KVWorker {
  public:
   // Joins the cluster given by the DMLC_* environment as a worker. `type` is
-  // "dist_sync", "dist_async" or "dist_ssp" (bounded staleness: pushes are
+  // "dist_sync", "dist_async", "dist_device_sync" (MXNet's name: dist_sync
+  // with the workers of each host summing their pushes there first, as
+  // TESSERA_LOCAL_GROUP=1 does; docs/local_groups.md) or "dist_ssp"
+  // (bounded staleness: pushes are
   // applied on arrival, as in dist_async, and a pull made after c pushes to
   // a key waits until every worker in the job has had at least c - s of its
   // pushes to the key applied; docs/consistency.md). dist_ssp takes its

@@ -410,7 +410,9 @@ class KVStore:
     """Joins the Tessera job given by the DMLC_* environment as a worker.
 
     type: "dist_sync" (every round's pushes summed, then the optimizer applied
-    once), "dist_async" (every push applied as it arrives) or "dist_ssp"
+    once), "dist_device_sync" (dist_sync with the workers of each host
+    summing their pushes there first: docs/local_groups.md), "dist_async"
+    (every push applied as it arrives) or "dist_ssp"
     (bounded staleness: pushes applied as they arrive, and a pull made after
     c pushes to a key waits until every worker in the job has had c - s of
     its pushes to it applied; docs/consistency.md). `staleness`: dist_ssp's

@@ -90,7 +90,7 @@ class Trainer:
         self._keys = [key_offset + i for i in range(len(self._params))]
         if optimizer is not None:
             spec_has_rescale = 'rescale_grad' in optimizer
-            if (self.kv.type == 'dist_sync' and not spec_has_rescale
+            if (self.kv.type in ('dist_sync', 'dist_device_sync') and not spec_has_rescale
                     and 'rescale_grad' not in optimizer_params
                     and (optimizer.split() or ['none'])[0] != 'none'):
                 optimizer_params['rescale_grad'] = 1.0 / self.kv.num_workers

@@ -87,6 +87,13 @@ class LocalGroupJobTest(unittest.TestCase):
                         sum(r['bytes_pushed'] for r in flat))
         self.assertEqual(sum(r['bytes_pulled'] for r in grouped),
                          sum(r['bytes_pulled'] for r in flat) // 4)
+        # MXNet's name for it: dist_device_sync groups whatever TESSERA_LOCAL_GROUP says.
+        code, out, device = self.run_job('device', extra + ['--kv-store', 'dist_device_sync'],
+                                         group=False)
+        self.assertEqual(code, 0, out)
+        self.assertIn('4 in 1 group(s)', out)
+        self.assertEqual([r['weights_fnv1a'] for r in device], [flat[0]['weights_fnv1a']] * 4)
+        self.assertEqual(pushes_applied(out), pushes_applied(flat_out) // 4)
 
     def test_two_bit_both_ways_trains_to_the_same_bits(self):
         # Pull compression too: each part's owner keeps the part's compressed copy,

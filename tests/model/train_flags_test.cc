@@ -191,7 +191,8 @@ TEST(TrainFlagsTest, Help) {
 
 TEST(TrainFlagsTest, BadFlagsSayWhichAndWhatWasExpected) {
   EXPECT_EQ(Error({"--kv-store=local"}),
-            "--kv-store: expected dist_sync, dist_async or dist_ssp, got "
+            "--kv-store: expected dist_sync, dist_async, dist_ssp or "
+            "dist_device_sync, got "
             "'local'");
   EXPECT_EQ(Error({"--batch-size=0"}),
             "--batch-size: expected a positive integer, got '0'");

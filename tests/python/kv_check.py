@@ -192,7 +192,7 @@ def errors():
     import torch
     E, T, V = tessera.TesseraError, TypeError, ValueError
     expect_error(T, 'expected a str', tessera.KVStore, 5)
-    expect_error(E, "KV store type 'local': expected dist_sync, dist_async or dist_ssp",
+    expect_error(E, "KV store type 'local': expected dist_sync, dist_async, dist_ssp or dist_device_sync",
                  tessera.KVStore, 'local')
     expect_error(V, "KVStore: staleness is dist_ssp's, not dist_sync's",
                  tessera.KVStore, 'dist_sync', staleness=2)

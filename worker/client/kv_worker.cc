@@ -15,20 +15,26 @@ namespace tessera {
 
 absl::StatusOr<std::unique_ptr<KVWorker>> KVWorker::Create(
     const std::string& type) {
-  if (type != "dist_sync" && type != "dist_async" && type != "dist_ssp") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV store type '", type,
-                     "': expected dist_sync, dist_async or dist_ssp"));
+  if (type != "dist_sync" && type != "dist_async" && type != "dist_ssp" &&
+      type != "dist_device_sync") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV store type '", type,
+        "': expected dist_sync, dist_async, dist_ssp or dist_device_sync"));
   }
   TESSERA_ASSIGN_OR_RETURN(Options options, Options::FromEnvironment());
+  // MXNet's dist_device_sync: dist_sync with the workers of a host summed
+  // there first (docs/local_groups.md), whatever TESSERA_LOCAL_GROUP says.
+  if (type == "dist_device_sync") options.local_group = true;
   SetLogVerbosity(options.verbose);
   // Debian's Abseil is built without NDEBUG, which leaves the mutex deadlock
   // detector (a debugging aid: a lock-order graph updated on every lock) on;
   // it was about a quarter of the worker's instructions per small operation.
   // Tests, which build KVClient directly, keep it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
-                           KVClient::Create(options, type == "dist_sync"));
+  TESSERA_ASSIGN_OR_RETURN(
+      std::unique_ptr<KVClient> client,
+      KVClient::Create(options,
+                       type == "dist_sync" || type == "dist_device_sync"));
   if (type == "dist_ssp") client->UseBoundedStaleness(options.staleness);
   return std::unique_ptr<KVWorker>(std::move(client));
 }

@@ -273,7 +273,8 @@ class Trainer {
   // Compression and the servers' optimizer.
   MaybeFailure ConfigureServers() {
     // dist_ssp applies each push on its own, as dist_async.
-    const bool sync = flags_.kv_store == "dist_sync";
+    const bool sync =
+        flags_.kv_store == "dist_sync" || flags_.kv_store == "dist_device_sync";
     if (flags_.staleness >= 0) {
       if (absl::Status s = kv_->SetStaleness(flags_.staleness); !s.ok())
         return KvFailure("SetStaleness", s);

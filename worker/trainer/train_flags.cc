@@ -142,8 +142,10 @@ absl::Status SetTrainFlag(const std::string& name, const std::string& value,
   absl::Status s;
   if (SetStalenessFlag(name, value, f, given, &s)) return s;
   if (name == "kv-store") {
-    s = ParseChoice(name, value, {"dist_sync", "dist_async", "dist_ssp"},
-                    "dist_sync, dist_async or dist_ssp", &f->kv_store);
+    s = ParseChoice(name, value,
+                    {"dist_sync", "dist_async", "dist_ssp", "dist_device_sync"},
+                    "dist_sync, dist_async, dist_ssp or dist_device_sync",
+                    &f->kv_store);
   } else if (name == "batch-size") {
     s = ParseInt(name, value, 1, "a positive integer", &f->batch_size);
   } else if (name == "epochs") {
@@ -267,7 +269,9 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
   // (stale pushes already act as momentum) and under 2-bit compression (the
   // residual already accumulates past gradients), while momentum 0 trains in
   // both. dist_ssp's pushes are stale as dist_async's (by up to s steps).
-  if (!given.momentum && (f.kv_store != "dist_sync" || f.gc_type == "2bit")) {
+  const bool sync =
+      f.kv_store == "dist_sync" || f.kv_store == "dist_device_sync";
+  if (!given.momentum && (!sync || f.gc_type == "2bit")) {
     f.momentum = 0.0f;
   }
   if (!given.data && fashion_mnist_dir_env != nullptr &&
@@ -283,7 +287,8 @@ std::string TrainFlagsUsage() {
       "Trains an MLP on Fashion-MNIST as one worker of a Tessera job (the "
       "launcher\n"
       "sets the DMLC_* environment).\n"
-      "  --kv-store dist_sync|dist_async|dist_ssp  (dist_sync)\n"
+      "  --kv-store dist_sync|dist_async|dist_ssp|dist_device_sync  "
+      "(dist_sync)\n"
       "  --staleness S                     dist_ssp's bound: a pull after c\n"
       "                                    pushes waits for every worker's\n"
       "                                    c - S (0..1000000; else\n"
