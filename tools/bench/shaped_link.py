@@ -366,13 +366,15 @@ class CpuProc(Proc):
     cpu_s = None
 
     def poll(self):
-        if self.cpu_s is None and self.proc.returncode is None:
+        if self.proc.returncode is None:
             try:
                 exited = os.waitid(os.P_PID, self.pid,
                                    os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                exited = None
-            if exited is not None:
+                exited = True  # not ours to wait for: Popen says what it knows
+            if exited is None:
+                return None  # running; reaping now could lose an exit that just came
+            if exited is not True and self.cpu_s is None:
                 self.cpu_s = cpu_seconds(self.pid)
         return Proc.poll(self)
 
