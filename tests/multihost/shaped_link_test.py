@@ -7,6 +7,13 @@
       tenth of the uncompressed bytes per worker; the link check saw no more
       than the rate (the links are shaped); no namespace, link or process of
       the run is left.
+  test_hosts_report_groups_each_host: `--rates 1gbit --hosts 2 --workers 4
+      --servers 2 --local-group 0,1 --modes none --runs 1 --epochs 1` places
+      two workers and one server on each host; the grouped job's workers push
+      and pull half the ungrouped job's bytes per host and step (groups of two),
+      and its hosts' links send at most 0.6x the ungrouped job's; the run
+      reads every host's link counters and the servers' CPU per round; nothing
+      is left.
   test_killed_tool_leaves_nothing: the tool SIGKILLed while its first job runs;
       its guard removes the namespaces, the bridge, the veths and every process
       within GUARD_BOUND_S.
@@ -161,6 +168,46 @@ class ShapedLinkTest(unittest.TestCase):
         # (tbf's 2 ms bucket adds 0.2 % over the second).
         self.assertLess(mbit, 1000 * 1.05, 'the link is not shaped to 1gbit')
         self.assertIn('| push2bit |', out)
+
+    def test_hosts_report_groups_each_host(self):
+        tag = self.tag('h')
+        with tempfile.TemporaryDirectory() as tmp:
+            out_json = os.path.join(tmp, 'hosts.json')
+            argv = tool_argv(tag, '--rates', '1gbit', '--hosts', '2', '--workers', '4',
+                             '--servers', '2', '--local-group', '0,1', '--modes', 'none',
+                             '--runs', '1', '--epochs', '1', '--no-link-check', '--json',
+                             out_json, '--', '--fuse-keys', 'on') + SUBSET
+            try:
+                done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      stdin=subprocess.DEVNULL, timeout=RUN_BOUND_S)
+            finally:
+                left = wait_for_nothing_left(tag, 10)
+            out = done.stdout.decode('utf-8', 'replace')
+            err = done.stderr.decode('utf-8', 'replace')
+            skip_if_no_shaping(self, done.returncode, err)
+            self.assertEqual(done.returncode, 0, 'stderr:\n%s' % err)
+            self.assertEqual(left, [], 'left behind by the tool')
+            with open(out_json) as f:
+                record = json.load(f)
+        self.assertEqual(record['placement'], {'server_host': [0, 1],
+                                               'worker_host': [0, 0, 1, 1]})
+        self.assertEqual([(r['mode'], r['local_group']) for r in record['runs']],
+                         [('none', '0'), ('none', '1')])
+        flat, grouped = record['runs']
+        for run in (flat, grouped):
+            self.assertEqual(len(run['per_host']), 2)
+            for host in run['per_host']:
+                self.assertGreater(host['link_tx_per_step'], 0)
+            self.assertGreater(run['server_cpu_ms_per_round'] or 0, 0,
+                               (run['server_rounds'], run['server_cpu_s'], err))
+            self.assertGreater(sum(run['server_rounds']), 0)
+        # Groups of two: each key part leaves a host once instead of twice.
+        self.assertAlmostEqual(grouped['host_pushed_per_step'],
+                               flat['host_pushed_per_step'] / 2, delta=0.01 * 1e6)
+        self.assertAlmostEqual(grouped['host_pulled_per_step'],
+                               flat['host_pulled_per_step'] / 2, delta=0.01 * 1e6)
+        self.assertLess(grouped['host_tx_per_step'], 0.6 * flat['host_tx_per_step'])
+        self.assertIn('| none | on |', out)
 
     def test_killed_tool_leaves_nothing(self):
         tag = self.tag('k')

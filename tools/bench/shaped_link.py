@@ -69,10 +69,46 @@ then every run's figures. Before the first job, a link check sends bulk TCP from
 worker 0 to server 0 for a second at each shaped rate and prints what arrived
 (--no-link-check to skip it). `uptime` is recorded before and after.
 
+Hosts and local groups (issue #47, docs/benchmarks.md "Local groups"): with
+--hosts H the nodes are not one namespace each but H "hosts",
+
+    <tag>n0        10.79.0.1        tessera-scheduler (alone)
+    <tag>h0..h(H-1) 10.79.0.21...   worker j on host j * H // W, server i on
+                                    host i * H // S (blocks: host 0 holds
+                                    workers 0..W/H-1)
+
+each with one link shaped as above, so the processes of a host share its
+address, its loopback (a worker's bytes to its own host's server never reach
+the link) and /dev/shm (every namespace shares this machine's), as the
+processes of one machine do: TESSERA_LOCAL_GROUP=1 then groups each host's
+workers. --local-group 0,1 runs every mode twice in turn, ungrouped then
+grouped (TESSERA_LOCAL_GROUP of the workers; 0 or 1 alone runs only that),
+the same run's baseline. Either flag (on loopback too) prints the hosts
+report instead of the tables above: per mode and group, medians (min-max)
+over the runs of
+  step ms     the slowest worker's wall_seconds / its steps
+  samples/s   as above
+  link tx MB/step/host  bytes the host's eth0 sent (its tx_bytes, read
+              inside the namespace before and after the job) / steps, the
+              hosts' mean (every run lists each host's)
+  pushed, pulled MB/step/host  the host's workers' bytes_pushed and
+              bytes_pulled (their --metrics-out) / steps, the hosts' mean
+              (on loopback the one machine's, with a namespace per node
+              each worker's)
+  x           the figure over the same mode's with the group off, same run
+  server CPU ms/round   every server's utime + stime at its exit (its
+              zombie's /proc/PID/stat) over the rounds of their exit lines
+              ("rounds N"), start-up included
+  CPU busy    every process's CPU seconds / job s: how many of the
+              machine's cores the job kept busy
+Workers get DMLC_TASK_ID in start order there (servers 0..S-1, workers
+S..S+W-1), so worker j is rank j and its host is known.
+
     sudo tools/bench/shaped_link.py [--rates 1gbit,10gbit] [--modes none,push2bit]
         [--runs 3] [--epochs 2] [--workers 2] [--servers 1] [--build build]
         [--json FILE] [--loopback] [--burst 128k] [--latency 50ms] [--tag NAME]
-        [--timeout 900] [--no-link-check] [-- worker flags]
+        [--timeout 900] [--no-link-check] [--hosts H] [--local-group 0,1]
+        [-- worker flags]
 
 Exit status: 0 every job finished; 1 a job failed (its processes' last lines are
 printed and the log folder is kept); 2 a usage error; 3 shaped links cannot be
@@ -205,9 +241,75 @@ class Topology(object):
     def first(self, role):
         return next(i for i, (r, _) in enumerate(self.nodes) if r == role)
 
+    def placement(self, servers, workers):
+        """(namespace, address) of the scheduler, each server, each worker."""
+        return [(ns, address) for ns, (_, address) in zip(self.namespaces, self.nodes)]
+
+    def root_uri(self):
+        return self.nodes[0][1]
+
+    def check_pair(self):
+        """(namespace, namespace, address) of the link check: worker 0 to server 0."""
+        w, s = self.first('worker'), self.first('server')
+        return self.namespaces[w], self.namespaces[s], self.nodes[s][1]
+
     def processes(self):
         """(namespace, pid, program) of every process in the namespaces."""
         return netns.namespace_processes(self.namespaces)
+
+
+class HostTopology(Topology):
+    """--hosts H: the scheduler in its own namespace, and H namespaces ("hosts"),
+    each with one shaped link, holding the workers and servers placed there in
+    blocks (worker j on host j * H // W, server i on host i * H // S): the
+    processes of one host share its address and its loopback, as on a machine
+    with one NIC, and /dev/shm (every namespace does), so TESSERA_LOCAL_GROUP=1
+    groups the workers of each host."""
+
+    def __init__(self, res, servers, workers, hosts, burst, latency):
+        self.res = res
+        self.burst, self.latency = burst, latency
+        self.bridge = res.tag + 'br'
+        self.hosts = hosts
+        self.server_host = [i * hosts // servers for i in range(servers)]
+        self.worker_host = [j * hosts // workers for j in range(workers)]
+        # Namespace 0 the scheduler's, namespace 1 + h host h's.
+        self.nodes = ([('scheduler', SUBNET_PREFIX + '1')] +
+                      [('host', SUBNET_PREFIX + str(21 + h)) for h in range(hosts)])
+        self.namespaces = (['%sn0' % res.tag] +
+                           ['%sh%d' % (res.tag, h) for h in range(hosts)])
+        self.bridge_ends = ['%sv%d' % (res.tag, i) for i in range(len(self.nodes))]
+        self.rate = None
+
+    def host_ns(self, h):
+        return self.namespaces[1 + h]
+
+    def host_address(self, h):
+        return self.nodes[1 + h][1]
+
+    def placement(self, servers, workers):
+        return ([(self.namespaces[0], self.nodes[0][1])] +
+                [(self.host_ns(h), self.host_address(h)) for h in self.server_host] +
+                [(self.host_ns(h), self.host_address(h)) for h in self.worker_host])
+
+    def check_pair(self):
+        """Worker 0's host to the first server on another host (or, with one
+        host, to the scheduler's namespace)."""
+        src = self.worker_host[0]
+        dst = next((h for h in self.server_host if h != src), None)
+        if dst is None:
+            return self.host_ns(src), self.namespaces[0], self.nodes[0][1]
+        return self.host_ns(src), self.host_ns(dst), self.host_address(dst)
+
+    def link_counters(self):
+        """Per host, (tx_bytes, rx_bytes) of its eth0, read inside its namespace."""
+        out = []
+        for h in range(self.hosts):
+            got = run(['cat', '/sys/class/net/eth0/statistics/tx_bytes',
+                       '/sys/class/net/eth0/statistics/rx_bytes'], ns=self.host_ns(h))
+            tx, rx = [int(v) for v in got.out.split()]
+            out.append((tx, rx))
+        return out
 
 
 def missing_prerequisite(tag):
@@ -245,6 +347,38 @@ def job_env(tag, role, root_uri, root_port, node_host, servers, workers):
     return env
 
 
+def cpu_seconds(pid):
+    """utime + stime of a process (all its threads) from /proc/PID/stat, or None."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / float(os.sysconf('SC_CLK_TCK'))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CpuProc(Proc):
+    """A Proc that notes its CPU time (cpu_s) when it exits by itself: poll()
+    looks for the exit without reaping (waitid WNOWAIT), reads the zombie's
+    /proc/PID/stat, then reaps. `ip netns exec` execs, so the pid is the
+    program's own."""
+
+    cpu_s = None
+
+    def poll(self):
+        if self.proc.returncode is None:
+            try:
+                exited = os.waitid(os.P_PID, self.pid,
+                                   os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                exited = True  # not ours to wait for: Popen says what it knows
+            if exited is None:
+                return None  # running; reaping now could lose an exit that just came
+            if exited is not True and self.cpu_s is None:
+                self.cpu_s = cpu_seconds(self.pid)
+        return Proc.poll(self)
+
+
 def free_port():
     """A free port below the ephemeral range (tessera_launch.hosts.free_port_run)."""
     return free_port_run(1)
@@ -254,14 +388,15 @@ class Job(object):
     """One job: scheduler, servers and workers, in their namespaces (topo) or on
     this machine's loopback (topo None)."""
 
-    def __init__(self, res, topo, binaries, worker_argv, servers, workers, name, port):
+    def __init__(self, res, topo, binaries, worker_argv, servers, workers, name, port,
+                 worker_env=None, task_ids=False):
         self.procs = []
         self.metrics = os.path.join(res.tmp, '%s-metrics-{rank}.json' % name)
         worker_argv = list(worker_argv) + ['--metrics-out', self.metrics]
         roles = (['scheduler'] + ['server'] * servers + ['worker'] * workers)
         if topo is not None:
-            root_uri = topo.nodes[0][1]
-            hosts = [(ns, address) for ns, (_, address) in zip(topo.namespaces, topo.nodes)]
+            root_uri = topo.root_uri()
+            hosts = topo.placement(servers, workers)
         else:
             root_uri = '127.0.0.1'
             hosts = [(None, '127.0.0.1')] * len(roles)
@@ -282,7 +417,12 @@ class Job(object):
             env = job_env(res.tag, role, root_uri, port, address, servers, workers)
             if keys is not None:
                 env['TESSERA_KEY_DIR'] = keys
-            self.procs.append(Proc(res, ns, label, argv, env, log))
+            if role == 'worker' and worker_env:
+                env.update(worker_env)
+            if task_ids and role != 'scheduler':
+                # Ranked in start order (servers 0.., workers S..): worker j is rank j.
+                env['DMLC_TASK_ID'] = str(len(self.procs) - 1)
+            self.procs.append(CpuProc(res, ns, label, argv, env, log))
         self.elapsed = None
         self.why = None
 
@@ -308,6 +448,25 @@ class Job(object):
         return '\n'.join('--- %s%s (pid %d, exit %s), last lines of %s:\n%s'
                          % (p.label, ' in ' + p.ns if p.ns else '', p.pid,
                             p.proc.returncode, p.log, tail_of(p.log, 20)) for p in self.procs)
+
+    def server_figures(self):
+        """Per server: (rounds from its exit line or None, CPU seconds or None)."""
+        out = []
+        for p in self.procs:
+            if p.label.startswith('server '):
+                m = re.search(r'pushes applied \d+ \(.*?\), rounds (\d+)', p.output())
+                out.append((int(m.group(1)) if m else None, p.cpu_s))
+        return out
+
+    def cpu_by_role(self):
+        """CPU seconds of every process, summed per role (None if one is unknown)."""
+        out = {}
+        for p in self.procs:
+            role = p.label.split()[0]
+            if role in out and out[role] is None:
+                continue
+            out[role] = None if p.cpu_s is None else out.get(role, 0.0) + p.cpu_s
+        return out
 
     def worker_metrics(self, workers):
         out = []
@@ -369,10 +528,9 @@ c.close()
 
 def link_check(res, topo, seconds=1.0):
     """Mbit/s of bulk TCP from worker 0 to server 0 (None and a reason on failure)."""
-    w, s = topo.first('worker'), topo.first('server')
+    src_ns, dst_ns, dst_address = topo.check_pair()
     log = os.path.join(res.tmp, 'link-check-sink.log')
-    sink = Proc(res, topo.namespaces[s], 'link sink', [sys.executable, '-c', SINK,
-                                                       topo.nodes[s][1], '7079'],
+    sink = Proc(res, dst_ns, 'link sink', [sys.executable, '-c', SINK, dst_address, '7079'],
                 {'PATH': os.environ.get('PATH', ''), 'TESSERA_SHAPED_LINK_TAG': res.tag}, log)
     try:
         deadline = time.monotonic() + 10
@@ -380,8 +538,8 @@ def link_check(res, topo, seconds=1.0):
             if sink.poll() is not None or time.monotonic() > deadline:
                 return None, 'the sink did not start: %s' % tail_of(log, 5)
             time.sleep(0.05)
-        run([sys.executable, '-c', SOURCE, topo.nodes[s][1], '7079', str(seconds)],
-            ns=topo.namespaces[w], timeout=30)
+        run([sys.executable, '-c', SOURCE, dst_address, '7079', str(seconds)],
+            ns=src_ns, timeout=30)
         sink.proc.wait(20)
         m = re.search(r'received (\d+) bytes in ([\d.]+) s', sink.output())
         if not m or float(m.group(2)) <= 0:
@@ -457,6 +615,277 @@ def print_rate(rate, tbf, summary, rows, modes, link):
 
 
 # ----------------------------------------------------------------------------
+# The hosts report (--hosts, --local-group)
+
+
+def group_label(g):
+    return {None: '-', '0': 'off', '1': 'on'}[g]
+
+
+def summarize_hosts_run(metrics, job, worker_host, links_before, links_after):
+    """One job's figures for the hosts report. worker_host[r]: the host of the
+    worker of rank r; links_*: per host (tx, rx) bytes of its link, or None."""
+    fig = summarize_run(metrics, job.elapsed)
+    steps = max(m['steps'] for m in metrics)
+    hosts = max(worker_host) + 1
+    pushed, pulled = [0.0] * hosts, [0.0] * hosts
+    for m in metrics:
+        pushed[worker_host[m['rank']]] += m['bytes_pushed'] / float(steps)
+        pulled[worker_host[m['rank']]] += m['bytes_pulled'] / float(steps)
+    per_host = [{'pushed_per_step': pushed[h], 'pulled_per_step': pulled[h]}
+                for h in range(hosts)]
+    tx = None
+    if links_before is not None and links_after is not None:
+        for h, ((tx0, rx0), (tx1, rx1)) in enumerate(zip(links_before, links_after)):
+            per_host[h]['link_tx_per_step'] = (tx1 - tx0) / float(steps)
+            per_host[h]['link_rx_per_step'] = (rx1 - rx0) / float(steps)
+        tx = [p['link_tx_per_step'] for p in per_host]
+    servers = job.server_figures()
+    counted = [(r, c) for r, c in servers if r is not None and c is not None]
+    rounds = sum(r for r, _ in counted)
+    cpu = job.cpu_by_role()
+    known = [c for c in cpu.values() if c is not None]
+    fig.update({
+        'steps': steps,
+        'step_ms': fig['wall_s'] / steps * 1e3,
+        'host_pushed_per_step': statistics.mean(pushed),
+        'host_pulled_per_step': statistics.mean(pulled),
+        'host_tx_per_step': statistics.mean(tx) if tx else None,
+        'host_tx_max_per_step': max(tx) if tx else None,
+        'per_host': per_host,
+        'server_rounds': [r for r, _ in servers],
+        'server_cpu_s': [c for _, c in servers],
+        # Every server's CPU over every server's rounds (one server: its CPU / its rounds).
+        'server_cpu_ms_per_round': (sum(c for _, c in counted) / rounds * 1e3
+                                    if len(counted) == len(servers) and rounds else None),
+        'cpu_s_by_role': cpu,
+        'cpu_cores_busy': (sum(known) / job.elapsed
+                           if len(known) == len(cpu) and job.elapsed else None),
+    })
+    return fig
+
+
+def median_of(runs, key):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def spread_of(runs, key):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return (min(values), max(values)) if values else None
+
+
+HOSTS_KEYS = ('wall_s', 'job_s', 'steps', 'step_ms', 'samples_per_second',
+              'bytes_pushed_per_worker', 'bytes_pulled_per_worker', 'test_accuracy',
+              'host_pushed_per_step', 'host_pulled_per_step', 'host_tx_per_step',
+              'host_tx_max_per_step', 'server_cpu_ms_per_round', 'cpu_cores_busy')
+
+
+def hosts_summary(rows, variants):
+    """Per (mode, group): medians and spreads over the runs, and the ratios to
+    the same mode ungrouped (group '0') of the same run."""
+    summary = {}
+    for v in variants:
+        runs = rows.get(v, [])
+        if not runs:
+            continue
+        med = dict((k, median_of(runs, k)) for k in HOSTS_KEYS)
+        med['spread'] = dict((k, spread_of(runs, k)) for k in
+                             ('step_ms', 'host_tx_per_step', 'server_cpu_ms_per_round'))
+        med['server_rounds'] = median_of([{'r': r['server_rounds'][0]} for r in runs], 'r')
+        med['runs'] = len(runs)
+        summary[v] = med
+    for (mode, g), med in summary.items():
+        base = summary.get((mode, '0'))
+
+        def ratio(key, inverse=False):
+            a, b = med.get(key), base.get(key) if base else None
+            if not a or not b:
+                return None
+            return b / a if inverse else a / b
+        med['speedup'] = ratio('step_ms', inverse=True)
+        med['tx_ratio'] = ratio('host_tx_per_step')
+        med['push_ratio'] = ratio('host_pushed_per_step')
+        med['pull_ratio'] = ratio('host_pulled_per_step')
+        med['server_cpu_ratio'] = ratio('server_cpu_ms_per_round')
+    return summary
+
+
+def _f(value, fmt, none='-'):
+    return none if value is None else fmt % value
+
+
+def _mb(value):
+    return _f(value, '%.2f') if value is None else '%.2f' % (value / 1e6)
+
+
+def _range(spread, scale=1.0, fmt='%.1f'):
+    if spread is None:
+        return ''
+    return ' (%s-%s)' % (fmt % (spread[0] * scale), fmt % (spread[1] * scale))
+
+
+def print_hosts_rate(rate, tbf, summary, rows, variants, link, where):
+    if rate == LOOPBACK:
+        print('\n### plain loopback (no namespaces, no shaping), %s\n' % where)
+    else:
+        print('\n### %s per host link, full duplex (tc %s on both ends of every veth), '
+              '%s\n' % (rate, ' '.join(tbf), where))
+        if link is not None:
+            print('link check: bulk TCP from worker 0\'s host to a server\'s host: %s\n'
+                  % link)
+    print('medians of %d run(s) (min-max); step ms = the slowest worker\'s wall s / steps; '
+          'x = this / the same mode with group off, same run; per host and step: link tx '
+          'from its eth0\'s tx_bytes, pushed and pulled from its workers\' metrics; '
+          'CPU busy = every process\'s CPU s / job s\n'
+          % max([s['runs'] for s in summary.values()] or [0]))
+    print('| mode | group | step ms | speed-up | samples/s | link tx MB/step/host | x '
+          '| pushed MB/step/host | x | pulled MB/step/host | x | server CPU ms/round '
+          '| x | rounds | CPU busy | test acc |')
+    print('|' + ' --- |' * 16)
+    for v in variants:
+        s = summary.get(v)
+        if s is None:
+            continue
+        sp = s['spread']
+        print('| %s | %s | %.1f%s | %s | %.0f | %s%s | %s | %s | %s | %s | %s | %s%s | %s '
+              '| %s | %s | %s |' % (
+                  v[0], group_label(v[1]), s['step_ms'], _range(sp['step_ms']),
+                  _f(s['speedup'], '%.2fx'), s['samples_per_second'],
+                  _mb(s['host_tx_per_step']), _range(sp['host_tx_per_step'], 1e-6, '%.2f'),
+                  _f(s['tx_ratio'], '%.2f'), _mb(s['host_pushed_per_step']),
+                  _f(s['push_ratio'], '%.2f'), _mb(s['host_pulled_per_step']),
+                  _f(s['pull_ratio'], '%.2f'),
+                  _f(s['server_cpu_ms_per_round'], '%.2f'),
+                  _range(sp['server_cpu_ms_per_round'], 1.0, '%.2f'),
+                  _f(s['server_cpu_ratio'], '%.2f'), _f(s['server_rounds'], '%d'),
+                  _f(s['cpu_cores_busy'], '%.2f'), _f(s['test_accuracy'], '%.4f')))
+    print('\nevery run (step ms, samples/s, link tx MB/step per host, pushed / pulled '
+          'MB/step per host, server CPU ms/round, CPU busy, uptime before):\n')
+    for v in variants:
+        for i, r in enumerate(rows.get(v, [])):
+            print('- %s, group %s, run %d: %.1f ms, %.0f samples/s, tx %s, %s / %s MB, '
+                  '%s ms/round, %s busy, %s' % (
+                      v[0], group_label(v[1]), i + 1, r['step_ms'], r['samples_per_second'],
+                      '/'.join(_mb(h.get('link_tx_per_step')) for h in r['per_host'])
+                      if r['host_tx_per_step'] is not None else '-',
+                      '/'.join(_mb(h['pushed_per_step']) for h in r['per_host']),
+                      '/'.join(_mb(h['pulled_per_step']) for h in r['per_host']),
+                      _f(r['server_cpu_ms_per_round'], '%.2f'),
+                      _f(r['cpu_cores_busy'], '%.2f'), r['uptime_before']))
+    sys.stdout.flush()
+
+
+def run_hosts_report(args, res, binaries, common, shaped, record):
+    """--hosts / --local-group: every mode once per group setting in turn (the
+    same run's baseline), figures per host."""
+    groups = args.local_group or [None]
+    variants = [(mode, g) for mode in args.modes for g in groups]
+    record.update({'hosts': args.hosts, 'local_group': args.local_group,
+                   'variants': [list(v) for v in variants]})
+    topo = None
+    if shaped:
+        if args.hosts:
+            topo = HostTopology(res, args.servers, args.workers, args.hosts, args.burst,
+                                args.latency)
+            record['placement'] = {'server_host': topo.server_host,
+                                   'worker_host': topo.worker_host}
+        else:
+            topo = Topology(res, args.servers, args.workers, args.burst, args.latency)
+        topo.setup()
+        for rate in shaped:
+            if args.no_link_check:
+                continue
+            topo.shape(rate)
+            mbit, why = link_check(res, topo)
+            record['link_check_mbit_s'][rate] = mbit
+            say('link check at %s: %s' % (rate, '%.0f Mbit/s' % mbit if mbit else why))
+    rows = dict((r, {}) for r in args.rates)
+    total = args.runs * len(args.rates) * len(variants)
+    n = 0
+    for run_index in range(args.runs):
+        for rate in args.rates:
+            for mode, g in variants:
+                n += 1
+                name = 'r%d-%s-%s-g%s' % (run_index + 1, rate, mode, group_label(g))
+                hosts_topo = None
+                if rate == LOOPBACK:
+                    job_topo, port = None, free_port()
+                    worker_host = [0] * args.workers
+                else:
+                    topo.shape(rate)
+                    job_topo, port = topo, ROOT_PORT + n % 500
+                    if args.hosts:
+                        hosts_topo = topo
+                        worker_host = topo.worker_host
+                    else:
+                        worker_host = list(range(args.workers))
+                argv_w = [binaries['worker']] + common + MODES[mode] + args.extra
+                label = 'job %d/%d: run %d, %s, %s, group %s' % (
+                    n, total, run_index + 1, rate, mode, group_label(g))
+                say(label + ': started')
+                load = uptime()
+                before = hosts_topo.link_counters() if hosts_topo else None
+                job = Job(res, job_topo, binaries, argv_w, args.servers, args.workers,
+                          name, port, worker_env={'TESSERA_LOCAL_GROUP': g} if g else None,
+                          task_ids=True)
+                ok = job.wait(args.timeout)
+                after = hosts_topo.link_counters() if hosts_topo else None
+                if ok:
+                    try:
+                        metrics = job.worker_metrics(args.workers)
+                    except (OSError, ValueError) as e:
+                        ok, job.why = False, 'no --metrics-out JSON: %s' % e
+                if job_topo is not None:
+                    left = job_topo.processes()
+                    if left:
+                        ok = False
+                        job.why = (job.why or '') + '; left behind: %s' % left
+                if not ok:
+                    res.keep_logs()
+                    say('job %s failed: %s\n%s' % (name, job.why, job.report()))
+                    return EXIT_JOB_FAILED
+                fig = summarize_hosts_run(metrics, job, worker_host, before, after)
+                fig['uptime_before'] = load
+                rows[rate].setdefault((mode, g), []).append(fig)
+                record['runs'].append(dict(fig, run=run_index + 1, rate=rate, mode=mode,
+                                           local_group=g, worker_metrics=metrics))
+                say('%s: step %.1f ms, link tx %s MB/step/host, pushed %s / pulled %s '
+                    'MB/step/host, server CPU %s ms/round, test acc %.4f' % (
+                        label, fig['step_ms'], _mb(fig['host_tx_per_step']),
+                        _mb(fig['host_pushed_per_step']), _mb(fig['host_pulled_per_step']),
+                        _f(fig['server_cpu_ms_per_round'], '%.2f'), fig['test_accuracy']))
+    record['uptime_after'] = uptime()
+    if args.hosts:
+        where = ('%d hosts, %d worker(s) and %d server(s) in all (workers per host %s, '
+                 'servers per host %s), the scheduler in its own namespace' % (
+                     args.hosts, args.workers, args.servers,
+                     '/'.join(str(topo.worker_host.count(h)) if topo else '-'
+                              for h in range(args.hosts)),
+                     '/'.join(str(topo.server_host.count(h)) if topo else '-'
+                              for h in range(args.hosts))))
+    else:
+        where = '%d worker(s), %d server(s)' % (args.workers, args.servers)
+    print('## shaped_link hosts report: %d epoch(s), %d run(s) per mode and group, '
+          'alternating\n' % (args.epochs, args.runs))
+    print('command: %s  ' % record['command'])
+    print('uptime before: %s  ' % record['uptime_before'])
+    print('uptime after: %s' % record['uptime_after'])
+    for rate in args.rates:
+        summary = hosts_summary(rows[rate], variants)
+        record['summary'][rate] = dict(('%s/%s' % (m, group_label(g)), v)
+                                       for (m, g), v in summary.items())
+        mbit = record['link_check_mbit_s'].get(rate)
+        print_hosts_rate(rate, record['tbf'].get(rate), summary, rows[rate], variants,
+                         '%.0f Mbit/s' % mbit if mbit else None,
+                         where if rate != LOOPBACK else
+                         '%d worker(s), %d server(s)' % (args.workers, args.servers))
+    if args.json:
+        write_json(args.json, record)
+    return 0
+
+
+# ----------------------------------------------------------------------------
 
 
 def parse_args(argv):
@@ -494,8 +923,16 @@ def parse_args(argv):
                    help='tbf queue as time at the rate, e.g. 50ms (50ms)')
     p.add_argument('--no-link-check', action='store_true',
                    help='skip the bulk TCP check of each shaped rate')
+    p.add_argument('--hosts', type=int, default=0,
+                   help='H shaped namespaces ("hosts"), the workers and servers placed '
+                   'on them in blocks, the scheduler in its own (default 0: one '
+                   'namespace per node); prints the hosts report')
+    p.add_argument('--local-group', default=None,
+                   help='TESSERA_LOCAL_GROUP of the workers: 0, 1, or 0,1 (every job '
+                   'of a mode twice, ungrouped then grouped); prints the hosts report')
     args = p.parse_args(argv)
     args.extra = extra
+    args.build = os.path.abspath(args.build)  # the processes run in a temporary folder
     if args.loopback:
         args.rates = LOOPBACK
     rates = []
@@ -529,6 +966,13 @@ def parse_args(argv):
         p.error('--runs, --epochs and --timeout must be positive')
     if not 1 <= args.servers <= 89 or not 1 <= args.workers <= 150:
         p.error('--servers: 1 to 89, --workers: 1 to 150 (the subnet\'s addresses)')
+    if args.hosts and not 1 <= args.hosts <= min(args.workers, 200):
+        p.error('--hosts: 1 to --workers (and at most 200), got %d' % args.hosts)
+    if args.local_group is not None:
+        groups = [g.strip() for g in args.local_group.split(',') if g.strip()]
+        if not groups or any(g not in ('0', '1') for g in groups):
+            p.error('--local-group: expected 0, 1 or 0,1, got %r' % args.local_group)
+        args.local_group = list(dict.fromkeys(groups))
     return args
 
 
@@ -587,6 +1031,11 @@ def main(argv):
         'link_check_mbit_s': {}, 'runs': [], 'summary': {},
     }
     say('uptime: %s' % record['uptime_before'])
+    if args.hosts or args.local_group is not None:
+        try:
+            return run_hosts_report(args, res, binaries, common, shaped, record)
+        finally:
+            res.teardown()
     try:
         topo = None
         if shaped:
