@@ -50,6 +50,14 @@ absl::Status CheckFrame(const wire::DataFrame& desc, size_t actual,
                                                 desc.num_values(), " values"));
       }
       break;
+    case wire::DataFrame::COUNTS4:
+      if (desc.num_values() > (uint64_t{1} << 62) ||
+          desc.num_bytes() != (desc.num_values() + 1) / 2) {
+        return absl::DataLossError(
+            absl::StrCat("4-bit count frame ", index, " of ", actual,
+                         " bytes cannot hold ", desc.num_values(), " values"));
+      }
+      break;
     case wire::DataFrame::RAW:
       break;
     default:

@@ -159,6 +159,9 @@ class Node {
     uint32_t rank = 0;
     uint32_t size = 0;
     uint64_t nonce = 0;  // the job's (NodeTable.local_group_nonce)
+    // The job's largest group (NodeTable.local_group_split), for every
+    // worker, in a group or not: dense keys are cut into this many parts.
+    uint32_t split = 0;
   };
   LocalPlace local_place() const;
   std::vector<std::vector<int>> local_groups() const;
@@ -366,6 +369,7 @@ class Node {
   bool have_table_ ABSL_GUARDED_BY(mu_) = false;
   std::map<int, wire::NodeInfo> nodes_ ABSL_GUARDED_BY(mu_);
   uint64_t local_group_nonce_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t local_group_split_ ABSL_GUARDED_BY(mu_) = 0;
   struct Waiter {
     bool done = false;
     absl::Status status;

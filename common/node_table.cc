@@ -43,6 +43,7 @@ bool Node::AdoptFirstTable(const wire::NodeTable& table) {
   absl::MutexLock lock(&mu_);
   if (have_table_) return false;
   local_group_nonce_ = table.local_group_nonce();
+  local_group_split_ = table.local_group_split();
   int my_id = 0, my_rank = -1;
   for (const wire::NodeInfo& n : table.nodes()) {
     nodes_[n.id()] = n;
@@ -375,6 +376,7 @@ void Node::ReportHandback(uint64_t epoch) {
 Node::LocalPlace Node::local_place() const {
   LocalPlace place;
   absl::MutexLock lock(&mu_);
+  place.split = local_group_split_;
   auto self = nodes_.find(id_);
   if (self == nodes_.end() || self->second.local_size() < 2) return place;
   place.group = self->second.local_group();

@@ -81,8 +81,8 @@ int RefuseLocalGroups(std::vector<wire::NodeInfo>* infos) {
   return asked;
 }
 
-void FormLocalGroups(const Options& options,
-                     std::vector<wire::NodeInfo>* infos) {
+int FormLocalGroups(const Options& options,
+                    std::vector<wire::NodeInfo>* infos) {
   if (options.elastic() || options.single_copy) {
     const int asked = RefuseLocalGroups(infos);
     if (asked > 0) {
@@ -93,13 +93,14 @@ void FormLocalGroups(const Options& options,
              "slices move between servers (TESSERA_MAX_SERVERS with one copy), "
              "is not grouped: every worker pushes for itself";
     }
-    return;
+    return 0;
   }
-  int asked = 0, grouped = 0;
+  int asked = 0, grouped = 0, largest = 0;
   for (const wire::NodeInfo& n : *infos) asked += n.local_key().empty() ? 0 : 1;
   const int groups = AssignLocalGroups(infos);
   for (wire::NodeInfo& n : *infos) {
     grouped += n.local_size() > 0 ? 1 : 0;
+    largest = std::max(largest, static_cast<int>(n.local_size()));
     n.clear_local_key();
   }
   if (asked > 0) {
@@ -108,6 +109,7 @@ void FormLocalGroups(const Options& options,
                          "host (TESSERA_LOCAL_GROUP=1): "
                       << grouped << " in " << groups << " group(s)";
   }
+  return largest;
 }
 
 }  // namespace tessera

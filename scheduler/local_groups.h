@@ -42,8 +42,8 @@ uint64_t LocalGroupNonce();
 // that cannot be grouped (`options`: elastic, or slices of one copy moving),
 // with a log line either way when some worker asked. The local keys are
 // cleared (the node table carries the groups, not where they share memory).
-void FormLocalGroups(const Options& options,
-                     std::vector<wire::NodeInfo>* infos);
+// Returns the largest group's size (0: no group).
+int FormLocalGroups(const Options& options, std::vector<wire::NodeInfo>* infos);
 
 }  // namespace tessera
 

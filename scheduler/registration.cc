@@ -590,7 +590,7 @@ void Scheduler::FormJob() {
     if (!r.key.empty()) keys[{r.info.host(), r.info.port()}] = r.key;
   }
   infos = AssignIds(std::move(infos));
-  FormLocalGroups(options_, &infos);
+  local_group_split_ = FormLocalGroups(options_, &infos);
   // TESSERA_MAX_SERVERS: ranks that wait for a server.
   const std::vector<int> waiting_ranks = SpreadServersOverRanks(
       options_.num_servers, options_.servers_at_start(), &infos);

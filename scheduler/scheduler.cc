@@ -594,6 +594,7 @@ Message Scheduler::TableMessage(int for_id) const {
   table.header.mutable_node_table()->set_num_servers(options_.num_servers);
   table.header.mutable_node_table()->set_num_workers(options_.num_workers);
   table.header.mutable_node_table()->set_local_group_nonce(local_group_nonce_);
+  table.header.mutable_node_table()->set_local_group_split(local_group_split_);
   const wire::Role role = nodes_.at(for_id).role();
   // Replicated jobs: a server sends each update to the next servers.
   const bool servers_link = role == wire::SERVER && options_.chain_length() > 1;

@@ -292,6 +292,7 @@ class Scheduler {
   uint64_t handback_epochs_ = 0;
   // Names the local groups' shared memory (NodeTable.local_group_nonce).
   const uint64_t local_group_nonce_ = LocalGroupNonce();
+  int local_group_split_ = 0;  // NodeTable.local_group_split
   // Elastic jobs: workers joined so far (NodeInfo.joined of the next is one
   // more), and the servers each joiner's table still waits for.
   uint32_t worker_joins_ = 0;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/compression/counts.h"
 #include "common/compression/two_bit.h"
 #include "common/hashed_spec.h"
 #include "common/status_macros.h"
@@ -42,13 +43,18 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     TESSERA_RETURN_IF_ERROR(CheckPayload(msg, settings));
     const wire::DataFrame::Encoding encoding = msg.header.frames(0).encoding();
     const bool two_bit = encoding == wire::DataFrame::TWO_BIT;
-    const bool counts = encoding == wire::DataFrame::COUNTS8;
+    const bool counts = encoding == wire::DataFrame::COUNTS8 ||
+                        encoding == wire::DataFrame::COUNTS4;
+    Buffer group_counts;  // a group's 2-bit push: int8 counts
+    if (counts) {
+      TESSERA_ASSIGN_OR_RETURN(group_counts, GroupCounts(msg, settings));
+    }
     if (key_.sync) {
       const int rank = RankOfId(msg.header.sender());
       absl::Status added =
           two_bit  ? round_.AddTwoBit(rank, msg.data[0], settings.threshold,
                                       msg.header)
-          : counts ? round_.AddCounts(rank, msg.data[0], settings.threshold,
+          : counts ? round_.AddCounts(rank, group_counts, settings.threshold,
                                       msg.header)
                    : round_.AddFloats(rank, msg.data[0], msg.header);
       if (absl::IsDataLoss(added)) ctx.CountMalformed();
@@ -61,7 +67,7 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     Buffer grad = msg.data[0];
     if (counts) {
       grad = Buffer::Allocate(key_.length * sizeof(float));
-      const int8_t* c = reinterpret_cast<const int8_t*>(msg.data[0].data());
+      const int8_t* c = reinterpret_cast<const int8_t*>(group_counts.data());
       float* out = grad.mutable_floats();
       for (uint64_t i = 0; i < key_.length; ++i)
         out[i] =
@@ -208,8 +214,10 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
                        " values; the key has ", key_.length, " here"));
     }
     if (desc.encoding() == wire::DataFrame::FLOAT32) return absl::OkStatus();
-    if (desc.encoding() == wire::DataFrame::COUNTS8)
-      return CheckCounts(msg, settings);
+    if (desc.encoding() == wire::DataFrame::COUNTS8 ||
+        desc.encoding() == wire::DataFrame::COUNTS4) {
+      return absl::OkStatus();  // GroupCounts checks them
+    }
     if (desc.encoding() != wire::DataFrame::TWO_BIT) {
       return absl::InvalidArgumentError(
           "push payload must be float32 or 2-bit");
@@ -221,10 +229,11 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
     return absl::OkStatus();
   }
 
-  // A local group's 2-bit push (docs/local_groups.md): one int8 count a
-  // value, each within the group's size, of the server's threshold.
-  absl::Status CheckCounts(const Message& msg,
-                           const ServerSettings& settings) const {
+  // A local group's 2-bit push (docs/local_groups.md): one count a value
+  // (int8, or two 4-bit counts a byte), each within the group's size, of
+  // the server's threshold; as int8 counts.
+  absl::StatusOr<Buffer> GroupCounts(const Message& msg,
+                                     const ServerSettings& settings) const {
     const int members = msg.header.group_ranks_size() + 1;
     if (members < 2 || settings.compression != "2bit") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -234,14 +243,25 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
           members - 1, " group mate(s) named, compression ",
           settings.compression, ")"));
     }
-    if (msg.data[0].size() != key_.length ||
+    const bool packed =
+        msg.header.frames(0).encoding() == wire::DataFrame::COUNTS4;
+    const uint64_t bytes = packed ? (key_.length + 1) / 2 : key_.length;
+    if (msg.data[0].size() != bytes ||
         msg.header.frames(0).threshold() != settings.threshold) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "push of key ", key_.key, ": ", msg.data[0].size(),
-          " counts of threshold ", msg.header.frames(0).threshold(),
-          "; expected ", key_.length, " of ", settings.threshold));
+          "push of key ", key_.key, ": ", msg.data[0].size(), " bytes of ",
+          packed ? "4-bit" : "8-bit", " counts of threshold ",
+          msg.header.frames(0).threshold(), "; expected ", bytes, " of ",
+          settings.threshold));
     }
-    const int8_t* c = reinterpret_cast<const int8_t*>(msg.data[0].data());
+    Buffer counts = msg.data[0];
+    if (packed) {
+      counts = Buffer::Allocate(key_.length);
+      compression::UnpackCounts4(
+          msg.data[0].data(), key_.length,
+          reinterpret_cast<int8_t*>(counts.mutable_data()));
+    }
+    const int8_t* c = reinterpret_cast<const int8_t*>(counts.data());
     for (uint64_t i = 0; i < key_.length; ++i) {
       if (c[i] > members || c[i] < -members) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -249,7 +269,7 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
             " from a group of ", members, " (at most ", members, " each way)"));
       }
     }
-    return absl::OkStatus();
+    return counts;
   }
 
   // What workers pulling compressed hold (made on the first such pull).

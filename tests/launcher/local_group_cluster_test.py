@@ -82,9 +82,12 @@ class LocalGroupJobTest(unittest.TestCase):
         # The server took one push a key and step from the group, four without it.
         self.assertEqual(pushes_applied(flat_out), 4 * pushes_applied(out))
         # Each key part left the host once: the members' bytes together are the
-        # group's sums (a byte a value as counts) for the key parts each owned.
-        self.assertLess(sum(r['bytes_pushed'] for r in grouped),
-                        sum(r['bytes_pushed'] for r in flat))
+        # group's counts (4 bits a value), half the members' 2-bit pushes, and
+        # every member carried a share (the keys cut into a part per member).
+        self.assertLessEqual(sum(r['bytes_pushed'] for r in grouped),
+                             sum(r['bytes_pushed'] for r in flat) * 0.51)
+        for r in grouped:
+            self.assertGreater(r['bytes_pushed'], 0, grouped)
         self.assertEqual(sum(r['bytes_pulled'] for r in grouped),
                          sum(r['bytes_pulled'] for r in flat) // 4)
         # MXNet's name for it: dist_device_sync groups whatever TESSERA_LOCAL_GROUP says.
@@ -95,18 +98,17 @@ class LocalGroupJobTest(unittest.TestCase):
         self.assertEqual([r['weights_fnv1a'] for r in device], [flat[0]['weights_fnv1a']] * 4)
         self.assertEqual(pushes_applied(out), pushes_applied(flat_out) // 4)
 
-    def test_two_bit_both_ways_trains_to_the_same_bits(self):
-        # Pull compression too: each part's owner keeps the part's compressed copy,
-        # brought forward by the same replies as a worker without the group.
+    def test_two_bit_both_ways_members_agree_and_learn(self):
+        # Pull compression too: each part's owner keeps the part's compressed copy.
+        # Not the flat job's bits: a grouped job cuts its keys into a part per member
+        # (NodeTable.local_group_split), and a compressed pull's threshold is chosen
+        # per part (docs/local_groups.md).
         extra = ['--gc-type', '2bit', '--gc-threshold', '1', '--gc-pull', '2bit']
-        code, flat_out, flat = self.run_job('flat2', extra, group=False)
-        self.assertEqual(code, 0, flat_out)
         code, out, grouped = self.run_job('grouped2', extra, group=True)
         self.assertEqual(code, 0, out)
         self.assertEqual(len(grouped), 4)
-        for rank, r in enumerate(grouped):
-            self.assertEqual(r['weights_fnv1a'], flat[0]['weights_fnv1a'])
-            self.assertEqual(r['final_loss'], flat[rank]['final_loss'])
+        self.assertEqual(len({r['weights_fnv1a'] for r in grouped}), 1, grouped)
+        self.assertLess(grouped[0]['final_loss'], grouped[0]['first_loss'])
 
     def test_float_job_members_agree_and_learn(self):
         code, out, grouped = self.run_job('float', [], group=True)

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/compression/counts.h"
 #include "common/compression/two_bit.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
@@ -76,6 +77,21 @@ class GroupPushTest : public ::testing::Test {
     d->set_num_bytes(counts.size());
     d->set_threshold(threshold);
     m.data.push_back(Buffer::CopyOf(counts.data(), counts.size()));
+    return m;
+  }
+  // The same counts packed two a byte (COUNTS4).
+  static Message Counts4Push(int rank, uint64_t seq,
+                             const std::vector<int32_t>& counts,
+                             float threshold, const std::vector<int>& mates) {
+    std::vector<uint8_t> packed((counts.size() + 1) / 2);
+    compression::PackCounts4(counts.data(), counts.size(), packed.data());
+    Message m = CountsPush(rank, seq, {}, threshold, mates);
+    m.header.mutable_slice()->set_length(counts.size());
+    m.header.mutable_slice()->set_total_length(counts.size());
+    m.header.mutable_frames(0)->set_encoding(wire::DataFrame::COUNTS4);
+    m.header.mutable_frames(0)->set_num_values(counts.size());
+    m.header.mutable_frames(0)->set_num_bytes(packed.size());
+    m.data[0] = Buffer::CopyOf(packed.data(), packed.size());
     return m;
   }
   std::vector<float> PullValues(int rank, uint64_t length) {
@@ -224,6 +240,41 @@ TEST_F(GroupPushTest, CountsGiveTheSameBitsAsTheMembersTwoBitPushes) {
   EXPECT_EQ(got, (std::vector<float>{0.75f, 0.0f, 0.375f, 1.125f, -1.5f}));
 }
 
+TEST(Counts4Test, EveryCountFromMinus8To7RoundTrips) {
+  std::vector<int32_t> counts;
+  for (int c = -8; c <= 7; ++c) counts.push_back(c);
+  counts.push_back(-3);  // an odd count: the last byte's high half is 0
+  std::vector<uint8_t> packed(9);
+  compression::PackCounts4(counts.data(), counts.size(), packed.data());
+  EXPECT_EQ(packed[0], 0x98);  // -8 (0x8) low, -7 (0x9) high
+  EXPECT_EQ(packed[8], 0x0d);  // -3, and nothing
+  std::vector<int8_t> back(counts.size());
+  compression::UnpackCounts4(packed.data(), counts.size(), back.data());
+  EXPECT_EQ(std::vector<int32_t>(back.begin(), back.end()), counts);
+}
+
+TEST_F(GroupPushTest, FourBitCountsGiveTheSameSumAsEightBitOnes) {
+  SetTwoBit(0.375f);
+  Init({0, 0, 0, 0, 0});
+  server().Handle(Counts4Push(1, 0, {2, -1, 0, 1, -2}, 0.375f, {0}));
+  EXPECT_TRUE(Send(CountsPush(2, 0, {0, 1, 1, 1, 0}, 0.375f, {3})).ok());
+  ASSERT_TRUE(NextReply().has_value());
+  EXPECT_EQ(PullValues(1, 5),
+            (std::vector<float>{0.75f, 0.0f, 0.375f, 0.75f, -0.75f}));
+  // A count no member could give: -3 from a group of 2.
+  absl::Status s = Send(Counts4Push(1, 1, {-3, 0, 0, 0, 0}, 0.375f, {0}));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("count -3 at value 0 from a group of 2"));
+  // A frame of the wrong size for its values.
+  Message short_frame = Counts4Push(1, 2, {1, 1, 1, 1, 1}, 0.375f, {0});
+  short_frame.data[0] = Buffer::CopyOf("\x11\x11", 2);
+  short_frame.header.mutable_frames(0)->set_num_bytes(2);
+  s = Send(std::move(short_frame));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("2 bytes of 4-bit counts of threshold 0.375; expected "
+                        "3 of 0.375"));
+}
+
 TEST_F(GroupPushTest, CountsWithoutTwoBitAreRefused) {
   Init({0, 0});
   absl::Status s = Send(CountsPush(0, 0, {1, 0}, 0.375f, {1}));
@@ -240,8 +291,10 @@ TEST_F(GroupPushTest, CountsBeyondTheGroupOrOfAnotherThresholdAreRefused) {
               HasSubstr("count -3 at value 1 from a group of 2"));
   // A payload refused after its number was taken: the next push is 1.
   s = Send(CountsPush(0, 1, {1, 1}, 0.5f, {1}));
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("2 counts of threshold 0.5; expected 2 of 0.375"));
+  EXPECT_THAT(
+      std::string(s.message()),
+      HasSubstr("2 bytes of 8-bit counts of threshold 0.5; expected 2 of "
+                "0.375"));
   EXPECT_EQ(server().stats().pushes_applied(), 0u);
 }
 

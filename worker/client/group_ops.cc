@@ -11,6 +11,7 @@
 // pushes are summed as integer counts of codes (exact), so the server's sum
 // is the same bits as without the group. Row-sparse and hashed keys are not
 // grouped (each member pushes its own rows).
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/compression/counts.h"
 #include "common/compression/two_bit.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -27,6 +29,7 @@ namespace tessera {
 
 absl::Status KVClient::JoinLocalGroup() {
   const Node::LocalPlace place = node_->local_place();
+  group_split_ = place.split;
   if (place.size < 2) {
     if (options_.local_group) {
       TESSERA_LOG(INFO) << "TESSERA_LOCAL_GROUP=1, but the node table puts "
@@ -64,6 +67,18 @@ absl::Status KVClient::JoinLocalGroup() {
   return absl::OkStatus();
 }
 
+uint64_t KVClient::DenseChunk(uint64_t length) const {
+  uint64_t chunk = std::max<uint64_t>(1, options_.chunk_bytes / sizeof(float));
+  if (group_split_ > 1) {
+    // Every member of a group carries a share of a big key (one part would
+    // put the whole key on one member's connection and core).
+    chunk = std::min(
+        chunk, std::max<uint64_t>(kMinGroupPart,
+                                  (length + group_split_ - 1) / group_split_));
+  }
+  return chunk;
+}
+
 std::vector<bool> KVClient::OwnedParts(const KeyInfo& info) const {
   if (group_ == nullptr) return {};
   std::vector<bool> owned(info.parts.size());
@@ -91,15 +106,36 @@ Buffer PartOf(const std::shared_ptr<Buffer>& sum, size_t offset, size_t bytes) {
   return Buffer::Wrap(sum->data() + offset, bytes, sum);
 }
 
-// Appends a COUNTS8 frame: one int8 count of `threshold`s per value.
+// Appends a count frame (COUNTS4 when `packed`, else COUNTS8) of
+// `threshold`s.
 void AddCountsFrame(Message* msg, Buffer counts, uint64_t num_values,
-                    float threshold) {
+                    float threshold, bool packed) {
   wire::DataFrame* d = msg->header.add_frames();
-  d->set_encoding(wire::DataFrame::COUNTS8);
+  d->set_encoding(packed ? wire::DataFrame::COUNTS4 : wire::DataFrame::COUNTS8);
   d->set_num_values(num_values);
   d->set_num_bytes(counts.size());
   d->set_threshold(threshold);
   msg->data.push_back(std::move(counts));
+}
+
+// This member's 2-bit codes of `grad` (-1, 0 or +1 a value), coded with and
+// into its own error feedback as a 2-bit push without a group is.
+absl::StatusOr<std::vector<int32_t>> Codes(absl::Span<const float> grad,
+                                           float* residual, float threshold) {
+  const size_t n = grad.size();
+  std::vector<uint8_t> packed(compression::TwoBitCompressedBytes(n));
+  TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(
+      grad.data(), residual, n, threshold, packed.data()));
+  std::vector<float> codes(n);
+  TESSERA_RETURN_IF_ERROR(compression::TwoBitDequantize(
+      packed.data(), packed.size(), n, 1.0f, codes.data()));
+  return std::vector<int32_t>(codes.begin(), codes.end());
+}
+
+// Bytes of a part of `length` values as a group pushes it.
+uint64_t GroupPartBytes(uint64_t length, bool two_bit, bool packed) {
+  if (!two_bit) return length * sizeof(float);
+  return packed ? (length + 1) / 2 : length;
 }
 
 }  // namespace
@@ -123,7 +159,8 @@ absl::StatusOr<OpHandle> KVClient::GroupPush(wire::Command cmd, uint64_t key,
     parts = info->parts;
   }
   const size_t n = grad.size();
-  std::shared_ptr<Buffer> sum;
+  std::shared_ptr<Buffer> sum;  // float32: the group's sum
+  std::vector<int32_t> counts;  // 2-bit: the group's counts of codes
   if (!two_bit) {
     // The group's sum, in member order: the same bits at every member.
     sum = std::make_shared<Buffer>(Buffer::CopyOf(grad.data(), n * 4));
@@ -131,45 +168,48 @@ absl::StatusOr<OpHandle> KVClient::GroupPush(wire::Command cmd, uint64_t key,
     TESSERA_RETURN_IF_ERROR(group_->AllReduce(sum->mutable_floats(), n));
   } else {
     // Each member's codes (its own error feedback), summed as integers.
-    std::vector<uint8_t> packed(compression::TwoBitCompressedBytes(n));
-    TESSERA_RETURN_IF_ERROR(compression::TwoBitQuantize(
-        grad.data(), residual, n, threshold, packed.data()));
-    std::vector<float> codes(n);
-    TESSERA_RETURN_IF_ERROR(compression::TwoBitDequantize(
-        packed.data(), packed.size(), n, 1.0f, codes.data()));
-    std::vector<int32_t> counts(codes.begin(), codes.end());
-    {
-      absl::MutexLock lock(&group_mu_);
-      TESSERA_RETURN_IF_ERROR(group_->AllReduce(counts.data(), n));
-    }
-    sum = std::make_shared<Buffer>(Buffer::Allocate(n));
-    int8_t* c = reinterpret_cast<int8_t*>(sum->mutable_data());
-    for (size_t i = 0; i < n; ++i) c[i] = static_cast<int8_t>(counts[i]);
+    TESSERA_ASSIGN_OR_RETURN(counts, Codes(grad, residual, threshold));
+    absl::MutexLock lock(&group_mu_);
+    TESSERA_RETURN_IF_ERROR(group_->AllReduce(counts.data(), n));
   }
   std::vector<int> mates;
   for (int r : group_ranks_)
     if (r != node_->rank()) mates.push_back(r);
-  const size_t width = two_bit ? 1 : sizeof(float);
+  // Counts of a group of up to 7 fit 4 bits: half the bytes of a member's
+  // own 2-bit push per member of a group of 4.
+  const bool packed = group_->size() <= compression::kMaxCounts4Group;
   absl::StatusOr<OpHandle> op = SendPush(
       cmd, key, out,
       [&](uint64_t, size_t, const KeyPart& part) -> absl::StatusOr<Message> {
         Message body;
-        Buffer frame = PartOf(sum, part.offset * width, part.length * width);
-        if (two_bit) {
-          AddCountsFrame(&body, std::move(frame), part.length, threshold);
-        } else {
-          AddFloatFrame(&body, std::move(frame));
+        if (!two_bit) {
+          AddFloatFrame(&body, PartOf(sum, part.offset * 4, part.length * 4));
+          return body;
         }
+        Buffer frame =
+            Buffer::Allocate(GroupPartBytes(part.length, true, packed));
+        const int32_t* c = counts.data() + part.offset;
+        if (packed) {
+          compression::PackCounts4(c, part.length, frame.mutable_data());
+        } else {
+          int8_t* out8 = reinterpret_cast<int8_t*>(frame.mutable_data());
+          for (uint64_t i = 0; i < part.length; ++i)
+            out8[i] = static_cast<int8_t>(c[i]);
+        }
+        AddCountsFrame(&body, std::move(frame), part.length, threshold, packed);
         return body;
       },
       owned, mates);
   if (!op.ok()) return op;
-  uint64_t flat = two_bit ? compression::TwoBitCompressedBytes(n) : n * 4;
-  uint64_t sent = 0;
-  for (size_t i = 0; i < parts.size(); ++i)
-    if (owned[i]) sent += parts[i].length * width;
+  // What each member saved: its own push without the group, less its share
+  // of what the group sent (every part once, by its owner).
+  const uint64_t flat = two_bit ? compression::TwoBitCompressedBytes(n) : n * 4;
+  uint64_t group_sent = 0;
+  for (const KeyPart& part : parts)
+    group_sent += GroupPartBytes(part.length, two_bit, packed);
+  const uint64_t share = group_sent / static_cast<uint64_t>(group_->size());
   absl::MutexLock lock(&mu_);
-  stats_.group_bytes_saved += flat > sent ? flat - sent : 0;
+  stats_.group_bytes_saved += flat > share ? flat - share : 0;
   if (out != nullptr) group_pulls_[*op] = {out, n, OwnedRanges(parts, owned)};
   return op;
 }

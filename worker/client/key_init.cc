@@ -32,9 +32,8 @@ absl::Status KVClient::Init(uint64_t key, absl::Span<const float> value) {
   }
   return InitKey(
       key, value.data(), value.size(), /*row_length=*/0,
-      KeyPartitioner::Chunk(
-          partitioner_.Partition(key, value.size()),
-          std::max<uint64_t>(1, options_.chunk_bytes / sizeof(float))));
+      KeyPartitioner::Chunk(partitioner_.Partition(key, value.size()),
+                            DenseChunk(value.size())));
 }
 
 absl::Status KVClient::InitRows(uint64_t key, const float* value,

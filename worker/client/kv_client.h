@@ -316,6 +316,11 @@ class KVClient : public KVWorker {
   // Joins the local group the node table places this worker in (none: OK).
   absl::Status JoinLocalGroup();
   bool grouped() const { return group_ != nullptr; }
+  // Values per part of a dense key of `length` values: TESSERA_CHUNK_BYTES,
+  // and in a job with local groups at most length / NodeTable's split (and
+  // at least kMinGroupPart), the same at every worker.
+  static constexpr uint64_t kMinGroupPart = 16384;
+  uint64_t DenseChunk(uint64_t length) const;
   // The parts of `info` this member pushes and pulls.
   std::vector<bool> OwnedParts(const KeyInfo& info) const;
   // A dense host push (KV_PUSH, or KV_PUSHPULL into `out`) in a group: the
@@ -424,6 +429,7 @@ class KVClient : public KVWorker {
   // group's calls in the same order: one thread's, or the same order).
   std::unique_ptr<LocalGroup> group_;
   std::vector<int> group_ranks_;
+  uint32_t group_split_ = 0;  // NodeTable.local_group_split
   absl::Mutex group_mu_;
   uint64_t group_parts_ ABSL_GUARDED_BY(mu_) = 0;
   struct GroupPullOp {
