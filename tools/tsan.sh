@@ -182,6 +182,7 @@ cmake -S . -B "$build" -DTESSERA_BUILD_TESTS=ON -DTESSERA_WERROR=ON -DTESSERA_SA
 tsan_programs=(
   # in-process, several threads
   node_test liveness_test kv_server_test replication_test catch_up_test request_tracker_test
+  group_push_test
   kv_client_test
   c_api_test
   pulled_copy_test curve_keys_test sealed_link_test sealed_admission_test sealed_redial_test message_test
