@@ -194,6 +194,31 @@ class LocalGroupJobTest(unittest.TestCase):
         self.assertRegex(out, r'worker 2 \(pid %d\) killed by signal SIGKILL' % victim)
         self.assertLess(time.monotonic() - killed, 60, out)
 
+    def test_a_member_restarted_by_restarts_ends_the_job_saying_why(self):
+        # --restarts 1: the killed member's new life cannot rejoin its group (the
+        # group's segment is gone and its mates' calls failed); it says so, and the
+        # job ends non-zero instead of waiting.
+        env = dict(self.env, TESSERA_LOCAL_GROUP='1')
+        proc = subprocess.Popen([sys.executable, LAUNCH, '--restarts', '1'] + JOB[:-1] +
+                                ['10', '--epochs', '50'], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        victim = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            victim = self.worker_pid(env['TESSERA_TEST_MARK'], task_id=2)  # worker 1
+        self.assertIsNotNone(victim, 'worker 1 never started')
+        time.sleep(3)
+        self.assertIsNone(proc.poll(), 'the job ended before the kill')
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+        self.assertNotEqual(proc.returncode, 0, out)
+        self.assertIn('worker 1 (pid %d) killed by signal SIGKILL; restarting it' % victim, out)
+        self.assertRegex(out, r'worker 1 restarted \(TESSERA_RESTART_COUNT=1\) into local group 1: '
+                              r'a member of a local group cannot rejoin it')
+        self.assertLess(time.monotonic() - killed, 60, out)
+
     @staticmethod
     def worker_pid(mark, task_id):
         want = {b'TESSERA_TEST_MARK=' + mark.encode(), b'DMLC_ROLE=worker',
