@@ -585,12 +585,12 @@ int main(int argc, char** argv) {
               << tessera::bench::kUsage;
     return 2;
   }
-  if (flags->describe) return tessera::bench::Describe(*flags, *model);
   if (flags->order == "priority") {
     std::cerr << "model_replay: --order=priority: not available yet: "
                  "KVWorker has no per-request priority (issue #48); only "
                  "--order=fifo\n";
     return 2;
   }
+  if (flags->describe) return tessera::bench::Describe(*flags, *model);
   return tessera::bench::RunReplay(*flags, *model);
 }
