@@ -153,6 +153,8 @@ class ReplayTest(unittest.TestCase):
         self.assertAlmostEqual(m['link_ms'], link_ms, places=2)
         self.assertAlmostEqual(m['overlap_bound_ms'], max(link_ms, compute_ms), places=2)
         self.assertEqual(len(m['step_ms']), 2, what)
+        self.assertTrue(0 <= m['median_first_wait_ms'] <= m['median_wait_ms'] <=
+                        max(m['step_ms']), what)
         # The waits are sleeps: no step is shorter than its compute (less one
         # sleep's lateness carried from the step before).
         self.assertGreater(min(m['step_ms']), 0.9 * compute_ms, what)

@@ -31,6 +31,9 @@
 //   step_ms, median_step_ms   each timed step: from the start of one step's
 //                       forward to the next one's (the last: until its pulls
 //                       arrived); median over the steps after --warmup
+//   median_wait_ms, median_first_wait_ms   how long a timed step's forward
+//                       waited for weights: all its layers, and the first
+//                       layer alone (what sending the first layer first saves)
 //   compute_ms          forward + backward of every layer at --tflops for
 //                       --batch samples: the compute-only bound
 //   measured_compute_ms the same schedule replayed with no job (sleeps only,
@@ -357,6 +360,8 @@ class Replay {
   absl::Status Run(int steps, std::vector<double>* starts) {
     for (int step = 0; step < steps; ++step) {
       starts->push_back(NowSeconds());
+      wait_s_.push_back(0);
+      first_wait_s_.push_back(0);
       if (absl::Status s = Forward(); !s.ok())
         return Annotate(s, step, "forward");
       if (absl::Status s = Backward(); !s.ok())
@@ -369,6 +374,10 @@ class Replay {
     starts->push_back(NowSeconds());
     return absl::OkStatus();
   }
+
+  // Per step, seconds its forward waited for weights: all layers, the first.
+  const std::vector<double>& wait_s() const { return wait_s_; }
+  const std::vector<double>& first_wait_s() const { return first_wait_s_; }
 
  private:
   static absl::Status Annotate(const absl::Status& s, int step,
@@ -393,6 +402,8 @@ class Replay {
         if (absl::Status s = WaitKey(key + i); !s.ok()) return s;
       }
       const double t1 = NowSeconds();
+      wait_s_.back() += t1 - t0;
+      if (l == 0) first_wait_s_.back() = t1 - t0;
       device_.Run(compute_.forward_s[l], t1 - t0 > kBlockedSeconds ? t1 : 0);
       key += model_.layers[l].params.size();
     }
@@ -431,6 +442,7 @@ class Replay {
   std::vector<float> gradient_;
   std::vector<OpHandle> push_, pull_;
   std::vector<bool> pending_;
+  std::vector<double> wait_s_, first_wait_s_;
 };
 
 // Step times in ms: starts[i + 1] - starts[i] for the steps from `from` on.
@@ -460,6 +472,7 @@ double MeasuredComputeMs(const ModelSpec& m, const Compute& c) {
 
 struct Result {
   std::vector<double> step_ms;
+  std::vector<double> wait_ms, first_wait_ms;  // per timed step
   double measured_compute_ms = 0;
   double pushed = 0, pulled = 0;  // KVWorker::stats() / step
 };
@@ -476,6 +489,7 @@ std::string ResultJson(const Flags& f, const ModelSpec& m, const Compute& c,
       "\"order\":\"%s\",\"gc\":\"%s\",\"threshold\":%.6g,"
       "\"optimizer\":\"%s\",\"layers\":%d,\"keys\":%d,\"params\":%d,"
       "\"steps\":%d,\"warmup\":%d,\"step_ms\":%s,\"median_step_ms\":%.3f,"
+      "\"median_wait_ms\":%.3f,\"median_first_wait_ms\":%.3f,"
       "\"forward_ms\":%.3f,\"compute_ms\":%.3f,"
       "\"measured_compute_ms\":%.3f,\"bytes_pushed_per_step\":%d,"
       "\"bytes_pulled_per_step\":%d,\"measured_bytes_pushed_per_step\":%.1f,"
@@ -487,7 +501,8 @@ std::string ResultJson(const Flags& f, const ModelSpec& m, const Compute& c,
       kv->rank(), kv->num_workers(), kv->num_servers(), m.name, m.sample,
       f.batch, f.seq_len, f.tflops, f.order, f.gc, f.threshold, f.optimizer,
       m.layers.size(), m.num_tensors(), m.num_params(), f.steps, f.warmup,
-      JsonList(r.step_ms), median, c.total_s * 1e3 / 3, compute_ms,
+      JsonList(r.step_ms), median, Median(r.wait_ms),
+      Median(r.first_wait_ms), c.total_s * 1e3 / 3, compute_ms,
       r.measured_compute_ms, t.pushed, t.pulled, r.pushed, r.pulled,
       JsonList(t.server_in), JsonList(t.server_out), f.link_gbps, link.ms,
       link.busiest, bound_ms, median / bound_ms, median / compute_ms);
@@ -517,6 +532,10 @@ int RunReplay(const Flags& flags, const ModelSpec& model) {
   REPLAY_RETURN_IF_ERROR(replay.Run(total, &starts), "replay");
   const KVWorkerStats after = kv->stats();
   r.step_ms = StepMs(starts, flags.warmup);
+  for (int i = flags.warmup; i < total; ++i) {
+    r.wait_ms.push_back(replay.wait_s()[i] * 1e3);
+    r.first_wait_ms.push_back(replay.first_wait_s()[i] * 1e3);
+  }
   r.pushed = static_cast<double>(after.bytes_pushed - before.bytes_pushed) /
              total;
   r.pulled = static_cast<double>(after.bytes_pulled - before.bytes_pulled) /

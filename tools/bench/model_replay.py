@@ -25,6 +25,9 @@ Printed per rate, a Markdown table with one row per (model, gc, order):
                  (each node has its own full-duplex link; on loopback none)
   bound ms       the perfect-overlap bound, max(compute, link)
   x bound        step / bound (1.00: communication perfectly hidden)
+  wait ms        the median over the runs of the slowest worker's time a step's
+                 forward waited for weights, and in brackets the first layer's
+                 share (what sending the first layer first would save)
   x fifo         the same run's fifo step over this row's (speed-up)
   MB up, MB down what one worker pushes and pulls a step (10^6 bytes)
 
@@ -197,6 +200,7 @@ def summarize(metrics, job_s):
     m0 = metrics[0]
     return {
         'step_ms': slowest['median_step_ms'], 'compute_ms': m0['compute_ms'],
+        'wait_ms': slowest['median_wait_ms'], 'first_wait_ms': slowest['median_first_wait_ms'],
         'measured_compute_ms': max(m['measured_compute_ms'] for m in metrics),
         'link_ms': m0['link_ms'], 'busiest_link': m0['busiest_link'],
         'bound_ms': m0['overlap_bound_ms'],
@@ -222,7 +226,9 @@ def table_rows(runs, args, rate):
                 if not mine:
                     continue
                 step = statistics.median(r['step_ms'] for r in mine)
-                row = dict(mine[0], step_ms=step, runs=[r['step_ms'] for r in mine])
+                row = dict(mine[0], step_ms=step, runs=[r['step_ms'] for r in mine],
+                           wait_ms=statistics.median(r['wait_ms'] for r in mine),
+                           first_wait_ms=statistics.median(r['first_wait_ms'] for r in mine))
                 row['x_bound'] = step / row['bound_ms']
                 row['x_fifo'] = (statistics.median(r['step_ms'] for r in fifo) / step
                                  if fifo else None)
@@ -236,16 +242,18 @@ def print_table(rate, rows, args, link_mbit):
     print('\n### %s, %d workers, %d servers\n' % (where, args.workers, args.servers))
     if link_mbit:
         print('link check: bulk TCP worker 0 -> server 0: %.0f Mbit/s\n' % link_mbit)
-    print('| model | gc | order | step ms | runs | compute ms | link ms | bound ms | x bound '
-          '| x fifo | MB up | MB down |')
-    print('|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|')
+    print('| model | gc | order | step ms | runs | wait ms (first layer) | compute ms | link ms '
+          '| bound ms | x bound | x fifo | MB up | MB down |')
+    print('|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|')
     for r in rows:
-        print('| %s | %s | %s | %.1f | %s | %.1f | %s | %.1f | %.2f | %s | %.1f | %.1f |' % (
-            r['model'], r['gc'], r['order'], r['step_ms'],
-            ', '.join('%.0f' % x for x in r['runs']), r['compute_ms'],
-            '%.1f (%s)' % (r['link_ms'], r['busiest_link']) if r['link_ms'] else '-',
-            r['bound_ms'], r['x_bound'], '%.2f' % r['x_fifo'] if r['x_fifo'] else '-',
-            r['bytes_pushed'] / 1e6, r['bytes_pulled'] / 1e6))
+        link = '%.1f (%s)' % (r['link_ms'], r['busiest_link']) if r['link_ms'] else '-'
+        print('| %s | %s | %s | %.1f | %s | %.0f (%.0f) | %.1f | %s | %.1f | %.2f | %s | %.1f '
+              '| %.1f |' % (
+                  r['model'], r['gc'], r['order'], r['step_ms'],
+                  ', '.join('%.0f' % x for x in r['runs']), r['wait_ms'], r['first_wait_ms'],
+                  r['compute_ms'], link, r['bound_ms'], r['x_bound'],
+                  '%.2f' % r['x_fifo'] if r['x_fifo'] else '-',
+                  r['bytes_pushed'] / 1e6, r['bytes_pulled'] / 1e6))
     sys.stdout.flush()
 
 
@@ -340,6 +348,8 @@ def main(argv):
         topo = shaped_topology(args, res, shaped, record) if shaped else None
         if not run_all(args, binaries, res, topo, record):
             res.keep_logs()
+            if args.json:  # the jobs that finished
+                sl.write_json(args.json, record)
             return sl.EXIT_JOB_FAILED
         record['uptime_after'] = sl.uptime()
         print('## model replay: %d workers, %d servers, batch %d per worker, %g TFLOP/s, '
