@@ -29,8 +29,11 @@
 // Printed per worker, one JSON object on stdout (and to --metrics-out, {rank}
 // replaced by the rank):
 //   step_ms, median_step_ms   each timed step: from the start of one step's
-//                       forward to the next one's (the last: until its pulls
-//                       arrived); median over the steps after --warmup
+//                       forward to the next one's (the last: to the end of
+//                       its backward, where the next forward would start);
+//                       median over the steps after --warmup. A step's own
+//                       communication is waited for in the next step's
+//                       forward, so each interval holds one step's waiting
 //   median_wait_ms, median_first_wait_ms   how long a timed step's forward
 //                       waited for weights: all its layers, and the first
 //                       layer alone (what sending the first layer first saves)
@@ -356,7 +359,10 @@ class Replay {
   }
 
   // Runs `steps` steps; (*starts)[i] is when step i began, and one more
-  // entry when the last step's pulls had arrived.
+  // entry when the step after the last would begin: a step's own pushes and
+  // pulls are waited for in the next step's forward, so the last step's are
+  // waited for after that entry (counting them too would count two steps'
+  // communication in the last step).
   absl::Status Run(int steps, std::vector<double>* starts) {
     for (int step = 0; step < steps; ++step) {
       starts->push_back(NowSeconds());
@@ -367,11 +373,11 @@ class Replay {
       if (absl::Status s = Backward(); !s.ok())
         return Annotate(s, step, "backward");
     }
+    starts->push_back(NowSeconds());
     for (size_t key = 0; key < pending_.size(); ++key) {
       if (absl::Status s = WaitKey(key); !s.ok())
         return Annotate(s, steps - 1, "the last pulls");
     }
-    starts->push_back(NowSeconds());
     return absl::OkStatus();
   }
 

@@ -140,32 +140,46 @@ def read_metrics(pattern, workers):
     return out
 
 
-def run_loopback(args, binaries, argv, name, tmp):
-    """One job through tools/launch.py; (worker metrics or None, seconds, log)."""
-    metrics = os.path.join(tmp, name + '-{rank}.json')
-    log = os.path.join(tmp, name + '.log')
+# The launch.py processes running now: a signal that ends this driver ends
+# them first, with SIGTERM, so that each stops its job (the resources' own
+# clean-up SIGKILLs the processes it lists, which would orphan a job).
+ACTIVE_LAUNCHERS = []
+
+
+def end_launchers_on_signal():
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        then = signal.getsignal(sig)
+
+        def handler(signum, frame, then=then):
+            for p in list(ACTIVE_LAUNCHERS):
+                p.end(signal.SIGTERM, wait_s=20)
+            if callable(then):
+                then(signum, frame)
+        signal.signal(sig, handler)
+
+
+def run_loopback(args, res, binaries, argv, name):
+    """One job through tools/launch.py; (worker metrics or None, seconds)."""
+    metrics = os.path.join(res.tmp, name + '-{rank}.json')
+    log = os.path.join(res.tmp, name + '.log')
     cmd = [sys.executable, os.path.join(sl.SOURCE_DIR, 'tools', 'launch.py'),
            '-n', str(args.workers), '-s', str(args.servers),
            '--scheduler-binary', binaries['scheduler'], '--server-binary', binaries['server'],
            ] + argv + ['--metrics-out=' + metrics]
     t0 = time.monotonic()
-    with open(log, 'w') as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-        try:
-            code = proc.wait(args.timeout)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)  # launch.py stops its job
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            code = 'timed out after %d s' % args.timeout
+    proc = sl.Proc(res, None, 'launch.py ' + name, cmd, dict(os.environ), log)
+    ACTIVE_LAUNCHERS.append(proc)
+    try:
+        code = proc.proc.wait(args.timeout)
+    except subprocess.TimeoutExpired:
+        code = 'timed out after %d s' % args.timeout
+    finally:
+        proc.end(signal.SIGTERM, wait_s=20)  # launch.py stops its job
+        ACTIVE_LAUNCHERS.remove(proc)
     seconds = time.monotonic() - t0
     if code != 0:
         say('job %s failed (%s); last lines of %s:\n%s' % (name, code, log,
-                                                             sl.tail_of(log, 30)))
+                                                           sl.tail_of(log, 30)))
         return None, seconds
     try:
         return read_metrics(metrics, args.workers), seconds
@@ -298,7 +312,7 @@ def run_all(args, binaries, res, topo, record):
         load = sl.uptime()
         say('job %d/%d %s: started (%s)' % (n, len(plan), name, load))
         if rate == sl.LOOPBACK:
-            metrics, job_s = run_loopback(args, binaries, argv, name, res.tmp)
+            metrics, job_s = run_loopback(args, res, binaries, argv, name)
         else:
             topo.shape(rate)
             metrics, job_s = run_shaped(args, res, topo, binaries, argv, name,
@@ -317,7 +331,7 @@ def run_all(args, binaries, res, topo, record):
 
 def main(argv):
     args = parse_args(argv)
-    b = args.build
+    b = os.path.abspath(args.build)
     binaries = {'scheduler': os.path.join(b, 'scheduler', 'tessera-scheduler'),
                 'server': os.path.join(b, 'server', 'tessera-server'),
                 'bench': os.path.join(b, 'tools', 'bench', 'model_replay')}
@@ -337,6 +351,7 @@ def main(argv):
             say('cannot build shaped links: %s' % why)
             return sl.EXIT_NO_SHAPING
     res = sl.start_resources(args.tag)
+    end_launchers_on_signal()
     record = {'command': ' '.join(['tools/bench/model_replay.py'] + argv),
               'started': time.strftime('%Y-%m-%d %H:%M:%S %z'),
               'uptime_before': sl.uptime(), 'workers': args.workers,
