@@ -222,9 +222,23 @@ struct Traffic {
   std::vector<uint64_t> server_out;  // every worker's pulls, per server
 };
 
-// The parts and slices as KeyPartitioner makes them (common/key_layout.h
-// holds that arithmetic): whole on the key's home server below the bound,
-// else split evenly; each part in slices of chunk_bytes.
+// The parts of a key of n values, as (server, values): KeyPartitioner's
+// placement, whose arithmetic common/key_layout.h holds: whole on the key's
+// home server below the bound, else split evenly over the servers.
+std::vector<std::pair<int, uint64_t>> PartsOf(uint64_t key, uint64_t n,
+                                              int servers, uint64_t bound) {
+  if (n < bound || servers == 1) return {{KeyHome(key, servers), n}};
+  std::vector<std::pair<int, uint64_t>> parts;
+  for (int s = 0; s < servers; ++s) {
+    const uint64_t len =
+        SplitPartBegin(n, s + 1, servers) - SplitPartBegin(n, s, servers);
+    if (len > 0) parts.push_back({s, len});
+  }
+  return parts;
+}
+
+// Each part travels in slices of chunk_elements values; a 2-bit push codes
+// each slice on its own (padded to 16 values).
 Traffic TrafficOf(const ModelSpec& m, int workers, int servers,
                   uint64_t bound, uint64_t chunk_elements, bool two_bit) {
   Traffic t;
@@ -233,18 +247,12 @@ Traffic TrafficOf(const ModelSpec& m, int workers, int servers,
   uint64_t key = 0;
   for (const LayerSpec& l : m.layers) {
     for (const ParamSpec& p : l.params) {
-      const uint64_t n = p.size();
-      for (int part = 0; part < servers; ++part) {
-        const bool split = n >= bound && servers > 1;
-        const int server = split ? part : KeyHome(key, servers);
-        const uint64_t len =
-            split ? SplitPartBegin(n, part + 1, servers) -
-                        SplitPartBegin(n, part, servers)
-                  : (part == 0 ? n : 0);
+      for (const auto& [server, len] : PartsOf(key++, p.size(), servers, bound)) {
         for (uint64_t at = 0; at < len; at += chunk_elements) {
           const uint64_t slice = std::min(chunk_elements, len - at);
-          const uint64_t up =
-              two_bit ? compression::TwoBitCompressedBytes(slice) : slice * sizeof(float);
+          const uint64_t up = two_bit
+                                  ? compression::TwoBitCompressedBytes(slice)
+                                  : slice * sizeof(float);
           const uint64_t down = slice * sizeof(float);
           t.pushed += up;
           t.pulled += down;
@@ -252,7 +260,6 @@ Traffic TrafficOf(const ModelSpec& m, int workers, int servers,
           t.server_out[server] += down * workers;
         }
       }
-      ++key;
     }
   }
   return t;
