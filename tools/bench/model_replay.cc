@@ -133,8 +133,7 @@ absl::StatusOr<bool> ParseOne(const std::string& a, Flags* f,
     return true;  // checked by MakeModel
   } else if (TakeFlag(a, "batch", &v)) {
     *expected = "1..65536";
-    return absl::SimpleAtoi(v, &f->batch) && f->batch >= 1 &&
-           f->batch <= 65536;
+    return absl::SimpleAtoi(v, &f->batch) && f->batch >= 1 && f->batch <= 65536;
   } else if (TakeFlag(a, "seq-len", &v)) {
     *expected = "1..512";
     return absl::SimpleAtoi(v, &f->seq_len);
@@ -143,8 +142,7 @@ absl::StatusOr<bool> ParseOne(const std::string& a, Flags* f,
     return absl::SimpleAtod(v, &f->tflops) && f->tflops > 0;
   } else if (TakeFlag(a, "steps", &v)) {
     *expected = "1..10000";
-    return absl::SimpleAtoi(v, &f->steps) && f->steps >= 1 &&
-           f->steps <= 10000;
+    return absl::SimpleAtoi(v, &f->steps) && f->steps >= 1 && f->steps <= 10000;
   } else if (TakeFlag(a, "warmup", &v)) {
     *expected = "0..100";
     return absl::SimpleAtoi(v, &f->warmup) && f->warmup >= 0 &&
@@ -239,15 +237,16 @@ std::vector<std::pair<int, uint64_t>> PartsOf(uint64_t key, uint64_t n,
 
 // Each part travels in slices of chunk_elements values; a 2-bit push codes
 // each slice on its own (padded to 16 values).
-Traffic TrafficOf(const ModelSpec& m, int workers, int servers,
-                  uint64_t bound, uint64_t chunk_elements, bool two_bit) {
+Traffic TrafficOf(const ModelSpec& m, int workers, int servers, uint64_t bound,
+                  uint64_t chunk_elements, bool two_bit) {
   Traffic t;
   t.server_in.assign(servers, 0);
   t.server_out.assign(servers, 0);
   uint64_t key = 0;
   for (const LayerSpec& l : m.layers) {
     for (const ParamSpec& p : l.params) {
-      for (const auto& [server, len] : PartsOf(key++, p.size(), servers, bound)) {
+      for (const auto& [server, len] :
+           PartsOf(key++, p.size(), servers, bound)) {
         for (uint64_t at = 0; at < len; at += chunk_elements) {
           const uint64_t slice = std::min(chunk_elements, len - at);
           const uint64_t up = two_bit
@@ -333,7 +332,6 @@ class DeviceClock {
 // means the layer waited for its weights.
 constexpr double kBlockedSeconds = 50e-6;
 
-
 // One worker's replay: the keys, their buffers and the ops of the last step.
 class Replay {
  public:
@@ -395,8 +393,8 @@ class Replay {
  private:
   static absl::Status Annotate(const absl::Status& s, int step,
                                const char* where) {
-    return absl::Status(s.code(), absl::StrCat("step ", step, ", ", where,
-                                               ": ", s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat("step ", step, ", ", where, ": ", s.message()));
   }
 
   absl::Status WaitKey(size_t key) {
@@ -514,11 +512,11 @@ std::string ResultJson(const Flags& f, const ModelSpec& m, const Compute& c,
       kv->rank(), kv->num_workers(), kv->num_servers(), m.name, m.sample,
       f.batch, f.seq_len, f.tflops, f.order, f.gc, f.threshold, f.optimizer,
       m.layers.size(), m.num_tensors(), m.num_params(), f.steps, f.warmup,
-      JsonList(r.step_ms), median, Median(r.wait_ms),
-      Median(r.first_wait_ms), c.total_s * 1e3 / 3, compute_ms,
-      r.measured_compute_ms, t.pushed, t.pulled, r.pushed, r.pulled,
-      JsonList(t.server_in), JsonList(t.server_out), f.link_gbps, link.ms,
-      link.busiest, bound_ms, median / bound_ms, median / compute_ms);
+      JsonList(r.step_ms), median, Median(r.wait_ms), Median(r.first_wait_ms),
+      c.total_s * 1e3 / 3, compute_ms, r.measured_compute_ms, t.pushed,
+      t.pulled, r.pushed, r.pulled, JsonList(t.server_in),
+      JsonList(t.server_out), f.link_gbps, link.ms, link.busiest, bound_ms,
+      median / bound_ms, median / compute_ms);
 }
 
 int RunReplay(const Flags& flags, const ModelSpec& model) {
@@ -533,9 +531,8 @@ int RunReplay(const Flags& flags, const ModelSpec& model) {
   KVWorker* kv = made->get();
   REPLAY_RETURN_IF_ERROR(kv->SetOptimizer(flags.optimizer), "SetOptimizer");
   if (flags.gc == "2bit") {
-    REPLAY_RETURN_IF_ERROR(
-        kv->SetGradientCompression("2bit", flags.threshold),
-        "SetGradientCompression");
+    REPLAY_RETURN_IF_ERROR(kv->SetGradientCompression("2bit", flags.threshold),
+                           "SetGradientCompression");
   }
   Replay replay(model, compute, kv);
   REPLAY_RETURN_IF_ERROR(replay.Init(), "Init");
@@ -549,16 +546,15 @@ int RunReplay(const Flags& flags, const ModelSpec& model) {
     r.wait_ms.push_back(replay.wait_s()[i] * 1e3);
     r.first_wait_ms.push_back(replay.first_wait_s()[i] * 1e3);
   }
-  r.pushed = static_cast<double>(after.bytes_pushed - before.bytes_pushed) /
-             total;
-  r.pulled = static_cast<double>(after.bytes_pulled - before.bytes_pulled) /
-             total;
+  r.pushed =
+      static_cast<double>(after.bytes_pushed - before.bytes_pushed) / total;
+  r.pulled =
+      static_cast<double>(after.bytes_pulled - before.bytes_pulled) / total;
   const Traffic traffic = TrafficOf(
       model, kv->num_workers(), options->num_servers, options->bigarray_bound,
       std::max<uint64_t>(1, options->chunk_bytes / sizeof(float)),
       flags.gc == "2bit");
-  const std::string json =
-      ResultJson(flags, model, compute, traffic, kv, r);
+  const std::string json = ResultJson(flags, model, compute, traffic, kv, r);
   REPLAY_RETURN_IF_ERROR(kv->Close(), "Close");
   Emit(flags, kv->rank(), json);
   std::fprintf(stderr,

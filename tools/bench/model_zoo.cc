@@ -55,16 +55,16 @@ class ModelBuilder {
 
   // Batch norm (2-d images, hw x hw) or layer norm (hw = 1, `rows` tokens).
   void Norm(const std::string& name, uint64_t channels, uint64_t elements) {
-    m_->layers.push_back({name,
-                          {{name + ".weight", {channels}},
-                           {name + ".bias", {channels}}},
-                          kNormFlopsPerElement * elements});
+    m_->layers.push_back(
+        {name,
+         {{name + ".weight", {channels}}, {name + ".bias", {channels}}},
+         kNormFlopsPerElement * elements});
   }
 
   // A Linear of `in` -> `out` applied to `rows` rows a sample, plus
   // `extra_flops` that are counted with it.
-  void Linear(const std::string& name, uint64_t in, uint64_t out,
-              uint64_t rows, double extra_flops = 0) {
+  void Linear(const std::string& name, uint64_t in, uint64_t out, uint64_t rows,
+              double extra_flops = 0) {
     m_->layers.push_back(
         {name,
          {{name + ".weight", {out, in}}, {name + ".bias", {out}}},
@@ -122,8 +122,8 @@ ModelSpec Vgg16() {
   ModelBuilder b(&m);
   // Configuration "D"; 0 is a 2x2 max-pool. Module indices count the ReLUs
   // and pools, as torchvision's nn.Sequential does.
-  const int cfg[] = {64,  64,  0,   128, 128, 0,   256, 256, 256, 0,
-                     512, 512, 512, 0,   512, 512, 512, 0};
+  const int cfg[] = {64, 64,  0,   128, 128, 0,   256, 256, 256,
+                     0,  512, 512, 512, 0,   512, 512, 512, 0};
   uint64_t in = 3, hw = 224;
   int index = 0;
   for (int c : cfg) {
@@ -188,8 +188,8 @@ absl::StatusOr<ModelSpec> MakeModel(const std::string& name, int seq_len) {
     }
     return BertBase(seq_len);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--model=", name, ": expected one of ", ModelNames()));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--model=", name, ": expected one of ", ModelNames()));
 }
 
 }  // namespace tessera::bench

@@ -50,20 +50,20 @@
 namespace tessera::bench {
 
 struct ParamSpec {
-  std::string name;            // PyTorch's, e.g. "layer1.0.conv1.weight"
+  std::string name;  // PyTorch's, e.g. "layer1.0.conv1.weight"
   std::vector<uint64_t> shape;
-  uint64_t size() const;       // the product of `shape`
+  uint64_t size() const;  // the product of `shape`
 };
 
 struct LayerSpec {
-  std::string name;                // the module, e.g. "layer1.0.conv1"
-  std::vector<ParamSpec> params;   // in PyTorch's order
-  double forward_flops = 0;        // for one sample
+  std::string name;               // the module, e.g. "layer1.0.conv1"
+  std::vector<ParamSpec> params;  // in PyTorch's order
+  double forward_flops = 0;       // for one sample
 };
 
 struct ModelSpec {
   std::string name;
-  std::string sample;  // what one sample is, e.g. "a 224x224 image"
+  std::string sample;             // what one sample is, e.g. "a 224x224 image"
   std::vector<LayerSpec> layers;  // in forward order
 
   uint64_t num_tensors() const;
