@@ -131,7 +131,10 @@ class HangDoctorTest(unittest.TestCase):
                                            'requests', 'open_rounds', 'waiting', 'threads',
                                            'barriers', 'nodes', 'rank_lag',
                                            'open_rounds_total', 'waiting_total',
-                                           'requests_total'})
+                                           'requests_total', 'held_pulls',
+                                           'held_pulls_total'})
+            # No dist_ssp key here: no pull is held by the staleness bound.
+            self.assertEqual((server['held_pulls'], server['held_pulls_total']), ([], 0))
             self.assertEqual(server['open_rounds_total'], len(server['open_rounds']))
             self.assertEqual((server['role'], server['rank'], server['id']), ('server', 0, 8))
             rounds = [r for r in server['open_rounds'] if r['key'] == str(KEY)]
