@@ -62,7 +62,7 @@ TEST(CApiTest, CallerMistakesReturnInvalidArgument) {
   EXPECT_EQ(tessera_kv_create("local", &kv), TESSERA_INVALID_ARGUMENT);
   EXPECT_STREQ(tessera_last_error(),
                "INVALID_ARGUMENT: KV store type 'local': expected dist_sync, "
-               "dist_async or dist_ssp");
+               "dist_async, dist_ssp or dist_device_sync");
   EXPECT_EQ(tessera_kv_set_staleness(nullptr, 3), TESSERA_INVALID_ARGUMENT);
   EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: kv is NULL");
   EXPECT_EQ(tessera_kv_barrier(nullptr), TESSERA_INVALID_ARGUMENT);

@@ -729,7 +729,7 @@ TEST_F(SchedulerClaimLimitTest, AllAddressesTogetherHaveACeiling) {
 // checks, a claim from a 17th is refused unchecked, but the scheduler's,
 // from its address (as an IPv4-mapped IPv6 address too), is checked and
 // admitted. (Before, it was refused unchecked with the rest.)
-TEST(SchedulerClaimLimitTest, TheSchedulersAddressHasABudgetOfItsOwn) {
+TEST(SchedulerAddressBudgetTest, TheSchedulersAddressHasABudgetOfItsOwn) {
   const JobKeySet job = GenerateJobKeys().value();
   const Process server(job, Role::kServer, kServer),
       scheduler(job, Role::kScheduler, 1);
@@ -767,7 +767,7 @@ TEST(SchedulerClaimLimitTest, TheSchedulersAddressHasABudgetOfItsOwn) {
 // Bad claims from the scheduler's address spend its own 4 checks a second
 // (the rest refused unchecked, naming it), not the ceiling: 16 other
 // addresses still have their 64.
-TEST(SchedulerClaimLimitTest, TheSchedulersAddressSpendsOnlyItsOwnBudget) {
+TEST(SchedulerAddressBudgetTest, TheSchedulersAddressSpendsOnlyItsOwnBudget) {
   const JobKeySet job = GenerateJobKeys().value();
   const Process server(job, Role::kServer, kServer);
   Admission admission(server.keys, "::ffff:10.0.0.1");
