@@ -142,7 +142,7 @@ class LocalGroupJobTest(unittest.TestCase):
             if 'Batch[10]' in line:
                 break
         time.sleep(0.3)
-        victim = self.server_pid(env['TESSERA_TEST_MARK'], task_id=1)
+        victim = self.node_pid(env['TESSERA_TEST_MARK'], 'server', task_id=1)
         self.assertIsNotNone(victim, ''.join(lines))
         self.assertIsNone(proc.poll(), 'the job ended before the kill')
         os.kill(victim, signal.SIGKILL)
@@ -157,71 +157,45 @@ class LocalGroupJobTest(unittest.TestCase):
         self.assertGreater(sum(promoted), 0, out)
         self.assertEqual(re.findall(r'Final weights checksum=([0-9a-f]{16})', out), want, out)
 
-    @staticmethod
-    def server_pid(mark, task_id):
-        want = {b'TESSERA_TEST_MARK=' + mark.encode(), b'DMLC_ROLE=server',
-                b'DMLC_TASK_ID=' + str(task_id).encode()}
-        for entry in os.listdir('/proc'):
-            if not entry.isdigit():
-                continue
-            try:
-                with open('/proc/%s/environ' % entry, 'rb') as f:
-                    if want <= set(f.read().split(b'\0')):
-                        with open('/proc/%s/comm' % entry) as c:
-                            if c.read().strip() == 'tessera-server':
-                                return int(entry)
-            except OSError:
-                pass
-        return None
-
-    def test_a_killed_member_ends_the_job_naming_it(self):
+    def kill_member_mid_training(self, rank, launcher_flags=()):
+        """Starts a long grouped job, SIGKILLs worker `rank` 3 s into it and returns
+        (victim pid, the job's output) once the job ended non-zero within 60 s."""
         env = dict(self.env, TESSERA_LOCAL_GROUP='1')
-        proc = subprocess.Popen([sys.executable, LAUNCH] + JOB[:-1] + ['10', '--epochs', '50'],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-        victim = None
-        deadline = time.monotonic() + 60
-        while victim is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-            victim = self.worker_pid(env['TESSERA_TEST_MARK'], task_id=3)  # worker 2
-        self.assertIsNotNone(victim, 'worker 2 never started')
-        time.sleep(3)  # into training
-        self.assertIsNone(proc.poll(), 'the job ended before the kill')
-        killed = time.monotonic()
-        os.kill(victim, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=120)
-        self.assertNotEqual(proc.returncode, 0, out)
-        self.assertRegex(out, r'worker 2 \(pid %d\) killed by signal SIGKILL' % victim)
-        self.assertLess(time.monotonic() - killed, 60, out)
-
-    def test_a_member_restarted_by_restarts_ends_the_job_saying_why(self):
-        # --restarts 1: the killed member's new life cannot rejoin its group (the
-        # group's segment is gone and its mates' calls failed); it says so, and the
-        # job ends non-zero instead of waiting.
-        env = dict(self.env, TESSERA_LOCAL_GROUP='1')
-        proc = subprocess.Popen([sys.executable, LAUNCH, '--restarts', '1'] + JOB[:-1] +
+        proc = subprocess.Popen([sys.executable, LAUNCH] + list(launcher_flags) + JOB[:-1] +
                                 ['10', '--epochs', '50'], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         victim = None
         deadline = time.monotonic() + 60
         while victim is None and time.monotonic() < deadline:
             time.sleep(0.2)
-            victim = self.worker_pid(env['TESSERA_TEST_MARK'], task_id=2)  # worker 1
-        self.assertIsNotNone(victim, 'worker 1 never started')
-        time.sleep(3)
+            victim = self.node_pid(env['TESSERA_TEST_MARK'], 'worker', task_id=1 + rank)
+        self.assertIsNotNone(victim, 'worker %d never started' % rank)
+        time.sleep(3)  # into training
         self.assertIsNone(proc.poll(), 'the job ended before the kill')
         killed = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
         self.assertNotEqual(proc.returncode, 0, out)
+        self.assertLess(time.monotonic() - killed, 60, out)
+        return victim, out
+
+    def test_a_killed_member_ends_the_job_naming_it(self):
+        victim, out = self.kill_member_mid_training(2)
+        self.assertRegex(out, r'worker 2 \(pid %d\) killed by signal SIGKILL' % victim)
+
+    def test_a_member_restarted_by_restarts_ends_the_job_saying_why(self):
+        # --restarts 1: the killed member's new life cannot rejoin its group (the
+        # group's segment is gone and its mates' calls failed); it says so, and the
+        # job ends non-zero instead of waiting.
+        victim, out = self.kill_member_mid_training(1, ['--restarts', '1'])
         self.assertIn('worker 1 (pid %d) killed by signal SIGKILL; restarting it' % victim, out)
         self.assertRegex(out, r'worker 1 restarted \(TESSERA_RESTART_COUNT=1\) into local group 1: '
                               r'a member of a local group cannot rejoin it')
-        self.assertLess(time.monotonic() - killed, 60, out)
 
     @staticmethod
-    def worker_pid(mark, task_id):
-        want = {b'TESSERA_TEST_MARK=' + mark.encode(), b'DMLC_ROLE=worker',
+    def node_pid(mark, role, task_id):
+        """The pid of the live tessera-<role> marked `mark` with DMLC_TASK_ID=task_id."""
+        want = {b'TESSERA_TEST_MARK=' + mark.encode(), b'DMLC_ROLE=' + role.encode(),
                 b'DMLC_TASK_ID=' + str(task_id).encode()}
         for entry in os.listdir('/proc'):
             if not entry.isdigit():
@@ -230,12 +204,11 @@ class LocalGroupJobTest(unittest.TestCase):
                 with open('/proc/%s/environ' % entry, 'rb') as f:
                     if want <= set(f.read().split(b'\0')):
                         with open('/proc/%s/comm' % entry) as c:
-                            if c.read().strip() == 'tessera-worker':
+                            if c.read().strip() == 'tessera-' + role:
                                 return int(entry)
             except OSError:
                 pass
         return None
-
 
 if __name__ == '__main__':
     unittest.main()
