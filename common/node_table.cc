@@ -399,6 +399,7 @@ std::vector<std::vector<int>> Node::local_groups() const {
   }
   for (auto& [group, ranks] : by_group) {
     std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     for (int r : ranks) mates[r] = ranks;
   }
   return mates;

@@ -241,7 +241,7 @@ bool Admission::MayCheckScheduler(const Key32& key, absl::string_view address,
     return false;
   }
   // The scheduler's own address is not held up by the others' failures.
-  if (address != scheduler_address_ &&
+  if (!IsSchedulerAddress(address) &&
       failures_ >= kSchedulerFailuresPerSecond) {
     *why = absl::StrCat("scheduler node key ", KeyText(key),
                         ", unchecked: too many failed scheduler claims "
@@ -269,7 +269,7 @@ Admission::Verdict Admission::CheckScheduler(const Key32& key,
   const bool ok = agreed && SamePassword(expected, password);
   absl::MutexLock lock(&mu_);
   if (!ok) {
-    if (from != scheduler_address_) ++failures_;
+    if (!IsSchedulerAddress(from)) ++failures_;
     ++failures_of_[from];
     WipeString(&expected);
     *why = absl::StrCat(

@@ -145,7 +145,13 @@ class Admission {
 
   const std::shared_ptr<const LinkKeys> keys_;
   const std::string scheduler_address_;  // normalized (NormalAddress)
-  std::atomic<uint64_t> version_{0};     // changed under mu_
+  // Whether a claim from `address` (normalized) spends the scheduler's own
+  // budget: never when no scheduler address is known (an unresolved one
+  // must not exempt connections that report no address).
+  bool IsSchedulerAddress(absl::string_view address) const {
+    return !scheduler_address_.empty() && address == scheduler_address_;
+  }
+  std::atomic<uint64_t> version_{0};  // changed under mu_
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key32, Known> known_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, Key32> key_of_ ABSL_GUARDED_BY(mu_);

@@ -234,6 +234,7 @@ class SyncRound {
   // holds it): the rank has contributed, with no request of its own to
   // answer. REQUIRES: !Contributed(rank).
   void Cover(int rank) {
+    if (contributed_[rank]) return;  // counted once, however often named
     contributed_[rank] = true;
     ++count_;
   }
