@@ -1,4 +1,5 @@
-// BoundedQueue: a blocking FIFO with a capacity, for hand-offs between threads.
+// BoundedQueue: a blocking FIFO with a capacity, for hand-offs between threads
+// (an item pushed with a priority may pass less urgent ones: send_order.h).
 // The capacity counts items and, optionally, their cost (e.g. bytes): Push
 // blocks while either is full (back-pressure; an item costlier than the whole
 // budget is let in alone); Pop blocks while the queue is empty; Close wakes
@@ -20,6 +21,7 @@
 #include <optional>
 
 #include "absl/synchronization/mutex.h"
+#include "common/send_order.h"
 
 namespace tessera {
 
@@ -31,7 +33,8 @@ class BoundedQueue {
 
   // Returns false (dropping nothing: `item` is not taken) when the queue is
   // closed.
-  bool Push(T&& item, uint64_t cost = 0) {
+  // `order`: where it goes (common/send_order.h); none: at the back.
+  bool Push(T&& item, uint64_t cost = 0, OrderTag order = {}) {
     absl::MutexLock lock(&mu_);
     auto room = [this, cost]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return closed_ || items_.empty() ||
@@ -39,7 +42,11 @@ class BoundedQueue {
     };
     mu_.Await(absl::Condition(&room));
     if (closed_) return false;
-    items_.push_back(Entry{std::move(item), cost});
+    const size_t at = OrderedPosition(
+        items_.size(), order, [this](size_t i) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return std::optional<OrderTag>(items_[i].order);
+        });
+    items_.insert(items_.begin() + at, Entry{std::move(item), cost, order});
     cost_ += cost;
     return true;
   }
@@ -71,6 +78,7 @@ class BoundedQueue {
   struct Entry {
     T item;
     uint64_t cost;
+    OrderTag order;
   };
   const size_t capacity_;
   const uint64_t max_cost_;

@@ -202,6 +202,10 @@ absl::Status ParseKeys(const EnvLookup& env, Options& o) {
   if (!sum.empty() && sum != "exact" && sum != "arrival")
     return BadValue("TESSERA_SYNC_SUM", sum, "exact or arrival");
   o.exact_sync_sum = sum != "arrival";
+  const std::string order = ReadString(env, "TESSERA_SEND_ORDER");
+  if (!order.empty() && order != "priority" && order != "fifo")
+    return BadValue("TESSERA_SEND_ORDER", order, "priority or fifo");
+  o.send_priority = order != "fifo";
   TESSERA_ASSIGN_OR_RETURN(
       o.late_min, ReadSeconds(env, "TESSERA_LATE_MIN", o.late_min, false));
   TESSERA_ASSIGN_OR_RETURN(

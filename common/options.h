@@ -147,6 +147,11 @@ struct Options {
   // float32 additions in arrival order (4 bytes per value, about 2x faster
   // to add, but the last bits of a sum depend on which push came first).
   bool exact_sync_sum = true;
+  // TESSERA_SEND_ORDER (a worker's): "priority" (the default) puts each
+  // request's priority in its header, so sending and server queues let the
+  // more urgent slices pass (docs/priority.md); "fifo" sends none: every
+  // queue keeps issue order (the baseline priority is measured against).
+  bool send_priority = true;
   // When a dist_sync round (on a server) or a barrier (on the scheduler) is
   // late enough to log whom it waits for: TESSERA_LATE_FACTOR times its
   // recent median, and at least TESSERA_LATE_MIN seconds (docs/debugging.md).

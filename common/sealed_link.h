@@ -92,6 +92,7 @@
 #include "common/message.h"
 #include "common/options.h"
 #include "common/secret_string.h"
+#include "common/send_order.h"
 
 namespace tessera {
 namespace sealed {
@@ -296,6 +297,14 @@ struct SealJob {
   size_t frame = 0;
   size_t offset = 0;
   bool done() const { return started && header_sent && data_left == 0; }
+  // To be sealed again from its start (on a new connection).
+  void Restart() {
+    started = header_sent = false;
+    data_left = 0;
+    frame = offset = 0;
+  }
+  // Where the transport's queue puts it (common/send_order.h).
+  OrderTag order;
 };
 
 // The sending end of one link.

@@ -278,7 +278,15 @@ absl::Status ZmqTransport::SendSealed(Sender& sender, const Message& msg,
   if (!SerializeHeader(msg, job.header.data(), header_size))
     return absl::InternalError("cannot serialize message header");
   job.frames = msg.data;
-  sender.pending.push_back(std::move(job));
+  job.order = OrderTagOf(msg.header);
+  const size_t at = OrderedPosition(
+      sender.pending.size(), job.order,
+      [&sender](size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu) {
+        const sealed::SealJob& queued = sender.pending[i];
+        return queued.started ? std::nullopt
+                              : std::optional<OrderTag>(queued.order);
+      });
+  sender.pending.insert(sender.pending.begin() + at, std::move(job));
   if (sender.backlog->waiting.load()) return absl::OkStatus();
   return Pump(sender, sent_jobs);
 }
@@ -290,8 +298,7 @@ absl::Status ZmqTransport::Pump(Sender& sender,
   if (sender.refused) {
     // A message part-sealed on it goes again, whole.
     if (!sender.pending.empty()) {
-      sealed::SealJob& job = sender.pending.front();
-      job = sealed::SealJob{std::move(job.header), std::move(job.frames)};
+      sender.pending.front().Restart();
     }
     return absl::OkStatus();
   }
@@ -309,7 +316,7 @@ absl::Status ZmqTransport::Pump(Sender& sender,
       if (absl::Status s = sender.sealer->SealNext(job, sink); !s.ok()) {
         if (sink.refused()) {
           // It goes again, whole, on the new connection.
-          job = sealed::SealJob{std::move(job.header), std::move(job.frames)};
+          job.Restart();
           sender.refused = true;
           return absl::OkStatus();
         }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/bounded_queue.h"
 #include "common/logging.h"
+#include "common/send_order.h"
 #include "common/trace.h"
 #include "common/wire_status.h"
 #include "server/key_store.h"
@@ -174,6 +175,9 @@ Message KVServer::NewReply(const Message& request, const absl::Status& status,
 }
 
 void KVServer::SendReply(const Message& request, Message reply) {
+  // As urgent as its request (docs/priority.md).
+  if (request.header.has_priority() && !reply.header.has_priority())
+    reply.header.set_priority(request.header.priority());
   absl::Status sent = send_(request.header.sender(), std::move(reply));
   if (!sent.ok()) {
     const uint64_t n = ++failed_replies_;
@@ -316,7 +320,8 @@ void KVServer::RouteSliceRequest(Message&& msg) {
 void KVServer::Enqueue(Shard* shard, Message&& msg) {
   const uint64_t bytes = DataBytes(msg);
   shard->pending.fetch_add(1, std::memory_order_relaxed);
-  if (!shard->queue.Push(Shard::Work{std::move(msg), nullptr}, bytes))
+  const OrderTag order = OrderTagOf(msg.header);
+  if (!shard->queue.Push(Shard::Work{std::move(msg), nullptr}, bytes, order))
     shard->pending.fetch_sub(1, std::memory_order_relaxed);
 }
 

@@ -117,6 +117,13 @@ TESSERA_EXPORT int tessera_kv_set_optimizer(TesseraKV* kv, const char* spec);
  * pushes to the key applied. Before any init; overrides TESSERA_STALENESS
  * (see KVWorker::SetStaleness). */
 TESSERA_EXPORT int tessera_kv_set_staleness(TesseraKV* kv, int64_t staleness);
+/* How urgent `key`'s pushes and pulls are, higher first (MXNet's `priority`;
+ * see KVWorker::SetPriority): -1000000000..1000000000; by default minus the
+ * number of keys initialised before it. After the key's init. */
+TESSERA_EXPORT int tessera_kv_set_priority(TesseraKV* kv, uint64_t key,
+                                           int64_t priority);
+TESSERA_EXPORT int tessera_kv_priority(TesseraKV* kv, uint64_t key,
+                                       int64_t* priority);
 /* "2bit" (threshold > 0) or "none". Before any init. */
 TESSERA_EXPORT int tessera_kv_set_gradient_compression(TesseraKV* kv,
                                                        const char* type,

@@ -173,6 +173,18 @@ class TESSERA_EXPORT KVWorker {
   // applied twice. 0 in a worker's first life.
   virtual uint64_t ResumeRound() = 0;
 
+  // How urgent `key`'s pushes and pulls are (MXNet's `priority`; higher goes
+  // first): each sending queue and each server's queue lets a slice pass the
+  // queued slices of less urgent keys (docs/priority.md). By default the
+  // reverse of the order the keys were initialised in (the first key 0, the
+  // next -1, ...), so the first layer's weights come back first. Takes effect
+  // for the requests sent from then on (resends too). NotFound for a key not
+  // initialised here; InvalidArgument for a priority outside
+  // [-1000000000, 1000000000]. With TESSERA_SEND_ORDER=fifo priorities are
+  // kept but not sent: every queue keeps issue order.
+  virtual absl::Status SetPriority(uint64_t key, int64_t priority) = 0;
+  virtual absl::StatusOr<int64_t> Priority(uint64_t key) const = 0;
+
   // Pushes a gradient for `key` (compressed when compression is set). In
   // dist_sync the operation completes once the round it belongs to is applied
   // on the servers; in dist_async and dist_ssp once the servers have applied

@@ -85,6 +85,8 @@ def _declare(lib):
         'tessera_kv_set_gradient_compression': [kv, ctypes.c_char_p, ctypes.c_float],
         'tessera_kv_set_pull_compression': [kv, ctypes.c_char_p],
         'tessera_kv_set_staleness': [kv, ctypes.c_int64],
+        'tessera_kv_set_priority': [kv, u64, ctypes.c_int64],
+        'tessera_kv_priority': [kv, u64, ctypes.POINTER(ctypes.c_int64)],
         'tessera_kv_close': [kv],
         'tessera_kv_leave': [kv],
         'tessera_kv_resume_round': [kv, u64_p],

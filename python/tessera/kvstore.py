@@ -406,6 +406,22 @@ def _check_staleness(staleness):
     return int(staleness)
 
 
+MAX_PRIORITY = 1000000000
+
+
+def _check_priority(priority):
+    """A request's priority as an int (higher is more urgent); TypeError /
+    ValueError naming what was expected."""
+    if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+        raise TypeError('priority: expected an integer in -%d..%d (higher is more '
+                        'urgent), got %s %r'
+                        % (MAX_PRIORITY, MAX_PRIORITY, _type_name(priority), priority))
+    if not -MAX_PRIORITY <= int(priority) <= MAX_PRIORITY:
+        raise ValueError('priority %d: expected an integer in -%d..%d (higher is more '
+                         'urgent)' % (priority, MAX_PRIORITY, MAX_PRIORITY))
+    return int(priority)
+
+
 class KVStore:
     """Joins the Tessera job given by the DMLC_* environment as a worker.
 
@@ -617,12 +633,35 @@ class KVStore:
         for k, (addr, n) in checked:
             self._call('tessera_kv_init', k, addr, n)
 
-    def push(self, key, value, priority=0):
+    def set_priority(self, key, priority):
+        """How urgent key(s)' pushes and pulls are from now on, higher first
+        (docs/priority.md): an integer in -1000000000..1000000000. By default a
+        key's is minus the number of keys initialised before it, so the first
+        layer's slices go first. TypeError / ValueError for a bad priority;
+        TesseraError (NOT_FOUND) for a key not initialised."""
+        p = _check_priority(priority)
+        keys = key if isinstance(key, (list, tuple)) else [key]
+        for k in keys:
+            self._call('tessera_kv_set_priority', _key(k), ctypes.c_int64(p))
+
+    def priority(self, key):
+        """The key's priority (set_priority)."""
+        out = ctypes.c_int64()
+        self._call('tessera_kv_priority', _key(key), ctypes.byref(out))
+        return out.value
+
+    def _prioritise(self, key, priority):
+        # MXNet's `priority` argument: None keeps the keys' own.
+        if priority is not None:
+            self.set_priority(key, priority)
+
+    def push(self, key, value, priority=None):
         """Pushes gradient(s). A list of arrays for one key is summed first (MXNet's
         one-per-device form). The pushes of several keys are in flight at once;
         returns when all are done (dist_sync: their rounds applied). `priority`
-        is accepted for MXNet compatibility and ignored."""
+        (MXNet's): when given, becomes the keys' priority (set_priority)."""
         pairs = _pairs(key, value, 'push', 'value')
+        self._prioritise([k for k, _, _ in pairs], priority)
         grads = [(k, self._summed(arrays, label)) for k, arrays, label in pairs]
         if len(grads) == 1:
             k, (addr, n, _) = grads[0]
@@ -631,13 +670,14 @@ class KVStore:
         self._run([('tessera_kv_push_async', keep, None, (k, addr, n))
                    for k, (addr, n, keep) in grads])
 
-    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+    def pull(self, key, out=None, priority=None, ignore_sparse=True):
         """Pulls key(s) into `out` in place and returns `out`. A list of arrays
         for one key receives the value in each. The pulls of several keys are in
-        flight at once."""
+        flight at once. `priority`: as push's."""
         if out is None:
             raise TypeError('pull: out= is required (the array(s) the values go into)')
         pairs = _pairs(key, out, 'pull', 'out')
+        self._prioritise([k for k, _, _ in pairs], priority)
         outs = [(k, self._outputs(arrays, label)) for k, arrays, label in pairs]
         if len(outs) == 1:
             k, (addr, n, _) = outs[0]
@@ -681,12 +721,14 @@ class KVStore:
         out.flags.writeable = False
         return out
 
-    def pushpull(self, key, value, out=None, priority=0):
+    def pushpull(self, key, value, out=None, priority=None):
         """Pushes value(s) and pulls the result into `out` (into `value` when out
-        is None, as MXNet does); returns what was filled."""
+        is None, as MXNet does); returns what was filled. `priority`: as
+        push's."""
         if out is None:
             out = value
         pushes = _pairs(key, value, 'pushpull', 'value')
+        self._prioritise([k for k, _, _ in pushes], priority)
         pulls = _pairs(key, out, 'pushpull', 'out')
         if [k for k, _, _ in pushes] != [k for k, _, _ in pulls]:
             raise ValueError('pushpull: value and out must name the same keys')
@@ -841,10 +883,11 @@ class KVStore:
         self._call('tessera_kv_pull_rows', k, ids.ctypes.data, len(ids), addr)
         return out
 
-    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
-        """MXNet's name: pull_rows(key, row_ids, out). `priority` is ignored."""
+    def row_sparse_pull(self, key, out=None, priority=None, row_ids=None):
+        """MXNet's name: pull_rows(key, row_ids, out). `priority`: as push's."""
         if row_ids is None:
             raise TypeError('row_sparse_pull: row_ids= is required (the rows to pull)')
+        self._prioritise([key], priority)
         return self.pull_rows(key, row_ids, out=out)
 
     def _row_length(self, key, what):

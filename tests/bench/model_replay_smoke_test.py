@@ -94,12 +94,12 @@ class DescribeTest(unittest.TestCase):
                         if len(layer['params'][0]['shape']) > 1)
             self.assertAlmostEqual(convs / 2e9, gmac, delta=0.01, msg=model)
 
-    def test_priority_is_refused_until_it_exists(self):
-        run = subprocess.run([sys.executable, DRIVER, '--build', BUILD, '--models', 'mlp',
-                              '--orders', 'fifo,priority'],
+    def test_a_bad_order_is_refused_naming_it(self):
+        run = subprocess.run([BENCH, '--model=mlp', '--describe', '--order=lifo'],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
         self.assertEqual(run.returncode, 2)
-        self.assertIn('--order=priority: not available yet', run.stdout.decode())
+        self.assertIn('--order', run.stdout.decode())
+        self.assertIn('fifo or priority', run.stdout.decode())
 
 
 class ReplayTest(unittest.TestCase):
@@ -110,7 +110,8 @@ class ReplayTest(unittest.TestCase):
         with tempfile.TemporaryDirectory(prefix='model-replay-smoke-') as tmp:
             out = os.path.join(tmp, 'figures.json')
             argv = [sys.executable, DRIVER, '--build', BUILD, '--models', 'mlp',
-                    '--gc', 'none,2bit', '--runs', '1', '--steps', '2', '--warmup', '1',
+                    '--gc', 'none,2bit', '--orders', 'fifo,priority',
+                    '--runs', '1', '--steps', '2', '--warmup', '1',
                     '--batch', str(BATCH), '--tflops', str(TFLOPS),
                     '--tag', 'ms%d' % (os.getpid() % 10000), '--json', out,
                     '--', '--link-gbps=%g' % LINK_GBPS]
@@ -118,12 +119,13 @@ class ReplayTest(unittest.TestCase):
                                  timeout=240, env=env)
             text = run.stdout.decode('utf-8', 'replace')
             self.assertEqual(run.returncode, 0, text)
-            self.assertIn('| mlp | none | fifo |', text)
-            self.assertIn('| mlp | 2bit | fifo |', text)
+            for row in ('none | fifo', 'none | priority', '2bit | fifo', '2bit | priority'):
+                self.assertIn('| mlp | %s |' % row, text)
             with open(out) as f:
                 record = json.load(f)
         self.assertEqual([(r['gc'], r['order']) for r in record['runs']],
-                         [('none', 'fifo'), ('2bit', 'fifo')])
+                         [('none', 'fifo'), ('none', 'priority'), ('2bit', 'fifo'),
+                          ('2bit', 'priority')])
         flops = 2 * sum(i * o for i, o in MLP)  # a sample's forward
         compute_ms = 3 * BATCH * flops / (TFLOPS * 1e12) * 1e3
         for job in record['runs']:

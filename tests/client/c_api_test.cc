@@ -65,6 +65,10 @@ TEST(CApiTest, CallerMistakesReturnInvalidArgument) {
                "dist_async, dist_ssp or dist_device_sync");
   EXPECT_EQ(tessera_kv_set_staleness(nullptr, 3), TESSERA_INVALID_ARGUMENT);
   EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: kv is NULL");
+  EXPECT_EQ(tessera_kv_set_priority(nullptr, 1, 3), TESSERA_INVALID_ARGUMENT);
+  EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: kv is NULL");
+  EXPECT_EQ(tessera_kv_priority(nullptr, 1, nullptr), TESSERA_INVALID_ARGUMENT);
+  EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: kv is NULL");
   EXPECT_EQ(tessera_kv_barrier(nullptr), TESSERA_INVALID_ARGUMENT);
   EXPECT_STREQ(tessera_last_error(), "INVALID_ARGUMENT: kv is NULL");
   float grad[16] = {1.0f}, residual[16] = {0.0f}, out[16];

@@ -1302,5 +1302,142 @@ TEST(KVClientTest, RowSparsePushesOverLossyLinksAreAppliedOnce) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(got[r], (std::vector<float>{60, 120}));
 }
 
+// Issue #48: what priority each request and its reply carry on the wire.
+struct WireRecord {
+  bool reply = false;
+  wire::Command command = wire::KV_PUSH;
+  uint64_t key = 0;
+  std::optional<int32_t> priority;
+};
+
+class PriorityLog {
+ public:
+  void Add(bool reply, const wire::Header& h) {
+    if (h.plane() != wire::DATA || !h.has_slice()) return;
+    absl::MutexLock lock(&mu_);
+    records_.push_back({reply, h.command(), h.slice().key(),
+                        h.has_priority() ? std::optional<int32_t>(h.priority())
+                                         : std::nullopt});
+  }
+  std::vector<WireRecord> records() const {
+    absl::MutexLock lock(&mu_);
+    return records_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<WireRecord> records_ ABSL_GUARDED_BY(mu_);
+};
+
+// Records every data-plane message with a key slice a worker sends and
+// receives.
+class PriorityTap : public Transport {
+ public:
+  PriorityTap(std::unique_ptr<Transport> inner,
+              std::shared_ptr<PriorityLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  absl::StatusOr<int> Bind(const std::string& ip, int port) override {
+    return inner_->Bind(ip, port);
+  }
+  absl::Status Connect(int peer, const std::string& ip, int port) override {
+    return inner_->Connect(peer, ip, port);
+  }
+  void Disconnect(int peer) override { inner_->Disconnect(peer); }
+  absl::Status Send(int peer, const Message& msg) override {
+    log_->Add(false, msg.header);
+    return inner_->Send(peer, msg);
+  }
+  absl::StatusOr<Message> Receive(absl::Duration timeout) override {
+    absl::StatusOr<Message> msg = inner_->Receive(timeout);
+    if (msg.ok()) log_->Add(true, msg->header);
+    return msg;
+  }
+  uint64_t malformed_count() const override {
+    return inner_->malformed_count();
+  }
+  void Close() override { inner_->Close(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::shared_ptr<PriorityLog> log_;
+};
+
+// Keys 10, 20 and 30 in that order: priorities 0, -1 and -2 by default; key
+// 30 then set to 7. Each key pushed and pulled once. Returns the log.
+std::vector<WireRecord> PrioritisedJob(bool send_priority) {
+  MemoryNetwork net;
+  Options options = JobOptions(/*servers=*/1, /*workers=*/1);
+  options.send_priority = send_priority;
+  InProcessCluster cluster(net, options);
+  auto log = std::make_shared<PriorityLog>();
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true,
+      [&](KVClient& kv) -> absl::Status {
+        const std::vector<float> v(4, 1.0f);
+        TESSERA_RETURN_IF_ERROR(kv.SetOptimizer("sgd lr=0.5"));
+        for (uint64_t key : {10, 20, 30})
+          TESSERA_RETURN_IF_ERROR(kv.Init(key, v));
+        EXPECT_EQ(*kv.Priority(10), 0);
+        EXPECT_EQ(*kv.Priority(20), -1);
+        EXPECT_EQ(*kv.Priority(30), -2);
+        TESSERA_RETURN_IF_ERROR(kv.SetPriority(30, 7));
+        EXPECT_EQ(*kv.Priority(30), 7);
+        absl::Status unknown = kv.SetPriority(99, 1);
+        EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+        EXPECT_EQ(unknown.message(),
+                  "cannot set the priority of key 99: it is not initialised "
+                  "here (Init it first)");
+        absl::Status bad = kv.SetPriority(10, int64_t{3} << 40);
+        EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_EQ(bad.message(),
+                  "the priority of key 10 is 3298534883328: expected an "
+                  "integer from -1000000000 to 1000000000 (higher is more "
+                  "urgent)");
+        EXPECT_EQ(*kv.Priority(10), 0) << "a refused priority changes nothing";
+        std::vector<float> out(4);
+        for (uint64_t key : {10, 20, 30}) {
+          TESSERA_RETURN_IF_ERROR(kv.Push(key, v));
+          TESSERA_RETURN_IF_ERROR(kv.Pull(key, absl::MakeSpan(out)));
+        }
+        return absl::OkStatus();
+      },
+      [&](int) {
+        return std::make_unique<PriorityTap>(net.NewTransport(), log);
+      });
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  return log->records();
+}
+
+TEST(KVClientTest, RequestsAndRepliesCarryTheirKeysPriority) {
+  const std::map<uint64_t, int32_t> want = {{10, 0}, {20, -1}, {30, 7}};
+  int pushes = 0, pulls = 0, replies = 0;
+  for (const WireRecord& r : PrioritisedJob(/*send_priority=*/true)) {
+    if (r.command == wire::KV_INIT) {
+      EXPECT_FALSE(r.priority.has_value()) << "inits carry none";
+      continue;
+    }
+    ASSERT_TRUE(r.priority.has_value())
+        << (r.reply ? "reply" : "request") << " of key " << r.key;
+    EXPECT_EQ(*r.priority, want.at(r.key)) << "key " << r.key;
+    replies += r.reply;
+    pushes += !r.reply && r.command == wire::KV_PUSH;
+    pulls += !r.reply && r.command == wire::KV_PULL;
+  }
+  EXPECT_GE(pushes, 3);
+  EXPECT_GE(pulls, 3);
+  EXPECT_GE(replies, 6);
+}
+
+TEST(KVClientTest, WithFifoNoRequestCarriesAPriority) {
+  int data = 0;
+  for (const WireRecord& r : PrioritisedJob(/*send_priority=*/false)) {
+    EXPECT_FALSE(r.priority.has_value())
+        << (r.reply ? "reply" : "request") << " of key " << r.key;
+    ++data;
+  }
+  EXPECT_GE(data, 12);
+}
+
 }  // namespace
 }  // namespace tessera

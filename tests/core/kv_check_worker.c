@@ -179,6 +179,22 @@ static int Nightly(void) {
   Fill(big, kBigLen, 1);
   CHECK_OK(tessera_kv_init(kv, kSmall, small, kSmallLen));
   CHECK_OK(tessera_kv_init(kv, kBig, big, kBigLen));
+  /* Priorities (docs/priority.md): init order by default; the big key made
+   * the more urgent; a bad one refused. The values are the same. */
+  int64_t p_small = 1, p_big = 1;
+  CHECK_OK(tessera_kv_priority(kv, kSmall, &p_small));
+  CHECK_OK(tessera_kv_priority(kv, kBig, &p_big));
+  if (p_small != 0 || p_big != -1) {
+    fprintf(stderr, "FAIL: default priorities %lld and %lld, want 0 and -1\n",
+            (long long)p_small, (long long)p_big);
+    return 1;
+  }
+  CHECK_OK(tessera_kv_set_priority(kv, kSmall, -5));
+  if (tessera_kv_set_priority(kv, kBig, 2000000000) !=
+      TESSERA_INVALID_ARGUMENT) {
+    fprintf(stderr, "FAIL: priority 2000000000 taken\n");
+    return 1;
+  }
   for (int i = 0; i < 7; ++i) {
     Fill(grad, kBigLen, (float)(rank_ + 1));
     CHECK_OK(tessera_kv_push(kv, kSmall, grad, kSmallLen));

@@ -12,6 +12,9 @@ exception (non-zero exit) otherwise.
                             all-reduce without an optimizer, torch tensors
     kv_check.py errors      every bad argument fails clearly and changes nothing
     kv_check.py ssp         dist_ssp, staleness=1: every pulled value within the bound
+    kv_check.py priority    priorities: init order by default, set_priority and
+                            MXNet's priority= argument, bad ones refused; the
+                            nightly values unchanged
     kv_check.py gil         another thread runs while a pull and a barrier block
     kv_check.py async       dist_async: every push applied once
     kv_check.py fail        rank 1 raises inside `with` (the job must end at once)
@@ -382,6 +385,44 @@ def ssp():
         print('ssp ok: rank %d of %d' % (r, n))
 
 
+def priority():
+    """Priorities from Python (docs/priority.md): keys 0..3 get 0, -1, -2, -3
+    by default; set_priority and push/pull's priority= change a key's; bad
+    ones are refused naming what was expected and change nothing; the sums
+    are MXNet's nightly values whatever the order."""
+    with tessera.KVStore('dist_sync') as kv:
+        n = kv.num_workers
+        kv.set_optimizer('sgd', lr=-2)
+        keys = [0, 1, 2, 3]
+        ws = [np.ones(s, np.float32) for s in (6, 300000, 7, 400000)]
+        kv.init(keys, ws)
+        expect_equal([kv.priority(k) for k in keys], [0, -1, -2, -3], 'defaults')
+        kv.set_priority(3, 5)
+        kv.set_priority([1, 2], -7)
+        expect_equal([kv.priority(k) for k in keys], [0, -7, -7, 5], 'set_priority')
+        expect_error(ValueError, 'priority 1000000001: expected an integer in '
+                     '-1000000000..1000000000 (higher is more urgent)',
+                     kv.set_priority, 0, 10**9 + 1)
+        expect_error(TypeError, "priority: expected an integer in -1000000000..1000000000 "
+                     "(higher is more urgent), got float 1.5", kv.push, 0, ws[0],
+                     priority=1.5)
+        expect_error(TypeError, "priority: expected an integer in -1000000000..1000000000 "
+                     "(higher is more urgent), got bool True", kv.set_priority, 0, True)
+        expect_error(tessera.NotFoundError, 'cannot set the priority of key 9: it is not '
+                     'initialised here (Init it first)', kv.set_priority, 9, 1)
+        expect_equal([kv.priority(k) for k in keys], [0, -7, -7, 5], 'after refusals')
+        for i in range(3):
+            for k, w in zip(keys, ws):
+                # MXNet's form: the priority argument per call.
+                kv.push(k, np.full_like(w, kv.rank + 1), priority=-k)
+            for k, w in zip(keys, ws):
+                kv.pull(k, out=w, priority=-k)
+            for k, w in zip(keys, ws):
+                expect_all(w, 1 + n * (n + 1) * (i + 1), 'key %d round %d' % (k, i))
+        expect_equal([kv.priority(k) for k in keys], [0, -1, -2, -3], 'priority=')
+        print('priority ok: rank %d of %d' % (kv.rank, n))
+
+
 def fail():
     """Rank 1 raises inside its `with` while rank 0 waits in a round for it."""
     with tessera.KVStore('dist_sync') as kv:
@@ -515,7 +556,7 @@ def hashed():
 
 
 MODES = {'nightly': nightly, 'compress': compress, 'pull_compress': pull_compress,
-         'forms': forms, 'errors': errors, 'ssp': ssp,
+         'forms': forms, 'errors': errors, 'ssp': ssp, 'priority': priority,
          'gil': gil, 'async': async_, 'fail': fail, 'noclose': noclose,
          'rows': rows, 'hashed': hashed}
 

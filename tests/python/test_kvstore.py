@@ -70,6 +70,10 @@ def test_dist_ssp_pulls_stay_within_the_staleness_bound(job):
     run_check(job, 'ssp', 3, 2)
 
 
+def test_priorities_through_python_and_the_sums_unchanged(job):
+    run_check(job, 'priority', 2, 2)
+
+
 def run_python(code, **env):
     """Runs `code` in a fresh interpreter with the package from the source tree."""
     full = dict(os.environ, PYTHONPATH=PACKAGE_DIR, **env)

@@ -21,10 +21,11 @@
 // ended or, when its forward had to wait for weights, when they arrived, so
 // the sleeps' own lateness does not add up over a hundred layers. Keys are
 // Init in forward order (key i: the i-th tensor); rank 0's weights are
-// stored. --order=fifo issues in backward order (today's Tessera: the worker
-// sends in issue order); --order=priority is refused until KVWorker carries
-// a priority (issue #48). --gc=2bit sets 2-bit gradient compression (pulls
-// stay float32).
+// stored. --order=fifo: every queue keeps issue order (backward order;
+// TESSERA_SEND_ORDER=fifo); --order=priority: each key's default priority
+// (the first layer most urgent) orders the worker's sealed sending queues and
+// the servers' (docs/priority.md). --gc=2bit sets 2-bit gradient compression
+// (pulls stay float32).
 //
 // Printed per worker, one JSON object on stdout (and to --metrics-out, {rank}
 // replaced by the rank):
@@ -59,8 +60,7 @@
 //   overlap_bound_ms    max(compute_ms, link_ms): the step with communication
 //                       perfectly overlapped (compute_ms without --link-gbps)
 //
-// Exit code 0 on success, 1 when an operation failed, 2 on bad flags (and for
-// --order=priority).
+// Exit code 0 on success, 1 when an operation failed, 2 on bad flags.
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -97,8 +97,8 @@ constexpr char kUsage[] =
   --seq-len=128         tokens a sample (bert-base)
   --tflops=15           the device's rate, 10^12 FLOP/s (15: V100-class fp32)
   --steps=10 --warmup=2 timed steps (median reported), untimed first steps
-  --order=fifo          the order pushes and pulls are sent in (priority: not
-                        yet in Tessera, issue #48)
+  --order=fifo|priority the order pushes and pulls are sent in (fifo: issue
+                        order; priority: the first layer's first)
   --gc=none|2bit        gradient compression of the pushes
   --threshold=0.5       2-bit threshold
   --optimizer="sgd lr=0.01"   the servers' optimizer
@@ -520,6 +520,8 @@ std::string ResultJson(const Flags& f, const ModelSpec& m, const Compute& c,
 }
 
 int RunReplay(const Flags& flags, const ModelSpec& model) {
+  // The worker's queues: priorities on the wire, or none (FIFO).
+  setenv("TESSERA_SEND_ORDER", flags.order.c_str(), 1);
   absl::StatusOr<Options> options = Options::FromEnvironment();
   REPLAY_RETURN_IF_ERROR(options.status(), "the environment");
   const Compute compute = ComputeOf(model, flags);
@@ -611,12 +613,6 @@ int main(int argc, char** argv) {
   if (!model.ok()) {
     std::cerr << "model_replay: " << model.status().message() << "\n"
               << tessera::bench::kUsage;
-    return 2;
-  }
-  if (flags->order == "priority") {
-    std::cerr << "model_replay: --order=priority: not available yet: "
-                 "KVWorker has no per-request priority (issue #48); only "
-                 "--order=fifo\n";
     return 2;
   }
   if (flags->describe) return tessera::bench::Describe(*flags, *model);

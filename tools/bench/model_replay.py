@@ -13,8 +13,7 @@ functions of tools/bench/shaped_link.py; needs root).
 
 For every run (--runs, 3), every rate, every model, every --gc and every
 --order in turn, one job, so the machine's drifting load falls on all alike;
---orders fifo,priority puts the FIFO baseline beside priority in the same run
-(priority is refused by model_replay until Tessera has it).
+--orders fifo,priority puts the FIFO baseline beside priority in the same run.
 
 Printed per rate, a Markdown table with one row per (model, gc, order):
   step ms        median over the runs of the slowest worker's median step
@@ -272,7 +271,7 @@ def print_table(rate, rows, args, link_mbit):
 
 
 def check_orders(bench, orders):
-    """None, or why model_replay refuses one of `orders` (priority, today)."""
+    """None, or why model_replay refuses one of `orders`."""
     for order in orders:
         done = subprocess.run([bench, '--model=mlp', '--describe', '--order=' + order],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)

@@ -233,6 +233,19 @@ int tessera_kv_set_staleness(TesseraKV* kv, int64_t staleness) {
   return Result(kv->worker->SetStaleness(staleness));
 }
 
+int tessera_kv_set_priority(TesseraKV* kv, uint64_t key, int64_t priority) {
+  if (kv == nullptr) return NullArgument("kv");
+  return Result(kv->worker->SetPriority(key, priority));
+}
+
+int tessera_kv_priority(TesseraKV* kv, uint64_t key, int64_t* priority) {
+  if (kv == nullptr) return NullArgument("kv");
+  if (priority == nullptr) return NullArgument("priority");
+  absl::StatusOr<int64_t> p = kv->worker->Priority(key);
+  if (p.ok()) *priority = *p;
+  return Result(p.status());
+}
+
 int tessera_kv_set_gradient_compression(TesseraKV* kv, const char* type,
                                         float threshold) {
   if (kv == nullptr) return NullArgument("kv");

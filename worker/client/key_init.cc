@@ -14,6 +14,7 @@
 #include "common/compression/two_bit.h"
 #include "common/hashed_spec.h"
 #include "common/logging.h"
+#include "common/send_order.h"
 #include "common/status_macros.h"
 #include "worker/client/kv_client.h"
 #include "worker/client/kv_client_internal.h"
@@ -156,11 +157,21 @@ absl::Status KVClient::DeclareKey(uint64_t key, uint64_t length,
     }
   }
   replay_log_.DeclareKey(key, parts);
+  {
+    absl::MutexLock lock(&priority_mu_);
+    const int64_t before = declared_keys_++;
+    priorities_.try_emplace(
+        key, static_cast<int32_t>(-std::min(before, kMaxPriority)));
+  }
   return absl::OkStatus();
 }
 
 void KVClient::ForgetKey(uint64_t key) {
   replay_log_.ForgetKey(key);
+  {
+    absl::MutexLock lock(&priority_mu_);
+    priorities_.erase(key);
+  }
   absl::MutexLock lock(&mu_);
   keys_.erase(key);
 }

@@ -52,7 +52,10 @@ absl::Status KVClient::Start(std::unique_ptr<Transport> transport) {
   tracking.first_request_id = FirstRequestId(options_.restart_count);
   tracker_ = std::make_unique<RequestTracker>(
       tracking,
-      [this](int to, Message msg) { return node_->Send(to, std::move(msg)); },
+      [this](int to, Message msg) {
+        Prioritise(&msg);
+        return node_->Send(to, std::move(msg));
+      },
       [this](int node) { return node_->Describe(node); },
       [this](const RequestTracker::Answered& answered,
              const wire::Header& reply) {

@@ -119,6 +119,8 @@ class KVClient : public KVWorker {
   absl::Status Close() override;
   absl::Status Leave() override;
   KVWorkerStats stats() const override;
+  absl::Status SetPriority(uint64_t key, int64_t priority) override;
+  absl::StatusOr<int64_t> Priority(uint64_t key) const override;
 
   // Every server's KV_STATS (by server rank), for tests and tools that check
   // the servers' counts.
@@ -430,6 +432,15 @@ class KVClient : public KVWorker {
   std::unique_ptr<LocalGroup> group_;
   std::vector<int> group_ranks_;
   uint32_t group_split_ = 0;  // NodeTable.local_group_split
+  // Each key's priority (docs/priority.md), read on every send: a leaf lock.
+  // A key's default is minus the keys declared before it.
+  mutable absl::Mutex priority_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::flat_hash_map<uint64_t, int32_t> priorities_
+      ABSL_GUARDED_BY(priority_mu_);
+  int64_t declared_keys_ ABSL_GUARDED_BY(priority_mu_) = 0;
+  // Puts the key's priority in a push's or pull's header (unless
+  // TESSERA_SEND_ORDER=fifo).
+  void Prioritise(Message* msg) const ABSL_LOCKS_EXCLUDED(priority_mu_);
   absl::Mutex group_mu_;
   uint64_t group_parts_ ABSL_GUARDED_BY(mu_) = 0;
   struct GroupPullOp {
