@@ -37,9 +37,23 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
 
   bool TakesGroupPushes() const override { return true; }
 
+  absl::Status CheckPush(const Message& msg,
+                         const ServerSettings& settings) const override {
+    TESSERA_RETURN_IF_ERROR(CheckPayload(msg, settings));
+    const wire::DataFrame::Encoding encoding = msg.header.frames(0).encoding();
+    if (encoding != wire::DataFrame::COUNTS8 &&
+        encoding != wire::DataFrame::COUNTS4) {
+      return absl::OkStatus();
+    }
+    TESSERA_RETURN_IF_ERROR(CheckCountsFrame(msg, settings));
+    return CheckCounts(msg);
+  }
+
   absl::StatusOr<Pushed> Push(const Message& msg,
                               const ServerSettings& settings,
                               EngineContext& ctx) override {
+    // The frames again (cheap, and what makes reading them safe); the
+    // counts' range was checked in CheckPush.
     TESSERA_RETURN_IF_ERROR(CheckPayload(msg, settings));
     const wire::DataFrame::Encoding encoding = msg.header.frames(0).encoding();
     const bool two_bit = encoding == wire::DataFrame::TWO_BIT;
@@ -230,10 +244,10 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
   }
 
   // A local group's 2-bit push (docs/local_groups.md): one count a value
-  // (int8, or two 4-bit counts a byte), each within the group's size, of
-  // the server's threshold; as int8 counts.
-  absl::StatusOr<Buffer> GroupCounts(const Message& msg,
-                                     const ServerSettings& settings) const {
+  // (int8, or two 4-bit counts a byte) of the server's threshold, in a
+  // frame of the slice's size.
+  absl::Status CheckCountsFrame(const Message& msg,
+                                const ServerSettings& settings) const {
     const int members = msg.header.group_ranks_size() + 1;
     if (members < 2 || settings.compression != "2bit") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -254,21 +268,44 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
           msg.header.frames(0).threshold(), "; expected ", bytes, " of ",
           settings.threshold));
     }
-    Buffer counts = msg.data[0];
-    if (packed) {
-      counts = Buffer::Allocate(key_.length);
-      compression::UnpackCounts4(
-          msg.data[0].data(), key_.length,
-          reinterpret_cast<int8_t*>(counts.mutable_data()));
-    }
-    const int8_t* c = reinterpret_cast<const int8_t*>(counts.data());
+    return absl::OkStatus();
+  }
+
+  // Each count of a frame CheckCountsFrame took within the group's size,
+  // read where it lies on the wire (nothing unpacked).
+  absl::Status CheckCounts(const Message& msg) const {
+    const int members = msg.header.group_ranks_size() + 1;
+    const bool packed =
+        msg.header.frames(0).encoding() == wire::DataFrame::COUNTS4;
+    const uint8_t* in = msg.data[0].data();
     for (uint64_t i = 0; i < key_.length; ++i) {
-      if (c[i] > members || c[i] < -members) {
+      int count;
+      if (packed) {
+        // A 4-bit half of 8..15 is -8..-1 (compression::UnpackCounts4).
+        const uint8_t half = i % 2 == 0 ? (in[i / 2] & 0x0f) : (in[i / 2] >> 4);
+        count = static_cast<int8_t>(half << 4) >> 4;
+      } else {
+        count = static_cast<int8_t>(in[i]);
+      }
+      if (count > members || count < -members) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "push of key ", key_.key, ": count ", c[i], " at value ", i,
+            "push of key ", key_.key, ": count ", count, " at value ", i,
             " from a group of ", members, " (at most ", members, " each way)"));
       }
     }
+    return absl::OkStatus();
+  }
+
+  // A group push's counts (CheckPush took them) as int8, one a value.
+  absl::StatusOr<Buffer> GroupCounts(const Message& msg,
+                                     const ServerSettings& settings) const {
+    TESSERA_RETURN_IF_ERROR(CheckCountsFrame(msg, settings));
+    if (msg.header.frames(0).encoding() != wire::DataFrame::COUNTS4)
+      return msg.data[0];
+    Buffer counts = Buffer::Allocate(key_.length);
+    compression::UnpackCounts4(
+        msg.data[0].data(), key_.length,
+        reinterpret_cast<int8_t*>(counts.mutable_data()));
     return counts;
   }
 

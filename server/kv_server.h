@@ -254,6 +254,10 @@ class KVServer : private EngineContext {
   // push of its sender). The slice's kind is its engine's business.
   bool TryProcess(StoredKey* key, Message& msg);
   bool TryPush(StoredKey* key, Message& msg);
+  // A push TryPush took (`pushed`: what the engine did with it): counted,
+  // answered now or with its round, which it may complete. Returns false when
+  // its answer waits (a dist_ssp pushpull's, for the bound).
+  bool AnswerPush(StoredKey* key, Message& msg, SliceEngine::Pushed pushed);
   // Every kind's round ends here: the engine applies it, then metrics,
   // traces and the answers. `last_rank` pushed last (the round waited for it).
   void CompleteRound(StoredKey* key, int last_rank);
@@ -377,6 +381,11 @@ class KVServer : private EngineContext {
   // sender's local group is exactly those ranks and itself, and `key` takes
   // group pushes (dense, not dist_ssp).
   absl::Status CheckGroupPush(const StoredKey& key, const Message& msg) const;
+  // A push naming no group mates: FailedPrecondition when its sender is in a
+  // local group (of two or more) and `key` is a dense dist_sync slice, whose
+  // rounds count the group's pushes for their members (a member's own push
+  // would stall them). Other slices take each worker's own push.
+  absl::Status CheckOwnPush(const StoredKey& key, const Message& msg) const;
   // A new slice's gate, when its init asks for one.
   void MakeBoundedStaleness(StoredKey* key, const wire::KVOptions& options);
   // Whether `msg` of dist_ssp slice `key` (a pull made after `clock` pushes

@@ -304,17 +304,18 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
 
 bool KVServer::TryPush(StoredKey* key, Message& msg) {
   const int rank = RankOfId(msg.header.sender());
-  const wire::Command cmd = msg.header.command();
   // Exactly once: the worker numbers its pushes to this key.
-  const uint64_t seq = msg.header.push_seq();
-  switch (key->ledger.Classify(rank, seq)) {
-    case PushLedger::kDuplicate:
-      return AnswerTakenPush(key, msg);
-    case PushLedger::kAhead:
-      return false;  // an earlier push of this worker is missing
-    case PushLedger::kNext:
-      break;
+  const PushLedger::Verdict order =
+      key->ledger.Classify(rank, msg.header.push_seq());
+  if (order == PushLedger::kDuplicate) return AnswerTakenPush(key, msg);
+  // A group member's own push of a key its group pushes: refused whatever
+  // its number (held, it would wait for ever as well).
+  if (absl::Status own = CheckOwnPush(*key, msg); !own.ok()) {
+    Reply(msg, own);
+    return true;
   }
+  if (order == PushLedger::kAhead)
+    return false;  // an earlier push of this worker is missing
   if (key->sync && key->engine->Contributed(rank))
     return false;  // belongs to the next round
   if (msg.header.group_ranks_size() > 0) {
@@ -329,27 +330,41 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   // push in the rounds makes it a member (one that announced no round enters
   // the round under way).
   if (key->sync && key->engine->Early(rank)) return false;
+  // The payload is checked before the push's number is taken: a refused push
+  // leaves its worker's count as it was, so that a correct push of the same
+  // number is taken, not answered as a copy of one taken before.
+  const Settings s = settings();
+  if (absl::Status payload = key->engine->CheckPush(msg, s); !payload.ok()) {
+    Reply(msg, payload);
+    return true;
+  }
   // dist_ssp: a joiner that pushes without an entry is counted from here.
   if (key->sync || key->ssp != nullptr) key->engine->Enter(rank);
   key->ledger.Take(rank);
   key->progress = true;
   if (key->sync && key->engine->RoundEmpty()) key->round_started = absl::Now();
-  absl::StatusOr<SliceEngine::Pushed> pushed =
-      key->engine->Push(msg, settings(), *this);
+  absl::StatusOr<SliceEngine::Pushed> pushed = key->engine->Push(msg, s, *this);
   if (!pushed.ok()) {
     Reply(msg, pushed.status());
     return true;
   }
+  return AnswerPush(key, msg, *pushed);
+}
+
+bool KVServer::AnswerPush(StoredKey* key, Message& msg,
+                          SliceEngine::Pushed pushed) {
+  const int rank = RankOfId(msg.header.sender());
+  const wire::Command cmd = msg.header.command();
   CountPush(*key);
   if (key->sync)
     watch_.PushTaken(key->key, key->offset, rank, key->round_started,
                      absl::Now(), CountsFor(*key));
-  switch (*pushed) {
+  switch (pushed) {
     case SliceEngine::Pushed::kApplied:
       if (CountsFor(*key)) ++async_applied_;
       if (key->ssp != nullptr) SspPushTaken(*key, rank);
       if (key->ssp != nullptr && cmd == wire::KV_PUSHPULL &&
-          SspCheck(key, msg, seq + 1) == SspVerdict::kWait) {
+          SspCheck(key, msg, msg.header.push_seq() + 1) == SspVerdict::kWait) {
         // Applied; its answer (the weights) waits for the bound as a pull
         // made after it would, held and then answered as a taken push.
         if (key->replicated) Replicate(key, {});
@@ -401,6 +416,31 @@ absl::Status KVServer::CheckGroupPush(const StoredKey& key,
         "dist_async keys"));
   }
   return absl::OkStatus();
+}
+
+absl::Status KVServer::CheckOwnPush(const StoredKey& key,
+                                    const Message& msg) const {
+  // Only a dense dist_sync slice counts a group's push for its members in a
+  // round: there a member's own push would hold its place in the round its
+  // group's push also fills, and the round would wait for ever (row-sparse,
+  // hashed, dist_async and dist_ssp slices take each worker's own push).
+  if (msg.header.group_ranks_size() > 0 || !key.sync || key.ssp != nullptr ||
+      !key.engine->TakesGroupPushes()) {
+    return absl::OkStatus();
+  }
+  const int rank = RankOfId(msg.header.sender());
+  if (rank < 0 || static_cast<size_t>(rank) >= local_groups_.size() ||
+      local_groups_[rank].size() < 2) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "push of key ", key.key, " from worker ", rank,
+      " carries only its own push, but worker ", rank,
+      " is in the local group of workers ",
+      absl::StrJoin(local_groups_[rank], ", "),
+      ", whose pushes of a dense dist_sync key come one per group, naming "
+      "the other members (docs/local_groups.md): taken, it would stall the "
+      "key's rounds"));
 }
 
 void KVServer::CompleteRound(StoredKey* key, int last_rank) {

@@ -120,8 +120,17 @@ class SliceEngine {
     kAdded,          // dist_sync: in the open round, which waits for others
     kRoundComplete,  // dist_sync: in the round, which is now complete
   };
+  // Checks a push's payload against the slice and `settings` before the
+  // server takes its number (PushLedger::Take): an error is the push's reply,
+  // and the push's number stays for a correct push to take. Push may still
+  // refuse what only its work finds (a 2-bit payload that does not decode).
+  virtual absl::Status CheckPush(const Message& msg,
+                                 const ServerSettings& settings) const {
+    return absl::OkStatus();
+  }
   // Takes a push that is next in its worker's order (the server checked the
-  // order, duplicates and the round). An error is the push's reply.
+  // order, duplicates, the round and CheckPush). An error is the push's
+  // reply.
   virtual absl::StatusOr<Pushed> Push(const Message& msg,
                                       const ServerSettings& settings,
                                       EngineContext& ctx) = 0;

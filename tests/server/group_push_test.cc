@@ -1,7 +1,8 @@
 // A local group's pushes at a KVServer in one process (issue #47,
 // docs/local_groups.md): a push naming its group mates counts for each of
 // them, exactly; one naming anyone else, or carrying counts out of range, is
-// refused with an error naming what was wrong.
+// refused with an error naming what was wrong, and so is a member's own push
+// of a dense dist_sync key (it would stall the key's rounds).
 #include <optional>
 #include <random>
 #include <string>
@@ -167,18 +168,72 @@ TEST_F(GroupPushTest, FloatGroupSumsRoundOnceEachThenTheServerSumsExactly) {
   EXPECT_GT(differs_from_flat, 0u);
 }
 
-TEST_F(GroupPushTest, AGroupPushAndItsMembersOwnPushesCannotMix) {
+// A member's own push of a dense dist_sync key (no group_ranks) would count
+// for it in a round its group's push also covers: the round then waits for
+// its mate's push, which waits behind it (Contributed), for ever. Refused
+// before its number is taken; the group's push then completes the round.
+TEST_F(GroupPushTest, AGroupMembersOwnPushOfADenseSyncKeyIsRefused) {
   Init({0});
+  absl::Status s = Send(FloatPush(1, 0, {5.0f}, {}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_EQ(std::string(s.message()),
+            "push of key 7 from worker 1 carries only its own push, but "
+            "worker 1 is in the local group of workers 0, 1, whose pushes of "
+            "a dense dist_sync key come one per group, naming the other "
+            "members (docs/local_groups.md): taken, it would stall the "
+            "key's rounds");
+  // So is a later number (held, it would wait for its missing pushes).
+  s = Send(FloatPush(2, 3, {5.0f}, {}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("from worker 2 carries only its own push, but worker "
+                        "2 is in the local group of workers 2, 3,"));
   server().Handle(FloatPush(0, 0, {1.0f}, {1}));
-  // Worker 1's own push of the round is already in its mate's: it waits
-  // for the next round, which then needs the others' pushes again.
-  server().Handle(FloatPush(1, 0, {5.0f}, {}));
-  server().Handle(FloatPush(2, 0, {2.0f}, {}));
-  EXPECT_TRUE(Send(FloatPush(3, 0, {3.0f}, {})).ok());
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(NextReply().has_value());
-  EXPECT_EQ(PullValues(0, 1), (std::vector<float>{6.0f}));
+  ASSERT_TRUE(Send(FloatPush(3, 0, {2.0f}, {2})).ok())
+      << "the round of workers 0 to 3 stalled";
+  ASSERT_TRUE(NextReply().has_value());
+  EXPECT_EQ(PullValues(0, 1), (std::vector<float>{3.0f}));
   EXPECT_EQ(server().stats().rounds_applied(), 1u);
-  EXPECT_EQ(Pending(), 0u);  // worker 1's push waits in round 2
+  EXPECT_EQ(server().stats().pushes_applied(), 2u);
+  EXPECT_EQ(Pending(), 0u);
+}
+
+// What a member still pushes for itself (docs/local_groups.md): the rows of
+// a row-sparse key, a dist_async push (no round to stall) and a dist_ssp
+// store's push (its workers leave their groups). Each is taken.
+TEST_F(GroupPushTest, AMembersOwnPushOfAKeyItsGroupDoesNotPushIsTaken) {
+  ASSERT_TRUE(Send(testing::SetOptimizer("sgd lr=1")).ok());
+  Message init = testing::KeyMessage(wire::KV_INIT, 0, kKey, /*rows=*/2);
+  init.header.mutable_slice()->set_row_length(1);
+  init.header.mutable_kv_options()->set_sync_mode(true);  // no value: zeros
+  ASSERT_TRUE(Send(std::move(init)).ok());
+  for (int rank = 0; rank < kWorkers; ++rank) {
+    Message push = testing::KeyMessage(wire::KV_PUSH, rank, kKey, 2);
+    push.header.mutable_slice()->set_row_length(1);
+    const uint64_t row = rank % 2;
+    wire::DataFrame* ids = push.header.add_frames();
+    ids->set_encoding(wire::DataFrame::RAW);
+    ids->set_num_bytes(sizeof(row));
+    push.data.push_back(Buffer::CopyOf(&row, sizeof(row)));
+    AddFloatFrame(&push, testing::Floats({1.0f}));
+    server().Handle(std::move(push));
+  }
+  for (int i = 0; i < kWorkers; ++i) {
+    std::optional<Message> r = NextReply();
+    ASSERT_TRUE(r.has_value()) << "the row key's round stalled";
+    EXPECT_TRUE(FromWire(r->header.status()).ok());
+  }
+  EXPECT_EQ(server().stats().rounds_applied(), 1u);
+  ASSERT_TRUE(Send(testing::Init(kKey + 1, {0.0f}, /*sync=*/false)).ok());
+  absl::Status s = Send(testing::Push(1, kKey + 1, 0, {2.0f}));
+  EXPECT_TRUE(s.ok()) << s;
+  Message ssp = testing::Init(kKey + 2, {0.0f}, /*sync=*/false);
+  ssp.header.mutable_kv_options()->set_bounded_staleness(true);
+  ssp.header.mutable_kv_options()->set_staleness(2);
+  ASSERT_TRUE(Send(std::move(ssp)).ok());
+  s = Send(testing::Push(1, kKey + 2, 0, {2.0f}));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(server().stats().pushes_applied(), 6u);
 }
 
 TEST_F(GroupPushTest, APushNamingAnotherGroupsWorkersIsRefused) {
@@ -265,8 +320,9 @@ TEST_F(GroupPushTest, FourBitCountsGiveTheSameSumAsEightBitOnes) {
   absl::Status s = Send(Counts4Push(1, 1, {-3, 0, 0, 0, 0}, 0.375f, {0}));
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("count -3 at value 0 from a group of 2"));
-  // A frame of the wrong size for its values.
-  Message short_frame = Counts4Push(1, 2, {1, 1, 1, 1, 1}, 0.375f, {0});
+  // A frame of the wrong size for its values (the refused push above left
+  // its number, 1, to the next).
+  Message short_frame = Counts4Push(1, 1, {1, 1, 1, 1, 1}, 0.375f, {0});
   short_frame.data[0] = Buffer::CopyOf("\x11\x11", 2);
   short_frame.header.mutable_frames(0)->set_num_bytes(2);
   s = Send(std::move(short_frame));
@@ -289,13 +345,52 @@ TEST_F(GroupPushTest, CountsBeyondTheGroupOrOfAnotherThresholdAreRefused) {
   absl::Status s = Send(CountsPush(0, 0, {1, -3}, 0.375f, {1}));
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("count -3 at value 1 from a group of 2"));
-  // A payload refused after its number was taken: the next push is 1.
-  s = Send(CountsPush(0, 1, {1, 1}, 0.5f, {1}));
+  // A payload refused before its number was taken: the next push is still 0.
+  s = Send(CountsPush(0, 0, {1, 1}, 0.5f, {1}));
   EXPECT_THAT(
       std::string(s.message()),
       HasSubstr("2 bytes of 8-bit counts of threshold 0.5; expected 2 of "
                 "0.375"));
   EXPECT_EQ(server().stats().pushes_applied(), 0u);
+}
+
+// A malformed group push is refused before its number is taken, so the
+// worker's count of pushes stays where it was: the correct push of the same
+// number is then taken (not answered as a copy of a push taken before), and
+// the round is its exact sum.
+TEST_F(GroupPushTest, AMalformedGroupPushLeavesItsNumberToTheCorrectOne) {
+  SetTwoBit(0.375f);
+  Init({0, 0, 0, 0, 0});
+  // 4-bit counts sent as 8-bit ones.
+  Message wrong_frame = Counts4Push(1, 0, {2, -1, 0, 1, -2}, 0.375f, {0});
+  wrong_frame.header.mutable_frames(0)->set_encoding(wire::DataFrame::COUNTS8);
+  absl::Status s = Send(std::move(wrong_frame));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(std::string(s.message()),
+            "push of key 7: 3 bytes of 8-bit counts of threshold 0.375; "
+            "expected 5 of 0.375");
+  // A count no group of 2 gives.
+  s = Send(Counts4Push(1, 0, {2, -1, 3, 1, -2}, 0.375f, {0}));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(std::string(s.message()),
+            "push of key 7: count 3 at value 2 from a group of 2 (at most 2 "
+            "each way)");
+  // A frame of another number of values than the slice's.
+  Message short_frame = Counts4Push(1, 0, {2, -1, 0, 1, -2}, 0.375f, {0});
+  short_frame.header.mutable_frames(0)->set_num_values(4);
+  s = Send(std::move(short_frame));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(std::string(s.message()),
+            "push of key 7 has 4 values; the key has 5 here");
+  // The correct push, number 0 still: in the open round, answered with it.
+  server().Handle(Counts4Push(1, 0, {2, -1, 0, 1, -2}, 0.375f, {0}));
+  EXPECT_EQ(Pending(), 0u) << "answered as a copy of a push taken before";
+  ASSERT_TRUE(Send(CountsPush(2, 0, {0, 1, 1, 1, 0}, 0.375f, {3})).ok());
+  ASSERT_TRUE(NextReply().has_value()) << "the round did not complete";
+  EXPECT_EQ(PullValues(1, 5),
+            (std::vector<float>{0.75f, 0.0f, 0.375f, 0.75f, -0.75f}));
+  EXPECT_EQ(server().stats().rounds_applied(), 1u);
+  EXPECT_EQ(server().stats().pushes_applied(), 2u);
 }
 
 TEST_F(GroupPushTest, RowKeysTakeNoGroupPush) {
