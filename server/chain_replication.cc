@@ -177,8 +177,11 @@ void KVServer::SendUpdate(int rank, const Message& update) {
   }
 }
 
-void KVServer::Replicate(StoredKey* key, std::vector<wire::Header> requests) {
-  Shard* shard = ShardOf(key->key);
+bool KVServer::CarriesMembers(const StoredKey& key) const {
+  return elastic_ && (key.sync || key.ssp != nullptr);
+}
+
+PendingUpdate KVServer::NewUpdate(StoredKey* key) {
   PendingUpdate p;
   p.seq = key->replica_seq++;
   p.update.header.set_command(wire::KV_REPLICATE);
@@ -187,13 +190,13 @@ void KVServer::Replicate(StoredKey* key, std::vector<wire::Header> requests) {
   p.update.header.set_replica_seq(p.seq);
   for (int r = 0; r < key->ledger.num_workers(); ++r)
     p.update.header.add_replica_counts(key->ledger.received(r));
-  if (elastic_ && key->sync)
+  if (CarriesMembers(*key))
     key->engine->MemberStates(p.update.header.mutable_replica_members());
-  key->engine->TakeUpdate(&p.update);
-  for (const wire::Header& h : requests) {
-    if (key->engine->AnswersWithWeights(h.command())) p.weights = key->weights;
-  }
-  p.requests = std::move(requests);
+  return p;
+}
+
+void KVServer::SendNewUpdate(StoredKey* key, PendingUpdate p) {
+  Shard* shard = ShardOf(key->key);
   p.sent = absl::Now();
   p.wait = replica_resend_;
   const std::vector<int> backups = LiveBackups(*shard, *key);
@@ -201,6 +204,23 @@ void KVServer::Replicate(StoredKey* key, std::vector<wire::Header> requests) {
   key->unacked.push_back(std::move(p));
   // With no live backup left the update is answered at once.
   AnswerReplicated(shard, key);
+}
+
+void KVServer::Replicate(StoredKey* key, std::vector<wire::Header> requests) {
+  PendingUpdate p = NewUpdate(key);
+  key->engine->TakeUpdate(&p.update);
+  for (const wire::Header& h : requests) {
+    if (key->engine->AnswersWithWeights(h.command())) p.weights = key->weights;
+  }
+  p.requests = std::move(requests);
+  SendNewUpdate(key, std::move(p));
+}
+
+void KVServer::ReplicateEntry(StoredKey* key, const wire::Header& entry) {
+  // No frames: the weights are as the last update left them.
+  PendingUpdate p = NewUpdate(key);
+  p.requests.push_back(entry);
+  SendNewUpdate(key, std::move(p));
 }
 
 bool KVServer::JoinPendingUpdate(StoredKey* key, const Message& msg) {
@@ -317,7 +337,13 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
         " push counts for ", key->ledger.num_workers(), " workers")));
     return;
   }
-  if (absl::Status applied = key->engine->ApplyReplica(msg, settings(), *this);
+  // A dist_ssp slice's update without frames changes no weight: a joiner's
+  // entry (ReplicateEntry), its counts and members only.
+  const bool entry =
+      key->ssp != nullptr && msg.data.empty() && h.frames_size() == 0;
+  if (absl::Status applied =
+          entry ? absl::OkStatus()
+                : key->engine->ApplyReplica(msg, settings(), *this);
       !applied.ok()) {
     ++malformed_;
     answer(applied);
@@ -337,7 +363,7 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
 void KVServer::TakeMembers(
     StoredKey* key, const google::protobuf::RepeatedField<uint64_t>& states,
     const char* what) {
-  if (states.empty() || !key->sync) return;
+  if (states.empty() || (!key->sync && key->ssp == nullptr)) return;
   if (states.size() != key->ledger.num_workers()) {
     const uint64_t n = ++malformed_;
     if (LogOccurrence(++malformed_warnings_)) {

@@ -67,6 +67,7 @@
 namespace tessera {
 
 struct StoredKey;
+struct PendingUpdate;
 struct KeyMetrics;
 
 class KVServer : private EngineContext {
@@ -300,12 +301,24 @@ class KVServer : private EngineContext {
   // backups and holds `requests` (answered with `weights` where their
   // command carries them) until every one of them holds it.
   void Replicate(StoredKey* key, std::vector<wire::Header> requests);
+  // A replicated dist_ssp slice's update that changes no weight (no frames):
+  // a joiner's entry, its count and its place among the ranks the bound
+  // waits for; `entry` is answered once every live backup holds it.
+  void ReplicateEntry(StoredKey* key, const wire::Header& entry);
+  // Replicate's and ReplicateEntry's: the next update's header, numbered,
+  // with the slice's counts (and members, CarriesMembers); and its sending.
+  PendingUpdate NewUpdate(StoredKey* key);
+  void SendNewUpdate(StoredKey* key, PendingUpdate p);
+  // Elastic jobs: a dist_sync or dist_ssp slice's updates and transfers
+  // carry each worker rank's place (RoundMembers::State).
+  bool CarriesMembers(const StoredKey& key) const;
   // Sends `update` to the backup of rank `rank`.
   void SendUpdate(int rank, const Message& update);
   // A backup's side: applies a KV_REPLICATE in order and answers it.
   void TakeReplica(Shard* shard, Message&& msg);
-  // Elastic jobs: takes the primary's worker states of a dist_sync slice
-  // (an update's or a transfer's, named by `what`), except where this server
+  // Elastic jobs: takes the primary's worker states of a dist_sync or
+  // dist_ssp slice (an update's or a transfer's, named by `what`; for
+  // dist_ssp, which ranks the bound waits for), except where this server
   // heard the scheduler first: a rank it heard leave stays out, one it heard
   // join is not put out. Counts a wrong-sized list malformed.
   void TakeMembers(StoredKey* key,

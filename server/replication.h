@@ -27,7 +27,10 @@
 // backup holds it. Two backups (R > 2) could each hold a different last
 // update when the primary dies, and in dist_async nothing recomputes it the
 // same way; R > 2 therefore needs dist_sync keys (an async key's init is
-// refused otherwise).
+// refused otherwise). dist_ssp slices replicate as dist_async ones; in an
+// elastic job a worker's entry into one (its starting clock, and that the
+// bound waits for it) is an update of its own, without frames, answered once
+// every live backup holds it (KVServer::ReplicateEntry).
 //
 // Failover. The scheduler declares a server dead (heartbeats) and tells every
 // live node in a table change (NodeInfo.dead). For each slice the first live

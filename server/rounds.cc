@@ -213,6 +213,16 @@ void KVServer::EnterRounds(StoredKey* key, Message&& msg) {
     Reply(msg, NotInJob(rank));
     return;
   }
+  if (key->ssp != nullptr && key->replicated &&
+      key->yield == StoredKey::kYielded) {
+    // Past its hand-back boundary a slice makes no update (its backups hold
+    // every one it made), and a dist_ssp entry is one: not taken here. The
+    // worker sends it again, to the server answering for the slice then.
+    TESSERA_VLOG(1) << "entry of worker " << rank << " into key " << key->key
+                    << " offset " << key->offset
+                    << " not taken: the slice is being handed back";
+    return;
+  }
   const bool joining = key->engine->Joining(rank);
   const bool taken =
       !key->sync || key->engine->EnterAt(rank, msg.header.enter_round());
@@ -238,7 +248,17 @@ void KVServer::EnterRounds(StoredKey* key, Message&& msg) {
                   << msg.header.enter_round() << " (open round "
                   << key->engine->RoundNumber()
                   << "): " << (taken ? "taken" : "too late");
-  Reply(msg, absl::OkStatus());
+  // dist_ssp, replicated: the entry (the rank's count, and that the bound
+  // waits for it) is an update of its own, answered once the backups hold
+  // it, so that a promoted backup waits for the joiner from its clock too.
+  // (A dist_sync entry goes with the next round's update.) Only where this
+  // server answers for the slice: a backup numbers no update.
+  if (key->ssp != nullptr && key->replicated &&
+      Active(*ShardOf(key->key), *key)) {
+    ReplicateEntry(key, msg.header);
+  } else {
+    Reply(msg, absl::OkStatus());
+  }
   // An earlier entry at the open round, moved later: the round may be
   // complete without it.
   if (key->sync && key->engine->RoundComplete()) CompleteRound(key, -1);

@@ -108,9 +108,10 @@ void KVServer::SendTransfer(StoredKey* key, int place) {
   wire::CheckpointKey* k = saved.add_keys();
   key->Snapshot(k);
   k->set_replica(static_cast<uint32_t>(place));
-  // Which workers its rounds wait for: a replacement may have come after a
-  // worker joined, and the joiner's entry round is known here only.
-  if (elastic_ && key->sync) key->engine->MemberStates(k->mutable_members());
+  // Which workers its rounds (or a dist_ssp slice's bound) wait for: a
+  // replacement may have come after a worker joined, and the joiner's entry
+  // is known here only.
+  if (CarriesMembers(*key)) key->engine->MemberStates(k->mutable_members());
   // Serialized straight into the frame (no intermediate string).
   const size_t size = saved.ByteSizeLong();
   Buffer bytes = Buffer::Allocate(size);

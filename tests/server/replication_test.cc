@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
+#include "common/debug_pending.h"
 #include "common/replica_chain.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
@@ -123,6 +124,57 @@ Message Pull(int rank, uint64_t seq, uint64_t length) {
   return testing::Pull(rank, key_in_use, length, seq);
 }
 
+// A replacement of rank 1 (`spare`) catching up: its catch-up reads
+// `table`; the test carries the servers' messages.
+struct CatchUpTable {
+  absl::Mutex mu;
+  std::vector<ServerState> table ABSL_GUARDED_BY(mu);
+  bool caught_up ABSL_GUARDED_BY(mu) = false;
+};
+void BeginCatchUp(Box& spare, CatchUpTable& c,
+                  const std::vector<ServerState>& states) {
+  {
+    absl::MutexLock lock(&c.mu);
+    c.table = states;
+  }
+  spare.server().StartCatchUp(
+      [&c] {
+        absl::MutexLock lock(&c.mu);
+        return c.table;
+      },
+      [&c] {
+        absl::MutexLock lock(&c.mu);
+        c.caught_up = true;
+      });
+}
+// Carries messages between `from` and `spare` until the spare reported (up
+// to 5 s); returns the slices' KV_TRANSFERs it was sent. The table then says
+// it caught up.
+int CarryCatchUp(Box& from, Box& spare, CatchUpTable& c) {
+  int transfers = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&c.mu);
+      if (c.caught_up) break;
+    }
+    while (std::optional<Message> m =
+               spare.NextToServer(absl::ZeroDuration())) {
+      from.server().Handle(*std::move(m));
+    }
+    while (std::optional<Message> m =
+               from.NextToServer(absl::Milliseconds(5))) {
+      if (m->header.command() == wire::KV_TRANSFER && m->header.has_slice())
+        ++transfers;
+      spare.server().Handle(*std::move(m));
+    }
+  }
+  absl::MutexLock lock(&c.mu);
+  EXPECT_TRUE(c.caught_up);
+  c.table[1].catching_up = false;
+  return transfers;
+}
+
 // Two servers with SGD (lr = -1: the weights gain each round's sum) and
 // momentum (state the backup must hold too), and key 6 on both.
 class ReplicationTest : public ::testing::Test {
@@ -154,54 +206,15 @@ class ReplicationTest : public ::testing::Test {
     primary_.server().Handle(*std::move(answer));
   }
 
-  // A replacement of rank 1 (`spare`) catching up from primary_: its
-  // catch-up reads `table`; the test carries the servers' messages.
-  struct CatchUp {
-    absl::Mutex mu;
-    std::vector<ServerState> table ABSL_GUARDED_BY(mu);
-    bool caught_up ABSL_GUARDED_BY(mu) = false;
-  };
+  // A replacement of rank 1 (`spare`) catching up from primary_
+  // (CatchUpTable).
+  using CatchUp = CatchUpTable;
   void StartCatchUp(Box& spare, CatchUp& c,
                     const std::vector<ServerState>& states) {
-    {
-      absl::MutexLock lock(&c.mu);
-      c.table = states;
-    }
-    spare.server().StartCatchUp(
-        [&c] {
-          absl::MutexLock lock(&c.mu);
-          return c.table;
-        },
-        [&c] {
-          absl::MutexLock lock(&c.mu);
-          c.caught_up = true;
-        });
+    BeginCatchUp(spare, c, states);
   }
-  // Carries messages until the spare reported (up to 5 s); returns the
-  // slices' KV_TRANSFERs it was sent. The table then says it caught up.
   int CarryUntilCaughtUp(Box& spare, CatchUp& c) {
-    int transfers = 0;
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (absl::Now() < deadline) {
-      {
-        absl::MutexLock lock(&c.mu);
-        if (c.caught_up) break;
-      }
-      while (std::optional<Message> m =
-                 spare.NextToServer(absl::ZeroDuration())) {
-        primary_.server().Handle(*std::move(m));
-      }
-      while (std::optional<Message> m =
-                 primary_.NextToServer(absl::Milliseconds(5))) {
-        if (m->header.command() == wire::KV_TRANSFER && m->header.has_slice())
-          ++transfers;
-        spare.server().Handle(*std::move(m));
-      }
-    }
-    absl::MutexLock lock(&c.mu);
-    EXPECT_TRUE(c.caught_up);
-    c.table[1].catching_up = false;
-    return transfers;
+    return CarryCatchUp(primary_, spare, c);
   }
 
   // One copy of each slice over the 2 ranks (TESSERA_MAX_SERVERS without
@@ -1196,6 +1209,122 @@ class ReplicationElasticTest : public ::testing::Test {
     return header;
   }
 
+  // dist_ssp (bound `staleness`): the key in use at chain place `place`.
+  static void SspInit(Box& b, uint32_t place, const std::vector<float>& value,
+                      uint32_t staleness) {
+    Message init = Init(value, place, /*sync=*/false);
+    init.header.mutable_kv_options()->set_bounded_staleness(true);
+    init.header.mutable_kv_options()->set_staleness(staleness);
+    b.server().Handle(std::move(init));
+    std::optional<Message> r = b.NextReply();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_TRUE(FromWire(r->header.status()).ok())
+        << r->header.status().message();
+  }
+  // Key 6 on both servers.
+  void SspInitBoth(const std::vector<float>& value, uint32_t staleness) {
+    SspInit(primary_, 0, value, staleness);
+    SspInit(backup_, 1, value, staleness);
+  }
+  // A dist_ssp push at the primary: its update carried to the backup and
+  // answered there, then the push answered. Returns the update's header.
+  wire::Header SspPush(int rank, uint64_t seq, const std::vector<float>& g) {
+    primary_.server().Handle(Push(rank, seq, g));
+    std::optional<Message> update = primary_.NextToServer();
+    EXPECT_TRUE(update.has_value());
+    if (!update.has_value()) return wire::Header();
+    const wire::Header header = update->header;
+    backup_.server().Handle(*std::move(update));
+    std::optional<Message> answer = backup_.NextToServer();
+    EXPECT_TRUE(answer.has_value());
+    if (answer.has_value()) primary_.server().Handle(*std::move(answer));
+    std::optional<Message> pushed = primary_.NextReply();
+    EXPECT_TRUE(pushed.has_value());
+    if (pushed.has_value()) {
+      EXPECT_TRUE(FromWire(pushed->header.status()).ok());
+    }
+    return header;
+  }
+  // Ranks 0 and 1 (the job's two) push 5 and 3 times: the key {5, 3, 0}.
+  // Returns the last update's header.
+  wire::Header PushFiveAndThree() {
+    for (uint64_t seq = 0; seq < 5; ++seq) SspPush(0, seq, {1, 0, 0});
+    wire::Header last;
+    for (uint64_t seq = 0; seq < 3; ++seq) last = SspPush(1, seq, {0, 1, 0});
+    return last;
+  }
+  // Worker 2's rejoin of key 6 (KV_INIT with rejoin), and its entry at
+  // `clock` (with enter; the dist_ssp client's, docs/consistency.md).
+  static Message RejoinOf2() {
+    Message m = KeyMessage(wire::KV_INIT, 2, 3);
+    m.header.set_rejoin(true);
+    return m;
+  }
+  static Message EntryOf2(uint64_t clock) {
+    Message m = RejoinOf2();
+    m.header.set_enter(true);
+    m.header.set_enter_round(0);
+    m.header.set_push_seq(clock);
+    return m;
+  }
+  // Worker 2 joins and asks the primary where to start: the slowest clock,
+  // rank 1's 3.
+  void JoinAtThree() {
+    primary_.server().Handle(RejoinOf2());
+    std::optional<Message> where = primary_.NextReply();
+    ASSERT_TRUE(where.has_value());
+    EXPECT_EQ(where->header.push_seq(), 3u);
+    EXPECT_TRUE(where->header.joining());
+  }
+  // `b` answers for key 6 (s = 1) after the primary died, with ranks 0, 1
+  // and 2 at 5, 3 and 3 pushes, and rank 2 entered at 3: the bound waits
+  // for it from 3 on, as it did on the primary.
+  static void ExpectJoinerInAtThree(Box& b) {
+    // Its rejoin names its own count, 3: it is in the job, not joining.
+    b.server().Handle(RejoinOf2());
+    std::optional<Message> where = b.NextReply();
+    ASSERT_TRUE(where.has_value());
+    EXPECT_EQ(where->header.push_seq(), 3u);
+    EXPECT_FALSE(where->header.joining()) << "the joiner's entry is unknown";
+    b.server().Handle(Push(1, 3, {0, 1, 0}));
+    std::optional<Message> pushed = b.NextReply();
+    ASSERT_TRUE(pushed.has_value());
+    EXPECT_TRUE(FromWire(pushed->header.status()).ok());
+    // Rank 0's pull at clock 5 needs 4 pushes of every rank: rank 2, at 3,
+    // is one short (the slowest; rank 1 has 4).
+    b.server().Handle(Pull(0, 5, 3));
+    EXPECT_EQ(b.RepliesNow(), 0u) << "answered without waiting for the joiner";
+    while (b.RepliesNow() != 0) b.NextReply();
+    const wire::DebugPending pending = DebugPendingRegistry::Global().Collect();
+    EXPECT_EQ(pending.held_pulls_size(), 1) << PendingJson(pending);
+    if (pending.held_pulls_size() == 1) {
+      const wire::HeldPull& held = pending.held_pulls(0);
+      EXPECT_EQ(held.rank(), 0);
+      EXPECT_EQ(held.clock(), 5u);
+      EXPECT_EQ(held.held_by(), 2);
+      EXPECT_EQ(held.held_by_pushes(), 3u);
+      EXPECT_EQ(held.steps(), 1u);
+    }
+    // The joiner's pull at its clock, 3, needs its own 3 and 2 of every
+    // rank: answered at once.
+    b.server().Handle(Pull(2, 3, 3));
+    std::optional<Message> pulled = b.NextReply(absl::Seconds(1));
+    ASSERT_TRUE(pulled.has_value()) << "the joiner's pull at its clock waits";
+    EXPECT_EQ(ValuesOf(*pulled), (std::vector<float>{5, 4, 0}));
+    // Its push number 3 is taken (neither ahead of missing ones nor a
+    // duplicate), and releases rank 0's pull.
+    b.server().Handle(Push(2, 3, {0, 0, 1}));
+    std::vector<float> released;
+    for (int i = 0; i < 2; ++i) {
+      std::optional<Message> r = b.NextReply(absl::Seconds(1));
+      ASSERT_TRUE(r.has_value()) << i;
+      EXPECT_TRUE(FromWire(r->header.status()).ok());
+      if (r->header.command() == wire::KV_PULL) released = ValuesOf(*r);
+    }
+    EXPECT_EQ(released, (std::vector<float>{5, 4, 1}));
+    EXPECT_EQ(b.server().stats().duplicates(), 0u);
+  }
+
   Box primary_{0, absl::Seconds(30), /*workers=*/3};
   Box backup_{1, absl::Seconds(30), /*workers=*/3};
 };
@@ -1270,6 +1399,174 @@ TEST_F(ReplicationElasticTest,
     EXPECT_TRUE(FromWire(r->header.status()).ok())
         << r->header.status().message();
   }
+}
+
+// dist_ssp (issue #49): worker 2 joins while ranks 0 and 1 are at 5 and 3
+// pushes, and enters key 6 at the slowest clock, 3, which only the primary
+// hears. The entry goes to the backup as an update of its own (the counts,
+// and each rank's place: rank 2 in), answered once the backup holds it;
+// push updates carry the places too. The primary dies at once: the backup
+// knows the joiner's clock and waits for it as the primary did.
+TEST_F(ReplicationElasticTest, APromotedBackupKnowsASspJoinersClock) {
+  SspInitBoth({0, 0, 0}, /*staleness=*/1);
+  ASSERT_FALSE(HasFailure());
+  const wire::Header pushed = PushFiveAndThree();
+  ASSERT_FALSE(HasFailure());
+  for (Box* b : {&primary_, &backup_}) b->server().WorkerJoined(2);
+  JoinAtThree();
+  ASSERT_FALSE(HasFailure());
+
+  primary_.server().Handle(EntryOf2(3));
+  std::optional<Message> update = primary_.NextToServer(absl::Seconds(1));
+  EXPECT_TRUE(update.has_value()) << "the entry went to no backup";
+  if (update.has_value()) {
+    EXPECT_EQ(primary_.RepliesNow(), 0u) << "answered before the backup";
+    EXPECT_EQ(update->header.command(), wire::KV_REPLICATE);
+    EXPECT_EQ(update->header.frames_size(), 0) << "no weight changed";
+    EXPECT_THAT(update->header.replica_counts(),
+                ::testing::ElementsAre(5, 3, 3));
+    EXPECT_THAT(
+        update->header.replica_members(),
+        ::testing::ElementsAre(RoundMembers::kStateIn, RoundMembers::kStateIn,
+                               RoundMembers::kStateIn));
+    backup_.server().Handle(*std::move(update));
+    std::optional<Message> answer = backup_.NextToServer();
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_TRUE(FromWire(answer->header.status()).ok())
+        << answer->header.status().message();
+    primary_.server().Handle(*std::move(answer));
+  }
+  std::optional<Message> entered = primary_.NextReply();
+  ASSERT_TRUE(entered.has_value());
+  ASSERT_TRUE(FromWire(entered->header.status()).ok());
+  EXPECT_EQ(entered->header.push_seq(), 3u);
+  EXPECT_FALSE(entered->header.joining());
+
+  backup_.server().ServerDied(0);
+  ExpectJoinerInAtThree(backup_);
+  EXPECT_EQ(backup_.server().stats().promoted_slices(), 1u);
+  // A push's update carries each rank's place too (before the join: rank 2
+  // out).
+  EXPECT_THAT(pushed.replica_counts(), ::testing::ElementsAre(5, 3, 0));
+  EXPECT_THAT(
+      pushed.replica_members(),
+      ::testing::ElementsAre(RoundMembers::kStateIn, RoundMembers::kStateIn,
+                             RoundMembers::kStateOut));
+}
+
+// The same joiner's entry, made while the backup was dead, reaches the
+// replacement that takes its rank in the slice's transfer (the counts and
+// each rank's place); the primary then dies, and the replacement waits for
+// the joiner from its clock.
+TEST_F(ReplicationElasticTest, AReplacementKnowsASspJoinersClock) {
+  SspInitBoth({0, 0, 0}, /*staleness=*/1);
+  ASSERT_FALSE(HasFailure());
+  PushFiveAndThree();
+  ASSERT_FALSE(HasFailure());
+  primary_.server().ServerDied(1);
+  absl::SleepFor(absl::Milliseconds(20));
+  primary_.server().WorkerJoined(2);
+  JoinAtThree();
+  ASSERT_FALSE(HasFailure());
+  primary_.server().Handle(EntryOf2(3));
+  std::optional<Message> entered = primary_.NextReply();  // no live backup
+  ASSERT_TRUE(entered.has_value());
+  ASSERT_TRUE(FromWire(entered->header.status()).ok());
+  EXPECT_FALSE(entered->header.joining());
+
+  // A new process takes rank 1; it heard of the join from the scheduler.
+  std::vector<ServerState> states(2);
+  states[1] = ServerState{false, true, 1};
+  primary_.server().UpdateServers(states);
+  Box spare(1, absl::Milliseconds(1), /*workers=*/3);
+  spare.server().set_elastic(/*nominal=*/2);
+  spare.server().WorkerJoined(2);
+  spare.server().UpdateServers(states);
+  CatchUpTable catch_up;
+  BeginCatchUp(spare, catch_up, states);
+  EXPECT_GE(CarryCatchUp(primary_, spare, catch_up), 1);
+  ASSERT_FALSE(HasFailure());
+  while (std::optional<Message> m =
+             spare.NextToServer(absl::Milliseconds(50))) {
+    primary_.server().Handle(*std::move(m));
+  }
+  states[1].catching_up = false;
+  primary_.server().UpdateServers(states);
+  spare.server().UpdateServers(states);
+  absl::SleepFor(absl::Milliseconds(20));
+
+  spare.server().ServerDied(0);
+  ExpectJoinerInAtThree(spare);
+}
+
+// Past its hand-back boundary a replicated slice makes no update (its
+// backups hold every one it made, and it reported so), so a dist_ssp entry
+// coming there is not taken, nor answered; sent again after the table
+// change, it is taken by the server answering then.
+TEST_F(ReplicationElasticTest, ASspEntryIsNotTakenPastAHandBackBoundary) {
+  key_in_use = kKeyOnRank1;  // chain 1, 0: primary_ (rank 0) is its backup
+  SspInit(backup_, 0, {0, 0, 0}, /*staleness=*/1);
+  SspInit(primary_, 1, {0, 0, 0}, /*staleness=*/1);
+  ASSERT_FALSE(HasFailure());
+  primary_.server().ServerDied(1);
+  absl::SleepFor(absl::Milliseconds(20));
+  // A new process takes rank 1 and catches up.
+  std::vector<ServerState> states(2);
+  states[1] = ServerState{false, true, 1};
+  primary_.server().UpdateServers(states);
+  Box spare(1, absl::Seconds(30), /*workers=*/3);
+  spare.server().set_elastic(/*nominal=*/2);
+  spare.server().UpdateServers(states);
+  CatchUpTable catch_up;
+  BeginCatchUp(spare, catch_up, states);
+  EXPECT_GE(CarryCatchUp(primary_, spare, catch_up), 1);
+  ASSERT_FALSE(HasFailure());
+  while (std::optional<Message> m =
+             spare.NextToServer(absl::Milliseconds(50))) {
+    primary_.server().Handle(*std::move(m));
+  }
+  states[1].catching_up = false;
+  primary_.server().UpdateServers(states);
+  spare.server().UpdateServers(states);
+  absl::SleepFor(absl::Milliseconds(20));
+  // The hand-back: the dist_ssp slice stops at once (no round), and rank 0
+  // reports, the replacement holding every update.
+  std::atomic<uint64_t> ready{0};
+  primary_.server().HandBack(1, /*epoch=*/1,
+                             [&](uint64_t epoch) { ready.store(epoch); });
+  for (int i = 0; i < 100 && ready.load() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(ready.load(), 1u);
+
+  for (Box* b : {&primary_, &spare}) b->server().WorkerJoined(2);
+  primary_.server().Handle(EntryOf2(0));
+  EXPECT_EQ(primary_.RepliesNow(), 0u);
+  std::optional<Message> sent = primary_.NextToServer(absl::Milliseconds(50));
+  EXPECT_FALSE(sent.has_value()) << "an update past the boundary";
+
+  // The table change: rank 1 answers, and takes the entry sent again.
+  states[1].restored = true;
+  primary_.server().UpdateServers(states);
+  spare.server().UpdateServers(states);
+  absl::SleepFor(absl::Milliseconds(20));
+  spare.server().Handle(EntryOf2(0));
+  std::optional<Message> update = spare.NextToServer();
+  ASSERT_TRUE(update.has_value());
+  EXPECT_THAT(update->header.replica_counts(), ::testing::ElementsAre(0, 0, 0));
+  EXPECT_THAT(
+      update->header.replica_members(),
+      ::testing::ElementsAre(RoundMembers::kStateIn, RoundMembers::kStateIn,
+                             RoundMembers::kStateIn));
+  primary_.server().Handle(*std::move(update));
+  std::optional<Message> answer = primary_.NextToServer();
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_TRUE(FromWire(answer->header.status()).ok())
+      << answer->header.status().message();
+  spare.server().Handle(*std::move(answer));
+  std::optional<Message> entered = spare.NextReply();
+  ASSERT_TRUE(entered.has_value());
+  EXPECT_TRUE(FromWire(entered->header.status()).ok());
+  EXPECT_FALSE(entered->header.joining());
 }
 
 TEST(ReplicaChainTest, ReplacementsAnswerLastAndOnlyOnceCaughtUp) {
