@@ -143,7 +143,7 @@ def main():
                 out = model(x)
                 loss = F.cross_entropy(out, y, reduction='sum')
                 loss.backward()  # pushes each gradient as soon as backward has it
-                trainer.step()  # waits; the new weights are in the model
+                trainer.step()  # each layer's new weights are waited for before its next forward
                 loss_sum += loss.item()
                 hits = (out.argmax(1) == y).sum().item()
                 seen, correct = seen + len(y), correct + hits
@@ -163,7 +163,8 @@ def main():
                 print('Epoch[%d] Validation-accuracy=%.6f'
                       % (epoch, accuracy(model, test_x, test_y)))
             print('Epoch[%d] Time cost=%.3f' % (epoch, took), flush=True)
-        print('rank %d: %d steps, %.1f s of them waiting for the servers in trainer.step()'
+        trainer.wait_all()  # the last step's pushes and pulls
+        print('rank %d: %d steps, %.1f s of them waiting for the servers (trainer.wait_seconds)'
               % (rank, trainer.steps, trainer.wait_seconds), flush=True)
 
 

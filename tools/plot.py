@@ -42,8 +42,9 @@ PARTS = [
     ('waiting for data', '#8c8c8c'),
 ]
 # tessera-worker's step phases (worker/trainer/training_loop.cc); "issue"
-# spans lie inside "backward".
-PHASES = ('data-wait', 'forward', 'backward', 'issue', 'comm-wait', 'commit')
+# spans lie inside "backward", "layer-wait" spans (--wait-pulls layer) inside
+# "forward".
+PHASES = ('data-wait', 'forward', 'backward', 'issue', 'layer-wait', 'comm-wait', 'commit')
 MAX_WINDOWS = 120
 
 
@@ -150,9 +151,10 @@ def trace_steps(path, doc):
             t[phases[i][0]] += phases[i][3] / 1e6
             i += 1
         out.append((begin / 1e6, {
-            'compute': max(0.0, t['forward'] + t['backward'] - t['issue']) + t['commit'],
+            'compute': max(0.0, t['forward'] + t['backward'] - t['issue'] - t['layer-wait'])
+                       + t['commit'],
             'communication': t['issue'],
-            'waiting for pushes/pulls': t['comm-wait'],
+            'waiting for pushes/pulls': t['comm-wait'] + t['layer-wait'],
             'waiting for data': t['data-wait'],
         }))
     return int(rank), out

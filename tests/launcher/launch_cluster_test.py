@@ -538,6 +538,55 @@ class LaunchClusterTest(ClusterTestBase):
         # to a whole word aside) and pulled.
         self.assertEqual(results['on']['bytes_pulled'], results['off']['bytes_pulled'])
 
+    @unittest.skipUnless(os.path.exists(os.path.join(DATA, 'train-images-idx3-ubyte.gz')),
+                         'Fashion-MNIST is not installed (dataset-fashion-mnist)')
+    def test_layer_by_layer_wait_trains_to_the_same_bits_as_a_wait_per_step(self):
+        # --wait-pulls layer (the default): a step's pushes and pulls are waited for
+        # layer by layer in the next step's forward, and what is pending at an epoch's
+        # end before rank 0's evaluation. The servers' rounds and the weights each
+        # forward reads are the same as waiting for all at the end of each step, so
+        # dist_sync ends with the same bits: two epochs, server momentum.
+        results = {}
+        for wait in ('layer', 'step'):
+            metrics = os.path.join(self.tmp.name, 'wait-%s-{rank}.json' % wait)
+            code, out, _ = self.launch(['-n', '2', '-s', '1', TRAIN_WORKER, '--kv-store',
+                                        'dist_sync', '--lr', '0.1', '--momentum', '0.9',
+                                        '--epochs', '2', '--train-subset', '3000',
+                                        '--test-subset', '1000', '--wait-pulls', wait,
+                                        '--metrics-out', metrics],
+                                       timeout=300)
+            self.assertEqual(code, 0, out)
+            results[wait] = [json.loads(read(metrics.format(rank=r))) for r in range(2)]
+            self.assertEqual(len(re.findall(r'Epoch\[1\] Validation-accuracy=', out)), 1, out)
+        for rank in range(2):
+            layer, step = results['layer'][rank], results['step'][rank]
+            self.assertEqual((layer['wait_pulls'], step['wait_pulls']), ('layer', 'step'))
+            self.assertEqual(layer['steps'], step['steps'])
+            for field in ('weights_fnv1a', 'first_loss', 'final_loss', 'train_accuracy'):
+                self.assertEqual(layer[field], step[field], (rank, field))
+            self.assertEqual([e['train_accuracy'] for e in layer['epoch_log']],
+                             [e['train_accuracy'] for e in step['epoch_log']])
+        # Rank 0's evaluations after each epoch read the same weights.
+        self.assertEqual([e['validation_accuracy'] for e in results['layer'][0]['epoch_log']],
+                         [e['validation_accuracy'] for e in results['step'][0]['epoch_log']])
+        self.assertEqual(results['layer'][0]['weights_fnv1a'],
+                         results['layer'][1]['weights_fnv1a'])
+        self.assertLess(results['layer'][0]['final_loss'], results['layer'][0]['first_loss'])
+
+    def test_a_bad_wait_pulls_value_is_exit_2_naming_the_flag(self):
+        for args, line in (
+                (['--wait-pulls', 'tensor'],
+                 "tessera-worker: --wait-pulls: expected layer or step, got 'tensor'\n"),
+                (['--wait-pulls=layer', '--fuse-keys', 'on'],
+                 'tessera-worker: --wait-pulls: layer needs a key per tensor, not '
+                 '--fuse-keys on (one key: its pull is waited for by step)\n')):
+            env = {k: v for k, v in self.env.items() if not k.startswith('DMLC_')}
+            proc = subprocess.run([TRAIN_WORKER] + args, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, timeout=60)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertEqual(proc.stderr, line)
+            self.assertEqual(proc.stdout, '')
+
     def replicated_training_job(self, epochs, train_subset=None):
         """The quick-start training with 2-bit pushes and momentum (optimizer state on
         the servers), every key split over 3 servers (TESSERA_BIGARRAY_BOUND); on the

@@ -7,7 +7,8 @@ pull, pushpull and init must have exactly one begin and one end event (same
 id, end after begin, with key, bytes, server and compression arguments), and
 the counts must be the job's. A short tessera-worker job's traces must hold,
 per training step, one step span with data-wait, forward, backward and
-comm-wait inside it. An unwritable TESSERA_TRACE is exit 2 naming it.
+comm-wait inside it, and in the forward a layer-wait span per layer (the
+default --wait-pulls layer). An unwritable TESSERA_TRACE is exit 2 naming it.
 
 Run by ctest (trace_job); by hand:
     TESSERA_BUILD_DIR=build python3 tests/metrics/trace_test.py -v
@@ -174,6 +175,16 @@ class TraceJobTest(unittest.TestCase):
             # Three layers: an issue span each (in backward), with each of the
             # layer's two keys compressed inside it.
             self.assertEqual(len(by_name['issue']), 3 * len(steps))
+            # --wait-pulls layer (the default): the wait for each layer's pushes and
+            # pulls of the step before, inside the forward, layers 0, 1, 2.
+            self.assertEqual(len(by_name['layer-wait']), 3 * len(steps))
+            forwards = sorted((f['ts'], f['ts'] + f['dur']) for f in by_name['forward'])
+            waits = sorted(by_name['layer-wait'], key=lambda e: e['ts'])
+            for i, (begin, end) in enumerate(forwards):
+                inside = waits[3 * i:3 * i + 3]
+                self.assertEqual([w['args']['layer'] for w in inside], [0, 1, 2])
+                for w in inside:
+                    self.assertTrue(begin <= w['ts'] and w['ts'] + w['dur'] <= end, (w, begin))
             self.assertEqual(len(by_name['compress']), 6 * len(steps))
             main = steps[0]['tid']
             for step in steps:

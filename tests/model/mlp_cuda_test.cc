@@ -3,6 +3,7 @@
 // device.
 #include "worker/trainer/mlp_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -98,6 +99,67 @@ TEST(MlpCudaTest, StagedParamsTakeEffectAtCommit) {
   EXPECT_EQ((*gpu)->GetParams()[2].b,
             (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
   EXPECT_EQ((*gpu)->GetParams()[0].w, before[0].w);
+}
+
+// CommitStagedLayer copies that layer's staging only.
+TEST(MlpCudaTest, CommitStagedLayerCopiesThatLayerOnly) {
+  if (!gpu::DeviceAvailable()) GTEST_SKIP() << gpu::DeviceDescription();
+  absl::StatusOr<std::unique_ptr<Mlp>> gpu =
+      CreateMlp(MlpDevice::kCuda, Config(), 8);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const std::vector<LayerParams> before = (*gpu)->GetParams();
+  for (int l = 0; l < 3; ++l) {
+    for (float& v : (*gpu)->BiasStaging(l)) v = 100.0f + l;
+  }
+  ASSERT_TRUE((*gpu)->CommitStagedLayer(1).ok());
+  const std::vector<LayerParams> after = (*gpu)->GetParams();
+  EXPECT_EQ(after[0].b, before[0].b);
+  EXPECT_EQ(after[1].b, std::vector<float>(32, 101.0f));
+  EXPECT_EQ(after[2].b, before[2].b);
+  EXPECT_EQ(after[1].w, before[1].w);
+  EXPECT_FALSE((*gpu)->CommitStagedLayer(3).ok());
+}
+
+// Layer-by-layer commits from the hook before each layer's forward give the
+// CPU backend's results for the same weights (each layer's staged before it
+// runs, as tessera-worker's --wait-pulls layer does).
+TEST(MlpCudaTest, LayerByLayerCommitsMatchCpu) {
+  if (!gpu::DeviceAvailable()) GTEST_SKIP() << gpu::DeviceDescription();
+  const int rows = 16;
+  MlpConfig other = Config();
+  other.seed = 12;
+  absl::StatusOr<std::unique_ptr<Mlp>> cpu =
+      CreateMlp(MlpDevice::kCpu, other, rows);
+  absl::StatusOr<std::unique_ptr<Mlp>> gpu =
+      CreateMlp(MlpDevice::kCuda, Config(), rows);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const std::vector<LayerParams> want = (*cpu)->GetParams();
+  std::vector<float> x(rows * 784);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = 0.5f + 0.5f * std::sin(0.11f * i);
+  std::vector<int32_t> y(rows);
+  for (int r = 0; r < rows; ++r) y[r] = (r * 3) % 10;
+  std::vector<int> before;
+  absl::StatusOr<MlpBatchStats> b = (*gpu)->ForwardBackward(
+      x.data(), y.data(), rows, nullptr, nullptr, [&](int l) {
+        before.push_back(l);
+        absl::Span<float> w = (*gpu)->WeightStaging(l);
+        absl::Span<float> bias = (*gpu)->BiasStaging(l);
+        std::copy(want[l].w.begin(), want[l].w.end(), w.begin());
+        std::copy(want[l].b.begin(), want[l].b.end(), bias.begin());
+        return (*gpu)->CommitStagedLayer(l);
+      });
+  absl::StatusOr<MlpBatchStats> a =
+      (*cpu)->ForwardBackward(x.data(), y.data(), rows, nullptr);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(before, (std::vector<int>{0, 1, 2}));
+  EXPECT_NEAR(a->loss_sum, b->loss_sum, 1e-4 * a->loss_sum);
+  for (int l = 0; l < 3; ++l) {
+    ExpectClose((*cpu)->GetGrads(l).w, (*gpu)->GetGrads(l).w, "dW", l);
+    ExpectClose((*cpu)->GetGrads(l).b, (*gpu)->GetGrads(l).b, "db", l);
+  }
 }
 
 }  // namespace

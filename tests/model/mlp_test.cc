@@ -3,10 +3,13 @@
 // the API's contracts.
 #include "worker/trainer/mlp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -219,6 +222,70 @@ TEST(MlpTest, StagedParamsAreTheParamsOnCpu) {
   EXPECT_EQ(p[0].b, (std::vector<float>{0, 4}));
   EXPECT_EQ(mlp->stream(), nullptr);
   EXPECT_EQ(mlp->device(), MlpDevice::kCpu);
+}
+
+// The hook before each layer's forward: called for layers 0, 1, 2 in order,
+// before the loss and backward; weights staged and committed there are the
+// ones that layer's forward uses (here another model's, layer by layer, so
+// the result must be that model's exactly).
+TEST(MlpTest, BeforeLayerForwardRunsBeforeEachLayerReadsItsWeights) {
+  const std::vector<int> sizes = {5, 7, 6, 3};
+  std::unique_ptr<Mlp> mlp = MakeCpu(sizes, 4, 1);
+  std::unique_ptr<Mlp> other = MakeCpu(sizes, 4, 2);
+  ASSERT_NE(mlp, nullptr);
+  ASSERT_NE(other, nullptr);
+  std::vector<float> x(4 * 5);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.7f * i);
+  const std::vector<int32_t> y = {0, 2, 1, 2};
+  const std::vector<LayerParams> want = other->GetParams();
+  std::vector<std::string> events;
+  absl::StatusOr<MlpBatchStats> got = mlp->ForwardBackward(
+      x.data(), y.data(), 4,
+      [&](int l) { events.push_back(absl::StrCat("ready ", l)); },
+      [&] { events.push_back("forward done"); },
+      [&](int l) {
+        events.push_back(absl::StrCat("before ", l));
+        absl::Span<float> w = mlp->WeightStaging(l);
+        absl::Span<float> b = mlp->BiasStaging(l);
+        std::copy(want[l].w.begin(), want[l].w.end(), w.begin());
+        std::copy(want[l].b.begin(), want[l].b.end(), b.begin());
+        return mlp->CommitStagedLayer(l);
+      });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(events, (std::vector<std::string>{
+                        "before 0", "before 1", "before 2", "forward done",
+                        "ready 2", "ready 1", "ready 0"}));
+  absl::StatusOr<MlpBatchStats> ref =
+      other->ForwardBackward(x.data(), y.data(), 4, nullptr);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(got->loss_sum, ref->loss_sum);
+  EXPECT_EQ(got->correct, ref->correct);
+  for (int l = 0; l < 3; ++l) {
+    EXPECT_EQ(mlp->GetGrads(l).w, other->GetGrads(l).w) << "layer " << l;
+    EXPECT_EQ(mlp->GetGrads(l).b, other->GetGrads(l).b) << "layer " << l;
+  }
+}
+
+// An error from the hook ends the pass with it: no later layer, no backward.
+TEST(MlpTest, BeforeLayerForwardErrorStopsThePass) {
+  std::unique_ptr<Mlp> mlp = MakeCpu({5, 7, 6, 3}, 4);
+  ASSERT_NE(mlp, nullptr);
+  const std::vector<float> x(4 * 5, 0.5f);
+  const std::vector<int32_t> y = {0, 1, 2, 0};
+  std::vector<int> before, ready;
+  absl::StatusOr<MlpBatchStats> got = mlp->ForwardBackward(
+      x.data(), y.data(), 4, [&](int l) { ready.push_back(l); }, nullptr,
+      [&](int l) {
+        before.push_back(l);
+        return l == 1 ? absl::UnavailableError("pull of key 2: gone")
+                      : absl::OkStatus();
+      });
+  EXPECT_EQ(got.status(), absl::UnavailableError("pull of key 2: gone"));
+  EXPECT_EQ(before, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(ready.empty());
+  // Evaluate has no hook; CommitStagedLayer is nothing to do on the CPU.
+  EXPECT_TRUE(mlp->CommitStagedLayer(2).ok());
+  EXPECT_TRUE(mlp->Evaluate(x.data(), y.data(), 4).ok());
 }
 
 TEST(MlpTest, RejectsBadConfigRowsAndLabels) {

@@ -98,6 +98,18 @@ TEST(TesseraWorkerCliTest, BadFlagIsOneLineAndExit2) {
       "tessera-worker: --batch-size: expected a positive integer, got 'abc'\n");
 }
 
+TEST(TesseraWorkerCliTest, BadWaitPullsIsOneLineAndExit2) {
+  Result r = RunWorker(kWorker + " --wait-pulls sometimes");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output,
+            "tessera-worker: --wait-pulls: expected layer or step, got "
+            "'sometimes'\n");
+  r = RunWorker(kWorker + " --fuse-keys on --wait-pulls layer");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, StartsWith("tessera-worker: --wait-pulls: layer needs "
+                                   "a key per tensor, not --fuse-keys on"));
+}
+
 TEST(TesseraWorkerCliTest, UnknownFlagIsOneLineAndExit2) {
   const Result r = RunWorker(kWorker + " --num-epochs 3");
   EXPECT_EQ(r.exit_code, 2);

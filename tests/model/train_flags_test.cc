@@ -58,6 +58,24 @@ TEST(TrainFlagsTest, FuseKeysIsOnOrOff) {
             "--fuse-keys: expected on or off, got 'yes'");
 }
 
+TEST(TrainFlagsTest, WaitPullsIsLayerOrStep) {
+  EXPECT_EQ(Parse({})->wait_pulls, "layer");
+  EXPECT_EQ(Parse({"--wait-pulls", "step"})->wait_pulls, "step");
+  EXPECT_EQ(Parse({"--wait-pulls=layer"})->wait_pulls, "layer");
+  EXPECT_EQ(Error({"--wait-pulls=tensor"}),
+            "--wait-pulls: expected layer or step, got 'tensor'");
+  EXPECT_EQ(Error({"--wait-pulls="}),
+            "--wait-pulls: expected layer or step, got ''");
+  // One fused key has no layers to wait for one by one; by step is fine.
+  EXPECT_EQ(Error({"--fuse-keys=on", "--wait-pulls=layer"}),
+            "--wait-pulls: layer needs a key per tensor, not --fuse-keys on "
+            "(one key: its pull is waited for by step)");
+  EXPECT_TRUE(Parse({"--fuse-keys=on"})->fuse_keys);
+  EXPECT_EQ(Parse({"--fuse-keys=on", "--wait-pulls=step"})->wait_pulls, "step");
+  EXPECT_NE(TrainFlagsUsage().find("--wait-pulls layer|step"),
+            std::string::npos);
+}
+
 TEST(TrainFlagsTest, ParsesEveryFlagInBothForms) {
   absl::StatusOr<TrainFlags> f = Parse({"--kv-store=dist_async",
                                         "--batch-size",

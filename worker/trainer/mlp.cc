@@ -85,7 +85,9 @@ class CpuMlp final : public Mlp {
   absl::StatusOr<MlpBatchStats> ForwardBackward(
       const float* x, const int32_t* labels, int rows,
       const std::function<void(int layer)>& on_layer_ready,
-      const std::function<void()>& on_forward_done = nullptr) override {
+      const std::function<void()>& on_forward_done = nullptr,
+      const std::function<absl::Status(int layer)>& before_layer_forward =
+          nullptr) override {
     if (rows <= 0 || rows > max_batch()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ForwardBackward: rows must be in 1..", max_batch(), ", got ", rows));
@@ -95,7 +97,8 @@ class CpuMlp final : public Mlp {
       return s;
     }
     MlpBatchStats stats;
-    Forward(x, rows);
+    if (absl::Status s = Forward(x, rows, before_layer_forward); !s.ok())
+      return s;
     const int last = num_layers() - 1;
     SoftmaxCrossEntropy(acts_[last].data(), labels, rows, out_size(last),
                         deltas_[last].data(), &stats);
@@ -139,7 +142,11 @@ class CpuMlp final : public Mlp {
     MlpBatchStats stats;
     for (int begin = 0; begin < rows; begin += max_batch()) {
       const int n = std::min(max_batch(), rows - begin);
-      Forward(x + static_cast<size_t>(begin) * in_size(0), n);
+      if (absl::Status s =
+              Forward(x + static_cast<size_t>(begin) * in_size(0), n, nullptr);
+          !s.ok()) {
+        return s;
+      }
       SoftmaxCrossEntropy(acts_[num_layers() - 1].data(), labels + begin, n,
                           classes, nullptr, &stats);
     }
@@ -161,6 +168,9 @@ class CpuMlp final : public Mlp {
     return absl::MakeSpan(params_[layer].b);
   }
   absl::Status CommitStagedParams() override { return absl::OkStatus(); }
+  absl::Status CommitStagedLayer(int layer) override {
+    return absl::OkStatus();
+  }
 
   absl::Status LocalSgdStep(float lr, float scale) override {
     for (int l = 0; l < num_layers(); ++l) {
@@ -174,9 +184,15 @@ class CpuMlp final : public Mlp {
 
  private:
   // acts_[l] = layer l's output for `rows` rows: ReLU(x W^T + b), or the logits
-  // for the last layer.
-  void Forward(const float* x, int rows) {
+  // for the last layer. `before_layer`, when given, runs before each layer;
+  // its error stops the pass.
+  absl::Status Forward(
+      const float* x, int rows,
+      const std::function<absl::Status(int layer)>& before_layer) {
     for (int l = 0; l < num_layers(); ++l) {
+      if (before_layer) {
+        if (absl::Status s = before_layer(l); !s.ok()) return s;
+      }
       const int in = in_size(l), out = out_size(l);
       const float* input = l == 0 ? x : acts_[l - 1].data();
       float* z = acts_[l].data();
@@ -198,6 +214,7 @@ class CpuMlp final : public Mlp {
         }
       }
     }
+    return absl::OkStatus();
   }
 
   std::vector<LayerParams> params_;  // also the pull targets

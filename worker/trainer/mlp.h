@@ -25,7 +25,7 @@
 // Thread-safety: an Mlp is used by one thread at a time, except that the
 // staging buffers and gradient buffers handed to the KV client may be read or
 // written by it between the layer callback and the following
-// CommitStagedParams.
+// CommitStagedParams (or, layer by layer, that layer's CommitStagedLayer).
 #ifndef TESSERA_WORKER_TRAINER_MLP_H_
 #define TESSERA_WORKER_TRAINER_MLP_H_
 
@@ -108,10 +108,17 @@ class Mlp {
   // backward phases (traces). On kCuda it is the host's view: forward is
   // queued on the stream, not necessarily finished on the device (waiting for
   // it would cost the overlap being measured).
+  // before_layer_forward, when given, is called with l = 0 ... num_layers()-1
+  // just before layer l's forward reads its parameters, from this thread: the
+  // caller may wait there for that layer's pulls and CommitStagedLayer(l)
+  // (layer-by-layer forward). An error from it ends the call with that
+  // status, before any layer after it runs and before backward.
   virtual absl::StatusOr<MlpBatchStats> ForwardBackward(
       const float* x, const int32_t* labels, int rows,
       const std::function<void(int layer)>& on_layer_ready,
-      const std::function<void()>& on_forward_done = nullptr) = 0;
+      const std::function<void()>& on_forward_done = nullptr,
+      const std::function<absl::Status(int layer)>& before_layer_forward =
+          nullptr) = 0;
 
   // Forward and loss only, over any number of rows (in chunks of max_batch()).
   virtual absl::StatusOr<MlpBatchStats> Evaluate(const float* x,
@@ -136,6 +143,10 @@ class Mlp {
   // the staging buffers are the parameters; on kCuda an asynchronous copy on
   // stream()).
   virtual absl::Status CommitStagedParams() = 0;
+  // The same for layer `layer` only (0 <= layer < num_layers()): on kCpu
+  // nothing to do, on kCuda an asynchronous copy of that layer's staging on
+  // stream(), ordered before any forward queued after it.
+  virtual absl::Status CommitStagedLayer(int layer) = 0;
 
   // params -= lr * scale * grads, locally: single-process training and tests.
   virtual absl::Status LocalSgdStep(float lr, float scale) = 0;

@@ -2,7 +2,9 @@
 // Tessera job. The servers hold the weights and run the optimizer; every step
 // this worker computes the gradient of its local batch, pushes it layer by
 // layer from the last layer down (while backward still runs on the layers
-// below) and pulls the new weights.
+// below) and pulls the new weights; the next step's forward waits for each
+// layer's new weights just before that layer (--wait-pulls layer, the
+// default).
 //
 //   tessera-worker --kv-store dist_sync --batch-size 128 --epochs 10 --device
 //   cpu
@@ -75,6 +77,9 @@ std::string MetricsJson(const TrainFlags& flags, MlpDevice device,
   }
   absl::StrAppendFormat(&json, ", \"gc_type\": \"%s\"", flags.gc_type);
   absl::StrAppendFormat(&json, ", \"gc_pull\": \"%s\"", flags.gc_pull);
+  // What the run did: --fuse-keys on waits by step whatever --wait-pulls says.
+  absl::StrAppendFormat(&json, ", \"wait_pulls\": \"%s\"",
+                        flags.fuse_keys ? "step" : flags.wait_pulls);
   absl::StrAppendFormat(&json, ", \"optimizer\": \"%s\"", flags.optimizer);
   absl::StrAppendFormat(&json, ", \"batch_size\": %d", flags.batch_size);
   absl::StrAppendFormat(&json, ", \"steps\": %d", t.steps);

@@ -82,7 +82,7 @@ bool IsKnownFlag(absl::string_view name) {
       "log-every",      "metrics-out",  "lr-factor",
       "lr-step-epochs", "gc-pull",      "fuse-keys",
       "staleness",      "slow-every",   "slow-factor",
-      "slow-rank"};
+      "slow-rank",      "wait-pulls"};
   for (absl::string_view f : kFlags) {
     if (name == f) return true;
   }
@@ -99,7 +99,7 @@ float DefaultLearningRate(absl::string_view optimizer) {
 // Which flags the command line gave: their defaults depend on other flags.
 struct GivenFlags {
   bool lr = false, momentum = false, data = false, slow_factor = false,
-       slow_rank = false;
+       slow_rank = false, wait_pulls = false;
 };
 
 // The flags of dist_ssp and of a straggler (--staleness, --slow-every,
@@ -156,6 +156,10 @@ absl::Status SetTrainFlag(const std::string& name, const std::string& value,
     std::string choice;
     s = ParseChoice(name, value, {"on", "off"}, "on or off", &choice);
     f->fuse_keys = choice == "on";
+  } else if (name == "wait-pulls") {
+    s = ParseChoice(name, value, {"layer", "step"}, "layer or step",
+                    &f->wait_pulls);
+    given->wait_pulls = true;
   } else if (name == "gc-pull") {
     s = ParseChoice(name, value, {"none", "2bit"}, "none or 2bit", &f->gc_pull);
   } else if (name == "gc-threshold") {
@@ -256,6 +260,11 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(const std::vector<std::string>& args,
         "--staleness: only used by --kv-store dist_ssp, not --kv-store ",
         f.kv_store));
   }
+  if (given.wait_pulls && f.wait_pulls == "layer" && f.fuse_keys) {
+    return absl::InvalidArgumentError(
+        "--wait-pulls: layer needs a key per tensor, not --fuse-keys on (one "
+        "key: its pull is waited for by step)");
+  }
   if (given.slow_factor && f.slow_every == 0) {
     return absl::InvalidArgumentError(
         "--slow-factor: only used with --slow-every N (N > 0)");
@@ -315,6 +324,10 @@ std::string TrainFlagsUsage() {
       "                                    weights, 2-bit coded (none)\n"
       "  --fuse-keys on|off                one key for every parameter: one\n"
       "                                    push and pull a step (off)\n"
+      "  --wait-pulls layer|step           wait for each layer's pulled\n"
+      "                                    weights just before its forward,\n"
+      "                                    or for all at the end of the step\n"
+      "                                    (layer; step with --fuse-keys on)\n"
       "  --seed N                          weights and shuffling (42)\n"
       "  --device auto|cuda|cpu            (auto: cuda when a GPU is present)\n"
       "  --data DIR                        (else $FASHION_MNIST_DIR, else ",

@@ -44,6 +44,12 @@ struct TrainFlags {
   // on: every parameter travels in one key (one push and one pull a step,
   // after backward) instead of a key per tensor pushed as backward reaches it.
   bool fuse_keys = false;
+  // When a step's pulled weights are waited for: "layer", each layer's just
+  // before its forward in the next step (its pushes and pulls; the forward of
+  // the layers before it overlaps the rest), or "step", every one at the end
+  // of the step, before the next forward starts. --fuse-keys on waits by
+  // step (one key).
+  std::string wait_pulls = "layer";
   float gc_threshold = 0.5f;
   std::string optimizer = "sgd";  // sgd | adam | adamax | adagrad
   // Unless given, the optimizer's usual rate: sgd 0.1, adam 0.001, adamax

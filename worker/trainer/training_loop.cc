@@ -82,7 +82,8 @@ TrainingLoop::TrainingLoop(const TrainFlags& flags, const FashionMnist& data,
       mlp_(mlp),
       steps_per_epoch_(steps_per_epoch),
       leave_requested_(leave_requested),
-      totals_(totals) {}
+      totals_(totals),
+      layer_ops_(mlp.num_layers()) {}
 
 double TrainingLoop::SecondsSinceStart() const {
   return SecondsSince(run_start_);
@@ -149,7 +150,7 @@ MaybeFailure TrainingLoop::Run() {
   for (int epoch = 0; epoch < flags_.epochs && !left_; ++epoch) {
     if (MaybeFailure f = TrainEpoch(epoch)) return f;
   }
-  return std::nullopt;
+  return DrainPending();  // none left: each epoch's end drained them
 }
 
 MaybeFailure TrainingLoop::TrainEpoch(int epoch) {
@@ -160,13 +161,18 @@ MaybeFailure TrainingLoop::TrainEpoch(int epoch) {
   counts.window_start = epoch_start;
   for (int b = 0;; ++b) {
     if (leave_requested_->load()) {
-      left_ = true;  // between steps: every push of this one was answered
+      // Between steps: every push of this one answered, once waited for.
+      if (MaybeFailure f = DrainPending()) return f;
+      left_ = true;
       return std::nullopt;
     }
     bool done = false;
     if (MaybeFailure f = Step(epoch, b, &counts, &done)) return f;
     if (done) break;
   }
+  // The last step's pulls, before the evaluation reads the weights (and so
+  // that an epoch's time holds all of its communication).
+  if (MaybeFailure f = DrainPending()) return f;
   if (resumed_ && totals_->steps == 0) return std::nullopt;  // skipped whole
   const double epoch_seconds = SecondsSince(epoch_start);
   totals_->train_accuracy =
@@ -203,12 +209,14 @@ MaybeFailure TrainingLoop::TrainEpoch(int epoch) {
 }
 
 // Batch `b` of `epoch`: forward and backward, each layer's push and pull
-// issued as backward reaches it, the wait for them, and the new weights.
+// issued as backward reaches it, the wait for them, and the new weights
+// (--wait-pulls layer: the previous step's, layer by layer in this forward).
 // `*done` when the epoch has no batch left.
 //
-// TESSERA_TRACE: a "step" span holding data-wait, forward, backward (with
-// an "issue" span per layer: compression and the requests) and comm-wait
-// (waiting for the pushes and pulls), then commit.
+// TESSERA_TRACE: a "step" span holding data-wait, forward (--wait-pulls
+// layer: with a "layer-wait" span per layer), backward (with an "issue" span
+// per layer: compression and the requests) and comm-wait (waiting for the
+// pushes and pulls; empty with --wait-pulls layer), then commit.
 MaybeFailure TrainingLoop::Step(int epoch, int b, EpochCounts* counts,
                                 bool* done) {
   const int64_t step_start = trace::Enabled() ? trace::NowNanos() : 0;
@@ -235,29 +243,35 @@ MaybeFailure TrainingLoop::Step(int epoch, int b, EpochCounts* counts,
   phase("data-wait");
 
   absl::Status issue_error;
+  MaybeFailure wait_failure;  // a layer's wait before its forward
   absl::StatusOr<MlpBatchStats> step = ComputeAndIssue(
       *batch,
       step_start == 0 ? std::function<void()>() : [&] { phase("forward"); },
-      &issue_error);
+      &issue_error, &wait_failure);
   phase("backward");
+  if (wait_failure.has_value()) {
+    (void)DrainPending();  // the rest; the first failure is the one told
+    return wait_failure;
+  }
   if (!step.ok()) {
     return Failure{1,
                    absl::StrCat("training step: ", step.status().ToString())};
   }
 
   t = Clock::now();
-  absl::Status wait_error;
-  for (OpHandle op : ops_) {
-    if (absl::Status s = kv_.Wait(op); !s.ok() && wait_error.ok())
-      wait_error = s;
-  }
+  const absl::Status wait_error = WaitStep();
   totals_->time_comm_s += SecondsSince(t);
   phase("comm-wait");
-  if (!issue_error.ok()) return KvFailure("KV request", issue_error);
+  if (!issue_error.ok()) {
+    (void)DrainPending();  // --wait-pulls layer: the ops issued before it
+    return KvFailure("KV request", issue_error);
+  }
   if (!wait_error.ok()) return KvFailure("KV request", wait_error);
   if (flags_.fuse_keys) ScatterFusedPull();
-  if (absl::Status s = mlp_.CommitStagedParams(); !s.ok())
-    return Failure{1, s.ToString()};
+  if (!wait_by_layer_) {
+    if (absl::Status s = mlp_.CommitStagedParams(); !s.ok())
+      return Failure{1, s.ToString()};
+  }
   if (step_start != 0) {
     const int64_t now = trace::NowNanos();
     trace::Complete("train", "commit", phase_start, now);
@@ -274,10 +288,13 @@ MaybeFailure TrainingLoop::Step(int epoch, int b, EpochCounts* counts,
 
 // The compute of a step (after --slow-every's sleep, when this is a slow
 // step): forward and backward, with each layer's push and pull issued as
-// backward reaches it (the first error kept in `*issue_error`).
+// backward reaches it (the first error kept in `*issue_error`); with
+// --wait-pulls layer, each layer's previous ops waited for before its forward
+// (a failure there kept in `*wait_failure`; it stops the step). The waits
+// count as time_comm_s, not compute.
 absl::StatusOr<MlpBatchStats> TrainingLoop::ComputeAndIssue(
     const Batch& batch, const std::function<void()>& on_forward_done,
-    absl::Status* issue_error) {
+    absl::Status* issue_error, MaybeFailure* wait_failure) {
   const Clock::time_point t = Clock::now();
   // --slow-every: a straggler's slow step (its pushes come late).
   const absl::Duration slow =
@@ -286,7 +303,13 @@ absl::StatusOr<MlpBatchStats> TrainingLoop::ComputeAndIssue(
           : absl::ZeroDuration();
   if (slow > absl::ZeroDuration()) absl::SleepFor(slow);
   ops_.clear();
-  double step_issue_s = 0;
+  double step_issue_s = 0, step_wait_s = 0;
+  std::function<absl::Status(int)> before_layer;
+  if (wait_by_layer_) {
+    before_layer = [&](int l) {
+      return BeforeLayerForward(l, &step_wait_s, wait_failure);
+    };
+  }
   absl::StatusOr<MlpBatchStats> step = mlp_.ForwardBackward(
       batch.images.data(), batch.labels.data(), batch.size,
       [&](int l) {
@@ -296,15 +319,84 @@ absl::StatusOr<MlpBatchStats> TrainingLoop::ComputeAndIssue(
         if (flags_.fuse_keys) {
           FuseLayerGrads(l, issue_error);
         } else {
-          PushPullLayer(kv_, mlp_, l, &ops_, issue_error);
+          PushPullLayer(kv_, mlp_, l, &layer_ops_[l], issue_error);
         }
         step_issue_s += SecondsSince(issue);
       },
-      on_forward_done);
-  totals_->time_compute_s += SecondsSince(t) - step_issue_s;
-  straggler_.Observe(absl::Seconds(SecondsSince(t) - step_issue_s) - slow);
+      on_forward_done, before_layer);
+  const double compute_s = SecondsSince(t) - step_issue_s - step_wait_s;
+  totals_->time_compute_s += compute_s;
+  straggler_.Observe(absl::Seconds(compute_s) - slow);
   totals_->time_issue_s += step_issue_s;
+  totals_->time_comm_s += step_wait_s;
   return step;
+}
+
+absl::Status TrainingLoop::BeforeLayerForward(int l, double* wait_s,
+                                              MaybeFailure* wait_failure) {
+  trace::Span span("train", "layer-wait");
+  span.Arg("layer", l);
+  const Clock::time_point t = Clock::now();
+  absl::Status wait_error;
+  const absl::Status commit = WaitLayer(l, &wait_error);
+  *wait_s += SecondsSince(t);
+  if (!wait_error.ok()) {
+    *wait_failure = KvFailure("KV request", wait_error);
+    return wait_error;
+  }
+  if (!commit.ok()) *wait_failure = Failure{1, commit.ToString()};
+  return commit;
+}
+
+absl::Status TrainingLoop::WaitStep() {
+  if (wait_by_layer_) return absl::OkStatus();
+  absl::Status wait_error;
+  auto wait = [&](std::vector<OpHandle>* ops) {
+    for (OpHandle op : *ops) {
+      if (absl::Status s = kv_.Wait(op); !s.ok() && wait_error.ok())
+        wait_error = s;
+    }
+    ops->clear();
+  };
+  wait(&ops_);
+  // In the order they were issued: from the last layer down.
+  for (int l = mlp_.num_layers() - 1; l >= 0; --l) wait(&layer_ops_[l]);
+  return wait_error;
+}
+
+absl::Status TrainingLoop::WaitLayer(int l, absl::Status* wait_error) {
+  std::vector<OpHandle>& ops = layer_ops_[l];
+  if (ops.empty()) return absl::OkStatus();
+  absl::Status first;
+  for (OpHandle op : ops) {
+    if (absl::Status s = kv_.Wait(op); !s.ok() && first.ok()) first = s;
+  }
+  ops.clear();
+  if (!first.ok()) {
+    if (wait_error->ok()) *wait_error = first;
+    return absl::OkStatus();
+  }
+  return mlp_.CommitStagedLayer(l);
+}
+
+absl::Status TrainingLoop::WaitPending(absl::Status* wait_error) {
+  absl::Status commit;
+  for (int l = 0; l < mlp_.num_layers(); ++l) {
+    if (absl::Status s = WaitLayer(l, wait_error); !s.ok() && commit.ok())
+      commit = s;
+  }
+  return commit;
+}
+
+MaybeFailure TrainingLoop::DrainPending() {
+  trace::Span span("train", "drain");
+  const Clock::time_point t = Clock::now();
+  absl::Status wait_error;
+  const absl::Status commit = WaitPending(&wait_error);
+  totals_->time_comm_s += SecondsSince(t);
+  if (!wait_error.ok()) return KvFailure("KV request", wait_error);
+  if (!commit.ok()) return Failure{1, commit.ToString()};
+  return std::nullopt;
 }
 
 // A finished step's counts, and the progress line every --log-every batches.
@@ -331,6 +423,9 @@ void TrainingLoop::Account(int epoch, int b, const MlpBatchStats& step,
 }
 
 absl::StatusOr<double> TrainingLoop::Evaluate() {
+  absl::Status wait_error;
+  if (absl::Status s = WaitPending(&wait_error); !wait_error.ok() || !s.ok())
+    return wait_error.ok() ? s : wait_error;
   const Clock::time_point t0 = Clock::now();
   if (!test_.has_value()) test_ = ToFloat(data_.test);
   absl::StatusOr<MlpBatchStats> s =
@@ -341,6 +436,10 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
 }
 
 absl::StatusOr<uint64_t> TrainingLoop::WeightsChecksum() {
+  // This worker's last pushes, so the servers' weights hold them.
+  absl::Status wait_error;
+  if (absl::Status s = WaitPending(&wait_error); !wait_error.ok() || !s.ok())
+    return wait_error.ok() ? s : wait_error;
   uint64_t h = 14695981039346656037ULL;
   auto add = [&h](const std::vector<float>& v) {
     const auto* p = reinterpret_cast<const unsigned char*>(v.data());

@@ -5,8 +5,15 @@
 // life completed), then runs the epochs, each a loop of steps: forward and
 // backward, each layer's push and pull issued as backward reaches it (with
 // --fuse-keys, one push and pull of every parameter at once), the wait for
-// them and the new weights. It prints the progress lines, evaluates rank 0's
-// model after each epoch and counts what it did in a RunTotals.
+// them and the new weights. With --wait-pulls layer (the default, a key per
+// tensor) a step's pushes and pulls are not waited for at its end: the next
+// step's forward waits for each layer's just before that layer runs and
+// commits that layer's weights, so the first layers compute while the last
+// ones' pulls still travel. Whatever is still pending is waited for before
+// anything else reads the weights or the job ends: at an epoch's end (before
+// rank 0's evaluation), before leaving, at the end of Run, in Evaluate and in
+// WeightsChecksum. It prints the progress lines, evaluates rank 0's model
+// after each epoch and counts what it did in a RunTotals.
 //
 //   RunTotals totals;
 //   TrainingLoop loop(flags, data, loader_options, *kv, *mlp, steps_per_epoch,
@@ -57,7 +64,9 @@ struct EpochRecord {
 struct RunTotals {
   double time_compute_s =
       0;  // forward/backward, including issuing the async KV ops
-  double time_comm_s = 0;  // waiting for pushes and pulls after backward
+  // Waiting for pushes and pulls: after backward (--wait-pulls step), or
+  // before each layer's forward and at an epoch's end (layer).
+  double time_comm_s = 0;
   // Issuing pushes and pulls during backward: 2-bit compression (on the GPU,
   // also the device-to-host copy) and handing the requests to the transport.
   // Not part of time_compute_s.
@@ -118,18 +127,19 @@ class TrainingLoop {
   MaybeFailure Run();
 
   // True when Run stopped early because a leave was requested: every push of
-  // the steps it ran was answered.
+  // the steps it ran was answered (waited for before leaving).
   bool left() const { return left_; }
 
   // Seconds since Run began.
   double SecondsSinceStart() const;
 
   // Accuracy on the test set (converted to floats once); the time it took is
-  // added to time_eval_s.
+  // added to time_eval_s. Pending pulls are waited for first (Run leaves none).
   absl::StatusOr<double> Evaluate();
 
   // The servers' final weights, pulled key by key (layer by layer, W then
-  // b; or the fused key), hashed.
+  // b; or the fused key), hashed. Pending pushes and pulls are waited for
+  // first (Run leaves none).
   absl::StatusOr<uint64_t> WeightsChecksum();
 
  private:
@@ -146,7 +156,22 @@ class TrainingLoop {
   MaybeFailure Step(int epoch, int b, EpochCounts* counts, bool* done);
   absl::StatusOr<MlpBatchStats> ComputeAndIssue(
       const Batch& batch, const std::function<void()>& on_forward_done,
-      absl::Status* issue_error);
+      absl::Status* issue_error, MaybeFailure* wait_failure);
+  // --wait-pulls layer: the hook before layer l's forward.
+  absl::Status BeforeLayerForward(int l, double* wait_s,
+                                  MaybeFailure* wait_failure);
+  // --wait-pulls step (or --fuse-keys): every op of the step; the first
+  // error. --wait-pulls layer: nothing (OK).
+  absl::Status WaitStep();
+  // Waits for layer l's pending ops (all, even after an error; the first
+  // error kept in *wait_error when it holds none) and, when they succeeded,
+  // commits the layer's staged weights: that commit's status.
+  absl::Status WaitLayer(int l, absl::Status* wait_error);
+  // WaitLayer for every layer: the first commit error.
+  absl::Status WaitPending(absl::Status* wait_error);
+  // WaitPending, its time added to time_comm_s; a wait error ends the job as
+  // a step's does ("KV request: ...").
+  MaybeFailure DrainPending();
   void Account(int epoch, int b, const MlpBatchStats& step,
                EpochCounts* counts);
   void FuseLayerGrads(int l, absl::Status* error);
@@ -166,7 +191,12 @@ class TrainingLoop {
   int64_t skip_ = 0;  // steps of an earlier life still to skip
   Straggler straggler_{flags_.slow_every, flags_.slow_factor};
   bool resumed_ = false;
-  std::vector<OpHandle> ops_;  // the step's pushes and pulls
+  // --wait-pulls layer with a key per tensor: each layer's pushes and pulls
+  // are waited for before its next forward.
+  const bool wait_by_layer_ = flags_.wait_pulls == "layer" && !flags_.fuse_keys;
+  std::vector<OpHandle> ops_;  // --fuse-keys: the step's push and pull
+  // A key per tensor: each layer's pushes and pulls not yet waited for.
+  std::vector<std::vector<OpHandle>> layer_ops_;
 
   // --fuse-keys on: every parameter in one key, each layer's W then b, in
   // layer order; tensor t (2l: W of layer l, 2l + 1: its b) at fused_at_[t].

@@ -227,7 +227,9 @@ class CudaMlp final : public Mlp {
   absl::StatusOr<MlpBatchStats> ForwardBackward(
       const float* x, const int32_t* labels, int rows,
       const std::function<void(int layer)>& on_layer_ready,
-      const std::function<void()>& on_forward_done = nullptr) override {
+      const std::function<void()>& on_forward_done = nullptr,
+      const std::function<absl::Status(int layer)>& before_layer_forward =
+          nullptr) override {
     if (rows <= 0 || rows > max_batch()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ForwardBackward: rows must be in 1..", max_batch(), ", got ", rows));
@@ -235,7 +237,7 @@ class CudaMlp final : public Mlp {
     const int last = num_layers() - 1;
     TESSERA_RETURN_IF_ERROR(CheckLabels(labels, rows, out_size(last)));
     TESSERA_RETURN_IF_ERROR(UploadBatch(x, labels, rows));
-    TESSERA_RETURN_IF_ERROR(Forward(rows));
+    TESSERA_RETURN_IF_ERROR(Forward(rows, before_layer_forward));
     SoftmaxCrossEntropyKernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0,
                                 stream_>>>(
         layers_[last].act.get(), labels_.get(), rows, out_size(last),
@@ -244,7 +246,8 @@ class CudaMlp final : public Mlp {
     TESSERA_RETURN_IF_ERROR(DownloadRowStats(rows));
     if (on_forward_done) on_forward_done();
     // Pulls from the callbacks overwrite the staging buffers: the copies of the
-    // last commit must have left them.
+    // last commit must have left them (with CommitStagedLayer, the last
+    // layer's event follows every earlier copy on the stream).
     TESSERA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(commit_done_));
     const float one = 1.0f, zero = 0.0f;
     for (int l = last; l >= 0; --l) {
@@ -284,7 +287,7 @@ class CudaMlp final : public Mlp {
       const int n = std::min(max_batch(), rows - begin);
       TESSERA_RETURN_IF_ERROR(UploadBatch(
           x + static_cast<size_t>(begin) * in_size(0), labels + begin, n));
-      TESSERA_RETURN_IF_ERROR(Forward(n));
+      TESSERA_RETURN_IF_ERROR(Forward(n, nullptr));
       SoftmaxCrossEntropyKernel<<<(n + kThreads - 1) / kThreads, kThreads, 0,
                                   stream_>>>(
           layers_[last].act.get(), labels_.get(), n, out_size(last), nullptr,
@@ -324,14 +327,19 @@ class CudaMlp final : public Mlp {
   }
 
   absl::Status CommitStagedParams() override {
-    for (Layer& L : layers_) {
-      TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-          L.w.get(), L.staged_w.get(), L.w.size() * sizeof(float),
-          cudaMemcpyHostToDevice, stream_));
-      TESSERA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-          L.b.get(), L.staged_b.get(), L.b.size() * sizeof(float),
-          cudaMemcpyHostToDevice, stream_));
+    for (Layer& L : layers_) TESSERA_RETURN_IF_ERROR(CopyStaged(L));
+    TESSERA_CUDA_RETURN_IF_ERROR(cudaEventRecord(commit_done_, stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status CommitStagedLayer(int layer) override {
+    if (layer < 0 || layer >= num_layers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CommitStagedLayer: layer must be in 0..",
+                       num_layers() - 1, ", got ", layer));
     }
+    TESSERA_RETURN_IF_ERROR(CopyStaged(layers_[layer]));
+    // Recorded after this copy, so it also follows every earlier commit's.
     TESSERA_CUDA_RETURN_IF_ERROR(cudaEventRecord(commit_done_, stream_));
     return absl::OkStatus();
   }
@@ -373,9 +381,24 @@ class CudaMlp final : public Mlp {
     return absl::OkStatus();
   }
 
-  absl::Status Forward(int rows) {
+  // Layer L's staging onto the device, on the stream.
+  absl::Status CopyStaged(Layer& L) {
+    TESSERA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(L.w.get(), L.staged_w.get(), L.w.size() * sizeof(float),
+                        cudaMemcpyHostToDevice, stream_));
+    TESSERA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(L.b.get(), L.staged_b.get(), L.b.size() * sizeof(float),
+                        cudaMemcpyHostToDevice, stream_));
+    return absl::OkStatus();
+  }
+
+  // Queues the forward pass of `rows` rows; `before_layer`, when given, runs
+  // on the host before each layer is queued, and its error stops the pass.
+  absl::Status Forward(
+      int rows, const std::function<absl::Status(int layer)>& before_layer) {
     const float one = 1.0f, zero = 0.0f;
     for (int l = 0; l < num_layers(); ++l) {
+      if (before_layer) TESSERA_RETURN_IF_ERROR(before_layer(l));
       Layer& L = layers_[l];
       const int in = in_size(l), out = out_size(l);
       const float* input = l == 0 ? x_.get() : layers_[l - 1].act.get();
