@@ -186,6 +186,7 @@ tsan_programs=(
   kv_client_test
   c_api_test
   pulled_copy_test curve_keys_test sealed_link_test sealed_admission_test sealed_redial_test message_test
+  send_order_test
   buffer_test
   metrics_registry_test trace_recorder_test round_watch_test model_batch_loader_test
   # real daemons and workers

@@ -545,11 +545,15 @@ class LaunchClusterTest(ClusterTestBase):
         # layer by layer in the next step's forward, and what is pending at an epoch's
         # end before rank 0's evaluation. The servers' rounds and the weights each
         # forward reads are the same as waiting for all at the end of each step, so
-        # dist_sync ends with the same bits: two epochs, server momentum.
+        # dist_sync ends with the same bits: two epochs, server momentum. The step-wise
+        # job also sends in FIFO order (TESSERA_SEND_ORDER=fifo, docs/priority.md),
+        # the layer-wise one with priorities (the default), over two servers: the
+        # order slices go in changes no sum.
         results = {}
         for wait in ('layer', 'step'):
             metrics = os.path.join(self.tmp.name, 'wait-%s-{rank}.json' % wait)
-            code, out, _ = self.launch(['-n', '2', '-s', '1', TRAIN_WORKER, '--kv-store',
+            self.env['TESSERA_SEND_ORDER'] = 'priority' if wait == 'layer' else 'fifo'
+            code, out, _ = self.launch(['-n', '2', '-s', '2', TRAIN_WORKER, '--kv-store',
                                         'dist_sync', '--lr', '0.1', '--momentum', '0.9',
                                         '--epochs', '2', '--train-subset', '3000',
                                         '--test-subset', '1000', '--wait-pulls', wait,
