@@ -175,8 +175,11 @@ Message KVServer::NewReply(const Message& request, const absl::Status& status,
 }
 
 void KVServer::SendReply(const Message& request, Message reply) {
-  // As urgent as its request (docs/priority.md).
-  if (request.header.has_priority() && !reply.header.has_priority())
+  // As urgent as its request (docs/priority.md). Only a reply about the
+  // key's slice: one without it (an acknowledgement, a request for the whole
+  // push) could otherwise pass that key's earlier replies.
+  if (request.header.has_priority() && !reply.header.has_priority() &&
+      reply.header.has_slice())
     reply.header.set_priority(request.header.priority());
   absl::Status sent = send_(request.header.sender(), std::move(reply));
   if (!sent.ok()) {

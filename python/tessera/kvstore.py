@@ -650,19 +650,33 @@ class KVStore:
         self._call('tessera_kv_priority', _key(key), ctypes.byref(out))
         return out.value
 
-    def _prioritise(self, key, priority):
-        # MXNet's `priority` argument: None keeps the keys' own.
-        if priority is not None:
-            self.set_priority(key, priority)
+    def _prioritise(self, keys, priority):
+        # MXNet's `priority` argument, after the call's other arguments were
+        # checked: the keys' priority from now on; None keeps theirs. A key not
+        # initialised is left to the call itself to name.
+        if priority is None:
+            return
+        p = _check_priority(priority)
+        handle = self._enter()
+        try:
+            for k in keys:
+                code = self._lib.tessera_kv_set_priority(handle, _key(k), ctypes.c_int64(p))
+                if code not in (0, STATUS_CODES['NOT_FOUND']):
+                    _raise_last('tessera_kv_set_priority')
+        finally:
+            self._exit()
 
     def push(self, key, value, priority=None):
         """Pushes gradient(s). A list of arrays for one key is summed first (MXNet's
         one-per-device form). The pushes of several keys are in flight at once;
         returns when all are done (dist_sync: their rounds applied). `priority`
-        (MXNet's): when given, becomes the keys' priority (set_priority)."""
+        (MXNet's): when given, becomes the keys' priority from this call on
+        (set_priority; MXNet's is per call: pass the same one every time, e.g.
+        priority=-index, or None to keep the default order). It is set once the
+        call's other arguments are checked."""
         pairs = _pairs(key, value, 'push', 'value')
-        self._prioritise([k for k, _, _ in pairs], priority)
         grads = [(k, self._summed(arrays, label)) for k, arrays, label in pairs]
+        self._prioritise([k for k, _, _ in pairs], priority)
         if len(grads) == 1:
             k, (addr, n, _) = grads[0]
             self._call('tessera_kv_push', k, addr, n)
@@ -677,8 +691,8 @@ class KVStore:
         if out is None:
             raise TypeError('pull: out= is required (the array(s) the values go into)')
         pairs = _pairs(key, out, 'pull', 'out')
-        self._prioritise([k for k, _, _ in pairs], priority)
         outs = [(k, self._outputs(arrays, label)) for k, arrays, label in pairs]
+        self._prioritise([k for k, _, _ in pairs], priority)
         if len(outs) == 1:
             k, (addr, n, _) = outs[0]
             self._call('tessera_kv_pull', k, addr, n)
@@ -728,7 +742,6 @@ class KVStore:
         if out is None:
             out = value
         pushes = _pairs(key, value, 'pushpull', 'value')
-        self._prioritise([k for k, _, _ in pushes], priority)
         pulls = _pairs(key, out, 'pushpull', 'out')
         if [k for k, _, _ in pushes] != [k for k, _, _ in pulls]:
             raise ValueError('pushpull: value and out must name the same keys')
@@ -740,6 +753,7 @@ class KVStore:
                 raise ValueError('pushpull: key %d: value has %d elements but out has %d'
                                  % (k, g_n, o_n))
             calls.append((k, g_addr, o_addr, g_n, (g_keep, o_keep)))
+        self._prioritise([k for k, _, _ in pushes], priority)
         if len(calls) == 1:
             self._call('tessera_kv_pushpull', *calls[0][:4])
         else:

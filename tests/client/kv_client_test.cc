@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "scheduler/scheduler.h"
 #include "server/kv_server.h"
+#include "tests/support/forwarding_transport.h"
 #include "tests/support/memory_network.h"
 
 namespace tessera {
@@ -1331,34 +1332,22 @@ class PriorityLog {
 
 // Records every data-plane message with a key slice a worker sends and
 // receives.
-class PriorityTap : public Transport {
+class PriorityTap : public ForwardingTransport {
  public:
   PriorityTap(std::unique_ptr<Transport> inner,
               std::shared_ptr<PriorityLog> log)
-      : inner_(std::move(inner)), log_(std::move(log)) {}
-  absl::StatusOr<int> Bind(const std::string& ip, int port) override {
-    return inner_->Bind(ip, port);
-  }
-  absl::Status Connect(int peer, const std::string& ip, int port) override {
-    return inner_->Connect(peer, ip, port);
-  }
-  void Disconnect(int peer) override { inner_->Disconnect(peer); }
+      : ForwardingTransport(std::move(inner)), log_(std::move(log)) {}
   absl::Status Send(int peer, const Message& msg) override {
     log_->Add(false, msg.header);
-    return inner_->Send(peer, msg);
+    return ForwardingTransport::Send(peer, msg);
   }
   absl::StatusOr<Message> Receive(absl::Duration timeout) override {
-    absl::StatusOr<Message> msg = inner_->Receive(timeout);
+    absl::StatusOr<Message> msg = ForwardingTransport::Receive(timeout);
     if (msg.ok()) log_->Add(true, msg->header);
     return msg;
   }
-  uint64_t malformed_count() const override {
-    return inner_->malformed_count();
-  }
-  void Close() override { inner_->Close(); }
 
  private:
-  std::unique_ptr<Transport> inner_;
   std::shared_ptr<PriorityLog> log_;
 };
 

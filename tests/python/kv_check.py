@@ -410,6 +410,11 @@ def priority():
                      "(higher is more urgent), got bool True", kv.set_priority, 0, True)
         expect_error(tessera.NotFoundError, 'cannot set the priority of key 9: it is not '
                      'initialised here (Init it first)', kv.set_priority, 9, 1)
+        # A call's own errors come first, and a refused call sets no priority.
+        expect_error(tessera.NotFoundError, 'the key was never initialised', kv.push, 9,
+                     ws[0], priority=3)
+        expect_error(ValueError, 'pushpull: key 0: value has 6 elements but out has 300000',
+                     kv.pushpull, 0, ws[0], out=ws[1], priority=4)
         expect_equal([kv.priority(k) for k in keys], [0, -7, -7, 5], 'after refusals')
         for i in range(3):
             for k, w in zip(keys, ws):

@@ -8,7 +8,7 @@ TORCH_CHECK_WAIT=layer|step is the Trainer's wait= (default layer).
 Prints the checksums of its own initial weights and of those it starts from,
 how many operations step() waited for, then "torch ok: rank R of N, S steps, checksum=HEX" (SHA-256 of the final
 parameters). Initial weights differ per rank and life. With KILL_AT, rank 1 SIGKILLs itself in its first life
-(TESSERA_RESTART_COUNT unset or 0) right after the step KILL_AT (from 0); its
+(TESSERA_RESTART_COUNT unset or 0) right after the step KILL_AT (from 0) and its pushes; its
 next life (launch.py --restarts) resumes at the step the servers give it.
 """
 import hashlib
@@ -60,6 +60,9 @@ with tessera.KVStore('dist_sync') as kv:
         trainer.step()
         in_step += trainer.waits - before
         if kv.rank == 1 and life == 0 and step == kill_at:
+            # Dies once this step's pushes are in (wait='layer' leaves them in
+            # flight after step()), so its next life resumes at the next step.
+            trainer.wait_all()
             os.kill(os.getpid(), signal.SIGKILL)
     trainer.wait_all()
     print('rank %d: wait=%s, %d ops waited for in step(), %d in all'

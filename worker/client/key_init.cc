@@ -160,6 +160,7 @@ absl::Status KVClient::DeclareKey(uint64_t key, uint64_t length,
   {
     absl::MutexLock lock(&priority_mu_);
     const int64_t before = declared_keys_++;
+    last_declared_ = key;
     priorities_.try_emplace(
         key, static_cast<int32_t>(-std::min(before, kMaxPriority)));
   }
@@ -169,8 +170,12 @@ absl::Status KVClient::DeclareKey(uint64_t key, uint64_t length,
 void KVClient::ForgetKey(uint64_t key) {
   replay_log_.ForgetKey(key);
   {
+    // The default order stays every worker's: a key forgotten (its init
+    // failed) and declared again takes the same number.
     absl::MutexLock lock(&priority_mu_);
-    priorities_.erase(key);
+    if (priorities_.erase(key) > 0 && declared_keys_ > 0 &&
+        last_declared_ == key)
+      --declared_keys_;
   }
   absl::MutexLock lock(&mu_);
   keys_.erase(key);

@@ -438,6 +438,7 @@ class KVClient : public KVWorker {
   absl::flat_hash_map<uint64_t, int32_t> priorities_
       ABSL_GUARDED_BY(priority_mu_);
   int64_t declared_keys_ ABSL_GUARDED_BY(priority_mu_) = 0;
+  uint64_t last_declared_ ABSL_GUARDED_BY(priority_mu_) = 0;
   // Puts the key's priority in a push's or pull's header (unless
   // TESSERA_SEND_ORDER=fifo).
   void Prioritise(Message* msg) const ABSL_LOCKS_EXCLUDED(priority_mu_);

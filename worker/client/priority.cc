@@ -22,7 +22,7 @@ absl::Status KVClient::SetPriority(uint64_t key, int64_t priority) {
 }
 
 absl::StatusOr<int64_t> KVClient::Priority(uint64_t key) const {
-  absl::MutexLock lock(&priority_mu_);
+  absl::ReaderMutexLock lock(&priority_mu_);
   auto it = priorities_.find(key);
   if (it == priorities_.end()) {
     return absl::NotFoundError(
@@ -38,7 +38,7 @@ void KVClient::Prioritise(Message* msg) const {
        cmd != wire::KV_PUSHPULL)) {
     return;
   }
-  absl::MutexLock lock(&priority_mu_);
+  absl::ReaderMutexLock lock(&priority_mu_);
   auto it = priorities_.find(msg->header.slice().key());
   if (it != priorities_.end()) msg->header.set_priority(it->second);
 }
