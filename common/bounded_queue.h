@@ -43,9 +43,8 @@ class BoundedQueue {
     mu_.Await(absl::Condition(&room));
     if (closed_) return false;
     const size_t at = OrderedPosition(
-        items_.size(), order, [this](size_t i) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-          return std::optional<OrderTag>(items_[i].order);
-        });
+        items_.begin(), items_.end(), order,
+        [](const Entry& e) { return std::optional<OrderTag>(e.order); });
     items_.insert(items_.begin() + at, Entry{std::move(item), cost, order});
     cost_ += cost;
     return true;

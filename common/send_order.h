@@ -3,9 +3,10 @@
 // queue use it; both hold whole messages, the first of which may have started.
 //
 //   OrderTag tag = OrderTagOf(msg.header);
-//   size_t at = OrderedPosition(queue.size(), tag, [&](size_t i) {
-//     return queue[i].started ? std::nullopt : std::optional(queue[i].tag);
-//   });
+//   size_t at = OrderedPosition(queue.begin(), queue.end(), tag,
+//       [](const Entry& e) {
+//         return e.started ? std::nullopt : std::optional(e.tag);
+//       });
 //   queue.insert(queue.begin() + at, std::move(entry));
 //
 // The rule: a message with a priority passes, from the back, the queued
@@ -56,17 +57,18 @@ inline OrderTag OrderTagOf(const wire::Header& h) {
   return t;
 }
 
-// The position in a queue of `size` entries at which a message tagged `tag`
-// goes. `queued(i)`: the tag of entry i, or std::nullopt when that entry has
-// started (it is never passed).
-template <typename TagAt>
-size_t OrderedPosition(size_t size, const OrderTag& tag, TagAt queued) {
-  if (!tag.ordered) return size;
-  for (size_t i = size; i > 0; --i) {
-    const std::optional<OrderTag> e = queued(i - 1);
+// The position (from `begin`) at which a message tagged `tag` goes in the
+// queue [begin, end). `tag_of(entry)`: the entry's tag, or std::nullopt when
+// it has started (it is never passed).
+template <typename It, typename TagOf>
+size_t OrderedPosition(It begin, It end, const OrderTag& tag, TagOf tag_of) {
+  size_t at = static_cast<size_t>(end - begin);
+  if (!tag.ordered) return at;
+  for (; at > 0; --at) {
+    const std::optional<OrderTag> e = tag_of(*(begin + (at - 1)));
     if (!e.has_value() || !e->ordered || e->priority >= tag.priority ||
         (tag.has_key && e->has_key && e->key == tag.key)) {
-      return i;
+      return at;
     }
   }
   return 0;

@@ -280,9 +280,8 @@ absl::Status ZmqTransport::SendSealed(Sender& sender, const Message& msg,
   job.frames = msg.data;
   job.order = OrderTagOf(msg.header);
   const size_t at = OrderedPosition(
-      sender.pending.size(), job.order,
-      [&sender](size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sender.mu) {
-        const sealed::SealJob& queued = sender.pending[i];
+      sender.pending.begin(), sender.pending.end(), job.order,
+      [](const sealed::SealJob& queued) {
         return queued.started ? std::nullopt
                               : std::optional<OrderTag>(queued.order);
       });

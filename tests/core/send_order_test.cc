@@ -62,8 +62,8 @@ OrderTag Tag(int32_t priority, uint64_t key) {
 // Where `tag` goes among `queued` (std::nullopt: an entry that started).
 size_t At(const std::vector<std::optional<OrderTag>>& queued,
           const OrderTag& tag) {
-  return OrderedPosition(queued.size(), tag,
-                         [&queued](size_t i) { return queued[i]; });
+  return OrderedPosition(queued.begin(), queued.end(), tag,
+                         [](const std::optional<OrderTag>& e) { return e; });
 }
 
 TEST(SendOrderTest, AnUrgentMessagePassesLessUrgentOnesOfOtherKeys) {
