@@ -349,8 +349,11 @@ void KVServer::TakeReplica(Shard* shard, Message&& msg) {
     answer(applied);
     return;
   }
-  for (int r = 0; r < key->ledger.num_workers(); ++r)
+  for (int r = 0; r < key->ledger.num_workers(); ++r) {
     key->ledger.SetReceived(r, h.replica_counts(r));
+    // A backup's clocks follow its primary's (tessera_server_ssp_clock).
+    if (key->ssp != nullptr && h.replica_counts(r) > 0) SspPushTaken(*key, r);
+  }
   // A dist_sync slice's update is one of its primary's rounds: a backup
   // promoted later numbers its rounds as the primary did.
   if (key->sync) key->engine->SetRoundNumber(key->engine->RoundNumber() + 1);

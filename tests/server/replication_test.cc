@@ -9,10 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
 #include "common/debug_pending.h"
+#include "common/metrics.h"
 #include "common/replica_chain.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
@@ -95,6 +100,18 @@ class Box {
 
 using testing::SetOptimizer;
 using testing::ValuesOf;
+
+// A series' value in the process's metrics (every server of a test adds
+// its own samples to the same series; -1 when absent).
+double SeriesValue(const std::string& series) {
+  for (absl::string_view line :
+       absl::StrSplit(MetricsRegistry::Global().TextExposition(), '\n')) {
+    if (!absl::StartsWith(line, series + " ")) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+  }
+  return -1;
+}
 
 Message KeyMessage(wire::Command cmd, int rank, uint64_t length) {
   return testing::KeyMessage(cmd, rank, key_in_use, length);
@@ -1442,6 +1459,12 @@ TEST_F(ReplicationElasticTest, APromotedBackupKnowsASspJoinersClock) {
   EXPECT_EQ(entered->header.push_seq(), 3u);
   EXPECT_FALSE(entered->header.joining());
 
+  // Both servers' tessera_server_ssp_clock show each rank's clock: the
+  // backup's follows its primary's updates (the two servers of this process
+  // add their samples: twice each clock).
+  EXPECT_EQ(SeriesValue("tessera_server_ssp_clock{rank=\"0\"}"), 2 * 5);
+  EXPECT_EQ(SeriesValue("tessera_server_ssp_clock{rank=\"1\"}"), 2 * 3);
+  EXPECT_EQ(SeriesValue("tessera_server_ssp_clock{rank=\"2\"}"), 2 * 3);
   backup_.server().ServerDied(0);
   ExpectJoinerInAtThree(backup_);
   EXPECT_EQ(backup_.server().stats().promoted_slices(), 1u);
