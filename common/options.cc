@@ -207,6 +207,12 @@ absl::Status ParseKeys(const EnvLookup& env, Options& o) {
     return BadValue("TESSERA_SEND_ORDER", order, "priority or fifo");
   o.send_priority = order != "fifo";
   TESSERA_ASSIGN_OR_RETURN(
+      o.send_credit_bytes,
+      ReadInt(env, "TESSERA_SEND_CREDIT_BYTES", 0, int64_t{1} << 30,
+              o.send_credit_bytes,
+              "a number of bytes in 0..1073741824 (0: the kernel's own "
+              "socket buffers)"));
+  TESSERA_ASSIGN_OR_RETURN(
       o.late_min, ReadSeconds(env, "TESSERA_LATE_MIN", o.late_min, false));
   TESSERA_ASSIGN_OR_RETURN(
       o.staleness,

@@ -152,6 +152,14 @@ struct Options {
   // more urgent slices pass (docs/priority.md); "fifo" sends none: every
   // queue keeps issue order (the baseline priority is measured against).
   bool send_priority = true;
+  // TESSERA_SEND_CREDIT_BYTES: the credit, what each link's kernel buffers
+  // may hold on either end (SO_SNDBUF on the sender's socket, SO_RCVBUF on
+  // the receiver's, and the sealed lane's receive queue in records), so that
+  // an urgent slice waits behind at most this much of less urgent ones that
+  // already left the sending queue (docs/priority.md). 0 (the default): the
+  // kernel's own sizes, autotuned up to megabytes on either end (a credit of
+  // 1 MiB cost a quarter of a sealed link's loopback throughput here).
+  int64_t send_credit_bytes = 0;
   // When a dist_sync round (on a server) or a barrier (on the scheduler) is
   // late enough to log whom it waits for: TESSERA_LATE_FACTOR times its
   // recent median, and at least TESSERA_LATE_MIN seconds (docs/debugging.md).

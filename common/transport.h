@@ -174,6 +174,11 @@ struct ZmqTransportOptions {
   std::string scheduler_address;
   // Plaintext bytes per sealed record (sealed_link.h).
   size_t sealed_record_bytes = 256 << 10;
+  // The credit (Options::send_credit_bytes): SO_SNDBUF of every sending
+  // socket, SO_RCVBUF of the receiving one, and the sealed lane's receive
+  // queue of max(4, credit / sealed_record_bytes) records per peer. 0: the
+  // kernel's own buffers and a queue of kReceiveHighWaterMark.
+  int64_t credit_bytes = 0;
   CodecLimits limits;
   // Every socket authenticated with these keys and every received message's
   // sender checked against its connection's key; nullptr: none of it

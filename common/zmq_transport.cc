@@ -94,6 +94,10 @@ absl::StatusOr<int> ZmqTransport::Bind(const std::string& ip, int port) {
     // stops reading its connection and TCP's window closes on the sender.
     zmq_setsockopt(receiver_, ZMQ_RCVHWM, &kReceiveHighWaterMark,
                    sizeof(kReceiveHighWaterMark));
+    if (options_.credit_bytes > 0) {
+      const int credit = static_cast<int>(options_.credit_bytes);
+      zmq_setsockopt(receiver_, ZMQ_RCVBUF, &credit, sizeof(credit));
+    }
     LimitMainLane(receiver_);
   }
   const std::string endpoint = TcpEndpoint(ip, port);
@@ -383,6 +387,10 @@ void ZmqTransport::LimitSending(void* socket) {
   const int timeout_ms =
       static_cast<int>(absl::ToInt64Milliseconds(options_.send_timeout));
   zmq_setsockopt(socket, ZMQ_SNDTIMEO, &timeout_ms, sizeof(timeout_ms));
+  if (options_.credit_bytes > 0) {
+    const int credit = static_cast<int>(options_.credit_bytes);
+    zmq_setsockopt(socket, ZMQ_SNDBUF, &credit, sizeof(credit));
+  }
 }
 
 absl::Status ZmqTransport::SecureSender(void* socket, int peer) {
@@ -460,6 +468,7 @@ absl::StatusOr<std::unique_ptr<Transport>> NewZmqTransportForNode(
   ZmqTransportOptions options;
   options.max_message_bytes = node_options.max_frame_bytes;
   options.sealed_port = node_options.sealed_port;
+  options.credit_bytes = node_options.send_credit_bytes;
   TESSERA_ASSIGN_OR_RETURN(options.security,
                            LoadConnectionSecurity(node_options));
   options.metrics = &MetricsRegistry::Global();

@@ -92,6 +92,15 @@ absl::Status ZmqTransport::BindSealedLane(const std::string& ip) {
       sealed::kRecordOverhead + 16 + 8 +
       std::max(options_.sealed_record_bytes, options_.limits.max_header_bytes));
   zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &max_record, sizeof(max_record));
+  // The credit bounds the records queued per peer too (a receiver that
+  // falls behind holds no more than that of them), never below 4 records.
+  const int queue =
+      options_.credit_bytes <= 0
+          ? kReceiveHighWaterMark
+          : static_cast<int>(std::max<int64_t>(
+                4, options_.credit_bytes /
+                       static_cast<int64_t>(options_.sealed_record_bytes)));
+  zmq_setsockopt(receiver_, ZMQ_RCVHWM, &queue, sizeof(queue));
   const std::string endpoint = TcpEndpoint(ip, options_.sealed_port);
   const bool bound = zmq_bind(receiver_, endpoint.c_str()) == 0;
   const std::string err = bound ? std::string() : ZmqError();
@@ -99,6 +108,8 @@ absl::Status ZmqTransport::BindSealedLane(const std::string& ip) {
   // Later binds of the main lane take its own options again.
   SecureReceiver(receiver_);
   LimitMainLane(receiver_);
+  zmq_setsockopt(receiver_, ZMQ_RCVHWM, &kReceiveHighWaterMark,
+                 sizeof(kReceiveHighWaterMark));
   if (!bound) {
     return absl::UnavailableError(absl::StrCat(
         "cannot bind the sealed lane at ", endpoint, ": ", err,

@@ -299,6 +299,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TESSERA_STALENESS", "1000001",
                 "TESSERA_STALENESS='1000001': expected a whole number of steps "
                 "in 0..1000000 (dist_ssp's staleness bound)"},
+        BadCase{"TESSERA_SEND_CREDIT_BYTES", "-1",
+                "TESSERA_SEND_CREDIT_BYTES='-1': expected a number of bytes in "
+                "0..1073741824 (0: the kernel's own socket buffers)"},
+        BadCase{"TESSERA_SEND_CREDIT_BYTES", "1m",
+                "TESSERA_SEND_CREDIT_BYTES='1m': expected a number of bytes in "
+                "0..1073741824 (0: the kernel's own socket buffers)"},
         BadCase{"TESSERA_LATE_FACTOR", "0.5",
                 "TESSERA_LATE_FACTOR='0.5': expected a number in 1..1000000"},
         BadCase{"TESSERA_LATE_FACTOR", "ten",
@@ -337,6 +343,12 @@ TEST(OptionsTest, ChunksAndExactSumsByDefaultAndBothCanBeChanged) {
   EXPECT_EQ(o->late_factor, 10);
   EXPECT_EQ(o->late_min, absl::Seconds(1));
   EXPECT_EQ(o->staleness, -1) << "unset";
+  EXPECT_EQ(o->send_credit_bytes, 0) << "the kernel's own buffers";
+  env["TESSERA_SEND_CREDIT_BYTES"] = "1048576";
+  EXPECT_EQ(Parse(env)->send_credit_bytes, 1 << 20);
+  env["TESSERA_SEND_CREDIT_BYTES"] = "262144";
+  EXPECT_EQ(Parse(env)->send_credit_bytes, 262144);
+  env.erase("TESSERA_SEND_CREDIT_BYTES");
   env["TESSERA_STALENESS"] = "0";
   EXPECT_EQ(Parse(env)->staleness, 0);
   env["TESSERA_STALENESS"] = "1000000";

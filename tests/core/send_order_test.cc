@@ -5,6 +5,7 @@
 // progress, while FIFO sends it last.
 #include "common/send_order.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -112,11 +113,13 @@ constexpr int kSlices = 100;
 constexpr size_t kSliceBytes = 1 << 20;
 constexpr uint64_t kUrgentKey = 1;
 
-std::unique_ptr<Transport> Make(const JobKeySet& job, Role role) {
+std::unique_ptr<Transport> Make(const JobKeySet& job, Role role,
+                                int64_t credit_bytes) {
   auto security = std::make_shared<ConnectionSecurity>();
   security->keys = *ParseKeyFile(FormatKeyFile(job, role), "test");
   ZmqTransportOptions options;
   options.security = security;
+  options.credit_bytes = credit_bytes;
   options.linger = absl::ZeroDuration();
   return NewZmqTransport(options);
 }
@@ -140,8 +143,8 @@ Message Slice(uint64_t key, std::optional<int32_t> priority,
 class SealedSendOrderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = Make(job_, Role::kServer);
-    worker_ = Make(job_, Role::kWorker);
+    server_ = Make(job_, Role::kServer, credit_bytes_);
+    worker_ = Make(job_, Role::kWorker, credit_bytes_);
     absl::StatusOr<int> port = server_->Bind("127.0.0.1", 0);
     ASSERT_TRUE(port.ok()) << port.status();
     ASSERT_TRUE(worker_->Bind("127.0.0.1", 0).ok());
@@ -193,6 +196,8 @@ class SealedSendOrderTest : public ::testing::Test {
     return place;
   }
 
+  // 0: the kernel's own socket buffers (ZmqTransportOptions::credit_bytes).
+  int64_t credit_bytes_ = 0;
   const JobKeySet job_ = GenerateJobKeys().value();
   std::unique_ptr<Transport> server_;
   std::unique_ptr<Transport> worker_;
@@ -219,6 +224,33 @@ TEST_F(SealedSendOrderTest, WithoutPrioritiesTheQueueIsFifo) {
   size_t gone = 0;
   EXPECT_EQ(UrgentPlace(std::nullopt, std::nullopt, &gone),
             static_cast<size_t>(kSlices));
+}
+
+// With a credit of 256 KiB the link holds at most: the 1 MiB of sealed
+// records ahead of the socket, each end's socket buffer (Linux doubles the
+// size asked for, to count its bookkeeping), and the receiver's queue of
+// max(4, credit / record) records. The urgent slice passes everything else.
+class CreditedSendOrderTest : public SealedSendOrderTest {
+ protected:
+  CreditedSendOrderTest() { credit_bytes_ = 256 << 10; }
+};
+
+TEST_F(CreditedSendOrderTest, AnUrgentSliceWaitsForAtMostTheCredit) {
+  size_t gone = 0;
+  const size_t place = UrgentPlace(-1, 0, &gone);
+  const int64_t record = ZmqTransportOptions().sealed_record_bytes;
+  const int64_t queue = std::max<int64_t>(4, credit_bytes_ / record);
+  const int64_t held =
+      zmq_internal::kBacklogLimit + 2 * 2 * credit_bytes_ + queue * record;
+  // What the link holds, in whole slices, and the one being sealed.
+  const size_t most = static_cast<size_t>(
+      (held + static_cast<int64_t>(kSliceBytes) - 1) / kSliceBytes + 1);
+  EXPECT_LE(gone, most) << "the credit did not bound what left the queue";
+  EXPECT_LE(place, gone + 1) << gone << " slices had gone";
+  std::printf(
+      "credit %lld bytes: %zu of %d slices had gone (at most %zu); the urgent "
+      "one arrived as message %zu\n",
+      static_cast<long long>(credit_bytes_), gone, kSlices, most, place);
 }
 
 }  // namespace
