@@ -4,8 +4,11 @@
 // and a straggler no value misses a push of another worker numbered below
 // c - s (c: the puller's clock), for s = 0, 1 and 3, nor holds one past
 // c + s + 1; dist_sync's are exact; a worker that leaves an elastic job
-// stops holding the others, and one that joins starts at the slowest clock;
+// stops holding the others, and one that joins starts at the slowest clock,
+// which outlives a killed server when the slices have two replicas;
 // bad bounds fail naming what was expected.
+#include <signal.h>
+
 #include <cstdio>
 #include <regex>
 #include <string>
@@ -135,8 +138,13 @@ bool LogShows(const Child& child, const std::string& text) {
 // wait; rank 2 joins then, starting every key at their clock, 6 (logged by
 // the client); its pull before its first push is answered at once, with
 // exactly 6 pushes of each of the others; then all run to clock 20, every
-// value of every pull within the bound (the joiner's counted from 6).
-TEST(SspClusterTest, AJoiningWorkerStartsAtTheSlowestClock) {
+// value of every pull within the bound (the joiner's counted from 6). With
+// `kill_server`, the job's slices have two replicas (TESSERA_REPLICAS=2 of 2
+// servers) and server 0 is killed after the join, before the others go on:
+// the survivor answers for all of them, and holds and answers the joiner's
+// pulls from its clock as the dead primary did.
+void ExpectJoinerStartsAtTheSlowestClock(bool kill_server) {
+  SCOPED_TRACE(kill_server ? "server 0 killed after the join" : "no kill");
   constexpr int kJoinAt = 6, kTotal = 20;
   ProcessCluster c;
   Configure(c);
@@ -145,6 +153,11 @@ TEST(SspClusterTest, AJoiningWorkerStartsAtTheSlowestClock) {
   c.Env("TESSERA_STALENESS", "1");
   c.Env("SSP_WIDTH", "3");
   c.Env("SSP_JOIN", absl::StrCat("2:", kJoinAt, ":", resume));
+  if (kill_server) {
+    c.Env("TESSERA_REPLICAS", "2");
+    c.Env("PS_HEARTBEAT_INTERVAL", "0.5");
+    c.Env("PS_HEARTBEAT_TIMEOUT", "2");
+  }
   c.Start(/*servers=*/2, /*workers=*/2, WorkerArgv("dist_ssp", kTotal));
   for (const char* name : {"worker 0", "worker 1"}) {
     ASSERT_TRUE(LogShows(c.Find(name), "paused after 6 steps")) << c.AllLogs();
@@ -158,6 +171,11 @@ TEST(SspClusterTest, AJoiningWorkerStartsAtTheSlowestClock) {
         "(the slowest worker's)",
         "ssp_worker rank 2: joined at clock 6, first pull exact"}) {
     ASSERT_TRUE(LogShows(joiner, line)) << line << "\n" << c.AllLogs();
+  }
+  if (kill_server) {
+    Child& server = c.Find("server 0");
+    ASSERT_EQ(::kill(server.pid, SIGKILL), 0);
+    ASSERT_TRUE(c.Wait(server, absl::Seconds(10)));
   }
   std::FILE* f = std::fopen(resume.c_str(), "w");
   ASSERT_NE(f, nullptr);
@@ -184,6 +202,25 @@ TEST(SspClusterTest, AJoiningWorkerStartsAtTheSlowestClock) {
   EXPECT_EQ(checked[1], kTotal * per_step);
   // Its first pull and its 14 steps.
   EXPECT_EQ(checked[2], (1 + kTotal - kJoinAt) * per_step);
+  if (kill_server) {
+    // The killed process had either rank; the survivor took its slices.
+    EXPECT_TRUE(std::regex_search(
+        ProcessCluster::Log(c.Find("server 1")),
+        std::regex("server\\(s\\) [01] died: this server now answers for "
+                   "[1-9][0-9]* of their key slices")))
+        << c.AllLogs();
+    EXPECT_EQ(ProcessCluster::ExitCode(c.Find("server 1")), 0) << c.AllLogs();
+    EXPECT_EQ(ProcessCluster::ExitCode(c.Find("scheduler")), 0) << c.AllLogs();
+  }
+}
+
+TEST(SspClusterTest, AJoiningWorkerStartsAtTheSlowestClock) {
+  ExpectJoinerStartsAtTheSlowestClock(/*kill_server=*/false);
+}
+
+// Issue #49: replicas, dist_ssp and a join in one real job.
+TEST(SspClusterTest, AJoinersClockOutlivesItsPrimaryServer) {
+  ExpectJoinerStartsAtTheSlowestClock(/*kill_server=*/true);
 }
 
 // A job of one server and one `store` worker with `env` set: the worker
