@@ -18,7 +18,6 @@
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
 #include "common/hashed_spec.h"
-#include "common/metrics.h"
 #include "common/replica_chain.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
@@ -1197,17 +1196,7 @@ TEST(KVServerTest, WorkersFinishedCountsThoseThatLeft) {
 // The value of counter `name` in this process's metrics (one KVServer
 // alive), or -1 when it is not there.
 double CounterValue(const std::string& name) {
-  const std::string text = MetricsRegistry::Global().TextExposition();
-  const std::string prefix = name + " ";
-  for (size_t at = 0; at < text.size();) {
-    size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    const std::string line = text.substr(at, end - at);
-    if (line.rfind(prefix, 0) == 0)
-      return std::stod(line.substr(prefix.size()));
-    at = end + 1;
-  }
-  return -1;
+  return testing::MetricValue(name, -1);
 }
 
 // Waits (at most 5 s) for counter `name` to reach `value`.

@@ -9,15 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/compression/two_bit.h"
 #include "common/debug_pending.h"
-#include "common/metrics.h"
 #include "common/replica_chain.h"
 #include "common/wire_status.h"
 #include "gmock/gmock.h"
@@ -104,13 +99,7 @@ using testing::ValuesOf;
 // A series' value in the process's metrics (every server of a test adds
 // its own samples to the same series; -1 when absent).
 double SeriesValue(const std::string& series) {
-  for (absl::string_view line :
-       absl::StrSplit(MetricsRegistry::Global().TextExposition(), '\n')) {
-    if (!absl::StartsWith(line, series + " ")) continue;
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-  }
-  return -1;
+  return testing::MetricValue(series, -1);
 }
 
 Message KeyMessage(wire::Command cmd, int rank, uint64_t length) {

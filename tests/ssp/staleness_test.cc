@@ -10,12 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/debug_pending.h"
-#include "common/metrics.h"
 #include "common/wire_status.h"
 #include "gtest/gtest.h"
 #include "server/kv_server.h"
@@ -156,13 +153,7 @@ std::vector<float> OfTwoAnswers(ServerHarness& h, wire::Command cmd) {
 
 // A series' value in the process's metrics (0 when absent).
 double MetricValue(const std::string& series) {
-  for (absl::string_view line :
-       absl::StrSplit(MetricsRegistry::Global().TextExposition(), '\n')) {
-    if (!absl::StartsWith(line, series + " ")) continue;
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-  }
-  return 0;
+  return testing::MetricValue(series, 0);
 }
 
 // Three workers, s = 1; the key's value [a, b, c] counts each rank's pushes

@@ -2,6 +2,12 @@
 
 #include <atomic>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/metrics.h"
+
 namespace tessera::testing {
 
 uint64_t NextRequestId() {
@@ -60,6 +66,16 @@ Message SetOptimizer(const std::string& spec) {
   m.header.set_request_id(NextRequestId());
   m.header.mutable_kv_options()->set_optimizer_spec(spec);
   return m;
+}
+
+double MetricValue(const std::string& series, double absent) {
+  for (absl::string_view line :
+       absl::StrSplit(MetricsRegistry::Global().TextExposition(), '\n')) {
+    if (!absl::StartsWith(line, series + " ")) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+  }
+  return absent;
 }
 
 }  // namespace tessera::testing
