@@ -84,9 +84,12 @@ inline bool ShouldLog(uint64_t n) {
 constexpr int kReconnectMs = 100;
 constexpr int kReconnectMaxMs = 1000;
 
-// Messages a sealed link keeps while it waits for a new connection (its
-// connection refused): past them Send says Unavailable.
+// Messages, and bytes of them, a sealed link keeps while it waits for a new
+// connection (its connection refused): past either Send says Unavailable.
+// The bytes are references to the senders' frames, kept alive while they
+// wait; a worker keeps about 64 MiB of one push in flight per server.
 constexpr size_t kMaxWaitingWhileRefused = 4096;
+constexpr uint64_t kMaxBytesWaitingWhileRefused = uint64_t{256} << 20;
 
 // Keeps a received zmq_msg_t alive for as long as Buffers reference its bytes.
 struct ReceivedPart {

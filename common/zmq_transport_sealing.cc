@@ -277,12 +277,24 @@ SealedDrops ZmqTransport::sealed_drops() const {
 absl::Status ZmqTransport::SendSealed(Sender& sender, const Message& msg,
                                       size_t header_size,
                                       std::vector<sealed::SealJob>* sent_jobs) {
-  if (sender.refused && sender.pending.size() >= kMaxWaitingWhileRefused) {
+  if (sender.refused) {
     // Bounded while no connection takes them (a redial failing for long).
-    return absl::UnavailableError(absl::StrCat(
-        "cannot send to node ", sender.peer, " at ", sender.endpoint,
-        ": its connection was refused and ", sender.pending.size(),
-        " messages already wait for a new one"));
+    uint64_t bytes = header_size;
+    for (const Buffer& f : msg.data) bytes += f.size();
+    for (const sealed::SealJob& queued : sender.pending) {
+      bytes += queued.header.size();
+      for (const Buffer& f : queued.frames) bytes += f.size();
+    }
+    if (sender.pending.size() >= kMaxWaitingWhileRefused ||
+        bytes > kMaxBytesWaitingWhileRefused) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot send to node ", sender.peer, " at ", sender.endpoint,
+          ": its connection was refused and ", sender.pending.size(),
+          " messages already wait for a new one (at most ",
+          kMaxWaitingWhileRefused, " messages and ",
+          kMaxBytesWaitingWhileRefused >> 20, " MiB; this one would make ",
+          bytes, " bytes)"));
+    }
   }
   sealed::SealJob job;
   job.header.resize(header_size);

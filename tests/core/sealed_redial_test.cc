@@ -313,6 +313,41 @@ TEST_F(SealedRedialTest, ARefusedLinkHoldsABoundedNumberOfMessages) {
   EXPECT_EQ(ZmqTransportTestPeer::Waiting(*link), limit);
 }
 
+// The same bound in bytes (issue #46: it counted messages only, so 4,096
+// messages of any size could wait): messages of 64 MiB (one frame, shared)
+// wait until the next would pass 256 MiB; a small one still fits.
+TEST_F(SealedRedialTest, ARefusedLinkHoldsABoundedNumberOfBytes) {
+  ZmqTransportTestPeer peer(worker_.get());
+  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
+  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ASSERT_NE(link, nullptr);
+  ZmqTransportTestPeer::MarkRedialing(*link);
+  constexpr size_t kBig = size_t{64} << 20;
+  const Buffer big = Buffer::Allocate(kBig);
+  auto push = [&](uint64_t id, const Buffer& data) {
+    Message m = Push(id);
+    m.header.clear_frames();
+    m.data.clear();
+    AddFloatFrame(&m, data);
+    return m;
+  };
+  // Three of 64 MiB and their headers are under 256 MiB; a fourth is over.
+  for (uint64_t r = 1; r <= 3; ++r)
+    ASSERT_TRUE(worker_->Send(kServer, push(r, big)).ok()) << r;
+  const absl::Status over = worker_->Send(kServer, push(4, big));
+  EXPECT_TRUE(absl::IsUnavailable(over)) << over;
+  EXPECT_NE(over.message().find("3 messages already wait for a new one (at "
+                                "most 4096 messages and 256 MiB"),
+            std::string::npos)
+      << over;
+  EXPECT_EQ(ZmqTransportTestPeer::Waiting(*link), 3u);
+  const float small[4] = {1, 2, 3, 4};
+  EXPECT_TRUE(
+      worker_->Send(kServer, push(5, Buffer::CopyOf(small, sizeof(small))))
+          .ok());
+  EXPECT_EQ(ZmqTransportTestPeer::Waiting(*link), 4u);
+}
+
 // Link numbers are 32 bits, and each link's key is made from its number:
 // after the last one a number would repeat, and with it a key and nonce.
 // The last link is made; then no link is (Connect fails, naming why, and a
