@@ -41,6 +41,14 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
                          const ServerSettings& settings) const override {
     TESSERA_RETURN_IF_ERROR(CheckPayload(msg, settings));
     const wire::DataFrame::Encoding encoding = msg.header.frames(0).encoding();
+    if (encoding == wire::DataFrame::TWO_BIT) {
+      absl::Status codes =
+          compression::TwoBitValidate(msg.data[0].data(), msg.data[0].size(),
+                                      key_.length, settings.threshold);
+      if (codes.ok()) return codes;
+      return absl::Status(codes.code(), absl::StrCat("push of key ", key_.key,
+                                                     ": ", codes.message()));
+    }
     if (encoding != wire::DataFrame::COUNTS8 &&
         encoding != wire::DataFrame::COUNTS4) {
       return absl::OkStatus();
@@ -53,7 +61,7 @@ class DenseEngine : public RoundSliceEngine<SyncRound> {
                               const ServerSettings& settings,
                               EngineContext& ctx) override {
     // The frames again (cheap, and what makes reading them safe); the
-    // counts' range was checked in CheckPush.
+    // counts' range and the 2-bit codes were checked in CheckPush.
     TESSERA_RETURN_IF_ERROR(CheckPayload(msg, settings));
     const wire::DataFrame::Encoding encoding = msg.header.frames(0).encoding();
     const bool two_bit = encoding == wire::DataFrame::TWO_BIT;

@@ -104,16 +104,23 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
     return absl::OkStatus();
   }
 
+  absl::Status CheckPush(const Message& msg,
+                         const ServerSettings& settings) const override {
+    absl::StatusOr<std::vector<uint64_t>> ids = Ids(msg);
+    if (!ids.ok()) return ids.status();
+    return CheckRowPush(msg, ids->size(), key_.row_length, settings, Names());
+  }
+
   absl::StatusOr<Pushed> Push(const Message& msg,
                               const ServerSettings& settings,
                               EngineContext& ctx) override {
+    // CheckPush's checks again (cheap, and what makes reading the frames
+    // safe); a 2-bit frame's codes were checked there.
     absl::StatusOr<std::vector<uint64_t>> ids = Ids(msg);
     if (!ids.ok()) return ids.status();
     const uint64_t l = key_.row_length;
     absl::StatusOr<bool> two_bit =
-        CheckRowPayload(msg, ids->size(), l, settings,
-                        {absl::StrCat("push of hashed key ", key_.key), "ids",
-                         "hashed key push"});
+        CheckRowPayload(msg, ids->size(), l, settings, Names());
     if (!two_bit.ok()) return two_bit.status();
     // Each push names an id once for admission, however often it repeats.
     absl::flat_hash_set<uint64_t> named(ids->begin(), ids->end());
@@ -230,6 +237,12 @@ class HashedEngine : public RoundSliceEngine<RowRound> {
  private:
   // Replicated slices: the last update's frames, until TakeUpdate.
   Message update_;
+
+  // How a refusal of a push names it (row_payload.h).
+  RowPayloadNames Names() const {
+    return {absl::StrCat("push of hashed key ", key_.key), "ids",
+            "hashed key push"};
+  }
 
   // The ids of a push or pull: the first frame, RAW uint64.
   absl::StatusOr<std::vector<uint64_t>> Ids(const Message& msg) const {

@@ -210,6 +210,14 @@ void KVServer::Reply(const Message& request, const absl::Status& status,
   SendReply(request, std::move(reply));
 }
 
+void KVServer::RefuseUntaken(const Message& request, const absl::Status& why) {
+  Message reply = NewReply(request, why, nullptr);
+  const wire::Command cmd = request.header.command();
+  if (cmd == wire::KV_PUSH || cmd == wire::KV_PUSHPULL)
+    reply.header.set_push_untaken(true);
+  SendReply(request, std::move(reply));
+}
+
 uint64_t KVServer::NewChain() {
   absl::MutexLock lock(&chain_mu_);
   uint64_t chain;
@@ -233,7 +241,7 @@ void KVServer::Handle(Message&& msg) {
   }
   if (!left_workers_.empty() &&
       left_workers_.count(RankOfId(h.sender())) != 0) {
-    Reply(msg, NotInJob(RankOfId(h.sender())));
+    RefuseUntaken(msg, NotInJob(RankOfId(h.sender())));
     return;
   }
   switch (h.command()) {
@@ -468,7 +476,7 @@ void KVServer::Process(Shard* shard, Message&& msg) {
     return;
   }
   if (absl::Status same = key->CheckSlice(slice); !same.ok()) {
-    Reply(msg, same);
+    RefuseUntaken(msg, same);
     return;
   }
   ProcessRequest(shard, key, std::move(msg));
@@ -502,12 +510,12 @@ void KVServer::AnswerUnknownSlice(Shard* shard, Message&& msg) {
     if (held.ok()) {
       Acknowledge(msg);
     } else {
-      Reply(msg, held);
+      RefuseUntaken(msg, held);
     }
     return;
   }
-  Reply(msg, absl::NotFoundError(
-                 absl::StrCat("key ", slice.key(), " was never initialised")));
+  RefuseUntaken(msg, absl::NotFoundError(absl::StrCat(
+                         "key ", slice.key(), " was never initialised")));
 }
 
 void KVServer::ProcessRequest(Shard* shard, StoredKey* key, Message&& msg) {
@@ -543,6 +551,23 @@ void KVServer::ProcessRequest(Shard* shard, StoredKey* key, Message&& msg) {
   // answered (lost with a connection): send it again, at most once per
   // PS_RESEND_TIMEOUT, doubling.
   if (!key->unacked.empty()) ResendUpdates(shard, key);
+}
+
+void KVServer::Hold(StoredKey* key, Message&& msg) {
+  absl::Status held = key->waiting.Hold(key->key, msg);
+  if (!held.ok()) {
+    // A push taken before keeps its number (a dist_ssp pushpull applied,
+    // its answer waiting for the bound); any other was never taken.
+    const bool taken =
+        key->ledger.Classify(RankOfId(msg.header.sender()),
+                             msg.header.push_seq()) == PushLedger::kDuplicate;
+    if (taken) {
+      Reply(msg, held);
+    } else {
+      RefuseUntaken(msg, held);
+    }
+  }
+  ReportWaiting(key);
 }
 
 void KVServer::ProcessMessage(Shard* shard, Message&& msg) {

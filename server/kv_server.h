@@ -433,6 +433,12 @@ class KVServer : private EngineContext {
   void HandleSettings(Message&& msg);
   void Reply(const Message& request, const absl::Status& status,
              Buffer values = Buffer(), const StoredKey* key = nullptr);
+  // Answers `request` with `why`, found before its push number was taken
+  // (PushLedger::Take): every refusal of a push before Take comes here, and
+  // its reply says so (Header.push_untaken), so that its worker marks the key
+  // out of step. A refusal after Take (SliceEngine::Push: dist_async without
+  // an optimizer) goes by Reply: that push counts.
+  void RefuseUntaken(const Message& request, const absl::Status& why);
   // A reply to `request` without data frames, and its sending.
   Message NewReply(const Message& request, const absl::Status& status,
                    const StoredKey* key);

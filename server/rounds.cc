@@ -266,12 +266,6 @@ void KVServer::EnterRounds(StoredKey* key, Message&& msg) {
   Replay(key);
 }
 
-void KVServer::Hold(StoredKey* key, Message&& msg) {
-  absl::Status held = key->waiting.Hold(key->key, msg);
-  if (!held.ok()) Reply(msg, held);
-  ReportWaiting(key);
-}
-
 bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   // A backup holds a worker's request until it answers for the slice (the
   // worker heard of the primary's death before this server did).
@@ -294,7 +288,7 @@ bool KVServer::TryProcess(StoredKey* key, Message& msg) {
   if (key->engine->Left(RankOfId(msg.header.sender()))) {
     // Held before its worker left the job (elastic): not taken now.
     SspForget(key, msg.header.sender());
-    Reply(msg, NotInJob(RankOfId(msg.header.sender())));
+    RefuseUntaken(msg, NotInJob(RankOfId(msg.header.sender())));
     return true;
   }
   if (msg.header.command() == wire::KV_PULL) {
@@ -331,7 +325,7 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   // A group member's own push of a key its group pushes: refused whatever
   // its number (held, it would wait for ever as well).
   if (absl::Status own = CheckOwnPush(*key, msg); !own.ok()) {
-    Reply(msg, own);
+    RefuseUntaken(msg, own);
     return true;
   }
   if (order == PushLedger::kAhead)
@@ -340,7 +334,7 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
     return false;  // belongs to the next round
   if (msg.header.group_ranks_size() > 0) {
     if (absl::Status group = CheckGroupPush(*key, msg); !group.ok()) {
-      Reply(msg, group);
+      RefuseUntaken(msg, group);
       return true;
     }
     for (int mate : msg.header.group_ranks())
@@ -352,10 +346,13 @@ bool KVServer::TryPush(StoredKey* key, Message& msg) {
   if (key->sync && key->engine->Early(rank)) return false;
   // The payload is checked before the push's number is taken: a refused push
   // leaves its worker's count as it was, so that a correct push of the same
-  // number is taken, not answered as a copy of one taken before.
+  // number is taken, not answered as a copy of one taken before. Every
+  // refusal above is before Take too (RefuseUntaken); after it, only what the
+  // engine cannot do with a push it took (SliceEngine::Push), which counts.
   const Settings s = settings();
   if (absl::Status payload = key->engine->CheckPush(msg, s); !payload.ok()) {
-    Reply(msg, payload);
+    if (absl::IsDataLoss(payload)) CountMalformed();  // does not decode
+    RefuseUntaken(msg, payload);
     return true;
   }
   // dist_ssp: a joiner that pushes without an entry is counted from here.

@@ -56,15 +56,23 @@ class RowEngine : public RoundSliceEngine<RowRound> {
     return absl::OkStatus();
   }
 
+  absl::Status CheckPush(const Message& msg,
+                         const ServerSettings& settings) const override {
+    absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(msg);
+    if (!rows.ok()) return rows.status();
+    return CheckRowPush(msg, rows->size(), key_.row_length, settings, Names());
+  }
+
   absl::StatusOr<Pushed> Push(const Message& msg,
                               const ServerSettings& settings,
                               EngineContext& ctx) override {
+    // CheckPush's checks again (cheap, and what makes reading the frames
+    // safe); a 2-bit frame's codes were checked there.
     absl::StatusOr<std::vector<uint64_t>> rows = LocalRows(msg);
     if (!rows.ok()) return rows.status();
     const uint64_t l = key_.row_length;
-    absl::StatusOr<bool> two_bit = CheckRowPayload(
-        msg, rows->size(), l, settings,
-        {absl::StrCat("row push of key ", key_.key), "row ids", "row push"});
+    absl::StatusOr<bool> two_bit =
+        CheckRowPayload(msg, rows->size(), l, settings, Names());
     if (!two_bit.ok()) return two_bit.status();
     if (key_.sync) {
       const int rank = RankOfId(msg.header.sender());
@@ -176,6 +184,11 @@ class RowEngine : public RoundSliceEngine<RowRound> {
  private:
   // Replicated slices: the last update's frames, until TakeUpdate.
   Message update_;
+
+  // How a refusal of a push names it (row_payload.h).
+  RowPayloadNames Names() const {
+    return {absl::StrCat("row push of key ", key_.key), "row ids", "row push"};
+  }
 
   // The row ids of a push or pull as rows of this slice; InvalidArgument
   // naming the key and the id when one is outside it.

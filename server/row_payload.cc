@@ -40,6 +40,20 @@ absl::StatusOr<bool> CheckRowPayload(const Message& msg, size_t num_ids,
   return two_bit;
 }
 
+absl::Status CheckRowPush(const Message& msg, size_t num_ids,
+                          uint64_t row_length, const ServerSettings& settings,
+                          const RowPayloadNames& names) {
+  absl::StatusOr<bool> two_bit =
+      CheckRowPayload(msg, num_ids, row_length, settings, names);
+  if (!two_bit.ok() || !*two_bit) return two_bit.status();
+  absl::Status codes =
+      compression::TwoBitValidate(msg.data[1].data(), msg.data[1].size(),
+                                  num_ids * row_length, settings.threshold);
+  if (codes.ok()) return codes;
+  return absl::Status(codes.code(),
+                      absl::StrCat(names.push, ": ", codes.message()));
+}
+
 absl::StatusOr<std::vector<const float*>> RowValues(
     const Message& msg, bool two_bit, size_t num_ids, uint64_t row_length,
     float threshold, Buffer* decoded) {

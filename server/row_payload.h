@@ -2,6 +2,8 @@
 // payload: a RAW frame of ids, then the rows' values as one float32 or 2-bit
 // frame, or as several float32 frames of whole rows one after another.
 //
+//   TESSERA_RETURN_IF_ERROR(                 // CheckPush: before Take
+//       CheckRowPush(msg, ids.size(), l, settings, names));
 //   TESSERA_ASSIGN_OR_RETURN(bool two_bit,
 //       CheckRowPayload(msg, ids.size(), l, settings, names));
 //   Buffer decoded;
@@ -41,6 +43,13 @@ absl::StatusOr<bool> CheckRowPayload(const Message& msg, size_t num_ids,
                                      uint64_t row_length,
                                      const ServerSettings& settings,
                                      const RowPayloadNames& names);
+
+// CheckRowPayload's checks, and that a 2-bit frame decodes (DataLoss naming
+// the push): all of the payload an engine's Push could refuse, checked
+// before the server takes the push's number (SliceEngine::CheckPush).
+absl::Status CheckRowPush(const Message& msg, size_t num_ids,
+                          uint64_t row_length, const ServerSettings& settings,
+                          const RowPayloadNames& names);
 
 // Row i's values, wherever its frame put them: pointers into the float32
 // frames, or into `*decoded` (the 2-bit frame decoded; DataLoss when it does

@@ -120,17 +120,21 @@ class SliceEngine {
     kAdded,          // dist_sync: in the open round, which waits for others
     kRoundComplete,  // dist_sync: in the round, which is now complete
   };
-  // Checks a push's payload against the slice and `settings` before the
-  // server takes its number (PushLedger::Take): an error is the push's reply,
-  // and the push's number stays for a correct push to take. Push may still
-  // refuse what only its work finds (a 2-bit payload that does not decode).
+  // Checks a push against the slice and `settings` before the server takes
+  // its number (PushLedger::Take): its frames, its row ids, and that a 2-bit
+  // payload decodes (DataLoss, counted malformed). An error is the push's
+  // reply (Header.push_untaken), and the push's number stays for a correct
+  // push to take. Everything about the push itself that Push could refuse
+  // is found here.
   virtual absl::Status CheckPush(const Message& msg,
                                  const ServerSettings& settings) const {
     return absl::OkStatus();
   }
   // Takes a push that is next in its worker's order (the server checked the
-  // order, duplicates, the round and CheckPush). An error is the push's
-  // reply.
+  // order, duplicates, the round and CheckPush) and whose number the server
+  // took. An error is the push's reply, and the push counts (its worker stays
+  // in step): only what the settings cannot do with it (dist_async without an
+  // optimizer on the servers), or what CheckPush already refused.
   virtual absl::StatusOr<Pushed> Push(const Message& msg,
                                       const ServerSettings& settings,
                                       EngineContext& ctx) = 0;

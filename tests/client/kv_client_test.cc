@@ -480,6 +480,127 @@ TEST(KVClientTest, AfterARefusedPushTheKeyFailsAtOnceNamingIt) {
   EXPECT_EQ(cluster.pushes_applied(), 2u * kTaken);
 }
 
+// Spoils every copy of push 0 of the keys it has a spoiler for, as a buggy
+// or hostile sender would, on its way to the servers.
+class SpoilingTap : public ForwardingTransport {
+ public:
+  using Spoiler = std::function<void(Message*)>;
+  SpoilingTap(std::unique_ptr<Transport> inner,
+              std::map<uint64_t, Spoiler> spoilers)
+      : ForwardingTransport(std::move(inner)), spoilers_(std::move(spoilers)) {}
+  absl::Status Send(int peer, const Message& msg) override {
+    const wire::Header& h = msg.header;
+    auto it = spoilers_.find(h.slice().key());
+    if (h.plane() != wire::DATA || h.command() != wire::KV_PUSH ||
+        h.push_seq() != 0 || h.probe() || it == spoilers_.end()) {
+      return ForwardingTransport::Send(peer, msg);
+    }
+    Message spoiled = msg;
+    it->second(&spoiled);
+    return ForwardingTransport::Send(peer, spoiled);
+  }
+
+ private:
+  const std::map<uint64_t, Spoiler> spoilers_;
+};
+
+// A push its server refused before taking its number leaves this worker's
+// count of the key's pushes one ahead of the server's: the key's later
+// pushes and pulls fail at once, naming the refused push and the server's
+// reason, instead of waiting for it until the request timeout. Key 7's push
+// 0 claims a value too many (refused before the number was taken before the
+// fix too; the next push waited for it); key 8's 2-bit codes do not decode
+// (refused after the number was taken before the fix).
+TEST(KVClientTest, APushRefusedBeforeItsNumberWasTakenFailsItsKeyAtOnce) {
+  MemoryNetwork net;
+  Options options = JobOptions(/*servers=*/1, /*workers=*/1);
+  options.request_timeout = absl::Seconds(5);
+  InProcessCluster cluster(net, options);
+  std::map<uint64_t, SpoilingTap::Spoiler> spoilers = {
+      {7, [](Message* m) { m->header.mutable_frames(0)->set_num_values(5); }},
+      {8, [](Message* m) {
+         // Element 0's code becomes 0b01, which no encoder emits.
+         m->data[0] = Buffer::CopyOf("\x40\0\0\0", 4);
+       }}};
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/true,
+      [&](KVClient& kv) -> absl::Status {
+        TESSERA_RETURN_IF_ERROR(kv.SetGradientCompression("2bit", 0.5f));
+        const std::vector<float> g = {0.6f, -0.7f, 0.6f, 0.0f};
+        const std::map<uint64_t, std::pair<absl::StatusCode, std::string>>
+            want = {
+                {7,
+                 {absl::StatusCode::kInvalidArgument,
+                  "push of key 7 has 5 values; the key has 4 here"}},
+                {8,
+                 {absl::StatusCode::kDataLoss,
+                  "push of key 8: 2-bit payload holds the invalid code 0b01 "
+                  "at slot 0"}}};
+        for (const auto& [key, refusal] : want) {
+          TESSERA_RETURN_IF_ERROR(kv.Init(key, std::vector<float>(4, 1.0f)));
+          absl::Status s = kv.Push(key, g);
+          EXPECT_EQ(s.code(), refusal.first) << s;
+          EXPECT_EQ(s.message(), refusal.second);
+          const absl::Time start = absl::Now();
+          std::vector<float> out(4);
+          const absl::Status pushed = kv.Push(key, g);
+          const absl::Status pulled = kv.Pull(key, absl::MakeSpan(out));
+          EXPECT_LT(absl::Now() - start, absl::Seconds(1))
+              << "key " << key << " waited";
+          for (const absl::Status& later : {pushed, pulled}) {
+            EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition)
+                << later;
+            EXPECT_EQ(later.message(),
+                      absl::StrCat("key ", key,
+                                   ": push 0 of this worker was refused (",
+                                   refusal.second,
+                                   "); its later pushes and pulls of the key "
+                                   "would wait for it for ever"));
+          }
+        }
+        return absl::OkStatus();
+      },
+      [&](int) {
+        return std::make_unique<SpoilingTap>(net.NewTransport(), spoilers);
+      });
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  EXPECT_EQ(cluster.pushes_applied(), 0u);
+}
+
+// A push refused after its server took its number (dist_async without an
+// optimizer on the servers) counts: the key stays in step, so its next push
+// is answered by the server (the same refusal, not the key's) and its pull
+// is answered with the value.
+TEST(KVClientTest, APushRefusedAfterItsNumberWasTakenLeavesItsKeyInStep) {
+  MemoryNetwork net;
+  Options options = JobOptions(/*servers=*/1, /*workers=*/1);
+  options.request_timeout = absl::Seconds(5);
+  InProcessCluster cluster(net, options);
+  std::vector<absl::Status> results = RunWorkers(
+      net, options, /*sync=*/false, [&](KVClient& kv) -> absl::Status {
+        const std::vector<float> v = {1.0f, 2.0f, 3.0f, 4.0f};
+        TESSERA_RETURN_IF_ERROR(kv.Init(3, v));
+        const absl::Time start = absl::Now();
+        for (int i = 0; i < 2; ++i) {
+          const absl::Status s = kv.Push(3, v);
+          EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+          EXPECT_EQ(s.message(),
+                    "dist_async needs an optimizer on the servers: call "
+                    "set_optimizer before pushing")
+              << "push " << i;
+        }
+        std::vector<float> out(4, 0.0f);
+        TESSERA_RETURN_IF_ERROR(kv.Pull(3, absl::MakeSpan(out)));
+        EXPECT_EQ(out, v);
+        EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+        return absl::OkStatus();
+      });
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(cluster.JoinScheduler().ok());
+  EXPECT_EQ(cluster.pushes_applied(), 0u);
+}
+
 TEST(KVClientTest, ErrorsReachTheCallerAndTheClusterKeepsServing) {
   MemoryNetwork net;
   const Options options = JobOptions(/*servers=*/1, /*workers=*/1);

@@ -45,6 +45,9 @@ class GroupPushTest : public ::testing::Test {
     last_ = *reply;
     return FromWire(reply->header.status());
   }
+  // Whether the last reply says its push was refused before the server took
+  // its number (its worker then marks the key out of step).
+  bool LastUntaken() const { return last_.header.push_untaken(); }
   void Init(std::vector<float> value, bool sync = true) {
     absl::Status s = Send(testing::Init(kKey, value, sync));
     ASSERT_TRUE(s.ok()) << s;
@@ -182,12 +185,14 @@ TEST_F(GroupPushTest, AGroupMembersOwnPushOfADenseSyncKeyIsRefused) {
             "a dense dist_sync key come one per group, naming the other "
             "members (docs/local_groups.md): taken, it would stall the "
             "key's rounds");
+  EXPECT_TRUE(LastUntaken()) << "refused before its number was taken";
   // So is a later number (held, it would wait for its missing pushes).
   s = Send(FloatPush(2, 3, {5.0f}, {}));
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("from worker 2 carries only its own push, but worker "
                         "2 is in the local group of workers 2, 3,"));
+  EXPECT_TRUE(LastUntaken());
   server().Handle(FloatPush(0, 0, {1.0f}, {1}));
   ASSERT_TRUE(Send(FloatPush(3, 0, {2.0f}, {2})).ok())
       << "the round of workers 0 to 3 stalled";
@@ -243,6 +248,7 @@ TEST_F(GroupPushTest, APushNamingAnotherGroupsWorkersIsRefused) {
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("push of key 7 from worker 0 carries the pushes of "
                         "worker(s) 2; its local group's other members are 1"));
+  EXPECT_TRUE(LastUntaken());
   // Naming itself, or only part of a larger group, is refused the same way.
   s = Send(FloatPush(2, 0, {1.0f}, {2, 3}));
   EXPECT_THAT(std::string(s.message()),
@@ -369,12 +375,14 @@ TEST_F(GroupPushTest, AMalformedGroupPushLeavesItsNumberToTheCorrectOne) {
   EXPECT_EQ(std::string(s.message()),
             "push of key 7: 3 bytes of 8-bit counts of threshold 0.375; "
             "expected 5 of 0.375");
+  EXPECT_TRUE(LastUntaken());
   // A count no group of 2 gives.
   s = Send(Counts4Push(1, 0, {2, -1, 3, 1, -2}, 0.375f, {0}));
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_EQ(std::string(s.message()),
             "push of key 7: count 3 at value 2 from a group of 2 (at most 2 "
             "each way)");
+  EXPECT_TRUE(LastUntaken());
   // A frame of another number of values than the slice's.
   Message short_frame = Counts4Push(1, 0, {2, -1, 0, 1, -2}, 0.375f, {0});
   short_frame.header.mutable_frames(0)->set_num_values(4);
@@ -382,6 +390,7 @@ TEST_F(GroupPushTest, AMalformedGroupPushLeavesItsNumberToTheCorrectOne) {
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_EQ(std::string(s.message()),
             "push of key 7 has 4 values; the key has 5 here");
+  EXPECT_TRUE(LastUntaken());
   // The correct push, number 0 still: in the open round, answered with it.
   server().Handle(Counts4Push(1, 0, {2, -1, 0, 1, -2}, 0.375f, {0}));
   EXPECT_EQ(Pending(), 0u) << "answered as a copy of a push taken before";
@@ -405,6 +414,26 @@ TEST_F(GroupPushTest, RowKeysTakeNoGroupPush) {
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("a local group's push is taken only for dense "
                         "dist_sync and dist_async keys"));
+}
+
+// dist_async without an optimizer is found after the group push's number
+// was taken: refused, but counted (its reply does not say untaken), so the
+// next push of the group is number 1, and it is answered at once.
+TEST_F(GroupPushTest, AnAsyncGroupPushWithoutAnOptimizerIsRefusedButCounted) {
+  Init({1.0f, 1.0f}, /*sync=*/false);
+  absl::Status s = Send(FloatPush(0, 0, {2.0f, -4.0f}, {1}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_EQ(std::string(s.message()),
+            "dist_async needs an optimizer on the servers: call "
+            "set_optimizer before pushing");
+  EXPECT_FALSE(LastUntaken());
+  s = Send(FloatPush(0, 1, {2.0f, -4.0f}, {1}));
+  EXPECT_EQ(std::string(s.message()),
+            "dist_async needs an optimizer on the servers: call "
+            "set_optimizer before pushing")
+      << "push 1 waits for push 0";
+  EXPECT_EQ(PullValues(0, 2), (std::vector<float>{1.0f, 1.0f}));
+  EXPECT_EQ(server().stats().pushes_applied(), 0u);
 }
 
 TEST_F(GroupPushTest, AsyncAppliesAGroupSumOnce) {

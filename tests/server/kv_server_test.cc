@@ -64,6 +64,33 @@ std::vector<float> PullNow(ServerHarness& h, int rank, uint64_t key,
   return ValuesOf(*r);
 }
 
+// KV_SET_COMPRESSION to 2-bit codes of `threshold`.
+Message SetTwoBit(float threshold) {
+  Message m;
+  m.header.set_command(wire::KV_SET_COMPRESSION);
+  m.header.set_sender(WorkerId(0));
+  m.header.set_request_id(testing::NextRequestId());
+  m.header.mutable_kv_options()->set_compression_type("2bit");
+  m.header.mutable_kv_options()->set_compression_threshold(threshold);
+  return m;
+}
+
+// A push of `grad` as 2-bit codes of `threshold` (no residual before it).
+Message TwoBitPush(int rank, uint64_t key, uint64_t seq,
+                   const std::vector<float>& grad, float threshold) {
+  std::vector<float> residual(grad.size(), 0.0f);
+  Buffer packed =
+      Buffer::Allocate(compression::TwoBitCompressedBytes(grad.size()));
+  EXPECT_TRUE(compression::TwoBitQuantize(grad.data(), residual.data(),
+                                          grad.size(), threshold,
+                                          packed.mutable_data())
+                  .ok());
+  Message m = KeyMessage(wire::KV_PUSH, rank, key, grad.size());
+  m.header.set_push_seq(seq);
+  AddTwoBitFrame(&m, std::move(packed), grad.size());
+  return m;
+}
+
 TEST(KVServerTest, SyncRoundIsAnsweredOnlyWhenEveryWorkerPushed) {
   ServerHarness h(/*num_workers=*/3);
   h.server().Handle(Init(7, {1, 1}));
@@ -434,13 +461,18 @@ TEST(KVServerTest, ErrorsAreRepliesAndChangeNothing) {
   r = h.NextReply();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(r->header.push_untaken()) << "the worker must learn it";
   // Refused before it was numbered: the next push is still number 0.
   h.server().Handle(Push(0, 5, 0, {1, 1, 1}));  // async, no optimizer
   r = h.NextReply();
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(StatusOf(*r).message()),
-              HasSubstr("dist_async needs an optimizer"));
+  EXPECT_EQ(StatusOf(*r).message(),
+            "dist_async needs an optimizer on the servers: call "
+            "set_optimizer before pushing");
+  // Refused after its number was taken: it counts, and its worker is in
+  // step (its next push is number 1).
+  EXPECT_FALSE(r->header.push_untaken());
   EXPECT_EQ(PullNow(h, 0, 5, 3), (std::vector<float>{1, 2, 3}));
   // A bad 2-bit payload (a 0b01 code) is DataLoss and nothing is applied.
   Message bad = KeyMessage(wire::KV_PUSH, 0, 5, 3);
@@ -451,6 +483,7 @@ TEST(KVServerTest, ErrorsAreRepliesAndChangeNothing) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kInvalidArgument)
       << "2-bit without compression set: " << StatusOf(*r);
+  EXPECT_TRUE(r->header.push_untaken());
   EXPECT_EQ(PullNow(h, 0, 5, 3), (std::vector<float>{1, 2, 3}));
   EXPECT_EQ(h.server().stats().pushes_applied(), 0u);
 }
@@ -502,12 +535,81 @@ TEST(KVServerTest, TooManyWaitingRequestsAreRefusedNamingTheKey) {
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kResourceExhausted);
     EXPECT_THAT(std::string(StatusOf(*r).message()), HasSubstr("key 8"));
+    EXPECT_TRUE(r->header.push_untaken()) << "never taken";
     ++refused;
   }
   EXPECT_EQ(refused, 6);
   EXPECT_EQ(h.server().stats().refused(), 6u);
   // Rank 0 is still served.
   EXPECT_EQ(PullNow(h, 0, 8, 2), (std::vector<float>{0, 0}));
+}
+
+// A dist_ssp pushpull applied, its answer held for the bound: when it
+// cannot be held (its worker's limit), the refusal says it was taken (its
+// worker is in step; the push counts).
+TEST(KVServerTest, ATakenPushThatCannotBeHeldIsNotRefusedAsUntaken) {
+  WaitingLimits limits;
+  limits.max_messages_per_sender = 1;
+  ServerHarness h(/*num_workers=*/2, /*threads=*/1, limits);
+  h.server().Handle(SetOptimizer("sgd lr=1"));
+  ExpectOk(h);
+  Message ssp = Init(9, {0}, /*sync=*/false);
+  ssp.header.mutable_kv_options()->set_bounded_staleness(true);
+  ssp.header.mutable_kv_options()->set_staleness(0);
+  h.server().Handle(std::move(ssp));
+  ExpectOk(h);
+  h.server().Handle(Push(0, 9, 5, {1}));  // pushes 0 to 4 missing: held
+  EXPECT_EQ(h.Pending(), 0u);
+  Message pushpull = Push(0, 9, 0, {1});
+  pushpull.header.set_command(wire::KV_PUSHPULL);
+  h.server().Handle(std::move(pushpull));
+  std::optional<Message> r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kResourceExhausted)
+      << StatusOf(*r);
+  EXPECT_EQ(StatusOf(*r).message(),
+            absl::StrCat("key 9: node ", WorkerId(0),
+                         " already has 1 requests waiting on this server (at "
+                         "most 1); is it running far ahead of the other "
+                         "workers?"));
+  EXPECT_FALSE(r->header.push_untaken()) << "it was taken";
+  EXPECT_EQ(h.server().stats().pushes_applied(), 1u);
+}
+
+// The codes of a 2-bit push are checked before its number is taken (like
+// its frames): a push whose payload does not decode leaves the worker's
+// count as it was, and the correct push of the same number is taken, not
+// answered as a copy of one taken before.
+TEST(KVServerTest, ATwoBitPushThatDoesNotDecodeLeavesItsNumberToTheCorrectOne) {
+  ServerHarness h(/*num_workers=*/2);
+  h.server().Handle(SetTwoBit(0.5f));
+  ExpectOk(h);
+  h.server().Handle(Init(8, {0, 0, 0}));
+  ExpectOk(h);
+  // Element 0's code is 0b01, which no encoder emits.
+  Message bad = KeyMessage(wire::KV_PUSH, 0, 8, 3);
+  bad.header.set_push_seq(0);
+  AddTwoBitFrame(&bad, Buffer::CopyOf("\x40\0\0\0", 4), 3);
+  h.server().Handle(std::move(bad));
+  std::optional<Message> r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(StatusOf(*r).code(), absl::StatusCode::kDataLoss) << StatusOf(*r);
+  EXPECT_EQ(StatusOf(*r).message(),
+            "push of key 8: 2-bit payload holds the invalid code 0b01 at "
+            "slot 0");
+  EXPECT_TRUE(r->header.push_untaken());
+  EXPECT_EQ(h.server().stats().malformed_messages(), 1u);
+  // The correct push, number 0 still: in the open round, which waits for
+  // worker 1.
+  h.server().Handle(TwoBitPush(0, 8, 0, {0.6f, -0.7f, 0.1f}, 0.5f));
+  EXPECT_EQ(h.Pending(), 0u) << "answered as a copy of a push taken before";
+  h.server().Handle(TwoBitPush(1, 8, 0, {0.6f, 0.6f, 0.6f}, 0.5f));
+  ExpectOk(h);
+  ExpectOk(h);
+  // No optimizer: the value is the round's sum of the decoded codes.
+  EXPECT_EQ(PullNow(h, 0, 8, 3), (std::vector<float>{1.0f, 0.0f, 0.5f}));
+  EXPECT_EQ(h.server().stats().rounds_applied(), 1u);
+  EXPECT_EQ(h.server().stats().pushes_applied(), 2u);
 }
 
 TEST(KVServerTest, SnapshotExcludesTheOpenRoundAndRestoresExactly) {
@@ -728,6 +830,69 @@ TEST(KVServerTest, HashedKeySnapshotRestoresTheTableAndItsCountsBitForBit) {
 }
 
 // Checkpoint writes held 3 s, as on a slow disk: pushes keep being answered.
+// Row-sparse and hashed pushes are checked before their number is taken
+// too (row ids, frames, 2-bit codes): a malformed push leaves its number to
+// the correct one, which is applied, not answered as a copy of one taken
+// before.
+TEST(KVServerTest, AMalformedRowOrHashedPushLeavesItsNumberToTheCorrectOne) {
+  ServerHarness h(/*num_workers=*/1);
+  h.server().Handle(SetTwoBit(0.5f));
+  ExpectOk(h);
+  Message init = KeyMessage(wire::KV_INIT, 0, 12, 6);
+  init.header.mutable_slice()->set_row_length(2);
+  init.header.mutable_kv_options()->set_sync_mode(true);
+  h.server().Handle(std::move(init));  // no value: zeros
+  ExpectOk(h);
+  Message hashed = KeyMessage(wire::KV_INIT, 0, 31, 0);
+  hashed.header.mutable_slice()->set_row_length(2);
+  hashed.header.mutable_kv_options()->set_sync_mode(true);
+  h.server().Handle(std::move(hashed));  // rows start at zeros
+  ExpectOk(h);
+  auto expect_untaken = [&h](absl::StatusCode code, const std::string& why) {
+    std::optional<Message> r = h.NextReply();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(StatusOf(*r).code(), code) << StatusOf(*r);
+    EXPECT_EQ(StatusOf(*r).message(), why);
+    EXPECT_TRUE(r->header.push_untaken()) << why;
+  };
+  h.server().Handle(RowMessage(wire::KV_PUSH, 0, 0, {1, 6}, {1, 2, 3, 4}));
+  expect_untaken(absl::StatusCode::kInvalidArgument,
+                 "key 12: row id 6 is past its 6 rows");
+  Message codes = RowMessage(wire::KV_PUSH, 0, 0, {1, 4}, {});
+  codes.data.pop_back();
+  codes.header.mutable_frames()->RemoveLast();
+  // Element 0's code is 0b01, which no encoder emits.
+  AddTwoBitFrame(&codes, Buffer::CopyOf("\x40\0\0\0", 4), 4);
+  h.server().Handle(std::move(codes));
+  expect_untaken(absl::StatusCode::kDataLoss,
+                 "row push of key 12: 2-bit payload holds the invalid code "
+                 "0b01 at slot 0");
+  Message ids = HashedMessage(wire::KV_PUSH, 0, 0, {5}, {1, 2});
+  ids.data[0] = Buffer::CopyOf("\5\0\0\0\0\0\0", 7);
+  ids.header.mutable_frames(0)->set_num_bytes(7);
+  h.server().Handle(std::move(ids));
+  expect_untaken(absl::StatusCode::kInvalidArgument,
+                 "call of hashed key 31: its first frame must hold the ids "
+                 "(uint64)");
+  EXPECT_EQ(h.server().stats().malformed_messages(), 1u);
+  // The correct pushes, number 0 still: each completes its key's round.
+  h.server().Handle(RowMessage(wire::KV_PUSH, 0, 0, {1, 4}, {1, 2, 3, 4}));
+  ExpectOk(h);
+  h.server().Handle(HashedMessage(wire::KV_PUSH, 0, 0, {5}, {5, 6}));
+  ExpectOk(h);
+  // No optimizer: the rows pushed become the round's sum.
+  h.server().Handle(RowMessage(wire::KV_PULL, 0, 1, {1, 4}, {}));
+  std::optional<Message> r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(ValuesOf(*r), (std::vector<float>{1, 2, 3, 4}));
+  h.server().Handle(HashedMessage(wire::KV_PULL, 0, 1, {5}, {}));
+  r = h.NextReply();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(ValuesOf(*r), (std::vector<float>{5, 6}));
+  EXPECT_EQ(h.server().stats().pushes_applied(), 2u);
+  EXPECT_EQ(h.server().stats().rounds_applied(), 2u);
+}
+
 TEST(KVServerTest, SlowCheckpointDoesNotStallTraffic) {
   ServerHarness h(/*num_workers=*/1);
   h.server().Handle(Init(2, std::vector<float>(1000, 1.0f), /*sync=*/true));

@@ -597,9 +597,13 @@ absl::Status KVClient::Wait(OpHandle handle) {
   if (push == push_ops_.end()) return status;
   const auto [key, seq] = push->second;
   push_ops_.erase(push);
-  // A server refuses a push it never took (too much of this worker waits on
-  // the key): the servers' count of this worker's pushes stays behind.
-  if (absl::IsResourceExhausted(status) && keys_[key].out_of_step.ok()) {
+  // A server refused a push before taking its number (Header.push_untaken:
+  // a malformed payload, too much of this worker waiting on the key, ...):
+  // the servers' count of this worker's pushes stays behind. A refusal after
+  // the number was taken leaves the key as it is.
+  if (!PushUntaken(status)) return status;
+  status.ErasePayload(kPushUntakenPayload);
+  if (keys_[key].out_of_step.ok()) {
     keys_[key].out_of_step = absl::FailedPreconditionError(absl::StrCat(
         "key ", key, ": push ", seq, " of this worker was refused (",
         status.message(),

@@ -143,10 +143,10 @@ class KVClient : public KVWorker {
     // open round of its slices.
     uint64_t enter_seq = 0;
     uint64_t open_round = 0;
-    // Not OK once a push of this key was refused by a server (it never took
-    // it, so this worker's count is ahead of the server's): later pushes
-    // and pulls of the key fail at once with it instead of waiting for that
-    // push until TESSERA_TIMEOUT.
+    // Not OK once a push of this key was refused by a server before it took
+    // the push's number (Header.push_untaken: this worker's count is ahead
+    // of the server's): later pushes and pulls of the key fail at once with
+    // it instead of waiting for that push until TESSERA_TIMEOUT.
     absl::Status out_of_step;
     std::vector<float> residual;  // 2-bit error feedback, host pushes
     // Per slice, this worker's copy for compressed pulls.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/trace.h"
@@ -352,6 +353,8 @@ void RequestTracker::HandleReply(Message&& msg) {
   // the operation (its caller cannot have reused the memory yet).
   if (on_answered_) on_answered_(answered, h);
   absl::Status reply_status = FromWire(h.status());
+  if (!reply_status.ok() && h.push_untaken())
+    reply_status.SetPayload(kPushUntakenPayload, absl::Cord());
   if (reply_status.ok() && answered.request.on_reply) {
     reply_status = answered.request.on_reply(msg);
     if (reply_status.ok()) {
@@ -434,7 +437,11 @@ void RequestTracker::CompleteRequest(const Request& request,
   if (status.ok() && request.rejoin) AddRejoinReply(reply.header, &op.rejoin);
   if (status.ok() && request.out != nullptr)
     status = KeepPulledFrame(request, reply, &op);
-  if (!status.ok() && op.status.ok()) op.status = status;
+  // The first error, unless a later part's refusal left its push's number
+  // untaken: that one stays with the key (KVClient::Wait).
+  if (!status.ok() &&
+      (op.status.ok() || (PushUntaken(status) && !PushUntaken(op.status))))
+    op.status = status;
   if (--op.pending == 0) op.done = absl::Now();
 }
 

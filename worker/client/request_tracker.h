@@ -80,6 +80,15 @@
 
 namespace tessera {
 
+// The payload on a push's error that its server refused before taking the
+// push's number (wire::Header::push_untaken: the server's count of this
+// worker's pushes to the key stays behind). The first such refusal of an
+// operation is the error Wait returns, marked with it.
+inline constexpr char kPushUntakenPayload[] = "type.tessera/push_untaken";
+inline bool PushUntaken(const absl::Status& status) {
+  return status.GetPayload(kPushUntakenPayload).has_value();
+}
+
 class RequestTracker {
  public:
   struct Options {
