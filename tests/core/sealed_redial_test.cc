@@ -294,16 +294,23 @@ TEST_F(SealedRedialTest, AFailedRedialTriesAgain) {
   EXPECT_EQ(worker_->redial_count(), 1u);
 }
 
+// The worker's link to the server, connected and then marked as waiting
+// for a new connection (null when there is none).
+ZmqTransportTestPeer::Link RefusedLink(Transport* worker, int port) {
+  ZmqTransportTestPeer peer(worker);
+  EXPECT_TRUE(worker->Connect(kServer, "127.0.0.1", port).ok());
+  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  if (link != nullptr) ZmqTransportTestPeer::MarkRedialing(*link);
+  return link;
+}
+
 // While a link waits for a new connection, at most
 // kMaxWaitingWhileRefused messages wait on it; the next is Unavailable,
 // naming the peer. (Before, Send said OK to every one and kept it: a link
 // whose redial never came held them all.)
 TEST_F(SealedRedialTest, ARefusedLinkHoldsABoundedNumberOfMessages) {
-  ZmqTransportTestPeer peer(worker_.get());
-  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
-  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ZmqTransportTestPeer::Link link = RefusedLink(worker_.get(), port_);
   ASSERT_NE(link, nullptr);
-  ZmqTransportTestPeer::MarkRedialing(*link);
   const size_t limit = zmq_internal::kMaxWaitingWhileRefused;
   for (size_t r = 1; r <= limit; ++r)
     ASSERT_TRUE(worker_->Send(kServer, Push(r)).ok()) << r;
@@ -317,11 +324,8 @@ TEST_F(SealedRedialTest, ARefusedLinkHoldsABoundedNumberOfMessages) {
 // messages of any size could wait): messages of 64 MiB (one frame, shared)
 // wait until the next would pass 256 MiB; a small one still fits.
 TEST_F(SealedRedialTest, ARefusedLinkHoldsABoundedNumberOfBytes) {
-  ZmqTransportTestPeer peer(worker_.get());
-  ASSERT_TRUE(worker_->Connect(kServer, "127.0.0.1", port_).ok());
-  ZmqTransportTestPeer::Link link = peer.LinkOf(kServer);
+  ZmqTransportTestPeer::Link link = RefusedLink(worker_.get(), port_);
   ASSERT_NE(link, nullptr);
-  ZmqTransportTestPeer::MarkRedialing(*link);
   constexpr size_t kBig = size_t{64} << 20;
   const Buffer big = Buffer::Allocate(kBig);
   auto push = [&](uint64_t id, const Buffer& data) {

@@ -53,13 +53,7 @@ class GroupPushTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s;
   }
   void SetTwoBit(float threshold) {
-    Message m;
-    m.header.set_command(wire::KV_SET_COMPRESSION);
-    m.header.set_sender(WorkerId(0));
-    m.header.set_request_id(testing::NextRequestId());
-    m.header.mutable_kv_options()->set_compression_type("2bit");
-    m.header.mutable_kv_options()->set_compression_threshold(threshold);
-    absl::Status s = Send(std::move(m));
+    absl::Status s = Send(testing::SetTwoBit(threshold));
     ASSERT_TRUE(s.ok()) << s;
   }
   static Message FloatPush(int rank, uint64_t seq,

@@ -38,6 +38,7 @@ using testing::Pull;
 using testing::Push;
 using testing::ServerHarness;
 using testing::SetOptimizer;
+using testing::SetTwoBit;
 
 // The values of a reply that carries them in one frame.
 std::vector<float> ValuesOf(const Message& m) {
@@ -64,15 +65,12 @@ std::vector<float> PullNow(ServerHarness& h, int rank, uint64_t key,
   return ValuesOf(*r);
 }
 
-// KV_SET_COMPRESSION to 2-bit codes of `threshold`.
-Message SetTwoBit(float threshold) {
-  Message m;
-  m.header.set_command(wire::KV_SET_COMPRESSION);
-  m.header.set_sender(WorkerId(0));
-  m.header.set_request_id(testing::NextRequestId());
-  m.header.mutable_kv_options()->set_compression_type("2bit");
-  m.header.mutable_kv_options()->set_compression_threshold(threshold);
-  return m;
+// KV_INIT of dist_sync row key 12: 3 rows of 2 values, no value (zeros).
+Message RowInit12() {
+  Message init = KeyMessage(wire::KV_INIT, 0, 12, 6);
+  init.header.mutable_slice()->set_row_length(2);
+  init.header.mutable_kv_options()->set_sync_mode(true);
+  return init;
 }
 
 // A push of `grad` as 2-bit codes of `threshold` (no residual before it).
@@ -687,10 +685,7 @@ TEST(KVServerTest, RowKeySnapshotWithAnOpenRoundRestoresBitForBit) {
   ServerHarness h(/*num_workers=*/2);
   h.server().Handle(SetOptimizer("adam lr=0.1"));
   ExpectOk(h);
-  Message init = KeyMessage(wire::KV_INIT, 0, 12, 6);
-  init.header.mutable_slice()->set_row_length(2);
-  init.header.mutable_kv_options()->set_sync_mode(true);
-  h.server().Handle(std::move(init));  // no value: zeros
+  h.server().Handle(RowInit12());  // no value: zeros
   ExpectOk(h);
   h.server().Handle(RowMessage(wire::KV_PUSH, 0, 0, {1, 4}, {1, 2, 3, 4}));
   h.server().Handle(RowMessage(wire::KV_PUSH, 1, 0, {4}, {5, 6}));
@@ -838,10 +833,7 @@ TEST(KVServerTest, AMalformedRowOrHashedPushLeavesItsNumberToTheCorrectOne) {
   ServerHarness h(/*num_workers=*/1);
   h.server().Handle(SetTwoBit(0.5f));
   ExpectOk(h);
-  Message init = KeyMessage(wire::KV_INIT, 0, 12, 6);
-  init.header.mutable_slice()->set_row_length(2);
-  init.header.mutable_kv_options()->set_sync_mode(true);
-  h.server().Handle(std::move(init));  // no value: zeros
+  h.server().Handle(RowInit12());  // no value: zeros
   ExpectOk(h);
   Message hashed = KeyMessage(wire::KV_INIT, 0, 31, 0);
   hashed.header.mutable_slice()->set_row_length(2);
@@ -1045,10 +1037,7 @@ TEST(KVServerTest, AnOptimizerGetsTheSumScaledToTheWorkersOfTheJob) {
 
 TEST(KVServerTest, RowRoundsCompleteWithoutAWorkerThatLeft) {
   ServerHarness h(/*num_workers=*/3);
-  Message init = KeyMessage(wire::KV_INIT, 0, 12, 6);
-  init.header.mutable_slice()->set_row_length(2);
-  init.header.mutable_kv_options()->set_sync_mode(true);
-  h.server().Handle(std::move(init));  // no value: zeros
+  h.server().Handle(RowInit12());  // no value: zeros
   ExpectOk(h);
   h.server().Handle(RowMessage(wire::KV_PUSH, 0, 0, {1, 4}, {1, 2, 3, 4}));
   h.server().Handle(RowMessage(wire::KV_PUSH, 1, 0, {4}, {5, 6}));

@@ -68,6 +68,16 @@ Message SetOptimizer(const std::string& spec) {
   return m;
 }
 
+Message SetTwoBit(float threshold) {
+  Message m;
+  m.header.set_command(wire::KV_SET_COMPRESSION);
+  m.header.set_sender(WorkerId(0));
+  m.header.set_request_id(NextRequestId());
+  m.header.mutable_kv_options()->set_compression_type("2bit");
+  m.header.mutable_kv_options()->set_compression_threshold(threshold);
+  return m;
+}
+
 double MetricValue(const std::string& series, double absent) {
   for (absl::string_view line :
        absl::StrSplit(MetricsRegistry::Global().TextExposition(), '\n')) {

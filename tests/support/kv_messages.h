@@ -46,6 +46,9 @@ Message Pull(int rank, uint64_t key, uint64_t length, uint64_t push_seq = 0);
 // Rank 0's request for the optimizer `spec` ("sgd lr=0.1").
 Message SetOptimizer(const std::string& spec);
 
+// Rank 0's KV_SET_COMPRESSION to 2-bit codes of `threshold`.
+Message SetTwoBit(float threshold);
+
 // The value of `series` (a name with its labels, as exposed:
 // `tessera_server_ssp_clock{rank="0"}`) in this process's metrics, or
 // `absent` when it is not there. Every KVServer alive adds its samples.
