@@ -158,7 +158,7 @@ struct Options {
   // an urgent slice waits behind at most this much of less urgent ones that
   // already left the sending queue (docs/priority.md). 0 (the default): the
   // kernel's own sizes, autotuned up to megabytes on either end (a credit of
-  // 1 MiB cost a quarter of a sealed link's loopback throughput here).
+  // 1 MiB cost sealed pulls on loopback about a fifth of their throughput).
   int64_t send_credit_bytes = 0;
   // When a dist_sync round (on a server) or a barrier (on the scheduler) is
   // late enough to log whom it waits for: TESSERA_LATE_FACTOR times its
