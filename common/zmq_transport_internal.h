@@ -87,7 +87,8 @@ constexpr int kReconnectMaxMs = 1000;
 // Messages, and bytes of them, a sealed link keeps while it waits for a new
 // connection (its connection refused): past either Send says Unavailable.
 // The bytes are references to the senders' frames, kept alive while they
-// wait; a worker keeps about 64 MiB of one push in flight per server.
+// wait; a worker keeps about 64 MiB of one push in flight per server. One
+// message alone waits whatever its size.
 constexpr size_t kMaxWaitingWhileRefused = 4096;
 constexpr uint64_t kMaxBytesWaitingWhileRefused = uint64_t{256} << 20;
 

@@ -93,13 +93,17 @@ absl::Status ZmqTransport::BindSealedLane(const std::string& ip) {
       std::max(options_.sealed_record_bytes, options_.limits.max_header_bytes));
   zmq_setsockopt(receiver_, ZMQ_MAXMSGSIZE, &max_record, sizeof(max_record));
   // The credit bounds the records queued per peer too (a receiver that
-  // falls behind holds no more than that of them), never below 4 records.
+  // falls behind holds no more than that of them), never below 4 records
+  // and never above the queue without a credit: a credit only shrinks it.
+  // Set only here, before the lane has a connection: ZeroMQ applies a new
+  // RCVHWM to the pipes already attached, of both lanes.
   const int queue =
       options_.credit_bytes <= 0
           ? kReceiveHighWaterMark
-          : static_cast<int>(std::max<int64_t>(
-                4, options_.credit_bytes /
-                       static_cast<int64_t>(options_.sealed_record_bytes)));
+          : static_cast<int>(std::clamp<int64_t>(
+                options_.credit_bytes /
+                    static_cast<int64_t>(options_.sealed_record_bytes),
+                4, kReceiveHighWaterMark));
   zmq_setsockopt(receiver_, ZMQ_RCVHWM, &queue, sizeof(queue));
   const std::string endpoint = TcpEndpoint(ip, options_.sealed_port);
   const bool bound = zmq_bind(receiver_, endpoint.c_str()) == 0;
@@ -285,8 +289,9 @@ absl::Status ZmqTransport::SendSealed(Sender& sender, const Message& msg,
       bytes += queued.header.size();
       for (const Buffer& f : queued.frames) bytes += f.size();
     }
+    // One message waits whatever its size: a bigger one is not lost for it.
     if (sender.pending.size() >= kMaxWaitingWhileRefused ||
-        bytes > kMaxBytesWaitingWhileRefused) {
+        (!sender.pending.empty() && bytes > kMaxBytesWaitingWhileRefused)) {
       return absl::UnavailableError(absl::StrCat(
           "cannot send to node ", sender.peer, " at ", sender.endpoint,
           ": its connection was refused and ", sender.pending.size(),

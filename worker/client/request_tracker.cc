@@ -353,7 +353,9 @@ void RequestTracker::HandleReply(Message&& msg) {
   // the operation (its caller cannot have reused the memory yet).
   if (on_answered_) on_answered_(answered, h);
   absl::Status reply_status = FromWire(h.status());
-  if (!reply_status.ok() && h.push_untaken())
+  const wire::Command asked = answered.msg.header.command();
+  if (!reply_status.ok() && h.push_untaken() &&
+      (asked == wire::KV_PUSH || asked == wire::KV_PUSHPULL))
     reply_status.SetPayload(kPushUntakenPayload, absl::Cord());
   if (reply_status.ok() && answered.request.on_reply) {
     reply_status = answered.request.on_reply(msg);
