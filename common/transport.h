@@ -176,8 +176,9 @@ struct ZmqTransportOptions {
   size_t sealed_record_bytes = 256 << 10;
   // The credit (Options::send_credit_bytes): SO_SNDBUF of every sending
   // socket, SO_RCVBUF of the receiving one, and the sealed lane's receive
-  // queue of max(4, credit / sealed_record_bytes) records per peer. 0: the
-  // kernel's own buffers and a queue of kReceiveHighWaterMark.
+  // queue of credit / sealed_record_bytes records per peer, clamped to
+  // [4, kReceiveHighWaterMark]. 0: the kernel's own buffers and a queue of
+  // kReceiveHighWaterMark.
   int64_t credit_bytes = 0;
   CodecLimits limits;
   // Every socket authenticated with these keys and every received message's

@@ -229,7 +229,8 @@ TEST_F(SealedSendOrderTest, WithoutPrioritiesTheQueueIsFifo) {
 // With a credit of 256 KiB the link holds at most: the 1 MiB of sealed
 // records ahead of the socket, each end's socket buffer (Linux doubles the
 // size asked for, to count its bookkeeping), and the receiver's queue of
-// max(4, credit / record) records. The urgent slice passes everything else.
+// credit / record records (at least 4). The urgent slice passes everything
+// else.
 class CreditedSendOrderTest : public SealedSendOrderTest {
  protected:
   CreditedSendOrderTest() { credit_bytes_ = 256 << 10; }
